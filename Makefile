@@ -1,0 +1,44 @@
+# The two commands of the README: `make demo` and `make test`. Both set everything up
+# on a fresh clone: a virtual environment in .venv, PyTorch's CPU wheel first (a bare
+# `torch` requirement would pull gigabytes of CUDA wheels), then the package.
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+TORCH_SPEC ?= torch==2.13.0
+STAMP := $(VENV)/.rapydli-installed
+# Keep tool caches inside the checkout so nothing lands in the home directory.
+export YARN_CACHE_FOLDER := $(CURDIR)/build/yarn-cache
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+
+.PHONY: demo test install bench clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+$(STAMP): pyproject.toml | $(PY)
+	$(PIP) install -q --upgrade pip
+	$(PIP) show -q torch >/dev/null 2>&1 || $(PIP) install -q "$(TORCH_SPEC)" || $(PIP) install -q torch --index-url https://download.pytorch.org/whl/cpu
+	$(PIP) install -q -e '.[mpich,test]'
+	touch $@
+
+install: $(STAMP)
+
+demo: install
+	mkdir -p outputs
+	$(VENV)/bin/papermill --cwd notebooks notebooks/01-quickstart.ipynb outputs/01-quickstart.ipynb -k python3
+	@echo
+	@echo "Executed notebook: $(CURDIR)/outputs/01-quickstart.ipynb"
+
+test: install
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+bench: install
+	mkdir -p bench-results
+	$(VENV)/bin/rapydli bench magics -n 2 --json bench-results/magics.json
+
+clean:
+	rm -rf outputs build bench-results .pytest_cache

@@ -1,0 +1,104 @@
+"""RaPyDLI: rapid prototyping of distributed deep learning from Jupyter.
+
+Connect a notebook to MPI engines, train data-parallel with native allreduce, sweep,
+measure scaling and record every run::
+
+    import rapydli as rd
+
+    with rd.Cluster(n=2) as cluster:
+        result = rd.train(model_fn, data_fn, rd.TrainConfig(epochs=1), cluster=cluster)
+
+Names are imported lazily, so ``import rapydli`` stays fast and an engine does not pull
+front-end code (plotly, widgets, optuna) it never uses.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+from rapydli.errors import (
+    ClusterError,
+    ConfigError,
+    DataError,
+    NotFoundError,
+    RankFailure,
+    RapydliError,
+    StoreError,
+)
+
+__version__ = "0.1.0"
+
+# public name -> module that defines it
+_LAZY: dict[str, str] = {
+    "Cluster": "rapydli.cluster",
+    "TrainConfig": "rapydli.train.config",
+    "train": "rapydli.train.launch",
+    "RunResult": "rapydli.train.launch",
+    "scaling_study": "rapydli.experiments.scaling",
+    "ScalingResult": "rapydli.experiments.scaling",
+    "sweep": "rapydli.experiments.sweep",
+    "SweepResult": "rapydli.experiments.sweep",
+    "loguniform": "rapydli.experiments.space",
+    "uniform": "rapydli.experiments.space",
+    "choice": "rapydli.experiments.space",
+    "intrange": "rapydli.experiments.space",
+    "record": "rapydli.experiments.record",
+    "runs": "rapydli.experiments.store",
+    "run": "rapydli.experiments.store",
+    "batch": "rapydli.experiments.batch",
+}
+_SUBPACKAGES = {"widgets", "data", "comm", "autotune", "cluster", "train", "experiments"}
+
+__all__ = [
+    "ClusterError",
+    "ConfigError",
+    "DataError",
+    "NotFoundError",
+    "RankFailure",
+    "RapydliError",
+    "StoreError",
+    "__version__",
+    "load_ipython_extension",
+    *sorted(_LAZY),
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        value = getattr(import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    if name in _SUBPACKAGES:
+        return import_module(f"rapydli.{name}")
+    raise AttributeError(f"module 'rapydli' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(__all__) | _SUBPACKAGES)
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    """Register the ``%rapydli`` and ``%%distributed`` magics (``%load_ext rapydli``)."""
+    from rapydli.magics import load_ipython_extension as _load
+
+    _load(ipython)
+
+
+def unload_ipython_extension(ipython: Any) -> None:
+    """Stop the notebook's cluster when the extension is unloaded."""
+    from rapydli.magics import unload_ipython_extension as _unload
+
+    _unload(ipython)
+
+
+if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
+    from rapydli.cluster import Cluster
+    from rapydli.experiments.batch import batch
+    from rapydli.experiments.record import record
+    from rapydli.experiments.scaling import ScalingResult, scaling_study
+    from rapydli.experiments.space import choice, intrange, loguniform, uniform
+    from rapydli.experiments.store import run, runs
+    from rapydli.experiments.sweep import SweepResult, sweep
+    from rapydli.train.config import TrainConfig
+    from rapydli.train.launch import RunResult, train

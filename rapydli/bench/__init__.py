@@ -1,0 +1,1 @@
+"""Benchmark programs behind ``rapydli bench``; one module per benchmark."""

@@ -1,0 +1,1 @@
+"""rapydli.widgets"""
