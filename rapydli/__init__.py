@@ -33,8 +33,8 @@ __version__ = "0.1.0"
 _LAZY: dict[str, str] = {
     "Cluster": "rapydli.cluster",
     "TrainConfig": "rapydli.train.config",
-    "train": "rapydli.train.launch",
-    "RunResult": "rapydli.train.launch",
+    "train": "rapydli.experiments.training",
+    "RunResult": "rapydli.experiments.training",
     "scaling_study": "rapydli.experiments.scaling",
     "ScalingResult": "rapydli.experiments.scaling",
     "sweep": "rapydli.experiments.sweep",
@@ -101,4 +101,4 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from rapydli.experiments.store import run, runs
     from rapydli.experiments.sweep import SweepResult, sweep
     from rapydli.train.config import TrainConfig
-    from rapydli.train.launch import RunResult, train
+    from rapydli.experiments.training import RunResult, train
