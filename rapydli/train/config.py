@@ -1,0 +1,226 @@
+"""``TrainConfig``: the typed, validated hyperparameters of a training run.
+
+Every field carries its own spec (type, allowed range or choices, log scale, help) in
+its dataclass metadata; ``__post_init__`` validates against that spec, and
+:func:`fields_spec` hands the same spec to front ends (widgets are generated from it),
+so the rules live in one place.
+
+Examples
+--------
+>>> cfg = TrainConfig(epochs=2, lr=0.01, optimizer="sgd")
+>>> TrainConfig.from_dict(cfg.to_dict()) == cfg
+True
+>>> TrainConfig(lr=-1)
+Traceback (most recent call last):
+...
+rapydli.errors.ConfigError: TrainConfig.lr=-1 is invalid: must be in (0, 10]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from rapydli.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class FieldSpec:
+    """What a front end needs to know to build a control for one config field.
+
+    Attributes
+    ----------
+    name, type, default
+        Field name, its Python type name (``"int"``, ``"float"``, ``"bool"``, ``"str"``)
+        and default value.
+    choices
+        Allowed values of an enumerated field, else ``None``.
+    low, high
+        Numeric bounds (``None`` where unbounded); ``low_open``/``high_open`` say whether
+        the bound itself is excluded.
+    log
+        Whether a slider should be log-scaled (learning rates, sizes).
+    optional
+        ``None`` is allowed (meaning "off" / "unlimited").
+    help
+        One line describing the field.
+    """
+
+    name: str
+    type: str
+    default: Any
+    choices: tuple[Any, ...] | None = None
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+    log: bool = False
+    optional: bool = False
+    help: str = ""
+
+    def describe(self) -> str:
+        """The allowed values in words, for error messages (``"must be in (0, 10]"``)."""
+        if self.choices is not None:
+            text = "must be one of " + ", ".join(repr(c) for c in self.choices)
+        elif self.type == "bool":
+            text = "must be True or False"
+        elif self.type in ("int", "float"):
+            left = "(" if self.low_open or self.low is None else "["
+            right = ")" if self.high_open or self.high is None else "]"
+            low = "-inf" if self.low is None else _num(self.low)
+            high = "inf" if self.high is None else _num(self.high)
+            kind = "an integer in " if self.type == "int" else "in "
+            text = f"must be {kind}{left}{low}, {high}{right}"
+        else:
+            text = f"must be a {self.type}"
+        return text + " or None" if self.optional else text
+
+
+def _num(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else repr(value)
+
+
+def _spec(default: Any, help: str, **kwargs: Any) -> Any:  # noqa: A002 - matches FieldSpec.help
+    return field(default=default, metadata={"help": help, **kwargs})
+
+
+@dataclass
+class TrainConfig:
+    """Hyperparameters of a data-parallel training run; validated when built.
+
+    A bad value raises :class:`~rapydli.errors.ConfigError` naming the field and the
+    allowed range, before any process starts. ``batch_size`` is per rank; the global
+    batch of one optimizer step is ``batch_size * grad_accum * world_size``.
+    ``max_steps`` and ``warmup_steps`` count optimizer steps.
+
+    The ``step`` schedule multiplies the learning rate by 0.1 at 50% and again at 75% of
+    the run's steps; ``cosine`` decays to 0 at the last step; both after the linear
+    warm-up. ``eval_every=0`` evaluates at the end of every epoch only;
+    ``checkpoint_every=0`` checkpoints at the end of every epoch only (when
+    ``checkpoint_dir`` is set).
+
+    Examples
+    --------
+    >>> TrainConfig(batch_size=64, lr=3e-4, precision="bf16").global_batch(world_size=2)
+    128
+    """
+
+    epochs: int = _spec(1, "passes over the training data", low=1, high=100_000)
+    max_steps: int | None = _spec(None, "stop after this many optimizer steps (None: run all epochs)", low=1, high=10**9, optional=True, log=True)
+    batch_size: int = _spec(32, "samples per rank per micro-step", low=1, high=65_536, log=True)
+    lr: float = _spec(1e-3, "peak learning rate", low=0.0, high=10.0, low_open=True, log=True)
+    optimizer: str = _spec("adamw", "optimizer", choices=("sgd", "adamw"))
+    momentum: float = _spec(0.9, "SGD momentum (AdamW: beta1)", low=0.0, high=1.0, high_open=True)
+    weight_decay: float = _spec(0.0, "decoupled weight decay (AdamW) or L2 (SGD)", low=0.0, high=1.0)
+    lr_schedule: str = _spec("constant", "learning-rate schedule after warm-up", choices=("constant", "cosine", "step"))
+    warmup_steps: int = _spec(0, "optimizer steps of linear warm-up", low=0, high=10**9)
+    grad_clip: float | None = _spec(None, "clip the global gradient norm to this (None: no clipping)", low=0.0, high=1e6, low_open=True, optional=True, log=True)
+    grad_accum: int = _spec(1, "micro-steps accumulated per optimizer step", low=1, high=1024)
+    precision: str = _spec("fp32", "forward/loss precision (bf16: autocast)", choices=("fp32", "bf16"))
+    allreduce: str = _spec("auto", "allreduce algorithm for gradients", choices=("auto", "mpi", "ring", "gloo", "nccl"))
+    bucket_mb: float = _spec(25.0, "gradient bucket size in MB", low=0.0, high=4096.0, low_open=True, log=True)
+    overlap: bool = _spec(True, "start each bucket's allreduce during backward")
+    seed: int = _spec(0, "seed of weights, shuffling and dropout", low=0, high=2**32 - 1)
+    eval_every: int = _spec(0, "evaluate every N steps (0: at epoch ends only)", low=0, high=10**9)
+    checkpoint_dir: str | None = _spec(None, "directory for checkpoints (None: no checkpoints)", optional=True)
+    checkpoint_every: int = _spec(0, "checkpoint every N steps (0: at epoch ends only)", low=0, high=10**9)
+    resume: bool = _spec(False, "continue from the checkpoint in checkpoint_dir if there is one")
+    num_workers: int = _spec(0, "data-loading worker processes/threads per rank", low=0, high=64)
+    loader: str = _spec("default", "data loader kind", choices=("default", "clairvoyant"))
+    cache_ram_mb: float = _spec(256.0, "clairvoyant loader: RAM cache budget per rank (MB)", low=0.0, high=1e7, log=True)
+    cache_disk_mb: float = _spec(0.0, "clairvoyant loader: local-disk cache budget per rank (MB)", low=0.0, high=1e8)
+    workers: int = _spec(2, "ranks rd.train starts when it is given no cluster", low=1, high=4096)
+
+    def __post_init__(self) -> None:
+        for spec in fields_spec():
+            setattr(self, spec.name, _validated(spec, getattr(self, spec.name)))
+        if self.resume and self.checkpoint_dir is None:
+            raise ConfigError("TrainConfig.resume=True needs TrainConfig.checkpoint_dir (a directory path), got None")
+
+    def global_batch(self, world_size: int) -> int:
+        """Samples per optimizer step across all ranks."""
+        return self.batch_size * self.grad_accum * world_size
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-friendly dict of every field."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> TrainConfig:
+        """Build from a dict; unknown keys are a :class:`ConfigError` naming them."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ConfigError(f"unknown TrainConfig field(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        return cls(**values)
+
+    def replace(self, **changes: Any) -> TrainConfig:
+        """A validated copy with ``changes`` applied."""
+        return self.from_dict({**self.to_dict(), **changes})
+
+    @staticmethod
+    def fields_spec() -> list[FieldSpec]:
+        """See :func:`fields_spec`."""
+        return fields_spec()
+
+
+_TYPES = {int: "int", float: "float", bool: "bool", str: "str"}
+
+
+def fields_spec() -> list[FieldSpec]:
+    """One :class:`FieldSpec` per ``TrainConfig`` field, in declaration order.
+
+    Examples
+    --------
+    >>> spec = {s.name: s for s in fields_spec()}
+    >>> spec["lr"].log, spec["optimizer"].choices
+    (True, ('sgd', 'adamw'))
+    """
+    specs = []
+    for f in dataclasses.fields(TrainConfig):
+        meta = dict(f.metadata)
+        type_name = _type_name(f.type)
+        specs.append(FieldSpec(name=f.name, type=type_name, default=f.default, **meta))
+    return specs
+
+
+def _type_name(annotation: Any) -> str:
+    text = str(annotation).replace(" | None", "")
+    return text if text in _TYPES.values() else "str"
+
+
+def _validated(spec: FieldSpec, value: Any) -> Any:
+    where = f"TrainConfig.{spec.name}={value!r} is invalid: {spec.describe()}"
+    if value is None:
+        if spec.optional:
+            return None
+        raise ConfigError(where)
+    if spec.type == "bool":
+        if not isinstance(value, bool):
+            raise ConfigError(where)
+        return value
+    if spec.type == "str":
+        if spec.choices is None and isinstance(value, os.PathLike):
+            value = os.fspath(value)
+        if not isinstance(value, str) or (spec.choices is not None and value not in spec.choices):
+            raise ConfigError(where)
+        return value
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(where)
+    if spec.type == "int":
+        if isinstance(value, float):
+            if not value.is_integer():
+                raise ConfigError(where)
+            value = int(value)
+    else:
+        value = float(value)
+        if not math.isfinite(value):
+            raise ConfigError(where)
+    if spec.low is not None and (value < spec.low or (spec.low_open and value == spec.low)):
+        raise ConfigError(where)
+    if spec.high is not None and (value > spec.high or (spec.high_open and value == spec.high)):
+        raise ConfigError(where)
+    return value

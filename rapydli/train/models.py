@@ -1,0 +1,150 @@
+"""Reference models for demos, tests and benchmarks: an MLP, a small ResNet, a tiny LM.
+
+Each builder is a plain importable function (``rapydli.train.models:resnet_mini``), so a
+run records it as ``"module:qualname"`` and can be repeated. All models return logits;
+the trainer applies cross-entropy (for the LM over every position).
+
+Examples
+--------
+>>> import torch
+>>> resnet_mini(num_classes=10, in_channels=1)(torch.zeros(2, 1, 8, 8)).shape
+torch.Size([2, 10])
+>>> tiny_lm(vocab_size=32, block_size=16)(torch.zeros(2, 16, dtype=torch.long)).shape
+torch.Size([2, 16, 32])
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+
+def mlp(in_features: int = 64, hidden: int = 128, num_classes: int = 10, depth: int = 2) -> nn.Module:
+    """A ReLU MLP over flattened inputs (``depth`` hidden layers of width ``hidden``)."""
+    layers: list[nn.Module] = [nn.Flatten()]
+    width = in_features
+    for _ in range(depth):
+        layers += [nn.Linear(width, hidden), nn.ReLU()]
+        width = hidden
+    layers.append(nn.Linear(width, num_classes))
+    return nn.Sequential(*layers)
+
+
+class BasicBlock(nn.Module):
+    """Two 3x3 conv-BN layers with a residual connection (projection when the shape changes)."""
+
+    def __init__(self, in_channels: int, out_channels: int, stride: int = 1) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(in_channels, out_channels, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(out_channels)
+        self.conv2 = nn.Conv2d(out_channels, out_channels, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(out_channels)
+        self.shortcut: nn.Module = nn.Identity()
+        if stride != 1 or in_channels != out_channels:
+            self.shortcut = nn.Sequential(
+                nn.Conv2d(in_channels, out_channels, 1, stride, bias=False), nn.BatchNorm2d(out_channels)
+            )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = F.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        return F.relu(out + self.shortcut(x))
+
+
+class ResNetMini(nn.Module):
+    """A small ResNet: a 3x3 stem and three stages of basic blocks (widths w, 2w, 4w).
+
+    Works on any input size >= 8x8 (global average pooling at the end): 32x32 images
+    (CIFAR-like) and sklearn's 8x8 digits alike. ``width=16, blocks=(1, 1, 1)`` has about
+    0.17 M parameters.
+    """
+
+    def __init__(self, num_classes: int = 10, in_channels: int = 3, width: int = 16, blocks: tuple[int, ...] = (1, 1, 1)) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(in_channels, width, 3, 1, 1, bias=False), nn.BatchNorm2d(width), nn.ReLU())
+        stages: list[nn.Module] = []
+        channels = width
+        for index, count in enumerate(blocks):
+            out = width * 2**index
+            for block in range(count):
+                stages.append(BasicBlock(channels, out, stride=2 if index > 0 and block == 0 else 1))
+                channels = out
+        self.stages = nn.Sequential(*stages)
+        self.head = nn.Linear(channels, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stages(self.stem(x))
+        return self.head(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
+
+
+def resnet_mini(num_classes: int = 10, in_channels: int = 3, width: int = 16, blocks: tuple[int, ...] = (1, 1, 1)) -> nn.Module:
+    """Build :class:`ResNetMini` (``in_channels=1`` for digits)."""
+    return ResNetMini(num_classes, in_channels, width, blocks)
+
+
+def resnet_digits() -> nn.Module:
+    """:func:`resnet_mini` for sklearn's 1x8x8 digits (10 classes)."""
+    return ResNetMini(num_classes=10, in_channels=1, width=16)
+
+
+class CausalSelfAttention(nn.Module):
+    """Multi-head causal self-attention (``scaled_dot_product_attention``)."""
+
+    def __init__(self, dim: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, length, dim = x.shape
+        q, k, v = self.qkv(x).split(dim, dim=2)
+        q, k, v = (t.view(batch, length, self.heads, dim // self.heads).transpose(1, 2) for t in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.proj(y.transpose(1, 2).reshape(batch, length, dim))
+
+
+class TransformerBlock(nn.Module):
+    """Pre-norm attention + MLP block, as in GPT-2."""
+
+    def __init__(self, dim: int, heads: int) -> None:
+        super().__init__()
+        self.ln1 = nn.LayerNorm(dim)
+        self.attn = CausalSelfAttention(dim, heads)
+        self.ln2 = nn.LayerNorm(dim)
+        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class TinyLM(nn.Module):
+    """A tiny GPT-style causal language model: tokens ``(B, T)`` -> logits ``(B, T, vocab)``."""
+
+    def __init__(self, vocab_size: int = 64, block_size: int = 32, dim: int = 64, layers: int = 2, heads: int = 4) -> None:
+        super().__init__()
+        self.block_size = block_size
+        self.tok = nn.Embedding(vocab_size, dim)
+        self.pos = nn.Embedding(block_size, dim)
+        self.blocks = nn.Sequential(*(TransformerBlock(dim, heads) for _ in range(layers)))
+        self.ln = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, vocab_size, bias=False)
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, std=0.02)
+        for block in self.blocks:
+            nn.init.normal_(block.attn.proj.weight, std=0.02 / math.sqrt(2 * layers))
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(tokens.shape[1], device=tokens.device)
+        x = self.blocks(self.tok(tokens) + self.pos(positions))
+        return self.head(self.ln(x))
+
+
+def tiny_lm(vocab_size: int = 64, block_size: int = 32, dim: int = 64, layers: int = 2, heads: int = 4) -> nn.Module:
+    """Build :class:`TinyLM`."""
+    return TinyLM(vocab_size, block_size, dim, layers, heads)
