@@ -1,0 +1,754 @@
+"""The run store: every train, sweep, trial, scaling, batch and tune run, in SQLite.
+
+One file, ``$RAPYDLI_HOME/runs.db`` (default ``~/.rapydli/runs.db``), in WAL mode with a
+busy timeout, so several processes (engines, batch items, the notebook, the REST server)
+write at once and lose nothing: every write is one short ``BEGIN IMMEDIATE`` transaction.
+The schema carries a version number; :data:`MIGRATIONS` brings an older file up to date
+on open. ``RAPYDLI_STORE=off`` disables recording (:func:`open_store` returns ``None``).
+
+A run records what is needed to compare and repeat it: kind, name, parent, parameters
+(JSON), seed, world size, status, error text, start/end/heartbeat times, host, pid, the
+git commit of the working directory and the versions of python, torch, mpi4py, the MPI
+library and rapydli; then metric rows ``(step, name, value)``, artifact paths and
+recorded values (:func:`rapydli.record`).
+
+A process that dies leaves its run ``running``; the next :func:`open_store` marks it
+``interrupted`` when its pid is gone (same host) or its heartbeat is older than
+``RAPYDLI_HEARTBEAT_TIMEOUT`` seconds (default 900, other hosts).
+
+Examples
+--------
+>>> store = open_store()
+>>> run_id = store.create_run("train", "mlp", {"lr": 0.1}, seed=0)
+>>> store.log_metrics(run_id, [(1, "loss", 0.9), (2, "loss", 0.7)])
+>>> store.finish_run(run_id)
+>>> store.get_run(run_id)["status"]
+'finished'
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import re
+import socket
+import sqlite3
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rapydli.errors import ConfigError, NotFoundError, StoreError
+
+if TYPE_CHECKING:  # pragma: no cover
+    import pandas as pd
+
+KINDS = ("train", "sweep", "trial", "scaling", "batch", "tune")
+STATUSES = ("running", "finished", "failed", "interrupted")
+#: Environment variable through which a batch passes its item's run id to the notebook.
+BATCH_ITEM_ENV = "RAPYDLI_BATCH_ITEM"
+#: Environment variable naming the parent of runs created in this process (a batch item).
+PARENT_ENV = "RAPYDLI_PARENT_RUN"
+
+_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+_BUSY_TIMEOUT_MS = 60_000
+
+# Each entry moves the schema from version i to i + 1; append, never edit.
+MIGRATIONS: list[str] = [
+    """
+    CREATE TABLE runs (
+        id TEXT PRIMARY KEY,
+        kind TEXT NOT NULL,
+        name TEXT NOT NULL,
+        parent TEXT,
+        params TEXT NOT NULL,
+        status TEXT NOT NULL,
+        error TEXT,
+        seed INTEGER,
+        world_size INTEGER NOT NULL DEFAULT 1,
+        started REAL NOT NULL,
+        ended REAL,
+        heartbeat REAL NOT NULL,
+        host TEXT NOT NULL,
+        pid INTEGER NOT NULL,
+        pid_started REAL,
+        cwd TEXT,
+        git_commit TEXT,
+        versions TEXT NOT NULL
+    );
+    CREATE INDEX runs_kind ON runs(kind, started);
+    CREATE INDEX runs_status ON runs(status);
+    CREATE INDEX runs_parent ON runs(parent);
+    CREATE TABLE metrics (
+        seq INTEGER PRIMARY KEY AUTOINCREMENT,
+        run_id TEXT NOT NULL REFERENCES runs(id),
+        step INTEGER NOT NULL,
+        name TEXT NOT NULL,
+        value REAL,
+        time REAL NOT NULL
+    );
+    CREATE INDEX metrics_run ON metrics(run_id, seq);
+    CREATE TABLE artifacts (
+        run_id TEXT NOT NULL REFERENCES runs(id),
+        path TEXT NOT NULL,
+        kind TEXT NOT NULL,
+        time REAL NOT NULL,
+        PRIMARY KEY (run_id, path)
+    );
+    CREATE TABLE records (
+        run_id TEXT NOT NULL REFERENCES runs(id),
+        name TEXT NOT NULL,
+        type TEXT NOT NULL,
+        value TEXT NOT NULL,
+        time REAL NOT NULL,
+        PRIMARY KEY (run_id, name)
+    );
+    """,
+]
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+def rapydli_home() -> Path:
+    """``$RAPYDLI_HOME`` or ``~/.rapydli``."""
+    return Path(os.environ.get("RAPYDLI_HOME") or Path.home() / ".rapydli").expanduser()
+
+
+def store_enabled() -> bool:
+    """False when ``RAPYDLI_STORE`` is ``off`` (or ``0``/``false``/``no``)."""
+    return os.environ.get("RAPYDLI_STORE", "on").strip().lower() not in {"off", "0", "false", "no"}
+
+
+def validate_run_id(run_id: object) -> str:
+    """Return ``run_id`` if it is a safe id (letters, digits, ``_``, ``-``), else raise NotFoundError."""
+    if not isinstance(run_id, str) or not _ID_RE.match(run_id):
+        raise NotFoundError(f"no run {run_id!r}: run ids are 1-64 letters, digits, '_' or '-'")
+    return run_id
+
+
+def _now() -> float:
+    return time.time()
+
+
+def _iso(ts: float | None) -> str | None:
+    if ts is None:
+        return None
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ts)) + "Z"
+
+
+def _pid_started(pid: int) -> float | None:
+    import psutil
+
+    try:
+        return psutil.Process(pid).create_time()
+    except (psutil.Error, OSError):
+        return None
+
+
+def _process_alive(pid: int, started: float | None) -> bool:
+    import psutil
+
+    try:
+        proc = psutil.Process(pid)
+        if started is not None and abs(proc.create_time() - started) > 1.0:
+            return False  # the pid was reused by another process
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except (psutil.Error, OSError):
+        return False
+
+
+def git_commit(path: str | os.PathLike[str] | None = None) -> str | None:
+    """Commit of the git checkout containing ``path`` (default cwd), read from ``.git`` files."""
+    here = Path(path or os.getcwd()).resolve()
+    for folder in (here, *here.parents):
+        dotgit = folder / ".git"
+        if dotgit.is_file():  # worktree or submodule: "gitdir: <path>"
+            text = dotgit.read_text().strip()
+            if not text.startswith("gitdir:"):
+                return None
+            gitdir = (folder / text.split(":", 1)[1].strip()).resolve()
+        elif dotgit.is_dir():
+            gitdir = dotgit
+        else:
+            continue
+        return _read_head(gitdir)
+    return None
+
+
+def _read_head(gitdir: Path) -> str | None:
+    try:
+        head = (gitdir / "HEAD").read_text().strip()
+    except OSError:
+        return None
+    if not head.startswith("ref:"):
+        return head or None
+    ref = head.split(":", 1)[1].strip()
+    common = gitdir
+    commondir = gitdir / "commondir"
+    if commondir.is_file():
+        common = (gitdir / commondir.read_text().strip()).resolve()
+    for base in (gitdir, common):
+        ref_file = base / ref
+        if ref_file.is_file():
+            return ref_file.read_text().strip() or None
+    packed = common / "packed-refs"
+    if packed.is_file():
+        for line in packed.read_text().splitlines():
+            parts = line.split()
+            if len(parts) == 2 and parts[1] == ref:
+                return parts[0]
+    return None  # a branch without commits yet
+
+
+def versions() -> dict[str, str | None]:
+    """Versions of python, torch, mpi4py, the MPI library and rapydli (without importing torch/MPI)."""
+
+    def dist(name: str) -> str | None:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            return None
+
+    from rapydli import __version__
+
+    mpi_library = None
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is not None:  # only when this process already initialised MPI
+        mpi_library = mpi.Get_library_version().strip().splitlines()[0]
+    elif dist("mpich"):
+        mpi_library = f"MPICH {dist('mpich')} (wheel)"
+    torch = sys.modules.get("torch")
+    return {
+        "python": platform.python_version(),
+        "torch": getattr(torch, "__version__", None) or dist("torch"),
+        "mpi4py": dist("mpi4py"),
+        "mpi": mpi_library,
+        "rapydli": __version__,
+    }
+
+
+def _json_default(value: Any) -> Any:
+    item = getattr(value, "item", None)  # numpy / torch scalars
+    if callable(item):
+        return item()
+    if isinstance(value, (set, tuple)):
+        return list(value)
+    if isinstance(value, Path):
+        return str(value)
+    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
+
+
+def to_json(value: Any) -> str:
+    """JSON text of ``value`` (numpy scalars and paths allowed); ConfigError if it cannot be stored."""
+    try:
+        return json.dumps(value, default=_json_default, sort_keys=True)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"value cannot be stored as JSON: {exc}") from exc
+
+
+class RunStore:
+    """A connection to the run store. Thread-safe; open one per process with :func:`open_store`.
+
+    Parameters
+    ----------
+    path
+        SQLite file; created (with its folder) if missing.
+    detect_interrupted
+        Mark ``running`` runs whose process is gone as ``interrupted`` on open.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, detect_interrupted: bool = True) -> None:
+        self.path = Path(path)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._conn = sqlite3.connect(
+                str(self.path), timeout=_BUSY_TIMEOUT_MS / 1000, isolation_level=None, check_same_thread=False
+            )
+        except (OSError, sqlite3.Error) as exc:
+            raise StoreError(f"cannot open the run store {self.path}: {exc}") from exc
+        self._conn.row_factory = sqlite3.Row
+        self._lock = threading.RLock()
+        self._host = socket.gethostname()
+        try:
+            self._conn.execute(f"PRAGMA busy_timeout = {_BUSY_TIMEOUT_MS}")
+            self._conn.execute("PRAGMA journal_mode = WAL")
+            self._conn.execute("PRAGMA synchronous = NORMAL")
+            self._migrate()
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(f"the run store {self.path} is unreadable: {exc}") from exc
+        if detect_interrupted:
+            self.mark_interrupted()
+
+    # -- plumbing -------------------------------------------------------------------
+    def _write(self, fn: Callable[[sqlite3.Connection], Any]) -> Any:
+        """Run ``fn(conn)`` in one BEGIN IMMEDIATE transaction (retried while the file is locked)."""
+        deadline = time.monotonic() + _BUSY_TIMEOUT_MS / 1000
+        with self._lock:
+            while True:
+                try:
+                    self._conn.execute("BEGIN IMMEDIATE")
+                except sqlite3.OperationalError as exc:
+                    if "locked" in str(exc) and time.monotonic() < deadline:
+                        time.sleep(0.05)
+                        continue
+                    raise StoreError(f"run store {self.path}: {exc}") from exc
+                try:
+                    result = fn(self._conn)
+                except BaseException:
+                    self._conn.execute("ROLLBACK")
+                    raise
+                self._conn.execute("COMMIT")
+                return result
+
+    def _read(self, sql: str, args: Iterable[Any] = ()) -> list[sqlite3.Row]:
+        with self._lock:
+            return self._conn.execute(sql, tuple(args)).fetchall()
+
+    def _migrate(self) -> None:
+        def apply(conn: sqlite3.Connection) -> None:
+            conn.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
+            row = conn.execute("SELECT version FROM schema_version").fetchone()
+            current = row[0] if row else 0
+            if current > SCHEMA_VERSION:
+                raise StoreError(
+                    f"the run store {self.path} has schema version {current}, newer than this "
+                    f"rapydli understands ({SCHEMA_VERSION}); upgrade rapydli"
+                )
+            for script in MIGRATIONS[current:]:
+                for statement in script.split(";"):
+                    if statement.strip():
+                        conn.execute(statement)
+            if row is None:
+                conn.execute("INSERT INTO schema_version VALUES (?)", (SCHEMA_VERSION,))
+            else:
+                conn.execute("UPDATE schema_version SET version = ?", (SCHEMA_VERSION,))
+
+        self._write(apply)
+
+    @property
+    def schema_version(self) -> int:
+        """The schema version of the open file."""
+        return int(self._read("SELECT version FROM schema_version")[0][0])
+
+    def close(self) -> None:
+        """Close the connection."""
+        with self._lock:
+            self._conn.close()
+
+    # -- writing --------------------------------------------------------------------
+    def create_run(
+        self,
+        kind: str,
+        name: str,
+        params: Mapping[str, Any],
+        *,
+        parent: str | None = None,
+        world_size: int = 1,
+        seed: int | None = None,
+    ) -> str:
+        """Record a new ``running`` run and return its id.
+
+        Parameters
+        ----------
+        kind
+            One of ``train``, ``sweep``, ``trial``, ``scaling``, ``batch``, ``tune``.
+        name
+            Human-readable name (model or notebook name).
+        params
+            JSON-serialisable parameters, enough to repeat the run.
+        parent
+            Id of the enclosing run (a trial's sweep, a batch item's batch). Default: the
+            ``RAPYDLI_PARENT_RUN`` environment variable, which a batch sets for its items.
+        world_size, seed
+            Number of ranks, and the seed.
+
+        Also records host, pid, cwd, git commit, versions and the start time.
+        """
+        if kind not in KINDS:
+            raise ConfigError(f"run kind must be one of {', '.join(KINDS)}; got {kind!r}")
+        if parent is None:
+            parent = os.environ.get(PARENT_ENV) or None
+        if parent is not None:
+            validate_run_id(parent)
+        params_json = to_json(dict(params))
+        run_id = uuid.uuid4().hex[:12]
+        now = _now()
+        pid = os.getpid()
+        row = (
+            run_id, kind, str(name), parent, params_json, "running", None,
+            None if seed is None else int(seed), int(world_size), now, None, now,
+            self._host, pid, _pid_started(pid), os.getcwd(), git_commit(), to_json(versions()),
+        )  # fmt: skip
+        self._write(
+            lambda conn: conn.execute(
+                "INSERT INTO runs (id, kind, name, parent, params, status, error, seed, world_size, started,"
+                " ended, heartbeat, host, pid, pid_started, cwd, git_commit, versions)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                row,
+            )
+        )
+        _set_current_run(run_id)
+        return run_id
+
+    def log_metrics(self, run_id: str, rows: Iterable[tuple[int, str, float]]) -> None:
+        """Append metric rows ``(step, name, value)`` and refresh the run's heartbeat."""
+        validate_run_id(run_id)
+        now = _now()
+        data = [(run_id, int(step), str(name), _as_float(value), now) for step, name, value in rows]
+        if not data:
+            return
+
+        def write(conn: sqlite3.Connection) -> None:
+            conn.executemany("INSERT INTO metrics (run_id, step, name, value, time) VALUES (?, ?, ?, ?, ?)", data)
+            conn.execute("UPDATE runs SET heartbeat = ? WHERE id = ?", (now, run_id))
+
+        self._write(write)
+
+    def heartbeat(self, run_id: str) -> None:
+        """Tell the store the run's process is still alive."""
+        validate_run_id(run_id)
+        self._write(lambda conn: conn.execute("UPDATE runs SET heartbeat = ? WHERE id = ?", (_now(), run_id)))
+
+    def add_artifact(self, run_id: str, path: str | os.PathLike[str], kind: str) -> None:
+        """Attach a file (output notebook, figure, checkpoint, report) to a run; ``kind`` is free text."""
+        validate_run_id(run_id)
+        self._write(
+            lambda conn: conn.execute(
+                "INSERT OR REPLACE INTO artifacts (run_id, path, kind, time) VALUES (?, ?, ?, ?)",
+                (run_id, str(Path(path).resolve()), str(kind), _now()),
+            )
+        )
+
+    def add_record(self, run_id: str, name: str, type_: str, value: Any) -> None:
+        """Store a recorded value (:func:`rapydli.record`): ``type_`` is scalar, table, figure or json."""
+        validate_run_id(run_id)
+        text = to_json(value)
+        self._write(
+            lambda conn: conn.execute(
+                "INSERT OR REPLACE INTO records (run_id, name, type, value, time) VALUES (?, ?, ?, ?, ?)",
+                (run_id, str(name), str(type_), text, _now()),
+            )
+        )
+
+    def update_params(self, run_id: str, params: Mapping[str, Any]) -> None:
+        """Merge ``params`` into a run's parameters (e.g. the resolved seed or output path)."""
+        validate_run_id(run_id)
+        extra = json.loads(to_json(dict(params)))
+
+        def write(conn: sqlite3.Connection) -> None:
+            row = conn.execute("SELECT params FROM runs WHERE id = ?", (run_id,)).fetchone()
+            if row is None:
+                raise NotFoundError(f"no run {run_id!r} in {self.path}")
+            merged = {**json.loads(row[0]), **extra}
+            conn.execute("UPDATE runs SET params = ? WHERE id = ?", (to_json(merged), run_id))
+
+        self._write(write)
+
+    def finish_run(self, run_id: str, status: str = "finished", error: str | None = None) -> None:
+        """End a run with ``status`` finished, failed or interrupted (and the error text, if any)."""
+        validate_run_id(run_id)
+        if status not in STATUSES or status == "running":
+            raise ConfigError(f"finish status must be finished, failed or interrupted; got {status!r}")
+        now = _now()
+
+        def write(conn: sqlite3.Connection) -> None:
+            cur = conn.execute(
+                "UPDATE runs SET status = ?, error = ?, ended = ?, heartbeat = ? WHERE id = ?",
+                (status, error, now, now, run_id),
+            )
+            if cur.rowcount == 0:
+                raise NotFoundError(f"no run {run_id!r} in {self.path}")
+
+        self._write(write)
+
+    def mark_interrupted(self, stale_after: float | None = None) -> list[str]:
+        """Mark ``running`` runs whose process is gone as ``interrupted``; return their ids.
+
+        On this host a run is gone when its pid no longer exists (or was reused). On other
+        hosts it is gone when its heartbeat is older than ``stale_after`` seconds (default
+        ``RAPYDLI_HEARTBEAT_TIMEOUT`` or 900).
+        """
+        if stale_after is None:
+            stale_after = float(os.environ.get("RAPYDLI_HEARTBEAT_TIMEOUT", "900"))
+        now = _now()
+        gone = []
+        for row in self._read("SELECT id, host, pid, pid_started, heartbeat FROM runs WHERE status = 'running'"):
+            if row["host"] == self._host:
+                dead = not _process_alive(row["pid"], row["pid_started"])
+            else:
+                dead = now - row["heartbeat"] > stale_after
+            if dead:
+                gone.append(row["id"])
+        if gone:
+
+            def write(conn: sqlite3.Connection) -> None:
+                conn.executemany(
+                    "UPDATE runs SET status = 'interrupted', ended = heartbeat,"
+                    " error = COALESCE(error, 'the process running it stopped without finishing it')"
+                    " WHERE id = ? AND status = 'running'",
+                    [(run_id,) for run_id in gone],
+                )
+
+            self._write(write)
+        return gone
+
+    # -- reading --------------------------------------------------------------------
+    def list_runs(
+        self,
+        kind: str | None = None,
+        status: str | None = None,
+        limit: int | None = None,
+        offset: int = 0,
+        *,
+        parent: str | None = None,
+    ) -> tuple[list[dict[str, Any]], int]:
+        """Runs newest first, as dicts (see :meth:`get_run`), and the total count matching the filters."""
+        if kind is not None and kind not in KINDS:
+            raise ConfigError(f"kind must be one of {', '.join(KINDS)}; got {kind!r}")
+        if status is not None and status not in STATUSES:
+            raise ConfigError(f"status must be one of {', '.join(STATUSES)}; got {status!r}")
+        where, args = [], []
+        for column, value in (("kind", kind), ("status", status), ("parent", parent)):
+            if value is not None:
+                where.append(f"{column} = ?")
+                args.append(value)
+        clause = f" WHERE {' AND '.join(where)}" if where else ""
+        total = self._read(f"SELECT COUNT(*) FROM runs{clause}", args)[0][0]
+        page = f" LIMIT {int(limit)} OFFSET {int(offset)}" if limit is not None else f" LIMIT -1 OFFSET {int(offset)}"
+        rows = self._read(f"SELECT * FROM runs{clause} ORDER BY started DESC, rowid DESC{page}", args)
+        return [_run_dict(row) for row in rows], int(total)
+
+    def get_run(self, run_id: str) -> dict[str, Any]:
+        """One run as a dict: id, kind, name, parent, params, status, error, seed, world_size,
+        started/ended/heartbeat (epoch seconds), duration, host, pid, cwd, git_commit, versions.
+
+        Raises :class:`NotFoundError` for an unknown or malformed id.
+        """
+        validate_run_id(run_id)
+        rows = self._read("SELECT * FROM runs WHERE id = ?", (run_id,))
+        if not rows:
+            raise NotFoundError(f"no run {run_id!r} in {self.path}")
+        return _run_dict(rows[0])
+
+    def resolve(self, prefix: str) -> str:
+        """The id of the one run whose id starts with ``prefix`` (for the command line)."""
+        validate_run_id(prefix)
+        if self._read("SELECT 1 FROM runs WHERE id = ?", (prefix,)):
+            return prefix
+        rows = self._read("SELECT id FROM runs WHERE id >= ? AND id < ? LIMIT 2", (prefix, prefix + "\U0010ffff"))
+        if len(rows) == 1:
+            return rows[0][0]
+        if not rows:
+            raise NotFoundError(f"no run {prefix!r} in {self.path}")
+        raise NotFoundError(f"run id prefix {prefix!r} is ambiguous; give more characters")
+
+    def metrics(self, run_id: str, since: int | None = None) -> list[dict[str, Any]]:
+        """Metric rows ``{seq, step, name, value, time}`` in the order logged.
+
+        ``since`` is a cursor: only rows with ``seq > since`` are returned, so a poller
+        passes the last ``seq`` it saw.
+        """
+        validate_run_id(run_id)
+        rows = self._read(
+            "SELECT seq, step, name, value, time FROM metrics WHERE run_id = ? AND seq > ? ORDER BY seq",
+            (run_id, -1 if since is None else int(since)),
+        )
+        return [dict(row) for row in rows]
+
+    def artifacts(self, run_id: str) -> list[dict[str, Any]]:
+        """Artifacts ``{path, kind, time}`` of a run."""
+        validate_run_id(run_id)
+        rows = self._read("SELECT path, kind, time FROM artifacts WHERE run_id = ? ORDER BY time", (run_id,))
+        return [dict(row) for row in rows]
+
+    def records(self, run_id: str) -> dict[str, dict[str, Any]]:
+        """Recorded values by name: ``{name: {"type": ..., "value": ...}}``."""
+        validate_run_id(run_id)
+        rows = self._read("SELECT name, type, value FROM records WHERE run_id = ? ORDER BY time", (run_id,))
+        return {row["name"]: {"type": row["type"], "value": json.loads(row["value"])} for row in rows}
+
+    def final_metrics(self, run_id: str) -> dict[str, float]:
+        """Last value of every metric, plus every scalar record."""
+        validate_run_id(run_id)
+        rows = self._read(
+            "SELECT name, value FROM metrics WHERE seq IN (SELECT MAX(seq) FROM metrics WHERE run_id = ? GROUP BY name)",
+            (run_id,),
+        )
+        final = {row["name"]: row["value"] for row in rows}
+        for name, rec in self.records(run_id).items():
+            if rec["type"] == "scalar":
+                final[name] = rec["value"]
+        return final
+
+
+def _as_float(value: Any) -> float | None:
+    number = float(value)
+    return None if math.isnan(number) else number
+
+
+def _run_dict(row: sqlite3.Row) -> dict[str, Any]:
+    run = dict(row)
+    run["params"] = json.loads(run["params"])
+    run["versions"] = json.loads(run["versions"])
+    run.pop("pid_started", None)
+    run["duration"] = None if run["ended"] is None else run["ended"] - run["started"]
+    return run
+
+
+# -- process-wide access -------------------------------------------------------------
+_stores: dict[tuple[int, str], RunStore] = {}
+_current: dict[int, str] = {}
+_open_lock = threading.Lock()
+
+
+def open_store(path: str | os.PathLike[str] | None = None) -> RunStore | None:
+    """This process's :class:`RunStore` at ``path`` (default ``$RAPYDLI_HOME/runs.db``).
+
+    Returns ``None`` when ``RAPYDLI_STORE=off``. The same object is returned on every
+    call in a process (a forked child opens its own).
+    """
+    if not store_enabled():
+        return None
+    target = Path(path) if path is not None else rapydli_home() / "runs.db"
+    key = (os.getpid(), str(target.resolve()))
+    with _open_lock:
+        store = _stores.get(key)
+        if store is None:
+            store = _stores[key] = RunStore(target)
+        return store
+
+
+def require_store() -> RunStore:
+    """Like :func:`open_store`, but raise StoreError when the store is disabled."""
+    store = open_store()
+    if store is None:
+        raise StoreError("the run store is disabled (RAPYDLI_STORE=off)")
+    return store
+
+
+def _set_current_run(run_id: str) -> None:
+    _current[os.getpid()] = run_id
+
+
+def current_run_id() -> str | None:
+    """The run values are recorded under: the batch item running this notebook, else the
+    last run this process created, else ``None``."""
+    return os.environ.get(BATCH_ITEM_ENV) or _current.get(os.getpid())
+
+
+# -- the public Python API (rd.runs, rd.run) ---------------------------------------
+@dataclass
+class RunRecord:
+    """One recorded run as returned by :func:`run`.
+
+    Attributes
+    ----------
+    info
+        Everything :meth:`RunStore.get_run` returns (id, kind, status, times, host, versions...).
+    params
+        The parameters it ran with.
+    metrics
+        DataFrame with columns step, name, value, time (one row per logged value).
+    artifacts
+        DataFrame with columns path, kind, time.
+    records
+        Values recorded with :func:`rapydli.record`, by name (tables as lists of row dicts,
+        figures as plotly JSON dicts).
+    """
+
+    info: dict[str, Any]
+    params: dict[str, Any]
+    metrics: pd.DataFrame
+    artifacts: pd.DataFrame
+    records: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def id(self) -> str:
+        return self.info["id"]
+
+    @property
+    def status(self) -> str:
+        return self.info["status"]
+
+    def history(self) -> pd.DataFrame:
+        """Metrics pivoted to one row per step and one column per metric name."""
+        if self.metrics.empty:
+            return self.metrics
+        return self.metrics.pivot_table(index="step", columns="name", values="value", aggfunc="last")
+
+    def __repr__(self) -> str:
+        return (
+            f"RunRecord(id={self.id!r}, kind={self.info['kind']!r}, name={self.info['name']!r}, "
+            f"status={self.status!r}, params={self.params!r}, metrics={len(self.metrics)} rows, "
+            f"artifacts={len(self.artifacts)}, records={sorted(self.records)})"
+        )
+
+
+RUN_COLUMNS = ["id", "kind", "name", "status", "parent", "started", "ended", "duration", "world_size", "seed", "host", "params", "error"]
+
+
+def runs(kind: str | None = None, status: str | None = None) -> pd.DataFrame:
+    """All recorded runs, newest first, as a DataFrame.
+
+    Parameters
+    ----------
+    kind
+        Only runs of this kind (train, sweep, trial, scaling, batch, tune).
+    status
+        Only runs with this status (running, finished, failed, interrupted).
+
+    Returns
+    -------
+    pandas.DataFrame
+        Columns id, kind, name, status, parent, started, ended (UTC timestamps), duration
+        (seconds), world_size, seed, host, params (dict), error.
+
+    Examples
+    --------
+    >>> import rapydli as rd
+    >>> rd.runs(kind="train", status="finished").head()  # doctest: +SKIP
+    """
+    import pandas as pd
+
+    rows, _ = require_store().list_runs(kind=kind, status=status)
+    frame = pd.DataFrame(rows, columns=RUN_COLUMNS) if rows else pd.DataFrame(columns=RUN_COLUMNS)
+    for column in ("started", "ended"):
+        frame[column] = pd.to_datetime(frame[column], unit="s", utc=True)
+    return frame[RUN_COLUMNS]
+
+
+def run(run_id: str) -> RunRecord:
+    """One recorded run: parameters, metrics (DataFrame), artifacts and recorded values.
+
+    ``run_id`` may be a unique prefix of the id. Raises :class:`NotFoundError` for an unknown id.
+
+    Examples
+    --------
+    >>> r = rd.run("3f2a9c")  # doctest: +SKIP
+    >>> r.params["lr"], r.history()["loss"].iloc[-1]  # doctest: +SKIP
+    """
+    import pandas as pd
+
+    store = require_store()
+    info = store.get_run(store.resolve(run_id))
+    metrics = pd.DataFrame(store.metrics(info["id"]), columns=["seq", "step", "name", "value", "time"])
+    artifacts = pd.DataFrame(store.artifacts(info["id"]), columns=["path", "kind", "time"])
+    records = {name: rec["value"] for name, rec in store.records(info["id"]).items()}
+    return RunRecord(
+        info=info, params=info["params"], metrics=metrics.drop(columns="seq"), artifacts=artifacts, records=records
+    )
+
+
+def iso_times(run_dict: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of a run dict with started/ended/heartbeat as ISO-8601 UTC text (for JSON output)."""
+    out = dict(run_dict)
+    for key in ("started", "ended", "heartbeat"):
+        if key in out:
+            out[key] = _iso(out[key])
+    return out
