@@ -1,0 +1,302 @@
+"""A NoPFS-style loader: prefetch in the known access order, cache by predicted use.
+
+After Dryden et al., "Clairvoyant Prefetching for Distributed Machine Learning I/O"
+(SC'21). The loader computes this rank's whole access stream up front
+(:func:`rapydli.data.plan.access_stream`, identical to the trainer's sampler), keeps the
+most frequently accessed samples in RAM and then on local disk
+(:func:`rapydli.data.plan.assign_tiers`), and runs background threads that fetch ahead of
+the consumer, in access order, from the fastest tier holding each sample. Batches are
+collated with PyTorch's default collate, so they equal those of a
+``DataLoader(dataset, batch_size, sampler=ShardSampler(...))``.
+
+Peer fetch (a rank serving a sample from its RAM to another rank over MPI) is not
+implemented: each rank reads only from its own tiers and the backing dataset.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from torch.utils.data import Dataset
+from torch.utils.data._utils.collate import default_collate
+
+from rapydli.data.loaders import EpochCursor, batches_per_epoch
+from rapydli.data.plan import TIERS, TierPlan, access_stream, assign_tiers
+from rapydli.data.tiers import DiskTier, RamTier, sample_nbytes
+from rapydli.errors import ConfigError
+
+
+class ClairvoyantLoader:
+    """Iterable of collated batches of this rank's share, prefetched and tier-cached.
+
+    Parameters
+    ----------
+    dataset
+        Map-style dataset. If it has ``sample_nbytes(index)`` (as
+        :class:`~rapydli.data.store.LMDBDataset` and :class:`~rapydli.data.store.FileDataset`
+        do) the plan uses those sizes; otherwise every sample is assumed to be as large as
+        the first one read.
+    batch_size
+        Samples per batch.
+    seed, rank, world_size
+        The partition of :func:`rapydli.data.sampler.rank_indices` (shuffled).
+    epochs
+        Epochs the loader serves; each pass is the next one, ``set_epoch`` jumps.
+    ram_bytes
+        RAM budget for cached samples; must hold at least one batch.
+    disk_bytes, disk_dir
+        Local-disk budget and the directory of its cache file (default: the temp dir).
+    prefetch_threads
+        Background fetch threads.
+    drop_last
+        Drop each epoch's last incomplete batch (and, as ``DistributedSampler`` does, the
+        samples that do not divide evenly among ranks).
+    window
+        Samples fetched ahead of the consumer at most (default ``max(2 * batch_size,
+        4 * prefetch_threads)``); memory stays within ``ram_bytes`` plus this window.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from torch.utils.data import TensorDataset
+    >>> data = TensorDataset(torch.arange(8.0))
+    >>> loader = ClairvoyantLoader(data, batch_size=2, seed=0, epochs=2, ram_bytes=1024)
+    >>> [len(list(loader)) for _ in range(2)]
+    [4, 4]
+    >>> loader.stats()["epochs"][1]["hits"]["ram"]
+    8
+    """
+
+    kind = "clairvoyant"
+
+    def __init__(
+        self,
+        dataset: Dataset,
+        batch_size: int,
+        seed: int,
+        rank: int = 0,
+        world_size: int = 1,
+        epochs: int = 1,
+        ram_bytes: int = 256 * 2**20,
+        disk_bytes: int = 0,
+        disk_dir: str | None = None,
+        prefetch_threads: int = 8,
+        drop_last: bool = False,
+        window: int | None = None,
+    ) -> None:
+        for name, value in (("batch_size", batch_size), ("epochs", epochs), ("prefetch_threads", prefetch_threads)):
+            if not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{name}={value!r} is invalid: must be an integer >= 1")
+        if ram_bytes < 0 or disk_bytes < 0:
+            raise ConfigError(f"ram_bytes={ram_bytes}, disk_bytes={disk_bytes}: budgets must be >= 0")
+        self.dataset = dataset
+        self.batch_size = batch_size
+        self.prefetch_threads = prefetch_threads
+        self.drop_last = drop_last
+        self.window = window if window is not None else max(2 * batch_size, 4 * prefetch_threads)
+        if self.window < 1:
+            raise ConfigError(f"window={window} is invalid: must be >= 1")
+        self.stream = access_stream(len(dataset), rank, world_size, seed, epochs, drop_last)
+        self._backing_nbytes = self._size_function()
+        self._check_batch_fits(ram_bytes)
+        self.plan: TierPlan = assign_tiers(self.stream, self._backing_nbytes, ram_bytes, disk_bytes)
+        self.ram = RamTier(ram_bytes)
+        self.disk = DiskTier(disk_bytes, disk_dir)
+        self._cursor = EpochCursor(epochs, len(self))
+        self._epochs: list[dict[str, Any]] = []
+
+    # -- planning ------------------------------------------------------------------------
+
+    def _size_function(self) -> Callable[[int], int]:
+        sizes = getattr(self.dataset, "sample_nbytes", None)
+        if callable(sizes):
+            return sizes
+        first = next((epoch[0] for epoch in self.stream if epoch), 0)
+        probe = sample_nbytes(self.dataset[first])
+        return lambda index: probe
+
+    def _check_batch_fits(self, ram_bytes: int) -> None:
+        first = self.stream[0][: self.batch_size]
+        need = sum(self._backing_nbytes(i) for i in first)
+        if ram_bytes < need:
+            raise ConfigError(
+                f"ram_bytes={ram_bytes} cannot hold one batch: batch_size={self.batch_size} samples "
+                f"take about {need} bytes; raise ram_bytes (cache_ram_mb) or lower batch_size"
+            )
+
+    # -- the Loader interface ------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return batches_per_epoch(len(self.stream[0]), self.batch_size, self.drop_last)
+
+    def set_epoch(self, epoch: int, skip_batches: int = 0) -> None:
+        """Make the next pass yield ``epoch``, starting after ``skip_batches`` batches.
+
+        The skipped samples are neither read nor counted.
+        """
+        self._cursor.set(epoch, skip_batches)
+
+    def __iter__(self) -> Iterator[Any]:
+        epoch, skip = self._cursor.start()
+        order = self.stream[epoch][: len(self) * self.batch_size][skip * self.batch_size :]
+        record: dict[str, Any] = {
+            "epoch": epoch,
+            "batches": 0,
+            "samples": 0,
+            "stall_s": 0.0,
+            "wall_s": 0.0,
+            "hits": dict.fromkeys(TIERS, 0),
+            "storage_bytes": 0,
+        }
+        self._epochs.append(record)
+        return self._batches(order, record)
+
+    def _batches(self, order: list[int], record: dict[str, Any]) -> Iterator[Any]:
+        window = _Window(order, self.window)
+        threads = [
+            threading.Thread(target=self._prefetch, args=(window, record), name=f"rapydli-prefetch-{i}", daemon=True)
+            for i in range(self.prefetch_threads)
+        ]
+        for thread in threads:
+            thread.start()
+        started = time.perf_counter()
+        try:
+            for begin in range(0, len(order), self.batch_size):
+                before = time.perf_counter()
+                samples = [window.take(p) for p in range(begin, min(begin + self.batch_size, len(order)))]
+                batch = default_collate(samples)
+                record["stall_s"] += time.perf_counter() - before
+                record["batches"] += 1
+                record["samples"] += len(samples)
+                record["wall_s"] = time.perf_counter() - started
+                yield batch
+        finally:
+            window.stop()
+            for thread in threads:
+                thread.join()
+            record["wall_s"] = time.perf_counter() - started
+
+    def _prefetch(self, window: _Window, record: dict[str, Any]) -> None:
+        while (claim := window.claim()) is not None:
+            position, index = claim
+            try:
+                sample, tier, nbytes = self._fetch(index)
+            except BaseException as error:  # noqa: BLE001 - handed to the consumer, raised there
+                window.fail(position, error)
+                return
+            with window.lock:
+                record["hits"][tier] += 1
+                record["storage_bytes"] += nbytes
+            window.deliver(position, sample)
+
+    def _fetch(self, index: int) -> tuple[Any, str, int]:
+        """``(sample, tier it came from, bytes read from backing storage)``."""
+        sample = self.ram.get(index)
+        if sample is not None:
+            return sample, "ram", 0
+        sample = self.disk.get(index)
+        if sample is not None:
+            return sample, "disk", 0
+        sample = self.dataset[index]
+        planned = self.plan.tier.get(index)
+        if planned == "ram":
+            self.ram.put(index, sample, sample_nbytes(sample))
+        elif planned == "disk":
+            self.disk.put(index, sample)
+        return sample, "storage", self._backing_nbytes(index)
+
+    def stats(self) -> dict[str, Any]:
+        """Per-pass statistics and the cache state.
+
+        Returns
+        -------
+        dict
+            ``kind``; ``epochs``: one dict per pass with ``epoch``, ``batches``,
+            ``samples``, ``stall_s`` (time the consumer spent waiting inside the loader),
+            ``wall_s``, ``hits`` (``{"ram", "disk", "storage"} -> samples served``) and
+            ``storage_bytes`` (bytes read from the backing dataset); ``plan``: samples
+            assigned per tier; ``ram_bytes_used``, ``disk_bytes_used``.
+        """
+        return {
+            "kind": self.kind,
+            "epochs": [{**e, "hits": dict(e["hits"])} for e in self._epochs],
+            "plan": {tier: self.plan.count(tier) for tier in TIERS},
+            "ram_bytes_used": self.ram.used,
+            "disk_bytes_used": self.disk.used,
+        }
+
+    def close(self) -> None:
+        """Delete the disk tier's file."""
+        self.disk.close()
+
+    def __enter__(self) -> ClairvoyantLoader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        disk = getattr(self, "disk", None)
+        if disk is not None:
+            disk.close()
+
+
+class _Failure:
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+class _Window:
+    """Positions of one epoch: claimed by prefetch threads, taken in order by the consumer.
+
+    A thread may claim position ``p`` only while ``p < consumed + size``, which bounds the
+    samples held ahead of the consumer.
+    """
+
+    def __init__(self, order: list[int], size: int) -> None:
+        self.order = order
+        self.size = size
+        self.lock = threading.Lock()
+        self._space = threading.Condition(self.lock)
+        self._filled = threading.Condition(self.lock)
+        self._ready: dict[int, Any] = {}
+        self._next = 0
+        self._consumed = 0
+        self._stopped = False
+
+    def claim(self) -> tuple[int, int] | None:
+        with self.lock:
+            while not self._stopped and self._next < len(self.order) and self._next >= self._consumed + self.size:
+                self._space.wait()
+            if self._stopped or self._next >= len(self.order):
+                return None
+            position = self._next
+            self._next += 1
+            return position, self.order[position]
+
+    def deliver(self, position: int, sample: Any) -> None:
+        with self.lock:
+            self._ready[position] = sample
+            self._filled.notify()
+
+    def fail(self, position: int, error: BaseException) -> None:
+        self.deliver(position, _Failure(error))
+
+    def take(self, position: int) -> Any:
+        with self.lock:
+            while position not in self._ready:
+                self._filled.wait()
+            sample = self._ready.pop(position)
+            self._consumed = position + 1
+            self._space.notify()
+        if isinstance(sample, _Failure):
+            raise sample.error
+        return sample
+
+    def stop(self) -> None:
+        with self.lock:
+            self._stopped = True
+            self._space.notify_all()

@@ -1,0 +1,289 @@
+"""One entry point for the trainer's data loaders, chosen by name.
+
+:func:`build_loader` returns a :class:`Loader`: an iterable of collated batches of this
+rank's share of each epoch, in exactly the order :func:`rapydli.data.sampler.rank_indices`
+gives. Every kind yields the same batches for the same seed, so switching kinds never
+changes training results, only how fast the batches arrive.
+
+Kinds (the registry :data:`LOADER_KINDS`):
+
+``"default"``
+    :class:`torch.utils.data.DataLoader` over a :class:`~rapydli.data.sampler.ShardSampler`.
+``"clairvoyant"``
+    :class:`rapydli.data.clairvoyant.ClairvoyantLoader` (NoPFS-style prefetching and tiered
+    caching by predicted access frequency).
+
+Epochs: each pass over a loader is the next epoch (starting at 0); ``set_epoch(e,
+skip_batches=k)`` makes the next pass epoch ``e``, starting after its first ``k`` batches
+(to resume mid-epoch without loading the skipped samples).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from rapydli.data.sampler import ShardSampler
+from rapydli.errors import ConfigError
+
+
+@runtime_checkable
+class Loader(Protocol):
+    """What the trainer needs from a data loader."""
+
+    def __iter__(self) -> Iterator[Any]: ...
+
+    def __len__(self) -> int: ...
+
+    def set_epoch(self, epoch: int, skip_batches: int = 0) -> None: ...
+
+    def stats(self) -> dict[str, Any]: ...
+
+
+def batches_per_epoch(shard: int, batch_size: int, drop_last: bool) -> int:
+    """Batches in one epoch of ``shard`` samples."""
+    return shard // batch_size if drop_last else -(-shard // batch_size)
+
+
+class EpochCursor:
+    """Which epoch the next pass yields and how many of its batches to skip.
+
+    Shared by the loaders so they agree on the epoch semantics described in the module
+    docstring.
+    """
+
+    def __init__(self, epochs: int, batches: int) -> None:
+        self.epochs = epochs
+        self.batches = batches
+        self.next_epoch = 0
+        self.skip = 0
+
+    def set(self, epoch: int, skip_batches: int) -> None:
+        if not 0 <= epoch < self.epochs:
+            raise ConfigError(f"epoch={epoch} is out of range: the loader was built for epochs={self.epochs}")
+        if not 0 <= skip_batches <= self.batches:
+            raise ConfigError(f"skip_batches={skip_batches} is invalid: must be in [0, {self.batches}]")
+        self.next_epoch = epoch
+        self.skip = skip_batches
+
+    def start(self) -> tuple[int, int]:
+        """Take the epoch and skip for a new pass, and advance to the next epoch."""
+        epoch, skip = self.next_epoch, self.skip
+        if epoch >= self.epochs:
+            raise ConfigError(
+                f"the loader was built for epochs={self.epochs} and all of them have been iterated; "
+                "call set_epoch(e) to go back to an earlier epoch"
+            )
+        self.next_epoch, self.skip = epoch + 1, 0
+        return epoch, skip
+
+
+class _SkippingSampler(Sampler[int]):
+    """A :class:`ShardSampler` whose next pass starts after ``skip`` samples."""
+
+    def __init__(self, sampler: ShardSampler) -> None:
+        self.sampler = sampler
+        self.skip = 0
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.sampler.indices()[self.skip :].tolist())
+
+    def __len__(self) -> int:
+        return len(self.sampler) - self.skip
+
+
+class DefaultLoader:
+    """:class:`torch.utils.data.DataLoader` over this rank's :class:`ShardSampler` share.
+
+    Parameters are those of :func:`build_loader`. With ``num_workers > 0`` the workers
+    persist across epochs.
+    """
+
+    kind = "default"
+
+    def __init__(
+        self,
+        dataset: Dataset,
+        *,
+        batch_size: int,
+        rank: int,
+        world_size: int,
+        seed: int,
+        epochs: int,
+        num_workers: int = 0,
+        drop_last: bool = False,
+    ) -> None:
+        self.sampler = ShardSampler(len(dataset), rank=rank, world_size=world_size, seed=seed)
+        self.batch_size = batch_size
+        self.drop_last = drop_last
+        self._skipping = _SkippingSampler(self.sampler)
+        self._loader = DataLoader(
+            dataset,
+            batch_size=batch_size,
+            sampler=self._skipping,
+            num_workers=num_workers,
+            drop_last=drop_last,
+            persistent_workers=num_workers > 0,
+        )
+        self._cursor = EpochCursor(epochs, len(self))
+        self._epochs: list[dict[str, Any]] = []
+
+    def __len__(self) -> int:
+        return batches_per_epoch(len(self.sampler), self.batch_size, self.drop_last)
+
+    def set_epoch(self, epoch: int, skip_batches: int = 0) -> None:
+        """Make the next pass yield ``epoch``, starting after ``skip_batches`` batches."""
+        self._cursor.set(epoch, skip_batches)
+
+    def __iter__(self) -> Iterator[Any]:
+        epoch, skip = self._cursor.start()
+        self.sampler.set_epoch(epoch)
+        self._skipping.skip = min(skip * self.batch_size, len(self.sampler))
+        record = {"epoch": epoch, "batches": 0, "samples": 0, "stall_s": 0.0, "wall_s": 0.0}
+        self._epochs.append(record)
+        started = time.perf_counter()
+        iterator = iter(self._loader)
+        while True:
+            before = time.perf_counter()
+            try:
+                batch = next(iterator)
+            except StopIteration:
+                break
+            record["stall_s"] += time.perf_counter() - before
+            record["batches"] += 1
+            record["samples"] += _batch_length(batch)
+            record["wall_s"] = time.perf_counter() - started
+            yield batch
+        record["wall_s"] = time.perf_counter() - started
+
+    def stats(self) -> dict[str, Any]:
+        """``{"kind": "default", "epochs": [per-epoch dicts]}``; see :func:`build_loader`."""
+        return {"kind": self.kind, "epochs": [dict(e) for e in self._epochs]}
+
+
+def _batch_length(batch: Any) -> int:
+    """Number of samples in a collated batch (its first tensor's leading dimension)."""
+    if isinstance(batch, torch.Tensor):
+        return int(batch.shape[0])
+    if isinstance(batch, dict):
+        return _batch_length(next(iter(batch.values())))
+    if isinstance(batch, (list, tuple)):
+        return _batch_length(batch[0])
+    return 1
+
+
+def _build_default(dataset: Dataset, **options: Any) -> Loader:
+    for unused in ("cache_ram_mb", "cache_disk_mb", "disk_dir"):
+        options.pop(unused)
+    return DefaultLoader(dataset, **options)
+
+
+def _build_clairvoyant(dataset: Dataset, **options: Any) -> Loader:
+    from rapydli.data.clairvoyant import ClairvoyantLoader
+
+    return ClairvoyantLoader(
+        dataset,
+        batch_size=options["batch_size"],
+        seed=options["seed"],
+        rank=options["rank"],
+        world_size=options["world_size"],
+        epochs=options["epochs"],
+        ram_bytes=int(options["cache_ram_mb"] * 2**20),
+        disk_bytes=int(options["cache_disk_mb"] * 2**20),
+        disk_dir=options["disk_dir"],
+        prefetch_threads=max(4, 4 * options["num_workers"]),
+        drop_last=options["drop_last"],
+    )
+
+
+#: Loader kinds by name: ``kind -> builder(dataset, **build_loader options)``.
+LOADER_KINDS: dict[str, Callable[..., Loader]] = {
+    "default": _build_default,
+    "clairvoyant": _build_clairvoyant,
+}
+
+
+def build_loader(
+    dataset: Dataset,
+    *,
+    batch_size: int,
+    rank: int,
+    world_size: int,
+    seed: int,
+    epochs: int,
+    kind: str = "default",
+    num_workers: int = 0,
+    drop_last: bool = False,
+    cache_ram_mb: float = 256.0,
+    cache_disk_mb: float = 0.0,
+    disk_dir: str | None = None,
+) -> Loader:
+    """Build this rank's loader of ``kind`` over a map-style ``dataset``.
+
+    Parameters
+    ----------
+    dataset
+        Map-style dataset (``__len__`` and ``__getitem__``).
+    batch_size
+        Samples per batch on this rank.
+    rank, world_size, seed
+        The partition and shuffle of :func:`rapydli.data.sampler.rank_indices`.
+    epochs
+        Number of epochs the loader serves (``0 .. epochs - 1``).
+    kind
+        A name in :data:`LOADER_KINDS`: ``"default"`` or ``"clairvoyant"``.
+    num_workers
+        DataLoader worker processes (``"default"``); the clairvoyant loader uses
+        ``max(4, 4 * num_workers)`` prefetch threads.
+    drop_last
+        Drop each epoch's last incomplete batch.
+    cache_ram_mb, cache_disk_mb, disk_dir
+        Cache budgets and the local directory of the disk tier (``"clairvoyant"`` only).
+
+    Returns
+    -------
+    Loader
+        Iterable of collated batches, with ``set_epoch(epoch, skip_batches=0)``,
+        ``len()`` (batches per epoch) and ``stats()`` (``{"kind": ..., "epochs": [...]}``,
+        one dict per pass with at least ``epoch``, ``batches``, ``samples``, ``stall_s``,
+        ``wall_s``).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from torch.utils.data import TensorDataset
+    >>> data = TensorDataset(torch.arange(10.0))
+    >>> loader = build_loader(data, batch_size=4, rank=0, world_size=2, seed=0, epochs=1)
+    >>> len(loader), [b[0].shape[0] for b in loader]
+    (2, [4, 1])
+    """
+    if kind not in LOADER_KINDS:
+        raise ConfigError(f"kind={kind!r} is not a loader kind; allowed: {', '.join(sorted(LOADER_KINDS))}")
+    _check_positive(batch_size=batch_size, epochs=epochs)
+    if num_workers < 0:
+        raise ConfigError(f"num_workers={num_workers} is invalid: must be >= 0")
+    if cache_ram_mb < 0 or cache_disk_mb < 0:
+        raise ConfigError(f"cache_ram_mb={cache_ram_mb}, cache_disk_mb={cache_disk_mb}: budgets must be >= 0")
+    return LOADER_KINDS[kind](
+        dataset,
+        batch_size=batch_size,
+        rank=rank,
+        world_size=world_size,
+        seed=seed,
+        epochs=epochs,
+        num_workers=num_workers,
+        drop_last=drop_last,
+        cache_ram_mb=cache_ram_mb,
+        cache_disk_mb=cache_disk_mb,
+        disk_dir=disk_dir,
+    )
+
+
+def _check_positive(**values: int) -> None:
+    for name, value in values.items():
+        if not isinstance(value, int) or value < 1:
+            raise ConfigError(f"{name}={value!r} is invalid: must be an integer >= 1")
