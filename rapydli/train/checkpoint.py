@@ -1,0 +1,76 @@
+"""Atomic training checkpoints: everything needed to continue a run exactly.
+
+A checkpoint holds the model, the optimizer, the schedule position, the sampler
+position ``(epoch, batch)`` and the RNG states of every rank (torch, numpy, python),
+in one file ``<checkpoint_dir>/checkpoint.pt``. Rank 0 writes it to a temporary file in
+the same directory, flushes it to disk, then renames it over the old one with
+:func:`os.replace`, so a reader sees the old checkpoint or the new one, never half of
+one; a failed write removes its temporary file and leaves the old checkpoint in place.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from rapydli.errors import ConfigError
+
+CHECKPOINT_NAME = "checkpoint.pt"
+FORMAT_VERSION = 1
+
+
+def checkpoint_path(directory: str | os.PathLike[str]) -> Path:
+    """The checkpoint file inside ``directory``."""
+    return Path(directory) / CHECKPOINT_NAME
+
+
+def rng_state() -> dict[str, Any]:
+    """This process's torch, numpy and python RNG states."""
+    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore states captured by :func:`rng_state`."""
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
+
+
+def save_atomic(state: dict[str, Any], path: str | os.PathLike[str]) -> Path:
+    """Write ``state`` with :func:`torch.save` to ``path`` atomically (temp file + fsync + rename).
+
+    Returns the path. If anything fails, the temporary file is removed, the previous
+    file at ``path`` (if any) is untouched, and the error propagates.
+    """
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    handle, temp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(handle, "wb") as stream:
+            torch.save({"format": FORMAT_VERSION, **state}, stream)
+            stream.flush()
+            os.fsync(stream.fileno())
+        os.replace(temp, target)
+    except BaseException:
+        Path(temp).unlink(missing_ok=True)
+        raise
+    directory = os.open(target.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
+    return target
+
+
+def load(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Read a checkpoint written by :func:`save_atomic`."""
+    state = torch.load(Path(path), map_location="cpu", weights_only=False)
+    if state.get("format") != FORMAT_VERSION:
+        raise ConfigError(f"{path} is not a RaPyDLI checkpoint of format {FORMAT_VERSION} (found {state.get('format')!r})")
+    return state

@@ -1,0 +1,378 @@
+"""The data-parallel ``Trainer`` that runs on every rank.
+
+Each rank builds the same model (rank 0's weights are broadcast), reads its own seeded
+shard of the data through :func:`rapydli.data.loaders.build_loader`, and averages
+gradients with a :class:`rapydli.comm.GradientSynchronizer` whose bucket allreduces
+overlap backward. :meth:`Trainer.fit` is the loop, top to bottom in the order it runs.
+
+Examples
+--------
+On every rank (``mpiexec -n 2 python train.py``)::
+
+    from rapydli.train import Trainer, TrainConfig, models, datasets
+    train, val = datasets.digits()
+    trainer = Trainer(models.resnet_digits(), None, train, val, TrainConfig(epochs=2))
+    history = trainer.fit()
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+from torch.utils.data import Dataset
+
+from rapydli.errors import ConfigError
+from rapydli.train import checkpoint as ckpt
+from rapydli.train.callbacks import Callback, dispatch
+from rapydli.train.config import TrainConfig
+from rapydli.train.schedule import lr_at
+
+
+def build_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.Optimizer:
+    """The optimizer ``config.optimizer`` names (AdamW uses ``momentum`` as beta1)."""
+    if config.optimizer == "sgd":
+        return torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay)
+    return torch.optim.AdamW(model.parameters(), lr=config.lr, betas=(config.momentum, 0.999), weight_decay=config.weight_decay)
+
+
+def loss_and_correct(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean cross-entropy over all positions, and the number of correct argmax predictions.
+
+    Works for classification (``(B, C)`` logits) and language models (``(B, T, V)``).
+    """
+    flat = logits.reshape(-1, logits.shape[-1]).float()
+    labels = targets.reshape(-1)
+    return F.cross_entropy(flat, labels), (flat.argmax(-1) == labels).sum()
+
+
+class Trainer:
+    """Data-parallel training of ``model`` on one rank; call :meth:`fit` on every rank.
+
+    Parameters
+    ----------
+    model
+        The model; every rank builds it, rank 0's parameters and buffers win.
+    optimizer
+        An optimizer over ``model``'s parameters, or ``None`` to build
+        ``config.optimizer`` (:func:`build_optimizer`).
+    train_data, val_data
+        Map-style datasets of ``(input, target)``; each rank reads its seeded shard.
+        ``val_data`` may be ``None`` (no evaluation).
+    config
+        The run's :class:`TrainConfig`.
+    comm
+        A :class:`rapydli.comm.Communicator`; ``None`` builds one over ``COMM_WORLD``
+        with ``config.allreduce`` (a single process needs no MPI launcher).
+    callbacks
+        Objects with any of ``on_step_end(metrics)``, ``on_eval_end(metrics)``,
+        ``on_epoch_end(metrics)`` (see :mod:`rapydli.train.callbacks` for the keys);
+        called on every rank.
+
+    Attributes
+    ----------
+    step
+        Optimizer steps completed.
+    history
+        Rows of every step and evaluation (the dicts the callbacks received).
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer | None,
+        train_data: Dataset,
+        val_data: Dataset | None,
+        config: TrainConfig,
+        comm: Any = None,
+        callbacks: Sequence[Callback] = (),
+    ) -> None:
+        if not isinstance(config, TrainConfig):
+            raise ConfigError(f"config must be a TrainConfig, got {type(config).__name__}")
+        self.config = config
+        self.mpi = _mpi_comm(comm)
+        self.rank, self.world_size = self.mpi.Get_rank(), self.mpi.Get_size()
+        if comm is None and self.world_size > 1:
+            from rapydli.comm import Communicator
+
+            comm = Communicator(self.mpi, algorithm=config.allreduce)
+        self.comm = comm
+        self.model = model
+        self.device = next(model.parameters()).device
+        self.optimizer = optimizer if optimizer is not None else build_optimizer(model, config)
+        self.callbacks = tuple(callbacks)
+        self.val_data = val_data
+        self.loader = _loader(train_data, config, self.rank, self.world_size)
+        self.steps_per_epoch = len(self.loader) // config.grad_accum
+        if self.steps_per_epoch < 1:
+            raise ConfigError(
+                f"TrainConfig.grad_accum={config.grad_accum} is larger than the {len(self.loader)} batches "
+                f"each rank gets per epoch (batch_size={config.batch_size}, {self.world_size} ranks): lower it"
+            )
+        total = self.steps_per_epoch * config.epochs
+        self.total_steps = min(total, config.max_steps) if config.max_steps else total
+        self.sync = self._synchronizer()
+        self.step = 0
+        self.epoch = 0
+        self.history: list[dict[str, Any]] = []
+        self._started = time.perf_counter()
+        if config.resume:
+            self._resume()
+
+    # -- the loop ---------------------------------------------------------------------------
+    def fit(self) -> list[dict[str, Any]]:
+        """Train to ``total_steps`` (``epochs``, capped by ``max_steps``); return :attr:`history`."""
+        cfg = self.config
+        first_step = self.step
+        while self.step < self.total_steps:
+            epoch, done_in_epoch = divmod(self.step, self.steps_per_epoch)
+            self.epoch = epoch
+            self.loader.set_epoch(epoch, skip_batches=done_in_epoch * cfg.grad_accum)
+            batches = iter(self.loader)
+            epoch_losses: list[float] = []
+            epoch_started = time.perf_counter()
+            for _ in range(done_in_epoch, self.steps_per_epoch):
+                if self.step >= self.total_steps:
+                    break
+                # learning rate of this step (warm-up, then the schedule)
+                lr = lr_at(cfg.lr_schedule, self.step, self.total_steps, cfg.lr, cfg.warmup_steps)
+                for group in self.optimizer.param_groups:
+                    group["lr"] = lr
+
+                # evaluate and checkpoint every N steps (not again at the step a run resumed at)
+                if self.step > first_step and cfg.eval_every and self.step % cfg.eval_every == 0:
+                    self.evaluate()
+                if self.step > first_step and cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0:
+                    self.save_checkpoint()
+
+                # forward + backward over grad_accum micro-batches; only the last one syncs
+                started = time.perf_counter()
+                comm_before = self._comm_stats()
+                self.model.train()
+                loss_sum, samples, data_time = 0.0, 0, 0.0
+                for micro in range(cfg.grad_accum):
+                    fetch = time.perf_counter()
+                    inputs, targets = _to_device(next(batches), self.device)
+                    data_time += time.perf_counter() - fetch
+                    last = micro == cfg.grad_accum - 1
+                    with self.sync.no_sync() if not last and self.sync else contextlib.nullcontext():
+                        with self._autocast():
+                            loss, _ = loss_and_correct(self.model(inputs), targets)
+                        (loss / cfg.grad_accum).backward()
+                    loss_sum += loss.item()
+                    samples += len(inputs)
+                if self.sync is not None:
+                    self.sync.wait()
+
+                # clip the global gradient norm (gradients are already averaged)
+                grad_norm = None
+                if cfg.grad_clip is not None:
+                    grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip))
+
+                # optimizer step
+                self.optimizer.step()
+                self.optimizer.zero_grad(set_to_none=self.sync is None)
+                self.step += 1
+
+                # log: metrics to the history and the callbacks
+                step_time = time.perf_counter() - started
+                comm_time, comm_wait = (after - before for after, before in zip(self._comm_stats(), comm_before))
+                row = {
+                    "kind": "train",
+                    "step": self.step,
+                    "epoch": epoch,
+                    "loss": loss_sum / cfg.grad_accum,
+                    "lr": lr,
+                    "samples_per_s": samples * self.world_size / step_time,
+                    "step_time_s": step_time,
+                    "data_time_s": data_time,
+                    "comm_time_s": comm_time,
+                    "comm_wait_s": comm_wait,
+                    "grad_norm": grad_norm,
+                    "rank": self.rank,
+                    "world_size": self.world_size,
+                    "time_s": time.perf_counter() - self._started,
+                }
+                epoch_losses.append(row["loss"])
+                self.history.append(row)
+                dispatch(self.callbacks, "on_step_end", row)
+
+            # end of an epoch (or of the run): evaluate, checkpoint, tell the callbacks
+            if epoch_losses:
+                val = self.evaluate()
+                if cfg.checkpoint_dir is not None:
+                    self.save_checkpoint()
+                elapsed = time.perf_counter() - epoch_started
+                summary = {
+                    "epoch": epoch,
+                    "step": self.step,
+                    "train_loss": sum(epoch_losses) / len(epoch_losses),
+                    "epoch_time_s": elapsed,
+                    "samples_per_s": len(epoch_losses) * cfg.global_batch(self.world_size) / elapsed,
+                    "rank": self.rank,
+                    **{k: v for k, v in val.items() if k.startswith("val_")},
+                }
+                dispatch(self.callbacks, "on_epoch_end", summary)
+        return self.history
+
+    # -- evaluation -------------------------------------------------------------------------
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, Any]:
+        """Loss and accuracy on ``val_data``, averaged over every rank's shard.
+
+        Floating buffers (BatchNorm statistics) are first averaged across ranks, so every
+        rank evaluates, and later checkpoints, the same model. Returns the eval row (empty
+        when there is no validation data).
+        """
+        self._average_buffers()
+        if self.val_data is None or len(self.val_data) == 0:
+            return {}
+        self.model.eval()
+        totals = torch.zeros(3, dtype=torch.float64)  # loss sum, correct, targets
+        indices = range(self.rank, len(self.val_data), self.world_size)  # disjoint shards, no padding
+        for start in range(0, len(indices), self.config.batch_size):
+            batch = [self.val_data[i] for i in indices[start : start + self.config.batch_size]]
+            inputs, targets = _to_device(torch.utils.data.default_collate(batch), self.device)
+            with self._autocast():
+                logits = self.model(inputs)
+            loss, correct = loss_and_correct(logits, targets)
+            totals += torch.tensor([loss.item() * targets.numel(), float(correct), float(targets.numel())], dtype=torch.float64)
+        if self.world_size > 1:
+            self.comm.allreduce_(totals, op="sum")
+        row = {
+            "kind": "eval",
+            "step": self.step,
+            "epoch": self.epoch,
+            "val_loss": float(totals[0] / totals[2]),
+            "val_accuracy": float(totals[1] / totals[2]),
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "time_s": time.perf_counter() - self._started,
+        }
+        self.history.append(row)
+        dispatch(self.callbacks, "on_eval_end", row)
+        return row
+
+    # -- checkpoints ------------------------------------------------------------------------
+    def save_checkpoint(self) -> Path | None:
+        """Write the run's state (rank 0; every rank contributes its RNG state).
+
+        Returns the checkpoint path on rank 0, ``None`` elsewhere or without
+        ``checkpoint_dir``. Collective: call on every rank.
+        """
+        if self.config.checkpoint_dir is None:
+            return None
+        self._average_buffers()
+        rng_states = self.mpi.gather(ckpt.rng_state(), root=0)
+        if self.rank != 0:
+            return None
+        epoch, done = divmod(self.step, self.steps_per_epoch)
+        state = {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": {"name": self.config.lr_schedule, "step": self.step, "total_steps": self.total_steps},
+            "sampler": {"epoch": epoch, "batch": done * self.config.grad_accum, "seed": self.config.seed},
+            "step": self.step,
+            "world_size": self.world_size,
+            "rng": rng_states,
+            "config": self.config.to_dict(),
+        }
+        return ckpt.save_atomic(state, ckpt.checkpoint_path(self.config.checkpoint_dir))
+
+    def _resume(self) -> None:
+        path = ckpt.checkpoint_path(self.config.checkpoint_dir)  # type: ignore[arg-type]
+        found = self.mpi.bcast(path.exists() if self.rank == 0 else None, root=0)
+        if not found:
+            return
+        state = ckpt.load(path) if self.rank == 0 else None
+        meta = self.mpi.bcast({"step": state["step"], "world_size": state["world_size"]} if state else None, root=0)
+        if meta["world_size"] != self.world_size:
+            raise ConfigError(
+                f"checkpoint {path} was written by {meta['world_size']} ranks; this run has {self.world_size}: "
+                "resume with the same number of workers"
+            )
+        if self.rank == 0:
+            self.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
+        self._broadcast_model()
+        self._broadcast_optimizer_state()
+        rng_states = self.mpi.bcast(state["rng"] if state else None, root=0)
+        ckpt.set_rng_state(rng_states[self.rank])
+        self.step = meta["step"]
+
+    # -- helpers ----------------------------------------------------------------------------
+    def _synchronizer(self) -> Any:
+        if self.world_size == 1:
+            return None
+        from rapydli.comm import GradientSynchronizer
+
+        sync = GradientSynchronizer(self.model, self.comm, bucket_mb=self.config.bucket_mb, overlap=self.config.overlap)
+        sync.broadcast_parameters()
+        return sync
+
+    def _broadcast_model(self) -> None:
+        if self.sync is not None:
+            self.sync.broadcast_parameters()
+
+    def _broadcast_optimizer_state(self) -> None:
+        if self.world_size > 1:
+            state = self.mpi.bcast(self.optimizer.state_dict() if self.rank == 0 else None, root=0)
+            if self.rank != 0:
+                self.optimizer.load_state_dict(state)
+
+    def _average_buffers(self) -> None:
+        if self.world_size == 1:
+            return
+        for buffer in self.model.buffers():
+            if buffer.is_floating_point():
+                self.comm.allreduce_(buffer.data, op="avg")
+
+    def _comm_stats(self) -> tuple[float, float]:
+        """Cumulative (communication seconds, seconds waited on communication)."""
+        if self.sync is None:
+            return 0.0, 0.0
+        stats = self.sync.stats()
+        return stats["comm_s"], stats["wait_s"]
+
+    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.config.precision == "bf16")
+
+
+def _to_device(batch: Any, device: torch.device) -> tuple[Any, ...]:
+    return tuple(item.to(device, non_blocking=True) if isinstance(item, torch.Tensor) else item for item in batch)
+
+
+def _loader(dataset: Dataset, config: TrainConfig, rank: int, world_size: int) -> Any:
+    from rapydli.data.loaders import build_loader
+
+    disk_dir = None
+    if config.cache_disk_mb > 0 and config.checkpoint_dir is not None:
+        disk_dir = str(Path(config.checkpoint_dir) / f"cache-rank{rank}")
+    return build_loader(
+        dataset,
+        batch_size=config.batch_size,
+        rank=rank,
+        world_size=world_size,
+        seed=config.seed,
+        epochs=config.epochs,
+        kind=config.loader,
+        num_workers=config.num_workers,
+        cache_ram_mb=config.cache_ram_mb,
+        cache_disk_mb=config.cache_disk_mb,
+        disk_dir=disk_dir,
+    )
+
+
+def _mpi_comm(comm: Any) -> Any:
+    """The mpi4py communicator under ``comm`` (a Communicator), or ``COMM_WORLD``."""
+    if comm is not None:
+        return comm.mpi_comm
+    from mpi4py import MPI
+
+    return MPI.COMM_WORLD
