@@ -1,0 +1,333 @@
+/*
+ * Direct 2-D convolution for the CPU: forward, data gradient and weight gradient.
+ *
+ * A template: the tuning parameters are compile-time constants given with -D, so every
+ * instance is its own shared library and the compiler sees fixed trip counts:
+ *
+ *   LAYOUT  0 = NCHW tensors (weight K,C,R,S), 1 = NHWC (channels-last; weight K,R,S,C)
+ *   KB      output channels computed together (register blocking)
+ *   WB      output columns computed together (register blocking, NHWC)
+ *   CB      input channels per cache block (NHWC forward)
+ *   VEC     float32 lanes of the vector type (GCC/Clang vector extension)
+ *   UNROLL  unroll factor of the innermost loop
+ *   ORDER   parallel loop order of the NHWC forward: 0 = (n, oh, k, ow), 1 = (n, k, oh, ow)
+ *
+ * The shape is a run-time argument, so one instance serves every layer. Tensors are
+ * float32, dense in the layout above; the caller passes torch's data pointers directly.
+ * Bias is added by the caller.
+ */
+#include <stdlib.h>
+#include <string.h>
+#include <omp.h>
+
+#ifndef LAYOUT
+#define LAYOUT 1
+#endif
+#ifndef KB
+#define KB 4
+#endif
+#ifndef WB
+#define WB 4
+#endif
+#ifndef CB
+#define CB 64
+#endif
+#ifndef VEC
+#define VEC 8
+#endif
+#ifndef UNROLL
+#define UNROLL 1
+#endif
+#ifndef ORDER
+#define ORDER 0
+#endif
+
+#define PRAGMA_(x) _Pragma(#x)
+#define UNROLL_BY(n) PRAGMA_(GCC unroll n)
+
+typedef float vf __attribute__((vector_size(VEC * sizeof(float))));
+
+typedef struct {
+    long N, C, H, W, K, R, S, SH, SW, PH, PW, OH, OW;
+} shape_t;
+
+static inline vf vload(const float *p) { vf v; memcpy(&v, p, sizeof(vf)); return v; }
+static inline void vstore(float *p, vf v) { memcpy(p, &v, sizeof(vf)); }
+static inline float hsum(vf v) { float s = 0.f; for (int i = 0; i < VEC; i++) s += v[i]; return s; }
+static inline long lmin(long a, long b) { return a < b ? a : b; }
+static inline long lmax(long a, long b) { return a > b ? a : b; }
+
+/* first and one-past-last output column whose input column ow*SW-PW+s lies inside [0, W) */
+static inline void col_range(const shape_t *d, long s, long *lo, long *hi) {
+    long first = d->PW - s > 0 ? (d->PW - s + d->SW - 1) / d->SW : 0;
+    long last = (d->W + d->PW - s + d->SW - 1) / d->SW;
+    *lo = first;
+    *hi = lmin(d->OW, last);
+}
+
+#if LAYOUT == 1
+/* ------------------------------------------------------------------ NHWC ---------- */
+
+static inline void fwd_tile(const float *restrict x, const float *restrict w, float *restrict y,
+                            const float *zeros, const shape_t *d, long n, long oh, long k0, long ow0) {
+    const long C = d->C, kn = lmin(KB, d->K - k0), wn = lmin(WB, d->OW - ow0);
+    vf acc[WB][KB];
+    float tail[WB][KB];
+    for (int b = 0; b < WB; b++)
+        for (int j = 0; j < KB; j++) { acc[b][j] = (vf){0}; tail[b][j] = 0.f; }
+    for (long c0 = 0; c0 < C; c0 += CB) {
+        const long cend = lmin(C, c0 + CB), cvend = c0 + ((cend - c0) / VEC) * VEC;
+        for (long r = 0; r < d->R; r++) {
+            const long ih = oh * d->SH - d->PH + r;
+            if (ih < 0 || ih >= d->H) continue;
+            for (long s = 0; s < d->S; s++) {
+                const float *xp[WB];
+                const float *wp[KB];
+                for (int b = 0; b < WB; b++) {
+                    const long iw = (ow0 + b) * d->SW - d->PW + s;
+                    xp[b] = (b < wn && iw >= 0 && iw < d->W) ? x + ((n * d->H + ih) * d->W + iw) * C : zeros;
+                }
+                for (int j = 0; j < KB; j++)
+                    wp[j] = w + (((k0 + (j < kn ? j : 0)) * d->R + r) * d->S + s) * C;
+                UNROLL_BY(UNROLL)
+                for (long c = c0; c < cvend; c += VEC) {
+                    vf xv[WB];
+                    for (int b = 0; b < WB; b++) xv[b] = vload(xp[b] + c);
+                    for (int j = 0; j < KB; j++) {
+                        const vf wv = vload(wp[j] + c);
+                        for (int b = 0; b < WB; b++) acc[b][j] += xv[b] * wv;
+                    }
+                }
+                for (long c = cvend; c < cend; c++)
+                    for (int b = 0; b < WB; b++)
+                        for (int j = 0; j < KB; j++) tail[b][j] += xp[b][c] * wp[j][c];
+            }
+        }
+    }
+    for (long b = 0; b < wn; b++)
+        for (long j = 0; j < kn; j++)
+            y[((n * d->OH + oh) * d->OW + ow0 + b) * d->K + k0 + j] = hsum(acc[b][j]) + tail[b][j];
+}
+
+static void conv_fwd_impl(const float *x, const float *w, float *y, const shape_t *d) {
+    const long nkb = (d->K + KB - 1) / KB, nwb = (d->OW + WB - 1) / WB;
+    float *zeros = calloc((size_t)(d->C + VEC), sizeof(float));
+#if ORDER == 0
+    #pragma omp parallel for collapse(3) schedule(static)
+    for (long n = 0; n < d->N; n++)
+        for (long oh = 0; oh < d->OH; oh++)
+            for (long kb = 0; kb < nkb; kb++)
+                for (long wb = 0; wb < nwb; wb++)
+                    fwd_tile(x, w, y, zeros, d, n, oh, kb * KB, wb * WB);
+#else
+    #pragma omp parallel for collapse(3) schedule(static)
+    for (long n = 0; n < d->N; n++)
+        for (long kb = 0; kb < nkb; kb++)
+            for (long oh = 0; oh < d->OH; oh++)
+                for (long wb = 0; wb < nwb; wb++)
+                    fwd_tile(x, w, y, zeros, d, n, oh, kb * KB, wb * WB);
+#endif
+    free(zeros);
+}
+
+/* data gradient, gathered per input pixel: gx[n,ih,iw,c] = sum_{k,r,s} gy[n,oh,ow,k] w[k,r,s,c] */
+static void conv_bwd_data_impl(const float *gy, const float *w, float *gx, const shape_t *d) {
+    const long C = d->C, K = d->K, RSC = d->R * d->S * C;
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (long n = 0; n < d->N; n++)
+        for (long ih = 0; ih < d->H; ih++)
+            for (long iw = 0; iw < d->W; iw++) {
+                float *g = gx + ((n * d->H + ih) * d->W + iw) * C;
+                long c0 = 0;
+                for (; c0 + VEC <= C; c0 += VEC) {
+                    vf acc = (vf){0};
+                    for (long r = 0; r < d->R; r++) {
+                        const long t = ih + d->PH - r;
+                        if (t < 0 || t % d->SH) continue;
+                        const long oh = t / d->SH;
+                        if (oh >= d->OH) continue;
+                        for (long s = 0; s < d->S; s++) {
+                            const long u = iw + d->PW - s;
+                            if (u < 0 || u % d->SW) continue;
+                            const long ow = u / d->SW;
+                            if (ow >= d->OW) continue;
+                            const float *gyp = gy + ((n * d->OH + oh) * d->OW + ow) * K;
+                            const float *wp = w + (r * d->S + s) * C + c0;
+                            UNROLL_BY(UNROLL)
+                            for (long k = 0; k < K; k++) acc += ((vf){0} + gyp[k]) * vload(wp + k * RSC);
+                        }
+                    }
+                    vstore(g + c0, acc);
+                }
+                for (long c = c0; c < C; c++) {
+                    float acc = 0.f;
+                    for (long r = 0; r < d->R; r++) {
+                        const long t = ih + d->PH - r;
+                        if (t < 0 || t % d->SH) continue;
+                        const long oh = t / d->SH;
+                        if (oh >= d->OH) continue;
+                        for (long s = 0; s < d->S; s++) {
+                            const long u = iw + d->PW - s;
+                            if (u < 0 || u % d->SW) continue;
+                            const long ow = u / d->SW;
+                            if (ow >= d->OW) continue;
+                            const float *gyp = gy + ((n * d->OH + oh) * d->OW + ow) * K;
+                            for (long k = 0; k < K; k++) acc += gyp[k] * w[((k * d->R + r) * d->S + s) * C + c];
+                        }
+                    }
+                    g[c] = acc;
+                }
+            }
+}
+
+/* weight gradient: gw[k,r,s,c] = sum_{n,oh,ow} gy[n,oh,ow,k] x[n,ih,iw,c], KB kernels at once */
+static void conv_bwd_weight_impl(const float *x, const float *gy, float *gw, const shape_t *d) {
+    const long C = d->C, K = d->K, nkb = (K + KB - 1) / KB;
+    #pragma omp parallel for collapse(3) schedule(dynamic)
+    for (long kb = 0; kb < nkb; kb++)
+        for (long r = 0; r < d->R; r++)
+            for (long s = 0; s < d->S; s++) {
+                const long k0 = kb * KB, kn = lmin(KB, K - k0);
+                long lo, hi;
+                col_range(d, s, &lo, &hi);
+                for (long c0 = 0; c0 < C; c0 += VEC) {
+                    const long cn = lmin(VEC, C - c0);
+                    vf acc[KB];
+                    for (int j = 0; j < KB; j++) acc[j] = (vf){0};
+                    for (long n = 0; n < d->N; n++)
+                        for (long oh = 0; oh < d->OH; oh++) {
+                            const long ih = oh * d->SH - d->PH + r;
+                            if (ih < 0 || ih >= d->H) continue;
+                            for (long ow = lo; ow < hi; ow++) {
+                                const float *xp = x + ((n * d->H + ih) * d->W + ow * d->SW - d->PW + s) * C + c0;
+                                const float *gyp = gy + ((n * d->OH + oh) * d->OW + ow) * K + k0;
+                                vf xv;
+                                if (cn == VEC) xv = vload(xp);
+                                else { xv = (vf){0}; for (long i = 0; i < cn; i++) xv[i] = xp[i]; }
+                                for (int j = 0; j < KB; j++) acc[j] += ((vf){0} + gyp[j < kn ? j : 0]) * xv;
+                            }
+                        }
+                    for (long j = 0; j < kn; j++)
+                        for (long i = 0; i < cn; i++) gw[(((k0 + j) * d->R + r) * d->S + s) * C + c0 + i] = acc[j][i];
+                }
+            }
+}
+
+#else
+/* ------------------------------------------------------------------ NCHW ---------- */
+
+static inline void fwd_rows(const float *restrict x, const float *restrict w, float *restrict y,
+                            const shape_t *d, long n, long k0, long kn) {
+    const long OW = d->OW;
+    for (long oh = 0; oh < d->OH; oh++) {
+        float *yr[KB];
+        for (long j = 0; j < KB; j++) {
+            yr[j] = y + ((n * d->K + k0 + (j < kn ? j : 0)) * d->OH + oh) * OW;
+            if (j < kn) memset(yr[j], 0, sizeof(float) * OW);
+        }
+        for (long c = 0; c < d->C; c++)
+            for (long r = 0; r < d->R; r++) {
+                const long ih = oh * d->SH - d->PH + r;
+                if (ih < 0 || ih >= d->H) continue;
+                const float *xr = x + ((n * d->C + c) * d->H + ih) * d->W;
+                for (long s = 0; s < d->S; s++) {
+                    long lo, hi;
+                    col_range(d, s, &lo, &hi);
+                    float wv[KB];
+                    for (long j = 0; j < KB; j++)
+                        wv[j] = j < kn ? w[(((k0 + j) * d->C + c) * d->R + r) * d->S + s] : 0.f;
+                    const float *xs = xr + s - d->PW;
+                    UNROLL_BY(UNROLL)
+                    for (long ow = lo; ow < hi; ow++) {
+                        const float xv = xs[ow * d->SW];
+                        for (long j = 0; j < KB; j++) yr[j][ow] += wv[j] * xv;
+                    }
+                }
+            }
+    }
+}
+
+static void conv_fwd_impl(const float *x, const float *w, float *y, const shape_t *d) {
+    const long nkb = (d->K + KB - 1) / KB;
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (long n = 0; n < d->N; n++)
+        for (long kb = 0; kb < nkb; kb++) {
+            const long k0 = kb * KB, kn = lmin(KB, d->K - k0);
+            if (kn == KB) {
+                /* full block: rows of every lane are distinct */
+                fwd_rows(x, w, y, d, n, k0, KB);
+            } else {
+                for (long j = 0; j < kn; j++) fwd_rows(x, w, y, d, n, k0 + j, 1);
+            }
+        }
+}
+
+static void conv_bwd_data_impl(const float *gy, const float *w, float *gx, const shape_t *d) {
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (long n = 0; n < d->N; n++)
+        for (long c = 0; c < d->C; c++) {
+            float *gp = gx + (n * d->C + c) * d->H * d->W;
+            memset(gp, 0, sizeof(float) * d->H * d->W);
+            for (long k = 0; k < d->K; k++)
+                for (long r = 0; r < d->R; r++)
+                    for (long oh = 0; oh < d->OH; oh++) {
+                        const long ih = oh * d->SH - d->PH + r;
+                        if (ih < 0 || ih >= d->H) continue;
+                        const float *gyr = gy + ((n * d->K + k) * d->OH + oh) * d->OW;
+                        for (long s = 0; s < d->S; s++) {
+                            long lo, hi;
+                            col_range(d, s, &lo, &hi);
+                            const float wv = w[((k * d->C + c) * d->R + r) * d->S + s];
+                            float *gs = gp + ih * d->W + s - d->PW;
+                            UNROLL_BY(UNROLL)
+                            for (long ow = lo; ow < hi; ow++) gs[ow * d->SW] += wv * gyr[ow];
+                        }
+                    }
+        }
+}
+
+static void conv_bwd_weight_impl(const float *x, const float *gy, float *gw, const shape_t *d) {
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (long k = 0; k < d->K; k++)
+        for (long c = 0; c < d->C; c++)
+            for (long r = 0; r < d->R; r++)
+                for (long s = 0; s < d->S; s++) {
+                    long lo, hi;
+                    col_range(d, s, &lo, &hi);
+                    float acc = 0.f;
+                    for (long n = 0; n < d->N; n++)
+                        for (long oh = 0; oh < d->OH; oh++) {
+                            const long ih = oh * d->SH - d->PH + r;
+                            if (ih < 0 || ih >= d->H) continue;
+                            const float *xs = x + ((n * d->C + c) * d->H + ih) * d->W + s - d->PW;
+                            const float *gyr = gy + ((n * d->K + k) * d->OH + oh) * d->OW;
+                            #pragma omp simd reduction(+ : acc)
+                            for (long ow = lo; ow < hi; ow++) acc += gyr[ow] * xs[ow * d->SW];
+                        }
+                    gw[((k * d->C + c) * d->R + r) * d->S + s] = acc;
+                }
+}
+#endif
+
+/* ------------------------------------------------------------ exported entry points */
+
+#define SHAPE_ARGS long N, long C, long H, long W, long K, long R, long S, long SH, long SW, long PH, long PW, int threads
+#define MAKE_SHAPE shape_t d = {N, C, H, W, K, R, S, SH, SW, PH, PW, (H + 2 * PH - R) / SH + 1, (W + 2 * PW - S) / SW + 1}
+
+void conv_fwd(const float *x, const float *w, float *y, SHAPE_ARGS) {
+    MAKE_SHAPE;
+    omp_set_num_threads(threads);
+    conv_fwd_impl(x, w, y, &d);
+}
+
+void conv_bwd_data(const float *gy, const float *w, float *gx, SHAPE_ARGS) {
+    MAKE_SHAPE;
+    omp_set_num_threads(threads);
+    conv_bwd_data_impl(gy, w, gx, &d);
+}
+
+void conv_bwd_weight(const float *x, const float *gy, float *gw, SHAPE_ARGS) {
+    MAKE_SHAPE;
+    omp_set_num_threads(threads);
+    conv_bwd_weight_impl(x, gy, gw, &d);
+}

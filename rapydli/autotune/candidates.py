@@ -1,0 +1,222 @@
+"""Convolution candidates, registered by name: library variants and generated kernels.
+
+A candidate is a way to compute a convolution. It has a parameter :class:`Space` (empty
+for library variants), and an instance (one point of the space) computes the forward
+pass and both gradients. Library candidates live here; generated ones in
+:mod:`rapydli.autotune.generated` (C) and :mod:`rapydli.autotune.triton_conv` (Triton)
+register themselves when those modules are imported by :func:`registry`.
+
+Example
+-------
+>>> from rapydli.autotune.candidates import registry
+>>> sorted(registry())[:3]
+['c_direct', 'im2col_gemm', 'torch_channels_last']
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from rapydli.autotune.device import DeviceInfo
+from rapydli.autotune.problem import ConvShape
+from rapydli.autotune.space import Space, empty_space
+from rapydli.errors import ConfigError
+
+MEMORY_FORMAT = {"nchw": torch.contiguous_format, "nhwc": torch.channels_last}
+
+
+class Instance:
+    """One runnable point of a candidate's space.
+
+    Subclasses implement :meth:`forward` and :meth:`backward`; tensors arrive in
+    :attr:`layout` (``to_layout`` does that without a copy when they already are).
+    ``native_autograd`` is True when :meth:`forward` is differentiable by torch itself.
+    """
+
+    layout: str = "nchw"
+    native_autograd: bool = False
+
+    def __init__(self, shape: ConvShape, params: Mapping[str, Any]) -> None:
+        self.shape = shape
+        self.params = dict(params)
+
+    def to_layout(self, t: torch.Tensor) -> torch.Tensor:
+        """``t`` in this instance's memory layout (no copy when it already is)."""
+        return t.contiguous(memory_format=MEMORY_FORMAT[self.layout])
+
+    def forward(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """The convolution of ``x`` with ``w`` (no bias)."""
+        raise NotImplementedError
+
+    def backward(self, x: torch.Tensor, w: torch.Tensor, gy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(grad_input, grad_weight)`` for the output gradient ``gy``."""
+        raise NotImplementedError
+
+
+class Candidate:
+    """A family of convolution implementations with a (possibly empty) parameter space."""
+
+    name: str = ""
+    kind: str = "library"  # or "generated"
+    devices: tuple[str, ...] = ("cpu",)
+    has_backward: bool = True
+
+    def unavailable(self, device: DeviceInfo) -> str | None:
+        """Why this candidate cannot run on ``device`` (None when it can)."""
+        return None if device.kind in self.devices else f"{self.name} runs on {self.devices}, not {device.kind}"
+
+    def space(self, shape: ConvShape, device: DeviceInfo, preset: str = "default") -> Space:
+        """The parameter space for ``shape`` on ``device`` (constraints included)."""
+        return empty_space()
+
+    def layout(self, params: Mapping[str, Any]) -> str:
+        """Memory layout (``"nchw"`` or ``"nhwc"``) the instance with ``params`` works in."""
+        return "nchw"
+
+    def instance(self, shape: ConvShape, params: Mapping[str, Any]) -> Instance:
+        """Build (compile, load) the instance with ``params``."""
+        raise NotImplementedError
+
+
+# ------------------------------------------------------------------ library variants
+
+
+class _TorchInstance(Instance):
+    native_autograd = True
+
+    def forward(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        s = self.shape
+        return F.conv2d(self.to_layout(x), self.to_layout(w), None, s.stride, s.pad)
+
+    def backward(self, x: torch.Tensor, w: torch.Tensor, gy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        s = self.shape
+        gx, gw, _ = torch.ops.aten.convolution_backward(
+            self.to_layout(gy), self.to_layout(x), self.to_layout(w), None,
+            [s.stride] * 2, [s.pad] * 2, [1, 1], False, [0, 0], 1, [True, True, False],
+        )
+        return gx, gw
+
+
+class _TorchNCHW(_TorchInstance):
+    layout = "nchw"
+
+
+class _TorchNHWC(_TorchInstance):
+    layout = "nhwc"
+
+
+class TorchNCHW(Candidate):
+    """``F.conv2d`` on NCHW tensors (oneDNN on CPU; cuDNN with ``benchmark=True`` on GPU)."""
+
+    name = "torch_nchw"
+    devices = ("cpu", "cuda")
+
+    def instance(self, shape: ConvShape, params: Mapping[str, Any]) -> Instance:
+        if torch.cuda.is_available():
+            torch.backends.cudnn.benchmark = True
+        return _TorchNCHW(shape, params)
+
+
+class TorchChannelsLast(Candidate):
+    """``F.conv2d`` on channels-last (NHWC) tensors."""
+
+    name = "torch_channels_last"
+    devices = ("cpu", "cuda")
+
+    def layout(self, params: Mapping[str, Any]) -> str:
+        return "nhwc"
+
+    def instance(self, shape: ConvShape, params: Mapping[str, Any]) -> Instance:
+        return _TorchNHWC(shape, params)
+
+
+class _Im2colInstance(Instance):
+    native_autograd = True  # unfold and matmul are differentiable
+
+    def forward(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        s = self.shape
+        n, _, h, wd = x.shape
+        oh = (h + 2 * s.pad - s.r) // s.stride + 1
+        ow = (wd + 2 * s.pad - s.s) // s.stride + 1
+        cols = F.unfold(x, (s.r, s.s), padding=s.pad, stride=s.stride)  # N, C*R*S, L
+        return (w.reshape(s.k, -1) @ cols).view(n, s.k, oh, ow)
+
+    def backward(self, x: torch.Tensor, w: torch.Tensor, gy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        s = self.shape
+        n, _, h, wd = x.shape
+        cols = F.unfold(x, (s.r, s.s), padding=s.pad, stride=s.stride)
+        gy2 = gy.reshape(n, s.k, -1)
+        gw = torch.matmul(gy2, cols.transpose(1, 2)).sum(0).view_as(w)
+        gcols = w.reshape(s.k, -1).t() @ gy2
+        gx = F.fold(gcols, (h, wd), (s.r, s.s), padding=s.pad, stride=s.stride)
+        return gx, gw
+
+
+class Im2colGemm(Candidate):
+    """im2col (``F.unfold``) followed by one GEMM per image."""
+
+    name = "im2col_gemm"
+    devices = ("cpu", "cuda")
+
+    def instance(self, shape: ConvShape, params: Mapping[str, Any]) -> Instance:
+        return _Im2colInstance(shape, params)
+
+
+# ------------------------------------------------------------------ the registry
+
+_REGISTRY: dict[str, Candidate] = {}
+
+
+def register(candidate: Candidate) -> Candidate:
+    """Add ``candidate`` to the registry under its name (replacing one of the same name)."""
+    _REGISTRY[candidate.name] = candidate
+    return candidate
+
+
+for _cls in (TorchNCHW, TorchChannelsLast, Im2colGemm):
+    register(_cls())
+
+
+def registry() -> dict[str, Candidate]:
+    """All registered candidates by name (generated ones included)."""
+    import rapydli.autotune.generated  # noqa: F401  - registers c_direct
+    import rapydli.autotune.triton_conv  # noqa: F401  - registers triton_igemm (lazy triton import)
+
+    return dict(_REGISTRY)
+
+
+def get(name: str) -> Candidate:
+    """The candidate called ``name`` (ConfigError listing the known ones otherwise)."""
+    candidates = registry()
+    if name not in candidates:
+        raise ConfigError(f"unknown candidate {name!r}; known: {sorted(candidates)}")
+    return candidates[name]
+
+
+class ConvFunction(torch.autograd.Function):
+    """Autograd for an :class:`Instance` whose forward torch cannot differentiate (generated kernels)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor, inst: Instance) -> torch.Tensor:  # type: ignore[override]
+        x = inst.to_layout(x)
+        w = inst.to_layout(w)
+        ctx.save_for_backward(x, w)
+        ctx.inst = inst
+        return inst.forward(x, w)
+
+    @staticmethod
+    def backward(ctx: Any, gy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
+        x, w = ctx.saved_tensors
+        gx, gw = ctx.inst.backward(x, w, ctx.inst.to_layout(gy))
+        return (gx if ctx.needs_input_grad[0] else None), (gw if ctx.needs_input_grad[1] else None), None
+
+
+def conv_apply(inst: Instance, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """Run ``inst`` on ``x`` and ``w`` with autograd (native or through :class:`ConvFunction`)."""
+    if inst.native_autograd:
+        return inst.forward(x, w)
+    return ConvFunction.apply(x, w, inst)

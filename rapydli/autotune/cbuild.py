@@ -1,0 +1,111 @@
+"""Compiling kernel templates from ``kernels/`` into shared libraries, cached on disk.
+
+Each instance of a template (one set of ``-D`` parameters) becomes one ``.so`` under
+``$RAPYDLI_HOME/kernels/``, named by a hash of the template text, the parameters, the
+flags and the compiler version, so a second tuning (or another rank on the same
+machine) loads it instead of compiling. Writes are atomic (compile to a temporary name,
+then rename), so engines compiling the same instance at once do not clash.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Mapping
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from rapydli.autotune.device import compiler_version
+from rapydli.errors import ConfigError, RapydliError
+
+FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=gnu11")
+
+
+class CompileError(RapydliError):
+    """A kernel instance failed to compile (the compiler's message is attached)."""
+
+
+def kernels_dir() -> Path:
+    """The directory of kernel templates: package data ``rapydli/kernels`` or the repo's ``kernels/``."""
+    try:
+        packaged = resources.files("rapydli.kernels")
+        if packaged.is_dir():  # installed wheel (force-include)
+            return Path(str(packaged))
+    except (ModuleNotFoundError, TypeError):
+        pass
+    repo = Path(__file__).resolve().parents[2] / "kernels"
+    if repo.is_dir():
+        return repo
+    raise ConfigError("kernel templates not found: neither package data 'rapydli.kernels' nor the repo's kernels/ exists")
+
+
+def template_path(name: str) -> Path:
+    """Path of the template file ``name`` in :func:`kernels_dir`."""
+    path = kernels_dir() / name
+    if not path.is_file():
+        raise ConfigError(f"kernel template {name!r} not found in {kernels_dir()}")
+    return path
+
+
+def cache_dir() -> Path:
+    """Where compiled instances live: ``$RAPYDLI_HOME/kernels`` (default ``~/.rapydli/kernels``)."""
+    home = Path(os.environ.get("RAPYDLI_HOME", Path.home() / ".rapydli"))
+    path = home / "kernels"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def find_compiler() -> str | None:
+    """The C compiler (``$CC`` or ``cc``), or None when the machine has none."""
+    return shutil.which(os.environ.get("CC", "cc"))
+
+
+def _defines(params: Mapping[str, Any]) -> list[str]:
+    return [f"-D{name.upper()}={int(value)}" for name, value in sorted(params.items())]
+
+
+def library_path(template: str, params: Mapping[str, Any]) -> Path:
+    """Where the instance of ``template`` with ``params`` is (or will be) cached."""
+    text = template_path(template).read_bytes()
+    key = hashlib.sha256(text + repr((_defines(params), FLAGS, compiler_version())).encode()).hexdigest()[:20]
+    return cache_dir() / f"{Path(template).stem}-{key}.so"
+
+
+def build(template: str, params: Mapping[str, Any]) -> Path:
+    """Compile ``template`` with ``params`` as ``-D`` constants (once); return the ``.so`` path."""
+    target = library_path(template, params)
+    if target.exists():
+        return target
+    cc = find_compiler()
+    if cc is None:
+        raise CompileError("no C compiler found ($CC or cc)")
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+    os.close(fd)
+    cmd = [cc, *FLAGS, *_defines(params), str(template_path(template)), "-o", tmp]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
+        if proc.returncode != 0:
+            raise CompileError(f"{' '.join(cmd)} failed:\n{proc.stderr[-2000:]}")
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return target
+
+
+@lru_cache(maxsize=None)
+def _load(path: str) -> ctypes.CDLL:
+    return ctypes.CDLL(path)
+
+
+def load(template: str, params: Mapping[str, Any]) -> ctypes.CDLL:
+    """Compile if needed and load the instance; loaded libraries are kept per process."""
+    import torch  # noqa: F401  - load torch's libgomp first so the kernel shares its OpenMP runtime
+
+    return _load(str(build(template, params)))

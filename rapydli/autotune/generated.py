@@ -1,0 +1,129 @@
+"""The generated CPU candidate: ``kernels/conv2d_direct.c`` compiled per parameter set.
+
+The template's domains come from ``kernels/conv2d_direct.json`` (a preset); the
+constraints are here: hard ones from the device query (vector width, registers), soft
+ones from the problem (no block wider than the layer) and from parameters a layout does
+not read (so the NCHW variant is not compiled once per unused value).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+from collections.abc import Mapping
+from functools import lru_cache
+from typing import Any
+
+import torch
+
+from rapydli.autotune import cbuild
+from rapydli.autotune.candidates import Candidate, Instance, register
+from rapydli.autotune.device import DeviceInfo
+from rapydli.autotune.problem import ConvShape
+from rapydli.autotune.space import Space
+from rapydli.errors import ConfigError
+
+TEMPLATE = "conv2d_direct.c"
+_ARGS = [ctypes.c_void_p] * 3 + [ctypes.c_long] * 11 + [ctypes.c_int]
+
+
+@lru_cache(maxsize=None)
+def presets() -> dict[str, dict[str, list[int]]]:
+    """The parameter domains of the template, by preset name."""
+    return json.loads(cbuild.template_path("conv2d_direct.json").read_text())["presets"]
+
+
+def _ptr(t: torch.Tensor) -> int:
+    return t.data_ptr()
+
+
+class _CInstance(Instance):
+    def __init__(self, shape: ConvShape, params: Mapping[str, Any]) -> None:
+        super().__init__(shape, params)
+        self.layout = "nhwc" if int(params["layout"]) == 1 else "nchw"
+        lib = cbuild.load(TEMPLATE, params)
+        self._fwd, self._bwd_data, self._bwd_weight = lib.conv_fwd, lib.conv_bwd_data, lib.conv_bwd_weight
+        for fn in (self._fwd, self._bwd_data, self._bwd_weight):
+            fn.argtypes = _ARGS
+            fn.restype = None
+
+    def _dims(self, x: torch.Tensor) -> tuple[int, ...]:
+        s = self.shape
+        n, c, h, w = x.shape
+        return (n, c, h, w, s.k, s.r, s.s, s.stride, s.stride, s.pad, s.pad, torch.get_num_threads())
+
+    def _check(self, *tensors: torch.Tensor) -> None:
+        for t in tensors:
+            if t.dtype != torch.float32 or t.device.type != "cpu":
+                raise ConfigError(f"generated C kernels take float32 CPU tensors, got {t.dtype} on {t.device}")
+
+    def forward(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        x, w = self.to_layout(x), self.to_layout(w)
+        self._check(x, w)
+        s = self.shape
+        n, _, h, wd = x.shape
+        oh, ow = (h + 2 * s.pad - s.r) // s.stride + 1, (wd + 2 * s.pad - s.s) // s.stride + 1
+        y = torch.empty((n, s.k, oh, ow), dtype=x.dtype).contiguous(memory_format=self._format)
+        self._fwd(_ptr(x), _ptr(w), _ptr(y), *self._dims(x))
+        return y
+
+    def backward(self, x: torch.Tensor, w: torch.Tensor, gy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x, w, gy = self.to_layout(x), self.to_layout(w), self.to_layout(gy)
+        self._check(x, w, gy)
+        gx = torch.empty(x.shape, dtype=x.dtype).contiguous(memory_format=self._format)
+        gw = torch.empty(w.shape, dtype=w.dtype).contiguous(memory_format=self._format)
+        self._bwd_data(_ptr(gy), _ptr(w), _ptr(gx), *self._dims(x))
+        self._bwd_weight(_ptr(x), _ptr(gy), _ptr(gw), *self._dims(x))
+        return gx, gw
+
+    @property
+    def _format(self) -> torch.memory_format:
+        return torch.channels_last if self.layout == "nhwc" else torch.contiguous_format
+
+
+class CDirect(Candidate):
+    """Direct convolution generated from ``kernels/conv2d_direct.c`` (forward + both gradients)."""
+
+    name = "c_direct"
+    kind = "generated"
+    devices = ("cpu",)
+
+    def unavailable(self, device: DeviceInfo) -> str | None:
+        if device.kind != "cpu":
+            return f"{self.name} runs on the CPU only"
+        if cbuild.find_compiler() is None:
+            return "no C compiler ($CC or cc) on this machine: generated C kernels are skipped"
+        return None
+
+    def layout(self, params: Mapping[str, Any]) -> str:
+        return "nhwc" if int(params["layout"]) == 1 else "nchw"
+
+    def space(self, shape: ConvShape, device: DeviceInfo, preset: str = "default") -> Space:
+        table = presets()
+        if preset not in table:
+            raise ConfigError(f"preset must be one of {sorted(table)}, got {preset!r}")
+        space = Space(dict(table[preset]))
+        first = {name: domain[0] for name, domain in table[preset].items()}
+        lanes, regs = device.vector_lanes, device.vector_registers
+        # hard: what the device allows
+        space.hard(lambda vec: vec <= max(4, lanes), f"vector lanes <= {lanes} ({device.isa})")
+        space.hard(lambda kb, wb: kb * wb + wb + 1 <= regs, f"accumulators + operands <= {regs} vector registers")
+        # soft: parameters a layout ignores are pinned to their first value (no duplicate instances)
+        space.soft(lambda layout, wb: layout == 1 or wb == first["wb"], "NCHW ignores wb")
+        space.soft(lambda layout, cb: layout == 1 or cb == first["cb"], "NCHW ignores cb")
+        space.soft(lambda layout, vec: layout == 1 or vec == first["vec"], "NCHW ignores vec")
+        space.soft(lambda layout, order: layout == 1 or order == first["order"], "NCHW ignores order")
+        # soft: no block much wider than the problem
+        space.soft(lambda kb: kb <= max(first["kb"], shape.k), "kb <= K")
+        ow = shape.out_hw[1]
+        space.soft(lambda wb: wb <= max(first["wb"], ow), "wb <= OW")
+        smallest_cb = min((cb for cb in table[preset]["cb"] if cb >= shape.c), default=max(table[preset]["cb"]))
+        space.soft(lambda cb: cb <= smallest_cb, "cb <= the smallest block covering C")
+        space.soft(lambda vec: vec <= max(first["vec"], shape.c), "vec <= C")
+        return space
+
+    def instance(self, shape: ConvShape, params: Mapping[str, Any]) -> Instance:
+        return _CInstance(shape, params)
+
+
+register(CDirect())
