@@ -1,0 +1,410 @@
+"""Batches of notebook experiments: one papermill execution per parameter point.
+
+``rd.batch("nb.ipynb", grid={"lr": [0.1, 0.01], "workers": [1, 2]}, parallel=2)`` (and
+``rapydli batch``) expands the grid, checks every point against the notebook's
+``parameters`` cell, then runs each point in its own process (at most ``parallel`` at
+once) with its own working directory. Results land in ``out``::
+
+    out/<notebook-stem>/<param-hash>.ipynb    executed notebook (rd.record values inside)
+    out/<notebook-stem>/<param-hash>.json     the item's parameters, hashes and outcome
+    out/<notebook-stem>/<param-hash>/         the item's working directory
+    out/summary.csv, out/report.html          one row per item; plots
+
+Re-running the same batch skips items already finished with the same parameters and
+the same notebook source. Each item and the batch are runs in the store (kind ``batch``;
+items have the batch as parent).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rapydli.errors import ConfigError
+from rapydli.experiments import batchspec
+from rapydli.experiments import store as store_mod
+
+if TYPE_CHECKING:  # pragma: no cover
+    import pandas as pd
+
+DEFAULT_OUT = "batch-results"
+
+
+@dataclass
+class Item:
+    """One point of a batch and where its files go."""
+
+    parameters: dict[str, Any]
+    key: str
+    output: Path
+    record: Path
+    cwd: Path
+    outcome: dict[str, Any] = field(default_factory=dict)
+
+
+def batch(
+    notebook: str | os.PathLike[str],
+    grid: Mapping[str, Any] | Sequence[str] | None = None,
+    *,
+    params_file: str | os.PathLike[str] | None = None,
+    points: Sequence[Mapping[str, Any]] | None = None,
+    parallel: int = 1,
+    out: str | os.PathLike[str] = DEFAULT_OUT,
+    kernel: str | None = None,
+    timeout: float | None = None,
+    retry: int = 0,
+    force: bool = False,
+    progress: bool = True,
+) -> pd.DataFrame:
+    """Run a notebook once per parameter point with papermill; return the summary table.
+
+    Parameters
+    ----------
+    notebook
+        The notebook; it needs a cell tagged ``parameters``.
+    grid
+        ``{"lr": [0.1, 0.01], "workers": [1, 2]}`` (a non-list value is fixed) or the
+        command-line form ``["lr=0.1,0.01", "workers=1,2"]``; expanded as a cartesian product.
+    params_file
+        YAML/JSON file: a mapping expanded like ``grid``, or a list of points.
+    points
+        Explicit points (mappings), each combined with the grid.
+    parallel
+        Items running at once (each in its own process).
+    out
+        Output folder (see the module docstring).
+    kernel
+        Jupyter kernel name; default the notebook's own kernelspec.
+    timeout
+        Seconds an item may run before it (and every process it started) is killed.
+    retry
+        Times a failed item is run again before it counts as failed.
+    force
+        Run every item even when a finished result is already in ``out``.
+    progress
+        Show a tqdm progress bar.
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per item: item, the parameters, status, duration, attempts, resumed,
+        error, failing_cell, output, run_id, and every scalar recorded with ``rd.record``.
+        ``.attrs`` holds ``failed`` (count), ``summary`` and ``report`` (paths).
+
+    Raises
+    ------
+    ConfigError
+        Before anything runs: unknown parameter, wrong value type, missing parameters
+        cell, unreadable notebook or params file, bad option value.
+
+    Examples
+    --------
+    >>> import rapydli as rd
+    >>> table = rd.batch("05-batch-experiments.ipynb", {"lr": [0.1, 0.01], "workers": [1, 2]},
+    ...                  parallel=2)  # doctest: +SKIP
+    """
+    plan = plan_batch(notebook, grid, params_file=params_file, points=points, out=out, kernel=kernel,
+                      parallel=parallel, timeout=timeout, retry=retry)  # fmt: skip
+    return run_plan(plan, parallel=parallel, kernel=kernel, timeout=timeout, retry=retry, force=force, progress=progress)
+
+
+@dataclass
+class Plan:
+    """A validated batch: the notebook, its hash, the varied keys and the items."""
+
+    notebook: Path
+    notebook_hash: str
+    out: Path
+    varied: list[str]
+    items: list[Item]
+    grid: dict[str, Any]
+
+
+def plan_batch(
+    notebook: str | os.PathLike[str],
+    grid: Mapping[str, Any] | Sequence[str] | None = None,
+    *,
+    params_file: str | os.PathLike[str] | None = None,
+    points: Sequence[Mapping[str, Any]] | None = None,
+    out: str | os.PathLike[str] = DEFAULT_OUT,
+    kernel: str | None = None,
+    parallel: int = 1,
+    timeout: float | None = None,
+    retry: int = 0,
+) -> Plan:
+    """Expand and validate a batch without running anything (see :func:`batch`)."""
+    _check_options(parallel, timeout, retry, kernel)
+    path = Path(notebook).resolve()
+    params = batchspec.notebook_parameters(path)
+    if grid is None:
+        axes: dict[str, list[Any]] = {}
+    elif isinstance(grid, Mapping):
+        axes = {str(k): (list(v) if isinstance(v, (list, tuple)) else [v]) for k, v in grid.items()}
+        for key, values in axes.items():
+            if not values:
+                raise ConfigError(f"grid {key!r} has no values")
+    elif isinstance(grid, Sequence) and not isinstance(grid, str):
+        axes = batchspec.parse_grid(grid)
+    else:
+        raise ConfigError(f"grid must be a mapping or a list of 'key=v1,v2' strings; got {type(grid).__name__}")
+    base: list[dict[str, Any]] = [dict(p) for p in points] if points is not None else [{}]
+    if params_file is not None:
+        from_file = batchspec.load_params_file(params_file)
+        base = [{**b, **f} for b in base for f in from_file]
+    all_points = batchspec.expand(axes, base)
+    batchspec.validate(all_points, params, str(notebook))
+    folder = Path(out).resolve() / path.stem
+    items, seen = [], set()
+    for point in all_points:
+        key = batchspec.param_hash(point)
+        if key in seen:
+            continue
+        seen.add(key)
+        items.append(Item(point, key, folder / f"{key}.ipynb", folder / f"{key}.json", folder / key))
+    keys = sorted({k for p in all_points for k in p})
+    varied = [k for k in keys if len({json.dumps(p.get(k), sort_keys=True) for p in all_points}) > 1]
+    return Plan(path, batchspec.notebook_hash(path), Path(out).resolve(), varied, items, axes)
+
+
+def _check_options(parallel: int, timeout: float | None, retry: int, kernel: str | None) -> None:
+    if isinstance(parallel, bool) or not isinstance(parallel, int) or parallel < 1:
+        raise ConfigError(f"parallel must be an integer >= 1; got {parallel!r}")
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0):
+        raise ConfigError(f"timeout must be a number of seconds > 0; got {timeout!r}")
+    if isinstance(retry, bool) or not isinstance(retry, int) or retry < 0:
+        raise ConfigError(f"retry must be an integer >= 0; got {retry!r}")
+    if kernel is not None:
+        from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
+
+        try:
+            KernelSpecManager().get_kernel_spec(kernel)
+        except NoSuchKernel:
+            names = ", ".join(sorted(KernelSpecManager().find_kernel_specs()))
+            raise ConfigError(f"kernel {kernel!r} is not installed; installed kernels: {names}") from None
+
+
+def _finished_before(item: Item, notebook_hash: str) -> dict[str, Any] | None:
+    try:
+        previous = json.loads(item.record.read_text())
+    except (OSError, ValueError):
+        return None
+    same = previous.get("notebook_hash") == notebook_hash and previous.get("parameters") == item.parameters
+    if same and previous.get("status") == "finished" and item.output.exists():
+        return previous
+    return None
+
+
+def run_plan(
+    plan: Plan,
+    *,
+    parallel: int = 1,
+    kernel: str | None = None,
+    timeout: float | None = None,
+    retry: int = 0,
+    force: bool = False,
+    progress: bool = True,
+) -> pd.DataFrame:
+    """Run a validated :class:`Plan`; write summary.csv and report.html; return the summary."""
+    from rapydli.experiments import batchreport
+
+    _check_options(parallel, timeout, retry, kernel)
+    store = store_mod.open_store()
+    batch_id = None
+    if store is not None:
+        batch_id = store.create_run(
+            "batch",
+            plan.notebook.stem,
+            {
+                "notebook": str(plan.notebook),
+                "notebook_hash": plan.notebook_hash,
+                "points": [i.parameters for i in plan.items],
+                "varied": plan.varied,
+                "out": str(plan.out),
+                "parallel": parallel,
+                "kernel": kernel,
+                "timeout": timeout,
+                "retry": retry,
+            },
+            parent=None,
+        )
+    pending = []
+    for item in plan.items:
+        previous = None if force else _finished_before(item, plan.notebook_hash)
+        if previous is not None:
+            item.outcome = {**previous, "resumed": True}
+        else:
+            pending.append(item)
+    runner = _Runner(plan, store, batch_id, kernel=kernel, timeout=timeout, retry=retry, parallel=parallel)
+    try:
+        runner.run(pending, progress=progress)
+    except BaseException:
+        runner.kill_all()
+        if store is not None and batch_id:
+            store.finish_run(batch_id, "interrupted", error="the batch was interrupted")
+        raise
+    summary = batchreport.summary_table(plan)
+    plan.out.mkdir(parents=True, exist_ok=True)
+    summary_path = plan.out / "summary.csv"
+    summary.to_csv(summary_path, index=False)
+    report_path = batchreport.write_report(plan, summary, plan.out / "report.html")
+    failed = int((summary["status"] != "finished").sum())
+    summary.attrs.update(failed=failed, summary=str(summary_path), report=str(report_path), batch_id=batch_id)
+    if store is not None and batch_id:
+        store.add_artifact(batch_id, summary_path, "summary")
+        store.add_artifact(batch_id, report_path, "report")
+        store.finish_run(batch_id, "failed" if failed else "finished",
+                         error=f"{failed} of {len(plan.items)} items failed" if failed else None)  # fmt: skip
+    return summary
+
+
+class _Runner:
+    """Runs items in child processes, at most ``parallel`` at once, with timeout and retries."""
+
+    def __init__(self, plan: Plan, store: Any, batch_id: str | None, *, kernel: str | None,
+                 timeout: float | None, retry: int, parallel: int) -> None:  # fmt: skip
+        self.plan, self.store, self.batch_id = plan, store, batch_id
+        self.kernel, self.timeout, self.retry, self.parallel = kernel, timeout, retry, parallel
+        self._procs: dict[str, subprocess.Popen] = {}
+        self._lock = threading.Lock()
+
+    def run(self, items: list[Item], *, progress: bool) -> None:
+        if not items:
+            return
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(items), desc=f"batch {self.plan.notebook.stem}", unit="item", disable=not progress)
+        failed = 0
+        with ThreadPoolExecutor(max_workers=self.parallel) as pool:
+            futures = [pool.submit(self._run_item, item) for item in items]
+            for future in as_completed(futures):
+                item = future.result()
+                failed += item.outcome["status"] != "finished"
+                bar.update(1)
+                bar.set_postfix(failed=failed)
+        bar.close()
+
+    def _run_item(self, item: Item) -> Item:
+        attempts = 0
+        while True:
+            attempts += 1
+            outcome = self._attempt(item)
+            if outcome["status"] == "finished" or attempts > self.retry:
+                break
+        item.outcome = {**outcome, "attempts": attempts, "resumed": False}
+        item.record.write_text(json.dumps(item.outcome, indent=1, default=str))
+        return item
+
+    def _attempt(self, item: Item) -> dict[str, Any]:
+        item.cwd.mkdir(parents=True, exist_ok=True)
+        run_id = None
+        if self.store is not None:
+            run_id = self.store.create_run(
+                "batch",
+                f"{self.plan.notebook.stem}/{item.key}",
+                {
+                    "notebook": str(self.plan.notebook),
+                    "parameters": item.parameters,
+                    "param_hash": item.key,
+                    "notebook_hash": self.plan.notebook_hash,
+                    "output": str(item.output),
+                    "out": str(self.plan.out),
+                    "kernel": self.kernel,
+                    "timeout": self.timeout,
+                },
+                parent=self.batch_id,
+                seed=item.parameters.get("seed") if isinstance(item.parameters.get("seed"), int) else None,
+                world_size=item.parameters.get("workers") if isinstance(item.parameters.get("workers"), int) else 1,
+            )
+        result_path = item.cwd / ".rapydli-result.json"
+        result_path.unlink(missing_ok=True)
+        spec = {
+            "notebook": str(self.plan.notebook),
+            "output": str(item.output),
+            "parameters": item.parameters,
+            "kernel": self.kernel,
+            "cwd": str(item.cwd),
+            "notebook_dir": str(self.plan.notebook.parent),
+            "run_id": run_id,
+            "result": str(result_path),
+        }
+        spec_path = item.cwd / ".rapydli-spec.json"
+        spec_path.write_text(json.dumps(spec))
+        env = dict(os.environ)
+        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // self.parallel)))
+        env.pop(store_mod.BATCH_ITEM_ENV, None)
+        started = time.time()
+        log = (item.cwd / ".rapydli-item.log").open("w")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "rapydli.experiments.batch_item", str(spec_path)],
+            cwd=item.cwd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+        with self._lock:
+            self._procs[item.key] = proc
+        try:
+            proc.wait(timeout=self.timeout)
+            timed_out = False
+        except subprocess.TimeoutExpired:
+            kill_tree(proc.pid)
+            proc.wait()
+            timed_out = True
+        finally:
+            log.close()
+            with self._lock:
+                self._procs.pop(item.key, None)
+        outcome: dict[str, Any] = {"error": None, "failing_cell": None}
+        try:
+            outcome.update(json.loads(result_path.read_text()))
+        except (OSError, ValueError):
+            tail = (item.cwd / ".rapydli-item.log").read_text()[-2000:]
+            reason = f"timed out after {self.timeout:g} s" if timed_out else f"item process exited with {proc.returncode}"
+            outcome.update(status="failed", error=f"{reason}\n{tail}".strip())
+            if run_id:
+                self.store.finish_run(run_id, "failed", error=outcome["error"])
+        outcome.update(
+            parameters=item.parameters,
+            param_hash=item.key,
+            notebook_hash=self.plan.notebook_hash,
+            output=str(item.output),
+            run_id=run_id,
+            duration=outcome.get("duration", time.time() - started),
+        )
+        return outcome
+
+    def kill_all(self) -> None:
+        with self._lock:
+            procs = list(self._procs.values())
+        for proc in procs:
+            kill_tree(proc.pid)
+
+
+def kill_tree(pid: int, grace: float = 3.0) -> None:
+    """Terminate a process and every process it started (kernels, engines), then kill stragglers."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return
+    for proc in procs:
+        try:
+            proc.send_signal(signal.SIGTERM)
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=grace)
+    for proc in alive:
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(alive, timeout=grace)

@@ -1,0 +1,80 @@
+"""One batch item, in its own process: ``python -m rapydli.experiments.batch_item SPEC.json``.
+
+The spec (written by :mod:`rapydli.experiments.batch`) names the notebook, its output,
+the parameters, the kernel, the working directory and the item's run id. The notebook runs
+through papermill with that working directory; the kernel finds the item's run id in
+``RAPYDLI_BATCH_ITEM`` (for ``rd.record``) and ``RAPYDLI_PARENT_RUN`` (so ``rd.train``
+runs inside it hang under the item). The outcome goes to the run store and to the
+spec's ``result`` JSON file, which the batch reads.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from rapydli.experiments import store as store_mod
+
+
+def run_item(spec: dict[str, Any]) -> dict[str, Any]:
+    """Execute the notebook of ``spec``; return ``{status, error, failing_cell, duration}``."""
+    import papermill
+    from papermill.exceptions import PapermillExecutionError
+
+    run_id = spec.get("run_id")
+    if run_id:
+        os.environ[store_mod.BATCH_ITEM_ENV] = run_id
+        os.environ[store_mod.PARENT_ENV] = run_id
+    extra_path = spec["notebook_dir"]
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (extra_path, os.environ.get("PYTHONPATH")) if p)
+    os.environ["RAPYDLI_NOTEBOOK_DIR"] = extra_path
+    Path(spec["cwd"]).mkdir(parents=True, exist_ok=True)
+    started = time.time()
+    result: dict[str, Any] = {"status": "finished", "error": None, "failing_cell": None}
+    try:
+        papermill.execute_notebook(
+            spec["notebook"],
+            spec["output"],
+            parameters=spec["parameters"],
+            kernel_name=spec.get("kernel"),
+            cwd=spec["cwd"],
+            progress_bar=False,
+            log_output=False,
+        )
+    except PapermillExecutionError as exc:
+        result.update(
+            status="failed",
+            error=f"{exc.ename}: {exc.evalue}",
+            failing_cell={"index": exc.cell_index, "execution_count": exc.exec_count, "source": exc.source},
+        )
+    except Exception as exc:  # kernel died, could not start, bad output path...: the item failed
+        result.update(status="failed", error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc())
+    result["duration"] = time.time() - started
+    if run_id:
+        store = store_mod.open_store()
+        if store is not None:
+            if Path(spec["output"]).exists():
+                store.add_artifact(run_id, spec["output"], "notebook")
+            error = result["error"]
+            if result["failing_cell"]:
+                error = f"cell {result['failing_cell']['index']}: {error}"
+            store.finish_run(run_id, result["status"], error=error)
+    return result
+
+
+def main(argv: list[str]) -> int:
+    spec = json.loads(Path(argv[1]).read_text())
+    result = run_item(spec)
+    tmp = Path(spec["result"]).with_suffix(".tmp")
+    tmp.write_text(json.dumps(result))
+    tmp.replace(spec["result"])
+    return 0 if result["status"] == "finished" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

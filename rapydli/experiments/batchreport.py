@@ -1,0 +1,162 @@
+"""A batch's summary table and its self-contained HTML report (table + plotly figures)."""
+
+from __future__ import annotations
+
+import html
+import numbers
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rapydli.experiments.record import read_records
+
+if TYPE_CHECKING:  # pragma: no cover
+    import pandas as pd
+
+    from rapydli.experiments.batch import Plan
+
+FIXED_COLUMNS = ["status", "duration", "attempts", "resumed", "error", "failing_cell", "output", "run_id"]
+
+
+def summary_table(plan: Plan) -> pd.DataFrame:
+    """One row per item: item, parameters, status, duration, ..., then every recorded scalar."""
+    import pandas as pd
+
+    params = sorted({k for item in plan.items for k in item.parameters})
+    rows, scalars = [], []
+    for item in plan.items:
+        outcome = item.outcome
+        cell = outcome.get("failing_cell")
+        row: dict[str, Any] = {"item": item.key, **{k: item.parameters.get(k) for k in params}}
+        row.update(
+            status=outcome.get("status", "failed"),
+            duration=outcome.get("duration"),
+            attempts=outcome.get("attempts", 0),
+            resumed=bool(outcome.get("resumed")),
+            error=(outcome.get("error") or "").splitlines()[0] if outcome.get("error") else None,
+            failing_cell=cell.get("index") if isinstance(cell, dict) else None,
+            output=str(item.output) if item.output.exists() else None,
+            run_id=outcome.get("run_id"),
+        )
+        if item.output.exists():
+            for name, rec in read_records(item.output, decoded=False).items():
+                value = rec["value"]
+                if rec["type"] == "scalar" and name not in row:
+                    row[name] = value
+                    if name not in scalars:
+                        scalars.append(name)
+        rows.append(row)
+    table = pd.DataFrame(rows, columns=["item", *params, *FIXED_COLUMNS, *scalars])
+    table["failing_cell"] = table["failing_cell"].astype("Int64")
+    table["attempts"] = table["attempts"].astype("Int64")
+    return table
+
+
+def _metric_columns(summary: pd.DataFrame, plan: Plan) -> list[str]:
+    fixed = {"item", *FIXED_COLUMNS, *{k for item in plan.items for k in item.parameters}}
+    out = []
+    for column in summary.columns:
+        if column in fixed:
+            continue
+        values = summary[column].dropna()
+        if len(values) and all(isinstance(v, numbers.Real) and not isinstance(v, bool) for v in values):
+            out.append(column)
+    return out
+
+
+def figures(summary: pd.DataFrame, plan: Plan) -> list[Any]:
+    """Each recorded metric (and duration) against each varied parameter; speedup when ``workers`` varies."""
+    import plotly.graph_objects as go
+
+    done = summary[summary["status"] == "finished"]
+    metrics = [*_metric_columns(summary, plan), "duration"]
+    figs = []
+    for param in plan.varied:
+        others = [p for p in plan.varied if p != param]
+        for metric in metrics:
+            fig = go.Figure()
+            for label, group in _groups(done, others):
+                group = group.sort_values(param, key=_sort_key)
+                fig.add_trace(go.Scatter(x=[str(v) if not _numeric(v) else v for v in group[param]], y=group[metric],
+                                         mode="lines+markers", name=label or metric))  # fmt: skip
+            fig.update_layout(title=f"{metric} vs {param}", xaxis_title=param, yaxis_title=metric, height=380)
+            figs.append(fig)
+    if "workers" in plan.varied:
+        figs.extend(_speedup_figures(done, plan, metrics))
+    return figs
+
+
+def _speedup_figures(done: pd.DataFrame, plan: Plan, metrics: list[str]) -> list[Any]:
+    import plotly.graph_objects as go
+
+    others = [p for p in plan.varied if p != "workers"]
+    # time-like columns speed up when they shrink; throughput-like ones when they grow
+    targets = [("duration", True)] + [(m, False) for m in metrics if "throughput" in m or m.endswith("per_s")]
+    figs = []
+    for metric, inverse in targets:
+        fig = go.Figure()
+        for label, group in _groups(done, others):
+            group = group[group["workers"].map(_numeric)].sort_values("workers")
+            if len(group) < 2:
+                continue
+            base = group.iloc[0]
+            base_value = base[metric]
+            if not base_value:
+                continue
+            ratio = (base_value / group[metric]) if inverse else (group[metric] / base_value)
+            fig.add_trace(go.Scatter(x=list(group["workers"]), y=list(ratio), mode="lines+markers",
+                                     name=label or f"speedup ({metric})"))  # fmt: skip
+        if not fig.data:
+            continue
+        ideal = sorted(set(done["workers"][done["workers"].map(_numeric)]))
+        low = min(ideal)
+        fig.add_trace(go.Scatter(x=ideal, y=[w / low for w in ideal], mode="lines", name="ideal",
+                                 line={"dash": "dash", "color": "gray"}))  # fmt: skip
+        fig.update_layout(title=f"speedup from {metric} vs workers", xaxis_title="workers",
+                          yaxis_title="speedup", height=380)  # fmt: skip
+        figs.append(fig)
+    return figs
+
+
+def _groups(frame: pd.DataFrame, keys: list[str]) -> list[tuple[str, pd.DataFrame]]:
+    if not keys or frame.empty:
+        return [("", frame)]
+    out = []
+    for values, group in frame.groupby([frame[k].astype(str) for k in keys], sort=True):
+        values = values if isinstance(values, tuple) else (values,)
+        out.append((", ".join(f"{k}={v}" for k, v in zip(keys, values)), group))
+    return out
+
+
+def _numeric(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def _sort_key(series: pd.Series) -> pd.Series:
+    return series.map(lambda v: (0, v, "") if _numeric(v) else (1, 0, str(v)))
+
+
+def write_report(plan: Plan, summary: pd.DataFrame, path: Path) -> Path:
+    """Write a self-contained HTML page (plotly.js inlined) with the table and the figures."""
+    figs = figures(summary, plan)
+    parts = []
+    for index, fig in enumerate(figs):
+        parts.append(fig.to_html(full_html=False, include_plotlyjs=index == 0, default_width="100%"))
+    failed = int((summary["status"] != "finished").sum())
+    table = summary.drop(columns=["output"]).to_html(index=False, na_rep="", border=0, classes="summary")
+    page = f"""<!DOCTYPE html>
+<html><head><meta charset="utf-8"><title>Batch report: {html.escape(plan.notebook.name)}</title>
+<style>
+body {{ font-family: sans-serif; margin: 2em; }}
+table.summary {{ border-collapse: collapse; font-size: 0.9em; }}
+table.summary td, table.summary th {{ border: 1px solid #ccc; padding: 3px 8px; text-align: right; }}
+</style></head><body>
+<h1>Batch report: {html.escape(plan.notebook.name)}</h1>
+<p>{len(summary)} items, {failed} failed. Notebook hash {plan.notebook_hash}.
+Varied: {html.escape(", ".join(plan.varied) or "nothing")}.</p>
+{table}
+<h2>Figures</h2>
+{"".join(parts) if parts else "<p>No parameter varies, so there is nothing to plot.</p>"}
+</body></html>
+"""
+    path.write_text(page)
+    return path
