@@ -58,11 +58,11 @@ class ResNetMini(nn.Module):
     """A small ResNet: a 3x3 stem and three stages of basic blocks (widths w, 2w, 4w).
 
     Works on any input size >= 8x8 (global average pooling at the end): 32x32 images
-    (CIFAR-like) and sklearn's 8x8 digits alike. ``width=16, blocks=(1, 1, 1)`` has about
+    (CIFAR-like) and sklearn's 8x8 digits alike. ``width=16, blocks=(2, 2, 2)`` has about
     0.17 M parameters.
     """
 
-    def __init__(self, num_classes: int = 10, in_channels: int = 3, width: int = 16, blocks: tuple[int, ...] = (1, 1, 1)) -> None:
+    def __init__(self, num_classes: int = 10, in_channels: int = 3, width: int = 16, blocks: tuple[int, ...] = (2, 2, 2)) -> None:
         super().__init__()
         self.stem = nn.Sequential(nn.Conv2d(in_channels, width, 3, 1, 1, bias=False), nn.BatchNorm2d(width), nn.ReLU())
         stages: list[nn.Module] = []
@@ -80,14 +80,14 @@ class ResNetMini(nn.Module):
         return self.head(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
 
 
-def resnet_mini(num_classes: int = 10, in_channels: int = 3, width: int = 16, blocks: tuple[int, ...] = (1, 1, 1)) -> nn.Module:
+def resnet_mini(num_classes: int = 10, in_channels: int = 3, width: int = 16, blocks: tuple[int, ...] = (2, 2, 2)) -> nn.Module:
     """Build :class:`ResNetMini` (``in_channels=1`` for digits)."""
     return ResNetMini(num_classes, in_channels, width, blocks)
 
 
 def resnet_digits() -> nn.Module:
     """:func:`resnet_mini` for sklearn's 1x8x8 digits (10 classes)."""
-    return ResNetMini(num_classes=10, in_channels=1, width=16)
+    return ResNetMini(num_classes=10, in_channels=1, width=16, blocks=(1, 1, 1))
 
 
 class CausalSelfAttention(nn.Module):

@@ -98,7 +98,8 @@ class Trainer:
         self.config = config
         self.mpi = _mpi_comm(comm)
         self.rank, self.world_size = self.mpi.Get_rank(), self.mpi.Get_size()
-        if comm is None and self.world_size > 1:
+        self._owns_comm = comm is None and self.world_size > 1
+        if self._owns_comm:
             from rapydli.comm import Communicator
 
             comm = Communicator(self.mpi, algorithm=config.allreduce)
@@ -220,6 +221,12 @@ class Trainer:
                 }
                 dispatch(self.callbacks, "on_epoch_end", summary)
         return self.history
+
+    def close(self) -> None:
+        """Release the communicator the trainer built for itself (none when one was given)."""
+        if self._owns_comm and self.comm is not None:
+            self.comm.close()
+            self.comm = None
 
     # -- evaluation -------------------------------------------------------------------------
     @torch.no_grad()

@@ -1,0 +1,75 @@
+"""TrainConfig: validation names the field and the allowed values; specs drive widgets."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from rapydli.errors import ConfigError
+from rapydli.train.config import TrainConfig, fields_spec
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"lr": 0.0}, "TrainConfig.lr=0.0 is invalid: must be in (0, 10]"),
+        ({"lr": float("nan")}, "TrainConfig.lr=nan"),
+        ({"epochs": 0}, "TrainConfig.epochs=0 is invalid: must be an integer in [1, 100000]"),
+        ({"epochs": 1.5}, "TrainConfig.epochs=1.5"),
+        ({"batch_size": True}, "TrainConfig.batch_size=True"),
+        ({"optimizer": "adam"}, "TrainConfig.optimizer='adam' is invalid: must be one of 'sgd', 'adamw'"),
+        ({"lr_schedule": "linear"}, "'constant', 'cosine', 'step'"),
+        ({"precision": "fp16"}, "'fp32', 'bf16'"),
+        ({"allreduce": "nccl2"}, "'auto', 'mpi', 'ring', 'gloo', 'nccl'"),
+        ({"loader": "fast"}, "'default', 'clairvoyant'"),
+        ({"momentum": 1.0}, "TrainConfig.momentum=1.0 is invalid: must be in [0, 1)"),
+        ({"grad_clip": 0.0}, "TrainConfig.grad_clip=0.0 is invalid: must be in (0, 1000000] or None"),
+        ({"grad_accum": 0}, "TrainConfig.grad_accum=0"),
+        ({"bucket_mb": -1}, "TrainConfig.bucket_mb=-1"),
+        ({"overlap": "yes"}, "TrainConfig.overlap='yes' is invalid: must be True or False"),
+        ({"max_steps": 0}, "TrainConfig.max_steps=0 is invalid: must be an integer in [1, 1000000000] or None"),
+        ({"workers": 0}, "TrainConfig.workers=0"),
+        ({"cache_ram_mb": -5.0}, "TrainConfig.cache_ram_mb=-5.0"),
+        ({"resume": True}, "TrainConfig.resume=True needs TrainConfig.checkpoint_dir"),
+    ],
+)
+def test_invalid_values_name_field_and_allowed_range(changes: dict, message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        TrainConfig(**changes)
+    assert message in str(info.value)
+
+
+def test_valid_values_are_normalised() -> None:
+    cfg = TrainConfig(lr=1, epochs=3.0, bucket_mb=1, max_steps=None, checkpoint_dir=None)
+    assert isinstance(cfg.lr, float) and cfg.lr == 1.0
+    assert isinstance(cfg.epochs, int) and cfg.epochs == 3
+    assert cfg.global_batch(world_size=4) == 32 * 4
+
+
+def test_pathlike_checkpoint_dir_becomes_str(tmp_path) -> None:
+    assert TrainConfig(checkpoint_dir=tmp_path, resume=True).checkpoint_dir == str(tmp_path)
+
+
+def test_dict_round_trip_and_unknown_keys() -> None:
+    cfg = TrainConfig(epochs=2, optimizer="sgd", lr_schedule="cosine", grad_clip=1.0, precision="bf16")
+    assert TrainConfig.from_dict(cfg.to_dict()) == cfg
+    assert cfg.replace(lr=0.5).lr == 0.5
+    with pytest.raises(ConfigError, match="unknown TrainConfig field.*learning_rate"):
+        TrainConfig.from_dict({"learning_rate": 0.1})
+    with pytest.raises(ConfigError, match="TrainConfig.lr"):
+        cfg.replace(lr=-1.0)
+
+
+def test_fields_spec_describes_every_field() -> None:
+    specs = {spec.name: spec for spec in fields_spec()}
+    assert list(specs) == [f.name for f in dataclasses.fields(TrainConfig)]
+    assert specs["lr"].type == "float" and specs["lr"].log and specs["lr"].low == 0.0 and specs["lr"].low_open
+    assert specs["optimizer"].choices == ("sgd", "adamw") and specs["optimizer"].default == "adamw"
+    assert specs["overlap"].type == "bool"
+    assert specs["max_steps"].optional and specs["max_steps"].type == "int"
+    assert specs["checkpoint_dir"].type == "str" and specs["checkpoint_dir"].optional
+    assert specs["workers"].low == 1
+    for spec in specs.values():  # every default passes its own spec
+        assert spec.help
+    TrainConfig(**{name: spec.default for name, spec in specs.items()})
