@@ -1,0 +1,64 @@
+"""``rapydli batch NOTEBOOK --grid key=v1,v2 ...``: a grid of notebook experiments."""
+
+from __future__ import annotations
+
+import click
+
+
+class BatchFailed(click.ClickException):
+    """Some items failed: the summary was written, the exit status is 1."""
+
+    exit_code = 1
+
+    def show(self, file=None) -> None:  # noqa: ANN001 - click's signature
+        click.echo(f"rapydli batch: {self.message}", err=True)
+
+
+@click.command()
+@click.argument("notebook", type=click.Path(dir_okay=False))
+@click.argument("axes", nargs=-1, metavar="[KEY=V1,V2]...")
+@click.option("--grid", "grid", multiple=True, metavar="KEY=V1,V2",
+              help="A parameter and its values (JSON numbers/lists/true/false or strings); repeat for more axes.")
+@click.option("--params-file", type=click.Path(dir_okay=False), default=None,
+              help="YAML/JSON: a mapping (list values are axes) or a list of points.")
+@click.option("--parallel", "-j", type=int, default=1, show_default=True, help="Items running at once.")
+@click.option("--out", "out", type=click.Path(file_okay=False), default="batch-results", show_default=True,
+              help="Output folder: <stem>/<param-hash>.ipynb, summary.csv, report.html.")
+@click.option("--kernel", default=None, help="Jupyter kernel name (default: the notebook's).")
+@click.option("--timeout", type=float, default=None, help="Seconds an item may run before it is killed.")
+@click.option("--retry", type=int, default=0, show_default=True, help="Re-run a failed item up to N times.")
+@click.option("--force", is_flag=True, help="Run every item, even those already finished in --out.")
+@click.option("--dry-run", is_flag=True, help="Validate and list the items; run nothing.")
+def batch(notebook: str, axes: tuple[str, ...], grid: tuple[str, ...], params_file: str | None, parallel: int, out: str,
+          kernel: str | None, timeout: float | None, retry: int, force: bool, dry_run: bool) -> None:  # fmt: skip
+    """Run NOTEBOOK once per point of a parameter grid with papermill.
+
+    Grid axes are given with --grid KEY=V1,V2 or as plain KEY=V1,V2 arguments after the
+    notebook (so `--grid lr=0.1,0.01 workers=1,2` names two axes). Every key is checked against the notebook's `parameters` cell (and every value
+    against the default's type) before anything runs. Items already finished with the
+    same parameters and notebook source are skipped. Exit status 1 when an item failed.
+
+    \b
+    Example:
+      rapydli batch notebooks/05-batch-experiments.ipynb --grid lr=0.1,0.01 workers=1,2 --parallel 2
+    """
+    from rapydli.experiments import batch as batch_mod
+
+    plan = batch_mod.plan_batch(notebook, [*grid, *axes], params_file=params_file, out=out, kernel=kernel,
+                                parallel=parallel, timeout=timeout, retry=retry)  # fmt: skip
+    if dry_run:
+        for item in plan.items:
+            click.echo(f"{item.key}  {item.output}  {item.parameters}")
+        click.echo(f"{len(plan.items)} items; nothing run (--dry-run)")
+        return
+    summary = batch_mod.run_plan(plan, parallel=parallel, kernel=kernel, timeout=timeout, retry=retry,
+                                 force=force)  # fmt: skip
+    shown = summary.drop(columns=["output", "run_id", "error"])
+    click.echo(shown.to_string(index=False))
+    click.echo(f"summary: {summary.attrs['summary']}\nreport:  {summary.attrs['report']}")
+    failed = summary.attrs["failed"]
+    if failed:
+        for _, row in summary[summary["status"] != "finished"].iterrows():
+            cell = "" if row["failing_cell"] is None or str(row["failing_cell"]) == "<NA>" else f" (cell {row['failing_cell']})"
+            click.echo(f"failed {row['item']}{cell}: {row['error']}", err=True)
+        raise BatchFailed(f"{failed} of {len(summary)} items failed")

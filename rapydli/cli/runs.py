@@ -1,0 +1,216 @@
+"""``rapydli runs list|show|compare|repeat|export``: the run store from the shell."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+
+from rapydli.experiments.store import KINDS, STATUSES
+
+
+def _store() -> Any:
+    from rapydli.experiments.store import require_store
+
+    return require_store()
+
+
+def _short(value: Any, width: int = 60) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+@click.group()
+def runs() -> None:
+    """List, show, compare, repeat and export recorded runs."""
+
+
+@runs.command("list")
+@click.option("--kind", type=click.Choice(KINDS), default=None, help="Only runs of this kind.")
+@click.option("--status", type=click.Choice(STATUSES), default=None, help="Only runs with this status.")
+@click.option("--parent", default=None, help="Only children of this run (a sweep's trials, a batch's items).")
+@click.option("--limit", "-n", type=click.IntRange(min=1), default=20, show_default=True, help="Newest N runs.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON lines instead of a table.")
+def list_runs(kind: str | None, status: str | None, parent: str | None, limit: int, as_json: bool) -> None:
+    """List runs, newest first."""
+    from rapydli.experiments.store import iso_times
+
+    store = _store()
+    if parent is not None:
+        parent = store.resolve(parent)
+    rows, total = store.list_runs(kind=kind, status=status, limit=limit, parent=parent)
+    if as_json:
+        for row in rows:
+            click.echo(json.dumps(iso_times(row), sort_keys=True, default=str))
+        return
+    if not rows:
+        click.echo("no runs recorded" + (" matching the filters" if kind or status or parent else ""))
+        return
+    import pandas as pd
+
+    table = pd.DataFrame(
+        [
+            {
+                "id": r["id"],
+                "kind": r["kind"],
+                "name": _short(r["name"], 28),
+                "status": r["status"],
+                "started": iso_times(r)["started"],
+                "duration": "" if r["duration"] is None else f"{r['duration']:.1f}s",
+                "ranks": r["world_size"],
+                "parent": r["parent"] or "",
+                "params": _short(r["params"].get("parameters", r["params"].get("config", r["params"])), 50),
+            }
+            for r in rows
+        ]
+    )
+    click.echo(table.to_string(index=False))
+    if total > len(rows):
+        click.echo(f"({len(rows)} of {total} runs; use --limit to see more)")
+
+
+@runs.command()
+@click.argument("run_id")
+@click.option("--json", "as_json", is_flag=True, help="Print the run, its final metrics and artifacts as JSON.")
+def show(run_id: str, as_json: bool) -> None:
+    """Show one run: parameters, status, final metrics, records, artifacts, environment."""
+    from rapydli.experiments.store import iso_times
+
+    store = _store()
+    run = store.get_run(store.resolve(run_id))
+    final = store.final_metrics(run["id"])
+    artifacts = store.artifacts(run["id"])
+    children, n_children = store.list_runs(parent=run["id"], limit=50)
+    if as_json:
+        payload = {**iso_times(run), "final_metrics": final, "artifacts": artifacts,
+                   "records": store.records(run["id"]), "children": [c["id"] for c in children]}  # fmt: skip
+        click.echo(json.dumps(payload, indent=1, sort_keys=True, default=str))
+        return
+    info = iso_times(run)
+    click.echo(f"run {run['id']}  {run['kind']}  {run['name']}  [{run['status']}]")
+    for key in ("parent", "started", "ended", "duration", "world_size", "seed", "host", "pid", "cwd", "git_commit"):
+        value = info[key]
+        if key == "duration" and value is not None:
+            value = f"{value:.2f} s"
+        click.echo(f"  {key:<11} {'' if value is None else value}")
+    click.echo("  versions    " + ", ".join(f"{k} {v}" for k, v in sorted(run["versions"].items()) if v))
+    if run["error"]:
+        click.echo("  error       " + run["error"].strip().replace("\n", "\n              "))
+    click.echo("parameters:")
+    for key, value in sorted(run["params"].items()):
+        click.echo(f"  {key} = {_short(value, 100)}")
+    if final:
+        click.echo("final metrics:")
+        for key, value in sorted(final.items()):
+            click.echo(f"  {key} = {value}")
+    others = {k: v["type"] for k, v in store.records(run["id"]).items() if v["type"] != "scalar"}
+    if others:
+        click.echo("records: " + ", ".join(f"{k} ({t})" for k, t in others.items()))
+    if artifacts:
+        click.echo("artifacts:")
+        for art in artifacts:
+            click.echo(f"  {art['kind']:<9} {art['path']}")
+    if n_children:
+        click.echo(f"children ({n_children}): " + " ".join(c["id"] for c in children))
+
+
+def _flatten(prefix: str, value: Any, out: dict[str, Any]) -> None:
+    if isinstance(value, dict) and value:
+        for key, inner in value.items():
+            _flatten(f"{prefix}.{key}" if prefix else str(key), inner, out)
+    else:
+        out[prefix] = value
+
+
+@runs.command()
+@click.argument("run_ids", nargs=-1, required=True)
+@click.option("--all-params", is_flag=True, help="Show every parameter, not only those that differ.")
+def compare(run_ids: tuple[str, ...], all_params: bool) -> None:
+    """Parameters that differ and final metrics, side by side, for two or more runs."""
+    import pandas as pd
+
+    from rapydli.errors import ConfigError
+
+    if len(run_ids) < 2:
+        raise ConfigError("runs compare needs at least two run ids")
+    store = _store()
+    ids = [store.resolve(r) for r in run_ids]
+    params, metrics = {}, {}
+    for run_id in ids:
+        flat: dict[str, Any] = {}
+        _flatten("", store.get_run(run_id)["params"], flat)
+        params[run_id] = flat
+        metrics[run_id] = store.final_metrics(run_id)
+    keys = sorted({k for flat in params.values() for k in flat})
+    differ = [k for k in keys if len({json.dumps(params[i].get(k), sort_keys=True, default=str) for i in ids}) > 1]
+    shown = keys if all_params else differ
+    header = {i: f"{i} ({store.get_run(i)['status']})" for i in ids}
+    if shown:
+        table = pd.DataFrame({header[i]: [_short(params[i].get(k, "-"), 40) for k in shown] for i in ids}, index=shown)
+        click.echo("parameters" + ("" if all_params else " that differ") + ":")
+        click.echo(table.to_string())
+    else:
+        click.echo("parameters: identical")
+    names = sorted({k for m in metrics.values() for k in m})
+    if names:
+        table = pd.DataFrame({header[i]: [metrics[i].get(n) for n in names] for i in ids}, index=names)
+        click.echo("final metrics:")
+        click.echo(table.to_string(na_rep="-"))
+    else:
+        click.echo("final metrics: none recorded")
+
+
+@runs.command()
+@click.argument("run_id")
+@click.option("--out", default=None, help="Batch runs: output folder (default: the original's).")
+@click.option("--parallel", "-j", type=int, default=None, help="Batch runs: items at once (default: the original's).")
+def repeat(run_id: str, out: str | None, parallel: int | None) -> None:
+    """Re-run a recorded train run or batch (or batch item) with the same parameters and seed."""
+    from rapydli.experiments.repeat import repeat_run
+
+    from rapydli.experiments.store import require_store
+
+    new_id = repeat_run(run_id, out=out, parallel=parallel)
+    status = require_store().get_run(new_id)["status"]
+    click.echo(f"repeated {run_id} as run {new_id} [{status}]")
+    if status != "finished":
+        raise click.ClickException(f"the repeated run {new_id} {status}; see `rapydli runs show {new_id}`")
+
+
+@runs.command()
+@click.argument("run_ids", nargs=-1)
+@click.option("--kind", type=click.Choice(KINDS), default=None, help="Only runs of this kind.")
+@click.option("--status", type=click.Choice(STATUSES), default=None, help="Only runs with this status.")
+@click.option("--format", "fmt", type=click.Choice(["jsonl", "csv"]), default="jsonl", show_default=True,
+              help="jsonl: one run per line with metrics, records, artifacts; csv: one row per run, "
+                   "params.* and final metrics as columns.")  # fmt: skip
+@click.option("--output", "-o", type=click.Path(dir_okay=False, writable=True), default="-", show_default=True)
+def export(run_ids: tuple[str, ...], kind: str | None, status: str | None, fmt: str, output: str) -> None:
+    """Export runs (all, filtered, or the given ids) as JSON Lines or CSV."""
+    from rapydli.experiments.store import iso_times
+
+    store = _store()
+    if run_ids:
+        runs_ = [store.get_run(store.resolve(r)) for r in run_ids]
+    else:
+        runs_, _ = store.list_runs(kind=kind, status=status)
+    with click.open_file(output, "w") as stream:
+        if fmt == "jsonl":
+            for run in runs_:
+                row = {**iso_times(run), "metrics": [{k: m[k] for k in ("step", "name", "value")} for m in store.metrics(run["id"])],
+                       "records": store.records(run["id"]), "artifacts": store.artifacts(run["id"])}  # fmt: skip
+                stream.write(json.dumps(row, sort_keys=True, default=str) + "\n")
+        else:
+            import pandas as pd
+
+            rows = []
+            for run in runs_:
+                flat: dict[str, Any] = {}
+                _flatten("params", run["params"], flat)
+                base = {k: v for k, v in iso_times(run).items() if k not in ("params", "versions")}
+                metrics = {f"metric.{k}": v for k, v in store.final_metrics(run["id"]).items()}
+                rows.append({**base, **flat, **metrics})
+            pd.DataFrame(rows).to_csv(stream, index=False)
+    if output != "-":
+        click.echo(f"exported {len(runs_)} runs to {output}", err=True)

@@ -1,0 +1,85 @@
+"""Re-running a recorded run with the same parameters and seed (``rapydli runs repeat``).
+
+* ``train`` runs are repeated when their ``model_fn`` and ``data_fn`` were recorded as
+  importable ``"module:qualname"`` names (``rd.train`` records them so); the recorded
+  ``config`` (a dict of :class:`~rapydli.train.config.TrainConfig` fields, seed included)
+  is used as is.
+* ``batch`` items run their notebook again with the recorded parameters; a whole batch
+  runs all its recorded points again. Finished outputs are not reused (``force=True``).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from rapydli.errors import ConfigError
+from rapydli.experiments import batchspec
+from rapydli.experiments import store as store_mod
+
+REPEATABLE = ("train", "batch")
+
+
+def repeat_run(run_id: str, *, out: str | None = None, parallel: int | None = None, progress: bool = True) -> str:
+    """Run ``run_id`` again; return the id of the new run (for a batch: the new batch or item run).
+
+    Raises
+    ------
+    NotFoundError
+        Unknown run id.
+    ConfigError
+        The run's kind cannot be repeated, or its functions/notebook cannot be found.
+    """
+    store = store_mod.require_store()
+    run = store.get_run(store.resolve(run_id))
+    params = run["params"]
+    if run["kind"] == "train":
+        return _repeat_train(run, params)
+    if run["kind"] == "batch":
+        return _repeat_batch(run, params, out=out, parallel=parallel, progress=progress)
+    raise ConfigError(
+        f"run {run['id']} is a {run['kind']} run; only {' and '.join(REPEATABLE)} runs can be repeated"
+    )
+
+
+def _repeat_train(run: dict[str, Any], params: dict[str, Any]) -> str:
+    refs = {key: params.get(key) for key in ("model_fn", "data_fn")}
+    for key, ref in refs.items():
+        if not (isinstance(ref, str) and ref.count(":") == 1 and " " not in ref):
+            raise ConfigError(
+                f"train run {run['id']} cannot be repeated: its {key} was recorded as {ref!r}, not an importable "
+                "'module:qualname' (define model and data functions in a module, not in the notebook)"
+            )
+    if not isinstance(params.get("config"), dict):
+        raise ConfigError(f"train run {run['id']} cannot be repeated: it has no recorded config")
+    from rapydli.experiments.training import train
+
+    result = train(refs["model_fn"], refs["data_fn"], params["config"], name=run["name"])
+    if result.run_id is None:  # pragma: no cover - the store was open a moment ago
+        raise ConfigError("the run store is disabled, so the repeated run was not recorded")
+    return result.run_id
+
+
+def _repeat_batch(run: dict[str, Any], params: dict[str, Any], *, out: str | None, parallel: int | None,
+                  progress: bool) -> str:  # fmt: skip
+    from rapydli.experiments.batch import batch
+
+    notebook = params.get("notebook")
+    if not isinstance(notebook, str):
+        raise ConfigError(f"batch run {run['id']} cannot be repeated: it has no recorded notebook")
+    if batchspec.notebook_hash(notebook) != params.get("notebook_hash"):
+        print(f"note: {notebook} changed since run {run['id']}; repeating with the current notebook", file=sys.stderr)
+    item = "parameters" in params
+    points = [params["parameters"]] if item else params.get("points") or [{}]
+    summary = batch(
+        notebook,
+        points=points,
+        out=out or params.get("out") or "batch-results",
+        parallel=parallel or int(params.get("parallel") or 1),
+        kernel=params.get("kernel"),
+        timeout=params.get("timeout"),
+        retry=int(params.get("retry") or 0),
+        force=True,
+        progress=progress,
+    )
+    return str(summary["run_id"].iloc[0]) if item else str(summary.attrs["batch_id"])
