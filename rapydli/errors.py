@@ -42,6 +42,10 @@ class RankFailure(RapydliError):
         """The failing ranks, sorted."""
         return sorted(self.failures)
 
+    def _render_traceback_(self) -> list[str]:
+        """IPython shows the ranks' tracebacks, not the client-side frames that re-raised them."""
+        return [f"RankFailure: {line}" if i == 0 else line for i, line in enumerate(str(self).splitlines())]
+
 
 class StoreError(RapydliError):
     """The run store could not be read or written, or a run id is unknown."""

@@ -1,0 +1,157 @@
+"""What runs on an engine (one MPI rank): its set-up, the rank context, and cell execution.
+
+Functions here are shipped to engines by reference (the engine imports ``rapydli``), so
+they must stay importable without front-end packages.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import socket
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from rapydli.cluster import events
+from rapydli.errors import RapydliError
+
+
+@dataclass(frozen=True)
+class RankContext:
+    """The rank's view of the job it is running in.
+
+    Attributes
+    ----------
+    rank, world_size
+        This rank and the size of the group running the task (the selected targets).
+    comm
+        mpi4py communicator spanning exactly the selected targets.
+    device
+        ``torch.device``: the local GPU by local rank when present, else the CPU.
+    global_rank
+        This engine's rank in the cluster's ``COMM_WORLD``.
+    """
+
+    rank: int
+    world_size: int
+    comm: Any
+    device: Any
+    global_rank: int
+
+
+_communicators: dict[tuple[int, ...], Any] = {}
+_current: list[RankContext] = []
+_local_rank: list[int] = [0]  # set once by setup(); Split_type is collective over all ranks
+
+
+def context() -> RankContext:
+    """The context of the task running on this engine (inside :meth:`Cluster.run`)."""
+    if not _current:
+        raise RapydliError("no RaPyDLI task is running on this process: context() is only set inside Cluster.run")
+    return _current[-1]
+
+
+def setup(threads: int) -> dict[str, Any]:
+    """Configure the engine (threads, cloudpickle) and describe it to the client."""
+    import torch
+    from mpi4py import MPI
+
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    torch.set_num_threads(threads)
+    world = MPI.COMM_WORLD
+    local = world.Split_type(MPI.COMM_TYPE_SHARED)
+    local_rank = local.Get_rank()
+    local.Free()
+    _local_rank[0] = local_rank
+    return {
+        "rank": world.Get_rank(),
+        "size": world.Get_size(),
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "local_rank": local_rank,
+        "threads": threads,
+    }
+
+
+def _device(local_rank: int) -> Any:
+    import torch
+
+    if torch.cuda.is_available():
+        return torch.device("cuda", local_rank % torch.cuda.device_count())
+    return torch.device("cpu")
+
+
+def communicator(targets: Sequence[int]) -> Any:
+    """A communicator over the world ranks ``targets`` (cached; collective over them only)."""
+    from mpi4py import MPI
+
+    key = tuple(targets)
+    if key not in _communicators:
+        world = MPI.COMM_WORLD
+        if key == tuple(range(world.Get_size())):
+            _communicators[key] = world
+        else:  # MPI-3 Comm_create_group: only the members take part, so disjoint groups can form at once
+            group = world.Get_group().Incl(list(key))
+            _communicators[key] = world.Create_group(group, tag=hash(key) % 32767)
+            group.Free()
+    return _communicators[key]
+
+
+def _enter(targets: Sequence[int], stream_events: bool) -> RankContext:
+    from mpi4py import MPI
+
+    comm = communicator(targets)
+    ctx = RankContext(
+        rank=comm.Get_rank(),
+        world_size=comm.Get_size(),
+        comm=comm,
+        device=_device(_local_rank[0]),
+        global_rank=MPI.COMM_WORLD.Get_rank(),
+    )
+    _current.append(ctx)
+    events.enable(stream_events)
+    return ctx
+
+
+def _leave() -> None:
+    events.enable(False)
+    _current.pop()
+
+
+def run_task(fn: Callable[..., Any], args: tuple, kwargs: dict, targets: Sequence[int], stream_events: bool) -> Any:
+    """Run ``fn(*args, **kwargs)`` with the rank context set (the engine half of ``Cluster.run``)."""
+    _enter(targets, stream_events)
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        _leave()
+
+
+def run_cell(code: str, targets: Sequence[int], want_value: bool) -> Any:
+    """Execute notebook cell ``code`` in the engine's namespace (the engine half of ``%%distributed``).
+
+    ``rank``, ``world_size``, ``comm`` and ``device`` are defined first. IPython syntax
+    (magics, ``!cmd``) is transformed as in a notebook. Returns the value of the last
+    expression when ``want_value`` (or None), so an unpicklable value never breaks a cell
+    whose value nobody asked for.
+    """
+    from IPython import get_ipython
+
+    shell = get_ipython()
+    namespace = shell.user_ns if shell is not None else globals()
+    ctx = _enter(targets, stream_events=True)
+    try:
+        namespace.update(rank=ctx.rank, world_size=ctx.world_size, comm=ctx.comm, device=ctx.device)
+        source = shell.transform_cell(code) if shell is not None else code
+        tree = ast.parse(source, filename="<distributed cell>")
+        last = None
+        if tree.body and isinstance(tree.body[-1], ast.Expr):
+            last = ast.Expression(tree.body.pop().value)
+        exec(compile(tree, "<distributed cell>", "exec"), namespace)  # noqa: S102 - the user's own cell
+        if last is None:
+            return None
+        value = eval(compile(last, "<distributed cell>", "eval"), namespace)  # noqa: S307 - the user's own cell
+        return value if want_value else None
+    finally:
+        _leave()

@@ -1,0 +1,52 @@
+"""Events from ranks to the notebook while a task still runs.
+
+On an engine, ``emit(kind, payload)`` publishes a small picklable payload (a metrics
+row, a progress tick) through ipyparallel's data channel. The client side
+(:class:`rapydli.cluster.supervisor.Supervisor`) calls ``on_event(rank, kind, payload)``
+for each one as it arrives, in emission order per rank.
+
+Outside a task started by :meth:`Cluster.run` (e.g. a script under plain ``mpiexec``)
+there is nobody to receive events, and ``emit`` does nothing.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from typing import Any
+
+_counter = itertools.count()
+_enabled = threading.Event()
+
+
+def enable(on: bool) -> None:
+    """Turn publishing on for the duration of a task (called by the engine-side runner)."""
+    if on:
+        _enabled.set()
+    else:
+        _enabled.clear()
+
+
+def emit(kind: str, payload: Any) -> None:
+    """Send ``payload`` to the notebook as an event named ``kind``.
+
+    Parameters
+    ----------
+    kind
+        Event name, e.g. ``"metrics"``.
+    payload
+        Any picklable value; keep it small (it crosses the network per call).
+    """
+    if not _enabled.is_set():
+        return
+    from ipyparallel.datapub import publish_data
+
+    # Keys are unique and ordered: the client merges each message into a dict.
+    publish_data({f"{next(_counter):012d}": (kind, payload)})
+
+
+def new_events(data: dict[str, Any], seen: int) -> tuple[list[tuple[str, Any]], int]:
+    """Events in ``data`` (a rank's merged dict) not yet seen, and the new count seen."""
+    keys = sorted(data)
+    fresh = keys[seen:]
+    return [data[key] for key in fresh], len(keys)

@@ -1,0 +1,154 @@
+"""Launchers by name: how a :class:`~rapydli.cluster.Cluster`'s MPI engines are started.
+
+Each launcher maps onto ipyparallel's own launchers; RaPyDLI only names them, declares
+which options each accepts (an allow-list: the REST server and the magics pass user
+input through here) and turns validated options into ipyparallel configuration.
+
+=========  ==========================================================================
+``local``  ``mpiexec -n N`` on this machine (the default)
+``ssh``    ``mpiexec -n N -hosts h1,h2`` (MPICH's Hydra reaches the hosts over ssh), so
+           ``COMM_WORLD`` spans every host
+``slurm``  an ``sbatch`` job whose ``srun`` starts the N ranks
+``pbs``    a ``qsub`` job whose ``mpiexec`` starts the N ranks
+=========  ==========================================================================
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from rapydli.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Option:
+    """One launcher option: its type, where it goes in ipyparallel's config, and help."""
+
+    kind: type
+    help: str
+    trait: str | None = None  # "LauncherClass.trait"; None when `apply` handles it
+    apply: Callable[[Any, dict[str, Any]], None] | None = None
+
+
+@dataclass(frozen=True)
+class LauncherSpec:
+    """A named way to start engines."""
+
+    name: str
+    engines: str
+    controller: str
+    description: str
+    options: Mapping[str, Option] = field(default_factory=dict)
+    listen_all: bool = False  # engines on other hosts must reach the controller
+
+    def config(self, options: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+        """ipyparallel configuration (``{"Class": {"trait": value}}``) for validated ``options``."""
+        config: dict[str, dict[str, Any]] = {}
+        for key, value in options.items():
+            option = self.options[key]
+            if option.trait:
+                cls, trait = option.trait.split(".")
+                config.setdefault(cls, {})[trait] = value
+            if option.apply:
+                option.apply(value, config)
+        return config
+
+
+def _hosts(value: list[str], config: dict[str, dict[str, Any]]) -> None:
+    launcher = config.setdefault("MPIEngineSetLauncher", {})
+    launcher["mpi_args"] = ["-hosts", ",".join(value), *launcher.get("mpi_args", [])]
+
+
+_MPI_ARGS = Option(list, "extra arguments for mpiexec, e.g. ['-bind-to', 'core']", "MPIEngineSetLauncher.mpi_args")
+_MPI_CMD = Option(list, "the mpiexec command, e.g. ['mpiexec'] or ['srun']", "MPIEngineSetLauncher.mpi_cmd")
+
+LAUNCHERS: dict[str, LauncherSpec] = {
+    spec.name: spec
+    for spec in (
+        LauncherSpec(
+            "local",
+            engines="mpi",
+            controller="local",
+            description="mpiexec on this machine",
+            options={"mpi_args": _MPI_ARGS, "mpi_cmd": _MPI_CMD},
+        ),
+        LauncherSpec(
+            "ssh",
+            engines="mpi",
+            controller="local",
+            description="mpiexec across hosts reached over ssh",
+            options={
+                "hosts": Option(list, "host names, e.g. ['node1', 'node2']", apply=_hosts),
+                "mpi_args": _MPI_ARGS,
+                "mpi_cmd": _MPI_CMD,
+            },
+            listen_all=True,
+        ),
+        LauncherSpec(
+            "slurm",
+            engines="slurm",
+            controller="local",
+            description="an sbatch job; srun starts the ranks",
+            options={
+                "partition": Option(str, "Slurm partition", "SlurmEngineSetLauncher.queue"),
+                "account": Option(str, "Slurm account", "SlurmEngineSetLauncher.account"),
+                "qos": Option(str, "Slurm QoS", "SlurmEngineSetLauncher.qos"),
+                "timelimit": Option(str, "time limit, e.g. '01:00:00'", "SlurmEngineSetLauncher.timelimit"),
+                "options": Option(str, "extra '#SBATCH' lines", "SlurmEngineSetLauncher.options"),
+            },
+            listen_all=True,
+        ),
+        LauncherSpec(
+            "pbs",
+            engines="pbs",
+            controller="local",
+            description="a qsub job; mpiexec starts the ranks",
+            options={
+                "queue": Option(str, "PBS queue", "PBSEngineSetLauncher.queue"),
+                "batch_template": Option(str, "a full PBS script template", "PBSEngineSetLauncher.batch_template"),
+            },
+            listen_all=True,
+        ),
+    )
+}
+
+
+def get_launcher(name: str) -> LauncherSpec:
+    """The launcher called ``name``; :class:`ConfigError` listing the known ones otherwise."""
+    try:
+        return LAUNCHERS[name]
+    except KeyError:
+        raise ConfigError(f"unknown launcher {name!r}: allowed are {', '.join(sorted(LAUNCHERS))}") from None
+
+
+def validate_options(launcher: str, options: Mapping[str, Any]) -> dict[str, Any]:
+    """Check ``options`` against ``launcher``'s allow-list and types; return them normalised.
+
+    List options accept a list of strings or one space-separated string.
+
+    Examples
+    --------
+    >>> validate_options("local", {"mpi_args": "-bind-to core"})
+    {'mpi_args': ['-bind-to', 'core']}
+    """
+    spec = get_launcher(launcher)
+    checked: dict[str, Any] = {}
+    for key, value in options.items():
+        if key not in spec.options:
+            allowed = ", ".join(sorted(spec.options)) or "none"
+            raise ConfigError(f"launcher {launcher!r} has no option {key!r}: allowed are {allowed}")
+        kind = spec.options[key].kind
+        if kind is list:
+            if isinstance(value, str):
+                value = value.split()
+            if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+                raise ConfigError(f"option {key!r} of launcher {launcher!r} must be a list of strings, got {value!r}")
+            value = list(value)
+        elif not isinstance(value, kind):
+            raise ConfigError(
+                f"option {key!r} of launcher {launcher!r} must be {kind.__name__}, got {type(value).__name__}"
+            )
+        checked[key] = value
+    return checked

@@ -1,0 +1,272 @@
+"""Watching a task on several engines until every rank is done, failed, or dead.
+
+This is where the failure semantics live, shared by ``%%distributed``, ``rd.train`` and
+sweeps:
+
+* output is streamed live, each line prefixed with its rank, and none is lost when a
+  rank fails;
+* the first exception on any rank interrupts the other ranks (SIGINT through the
+  engines' nannies); ranks still running after a grace period are blocked, typically in
+  a collective that waits for the failed rank, so the MPI job is aborted;
+* a dead engine (segfault, ``os._exit``, OOM kill) ends the task at once;
+* a timeout, or Ctrl-C in the notebook, interrupts the same way.
+
+The outcome is one :class:`~rapydli.errors.RankFailure` naming the ranks, with their
+remote tracebacks, or ``KeyboardInterrupt`` re-raised after the engines stopped.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import re
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ipyparallel.error import EngineError, RemoteError
+
+from rapydli.cluster import events
+from rapydli.errors import RankFailure
+
+if TYPE_CHECKING:
+    from ipyparallel.client.asyncresult import AsyncResult
+
+OutputHandler = Callable[[int, str, str], None]  # (rank, "stdout" | "stderr", line)
+EventHandler = Callable[[int, str, Any], None]  # (rank, kind, payload)
+DisplayHandler = Callable[[dict[str, Any]], None]  # display_data content from the first rank
+
+GRACE_S = 3.0  # how long interrupted ranks get before the job is aborted
+POLL_S = 0.05
+
+
+def print_output(rank: int, stream: str, line: str) -> None:
+    """Default output handler: ``[rank r] line`` on the notebook's stdout or stderr."""
+    print(f"[rank {rank}] {line}", file=sys.stderr if stream == "stderr" else sys.stdout, flush=True)
+
+
+@dataclass
+class _Rank:
+    rank: int
+    result: AsyncResult
+    status: str = "running"  # running | ok | error | interrupted | dead | aborted
+    value: Any = None
+    error: str = ""
+    finished_at: float = 0.0
+    offsets: dict[str, int] = field(default_factory=lambda: {"stdout": 0, "stderr": 0})
+    partial: dict[str, str] = field(default_factory=lambda: {"stdout": "", "stderr": ""})
+    events_seen: int = 0
+    outputs_seen: int = 0
+
+
+class Supervisor:
+    """Supervise one task: one :class:`AsyncResult` per rank.
+
+    Parameters
+    ----------
+    results
+        ``{rank: AsyncResult}`` for the ranks running the task.
+    abort
+        Called to abort the MPI job when interrupted ranks do not stop (they are blocked).
+    timeout
+        Seconds before the task is interrupted and fails (None: no limit).
+    on_output, on_event, on_display
+        Handlers for streamed lines, events, and rich output of the first rank.
+    """
+
+    def __init__(
+        self,
+        results: dict[int, AsyncResult],
+        *,
+        interrupt: Callable[[Sequence[int]], None],
+        abort: Callable[[], None],
+        timeout: float | None = None,
+        on_output: OutputHandler | None = print_output,
+        on_event: EventHandler | None = None,
+        on_display: DisplayHandler | None = None,
+        grace: float = GRACE_S,
+    ) -> None:
+        self.ranks = {rank: _Rank(rank, ar) for rank, ar in results.items()}
+        self._interrupt = interrupt
+        self._abort = abort
+        self.timeout = timeout
+        self.on_output = on_output
+        self.on_event = on_event
+        self.on_display = on_display
+        self.grace = grace
+        self.aborted = False
+        self._first = min(self.ranks)
+
+    # -- public --------------------------------------------------------------------------
+
+    def wait(self) -> list[Any]:
+        """Wait for every rank; return their values in rank order, or raise."""
+        start = time.monotonic()
+        interrupted_at: float | None = None
+        reason = ""
+        try:
+            while self._running():
+                self._wait_any(POLL_S)
+                self._pump()
+                self._collect()
+                now = time.monotonic()
+                if interrupted_at is None:
+                    reason = self._failure_reason(now - start)
+                    if reason:
+                        interrupted_at = now
+                        self._interrupt_running()
+                elif now - interrupted_at > self.grace and self._running():
+                    self._abort_job()
+        except KeyboardInterrupt:
+            self._interrupt_running()
+            self._settle()
+            raise
+        finally:
+            self._finish_output()
+        failed = [r for r in self.ranks.values() if r.status != "ok"]
+        if failed:
+            raise self._failure(reason or "failed")
+        return [self.ranks[rank].value for rank in sorted(self.ranks)]
+
+    # -- phases --------------------------------------------------------------------------
+
+    def _running(self) -> list[_Rank]:
+        return [r for r in self.ranks.values() if r.status == "running"]
+
+    def _wait_any(self, seconds: float) -> None:
+        futures = [r.result for r in self._running()]
+        if futures:
+            concurrent.futures.wait(futures, timeout=seconds, return_when=concurrent.futures.FIRST_COMPLETED)
+
+    def _collect(self) -> None:
+        for r in self._running():
+            if not r.result.done():
+                continue
+            r.finished_at = time.monotonic()
+            try:
+                r.value = r.result.get(0)
+                r.status = "ok"
+            except EngineError as exc:
+                r.status, r.error = "dead", f"the engine process died ({exc})"
+            except RemoteError as exc:
+                if exc.ename == "EngineError":  # raised client-side for a task whose engine died
+                    r.status, r.error = "dead", f"the engine process died ({exc.evalue})"
+                else:
+                    r.status = "interrupted" if exc.ename == "KeyboardInterrupt" else "error"
+                    r.error = _traceback_text(exc)
+
+    def _failure_reason(self, elapsed: float) -> str:
+        if any(r.status in ("error", "dead") for r in self.ranks.values()):
+            return "failed"
+        if self.timeout is not None and elapsed > self.timeout:
+            return f"timed out after {self.timeout:g} s"
+        return ""
+
+    def _interrupt_running(self) -> None:
+        running = [r.rank for r in self._running()]
+        if running:
+            self._interrupt(running)
+
+    def _settle(self) -> None:
+        """After an interrupt: give ranks the grace period, then abort the stragglers."""
+        deadline = time.monotonic() + self.grace
+        while self._running() and time.monotonic() < deadline:
+            self._wait_any(POLL_S)
+            self._pump()
+            self._collect()
+        if self._running():
+            self._abort_job()
+
+    def _abort_job(self) -> None:
+        self._pump()
+        self._abort()
+        self.aborted = True
+        for r in self._running():
+            r.status = "aborted"
+            r.error = "still running (blocked, e.g. in a collective) after the interrupt; the MPI job was aborted"
+
+    # -- output --------------------------------------------------------------------------
+
+    def _pump(self) -> None:
+        for r in self.ranks.values():
+            for stream in ("stdout", "stderr"):
+                text = getattr(r.result, stream) or ""
+                fresh = text[r.offsets[stream] :]
+                if not fresh:
+                    continue
+                r.offsets[stream] = len(text)
+                lines = (r.partial[stream] + fresh).split("\n")
+                r.partial[stream] = lines.pop()
+                for line in lines:
+                    self._emit_line(r.rank, stream, line)
+            if self.on_event is not None:
+                fresh_events, r.events_seen = events.new_events(r.result.data or {}, r.events_seen)
+                for kind, payload in fresh_events:
+                    self.on_event(r.rank, kind, payload)
+            if self.on_display is not None and r.rank == self._first:
+                outputs = r.result.outputs or []
+                for content in outputs[r.outputs_seen :]:
+                    self.on_display(content)
+                r.outputs_seen = len(outputs)
+
+    def _emit_line(self, rank: int, stream: str, line: str) -> None:
+        if self.on_output is not None:
+            self.on_output(rank, stream, line)
+
+    def _finish_output(self) -> None:
+        for r in self.ranks.values():
+            if r.status in ("ok", "error", "interrupted"):
+                try:
+                    r.result.wait_for_output(timeout=2)
+                except Exception:  # noqa: BLE001 - output is best effort once a rank is gone
+                    pass
+        self._pump()
+        for r in self.ranks.values():
+            for stream, rest in r.partial.items():
+                if rest:
+                    self._emit_line(r.rank, stream, rest)
+                    r.partial[stream] = ""
+
+    # -- the error -----------------------------------------------------------------------
+
+    def _failure(self, reason: str) -> RankFailure:
+        states = self.ranks.values()
+        culprits = [r for r in states if r.status in ("error", "dead")]
+        if not culprits:  # a timeout: the ranks that did not finish are the ones to name
+            culprits = [r for r in states if r.status in ("interrupted", "aborted")]
+        dead = sorted((r for r in culprits if r.status == "dead"), key=lambda r: r.finished_at)
+        if dead and len(dead) == len(culprits) and len(dead) > 1:
+            # MPI tears down the whole job when one rank dies: the first to go is the cause.
+            culprits = dead[:1]
+        names = ", ".join(str(r.rank) for r in sorted(culprits, key=lambda r: r.rank))
+        plural = "s" if len(culprits) > 1 else ""
+        lines = [f"{'rank' + plural} {names} {_verb(culprits, reason)}"]
+        for r in sorted(culprits, key=lambda r: r.rank):
+            lines.append(f"--- rank {r.rank} ({r.status}) ---\n{r.error.rstrip()}")
+        others = [r for r in states if r not in culprits and r.status != "ok"]
+        if others:
+            lines.append("other ranks: " + ", ".join(f"{r.rank} {r.status}" for r in sorted(others, key=lambda r: r.rank)))
+        if self.aborted or any(r.status == "dead" for r in states):
+            lines.append("the engines were stopped; run `%rapydli restart` (or Cluster.restart()) to continue")
+        return RankFailure("\n".join(lines), {r.rank: r.error for r in culprits})
+
+
+def _verb(culprits: list[_Rank], reason: str) -> str:
+    if reason.startswith("timed out"):
+        return reason
+    if all(r.status == "dead" for r in culprits):
+        return "died"
+    return "raised an exception" if len(culprits) == 1 else "raised exceptions"
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_INTERNAL = ("ipyparallel/engine/", "rapydli/cluster/engine.py", "Could not get source")
+
+
+def _traceback_text(exc: RemoteError) -> str:
+    """The remote traceback as plain text, without the engine's own frames."""
+    text = _ANSI.sub("", exc.traceback or "") or f"{exc.ename}: {exc.evalue}"
+    blocks = text.split("\n\n")
+    kept = [b for b in blocks if not any(marker in b for marker in _INTERNAL)]
+    return "\n\n".join(kept).strip()

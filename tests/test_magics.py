@@ -1,0 +1,203 @@
+"""%rapydli and %%distributed in a real IPython shell against real MPI engines."""
+
+from __future__ import annotations
+
+import _thread
+import threading
+import time
+
+import psutil
+import pytest
+from IPython.core.error import UsageError
+from IPython.testing.globalipapp import start_ipython
+from IPython.utils.capture import capture_output
+
+from rapydli.errors import RankFailure
+
+pytestmark = pytest.mark.engines
+
+
+def _engine_processes() -> list[psutil.Process]:
+    found = []
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            cmd = " ".join(proc.cmdline())
+        except psutil.Error:
+            continue
+        if "ipyparallel" in cmd or "mpiexec" in cmd or "hydra_pmi_proxy" in cmd:
+            found.append(proc)
+    return found
+
+
+@pytest.fixture(scope="module")
+def ip():
+    shell = start_ipython()
+    shell.run_line_magic("load_ext", "rapydli")
+    with capture_output():
+        shell.run_line_magic("rapydli", "start -n 2")
+    yield shell
+    shell.run_line_magic("rapydli", "stop")
+    deadline = time.monotonic() + 10
+    while _engine_processes() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _engine_processes(), "cluster stop left processes behind"
+
+
+def cell(ip, code: str, line: str = ""):
+    with capture_output() as captured:
+        value = ip.run_cell_magic("distributed", line, code)
+    return value, captured
+
+
+def test_rank_and_world_size(ip):
+    value, _ = cell(ip, "(rank, world_size, comm.Get_size(), str(device))", "--gather")
+    assert value == [(0, 2, 2, "cpu"), (1, 2, 2, "cpu")]
+
+
+def test_value_is_first_ranks_last_expression(ip):
+    value, _ = cell(ip, "x = rank * 10\nx + 1")
+    assert value == 1
+
+
+def test_output_streamed_with_rank_prefix(ip):
+    _, captured = cell(ip, "print('hello', rank)\nimport sys; print('warn', rank, file=sys.stderr)")
+    assert "[rank 0] hello 0" in captured.stdout
+    assert "[rank 1] hello 1" in captured.stdout
+    assert "[rank 1] warn 1" in captured.stderr
+
+
+def test_output_arrives_while_cell_runs(ip):
+    """The first line must reach the notebook long before the cell ends."""
+    from rapydli.cluster.supervisor import Supervisor
+
+    seen: list[float] = []
+    original = Supervisor._emit_line
+
+    def spy(self, rank, stream, line):
+        if line.startswith("early"):
+            seen.append(time.monotonic())
+        original(self, rank, stream, line)
+
+    Supervisor._emit_line = spy
+    try:
+        start = time.monotonic()
+        cell(ip, "import time\nprint('early', rank, flush=True)\ntime.sleep(3)")
+        end = time.monotonic()
+    finally:
+        Supervisor._emit_line = original
+    assert len(seen) == 2
+    assert max(seen) - start < end - start - 1.5
+
+
+def test_no_stream_prints_at_the_end_grouped(ip):
+    _, captured = cell(ip, "print('a', rank)\nprint('b', rank)", "--no-stream")
+    assert "[rank 0] a 0\nb 0" in captured.stdout
+    assert "[rank 1] a 1\nb 1" in captured.stdout
+
+
+def test_rich_output_only_from_first_rank(ip):
+    _, captured = cell(ip, "from IPython.display import HTML, display\ndisplay(HTML(f'<b>rank {rank}</b>'))")
+    html = [o.data.get("text/html") for o in captured.outputs]
+    assert html == ["<b>rank 0</b>"]
+
+
+def test_targets_select_ranks_and_their_communicator(ip):
+    value, captured = cell(ip, "print('on', rank)\n(rank, world_size)", "--targets 1 --gather")
+    assert value == [(0, 1)]  # rank within the selected group
+    assert "[rank 1] on 0" in captured.stdout and "[rank 0]" not in captured.stdout
+
+
+def test_push_sends_variables_and_functions(ip):
+    ip.user_ns["scale"] = 3
+    ip.user_ns["f"] = lambda v: v * 2
+    value, _ = cell(ip, "f(scale) + rank", "--push scale,f --gather")
+    assert value == [6, 7]
+
+
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ("--targets 0;import os", "--targets"),
+        ("--targets 5", "out of range"),
+        ("--bogus", "unrecognized"),
+        ("--timeout -1", "--timeout"),
+        ("--push nothere", "nothere"),
+    ],
+)
+def test_bad_arguments_run_nothing(ip, line, message):
+    cell(ip, "ran = 0")
+    with pytest.raises(UsageError, match=message):
+        ip.run_cell_magic("distributed", line, "ran = 1")
+    value, _ = cell(ip, "ran", "--gather")
+    assert value == [0, 0]
+
+
+def test_exception_interrupts_other_ranks(ip):
+    start = time.monotonic()
+    with pytest.raises(RankFailure) as info:
+        cell(ip, "import time\nif rank == 1:\n    raise ValueError('bad batch')\ntime.sleep(60)")
+    assert time.monotonic() - start < 10
+    assert info.value.ranks == [1]
+    assert "ValueError: bad batch" in str(info.value)
+    assert "rank 1 raised an exception" in str(info.value)
+    value, _ = cell(ip, "rank", "--gather")  # interrupted, not aborted: the engines live on
+    assert value == [0, 1]
+
+
+def test_exception_while_others_block_in_a_collective(ip):
+    start = time.monotonic()
+    with pytest.raises(RankFailure) as info:
+        cell(ip, "if rank == 0:\n    raise RuntimeError('rank 0 broke')\ncomm.barrier()")
+    assert time.monotonic() - start < 10
+    assert info.value.ranks == [0]
+    assert "aborted" in str(info.value)
+    _, captured = cell(ip, "rank")  # the next cell brings fresh engines back
+    assert "restarting" in captured.stdout
+
+
+def test_dead_engine_fails_fast_and_restart_recovers(ip):
+    start = time.monotonic()
+    with pytest.raises(RankFailure) as info:
+        cell(ip, "import os, time\nif rank == 1:\n    os._exit(3)\ntime.sleep(60)")
+    assert time.monotonic() - start < 10
+    assert info.value.ranks == [1]
+    assert "died" in str(info.value)
+    with capture_output():
+        status = ip.run_line_magic("rapydli", "restart")
+    assert status["engines_alive"] == 2 and status["state"] == "running"
+
+
+def test_timeout_bounds_the_cell(ip):
+    start = time.monotonic()
+    with pytest.raises(RankFailure, match="timed out after 1.5 s"):
+        cell(ip, "import time\ntime.sleep(60)", "--timeout 1.5")
+    assert time.monotonic() - start < 8
+
+
+def test_keyboard_interrupt_reaches_engines(ip):
+    threading.Timer(1.0, _thread.interrupt_main).start()
+    start = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        cell(ip, "import time\ntime.sleep(60)")
+    assert time.monotonic() - start < 6
+    value, _ = cell(ip, "rank", "--gather")
+    assert value == [0, 1]
+
+
+def test_status_and_second_start(ip):
+    status = ip.run_line_magic("rapydli", "status")
+    assert status["state"] == "running" and status["ranks"] == [0, 1] and status["launcher"] == "local"
+    with capture_output() as captured:
+        ip.run_line_magic("rapydli", "start -n 2")
+    assert "reusing" in captured.stdout
+    with pytest.raises(UsageError, match="already running"):
+        ip.run_line_magic("rapydli", "start -n 3")
+
+
+def test_bad_launcher_starts_nothing(ip):
+    before = len(_engine_processes())
+    with pytest.raises(UsageError, match="allowed are"):
+        ip.run_line_magic("rapydli", "stop") or ip.run_line_magic("rapydli", "start -n 2 --launcher nope")
+    assert len(_engine_processes()) <= before
+    with capture_output():
+        ip.run_line_magic("rapydli", "start -n 2")
