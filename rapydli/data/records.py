@@ -77,7 +77,7 @@ def _fields(sample: Any) -> list[Any]:
 
 def _encode_field(value: Any) -> bytes:
     if isinstance(value, torch.Tensor):
-        return value.detach().cpu().contiguous().numpy().tobytes()
+        return value.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
     if isinstance(value, np.ndarray):
         return np.ascontiguousarray(value).tobytes()
     if isinstance(value, (bytes, bytearray)):

@@ -16,6 +16,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from rapydli.data import records
+from rapydli.errors import DataError
+
 
 def sample_nbytes(sample: Any) -> int:
     """Bytes of payload a sample holds (tensors, arrays, bytes, strings, numbers, nesting).
@@ -68,9 +71,12 @@ class RamTier:
 
 
 class DiskTier:
-    """Samples pickled into one file in ``directory``, at most ``capacity`` bytes of it.
+    """Samples appended to one file in ``directory``, at most ``capacity`` bytes of it.
 
-    The file is created on the first insert and removed by :meth:`close`.
+    Samples are stored as :mod:`rapydli.data.records` records (raw payload plus a small
+    checksummed header, the same bytes an LMDB store holds); a sample of a kind records
+    cannot hold is pickled instead. The file is created on the first insert and removed
+    by :meth:`close`.
     """
 
     def __init__(self, capacity: int, directory: str | None = None) -> None:
@@ -79,19 +85,26 @@ class DiskTier:
         self.used = 0
         self.path: str | None = None
         self._fd: int | None = None
-        self._index: dict[int, tuple[int, int]] = {}
+        self._index: dict[int, tuple[int, int, dict[str, Any] | None]] = {}
         self._lock = threading.Lock()
 
     def get(self, index: int) -> Any | None:
         where = self._index.get(index)
         if where is None:
             return None
-        offset, length = where
-        return pickle.loads(os.pread(self._fd, length, offset))
+        offset, length, schema = where
+        data = os.pread(self._fd, length, offset)
+        if schema is None:
+            return pickle.loads(data)
+        return records.decode(data, schema, f"sample {index} in the disk cache {self.path}")
 
     def put(self, index: int, sample: Any) -> bool:
         """Append ``sample`` to the file; False (and nothing written) if it would pass the budget."""
-        data = pickle.dumps(sample, protocol=pickle.HIGHEST_PROTOCOL)
+        try:
+            schema: dict[str, Any] | None = records.infer_schema(sample)
+            data = records.encode(sample, schema, f"sample {index}")
+        except DataError:  # a kind records cannot hold
+            schema, data = None, pickle.dumps(sample, protocol=pickle.HIGHEST_PROTOCOL)
         with self._lock:
             if index in self._index or self.used + len(data) > self.capacity:
                 return False
@@ -100,7 +113,7 @@ class DiskTier:
             offset = self.used
             self.used += len(data)
         os.pwrite(self._fd, data, offset)
-        self._index[index] = (offset, len(data))  # published only once written
+        self._index[index] = (offset, len(data), schema)  # published only once written
         return True
 
     def __len__(self) -> int:
