@@ -1,0 +1,140 @@
+"""Validation of what REST clients send: ids, query arguments and request bodies.
+
+Pure functions with no jupyter_server import; every bad value raises
+:class:`~rapydli.errors.ConfigError` naming the argument and what is allowed (the
+handlers turn that into a 400 response).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from rapydli.errors import ConfigError
+
+#: Run, sweep and cluster ids: letters, digits, ``_`` and ``-`` (never ``.`` or ``/``).
+ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+RUN_KINDS = ("train", "sweep", "trial", "scaling", "batch", "tune")
+RUN_STATUSES = ("running", "finished", "failed", "interrupted")
+MAX_ENGINES = 64
+MAX_PAGE = 1000
+
+
+def check_id(value: str, what: str = "id") -> str:
+    """Return ``value`` if it is a well-formed id, else raise ConfigError.
+
+    Examples
+    --------
+    >>> check_id("3f2a9c0d")
+    '3f2a9c0d'
+    """
+    if not isinstance(value, str) or not ID_RE.match(value):
+        raise ConfigError(f"{what} must be 1-64 letters, digits, '_' or '-'; got {value!r}")
+    return value
+
+
+def _int_arg(args: Mapping[str, str], name: str, default: int | None, lo: int, hi: int | None) -> int | None:
+    text = args.get(name)
+    if text is None or text == "":
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        raise ConfigError(f"query argument {name!r} must be an integer; got {text!r}") from None
+    if value < lo or (hi is not None and value > hi):
+        bound = f"{lo}..{hi}" if hi is not None else f">= {lo}"
+        raise ConfigError(f"query argument {name!r} must be {bound}; got {value}")
+    return value
+
+
+def _choice_arg(args: Mapping[str, str], name: str, allowed: tuple[str, ...]) -> str | None:
+    text = args.get(name)
+    if text is None or text == "":
+        return None
+    if text not in allowed:
+        raise ConfigError(f"query argument {name!r} must be one of {', '.join(allowed)}; got {text!r}")
+    return text
+
+
+@dataclass(frozen=True)
+class RunQuery:
+    """``GET runs`` arguments: filters and one page."""
+
+    kind: str | None = None
+    status: str | None = None
+    limit: int = 50
+    offset: int = 0
+
+
+def parse_run_query(args: Mapping[str, str]) -> RunQuery:
+    """Parse ``kind``, ``status``, ``limit`` (1..1000, default 50) and ``offset``.
+
+    Examples
+    --------
+    >>> parse_run_query({"kind": "train", "limit": "5"})
+    RunQuery(kind='train', status=None, limit=5, offset=0)
+    """
+    return RunQuery(
+        kind=_choice_arg(args, "kind", RUN_KINDS),
+        status=_choice_arg(args, "status", RUN_STATUSES),
+        limit=_int_arg(args, "limit", 50, 1, MAX_PAGE),
+        offset=_int_arg(args, "offset", 0, 0, None),
+    )
+
+
+def parse_since(args: Mapping[str, str]) -> int | None:
+    """The ``since`` cursor of ``GET runs/{id}/metrics``: the last ``seq`` the client has."""
+    return _int_arg(args, "since", None, -1, None)
+
+
+@dataclass(frozen=True)
+class ClusterRequest:
+    """A validated ``POST clusters`` body."""
+
+    n: int = 2
+    launcher: str = "local"
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+def parse_json_body(body: bytes) -> dict[str, Any]:
+    """The request body as a JSON object (an empty body is ``{}``)."""
+    if not body or not body.strip():
+        return {}
+    try:
+        data = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"request body is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"request body must be a JSON object; got {type(data).__name__}")
+    return data
+
+
+def parse_cluster_request(data: Mapping[str, Any]) -> ClusterRequest:
+    """Check a cluster start request: ``n`` (1..64), ``launcher`` and its allow-listed ``options``.
+
+    Launchers and their options come from :mod:`rapydli.cluster.launchers`; nothing in
+    the body is ever executed or passed to a shell.
+
+    Examples
+    --------
+    >>> parse_cluster_request({"n": 2, "launcher": "local"})
+    ClusterRequest(n=2, launcher='local', options={})
+    """
+    from rapydli.cluster.launchers import validate_options
+
+    unknown = sorted(set(data) - {"n", "launcher", "options"})
+    if unknown:
+        raise ConfigError(f"unknown field(s) {', '.join(unknown)}: allowed are n, launcher, options")
+    n = data.get("n", 2)
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_ENGINES:
+        raise ConfigError(f"field 'n' (engines) must be an integer 1..{MAX_ENGINES}; got {n!r}")
+    launcher = data.get("launcher", "local")
+    if not isinstance(launcher, str):
+        raise ConfigError(f"field 'launcher' must be a string; got {launcher!r}")
+    options = data.get("options", {})
+    if not isinstance(options, dict):
+        raise ConfigError(f"field 'options' must be an object; got {type(options).__name__}")
+    return ClusterRequest(n=n, launcher=launcher, options=validate_options(launcher, options))

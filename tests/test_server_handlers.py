@@ -1,0 +1,231 @@
+"""The REST API under /rapydli/api/ against a real Jupyter server and a real run store."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+import tornado.httpclient
+
+from rapydli.experiments.store import RunStore, open_store
+
+pytest_plugins = ["pytest_jupyter.jupyter_server"]
+
+
+@pytest.fixture
+def jp_server_config() -> dict[str, Any]:
+    return {"ServerApp": {"jpserver_extensions": {"rapydli.server": True}}}
+
+
+@pytest.fixture
+def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> RunStore:
+    """A fresh store in this test's own RAPYDLI_HOME (the server opens the same file)."""
+    monkeypatch.setenv("RAPYDLI_HOME", str(tmp_path / "home"))
+    opened = open_store()
+    assert opened is not None
+    return opened
+
+
+@pytest.fixture
+def api(jp_fetch):
+    async def call(*path: str, method: str = "GET", body: Any = None, **kwargs: Any) -> tuple[int, Any]:
+        if body is not None and not isinstance(body, (str, bytes)):
+            body = json.dumps(body)
+        if method in ("POST", "PUT") and body is None:
+            body = b""
+        try:
+            response = await jp_fetch("rapydli", "api", *path, method=method, body=body, **kwargs)
+        except tornado.httpclient.HTTPClientError as exc:
+            assert exc.response is not None, exc
+            response = exc.response
+        text = response.body.decode()
+        return response.code, json.loads(text) if text else None
+
+    return call
+
+
+def seed(store: RunStore) -> dict[str, str]:
+    """Two training runs, a sweep with two trials: what the panel lists."""
+    ids = {}
+    ids["done"] = store.create_run("train", "mlp", {"lr": 0.1, "batch_size": 32}, seed=0, world_size=2)
+    store.log_metrics(ids["done"], [(1, "loss", 1.0), (2, "loss", 0.5), (2, "throughput", 900.0)])
+    store.finish_run(ids["done"])
+    ids["live"] = store.create_run("train", "cnn", {"lr": 0.01}, seed=1)
+    store.log_metrics(ids["live"], [(1, "loss", 2.0)])
+    ids["sweep"] = store.create_run("sweep", "lr-sweep", {"metric": "val_loss", "direction": "minimize", "trials": 2})
+    for i, lr in enumerate((0.1, 0.01)):
+        trial = store.create_run("trial", f"trial-{i}", {"lr": lr}, parent=ids["sweep"])
+        store.log_metrics(trial, [(1, "val_loss", 1.0 - lr)])
+        store.finish_run(trial)
+    return ids
+
+
+async def test_unauthenticated_requests_are_refused(jp_fetch, store: RunStore) -> None:
+    for path, method in (("runs", "GET"), ("clusters", "GET"), ("clusters", "POST"), ("version", "GET")):
+        with pytest.raises(tornado.httpclient.HTTPClientError) as info:
+            await jp_fetch(
+                "rapydli", "api", path, method=method, body=b"{}" if method == "POST" else None,
+                headers={"Authorization": ""},
+            )  # fmt: skip
+        assert info.value.code == 403, path
+
+
+async def test_version(api) -> None:
+    code, data = await api("version")
+    assert code == 200
+    assert data["version"] and data["api"] == 1
+
+
+async def test_runs_list_filters_and_pages(api, store: RunStore) -> None:
+    ids = seed(store)
+    code, data = await api("runs")
+    assert code == 200 and data["total"] == 5
+    assert {r["id"] for r in data["runs"]} >= {ids["done"], ids["live"], ids["sweep"]}
+    code, data = await api("runs", params={"kind": "train"})
+    assert data["total"] == 2 and [r["id"] for r in data["runs"]] == [ids["live"], ids["done"]]
+    code, data = await api("runs", params={"kind": "train", "status": "finished"})
+    assert [r["id"] for r in data["runs"]] == [ids["done"]]
+    assert data["runs"][0]["final"] == {"loss": 0.5, "throughput": 900.0}
+    code, data = await api("runs", params={"limit": "2", "offset": "1"})
+    assert data["total"] == 5 and len(data["runs"]) == 2
+
+
+async def test_run_detail_and_sweep_table(api, store: RunStore, tmp_path: Path) -> None:
+    ids = seed(store)
+    notebook = tmp_path / "out.ipynb"
+    notebook.write_text("{}")
+    store.add_artifact(ids["done"], notebook, "notebook")
+    code, run = await api("runs", ids["done"])
+    assert code == 200
+    assert run["params"] == {"lr": 0.1, "batch_size": 32} and run["status"] == "finished"
+    assert run["world_size"] == 2 and run["seed"] == 0
+    assert [a["path"] for a in run["artifacts"]] == [str(notebook.resolve())]
+    code, sweep = await api("sweeps", ids["sweep"])
+    assert code == 200 and sweep["metric"] == "val_loss"
+    assert [t["name"] for t in sweep["trials"]] == ["trial-0", "trial-1"]
+    assert [t["final"]["val_loss"] for t in sweep["trials"]] == pytest.approx([0.9, 0.99])
+    code, data = await api("sweeps", ids["done"])
+    assert code == 404 and "not a sweep" in data["error"]
+
+
+async def test_metrics_are_incremental(api, store: RunStore) -> None:
+    ids = seed(store)
+    code, first = await api("runs", ids["live"], "metrics")
+    assert code == 200 and first["status"] == "running"
+    assert [(m["step"], m["name"], m["value"]) for m in first["metrics"]] == [(1, "loss", 2.0)]
+    code, empty = await api("runs", ids["live"], "metrics", params={"since": str(first["cursor"])})
+    assert empty["metrics"] == [] and empty["cursor"] == first["cursor"]
+    store.log_metrics(ids["live"], [(2, "loss", 1.5), (3, "loss", 1.2)])
+    store.finish_run(ids["live"])
+    code, more = await api("runs", ids["live"], "metrics", params={"since": str(first["cursor"])})
+    assert [m["step"] for m in more["metrics"]] == [2, 3] and more["cursor"] > first["cursor"]
+    assert more["status"] == "finished"
+
+
+@pytest.mark.parametrize("bad", ["..", "a.b", "x" * 70, "..%2F..%2Fetc%2Fpasswd", "-rf"])
+async def test_malformed_ids_are_400(api, store: RunStore, bad: str) -> None:
+    for path in (("runs", bad), ("runs", bad, "metrics"), ("sweeps", bad), ("clusters", bad)):
+        code, data = await api(*path)
+        assert code == 400, (path, data)
+        assert "must be 1-64 letters" in data["error"]
+
+
+async def test_unknown_ids_are_404(api, store: RunStore) -> None:
+    for path in (("runs", "feedbeef0000"), ("runs", "feedbeef0000", "metrics"), ("sweeps", "feedbeef0000"),
+                 ("clusters", "c0000000000")):  # fmt: skip
+        code, data = await api(*path)
+        assert code == 404 and "no " in data["error"], path
+    code, data = await api("clusters", "c0000000000", method="DELETE")
+    assert code == 404
+    code, data = await api("clusters", "c0000000000", "restart", method="POST")
+    assert code == 404
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [("{not json", "not valid JSON"), ([2], "JSON object"), ({"launcher": "bogus"}, "unknown launcher"),
+     ({"n": 0}, "'n'"), ({"n": "2"}, "'n'"), ({"options": {"mpi_cmd": 3}}, "list of strings"),
+     ({"options": {"shell": "rm -rf /"}}, "no option 'shell'"), ({"code": "import os"}, "unknown field")],
+)  # fmt: skip
+async def test_bad_cluster_requests_are_400(api, store: RunStore, body: Any, message: str) -> None:
+    code, data = await api("clusters", method="POST", body=body)
+    assert code == 400 and message in data["error"]
+    code, data = await api("clusters")
+    assert data["clusters"] == []
+
+
+async def test_bad_query_arguments_are_400(api, store: RunStore) -> None:
+    for params in ({"kind": "bogus"}, {"status": "ok"}, {"limit": "0"}, {"offset": "x"}):
+        code, data = await api("runs", params=params)
+        assert code == 400 and data["error"], params
+    code, data = await api("runs", "feedbeef0000", "metrics", params={"since": "x"})
+    assert code == 400 and "since" in data["error"]
+
+
+def engine_processes() -> set[int]:
+    """This process's descendants that are MPI or ipyparallel processes."""
+    found = set()
+    for proc in psutil.Process(os.getpid()).children(recursive=True):
+        try:
+            text = " ".join(proc.cmdline())
+        except psutil.Error:
+            continue
+        if "ipengine" in text or "ipyparallel" in text or "mpiexec" in text or "hydra" in text:
+            found.add(proc.pid)
+    return found
+
+
+async def wait_for(api, cluster_id: str, states: set[str], timeout: float = 150) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        code, entry = await api("clusters", cluster_id)
+        assert code == 200, entry
+        if entry["state"] in states:
+            return entry
+        await asyncio.sleep(0.5)
+    raise AssertionError(f"cluster {cluster_id} never reached {states}: {entry}")
+
+
+def assert_no_engines(before: set[int], timeout: float = 15) -> None:
+    deadline = time.monotonic() + timeout
+    while engine_processes() - before and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert engine_processes() - before == set()
+
+
+@pytest.mark.engines
+@pytest.mark.timeout(240)
+async def test_start_status_stop_a_real_cluster(api, store: RunStore) -> None:
+    before = engine_processes()
+    code, entry = await api("clusters", method="POST", body={"n": 2, "launcher": "local"})
+    assert code == 202 and entry["state"] == "starting" and entry["n"] == 2
+    running = await wait_for(api, entry["id"], {"running", "failed"})
+    assert running["state"] == "running", running["error"]
+    assert running["engines_alive"] == 2
+    assert len(engine_processes() - before) >= 2
+    code, listed = await api("clusters")
+    assert [c["id"] for c in listed["clusters"]] == [entry["id"]]
+    code, stopped = await api("clusters", entry["id"], method="DELETE")
+    assert code == 200 and stopped["state"] == "stopped"
+    code, listed = await api("clusters")
+    assert listed["clusters"] == []
+    assert_no_engines(before)
+
+
+@pytest.mark.engines
+@pytest.mark.timeout(240)
+async def test_server_shutdown_stops_its_clusters(api, jp_serverapp, store: RunStore) -> None:
+    before = engine_processes()
+    code, entry = await api("clusters", method="POST", body={"n": 2})
+    assert code == 202
+    (app,) = jp_serverapp.extension_manager.extension_apps["rapydli.server"]
+    await app.stop_extension()  # what the server calls on shutdown; waits for the start in progress
+    code, listed = await api("clusters")
+    assert listed["clusters"] == []
+    assert_no_engines(before)

@@ -1,0 +1,108 @@
+"""rapydli.server.manager: background start, failure reporting, stop (also while starting)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import pytest
+
+from rapydli.errors import ClusterError, NotFoundError
+from rapydli.server.manager import ClusterManager
+
+
+class Recorder:
+    """A stand-in cluster whose start blocks until released, to observe the states."""
+
+    def __init__(self, n: int, release: threading.Event, fail: bool = False) -> None:
+        self.n, self.release, self.fail = n, release, fail
+        self.calls: list[str] = []
+
+    def start(self) -> None:
+        self.calls.append("start")
+        self.release.wait(10)
+        if self.fail:
+            raise RuntimeError("mpiexec not found")
+
+    def stop(self) -> None:
+        self.calls.append("stop")
+
+    def restart(self) -> None:
+        self.calls.append("restart")
+
+    def status(self) -> dict[str, Any]:
+        return {"state": "running", "engines_alive": self.n}
+
+
+def wait_state(manager: ClusterManager, cluster_id: str, state: str, timeout: float = 10) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        entry = manager.get(cluster_id).describe()
+        if entry["state"] == state:
+            return entry
+        time.sleep(0.01)
+    raise AssertionError(f"cluster never reached {state}: {manager.get(cluster_id).describe()}")
+
+
+@pytest.fixture
+def made() -> list[Recorder]:
+    return []
+
+
+def factory(made: list[Recorder], release: threading.Event, fail: bool = False):
+    def make(n: int, launcher: str, options: Mapping[str, Any]) -> Recorder:
+        made.append(Recorder(n, release, fail))
+        return made[-1]
+
+    return make
+
+
+def test_start_answers_at_once_then_runs(made: list[Recorder]) -> None:
+    release = threading.Event()
+    manager = ClusterManager(factory(made, release))
+    entry = manager.start(2, "local", {})
+    assert entry["state"] == "starting" and entry["engines_alive"] == 0
+    release.set()
+    running = wait_state(manager, entry["id"], "running")
+    assert running["engines_alive"] == 2 and running["n"] == 2 and running["launcher"] == "local"
+    assert [c["id"] for c in manager.list()] == [entry["id"]]
+    assert manager.stop(entry["id"])["state"] == "stopped"
+    assert made[0].calls == ["start", "stop"]
+    assert manager.list() == []
+
+
+def test_failed_start_reports_the_error(made: list[Recorder]) -> None:
+    release = threading.Event()
+    release.set()
+    manager = ClusterManager(factory(made, release, fail=True))
+    entry = manager.start(2, "local", {})
+    failed = wait_state(manager, entry["id"], "failed")
+    assert "mpiexec not found" in failed["error"]
+    with pytest.raises(ClusterError, match="only a running cluster"):
+        manager.restart(entry["id"])
+
+
+def test_stop_all_waits_for_a_start_in_progress(made: list[Recorder]) -> None:
+    release = threading.Event()
+    manager = ClusterManager(factory(made, release))
+    manager.start(2, "local", {})
+    threading.Timer(0.2, release.set).start()
+    manager.stop_all()
+    assert made[0].calls == ["start", "stop"]
+    assert manager.list() == []
+
+
+def test_restart_and_unknown_ids(made: list[Recorder]) -> None:
+    release = threading.Event()
+    release.set()
+    manager = ClusterManager(factory(made, release))
+    entry = manager.start(1, "local", {})
+    wait_state(manager, entry["id"], "running")
+    assert manager.restart(entry["id"])["state"] in ("restarting", "running")
+    wait_state(manager, entry["id"], "running")
+    assert made[0].calls[-1] == "restart"
+    with pytest.raises(NotFoundError):
+        manager.get("nope")
+    manager.stop_all()
