@@ -1,0 +1,124 @@
+import { URLExt } from '@jupyterlab/coreutils';
+import { ServerConnection } from '@jupyterlab/services';
+
+/** An error answer of the RaPyDLI REST API (its JSON `error` text and HTTP status). */
+export class APIError extends Error {
+  constructor(
+    readonly status: number,
+    message: string
+  ) {
+    super(message);
+    this.name = 'APIError';
+  }
+}
+
+/**
+ * Call the RaPyDLI REST API (`/rapydli/api/<endPoint>`) and return its JSON answer.
+ *
+ * Throws an `APIError` carrying the server's `{"error": ...}` text on a non-2xx answer.
+ */
+export async function requestAPI<T>(
+  endPoint = '',
+  init: RequestInit = {}
+): Promise<T> {
+  const settings = ServerConnection.makeSettings();
+  const url = URLExt.join(settings.baseUrl, 'rapydli', 'api', endPoint);
+  let response: Response;
+  try {
+    response = await ServerConnection.makeRequest(url, init, settings);
+  } catch (error) {
+    throw new APIError(0, `cannot reach the server: ${error}`);
+  }
+  const text = await response.text();
+  let data: any = null;
+  if (text.length > 0) {
+    try {
+      data = JSON.parse(text);
+    } catch {
+      data = null;
+    }
+  }
+  if (!response.ok) {
+    const message =
+      (data && (data.error || data.message)) || text || response.statusText;
+    throw new APIError(response.status, `${message} (HTTP ${response.status})`);
+  }
+  return data as T;
+}
+
+export interface ICluster {
+  id: string;
+  launcher: string;
+  n: number;
+  engines_alive: number;
+  state: string;
+  error: string | null;
+  created: number;
+  options: Record<string, unknown>;
+}
+
+export interface IClustersReply {
+  clusters: ICluster[];
+}
+
+export interface ILauncher {
+  name: string;
+  description: string;
+  options: Record<string, { type: string; help: string }>;
+}
+
+export interface IRun {
+  id: string;
+  kind: string;
+  name: string;
+  parent: string | null;
+  params: Record<string, unknown>;
+  status: string;
+  error: string | null;
+  seed: number | null;
+  world_size: number;
+  started: number;
+  ended: number | null;
+  duration: number | null;
+  host: string;
+  final: Record<string, number | null>;
+}
+
+export interface IArtifact {
+  path: string;
+  kind: string;
+  time: number;
+}
+
+export interface IRunDetail extends IRun {
+  artifacts: IArtifact[];
+  records: Record<string, { type: string; value: any }>;
+  children: IRun[];
+}
+
+export interface IRunsReply {
+  runs: IRun[];
+  total: number;
+}
+
+export interface IMetricRow {
+  seq: number;
+  step: number;
+  name: string;
+  value: number | null;
+  time: number;
+}
+
+export interface IMetricsReply {
+  run_id: string;
+  status: string;
+  metrics: IMetricRow[];
+  cursor: number;
+}
+
+export interface ISweepReply {
+  sweep: IRun;
+  metric: string | null;
+  direction: string | null;
+  trials: IRun[];
+}

@@ -1,0 +1,10 @@
+/** Every command the extension adds, under `rapydli:*`. */
+export const CommandIDs = {
+  openPanel: 'rapydli:open-panel',
+  refresh: 'rapydli:refresh',
+  startCluster: 'rapydli:start-cluster',
+  restartCluster: 'rapydli:restart-cluster',
+  stopCluster: 'rapydli:stop-cluster',
+  insertDistributedCell: 'rapydli:insert-distributed-cell',
+  openRun: 'rapydli:open-run'
+} as const;

@@ -1,0 +1,173 @@
+import {
+  ILayoutRestorer,
+  JupyterFrontEnd,
+  JupyterFrontEndPlugin
+} from '@jupyterlab/application';
+import { ICommandPalette, MainAreaWidget, WidgetTracker } from '@jupyterlab/apputils';
+import { INotebookTracker, NotebookActions } from '@jupyterlab/notebook';
+import { IStatusBar } from '@jupyterlab/statusbar';
+import { LabIcon } from '@jupyterlab/ui-components';
+import { Widget } from '@lumino/widgets';
+
+import { CommandIDs } from './commands';
+import { askStartCluster } from './dialog';
+import { RapydliModel } from './model';
+import { RapydliPanel } from './panel';
+import { RunView } from './runview';
+
+const ICON_SVG =
+  '<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 24 24"><g class="jp-icon3" fill="#616161">' +
+  '<circle cx="5" cy="6" r="2.5"/><circle cx="19" cy="6" r="2.5"/><circle cx="12" cy="18" r="2.5"/>' +
+  '<path d="M6.5 7.5l4.5 8.5h2l4.5-8.5-1.4-.8L12 14.6 7.9 6.7z"/><rect x="7" y="5" width="10" height="2"/></g></svg>';
+
+export const rapydliIcon = new LabIcon({ name: 'rapydli:icon', svgstr: ICON_SVG });
+
+const CELL_TEMPLATE = `%%distributed
+# Runs on every engine; rank, world_size, comm and device are defined.
+print(f"rank {rank} of {world_size} on {device}")`;
+
+/** The status-bar item: live engines over all server-owned clusters. */
+class EngineCount extends Widget {
+  constructor(private readonly model: RapydliModel) {
+    super();
+    this.addClass('rapydli-StatusItem');
+    this.node.title = 'RaPyDLI engines alive';
+    model.changed.connect(this._update, this);
+    this._update();
+  }
+
+  private _update(): void {
+    const n = this.model.enginesAlive;
+    this.node.textContent = `RaPyDLI: ${n} engine${n === 1 ? '' : 's'}`;
+  }
+}
+
+const plugin: JupyterFrontEndPlugin<void> = {
+  id: 'rapydli-lab:plugin',
+  description: 'RaPyDLI side panel: MPI clusters, runs and live plots.',
+  autoStart: true,
+  optional: [ICommandPalette, ILayoutRestorer, INotebookTracker, IStatusBar],
+  activate: (
+    app: JupyterFrontEnd,
+    palette: ICommandPalette | null,
+    restorer: ILayoutRestorer | null,
+    notebooks: INotebookTracker | null,
+    statusBar: IStatusBar | null
+  ) => {
+    const { commands, shell } = app;
+    const model = new RapydliModel();
+    const panel = new RapydliPanel(model, commands);
+    panel.title.icon = rapydliIcon;
+    shell.add(panel, 'left', { rank: 700 });
+    if (restorer) {
+      restorer.add(panel, 'rapydli-panel');
+    }
+    model.start();
+
+    const runViews = new WidgetTracker<MainAreaWidget<RunView>>({ namespace: 'rapydli-run' });
+    if (restorer) {
+      void restorer.restore(runViews, {
+        command: CommandIDs.openRun,
+        args: w => ({ id: w.content.runId }),
+        name: w => w.content.runId
+      });
+    }
+
+    commands.addCommand(CommandIDs.openPanel, {
+      label: 'RaPyDLI: Show Panel',
+      execute: () => shell.activateById(panel.id)
+    });
+    commands.addCommand(CommandIDs.refresh, {
+      label: 'RaPyDLI: Refresh Clusters and Runs',
+      execute: () => model.refresh()
+    });
+    commands.addCommand(CommandIDs.startCluster, {
+      label: 'RaPyDLI: Start Cluster…',
+      execute: async args => {
+        let n = args['n'] as number | undefined;
+        let launcher = args['launcher'] as string | undefined;
+        if (n === undefined) {
+          const request = await askStartCluster(model.launchers);
+          if (!request) {
+            return null;
+          }
+          ({ n, launcher } = request);
+        }
+        return model.startCluster(n, launcher ?? 'local');
+      }
+    });
+    commands.addCommand(CommandIDs.restartCluster, {
+      label: args => (args['id'] ? `Restart cluster ${args['id']}` : 'RaPyDLI: Restart Cluster'),
+      isEnabled: args => Boolean(args['id']) || model.clusters.length > 0,
+      execute: args => {
+        const id = (args['id'] as string) ?? model.clusters[0]?.id;
+        return id ? model.restartCluster(id) : null;
+      }
+    });
+    commands.addCommand(CommandIDs.stopCluster, {
+      label: args => (args['id'] ? `Stop cluster ${args['id']}` : 'RaPyDLI: Stop Cluster'),
+      isEnabled: args => Boolean(args['id']) || model.clusters.length > 0,
+      execute: args => {
+        const id = (args['id'] as string) ?? model.clusters[0]?.id;
+        return id ? model.stopCluster(id) : null;
+      }
+    });
+    commands.addCommand(CommandIDs.insertDistributedCell, {
+      label: 'RaPyDLI: Insert %%distributed Cell',
+      execute: () => {
+        const current = notebooks?.currentWidget;
+        if (!current) {
+          model.setError('Open a notebook first: the %%distributed cell goes into the active notebook.');
+          return;
+        }
+        NotebookActions.insertBelow(current.content);
+        current.content.activeCell?.model.sharedModel.setSource(CELL_TEMPLATE);
+        shell.activateById(current.id);
+      }
+    });
+    commands.addCommand(CommandIDs.openRun, {
+      label: args => (args['id'] ? `Open run ${args['id']}` : 'RaPyDLI: Open Run'),
+      execute: async args => {
+        const id = args['id'] as string;
+        const existing = runViews.find(w => w.content.runId === id);
+        if (existing) {
+          shell.activateById(existing.id);
+          return existing;
+        }
+        const widget = new MainAreaWidget({ content: new RunView(id, commands) });
+        widget.id = `rapydli-run-view-${id}`;
+        widget.title.label = `Run ${id}`;
+        widget.title.icon = rapydliIcon;
+        widget.content.title.changed.connect(() => {
+          widget.title.label = widget.content.title.label;
+        });
+        shell.add(widget, 'main');
+        await runViews.add(widget);
+        shell.activateById(widget.id);
+        return widget;
+      }
+    });
+
+    if (palette) {
+      for (const command of [
+        CommandIDs.openPanel,
+        CommandIDs.refresh,
+        CommandIDs.startCluster,
+        CommandIDs.restartCluster,
+        CommandIDs.stopCluster,
+        CommandIDs.insertDistributedCell
+      ]) {
+        palette.addItem({ command, category: 'RaPyDLI' });
+      }
+    }
+    if (statusBar) {
+      statusBar.registerStatusItem('rapydli-lab:engines', {
+        item: new EngineCount(model),
+        align: 'left',
+        rank: 100
+      });
+    }
+  }
+};
+
+export default plugin;
