@@ -112,7 +112,7 @@ class Cluster:
             try:
                 self._ipp.start_cluster_sync()
                 self._client = self._ipp.connect_client_sync()
-                self._client.wait_for_engines(self.n, timeout=self.start_timeout, block=True)
+                self._client.wait_for_engines(self.n, timeout=self.start_timeout, block=True, widget=False, interactive=False)
                 self._configure_engines()
             except BaseException as exc:
                 self._teardown()
@@ -155,6 +155,11 @@ class Cluster:
     def _teardown(self) -> None:
         pids = [info["pid"] for info in self._info.values() if _is_local(info)]
         if self._client is not None:
+            try:  # engines that exit on request let mpiexec end by itself, at once
+                if self._client.ids:
+                    self._client.shutdown(targets="all", block=True)
+            except Exception:  # noqa: BLE001 - dead engines cannot answer; they are reaped below
+                pass
             try:
                 self._client.close()
             except Exception:  # noqa: BLE001 - closing a client whose controller is gone
