@@ -164,3 +164,9 @@ def test_throttle_delay_models_latency_plus_bandwidth(tmp_path: Path) -> None:
         FileDataset(write_files(Mixed(), tmp_path / "f"), read_latency_s=-1)
     slow = LMDBDataset(write_lmdb(Mixed(), tmp_path / "l"), read_latency_s=0.001, bandwidth_mb_s=5.0)
     assert _same(slow[7], Mixed()[7]) and slow.throttle.delay(slow.sample_nbytes(7)) > 0.001
+
+
+def test_several_datasets_over_one_store_share_the_process_handle(lmdb_store: Path) -> None:
+    first, second = LMDBDataset(lmdb_store), LMDBDataset(lmdb_store)
+    assert first[3]["y"] == second[3]["y"] == pickle.loads(pickle.dumps(first))[3]["y"] == 3
+    assert first._envs[0] is second._envs[0]

@@ -27,7 +27,7 @@ def test_ram_tier_refuses_inserts_past_its_budget() -> None:
 
 
 def test_disk_tier_round_trips_within_budget_and_cleans_up(tmp_path: Path) -> None:
-    disk = DiskTier(capacity=2000, directory=str(tmp_path))
+    disk = DiskTier(capacity=2000, directory=str(tmp_path / "made-on-first-insert"))
     sample = (torch.arange(100, dtype=torch.int32), 7)
     assert disk.put(4, sample)
     got = disk.get(4)
@@ -38,4 +38,4 @@ def test_disk_tier_round_trips_within_budget_and_cleans_up(tmp_path: Path) -> No
     assert disk.get(99) is None
     path = disk.path
     disk.close()
-    assert not os.path.exists(path) and not list(tmp_path.iterdir())
+    assert not os.path.exists(path) and not list((tmp_path / "made-on-first-insert").iterdir())

@@ -145,6 +145,9 @@ class DefaultLoader:
         self._skipping.skip = min(skip * self.batch_size, len(self.sampler))
         record = {"epoch": epoch, "batches": 0, "samples": 0, "stall_s": 0.0, "wall_s": 0.0}
         self._epochs.append(record)
+        return self._batches(record)
+
+    def _batches(self, record: dict[str, Any]) -> Iterator[Any]:
         started = time.perf_counter()
         iterator = iter(self._loader)
         while True:

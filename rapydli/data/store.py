@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -177,12 +178,41 @@ def write_lmdb(dataset: Dataset, path: str | os.PathLike, shard_size: int = 4096
     return root
 
 
+# LMDB allows one open environment per file and process, so every LMDBDataset of a
+# process over the same file shares one read-only handle: (pid, device, inode) -> Environment.
+_OPEN: dict[tuple[int, int, int], Any] = {}
+_OPEN_LOCK = threading.Lock()
+
+
+def _open_readonly(file: Path) -> Any:
+    """This process's read-only, lock-free environment of ``file`` (opened once)."""
+    import lmdb
+
+    try:
+        stat = file.stat()
+    except OSError as error:
+        raise DataError(f"{file} is missing: {error}") from error
+    key = (os.getpid(), stat.st_dev, stat.st_ino)
+    with _OPEN_LOCK:
+        for inherited in [k for k in _OPEN if k[0] != key[0]]:  # a forked child: close the parent's
+            _OPEN.pop(inherited).close()
+        env = _OPEN.get(key)
+        if env is None:
+            try:
+                env = lmdb.open(str(file), subdir=False, readonly=True, lock=False, readahead=False, max_readers=512)
+            except lmdb.Error as error:
+                raise DataError(f"{file} cannot be opened as LMDB: {error}") from error
+            _OPEN[key] = env
+        return env
+
+
 class LMDBDataset(Dataset):
     """A map-style dataset over a store written by :func:`write_lmdb`.
 
     Safe to use from several processes and ranks: every process opens its own read-only,
     lock-free LMDB environments on first use (a forked worker or an unpickled copy never
-    reuses its parent's handles). Threads of one process share them.
+    reuses its parent's handles). Threads, and all datasets over the same store, of one
+    process share them (LMDB allows one environment per file and process).
 
     Parameters
     ----------
@@ -219,14 +249,7 @@ class LMDBDataset(Dataset):
             self._envs, self._pid = {}, os.getpid()
         env = self._envs.get(shard)
         if env is None:
-            import lmdb
-
-            file = self.path / self.header["shards"][shard]["file"]
-            try:
-                env = lmdb.open(str(file), subdir=False, readonly=True, lock=False, readahead=False, max_readers=512)
-            except lmdb.Error as error:
-                raise DataError(f"{file} cannot be opened as LMDB: {error}") from error
-            env = self._envs.setdefault(shard, env)
+            env = self._envs.setdefault(shard, _open_readonly(self.path / self.header["shards"][shard]["file"]))
         return env
 
     def __getitem__(self, index: int) -> Any:

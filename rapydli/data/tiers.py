@@ -109,6 +109,8 @@ class DiskTier:
             if index in self._index or self.used + len(data) > self.capacity:
                 return False
             if self._fd is None:
+                if self.directory is not None:
+                    os.makedirs(self.directory, exist_ok=True)
                 self._fd, self.path = tempfile.mkstemp(prefix="rapydli-cache-", suffix=".bin", dir=self.directory)
             offset = self.used
             self.used += len(data)
