@@ -9,7 +9,8 @@ A callback is any object with one or more of these methods (each optional); the
     ``samples_per_s`` (global: this rank's samples x world size / step time),
     ``step_time_s``, ``data_time_s`` (waiting for batches), ``comm_time_s`` (gradient
     allreduce time, from the synchronizer), ``comm_wait_s`` (time the step blocked
-    waiting for communication, i.e. the part not hidden behind backward), ``grad_norm``
+    waiting for communication, i.e. the part not hidden behind backward),
+    ``comm_hidden_fraction`` (share of ``comm_time_s`` that ran behind backward), ``grad_norm``
     (before clipping; ``None`` without ``grad_clip``), ``rank``, ``world_size``,
     ``time_s`` (since the trainer was built).
 ``on_eval_end(metrics)`` after each evaluation, with :data:`EVAL_KEYS`:
@@ -31,7 +32,7 @@ from typing import Any, Protocol
 
 STEP_KEYS = (
     "kind", "step", "epoch", "loss", "lr", "samples_per_s", "step_time_s", "data_time_s",
-    "comm_time_s", "comm_wait_s", "grad_norm", "rank", "world_size", "time_s",
+    "comm_time_s", "comm_wait_s", "comm_hidden_fraction", "grad_norm", "rank", "world_size", "time_s",
 )  # fmt: skip
 EVAL_KEYS = ("kind", "step", "epoch", "val_loss", "val_accuracy", "rank", "world_size", "time_s")
 EPOCH_KEYS = ("epoch", "step", "train_loss", "val_loss", "val_accuracy", "epoch_time_s", "samples_per_s", "rank")

@@ -154,12 +154,12 @@ class Trainer:
 
                 # forward + backward over grad_accum micro-batches; only the last one syncs
                 started = time.perf_counter()
-                comm_before = self._comm_stats()
                 self.model.train()
                 loss_sum, samples, data_time = 0.0, 0, 0.0
                 for micro in range(cfg.grad_accum):
                     fetch = time.perf_counter()
-                    inputs, targets = _to_device(next(batches), self.device)
+                    with torch.random.fork_rng(devices=[]):  # loaders draw seeds; keep the model's RNG stream theirs alone
+                        inputs, targets = _to_device(next(batches), self.device)
                     data_time += time.perf_counter() - fetch
                     last = micro == cfg.grad_accum - 1
                     with self.sync.no_sync() if not last and self.sync else contextlib.nullcontext():
@@ -168,8 +168,10 @@ class Trainer:
                         (loss / cfg.grad_accum).backward()
                     loss_sum += loss.item()
                     samples += len(inputs)
+                comm_time = comm_wait = hidden = 0.0
                 if self.sync is not None:
-                    self.sync.wait()
+                    stats = self.sync.wait()
+                    comm_time, comm_wait, hidden = stats.comm_time, stats.wait_time, stats.hidden_fraction
 
                 # clip the global gradient norm (gradients are already averaged)
                 grad_norm = None
@@ -178,12 +180,14 @@ class Trainer:
 
                 # optimizer step
                 self.optimizer.step()
-                self.optimizer.zero_grad(set_to_none=self.sync is None)
+                if self.sync is not None:
+                    self.sync.zero_grad()  # keeps .grad the bucket views
+                else:
+                    self.optimizer.zero_grad(set_to_none=True)
                 self.step += 1
 
                 # log: metrics to the history and the callbacks
                 step_time = time.perf_counter() - started
-                comm_time, comm_wait = (after - before for after, before in zip(self._comm_stats(), comm_before))
                 row = {
                     "kind": "train",
                     "step": self.step,
@@ -195,6 +199,7 @@ class Trainer:
                     "data_time_s": data_time,
                     "comm_time_s": comm_time,
                     "comm_wait_s": comm_wait,
+                    "comm_hidden_fraction": hidden,
                     "grad_norm": grad_norm,
                     "rank": self.rank,
                     "world_size": self.world_size,
@@ -223,7 +228,9 @@ class Trainer:
         return self.history
 
     def close(self) -> None:
-        """Release the communicator the trainer built for itself (none when one was given)."""
+        """Remove the gradient hooks; release the communicator the trainer built for itself."""
+        if self.sync is not None:
+            self.sync.close()
         if self._owns_comm and self.comm is not None:
             self.comm.close()
             self.comm = None
@@ -339,13 +346,6 @@ class Trainer:
         for buffer in self.model.buffers():
             if buffer.is_floating_point():
                 self.comm.allreduce_(buffer.data, op="avg")
-
-    def _comm_stats(self) -> tuple[float, float]:
-        """Cumulative (communication seconds, seconds waited on communication)."""
-        if self.sync is None:
-            return 0.0, 0.0
-        stats = self.sync.stats()
-        return stats["comm_s"], stats["wait_s"]
 
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
         return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.config.precision == "bf16")

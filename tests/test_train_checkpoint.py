@@ -1,0 +1,115 @@
+"""Checkpoints: atomic writes, and a resumed run reaching the uninterrupted run's parameters."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+import torch
+
+from rapydli.train import checkpoint as ckpt
+
+
+class _Unpicklable:
+    def __reduce__(self):
+        raise pickle.PicklingError("refusing to pickle (simulated failure mid-write)")
+
+
+def test_failed_write_leaves_previous_checkpoint_and_no_partial_file(tmp_path) -> None:
+    path = ckpt.checkpoint_path(tmp_path)
+    ckpt.save_atomic({"step": 1, "weights": torch.arange(4.0)}, path)
+    before = path.read_bytes()
+    with pytest.raises(pickle.PicklingError):
+        # the big tensor is written first, then pickling fails: a half-written file existed
+        ckpt.save_atomic({"step": 2, "weights": torch.zeros(1 << 20), "bad": _Unpicklable()}, path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint.pt"]
+    assert path.read_bytes() == before
+    assert ckpt.load(path)["step"] == 1
+
+
+def test_checkpoint_replaces_atomically_and_round_trips(tmp_path) -> None:
+    path = ckpt.checkpoint_path(tmp_path / "nested")
+    ckpt.save_atomic({"step": 1}, path)
+    torch.manual_seed(5)
+    ckpt.save_atomic({"step": 2, "rng": ckpt.rng_state()}, path)
+    expected = torch.rand(3)
+    state = ckpt.load(path)
+    assert state["step"] == 2 and state["format"] == ckpt.FORMAT_VERSION
+    assert sorted(p.name for p in path.parent.iterdir()) == ["checkpoint.pt"]
+    ckpt.set_rng_state(state["rng"])
+    assert torch.equal(torch.rand(3), expected)
+
+
+def test_load_rejects_foreign_files(tmp_path) -> None:
+    from rapydli.errors import ConfigError
+
+    path = tmp_path / "other.pt"
+    torch.save({"model": {}}, path)
+    with pytest.raises(ConfigError, match="not a RaPyDLI checkpoint"):
+        ckpt.load(path)
+
+
+RESUME = """
+import torch
+from torch import nn
+from rapydli.train import Trainer, TrainConfig, datasets
+
+class Stop(Exception):
+    pass
+
+class StopAt:
+    def __init__(self, step):
+        self.step = step
+    def on_step_end(self, metrics):
+        if metrics["step"] == self.step:
+            raise Stop()
+
+def model(seed):
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Dropout(0.3), nn.Linear(32, 4))
+
+train, val = datasets.synthetic_features(num_samples=80, in_features=16, num_classes=4)
+base = dict(epochs=3, batch_size=8, lr=0.01, optimizer="adamw", lr_schedule="cosine", warmup_steps=2,
+            weight_decay=0.01, checkpoint_every=CKPT_EVERY, eval_every=2, allreduce="mpi")
+
+whole = Trainer(model(0), None, train, val, TrainConfig(**base, checkpoint_dir="DIR/whole"))
+reference = whole.fit()
+
+interrupted = Trainer(model(0), None, train, val, TrainConfig(**base, checkpoint_dir="DIR/cut"), callbacks=[StopAt(STOP)])
+try:
+    interrupted.fit()
+    raise AssertionError("the run was not interrupted")
+except Stop:
+    pass
+resumed = Trainer(model(123), None, train, val, TrainConfig(**base, checkpoint_dir="DIR/cut", resume=True))
+assert resumed.step == RESUMED_AT, resumed.step
+history = resumed.fit()
+assert resumed.step == whole.step == whole.total_steps
+for a, b in zip(whole.model.parameters(), resumed.model.parameters()):
+    assert torch.allclose(a, b, atol=1e-6, rtol=0), (a - b).abs().max()
+train_rows = [r for r in reference if r["kind"] == "train"]
+resumed_rows = [r for r in history if r["kind"] == "train"]
+assert [r["step"] for r in resumed_rows] == list(range(RESUMED_AT + 1, whole.total_steps + 1))
+for a, b in zip(train_rows[RESUMED_AT:], resumed_rows):
+    assert abs(a["loss"] - b["loss"]) < 1e-6 and a["lr"] == b["lr"], (a, b)
+for r in (whole, interrupted, resumed):
+    r.close()
+print("OK", whole.rank)
+"""
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize(
+    ("every", "stop", "resumed_at"),
+    [(3, 4, 3), (6, 8, 6), (0, 6, 4)],  # 4 steps per epoch: resume mid-epoch 0, mid-epoch 1, at an epoch end
+    ids=["mid-epoch-0", "mid-epoch-1", "epoch-end"],
+)
+def test_resumed_run_equals_uninterrupted_run(run_mpi, tmp_path, every: int, stop: int, resumed_at: int) -> None:
+    code = (
+        RESUME.replace("CKPT_EVERY", str(every))
+        .replace("STOP", str(stop))
+        .replace("RESUMED_AT", str(resumed_at))
+        .replace("DIR", str(tmp_path))
+    )
+    result = run_mpi(code, n=2, timeout=180)
+    assert result.stdout.count("OK") == 2
