@@ -1,0 +1,184 @@
+"""rd.batch / rapydli batch over small fixture notebooks, through real papermill."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import psutil
+import pytest
+from click.testing import CliRunner
+
+import rapydli as rd
+from rapydli.cli import cli, main
+from rapydli.errors import ConfigError
+from rapydli.experiments import batchspec
+from rapydli.experiments import store as store_mod
+from rapydli.experiments.record import read_records
+
+NOTEBOOKS = Path(__file__).resolve().parent / "notebooks"
+PARAMS_NB = NOTEBOOKS / "params.ipynb"
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("RAPYDLI_HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    return tmp_path / "home"
+
+
+# -- grid expansion and validation (nothing runs) ----------------------------------
+def test_parse_grid_values_and_expansion() -> None:
+    grid = batchspec.parse_grid(["lr=0.1,1e-2", "name=adam,sgd", "flag=true,false", "shape=[1,2],[3]", "n=1"])
+    assert grid == {"lr": [0.1, 0.01], "name": ["adam", "sgd"], "flag": [True, False], "shape": [[1, 2], [3]], "n": [1]}
+    points = batchspec.expand({"a": [1, 2], "b": ["x", "y"]})
+    assert points == [{"a": 1, "b": "x"}, {"a": 1, "b": "y"}, {"a": 2, "b": "x"}, {"a": 2, "b": "y"}]
+    assert batchspec.expand({}) == [{}]
+    for bad, message in (("lr", "key=v1,v2"), ("lr=", "no values"), ("1x=2", "key=v1,v2")):
+        with pytest.raises(ConfigError, match=message):
+            batchspec.parse_grid([bad])
+    with pytest.raises(ConfigError, match="twice"):
+        batchspec.parse_grid(["a=1", "a=2"])
+
+
+def test_params_file_mapping_and_list(tmp_path: Path) -> None:
+    mapping = tmp_path / "grid.yaml"
+    mapping.write_text("x: [1, 2]\nlabel: b\n")
+    assert batchspec.load_params_file(mapping) == [{"x": 1, "label": "b"}, {"x": 2, "label": "b"}]
+    points = tmp_path / "points.yaml"
+    points.write_text("- {x: 3}\n- {x: 4, factor: 0.5}\n")
+    assert batchspec.load_params_file(points) == [{"x": 3}, {"x": 4, "factor": 0.5}]
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("- 1\n- 2\n")
+    with pytest.raises(ConfigError, match="params-file"):
+        batchspec.load_params_file(bad)
+
+
+def test_notebook_parameters_via_papermill() -> None:
+    params = batchspec.notebook_parameters(PARAMS_NB)
+    assert {k: v["type"] for k, v in params.items()} == {"x": "int", "factor": "float", "label": "str", "sleep": "float"}
+    assert params["factor"]["default"] == 2.0
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"grid": {"lr": [0.1]}}, "'lr' is not a parameter of .*its parameters are: factor, label, sleep, x"),
+        ({"grid": {"x": ["big"]}}, "parameter 'x' of .* expects int \\(default 1\\); got 'big'"),
+        ({"grid": {"x": [True]}}, "expects int"),
+        ({"grid": {"label": [3]}}, "expects str"),
+        ({"grid": ["x=1", "label=a", "x=2"]}, "twice"),
+        ({"grid": {"x": [1]}, "parallel": 0}, "parallel must be an integer >= 1"),
+        ({"grid": {"x": [1]}, "timeout": -1}, "timeout must be"),
+        ({"grid": {"x": [1]}, "retry": -1}, "retry must be"),
+        ({"grid": {"x": [1]}, "kernel": "no-such-kernel"}, "kernel 'no-such-kernel' is not installed"),
+        ({"grid": {"x": [1]}, "params_file": "missing.yaml"}, "cannot read it"),
+    ],
+)
+def test_validation_refuses_before_running_anything(home: Path, kwargs: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        rd.batch(PARAMS_NB, out="out", **kwargs)
+    assert not Path("out").exists()
+    assert store_mod.open_store().list_runs()[1] == 0
+
+
+def test_float_parameter_accepts_ints_and_bad_notebooks_are_refused(home: Path, tmp_path: Path) -> None:
+    batchspec.validate([{"factor": 3}], batchspec.notebook_parameters(PARAMS_NB), "nb")
+    with pytest.raises(ConfigError, match="has no cell tagged 'parameters'"):
+        rd.batch(NOTEBOOKS / "no_parameters.ipynb", {"x": [1]})
+    with pytest.raises(ConfigError, match="does not exist"):
+        rd.batch(tmp_path / "nope.ipynb", {"x": [1]})
+    broken = tmp_path / "broken.ipynb"
+    broken.write_text("{not json")
+    with pytest.raises(ConfigError, match="unreadable"):
+        rd.batch(broken, {"x": [1]})
+
+
+def test_cli_refusal_is_one_line_exit_2(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["batch", str(PARAMS_NB), "--grid", "lr=0.1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("rapydli: error: 'lr' is not a parameter") and err.count("\n") == 1
+    assert not Path("batch-results").exists()
+
+
+def test_cli_dry_run_lists_items(home: Path) -> None:
+    result = CliRunner().invoke(cli, ["batch", str(PARAMS_NB), "--grid", "x=1,2", "label=a,b", "--dry-run"])
+    assert result.exit_code == 0, result.output
+    assert "4 items; nothing run" in result.output
+    assert result.output.count("params/") == 4 and not Path("batch-results").exists()
+
+
+# -- real executions ---------------------------------------------------------------
+@pytest.mark.notebook
+def test_batch_end_to_end_failing_item_and_resume(home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["batch", str(PARAMS_NB), "--grid", "x=2,-1", "--out", "out", "--parallel", "2"]
+    assert main(argv) == 1  # one item failed: non-zero exit, the other went on
+    captured = capsys.readouterr()
+    assert "1 of 2 items failed" in captured.err and "(cell 4)" in captured.err
+
+    summary = pd.read_csv(tmp_path / "out" / "summary.csv")
+    assert list(summary.columns[:3]) == ["item", "x", "status"]
+    rows = summary.set_index("x")
+    assert rows.loc[2, "status"] == "finished" and rows.loc[2, "y"] == 4.0
+    assert rows.loc[-1, "status"] == "failed" and rows.loc[-1, "failing_cell"] == 4
+    assert "ValueError: x must be positive" in rows.loc[-1, "error"]
+    assert (summary["duration"] > 0).all()
+
+    # files: DIR/<stem>/<hash>.ipynb, and each item ran in its own working directory
+    good = rows.loc[2, "item"]
+    out_nb = tmp_path / "out" / "params" / f"{good}.ipynb"
+    assert good == batchspec.param_hash({"x": 2}) and out_nb.exists()
+    records = read_records(out_nb)
+    assert records["y"] == 4.0 and records["cwd"] == str(tmp_path / "out" / "params" / good)
+    assert (tmp_path / "out" / "params" / good / "written-here.txt").read_text() == "a"
+    assert (tmp_path / "out" / "params" / rows.loc[-1, "item"] / "written-here.txt").exists()
+
+    # report: self-contained, with the recorded metric against the varied parameter
+    report = (tmp_path / "out" / "report.html").read_text()
+    assert "y vs x" in report and "duration vs x" in report
+    assert "<script src=" not in report and "Plotly.newPlot" in report
+
+    # store: a batch run with one item run per point, records under the items
+    store = store_mod.open_store()
+    batches = [r for r in store.list_runs(kind="batch")[0] if r["parent"] is None]
+    assert len(batches) == 1 and batches[0]["status"] == "failed"
+    items, total = store.list_runs(parent=batches[0]["id"])
+    assert total == 2
+    by_x = {r["params"]["parameters"]["x"]: r for r in items}
+    assert by_x[2]["status"] == "finished" and store.records(by_x[2]["id"])["y"]["value"] == 4.0
+    assert by_x[-1]["status"] == "failed" and by_x[-1]["error"].startswith("cell 4: ValueError")
+    assert store.artifacts(by_x[2]["id"])[0]["path"] == str(out_nb)
+
+    # resume: the finished item is skipped, the failed one runs again
+    summary2 = rd.batch(PARAMS_NB, ["x=2,-1"], out="out", parallel=2, progress=False)
+    rows2 = summary2.set_index("x")
+    assert bool(rows2.loc[2, "resumed"]) and rows2.loc[2, "run_id"] == by_x[2]["id"]
+    assert not rows2.loc[-1, "resumed"] and rows2.loc[-1, "run_id"] != by_x[-1]["id"]
+    assert summary2.attrs["failed"] == 1
+    assert len(store.list_runs(kind="batch")[0]) == 2 + 3  # two batches, three items in all
+
+
+@pytest.mark.notebook
+def test_changed_notebook_is_not_resumed_and_retry_timeout(home: Path, tmp_path: Path) -> None:
+    import nbformat
+
+    nb = nbformat.read(PARAMS_NB, 4)
+    copy = tmp_path / "params.ipynb"
+    nbformat.write(nb, copy)
+    first = rd.batch(copy, {"x": [1]}, out="out", progress=False)
+    assert first.loc[0, "status"] == "finished"
+    nb.cells.append(nbformat.v4.new_code_cell("rd.record('extra', 1)"))
+    nbformat.write(nb, copy)
+    second = rd.batch(copy, {"x": [1]}, out="out", progress=False)
+    assert not second.loc[0, "resumed"] and second.loc[0, "extra"] == 1
+
+    # an item that outlives --timeout is killed with its kernel, retried, then failed
+    slow = rd.batch(copy, {"sleep": [120.0]}, out="out", timeout=6, retry=1, progress=False)
+    assert slow.loc[0, "status"] == "failed" and slow.loc[0, "attempts"] == 2
+    assert slow.loc[0, "error"].startswith("timed out after 6 s")
+    pid_file = tmp_path / "out" / "params" / slow.loc[0, "item"] / "kernel.pid"
+    if pid_file.exists():  # the kernel got far enough to start: it must be gone now
+        assert not psutil.pid_exists(int(pid_file.read_text())) or psutil.Process(int(pid_file.read_text())).status() == psutil.STATUS_ZOMBIE
+    record = json.loads((tmp_path / "out" / "params" / f"{slow.loc[0, 'item']}.json").read_text())
+    assert record["status"] == "failed" and record["parameters"] == {"sleep": 120.0}
