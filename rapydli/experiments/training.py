@@ -107,9 +107,20 @@ def train_on_rank(model_fn: Callable[[], Any], data_fn: Callable[[], Any], confi
 
     ctx = context()
     cfg = TrainConfig.from_dict(config)
-    torch.manual_seed(cfg.seed)
-    model = model_fn().to(ctx.device)
-    train_data, val_data = data_fn()
+    # user code first; then agree that every rank succeeded, so that a rank whose
+    # model_fn/data_fn raised does not leave the others blocked in a collective
+    error: BaseException | None = None
+    try:
+        torch.manual_seed(cfg.seed)
+        model = model_fn().to(ctx.device)
+        train_data, val_data = data_fn()
+    except Exception as exc:  # noqa: BLE001 - re-raised below, after the agreement
+        error = exc
+    failed = ctx.comm.allgather(error is not None)
+    if error is not None:
+        raise error
+    if any(failed):
+        return []  # the failing rank raises and is named in the RankFailure
     comm = Communicator(ctx.comm, algorithm=cfg.allreduce)
     try:
         trainer = Trainer(model, None, train_data, val_data, cfg, comm=comm, callbacks=[EmitMetrics(ctx.rank)])

@@ -1,0 +1,76 @@
+"""``rd.train`` on a real 2-engine cluster: history, live rows, the run store, rank failures."""
+
+from __future__ import annotations
+
+import pytest
+
+import rapydli as rd
+from rapydli.errors import ConfigError, RankFailure
+from rapydli.experiments.store import open_store
+from rapydli.experiments.training import callable_ref, resolve_callable
+from rapydli.train import models
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with rd.Cluster(n=2) as started:
+        yield started
+
+
+def test_bad_arguments_fail_before_anything_starts() -> None:
+    with pytest.raises(ConfigError, match="TrainConfig.lr"):
+        rd.train(models.mlp, "rapydli.train.datasets:digits", {"lr": -1.0})
+    with pytest.raises(ConfigError, match="model_fn='rapydli.train.models:nope' cannot be imported"):
+        rd.train("rapydli.train.models:nope", "rapydli.train.datasets:digits", rd.TrainConfig())
+    with pytest.raises(ConfigError, match="data_fn=42"):
+        rd.train(models.mlp, 42, rd.TrainConfig())  # type: ignore[arg-type]
+
+
+def test_callable_refs_round_trip() -> None:
+    assert callable_ref(models.resnet_mini) == "rapydli.train.models:resnet_mini"
+    assert resolve_callable("rapydli.train.models:resnet_mini", "model_fn") is models.resnet_mini
+    assert callable_ref(lambda: None) is None
+
+
+@pytest.mark.engines
+def test_train_returns_history_and_records_the_run(cluster) -> None:
+    live: list[dict] = []
+    config = rd.TrainConfig(epochs=1, max_steps=8, batch_size=32, lr=0.01, eval_every=4, allreduce="mpi")
+    result = rd.train(models.mlp, "rapydli.train.datasets:digits", config, cluster=cluster, callbacks=[live.append], progress=False)
+    history = result.history
+    train_rows = history[history["kind"] == "train"]
+    eval_rows = history[history["kind"] == "eval"]
+    assert train_rows["step"].tolist() == list(range(1, 9))
+    assert eval_rows["step"].tolist() == [4, 8]
+    assert (train_rows["world_size"] == 2).all() and train_rows["comm_time_s"].sum() > 0
+    assert eval_rows["val_loss"].iloc[-1] < eval_rows["val_loss"].iloc[0]
+    assert [row["step"] for row in live if row["kind"] == "train"] == list(range(1, 9))
+    assert len(result.figure.data) == 2  # train and val loss
+
+    store = open_store()
+    run = store.get_run(result.run_id)
+    assert run["status"] == "finished" and run["kind"] == "train" and run["world_size"] == 2
+    assert run["params"]["model_fn"] == "rapydli.train.models:mlp"
+    assert run["params"]["data_fn"] == "rapydli.train.datasets:digits"
+    assert run["params"]["config"]["max_steps"] == 8
+    logged = store.metrics(result.run_id)
+    assert {m["name"] for m in logged} >= {"loss", "lr", "val_loss", "val_accuracy", "step_time_s"}
+
+
+@pytest.mark.engines
+def test_a_rank_that_raises_is_named_and_the_run_is_failed(cluster) -> None:
+    def data_failing_on_rank_1():
+        from rapydli.cluster.engine import context
+        from rapydli.train import datasets
+
+        if context().rank == 1:
+            raise RuntimeError("broken shard on rank 1")
+        return datasets.digits()
+
+    before = {r["id"] for r in open_store().list_runs(kind="train")[0]}
+    with pytest.raises(RankFailure) as info:
+        rd.train(models.mlp, data_failing_on_rank_1, rd.TrainConfig(max_steps=5), cluster=cluster, progress=False)
+    assert info.value.ranks == [1] and "broken shard on rank 1" in str(info.value.failures[1])
+    (new,) = [r for r in open_store().list_runs(kind="train")[0] if r["id"] not in before]
+    assert new["status"] == "failed" and "rank" in new["error"]
+    assert cluster.run(lambda: 7) == [7, 7]  # the cluster is still usable
