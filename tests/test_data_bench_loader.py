@@ -1,0 +1,31 @@
+"""``rapydli bench loader`` runs end to end on a tiny dataset (rapydli/bench/loader.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from rapydli.bench.loader import command
+
+
+def test_bench_loader_prints_targets_and_writes_json(tmp_path: Path) -> None:
+    out = tmp_path / "loader.json"
+    args = ["--samples", "96", "--shape", "4,8", "--batch-size", "8", "--epochs", "2", "--workers", "1",
+            "--threads", "2", "--latency-ms", "0.2", "--step-ms", "0", "--dir", str(tmp_path), "--json", str(out)]
+    result = CliRunner().invoke(command, args, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert "== rapydli bench loader ==" in result.output
+    targets = [line for line in result.output.splitlines() if line.startswith("target ")]
+    assert len(targets) == 6 and all(line.endswith((" met", " not met")) for line in targets)
+    payload = json.loads(out.read_text())
+    rows = payload["rows"]
+    assert {(r["setting"], r["store"], r["loader"]) for r in rows} >= {
+        ("throttled", "files", "dataloader"), ("throttled", "lmdb", "clairvoyant"),
+        ("throttled", "lmdb", "clairvoyant+disk"), ("unthrottled", "files", "clairvoyant"),
+    }
+    assert len(rows) == 12 and all(r["sps_e1"] > 0 and r["sps_e2"] > 0 for r in rows)
+    cached = next(r for r in rows if r["loader"] == "clairvoyant+disk" and r["store"] == "lmdb")
+    assert cached["last_epoch_hits_ram/disk/storage"].endswith("/0")  # epoch 2 never touches storage
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith("rapydli-bench-loader-")]
