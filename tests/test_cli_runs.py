@@ -1,0 +1,143 @@
+"""``rapydli runs list|show|compare|repeat|export`` over a real store."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from click.testing import CliRunner
+
+from rapydli.cli import cli, main
+from rapydli.experiments import store as store_mod
+
+NOTEBOOKS = Path(__file__).resolve().parent / "notebooks"
+
+
+@pytest.fixture
+def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> store_mod.RunStore:
+    monkeypatch.setenv("RAPYDLI_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv(store_mod.PARENT_ENV, raising=False)
+    monkeypatch.chdir(tmp_path)
+    return store_mod.open_store()
+
+
+def invoke(*args: str) -> str:
+    result = CliRunner().invoke(cli, list(args), catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+@pytest.fixture
+def two_runs(store: store_mod.RunStore) -> tuple[str, str]:
+    config = {"lr": 0.1, "epochs": 1, "seed": 0}
+    a = store.create_run("train", "mlp", {"model_fn": "m:f", "data_fn": "d:g", "config": config}, world_size=2, seed=0)
+    store.log_metrics(a, [(1, "loss", 1.0), (2, "loss", 0.5), (2, "val_accuracy", 0.9)])
+    store.finish_run(a)
+    b = store.create_run("train", "mlp", {"model_fn": "m:f", "data_fn": "d:g", "config": {**config, "lr": 0.01}}, seed=0)
+    store.log_metrics(b, [(2, "loss", 0.8), (2, "val_accuracy", 0.7)])
+    store.finish_run(b, "failed", error="RankFailure: rank 1 died")
+    return a, b
+
+
+def test_list_filters_and_json(two_runs: tuple[str, str], store: store_mod.RunStore) -> None:
+    a, b = two_runs
+    sweep = store.create_run("sweep", "sw", {})
+    out = invoke("runs", "list")
+    assert out.index(sweep) < out.index(b) < out.index(a)  # newest first
+    assert "finished" in out and "failed" in out
+    out = invoke("runs", "list", "--status", "failed")
+    assert b in out and a not in out
+    out = invoke("runs", "list", "--kind", "train", "-n", "1")
+    assert b in out and a not in out and "(1 of 2 runs" in out
+    rows = [json.loads(line) for line in invoke("runs", "list", "--json").splitlines()]
+    assert [r["id"] for r in rows] == [sweep, b, a] and rows[2]["started"].endswith("Z")
+
+
+def test_show_prints_params_metrics_and_error(two_runs: tuple[str, str]) -> None:
+    a, b = two_runs
+    out = invoke("runs", "show", a[:6])
+    assert f"run {a}  train  mlp  [finished]" in out
+    assert "loss = 0.5" in out and "val_accuracy = 0.9" in out and "world_size  2" in out
+    assert "rapydli 0.1.0" in out
+    assert "RankFailure: rank 1 died" in invoke("runs", "show", b)
+    payload = json.loads(invoke("runs", "show", a, "--json"))
+    assert payload["final_metrics"] == {"loss": 0.5, "val_accuracy": 0.9} and payload["params"]["config"]["lr"] == 0.1
+
+
+def test_compare_shows_differences_and_metrics(two_runs: tuple[str, str]) -> None:
+    a, b = two_runs
+    out = invoke("runs", "compare", a, b)
+    assert "parameters that differ:" in out and "config.lr" in out and "config.epochs" not in out
+    lines = {line.split()[0]: line.split()[1:] for line in out.splitlines() if line.strip()}
+    assert lines["config.lr"] == ["0.1", "0.01"]
+    assert lines["loss"] == ["0.5", "0.8"] and lines["val_accuracy"] == ["0.9", "0.7"]
+    assert "config.epochs" in invoke("runs", "compare", a, b, "--all-params")
+
+
+def test_export_jsonl_and_csv(two_runs: tuple[str, str], tmp_path: Path) -> None:
+    a, b = two_runs
+    invoke("runs", "export", "-o", str(tmp_path / "runs.jsonl"))
+    rows = [json.loads(line) for line in (tmp_path / "runs.jsonl").read_text().splitlines()]
+    assert {r["id"] for r in rows} == {a, b}
+    by_id = {r["id"]: r for r in rows}
+    assert [m["value"] for m in by_id[a]["metrics"] if m["name"] == "loss"] == [1.0, 0.5]
+    invoke("runs", "export", a, "--format", "csv", "-o", str(tmp_path / "runs.csv"))
+    table = pd.read_csv(tmp_path / "runs.csv")
+    assert list(table["id"]) == [a] and table.loc[0, "params.config.lr"] == 0.1 and table.loc[0, "metric.loss"] == 0.5
+
+
+def test_user_mistakes_are_one_line_exit_2(two_runs: tuple[str, str], store: store_mod.RunStore,
+                                           capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    sweep = store.create_run("sweep", "sw", {})
+    lam = store.create_run("train", "lam", {"model_fn": "<function <lambda>>", "data_fn": "d:g", "config": {}})
+    for argv, message in (
+        (["runs", "show", "nope"], "no run 'nope'"),
+        (["runs", "show", "../x"], "run ids are"),
+        (["runs", "compare", two_runs[0]], "at least two run ids"),
+        (["runs", "repeat", sweep], "is a sweep run; only train and batch runs can be repeated"),
+        (["runs", "repeat", lam], "not an importable 'module:qualname'"),
+    ):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("rapydli: error: ") and message in err and err.count("\n") == 1, err
+
+
+def test_store_off_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("RAPYDLI_STORE", "off")
+    assert main(["runs", "list"]) == 2
+    assert "disabled (RAPYDLI_STORE=off)" in capsys.readouterr().err
+
+
+@pytest.mark.notebook
+def test_repeat_a_batch_item_with_the_same_parameters(store: store_mod.RunStore, tmp_path: Path) -> None:
+    from rapydli.experiments.batch import batch
+
+    first = batch(NOTEBOOKS / "params.ipynb", {"x": [3], "label": ["zz"]}, out="out", progress=False)
+    item = first.loc[0, "run_id"]
+    out = invoke("runs", "repeat", item)
+    new_id = out.split(" as run ")[1].split()[0]
+    assert new_id != item and "[finished]" in out
+    again = store.get_run(new_id)
+    assert again["params"]["parameters"] == {"x": 3, "label": "zz"}
+    assert store.records(new_id)["y"]["value"] == 6.0
+    # the recorded batch itself can be repeated as a whole
+    batch_id = store.get_run(item)["parent"]
+    out = invoke("runs", "repeat", batch_id, "--out", str(tmp_path / "again"))
+    assert (tmp_path / "again" / "summary.csv").exists() and "[finished]" in out
+
+
+@pytest.mark.engines
+@pytest.mark.timeout(600)
+def test_repeat_a_train_run_with_the_same_seed(store: store_mod.RunStore) -> None:
+    from rapydli.experiments.training import train
+
+    config = {"lr": 0.05, "epochs": 1, "max_steps": 3, "batch_size": 16, "optimizer": "sgd", "seed": 3, "workers": 1}
+    first = train("rapydli.train.models:mlp", "rapydli.train.datasets:digits", config, progress=False)
+    out = invoke("runs", "repeat", first.run_id)
+    new_id = out.split(" as run ")[1].split()[0]
+    a, b = store.get_run(first.run_id), store.get_run(new_id)
+    assert b["kind"] == "train" and b["status"] == "finished" and b["params"] == a["params"] and b["seed"] == 3
+    losses = [[m["value"] for m in store.metrics(r) if m["name"] == "loss"] for r in (first.run_id, new_id)]
+    assert losses[0] == pytest.approx(losses[1])  # same seed, same data order: the same run again
