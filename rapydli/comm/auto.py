@@ -1,0 +1,217 @@
+"""``auto``: per message size, the algorithm that measured fastest on this cluster.
+
+The measurement runs once per cluster (all ranks together: ``mpi`` against ``ring`` on
+float32 messages from 4 B up to ``max_bytes``, interleaved, the slowest rank's median
+per size) and is cached as JSON in ``$RAPYDLI_HOME/comm/`` under a key made of the world
+size, the sorted host names and the MPI library, so a new cluster shape or MPI measures
+afresh. A message size between two measured sizes takes the nearer one (log scale).
+
+Before a measurement exists (or with ``RAPYDLI_COMM_AUTOTUNE=0``) the fallback is MPI's
+own ``Allreduce``, the vendor-tuned choice. ``float16``/``bfloat16`` always go to
+``ring``: MPI has no datatype for them and its user-defined-op path is slower.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import socket
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from rapydli.comm.base import Algorithm
+from rapydli.comm.mpi import MPIAlgorithm
+from rapydli.comm.ring import RingAlgorithm
+from rapydli.comm.tensors import HALF_DTYPES
+
+if TYPE_CHECKING:
+    from mpi4py import MPI
+
+#: Algorithms ``auto`` chooses among on CPU tensors.
+CANDIDATES: tuple[str, ...] = ("mpi", "ring")
+#: Largest message measured when ``auto`` measures on its own (the benchmark goes further).
+QUICK_MAX_BYTES = 16 << 20
+_FORMAT = 1
+
+
+@dataclass
+class AutoTable:
+    """Measured times per message size and the algorithm picked for each.
+
+    Attributes
+    ----------
+    key
+        What the measurement is valid for: world size, hosts, MPI library.
+    sizes
+        Message sizes in bytes, ascending.
+    times
+        Algorithm name -> seconds per allreduce at each size (slowest rank's median).
+    choices
+        Fastest algorithm at each size.
+    source
+        ``"measured"`` (this run), ``"cache"`` (read from disk) or ``"fallback"``.
+    path
+        The cache file, if any.
+    """
+
+    key: dict[str, Any]
+    sizes: list[int] = field(default_factory=list)
+    times: dict[str, list[float]] = field(default_factory=dict)
+    choices: list[str] = field(default_factory=list)
+    source: str = "fallback"
+    path: str | None = None
+
+    def pick(self, nbytes: int) -> str:
+        """The algorithm for a message of ``nbytes`` (nearest measured size, log scale)."""
+        if not self.sizes:
+            return "mpi"
+        target = math.log2(max(nbytes, 1))
+        index = min(range(len(self.sizes)), key=lambda i: abs(math.log2(self.sizes[i]) - target))
+        return self.choices[index]
+
+
+def rapydli_home() -> Path:
+    """``$RAPYDLI_HOME`` or ``~/.rapydli``."""
+    return Path(os.environ.get("RAPYDLI_HOME") or Path.home() / ".rapydli").expanduser()
+
+
+def cluster_key(comm: MPI.Comm) -> dict[str, Any]:
+    """World size, sorted host names and MPI library: what a measurement depends on (collective)."""
+    from mpi4py import MPI
+
+    hosts = sorted(comm.allgather(socket.gethostname()))
+    return {
+        "format": _FORMAT,
+        "world_size": comm.Get_size(),
+        "hosts": hosts,
+        "mpi": MPI.Get_library_version().strip().splitlines()[0],
+    }
+
+
+def cache_path(key: dict[str, Any]) -> Path:
+    """Where the measurement for ``key`` is cached."""
+    digest = hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    return rapydli_home() / "comm" / f"allreduce-auto-{digest}.json"
+
+
+def message_sizes(max_bytes: int) -> list[int]:
+    """4 B, 16 B, 64 B, ... (powers of 4) up to ``max_bytes``, plus ``max_bytes`` itself."""
+    sizes = [4]
+    while sizes[-1] * 4 <= max_bytes:
+        sizes.append(sizes[-1] * 4)
+    if sizes[-1] != max_bytes and max_bytes > 4:
+        sizes.append(max_bytes)
+    return sizes
+
+
+def repetitions(nbytes: int) -> int:
+    """Timed repetitions at a size: many for latency-bound sizes, few for large ones."""
+    return max(3, min(30, int(64e6 / max(nbytes, 1))))
+
+
+def measure(comm: MPI.Comm, max_bytes: int = QUICK_MAX_BYTES, candidates: tuple[str, ...] = CANDIDATES) -> AutoTable:
+    """Time each candidate at each size on all ranks of ``comm`` (collective); pick the fastest."""
+    algorithms: dict[str, Algorithm] = {"mpi": MPIAlgorithm(comm), "ring": RingAlgorithm(comm)}
+    table = AutoTable(key=cluster_key(comm), sizes=message_sizes(max_bytes), source="measured")
+    table.times = {name: [] for name in candidates}
+    for nbytes in table.sizes:
+        tensor = torch.ones(max(1, nbytes // 4), dtype=torch.float32)
+        reps = repetitions(nbytes)
+        local = np.zeros((len(candidates), reps))
+        for name in candidates:  # warm-up: connections, scratch buffers
+            algorithms[name].allreduce_(tensor, "sum")
+        for rep in range(reps):
+            for i, name in enumerate(candidates):
+                comm.Barrier()
+                start = time.perf_counter()
+                algorithms[name].allreduce_(tensor, "sum")
+                local[i, rep] = time.perf_counter() - start
+        slowest = np.empty_like(local)
+        from mpi4py import MPI
+
+        comm.Allreduce(local, slowest, op=MPI.MAX)
+        medians = np.median(slowest, axis=1)
+        for i, name in enumerate(candidates):
+            table.times[name].append(float(medians[i]))
+        table.choices.append(candidates[int(np.argmin(medians))])
+    return table
+
+
+def save(table: AutoTable) -> Path:
+    """Write ``table`` to its cache file atomically (temporary file + rename)."""
+    path = cache_path(table.key)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_suffix(f".{os.getpid()}.tmp")
+    payload = {**asdict(table), "source": "cache", "path": str(path)}
+    temporary.write_text(json.dumps(payload, indent=1))
+    temporary.replace(path)
+    table.path = str(path)
+    return path
+
+
+def load(key: dict[str, Any]) -> AutoTable | None:
+    """The cached table for ``key``, or None if absent or unreadable."""
+    path = cache_path(key)
+    try:
+        payload = json.loads(path.read_text())
+        table = AutoTable(**payload)
+    except (OSError, ValueError, TypeError):
+        return None
+    return table if table.key == key and len(table.choices) == len(table.sizes) else None
+
+
+def tune(comm: MPI.Comm, max_bytes: int = QUICK_MAX_BYTES, force: bool = False) -> AutoTable:
+    """The table for this cluster: from the cache, else measured and cached (collective).
+
+    Rank 0 reads and writes the file and broadcasts the table, so every rank decides alike
+    even without a shared file system.
+    """
+    key = cluster_key(comm)
+    table = load(key) if comm.Get_rank() == 0 and not force else None
+    table = comm.bcast(table, root=0)
+    if table is None:
+        if os.environ.get("RAPYDLI_COMM_AUTOTUNE", "1") == "0" and not force:
+            return AutoTable(key=key)
+        table = measure(comm, max_bytes)
+        if comm.Get_rank() == 0:
+            save(table)
+        comm.Barrier()  # the file exists when tune() returns, on every rank
+        table.path = str(cache_path(key))
+    return table
+
+
+class AutoAlgorithm(Algorithm):
+    """Delegates each message to ``mpi`` or ``ring`` by size, from :func:`tune`'s table.
+
+    Parameters
+    ----------
+    comm
+        The mpi4py communicator.
+    table
+        A table to use instead of loading/measuring one (shared by :meth:`bind`).
+    """
+
+    name = "auto"
+
+    def __init__(self, comm: MPI.Comm, table: AutoTable | None = None) -> None:
+        super().__init__(comm)
+        self.candidates: dict[str, Algorithm] = {"mpi": MPIAlgorithm(comm), "ring": RingAlgorithm(comm)}
+        self.table = table if table is not None else tune(comm)
+
+    def bind(self, comm: MPI.Comm) -> AutoAlgorithm:
+        return AutoAlgorithm(comm, self.table)
+
+    def choose(self, flat: torch.Tensor) -> str:
+        if flat.dtype in HALF_DTYPES:
+            return "ring"
+        return self.table.pick(flat.numel() * flat.element_size())
+
+    def allreduce_(self, flat: torch.Tensor, op: str) -> None:
+        self.candidates[self.choose(flat)].allreduce_(flat, op)

@@ -1,0 +1,107 @@
+"""The allreduce algorithm interface and its registry by name.
+
+An algorithm is bound to one mpi4py communicator and reduces a flat, contiguous tensor in
+place. Built-in algorithms are registered by import path, so naming one does not import
+the others (``gloo``/``nccl`` pull in ``torch.distributed`` only when used)::
+
+    from rapydli.comm.base import register_algorithm
+    register_algorithm("mine", "mypackage.allreduce:MyAlgorithm")
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from importlib import import_module
+from typing import TYPE_CHECKING, ClassVar
+
+import torch
+
+from rapydli.comm.tensors import byte_array
+from rapydli.errors import ConfigError
+
+if TYPE_CHECKING:
+    from mpi4py import MPI
+
+    from rapydli.comm.handle import Handle
+
+
+class Algorithm:
+    """Base class: an allreduce algorithm over one MPI communicator.
+
+    Subclasses implement :meth:`allreduce_` for ``op`` in ``sum``, ``max``, ``min``
+    (``avg`` is handled by the :class:`~rapydli.comm.Communicator`). Those with their own
+    asynchronous engine (torch.distributed) set ``native_async`` and implement
+    :meth:`iallreduce_`; the others are run by the communicator's communication thread.
+
+    Parameters
+    ----------
+    comm
+        The mpi4py communicator the algorithm works over.
+    """
+
+    name: ClassVar[str] = ""
+    #: True when :meth:`iallreduce_` progresses on its own (no communication thread needed).
+    native_async: ClassVar[bool] = False
+    #: Devices whose tensors the algorithm reduces directly; others are staged through host memory.
+    device_types: ClassVar[frozenset[str]] = frozenset({"cpu"})
+
+    def __init__(self, comm: MPI.Comm) -> None:
+        self.comm = comm
+
+    def bind(self, comm: MPI.Comm) -> Algorithm:
+        """The same algorithm over another communicator (used for the asynchronous one)."""
+        return type(self)(comm)
+
+    def allreduce_(self, flat: torch.Tensor, op: str) -> None:
+        """Reduce ``flat`` (1-D, contiguous) in place across the communicator."""
+        raise NotImplementedError
+
+    def iallreduce_(self, flat: torch.Tensor, op: str) -> Handle:
+        """Start reducing ``flat``; only for ``native_async`` algorithms."""
+        raise NotImplementedError(f"{self.name} has no native asynchronous allreduce")
+
+    def broadcast_(self, flat: torch.Tensor, root: int) -> None:
+        """Copy ``root``'s ``flat`` to every rank (MPI ``Bcast`` on the tensor's bytes)."""
+        from mpi4py import MPI
+
+        if flat.numel():
+            self.comm.Bcast([byte_array(flat), MPI.BYTE], root=root)
+
+    def choose(self, flat: torch.Tensor) -> str:
+        """The name of the algorithm that actually runs for ``flat`` (``auto`` overrides)."""
+        return self.name
+
+
+_REGISTRY: dict[str, str | Callable[[MPI.Comm], Algorithm]] = {
+    "mpi": "rapydli.comm.mpi:MPIAlgorithm",
+    "ring": "rapydli.comm.ring:RingAlgorithm",
+    "gloo": "rapydli.comm.torchdist:GlooAlgorithm",
+    "nccl": "rapydli.comm.torchdist:NcclAlgorithm",
+    "auto": "rapydli.comm.auto:AutoAlgorithm",
+}
+
+
+def register_algorithm(name: str, factory: str | Callable[[MPI.Comm], Algorithm]) -> None:
+    """Register ``factory`` (a callable or ``"module:attribute"``) under ``name``."""
+    _REGISTRY[name] = factory
+
+
+def algorithm_names() -> list[str]:
+    """Registered algorithm names, sorted."""
+    return sorted(_REGISTRY)
+
+
+def check_algorithm(name: str) -> str:
+    """Return ``name`` if registered, else raise :class:`ConfigError` listing the allowed names."""
+    if name not in _REGISTRY:
+        raise ConfigError(f"algorithm={name!r} is invalid: allowed algorithms are {', '.join(algorithm_names())}")
+    return name
+
+
+def create_algorithm(name: str, comm: MPI.Comm) -> Algorithm:
+    """Instantiate the algorithm registered as ``name`` over ``comm`` (collective for some)."""
+    factory = _REGISTRY[check_algorithm(name)]
+    if isinstance(factory, str):
+        module_name, attribute = factory.split(":")
+        factory = getattr(import_module(module_name), attribute)
+    return factory(comm)

@@ -1,0 +1,206 @@
+"""The :class:`Communicator`: in-place collectives on torch tensors over MPI.
+
+Blocking calls run in the caller's thread on the MPI communicator given. Asynchronous
+calls (``iallreduce_``) run on a background communication thread, over a duplicate of
+that communicator, in submission order; the thread makes MPI progress while the caller
+computes (MPI itself progresses non-blocking collectives only inside MPI calls). This
+needs ``MPI.THREAD_MULTIPLE`` (mpi4py's default). With ``THREAD_SERIALIZED`` every MPI
+call of the communicator goes through the thread; below that there is no thread and
+``iallreduce_`` completes before it returns (``comm.progress`` says which).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+import torch
+
+from rapydli.comm.base import Algorithm, check_algorithm, create_algorithm
+from rapydli.comm.handle import CommThread, CompletedHandle, Handle, ThreadHandle, WorkHandle
+from rapydli.comm.tensors import check_op, finish_avg, flat_view
+from rapydli.errors import ConfigError
+
+if TYPE_CHECKING:
+    from mpi4py import MPI
+
+    from rapydli.comm.auto import AutoTable
+
+
+class Communicator:
+    """Collectives on torch tensors over an mpi4py communicator.
+
+    Parameters
+    ----------
+    mpi_comm
+        The mpi4py communicator (default ``MPI.COMM_WORLD``). Construction is collective.
+    algorithm
+        Default allreduce algorithm: ``"auto"``, ``"mpi"``, ``"ring"``, ``"gloo"``,
+        ``"nccl"`` (see :func:`rapydli.comm.base.algorithm_names`).
+
+    Examples
+    --------
+    >>> comm = Communicator(algorithm="ring")  # doctest: +SKIP
+    >>> t = torch.full((5,), float(comm.rank))  # doctest: +SKIP
+    >>> comm.allreduce_(t, op="avg")  # doctest: +SKIP
+    >>> handle = comm.iallreduce_(t); handle.wait()  # doctest: +SKIP
+    """
+
+    def __init__(self, mpi_comm: MPI.Comm | None = None, algorithm: str = "auto") -> None:
+        check_algorithm(algorithm)
+        from mpi4py import MPI
+
+        self.mpi_comm: MPI.Comm = mpi_comm if mpi_comm is not None else MPI.COMM_WORLD
+        self.rank: int = self.mpi_comm.Get_rank()
+        self.world_size: int = self.mpi_comm.Get_size()
+        self.algorithm: str = algorithm
+        self.thread_level: int = MPI.Query_thread()
+        if self.thread_level >= MPI.THREAD_MULTIPLE:
+            self.progress = "thread"
+        elif self.thread_level >= MPI.THREAD_SERIALIZED:
+            self.progress = "serialized"
+        else:
+            self.progress = "none"
+        self._async_comm: MPI.Comm = self.mpi_comm.Dup() if self.progress == "thread" else self.mpi_comm
+        self._thread: CommThread | None = CommThread() if self.progress != "none" else None
+        self._algorithms: dict[str, tuple[Algorithm, Algorithm]] = {}
+        self._get(algorithm)
+
+    # -- properties -----------------------------------------------------------------
+
+    @property
+    def auto_table(self) -> AutoTable | None:
+        """The measurement ``auto`` decides by (None unless ``auto`` has been used)."""
+        pair = self._algorithms.get("auto")
+        return getattr(pair[0], "table", None) if pair else None
+
+    def __repr__(self) -> str:
+        return f"Communicator(rank={self.rank}, world_size={self.world_size}, algorithm={self.algorithm!r})"
+
+    # -- collectives ----------------------------------------------------------------
+
+    def allreduce_(self, tensor: torch.Tensor, op: str = "sum", algorithm: str | None = None) -> torch.Tensor:
+        """Reduce ``tensor`` across ranks in place and return it.
+
+        Parameters
+        ----------
+        tensor
+            A contiguous tensor of a supported dtype (non-contiguous: :class:`ConfigError`).
+        op
+            ``"sum"``, ``"avg"``, ``"max"`` or ``"min"``. ``avg`` on integer tensors uses
+            floor division.
+        algorithm
+            Override the communicator's default algorithm for this call.
+        """
+        if self.progress == "serialized":
+            return self.iallreduce_(tensor, op, algorithm).wait()
+        flat, name, op = self._prepare(tensor, op, algorithm)
+        algo = self._get(name)[0]
+        self._run(algo, flat, op)
+        return tensor
+
+    def iallreduce_(self, tensor: torch.Tensor, op: str = "sum", algorithm: str | None = None) -> Handle:
+        """Start an in-place allreduce of ``tensor``; returns a :class:`Handle` (``wait()``, ``test()``).
+
+        Do not read or write ``tensor`` before ``wait()`` returns. Every rank must start
+        its asynchronous collectives in the same order.
+        """
+        flat, name, op = self._prepare(tensor, op, algorithm)
+        main, asynchronous = self._get(name)
+        chosen = asynchronous.choose(flat)
+        if asynchronous.native_async and flat.device.type in asynchronous.device_types:
+            then = (lambda: finish_avg(flat, self.world_size)) if op == "avg" else None
+            handle: Handle = asynchronous.iallreduce_(flat, op)
+            assert isinstance(handle, WorkHandle)
+            handle.tensor, handle.then = tensor, then
+            return handle
+        if self._thread is None:
+            start = time.perf_counter()
+            self._run(main, flat, op)
+            return CompletedHandle(tensor, chosen, start, time.perf_counter())
+        return self._thread.submit(ThreadHandle(tensor, chosen, lambda: self._run(asynchronous, flat, op)))
+
+    def broadcast_(self, tensor: torch.Tensor, root: int = 0) -> torch.Tensor:
+        """Copy ``root``'s ``tensor`` into ``tensor`` on every rank, in place; returns it."""
+        if not 0 <= root < self.world_size:
+            raise ConfigError(f"root={root} is invalid: it must be a rank in [0, {self.world_size - 1}]")
+        flat = flat_view(tensor)
+        algo = self._get(self.algorithm)[0]
+        if flat.device.type not in algo.device_types:
+            algo = self._get("mpi")[0] if flat.device.type == "cpu" else algo
+        if flat.device.type in algo.device_types:
+            self._call(lambda: algo.broadcast_(flat, root))
+        else:  # device tensor, host algorithm: stage through host memory
+            host = flat.cpu()
+            self._call(lambda: algo.broadcast_(host, root))
+            flat.copy_(host)
+        return tensor
+
+    def barrier(self) -> None:
+        """Block until every rank has called ``barrier()``."""
+        self._call(self.mpi_comm.Barrier)
+
+    def tune(self, max_bytes: int | None = None, force: bool = True) -> AutoTable:
+        """Measure ``mpi`` against ``ring`` for ``auto`` and cache it (collective); returns the table."""
+        from rapydli.comm import auto
+
+        table = auto.tune(self.mpi_comm, max_bytes or auto.QUICK_MAX_BYTES, force=force)
+        if "auto" in self._algorithms:
+            for algo in self._algorithms["auto"]:
+                algo.table = table  # type: ignore[attr-defined]
+        else:
+            first = auto.AutoAlgorithm(self.mpi_comm, table)
+            self._algorithms["auto"] = (first, first.bind(self._async_comm))
+        return table
+
+    def close(self) -> None:
+        """Finish queued work, stop the communication thread and free the duplicate communicator."""
+        if self._thread is not None:
+            self._thread.close()
+            self._thread = None
+        if self._async_comm is not self.mpi_comm:
+            self._async_comm.Free()
+            self._async_comm = self.mpi_comm
+
+    # -- internals ------------------------------------------------------------------
+
+    def _prepare(self, tensor: torch.Tensor, op: str, algorithm: str | None) -> tuple[torch.Tensor, str, str]:
+        check_op(op)
+        name = check_algorithm(algorithm) if algorithm is not None else self.algorithm
+        flat = flat_view(tensor)
+        if flat.is_cuda and name == "auto" and _nccl_usable():
+            name = "nccl"
+        if flat.device.type == "cpu" and name == "nccl":
+            raise ConfigError("algorithm='nccl' reduces CUDA tensors only; use 'auto', 'mpi' or 'ring' for CPU tensors")
+        return flat, name, op
+
+    def _get(self, name: str) -> tuple[Algorithm, Algorithm]:
+        """(algorithm over the main communicator, the same over the asynchronous one); built once."""
+        if name not in self._algorithms:
+            algo = create_algorithm(name, self.mpi_comm)
+            self._algorithms[name] = (algo, algo.bind(self._async_comm))
+        return self._algorithms[name]
+
+    def _run(self, algo: Algorithm, flat: torch.Tensor, op: str) -> None:
+        """Allreduce ``flat`` with ``algo`` (staging device memory through the host if needed), then ``avg``."""
+        if flat.device.type in algo.device_types:
+            algo.allreduce_(flat, op)
+        else:
+            host = flat.cpu()
+            algo.allreduce_(host, op)
+            flat.copy_(host)
+        if op == "avg":
+            finish_avg(flat, self.world_size)
+
+    def _call(self, function) -> None:
+        """Run an MPI call here, or on the communication thread under ``THREAD_SERIALIZED``."""
+        if self.progress == "serialized" and self._thread is not None:
+            self._thread.submit(ThreadHandle(torch.empty(0), "call", function)).wait()
+        else:
+            function()
+
+
+def _nccl_usable() -> bool:
+    import torch.distributed as dist
+
+    return torch.cuda.is_available() and dist.is_available() and dist.is_nccl_available()

@@ -1,0 +1,140 @@
+"""Tensors as MPI buffers: validation, zero-copy byte views, reduction ops.
+
+Every algorithm works on a *flat* view of the caller's tensor (``tensor.view(-1)``), so
+the memory MPI reads and writes is the tensor's own; nothing is copied through Python
+objects. ``float16`` and ``bfloat16`` have no MPI datatype: they travel as 2-byte words
+(``MPI.UINT16_T``) and are reduced with torch, either by the ring algorithm itself or by
+a user-defined MPI operation (:func:`mpi_op`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from rapydli.errors import ConfigError
+
+if TYPE_CHECKING:
+    from mpi4py import MPI
+
+#: Reduction ops accepted by ``allreduce_``; ``avg`` is ``sum`` followed by a division.
+OPS: tuple[str, ...] = ("sum", "avg", "max", "min")
+
+#: dtypes every algorithm supports.
+DTYPES: tuple[torch.dtype, ...] = (
+    torch.float32,
+    torch.float64,
+    torch.float16,
+    torch.bfloat16,
+    torch.int32,
+    torch.int64,
+    torch.int16,
+    torch.int8,
+    torch.uint8,
+)
+
+#: dtypes without an MPI datatype; reduced with torch.
+HALF_DTYPES: frozenset[torch.dtype] = frozenset({torch.float16, torch.bfloat16})
+
+
+def check_op(op: str) -> str:
+    """Return ``op`` if it is one of :data:`OPS`, else raise :class:`ConfigError`."""
+    if op not in OPS:
+        raise ConfigError(f"op={op!r} is invalid: allowed ops are {', '.join(OPS)}")
+    return op
+
+
+def flat_view(tensor: torch.Tensor, argument: str = "tensor") -> torch.Tensor:
+    """A 1-D view sharing ``tensor``'s memory; raise :class:`ConfigError` if impossible.
+
+    Non-contiguous tensors are refused rather than silently copied: the in-place contract
+    of ``allreduce_`` would otherwise write the result into a temporary. Call
+    ``.contiguous()`` first (and copy the result back) if you need that.
+    """
+    if not isinstance(tensor, torch.Tensor):
+        raise ConfigError(f"{argument} must be a torch.Tensor, got {type(tensor).__name__}")
+    if tensor.dtype not in DTYPES:
+        allowed = ", ".join(str(d).replace("torch.", "") for d in DTYPES)
+        raise ConfigError(f"{argument} has dtype {tensor.dtype}, which is not supported: allowed dtypes are {allowed}")
+    if not tensor.is_contiguous():
+        raise ConfigError(
+            f"{argument} is not contiguous (shape {tuple(tensor.shape)}, stride {tensor.stride()}): "
+            "collectives work in place on the tensor's own memory; pass tensor.contiguous() and copy the result back"
+        )
+    return tensor.detach().view(-1)
+
+
+def byte_array(flat: torch.Tensor) -> np.ndarray:
+    """A ``uint8`` numpy array over ``flat``'s memory (CPU tensors only; no copy)."""
+    return flat.view(torch.uint8).numpy() if flat.numel() else np.empty(0, dtype=np.uint8)
+
+
+def mpi_datatype(dtype: torch.dtype) -> MPI.Datatype:
+    """The MPI datatype whose elements match ``dtype`` (2-byte words for half types)."""
+    from mpi4py import MPI
+
+    table = {
+        torch.float32: MPI.FLOAT,
+        torch.float64: MPI.DOUBLE,
+        torch.float16: MPI.UINT16_T,
+        torch.bfloat16: MPI.UINT16_T,
+        torch.int32: MPI.INT32_T,
+        torch.int64: MPI.INT64_T,
+        torch.int16: MPI.INT16_T,
+        torch.int8: MPI.INT8_T,
+        torch.uint8: MPI.UINT8_T,
+    }
+    return table[dtype]
+
+
+def mpi_buffer(flat: torch.Tensor) -> list:
+    """``[memory, count, datatype]`` for mpi4py over ``flat``'s own memory."""
+    return [byte_array(flat), flat.numel(), mpi_datatype(flat.dtype)]
+
+
+def reduce_into(target: torch.Tensor, source: torch.Tensor, op: str) -> None:
+    """``target = target (op) source`` in place; ``op`` is ``sum``, ``avg``, ``max`` or ``min``.
+
+    ``avg`` accumulates like ``sum``; the division happens once at the end (:func:`finish_avg`).
+    """
+    if op in ("sum", "avg"):
+        target.add_(source)
+    elif op == "max":
+        torch.maximum(target, source, out=target)
+    else:
+        torch.minimum(target, source, out=target)
+
+
+def finish_avg(flat: torch.Tensor, world_size: int) -> None:
+    """Divide a summed tensor by ``world_size``; integer tensors use floor division."""
+    if flat.is_floating_point():
+        flat.div_(world_size)
+    else:
+        flat.floor_divide_(world_size)
+
+
+_HALF_OPS: dict[tuple[torch.dtype, str], MPI.Op] = {}
+
+
+def mpi_op(dtype: torch.dtype, op: str) -> MPI.Op:
+    """The MPI reduction op for ``op`` on ``dtype``: built-in, or a torch-backed user op for half types."""
+    from mpi4py import MPI
+
+    if dtype not in HALF_DTYPES:
+        return {"sum": MPI.SUM, "avg": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN}[op]
+    key = (dtype, "sum" if op == "avg" else op)
+    if key not in _HALF_OPS:
+        _HALF_OPS[key] = MPI.Op.Create(_half_reducer(*key), commute=True)
+    return _HALF_OPS[key]
+
+
+def _half_reducer(dtype: torch.dtype, op: str) -> Callable[[object, object, object], None]:
+    def reduce(inbuf: object, inoutbuf: object, datatype: object) -> None:
+        target = torch.frombuffer(inoutbuf, dtype=dtype)
+        if target.numel():
+            reduce_into(target, torch.frombuffer(inbuf, dtype=dtype), op)
+
+    return reduce

@@ -1,0 +1,225 @@
+"""rapydli.comm.Communicator: every algorithm against MPI.Allreduce on real ranks.
+
+Many checks run in one ``mpiexec`` launch per world size, to keep the file fast.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from rapydli.comm.base import algorithm_names, check_algorithm
+from rapydli.comm.tensors import check_op, flat_view
+from rapydli.errors import ConfigError
+
+# Oversubscribed ranks (3 on 2 cores) must yield the CPU while MPICH polls.
+YIELD = {"MPIR_CVAR_ENABLE_HEAVY_YIELD": "1"}
+
+# A failing rank aborts the job at once instead of leaving the others blocked in MPI.
+ABORT_ON_ERROR = r"""
+import sys, traceback
+def _abort(kind, value, tb):
+    traceback.print_exception(kind, value, tb)
+    sys.stderr.flush()
+    from mpi4py import MPI
+    MPI.COMM_WORLD.Abort(1)
+sys.excepthook = _abort
+"""
+
+
+def test_bad_input_is_a_config_error_naming_the_argument() -> None:
+    with pytest.raises(ConfigError, match="not contiguous"):
+        flat_view(torch.zeros(4, 6).t())
+    with pytest.raises(ConfigError, match="dtype"):
+        flat_view(torch.zeros(3, dtype=torch.complex64))
+    with pytest.raises(ConfigError, match="op='prod'.*sum, avg, max, min"):
+        check_op("prod")
+    with pytest.raises(ConfigError, match="algorithm='fastest'"):
+        check_algorithm("fastest")
+    assert {"mpi", "ring", "gloo", "nccl", "auto"} <= set(algorithm_names())
+
+
+def test_flat_view_shares_memory() -> None:
+    tensor = torch.zeros(3, 4)
+    flat_view(tensor)[5] = 7.0
+    assert tensor[1, 1] == 7.0
+
+
+CORRECTNESS = ABORT_ON_ERROR + r"""
+import json, os, sys
+import numpy as np
+import torch
+from mpi4py import MPI
+from rapydli.comm import Communicator
+from rapydli.errors import ConfigError
+
+world = MPI.COMM_WORLD
+rank, n = world.Get_rank(), world.Get_size()
+SIZES = [0, 1, 2, 3, 7, 13, 97, 10007] + ([1000003] if n == 2 else [])
+DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32, torch.int64]
+NP = {torch.float32: np.float32, torch.float64: np.float64, torch.int32: np.int32, torch.int64: np.int64}
+MPI_OP = {"sum": MPI.SUM, "avg": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN}
+
+comm = Communicator(algorithm="ring")
+# auto decides from a (small, quick) measurement cached under $RAPYDLI_HOME
+table = comm.tune(max_bytes=1 << 16)
+assert table.path and os.path.exists(table.path), table.path
+assert set(table.choices) <= {"mpi", "ring"} and len(table.choices) == len(table.sizes)
+cached = json.load(open(table.path))
+assert cached["key"]["world_size"] == n and cached["choices"] == table.choices
+
+def reference(x, op):
+    # MPI.Allreduce on the same input (half types have no MPI type: reduce them as float64)
+    if x.dtype in (torch.float16, torch.bfloat16):
+        wide = x.double().numpy().copy()
+    else:
+        wide = x.numpy().copy()
+    out = np.empty_like(wide)
+    world.Allreduce(wide, out, op=MPI_OP[op])
+    out = torch.from_numpy(out)
+    if op == "avg":
+        out = out / n if x.is_floating_point() else torch.div(out, n, rounding_mode="floor")
+    return out
+
+def check(got, want, x, what):
+    if x.is_floating_point():
+        tol = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2}.get(x.dtype, 1e-6)
+        ok = torch.allclose(got.double(), want.double(), rtol=tol, atol=tol)
+        if x.dtype in (torch.float16, torch.bfloat16):
+            # same result as reducing in wide precision and rounding once, within one ulp per add
+            ok = ok and got.dtype == x.dtype
+    else:
+        ok = torch.equal(got, want.to(x.dtype))
+    assert ok, (what, (got.double() - want.double()).abs().max())
+
+checks = 0
+for algorithm in ["mpi", "ring", "auto", "gloo"]:
+    for dtype in DTYPES:
+        for size in SIZES:
+            g = torch.Generator().manual_seed(1000 * rank + size)
+            if dtype.is_floating_point:
+                x = torch.randn(size, generator=g).to(dtype)
+            else:
+                x = torch.randint(-1000, 1000, (size,), generator=g, dtype=dtype)
+            for op in ["sum", "avg", "max", "min"]:
+                want = reference(x, op)
+                blocking = x.clone()
+                assert comm.allreduce_(blocking, op=op, algorithm=algorithm) is blocking
+                check(blocking, want, x, (algorithm, dtype, size, op, "allreduce_"))
+                checks += 1
+        # several outstanding iallreduce_ at once, waited in order; shapes are kept
+        inputs = [torch.arange(s, dtype=torch.float64).to(dtype).reshape(-1, 1) + rank for s in (5, 0, 10007)]
+        outs = [t.clone() for t in inputs]
+        handles = [comm.iallreduce_(t, op="sum", algorithm=algorithm) for t in outs]
+        for handle, t, x in zip(handles, outs, inputs):
+            assert handle.wait() is t and handle.test()
+            check(t.view(-1), reference(x.view(-1).contiguous(), "sum"), x, (algorithm, dtype, "iallreduce_"))
+            checks += 1
+
+# broadcast_: from a non-zero root, every dtype, tensor shapes kept
+for dtype in DTYPES:
+    t = (torch.arange(24, dtype=torch.float64).reshape(2, 3, 4) * (rank + 1)).to(dtype)
+    comm.broadcast_(t, root=n - 1)
+    assert torch.equal(t, (torch.arange(24, dtype=torch.float64).reshape(2, 3, 4) * n).to(dtype)), dtype
+    checks += 1
+
+# non-contiguous input: a clear ConfigError, nothing sent (all ranks raise alike)
+for call in (comm.allreduce_, comm.iallreduce_, comm.broadcast_):
+    try:
+        call(torch.zeros(4, 6).t())
+    except ConfigError as error:
+        assert "contiguous" in str(error)
+    else:
+        raise AssertionError("non-contiguous input accepted")
+try:
+    comm.allreduce_(torch.zeros(3), op="prod")
+except ConfigError as error:
+    assert "op='prod'" in str(error)
+
+# auto follows its table: force every size to ring, then to mpi
+auto = comm._get("auto")
+for forced in ("ring", "mpi"):
+    table.choices = [forced] * len(table.sizes)
+    handle = comm.iallreduce_(torch.ones(1000), algorithm="auto")
+    handle.wait()
+    assert handle.algorithm == forced and auto[0].choose(torch.ones(10)) == forced
+# half precision always goes to ring under auto
+assert auto[0].choose(torch.ones(10, dtype=torch.bfloat16)) == "ring"
+
+comm.barrier()
+comm.close()
+print(f"OK rank {rank} checks {checks}", flush=True)
+"""
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("n", [2, 3])
+def test_every_algorithm_equals_mpi_allreduce(run_mpi, n: int) -> None:
+    result = run_mpi(CORRECTNESS, n=n, timeout=240, env=YIELD)
+    for rank in range(n):
+        assert f"OK rank {rank} checks" in result.stdout, result.stdout + result.stderr
+
+
+PROGRESS = ABORT_ON_ERROR + r"""
+import time
+import torch
+from mpi4py import MPI
+from rapydli.comm import Communicator
+
+comm = Communicator(algorithm="mpi")
+assert comm.progress == "thread", comm.progress   # mpi4py initialises THREAD_MULTIPLE
+for algorithm in ("mpi", "ring"):
+    t = torch.full((4 << 20,), float(comm.rank + 1))
+    handle = comm.iallreduce_(t, op="avg", algorithm=algorithm)
+    # no MPI call on this thread: only the communication thread can complete the collective
+    deadline = time.monotonic() + 60
+    while not handle.test():
+        assert time.monotonic() < deadline, "iallreduce_ made no progress without wait()"
+        time.sleep(0.01)
+    assert handle.finished is not None and handle.duration > 0
+    assert torch.all(t == (comm.world_size + 1) / 2)
+comm.close()
+print(f"PROGRESS rank {comm.rank}", flush=True)
+"""
+
+
+@pytest.mark.mpi
+def test_iallreduce_progresses_without_wait(run_mpi) -> None:
+    result = run_mpi(PROGRESS, n=2, timeout=120)
+    assert result.stdout.count("PROGRESS rank") == 2
+
+
+def test_auto_table_picks_nearest_measured_size(tmp_path, monkeypatch) -> None:
+    from rapydli.comm import auto
+
+    table = auto.AutoTable(key={"world_size": 2}, sizes=[4, 1024, 1 << 20], choices=["mpi", "mpi", "ring"])
+    assert table.pick(1) == "mpi" and table.pick(900) == "mpi"
+    assert table.pick(600 << 10) == "ring" and table.pick(1 << 30) == "ring"
+    assert auto.AutoTable(key={}).pick(1 << 20) == "mpi"  # fallback before any measurement
+    monkeypatch.setenv("RAPYDLI_HOME", str(tmp_path))
+    path = auto.save(table)
+    assert path.parent == tmp_path / "comm"
+    assert auto.load(table.key).choices == table.choices
+    assert auto.load({"world_size": 3}) is None
+    assert json.loads(path.read_text())["sizes"] == [4, 1024, 1 << 20]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (none on this machine)")
+def test_gpu_tensors_use_nccl_or_host_staging(run_mpi) -> None:
+    code = r"""
+import torch
+from rapydli.comm import Communicator
+comm = Communicator(algorithm="ring")
+t = torch.full((1001,), float(comm.rank + 1), device="cuda")
+comm.allreduce_(t, op="sum")                        # ring: staged through host memory
+assert t.is_cuda and torch.all(t == 3)
+if torch.distributed.is_nccl_available() and torch.cuda.device_count() >= comm.world_size:
+    comm.allreduce_(t, op="avg", algorithm="auto")  # auto picks nccl for CUDA tensors
+    assert torch.all(t == 3)
+print("GPU OK", flush=True)
+"""
+    result = run_mpi(code, n=2)
+    assert result.stdout.count("GPU OK") == 2
