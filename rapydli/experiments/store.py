@@ -31,24 +31,18 @@ from __future__ import annotations
 import json
 import math
 import os
-import platform
 import re
 import socket
 import sqlite3
-import sys
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
-from importlib import metadata
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rapydli.errors import ConfigError, NotFoundError, StoreError
-
-if TYPE_CHECKING:  # pragma: no cover
-    import pandas as pd
+from rapydli.experiments.provenance import git_commit, pid_started, process_alive, versions
 
 KINDS = ("train", "sweep", "trial", "scaling", "batch", "tune")
 STATUSES = ("running", "finished", "failed", "interrupted")
@@ -134,103 +128,6 @@ def validate_run_id(run_id: object) -> str:
 
 def _now() -> float:
     return time.time()
-
-
-def _iso(ts: float | None) -> str | None:
-    if ts is None:
-        return None
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ts)) + "Z"
-
-
-def _pid_started(pid: int) -> float | None:
-    import psutil
-
-    try:
-        return psutil.Process(pid).create_time()
-    except (psutil.Error, OSError):
-        return None
-
-
-def _process_alive(pid: int, started: float | None) -> bool:
-    import psutil
-
-    try:
-        proc = psutil.Process(pid)
-        if started is not None and abs(proc.create_time() - started) > 1.0:
-            return False  # the pid was reused by another process
-        return proc.status() != psutil.STATUS_ZOMBIE
-    except (psutil.Error, OSError):
-        return False
-
-
-def git_commit(path: str | os.PathLike[str] | None = None) -> str | None:
-    """Commit of the git checkout containing ``path`` (default cwd), read from ``.git`` files."""
-    here = Path(path or os.getcwd()).resolve()
-    for folder in (here, *here.parents):
-        dotgit = folder / ".git"
-        if dotgit.is_file():  # worktree or submodule: "gitdir: <path>"
-            text = dotgit.read_text().strip()
-            if not text.startswith("gitdir:"):
-                return None
-            gitdir = (folder / text.split(":", 1)[1].strip()).resolve()
-        elif dotgit.is_dir():
-            gitdir = dotgit
-        else:
-            continue
-        return _read_head(gitdir)
-    return None
-
-
-def _read_head(gitdir: Path) -> str | None:
-    try:
-        head = (gitdir / "HEAD").read_text().strip()
-    except OSError:
-        return None
-    if not head.startswith("ref:"):
-        return head or None
-    ref = head.split(":", 1)[1].strip()
-    common = gitdir
-    commondir = gitdir / "commondir"
-    if commondir.is_file():
-        common = (gitdir / commondir.read_text().strip()).resolve()
-    for base in (gitdir, common):
-        ref_file = base / ref
-        if ref_file.is_file():
-            return ref_file.read_text().strip() or None
-    packed = common / "packed-refs"
-    if packed.is_file():
-        for line in packed.read_text().splitlines():
-            parts = line.split()
-            if len(parts) == 2 and parts[1] == ref:
-                return parts[0]
-    return None  # a branch without commits yet
-
-
-def versions() -> dict[str, str | None]:
-    """Versions of python, torch, mpi4py, the MPI library and rapydli (without importing torch/MPI)."""
-
-    def dist(name: str) -> str | None:
-        try:
-            return metadata.version(name)
-        except metadata.PackageNotFoundError:
-            return None
-
-    from rapydli import __version__
-
-    mpi_library = None
-    mpi = sys.modules.get("mpi4py.MPI")
-    if mpi is not None:  # only when this process already initialised MPI
-        mpi_library = mpi.Get_library_version().strip().splitlines()[0]
-    elif dist("mpich"):
-        mpi_library = f"MPICH {dist('mpich')} (wheel)"
-    torch = sys.modules.get("torch")
-    return {
-        "python": platform.python_version(),
-        "torch": getattr(torch, "__version__", None) or dist("torch"),
-        "mpi4py": dist("mpi4py"),
-        "mpi": mpi_library,
-        "rapydli": __version__,
-    }
 
 
 def _json_default(value: Any) -> Any:
@@ -383,7 +280,7 @@ class RunStore:
         row = (
             run_id, kind, str(name), parent, params_json, "running", None,
             None if seed is None else int(seed), int(world_size), now, None, now,
-            self._host, pid, _pid_started(pid), os.getcwd(), git_commit(), to_json(versions()),
+            self._host, pid, pid_started(pid), os.getcwd(), git_commit(), to_json(versions()),
         )  # fmt: skip
         self._write(
             lambda conn: conn.execute(
@@ -480,7 +377,7 @@ class RunStore:
         gone = []
         for row in self._read("SELECT id, host, pid, pid_started, heartbeat FROM runs WHERE status = 'running'"):
             if row["host"] == self._host:
-                dead = not _process_alive(row["pid"], row["pid_started"])
+                dead = not process_alive(row["pid"], row["pid_started"])
             else:
                 dead = now - row["heartbeat"] > stale_after
             if dead:
@@ -642,113 +539,11 @@ def current_run_id() -> str | None:
     return os.environ.get(BATCH_ITEM_ENV) or _current.get(os.getpid())
 
 
-# -- the public Python API (rd.runs, rd.run) ---------------------------------------
-@dataclass
-class RunRecord:
-    """One recorded run as returned by :func:`run`.
+# rd.runs / rd.run live in runview.py; imported last because they read this module
+from rapydli.experiments.runview import RunRecord, iso_times, run, runs  # noqa: E402
 
-    Attributes
-    ----------
-    info
-        Everything :meth:`RunStore.get_run` returns (id, kind, status, times, host, versions...).
-    params
-        The parameters it ran with.
-    metrics
-        DataFrame with columns step, name, value, time (one row per logged value).
-    artifacts
-        DataFrame with columns path, kind, time.
-    records
-        Values recorded with :func:`rapydli.record`, by name (tables as lists of row dicts,
-        figures as plotly JSON dicts).
-    """
-
-    info: dict[str, Any]
-    params: dict[str, Any]
-    metrics: pd.DataFrame
-    artifacts: pd.DataFrame
-    records: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def id(self) -> str:
-        return self.info["id"]
-
-    @property
-    def status(self) -> str:
-        return self.info["status"]
-
-    def history(self) -> pd.DataFrame:
-        """Metrics pivoted to one row per step and one column per metric name."""
-        if self.metrics.empty:
-            return self.metrics
-        return self.metrics.pivot_table(index="step", columns="name", values="value", aggfunc="last")
-
-    def __repr__(self) -> str:
-        return (
-            f"RunRecord(id={self.id!r}, kind={self.info['kind']!r}, name={self.info['name']!r}, "
-            f"status={self.status!r}, params={self.params!r}, metrics={len(self.metrics)} rows, "
-            f"artifacts={len(self.artifacts)}, records={sorted(self.records)})"
-        )
-
-
-RUN_COLUMNS = ["id", "kind", "name", "status", "parent", "started", "ended", "duration", "world_size", "seed", "host", "params", "error"]
-
-
-def runs(kind: str | None = None, status: str | None = None) -> pd.DataFrame:
-    """All recorded runs, newest first, as a DataFrame.
-
-    Parameters
-    ----------
-    kind
-        Only runs of this kind (train, sweep, trial, scaling, batch, tune).
-    status
-        Only runs with this status (running, finished, failed, interrupted).
-
-    Returns
-    -------
-    pandas.DataFrame
-        Columns id, kind, name, status, parent, started, ended (UTC timestamps), duration
-        (seconds), world_size, seed, host, params (dict), error.
-
-    Examples
-    --------
-    >>> import rapydli as rd
-    >>> rd.runs(kind="train", status="finished").head()  # doctest: +SKIP
-    """
-    import pandas as pd
-
-    rows, _ = require_store().list_runs(kind=kind, status=status)
-    frame = pd.DataFrame(rows, columns=RUN_COLUMNS) if rows else pd.DataFrame(columns=RUN_COLUMNS)
-    for column in ("started", "ended"):
-        frame[column] = pd.to_datetime(frame[column], unit="s", utc=True)
-    return frame[RUN_COLUMNS]
-
-
-def run(run_id: str) -> RunRecord:
-    """One recorded run: parameters, metrics (DataFrame), artifacts and recorded values.
-
-    ``run_id`` may be a unique prefix of the id. Raises :class:`NotFoundError` for an unknown id.
-
-    Examples
-    --------
-    >>> r = rd.run("3f2a9c")  # doctest: +SKIP
-    >>> r.params["lr"], r.history()["loss"].iloc[-1]  # doctest: +SKIP
-    """
-    import pandas as pd
-
-    store = require_store()
-    info = store.get_run(store.resolve(run_id))
-    metrics = pd.DataFrame(store.metrics(info["id"]), columns=["seq", "step", "name", "value", "time"])
-    artifacts = pd.DataFrame(store.artifacts(info["id"]), columns=["path", "kind", "time"])
-    records = {name: rec["value"] for name, rec in store.records(info["id"]).items()}
-    return RunRecord(
-        info=info, params=info["params"], metrics=metrics.drop(columns="seq"), artifacts=artifacts, records=records
-    )
-
-
-def iso_times(run_dict: Mapping[str, Any]) -> dict[str, Any]:
-    """A copy of a run dict with started/ended/heartbeat as ISO-8601 UTC text (for JSON output)."""
-    out = dict(run_dict)
-    for key in ("started", "ended", "heartbeat"):
-        if key in out:
-            out[key] = _iso(out[key])
-    return out
+__all__ = [
+    "KINDS", "STATUSES", "BATCH_ITEM_ENV", "PARENT_ENV", "MIGRATIONS", "SCHEMA_VERSION", "RunStore", "RunRecord",
+    "open_store", "require_store", "current_run_id", "rapydli_home", "store_enabled", "validate_run_id", "to_json",
+    "runs", "run", "iso_times",
+]  # fmt: skip

@@ -1,0 +1,106 @@
+"""Where and with what a run ran: host process liveness, git commit, library versions.
+
+Read without starting processes or importing heavy libraries: the git commit comes from
+the ``.git`` files, versions from package metadata (or the already-imported module).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+from importlib import metadata
+from pathlib import Path
+
+
+def pid_started(pid: int) -> float | None:
+    """Creation time of process ``pid`` (to tell a reused pid apart), or None."""
+    import psutil
+
+    try:
+        return psutil.Process(pid).create_time()
+    except (psutil.Error, OSError):
+        return None
+
+
+def process_alive(pid: int, started: float | None) -> bool:
+    """Whether process ``pid`` (created at ``started``) still runs on this host."""
+    import psutil
+
+    try:
+        proc = psutil.Process(pid)
+        if started is not None and abs(proc.create_time() - started) > 1.0:
+            return False  # the pid was reused by another process
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except (psutil.Error, OSError):
+        return False
+
+
+def git_commit(path: str | os.PathLike[str] | None = None) -> str | None:
+    """Commit of the git checkout containing ``path`` (default cwd), read from ``.git`` files."""
+    here = Path(path or os.getcwd()).resolve()
+    for folder in (here, *here.parents):
+        dotgit = folder / ".git"
+        if dotgit.is_file():  # worktree or submodule: "gitdir: <path>"
+            text = dotgit.read_text().strip()
+            if not text.startswith("gitdir:"):
+                return None
+            gitdir = (folder / text.split(":", 1)[1].strip()).resolve()
+        elif dotgit.is_dir():
+            gitdir = dotgit
+        else:
+            continue
+        return _read_head(gitdir)
+    return None
+
+
+def _read_head(gitdir: Path) -> str | None:
+    try:
+        head = (gitdir / "HEAD").read_text().strip()
+    except OSError:
+        return None
+    if not head.startswith("ref:"):
+        return head or None
+    ref = head.split(":", 1)[1].strip()
+    common = gitdir
+    commondir = gitdir / "commondir"
+    if commondir.is_file():
+        common = (gitdir / commondir.read_text().strip()).resolve()
+    for base in (gitdir, common):
+        ref_file = base / ref
+        if ref_file.is_file():
+            return ref_file.read_text().strip() or None
+    packed = common / "packed-refs"
+    if packed.is_file():
+        for line in packed.read_text().splitlines():
+            parts = line.split()
+            if len(parts) == 2 and parts[1] == ref:
+                return parts[0]
+    return None  # a branch without commits yet
+
+
+def versions() -> dict[str, str | None]:
+    """Versions of python, torch, mpi4py, the MPI library and rapydli (without importing torch/MPI)."""
+
+    def dist(name: str) -> str | None:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            return None
+
+    from rapydli import __version__
+
+    mpi_library = None
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is not None:  # only when this process already initialised MPI
+        mpi_library = mpi.Get_library_version().strip().splitlines()[0]
+    elif dist("mpich"):
+        mpi_library = f"MPICH {dist('mpich')} (wheel)"
+    torch = sys.modules.get("torch")
+    return {
+        "python": platform.python_version(),
+        "torch": getattr(torch, "__version__", None) or dist("torch"),
+        "mpi4py": dist("mpi4py"),
+        "mpi": mpi_library,
+        "rapydli": __version__,
+    }
