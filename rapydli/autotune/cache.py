@@ -1,0 +1,133 @@
+"""Measured results in SQLite, keyed by (device fingerprint, problem, candidate, parameters).
+
+A second tuning of the same problem on the same device reads every result from here
+and measures nothing; :class:`CachedRunner` wraps any runner to do that. The database is
+``$RAPYDLI_HOME/autotune.db`` (WAL mode, so engines and the notebook can share it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from rapydli.autotune.runner import Measurement, Runner
+from rapydli.autotune.search import Config, Problem
+from rapydli.errors import StoreError
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS measurements (
+    fingerprint TEXT NOT NULL,
+    problem     TEXT NOT NULL,
+    candidate   TEXT NOT NULL,
+    params      TEXT NOT NULL,
+    status      TEXT NOT NULL,
+    median      REAL,
+    variance    REAL,
+    times       TEXT NOT NULL,
+    error       REAL,
+    message     TEXT NOT NULL,
+    created     REAL NOT NULL,
+    PRIMARY KEY (fingerprint, problem, candidate, params)
+)
+"""
+
+
+def default_path() -> Path:
+    """``$RAPYDLI_HOME/autotune.db`` (default ``~/.rapydli/autotune.db``)."""
+    return Path(os.environ.get("RAPYDLI_HOME", Path.home() / ".rapydli")) / "autotune.db"
+
+
+class Cache:
+    """The tuning cache.
+
+    Parameters
+    ----------
+    path
+        SQLite file; default :func:`default_path`.
+    """
+
+    def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
+        self.path = Path(path) if path is not None else default_path()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            with self._connect() as db:
+                db.execute("PRAGMA journal_mode=WAL")
+                db.execute(_SCHEMA)
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot open the autotune cache {self.path}: {exc}") from exc
+
+    def _connect(self) -> sqlite3.Connection:
+        return sqlite3.connect(self.path, timeout=30)
+
+    def get(self, fingerprint: str, problem: str, config: Config) -> Measurement | None:
+        """The stored measurement, or None."""
+        with self._connect() as db:
+            row = db.execute(
+                "SELECT status, median, variance, times, error, message FROM measurements "
+                "WHERE fingerprint=? AND problem=? AND candidate=? AND params=?",
+                (fingerprint, problem, config.candidate, config.params_key),
+            ).fetchone()
+        if row is None:
+            return None
+        status, median, variance, times, error, message = row
+        return Measurement(config, status, median, variance, json.loads(times), error, message, cached=True)
+
+    def put(self, fingerprint: str, problem: str, m: Measurement) -> None:
+        """Store (or replace) one measurement; ``missing`` ones are not stored."""
+        if m.status == "missing":
+            return
+        with self._connect() as db:
+            db.execute(
+                "INSERT OR REPLACE INTO measurements VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                (fingerprint, problem, m.config.candidate, m.config.params_key, m.status, m.median,
+                 m.variance, json.dumps(m.times), m.error, m.message, time.time()),
+            )
+
+    def records(self, fingerprint: str) -> list[tuple[str, Measurement]]:
+        """Every ``(problem, measurement)`` stored for a device."""
+        with self._connect() as db:
+            rows = db.execute(
+                "SELECT problem, candidate, params, status, median, variance, times, error, message "
+                "FROM measurements WHERE fingerprint=? ORDER BY problem, candidate, params",
+                (fingerprint,),
+            ).fetchall()
+        return [
+            (problem, Measurement(Config.of(cand, json.loads(params)), status, median, variance,
+                                  json.loads(times), error, message, cached=True))
+            for problem, cand, params, status, median, variance, times, error, message in rows
+        ]
+
+    def clear(self, fingerprint: str | None = None) -> None:
+        """Forget everything (or one device's results)."""
+        with self._connect() as db:
+            if fingerprint is None:
+                db.execute("DELETE FROM measurements")
+            else:
+                db.execute("DELETE FROM measurements WHERE fingerprint=?", (fingerprint,))
+
+
+class CachedRunner(Runner):
+    """Answer from the cache what it holds; measure the rest with ``inner`` and store it.
+
+    ``measured`` counts configurations actually handed to ``inner`` (0 on a warm cache).
+    """
+
+    def __init__(self, inner: Runner, cache: Cache, fingerprint: str) -> None:
+        self.inner = inner
+        self.cache = cache
+        self.fingerprint = fingerprint
+        self.measured = 0
+
+    def run(self, problem: Problem, configs: Sequence[Config]) -> list[Measurement]:
+        found = {c: self.cache.get(self.fingerprint, problem.key, c) for c in configs}
+        todo = [c for c in configs if found[c] is None]
+        if todo:
+            self.measured += len(todo)
+            for m in self.inner.run(problem, todo):
+                self.cache.put(self.fingerprint, problem.key, m)
+                found[m.config] = m
+        return [found[c] for c in configs]

@@ -1,0 +1,181 @@
+"""Tuning one convolution: :func:`tune_conv2d` -> :class:`TuneResult`.
+
+Candidates (library variants and generated kernels) each contribute their pruned
+parameter space; a strategy picks what to measure; a runner (sequential, or parallel
+across a cluster's engines) measures it through the cache; the fastest valid
+configuration wins.
+
+Example
+-------
+>>> from rapydli.autotune import ConvShape, tune_conv2d
+>>> result = tune_conv2d(ConvShape(4, 16, 14, 14, 32, 3, 3, pad=1), mode="inference")  # doctest: +SKIP
+>>> result.best.config  # doctest: +SKIP
+Config(candidate='torch_channels_last', params=())
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+
+from rapydli.autotune import strategies
+from rapydli.autotune.cache import Cache, CachedRunner
+from rapydli.autotune.candidates import registry
+from rapydli.autotune.device import DeviceInfo, query
+from rapydli.autotune.problem import ConvShape
+from rapydli.autotune.runner import Measurement, ParallelRunner, Runner, SequentialRunner
+from rapydli.autotune.search import Config, Problem, SearchSpace
+from rapydli.errors import ConfigError, RapydliError, RapydliWarning
+
+__all__ = ["ConvShape", "TuneResult", "build_space", "pick_best", "tune_conv2d"]
+
+
+@dataclass
+class TuneResult:
+    """The outcome of tuning one convolution.
+
+    Attributes
+    ----------
+    best
+        The winning measurement (``best.config`` is the candidate and its parameters).
+    table
+        Every measured configuration (see :func:`rapydli.autotune.analysis.table`).
+    measurements
+        The raw measurements, in the order measured.
+    space
+        The search space (with per-candidate counts: total, after hard, after soft).
+    measured
+        Configurations actually measured (0 when everything came from the cache).
+    seconds
+        Wall time of the tuning.
+    """
+
+    problem: Problem
+    best: Measurement
+    table: pd.DataFrame
+    measurements: list[Measurement]
+    space: SearchSpace
+    device: DeviceInfo
+    measured: int = 0
+    seconds: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def best_of(self, predicate: Callable[[Config], bool]) -> Measurement | None:
+        """The fastest valid measurement whose config satisfies ``predicate``."""
+        return pick_best([m for m in self.measurements if predicate(m.config)])
+
+
+def pick_best(measurements: Sequence[Measurement]) -> Measurement | None:
+    """Fastest valid measurement; ties go to the earlier one (deterministic)."""
+    valid = [(m.median, i, m) for i, m in enumerate(measurements) if m.ok and m.median is not None]
+    return min(valid, key=lambda t: (t[0], t[1]))[2] if valid else None
+
+
+def build_space(problem: Problem, device: DeviceInfo, candidates: Sequence[str] | None = None,
+                preset: str = "default",
+                constraints: Mapping[str, Sequence[Callable[..., bool]]] | None = None) -> SearchSpace:
+    """Every candidate's pruned configurations for ``problem`` on ``device``.
+
+    Candidates that cannot run (no compiler, wrong device, no backward in train mode) are
+    listed in ``skipped`` with the reason; a missing compiler also warns.
+    """
+    known = registry()
+    names = list(candidates) if candidates is not None else list(known)
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ConfigError(f"candidates: unknown {unknown}; known: {sorted(known)}")
+    space = SearchSpace(problem, [])
+    for name in names:
+        cand = known[name]
+        reason = cand.unavailable(device)
+        if reason is None and problem.mode == "train" and not cand.has_backward:
+            reason = f"{name} has no backward kernels yet: offered for inference only"
+        if reason is not None:
+            space.skipped[name] = reason
+            if cand.kind == "generated" and "compiler" in reason:
+                warnings.warn(reason, RapydliWarning, stacklevel=3)
+            continue
+        sub = cand.space(problem.shape, device, preset)
+        for predicate in (constraints or {}).get(name, ()):
+            sub.soft(predicate, "user constraint")
+        space.counts[name] = sub.counts()
+        configs = [Config.of(name, p) for p in sub.configs()]
+        (space.always if cand.kind == "library" else space.configs).extend(configs)
+    return space
+
+
+def tune_conv2d(
+    shape: ConvShape,
+    device: str = "cpu",
+    mode: str = "train",
+    engines: Any = None,
+    *,
+    strategy: str = "exhaustive",
+    options: Mapping[str, Any] | None = None,
+    candidates: Sequence[str] | None = None,
+    preset: str = "default",
+    constraints: Mapping[str, Sequence[Callable[..., bool]]] | None = None,
+    cache: Cache | bool = True,
+    runner: Runner | None = None,
+    repetitions: int = 5,
+    warmup: int = 1,
+) -> TuneResult:
+    """Tune one convolution and return the fastest valid configuration.
+
+    Parameters
+    ----------
+    shape
+        The convolution (:class:`ConvShape`).
+    device
+        ``"cpu"`` or ``"cuda"``.
+    mode
+        ``"train"``: time forward + data gradient + weight gradient; ``"inference"``: forward.
+    engines
+        A cluster (``rapydli.cluster.Cluster`` or anything with ``.view(targets=)``): measure in
+        parallel across its engines; None measures here.
+    strategy, options
+        A registered strategy (``"exhaustive"`` or ``"random"``) and its options
+        (``{"budget": 8, "seed": 0}`` for random).
+    candidates
+        Candidate names to consider (default: all registered).
+    preset
+        Domain preset of generated kernels (``"tiny"``, ``"small"``, ``"default"``, ``"full"``).
+    constraints
+        Extra soft constraints per candidate name: predicates over its parameters.
+    cache
+        True (the default cache under ``$RAPYDLI_HOME``), a :class:`Cache`, or False.
+    runner
+        Use this runner instead of the sequential/parallel one (a ``SimulationRunner`` in tests).
+    repetitions, warmup
+        Timed and untimed runs per configuration.
+
+    Returns
+    -------
+    TuneResult
+    """
+    from rapydli.autotune.analysis import table
+
+    if not isinstance(shape, ConvShape):
+        raise ConfigError(f"shape must be a ConvShape, got {type(shape).__name__}")
+    started = time.perf_counter()
+    info = query(device)
+    problem = Problem(shape, mode, device, warmup=warmup, repetitions=repetitions)
+    space = build_space(problem, info, candidates, preset, constraints)
+    if runner is None:
+        runner = SequentialRunner() if engines is None else ParallelRunner(engines)
+    counted: Runner = runner
+    if cache is not False:
+        counted = CachedRunner(runner, Cache() if cache is True else cache, info.fingerprint())
+    measurements = strategies.get(strategy)(space, counted, options)
+    best = pick_best(measurements)
+    if best is None:
+        raise RapydliError(f"no candidate produced a valid result for {shape}: "
+                           + "; ".join(f"{m.config}: {m.status} {m.message[:200]}" for m in measurements))
+    measured = counted.measured if isinstance(counted, CachedRunner) else len(measurements)
+    return TuneResult(problem, best, table(problem, measurements, info), measurements, space, info,
+                      measured=measured, seconds=time.perf_counter() - started)
