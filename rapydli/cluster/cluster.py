@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
+import sys
 import threading
 import time
 import weakref
@@ -18,7 +20,8 @@ from rapydli.cluster.launchers import get_launcher, validate_options
 from rapydli.cluster.mpirun import rank_environment, threads_per_rank
 from rapydli.cluster.supervisor import DisplayHandler, EventHandler, OutputHandler, Supervisor, print_output
 from rapydli.cluster.targets import parse_targets
-from rapydli.errors import ClusterError, ConfigError
+from rapydli.errors import ClusterError, ConfigError, NotFoundError
+from rapydli.paths import subdir
 
 _live: weakref.WeakSet[Cluster] = weakref.WeakSet()
 _live_lock = threading.Lock()
@@ -80,6 +83,7 @@ class Cluster:
         self._info: dict[int, dict[str, Any]] = {}
         self._state = "stopped"
         self._started_at = 0.0
+        self._detached = False
         self._lock = threading.RLock()
 
     # -- lifecycle -----------------------------------------------------------------------
@@ -107,6 +111,7 @@ class Cluster:
                 config=config,
                 log_level=logging.WARNING,
                 engine_timeout=int(self.start_timeout),
+                profile_dir=str(subdir("ipython")),
                 **kwargs,
             )
             try:
@@ -130,7 +135,8 @@ class Cluster:
         ids = sorted(self._client.ids)[: self.n]
         view = self._client[ids]
         view.use_cloudpickle()
-        infos = view.apply_sync(engine.setup, self.threads)
+        paths = [os.path.abspath(p or os.curdir) for p in sys.path]
+        infos = view.apply_sync(engine.setup, self.threads, paths)
         ranks = [info["rank"] for info in infos]
         if sorted(ranks) != list(range(self.n)) or any(info["size"] != self.n for info in infos):
             raise ClusterError(f"engines do not form one MPI job of {self.n} ranks (ranks {ranks}, sizes {[i['size'] for i in infos]})")
@@ -192,6 +198,66 @@ class Cluster:
             _reap(pids)
             self._state = "dead"
 
+    # -- outliving this process ------------------------------------------------------------
+
+    def detach(self) -> str:
+        """Keep the engines running after this process exits; returns the id for :meth:`attach`."""
+        with self._lock:
+            self._require_running()
+            self._ipp.shutdown_atexit = False
+            self._detached = True
+            cluster_id = self._ipp.cluster_id
+            record = {
+                "id": cluster_id,
+                "n": self.n,
+                "launcher": self.launcher.name,
+                "options": self.options,
+                "threads": self.threads,
+                "profile_dir": self._ipp.profile_dir,
+                "engines": {str(rank): info for rank, info in self._info.items()},
+            }
+            (subdir("clusters") / f"{cluster_id}.json").write_text(json.dumps(record, indent=2))
+            return cluster_id
+
+    @classmethod
+    def attach(cls, cluster_id: str, timeout: float = 30.0) -> Cluster:
+        """Connect to a cluster another process started and detached (e.g. ``rapydli cluster start``)."""
+        import ipyparallel as ipp
+
+        record = _detached_record(cluster_id)
+        cluster = cls(record["n"], record["launcher"], threads=record["threads"], start_timeout=timeout, **record["options"])
+        try:
+            cluster._ipp = ipp.Cluster.from_file(profile_dir=record["profile_dir"], cluster_id=cluster_id, log_level=logging.WARNING)
+            cluster._ipp.shutdown_atexit = False
+            cluster._detached = True  # stays up when this process exits, unless stopped
+            cluster._client = cluster._ipp.connect_client_sync()
+            cluster._client.wait_for_engines(cluster.n, timeout=timeout, block=True, widget=False, interactive=False)
+            cluster._configure_engines()
+        except Exception as exc:
+            raise ClusterError(f"cannot attach to cluster {cluster_id!r}: {exc}") from exc
+        cluster._state = "running"
+        cluster._started_at = time.monotonic()
+        with _live_lock:
+            _live.add(cluster)
+        return cluster
+
+    @staticmethod
+    def detached() -> list[dict[str, Any]]:
+        """Records of detached clusters, each with ``alive`` engine processes counted (this host)."""
+        records = []
+        for path in sorted(subdir("clusters").glob("*.json")):
+            record = json.loads(path.read_text())
+            record["engines_alive"] = sum(psutil.pid_exists(e["pid"]) for e in record["engines"].values())
+            records.append(record)
+        return records
+
+    def forget(self) -> None:
+        """Stop the cluster and remove its detached record."""
+        cluster_id = getattr(self._ipp, "cluster_id", None)
+        self.stop()
+        if cluster_id:
+            (subdir("clusters") / f"{cluster_id}.json").unlink(missing_ok=True)
+
     def __enter__(self) -> Cluster:
         return self.start()
 
@@ -199,7 +265,7 @@ class Cluster:
         self.stop()
 
     def __del__(self) -> None:
-        if getattr(self, "_state", "stopped") in ("running", "dead"):
+        if getattr(self, "_state", "stopped") in ("running", "dead") and not self._detached:
             try:
                 self.stop()
             except Exception:  # noqa: BLE001 - interpreter shutdown
@@ -342,6 +408,16 @@ class Cluster:
 
     def __repr__(self) -> str:
         return f"<rapydli.Cluster n={self.n} launcher={self.launcher.name!r} state={self._state!r}>"
+
+
+def _detached_record(cluster_id: str) -> dict[str, Any]:
+    if not cluster_id.replace("-", "").isalnum():
+        raise ConfigError(f"cluster id {cluster_id!r} is invalid: letters, digits and '-' only")
+    path = subdir("clusters") / f"{cluster_id}.json"
+    if not path.exists():
+        known = ", ".join(p.stem for p in subdir("clusters").glob("*.json")) or "none"
+        raise NotFoundError(f"no detached cluster {cluster_id!r}: known are {known}")
+    return json.loads(path.read_text())
 
 
 def _is_local(info: dict[str, Any]) -> bool:

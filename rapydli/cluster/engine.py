@@ -9,6 +9,7 @@ from __future__ import annotations
 import ast
 import os
 import socket
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -52,11 +53,19 @@ def context() -> RankContext:
     return _current[-1]
 
 
-def setup(threads: int) -> dict[str, Any]:
-    """Configure the engine (threads, cloudpickle) and describe it to the client."""
+def setup(threads: int, paths: Sequence[str] = ()) -> dict[str, Any]:
+    """Configure the engine and describe it to the client.
+
+    ``threads`` bounds torch/OpenMP threads; ``paths`` are the client's ``sys.path``
+    entries, added where they exist on this host, so functions from the notebook's own
+    modules (``from mymodel import Net``) unpickle on the engine too.
+    """
     import torch
     from mpi4py import MPI
 
+    for path in reversed(paths):
+        if path not in sys.path and os.path.isdir(path):
+            sys.path.insert(0, path)
     os.environ["OMP_NUM_THREADS"] = str(threads)
     torch.set_num_threads(threads)
     world = MPI.COMM_WORLD

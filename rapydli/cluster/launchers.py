@@ -46,13 +46,15 @@ class LauncherSpec:
     def config(self, options: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
         """ipyparallel configuration (``{"Class": {"trait": value}}``) for validated ``options``."""
         config: dict[str, dict[str, Any]] = {}
-        for key, value in options.items():
-            option = self.options[key]
-            if option.trait:
-                cls, trait = option.trait.split(".")
+        for key, value in options.items():  # plain traits first, so hooks can extend them
+            trait_path = self.options[key].trait
+            if trait_path:
+                cls, trait = trait_path.split(".")
                 config.setdefault(cls, {})[trait] = value
-            if option.apply:
-                option.apply(value, config)
+        for key, value in options.items():
+            hook = self.options[key].apply
+            if hook:
+                hook(value, config)
         return config
 
 

@@ -1,0 +1,257 @@
+"""rd.Cluster against real MPI engines: lifecycle, run(), events, launchers, threads, detach."""
+
+from __future__ import annotations
+
+import os
+import socket
+import stat
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from rapydli.cluster import Cluster, launchers, parse_targets
+from rapydli.cluster.engine import context
+from rapydli.cluster.events import emit
+from rapydli.errors import ConfigError, NotFoundError, RankFailure
+
+pytestmark = pytest.mark.engines
+
+
+def _ours() -> list[str]:
+    names = []
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            cmd = " ".join(proc.cmdline())
+        except psutil.Error:
+            continue
+        if "ipyparallel" in cmd or "mpiexec" in cmd:
+            names.append(cmd)
+    return names
+
+
+def _wait_none_left(before: list[str] = (), timeout: float = 10) -> None:
+    """Wait until no engine/controller/mpiexec child is left beyond those in ``before``."""
+
+    def extra() -> list[str]:
+        now = list(_ours())
+        for cmd in before:
+            if cmd in now:
+                now.remove(cmd)
+        return now
+
+    deadline = time.monotonic() + timeout
+    while extra() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not extra(), f"processes left behind: {extra()}"
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with Cluster(n=2) as started:
+        yield started
+    _wait_none_left()
+
+
+# -- validation happens before anything starts -------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"n": 0}, "n=0"),
+        ({"n": 2, "launcher": "kubernetes"}, "allowed are local, pbs, slurm, ssh"),
+        ({"n": 2, "launcher": "slurm", "nodes": 3}, "no option 'nodes'"),
+        ({"n": 2, "launcher": "slurm", "partition": 5}, "must be str"),
+        ({"n": 2, "threads": 0}, "threads=0"),
+    ],
+)
+def test_bad_configuration_is_refused_before_starting(kwargs, message):
+    before = _ours()
+    with pytest.raises(ConfigError, match=message):
+        Cluster(**kwargs)
+    assert _ours() == before
+
+
+def test_launcher_options_become_ipyparallel_config():
+    slurm = launchers.get_launcher("slurm")
+    config = slurm.config(launchers.validate_options("slurm", {"partition": "gpu", "timelimit": "00:10:00"}))
+    assert config == {"SlurmEngineSetLauncher": {"queue": "gpu", "timelimit": "00:10:00"}}
+    ssh = launchers.get_launcher("ssh")
+    config = ssh.config(launchers.validate_options("ssh", {"hosts": ["a", "b"], "mpi_args": "-bind-to core"}))
+    assert config["MPIEngineSetLauncher"]["mpi_args"] == ["-hosts", "a,b", "-bind-to", "core"]
+
+
+def test_targets_are_parsed_without_eval():
+    assert parse_targets("0,2-3", 4) == [0, 2, 3]
+    assert parse_targets([1, 1, 0], 2) == [0, 1]
+    for bad in ("__import__('os')", "1-", "3-1", ""):
+        with pytest.raises(ConfigError):
+            parse_targets(bad, 4)
+
+
+# -- a running cluster ---------------------------------------------------------------------
+
+
+def test_status_reports_ranks_hosts_and_threads(cluster):
+    status = cluster.status()
+    assert status["state"] == "running"
+    assert status["engines_alive"] == 2 and status["engines_dead"] == 0
+    assert status["ranks"] == [0, 1] and status["hosts"] == [socket.gethostname()]
+    assert status["threads_per_engine"] == max(1, len(os.sched_getaffinity(0)) // 2)
+
+
+def _threads() -> tuple[int, str]:
+    import torch
+
+    return torch.get_num_threads(), os.environ["OMP_NUM_THREADS"]
+
+
+def test_engines_do_not_oversubscribe_cores(cluster):
+    expected = max(1, len(os.sched_getaffinity(0)) // 2)
+    assert cluster.run(_threads) == [(expected, str(expected))] * 2
+
+
+def _rank_info(scale: int) -> tuple[int, int, int]:
+    ctx = context()
+    total = ctx.comm.allreduce(ctx.rank)
+    return ctx.rank * scale, ctx.world_size, total
+
+
+def test_run_gives_each_rank_its_context(cluster):
+    assert cluster.run(_rank_info, 10) == [(0, 2, 1), (10, 2, 1)]
+    # a sub-group gets its own communicator: rank 1 of the cluster is rank 0 of the group
+    assert cluster.run(_rank_info, 10, targets=[1]) == [(0, 1, 0)]
+
+
+def _slow_events(n: int) -> int:
+    for step in range(n):
+        emit("metrics", {"step": step, "rank": context().rank})
+        time.sleep(0.3)
+    return n
+
+
+def test_events_arrive_while_the_task_runs(cluster):
+    arrivals: list[tuple[float, int, dict]] = []
+    start = time.monotonic()
+    cluster.run(_slow_events, 5, on_event=lambda rank, kind, payload: arrivals.append((time.monotonic(), rank, payload)))
+    end = time.monotonic()
+    by_rank = {rank: [p["step"] for _, r, p in arrivals if r == rank] for rank in (0, 1)}
+    assert by_rank == {0: [0, 1, 2, 3, 4], 1: [0, 1, 2, 3, 4]}
+    first = min(t for t, _, _ in arrivals)
+    assert first - start < end - start - 0.6, "the first event should arrive well before the task ends"
+
+
+def _fail_on(rank: int) -> None:
+    if context().rank == rank:
+        raise KeyError("missing shard")
+    time.sleep(30)
+
+
+def test_run_raises_one_rank_failure(cluster):
+    start = time.monotonic()
+    with pytest.raises(RankFailure) as info:
+        cluster.run(_fail_on, 0)
+    assert time.monotonic() - start < 10
+    assert info.value.ranks == [0] and "KeyError" in info.value.failures[0]
+    assert cluster.running  # the other rank was interrupted, the engines live on
+
+
+def test_restart_gives_fresh_engines(cluster):
+    before = {info["pid"] for info in cluster._info.values()}
+    cluster.restart()
+    after = {info["pid"] for info in cluster._info.values()}
+    assert cluster.status()["engines_alive"] == 2
+    assert before.isdisjoint(after)
+    assert not any(psutil.pid_exists(pid) for pid in before)
+
+
+# -- launchers beyond local ------------------------------------------------------------------
+
+
+def test_ssh_launcher_spans_the_named_hosts():
+    before = _ours()
+    with Cluster(n=2, launcher="ssh", hosts=[socket.gethostname()]) as started:
+        assert started.run(_rank_info, 1) == [(0, 2, 1), (1, 2, 1)]
+    _wait_none_left(before)
+
+
+FAKE_SBATCH = """\
+#!/usr/bin/env bash
+# Stand-in for Slurm's sbatch on a machine without Slurm: run the batch script here, with
+# SLURM_NTASKS from its '#SBATCH --ntasks' line, and srun mapped onto mpiexec.
+script="${@: -1}"
+cp "$script" "$FAKE_SLURM_DIR/last.sbatch"
+ntasks=$(grep -oP '(?<=--ntasks=)\\d+' "$script")
+SLURM_NTASKS=$ntasks setsid bash "$script" > "$FAKE_SLURM_DIR/job.out" 2>&1 < /dev/null &
+echo $! > "$FAKE_SLURM_DIR/job.pid"
+echo "Submitted batch job $!"
+"""
+FAKE_SRUN = '#!/usr/bin/env bash\nexec mpiexec -n "$SLURM_NTASKS" "$@"\n'
+FAKE_SCANCEL = '#!/usr/bin/env bash\nkill -TERM -- -"${@: -1}" 2>/dev/null; exit 0\n'
+
+
+def test_slurm_launcher_submits_a_batch_job(tmp_path, monkeypatch):
+    """Slurm itself cannot exist here: sbatch/srun/scancel are stand-ins, the rest is real."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, text in {"sbatch": FAKE_SBATCH, "srun": FAKE_SRUN, "scancel": FAKE_SCANCEL}.items():
+        path = bin_dir / name
+        path.write_text(text)
+        path.chmod(path.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.path.dirname(sys.executable)}:{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_SLURM_DIR", str(tmp_path))
+    before = _ours()
+    with Cluster(n=2, launcher="slurm", partition="debug", account="dl-lab", timelimit="00:05:00") as started:
+        assert started.run(_rank_info, 1) == [(0, 2, 1), (1, 2, 1)]
+        script = (tmp_path / "last.sbatch").read_text()
+    assert "#SBATCH --partition=debug" in script
+    assert "#SBATCH --account=dl-lab" in script
+    assert "#SBATCH --time=00:05:00" in script
+    assert "#SBATCH --ntasks=2" in script
+    assert "srun" in script
+    job = int((tmp_path / "job.pid").read_text())
+    deadline = time.monotonic() + 10
+    while psutil.pid_exists(job) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not psutil.pid_exists(job) or psutil.Process(job).status() == psutil.STATUS_ZOMBIE
+    _wait_none_left(before)
+
+
+# -- outliving the process that started it ---------------------------------------------------
+
+
+def test_cli_started_cluster_can_be_attached_and_stopped(tmp_path):
+    env = dict(os.environ)
+    rapydli = [sys.executable, "-m", "rapydli"]
+    started = subprocess.run([*rapydli, "cluster", "start", "-n", "2"], capture_output=True, text=True, env=env, timeout=120)
+    assert started.returncode == 0, started.stderr
+    cluster_id = started.stdout.strip()
+    status = subprocess.run([*rapydli, "cluster", "status"], capture_output=True, text=True, env=env, timeout=60)
+    assert cluster_id in status.stdout
+    attached = Cluster.attach(cluster_id)
+    pids = [info["pid"] for info in attached._info.values()]
+    assert attached.run(_rank_info, 2) == [(0, 2, 1), (2, 2, 1)]
+    stopped = subprocess.run([*rapydli, "cluster", "stop", cluster_id], capture_output=True, text=True, env=env, timeout=60)
+    assert stopped.returncode == 0, stopped.stderr
+    deadline = time.monotonic() + 10
+    while any(psutil.pid_exists(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(psutil.pid_exists(p) for p in pids)
+    with pytest.raises(NotFoundError, match=cluster_id):
+        Cluster.attach(cluster_id)
+
+
+def test_cli_reports_user_mistakes_in_one_line():
+    result = subprocess.run(
+        [sys.executable, "-m", "rapydli", "cluster", "start", "-n", "2", "--launcher", "nope"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1].startswith("rapydli: error: unknown launcher 'nope'")
+    assert "Traceback" not in result.stderr
+
