@@ -54,15 +54,18 @@ def test_both_kinds_yield_identical_batches_in_the_sampler_order(num_workers: in
         assert all(e["samples"] == 23 and e["batches"] == 6 and e["stall_s"] >= 0 for e in stats["epochs"])
 
 
-@pytest.mark.parametrize("kind", ["default", "clairvoyant"])
-def test_set_epoch_with_skip_batches_resumes_mid_epoch(kind: str) -> None:
-    loader = build_loader(dataset(), kind=kind, drop_last=True, **options())
+@pytest.mark.parametrize(("kind", "num_workers"), [("default", 0), ("default", 2), ("clairvoyant", 0)])
+def test_set_epoch_with_skip_batches_resumes_mid_epoch(kind: str, num_workers: int) -> None:
+    loader = build_loader(dataset(), kind=kind, drop_last=True, num_workers=num_workers, **options())
+    first = list(loader)  # a whole epoch 0 first, so persistent workers are reused below
     assert len(loader) == 5  # 22 samples per rank with drop_last, 5 full batches
     loader.set_epoch(2, skip_batches=3)
     tail = list(loader)
     assert torch.cat([y for _, y in tail]).tolist() == rank_indices(45, 1, 2, 11, 2, drop_last=True)[12:20].tolist()
     with pytest.raises(ConfigError, match="epochs=3"):
         list(loader)  # epoch 3 does not exist
+    loader.set_epoch(0, skip_batches=4)
+    assert torch.equal(next(iter(loader))[1], first[4][1])
     with pytest.raises(ConfigError, match="skip_batches=6"):
         loader.set_epoch(0, skip_batches=6)
 
