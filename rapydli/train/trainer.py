@@ -121,6 +121,7 @@ class Trainer:
         self.sync = self._synchronizer()
         self.step = 0
         self.epoch = 0
+        self._evaluated_at = self._saved_at = 0  # the step of the last evaluation / checkpoint
         self.history: list[dict[str, Any]] = []
         self._started = time.perf_counter()
         if config.resume:
@@ -130,7 +131,6 @@ class Trainer:
     def fit(self) -> list[dict[str, Any]]:
         """Train to ``total_steps`` (``epochs``, capped by ``max_steps``); return :attr:`history`."""
         cfg = self.config
-        first_step = self.step
         while self.step < self.total_steps:
             epoch, done_in_epoch = divmod(self.step, self.steps_per_epoch)
             self.epoch = epoch
@@ -146,10 +146,10 @@ class Trainer:
                 for group in self.optimizer.param_groups:
                     group["lr"] = lr
 
-                # evaluate and checkpoint every N steps (not again at the step a run resumed at)
-                if self.step > first_step and cfg.eval_every and self.step % cfg.eval_every == 0:
+                # evaluate and checkpoint every N steps (once per step: not again after an epoch end or a resume)
+                if cfg.eval_every and self.step % cfg.eval_every == 0 and self._evaluated_at < self.step:
                     self.evaluate()
-                if self.step > first_step and cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0:
+                if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0 and self._saved_at < self.step:
                     self.save_checkpoint()
 
                 # forward + backward over grad_accum micro-batches; only the last one syncs
@@ -212,7 +212,7 @@ class Trainer:
             # end of an epoch (or of the run): evaluate, checkpoint, tell the callbacks
             if epoch_losses:
                 val = self.evaluate()
-                if cfg.checkpoint_dir is not None:
+                if cfg.checkpoint_dir is not None and self._saved_at < self.step:
                     self.save_checkpoint()
                 elapsed = time.perf_counter() - epoch_started
                 summary = {
@@ -245,6 +245,7 @@ class Trainer:
         when there is no validation data).
         """
         self._average_buffers()
+        self._evaluated_at = self.step
         if self.val_data is None or len(self.val_data) == 0:
             return {}
         self.model.eval()
@@ -283,6 +284,7 @@ class Trainer:
         if self.config.checkpoint_dir is None:
             return None
         self._average_buffers()
+        self._saved_at = self.step
         rng_states = self.mpi.gather(ckpt.rng_state(), root=0)
         if self.rank != 0:
             return None
@@ -318,7 +320,7 @@ class Trainer:
         self._broadcast_optimizer_state()
         rng_states = self.mpi.bcast(state["rng"] if state else None, root=0)
         ckpt.set_rng_state(rng_states[self.rank])
-        self.step = meta["step"]
+        self.step = self._evaluated_at = self._saved_at = meta["step"]
 
     # -- helpers ----------------------------------------------------------------------------
     def _synchronizer(self) -> Any:

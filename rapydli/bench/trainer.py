@@ -1,0 +1,75 @@
+"""``rapydli bench trainer -n 2 --json PATH``: the Trainer's step against DDP and no communication.
+
+Re-launches :mod:`rapydli.bench.trainer_worker` on ``n`` ranks (one thread each) through
+:func:`rapydli.cluster.mpirun.run`. For the small ResNet and the MLP at batch 32 per rank
+it prints the step time of the RaPyDLI ``Trainer``, of the same step under torch
+``DistributedDataParallel`` with gloo, and of the same step with no communication, then
+the issue's targets with met / not met:
+
+* ``Trainer`` step <= 0.85x DDP's;
+* communication overhead of the ``Trainer`` over the no-communication step <= 10%;
+
+and the fraction of the ``Trainer``'s communication hidden behind backward.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import click
+
+from rapydli.bench.report import emit
+from rapydli.cluster import mpirun
+from rapydli.errors import ClusterError
+
+TRAINER_VS_DDP = 0.85
+MAX_OVERHEAD = 0.10
+
+
+def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Ratios and targets per model from the worker's rows."""
+    summary: dict[str, Any] = {}
+    for model in dict.fromkeys(row["model"] for row in rows):
+        step = {row["variant"]: row["step_ms"] for row in rows if row["model"] == model}
+        trainer_row = next(row for row in rows if row["model"] == model and row["variant"] == "trainer")
+        ratio = step["trainer"] / step["ddp_gloo"]
+        overhead = step["trainer"] / step["no_comm"] - 1.0
+        ddp_overhead = step["ddp_gloo"] / step["no_comm"] - 1.0
+        summary[f"{model}: trainer / ddp step"] = ratio
+        summary[f"{model}: target trainer <= {TRAINER_VS_DDP}x ddp"] = "met" if ratio <= TRAINER_VS_DDP else "not met"
+        summary[f"{model}: trainer overhead over no-comm"] = overhead
+        summary[f"{model}: ddp overhead over no-comm"] = ddp_overhead
+        summary[f"{model}: target overhead <= {MAX_OVERHEAD:.0%}"] = "met" if overhead <= MAX_OVERHEAD else "not met"
+        summary[f"{model}: comm hidden behind backward"] = trainer_row["hidden_fraction"]
+    return summary
+
+
+@click.command("trainer")
+@click.option("-n", "--ranks", "n", type=click.IntRange(min=2), default=2, show_default=True, help="MPI ranks.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Write the rows and summary here.")
+@click.option("--models", default="resnet_mini,mlp", show_default=True, help="Comma-separated: resnet_mini, mlp.")
+@click.option("--steps", type=click.IntRange(min=1), default=20, show_default=True, help="Measured steps per round.")
+@click.option("--rounds", type=click.IntRange(min=1), default=3, show_default=True, help="Interleaved rounds per variant.")
+@click.option("--allreduce", default="auto", show_default=True, help="The Trainer's allreduce algorithm.")
+@click.option("--bucket-mb", type=click.FloatRange(min=0, min_open=True), default=25.0, show_default=True, help="The Trainer's gradient bucket size (MiB).")
+@click.option("--timeout", type=float, default=900.0, show_default=True, help="Seconds before every rank is killed.")
+def command(n: int, json_path: str | None, models: str, steps: int, rounds: int, allreduce: str, bucket_mb: float, timeout: float) -> None:
+    """Trainer step vs torch DDP (gloo) vs no communication; small ResNet and MLP, batch 32 per rank."""
+    from rapydli.bench.trainer_worker import MODELS
+
+    unknown = sorted(set(models.split(",")) - set(MODELS))
+    if unknown:
+        raise click.BadParameter(f"unknown model(s) {', '.join(unknown)}; allowed: {', '.join(MODELS)}", param_hint="--models")
+    with tempfile.TemporaryDirectory(prefix="rapydli-bench-trainer-") as tmp:
+        out = Path(tmp) / "rows.json"
+        argv = [sys.executable, "-m", "rapydli.bench.trainer_worker", "--out", str(out), "--models", models,
+                "--steps", str(steps), "--rounds", str(rounds), "--allreduce", allreduce, "--bucket-mb", str(bucket_mb)]  # fmt: skip
+        result = mpirun.run(argv, n=n, threads=1, timeout=timeout)
+        if result.returncode != 0 or not out.exists():
+            raise ClusterError(f"the trainer benchmark failed on {n} ranks:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
+        rows = json.loads(out.read_text())
+    emit("trainer", rows, summarize(rows), json_path)

@@ -1,0 +1,160 @@
+"""The per-rank half of ``rapydli bench trainer`` (run under ``mpiexec`` by :mod:`rapydli.bench.trainer`).
+
+For each model it times, on every rank and over the same loader: the RaPyDLI
+``Trainer`` step, the same step under torch ``DistributedDataParallel`` (gloo), and the
+same step with no communication at all. Variants are interleaved in rounds so machine
+noise hits them alike; each round reports the median step time of its measured steps.
+Rank 0 writes the rows as JSON to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from mpi4py import MPI
+from torch import nn
+
+from rapydli.comm import Communicator
+from rapydli.data.loaders import build_loader
+from rapydli.train import datasets, models
+from rapydli.train.config import TrainConfig
+from rapydli.train.trainer import Trainer, build_optimizer, loss_and_correct
+
+MODELS: dict[str, tuple[Callable[[], nn.Module], Callable[..., Any]]] = {
+    "resnet_mini": (lambda: models.resnet_mini(in_channels=3), lambda n: datasets.synthetic_images(n, size=32, val_fraction=0.01)),
+    "mlp": (
+        lambda: models.mlp(in_features=3 * 32 * 32, hidden=512, depth=2),
+        lambda n: datasets.synthetic_images(n, size=32, val_fraction=0.01),
+    ),
+}
+
+
+def _model(name: str) -> nn.Module:
+    torch.manual_seed(0)
+    return MODELS[name][0]()
+
+
+def _plain_steps(model: nn.Module, loader: Any, config: TrainConfig, steps: int, warmup: int) -> list[float]:
+    """Time ``steps`` optimizer steps of a plain loop (DDP-wrapped or not) after ``warmup``."""
+    optimizer = build_optimizer(model, config)
+    loader.set_epoch(0)
+    batches = iter(loader)
+    times = []
+    for step in range(warmup + steps):
+        started = time.perf_counter()
+        inputs, targets = next(batches)
+        optimizer.zero_grad(set_to_none=True)
+        loss, _ = loss_and_correct(model(inputs), targets)
+        loss.backward()
+        optimizer.step()
+        loss.item()
+        if step >= warmup:
+            times.append(time.perf_counter() - started)
+    return times
+
+
+def _loader(train: Any, config: TrainConfig, rank: int, size: int) -> Any:
+    return build_loader(train, batch_size=config.batch_size, rank=rank, world_size=size, seed=0, epochs=1)
+
+
+def measure(name: str, steps: int, warmup: int, rounds: int, allreduce: str, bucket_mb: float, world: MPI.Comm) -> list[dict[str, Any]]:
+    rank, size = world.Get_rank(), world.Get_size()
+    config = TrainConfig(batch_size=32, lr=0.01, optimizer="sgd", allreduce=allreduce, bucket_mb=bucket_mb, max_steps=warmup + steps)
+    train, _ = MODELS[name][1](config.batch_size * size * (warmup + steps) + 64)
+    comm = Communicator(world, algorithm=allreduce)
+    params = sum(p.numel() for p in _model(name).parameters())
+    results: dict[str, list[float]] = {"trainer": [], "ddp_gloo": [], "no_comm": []}
+    hidden: list[float] = []
+    wait: list[float] = []
+    comm_time: list[float] = []
+    for _ in range(rounds):
+        world.Barrier()
+        times = _plain_steps(_model(name), _loader(train, config, rank, size), config, steps, warmup)
+        results["no_comm"].append(statistics.median(times))
+
+        world.Barrier()
+        ddp = nn.parallel.DistributedDataParallel(_model(name))
+        times = _plain_steps(ddp, _loader(train, config, rank, size), config, steps, warmup)
+        results["ddp_gloo"].append(statistics.median(times))
+        del ddp
+
+        world.Barrier()
+        trainer = Trainer(_model(name), None, train, None, config, comm=comm)
+        rows = [r for r in trainer.fit() if r["kind"] == "train"][warmup:]
+        trainer.close()
+        results["trainer"].append(statistics.median(r["step_time_s"] for r in rows))
+        hidden += [r["comm_hidden_fraction"] for r in rows]
+        wait += [r["comm_wait_s"] for r in rows]
+        comm_time += [r["comm_time_s"] for r in rows]
+    comm.close()
+    # every rank's medians; the slowest rank sets the pace of a synchronous step
+    gathered = world.gather(results, root=0)
+    extra = world.gather((hidden, wait, comm_time), root=0)
+    if rank != 0:
+        return []
+    rows = []
+    for variant in results:
+        per_round = [max(r[variant][i] for r in gathered) for i in range(rounds)]
+        rows.append(
+            {
+                "model": name,
+                "params": params,
+                "variant": variant,
+                "ranks": size,
+                "batch_per_rank": config.batch_size,
+                "bucket_mb": bucket_mb if variant == "trainer" else None,
+                "step_ms": 1000 * statistics.median(per_round),
+                "step_ms_min": 1000 * min(per_round),
+                "step_ms_max": 1000 * max(per_round),
+                "samples_per_s": config.batch_size * size / statistics.median(per_round),
+            }
+        )
+    all_hidden = [h for rank_hidden, _, _ in extra for h in rank_hidden]
+    all_comm = [c for _, _, rank_comm in extra for c in rank_comm]
+    all_wait = [w for _, rank_wait, _ in extra for w in rank_wait]
+    rows[0].update(
+        comm_ms=1000 * statistics.median(all_comm),
+        comm_wait_ms=1000 * statistics.median(all_wait),
+        hidden_fraction=statistics.mean(all_hidden),
+    )
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--models", default="resnet_mini,mlp")
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--allreduce", default="auto")
+    parser.add_argument("--bucket-mb", type=float, default=25.0)
+    args = parser.parse_args()
+    world = MPI.COMM_WORLD
+    port = world.bcast(_free_port() if world.Get_rank() == 0 else None, root=0)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=world.Get_rank(), world_size=world.Get_size())
+    rows = []
+    for name in args.models.split(","):
+        rows += measure(name, args.steps, args.warmup, args.rounds, args.allreduce, args.bucket_mb, world)
+    dist.destroy_process_group()
+    if world.Get_rank() == 0:
+        with open(args.out, "w") as stream:
+            json.dump(rows, stream)
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+if __name__ == "__main__":
+    main()
