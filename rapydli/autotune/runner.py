@@ -217,11 +217,13 @@ def measure_slice(problem: Problem, configs: Sequence[Config], slot: int, slots:
         torch.set_num_threads(threads)
 
 
-def _view(engines: Any, targets: Any) -> Any:
+def _slot_views(engines: Any) -> list[Any]:
+    """One DirectView per engine: ranks of a rapydli Cluster, or engine ids of an ipyparallel Client."""
     if hasattr(engines, "view"):
-        return engines.view(targets=targets)
-    if hasattr(engines, "direct_view"):  # an ipyparallel Client
-        return engines.direct_view(targets)
+        count = len(engines.view(targets=None).targets)
+        return [engines.view(targets=[rank]) for rank in range(count)]
+    if hasattr(engines, "direct_view") and hasattr(engines, "ids"):  # an ipyparallel Client
+        return [engines.direct_view([engine]) for engine in sorted(engines.ids)]
     raise ConfigError("engines must be a rapydli Cluster (with .view(targets=)) or an ipyparallel Client")
 
 
@@ -246,22 +248,23 @@ class ParallelRunner(Runner):
 
     def run(self, problem: Problem, configs: Sequence[Config]) -> list[Measurement]:
         configs = list(configs)
-        targets = list(_view(self.engines, None).targets)
-        slots = len(targets)
+        views = _slot_views(self.engines)
+        slots = len(views)
         pending = {}
-        for slot, target in enumerate(targets):
+        for slot, view in enumerate(views):
             part = configs[slot::slots]
             if part:
-                pending[slot] = (target, _view(self.engines, target).apply_async(
-                    measure_slice, problem, part, slot, slots, self.measurer))
+                pending[slot] = (slot, view.apply_async(measure_slice, problem, part, slot, slots, self.measurer))
         results: dict[Config, Measurement] = {}
         failures: dict[int, str] = {}
         for slot, (target, handle) in pending.items():
             try:
-                for m in handle.get(timeout=self.timeout):
+                (part,) = handle.get(timeout=self.timeout)  # one engine per view -> one result
+                for m in part:
                     results[m.config] = m
             except Exception as exc:  # noqa: BLE001 - collected per engine, raised once below
                 failures[target] = f"{type(exc).__name__}: {exc}"
         if failures:
-            raise RankFailure(f"autotune measurement failed on engine(s) {sorted(failures)}", failures)
+            detail = "; ".join(f"engine {k}: {v[:300]}" for k, v in sorted(failures.items()))
+            raise RankFailure(f"autotune measurement failed on engine(s) {sorted(failures)}: {detail}", failures)
         return [results[c] for c in configs]

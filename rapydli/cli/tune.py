@@ -1,0 +1,96 @@
+"""``rapydli tune ...``: tune one convolution or a reference model from the shell."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from rapydli.errors import ConfigError
+
+_MODELS = ("resnet-mini",)
+
+
+def _common(fn: click.decorators.FC) -> click.decorators.FC:
+    for option in reversed([
+        click.option("--mode", type=click.Choice(["train", "inference"]), default="train", show_default=True,
+                     help="train times forward + both gradients"),
+        click.option("--strategy", type=click.Choice(["exhaustive", "random"]), default="exhaustive", show_default=True),
+        click.option("--budget", type=int, default=8, show_default=True, help="configurations for --strategy random"),
+        click.option("--preset", type=click.Choice(["tiny", "small", "default", "full"]), default="default",
+                     show_default=True, help="domains of the generated kernels"),
+        click.option("--engines", "engines_n", type=int, default=0, show_default=True,
+                     help="measure in parallel on this many local MPI engines (0: here)"),
+        click.option("--repetitions", type=int, default=5, show_default=True),
+        click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
+                     help="write the measured table as JSON"),
+    ]):
+        fn = option(fn)
+    return fn
+
+
+def _tune_options(strategy: str, budget: int, preset: str, repetitions: int) -> dict:
+    return {"strategy": strategy, "options": {"budget": budget}, "preset": preset, "repetitions": repetitions}
+
+
+def _with_engines(n: int, work):  # noqa: ANN001, ANN202 - small local helper
+    if n <= 0:
+        return work(None)
+    from rapydli.cluster import Cluster
+
+    with Cluster(n=n) as cluster:
+        return work(cluster)
+
+
+@click.group()
+def tune() -> None:
+    """Autotune convolutions (results cached under $RAPYDLI_HOME/autotune.db)."""
+
+
+@tune.command("conv2d")
+@click.option("--shape", required=True, help="N,C,H,W,K,R,S[,stride,pad]")
+@_common
+def conv2d(shape: str, mode: str, strategy: str, budget: int, preset: str, engines_n: int, repetitions: int,
+           json_path: str | None) -> None:
+    """Tune one convolution and print every measured configuration."""
+    from rapydli.autotune import ConvShape, tune_conv2d
+
+    conv = ConvShape.parse(shape)
+    opts = _tune_options(strategy, budget, preset, repetitions)
+    result = _with_engines(engines_n, lambda engines: tune_conv2d(conv, "cpu", mode, engines, **opts))
+    columns = ["config", "status", "median_ms", "std_ms", "gflops", "pct_peak", "cached"]
+    click.echo(result.table[columns].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    click.echo(f"space: {result.space.counts}  skipped: {result.space.skipped or '-'}")
+    click.echo(f"best: {result.best.config}  {result.best.median * 1e3:.3f} ms  "
+               f"(measured {result.measured}, {result.seconds:.1f} s)")
+    if json_path:
+        with open(json_path, "w") as fh:
+            json.dump({"problem": conv.key, "mode": mode, "best": str(result.best.config),
+                       "rows": result.table.to_dict(orient="records")}, fh, indent=2, default=str)
+
+
+@tune.command("model")
+@click.argument("name", type=click.Choice(_MODELS))
+@click.option("--batch", type=int, default=16, show_default=True)
+@_common
+def model(name: str, batch: int, mode: str, strategy: str, budget: int, preset: str, engines_n: int,
+          repetitions: int, json_path: str | None) -> None:
+    """Tune every convolution of a reference model and print the plan."""
+    import torch
+
+    from rapydli.autotune import autotune_model
+    from rapydli.train.models import resnet_mini
+
+    if batch < 1:
+        raise ConfigError(f"--batch must be >= 1, got {batch}")
+    net = resnet_mini()
+    example = torch.randn(batch, 3, 32, 32)
+    opts = _tune_options(strategy, budget, preset, repetitions)
+    _, report = _with_engines(engines_n, lambda engines: autotune_model(net, example, mode, engines, **opts))
+    click.echo(report.table.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    click.echo("estimated conv time (ms): " + ", ".join(f"{k} {v:.2f}" for k, v in report.estimates_ms.items()))
+    click.echo(f"tuned in {report.seconds:.1f} s")
+    if json_path:
+        with open(json_path, "w") as fh:
+            json.dump({"model": name, "mode": mode, "estimates_ms": report.estimates_ms,
+                       "rows": report.table.to_dict(orient="records")}, fh, indent=2, default=str)

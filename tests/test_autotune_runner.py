@@ -1,0 +1,201 @@
+"""Runners, validation, cache, strategies and the parallel runner on real engines."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+import pytest
+
+from rapydli.autotune import candidates as cands
+from rapydli.autotune import strategies
+from rapydli.autotune.cache import Cache, CachedRunner
+from rapydli.autotune.conv import pick_best, tune_conv2d
+from rapydli.autotune.problem import ConvShape
+from rapydli.autotune.runner import Measurement, ParallelRunner, Replay, SequentialRunner, SimulationRunner, measure
+from rapydli.autotune.search import Config, Problem, SearchSpace
+from rapydli.errors import RapydliWarning
+
+SHAPE = ConvShape(2, 4, 9, 9, 6, 3, 3, stride=1, pad=1)
+
+
+class _Spy(cands.Instance):
+    """Computes a convolution with a deliberate mistake (unless ``wrong`` is False); records input shapes."""
+
+    native_autograd = True
+    calls: list[tuple[int, ...]] = []
+
+    def forward(self, x, w):
+        _Spy.calls.append(tuple(x.shape))
+        if self.params.get("boom"):
+            raise RuntimeError("boom")
+        y = F.conv2d(x, w, None, self.shape.stride, self.shape.pad)
+        return y * 1.01 if self.params.get("wrong") else y
+
+    def backward(self, x, w, gy):
+        gx, gw, _ = torch.ops.aten.convolution_backward(
+            gy, x, w, None, [self.shape.stride] * 2, [self.shape.pad] * 2, [1, 1], False, [0, 0], 1, [True, True, False])
+        return gx, gw
+
+
+class _SpyCandidate(cands.Candidate):
+    name = "spy"
+
+    def instance(self, shape, params):
+        return _Spy(shape, params)
+
+
+@pytest.fixture
+def spy(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setitem(cands._REGISTRY, "spy", _SpyCandidate())
+    _Spy.calls = []
+    return _Spy
+
+
+def test_wrong_kernel_is_rejected_and_never_timed(spy) -> None:
+    problem = Problem(SHAPE, "inference", repetitions=3)
+    bad = measure(problem, Config.of("spy", {"wrong": 1}))
+    assert bad.status == "invalid" and bad.median is None and bad.times == []
+    assert bad.error > problem.tolerance
+    small = problem.shape.validation_shape()
+    assert spy.calls == [(small.n, small.c, small.h, small.w)]  # validated on the small input only, not timed
+    good = measure(problem, Config.of("spy", {"wrong": 0}))
+    assert good.ok and len(good.times) >= 3 and good.median > 0 and good.variance >= 0
+    assert (SHAPE.n, SHAPE.c, SHAPE.h, SHAPE.w) in spy.calls  # timed on the real shape
+
+
+def test_failing_kernel_is_an_error_result_not_a_crash(spy) -> None:
+    m = measure(Problem(SHAPE), Config.of("spy", {"boom": 1}))
+    assert m.status == "error" and m.median is None and "boom" in m.message
+
+
+def test_tuning_picks_a_valid_winner_and_skips_the_wrong_kernel(spy, tmp_path) -> None:
+    result = tune_conv2d(SHAPE, mode="train", candidates=["spy", "torch_nchw"], cache=Cache(tmp_path / "a.db"),
+                         repetitions=2, constraints=None)
+    assert result.best.config.candidate == "torch_nchw" or result.best.config == Config.of("spy", {})
+    assert set(result.table["status"]) == {"ok"}
+
+
+def test_cache_skips_measured_work(tmp_path) -> None:
+    cache = Cache(tmp_path / "tune.db")
+    kwargs = dict(candidates=["torch_nchw", "torch_channels_last", "c_direct"], preset="tiny", cache=cache,
+                  repetitions=1, mode="train")
+    first = tune_conv2d(SHAPE, **kwargs)
+    assert first.measured == len(first.measurements) > 3
+    calls: list[Config] = []
+
+    def counting(problem, config):
+        calls.append(config)
+        return measure(problem, config)
+
+    second = tune_conv2d(SHAPE, runner=SequentialRunner(counting), **kwargs)
+    assert second.measured == 0 and calls == []
+    assert second.best.config == first.best.config
+    assert second.table["cached"].all()
+    # another mode is another problem: measured again
+    third = tune_conv2d(SHAPE, **{**kwargs, "mode": "inference"})
+    assert third.measured == len(third.measurements)
+
+
+def _records(problem: Problem, n: int = 12) -> list[tuple[str, Measurement]]:
+    times = [0.9, 0.5, 0.7, 0.2, 0.8, 0.35, 0.6, 0.25, 0.4, 0.3, 0.45, 0.55][:n]
+    out = [(problem.key, Measurement(Config.of("c_direct", {"kb": i}), "ok", t, 0.0, [t])) for i, t in enumerate(times)]
+    out.append((problem.key, Measurement(Config.of("c_direct", {"kb": 99}), "invalid", error=1.0)))
+    out.append((problem.key, Measurement(Config.of("torch_nchw"), "ok", 0.3, 0.0, [0.3])))
+    return out
+
+
+def _space(problem: Problem, records) -> SearchSpace:
+    configs = [m.config for _, m in records if m.config.candidate == "c_direct"]
+    return SearchSpace(problem, configs, always=[Config.of("torch_nchw")])
+
+
+def test_strategies_on_the_simulation_runner() -> None:
+    problem = Problem(SHAPE)
+    records = _records(problem)
+    space = _space(problem, records)
+    runner = SimulationRunner(records)
+    exhaustive = strategies.get("exhaustive")(space, runner, {})
+    assert len(exhaustive) == 14
+    assert pick_best(exhaustive).config == Config.of("c_direct", {"kb": 3})  # 0.2 s
+    sampled = strategies.get("random")(space, runner, {"budget": 4, "seed": 1})
+    assert len(sampled) == 5 and sampled[0].config == Config.of("torch_nchw")  # always + budget
+    again = strategies.get("random")(space, runner, {"budget": 4, "seed": 1})
+    assert [m.config for m in again] == [m.config for m in sampled]
+    best = pick_best(sampled)
+    assert best.median == min(m.median for m in sampled if m.ok)
+    with pytest.raises(Exception, match="strategy must be one of"):
+        strategies.get("annealing")
+
+
+def test_simulation_replays_the_cache(tmp_path) -> None:
+    problem = Problem(SHAPE)
+    cache = Cache(tmp_path / "sim.db")
+    for key, m in _records(problem):
+        cache.put("fp-test", key, m)
+    runner = SimulationRunner(cache, fingerprint="fp-test")
+    space = _space(problem, _records(problem))
+    result = strategies.get("exhaustive")(space, runner, {})
+    assert pick_best(result).config == Config.of("c_direct", {"kb": 3})
+    missing = runner.run(problem, [Config.of("c_direct", {"kb": 1234})])
+    assert missing[0].status == "missing"
+    cached = CachedRunner(runner, cache, "fp-test")
+    cached.run(problem, space.configs)
+    assert cached.measured == 0
+
+
+def test_without_a_compiler_generated_candidates_are_skipped_with_a_warning(monkeypatch, tmp_path) -> None:
+    monkeypatch.setenv("CC", "no-such-compiler-rapydli")
+    with pytest.warns(RapydliWarning, match="no C compiler"):
+        result = tune_conv2d(SHAPE, preset="tiny", repetitions=1, cache=Cache(tmp_path / "nocc.db"),
+                             candidates=["torch_nchw", "c_direct"])
+    assert "c_direct" in result.space.skipped
+    assert set(result.table["candidate"]) == {"torch_nchw"}
+
+
+@pytest.fixture(scope="module")
+def engines():
+    from rapydli.cluster import Cluster
+
+    cluster = Cluster(n=2)
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.mark.engines
+@pytest.mark.mpi
+def test_parallel_and_sequential_runners_pick_the_same_winner(engines) -> None:
+    problem = Problem(SHAPE)
+    records = _records(problem)
+    space = _space(problem, records)
+    replay = Replay({(k, m.config): m for k, m in records})
+    sequential = strategies.get("exhaustive")(space, SequentialRunner(replay), {})
+    parallel = strategies.get("exhaustive")(space, ParallelRunner(engines, replay, timeout=60), {})
+    assert [m.config for m in parallel] == [m.config for m in sequential]
+    assert [m.median for m in parallel] == [m.median for m in sequential]
+    assert pick_best(parallel).config == pick_best(sequential).config
+    assert {m.engine for m in parallel} == {0, 1}  # both engines measured a slice
+    one = ParallelRunner(_OneEngine(engines), replay, timeout=60).run(problem, space.configs)
+    assert pick_best(one).config == pick_best(sequential).config  # independent of the engine count
+
+
+class _OneEngine:
+    """A view on only the first engine of a cluster."""
+
+    def __init__(self, cluster) -> None:
+        self.cluster = cluster
+
+    def view(self, targets=None):
+        return self.cluster.view(targets=[0] if targets is None else targets)
+
+
+@pytest.mark.engines
+@pytest.mark.mpi
+def test_parallel_runner_measures_real_kernels_on_engines(engines, tmp_path) -> None:
+    result = tune_conv2d(SHAPE, engines=engines, candidates=["torch_nchw", "torch_channels_last", "c_direct"],
+                         preset="tiny", repetitions=1, cache=Cache(tmp_path / "par.db"))
+    assert result.best.ok
+    assert set(result.table["engine"]) == {0, 1}
+    assert result.measured == len(result.measurements)
