@@ -17,7 +17,7 @@ from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
 from rapydli.cluster import Cluster, current, parse_targets
-from rapydli.cluster.supervisor import print_output
+from rapydli.cluster.job import print_output
 from rapydli.errors import ConfigError
 
 

@@ -255,3 +255,42 @@ def test_cli_reports_user_mistakes_in_one_line():
     assert result.stderr.strip().splitlines()[-1].startswith("rapydli: error: unknown launcher 'nope'")
     assert "Traceback" not in result.stderr
 
+
+
+def _steps_until_stopped(limit: int) -> int:
+    from rapydli.cluster.engine import should_stop
+
+    ctx = context()
+    for step in range(limit):
+        ctx.comm.Barrier()  # a collective every step, as in training
+        emit("step", step)
+        time.sleep(0.1)
+        if should_stop():
+            return step
+    return limit
+
+
+def test_jobs_on_disjoint_ranks_run_side_by_side_and_stop_cleanly(cluster):
+    left = cluster.submit(_steps_until_stopped, 10_000, targets=[0], on_event=lambda *a: None)
+    right = cluster.submit(_steps_until_stopped, 10_000, targets=[1], on_event=lambda *a: None)
+    time.sleep(1.0)
+    while not (left.poll(0.05) and right.poll(0.05)):
+        if not left.stop_requested:
+            left.request_stop()
+        if not right.stop_requested and left.finished:
+            right.request_stop()
+    stopped_left, stopped_right = left.result()[0], right.result()[0]
+    assert 0 < stopped_left <= stopped_right < 10_000
+    assert cluster.running
+
+
+def test_stop_request_ends_every_rank_at_the_same_step(cluster):
+    steps = []
+    job = cluster.submit(_steps_until_stopped, 10_000, on_event=lambda rank, kind, step: steps.append((rank, step)))
+    deadline = time.monotonic() + 30
+    while not steps and time.monotonic() < deadline:
+        job.poll(0.05)
+    job.request_stop()
+    values = job.wait()
+    assert values[0] == values[1] < 10_000  # both ranks agreed on the step; neither left blocked
+    assert cluster.running

@@ -68,23 +68,23 @@ def test_output_streamed_with_rank_prefix(ip):
 
 def test_output_arrives_while_cell_runs(ip):
     """The first line must reach the notebook long before the cell ends."""
-    from rapydli.cluster.supervisor import Supervisor
+    from rapydli.cluster.job import Job
 
     seen: list[float] = []
-    original = Supervisor._emit_line
+    original = Job._emit_line
 
     def spy(self, rank, stream, line):
         if line.startswith("early"):
             seen.append(time.monotonic())
         original(self, rank, stream, line)
 
-    Supervisor._emit_line = spy
+    Job._emit_line = spy
     try:
         start = time.monotonic()
         cell(ip, "import time\nprint('early', rank, flush=True)\ntime.sleep(3)")
         end = time.monotonic()
     finally:
-        Supervisor._emit_line = original
+        Job._emit_line = original
     assert len(seen) == 2
     assert max(seen) - start < end - start - 1.5
 

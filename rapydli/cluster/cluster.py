@@ -18,7 +18,7 @@ import psutil
 from rapydli.cluster import engine
 from rapydli.cluster.launchers import get_launcher, validate_options
 from rapydli.cluster.mpirun import rank_environment, threads_per_rank
-from rapydli.cluster.supervisor import DisplayHandler, EventHandler, OutputHandler, Supervisor, print_output
+from rapydli.cluster.job import DisplayHandler, EventHandler, Job, OutputHandler, print_output
 from rapydli.cluster.targets import parse_targets
 from rapydli.errors import ClusterError, ConfigError, NotFoundError
 from rapydli.paths import subdir
@@ -332,6 +332,28 @@ class Cluster:
         """Define ``namespace``'s names on the engines (functions too, via cloudpickle)."""
         self.view(parse_targets(targets, self.n)).push(namespace, block=True)
 
+    def submit(
+        self,
+        fn: Callable[..., Any],
+        *args: Any,
+        targets: Sequence[int] | str | None = None,
+        timeout: float | None = None,
+        on_event: EventHandler | None = None,
+        on_output: OutputHandler | None = print_output,
+        **kwargs: Any,
+    ) -> Job:
+        """Start ``fn(*args, **kwargs)`` on the ``targets`` ranks and return its :class:`Job`.
+
+        Inside ``fn``, :func:`rapydli.cluster.engine.context` gives the rank, the group's
+        size, a communicator over exactly the targets, and the device;
+        :func:`rapydli.cluster.events.emit` sends events to ``on_event(rank, kind, payload)``;
+        :func:`rapydli.cluster.engine.should_stop` tells whether ``Job.request_stop`` was
+        called. Jobs on disjoint targets run side by side.
+        """
+        ranks = parse_targets(targets, self.n)
+        results = self._submit(ranks, engine.run_task, fn, args, kwargs, ranks, on_event is not None)
+        return self._job(results, timeout=timeout, on_output=on_output, on_event=on_event)
+
     def run(
         self,
         fn: Callable[..., Any],
@@ -344,18 +366,15 @@ class Cluster:
     ) -> list[Any]:
         """Run ``fn(*args, **kwargs)`` on the ``targets`` ranks and return their results.
 
-        Inside ``fn``, :func:`rapydli.cluster.engine.context` gives the rank, the group's
-        size, a communicator over exactly the targets, and the device;
-        :func:`rapydli.cluster.events.emit` sends events to ``on_event(rank, kind, payload)``.
+        The blocking form of :meth:`submit`.
 
         Raises
         ------
         RankFailure
             A rank raised, died, or the timeout passed; the other ranks were interrupted.
         """
-        ranks = parse_targets(targets, self.n)
-        results = self._submit(ranks, engine.run_task, fn, args, kwargs, ranks, on_event is not None)
-        return self._supervise(results, timeout=timeout, on_output=on_output, on_event=on_event)
+        job = self.submit(fn, *args, targets=targets, timeout=timeout, on_event=on_event, on_output=on_output, **kwargs)
+        return job.wait()
 
     def run_cell(
         self,
@@ -379,7 +398,7 @@ class Cluster:
             )
             for rank in self._checked(ranks)
         }
-        return self._supervise(results, timeout=timeout, on_output=on_output, on_display=on_display)
+        return self._job(results, timeout=timeout, on_output=on_output, on_display=on_display).wait()
 
     def _checked(self, ranks: list[int]) -> list[int]:
         self._require_running()
@@ -391,20 +410,20 @@ class Cluster:
     def _submit(self, ranks: list[int], fn: Callable[..., Any], *args: Any) -> dict[int, Any]:
         return {rank: self._client[self._engine_of_rank[rank]].apply_async(fn, *args) for rank in self._checked(ranks)}
 
-    def _supervise(self, results: dict[int, Any], **handlers: Any) -> list[Any]:
-        supervisor = Supervisor(
-            results,
-            interrupt=self._interrupt,
-            abort=self.abort,
-            **handlers,
-        )
-        return supervisor.wait()
+    def _job(self, results: dict[int, Any], **handlers: Any) -> Job:
+        return Job(results, interrupt=self._interrupt, stop=self._request_stop, abort=self.abort, **handlers)
 
-    def _interrupt(self, ranks: Sequence[int]) -> None:
+    def _signal(self, name: str, ranks: Sequence[int]) -> None:
         try:
-            self._client.send_signal("SIGINT", targets=self._engines(ranks), block=False)
+            self._client.send_signal(name, targets=self._engines(ranks), block=False)
         except Exception:  # noqa: BLE001 - a dead engine cannot be signalled; the abort follows
             pass
+
+    def _interrupt(self, ranks: Sequence[int]) -> None:
+        self._signal("SIGINT", ranks)
+
+    def _request_stop(self, ranks: Sequence[int]) -> None:
+        self._signal(engine.STOP_SIGNAL.name, ranks)
 
     def __repr__(self) -> str:
         return f"<rapydli.Cluster n={self.n} launcher={self.launcher.name!r} state={self._state!r}>"

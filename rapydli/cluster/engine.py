@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import ast
 import os
+import signal
 import socket
 import sys
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -44,6 +46,33 @@ class RankContext:
 _communicators: dict[tuple[int, ...], Any] = {}
 _current: list[RankContext] = []
 _local_rank: list[int] = [0]  # set once by setup(); Split_type is collective over all ranks
+_stop = threading.Event()
+STOP_SIGNAL = signal.SIGUSR1
+
+
+def stop_requested() -> bool:
+    """True once the client asked this rank's task to stop (``Job.request_stop``)."""
+    return _stop.is_set()
+
+
+def should_stop(comm: Any = None) -> bool:
+    """Whether any rank of the task was asked to stop; the same answer on every rank.
+
+    Call it at a step boundary (the Trainer does, once per step): it is one tiny
+    allreduce, and because every rank agrees, they all stop after the same step and no
+    rank is left waiting in a collective.
+    """
+    from mpi4py import MPI
+
+    comm = comm if comm is not None else (context().comm if _current else None)
+    flag = int(_stop.is_set())
+    if comm is None or comm.Get_size() == 1:
+        return bool(flag)
+    return bool(comm.allreduce(flag, op=MPI.MAX))
+
+
+def _on_stop_signal(signum: int, frame: Any) -> None:
+    _stop.set()
 
 
 def context() -> RankContext:
@@ -120,12 +149,15 @@ def _enter(targets: Sequence[int], stream_events: bool) -> RankContext:
     )
     _current.append(ctx)
     events.enable(stream_events)
+    _stop.clear()
+    signal.signal(STOP_SIGNAL, _on_stop_signal)
     return ctx
 
 
 def _leave() -> None:
     events.enable(False)
     _current.pop()
+    _stop.clear()
 
 
 def run_task(fn: Callable[..., Any], args: tuple, kwargs: dict, targets: Sequence[int], stream_events: bool) -> Any:

@@ -2,7 +2,7 @@
 
 On an engine, ``emit(kind, payload)`` publishes a small picklable payload (a metrics
 row, a progress tick) through ipyparallel's data channel. The client side
-(:class:`rapydli.cluster.supervisor.Supervisor`) calls ``on_event(rank, kind, payload)``
+(:class:`rapydli.cluster.job.Job`) calls ``on_event(rank, kind, payload)``
 for each one as it arrives, in emission order per rank.
 
 Outside a task started by :meth:`Cluster.run` (e.g. a script under plain ``mpiexec``)

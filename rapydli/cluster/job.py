@@ -60,13 +60,21 @@ class _Rank:
     outputs_seen: int = 0
 
 
-class Supervisor:
-    """Supervise one task: one :class:`AsyncResult` per rank.
+class Job:
+    """A task running on several ranks: one :class:`AsyncResult` per rank.
+
+    Made by :meth:`Cluster.submit`. ``wait()`` blocks until it ends; ``poll()`` advances
+    it one step, so a caller can watch several jobs at once (sweeps run trials side by
+    side). ``request_stop()`` asks the ranks to stop at their next step boundary
+    (cooperative: ranks see :func:`rapydli.cluster.engine.should_stop`); ``interrupt()``
+    stops them now.
 
     Parameters
     ----------
     results
         ``{rank: AsyncResult}`` for the ranks running the task.
+    interrupt, stop
+        Send SIGINT / the stop request to the given ranks.
     abort
         Called to abort the MPI job when interrupted ranks do not stop (they are blocked).
     timeout
@@ -80,6 +88,7 @@ class Supervisor:
         results: dict[int, AsyncResult],
         *,
         interrupt: Callable[[Sequence[int]], None],
+        stop: Callable[[Sequence[int]], None],
         abort: Callable[[], None],
         timeout: float | None = None,
         on_output: OutputHandler | None = print_output,
@@ -89,6 +98,7 @@ class Supervisor:
     ) -> None:
         self.ranks = {rank: _Rank(rank, ar) for rank, ar in results.items()}
         self._interrupt = interrupt
+        self._stop = stop
         self._abort = abort
         self.timeout = timeout
         self.on_output = on_output
@@ -96,38 +106,80 @@ class Supervisor:
         self.on_display = on_display
         self.grace = grace
         self.aborted = False
+        self.stop_requested = False
+        self.finished = False
         self._first = min(self.ranks)
+        self._start = time.monotonic()
+        self._interrupted_at: float | None = None
+        self._reason = ""
 
     # -- public --------------------------------------------------------------------------
 
-    def wait(self) -> list[Any]:
-        """Wait for every rank; return their values in rank order, or raise."""
-        start = time.monotonic()
-        interrupted_at: float | None = None
-        reason = ""
-        try:
-            while self._running():
-                self._wait_any(POLL_S)
-                self._pump()
-                self._collect()
-                now = time.monotonic()
-                if interrupted_at is None:
-                    reason = self._failure_reason(now - start)
-                    if reason:
-                        interrupted_at = now
-                        self._interrupt_running()
-                elif now - interrupted_at > self.grace and self._running():
-                    self._abort_job()
-        except KeyboardInterrupt:
-            self._interrupt_running()
-            self._settle()
-            raise
-        finally:
+    def poll(self, wait_s: float = 0.0) -> bool:
+        """Advance the job: wait up to ``wait_s`` for a rank, stream output, handle failures.
+
+        Returns True once every rank has ended (then :meth:`result` answers).
+        """
+        if self.finished:
+            return True
+        self._wait_any(wait_s)
+        self._pump()
+        self._collect()
+        now = time.monotonic()
+        if self._interrupted_at is None:
+            self._reason = self._failure_reason(now - self._start)
+            if self._reason:
+                self.interrupt()
+        elif now - self._interrupted_at > self.grace and self._running():
+            self._abort_job()
+        if not self._running():
             self._finish_output()
-        failed = [r for r in self.ranks.values() if r.status != "ok"]
-        if failed:
-            raise self._failure(reason or "failed")
+            self.finished = True
+        return self.finished
+
+    def wait(self) -> list[Any]:
+        """Wait for every rank; return their values in rank order, or raise.
+
+        Raises
+        ------
+        RankFailure
+            A rank raised, died, or the timeout passed.
+        KeyboardInterrupt
+            Re-raised after the ranks were interrupted (Ctrl-C in the notebook).
+        """
+        try:
+            while not self.poll(POLL_S):
+                pass
+        except KeyboardInterrupt:
+            self.interrupt()
+            self._settle()
+            self._finish_output()
+            self.finished = True
+            raise
+        return self.result()
+
+    def result(self) -> list[Any]:
+        """Values of the ranks in rank order, or the :class:`RankFailure` raised."""
+        if not self.finished:
+            raise RuntimeError("the job is still running: poll() or wait() first")
+        if any(r.status != "ok" for r in self.ranks.values()):
+            raise self._failure(self._reason or "failed")
         return [self.ranks[rank].value for rank in sorted(self.ranks)]
+
+    def request_stop(self) -> None:
+        """Ask the ranks to stop at their next step boundary (they end normally)."""
+        self.stop_requested = True
+        running = [r.rank for r in self._running()]
+        if running:
+            self._stop(running)
+
+    def interrupt(self) -> None:
+        """Interrupt the running ranks now (SIGINT); blocked ones are aborted after the grace."""
+        if self._interrupted_at is None:
+            self._interrupted_at = time.monotonic()
+        running = [r.rank for r in self._running()]
+        if running:
+            self._interrupt(running)
 
     # -- phases --------------------------------------------------------------------------
 
@@ -162,11 +214,6 @@ class Supervisor:
         if self.timeout is not None and elapsed > self.timeout:
             return f"timed out after {self.timeout:g} s"
         return ""
-
-    def _interrupt_running(self) -> None:
-        running = [r.rank for r in self._running()]
-        if running:
-            self._interrupt(running)
 
     def _settle(self) -> None:
         """After an interrupt: give ranks the grace period, then abort the stragglers."""
@@ -215,6 +262,8 @@ class Supervisor:
             self.on_output(rank, stream, line)
 
     def _finish_output(self) -> None:
+        if self.finished:
+            return
         for r in self.ranks.values():
             if r.status in ("ok", "error", "interrupted"):
                 try:
