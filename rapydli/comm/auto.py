@@ -13,6 +13,7 @@ own ``Allreduce``, the vendor-tuned choice. ``float16``/``bfloat16`` always go t
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import json
 import math
@@ -72,8 +73,11 @@ class AutoTable:
         """The algorithm for a message of ``nbytes`` (nearest measured size, log scale)."""
         if not self.sizes:
             return "mpi"
-        target = math.log2(max(nbytes, 1))
-        index = min(range(len(self.sizes)), key=lambda i: abs(math.log2(self.sizes[i]) - target))
+        index = bisect.bisect_left(self.sizes, nbytes)
+        if index == len(self.sizes):
+            return self.choices[-1]
+        if index > 0 and math.log2(max(nbytes, 1) / self.sizes[index - 1]) < math.log2(self.sizes[index] / max(nbytes, 1)):
+            index -= 1
         return self.choices[index]
 
 

@@ -18,7 +18,7 @@ import torch
 
 from rapydli.comm.base import Algorithm, check_algorithm, create_algorithm
 from rapydli.comm.handle import CommThread, CompletedHandle, Handle, ThreadHandle, WorkHandle
-from rapydli.comm.tensors import check_op, finish_avg, flat_view
+from rapydli.comm.tensors import OPS, check_op, finish_avg, flat_view
 from rapydli.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -165,12 +165,16 @@ class Communicator:
     # -- internals ------------------------------------------------------------------
 
     def _prepare(self, tensor: torch.Tensor, op: str, algorithm: str | None) -> tuple[torch.Tensor, str, str]:
-        check_op(op)
-        name = check_algorithm(algorithm) if algorithm is not None else self.algorithm
+        if op not in _OPS:
+            check_op(op)
+        name = self.algorithm if algorithm is None else algorithm
+        if name not in self._algorithms:
+            check_algorithm(name)
         flat = flat_view(tensor)
-        if flat.is_cuda and name == "auto" and _nccl_usable():
-            name = "nccl"
-        if flat.device.type == "cpu" and name == "nccl":
+        if flat.is_cuda:
+            if name == "auto" and _nccl_usable():
+                name = "nccl"
+        elif name == "nccl":
             raise ConfigError("algorithm='nccl' reduces CUDA tensors only; use 'auto', 'mpi' or 'ring' for CPU tensors")
         return flat, name, op
 
@@ -183,7 +187,7 @@ class Communicator:
 
     def _run(self, algo: Algorithm, flat: torch.Tensor, op: str) -> None:
         """Allreduce ``flat`` with ``algo`` (staging device memory through the host if needed), then ``avg``."""
-        if flat.device.type in algo.device_types:
+        if not flat.is_cuda or "cuda" in algo.device_types:
             algo.allreduce_(flat, op)
         else:
             host = flat.cpu()
@@ -198,6 +202,9 @@ class Communicator:
             self._thread.submit(ThreadHandle(torch.empty(0), "call", function)).wait()
         else:
             function()
+
+
+_OPS = frozenset(OPS)
 
 
 def _nccl_usable() -> bool:

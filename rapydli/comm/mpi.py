@@ -15,7 +15,12 @@ from rapydli.comm.tensors import mpi_buffer, mpi_op
 
 
 class MPIAlgorithm(Algorithm):
-    """mpi4py ``Iallreduce`` (completed with ``Wait``) in place on the tensor's buffer."""
+    """mpi4py ``Allreduce`` in place on the tensor's buffer.
+
+    The blocking call is used on the communication thread too: MPICH's ``Iallreduce``
+    runs schedule-based algorithms that are slower than its ``Allreduce``, and the thread
+    already provides the asynchrony.
+    """
 
     name = "mpi"
 
@@ -24,4 +29,4 @@ class MPIAlgorithm(Algorithm):
 
         if flat.numel() == 0 or self.comm.Get_size() == 1:
             return
-        self.comm.Iallreduce(MPI.IN_PLACE, mpi_buffer(flat), op=mpi_op(flat.dtype, op)).Wait()
+        self.comm.Allreduce(MPI.IN_PLACE, mpi_buffer(flat), op=mpi_op(flat.dtype, op))

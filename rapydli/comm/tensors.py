@@ -36,6 +36,8 @@ DTYPES: tuple[torch.dtype, ...] = (
     torch.uint8,
 )
 
+_DTYPE_SET = frozenset(DTYPES)
+
 #: dtypes without an MPI datatype; reduced with torch.
 HALF_DTYPES: frozenset[torch.dtype] = frozenset({torch.float16, torch.bfloat16})
 
@@ -54,9 +56,12 @@ def flat_view(tensor: torch.Tensor, argument: str = "tensor") -> torch.Tensor:
     of ``allreduce_`` would otherwise write the result into a temporary. Call
     ``.contiguous()`` first (and copy the result back) if you need that.
     """
+    if type(tensor) is torch.Tensor and tensor.dim() == 1 and not tensor.requires_grad and tensor.dtype in _DTYPE_SET:
+        if tensor.is_contiguous():  # the common fast path (gradient buckets, flat buffers)
+            return tensor
     if not isinstance(tensor, torch.Tensor):
         raise ConfigError(f"{argument} must be a torch.Tensor, got {type(tensor).__name__}")
-    if tensor.dtype not in DTYPES:
+    if tensor.dtype not in _DTYPE_SET:
         allowed = ", ".join(str(d).replace("torch.", "") for d in DTYPES)
         raise ConfigError(f"{argument} has dtype {tensor.dtype}, which is not supported: allowed dtypes are {allowed}")
     if not tensor.is_contiguous():
@@ -72,27 +77,33 @@ def byte_array(flat: torch.Tensor) -> np.ndarray:
     return flat.view(torch.uint8).numpy() if flat.numel() else np.empty(0, dtype=np.uint8)
 
 
+_MPI_TYPES: dict[torch.dtype, MPI.Datatype] = {}
+
+
 def mpi_datatype(dtype: torch.dtype) -> MPI.Datatype:
     """The MPI datatype whose elements match ``dtype`` (2-byte words for half types)."""
-    from mpi4py import MPI
+    if not _MPI_TYPES:
+        from mpi4py import MPI
 
-    table = {
-        torch.float32: MPI.FLOAT,
-        torch.float64: MPI.DOUBLE,
-        torch.float16: MPI.UINT16_T,
-        torch.bfloat16: MPI.UINT16_T,
-        torch.int32: MPI.INT32_T,
-        torch.int64: MPI.INT64_T,
-        torch.int16: MPI.INT16_T,
-        torch.int8: MPI.INT8_T,
-        torch.uint8: MPI.UINT8_T,
-    }
-    return table[dtype]
+        _MPI_TYPES.update({
+            torch.float32: MPI.FLOAT,
+            torch.float64: MPI.DOUBLE,
+            torch.float16: MPI.UINT16_T,
+            torch.bfloat16: MPI.UINT16_T,
+            torch.int32: MPI.INT32_T,
+            torch.int64: MPI.INT64_T,
+            torch.int16: MPI.INT16_T,
+            torch.int8: MPI.INT8_T,
+            torch.uint8: MPI.UINT8_T,
+        })
+    return _MPI_TYPES[dtype]
 
 
-def mpi_buffer(flat: torch.Tensor) -> list:
-    """``[memory, count, datatype]`` for mpi4py over ``flat``'s own memory."""
-    return [byte_array(flat), flat.numel(), mpi_datatype(flat.dtype)]
+def mpi_buffer(flat: torch.Tensor) -> object:
+    """An mpi4py buffer over ``flat``'s own memory (numpy view; raw 2-byte words for half types)."""
+    if flat.dtype in HALF_DTYPES:
+        return [byte_array(flat), flat.numel(), mpi_datatype(flat.dtype)]
+    return flat.numpy()
 
 
 def reduce_into(target: torch.Tensor, source: torch.Tensor, op: str) -> None:
@@ -116,19 +127,22 @@ def finish_avg(flat: torch.Tensor, world_size: int) -> None:
         flat.floor_divide_(world_size)
 
 
-_HALF_OPS: dict[tuple[torch.dtype, str], MPI.Op] = {}
+_MPI_OPS: dict[tuple[torch.dtype, str], MPI.Op] = {}
 
 
 def mpi_op(dtype: torch.dtype, op: str) -> MPI.Op:
     """The MPI reduction op for ``op`` on ``dtype``: built-in, or a torch-backed user op for half types."""
-    from mpi4py import MPI
+    found = _MPI_OPS.get((dtype, op))
+    if found is None:
+        from mpi4py import MPI
 
-    if dtype not in HALF_DTYPES:
-        return {"sum": MPI.SUM, "avg": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN}[op]
-    key = (dtype, "sum" if op == "avg" else op)
-    if key not in _HALF_OPS:
-        _HALF_OPS[key] = MPI.Op.Create(_half_reducer(*key), commute=True)
-    return _HALF_OPS[key]
+        if dtype in HALF_DTYPES:
+            reduce_as = "sum" if op == "avg" else op
+            found = MPI.Op.Create(_half_reducer(dtype, reduce_as), commute=True)
+        else:
+            found = {"sum": MPI.SUM, "avg": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN}[op]
+        _MPI_OPS[(dtype, op)] = found
+    return found
 
 
 def _half_reducer(dtype: torch.dtype, op: str) -> Callable[[object, object, object], None]:

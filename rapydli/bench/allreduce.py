@@ -1,0 +1,115 @@
+"""``rapydli bench allreduce -n 2 --json PATH``: RaPyDLI's allreduce against MPI and gloo.
+
+Re-launches :mod:`rapydli.bench.allreduce_worker` on ``n`` ranks (one thread each)
+through :func:`rapydli.cluster.mpirun.run`. Message sizes 4 B ... ``--max-bytes``
+(powers of 4) of float32; algorithms ``ring``, ``mpi``, ``auto`` (RaPyDLI), ``mpi4py``
+(mpi4py's own ``Allreduce`` on numpy: the MPI library alone) and torch ``gloo``. Per
+row: median time (slowest rank), algbw = bytes / time and busbw = algbw x 2(n-1)/n, as
+nccl-tests define them. The run also re-measures and caches the table ``auto`` decides
+by (``$RAPYDLI_HOME/comm/``).
+
+Targets (issue 3): ``ring`` busbw >= 0.9x MPI native (``mpi4py``) at >= 1 MB; ``auto``
+>= 0.95x the best of the others at every size.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import click
+
+from rapydli.bench.report import emit
+from rapydli.cluster import mpirun
+from rapydli.errors import ClusterError, ConfigError
+
+RING_TARGET, RING_FROM_BYTES, AUTO_TARGET = 0.9, 1 << 20, 0.95
+
+
+def summarize(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """One wide row per size (busbw per algorithm, ratios) and the targets, met or not."""
+    by_size: dict[int, dict[str, dict[str, Any]]] = {}
+    for row in rows:
+        by_size.setdefault(row["bytes"], {})[row["algorithm"]] = row
+    table, summary = [], {}
+    ring_ratios, auto_ratios = [], []
+    for nbytes, cells in sorted(by_size.items()):
+        wide: dict[str, Any] = {"bytes": nbytes}
+        for name, cell in cells.items():
+            wide[f"{name}_us"] = cell["time_us"]
+        for name, cell in cells.items():
+            wide[f"{name}_busbw"] = cell["busbw_GBps"]
+        if "ring" in cells and "mpi4py" in cells:
+            ratio = cells["ring"]["busbw_GBps"] / cells["mpi4py"]["busbw_GBps"]
+            wide["ring/mpi4py"] = ratio
+            if nbytes >= RING_FROM_BYTES:
+                ring_ratios.append(ratio)
+        if "auto" in cells:
+            others = [cell["busbw_GBps"] for name, cell in cells.items() if name != "auto"]
+            if others:
+                best = max(others)
+                wide["auto/best"] = cells["auto"]["busbw_GBps"] / best
+                wide["auto_picked"] = cells["auto"].get("auto_picked")
+                auto_ratios.append(wide["auto/best"])
+        table.append(wide)
+    if ring_ratios:
+        worst = min(ring_ratios)
+        summary["ring busbw / MPI native (mpi4py), worst at >= 1 MB"] = worst
+        summary[f"target ring >= {RING_TARGET}x MPI native at >= 1 MB"] = "met" if worst >= RING_TARGET else "not met"
+    else:
+        summary[f"target ring >= {RING_TARGET}x MPI native at >= 1 MB"] = "not measured (raise --max-bytes to >= 1 MiB)"
+    if auto_ratios:
+        worst = min(auto_ratios)
+        summary["auto busbw / best of the others, worst size"] = worst
+        summary["auto busbw / best of the others, median size"] = sorted(auto_ratios)[len(auto_ratios) // 2]
+        summary[f"target auto >= {AUTO_TARGET}x best of the others at every size"] = (
+            "met" if worst >= AUTO_TARGET else f"not met at {sum(r < AUTO_TARGET for r in auto_ratios)} of {len(auto_ratios)} sizes"
+        )
+    return table, summary
+
+
+@click.command()
+@click.option("-n", "--ranks", "n", default=2, show_default=True, help="MPI ranks.")
+@click.option("--max-bytes", default=256 << 20, show_default=True, help="Largest message (bytes); sizes are 4 B x 4^k up to it.")
+@click.option("--algorithms", default="ring,mpi,auto,mpi4py,gloo", show_default=True, help="Comma-separated subset to time.")
+@click.option("--max-reps", default=200, show_default=True, help="Most timed repetitions per size and algorithm.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Write the rows and summary here.")
+@click.option("--timeout", default=1800.0, show_default=True, help="Seconds before all ranks are killed.")
+def command(n: int, max_bytes: int, algorithms: str, max_reps: int, json_path: str | None, timeout: float) -> None:
+    """Allreduce time, algbw and busbw per message size: ring, mpi, auto vs mpi4py and gloo."""
+    from rapydli.bench.allreduce_worker import ALGORITHMS
+
+    if n < 2:
+        raise ConfigError(f"-n {n} is invalid: allreduce needs at least 2 ranks")
+    if max_reps < 3:
+        raise ConfigError(f"--max-reps {max_reps} is invalid: it must be >= 3")
+    if max_bytes < 4:
+        raise ConfigError(f"--max-bytes {max_bytes} is invalid: it must be >= 4")
+    unknown = sorted(set(algorithms.split(",")) - set(ALGORITHMS))
+    if unknown:
+        raise ConfigError(f"--algorithms: unknown {', '.join(unknown)}; allowed: {', '.join(ALGORITHMS)}")
+    with tempfile.TemporaryDirectory(prefix="rapydli-bench-allreduce-") as tmp:
+        out = Path(tmp) / "rows.json"
+        argv = [sys.executable, "-m", "rapydli.bench.allreduce_worker", "--out", str(out),
+                "--max-bytes", str(max_bytes), "--algorithms", algorithms, "--max-reps", str(max_reps)]
+        result = mpirun.run(argv, n=n, threads=1, timeout=timeout)
+        if result.returncode != 0 or not out.exists():
+            raise ClusterError(f"allreduce benchmark failed on {n} ranks:\n{result.stdout[-4000:]}{result.stderr[-4000:]}")
+        payload = json.loads(out.read_text())
+    table, summary = summarize(payload["rows"])
+    summary = {
+        "ranks": n,
+        "mpi library": payload["mpi_library"],
+        "auto table": payload["auto_table"]["path"],
+        "auto choices (4 B, 16 B, ...)": ",".join(payload["auto_table"]["choices"]),
+        "auto measurement seconds": payload["tune_seconds"],
+        **summary,
+    }
+    emit("allreduce", table, summary, json_path)
+    if json_path:  # keep the raw per-algorithm rows and the auto measurement beside the table
+        saved = json.loads(Path(json_path).read_text())
+        saved.update({"raw_rows": payload["rows"], "auto_table": payload["auto_table"]})
+        Path(json_path).write_text(json.dumps(saved, indent=2, default=str))

@@ -1,0 +1,107 @@
+"""The per-rank half of ``rapydli bench allreduce``: run under ``mpiexec -n N``.
+
+First measures ``mpi`` against ``ring`` for ``auto`` and caches it (the measurement
+``auto`` then uses), then times, per message size, interleaved rep by rep so every
+algorithm sees the same machine noise: ``ring``, ``mpi``, ``auto`` (through
+:class:`~rapydli.comm.Communicator`, on torch float32 tensors), mpi4py's own
+``Allreduce`` on a numpy array (``mpi4py``: the MPI library with no RaPyDLI code in the
+way) and torch.distributed ``gloo``. A rep's time is the slowest rank's; the row holds
+the median over reps. Rank 0 writes the rows as JSON to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections.abc import Callable
+
+import numpy as np
+import torch
+from mpi4py import MPI
+
+from rapydli.comm import Communicator
+from rapydli.comm.auto import message_sizes
+
+ALGORITHMS = ("ring", "mpi", "auto", "mpi4py", "gloo")
+
+
+def repetitions(nbytes: int, max_reps: int = 200) -> int:
+    """Timed reps per size: more for latency-bound sizes (at least 3, at most ``max_reps``)."""
+    return max(3, min(max_reps, int(64e6 / max(nbytes, 1))))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--max-bytes", type=int, default=256 << 20)
+    parser.add_argument("--algorithms", default=",".join(ALGORITHMS))
+    parser.add_argument("--max-reps", type=int, default=200)
+    args = parser.parse_args()
+    names = [name for name in args.algorithms.split(",") if name]
+    world = MPI.COMM_WORLD
+    n = world.Get_size()
+
+    comm = Communicator(algorithm="mpi")
+    tune_started = time.perf_counter()
+    table = comm.tune(max_bytes=args.max_bytes, force=True)  # the measurement auto decides by
+    tune_seconds = time.perf_counter() - tune_started
+    if "gloo" in names:
+        comm._get("gloo")  # process group set up before timing
+
+    rows = []
+    for nbytes in message_sizes(args.max_bytes):
+        count = max(1, nbytes // 4)
+        tensor = torch.ones(count, dtype=torch.float32)
+        array = np.ones(count, dtype=np.float32)
+        calls: dict[str, Callable[[], object]] = {
+            "mpi4py": lambda: world.Allreduce(MPI.IN_PLACE, array, op=MPI.SUM),
+        }
+        for name in names:
+            if name != "mpi4py":
+                calls[name] = lambda name=name: comm.allreduce_(tensor, algorithm=name)
+        reps = repetitions(nbytes, args.max_reps)
+        local = np.zeros((len(names), reps))
+        for name in names:  # warm-up
+            calls[name]()
+            calls[name]()
+        for rep in range(reps):
+            for i, name in enumerate(names):
+                tensor.fill_(1.0)
+                array.fill(1.0)
+                world.Barrier()
+                started = time.perf_counter()
+                calls[name]()
+                local[i, rep] = time.perf_counter() - started
+        slowest = np.empty_like(local)
+        world.Allreduce(local, slowest, op=MPI.MAX)
+        for i, name in enumerate(names):
+            seconds = float(np.median(slowest[i]))
+            algbw = count * 4 / seconds / 1e9
+            row = {
+                "bytes": count * 4,
+                "algorithm": name,
+                "time_us": seconds * 1e6,
+                "algbw_GBps": algbw,
+                "busbw_GBps": algbw * 2 * (n - 1) / n,
+                "reps": reps,
+            }
+            if name == "auto":
+                row["auto_picked"] = comm._get("auto")[0].choose(tensor)
+            rows.append(row)
+    if world.Get_rank() == 0:
+        payload = {
+            "ranks": n,
+            "rows": rows,
+            "auto_table": {"path": table.path, "sizes": table.sizes, "choices": table.choices, "times": table.times},
+            "tune_seconds": tune_seconds,
+            "mpi_library": MPI.Get_library_version().strip().splitlines()[0],
+            "thread_level": MPI.Query_thread(),
+        }
+        with open(args.out, "w") as handle:
+            json.dump(payload, handle)
+    comm.close()
+
+
+if __name__ == "__main__":
+    main()
