@@ -148,10 +148,10 @@ export class RapydliPanel extends Widget {
       section.append(h('p', { className: 'rapydli-Empty', text: 'No recorded runs match.' }));
       return section;
     }
-    const table = h('table', { className: 'rapydli-Table', attrs: { 'aria-label': 'Run list' } });
+    const table = h('table', { className: 'rapydli-Table rapydli-RunTable', attrs: { 'aria-label': 'Run list' } });
     table.append(
       h('thead', {}, [
-        h('tr', {}, ['Kind', 'Name', 'Status', 'Duration', 'Key metric'].map(t => h('th', { text: t })))
+        h('tr', {}, ['Run', 'Status', 'Time', 'Key metric'].map(t => h('th', { text: t })))
       ])
     );
     const body = h('tbody');
@@ -161,11 +161,10 @@ export class RapydliPanel extends Widget {
         className: `rapydli-Run rapydli-status-${run.status}`,
         attrs: { 'data-run-id': run.id, title: `Open run ${run.id}`, tabindex: '0' }
       }, [
-        h('td', { text: run.kind }),
-        h('td', { text: run.name }),
+        h('td', {}, [h('span', { className: 'rapydli-RunName', text: run.name }), h('span', { className: 'rapydli-Kind', text: run.kind })]),
         h('td', { className: 'rapydli-Status', text: run.status }),
         h('td', { text: formatDuration(run.duration, run.status === 'running' ? run.started : undefined) }),
-        h('td', { text: key ? `${key[0]} ${formatNumber(key[1])}` : '' })
+        h('td', { text: key ? formatNumber(key[1]) : '', attrs: key ? { title: key[0] } : {} }, key ? [h('span', { className: 'rapydli-Kind', text: key[0] })] : [])
       ]);
       const open = () => void this.commands.execute(CommandIDs.openRun, { id: run.id });
       row.addEventListener('click', open);

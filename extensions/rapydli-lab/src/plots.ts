@@ -44,7 +44,8 @@ export class MetricSeries {
     const out: any[] = [];
     for (const [name, s] of this.series) {
       if (metricGroup(name) === group) {
-        out.push({ type: 'scatter', mode: 'lines+markers', name, x: s.x, y: s.y, marker: { size: 4 } });
+        // Copies: Plotly.react only redraws data whose arrays are new objects.
+        out.push({ type: 'scatter', mode: 'lines+markers', name, x: s.x.slice(), y: s.y.slice(), marker: { size: 4 } });
       }
     }
     return out;

@@ -122,7 +122,6 @@ export class RunView extends Widget {
       div.hidden = traces.length === 0 && group !== 'loss';
       if (!div.hidden) {
         await draw(div, traces, layout(title, 'step', yTitle));
-        div.dataset.points = String(traces.reduce((n, t) => n + t.x.length, 0));
       }
     }
     this._drawn = true;
