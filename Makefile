@@ -19,7 +19,12 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
-$(STAMP): pyproject.toml | $(PY)
+# The editable install builds the lab extension (jlpm install && jlpm build through
+# hatch-jupyter-builder) and copies it into the venv, so its sources are prerequisites.
+LAB_SOURCES := $(wildcard extensions/rapydli-lab/src/*.ts extensions/rapydli-lab/style/*) \
+	extensions/rapydli-lab/package.json extensions/rapydli-lab/yarn.lock
+
+$(STAMP): pyproject.toml $(LAB_SOURCES) | $(PY)
 	$(PIP) install -q --upgrade pip
 	$(PIP) show -q torch >/dev/null 2>&1 || $(PIP) install -q "$(TORCH_SPEC)" || $(PIP) install -q torch --index-url https://download.pytorch.org/whl/cpu
 	$(PIP) install -q -e '.[mpich,test]'
