@@ -28,7 +28,7 @@ from torch import nn
 from torch.nn import functional as F
 from torch.utils.data import Dataset
 
-from rapydli.errors import ConfigError
+from rapydli.errors import ConfigError, RapydliError
 from rapydli.train import checkpoint as ckpt
 from rapydli.train.callbacks import Callback, dispatch
 from rapydli.train.config import TrainConfig
@@ -81,6 +81,9 @@ class Trainer:
         Optimizer steps completed.
     history
         Rows of every step and evaluation (the dicts the callbacks received).
+    stopped_early
+        True when :meth:`fit` ended before ``total_steps`` because the notebook asked the
+        task to stop (``Job.request_stop``; inside a Cluster task only).
     """
 
     def __init__(
@@ -123,6 +126,7 @@ class Trainer:
         self.epoch = 0
         self._evaluated_at = self._saved_at = 0  # the step of the last evaluation / checkpoint
         self.history: list[dict[str, Any]] = []
+        self.stopped_early = False
         self._started = time.perf_counter()
         if config.resume:
             self._resume()
@@ -209,6 +213,11 @@ class Trainer:
                 self.history.append(row)
                 dispatch(self.callbacks, "on_step_end", row)
 
+                # stop early when the notebook asked: every rank gets the same answer, so all stop after this step
+                if self._stop_requested():
+                    self.stopped_early = True
+                    break
+
             # end of an epoch (or of the run): evaluate, checkpoint, tell the callbacks
             if epoch_losses:
                 val = self.evaluate()
@@ -225,6 +234,8 @@ class Trainer:
                     **{k: v for k, v in val.items() if k.startswith("val_")},
                 }
                 dispatch(self.callbacks, "on_epoch_end", summary)
+            if self.stopped_early:
+                break
         return self.history
 
     def close(self) -> None:
@@ -323,6 +334,16 @@ class Trainer:
         self.step = self._evaluated_at = self._saved_at = meta["step"]
 
     # -- helpers ----------------------------------------------------------------------------
+    def _stop_requested(self) -> bool:
+        """Whether any rank's task was asked to stop (one tiny allreduce); False outside a Cluster task."""
+        from rapydli.cluster import engine
+
+        try:
+            engine.context()
+        except RapydliError:
+            return False
+        return engine.should_stop(self.mpi)
+
     def _synchronizer(self) -> Any:
         if self.world_size == 1:
             return None
