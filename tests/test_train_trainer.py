@@ -137,3 +137,27 @@ def test_grad_accum_larger_than_epoch_is_a_config_error() -> None:
         Trainer(models.mlp(in_features=8), None, train, val, TrainConfig(batch_size=4, grad_accum=8))
     with pytest.raises(ConfigError, match="TrainConfig"):
         Trainer(torch.nn.Linear(2, 2), None, train, val, {"lr": 0.1})  # type: ignore[arg-type]
+
+
+@pytest.mark.mpi
+def test_autotune_plan_is_made_once_and_applied_on_every_rank(run_mpi) -> None:
+    code = COMMON + """
+from rapydli.train import models
+from rapydli.autotune import TunedConv2d
+train, val = datasets.digits()
+torch.manual_seed(0)
+model = models.resnet_mini(in_channels=1, width=4, blocks=(1,))
+cfg = TrainConfig(epochs=1, max_steps=3, batch_size=8, lr=0.01, autotune=True)
+trainer = Trainer(model, None, train, val, cfg)
+tuned = sorted(name for name, m in trainer.model.named_modules() if isinstance(m, TunedConv2d))
+assert tuned == sorted(trainer.autotune_plan.layers) and len(tuned) == 3, tuned
+plans = world.allgather(trainer.autotune_plan.layers)
+assert plans[0] == plans[1]
+rows = [r for r in trainer.fit() if r["kind"] == "train"]
+assert len(rows) == 3 and all(r["loss"] == r["loss"] for r in rows)
+weights = world.allgather([p.detach().clone() for p in trainer.model.parameters()])
+assert all(torch.equal(a, b) for a, b in zip(*weights))
+trainer.close()
+print("OK")
+"""
+    assert run_mpi(code, n=2, timeout=300).stdout.count("OK") == 2

@@ -84,6 +84,9 @@ class Trainer:
     stopped_early
         True when :meth:`fit` ended before ``total_steps`` because the notebook asked the
         task to stop (``Job.request_stop``; inside a Cluster task only).
+    autotune_plan
+        With ``config.autotune``: the :class:`rapydli.autotune.Plan` rank 0 tuned and
+        every rank applied (tuned convolutions share the original parameters).
     """
 
     def __init__(
@@ -121,6 +124,9 @@ class Trainer:
             )
         total = self.steps_per_epoch * config.epochs
         self.total_steps = min(total, config.max_steps) if config.max_steps else total
+        self.autotune_plan: Any = None
+        if config.autotune:
+            self._autotune(train_data)
         self.sync = self._synchronizer()
         self.step = 0
         self.epoch = 0
@@ -343,6 +349,24 @@ class Trainer:
         except RapydliError:
             return False
         return engine.should_stop(self.mpi)
+
+    def _autotune(self, train_data: Dataset) -> None:
+        """Tune the convolutions once on rank 0, share the picklable plan, apply it on every rank."""
+        from rapydli.autotune import apply_plan, plan_for
+
+        plan, error = None, None
+        if self.rank == 0:
+            try:
+                count = min(len(train_data), self.config.batch_size)
+                example = torch.utils.data.default_collate([train_data[i] for i in range(count)])[0]
+                plan = plan_for(self.model, example.to(self.device), mode="train")
+            except Exception as exc:  # noqa: BLE001 - every rank must learn of it, not block in bcast
+                error = f"{type(exc).__name__}: {exc}"
+        plan, error = self.mpi.bcast((plan, error), root=0)
+        if error is not None:
+            raise RuntimeError(f"autotuning on rank 0 failed: {error}")
+        apply_plan(self.model, plan)
+        self.autotune_plan = plan
 
     def _synchronizer(self) -> Any:
         if self.world_size == 1:
