@@ -183,6 +183,7 @@ def train(
     *,
     callbacks: Sequence[MetricsCallback] = (),
     progress: bool = True,
+    live: bool | None = None,
     name: str | None = None,
 ) -> RunResult:
     """Train ``model_fn()`` on ``data_fn()`` data-parallel on every engine of a cluster.
@@ -205,6 +206,10 @@ def train(
         rank 0 (a live plot hooks in here).
     progress
         Show a tqdm progress bar driven by rank 0's steps.
+    live
+        Show a live plot (loss, val loss, throughput, step/comm time) that rank 0's rows
+        update while training runs; it ends as a static figure in the cell's output, so
+        it is kept by papermill. Default: when running in a Jupyter kernel.
     name
         Run name in the store (default: the model function's name).
 
@@ -245,6 +250,13 @@ def train(
     }
     run_name = name or getattr(model, "__name__", "model")
     run_id = store.create_run("train", run_name, params, world_size=cluster.n, seed=cfg.seed) if store else None
+    from rapydli.widgets.live import LivePlot, in_kernel
+
+    live_plot = None
+    if live or (live is None and in_kernel()):
+        live_plot = LivePlot(title=run_name)
+        live_plot.show()
+        callbacks = (*callbacks, live_plot)
     follower = _Follower(callbacks, store, run_id, progress)
     status, error = "failed", None
     try:
@@ -263,6 +275,8 @@ def train(
         raise
     finally:
         follower.close()
+        if live_plot is not None:
+            live_plot.close()
         if own_cluster:
             cluster.stop()
         if store is not None and run_id is not None:

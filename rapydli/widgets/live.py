@@ -1,0 +1,140 @@
+"""Live training plots: rank 0's metric rows drawn while the run goes on.
+
+:class:`LivePlot` is a client-side metrics callback (``rd.train(callbacks=[...])``
+calls it with every row). Rows are buffered and drawn in batches, at most
+``max_redraws_per_s`` times a second, on a plotly ``FigureWidget`` when a Jupyter kernel
+shows it (a plain ``go.Figure`` elsewhere). :meth:`LivePlot.close` draws what is left
+and replaces the widget's output with a static figure, so a notebook run headless
+(papermill) keeps the final plot in its saved output.
+
+Examples
+--------
+>>> plot = LivePlot(title="mlp", widget=False)
+>>> plot({"kind": "train", "step": 1, "loss": 2.3, "samples_per_s": 900.0, "step_time_s": 0.01,
+...       "comm_time_s": 0.002, "comm_wait_s": 0.001})
+>>> plot.close()
+>>> list(plot.figure.data[0].y)
+[2.3]
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+#: (trace name, row kind, x key, y key, subplot column)
+TRACES = (
+    ("train loss", "train", "step", "loss", 1),
+    ("val loss", "eval", "step", "val_loss", 1),
+    ("samples/s", "train", "step", "samples_per_s", 2),
+    ("step time (s)", "train", "step", "step_time_s", 3),
+    ("comm time (s)", "train", "step", "comm_time_s", 3),
+    ("comm wait (s)", "train", "step", "comm_wait_s", 3),
+)
+
+
+def in_kernel() -> bool:
+    """True when running inside a Jupyter kernel (a notebook, also under papermill)."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    shell = get_ipython()
+    return shell is not None and getattr(shell, "kernel", None) is not None
+
+
+def make_figure(widget: bool, title: str = "") -> Any:
+    """An empty three-panel figure (loss, throughput, step/comm time), as a widget or not."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    base = make_subplots(rows=1, cols=3, subplot_titles=("loss", "throughput (samples/s)", "time per step (s)"))
+    for name, kind, _, _, col in TRACES:
+        mode = "lines+markers" if kind == "eval" else "lines"
+        base.add_scatter(x=[], y=[], mode=mode, name=name, row=1, col=col)
+    base.update_layout(title=title, template="plotly_white", height=320, margin={"t": 60, "b": 40})
+    base.update_xaxes(title_text="step")
+    return go.FigureWidget(base) if widget else base
+
+
+class LivePlot:
+    """A metrics callback that draws loss, val loss, throughput and step/comm time live.
+
+    Parameters
+    ----------
+    title
+        Figure title.
+    max_redraws_per_s
+        Upper bound on redraws; rows arriving faster are drawn together.
+    widget
+        Draw on a ``FigureWidget`` (default: when inside a Jupyter kernel).
+
+    Attributes
+    ----------
+    figure
+        The plotly figure (a ``FigureWidget`` when ``widget``).
+    redraws
+        How many times the figure was redrawn.
+    rows
+        Every row received.
+    """
+
+    def __init__(self, title: str = "", max_redraws_per_s: float = 10.0, widget: bool | None = None) -> None:
+        self.widget = in_kernel() if widget is None else widget
+        self.figure = make_figure(self.widget, title)
+        self.min_interval = 1.0 / max_redraws_per_s
+        self.rows: list[dict[str, Any]] = []
+        self.redraws = 0
+        self._drawn = 0
+        self._last_draw = 0.0
+        self._handle: Any = None
+        self._lock = threading.Lock()
+
+    def __call__(self, row: dict[str, Any]) -> None:
+        with self._lock:
+            self.rows.append(row)
+        self.tick()
+
+    def tick(self) -> None:
+        """Draw pending rows if the last redraw is at least ``1 / max_redraws_per_s`` old."""
+        if time.monotonic() - self._last_draw >= self.min_interval:
+            self.flush()
+
+    def flush(self) -> None:
+        """Draw every pending row now (one batched redraw)."""
+        with self._lock:
+            if self._drawn == len(self.rows):
+                return
+            rows, self._drawn = self.rows[self._drawn :], len(self.rows)
+            columns = []
+            for trace, (_, kind, xkey, ykey, _) in zip(self.figure.data, TRACES):
+                fresh = [(r[xkey], r[ykey]) for r in rows if r.get("kind") == kind and r.get(ykey) is not None]
+                columns.append((trace, fresh))
+            with self.figure.batch_update():
+                for trace, fresh in columns:
+                    if fresh:
+                        trace.x = (*(trace.x or ()), *(x for x, _ in fresh))
+                        trace.y = (*(trace.y or ()), *(y for _, y in fresh))
+            self.redraws += 1
+            self._last_draw = time.monotonic()
+
+    def show(self) -> None:
+        """Display the figure in the notebook (nothing outside a kernel)."""
+        if in_kernel():
+            from IPython.display import display
+
+            self._handle = display(self.figure, display_id=True)
+
+    def static(self) -> Any:
+        """A plain ``go.Figure`` copy of the current plot."""
+        import plotly.graph_objects as go
+
+        return go.Figure(self.figure)
+
+    def close(self) -> None:
+        """Draw what is left; in a notebook, leave a static figure in the cell's output."""
+        self.flush()
+        if self._handle is not None:
+            self._handle.update(self.static())
+            self._handle = None
