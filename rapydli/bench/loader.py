@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import tempfile
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -43,10 +44,12 @@ def _run(loader: Any, epochs: int, step_s: float) -> list[dict[str, Any]]:
     for _ in range(epochs):
         samples = 0
         started = time.perf_counter()
-        for batch in loader:
-            samples += int(batch[0].shape[0])
-            if step_s:
-                time.sleep(step_s)
+        with warnings.catch_warnings():  # more workers than cores is the point of the "dataloader xT" row
+            warnings.filterwarnings("ignore", message="This DataLoader will create", category=UserWarning)
+            for batch in loader:
+                samples += int(batch[0].shape[0])
+                if step_s:
+                    time.sleep(step_s)
         per_epoch.append({"samples": samples, "seconds": time.perf_counter() - started})
     for record, stats in zip(per_epoch, loader.stats()["epochs"]):
         record["stall_s"] = stats["stall_s"]
@@ -169,7 +172,9 @@ def _targets(rows: list[dict[str, Any]]) -> dict[str, Any]:
             ratio = find("throttled", store, kind)["sps_epochs_2+"] / base["sps_epochs_2+"]
             label = "met" if ratio >= 2.0 else "not met"
             out[f"target throttled {store} {kind} epochs 2+ vs DataLoader >= 2x"] = f"{ratio:.2f}x {label}"
-        ratio = find("unthrottled", store, "clairvoyant")["sps_all"] / find("unthrottled", store, "dataloader")["sps_all"]
+        fast, base = find("unthrottled", store, "clairvoyant"), find("unthrottled", store, "dataloader")
+        out[f"unthrottled {store} clairvoyant epochs 2+ vs DataLoader"] = f"{fast['sps_epochs_2+'] / base['sps_epochs_2+']:.2f}x"
+        ratio = fast["sps_all"] / base["sps_all"]
         label = "met" if ratio >= 0.95 else "not met"
         out[f"target unthrottled {store} clairvoyant all epochs vs DataLoader >= 0.95x"] = f"{ratio:.2f}x {label}"
     return out
