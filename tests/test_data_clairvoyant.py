@@ -183,17 +183,20 @@ def test_lmdb_backed_loader_matches_and_counts_store_bytes(tmp_path: Path) -> No
 
 @pytest.mark.mpi
 def test_ranks_together_cover_the_dataset(run_mpi) -> None:
+    """3 ranks read one LMDB store (rank 0 writes it) through their clairvoyant loaders."""
     result = run_mpi(
         """
         import torch
         from mpi4py import MPI
         from torch.utils.data import TensorDataset
-        from rapydli.data import ClairvoyantLoader, rank_indices
+        from rapydli.data import ClairvoyantLoader, LMDBDataset, rank_indices, write_lmdb
 
         comm = MPI.COMM_WORLD
-        data = TensorDataset(torch.arange(50))
-        loader = ClairvoyantLoader(data, batch_size=4, seed=9, rank=comm.rank, world_size=comm.size,
-                                   epochs=2, ram_bytes=4096)
+        if comm.rank == 0:
+            write_lmdb(TensorDataset(torch.arange(50)), "store", shard_size=16)
+        comm.Barrier()
+        loader = ClairvoyantLoader(LMDBDataset("store"), batch_size=4, seed=9, rank=comm.rank,
+                                   world_size=comm.size, epochs=2, ram_bytes=4096)
         for epoch in range(2):
             seen = [int(v) for (batch,) in loader for v in batch]
             assert seen == rank_indices(50, comm.rank, comm.size, 9, epoch).tolist()
@@ -201,9 +204,10 @@ def test_ranks_together_cover_the_dataset(run_mpi) -> None:
             if comm.rank == 0:
                 flat = [v for part in everyone for v in part]
                 assert set(flat) == set(range(50)) and len(flat) == 51, (epoch, len(flat))
+        hits = comm.gather(loader.stats()["epochs"][1]["hits"], root=0)
         if comm.rank == 0:
-            print("covered", comm.size)
+            print("covered", comm.size, sum(h["ram"] + h["storage"] for h in hits))
         """,
         n=3,
     )
-    assert "covered 3" in result.stdout
+    assert "covered 3 51" in result.stdout
