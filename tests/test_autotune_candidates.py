@@ -1,0 +1,113 @@
+"""Every candidate matches F.conv2d (float64 reference) forward and backward on awkward shapes."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from rapydli.autotune.candidates import conv_apply, registry
+from rapydli.autotune.device import query
+from rapydli.autotune.problem import ConvShape
+
+SHAPES = {
+    "3x3-pad": ConvShape(2, 5, 9, 10, 7, 3, 3, stride=1, pad=1),
+    "3x3-stride2": ConvShape(2, 4, 11, 9, 6, 3, 3, stride=2, pad=1),
+    "1x1": ConvShape(2, 8, 7, 7, 5, 1, 1),
+    "1x1-stride2": ConvShape(1, 6, 8, 8, 4, 1, 1, stride=2),
+    "5x5-pad2": ConvShape(1, 3, 12, 13, 5, 5, 5, stride=1, pad=2),
+    "11x11-stride4": ConvShape(1, 3, 27, 27, 4, 11, 11, stride=4, pad=2),
+    "odd-nopad": ConvShape(3, 17, 7, 5, 19, 3, 3),
+}
+CPU_CANDIDATES = ["torch_nchw", "torch_channels_last", "im2col_gemm", "c_direct"]
+
+
+def reference(shape: ConvShape):
+    gen = torch.Generator().manual_seed(7)
+    x = torch.randn(shape.n, shape.c, shape.h, shape.w, generator=gen, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(shape.k, shape.c, shape.r, shape.s, generator=gen, dtype=torch.float64, requires_grad=True)
+    y = F.conv2d(x, w, None, shape.stride, shape.pad)
+    gy = torch.randn(y.shape, generator=gen, dtype=torch.float64)
+    y.backward(gy)
+    return x.detach(), w.detach(), gy, y.detach(), x.grad, w.grad
+
+
+def check(inst, shape: ConvShape) -> None:
+    x, w, gy, y_ref, gx_ref, gw_ref = reference(shape)
+    x32, w32 = x.float().requires_grad_(), w.float().requires_grad_()
+    y = conv_apply(inst, x32, w32)
+    y.backward(gy.float())
+    for name, got, ref in (("output", y, y_ref), ("grad_input", x32.grad, gx_ref), ("grad_weight", w32.grad, gw_ref)):
+        assert got.shape == ref.shape, name
+        err = float((got.detach().double() - ref).norm() / ref.norm())
+        assert err < 1e-5, f"{name}: relative error {err:.3g} for {inst.params}"
+
+
+@pytest.mark.parametrize("shape", list(SHAPES.values()), ids=list(SHAPES))
+@pytest.mark.parametrize("name", CPU_CANDIDATES)
+def test_cpu_candidates_match_conv2d_forward_and_backward(name: str, shape: ConvShape) -> None:
+    cand = registry()[name]
+    configs = cand.space(shape, query(), "tiny").configs()
+    assert configs, f"{name} has no configuration for {shape}"
+    for params in configs:
+        check(cand.instance(shape, params), shape)
+
+
+def test_c_kernel_runs_on_tensor_memory_without_copies() -> None:
+    cand = registry()["c_direct"]
+    shape = SHAPES["3x3-pad"]
+    inst = cand.instance(shape, {"layout": 1, "kb": 2, "wb": 2, "cb": 64, "vec": 4, "unroll": 1, "order": 0})
+    x = torch.randn(shape.n, shape.c, shape.h, shape.w).contiguous(memory_format=torch.channels_last)
+    assert inst.to_layout(x).data_ptr() == x.data_ptr()  # already NHWC: handed over as is
+    y = inst.forward(x, torch.randn(shape.k, shape.c, 3, 3))
+    assert y.is_contiguous(memory_format=torch.channels_last)
+
+
+def test_c_kernel_instances_are_cached_on_disk() -> None:
+    from rapydli.autotune import cbuild
+
+    params = {"layout": 0, "kb": 2, "wb": 2, "cb": 64, "vec": 4, "unroll": 1, "order": 0}
+    path = cbuild.build("conv2d_direct.c", params)
+    mtime = path.stat().st_mtime_ns
+    assert cbuild.build("conv2d_direct.c", params) == path and path.stat().st_mtime_ns == mtime
+    assert path.parent == cbuild.cache_dir()
+
+
+TRITON = importlib.util.find_spec("triton") is not None
+TRITON_SHAPES = ["3x3-pad", "3x3-stride2", "1x1-stride2", "5x5-pad2", "11x11-stride4", "odd-nopad"]
+
+
+@pytest.mark.skipif(not TRITON, reason="triton is not installed (the 'triton' extra)")
+@pytest.mark.parametrize("key", TRITON_SHAPES)
+def test_triton_kernel_matches_conv2d_under_the_interpreter(key: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    shape = SHAPES[key]
+    small = ConvShape(1, min(shape.c, 4), shape.h, shape.w, min(shape.k, 4), shape.r, shape.s, shape.stride, shape.pad)
+    blocks = {"block_m": 64, "block_n": 16, "block_k": 64, "num_warps": 4, "num_stages": 2}
+    check(registry()["triton_igemm"].instance(small, blocks), small)
+
+
+@pytest.mark.skipif(not TRITON, reason="triton is not installed (the 'triton' extra)")
+def test_triton_space_is_pruned_by_gpu_limits() -> None:
+    from dataclasses import replace
+
+    gpu = replace(query(), kind="cuda", extra={"shared_memory_per_block": 32 * 1024, "max_threads_per_block": 128})
+    space = registry()["triton_igemm"].space(SHAPES["3x3-pad"], gpu, "full")
+    counts = space.counts()
+    assert counts["after_hard"] < counts["total"]
+    for c in space.configs():
+        assert (c["block_m"] * c["block_k"] + c["block_k"] * c["block_n"]) * 4 * c["num_stages"] <= 32 * 1024
+        assert c["num_warps"] <= 4
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_triton_kernel_on_gpu() -> None:
+    shape = SHAPES["3x3-pad"]
+    inst = registry()["triton_igemm"].instance(shape, {"block_m": 64, "block_n": 32, "block_k": 32,
+                                                        "num_warps": 4, "num_stages": 2})
+    x = torch.randn(shape.n, shape.c, shape.h, shape.w, device="cuda")
+    w = torch.randn(shape.k, shape.c, 3, 3, device="cuda")
+    torch.testing.assert_close(inst.forward(x, w), F.conv2d(x, w, None, 1, 1), rtol=1e-4, atol=1e-4)

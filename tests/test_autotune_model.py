@@ -1,0 +1,116 @@
+"""autotune_model / plan_for / apply_plan: tuned models compute what the original computes."""
+
+from __future__ import annotations
+
+import copy
+import pickle
+from dataclasses import replace
+
+import pytest
+import torch
+from torch import nn
+
+from rapydli.autotune.cache import Cache
+from rapydli.autotune.model import (
+    Plan, TunedConv2d, apply_plan, autotune_model, conv_layers, plan_for,
+)
+from rapydli.errors import ConfigError
+
+TUNE = {"preset": "tiny", "repetitions": 1, "candidates": ["torch_nchw", "torch_channels_last", "im2col_gemm", "c_direct"]}
+
+
+def small_net() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+        nn.Conv2d(8, 8, 3, stride=2, padding=1, bias=False), nn.ReLU(),
+        nn.Conv2d(8, 4, 1), nn.ReLU(),
+        nn.Conv2d(4, 4, 3, groups=2, padding=1),  # grouped: left as it is
+        nn.Conv2d(4, 4, 3, padding=1),           # same shape as nothing else
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 3),
+    )
+
+
+def outputs_and_grads(model: nn.Module, x: torch.Tensor):
+    model.train()
+    model.zero_grad(set_to_none=True)
+    x = x.clone().requires_grad_()
+    out = model(x)
+    out.square().sum().backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    return out.detach(), x.grad, grads
+
+
+def assert_same(model_a: nn.Module, model_b: nn.Module, x: torch.Tensor) -> None:
+    out_a, gx_a, g_a = outputs_and_grads(model_a, x)
+    out_b, gx_b, g_b = outputs_and_grads(model_b, x)
+    torch.testing.assert_close(out_b, out_a, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(gx_b, gx_a, rtol=1e-4, atol=1e-5)
+    assert g_a.keys() == g_b.keys()
+    for name in g_a:
+        torch.testing.assert_close(g_b[name], g_a[name], rtol=1e-4, atol=1e-4, msg=name)
+
+
+@pytest.fixture(scope="module")
+def tuned(tmp_path_factory):
+    model = small_net()
+    x = torch.randn(4, 3, 12, 12)
+    tuned_model, report = autotune_model(model, x, mode="train", cache=Cache(tmp_path_factory.mktemp("c") / "m.db"),
+                                         **TUNE)
+    return model, x, tuned_model, report
+
+
+def test_hooks_find_every_conv_in_order_with_its_input_shape() -> None:
+    layers = conv_layers(small_net(), torch.randn(2, 3, 12, 12))
+    assert [name for name, _, _ in layers] == ["0", "3", "5", "7", "8"]
+    shapes = {name: shape for name, _, shape in layers}
+    assert shapes["3"].h == 12 and shapes["3"].stride == 2 and shapes["5"].h == 6
+    assert shapes["7"] is None  # grouped conv is not tunable
+
+
+def test_autotune_model_keeps_outputs_and_gradients(tuned) -> None:
+    model, x, tuned_model, report = tuned
+    assert sum(isinstance(m, TunedConv2d) for m in tuned_model.modules()) == 4
+    assert not any(isinstance(m, TunedConv2d) for m in model.modules())  # the original is untouched
+    assert model.state_dict().keys() == tuned_model.state_dict().keys()
+    assert_same(model, tuned_model, x)
+    assert list(report.table["layer"]) == ["0", "3", "5", "8"]
+    assert set(report.estimates_ms) == {"planned", "all_nchw", "all_nhwc", "default"}
+    assert report.estimates_ms["planned"] <= min(report.estimates_ms["all_nchw"], report.estimates_ms["all_nhwc"]) + 1e-9
+
+
+def test_plan_pickles_and_applies_identically(tuned) -> None:
+    model, x, tuned_model, report = tuned
+    plan = pickle.loads(pickle.dumps(report.plan))
+    assert isinstance(plan, Plan) and plan.layers == report.plan.layers
+    again = apply_plan(copy.deepcopy(model), plan)
+    assert [type(m).__name__ for m in again.modules()] == [type(m).__name__ for m in tuned_model.modules()]
+    assert_same(model, again, x)
+    restored = pickle.loads(pickle.dumps(tuned_model))  # TunedConv2d pickles (instances rebuilt lazily)
+    assert_same(model, restored, x)
+
+
+def test_generated_kernels_inside_a_model_train_like_the_original(tuned) -> None:
+    model, x, _, report = tuned
+    forced = {}
+    for i, (name, choice) in enumerate(report.plan.layers.items()):
+        layout = i % 2  # alternate layouts so layout changes between layers are exercised
+        params = (("cb", 64), ("kb", 2), ("layout", layout), ("order", 0), ("unroll", 1), ("vec", 4), ("wb", 2))
+        forced[name] = replace(choice, candidate="c_direct", params=params, layout="nhwc" if layout else "nchw")
+    plan = Plan(forced, "train", report.plan.fingerprint)
+    generated = apply_plan(copy.deepcopy(model), plan)
+    assert_same(model, generated, x)
+    # another batch size than the tuned one still works (shape is read at run time)
+    assert_same(model, generated, torch.randn(3, 3, 12, 12))
+
+
+def test_plan_for_returns_a_plan_and_apply_plan_rejects_foreign_layers(tuned, tmp_path) -> None:
+    model, x, _, report = tuned
+    plan = plan_for(model, x, "inference", cache=Cache(tmp_path / "inf.db"), **TUNE)
+    assert plan.mode == "inference" and set(plan.layers) == {"0", "3", "5", "8"}
+    with pytest.raises(ConfigError, match="does not have"):
+        apply_plan(nn.Module(), plan)
+    with pytest.raises(ConfigError, match="not an nn.Conv2d"):
+        apply_plan(nn.Sequential(nn.Linear(2, 2)), plan)
+    with pytest.raises(ConfigError, match="mode must be"):
+        plan_for(model, x, "fast")
