@@ -160,8 +160,11 @@ def test_batch_end_to_end_failing_item_and_resume(home: Path, tmp_path: Path, ca
 
 
 @pytest.mark.notebook
-def test_changed_notebook_is_not_resumed_and_retry_timeout(home: Path, tmp_path: Path) -> None:
+def test_changed_notebook_is_not_resumed_and_retry_timeout(home: Path, tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     import nbformat
+
+    monkeypatch.setenv("RAPYDLI_STORE", "off")  # batches (and resuming) work without the store
 
     nb = nbformat.read(PARAMS_NB, 4)
     copy = tmp_path / "params.ipynb"
@@ -182,3 +185,4 @@ def test_changed_notebook_is_not_resumed_and_retry_timeout(home: Path, tmp_path:
         assert not psutil.pid_exists(int(pid_file.read_text())) or psutil.Process(int(pid_file.read_text())).status() == psutil.STATUS_ZOMBIE
     record = json.loads((tmp_path / "out" / "params" / f"{slow.loc[0, 'item']}.json").read_text())
     assert record["status"] == "failed" and record["parameters"] == {"sleep": 120.0}
+    assert slow["run_id"].isna().all() and not (home / "runs.db").exists()
