@@ -84,7 +84,8 @@ def test_validation_refuses_before_running_anything(home: Path, kwargs: dict, me
 
 
 def test_float_parameter_accepts_ints_and_bad_notebooks_are_refused(home: Path, tmp_path: Path) -> None:
-    batchspec.validate([{"factor": 3}], batchspec.notebook_parameters(PARAMS_NB), "nb")
+    checked = batchspec.validate([{"factor": 3, "x": 2}], batchspec.notebook_parameters(PARAMS_NB), "nb")
+    assert checked == [{"factor": 3.0, "x": 2}] and isinstance(checked[0]["factor"], float)
     with pytest.raises(ConfigError, match="has no cell tagged 'parameters'"):
         rd.batch(NOTEBOOKS / "no_parameters.ipynb", {"x": [1]})
     with pytest.raises(ConfigError, match="does not exist"):

@@ -162,7 +162,7 @@ def plan_batch(
         from_file = batchspec.load_params_file(params_file)
         base = [{**b, **f} for b in base for f in from_file]
     all_points = batchspec.expand(axes, base)
-    batchspec.validate(all_points, params, str(notebook))
+    all_points = batchspec.validate(all_points, params, str(notebook))
     folder = Path(out).resolve() / path.stem
     items, seen = [], set()
     for point in all_points:

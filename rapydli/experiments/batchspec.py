@@ -158,22 +158,34 @@ def _type_name(value: Any) -> str | None:
     return None
 
 
-def validate(points: Sequence[Mapping[str, Any]], params: Mapping[str, Mapping[str, Any]], notebook: str) -> None:
-    """Every key must be a parameter of the notebook, and every value of its default's type."""
+def validate(
+    points: Sequence[Mapping[str, Any]], params: Mapping[str, Mapping[str, Any]], notebook: str
+) -> list[dict[str, Any]]:
+    """Check every key is a parameter of the notebook and every value has its default's type.
+
+    Returns the points with integers given for float parameters turned into floats (so
+    ``lr=1`` and ``lr=1.0`` are the same item).
+    """
+    checked = []
     for point in points:
+        out = {}
         for key, value in point.items():
             if key not in params:
                 allowed = ", ".join(sorted(params)) or "(none)"
                 raise ConfigError(f"{key!r} is not a parameter of {notebook}; its parameters are: {allowed}")
             kind = params[key]["type"]
-            if kind is None:
-                continue
-            ok = isinstance(value, _TYPES[kind]) and not (kind in ("int", "float") and isinstance(value, bool))
-            if not ok:
-                raise ConfigError(
-                    f"parameter {key!r} of {notebook} expects {kind} (default {params[key]['text']}); "
-                    f"got {value!r} ({type(value).__name__})"
-                )
+            if kind is not None:
+                ok = isinstance(value, _TYPES[kind]) and not (kind in ("int", "float") and isinstance(value, bool))
+                if not ok:
+                    raise ConfigError(
+                        f"parameter {key!r} of {notebook} expects {kind} (default {params[key]['text']}); "
+                        f"got {value!r} ({type(value).__name__})"
+                    )
+                if kind == "float":
+                    value = float(value)
+            out[key] = value
+        checked.append(out)
+    return checked
 
 
 def param_hash(point: Mapping[str, Any]) -> str:
