@@ -1,0 +1,474 @@
+"""``rd.sweep``: hyperparameter sweeps where every trial is a multi-rank data-parallel job.
+
+The notebook runs Optuna's ask-and-tell loop (design flow 3): the sampler proposes a
+trial's parameters, the trial trains on its own group of ``workers_per_trial`` engines
+(an MPI communicator over just them), ``parallel`` groups run trials side by side, and
+every intermediate metric from a trial's rank 0 is reported to the pruner, which stops a
+trial on all of its ranks (``request_stop``: they end after the same step). Samplers and
+pruners are Optuna's, looked up by name in :data:`SAMPLERS` and :data:`PRUNERS`.
+
+A trial that raises is recorded as ``FAIL`` with its error and the sweep goes on (the
+cluster is restarted if its engines died); Ctrl-C stops the running trials within a
+few seconds and returns what has finished.
+
+Examples
+--------
+>>> result = rd.sweep(models.mlp, datasets.digits, rd.TrainConfig(max_steps=40, eval_every=10),
+...                   {"lr": rd.loguniform(1e-4, 1e-1)}, trials=8, workers_per_trial=2)  # doctest: +SKIP
+>>> result.best_params  # doctest: +SKIP
+{'lr': 0.0123}
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from rapydli.errors import ConfigError, RapydliError
+from rapydli.experiments.space import Dimension, validate_space
+from rapydli.experiments.trainjob import TrainingJob
+from rapydli.train.config import TrainConfig
+
+if TYPE_CHECKING:  # pragma: no cover
+    import pandas as pd
+
+    from rapydli.cluster import Cluster
+
+
+def _tpe(space: Mapping[str, Dimension], seed: int) -> Any:
+    import optuna
+
+    return optuna.samplers.TPESampler(seed=seed)
+
+
+def _random(space: Mapping[str, Dimension], seed: int) -> Any:
+    import optuna
+
+    return optuna.samplers.RandomSampler(seed=seed)
+
+
+def _grid(space: Mapping[str, Dimension], seed: int) -> Any:
+    import optuna
+
+    return optuna.samplers.GridSampler({name: dim.grid() for name, dim in space.items()}, seed=seed)
+
+
+def _successive_halving() -> Any:
+    import optuna
+
+    return optuna.pruners.SuccessiveHalvingPruner()
+
+
+def _median() -> Any:
+    import optuna
+
+    return optuna.pruners.MedianPruner(n_startup_trials=2)
+
+
+def _no_pruning() -> Any:
+    import optuna
+
+    return optuna.pruners.NopPruner()
+
+
+#: Optuna samplers by name: ``f(space, seed) -> BaseSampler``.
+SAMPLERS: dict[str, Callable[[Mapping[str, Dimension], int], Any]] = {"tpe": _tpe, "random": _random, "grid": _grid}
+#: Optuna pruners by name (``median`` starts pruning after 2 finished trials).
+PRUNERS: dict[str, Callable[[], Any]] = {"successive_halving": _successive_halving, "median": _median, "none": _no_pruning}
+
+STOP_GRACE_S = 10.0  # a pruned/stopped trial that has not ended by then is interrupted
+INTERRUPT_AFTER_S = 1.5  # after Ctrl-C: stop requests get this long, then SIGINT
+POLL_S = 0.02
+
+
+@dataclass
+class SweepResult:
+    """What :func:`sweep` returns.
+
+    Attributes
+    ----------
+    table
+        One row per trial: ``trial``, ``state`` (COMPLETE, PRUNED, FAIL), the parameters,
+        ``value`` (the metric: last value reported), ``best`` (best value reported),
+        ``steps``, ``duration_s``, ``ranks``, ``error``, ``run_id``.
+    best_params
+        Parameters of the best complete trial (``None`` if none completed).
+    figure
+        Plotly figure: metric per trial and a parallel-coordinates plot.
+    run_id
+        The ``sweep`` run in the store (``None`` when recording is off).
+    study
+        The Optuna study.
+    """
+
+    table: pd.DataFrame
+    best_params: dict[str, Any] | None
+    figure: Any
+    run_id: str | None = None
+    study: Any = None
+
+    def _repr_html_(self) -> str:  # pragma: no cover - notebook display
+        return f"<b>SweepResult</b> best_params={self.best_params}<br>{self.table.to_html(index=False)}"
+
+
+@dataclass
+class _Trial:
+    trial: Any
+    params: dict[str, Any]
+    ranks: list[int]
+    job: TrainingJob | None = None
+    state: str = "RUNNING"
+    reports: list[tuple[int, float]] = field(default_factory=list)
+    error: str = ""
+    pruned: bool = False
+
+    @property
+    def value(self) -> float | None:
+        return self.reports[-1][1] if self.reports else None
+
+
+class Sweep:
+    """A sweep being run; :func:`sweep` builds one and calls :meth:`run`.
+
+    Separate from :func:`sweep` so that a widget can run it in a thread and call
+    :meth:`stop`. Parameters as for :func:`sweep`; ``view`` is a
+    :class:`rapydli.widgets.sweepview.SweepView` (or anything with ``update(table)``).
+    """
+
+    def __init__(
+        self,
+        model_fn: Callable[[], Any] | str,
+        data_fn: Callable[[], Any] | str,
+        config: TrainConfig | Mapping[str, Any],
+        space: Mapping[str, Dimension],
+        trials: int,
+        workers_per_trial: int = 1,
+        parallel: int | None = None,
+        pruner: str | Any = "successive_halving",
+        metric: str = "val_loss",
+        direction: str = "minimize",
+        sampler: str | Any = "tpe",
+        cluster: Cluster | None = None,
+        *,
+        seed: int = 0,
+        enqueue: Sequence[Mapping[str, Any]] = (),
+        view: Any = None,
+        name: str = "sweep",
+    ) -> None:
+        import optuna
+
+        self.config = config if isinstance(config, TrainConfig) else TrainConfig.from_dict(dict(config))
+        self.space = validate_space(space)
+        if not isinstance(trials, int) or isinstance(trials, bool) or trials < 1:
+            raise ConfigError(f"trials={trials!r} is invalid: an integer >= 1")
+        if not isinstance(workers_per_trial, int) or workers_per_trial < 1:
+            raise ConfigError(f"workers_per_trial={workers_per_trial!r} is invalid: an integer >= 1")
+        if direction not in ("minimize", "maximize"):
+            raise ConfigError(f"direction={direction!r} is invalid: 'minimize' or 'maximize'")
+        if not isinstance(metric, str) or not metric:
+            raise ConfigError(f"metric={metric!r} is invalid: a metric name such as 'val_loss', 'val_accuracy' or 'loss'")
+        self.sampler = _lookup(sampler, SAMPLERS, "sampler", optuna.samplers.BaseSampler, self.space, seed)
+        self.pruner = _lookup(pruner, PRUNERS, "pruner", optuna.pruners.BasePruner)
+        size = cluster.n if cluster is not None else max(self.config.workers, workers_per_trial * (parallel or 1))
+        if workers_per_trial > size:
+            raise ConfigError(f"workers_per_trial={workers_per_trial} is more than the cluster's {size} engines")
+        parallel = size // workers_per_trial if parallel is None else parallel
+        if not isinstance(parallel, int) or parallel < 1 or parallel * workers_per_trial > size:
+            raise ConfigError(f"parallel={parallel!r} is invalid: 1..{size // workers_per_trial} groups of {workers_per_trial} fit in {size} engines")
+        for params in enqueue:
+            unknown = set(params) - set(self.space)
+            if unknown:
+                raise ConfigError(f"enqueue has parameters {sorted(unknown)} that are not in the space")
+        self.model_fn, self.data_fn = model_fn, data_fn
+        self.trials, self.workers_per_trial, self.parallel = trials, workers_per_trial, parallel
+        self.metric, self.direction, self.seed, self.name = metric, direction, seed, name
+        self.cluster, self._own_cluster, self._size = cluster, cluster is None, size
+        self.view = view
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        self.study = optuna.create_study(direction=direction, sampler=self.sampler, pruner=self.pruner)
+        for params in enqueue:
+            self.study.enqueue_trial(dict(params))
+        self.records: list[_Trial] = []
+        self._stop = threading.Event()
+        self.run_id: str | None = None
+
+    # -- control ------------------------------------------------------------------------------
+    def stop(self) -> None:
+        """Stop the sweep (thread-safe): no new trials; running ones stop after their step."""
+        self._stop.set()
+
+    def run(self) -> SweepResult:
+        """Run every trial (``parallel`` at a time) and return the :class:`SweepResult`."""
+        from rapydli.experiments.store import open_store
+
+        store = open_store()
+        if store is not None:
+            self.run_id = store.create_run("sweep", self.name, self._params(), world_size=self._size, seed=self.seed)
+        if self._own_cluster:
+            from rapydli.cluster import Cluster
+
+            self.cluster = Cluster(n=self._size).start()
+        status, error = "finished", None
+        try:
+            self._loop()
+        except KeyboardInterrupt:
+            status, error = "interrupted", "interrupted by the user"
+            self._stop_running(interrupted=True)
+        except BaseException as exc:
+            status, error = "failed", f"{type(exc).__name__}: {exc}"
+            self._stop_running(interrupted=True)
+            raise
+        finally:
+            if self._own_cluster and self.cluster is not None:
+                self.cluster.stop()
+            result = self.result()
+            if store is not None and self.run_id is not None:
+                store.log_metrics(self.run_id, [(r.trial.number, self.metric, r.value) for r in self.records if r.value is not None])
+                store.add_record(self.run_id, "best_params", "json", result.best_params)
+                store.add_record(self.run_id, "trials", "table", result.table.drop(columns=["error"]).to_dict("records"))
+                store.finish_run(self.run_id, status, error)
+            if self.view is not None:
+                self.view.update(result.table, force=True)
+        return result
+
+    # -- the ask-and-tell loop ----------------------------------------------------------------
+    def _loop(self) -> None:
+        groups = [list(range(g * self.workers_per_trial, (g + 1) * self.workers_per_trial)) for g in range(self.parallel)]
+        free = list(groups)
+        while True:
+            while free and len(self.records) < self.trials and not self._stop.is_set():
+                ranks = free.pop(0)
+                if self._start(ranks).state != "RUNNING":
+                    free.append(ranks)
+            running = [r for r in self.records if r.state == "RUNNING"]
+            if not running:
+                if self._stop.is_set() or len(self.records) >= self.trials:
+                    return
+                continue
+            if self._stop.is_set():
+                self._stop_running(interrupted=False)
+                return
+            for record in running:
+                self._advance(record, POLL_S / len(running))
+                if record.state != "RUNNING":
+                    free.append(record.ranks)
+                    self._after_failure(record)
+            self._refresh()
+
+    def _start(self, ranks: list[int]) -> _Trial:
+        trial = self.study.ask()
+        params = {name: dim.suggest(trial, name) for name, dim in self.space.items()}
+        record = _Trial(trial, params, ranks)
+        self.records.append(record)
+        try:
+            config = self.config.replace(**params)
+            record.job = TrainingJob(
+                self.cluster, self.model_fn, self.data_fn, config, ranks,  # type: ignore[arg-type]
+                callbacks=[lambda row, r=record: self._on_row(r, row)],
+                kind="trial", name=f"{self.name}-trial-{trial.number}", parent=self.run_id,
+                extra_params={"trial": trial.number, "params": params},
+            )  # fmt: skip
+        except RapydliError as exc:  # an invalid combination of parameters: the trial fails, the sweep goes on
+            self._tell(record, "FAIL", str(exc))
+        self._refresh(force=True)
+        return record
+
+    def _on_row(self, record: _Trial, row: dict[str, Any]) -> None:
+        value = row.get(self.metric)
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or record.pruned:
+            return
+        step = int(row["step"])
+        if record.reports and record.reports[-1][0] == step:
+            return  # one report per step (an epoch-end eval can repeat a step's metric)
+        record.reports.append((step, float(value)))
+        record.trial.report(float(value), step)
+        if record.trial.should_prune():
+            record.pruned = True
+            record.job.request_stop()  # type: ignore[union-attr]
+
+    def _advance(self, record: _Trial, wait_s: float) -> None:
+        job = record.job
+        assert job is not None
+        if not job.poll(wait_s):
+            if job.stop_requested_at is not None and time.monotonic() - job.stop_requested_at > STOP_GRACE_S:
+                job.interrupt()
+            return
+        if job.state == "failed":
+            self._tell(record, "FAIL", job.error)
+        elif record.pruned:
+            self._tell(record, "PRUNED")
+        elif record.value is None or not math.isfinite(record.value):
+            self._tell(record, "FAIL", f"the trial reported no finite {self.metric!r} (metrics seen: {sorted(job.final_metrics())})")
+        else:
+            self._tell(record, "COMPLETE")
+
+    def _tell(self, record: _Trial, state: str, error: str = "") -> None:
+        import optuna
+
+        record.state, record.error = state, error
+        states = {"COMPLETE": optuna.trial.TrialState.COMPLETE, "PRUNED": optuna.trial.TrialState.PRUNED, "FAIL": optuna.trial.TrialState.FAIL}
+        value = record.value if state == "COMPLETE" else None
+        self.study.tell(record.trial, value, state=states[state])
+        if record.job is not None and record.job.store is not None and record.job.run_id is not None:
+            record.job.store.add_record(record.job.run_id, "trial_state", "scalar", state)
+
+    def _after_failure(self, record: _Trial) -> None:
+        """When a failed trial took its engines down, end the others and restart the cluster."""
+        if record.state != "FAIL" or self.cluster is None or self.cluster.running:
+            return
+        self._stop_running(interrupted=True, reason="the cluster's engines died with another trial")
+        self.cluster.restart()
+
+    def _stop_running(self, interrupted: bool, reason: str = "stopped with the sweep") -> None:
+        """Stop every running trial (stop request; SIGINT after a while) and record them as failed."""
+        running = [r for r in self.records if r.state == "RUNNING" and r.job is not None]
+        for record in running:
+            record.job.request_stop()  # type: ignore[union-attr]
+        deadline = time.monotonic() + (INTERRUPT_AFTER_S if interrupted else STOP_GRACE_S)
+        interrupted_now = False
+        while any(r.job.state == "running" for r in running):  # type: ignore[union-attr]
+            if time.monotonic() > deadline and not interrupted_now:
+                for record in running:
+                    record.job.interrupt()  # type: ignore[union-attr]
+                interrupted_now = True
+            for record in running:
+                record.job.poll(POLL_S)  # type: ignore[union-attr]
+        for record in running:
+            self._tell(record, "FAIL", reason)
+        self._refresh(force=True)
+
+    # -- reporting ----------------------------------------------------------------------------
+    def table(self) -> pd.DataFrame:
+        """One row per trial so far (see :class:`SweepResult`)."""
+        import pandas as pd
+
+        rows = []
+        for r in self.records:
+            values = [v for _, v in r.reports if math.isfinite(v)]
+            best = (min if self.direction == "minimize" else max)(values) if values else None
+            job = r.job
+            rows.append({
+                "trial": r.trial.number, "state": r.state, **r.params, "value": r.value, "best": best,
+                "steps": r.reports[-1][0] if r.reports else 0, "duration_s": job.duration_s if job else 0.0,
+                "ranks": ",".join(map(str, r.ranks)), "error": r.error, "run_id": job.run_id if job else None,
+            })  # fmt: skip
+        columns = ["trial", "state", *self.space, "value", "best", "steps", "duration_s", "ranks", "error", "run_id"]
+        return pd.DataFrame(rows, columns=columns)
+
+    def result(self) -> SweepResult:
+        """The :class:`SweepResult` of the trials so far."""
+        from rapydli.widgets.sweepview import sweep_figure
+
+        table = self.table()
+        complete = table[table["state"] == "COMPLETE"]
+        best = None
+        if len(complete):
+            index = complete["value"].idxmin() if self.direction == "minimize" else complete["value"].idxmax()
+            best = {name: _plain(complete.loc[index, name]) for name in self.space}
+        figure = sweep_figure(table, self.metric, list(self.space), widget=False, title=f"sweep: {self.metric} ({self.direction})")
+        return SweepResult(table=table, best_params=best, figure=figure, run_id=self.run_id, study=self.study)
+
+    def _refresh(self, force: bool = False) -> None:
+        if self.view is not None:
+            self.view.update(self.table(), force=force)
+
+    def _params(self) -> dict[str, Any]:
+        return {
+            "config": self.config.to_dict(), "space": {k: repr(v) for k, v in self.space.items()}, "trials": self.trials,
+            "workers_per_trial": self.workers_per_trial, "parallel": self.parallel, "metric": self.metric,
+            "direction": self.direction, "sampler": type(self.sampler).__name__, "pruner": type(self.pruner).__name__,
+        }  # fmt: skip
+
+
+def _lookup(value: Any, registry: Mapping[str, Callable[..., Any]], argument: str, base: type, *args: Any) -> Any:
+    if isinstance(value, base):
+        return value
+    if isinstance(value, str) and value in registry:
+        return registry[value](*args)
+    raise ConfigError(f"{argument}={value!r} is invalid: one of {', '.join(map(repr, registry))} or an Optuna {base.__name__}")
+
+
+def _plain(value: Any) -> Any:
+    return value.item() if hasattr(value, "item") else value
+
+
+def sweep(
+    model_fn: Callable[[], Any] | str,
+    data_fn: Callable[[], Any] | str,
+    config: TrainConfig | Mapping[str, Any],
+    space: Mapping[str, Dimension],
+    trials: int,
+    workers_per_trial: int = 1,
+    parallel: int | None = None,
+    pruner: str | Any = "successive_halving",
+    metric: str = "val_loss",
+    direction: str = "minimize",
+    sampler: str | Any = "tpe",
+    cluster: Cluster | None = None,
+    *,
+    seed: int = 0,
+    enqueue: Sequence[Mapping[str, Any]] = (),
+    live: bool | None = None,
+) -> SweepResult:
+    """Search ``space`` with ``trials`` training runs, each a data-parallel job on its own engines.
+
+    Parameters
+    ----------
+    model_fn, data_fn, config
+        As for ``rd.train``; each trial trains ``config`` with the trial's parameters
+        substituted. Set ``config.eval_every`` so that ``val_loss`` is reported during a
+        trial (the pruner sees every report).
+    space
+        ``{TrainConfig field: rd.loguniform(a, b) | rd.uniform(a, b) | rd.choice([...]) | rd.intrange(a, b)}``.
+    trials
+        Number of trials.
+    workers_per_trial
+        Engines (MPI ranks) per trial.
+    parallel
+        Trials at once, on disjoint engine groups (default: ``cluster.n // workers_per_trial``).
+    pruner
+        ``"successive_halving"``, ``"median"``, ``"none"`` or an Optuna pruner.
+    metric, direction
+        The metric row key to optimise (``val_loss``, ``val_accuracy``, ``loss``) and
+        ``"minimize"``/``"maximize"``; a trial's value is its last report.
+    sampler
+        ``"tpe"``, ``"random"``, ``"grid"`` (``choice``/``intrange`` only) or an Optuna sampler.
+    cluster
+        A started cluster; ``None`` starts one (``workers_per_trial * parallel`` engines, at
+        least ``config.workers``) and stops it afterwards.
+    seed
+        Seed of the sampler.
+    enqueue
+        Parameter sets to try first (e.g. a known baseline), before the sampler's.
+    live
+        Show the live table and figure (default: inside a Jupyter kernel).
+
+    Returns
+    -------
+    SweepResult
+        ``table``, ``best_params``, ``figure`` (and ``run_id``, ``study``).
+
+    Raises
+    ------
+    ConfigError
+        Invalid arguments (before anything starts).
+    """
+    from rapydli.widgets.live import in_kernel
+    from rapydli.widgets.sweepview import SweepView
+
+    view = SweepView(metric, list(space)) if (live or (live is None and in_kernel())) else None
+    runner = Sweep(
+        model_fn, data_fn, config, space, trials, workers_per_trial, parallel, pruner, metric, direction, sampler, cluster,
+        seed=seed, enqueue=enqueue, view=view,
+    )  # fmt: skip
+    if view is not None:
+        view.show()
+    try:
+        return runner.run()
+    finally:
+        if view is not None:
+            view.close()

@@ -1,0 +1,264 @@
+"""A training run that does not block: submitted to a group of engines, polled by its owner.
+
+``rd.train`` blocks until the run ends. Widgets (Stop must stay clickable), sweeps
+(several trials side by side on disjoint engine groups) and scaling studies need the
+same run as a :class:`TrainingJob`: :meth:`~TrainingJob.poll` advances it from one
+thread, metric rows reach the callbacks as they arrive, :meth:`~TrainingJob.request_stop`
+ends it cooperatively on every rank after the same step, and the run is recorded in the
+store like ``rd.train``'s.
+
+Examples
+--------
+>>> job = TrainingJob(cluster, models.mlp, datasets.digits, TrainConfig(max_steps=20), targets=[0, 1])  # doctest: +SKIP
+>>> while not job.poll(0.05):  # doctest: +SKIP
+...     pass
+>>> job.state, job.final_metrics()["val_loss"]  # doctest: +SKIP
+('finished', 0.41)
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from rapydli.errors import RankFailure
+from rapydli.experiments.training import callable_ref, resolve_callable
+from rapydli.train.config import TrainConfig
+
+if TYPE_CHECKING:  # pragma: no cover
+    import pandas as pd
+
+    from rapydli.cluster import Cluster
+
+WARMUP_STEPS = 2  # steps left out of per-rank timing summaries (first-touch, allocator warm-up)
+_TIMING_KEYS = ("step_time_s", "data_time_s", "comm_time_s", "comm_wait_s")
+
+
+def train_task(model_fn: Callable[[], Any], data_fn: Callable[[], Any], config: dict[str, Any]) -> dict[str, Any]:
+    """The engine half of a :class:`TrainingJob` (runs on every rank of the group).
+
+    Like :func:`rapydli.experiments.training.train_on_rank` (the ranks agree that model
+    and data were built before any collective), and also returns each rank's timing
+    medians and whether the run was stopped early.
+    """
+    import torch
+
+    from rapydli.cluster.engine import context
+    from rapydli.cluster.events import emit
+    from rapydli.comm import Communicator
+    from rapydli.train.callbacks import EmitMetrics
+    from rapydli.train.trainer import Trainer
+
+    ctx = context()
+    cfg = TrainConfig.from_dict(config)
+    error: BaseException | None = None
+    try:
+        torch.manual_seed(cfg.seed)
+        model = model_fn().to(ctx.device)
+        train_data, val_data = data_fn()
+    except Exception as exc:  # noqa: BLE001 - re-raised below, after the agreement
+        error = exc
+    failed = ctx.comm.allgather(error is not None)
+    if error is not None:
+        raise error
+    if any(failed):
+        return {"rank": ctx.rank, "history": [], "stopped_early": False, "timing": {}}
+    comm = Communicator(ctx.comm, algorithm=cfg.allreduce)
+    try:
+        trainer = Trainer(model, None, train_data, val_data, cfg, comm=comm, callbacks=[EmitMetrics(ctx.rank)])
+        if ctx.rank == 0:
+            emit("start", {"total_steps": trainer.total_steps, "start_step": trainer.step, "world_size": ctx.world_size})
+        history = trainer.fit()
+        trainer.close()
+    finally:
+        comm.close()
+    return {
+        "rank": ctx.rank,
+        "history": history if ctx.rank == 0 else [],
+        "stopped_early": trainer.stopped_early,
+        "timing": timing_summary(history),
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "gradient_bytes": sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad),
+    }
+
+
+def timing_summary(history: Sequence[dict[str, Any]], warmup: int = WARMUP_STEPS) -> dict[str, float]:
+    """Medians of the step timings over the train rows after ``warmup`` steps (all rows if too few)."""
+    rows = [r for r in history if r.get("kind") == "train"]
+    kept = rows[warmup:] if len(rows) > warmup else rows
+    if not kept:
+        return {}
+    summary = {key: statistics.median(r[key] for r in kept) for key in _TIMING_KEYS}
+    summary["steps"] = len(kept)
+    return summary
+
+
+class TrainingJob:
+    """One training run on ``targets`` of a running cluster, advanced by :meth:`poll`.
+
+    Parameters
+    ----------
+    cluster
+        A started :class:`rapydli.cluster.Cluster`.
+    model_fn, data_fn
+        As for ``rd.train`` (callables or ``"module:qualname"`` strings).
+    config
+        The run's :class:`TrainConfig` (already validated).
+    targets
+        Ranks of the cluster that run it (a communicator over exactly them).
+    callbacks
+        Called with every metric row from rank 0 as it arrives (in the polling thread).
+    kind, name, parent, extra_params
+        How the run is recorded in the store (``kind`` ``train`` or ``trial``; ``parent``:
+        the sweep's id); nothing is recorded when the store is off or ``record`` is False.
+
+    Attributes
+    ----------
+    state
+        ``running``, then ``finished``, ``stopped`` (ended early on request) or ``failed``.
+    rows
+        Rank 0's metric rows received so far.
+    error
+        The failure text of a failed run.
+    results
+        Per-rank dicts returned by :func:`train_task` once finished.
+    """
+
+    def __init__(
+        self,
+        cluster: Cluster,
+        model_fn: Callable[[], Any] | str,
+        data_fn: Callable[[], Any] | str,
+        config: TrainConfig,
+        targets: Sequence[int],
+        *,
+        callbacks: Sequence[Callable[[dict[str, Any]], None]] = (),
+        kind: str = "train",
+        name: str | None = None,
+        parent: str | None = None,
+        extra_params: dict[str, Any] | None = None,
+        record: bool = True,
+    ) -> None:
+        from rapydli.experiments.store import open_store
+
+        model, data = resolve_callable(model_fn, "model_fn"), resolve_callable(data_fn, "data_fn")
+        self.config = config
+        self.targets = list(targets)
+        self.callbacks = tuple(callbacks)
+        self.rows: list[dict[str, Any]] = []
+        self.results: list[dict[str, Any]] = []
+        self.state = "running"
+        self.error = ""
+        self.stop_requested_at: float | None = None
+        self.started = time.monotonic()
+        self.ended: float | None = None
+        self.store = open_store() if record else None
+        self.run_id: str | None = None
+        if self.store is not None:
+            params = {
+                "model_fn": model_fn if isinstance(model_fn, str) else callable_ref(model) or repr(model),
+                "data_fn": data_fn if isinstance(data_fn, str) else callable_ref(data) or repr(data),
+                "config": config.to_dict(),
+                "targets": self.targets,
+                **(extra_params or {}),
+            }
+            run_name = name or getattr(model, "__name__", "model")
+            self.run_id = self.store.create_run(kind, run_name, params, parent=parent, world_size=len(self.targets), seed=config.seed)
+        try:
+            self.job = cluster.submit(train_task, model, data, config.to_dict(), targets=self.targets, on_event=self._on_event)
+        except BaseException as exc:
+            self._finish("failed", f"{type(exc).__name__}: {exc}")
+            raise
+
+    def _on_event(self, rank: int, kind: str, payload: Any) -> None:
+        if kind != "metrics":
+            return
+        self.rows.append(payload)
+        if self.store is not None and self.run_id is not None:
+            self.store.log_metrics(self.run_id, _metric_rows(payload))
+        for callback in self.callbacks:
+            callback(dict(payload))
+
+    # -- driving ----------------------------------------------------------------------------
+    def poll(self, wait_s: float = 0.0) -> bool:
+        """Advance the job (stream its rows); True once it has ended."""
+        if self.state != "running":
+            return True
+        try:
+            done = self.job.poll(wait_s)
+        except BaseException:
+            self._finish("failed", traceback.format_exc(limit=3))
+            raise
+        if done:
+            try:
+                self.results = self.job.result()
+            except RankFailure as exc:
+                self._finish("failed", str(exc))
+            else:
+                stopped = any(r.get("stopped_early") for r in self.results)
+                self._finish("stopped" if stopped else "finished")
+        return self.state != "running"
+
+    def wait(self, poll_s: float = 0.05) -> TrainingJob:
+        """Poll until the run ends; returns ``self``."""
+        while not self.poll(poll_s):
+            pass
+        return self
+
+    def request_stop(self) -> None:
+        """Ask every rank to stop after its current step (cooperative, see ``Job.request_stop``)."""
+        if self.state == "running" and self.stop_requested_at is None:
+            self.stop_requested_at = time.monotonic()
+            self.job.request_stop()
+
+    def interrupt(self) -> None:
+        """Interrupt the ranks now (SIGINT; blocked ones are aborted after the grace period)."""
+        if self.state == "running":
+            self.job.interrupt()
+
+    def _finish(self, state: str, error: str = "") -> None:
+        self.state, self.error, self.ended = state, error, time.monotonic()
+        if self.store is not None and self.run_id is not None:
+            status = {"finished": "finished", "stopped": "interrupted", "failed": "failed"}[state]
+            self.store.finish_run(self.run_id, status, error or ("stopped on request" if state == "stopped" else None))
+
+    # -- what it produced ---------------------------------------------------------------------
+    @property
+    def history(self) -> pd.DataFrame:
+        """Rank 0's rows (received so far, or the full history once finished) as a DataFrame."""
+        import pandas as pd
+
+        if self.results and self.results[0].get("history"):
+            return pd.DataFrame(self.results[0]["history"])
+        return pd.DataFrame(self.rows)
+
+    def final_metrics(self) -> dict[str, float]:
+        """Last value of every numeric metric seen (loss, val_loss, val_accuracy, ...), and steps done."""
+        final: dict[str, float] = {}
+        rows = self.results[0]["history"] if self.results and self.results[0].get("history") else self.rows
+        for row in rows:
+            for name, step, value in ((n, row["step"], v) for n, v in row.items()):
+                if name not in _NUMERIC_SKIP and isinstance(value, (int, float)) and not isinstance(value, bool):
+                    final[name] = value
+                    if row.get("kind") == "train":
+                        final["steps"] = step
+        return final
+
+    @property
+    def duration_s(self) -> float:
+        """Seconds since submission (until the end once ended)."""
+        return (self.ended or time.monotonic()) - self.started
+
+
+_NUMERIC_SKIP = {"kind", "step", "rank", "world_size", "epoch", "time_s"}
+
+
+def _metric_rows(row: dict[str, Any]) -> list[tuple[int, str, float]]:
+    return [
+        (row["step"], name, value)
+        for name, value in row.items()
+        if name not in _NUMERIC_SKIP and isinstance(value, (int, float)) and not isinstance(value, bool)
+    ]
