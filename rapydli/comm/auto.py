@@ -204,13 +204,16 @@ class AutoAlgorithm(Algorithm):
 
     name = "auto"
 
-    def __init__(self, comm: MPI.Comm, table: AutoTable | None = None) -> None:
+    def __init__(self, comm: MPI.Comm, table: AutoTable | None = None, polite: bool = False) -> None:
         super().__init__(comm)
-        self.candidates: dict[str, Algorithm] = {"mpi": MPIAlgorithm(comm), "ring": RingAlgorithm(comm)}
+        self.candidates: dict[str, Algorithm] = {
+            "mpi": MPIAlgorithm(comm, polite=polite),
+            "ring": RingAlgorithm(comm, polite=polite),
+        }
         self.table = table if table is not None else tune(comm)
 
-    def bind(self, comm: MPI.Comm) -> AutoAlgorithm:
-        return AutoAlgorithm(comm, self.table)
+    def bind(self, comm: MPI.Comm, polite: bool = False) -> AutoAlgorithm:
+        return AutoAlgorithm(comm, self.table, polite)
 
     def choose(self, flat: torch.Tensor) -> str:
         if flat.dtype in HALF_DTYPES:

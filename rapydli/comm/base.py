@@ -48,8 +48,12 @@ class Algorithm:
     def __init__(self, comm: MPI.Comm) -> None:
         self.comm = comm
 
-    def bind(self, comm: MPI.Comm) -> Algorithm:
-        """The same algorithm over another communicator (used for the asynchronous one)."""
+    def bind(self, comm: MPI.Comm, polite: bool = False) -> Algorithm:
+        """The same algorithm over another communicator (used for the asynchronous one).
+
+        ``polite``: wait for requests by testing with sleeps instead of spinning (see
+        :mod:`rapydli.comm.waiting`); used on the communication thread.
+        """
         return type(self)(comm)
 
     def allreduce_(self, flat: torch.Tensor, op: str) -> None:

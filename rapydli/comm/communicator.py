@@ -11,6 +11,7 @@ call of the communicator goes through the thread; below that there is no thread 
 
 from __future__ import annotations
 
+import os
 import time
 from typing import TYPE_CHECKING
 
@@ -63,6 +64,8 @@ class Communicator:
             self.progress = "none"
         self._async_comm: MPI.Comm = self.mpi_comm.Dup() if self.progress == "thread" else self.mpi_comm
         self._thread: CommThread | None = CommThread() if self.progress != "none" else None
+        #: the communication thread waits politely (tests + sleeps) instead of spinning
+        self.polite: bool = os.environ.get("RAPYDLI_COMM_WAIT", "polite") != "spin"
         self._algorithms: dict[str, tuple[Algorithm, Algorithm]] = {}
         self._get(algorithm)
 
@@ -150,7 +153,7 @@ class Communicator:
                 algo.table = table  # type: ignore[attr-defined]
         else:
             first = auto.AutoAlgorithm(self.mpi_comm, table)
-            self._algorithms["auto"] = (first, first.bind(self._async_comm))
+            self._algorithms["auto"] = (first, first.bind(self._async_comm, polite=self.polite))
         return table
 
     def close(self) -> None:
@@ -182,7 +185,7 @@ class Communicator:
         """(algorithm over the main communicator, the same over the asynchronous one); built once."""
         if name not in self._algorithms:
             algo = create_algorithm(name, self.mpi_comm)
-            self._algorithms[name] = (algo, algo.bind(self._async_comm))
+            self._algorithms[name] = (algo, algo.bind(self._async_comm, polite=self.polite))
         return self._algorithms[name]
 
     def _run(self, algo: Algorithm, flat: torch.Tensor, op: str) -> None:

@@ -8,25 +8,41 @@ slower than the ring's built-in torch reduction.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from rapydli.comm.base import Algorithm
 from rapydli.comm.tensors import mpi_buffer, mpi_op
+from rapydli.comm.waiting import complete
+
+if TYPE_CHECKING:
+    from mpi4py import MPI
 
 
 class MPIAlgorithm(Algorithm):
     """mpi4py ``Allreduce`` in place on the tensor's buffer.
 
-    The blocking call is used on the communication thread too: MPICH's ``Iallreduce``
-    runs schedule-based algorithms that are slower than its ``Allreduce``, and the thread
-    already provides the asynchrony.
+    With ``polite`` (the instance on the communication thread) it is ``Iallreduce``
+    completed by :func:`rapydli.comm.waiting.complete`, which leaves the core to backward
+    while it waits; otherwise the blocking ``Allreduce`` (lowest latency).
     """
 
     name = "mpi"
+
+    def __init__(self, comm: MPI.Comm, polite: bool = False) -> None:
+        super().__init__(comm)
+        self.polite = polite
+
+    def bind(self, comm: MPI.Comm, polite: bool = False) -> MPIAlgorithm:
+        return MPIAlgorithm(comm, polite)
 
     def allreduce_(self, flat: torch.Tensor, op: str) -> None:
         from mpi4py import MPI
 
         if flat.numel() == 0 or self.comm.Get_size() == 1:
             return
-        self.comm.Allreduce(MPI.IN_PLACE, mpi_buffer(flat), op=mpi_op(flat.dtype, op))
+        if self.polite:
+            complete((self.comm.Iallreduce(MPI.IN_PLACE, mpi_buffer(flat), op=mpi_op(flat.dtype, op)),), True)
+        else:
+            self.comm.Allreduce(MPI.IN_PLACE, mpi_buffer(flat), op=mpi_op(flat.dtype, op))

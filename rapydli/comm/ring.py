@@ -23,6 +23,7 @@ import torch
 
 from rapydli.comm.base import Algorithm
 from rapydli.comm.tensors import byte_array, reduce_into
+from rapydli.comm.waiting import complete
 
 #: Default chunk size of the pipeline (bytes).
 CHUNK_BYTES = 1 << 20
@@ -44,13 +45,14 @@ class RingAlgorithm(Algorithm):
 
     name = "ring"
 
-    def __init__(self, comm, chunk_bytes: int = CHUNK_BYTES) -> None:
+    def __init__(self, comm, chunk_bytes: int = CHUNK_BYTES, polite: bool = False) -> None:
         super().__init__(comm)
         self.chunk_bytes = int(chunk_bytes)
+        self.polite = polite
         self._local = threading.local()
 
-    def bind(self, comm) -> RingAlgorithm:
-        return RingAlgorithm(comm, self.chunk_bytes)
+    def bind(self, comm, polite: bool = False) -> RingAlgorithm:
+        return RingAlgorithm(comm, self.chunk_bytes, polite)
 
     def _scratch(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
         """Receive buffer, reused across calls (one per thread: the comm thread has its own)."""
@@ -103,7 +105,7 @@ class RingAlgorithm(Algorithm):
             last = step == n - 2
             upcoming = None if last else post_scatter_receives(step + 1)
             for request, (a, b) in zip(pending, chunks(segment)):
-                request.Wait()
+                complete((request,), self.polite)
                 offset = half + a - starts[segment]
                 reduce_into(flat[a:b], scratch[offset : offset + b - a], op)
                 # forward the reduced chunk at once: next scatter step, or the first allgather step
@@ -114,7 +116,7 @@ class RingAlgorithm(Algorithm):
                     scatter_sends.append(comm.Isend(message, dest=right, tag=_TAG_SCATTER))
             pending = upcoming
         # segments sent while reducing are overwritten by the allgather: their sends must be done
-        MPI.Request.Waitall(scatter_sends)
+        complete(scatter_sends, self.polite)
 
         # allgather: step s receives the reduced segment rank - s into place and forwards it
         steps = [(rank - step) % n for step in range(n - 1)]
@@ -125,7 +127,7 @@ class RingAlgorithm(Algorithm):
         for step, segment in enumerate(steps):
             forward = step < n - 2
             for request, (a, b) in zip(receives[step], chunks(segment)):
-                request.Wait()
+                complete((request,), self.polite)
                 if forward:
                     gather_sends.append(comm.Isend([data[a * size : b * size], MPI.BYTE], dest=right, tag=_TAG_GATHER))
-        MPI.Request.Waitall(gather_sends)
+        complete(gather_sends, self.polite)

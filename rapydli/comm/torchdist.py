@@ -77,7 +77,7 @@ class TorchDistAlgorithm(Algorithm):
             raise ConfigError(f"algorithm={self.name!r} needs torch.distributed, which this torch build lacks")
         self.group = process_group(comm, self.backend)
 
-    def bind(self, comm: MPI.Comm) -> Algorithm:
+    def bind(self, comm: MPI.Comm, polite: bool = False) -> Algorithm:
         return self
 
     def _op(self, op: str) -> Any:
