@@ -44,12 +44,10 @@ def _run(loader: Any, epochs: int, step_s: float) -> list[dict[str, Any]]:
     for _ in range(epochs):
         samples = 0
         started = time.perf_counter()
-        with warnings.catch_warnings():  # more workers than cores is the point of the "dataloader xT" row
-            warnings.filterwarnings("ignore", message="This DataLoader will create", category=UserWarning)
-            for batch in loader:
-                samples += int(batch[0].shape[0])
-                if step_s:
-                    time.sleep(step_s)
+        for batch in loader:
+            samples += int(batch[0].shape[0])
+            if step_s:
+                time.sleep(step_s)
         per_epoch.append({"samples": samples, "seconds": time.perf_counter() - started})
     for record, stats in zip(per_epoch, loader.stats()["epochs"]):
         record["stall_s"] = stats["stall_s"]
@@ -125,6 +123,8 @@ def command(
         }
         common = {"batch_size": batch_size, "rank": 0, "world_size": world_size, "seed": seed, "epochs": epochs}
         rows = []
+        # more workers than cores is the point of the "dataloader xT" row: no warning about it
+        warnings.filterwarnings("ignore", message="This DataLoader will create", category=UserWarning)
         for setting, throttle in settings.items():
             for store in ("files", "lmdb"):
                 dataset = openers[store](roots[store], **throttle)

@@ -15,6 +15,7 @@ implemented: each rank reads only from its own tiers and the backing dataset.
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -166,7 +167,8 @@ class ClairvoyantLoader:
         try:
             for begin in range(0, len(order), self.batch_size):
                 before = time.perf_counter()
-                samples = [window.take(p) for p in range(begin, min(begin + self.batch_size, len(order)))]
+                fetch = functools.partial(self._fetch_counted, window=window, record=record)
+                samples = [window.take(p, fetch) for p in range(begin, min(begin + self.batch_size, len(order)))]
                 batch = default_collate(samples)
                 record["stall_s"] += time.perf_counter() - before
                 record["batches"] += 1
@@ -183,14 +185,18 @@ class ClairvoyantLoader:
         while (claim := window.claim()) is not None:
             position, index = claim
             try:
-                sample, tier, nbytes = self._fetch(index)
+                sample = self._fetch_counted(index, window, record)
             except BaseException as error:  # noqa: BLE001 - handed to the consumer, raised there
                 window.fail(position, error)
                 return
-            with window.lock:
-                record["hits"][tier] += 1
-                record["storage_bytes"] += nbytes
             window.deliver(position, sample)
+
+    def _fetch_counted(self, index: int, window: _Window, record: dict[str, Any]) -> Any:
+        sample, tier, nbytes = self._fetch(index)
+        with window.lock:
+            record["hits"][tier] += 1
+            record["storage_bytes"] += nbytes
+        return sample
 
     def _fetch(self, index: int) -> tuple[Any, str, int]:
         """``(sample, tier it came from, bytes read from backing storage)``."""
@@ -244,6 +250,9 @@ class ClairvoyantLoader:
             disk.close()
 
 
+_UNCLAIMED = object()
+
+
 class _Failure:
     def __init__(self, error: BaseException) -> None:
         self.error = error
@@ -253,7 +262,8 @@ class _Window:
     """Positions of one epoch: claimed by prefetch threads, taken in order by the consumer.
 
     A thread may claim position ``p`` only while ``p < consumed + size``, which bounds the
-    samples held ahead of the consumer.
+    samples held ahead of the consumer. The consumer fetches a position itself when no
+    thread has claimed it by the time it is needed.
     """
 
     def __init__(self, order: list[int], size: int) -> None:
@@ -285,11 +295,19 @@ class _Window:
     def fail(self, position: int, error: BaseException) -> None:
         self.deliver(position, _Failure(error))
 
-    def take(self, position: int) -> Any:
+    def take(self, position: int, fetch: Callable[[int], Any]) -> Any:
+        """The sample at ``position``; fetched here with ``fetch`` if no thread has claimed it yet."""
         with self.lock:
-            while position not in self._ready:
+            # the consumer has taken every earlier position, so _next >= position; if it is
+            # equal, all threads are busy further back and waiting would only add latency
+            while position not in self._ready and self._next != position:
                 self._filled.wait()
-            sample = self._ready.pop(position)
+            sample = self._ready.pop(position, _UNCLAIMED)
+            if sample is _UNCLAIMED:
+                self._next += 1
+        if sample is _UNCLAIMED:
+            sample = fetch(self.order[position])
+        with self.lock:
             self._consumed = position + 1
             self._space.notify()
         if isinstance(sample, _Failure):
