@@ -14,6 +14,8 @@ front-end code (plotly, widgets, optuna) it never uses.
 
 from __future__ import annotations
 
+import sys
+import types
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
@@ -48,7 +50,8 @@ _LAZY: dict[str, str] = {
     "run": "rapydli.experiments.store",
     "batch": "rapydli.experiments.batch",
 }
-_SUBPACKAGES = {"widgets", "data", "comm", "autotune", "cluster", "train", "experiments"}
+# `rapydli.train` (the package) is reached with `import rapydli.train`; `rd.train` is the function.
+_SUBPACKAGES = {"widgets", "data", "comm", "autotune", "cluster", "experiments"}
 
 __all__ = [
     "ClusterError",
@@ -76,6 +79,22 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return sorted(set(__all__) | _SUBPACKAGES)
+
+
+class _Package(types.ModuleType):
+    """The ``rapydli`` module: importing ``rapydli.train`` must not replace ``rd.train``.
+
+    Python binds a subpackage to its parent's attribute of the same name once imported;
+    for names of the public API (``train``) the function wins.
+    """
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _LAZY and isinstance(value, types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
 
 
 def load_ipython_extension(ipython: Any) -> None:

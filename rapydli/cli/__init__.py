@@ -34,7 +34,7 @@ def cli() -> None:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``rapydli`` console script."""
     try:
-        cli.main(args=argv, prog_name="rapydli", standalone_mode=False)
+        code = cli.main(args=argv, prog_name="rapydli", standalone_mode=False)
     except click.exceptions.Abort:
         click.echo("aborted", err=True)
         return 130
@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     except RapydliError as exc:
         click.echo(f"rapydli: error: {exc}", err=True)
         return 2
-    return 0
+    return code if isinstance(code, int) else 0  # a command's ctx.exit(n) comes back as n
 
 
 if __name__ == "__main__":  # pragma: no cover
