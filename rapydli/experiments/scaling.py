@@ -1,0 +1,293 @@
+"""``rd.scaling_study``: the same training at several worker counts; speedup and efficiency vs ideal.
+
+Each point trains ``steps`` optimizer steps on the first ``k`` engines of the cluster
+(a communicator over just them) and takes the medians of the step timings after a
+warm-up: step time, compute time (step time minus the time the step waited for
+communication), allreduce time and waiting time. ``weak`` scaling keeps the per-rank
+batch (the global batch grows with ``k``); ``strong`` keeps the global batch of the
+smallest count and splits it. Speedup is the throughput ratio to the smallest count
+(``samples/s``), efficiency the speedup over the ideal ``k / k0``.
+
+``predict=[4, 8, ...]`` extrapolates with :mod:`rapydli.experiments.perfmodel`: compute
+time from the smallest measured count plus a ring allreduce of the gradients with α, β
+fitted on this cluster (or given as ``network``). The prediction is validated against
+every measured count (within 20%).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from rapydli.errors import ConfigError
+from rapydli.experiments.perfmodel import RingModel, measure_ring, predict_step_time
+from rapydli.experiments.trainjob import WARMUP_STEPS, TrainingJob
+from rapydli.train.config import TrainConfig
+
+if TYPE_CHECKING:  # pragma: no cover
+    import pandas as pd
+
+    from rapydli.cluster import Cluster
+
+TOLERANCE = 0.20
+COLUMNS = [
+    "workers", "global_batch", "samples_per_s", "speedup", "ideal_speedup", "efficiency", "step_time_s",
+    "compute_time_s", "comm_time_s", "comm_wait_s", "comm_fraction", "predicted_step_time_s", "prediction_error",
+]  # fmt: skip
+
+
+@dataclass
+class ScalingResult:
+    """What :func:`scaling_study` returns.
+
+    Attributes
+    ----------
+    table
+        One row per measured worker count: ``workers``, ``global_batch``,
+        ``samples_per_s``, ``speedup``, ``ideal_speedup``, ``efficiency``, ``step_time_s``,
+        ``compute_time_s``, ``comm_time_s`` (gradient allreduce time),
+        ``comm_wait_s`` (time the step waited for it), ``comm_fraction``
+        (``comm_wait_s / step_time_s``), and with a model ``predicted_step_time_s`` and
+        ``prediction_error`` (relative).
+    figure
+        Speedup and efficiency against workers: measured, ideal, and predicted (dashed).
+    prediction
+        Predicted rows (``workers``, ``step_time_s``, ``samples_per_s``, ``speedup``,
+        ``efficiency``) for ``predict`` and the measured counts, or ``None``.
+    model
+        The :class:`RingModel` used, or ``None``.
+    validated
+        Whether every measured count is within 20% of its prediction (``None`` without a model).
+    run_id
+        The ``scaling`` run in the store.
+    """
+
+    table: pd.DataFrame
+    figure: Any
+    prediction: pd.DataFrame | None = None
+    model: RingModel | None = None
+    validated: bool | None = None
+    run_id: str | None = None
+    mode: str = "weak"
+    notes: list[str] = field(default_factory=list)
+
+    def _repr_html_(self) -> str:  # pragma: no cover - notebook display
+        return f"<b>ScalingResult</b> ({self.mode}) validated={self.validated}<br>{self.table.to_html(index=False)}"
+
+
+def scaling_study(
+    model_fn: Callable[[], Any] | str,
+    data_fn: Callable[[], Any] | str,
+    config: TrainConfig | Mapping[str, Any],
+    workers: Sequence[int] = (1, 2),
+    mode: str = "weak",
+    steps: int = 30,
+    predict: Sequence[int] | None = None,
+    cluster: Cluster | None = None,
+    *,
+    network: RingModel | None = None,
+    live: bool | None = None,
+) -> ScalingResult:
+    """Train at each worker count and measure throughput, compute and communication time.
+
+    Parameters
+    ----------
+    model_fn, data_fn, config
+        As for ``rd.train``.
+    workers
+        Worker counts to measure (each <= the cluster's engines), e.g. ``[1, 2]``.
+    mode
+        ``"weak"`` (per-rank batch fixed) or ``"strong"`` (global batch fixed; it must
+        divide by every count).
+    steps
+        Optimizer steps per point (the first 2 are warm-up and not timed).
+    predict
+        Worker counts to extrapolate to with the α–β ring model.
+    cluster
+        A started cluster; ``None`` starts one of ``max(workers)`` engines.
+    network
+        A :class:`RingModel` for the target network; default: fitted from allreduces
+        timed on this cluster.
+    live
+        Update the figure as each point finishes (default: inside a Jupyter kernel).
+
+    Returns
+    -------
+    ScalingResult
+    """
+    cfg = config if isinstance(config, TrainConfig) else TrainConfig.from_dict(dict(config))
+    counts = sorted(set(workers)) if isinstance(workers, Sequence) else []
+    if not counts or any(not isinstance(k, int) or isinstance(k, bool) or k < 1 for k in counts):
+        raise ConfigError(f"workers={workers!r} is invalid: a list of integers >= 1")
+    if mode not in ("weak", "strong"):
+        raise ConfigError(f"mode={mode!r} is invalid: 'weak' or 'strong'")
+    if not isinstance(steps, int) or steps <= WARMUP_STEPS:
+        raise ConfigError(f"steps={steps!r} is invalid: an integer > {WARMUP_STEPS} (the first {WARMUP_STEPS} are warm-up)")
+    predict_counts = sorted(set(predict or ()))
+    if any(not isinstance(k, int) or k < 1 for k in predict_counts):
+        raise ConfigError(f"predict={predict!r} is invalid: a list of integers >= 1")
+    if cluster is not None and counts[-1] > cluster.n:
+        raise ConfigError(f"workers={list(workers)} asks for {counts[-1]} engines; the cluster has {cluster.n}")
+    global_batch = cfg.batch_size * counts[0]
+    if mode == "strong" and any(global_batch % k for k in counts):
+        raise ConfigError(f"mode='strong' splits the global batch {global_batch} (batch_size x {counts[0]}); it must divide by every count in {counts}")
+
+    from rapydli.experiments.store import open_store
+    from rapydli.widgets.live import in_kernel
+
+    store = open_store()
+    run_id = None
+    if store is not None:
+        params = {"config": cfg.to_dict(), "workers": counts, "mode": mode, "steps": steps, "predict": predict_counts}
+        run_id = store.create_run("scaling", getattr(model_fn, "__name__", str(model_fn)), params, world_size=counts[-1], seed=cfg.seed)
+    show = live or (live is None and in_kernel())
+    figure = scaling_figure([], None, widget=bool(show), mode=mode)
+    handle = _show(figure) if show else None
+    own = cluster is None
+    if own:
+        from rapydli.cluster import Cluster
+
+        cluster = Cluster(n=counts[-1]).start()
+    points: list[dict[str, Any]] = []
+    status, error = "failed", None
+    model: RingModel | None = network
+    try:
+        gradient_bytes = 0.0
+        for k in counts:
+            batch = cfg.batch_size if mode == "weak" else global_batch // k
+            point_cfg = cfg.replace(batch_size=batch, max_steps=steps, epochs=max(cfg.epochs, steps), eval_every=0, checkpoint_dir=None, resume=False)
+            job = TrainingJob(cluster, model_fn, data_fn, point_cfg, list(range(k)), name=f"scaling-{k}", parent=run_id, extra_params={"scaling_workers": k}).wait()
+            if job.state != "finished":
+                raise ConfigError(f"the {k}-worker point failed: {job.error}")
+            gradient_bytes = job.results[0]["gradient_bytes"]
+            points.append(_point(k, batch * k, job.results))
+            fill_scaling_figure(figure, _table(points, None, gradient_bytes), None)
+        if predict_counts or network is not None:
+            if model is None:
+                model = measure_ring(cluster, algorithm=cfg.allreduce)
+        table = _table(points, model, gradient_bytes, mode)
+        prediction = _prediction(points, model, gradient_bytes, sorted(set(predict_counts) | set(counts)), mode) if model else None
+        fill_scaling_figure(figure, table, prediction, model)
+        status = "finished"
+    except BaseException as exc:
+        error = f"{type(exc).__name__}: {exc}"
+        raise
+    finally:
+        if own:
+            cluster.stop()
+        if store is not None and run_id is not None:
+            if status == "finished":
+                store.log_metrics(run_id, [(int(r["workers"]), name, r[name]) for r in table.to_dict("records") for name in ("samples_per_s", "speedup", "efficiency", "comm_fraction")])
+                store.add_record(run_id, "table", "table", table.to_dict("records"))
+                if model is not None:
+                    store.add_record(run_id, "model", "json", {"alpha": model.alpha, "beta": model.beta, "source": model.source})
+            store.finish_run(run_id, status, error)
+    validated = None
+    if model is not None:
+        validated = bool((table["prediction_error"].abs() <= TOLERANCE).all())
+    static = scaling_figure(table.to_dict("records"), prediction, widget=False, mode=mode, model=model)
+    if handle is not None:
+        handle.update(static)
+    return ScalingResult(table=table, figure=static, prediction=prediction, model=model, validated=validated, run_id=run_id, mode=mode)
+
+
+def _point(k: int, global_batch: int, results: list[dict[str, Any]]) -> dict[str, Any]:
+    timings = [r["timing"] for r in results if r.get("timing")]
+    rank0 = timings[0]
+
+    def mean(key: str) -> float:
+        return sum(t[key] for t in timings) / len(timings)
+
+    step = rank0["step_time_s"]
+    return {
+        "workers": k, "global_batch": global_batch, "samples_per_s": global_batch / step, "step_time_s": step,
+        "compute_time_s": mean("step_time_s") - mean("comm_wait_s"), "comm_time_s": mean("comm_time_s"),
+        "comm_wait_s": mean("comm_wait_s"), "comm_fraction": mean("comm_wait_s") / mean("step_time_s"),
+    }  # fmt: skip
+
+
+def _table(points: list[dict[str, Any]], model: RingModel | None, gradient_bytes: float, mode: str = "weak") -> pd.DataFrame:
+    import pandas as pd
+
+    rows = []
+    base = points[0] if points else None
+    for p in points:
+        speedup = p["samples_per_s"] / base["samples_per_s"]
+        ideal = p["workers"] / base["workers"]
+        row = {**p, "speedup": speedup, "ideal_speedup": ideal, "efficiency": speedup / ideal, "predicted_step_time_s": None, "prediction_error": None}
+        if model is not None:
+            predicted = predict_step_time(model, p["workers"], _compute(base, p["workers"], mode), gradient_bytes)
+            row["predicted_step_time_s"] = predicted
+            row["prediction_error"] = (predicted - p["step_time_s"]) / p["step_time_s"]
+        rows.append(row)
+    return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def _compute(base: dict[str, Any], n: int, mode: str) -> float:
+    """Compute time per step at ``n`` ranks from the smallest measured count (strong: the batch splits)."""
+    return base["compute_time_s"] if mode == "weak" else base["compute_time_s"] * base["workers"] / n
+
+
+def _prediction(points: list[dict[str, Any]], model: RingModel, gradient_bytes: float, counts: list[int], mode: str) -> pd.DataFrame:
+    import pandas as pd
+
+    base = points[0]
+    per_rank = base["global_batch"] / base["workers"]
+    rows = []
+    for n in counts:
+        step = predict_step_time(model, n, _compute(base, n, mode), gradient_bytes)
+        batch = per_rank * n if mode == "weak" else base["global_batch"]
+        speedup = (batch / step) / base["samples_per_s"]
+        rows.append({"workers": n, "step_time_s": step, "samples_per_s": batch / step, "speedup": speedup, "efficiency": speedup / (n / base["workers"])})
+    return pd.DataFrame(rows)
+
+
+def scaling_figure(points: list[dict[str, Any]], prediction: pd.DataFrame | None, widget: bool = False, mode: str = "weak", model: RingModel | None = None) -> Any:
+    """Speedup and efficiency against workers: measured, ideal (dotted) and predicted (dashed)."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    base = make_subplots(rows=1, cols=2, subplot_titles=(f"speedup ({mode} scaling)", "efficiency"))
+    for col in (1, 2):
+        base.add_scatter(x=[], y=[], mode="lines+markers", name="measured", legendgroup="measured", showlegend=col == 1, row=1, col=col, line={"color": "#1f77b4"})
+        base.add_scatter(x=[], y=[], mode="lines", name="ideal", legendgroup="ideal", showlegend=col == 1, row=1, col=col, line={"color": "grey", "dash": "dot"})
+        base.add_scatter(x=[], y=[], mode="lines+markers", name="predicted", legendgroup="predicted", showlegend=col == 1, row=1, col=col, line={"color": "#d62728", "dash": "dash"})
+    base.update_xaxes(title_text="workers")
+    base.update_yaxes(title_text="speedup", row=1, col=1)
+    base.update_yaxes(title_text="efficiency", row=1, col=2)
+    base.update_layout(template="plotly_white", height=360, title="scaling study")
+    figure = go.FigureWidget(base) if widget else base
+    import pandas as pd
+
+    fill_scaling_figure(figure, pd.DataFrame(points), prediction, model)
+    return figure
+
+
+def fill_scaling_figure(figure: Any, table: pd.DataFrame, prediction: pd.DataFrame | None, model: RingModel | None = None) -> None:
+    """Put measured points, the ideal line and the prediction into :func:`scaling_figure`'s figure."""
+    if not len(table):
+        return
+    counts = list(table["workers"])
+    if prediction is not None:
+        counts = sorted(set(counts) | set(prediction["workers"]))
+    k0 = table["workers"].iloc[0]
+    with figure.batch_update():
+        measured_s, ideal_s, predicted_s, measured_e, ideal_e, predicted_e = figure.data
+        measured_s.x, measured_s.y = tuple(table["workers"]), tuple(table["speedup"])
+        measured_e.x, measured_e.y = tuple(table["workers"]), tuple(table["efficiency"])
+        ideal_s.x, ideal_s.y = tuple(counts), tuple(k / k0 for k in counts)
+        ideal_e.x, ideal_e.y = tuple(counts), tuple(1.0 for _ in counts)
+        if prediction is not None:
+            predicted_s.x, predicted_s.y = tuple(prediction["workers"]), tuple(prediction["speedup"])
+            predicted_e.x, predicted_e.y = tuple(prediction["workers"]), tuple(prediction["efficiency"])
+            if model is not None:
+                predicted_s.name = f"predicted ({model.describe()})"
+        if counts[-1] / counts[0] > 16:
+            figure.update_xaxes(type="log")
+
+
+def _show(figure: Any) -> Any:
+    from IPython.display import display
+
+    return display(figure, display_id=True)
