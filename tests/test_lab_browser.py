@@ -70,6 +70,11 @@ def seed(store: RunStore) -> dict[str, str]:
         store.finish_run(trial)
     store.log_metrics(ids["sweep"], [(3, "val_loss", 0.7)])
     store.finish_run(ids["sweep"])
+    ids["scaling"] = store.create_run("scaling", "weak-scaling", {"workers": [1, 2, 4], "mode": "weak"})
+    store.add_record(ids["scaling"], "scaling", "table", [
+        {"workers": 1, "throughput": 100.0}, {"workers": 2, "throughput": 190.0}, {"workers": 4, "throughput": 340.0},
+    ])  # fmt: skip
+    store.finish_run(ids["scaling"])
     return ids
 
 
@@ -175,6 +180,11 @@ def test_panel_lists_seeded_runs_and_sweeps(page: Page, lab: dict[str, Any]) -> 
     expect(panel.get_by_role("list", name="Sweep list")).to_contain_text("lr-sweep")
     panel.get_by_role("combobox", name="Filter by status").select_option("running")
     expect(runs.get_by_role("row")).to_have_count(2)  # header + the live run
+    panel.get_by_role("combobox", name="Filter by kind").select_option("sweep")
+    panel.get_by_role("combobox", name="Filter by status").select_option("")
+    expect(runs.get_by_role("row")).to_have_count(2)  # header + the sweep
+    expect(runs.get_by_role("row", name=re.compile("lr-sweep"))).to_be_visible()
+    panel.get_by_role("combobox", name="Filter by kind").select_option("")
     panel.get_by_role("combobox", name="Filter by status").select_option("")
     expect(runs.get_by_role("row", name=re.compile("mlp-digits"))).to_be_visible()
     page.screenshot(path=str(ARTIFACTS / "lab-panel-runs.png"))
@@ -207,7 +217,7 @@ def test_run_view_plots_and_follows_a_live_run(page: Page, lab: dict[str, Any]) 
     page.screenshot(path=str(ARTIFACTS / "lab-run-view-live.png"))
 
 
-def test_sweep_view_shows_trials_and_parallel_coordinates(page: Page, lab: dict[str, Any]) -> None:
+def test_sweep_and_scaling_views(page: Page, lab: dict[str, Any]) -> None:
     panel = open_panel(page)
     panel.get_by_role("list", name="Sweep list").get_by_text("lr-sweep").click()
     view = page.get_by_role("tabpanel", name="sweep: lr-sweep")
@@ -218,6 +228,36 @@ def test_sweep_view_shows_trials_and_parallel_coordinates(page: Page, lab: dict[
     expect(parcoords.locator(".main-svg").first).to_be_visible()
     parcoords.scroll_into_view_if_needed()
     page.screenshot(path=str(ARTIFACTS / "lab-sweep-view.png"))
+
+    panel = open_panel(page)
+    panel.get_by_role("row", name=re.compile("weak-scaling")).click()
+    view = page.get_by_role("tabpanel", name="scaling: weak-scaling")
+    scaling = view.locator('[data-plot="scaling"]')
+    expect(scaling.locator(".scatterlayer .trace")).to_have_count(3)  # speedup, ideal, efficiency
+    expect(scaling).to_contain_text("efficiency")
+    scaling.scroll_into_view_if_needed()
+    page.screenshot(path=str(ARTIFACTS / "lab-scaling-view.png"))
+
+
+def test_errors_are_shown_in_the_panel(page: Page) -> None:
+    panel = open_panel(page)
+    panel.get_by_role("button", name="Insert %%distributed cell").click()
+    alert = panel.get_by_role("alert")
+    expect(alert).to_contain_text("Open a notebook first")
+    page.wait_for_timeout(2500)  # a poll in between does not hide it
+    expect(alert).to_contain_text("Open a notebook first")
+    panel.get_by_role("button", name="Dismiss error").click()
+    expect(alert).to_have_count(0)
+
+    panel.get_by_role("button", name="Start cluster").click()
+    dialog = page.get_by_role("dialog")
+    dialog.get_by_role("spinbutton", name="Engines").fill("0")
+    dialog.get_by_role("button", name="Start").click()
+    expect(alert).to_contain_text("'n' (engines) must be an integer 1..64")
+    expect(alert).to_contain_text("HTTP 400")
+    expect(panel).to_contain_text("No cluster started from this server.")
+    page.screenshot(path=str(ARTIFACTS / "lab-panel-error.png"))
+    panel.get_by_role("button", name="Dismiss error").click()
 
 
 def test_commands_are_in_the_palette(page: Page) -> None:

@@ -15,7 +15,8 @@ class StartBody extends Widget implements Dialog.IBodyWidget<IStartRequest> {
     super();
     this.addClass('rapydli-StartDialog');
     this._n = h('input', {
-      attrs: { type: 'number', min: '1', max: '64', value: '2', 'aria-label': 'Engines' }
+      // No min/max here: the server validates (one rule, and its message names the range).
+      attrs: { type: 'number', value: '2', 'aria-label': 'Engines' }
     });
     this._launcher = h('select', { attrs: { 'aria-label': 'Launcher' } });
     const names = launchers.length ? launchers : [{ name: 'local', description: 'mpiexec on this machine', options: {} }];

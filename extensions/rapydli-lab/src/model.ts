@@ -26,7 +26,10 @@ export class RapydliModel {
   sweeps: IRun[] = [];
   launchers: ILauncher[] = [];
   filter: IRunFilter = { kind: '', status: '' };
-  error: string | null = null;
+  /** The last polling error (cleared by the next successful poll). */
+  pollError: string | null = null;
+  /** The last error of an action (start, stop, ...); stays until dismissed or the next action succeeds. */
+  actionError: string | null = null;
 
   constructor(readonly pollMs = 2000) {}
 
@@ -58,9 +61,9 @@ export class RapydliModel {
     void this.refresh();
   }
 
-  /** Record an API error (or clear it with null) and tell the views. */
+  /** Show an action's error in the panel (null dismisses it). */
   setError(error: unknown): void {
-    this.error = error === null ? null : String((error as Error).message ?? error);
+    this.actionError = error === null ? null : String((error as Error).message ?? error);
     this._changed.emit();
   }
 
@@ -87,9 +90,9 @@ export class RapydliModel {
       this.runs = runs.runs;
       this.totalRuns = runs.total;
       this.sweeps = sweeps.runs;
-      this.error = null;
+      this.pollError = null;
     } catch (error) {
-      this.error = String((error as Error).message ?? error);
+      this.pollError = String((error as Error).message ?? error);
     }
     this._changed.emit();
   }
@@ -126,6 +129,7 @@ export class RapydliModel {
   private async _act(fn: () => Promise<ICluster>): Promise<ICluster | null> {
     try {
       const result = await fn();
+      this.actionError = null;
       await this.refresh();
       return result;
     } catch (error) {

@@ -37,14 +37,17 @@ export class RapydliPanel extends Widget {
     const root = h('div', { className: 'rapydli-Panel-content' }, [
       h('h1', { className: 'rapydli-Panel-title', text: 'RaPyDLI' })
     ]);
-    if (model.error) {
-      root.append(
-        h('div', {
-          className: 'rapydli-Error',
-          text: model.error,
-          attrs: { role: 'alert' }
-        })
-      );
+    if (model.pollError) {
+      root.append(h('div', { className: 'rapydli-Error', text: model.pollError, attrs: { role: 'alert' } }));
+    }
+    if (model.actionError) {
+      const dismiss = h('button', {
+        className: 'rapydli-Dismiss',
+        text: '×',
+        attrs: { type: 'button', 'aria-label': 'Dismiss error', title: 'Dismiss' }
+      });
+      dismiss.addEventListener('click', () => model.setError(null));
+      root.append(h('div', { className: 'rapydli-Error', attrs: { role: 'alert' } }, [dismiss, model.actionError]));
     }
     root.append(this._clusters(model.clusters));
     root.append(this._runs(model.runs, model.totalRuns));

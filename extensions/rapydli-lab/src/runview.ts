@@ -119,7 +119,7 @@ export class RunView extends Widget {
     ];
     for (const [div, group, title, yTitle] of groups) {
       const traces = this._series.traces(group);
-      div.hidden = traces.length === 0 && group !== 'loss';
+      div.hidden = traces.length === 0;
       if (!div.hidden) {
         await draw(div, traces, layout(title, 'step', yTitle));
       }
@@ -226,6 +226,7 @@ export class RunView extends Widget {
     }
     const lay = layout('Speedup and efficiency', 'workers', 'speedup');
     lay.yaxis2 = { title: { text: 'efficiency' }, overlaying: 'y', side: 'right', range: [0, 1.1] };
+    lay.margin = { ...lay.margin, r: 70 };
     await draw(div, traces, lay);
     return div;
   }
