@@ -163,11 +163,11 @@ class ClairvoyantLoader:
         ]
         for thread in threads:
             thread.start()
+        fetch = functools.partial(self._fetch_counted, window=window, record=record)
         started = time.perf_counter()
         try:
             for begin in range(0, len(order), self.batch_size):
                 before = time.perf_counter()
-                fetch = functools.partial(self._fetch_counted, window=window, record=record)
                 samples = [window.take(p, fetch) for p in range(begin, min(begin + self.batch_size, len(order)))]
                 batch = default_collate(samples)
                 record["stall_s"] += time.perf_counter() - before
