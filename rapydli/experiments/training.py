@@ -92,10 +92,11 @@ def resolve_callable(ref: Callable[..., Any] | str, argument: str) -> Callable[.
     raise ConfigError(f"{argument}={ref!r} is invalid: must be a callable or a 'module:qualname' string naming one")
 
 
-def train_on_rank(model_fn: Callable[[], Any], data_fn: Callable[[], Any], config: dict[str, Any]) -> list[dict[str, Any]]:
-    """The engine half of :func:`train`: build model and data, run the Trainer, return its history.
+def train_on_rank(model_fn: Callable[[], Any], data_fn: Callable[[], Any], config: dict[str, Any]) -> dict[str, Any]:
+    """The engine half of :func:`train`: build model and data, run the Trainer.
 
-    Runs inside :meth:`Cluster.run` on every rank; rank 0 emits its rows as events.
+    Runs inside :meth:`Cluster.run` on every rank; rank 0 emits its rows as events and
+    returns ``{"history": rows, "stopped_early": bool, "step": int}`` (other ranks: ``{}``).
     """
     import torch
 
@@ -120,7 +121,7 @@ def train_on_rank(model_fn: Callable[[], Any], data_fn: Callable[[], Any], confi
     if error is not None:
         raise error
     if any(failed):
-        return []  # the failing rank raises and is named in the RankFailure
+        return {}  # the failing rank raises and is named in the RankFailure
     comm = Communicator(ctx.comm, algorithm=cfg.allreduce)
     try:
         trainer = Trainer(model, None, train_data, val_data, cfg, comm=comm, callbacks=[EmitMetrics(ctx.rank)])
@@ -129,7 +130,9 @@ def train_on_rank(model_fn: Callable[[], Any], data_fn: Callable[[], Any], confi
         history = trainer.fit()
     finally:
         comm.close()
-    return history if ctx.rank == 0 else []  # rank 0's rows are the run's history
+    if ctx.rank != 0:
+        return {}
+    return {"history": history, "stopped_early": trainer.stopped_early, "step": trainer.step}
 
 
 class _Follower:
@@ -262,8 +265,10 @@ def train(
     try:
         if own_cluster:
             cluster.start()
-        results = cluster.run(train_on_rank, model, data, cfg.to_dict(), on_event=follower)
+        outcome = cluster.run(train_on_rank, model, data, cfg.to_dict(), on_event=follower)[0]
         status = "finished"
+        if outcome["stopped_early"]:
+            status, error = "interrupted", f"stopped from the notebook after step {outcome['step']}"
     except KeyboardInterrupt:
         status, error = "interrupted", "interrupted by the user"
         raise
@@ -281,7 +286,7 @@ def train(
             cluster.stop()
         if store is not None and run_id is not None:
             store.finish_run(run_id, status, error)
-    history = pd.DataFrame(results[0])
+    history = pd.DataFrame(outcome["history"])
     return RunResult(run_id=run_id, history=history, figure=loss_figure(history, title=run_name))
 
 
