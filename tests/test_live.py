@@ -1,0 +1,47 @@
+"""Live metrics: rows reach the notebook while training runs; redraws are batched and rate-limited."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+import rapydli as rd
+from rapydli.experiments.trainjob import TrainingJob
+from rapydli.train import datasets, models
+from rapydli.widgets.live import LivePlot
+
+
+def _row(step: int) -> dict:
+    return {"kind": "train", "step": step, "loss": 1.0 / step, "samples_per_s": 100.0, "step_time_s": 0.01, "comm_time_s": 0.001, "comm_wait_s": 0.0}
+
+
+def test_redraws_are_batched_and_rate_limited() -> None:
+    plot = LivePlot(widget=True, max_redraws_per_s=10)
+    started = time.monotonic()
+    for step in range(1, 501):
+        plot(_row(step))
+    plot({"kind": "eval", "step": 500, "val_loss": 0.5})
+    plot.close()
+    elapsed = time.monotonic() - started
+    assert plot.redraws <= 10 * elapsed + 2  # at most 10 per second, plus the first and the final flush
+    assert list(plot.figure.data[0].x) == list(range(1, 501))  # every row drawn, none lost
+    assert list(plot.figure.data[1].y) == [0.5]
+    assert type(plot.static()).__name__ == "Figure"
+
+
+@pytest.mark.engines
+def test_metrics_arrive_before_training_ends() -> None:
+    arrivals: list[tuple[float, int]] = []
+    with rd.Cluster(n=2) as cluster:
+        config = rd.TrainConfig(max_steps=60, epochs=20, batch_size=16, allreduce="mpi")
+        job = TrainingJob(cluster, models.mlp, datasets.digits, config, [0, 1], callbacks=[lambda row: arrivals.append((time.monotonic(), row["step"]))])
+        job.wait()
+        ended = time.monotonic()
+    assert job.state == "finished"
+    steps = [step for _, step in arrivals]
+    assert steps[:3] == [1, 2, 3] and steps[-1] == 60
+    # the first rows were there well before the run ended (they streamed, not arrived in one batch at the end)
+    first = arrivals[0][0]
+    assert first < ended - 0.5
+    assert len({round(t, 2) for t, _ in arrivals}) > 5

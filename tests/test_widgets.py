@@ -1,0 +1,52 @@
+"""Widgets driven from Python (no browser): controls from the config spec, errors in the panel, Train and Stop."""
+
+from __future__ import annotations
+
+import pytest
+
+import rapydli as rd
+from rapydli.train import datasets, models
+from rapydli.widgets import HyperparameterPanel
+
+
+def test_controls_follow_the_field_spec_and_errors_stay_in_the_panel() -> None:
+    panel = HyperparameterPanel(models.mlp, datasets.digits, rd.TrainConfig(lr=0.01, workers=2))
+    controls = panel.controls
+    assert type(controls["lr"]).__name__ == "FloatLogSlider" and controls["lr"].value == pytest.approx(0.01)
+    assert type(controls["optimizer"]).__name__ == "Dropdown" and list(controls["optimizer"].options) == ["sgd", "adamw"]
+    assert type(controls["overlap"]).__name__ == "Checkbox"
+    assert controls["workers"].max == 2
+    controls["lr"].value = 0.05
+    controls["optimizer"].value = "sgd"
+    controls["max_steps"].value = 0  # optional: 0 means None
+    config = panel.current_config()
+    assert config.lr == pytest.approx(0.05) and config.optimizer == "sgd" and config.max_steps is None
+    controls["momentum"].value = 1.0  # invalid: momentum must be < 1
+    panel.train_button.click()
+    assert "TrainConfig.momentum=1.0 is invalid" in panel.message.value
+    assert panel.job is None and not panel.running and panel.cluster is None  # nothing started
+
+
+@pytest.mark.engines
+def test_train_then_stop_ends_every_rank_and_the_cluster_stays_usable() -> None:
+    with rd.Cluster(n=2) as cluster:
+        panel = HyperparameterPanel(models.mlp, datasets.digits, rd.TrainConfig(max_steps=10, eval_every=5, batch_size=32), cluster=cluster)
+        panel.controls["lr"].value = 0.02
+        panel.train_button.click()
+        assert panel.stop_button.disabled is False
+        panel.wait(120)
+        assert panel.runs[0]["state"] == "finished" and panel.runs[0]["steps"] == 10 and panel.runs[0]["lr"] == pytest.approx(0.02)
+        assert "val_loss" in panel.table.value and len(panel.plot.figure.data[0].x) == 10
+
+        panel.controls["max_steps"].value = 0
+        panel.controls["epochs"].value = 500  # far longer than the test: only Stop ends it
+        panel.train_button.click()
+        while len(panel.job.rows) < 5:
+            panel.wait(0.05)
+        panel.stop_button.click()
+        panel.wait(60)
+        assert not panel.running
+        last = panel.runs[-1]
+        assert last["state"] == "stopped" and 5 <= last["steps"] < 1000
+        assert all(r["stopped_early"] for r in panel.job.results)  # every rank ended its loop, after the same step
+        assert cluster.run(lambda: 3) == [3, 3]
