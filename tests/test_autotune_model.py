@@ -75,7 +75,11 @@ def test_autotune_model_keeps_outputs_and_gradients(tuned) -> None:
     assert model.state_dict().keys() == tuned_model.state_dict().keys()
     assert_same(model, tuned_model, x)
     assert list(report.table["layer"]) == ["0", "3", "5", "8"]
-    assert set(report.estimates_ms) == {"planned", "all_nchw", "all_nhwc", "default"}
+    assert set(report.estimates_ms) == {"planned", "all_nchw", "all_nhwc", "default", "measured_planned",
+                                        "measured_library_nchw", "measured_library_nhwc"}
+    # the whole-model plan kept is the fastest measured one
+    measured = {k: v for k, v in report.estimates_ms.items() if k.startswith("measured_")}
+    assert report.plan.chosen == min(measured, key=measured.get).removeprefix("measured_")
     assert report.estimates_ms["planned"] <= min(report.estimates_ms["all_nchw"], report.estimates_ms["all_nhwc"]) + 1e-9
 
 

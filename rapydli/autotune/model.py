@@ -55,13 +55,18 @@ class Plan:
         The device the plan was tuned on.
     estimates_ms
         Estimated convolution time of the whole model per strategy: ``default`` (F.conv2d NCHW),
-        ``all_nchw``, ``all_nhwc``, ``planned`` (layout conversions included).
+        ``all_nchw``, ``all_nhwc``, ``planned`` (layout conversions included); and, when the
+        plan was verified, ``measured_planned``, ``measured_library_nchw``,
+        ``measured_library_nhwc``: whole-model step times of the three plans.
+    chosen
+        Which of those whole-model plans won (``"planned"`` unless a library plan was faster).
     """
 
     layers: dict[str, LayerChoice]
     mode: str
     fingerprint: str
     estimates_ms: dict[str, float] = field(default_factory=dict)
+    chosen: str = "planned"
 
     @property
     def layout(self) -> str:
@@ -200,7 +205,7 @@ def _choose_layouts(layers: list[tuple[str, ConvShape]], results: Mapping[ConvSh
 
 
 def plan_for(model: nn.Module, example_input: torch.Tensor, mode: str = "train", engines: Any = None,
-             **tune_options: Any) -> Plan:
+             verify: bool = True, **tune_options: Any) -> Plan:
     """Tune every unique convolution of ``model`` and plan each layer's candidate and layout.
 
     Parameters
@@ -213,6 +218,10 @@ def plan_for(model: nn.Module, example_input: torch.Tensor, mode: str = "train",
         ``"train"`` (forward + both gradients timed) or ``"inference"``.
     engines
         A cluster to measure on in parallel (see :func:`~rapydli.autotune.tune_conv2d`).
+    verify
+        Time whole-model steps of the per-layer plan against all-NCHW and all-channels-last
+        library plans and keep the fastest, so a tuned model is never slower than the
+        best whole-model library layout.
     **tune_options
         Passed to :func:`~rapydli.autotune.tune_conv2d` (``strategy``, ``options``, ``preset``, ...).
 
@@ -221,10 +230,10 @@ def plan_for(model: nn.Module, example_input: torch.Tensor, mode: str = "train",
     Plan
         Picklable; ship it to every rank and call :func:`apply_plan` there.
     """
-    return _plan(model, example_input, mode, engines, **tune_options)[0]
+    return _plan(model, example_input, mode, engines, verify, **tune_options)[0]
 
 
-def _plan(model: nn.Module, example_input: torch.Tensor, mode: str, engines: Any,
+def _plan(model: nn.Module, example_input: torch.Tensor, mode: str, engines: Any, verify: bool,
           **tune_options: Any) -> tuple[Plan, dict[ConvShape, TuneResult]]:
     if mode not in MODES:
         raise ConfigError(f"mode must be one of {MODES}, got {mode!r}")
@@ -247,7 +256,56 @@ def _plan(model: nn.Module, example_input: torch.Tensor, mode: str, engines: Any
         layers[name] = LayerChoice(shape, m.config.candidate, m.config.params, layouts[name], m.median * 1e3, default_ms)
     estimates["default"] = default_total
     fingerprint = next(iter(results.values())).device.fingerprint() if results else ""
-    return Plan(layers, mode, fingerprint, estimates), results
+    plan = Plan(layers, mode, fingerprint, estimates)
+    if verify and layers:
+        plan = _verified(model, example_input, plan, results)
+    return plan, results
+
+
+def _library_plan(plan: Plan, results: Mapping[ConvShape, TuneResult], candidate: str, layout: str) -> Plan:
+    layers = {}
+    for name, choice in plan.layers.items():
+        m = results[choice.shape].best_of(lambda c: c.candidate == candidate)
+        if m is None:
+            return plan
+        layers[name] = LayerChoice(choice.shape, candidate, (), layout, m.median * 1e3, choice.default_ms)
+    return Plan(layers, plan.mode, plan.fingerprint, dict(plan.estimates_ms))
+
+
+def model_step_ms(model: nn.Module, x: torch.Tensor, mode: str, reps: int = 3) -> float:
+    """Median ms of one forward (+ backward in train mode) of ``model`` on ``x``."""
+    model.train(mode == "train")
+    times = []
+    for i in range(reps + 1):
+        start = time.perf_counter()
+        if mode == "train":
+            model.zero_grad(set_to_none=True)
+            model(x).float().sum().backward()
+        else:
+            with torch.no_grad():
+                model(x)
+        if i:
+            times.append(time.perf_counter() - start)
+    return sorted(times)[len(times) // 2] * 1e3
+
+
+def _verified(model: nn.Module, x: torch.Tensor, plan: Plan, results: Mapping[ConvShape, TuneResult]) -> Plan:
+    """Time whole-model steps of the per-layer plan and of the all-NCHW / all-channels-last library plans; keep the fastest.
+
+    Per-layer times and conversion estimates miss what happens between convolutions
+    (batch norm, residual adds in a mixed layout), so the whole-model choice is measured.
+    """
+    options = {
+        "planned": plan,
+        "library_nchw": _library_plan(plan, results, "torch_nchw", "nchw"),
+        "library_nhwc": _library_plan(plan, results, "torch_channels_last", "nhwc"),
+    }
+    measured = {name: model_step_ms(apply_plan(copy.deepcopy(model), p), x, plan.mode) for name, p in options.items()}
+    chosen = min(measured, key=lambda name: measured[name])
+    best = options[chosen]
+    best.estimates_ms = {**plan.estimates_ms, **{f"measured_{k}": v for k, v in measured.items()}}
+    best.chosen = chosen
+    return best
 
 
 def apply_plan(model: nn.Module, plan: Plan) -> nn.Module:
@@ -293,12 +351,12 @@ class AutotuneReport:
 
 
 def autotune_model(model: nn.Module, example_input: torch.Tensor, mode: str = "train", engines: Any = None,
-                   **tune_options: Any) -> tuple[nn.Module, AutotuneReport]:
+                   verify: bool = True, **tune_options: Any) -> tuple[nn.Module, AutotuneReport]:
     """Tune ``model``'s convolutions and return a tuned copy with a report.
 
     Parameters
     ----------
-    model, example_input, mode, engines, **tune_options
+    model, example_input, mode, engines, verify, **tune_options
         As for :func:`plan_for`.
 
     Returns
@@ -314,7 +372,7 @@ def autotune_model(model: nn.Module, example_input: torch.Tensor, mode: str = "t
     >>> report.table[["layer", "candidate", "layout", "speedup"]]  # doctest: +SKIP
     """
     started = time.perf_counter()
-    plan, results = _plan(model, example_input, mode, engines, **tune_options)
+    plan, results = _plan(model, example_input, mode, engines, verify, **tune_options)
     tuned = apply_plan(copy.deepcopy(model), plan)
     return tuned, AutotuneReport(plan, report_table(plan), dict(plan.estimates_ms), results,
                                  time.perf_counter() - started)

@@ -1,0 +1,245 @@
+"""``rapydli bench conv --json PATH``: tuned convolutions against the library, per layer and per model.
+
+Three parts, each with its peer measured in the same run:
+
+1. Layers of AlexNet, Overfeat and ResNet-50 (batch chosen so one forward is about
+   ``--gflop`` GFLOP, well under a second): GFLOP/s of ``F.conv2d`` (NCHW, oneDNN),
+   ``F.conv2d`` channels-last, im2col+GEMM, the best generated C kernel, and the tuned
+   choice (forward; the tuner's own measurements).
+2. Training step (forward, backward, SGD step) of the small ResNet (``rapydli.train.models``)
+   and of a ResNet-50-style bottleneck stack: default model, whole model channels-last,
+   and ``autotune_model`` (train mode).
+3. Tuning time of the same layers with 2 engines against 1 (fresh caches, compiles included).
+
+Targets (issue 6): tuned training step >= 1.2x the default on the conv-heavy models and
+never slower; tuned choice >= 0.98x the best library variant on every layer; best
+generated kernel >= 0.5x oneDNN on at least half of the layers; tuning with 2 engines
+<= 0.65x the time with 1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+from collections import Counter
+from pathlib import Path
+import tempfile
+import time
+from typing import Any
+
+import click
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from rapydli.autotune.cache import Cache
+from rapydli.autotune.conv import tune_conv2d
+from rapydli.autotune.problem import ConvShape
+from rapydli.bench.report import emit, machine_info
+
+LIBRARY = ("torch_nchw", "torch_channels_last", "im2col_gemm")
+
+# name -> (C, H, W, K, R, S, stride, pad) at batch 1
+LAYERS: dict[str, tuple[int, ...]] = {
+    "alexnet.conv1": (3, 224, 224, 64, 11, 11, 4, 2),
+    "alexnet.conv2": (64, 27, 27, 192, 5, 5, 1, 2),
+    "alexnet.conv3": (192, 13, 13, 384, 3, 3, 1, 1),
+    "alexnet.conv5": (256, 13, 13, 256, 3, 3, 1, 1),
+    "overfeat.conv1": (3, 231, 231, 96, 11, 11, 4, 0),
+    "overfeat.conv2": (96, 24, 24, 256, 5, 5, 1, 0),
+    "overfeat.conv3": (256, 12, 12, 512, 3, 3, 1, 1),
+    "resnet50.conv1": (3, 224, 224, 64, 7, 7, 2, 3),
+    "resnet50.res2_1x1a": (256, 56, 56, 64, 1, 1, 1, 0),
+    "resnet50.res2_3x3": (64, 56, 56, 64, 3, 3, 1, 1),
+    "resnet50.res3_3x3": (128, 28, 28, 128, 3, 3, 1, 1),
+    "resnet50.res4_3x3": (256, 14, 14, 256, 3, 3, 1, 1),
+    "resnet50.res4_1x1b": (256, 14, 14, 1024, 1, 1, 1, 0),
+    "resnet50.res5_3x3": (512, 7, 7, 512, 3, 3, 1, 1),
+}
+QUICK = ("alexnet.conv2", "resnet50.res2_3x3", "resnet50.res4_1x1b")
+
+STEP_TARGET, LIBRARY_TARGET, GENERATED_TARGET, ENGINES_TARGET = 1.2, 0.98, 0.5, 0.65
+
+
+def layer_shape(name: str, gflop: float) -> ConvShape:
+    """The layer at the batch whose forward is about ``gflop`` GFLOP (1..64)."""
+    c, h, w, k, r, s, stride, pad = LAYERS[name]
+    one = ConvShape(1, c, h, w, k, r, s, stride, pad)
+    return one.with_batch(max(1, min(64, round(gflop * 1e9 / one.flops))))
+
+
+class Bottleneck(nn.Module):
+    """ResNet-50's bottleneck: 1x1 reduce, 3x3, 1x1 expand, with a residual connection."""
+
+    def __init__(self, channels: int, mid: int) -> None:
+        super().__init__()
+        self.body = nn.Sequential(
+            nn.Conv2d(channels, mid, 1, bias=False), nn.BatchNorm2d(mid), nn.ReLU(),
+            nn.Conv2d(mid, mid, 3, padding=1, bias=False), nn.BatchNorm2d(mid), nn.ReLU(),
+            nn.Conv2d(mid, channels, 1, bias=False), nn.BatchNorm2d(channels),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.relu(x + self.body(x))
+
+
+def bottleneck_stack(channels: int = 256, mid: int = 64, blocks: int = 3, num_classes: int = 10) -> nn.Module:
+    """A ResNet-50-style stack: a 3x3 stem to ``channels``, ``blocks`` bottlenecks, a linear head."""
+    return nn.Sequential(
+        nn.Conv2d(3, channels, 3, padding=1, bias=False), nn.BatchNorm2d(channels), nn.ReLU(),
+        *[Bottleneck(channels, mid) for _ in range(blocks)],
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(channels, num_classes),
+    )
+
+
+def step_ms(model: nn.Module, x: torch.Tensor, y: torch.Tensor, reps: int) -> float:
+    """Median milliseconds of one training step (forward, cross-entropy, backward, SGD step)."""
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    model.train()
+    times = []
+    for i in range(reps + 2):
+        start = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+        if i >= 2:
+            times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e3
+
+
+def layer_rows(names: tuple[str, ...], gflop: float, preset: str, cache: Cache) -> list[dict[str, Any]]:
+    rows = []
+    for name in names:
+        shape = layer_shape(name, gflop)
+        result = tune_conv2d(shape, "cpu", "inference", preset=preset, cache=cache, repetitions=5)
+        flops = shape.flops
+
+        def gflops(m: Any) -> float | None:
+            return flops / m.median / 1e9 if m is not None else None
+
+        best = {c: result.best_of(lambda cfg, c=c: cfg.candidate == c) for c in (*LIBRARY, "c_direct")}
+        best_library = max(gflops(best[c]) or 0.0 for c in LIBRARY)
+        onednn = max(gflops(best["torch_nchw"]) or 0.0, gflops(best["torch_channels_last"]) or 0.0)
+        tuned = gflops(result.best)
+        generated = gflops(best["c_direct"])
+        rows.append({
+            "layer": name, "shape": shape.key.split(":", 1)[1],
+            "nchw_gflops": gflops(best["torch_nchw"]), "channels_last_gflops": gflops(best["torch_channels_last"]),
+            "im2col_gflops": gflops(best["im2col_gemm"]), "generated_gflops": generated, "tuned_gflops": tuned,
+            "tuned_choice": str(result.best.config),
+            "tuned_vs_best_library": tuned / best_library if best_library else None,
+            "generated_vs_onednn": (generated / onednn) if generated and onednn else None,
+            "best_generated": str(best["c_direct"].config) if best["c_direct"] else None,
+        })
+    return rows
+
+
+def model_rows(batch: int, preset: str, cache: Cache, reps: int) -> list[dict[str, Any]]:
+    from rapydli.autotune.model import autotune_model
+    from rapydli.train.models import resnet_mini
+
+    rows = []
+    models = {
+        "resnet_mini": (lambda: resnet_mini(width=32), (batch, 3, 32, 32)),
+        "bottleneck_stack": (lambda: bottleneck_stack(), (max(1, batch // 4), 3, 28, 28)),
+    }
+    for name, (build, in_shape) in models.items():
+        torch.manual_seed(0)
+        model = build()
+        x = torch.randn(*in_shape)
+        y = torch.randint(0, 10, (in_shape[0],))
+        default = step_ms(model, x, y, reps)
+        cl_model = build().to(memory_format=torch.channels_last)
+        channels_last = step_ms(cl_model, x.contiguous(memory_format=torch.channels_last), y, reps)
+        started = time.perf_counter()
+        tuned_model, report = autotune_model(model, x, "train", preset=preset, cache=cache, repetitions=3)
+        tune_s = time.perf_counter() - started
+        tuned = step_ms(tuned_model, x, y, reps)
+        rows.append({
+            "model": name, "input": "x".join(map(str, in_shape)), "default_ms": default,
+            "channels_last_ms": channels_last, "tuned_ms": tuned, "speedup": default / tuned,
+            "channels_last_speedup": default / channels_last, "tune_s": tune_s,
+            "whole_model_choice": report.plan.chosen,
+            "plan": ", ".join(f"{k} x{v}" for k, v in Counter(
+                f"{c.candidate}/{c.layout}" for c in report.plan.layers.values()).most_common()),
+        })
+    return rows
+
+
+def tuning_time(names: tuple[str, ...], gflop: float, preset: str, engines: int) -> float:
+    """Seconds to tune ``names`` on ``engines`` local engines, from empty caches (compiles included)."""
+    from rapydli.cluster import Cluster
+
+    previous = os.environ.get("RAPYDLI_HOME")
+    with tempfile.TemporaryDirectory(prefix="rapydli-bench-conv-") as home:
+        os.environ["RAPYDLI_HOME"] = home  # engines inherit it: empty kernel and result caches
+        try:
+            with Cluster(n=engines) as cluster:
+                started = time.perf_counter()
+                for name in names:
+                    tune_conv2d(layer_shape(name, gflop), "cpu", "inference", cluster, preset=preset,
+                                cache=Cache(os.path.join(home, "bench.db")), repetitions=3)
+                return time.perf_counter() - started
+        finally:
+            if previous is None:
+                os.environ.pop("RAPYDLI_HOME", None)
+            else:
+                os.environ["RAPYDLI_HOME"] = previous
+
+
+def verdict(ok: bool) -> str:
+    return "met" if ok else "NOT met"
+
+
+@click.command("conv")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="write rows + summary as JSON")
+@click.option("--quick", is_flag=True, help=f"only {len(QUICK)} layers, smaller models (a smoke run)")
+@click.option("--gflop", type=float, default=2.0, show_default=True, help="forward GFLOP per layer measurement")
+@click.option("--preset", type=click.Choice(["tiny", "small", "default", "full"]), default="small", show_default=True)
+@click.option("--batch", type=int, default=32, show_default=True, help="batch of the small ResNet")
+@click.option("--reps", type=int, default=5, show_default=True, help="timed training steps per model")
+@click.option("--skip-engines", is_flag=True, help="do not measure tuning time on 1 vs 2 engines")
+def command(json_path: str | None, quick: bool, gflop: float, preset: str, batch: int, reps: int,
+            skip_engines: bool) -> None:
+    """Convolution GFLOP/s per layer, training steps with and without autotune_model, tuning time."""
+    names = QUICK if quick else tuple(LAYERS)
+    if quick:
+        gflop, batch, reps = min(gflop, 0.5), min(batch, 8), min(reps, 3)
+    with tempfile.TemporaryDirectory(prefix="rapydli-bench-conv-cache-") as tmp:
+        cache = Cache(os.path.join(tmp, "tune.db"))  # fresh results: the tuner measures in this run
+        layers = layer_rows(names, gflop, preset, cache)
+        models = model_rows(batch, preset, cache, reps)
+    engine_rows: list[dict[str, Any]] = []
+    if not skip_engines:
+        timed = QUICK[:2] if quick else QUICK
+        one = tuning_time(timed, gflop, preset, 1)
+        two = tuning_time(timed, gflop, preset, 2)
+        engine_rows = [{"engines": 1, "tune_s": one, "ratio": 1.0}, {"engines": 2, "tune_s": two, "ratio": two / one}]
+
+    emit("conv: layers (forward GFLOP/s)", layers, {}, None)
+    emit("conv: training step (ms)", models, {}, None)
+    rows = [{"part": "layer", **r} for r in layers] + [{"part": "model", **r} for r in models] \
+        + [{"part": "tuning", **r} for r in engine_rows]
+    library_ok = all((r["tuned_vs_best_library"] or 0) >= LIBRARY_TARGET for r in layers)
+    generated_good = [r["layer"] for r in layers if (r["generated_vs_onednn"] or 0) >= GENERATED_TARGET]
+    summary: dict[str, Any] = {
+        "machine note": "shared 2-core machine, other engineers' jobs running: timings are noisy",
+        "tuned step speedup (per model)": ", ".join(f"{r['model']} {r['speedup']:.2f}x" for r in models),
+        f"target tuned step >= {STEP_TARGET}x on conv-heavy models": verdict(all(r["speedup"] >= STEP_TARGET for r in models)),
+        "target tuned step never slower (>= 1.0x)": verdict(all(r["speedup"] >= 1.0 for r in models)),
+        f"target tuned choice >= {LIBRARY_TARGET}x best library on every layer": verdict(library_ok),
+        f"best generated >= {GENERATED_TARGET}x oneDNN on >= half the layers":
+            f"{verdict(len(generated_good) * 2 >= len(layers))} ({len(generated_good)}/{len(layers)}: "
+            f"{', '.join(generated_good) or 'none'})",
+    }
+    if engine_rows:
+        summary[f"target tuning time 2 engines <= {ENGINES_TARGET}x 1 engine"] = \
+            f"{verdict(engine_rows[1]['ratio'] <= ENGINES_TARGET)} ({engine_rows[1]['ratio']:.2f}x)"
+    emit("conv: tuning time, 1 vs 2 engines", engine_rows, summary, None)
+    if json_path:
+        path = Path(json_path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        payload = {"benchmark": "conv", "machine": machine_info(), "rows": rows, "summary": summary}
+        path.write_text(json.dumps(payload, indent=2, default=str))
+        print(f"wrote {path}")
