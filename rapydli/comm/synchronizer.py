@@ -37,6 +37,10 @@ from rapydli.comm.handle import Handle
 from rapydli.errors import ConfigError
 
 
+#: Cap of the first bucket (the last layers' gradients), as DDP's ``_DEFAULT_FIRST_BUCKET_BYTES``.
+FIRST_BUCKET_BYTES = 1 << 20
+
+
 @dataclass
 class SyncStats:
     """Timings of one synchronised step (all times in seconds, this rank).
@@ -102,7 +106,8 @@ class GradientSynchronizer:
     comm
         The :class:`~rapydli.comm.Communicator` to reduce over.
     bucket_mb
-        Target bucket size in MiB (> 0). A parameter larger than that gets its own bucket.
+        Target bucket size in MiB (> 0); the first bucket is at most 1 MiB, as in DDP. A
+        parameter larger than its bucket's cap gets a bucket of its own.
     overlap
         Start a bucket's allreduce from the gradient hook as soon as it is complete
         (``True``) or only in :meth:`wait` (``False``).
@@ -142,7 +147,9 @@ class GradientSynchronizer:
             nbytes = p.numel() * p.element_size()
             last = groups[-1][-1] if groups else None
             same_kind = last is not None and (last.dtype, last.device) == (p.dtype, p.device)
-            if same_kind and sizes[-1] + nbytes <= limit:
+            # as DDP: the first bucket is small (1 MiB), so communication starts early in backward
+            cap = min(limit, FIRST_BUCKET_BYTES) if len(groups) == 1 else limit
+            if same_kind and sizes[-1] + nbytes <= cap:
                 groups[-1].append(p)
                 sizes[-1] += nbytes
             else:
