@@ -1,0 +1,54 @@
+"""``rd.sweep`` on 2 real engines: trials side by side, a bad trial pruned, a failing trial recorded, the store."""
+
+from __future__ import annotations
+
+import pytest
+
+import rapydli as rd
+from rapydli.errors import ConfigError
+from rapydli.experiments.space import validate_space
+from rapydli.experiments.store import open_store
+from rapydli.train import datasets, models
+
+
+def test_bad_spaces_and_arguments_fail_before_anything_starts() -> None:
+    with pytest.raises(ConfigError, match="not a TrainConfig field"):
+        validate_space({"learning_rate": rd.loguniform(1e-4, 1e-1)})
+    with pytest.raises(ConfigError, match="loguniform"):
+        rd.loguniform(0.0, 1.0)
+    with pytest.raises(ConfigError, match="grid sampler"):
+        rd.sweep(models.mlp, datasets.digits, rd.TrainConfig(), {"lr": rd.uniform(0.1, 0.2)}, trials=2, sampler="grid")
+    with pytest.raises(ConfigError, match="pruner='hyperband'"):
+        rd.sweep(models.mlp, datasets.digits, rd.TrainConfig(), {"lr": rd.uniform(0.1, 0.2)}, trials=2, pruner="hyperband")
+
+
+@pytest.mark.engines
+def test_sweep_runs_two_at_a_time_prunes_a_bad_trial_and_survives_a_failing_one() -> None:
+    space = {"lr": rd.loguniform(1e-3, 10.0), "grad_accum": rd.choice([1, 1000])}
+    first = [
+        {"lr": 0.01, "grad_accum": 1},
+        {"lr": 0.02, "grad_accum": 1},
+        {"lr": 0.01, "grad_accum": 1000},  # raises on the ranks: more micro-steps than batches
+        {"lr": 9.0, "grad_accum": 1},  # diverges: pruned at its first report
+    ]
+    config = rd.TrainConfig(max_steps=25, eval_every=5, batch_size=32, allreduce="mpi")
+    with rd.Cluster(n=2) as cluster:
+        result = rd.sweep(models.mlp, datasets.digits, config, space, trials=4, cluster=cluster, enqueue=first, live=False)
+        assert cluster.run(lambda: 5) == [5, 5]
+    table = result.table.set_index("trial")
+    assert table.loc[0, "state"] == "COMPLETE" and table.loc[1, "state"] == "COMPLETE"
+    assert table.loc[2, "state"] == "FAIL" and "grad_accum" in table.loc[2, "error"]
+    assert table.loc[3, "state"] == "PRUNED" and table.loc[3, "steps"] < 25
+    assert result.best_params == {"lr": pytest.approx(table.loc[table.loc[[0, 1], "value"].idxmin(), "lr"]), "grad_accum": 1}
+    assert sorted(table.loc[[0, 1], "ranks"]) == ["0", "1"]  # two groups of one engine
+
+    store = open_store()
+    sweep_run = store.get_run(result.run_id)
+    assert sweep_run["kind"] == "sweep" and sweep_run["status"] == "finished"
+    children = [store.get_run(run_id) for run_id in table["run_id"]]
+    assert all(c["kind"] == "trial" and c["parent"] == result.run_id for c in children)
+    a, b = children[0], children[1]
+    assert a["started"] < b["ended"] and b["started"] < a["ended"]  # trials 0 and 1 ran at the same time
+    assert children[3]["status"] == "interrupted" and children[2]["status"] == "failed"
+    names = [trace.name for trace in result.figure.data]
+    assert "complete" in names and "pruned" in names and any(t.type == "parcoords" for t in result.figure.data)
