@@ -17,6 +17,7 @@ import psutil
 
 from rapydli.cluster import engine
 from rapydli.cluster.launchers import get_launcher, validate_options
+from rapydli.cluster.processes import reap
 from rapydli.cluster.mpirun import rank_environment, threads_per_rank
 from rapydli.cluster.job import DisplayHandler, EventHandler, Job, OutputHandler, print_output
 from rapydli.cluster.targets import parse_targets
@@ -175,7 +176,7 @@ class Cluster:
                 self._ipp.stop_cluster_sync()
             except Exception:  # noqa: BLE001 - stop what can be stopped, then reap below
                 pass
-        _reap(pids)
+        reap(pids)
         self._ipp = self._client = None
         self._engine_of_rank, self._info = {}, {}
         with _live_lock:
@@ -195,7 +196,7 @@ class Cluster:
                     self._ipp.stop_engines_sync()
                 except Exception:  # noqa: BLE001 - the engines may already be gone
                     pass
-            _reap(pids)
+            reap(pids)
             self._state = "dead"
 
     # -- outliving this process ------------------------------------------------------------
@@ -444,18 +445,3 @@ def _is_local(info: dict[str, Any]) -> bool:
 
     return info.get("host") == socket.gethostname()
 
-
-def _reap(pids: list[int], timeout: float = 5.0) -> None:
-    """Make sure local engine processes are gone (SIGKILL what outlives ``timeout``)."""
-    procs = []
-    for pid in pids:
-        try:
-            procs.append(psutil.Process(pid))
-        except psutil.NoSuchProcess:
-            continue
-    _, alive = psutil.wait_procs(procs, timeout=timeout)
-    for proc in alive:
-        try:
-            proc.kill()
-        except psutil.NoSuchProcess:
-            pass

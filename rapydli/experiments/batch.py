@@ -19,9 +19,7 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -30,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rapydli.cluster.processes import spawn_python, terminate_tree
 from rapydli.errors import ConfigError
 from rapydli.experiments import batchspec
 from rapydli.experiments import store as store_mod
@@ -344,17 +343,14 @@ class _Runner:
         env.pop(store_mod.BATCH_ITEM_ENV, None)
         started = time.time()
         log = (item.cwd / ".rapydli-item.log").open("w")
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "rapydli.experiments.batch_item", str(spec_path)],
-            cwd=item.cwd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
+        proc = spawn_python(["-m", "rapydli.experiments.batch_item", str(spec_path)], cwd=item.cwd, env=env, output=log)
         with self._lock:
             self._procs[item.key] = proc
         try:
             proc.wait(timeout=self.timeout)
             timed_out = False
         except subprocess.TimeoutExpired:
-            kill_tree(proc.pid)
+            terminate_tree(proc.pid)
             proc.wait()
             timed_out = True
         finally:
@@ -384,27 +380,5 @@ class _Runner:
         with self._lock:
             procs = list(self._procs.values())
         for proc in procs:
-            kill_tree(proc.pid)
+            terminate_tree(proc.pid)
 
-
-def kill_tree(pid: int, grace: float = 3.0) -> None:
-    """Terminate a process and every process it started (kernels, engines), then kill stragglers."""
-    import psutil
-
-    try:
-        root = psutil.Process(pid)
-        procs = [root, *root.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return
-    for proc in procs:
-        try:
-            proc.send_signal(signal.SIGTERM)
-        except psutil.NoSuchProcess:
-            pass
-    _, alive = psutil.wait_procs(procs, timeout=grace)
-    for proc in alive:
-        try:
-            proc.kill()
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(alive, timeout=grace)

@@ -43,6 +43,7 @@ from typing import Any
 
 from rapydli.errors import ConfigError, NotFoundError, StoreError
 from rapydli.experiments.provenance import git_commit, pid_started, process_alive, versions
+from rapydli.paths import home
 
 KINDS = ("train", "sweep", "trial", "scaling", "batch", "tune")
 STATUSES = ("running", "finished", "failed", "interrupted")
@@ -107,11 +108,6 @@ MIGRATIONS: list[str] = [
     """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
-
-
-def rapydli_home() -> Path:
-    """``$RAPYDLI_HOME`` or ``~/.rapydli``."""
-    return Path(os.environ.get("RAPYDLI_HOME") or Path.home() / ".rapydli").expanduser()
 
 
 def store_enabled() -> bool:
@@ -512,7 +508,7 @@ def open_store(path: str | os.PathLike[str] | None = None) -> RunStore | None:
     """
     if not store_enabled():
         return None
-    target = Path(path) if path is not None else rapydli_home() / "runs.db"
+    target = Path(path) if path is not None else home() / "runs.db"
     key = (os.getpid(), str(target.resolve()))
     with _open_lock:
         store = _stores.get(key)
@@ -544,6 +540,6 @@ from rapydli.experiments.runview import RunRecord, iso_times, run, runs  # noqa:
 
 __all__ = [
     "KINDS", "STATUSES", "BATCH_ITEM_ENV", "PARENT_ENV", "MIGRATIONS", "SCHEMA_VERSION", "RunStore", "RunRecord",
-    "open_store", "require_store", "current_run_id", "rapydli_home", "store_enabled", "validate_run_id", "to_json",
+    "open_store", "require_store", "current_run_id", "store_enabled", "validate_run_id", "to_json",
     "runs", "run", "iso_times",
 ]  # fmt: skip
