@@ -9,7 +9,8 @@ nccl-tests define them. The run also re-measures and caches the table ``auto`` d
 by (``$RAPYDLI_HOME/comm/``).
 
 Targets (issue 3): ``ring`` busbw >= 0.9x MPI native (``mpi4py``) at >= 1 MB; ``auto``
->= 0.95x the best of the others at every size.
+>= 0.95x the best of the others at every size; judged on the median time and, as a
+second view for a shared machine, on the fastest rep (``@min``).
 """
 
 from __future__ import annotations
@@ -29,45 +30,67 @@ from rapydli.errors import ClusterError, ConfigError
 RING_TARGET, RING_FROM_BYTES, AUTO_TARGET = 0.9, 1 << 20, 0.95
 
 
+def _ratios(cells: dict[str, dict[str, Any]], key: str) -> tuple[float | None, float | None]:
+    """(ring / mpi4py, auto / best of the others) of the busbw column ``key``."""
+    ring = cells["ring"][key] / cells["mpi4py"][key] if "ring" in cells and "mpi4py" in cells else None
+    others = [cell[key] for name, cell in cells.items() if name != "auto"]
+    auto = cells["auto"][key] / max(others) if "auto" in cells and others else None
+    return ring, auto
+
+
+def _targets(label: str, ring: list[float], auto: list[float]) -> dict[str, Any]:
+    summary: dict[str, Any] = {}
+    name = f"target ring >= {RING_TARGET}x MPI native at >= 1 MB ({label})"
+    if ring:
+        summary[f"ring busbw / MPI native (mpi4py), worst at >= 1 MB ({label})"] = min(ring)
+        summary[name] = "met" if min(ring) >= RING_TARGET else "not met"
+    else:
+        summary[name] = "not measured (raise --max-bytes to >= 1 MiB)"
+    if auto:
+        summary[f"auto busbw / best of the others, worst size ({label})"] = min(auto)
+        summary[f"auto busbw / best of the others, median size ({label})"] = sorted(auto)[len(auto) // 2]
+        failed = sum(r < AUTO_TARGET for r in auto)
+        summary[f"target auto >= {AUTO_TARGET}x best of the others at every size ({label})"] = (
+            "met" if not failed else f"not met at {failed} of {len(auto)} sizes"
+        )
+    return summary
+
+
 def summarize(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """One wide row per size (busbw per algorithm, ratios) and the targets, met or not."""
+    """One wide row per size (time and busbw per algorithm, ratios) and the targets, met or not.
+
+    Ratios and targets are computed on the median time (the main figures) and on the
+    minimum time of the reps (``@min``: each algorithm when its ranks had their cores).
+    """
     by_size: dict[int, dict[str, dict[str, Any]]] = {}
     for row in rows:
         by_size.setdefault(row["bytes"], {})[row["algorithm"]] = row
-    table, summary = [], {}
-    ring_ratios, auto_ratios = [], []
+    table = []
+    collected: dict[str, tuple[list[float], list[float]]] = {"median": ([], []), "min": ([], [])}
     for nbytes, cells in sorted(by_size.items()):
         wide: dict[str, Any] = {"bytes": nbytes}
         for name, cell in cells.items():
             wide[f"{name}_us"] = cell["time_us"]
         for name, cell in cells.items():
             wide[f"{name}_busbw"] = cell["busbw_GBps"]
-        if "ring" in cells and "mpi4py" in cells:
-            ratio = cells["ring"]["busbw_GBps"] / cells["mpi4py"]["busbw_GBps"]
-            wide["ring/mpi4py"] = ratio
-            if nbytes >= RING_FROM_BYTES:
-                ring_ratios.append(ratio)
+        for label, key, suffix in (("median", "busbw_GBps", ""), ("min", "min_busbw_GBps", "@min")):
+            if not all(key in cell for cell in cells.values()):
+                continue
+            ring, auto = _ratios(cells, key)
+            if ring is not None:
+                wide[f"ring/mpi4py{suffix}"] = ring
+                if nbytes >= RING_FROM_BYTES:
+                    collected[label][0].append(ring)
+            if auto is not None:
+                wide[f"auto/best{suffix}"] = auto
+                collected[label][1].append(auto)
         if "auto" in cells:
-            others = [cell["busbw_GBps"] for name, cell in cells.items() if name != "auto"]
-            if others:
-                best = max(others)
-                wide["auto/best"] = cells["auto"]["busbw_GBps"] / best
-                wide["auto_picked"] = cells["auto"].get("auto_picked")
-                auto_ratios.append(wide["auto/best"])
+            wide["auto_picked"] = cells["auto"].get("auto_picked")
         table.append(wide)
-    if ring_ratios:
-        worst = min(ring_ratios)
-        summary["ring busbw / MPI native (mpi4py), worst at >= 1 MB"] = worst
-        summary[f"target ring >= {RING_TARGET}x MPI native at >= 1 MB"] = "met" if worst >= RING_TARGET else "not met"
-    else:
-        summary[f"target ring >= {RING_TARGET}x MPI native at >= 1 MB"] = "not measured (raise --max-bytes to >= 1 MiB)"
-    if auto_ratios:
-        worst = min(auto_ratios)
-        summary["auto busbw / best of the others, worst size"] = worst
-        summary["auto busbw / best of the others, median size"] = sorted(auto_ratios)[len(auto_ratios) // 2]
-        summary[f"target auto >= {AUTO_TARGET}x best of the others at every size"] = (
-            "met" if worst >= AUTO_TARGET else f"not met at {sum(r < AUTO_TARGET for r in auto_ratios)} of {len(auto_ratios)} sizes"
-        )
+    summary: dict[str, Any] = {}
+    for label, (ring, auto) in collected.items():
+        if ring or auto or label == "median":
+            summary.update(_targets(label, ring, auto))
     return table, summary
 
 
