@@ -1,0 +1,33 @@
+"""``rapydli tune conv2d`` / ``rapydli tune model`` from the command line."""
+
+from __future__ import annotations
+
+import json
+
+from rapydli.cli import main
+
+
+def test_tune_conv2d_prints_the_table_and_best(capsys, tmp_path) -> None:
+    out_json = tmp_path / "t.json"
+    code = main(["tune", "conv2d", "--shape", "2,4,8,8,4,3,3,1,1", "--preset", "tiny", "--repetitions", "1",
+                 "--json", str(out_json)])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "best:" in out and "torch_nchw" in out and "c_direct" in out
+    data = json.loads(out_json.read_text())
+    assert data["problem"] == "conv2d:2,4,8,8,4,3,3,1,1" and len(data["rows"]) >= 4
+
+
+def test_bad_shape_is_a_one_line_error(capsys) -> None:
+    assert main(["tune", "conv2d", "--shape", "2,4,8"]) == 2
+    assert "--shape must be N,C,H,W,K,R,S" in capsys.readouterr().err
+    assert main(["tune", "conv2d", "--shape", "2,4,8,8,4,0,3"]) == 2
+    assert "ConvShape.r must be a positive integer" in capsys.readouterr().err
+
+
+def test_tune_model_resnet_mini(capsys) -> None:
+    code = main(["tune", "model", "resnet-mini", "--batch", "2", "--preset", "tiny", "--repetitions", "1",
+                 "--strategy", "random", "--budget", "1", "--mode", "inference"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "stem.0" in out and "estimated conv time" in out
