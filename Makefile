@@ -44,6 +44,10 @@ test: install
 bench: install
 	mkdir -p bench-results
 	$(VENV)/bin/rapydli bench magics -n 2 --json bench-results/magics.json
+	$(VENV)/bin/rapydli bench allreduce -n 2 --json bench-results/allreduce.json
+	$(VENV)/bin/rapydli bench trainer -n 2 --json bench-results/trainer.json
+	$(VENV)/bin/rapydli bench loader --json bench-results/loader.json
+	$(VENV)/bin/rapydli bench conv --json bench-results/conv.json
 
 clean:
 	rm -rf outputs build bench-results .pytest_cache

@@ -110,7 +110,7 @@ class Cluster:
                 controller=self.launcher.controller,
                 n=self.n,
                 config=config,
-                log_level=logging.WARNING,
+                log_level=logging.ERROR,  # failures reach the user as ClusterError/RankFailure instead
                 engine_timeout=int(self.start_timeout),
                 profile_dir=str(subdir("ipython")),
                 **kwargs,
@@ -162,7 +162,7 @@ class Cluster:
     def _teardown(self) -> None:
         pids = [info["pid"] for info in self._info.values() if _is_local(info)]
         if self._client is not None:
-            try:  # engines that exit on request let mpiexec end by itself, at once
+            try:  # engines that exit on request let mpiexec end by itself
                 if self._client.ids:
                     self._client.shutdown(targets="all", block=True)
             except Exception:  # noqa: BLE001 - dead engines cannot answer; they are reaped below
@@ -171,6 +171,7 @@ class Cluster:
                 self._client.close()
             except Exception:  # noqa: BLE001 - closing a client whose controller is gone
                 pass
+        psutil.wait_procs([p for p in map(_process, pids) if p is not None], timeout=10)
         if self._ipp is not None:
             try:
                 self._ipp.stop_cluster_sync()
@@ -228,7 +229,7 @@ class Cluster:
         record = _detached_record(cluster_id)
         cluster = cls(record["n"], record["launcher"], threads=record["threads"], start_timeout=timeout, **record["options"])
         try:
-            cluster._ipp = ipp.Cluster.from_file(profile_dir=record["profile_dir"], cluster_id=cluster_id, log_level=logging.WARNING)
+            cluster._ipp = ipp.Cluster.from_file(profile_dir=record["profile_dir"], cluster_id=cluster_id, log_level=logging.ERROR)
             cluster._ipp.shutdown_atexit = False
             cluster._detached = True  # stays up when this process exits, unless stopped
             cluster._client = cluster._ipp.connect_client_sync()
@@ -438,6 +439,13 @@ def _detached_record(cluster_id: str) -> dict[str, Any]:
         known = ", ".join(p.stem for p in subdir("clusters").glob("*.json")) or "none"
         raise NotFoundError(f"no detached cluster {cluster_id!r}: known are {known}")
     return json.loads(path.read_text())
+
+
+def _process(pid: int) -> psutil.Process | None:
+    try:
+        return psutil.Process(pid)
+    except psutil.NoSuchProcess:
+        return None
 
 
 def _is_local(info: dict[str, Any]) -> bool:
