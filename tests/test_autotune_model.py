@@ -118,3 +118,29 @@ def test_plan_for_returns_a_plan_and_apply_plan_rejects_foreign_layers(tuned, tm
         apply_plan(nn.Sequential(nn.Linear(2, 2)), plan)
     with pytest.raises(ConfigError, match="mode must be"):
         plan_for(model, x, "fast")
+
+
+def _result(shape, times_ms: dict[str, float]):
+    from rapydli.autotune.conv import TuneResult
+    from rapydli.autotune.runner import Measurement
+    from rapydli.autotune.search import Config, Problem
+
+    ms = [Measurement(Config.of(c), "ok", t / 1e3, 0.0, [t / 1e3]) for c, t in times_ms.items()]
+    return TuneResult(Problem(shape), min(ms, key=lambda m: m.median), None, ms, None, None)
+
+
+def test_layout_plan_accounts_for_conversion_cost() -> None:
+    from rapydli.autotune.model import _choose_layouts
+    from rapydli.autotune.problem import ConvShape
+
+    a, b, c = (ConvShape(1, 2, 4, 4, 2, 1, 1, stride=1, pad=p) for p in (0, 1, 2))
+    results = {
+        a: _result(a, {"torch_nchw": 1.0, "torch_channels_last": 5.0}),
+        b: _result(b, {"torch_nchw": 5.0, "torch_channels_last": 1.0}),      # worth converting
+        c: _result(c, {"torch_nchw": 1.0, "torch_channels_last": 0.9999}),   # not worth converting back
+    }
+    layouts, estimates = _choose_layouts([("a", a), ("b", b), ("c", c)], results, "train", "nchw")
+    assert layouts == {"a": "nchw", "b": "nhwc", "c": "nhwc"}
+    assert estimates["planned"] < min(estimates["all_nchw"], estimates["all_nhwc"])
+    layouts, _ = _choose_layouts([("a", a), ("c", c)], results, "train", "nchw")
+    assert layouts == {"a": "nchw", "c": "nchw"}  # 0.0001 ms gain < the conversion it would need
