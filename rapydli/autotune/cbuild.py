@@ -33,11 +33,11 @@ class CompileError(RapydliError):
 
 def kernels_dir() -> Path:
     """The directory of kernel templates: package data ``rapydli/kernels`` or the repo's ``kernels/``."""
-    try:
-        packaged = resources.files("rapydli.kernels")
-        if packaged.is_dir():  # installed wheel (force-include)
-            return Path(str(packaged))
-    except (ModuleNotFoundError, TypeError):
+    try:  # installed wheel: rapydli/kernels (force-include; a namespace package, no __init__)
+        marker = resources.files("rapydli.kernels").joinpath("conv2d_direct.c")
+        if marker.is_file():
+            return Path(str(marker)).parent
+    except (ModuleNotFoundError, TypeError, AttributeError):
         pass
     repo = Path(__file__).resolve().parents[2] / "kernels"
     if repo.is_dir():
