@@ -285,6 +285,26 @@ def test_start_and_stop_a_cluster_from_the_panel(page: Page, lab: dict[str, Any]
     assert len(engine_processes(lab["proc"]) - before) >= 2
     page.screenshot(path=str(ARTIFACTS / "lab-cluster-running.png"))
 
+    # A notebook attaches to the panel's cluster through the inserted cells and runs on it.
+    with urllib.request.urlopen(f"{lab['url']}/rapydli/api/clusters?token={lab['token']}", timeout=10) as response:
+        (cluster,) = json.load(response)["clusters"]
+    page.keyboard.press("Control+Shift+c")
+    page.locator("#command-palette input").fill("New Notebook")
+    page.keyboard.press("Enter")
+    page.get_by_role("dialog").get_by_role("button", name="Select").click()  # the default Python 3 kernel
+    notebook = page.locator(".jp-NotebookPanel:visible")
+    expect(notebook.locator(".jp-Notebook")).to_be_visible()
+    panel.get_by_role("button", name="Insert %%distributed cell").click()
+    cells = notebook.locator(".jp-Cell")
+    expect(cells.nth(1)).to_contain_text(f'rd.Cluster.attach("{cluster["attach_id"]}")')
+    expect(cells.nth(2)).to_contain_text("%%distributed")
+    page.get_by_role("menuitem", name="Run", exact=True).click()
+    page.get_by_role("menuitem", name=re.compile("^Run All Cells")).click()
+    output = cells.nth(2).locator(".jp-OutputArea")
+    expect(output).to_contain_text("rank 1 of 2", timeout=180_000)
+    expect(output).to_contain_text("rank 0 of 2")
+    page.screenshot(path=str(ARTIFACTS / "lab-notebook-attached.png"))
+
     panel.get_by_role("button", name=re.compile("^Stop cluster")).click()
     expect(panel).to_contain_text("No cluster started from this server.", timeout=60_000)
     expect(page.locator(".rapydli-StatusItem")).to_have_text("RaPyDLI: 0 engines")

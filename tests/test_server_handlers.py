@@ -209,12 +209,17 @@ async def test_start_status_stop_a_real_cluster(api, store: RunStore) -> None:
     assert running["state"] == "running", running["error"]
     assert running["engines_alive"] == 2
     assert len(engine_processes() - before) >= 2
+    # Notebooks can attach to it: the cluster is published under its attach id.
+    from rapydli.cluster import Cluster
+
+    assert running["attach_id"] in [record["id"] for record in Cluster.detached()]
     code, listed = await api("clusters")
     assert [c["id"] for c in listed["clusters"]] == [entry["id"]]
     code, stopped = await api("clusters", entry["id"], method="DELETE")
     assert code == 200 and stopped["state"] == "stopped"
     code, listed = await api("clusters")
     assert listed["clusters"] == []
+    assert running["attach_id"] not in [record["id"] for record in Cluster.detached()]
     assert_no_engines(before)
 
 

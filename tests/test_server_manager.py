@@ -32,6 +32,13 @@ class Recorder:
     def restart(self) -> None:
         self.calls.append("restart")
 
+    def detach(self) -> str:
+        self.calls.append("detach")
+        return f"ipp-{len(self.calls)}"
+
+    def forget(self) -> None:
+        self.calls.append("forget")
+
     def status(self) -> dict[str, Any]:
         return {"state": "running", "engines_alive": self.n}
 
@@ -67,9 +74,10 @@ def test_start_answers_at_once_then_runs(made: list[Recorder]) -> None:
     release.set()
     running = wait_state(manager, entry["id"], "running")
     assert running["engines_alive"] == 2 and running["n"] == 2 and running["launcher"] == "local"
+    assert running["attach_id"] == "ipp-2"  # published for notebooks (rd.Cluster.attach)
     assert [c["id"] for c in manager.list()] == [entry["id"]]
     assert manager.stop(entry["id"])["state"] == "stopped"
-    assert made[0].calls == ["start", "stop"]
+    assert made[0].calls == ["start", "detach", "forget"]
     assert manager.list() == []
 
 
@@ -90,7 +98,7 @@ def test_stop_all_waits_for_a_start_in_progress(made: list[Recorder]) -> None:
     manager.start(2, "local", {})
     threading.Timer(0.2, release.set).start()
     manager.stop_all()
-    assert made[0].calls == ["start", "stop"]
+    assert made[0].calls == ["start", "detach", "forget"]
     assert manager.list() == []
 
 
@@ -102,7 +110,7 @@ def test_restart_and_unknown_ids(made: list[Recorder]) -> None:
     wait_state(manager, entry["id"], "running")
     assert manager.restart(entry["id"])["state"] in ("restarting", "running")
     wait_state(manager, entry["id"], "running")
-    assert made[0].calls[-1] == "restart"
+    assert made[0].calls[-2:] == ["restart", "detach"]
     with pytest.raises(NotFoundError):
         manager.get("nope")
     manager.stop_all()

@@ -54,6 +54,7 @@ class ManagedCluster:
     options: dict[str, Any]
     state: str = "starting"
     error: str | None = None
+    attach_id: str | None = None
     created: float = field(default_factory=time.time)
     cluster: Any = None
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -74,6 +75,7 @@ class ManagedCluster:
             "engines_alive": alive,
             "state": state,
             "error": self.error,
+            "attach_id": self.attach_id if state in ("running", "degraded") else None,
             "created": self.created,
             "options": dict(self.options),
         }
@@ -115,13 +117,26 @@ class ClusterManager:
                 entry.state, entry.error = "failed", f"{type(exc).__name__}: {exc}"
                 self._stop_quietly(entry)
                 return
+            self._publish(entry)
             entry.state = "running"
+
+    def _publish(self, entry: ManagedCluster) -> None:
+        """Let notebooks connect: ``rd.Cluster.attach(entry.attach_id)`` (the server still stops it)."""
+        detach = getattr(entry.cluster, "detach", None)
+        if not callable(detach):
+            return
+        try:
+            entry.attach_id = detach()
+        except RapydliError as exc:
+            log.warning("cluster %s cannot be attached to from notebooks: %s", entry.id, exc)
 
     def _stop_quietly(self, entry: ManagedCluster) -> None:
         if entry.cluster is None:
             return
+        # forget() also removes the record notebooks attach through.
+        stop = getattr(entry.cluster, "forget", None) if entry.attach_id else None
         try:
-            entry.cluster.stop()
+            (stop or entry.cluster.stop)()
         except Exception as exc:  # noqa: BLE001 - stopping is best effort after a failure
             log.warning("cluster %s did not stop cleanly: %s", entry.id, exc)
 
@@ -153,6 +168,7 @@ class ClusterManager:
                 except Exception as exc:  # noqa: BLE001 - reported as the entry's error
                     entry.state, entry.error = "failed", f"{type(exc).__name__}: {exc}"
                     return
+                self._publish(entry)  # fresh engines under a new id
                 entry.state, entry.error = "running", None
 
         entry.thread = threading.Thread(target=restart, name=f"rapydli-restart-{cluster_id}", daemon=True)

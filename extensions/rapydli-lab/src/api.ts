@@ -53,6 +53,8 @@ export interface ICluster {
   engines_alive: number;
   state: string;
   error: string | null;
+  /** Id for `rd.Cluster.attach(...)` in a notebook, while the cluster runs. */
+  attach_id: string | null;
   created: number;
   options: Record<string, unknown>;
 }

@@ -22,9 +22,21 @@ const ICON_SVG =
 
 export const rapydliIcon = new LabIcon({ name: 'rapydli:icon', svgstr: ICON_SVG });
 
-const CELL_TEMPLATE = `%%distributed
+const DISTRIBUTED_CELL = `%%distributed
 # Runs on every engine; rank, world_size, comm and device are defined.
 print(f"rank {rank} of {world_size} on {device}")`;
+
+/** The cell before it: load the magics and, when the panel runs a cluster, attach to it. */
+function setupCell(attachId: string | null): string {
+  const lines = ['%load_ext rapydli'];
+  if (attachId) {
+    lines.push(
+      'import rapydli as rd',
+      `rd.Cluster.attach(${JSON.stringify(attachId)})  # the cluster started from the RaPyDLI panel`
+    );
+  }
+  return lines.join('\n');
+}
 
 /** The status-bar item: live engines over all server-owned clusters. */
 class EngineCount extends Widget {
@@ -114,14 +126,18 @@ const plugin: JupyterFrontEndPlugin<void> = {
     });
     commands.addCommand(CommandIDs.insertDistributedCell, {
       label: 'RaPyDLI: Insert %%distributed Cell',
+      caption: 'Insert a %load_ext (and attach) cell and a %%distributed cell into the active notebook',
       execute: () => {
         const current = notebooks?.currentWidget;
         if (!current) {
           model.setError('Open a notebook first: the %%distributed cell goes into the active notebook.');
           return;
         }
+        const running = model.clusters.find(c => c.attach_id !== null);
         NotebookActions.insertBelow(current.content);
-        current.content.activeCell?.model.sharedModel.setSource(CELL_TEMPLATE);
+        current.content.activeCell?.model.sharedModel.setSource(setupCell(running?.attach_id ?? null));
+        NotebookActions.insertBelow(current.content);
+        current.content.activeCell?.model.sharedModel.setSource(DISTRIBUTED_CELL);
         shell.activateById(current.id);
       }
     });
