@@ -293,9 +293,12 @@ def test_start_and_stop_a_cluster_from_the_panel(page: Page, lab: dict[str, Any]
     page.keyboard.press("Enter")
     page.get_by_role("dialog").get_by_role("button", name="Select").click()  # the default Python 3 kernel
     notebook = page.locator(".jp-NotebookPanel:visible")
-    expect(notebook.locator(".jp-Notebook")).to_be_visible()
-    panel.get_by_role("button", name="Insert %%distributed cell").click()
     cells = notebook.locator(".jp-Cell")
+    expect(cells).to_have_count(1)  # the new notebook is ready
+    expect(page.locator(".jp-NotebookPanel-toolbar").filter(has_text="Python 3")).to_be_visible()
+    page.wait_for_timeout(500)  # the notebook tracker's focus change lands
+    panel.get_by_role("button", name="Insert %%distributed cell").click()
+    expect(panel.get_by_role("alert")).to_have_count(0)
     expect(cells.nth(1)).to_contain_text(f'rd.Cluster.attach("{cluster["attach_id"]}")')
     expect(cells.nth(2)).to_contain_text("%%distributed")
     page.get_by_role("menuitem", name="Run", exact=True).click()
