@@ -8,10 +8,12 @@ batch (the global batch grows with ``k``); ``strong`` keeps the global batch of 
 smallest count and splits it. Speedup is the throughput ratio to the smallest count
 (``samples/s``), efficiency the speedup over the ideal ``k / k0``.
 
-``predict=[4, 8, ...]`` extrapolates with :mod:`rapydli.experiments.perfmodel`: compute
-time from the smallest measured count plus a ring allreduce of the gradients with α, β
-fitted on this cluster (or given as ``network``). The prediction is validated against
-every measured count (within 20%).
+``predict=[4, 8, ...]`` extrapolates with :mod:`rapydli.experiments.perfmodel`: the
+measured compute time per step (of the largest measured count, which includes the
+contention of ranks sharing a node) plus a ring allreduce of the gradients with α, β
+fitted on this cluster (or given as ``network``). At every measured count the model
+(measured compute of that count plus the modelled allreduce) is checked against the
+measured step time (within 20%).
 """
 
 from __future__ import annotations
@@ -188,7 +190,9 @@ def scaling_study(
         validated = bool((table["prediction_error"].abs() <= TOLERANCE).all())
     static = scaling_figure(table.to_dict("records"), prediction, widget=False, mode=mode, model=model)
     if handle is not None:
-        handle.update(static)
+        from rapydli.widgets.live import replace_with_figure
+
+        replace_with_figure(handle, static)
     return ScalingResult(table=table, figure=static, prediction=prediction, model=model, validated=validated, run_id=run_id, mode=mode)
 
 
@@ -217,16 +221,21 @@ def _table(points: list[dict[str, Any]], model: RingModel | None, gradient_bytes
         ideal = p["workers"] / base["workers"]
         row = {**p, "speedup": speedup, "ideal_speedup": ideal, "efficiency": speedup / ideal, "predicted_step_time_s": None, "prediction_error": None}
         if model is not None:
-            predicted = predict_step_time(model, p["workers"], _compute(base, p["workers"], mode), gradient_bytes)
+            predicted = predict_step_time(model, p["workers"], _compute(points, p["workers"], mode), gradient_bytes)
             row["predicted_step_time_s"] = predicted
             row["prediction_error"] = (predicted - p["step_time_s"]) / p["step_time_s"]
         rows.append(row)
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
-def _compute(base: dict[str, Any], n: int, mode: str) -> float:
-    """Compute time per step at ``n`` ranks from the smallest measured count (strong: the batch splits)."""
-    return base["compute_time_s"] if mode == "weak" else base["compute_time_s"] * base["workers"] / n
+def _compute(points: list[dict[str, Any]], n: int, mode: str) -> float:
+    """Compute time per step at ``n`` ranks: measured where ``n`` was measured, else from the largest
+    measured count (weak: the same per rank; strong: the batch, and so the compute, splits)."""
+    for p in points:
+        if p["workers"] == n:
+            return p["compute_time_s"]
+    last = points[-1]
+    return last["compute_time_s"] if mode == "weak" else last["compute_time_s"] * last["workers"] / n
 
 
 def _prediction(points: list[dict[str, Any]], model: RingModel, gradient_bytes: float, counts: list[int], mode: str) -> pd.DataFrame:
@@ -236,7 +245,7 @@ def _prediction(points: list[dict[str, Any]], model: RingModel, gradient_bytes: 
     per_rank = base["global_batch"] / base["workers"]
     rows = []
     for n in counts:
-        step = predict_step_time(model, n, _compute(base, n, mode), gradient_bytes)
+        step = predict_step_time(model, n, _compute(points, n, mode), gradient_bytes)
         batch = per_rank * n if mode == "weak" else base["global_batch"]
         speedup = (batch / step) / base["samples_per_s"]
         rows.append({"workers": n, "step_time_s": step, "samples_per_s": batch / step, "speedup": speedup, "efficiency": speedup / (n / base["workers"])})
@@ -288,6 +297,6 @@ def fill_scaling_figure(figure: Any, table: pd.DataFrame, prediction: pd.DataFra
 
 
 def _show(figure: Any) -> Any:
-    from IPython.display import display
+    from rapydli.widgets.live import display_live
 
-    return display(figure, display_id=True)
+    return display_live(figure, "(live scaling plot: shown while the study runs)")

@@ -60,7 +60,8 @@ def _grid(space: Mapping[str, Dimension], seed: int) -> Any:
 def _successive_halving() -> Any:
     import optuna
 
-    return optuna.pruners.SuccessiveHalvingPruner()
+    # min_resource=1 (not "auto", which waits for a finished trial): the first trials set the rungs' bar too
+    return optuna.pruners.SuccessiveHalvingPruner(min_resource=1)
 
 
 def _median() -> Any:

@@ -44,6 +44,35 @@ def in_kernel() -> bool:
     return shell is not None and getattr(shell, "kernel", None) is not None
 
 
+class _WidgetOutput:
+    """Displays a widget with a one-line text fallback (a static notebook shows that, not the widget's state)."""
+
+    def __init__(self, widget: Any, text: str) -> None:
+        self.widget, self.text = widget, text
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any]:
+        view = {"version_major": 2, "version_minor": 0, "model_id": self.widget.model_id}
+        return {"application/vnd.jupyter.widget-view+json": view, "text/plain": self.text}
+
+
+def display_live(widget: Any, text: str = "(live plot: shown while the cell runs)") -> Any:
+    """Display ``widget`` in the notebook and return the display handle (None outside a kernel)."""
+    if not in_kernel():
+        return None
+    from IPython.display import display
+
+    return display(_WidgetOutput(widget, text), display_id=True)
+
+
+def replace_with_figure(handle: Any, figure: Any) -> None:
+    """Replace a live display with a static plotly figure (kept in a saved notebook, e.g. by papermill).
+
+    Plotly figures display themselves through ``_ipython_display_``, which ignores display
+    ids, so the handle is updated with the figure's MIME bundle instead.
+    """
+    handle.update(figure._repr_mimebundle_(), raw=True)
+
+
 def make_figure(widget: bool, title: str = "") -> Any:
     """An empty three-panel figure (loss, throughput, step/comm time), as a widget or not."""
     import plotly.graph_objects as go
@@ -121,10 +150,8 @@ class LivePlot:
 
     def show(self) -> None:
         """Display the figure in the notebook (nothing outside a kernel)."""
-        if in_kernel():
-            from IPython.display import display
-
-            self._handle = display(self.figure, display_id=True)
+        if self.widget:
+            self._handle = display_live(self.figure)
 
     def static(self) -> Any:
         """A plain ``go.Figure`` copy of the current plot."""
@@ -136,5 +163,5 @@ class LivePlot:
         """Draw what is left; in a notebook, leave a static figure in the cell's output."""
         self.flush()
         if self._handle is not None:
-            self._handle.update(self.static())
+            replace_with_figure(self._handle, self.static())
             self._handle = None

@@ -88,6 +88,8 @@ class HyperparameterPanel:
         ``{field: widget}``; ``workers`` is the workers slider.
     train_button, stop_button, message, table, widget
         The buttons, the message area (errors), the runs table (HTML) and the whole box.
+    status
+        The message area's text (plain).
     runs
         One dict per run started from the panel: its parameters and final metrics.
     job
@@ -116,6 +118,7 @@ class HyperparameterPanel:
         self.train_button = widgets.Button(description="Train", button_style="success", icon="play")
         self.stop_button = widgets.Button(description="Stop", button_style="danger", icon="stop", disabled=True)
         self.message = widgets.HTML()
+        self.status = ""
         self.table = widgets.HTML()
         self.plot = LivePlot(title="", widget=True)
         self.train_button.on_click(lambda _: self.train())
@@ -228,6 +231,7 @@ class HyperparameterPanel:
     def _say(self, text: str, error: bool = False) -> None:
         import html
 
+        self.status = text
         colour = "#b00020" if error else "#333"
         self.message.value = f"<pre style='color:{colour}; white-space:pre-wrap'>{html.escape(text)}</pre>"
 

@@ -11,7 +11,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from rapydli.widgets.live import in_kernel
+from rapydli.widgets.live import display_live, in_kernel, replace_with_figure
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -114,10 +114,8 @@ class SweepView:
 
     def show(self) -> None:
         """Display the view in the notebook (nothing outside a kernel)."""
-        if in_kernel():
-            from IPython.display import display
-
-            self._handle = display(self.box if self.box is not None else self.figure, display_id=True)
+        if self.box is not None:
+            self._handle = display_live(self.box, "(live sweep view: shown while the sweep runs)")
 
     def close(self) -> None:
         """Final redraw; in a notebook, leave the static figure (and table) in the output."""
@@ -126,6 +124,6 @@ class SweepView:
             import plotly.graph_objects as go
             from IPython.display import HTML, display
 
-            self._handle.update(go.Figure(self.figure))
+            replace_with_figure(self._handle, go.Figure(self.figure))
             display(HTML(self.table.to_html(index=False)))
             self._handle = None
