@@ -65,8 +65,10 @@ def seed(store: RunStore) -> dict[str, str]:
     store.log_metrics(ids["live"], [(s, "loss", 2.0 / s) for s in range(1, 6)])
     ids["sweep"] = store.create_run("sweep", "lr-sweep", {"metric": "val_loss", "direction": "minimize", "trials": 3})
     for i, lr in enumerate((0.3, 0.1, 0.03)):
-        trial = store.create_run("trial", f"trial-{i}", {"lr": lr, "width": 32 * (i + 1)}, parent=ids["sweep"])
+        params = {"epochs": 3, "trial": i, "params": {"lr": lr, "width": 32 * (i + 1)}}  # as rd.sweep records them
+        trial = store.create_run("trial", f"trial-{i}", params, parent=ids["sweep"])
         store.log_metrics(trial, [(1, "val_loss", 1.0 - lr)])
+        store.add_record(trial, "trial_state", "scalar", "PRUNED" if i == 2 else "COMPLETE")
         store.finish_run(trial)
     store.log_metrics(ids["sweep"], [(3, "val_loss", 0.7)])
     store.finish_run(ids["sweep"])
@@ -223,7 +225,8 @@ def test_sweep_and_scaling_views(page: Page, lab: dict[str, Any]) -> None:
     view = page.get_by_role("tabpanel", name="sweep: lr-sweep")
     trials = view.get_by_role("table", name="Trials table")
     expect(trials.get_by_role("row")).to_have_count(4)
-    expect(trials).to_contain_text("trial-2")
+    expect(trials.get_by_role("row", name=re.compile("trial-2"))).to_contain_text("PRUNED")
+    expect(trials.get_by_role("columnheader")).to_have_text(["trial", "state", "lr", "width", "val_loss"])
     parcoords = view.locator('[data-plot="parcoords"]')
     expect(parcoords.locator(".main-svg").first).to_be_visible()
     parcoords.scroll_into_view_if_needed()

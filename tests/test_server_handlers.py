@@ -60,8 +60,9 @@ def seed(store: RunStore) -> dict[str, str]:
     store.log_metrics(ids["live"], [(1, "loss", 2.0)])
     ids["sweep"] = store.create_run("sweep", "lr-sweep", {"metric": "val_loss", "direction": "minimize", "trials": 2})
     for i, lr in enumerate((0.1, 0.01)):
-        trial = store.create_run("trial", f"trial-{i}", {"lr": lr}, parent=ids["sweep"])
+        trial = store.create_run("trial", f"trial-{i}", {"epochs": 1, "trial": i, "params": {"lr": lr}}, parent=ids["sweep"])
         store.log_metrics(trial, [(1, "val_loss", 1.0 - lr)])
+        store.add_record(trial, "trial_state", "scalar", "COMPLETE" if i == 0 else "PRUNED")
         store.finish_run(trial)
     return ids
 
@@ -110,6 +111,8 @@ async def test_run_detail_and_sweep_table(api, store: RunStore, tmp_path: Path) 
     assert code == 200 and sweep["metric"] == "val_loss"
     assert [t["name"] for t in sweep["trials"]] == ["trial-0", "trial-1"]
     assert [t["final"]["val_loss"] for t in sweep["trials"]] == pytest.approx([0.9, 0.99])
+    assert [t["sampled"] for t in sweep["trials"]] == [{"lr": 0.1}, {"lr": 0.01}]
+    assert [t["state"] for t in sweep["trials"]] == ["COMPLETE", "PRUNED"]
     code, data = await api("sweeps", ids["done"])
     assert code == 404 and "not a sweep" in data["error"]
 

@@ -183,6 +183,16 @@ class MetricsHandler(BaseHandler):
         self.reply({"run_id": run_id, "status": run["status"], "metrics": rows, "cursor": cursor})
 
 
+def _trial(store: Any, trial: dict[str, Any]) -> dict[str, Any]:
+    """A trial with ``sampled`` (the parameters the sampler chose) and ``state`` (pruned, ...)."""
+    trial = _summary(store, trial)
+    params = trial["params"] if isinstance(trial["params"], dict) else {}
+    trial["sampled"] = params["params"] if isinstance(params.get("params"), dict) else params
+    state = store.records(trial["id"]).get("trial_state")
+    trial["state"] = state["value"] if state else trial["status"]
+    return trial
+
+
 class SweepHandler(BaseHandler):
     """A sweep and its trials table: parameters, state and final metrics of each trial."""
 
@@ -199,7 +209,7 @@ class SweepHandler(BaseHandler):
                 "sweep": _summary(store, sweep),
                 "metric": params.get("metric"),
                 "direction": params.get("direction"),
-                "trials": [_summary(store, trial) for trial in reversed(trials)],
+                "trials": [_trial(store, trial) for trial in reversed(trials)],
             }
         )
 

@@ -118,9 +118,16 @@ export interface IMetricsReply {
   cursor: number;
 }
 
+export interface ITrial extends IRun {
+  /** The parameters the sampler chose for this trial. */
+  sampled: Record<string, unknown>;
+  /** The sweep's state of the trial (COMPLETE, PRUNED, FAIL, ...) or the run status. */
+  state: string;
+}
+
 export interface ISweepReply {
   sweep: IRun;
   metric: string | null;
   direction: string | null;
-  trials: IRun[];
+  trials: ITrial[];
 }

@@ -1,5 +1,5 @@
 /** Plotly figures of the run view (plotly.js is loaded on first use). */
-import { IMetricRow, IRun } from './api';
+import { IMetricRow, IRun, ITrial } from './api';
 
 let plotlyPromise: Promise<any> | null = null;
 
@@ -109,13 +109,13 @@ export function scalingRowsFromChildren(children: IRun[]): Record<string, any>[]
 }
 
 /** Parallel coordinates over the numeric parameters of the trials, coloured by the metric. */
-export function parcoords(trials: IRun[], metric: string | null): any[] {
+export function parcoords(trials: ITrial[], metric: string | null): any[] {
   const done = trials.filter(t => metric && typeof t.final?.[metric] === 'number');
   if (done.length === 0 || !metric) {
     return [];
   }
-  const names = Object.keys(done[0].params).filter(k => done.every(t => typeof t.params[k] === 'number'));
-  const dims = names.map(k => ({ label: k, values: done.map(t => t.params[k] as number) }));
+  const names = Object.keys(done[0].sampled).filter(k => done.every(t => typeof t.sampled[k] === 'number'));
+  const dims = names.map(k => ({ label: k, values: done.map(t => t.sampled[k] as number) }));
   const values = done.map(t => t.final[metric] as number);
   dims.push({ label: metric, values });
   return [{ type: 'parcoords', line: { color: values, colorscale: 'Viridis', showscale: true }, dimensions: dims }];

@@ -237,7 +237,7 @@ export class RunView extends Widget {
     const section = h('section', { className: 'rapydli-Trials', attrs: { 'aria-label': 'Trials' } }, [h('h2', { text: `Trials (${reply.trials.length})` })]);
     const paramNames: string[] = [];
     for (const trial of reply.trials) {
-      for (const key of Object.keys(trial.params)) {
+      for (const key of Object.keys(trial.sampled)) {
         if (!paramNames.includes(key)) {
           paramNames.push(key);
         }
@@ -250,8 +250,8 @@ export class RunView extends Widget {
     for (const trial of reply.trials) {
       const row = h('tr', { attrs: { 'data-run-id': trial.id } }, [
         h('td', { text: trial.name }),
-        h('td', { text: trial.status }),
-        ...paramNames.map(k => h('td', { text: formatNumber(trial.params[k]) })),
+        h('td', { text: trial.state }),
+        ...paramNames.map(k => h('td', { text: formatNumber(trial.sampled[k]) })),
         h('td', { text: metric ? formatNumber(trial.final?.[metric]) : '' })
       ]);
       body.append(row);
