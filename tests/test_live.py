@@ -35,10 +35,25 @@ def test_metrics_arrive_before_training_ends() -> None:
     arrivals: list[tuple[float, int]] = []
     with rd.Cluster(n=2) as cluster:
         config = rd.TrainConfig(max_steps=60, epochs=20, batch_size=16, allreduce="mpi")
-        job = TrainingJob(cluster, models.mlp, datasets.digits, config, [0, 1], callbacks=[lambda row: arrivals.append((time.monotonic(), row["step"]))])
+        rows: list[dict] = []
+
+        def follow(row: dict) -> None:
+            rows.append(row)
+            if row["kind"] == "train":
+                arrivals.append((time.monotonic(), row["step"]))
+
+        job = TrainingJob(cluster, models.mlp, datasets.digits, config, [0, 1], callbacks=[follow])
         job.wait()
         ended = time.monotonic()
     assert job.state == "finished"
+    # the other rank's own step timings arrive too (they differ per rank), and reach the plot
+    rank1 = [r for r in rows if r["kind"] == "rank"]
+    assert {r["rank"] for r in rank1} == {1} and [r["step"] for r in rank1] == list(range(1, 61))
+    plot = LivePlot(widget=False)
+    for row in rows:
+        plot(row)
+    plot.close()
+    assert any(t.name == "comm wait rank 1 (s)" and len(t.y) == 60 for t in plot.figure.data)
     steps = [step for _, step in arrivals]
     assert steps[:3] == [1, 2, 3] and steps[-1] == 60
     # the first rows were there well before the run ended (they streamed, not arrived in one batch at the end)

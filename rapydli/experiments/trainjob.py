@@ -68,7 +68,7 @@ def train_task(model_fn: Callable[[], Any], data_fn: Callable[[], Any], config: 
         return {"rank": ctx.rank, "history": [], "stopped_early": False, "timing": {}}
     comm = Communicator(ctx.comm, algorithm=cfg.allreduce)
     try:
-        trainer = Trainer(model, None, train_data, val_data, cfg, comm=comm, callbacks=[EmitMetrics(ctx.rank)])
+        trainer = Trainer(model, None, train_data, val_data, cfg, comm=comm, callbacks=[EmitMetrics(ctx.rank), EmitRankTimings(ctx.rank)])
         if ctx.rank == 0:
             emit("start", {"total_steps": trainer.total_steps, "start_step": trainer.step, "world_size": ctx.world_size})
         history = trainer.fit()
@@ -83,6 +83,19 @@ def train_task(model_fn: Callable[[], Any], data_fn: Callable[[], Any], config: 
         "parameters": sum(p.numel() for p in model.parameters()),
         "gradient_bytes": sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad),
     }
+
+
+class EmitRankTimings:
+    """On ranks other than 0: send each step's timings (they differ per rank) as ``rank_timings`` events."""
+
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+
+    def on_step_end(self, row: dict[str, Any]) -> None:
+        if self.rank != 0:
+            from rapydli.cluster.events import emit
+
+            emit("rank_timings", {"kind": "rank", "rank": self.rank, **{k: row[k] for k in ("step", *_TIMING_KEYS)}})
 
 
 def timing_summary(history: Sequence[dict[str, Any]], warmup: int = WARMUP_STEPS) -> dict[str, float]:
@@ -110,7 +123,8 @@ class TrainingJob:
     targets
         Ranks of the cluster that run it (a communicator over exactly them).
     callbacks
-        Called with every metric row from rank 0 as it arrives (in the polling thread).
+        Called with every metric row from rank 0, and every ``kind="rank"`` timing row of
+        the other ranks, as they arrive (in the polling thread).
     kind, name, parent, extra_params
         How the run is recorded in the store (``kind`` ``train`` or ``trial``; ``parent``:
         the sweep's id); nothing is recorded when the store is off or ``record`` is False.
@@ -121,6 +135,9 @@ class TrainingJob:
         ``running``, then ``finished``, ``stopped`` (ended early on request) or ``failed``.
     rows
         Rank 0's metric rows received so far.
+    rank_rows
+        The other ranks' per-step timings (``kind="rank"``: ``rank``, ``step``, ``step_time_s``,
+        ``data_time_s``, ``comm_time_s``, ``comm_wait_s``), also passed to the callbacks.
     error
         The failure text of a failed run.
     results
@@ -149,6 +166,7 @@ class TrainingJob:
         self.targets = list(targets)
         self.callbacks = tuple(callbacks)
         self.rows: list[dict[str, Any]] = []
+        self.rank_rows: list[dict[str, Any]] = []
         self.results: list[dict[str, Any]] = []
         self.state = "running"
         self.error = ""
@@ -174,6 +192,11 @@ class TrainingJob:
             raise
 
     def _on_event(self, rank: int, kind: str, payload: Any) -> None:
+        if kind == "rank_timings":  # other ranks' step timings: to the callbacks (per-rank plots), not the history
+            self.rank_rows.append(payload)
+            for callback in self.callbacks:
+                callback(dict(payload))
+            return
         if kind != "metrics":
             return
         self.rows.append(payload)

@@ -1,4 +1,4 @@
-"""Live training plots: rank 0's metric rows drawn while the run goes on.
+"""Live training plots: rank 0's metric rows (and other ranks' timings) drawn while the run goes on.
 
 :class:`LivePlot` is a client-side metrics callback (``rd.train(callbacks=[...])``
 calls it with every row). Rows are buffered and drawn in batches, at most
@@ -90,6 +90,9 @@ def make_figure(widget: bool, title: str = "") -> Any:
 class LivePlot:
     """A metrics callback that draws loss, val loss, throughput and step/comm time live.
 
+    Rows of ``kind="rank"`` (other ranks' step timings, from a
+    :class:`~rapydli.experiments.trainjob.TrainingJob`) add one "comm wait" line per rank.
+
     Parameters
     ----------
     title
@@ -118,6 +121,7 @@ class LivePlot:
         self._drawn = 0
         self._last_draw = 0.0
         self._handle: Any = None
+        self._rank_traces: dict[int, Any] = {}
         self._lock = threading.Lock()
 
     def __call__(self, row: dict[str, Any]) -> None:
@@ -136,10 +140,14 @@ class LivePlot:
             if self._drawn == len(self.rows):
                 return
             rows, self._drawn = self.rows[self._drawn :], len(self.rows)
+            for rank in sorted({r["rank"] for r in rows if r.get("kind") == "rank"} - set(self._rank_traces)):
+                self._add_rank_trace(rank)
             columns = []
             for trace, (_, kind, xkey, ykey, _) in zip(self.figure.data, TRACES):
                 fresh = [(r[xkey], r[ykey]) for r in rows if r.get("kind") == kind and r.get(ykey) is not None]
                 columns.append((trace, fresh))
+            for rank, trace in self._rank_traces.items():
+                columns.append((trace, [(r["step"], r["comm_wait_s"]) for r in rows if r.get("kind") == "rank" and r["rank"] == rank]))
             with self.figure.batch_update():
                 for trace, fresh in columns:
                     if fresh:
@@ -147,6 +155,11 @@ class LivePlot:
                         trace.y = (*(trace.y or ()), *(y for _, y in fresh))
             self.redraws += 1
             self._last_draw = time.monotonic()
+
+    def _add_rank_trace(self, rank: int) -> None:
+        """Rank ``rank``'s communication wait, next to rank 0's (it differs per rank)."""
+        self.figure.add_scatter(x=[], y=[], mode="lines", name=f"comm wait rank {rank} (s)", line={"dash": "dot"}, row=1, col=3)
+        self._rank_traces[rank] = self.figure.data[-1]
 
     def show(self) -> None:
         """Display the figure in the notebook (nothing outside a kernel)."""
