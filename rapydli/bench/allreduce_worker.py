@@ -5,7 +5,9 @@ First measures ``mpi`` against ``ring`` for ``auto`` and caches it (the measurem
 algorithm sees the same machine noise: ``ring``, ``mpi``, ``auto`` (through
 :class:`~rapydli.comm.Communicator`, on torch float32 tensors), mpi4py's own
 ``Allreduce`` on a numpy array (``mpi4py``: the MPI library with no RaPyDLI code in the
-way) and torch.distributed ``gloo``. A rep's time is the slowest rank's; the row holds
+way) and torch.distributed ``gloo``. The torch tensor is allocated through numpy like the
+gradient buckets (:func:`rapydli.comm.tensors.host_zeros`), so both sides reduce the same
+kind of memory. A rep's time is the slowest rank's; the row holds
 the median over reps (and the minimum: the algorithm when its ranks had their cores). Rank 0 writes the rows as JSON to ``--out``.
 """
 
@@ -22,6 +24,7 @@ from mpi4py import MPI
 
 from rapydli.comm import Communicator
 from rapydli.comm.auto import message_sizes
+from rapydli.comm.tensors import host_zeros
 
 ALGORITHMS = ("ring", "mpi", "auto", "mpi4py", "gloo")
 
@@ -52,7 +55,8 @@ def main() -> None:
     rows = []
     for nbytes in message_sizes(args.max_bytes):
         count = max(1, nbytes // 4)
-        tensor = torch.ones(count, dtype=torch.float32)
+        tensor = host_zeros(count, torch.float32)  # numpy-allocated, as gradient buckets are
+        tensor.fill_(1.0)
         array = np.ones(count, dtype=np.float32)
         calls: dict[str, Callable[[], object]] = {
             "mpi4py": lambda: world.Allreduce(MPI.IN_PLACE, array, op=MPI.SUM),

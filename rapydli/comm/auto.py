@@ -31,7 +31,7 @@ import torch
 from rapydli.comm.base import Algorithm
 from rapydli.comm.mpi import MPIAlgorithm
 from rapydli.comm.ring import RingAlgorithm
-from rapydli.comm.tensors import HALF_DTYPES
+from rapydli.comm.tensors import HALF_DTYPES, host_zeros
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -129,7 +129,8 @@ def measure(comm: MPI.Comm, max_bytes: int = QUICK_MAX_BYTES, candidates: tuple[
     table = AutoTable(key=cluster_key(comm), sizes=message_sizes(max_bytes), source="measured")
     table.times = {name: [] for name in candidates}
     for nbytes in table.sizes:
-        tensor = torch.ones(max(1, nbytes // 4), dtype=torch.float32)
+        tensor = host_zeros(max(1, nbytes // 4), torch.float32)  # the memory gradient buckets use
+        tensor.fill_(1.0)
         reps = repetitions(nbytes)
         local = np.zeros((len(candidates), reps))
         for name in candidates:  # warm-up: connections, scratch buffers

@@ -22,7 +22,7 @@ import threading
 import torch
 
 from rapydli.comm.base import Algorithm
-from rapydli.comm.tensors import byte_array, reduce_into
+from rapydli.comm.tensors import byte_array, host_zeros, reduce_into
 from rapydli.comm.waiting import complete
 
 #: Default chunk size of the pipeline (bytes).
@@ -58,7 +58,7 @@ class RingAlgorithm(Algorithm):
         """Receive buffer, reused across calls (one per thread: the comm thread has its own)."""
         scratch = getattr(self._local, "scratch", None)
         if scratch is None or scratch.dtype != dtype or scratch.numel() < numel:
-            scratch = torch.empty(numel, dtype=dtype)
+            scratch = host_zeros(numel, dtype)
             self._local.scratch = scratch
         return scratch
 

@@ -34,6 +34,7 @@ import torch
 
 from rapydli.comm.communicator import Communicator
 from rapydli.comm.handle import Handle
+from rapydli.comm.tensors import host_zeros
 from rapydli.errors import ConfigError
 
 
@@ -81,7 +82,10 @@ class _Bucket:
     def __init__(self, params: list[torch.nn.Parameter]) -> None:
         first = params[0]
         total = sum(p.numel() for p in params)
-        self.buffer = torch.zeros(total, dtype=first.dtype, device=first.device)
+        if first.device.type == "cpu":
+            self.buffer = host_zeros(total, first.dtype)  # numpy-allocated: faster MPI transfers
+        else:
+            self.buffer = torch.zeros(total, dtype=first.dtype, device=first.device)
         self.params = params
         self.views: list[torch.Tensor] = []
         offset = 0
