@@ -272,21 +272,36 @@ def _library_plan(plan: Plan, results: Mapping[ConvShape, TuneResult], candidate
     return Plan(layers, plan.mode, plan.fingerprint, dict(plan.estimates_ms))
 
 
+def _one_step(model: nn.Module, x: torch.Tensor, mode: str) -> float:
+    start = time.perf_counter()
+    if mode == "train":
+        model.zero_grad(set_to_none=True)
+        model(x).float().sum().backward()
+    else:
+        with torch.no_grad():
+            model(x)
+    return time.perf_counter() - start
+
+
+def compare_steps(models: Mapping[str, nn.Module], x: torch.Tensor, mode: str, reps: int = 3) -> dict[str, float]:
+    """Median ms of one forward (+ backward in train mode) of each model, timed in interleaved rounds.
+
+    Interleaving (A, B, C, A, B, C, ...) keeps a drifting machine load from favouring
+    whichever model happens to be timed last.
+    """
+    for model in models.values():
+        model.train(mode == "train")
+        _one_step(model, x, mode)  # warm-up
+    times: dict[str, list[float]] = {name: [] for name in models}
+    for _ in range(reps):
+        for name, model in models.items():
+            times[name].append(_one_step(model, x, mode))
+    return {name: sorted(t)[len(t) // 2] * 1e3 for name, t in times.items()}
+
+
 def model_step_ms(model: nn.Module, x: torch.Tensor, mode: str, reps: int = 3) -> float:
     """Median ms of one forward (+ backward in train mode) of ``model`` on ``x``."""
-    model.train(mode == "train")
-    times = []
-    for i in range(reps + 1):
-        start = time.perf_counter()
-        if mode == "train":
-            model.zero_grad(set_to_none=True)
-            model(x).float().sum().backward()
-        else:
-            with torch.no_grad():
-                model(x)
-        if i:
-            times.append(time.perf_counter() - start)
-    return sorted(times)[len(times) // 2] * 1e3
+    return compare_steps({"model": model}, x, mode, reps)["model"]
 
 
 def _verified(model: nn.Module, x: torch.Tensor, plan: Plan, results: Mapping[ConvShape, TuneResult]) -> Plan:
@@ -300,7 +315,7 @@ def _verified(model: nn.Module, x: torch.Tensor, plan: Plan, results: Mapping[Co
         "library_nchw": _library_plan(plan, results, "torch_nchw", "nchw"),
         "library_nhwc": _library_plan(plan, results, "torch_channels_last", "nhwc"),
     }
-    measured = {name: model_step_ms(apply_plan(copy.deepcopy(model), p), x, plan.mode) for name, p in options.items()}
+    measured = compare_steps({name: apply_plan(copy.deepcopy(model), p) for name, p in options.items()}, x, plan.mode)
     chosen = min(measured, key=lambda name: measured[name])
     best = options[chosen]
     best.estimates_ms = {**plan.estimates_ms, **{f"measured_{k}": v for k, v in measured.items()}}

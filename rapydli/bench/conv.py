@@ -93,19 +93,24 @@ def bottleneck_stack(channels: int = 256, mid: int = 64, blocks: int = 3, num_cl
     )
 
 
-def step_ms(model: nn.Module, x: torch.Tensor, y: torch.Tensor, reps: int) -> float:
-    """Median milliseconds of one training step (forward, cross-entropy, backward, SGD step)."""
-    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-    model.train()
-    times = []
-    for i in range(reps + 2):
-        start = time.perf_counter()
-        opt.zero_grad(set_to_none=True)
-        F.cross_entropy(model(x), y).backward()
-        opt.step()
-        if i >= 2:
-            times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
+def compare_training_steps(models: dict[str, nn.Module], x: torch.Tensor, y: torch.Tensor, reps: int) -> dict[str, float]:
+    """Median ms of one training step (forward, cross-entropy, backward, SGD step) of each model.
+
+    Models are timed in interleaved rounds, so a drifting machine load hits them alike.
+    """
+    opts = {name: torch.optim.SGD(m.parameters(), lr=1e-3) for name, m in models.items()}
+    inputs = {name: x.contiguous(memory_format=torch.channels_last) if name == "channels_last" else x for name in models}
+    times: dict[str, list[float]] = {name: [] for name in models}
+    for round_ in range(reps + 2):
+        for name, model in models.items():
+            model.train()
+            start = time.perf_counter()
+            opts[name].zero_grad(set_to_none=True)
+            F.cross_entropy(model(inputs[name]), y).backward()
+            opts[name].step()
+            if round_ >= 2:
+                times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(t) * 1e3 for name, t in times.items()}
 
 
 def layer_rows(names: tuple[str, ...], gflop: float, preset: str, cache: Cache) -> list[dict[str, Any]]:
@@ -149,13 +154,13 @@ def model_rows(batch: int, preset: str, cache: Cache, reps: int) -> list[dict[st
         model = build()
         x = torch.randn(*in_shape)
         y = torch.randint(0, 10, (in_shape[0],))
-        default = step_ms(model, x, y, reps)
-        cl_model = build().to(memory_format=torch.channels_last)
-        channels_last = step_ms(cl_model, x.contiguous(memory_format=torch.channels_last), y, reps)
         started = time.perf_counter()
         tuned_model, report = autotune_model(model, x, "train", preset=preset, cache=cache, repetitions=3)
         tune_s = time.perf_counter() - started
-        tuned = step_ms(tuned_model, x, y, reps)
+        torch.manual_seed(0)
+        cl_model = build().to(memory_format=torch.channels_last)
+        ms = compare_training_steps({"default": model, "channels_last": cl_model, "tuned": tuned_model}, x, y, reps)
+        default, channels_last, tuned = ms["default"], ms["channels_last"], ms["tuned"]
         rows.append({
             "model": name, "input": "x".join(map(str, in_shape)), "default_ms": default,
             "channels_last_ms": channels_last, "tuned_ms": tuned, "speedup": default / tuned,
