@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import time
+
 import pytest
 
 import rapydli as rd
 from rapydli.errors import ConfigError
 from rapydli.experiments.space import validate_space
+from rapydli.experiments.sweep import Sweep
 from rapydli.experiments.store import open_store
 from rapydli.train import datasets, models
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with rd.Cluster(n=2) as started:
+        yield started
 
 
 def test_bad_spaces_and_arguments_fail_before_anything_starts() -> None:
@@ -23,7 +34,7 @@ def test_bad_spaces_and_arguments_fail_before_anything_starts() -> None:
 
 
 @pytest.mark.engines
-def test_sweep_runs_two_at_a_time_prunes_a_bad_trial_and_survives_a_failing_one() -> None:
+def test_sweep_runs_two_at_a_time_prunes_a_bad_trial_and_survives_a_failing_one(cluster) -> None:
     space = {"lr": rd.loguniform(1e-3, 10.0), "grad_accum": rd.choice([1, 1000])}
     first = [
         {"lr": 0.01, "grad_accum": 1},
@@ -32,9 +43,8 @@ def test_sweep_runs_two_at_a_time_prunes_a_bad_trial_and_survives_a_failing_one(
         {"lr": 9.0, "grad_accum": 1},  # diverges: pruned at its first report
     ]
     config = rd.TrainConfig(max_steps=25, eval_every=5, batch_size=32, allreduce="mpi")
-    with rd.Cluster(n=2) as cluster:
-        result = rd.sweep(models.mlp, datasets.digits, config, space, trials=4, cluster=cluster, enqueue=first, live=False)
-        assert cluster.run(lambda: 5) == [5, 5]
+    result = rd.sweep(models.mlp, datasets.digits, config, space, trials=4, cluster=cluster, enqueue=first, live=False)
+    assert cluster.run(lambda: 5) == [5, 5]
     table = result.table.set_index("trial")
     assert table.loc[0, "state"] == "COMPLETE" and table.loc[1, "state"] == "COMPLETE"
     assert table.loc[2, "state"] == "FAIL" and "grad_accum" in table.loc[2, "error"]
@@ -52,3 +62,28 @@ def test_sweep_runs_two_at_a_time_prunes_a_bad_trial_and_survives_a_failing_one(
     assert children[3]["status"] == "interrupted" and children[2]["status"] == "failed"
     names = [trace.name for trace in result.figure.data]
     assert "complete" in names and "pruned" in names and any(t.type == "parcoords" for t in result.figure.data)
+
+
+class _InterruptOnceTraining:
+    """A sweep view that presses Ctrl-C (SIGINT to this process) once both trials are training."""
+
+    def __init__(self) -> None:
+        self.sent_at: float | None = None
+
+    def update(self, table, force: bool = False) -> None:
+        if self.sent_at is None and len(table) == 2 and (table["steps"] > 0).all():
+            self.sent_at = time.monotonic()
+            os.kill(os.getpid(), signal.SIGINT)
+
+
+@pytest.mark.engines
+def test_ctrl_c_stops_the_sweep_and_its_trials_within_5_s(cluster) -> None:
+    view = _InterruptOnceTraining()
+    config = rd.TrainConfig(epochs=500, eval_every=5, batch_size=32, allreduce="mpi")  # far longer than the test
+    runner = Sweep(models.mlp, datasets.digits, config, {"lr": rd.loguniform(1e-3, 1e-2)}, trials=6, cluster=cluster, view=view)
+    result = runner.run()
+    returned = time.monotonic()
+    assert view.sent_at is not None and returned - view.sent_at < 5.0
+    assert len(result.table) == 2 and set(result.table["state"]) == {"FAIL"}  # the running trials, ended and recorded
+    assert open_store().get_run(result.run_id)["status"] == "interrupted"
+    assert cluster.run(lambda: 6) == [6, 6]  # no orphaned work: the engines answer at once

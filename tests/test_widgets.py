@@ -6,7 +6,13 @@ import pytest
 
 import rapydli as rd
 from rapydli.train import datasets, models
-from rapydli.widgets import HyperparameterPanel
+from rapydli.widgets import HyperparameterPanel, SweepPanel
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with rd.Cluster(n=2) as started:
+        yield started
 
 
 def test_controls_follow_the_field_spec_and_errors_stay_in_the_panel() -> None:
@@ -28,8 +34,8 @@ def test_controls_follow_the_field_spec_and_errors_stay_in_the_panel() -> None:
 
 
 @pytest.mark.engines
-def test_train_then_stop_ends_every_rank_and_the_cluster_stays_usable() -> None:
-    with rd.Cluster(n=2) as cluster:
+def test_train_then_stop_ends_every_rank_and_the_cluster_stays_usable(cluster) -> None:
+    if True:
         panel = HyperparameterPanel(models.mlp, datasets.digits, rd.TrainConfig(max_steps=10, eval_every=5, batch_size=32), cluster=cluster)
         panel.controls["lr"].value = 0.02
         panel.train_button.click()
@@ -50,3 +56,30 @@ def test_train_then_stop_ends_every_rank_and_the_cluster_stays_usable() -> None:
         assert last["state"] == "stopped" and 5 <= last["steps"] < 1000
         assert all(r["stopped_early"] for r in panel.job.results)  # every rank ended its loop, after the same step
         assert cluster.run(lambda: 3) == [3, 3]
+
+
+@pytest.mark.engines
+def test_sweep_panel_runs_a_sweep_in_the_background_and_stops(cluster) -> None:
+    config = rd.TrainConfig(max_steps=10, eval_every=5, batch_size=32, allreduce="mpi")
+    panel = SweepPanel(models.mlp, datasets.digits, config, {"lr": rd.loguniform(1e-3, 1e-1)}, cluster, trials=2, pruner="none")
+    assert panel.parallel.value == 2
+    pairs = SweepPanel(models.mlp, datasets.digits, config, {"lr": rd.loguniform(1e-3, 1e-1)}, cluster, trials=2, workers_per_trial=2)
+    pairs.parallel.value = 2  # two 2-rank groups do not fit in 2 engines: shown, nothing starts
+    pairs.run_button.click()
+    assert not pairs.running and pairs.result is None and "parallel=2 is invalid" in pairs.message.value
+    panel.run_button.click()
+    assert panel.running and panel.stop_button.disabled is False
+    result = panel.wait(120)
+    assert list(result.table["state"]) == ["COMPLETE", "COMPLETE"] and "done" in panel.message.value
+    assert len(panel.view.table) == 2 and panel.view.redraws >= 2  # the live view followed the trials
+    assert panel.run_button.disabled is False
+
+    long = rd.TrainConfig(epochs=500, eval_every=5, batch_size=32, allreduce="mpi")
+    stopper = SweepPanel(models.mlp, datasets.digits, long, {"lr": rd.loguniform(1e-3, 1e-1)}, cluster, trials=4)
+    stopper.run_button.click()
+    while not len(stopper.view.table) or not (stopper.view.table["steps"] > 0).any():
+        stopper.wait(0.1)
+    stopper.stop_button.click()
+    result = stopper.wait(60)
+    assert not stopper.running and len(result.table) == 2  # no trial started after Stop
+    assert cluster.run(lambda: 4) == [4, 4]
