@@ -98,7 +98,7 @@ class Cluster:
             from traitlets.config import Config
 
             self._state = "starting"
-            config = Config(self.launcher.config(self.options))
+            config = Config(self.launcher.config(self.options, work_dir=str(subdir("ipython"))))
             config.BaseLauncher.environment = {
                 k: v for k, v in rank_environment(self.n, self.threads, base={}).items()
             }

@@ -42,10 +42,17 @@ class LauncherSpec:
     description: str
     options: Mapping[str, Option] = field(default_factory=dict)
     listen_all: bool = False  # engines on other hosts must reach the controller
+    batch_class: str | None = None  # ipyparallel class writing a batch script, if any
 
-    def config(self, options: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
-        """ipyparallel configuration (``{"Class": {"trait": value}}``) for validated ``options``."""
+    def config(self, options: Mapping[str, Any], work_dir: str | None = None) -> dict[str, dict[str, Any]]:
+        """ipyparallel configuration (``{"Class": {"trait": value}}``) for validated ``options``.
+
+        ``work_dir`` receives the batch script of batch launchers (ipyparallel would write
+        it into the current directory).
+        """
         config: dict[str, dict[str, Any]] = {}
+        if self.batch_class and work_dir:
+            config[self.batch_class] = {"batch_file_name": f"{work_dir}/{self.name}_engine.sh"}
         for key, value in options.items():  # plain traits first, so hooks can extend them
             trait_path = self.options[key].trait
             if trait_path:
@@ -93,6 +100,7 @@ LAUNCHERS: dict[str, LauncherSpec] = {
             engines="slurm",
             controller="local",
             description="an sbatch job; srun starts the ranks",
+            batch_class="SlurmEngineSetLauncher",
             options={
                 "partition": Option(str, "Slurm partition", "SlurmEngineSetLauncher.queue"),
                 "account": Option(str, "Slurm account", "SlurmEngineSetLauncher.account"),
@@ -107,6 +115,7 @@ LAUNCHERS: dict[str, LauncherSpec] = {
             engines="pbs",
             controller="local",
             description="a qsub job; mpiexec starts the ranks",
+            batch_class="PBSEngineSetLauncher",
             options={
                 "queue": Option(str, "PBS queue", "PBSEngineSetLauncher.queue"),
                 "batch_template": Option(str, "a full PBS script template", "PBSEngineSetLauncher.batch_template"),
