@@ -1,21 +1,46 @@
-"""The REST API under /rapydli/api/ against a real Jupyter server and a real run store."""
+"""The REST API under /rapydli/api/ against a real Jupyter server and a real run store.
+
+pytest-jupyter's fixtures are imported into this module rather than loaded as a plugin
+(``pytest_plugins``): as a plugin its autouse fixtures and call hook would apply to every
+test of the session (closing event loops, cleaning up a ServerApp after each test). Its
+async tests therefore run through :func:`on_server_loop`, on the loop the server uses.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import functools
+import inspect
 import json
 import os
 import time
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
 import tornado.httpclient
+from pytest_jupyter.jupyter_server import *  # noqa: F403 - the fixtures jp_fetch needs, for this module only
 
 from rapydli.experiments.store import RunStore, open_store
 
-pytest_plugins = ["pytest_jupyter.jupyter_server"]
+
+def on_server_loop(test: Callable[..., Coroutine[Any, Any, None]]) -> Callable[..., None]:
+    """Turn an async test into a sync one that runs on pytest-jupyter's event loop."""
+    signature = inspect.signature(test)
+    wants_loop = "jp_asyncio_loop" in signature.parameters
+    params = list(signature.parameters.values())
+    if not wants_loop:
+        params.append(inspect.Parameter("jp_asyncio_loop", inspect.Parameter.KEYWORD_ONLY))
+
+    @functools.wraps(test)
+    def run(*args: Any, **kwargs: Any) -> None:
+        loop = kwargs["jp_asyncio_loop"] if wants_loop else kwargs.pop("jp_asyncio_loop")
+        loop.run_until_complete(test(*args, **kwargs))
+
+    run.__signature__ = signature.replace(parameters=params)  # type: ignore[attr-defined]
+    return run
 
 
 @pytest.fixture
@@ -67,6 +92,7 @@ def seed(store: RunStore) -> dict[str, str]:
     return ids
 
 
+@on_server_loop
 async def test_unauthenticated_requests_are_refused(jp_fetch, store: RunStore) -> None:
     for path, method in (("runs", "GET"), ("clusters", "GET"), ("clusters", "POST"), ("version", "GET")):
         with pytest.raises(tornado.httpclient.HTTPClientError) as info:
@@ -77,12 +103,14 @@ async def test_unauthenticated_requests_are_refused(jp_fetch, store: RunStore) -
         assert info.value.code == 403, path
 
 
+@on_server_loop
 async def test_version(api) -> None:
     code, data = await api("version")
     assert code == 200
     assert data["version"] and data["api"] == 1
 
 
+@on_server_loop
 async def test_runs_list_filters_and_pages(api, store: RunStore) -> None:
     ids = seed(store)
     code, data = await api("runs")
@@ -97,6 +125,7 @@ async def test_runs_list_filters_and_pages(api, store: RunStore) -> None:
     assert data["total"] == 5 and len(data["runs"]) == 2
 
 
+@on_server_loop
 async def test_run_detail_and_sweep_table(api, store: RunStore, tmp_path: Path) -> None:
     ids = seed(store)
     notebook = tmp_path / "out.ipynb"
@@ -117,6 +146,7 @@ async def test_run_detail_and_sweep_table(api, store: RunStore, tmp_path: Path) 
     assert code == 404 and "not a sweep" in data["error"]
 
 
+@on_server_loop
 async def test_metrics_are_incremental(api, store: RunStore) -> None:
     ids = seed(store)
     code, first = await api("runs", ids["live"], "metrics")
@@ -132,6 +162,7 @@ async def test_metrics_are_incremental(api, store: RunStore) -> None:
 
 
 @pytest.mark.parametrize("bad", ["..", "a.b", "x" * 70, "..%2F..%2Fetc%2Fpasswd", "-rf"])
+@on_server_loop
 async def test_malformed_ids_are_400(api, store: RunStore, bad: str) -> None:
     for path in (("runs", bad), ("runs", bad, "metrics"), ("sweeps", bad), ("clusters", bad)):
         code, data = await api(*path)
@@ -139,6 +170,7 @@ async def test_malformed_ids_are_400(api, store: RunStore, bad: str) -> None:
         assert "must be 1-64 letters" in data["error"]
 
 
+@on_server_loop
 async def test_unknown_ids_are_404(api, store: RunStore) -> None:
     for path in (("runs", "feedbeef0000"), ("runs", "feedbeef0000", "metrics"), ("sweeps", "feedbeef0000"),
                  ("clusters", "c0000000000")):  # fmt: skip
@@ -156,6 +188,7 @@ async def test_unknown_ids_are_404(api, store: RunStore) -> None:
      ({"n": 0}, "'n'"), ({"n": "2"}, "'n'"), ({"options": {"mpi_cmd": 3}}, "list of strings"),
      ({"options": {"shell": "rm -rf /"}}, "no option 'shell'"), ({"code": "import os"}, "unknown field")],
 )  # fmt: skip
+@on_server_loop
 async def test_bad_cluster_requests_are_400(api, store: RunStore, body: Any, message: str) -> None:
     code, data = await api("clusters", method="POST", body=body)
     assert code == 400 and message in data["error"]
@@ -163,6 +196,7 @@ async def test_bad_cluster_requests_are_400(api, store: RunStore, body: Any, mes
     assert data["clusters"] == []
 
 
+@on_server_loop
 async def test_bad_query_arguments_are_400(api, store: RunStore) -> None:
     for params in ({"kind": "bogus"}, {"status": "ok"}, {"limit": "0"}, {"offset": "x"}):
         code, data = await api("runs", params=params)
@@ -204,6 +238,7 @@ def assert_no_engines(before: set[int], timeout: float = 15) -> None:
 
 @pytest.mark.engines
 @pytest.mark.timeout(240)
+@on_server_loop
 async def test_start_status_stop_a_real_cluster(api, store: RunStore) -> None:
     before = engine_processes()
     code, entry = await api("clusters", method="POST", body={"n": 2, "launcher": "local"})
@@ -228,6 +263,7 @@ async def test_start_status_stop_a_real_cluster(api, store: RunStore) -> None:
 
 @pytest.mark.engines
 @pytest.mark.timeout(240)
+@on_server_loop
 async def test_server_shutdown_stops_its_clusters(api, jp_serverapp, store: RunStore) -> None:
     before = engine_processes()
     code, entry = await api("clusters", method="POST", body={"n": 2})
