@@ -169,18 +169,34 @@ import torch
 from mpi4py import MPI
 from rapydli.comm import Communicator
 
-comm = Communicator(algorithm="mpi")
-assert comm.progress == "thread", comm.progress   # mpi4py initialises THREAD_MULTIPLE
-for algorithm in ("mpi", "ring"):
-    t = torch.full((4 << 20,), float(comm.rank + 1))
-    handle = comm.iallreduce_(t, op="avg", algorithm=algorithm)
-    # no MPI call on this thread: only the communication thread can complete the collective
-    deadline = time.monotonic() + 60
-    while not handle.test():
-        assert time.monotonic() < deadline, "iallreduce_ made no progress without wait()"
-        time.sleep(0.01)
-    assert handle.finished is not None and handle.duration > 0
-    assert torch.all(t == (comm.world_size + 1) / 2)
+import os
+import tempfile
+
+for wait_mode in ("polite", "spin"):   # how the communication thread waits (RAPYDLI_COMM_WAIT)
+    os.environ["RAPYDLI_COMM_WAIT"] = wait_mode
+    comm = Communicator(algorithm="mpi")
+    assert comm.progress == "thread", comm.progress   # mpi4py initialises THREAD_MULTIPLE
+    assert comm.polite == (wait_mode == "polite")
+    for algorithm in ("mpi", "ring"):
+        t = torch.full((4 << 20,), float(comm.rank + 1))
+        handle = comm.iallreduce_(t, op="avg", algorithm=algorithm)
+        # no MPI call on this thread: only the communication thread can complete the collective
+        deadline = time.monotonic() + 60
+        while not handle.test():
+            assert time.monotonic() < deadline, "iallreduce_ made no progress without wait()"
+            time.sleep(0.01)
+        assert handle.finished is not None and handle.duration > 0
+        assert torch.all(t == (comm.world_size + 1) / 2)
+    comm.close()
+
+# with measuring switched off and no cache, auto falls back to MPI's own allreduce
+os.environ["RAPYDLI_COMM_AUTOTUNE"] = "0"
+os.environ["RAPYDLI_HOME"] = MPI.COMM_WORLD.bcast(tempfile.mkdtemp() if MPI.COMM_WORLD.rank == 0 else None)
+comm = Communicator(algorithm="auto")
+assert comm.auto_table.source == "fallback" and comm.auto_table.sizes == []
+t = torch.ones(1 << 20)
+assert comm.iallreduce_(t).wait() is t and torch.all(t == comm.world_size)
+assert comm._get("auto")[0].choose(t) == "mpi"
 comm.close()
 print(f"PROGRESS rank {comm.rank}", flush=True)
 """
