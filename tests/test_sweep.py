@@ -87,3 +87,26 @@ def test_ctrl_c_stops_the_sweep_and_its_trials_within_5_s(cluster) -> None:
     assert len(result.table) == 2 and set(result.table["state"]) == {"FAIL"}  # the running trials, ended and recorded
     assert open_store().get_run(result.run_id)["status"] == "interrupted"
     assert cluster.run(lambda: 6) == [6, 6]  # no orphaned work: the engines answer at once
+
+
+@pytest.mark.engines
+def test_a_trial_that_kills_its_engine_fails_and_the_sweep_restarts_the_cluster(cluster, tmp_path) -> None:
+    marker = str(tmp_path / "died")
+
+    def data_killing_the_first_engine():
+        from rapydli.train import datasets as data
+
+        try:  # the first trial to get here takes its engine down (a segfault, an OOM kill)
+            os.close(os.open(marker, os.O_CREAT | os.O_EXCL))
+            os._exit(1)
+        except FileExistsError:
+            return data.digits()
+
+    config = rd.TrainConfig(max_steps=6, eval_every=3, batch_size=32, allreduce="mpi")
+    result = rd.sweep(models.mlp, data_killing_the_first_engine, config, {"lr": rd.loguniform(1e-3, 1e-2)}, trials=3,
+                      cluster=cluster, pruner="none", live=False)  # fmt: skip
+    states = list(result.table["state"])
+    assert states[-1] == "COMPLETE" and "FAIL" in states  # the sweep went on after the failure
+    failed = result.table[result.table["state"] == "FAIL"]
+    assert failed["error"].str.contains("died").any()
+    assert cluster.running and cluster.run(lambda: 8) == [8, 8]

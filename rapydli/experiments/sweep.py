@@ -239,8 +239,9 @@ class Sweep:
     # -- the ask-and-tell loop ----------------------------------------------------------------
     def _loop(self) -> None:
         groups = [list(range(g * self.workers_per_trial, (g + 1) * self.workers_per_trial)) for g in range(self.parallel)]
-        free = list(groups)
         while True:
+            busy = [r.ranks for r in self.records if r.state == "RUNNING"]
+            free = [g for g in groups if g not in busy]
             while free and len(self.records) < self.trials and not self._stop.is_set():
                 ranks = free.pop(0)
                 if self._start(ranks).state != "RUNNING":
@@ -254,9 +255,8 @@ class Sweep:
                 self._stop_running(interrupted=False)
                 return
             for record in running:
-                self._advance(record, POLL_S / len(running))
-                if record.state != "RUNNING":
-                    free.append(record.ranks)
+                if record.state == "RUNNING":  # a restart after a failure may have ended it meanwhile
+                    self._advance(record, POLL_S / len(running))
                     self._after_failure(record)
             self._refresh()
 
