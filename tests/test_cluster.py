@@ -232,8 +232,11 @@ def test_cli_started_cluster_can_be_attached_and_stopped(tmp_path):
     status = subprocess.run([*rapydli, "cluster", "status"], capture_output=True, text=True, env=env, timeout=60)
     assert cluster_id in status.stdout
     attached = Cluster.attach(cluster_id)
+    old_pids = [info["pid"] for info in attached._info.values()]
+    attached.restart()  # fresh engines under the same id: the record follows them
+    assert Cluster.attach(cluster_id).run(_rank_info, 2) == [(0, 2, 1), (2, 2, 1)]
     pids = [info["pid"] for info in attached._info.values()]
-    assert attached.run(_rank_info, 2) == [(0, 2, 1), (2, 2, 1)]
+    assert set(pids).isdisjoint(old_pids)
     stopped = subprocess.run([*rapydli, "cluster", "stop", cluster_id], capture_output=True, text=True, env=env, timeout=60)
     assert stopped.returncode == 0, stopped.stderr
     deadline = time.monotonic() + 10

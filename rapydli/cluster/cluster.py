@@ -85,6 +85,7 @@ class Cluster:
         self._state = "stopped"
         self._started_at = 0.0
         self._detached = False
+        self._cluster_id: str | None = None  # kept across restarts, so attach ids stay valid
         self._lock = threading.RLock()
 
     # -- lifecycle -----------------------------------------------------------------------
@@ -113,6 +114,7 @@ class Cluster:
                 log_level=logging.ERROR,  # failures reach the user as ClusterError/RankFailure instead
                 engine_timeout=int(self.start_timeout),
                 profile_dir=str(subdir("ipython")),
+                **({"cluster_id": self._cluster_id} if self._cluster_id else {}),
                 **kwargs,
             )
             try:
@@ -128,6 +130,7 @@ class Cluster:
                 raise ClusterError(f"could not start {self.n} engines with launcher {self.launcher.name!r}: {exc}") from exc
             self._state = "running"
             self._started_at = time.monotonic()
+            self._cluster_id = self._ipp.cluster_id
             with _live_lock:
                 _live.add(self)
             return self
@@ -154,10 +157,13 @@ class Cluster:
             self._state = "stopped"
 
     def restart(self) -> Cluster:
-        """Replace the engines by fresh ones (same size, launcher and options)."""
+        """Replace the engines by fresh ones (same size, launcher, options and id)."""
         with self._lock:
             self.stop()
-            return self.start()
+            self.start()
+            if self._detached:  # the attach record must name the new engines
+                self.detach()
+            return self
 
     def _teardown(self) -> None:
         pids = [info["pid"] for info in self._info.values() if _is_local(info)]
@@ -239,6 +245,7 @@ class Cluster:
             raise ClusterError(f"cannot attach to cluster {cluster_id!r}: {exc}") from exc
         cluster._state = "running"
         cluster._started_at = time.monotonic()
+        cluster._cluster_id = cluster_id
         with _live_lock:
             _live.add(cluster)
         return cluster

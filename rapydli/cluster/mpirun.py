@@ -40,10 +40,16 @@ def threads_per_rank(n: int, cores: int | None = None) -> int:
 
 
 def rank_environment(n: int, threads: int | None = None, base: Mapping[str, str] | None = None) -> dict[str, str]:
-    """Environment for ranks: ``OMP_NUM_THREADS`` (and MKL's) set to ``threads`` (default cores // n)."""
+    """Environment for ranks: ``OMP_NUM_THREADS`` (and MKL's) set to ``threads`` (default cores // n).
+
+    With more ranks than cores, MPICH's busy-polling ranks starve each other (a 3-rank
+    job on 2 cores ran 10x slower); heavy yield makes waiting ranks give the core away.
+    """
     env = dict(os.environ if base is None else base)
     count = str(threads or threads_per_rank(n))
     env.update({"OMP_NUM_THREADS": count, "MKL_NUM_THREADS": count, "RAPYDLI_THREADS": count})
+    if n > threads_per_rank(1):
+        env.setdefault("MPIR_CVAR_ENABLE_HEAVY_YIELD", "1")
     env.setdefault("PYTHONUNBUFFERED", "1")
     return env
 
