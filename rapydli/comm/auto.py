@@ -32,6 +32,7 @@ from rapydli.comm.base import Algorithm
 from rapydli.comm.mpi import MPIAlgorithm
 from rapydli.comm.ring import RingAlgorithm
 from rapydli.comm.tensors import HALF_DTYPES, host_zeros
+from rapydli.paths import home
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -84,11 +85,6 @@ class AutoTable:
         return self.choices[index]
 
 
-def rapydli_home() -> Path:
-    """``$RAPYDLI_HOME`` or ``~/.rapydli``."""
-    return Path(os.environ.get("RAPYDLI_HOME") or Path.home() / ".rapydli").expanduser()
-
-
 def cluster_key(comm: MPI.Comm) -> dict[str, Any]:
     """World size, sorted host names and MPI library: what a measurement depends on (collective)."""
     from mpi4py import MPI
@@ -105,7 +101,7 @@ def cluster_key(comm: MPI.Comm) -> dict[str, Any]:
 def cache_path(key: dict[str, Any]) -> Path:
     """Where the measurement for ``key`` is cached."""
     digest = hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-    return rapydli_home() / "comm" / f"allreduce-auto-{digest}.json"
+    return home() / "comm" / f"allreduce-auto-{digest}.json"
 
 
 def message_sizes(max_bytes: int) -> list[int]:
