@@ -12,7 +12,6 @@ import torch
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from rapydli.data import ClairvoyantLoader, LMDBDataset, ShardSampler, write_lmdb
-from rapydli.data.plan import access_stream
 from rapydli.errors import ConfigError, DataError
 
 N, DIM = 70, 16  # a sample is 16 float32 + one int64 label = 72 bytes
