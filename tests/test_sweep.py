@@ -46,10 +46,12 @@ def test_sweep_runs_two_at_a_time_prunes_a_bad_trial_and_survives_a_failing_one(
     result = rd.sweep(models.mlp, datasets.digits, config, space, trials=4, cluster=cluster, enqueue=first, live=False)
     assert cluster.run(lambda: 5) == [5, 5]
     table = result.table.set_index("trial")
-    assert table.loc[0, "state"] == "COMPLETE" and table.loc[1, "state"] == "COMPLETE"
+    # successive halving may also prune the worse of the two good trials (they meet at the same rungs)
+    assert "COMPLETE" in set(table.loc[[0, 1], "state"]) and set(table.loc[[0, 1], "state"]) <= {"COMPLETE", "PRUNED"}
     assert table.loc[2, "state"] == "FAIL" and "grad_accum" in table.loc[2, "error"]
     assert table.loc[3, "state"] == "PRUNED" and table.loc[3, "steps"] < 25
-    assert result.best_params == {"lr": pytest.approx(table.loc[table.loc[[0, 1], "value"].idxmin(), "lr"]), "grad_accum": 1}
+    complete = table[table["state"] == "COMPLETE"]
+    assert result.best_params == {"lr": pytest.approx(complete.loc[complete["value"].idxmin(), "lr"]), "grad_accum": 1}
     assert sorted(table.loc[[0, 1], "ranks"]) == ["0", "1"]  # two groups of one engine
 
     store = open_store()
@@ -60,6 +62,7 @@ def test_sweep_runs_two_at_a_time_prunes_a_bad_trial_and_survives_a_failing_one(
     a, b = children[0], children[1]
     assert a["started"] < b["ended"] and b["started"] < a["ended"]  # trials 0 and 1 ran at the same time
     assert children[3]["status"] == "interrupted" and children[2]["status"] == "failed"
+    assert store.records(children[3]["id"])["trial_state"]["value"] == "PRUNED"
     names = [trace.name for trace in result.figure.data]
     assert "complete" in names and "pruned" in names and any(t.type == "parcoords" for t in result.figure.data)
 
