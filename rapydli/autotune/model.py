@@ -284,23 +284,26 @@ def _one_step(model: nn.Module, x: torch.Tensor, mode: str) -> float:
 
 
 def compare_steps(models: Mapping[str, nn.Module], x: torch.Tensor, mode: str, reps: int = 3) -> dict[str, float]:
-    """Median ms of one forward (+ backward in train mode) of each model, timed in interleaved rounds.
+    """Fastest ms of one forward (+ backward in train mode) of each model, timed in interleaved rounds.
 
-    Interleaving (A, B, C, A, B, C, ...) keeps a drifting machine load from favouring
-    whichever model happens to be timed last.
+    Interleaving (A, B, C, A, B, C, ...) after two warm-up rounds keeps a drifting machine load
+    from favouring whichever model happens to be timed last; the minimum over rounds is the
+    least disturbed step on a shared machine.
     """
     for model in models.values():
         model.train(mode == "train")
-        _one_step(model, x, mode)  # warm-up
+    for _ in range(2):  # warm-up: oneDNN primitives, allocator, kernel loading
+        for model in models.values():
+            _one_step(model, x, mode)
     times: dict[str, list[float]] = {name: [] for name in models}
     for _ in range(reps):
         for name, model in models.items():
             times[name].append(_one_step(model, x, mode))
-    return {name: sorted(t)[len(t) // 2] * 1e3 for name, t in times.items()}
+    return {name: min(t) * 1e3 for name, t in times.items()}
 
 
 def model_step_ms(model: nn.Module, x: torch.Tensor, mode: str, reps: int = 3) -> float:
-    """Median ms of one forward (+ backward in train mode) of ``model`` on ``x``."""
+    """Fastest ms of one forward (+ backward in train mode) of ``model`` on ``x`` (see :func:`compare_steps`)."""
     return compare_steps({"model": model}, x, mode, reps)["model"]
 
 
@@ -315,7 +318,8 @@ def _verified(model: nn.Module, x: torch.Tensor, plan: Plan, results: Mapping[Co
         "library_nchw": _library_plan(plan, results, "torch_nchw", "nchw"),
         "library_nhwc": _library_plan(plan, results, "torch_channels_last", "nhwc"),
     }
-    measured = compare_steps({name: apply_plan(copy.deepcopy(model), p) for name, p in options.items()}, x, plan.mode)
+    measured = compare_steps({name: apply_plan(copy.deepcopy(model), p) for name, p in options.items()}, x, plan.mode,
+                             reps=5)
     chosen = min(measured, key=lambda name: measured[name])
     best = options[chosen]
     best.estimates_ms = {**plan.estimates_ms, **{f"measured_{k}": v for k, v in measured.items()}}

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 from collections import Counter
 from pathlib import Path
 import tempfile
@@ -94,23 +93,24 @@ def bottleneck_stack(channels: int = 256, mid: int = 64, blocks: int = 3, num_cl
 
 
 def compare_training_steps(models: dict[str, nn.Module], x: torch.Tensor, y: torch.Tensor, reps: int) -> dict[str, float]:
-    """Median ms of one training step (forward, cross-entropy, backward, SGD step) of each model.
+    """Fastest ms of one training step (forward, cross-entropy, backward, SGD step) of each model.
 
-    Models are timed in interleaved rounds, so a drifting machine load hits them alike.
+    Models are timed in interleaved rounds after 3 warm-up rounds, so a drifting machine load
+    hits them alike; the minimum over rounds is the least disturbed step on a shared machine.
     """
     opts = {name: torch.optim.SGD(m.parameters(), lr=1e-3) for name, m in models.items()}
     inputs = {name: x.contiguous(memory_format=torch.channels_last) if name == "channels_last" else x for name in models}
     times: dict[str, list[float]] = {name: [] for name in models}
-    for round_ in range(reps + 2):
+    for round_ in range(reps + 3):
         for name, model in models.items():
             model.train()
             start = time.perf_counter()
             opts[name].zero_grad(set_to_none=True)
             F.cross_entropy(model(inputs[name]), y).backward()
             opts[name].step()
-            if round_ >= 2:
+            if round_ >= 3:
                 times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(t) * 1e3 for name, t in times.items()}
+    return {name: min(t) * 1e3 for name, t in times.items()}
 
 
 def layer_rows(names: tuple[str, ...], gflop: float, preset: str, cache: Cache) -> list[dict[str, Any]]:
