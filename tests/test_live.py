@@ -34,7 +34,7 @@ def test_redraws_are_batched_and_rate_limited() -> None:
 def test_metrics_arrive_before_training_ends() -> None:
     arrivals: list[tuple[float, int]] = []
     with rd.Cluster(n=2) as cluster:
-        config = rd.TrainConfig(max_steps=60, epochs=20, batch_size=16, allreduce="mpi")
+        config = rd.TrainConfig(max_steps=200, epochs=50, batch_size=16, allreduce="mpi")
         rows: list[dict] = []
 
         def follow(row: dict) -> None:
@@ -48,15 +48,19 @@ def test_metrics_arrive_before_training_ends() -> None:
     assert job.state == "finished"
     # the other rank's own step timings arrive too (they differ per rank), and reach the plot
     rank1 = [r for r in rows if r["kind"] == "rank"]
-    assert {r["rank"] for r in rank1} == {1} and [r["step"] for r in rank1] == list(range(1, 61))
+    assert {r["rank"] for r in rank1} == {1} and [r["step"] for r in rank1] == list(range(1, 201))
     plot = LivePlot(widget=False)
     for row in rows:
         plot(row)
     plot.close()
-    assert any(t.name == "comm wait rank 1 (s)" and len(t.y) == 60 for t in plot.figure.data)
+    assert any(t.name == "comm wait rank 1 (s)" and len(t.y) == 200 for t in plot.figure.data)
     steps = [step for _, step in arrivals]
-    assert steps[:3] == [1, 2, 3] and steps[-1] == 60
-    # the first rows were there well before the run ended (they streamed, not arrived in one batch at the end)
-    first = arrivals[0][0]
-    assert first < ended - 0.5
-    assert len({round(t, 2) for t, _ in arrivals}) > 5
+    assert steps[:3] == [1, 2, 3] and steps[-1] == 200
+    # rows streamed as they were produced: their arrival times spread like the ranks' own step
+    # times (a batch delivered at the end would arrive all at once); events may be coalesced
+    # for up to 50 ms on the engine, hence the allowance
+    produced = [row["time_s"] for row in rows if row["kind"] == "train"]
+    received = [t for t, _ in arrivals]
+    assert received[-1] - received[0] > 0.5 * (produced[-1] - produced[0]) - 0.1
+    assert produced[-1] - produced[0] > 0.3  # the run was long enough for that to mean something
+    assert received[-1] <= ended

@@ -75,6 +75,11 @@ def _on_stop_signal(signum: int, frame: Any) -> None:
     _stop.set()
 
 
+def in_task() -> bool:
+    """True inside a task started by :meth:`Cluster.run`/``submit`` on this engine."""
+    return bool(_current)
+
+
 def context() -> RankContext:
     """The context of the task running on this engine (inside :meth:`Cluster.run`)."""
     if not _current:
@@ -155,6 +160,7 @@ def _enter(targets: Sequence[int], stream_events: bool) -> RankContext:
 
 
 def _leave() -> None:
+    events.flush()
     events.enable(False)
     _current.pop()
     _stop.clear()

@@ -28,7 +28,7 @@ from torch import nn
 from torch.nn import functional as F
 from torch.utils.data import Dataset
 
-from rapydli.errors import ConfigError, RapydliError
+from rapydli.errors import ConfigError
 from rapydli.train import checkpoint as ckpt
 from rapydli.train.callbacks import Callback, dispatch
 from rapydli.train.config import TrainConfig
@@ -344,11 +344,7 @@ class Trainer:
         """Whether any rank's task was asked to stop (one tiny allreduce); False outside a Cluster task."""
         from rapydli.cluster import engine
 
-        try:
-            engine.context()
-        except RapydliError:
-            return False
-        return engine.should_stop(self.mpi)
+        return engine.in_task() and engine.should_stop(self.mpi)
 
     def _autotune(self, train_data: Dataset) -> None:
         """Tune the convolutions once on rank 0, share the picklable plan, apply it on every rank."""
