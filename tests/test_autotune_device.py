@@ -16,7 +16,8 @@ def test_cpu_query_reads_cores_isa_and_caches() -> None:
     info = query("cpu")
     assert info.kind == "cpu"
     assert info.cores == len(os.sched_getaffinity(0))
-    flags = open("/proc/cpuinfo").read()
+    with open("/proc/cpuinfo") as fh:
+        flags = fh.read()
     if " avx512f" in flags:
         assert info.isa == "avx512" and info.vector_lanes == 16 and info.vector_registers == 32
     elif " avx2" in flags:

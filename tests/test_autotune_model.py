@@ -12,7 +12,12 @@ from torch import nn
 
 from rapydli.autotune.cache import Cache
 from rapydli.autotune.model import (
-    Plan, TunedConv2d, apply_plan, autotune_model, conv_layers, plan_for,
+    Plan,
+    TunedConv2d,
+    apply_plan,
+    autotune_model,
+    conv_layers,
+    plan_for,
 )
 from rapydli.errors import ConfigError
 
@@ -109,7 +114,7 @@ def test_generated_kernels_inside_a_model_train_like_the_original(tuned) -> None
 
 
 def test_plan_for_returns_a_plan_and_apply_plan_rejects_foreign_layers(tuned, tmp_path) -> None:
-    model, x, _, report = tuned
+    model, x, _, _ = tuned
     plan = plan_for(model, x, "inference", cache=Cache(tmp_path / "inf.db"), **TUNE)
     assert plan.mode == "inference" and set(plan.layers) == {"0", "3", "5", "8"}
     with pytest.raises(ConfigError, match="does not have"):

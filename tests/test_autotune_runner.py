@@ -2,16 +2,25 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
+import pytest
 import torch
 import torch.nn.functional as F
-import pytest
 
 from rapydli.autotune import candidates as cands
 from rapydli.autotune import strategies
 from rapydli.autotune.cache import Cache, CachedRunner
 from rapydli.autotune.conv import pick_best, tune_conv2d
 from rapydli.autotune.problem import ConvShape
-from rapydli.autotune.runner import Measurement, ParallelRunner, Replay, SequentialRunner, SimulationRunner, measure
+from rapydli.autotune.runner import (
+    Measurement,
+    ParallelRunner,
+    Replay,
+    SequentialRunner,
+    SimulationRunner,
+    measure,
+)
 from rapydli.autotune.search import Config, Problem, SearchSpace
 from rapydli.errors import RapydliWarning
 
@@ -22,7 +31,7 @@ class _Spy(cands.Instance):
     """Computes a convolution with a deliberate mistake (unless ``wrong`` is False); records input shapes."""
 
     native_autograd = True
-    calls: list[tuple[int, ...]] = []
+    calls: ClassVar[list[tuple[int, ...]]] = []
 
     def forward(self, x, w):
         _Spy.calls.append(tuple(x.shape))
@@ -77,8 +86,8 @@ def test_tuning_picks_a_valid_winner_and_skips_the_wrong_kernel(spy, tmp_path) -
 
 def test_cache_skips_measured_work(tmp_path) -> None:
     cache = Cache(tmp_path / "tune.db")
-    kwargs = dict(candidates=["torch_nchw", "torch_channels_last", "c_direct"], preset="tiny", cache=cache,
-                  repetitions=1, mode="train")
+    kwargs = {"candidates": ["torch_nchw", "torch_channels_last", "c_direct"], "preset": "tiny", "cache": cache,
+              "repetitions": 1, "mode": "train"}
     first = tune_conv2d(SHAPE, **kwargs)
     assert first.measured == len(first.measurements) > 3
     calls: list[Config] = []

@@ -37,7 +37,20 @@ _LAZY = {
     "query": "rapydli.autotune.device",
 }
 
-__all__ = sorted(_LAZY)
+__all__ = [
+    "AutotuneReport",
+    "Cache",
+    "ConvShape",
+    "Plan",
+    "Space",
+    "TuneResult",
+    "TunedConv2d",
+    "apply_plan",
+    "autotune_model",
+    "plan_for",
+    "query",
+    "tune_conv2d",
+]
 
 
 def __getattr__(name: str) -> Any:
@@ -56,6 +69,13 @@ if TYPE_CHECKING:  # pragma: no cover
     from rapydli.autotune.cache import Cache
     from rapydli.autotune.conv import TuneResult, tune_conv2d
     from rapydli.autotune.device import query
-    from rapydli.autotune.model import AutotuneReport, Plan, TunedConv2d, apply_plan, autotune_model, plan_for
+    from rapydli.autotune.model import (
+        AutotuneReport,
+        Plan,
+        TunedConv2d,
+        apply_plan,
+        autotune_model,
+        plan_for,
+    )
     from rapydli.autotune.problem import ConvShape
     from rapydli.autotune.space import Space

@@ -183,7 +183,7 @@ for _cls in (TorchNCHW, TorchChannelsLast, Im2colGemm):
 
 def registry() -> dict[str, Candidate]:
     """All registered candidates by name (generated ones included)."""
-    import rapydli.autotune.generated  # noqa: F401  - registers c_direct
+    import rapydli.autotune.generated
     import rapydli.autotune.triton_conv  # noqa: F401  - registers triton_igemm (lazy triton import)
 
     return dict(_REGISTRY)

@@ -16,7 +16,7 @@ import shutil
 import subprocess
 import tempfile
 from collections.abc import Mapping
-from functools import lru_cache
+from functools import cache
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -99,7 +99,7 @@ def build(template: str, params: Mapping[str, Any]) -> Path:
     return target
 
 
-@lru_cache(maxsize=None)
+@cache
 def _load(path: str) -> ctypes.CDLL:
     return ctypes.CDLL(path)
 

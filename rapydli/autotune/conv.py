@@ -28,7 +28,12 @@ from rapydli.autotune.cache import Cache, CachedRunner
 from rapydli.autotune.candidates import registry
 from rapydli.autotune.device import DeviceInfo, query
 from rapydli.autotune.problem import ConvShape
-from rapydli.autotune.runner import Measurement, ParallelRunner, Runner, SequentialRunner
+from rapydli.autotune.runner import (
+    Measurement,
+    ParallelRunner,
+    Runner,
+    SequentialRunner,
+)
 from rapydli.autotune.search import Config, Problem, SearchSpace
 from rapydli.errors import ConfigError, RapydliError, RapydliWarning
 

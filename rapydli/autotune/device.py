@@ -15,7 +15,7 @@ import platform
 import shutil
 import subprocess
 from dataclasses import asdict, dataclass, field
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -139,7 +139,7 @@ def _frequency(info: dict[str, str]) -> float:
         return 0.0
 
 
-@lru_cache(maxsize=None)
+@cache
 def compiler_version(cc: str | None = None) -> str:
     """First line of ``cc --version`` (the compiler from ``$CC`` or ``cc``), "" if absent."""
     path = shutil.which(cc or os.environ.get("CC", "cc"))

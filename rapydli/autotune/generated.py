@@ -11,7 +11,7 @@ from __future__ import annotations
 import ctypes
 import json
 from collections.abc import Mapping
-from functools import lru_cache
+from functools import cache
 from typing import Any
 
 import torch
@@ -27,7 +27,7 @@ TEMPLATE = "conv2d_direct.c"
 _ARGS = [ctypes.c_void_p] * 3 + [ctypes.c_long] * 11 + [ctypes.c_int]
 
 
-@lru_cache(maxsize=None)
+@cache
 def presets() -> dict[str, dict[str, list[int]]]:
     """The parameter domains of the template, by preset name."""
     return json.loads(cbuild.template_path("conv2d_direct.json").read_text())["presets"]

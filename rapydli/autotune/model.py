@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from rapydli.autotune.candidates import Instance, conv_apply, get
-from rapydli.autotune.conv import TuneResult, pick_best, tune_conv2d
+from rapydli.autotune.conv import TuneResult, tune_conv2d
 from rapydli.autotune.problem import LAYOUTS, ConvShape
 from rapydli.autotune.search import MODES, Config
 from rapydli.errors import ConfigError

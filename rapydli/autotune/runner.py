@@ -120,7 +120,7 @@ def measure(problem: Problem, config: Config) -> Measurement:
     try:
         inst = get(config.candidate).instance(problem.shape, config.param_dict)
         error = validate(problem, inst)
-    except Exception as exc:  # a kernel that fails to build or run is a result, not a crash
+    except Exception as exc:  # noqa: BLE001 - a kernel that fails to build or run is a result, not a crash
         return Measurement(config, "error", message=f"{type(exc).__name__}: {exc}"[-2000:])
     if not error <= problem.tolerance:  # also catches NaN
         return Measurement(config, "invalid", error=error, message=f"relative error {error:.3g} > {problem.tolerance}")

@@ -12,7 +12,7 @@ import importlib.util
 import json
 import os
 from collections.abc import Mapping
-from functools import lru_cache
+from functools import cache
 from types import ModuleType
 from typing import Any
 
@@ -38,7 +38,7 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
-@lru_cache(maxsize=None)
+@cache
 def _load_kernels(interpret: bool) -> ModuleType:  # keyed by the mode: triton.jit reads it at import
     path = cbuild.template_path(SOURCE)
     spec = importlib.util.spec_from_file_location(f"rapydli_kernels_conv2d_igemm_{int(interpret)}", path)
@@ -56,7 +56,7 @@ def kernels() -> ModuleType:
     return _load_kernels(interpreting())
 
 
-@lru_cache(maxsize=None)
+@cache
 def presets() -> dict[str, dict[str, list[int]]]:
     """The parameter domains by preset name (``kernels/conv2d_igemm_triton.json``)."""
     return json.loads(cbuild.template_path("conv2d_igemm_triton.json").read_text())["presets"]

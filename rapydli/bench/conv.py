@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import json
 import os
-from collections import Counter
-from pathlib import Path
 import tempfile
 import time
+from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import click
@@ -120,7 +120,7 @@ def layer_rows(names: tuple[str, ...], gflop: float, preset: str, cache: Cache) 
         result = tune_conv2d(shape, "cpu", "inference", preset=preset, cache=cache, repetitions=5)
         flops = shape.flops
 
-        def gflops(m: Any) -> float | None:
+        def gflops(m: Any, flops: int = flops) -> float | None:
             return flops / m.median / 1e9 if m is not None else None
 
         best = {c: result.best_of(lambda cfg, c=c: cfg.candidate == c) for c in (*LIBRARY, "c_direct")}

@@ -33,7 +33,7 @@ def _tune_options(strategy: str, budget: int, preset: str, repetitions: int) -> 
     return {"strategy": strategy, "options": {"budget": budget}, "preset": preset, "repetitions": repetitions}
 
 
-def _with_engines(n: int, work):  # noqa: ANN001, ANN202 - small local helper
+def _with_engines(n: int, work):
     if n <= 0:
         return work(None)
     from rapydli.cluster import Cluster
