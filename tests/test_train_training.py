@@ -7,7 +7,7 @@ import pytest
 import rapydli as rd
 from rapydli.errors import ConfigError, RankFailure
 from rapydli.experiments.store import open_store
-from rapydli.experiments.training import callable_ref, resolve_callable
+from rapydli.experiments.refs import callable_ref, resolve_callable
 from rapydli.train import models
 
 

@@ -151,12 +151,19 @@ class Job:
             while not self.poll(POLL_S):
                 pass
         except KeyboardInterrupt:
-            self.interrupt()
-            self._settle()
-            self._finish_output()
-            self.finished = True
+            self.cancel()
             raise
         return self.result()
+
+    def cancel(self) -> None:
+        """Interrupt the running ranks and return once all have ended (Ctrl-C's path).
+
+        Ranks still running after the grace period are blocked and the MPI job is aborted.
+        """
+        self.interrupt()
+        self._settle()
+        self._finish_output()
+        self.finished = True
 
     def result(self) -> list[Any]:
         """Values of the ranks in rank order, or the :class:`RankFailure` raised."""

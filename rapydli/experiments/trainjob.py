@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from rapydli.errors import RankFailure
-from rapydli.experiments.training import callable_ref, resolve_callable
+from rapydli.experiments.refs import callable_ref, resolve_callable
 from rapydli.train.config import TrainConfig
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -40,9 +40,11 @@ _TIMING_KEYS = ("step_time_s", "data_time_s", "comm_time_s", "comm_wait_s")
 def train_task(model_fn: Callable[[], Any], data_fn: Callable[[], Any], config: dict[str, Any]) -> dict[str, Any]:
     """The engine half of a :class:`TrainingJob` (runs on every rank of the group).
 
-    Like :func:`rapydli.experiments.training.train_on_rank` (the ranks agree that model
-    and data were built before any collective), and also returns each rank's timing
-    medians and whether the run was stopped early.
+    Builds model and data, then the ranks agree that every one of them succeeded before
+    any collective (so a rank whose ``model_fn``/``data_fn`` raised is the only one named,
+    and nobody is left blocked); runs the :class:`~rapydli.train.trainer.Trainer`; rank 0
+    emits its rows as events. Returns each rank's timing medians, whether the run was
+    stopped early, and rank 0's full history.
     """
     import torch
 
@@ -125,6 +127,8 @@ class TrainingJob:
     callbacks
         Called with every metric row from rank 0, and every ``kind="rank"`` timing row of
         the other ranks, as they arrive (in the polling thread).
+    progress
+        Show a tqdm progress bar driven by rank 0's steps.
     kind, name, parent, extra_params
         How the run is recorded in the store (``kind`` ``train`` or ``trial``; ``parent``:
         the sweep's id); nothing is recorded when the store is off or ``record`` is False.
@@ -140,6 +144,8 @@ class TrainingJob:
         ``data_time_s``, ``comm_time_s``, ``comm_wait_s``), also passed to the callbacks.
     error
         The failure text of a failed run.
+    exception
+        The :class:`RankFailure` of a failed run (None otherwise).
     results
         Per-rank dicts returned by :func:`train_task` once finished.
     """
@@ -158,6 +164,7 @@ class TrainingJob:
         parent: str | None = None,
         extra_params: dict[str, Any] | None = None,
         record: bool = True,
+        progress: bool = False,
     ) -> None:
         from rapydli.experiments.store import open_store
 
@@ -170,6 +177,9 @@ class TrainingJob:
         self.results: list[dict[str, Any]] = []
         self.state = "running"
         self.error = ""
+        self.exception: RankFailure | None = None
+        self.progress = progress
+        self._bar: Any = None
         self.stop_requested_at: float | None = None
         self.started = time.monotonic()
         self.ended: float | None = None
@@ -192,6 +202,11 @@ class TrainingJob:
             raise
 
     def _on_event(self, rank: int, kind: str, payload: Any) -> None:
+        if kind == "start" and self.progress:
+            from tqdm.auto import tqdm
+
+            self._bar = tqdm(total=payload["total_steps"], initial=payload["start_step"], desc="train", unit="step")
+            return
         if kind == "rank_timings":  # other ranks' step timings: to the callbacks (per-rank plots), not the history
             self.rank_rows.append(payload)
             for callback in self.callbacks:
@@ -200,6 +215,9 @@ class TrainingJob:
         if kind != "metrics":
             return
         self.rows.append(payload)
+        if payload.get("kind") == "train" and self._bar is not None:
+            self._bar.update(payload["step"] - self._bar.n)
+            self._bar.set_postfix(loss=f"{payload['loss']:.4g}", refresh=False)
         if self.store is not None and self.run_id is not None:
             self.store.log_metrics(self.run_id, _metric_rows(payload))
         for callback in self.callbacks:
@@ -212,13 +230,14 @@ class TrainingJob:
             return True
         try:
             done = self.job.poll(wait_s)
-        except BaseException:
+        except Exception:
             self._finish("failed", traceback.format_exc(limit=3))
             raise
         if done:
             try:
                 self.results = self.job.result()
             except RankFailure as exc:
+                self.exception = exc
                 self._finish("failed", str(exc))
             else:
                 stopped = any(r.get("stopped_early") for r in self.results)
@@ -226,9 +245,18 @@ class TrainingJob:
         return self.state != "running"
 
     def wait(self, poll_s: float = 0.05) -> TrainingJob:
-        """Poll until the run ends; returns ``self``."""
-        while not self.poll(poll_s):
-            pass
+        """Poll until the run ends; returns ``self``.
+
+        Ctrl-C interrupts every rank (blocked ones are aborted), records the run as
+        interrupted, and re-raises ``KeyboardInterrupt``.
+        """
+        try:
+            while not self.poll(poll_s):
+                pass
+        except KeyboardInterrupt:
+            self.job.cancel()
+            self._finish("stopped", "interrupted by the user")
+            raise
         return self
 
     def request_stop(self) -> None:
@@ -244,6 +272,8 @@ class TrainingJob:
 
     def _finish(self, state: str, error: str = "") -> None:
         self.state, self.error, self.ended = state, error, time.monotonic()
+        if self._bar is not None:
+            self._bar.close()
         if self.store is not None and self.run_id is not None:
             status = {"finished": "finished", "stopped": "interrupted", "failed": "failed"}[state]
             self.store.finish_run(self.run_id, status, error or ("stopped on request" if state == "stopped" else None))
