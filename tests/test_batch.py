@@ -112,6 +112,14 @@ def test_cli_dry_run_lists_items(home: Path) -> None:
 
 # -- real executions ---------------------------------------------------------------
 @pytest.mark.notebook
+def test_a_batch_whose_items_all_fail_still_reports(home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["batch", str(PARAMS_NB), "--grid", "x=-1,-2", "--out", "out", "--parallel", "2"]) == 1
+    assert "2 of 2 items failed" in capsys.readouterr().err
+    summary = pd.read_csv(tmp_path / "out" / "summary.csv")
+    assert sorted(summary["x"]) == [-2, -1] and (summary["status"] == "failed").all()
+    assert "ValueError: x must be positive" in (tmp_path / "out" / "report.html").read_text()
+
+
 def test_batch_end_to_end_failing_item_and_resume(home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["batch", str(PARAMS_NB), "--grid", "x=2,-1", "--out", "out", "--parallel", "2"]
     assert main(argv) == 1  # one item failed: non-zero exit, the other went on

@@ -82,6 +82,8 @@ def test_launcher_options_become_ipyparallel_config():
     ssh = launchers.get_launcher("ssh")
     config = ssh.config(launchers.validate_options("ssh", {"hosts": ["a", "b"], "mpi_args": "-bind-to core"}))
     assert config["MPIEngineSetLauncher"]["mpi_args"] == ["-hosts", "a,b", "-bind-to", "core"]
+    # the mpiexec beside this Python, so a venv kernel without the venv on PATH still finds it
+    assert config["MPIEngineSetLauncher"]["mpi_cmd"] == [os.path.join(os.path.dirname(sys.executable), "mpiexec")]
     pbs = launchers.get_launcher("pbs")
     config = pbs.config(launchers.validate_options("pbs", {"queue": "batch"}), work_dir="/scratch/me")
     assert config == {"PBSEngineSetLauncher": {"queue": "batch", "batch_file_name": "/scratch/me/pbs_engine.sh"}}

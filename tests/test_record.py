@@ -97,7 +97,15 @@ def test_record_goes_under_the_batch_item_from_the_environment(home: Path, monke
 def test_record_without_run_prints_a_note(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
     rd.record("lonely", 1)
     err = capsys.readouterr().err
-    assert "'lonely' is kept in nowhere (not in a notebook) only" in err and "rapydli batch" in err
+    assert "'lonely' is not kept (not in a notebook)" in err and "rapydli batch" in err
+
+
+def test_a_terminal_ipython_is_not_a_notebook(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from IPython.testing.globalipapp import start_ipython
+
+    start_ipython()  # a shell without a kernel, as other tests (and terminal IPython) have
+    rd.record("lonely", 1)
+    assert "'lonely' is not kept (not in a notebook)" in capsys.readouterr().err
 
 
 @pytest.mark.notebook

@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from rapydli.cluster.mpirun import find_mpiexec
 from rapydli.errors import ConfigError
 
 
@@ -62,6 +63,8 @@ class LauncherSpec:
             hook = self.options[key].apply
             if hook:
                 hook(value, config)
+        if self.engines == "mpi":  # the mpiexec of this Python, which need not be on PATH (a venv kernel)
+            config.setdefault("MPIEngineSetLauncher", {}).setdefault("mpi_cmd", [find_mpiexec()])
         return config
 
 

@@ -68,6 +68,8 @@ def figures(summary: pd.DataFrame, plan: Plan) -> list[Any]:
     import plotly.graph_objects as go
 
     done = summary[summary["status"] == "finished"]
+    if done.empty:  # every item failed: the report is the table alone
+        return []
     metrics = [*_metric_columns(summary, plan), "duration"]
     figs = []
     for param in plan.varied:

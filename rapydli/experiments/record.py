@@ -116,22 +116,25 @@ def record(name: str, value: Any) -> None:
     shown = _display(name, type_, encoded)
     where = _store(name, type_, encoded)
     if where is None:
-        sink = "this notebook's output" if shown else "nowhere (not in a notebook)"
+        kept = f"{name!r} is kept in this notebook's output only" if shown else f"{name!r} is not kept (not in a notebook)"
         print(
-            f"rd.record: {name!r} is kept in {sink} only: no batch item or run is active in this "
-            "process (run the notebook with `rapydli batch`, or record after rd.train)",
+            f"rd.record: {kept}: no batch item or run is active in this process "
+            "(run the notebook with `rapydli batch`, or record after rd.train)",
             file=sys.stderr,
         )
 
 
 def _display(name: str, type_: str, encoded: Any) -> bool:
-    """Show the record as an output of the running cell; False when not in IPython."""
+    """Show the record as an output of the running cell; False outside a notebook kernel.
+
+    A terminal IPython (or a test's shell) keeps no outputs, so only a kernel counts.
+    """
     try:
         from IPython import get_ipython
     except ImportError:  # pragma: no cover - IPython ships with ipykernel
         return False
     shell = get_ipython()
-    if shell is None:
+    if shell is None or getattr(shell, "kernel", None) is None:
         return False
     from IPython.display import display
 
