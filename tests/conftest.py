@@ -32,13 +32,15 @@ def run_mpi(tmp_path: Path) -> MpiRunner:
     """Run a Python snippet on ``n`` real MPI ranks; fail the test with its output if it fails.
 
     ``run_mpi(code, n=2, timeout=120, check=True, env=None)`` writes ``code`` (dedented)
-    to a file and runs it with ``mpiexec -n n``; returns the CompletedProcess.
+    to a file and runs it with ``mpiexec -n n python -m mpi4py``: an uncaught exception on
+    one rank aborts the whole job rather than leaving the others blocked in a collective.
+    Returns the CompletedProcess.
     """
 
     def run(code: str, n: int = 2, timeout: float = 120, check: bool = True, env: dict | None = None):
         script = tmp_path / f"mpi_snippet_{n}.py"
         script.write_text(textwrap.dedent(code))
-        result = mpirun.run([sys.executable, str(script)], n=n, timeout=timeout, env=env, threads=1, cwd=tmp_path)
+        result = mpirun.run([sys.executable, "-m", "mpi4py", str(script)], n=n, timeout=timeout, env=env, threads=1, cwd=tmp_path)
         if check and result.returncode != 0:
             pytest.fail(f"mpiexec -n {n} failed ({result.returncode}):\n{result.stdout}\n{result.stderr}")
         return result

@@ -5,25 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import pandas as pd
-import psutil
 import pytest
 
+from processes import engine_pids
 from rapydli.cli import main
 from rapydli.experiments import store as store_mod
 from rapydli.experiments.record import read_records
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "notebooks" / "05-batch-experiments.ipynb"
-
-
-def _engines() -> set[int]:
-    """Pids of ipengine / ipcontroller / mpiexec processes started by this test session."""
-    mine = {p.pid for p in psutil.Process().children(recursive=True)}
-    return {
-        p.pid
-        for p in psutil.process_iter(["cmdline"])
-        if p.pid in mine and any(k in " ".join(p.info["cmdline"] or []) for k in ("ipengine", "ipcontroller", "mpiexec"))
-    }
 
 
 @pytest.mark.notebook
@@ -61,4 +51,4 @@ def test_readme_batch_over_notebook_05(tmp_path: Path, monkeypatch: pytest.Monke
     # re-running the same command runs nothing again
     assert main(argv) == 0
     assert pd.read_csv(out / "summary.csv")["resumed"].all()
-    assert not _engines()  # every item stopped its own cluster
+    assert not engine_pids()  # every item stopped its own cluster

@@ -12,6 +12,7 @@ import time
 import psutil
 import pytest
 
+from processes import engine_pids, wait_until_gone
 from rapydli.cluster import Cluster, launchers, parse_targets
 from rapydli.cluster.engine import context
 from rapydli.cluster.events import emit
@@ -20,39 +21,13 @@ from rapydli.errors import ConfigError, NotFoundError, RankFailure
 pytestmark = pytest.mark.engines
 
 
-def _ours() -> list[str]:
-    names = []
-    for proc in psutil.Process().children(recursive=True):
-        try:
-            cmd = " ".join(proc.cmdline())
-        except psutil.Error:
-            continue
-        if "ipyparallel" in cmd or "mpiexec" in cmd:
-            names.append(cmd)
-    return names
-
-
-def _wait_none_left(before: list[str] = (), timeout: float = 10) -> None:
-    """Wait until no engine/controller/mpiexec child is left beyond those in ``before``."""
-
-    def extra() -> list[str]:
-        now = list(_ours())
-        for cmd in before:
-            if cmd in now:
-                now.remove(cmd)
-        return now
-
-    deadline = time.monotonic() + timeout
-    while extra() and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not extra(), f"processes left behind: {extra()}"
 
 
 @pytest.fixture(scope="module")
 def cluster():
     with Cluster(n=2) as started:
         yield started
-    _wait_none_left()
+    assert not wait_until_gone()
 
 
 # -- validation happens before anything starts -------------------------------------------
@@ -69,10 +44,10 @@ def cluster():
     ],
 )
 def test_bad_configuration_is_refused_before_starting(kwargs, message):
-    before = _ours()
+    before = engine_pids()
     with pytest.raises(ConfigError, match=message):
         Cluster(**kwargs)
-    assert _ours() == before
+    assert engine_pids() == before
 
 
 def test_launcher_options_become_ipyparallel_config():
@@ -177,10 +152,10 @@ def test_restart_gives_fresh_engines(cluster):
 
 
 def test_ssh_launcher_spans_the_named_hosts():
-    before = _ours()
+    before = engine_pids()
     with Cluster(n=2, launcher="ssh", hosts=[socket.gethostname()]) as started:
         assert started.run(_rank_info, 1) == [(0, 2, 1), (1, 2, 1)]
-    _wait_none_left(before)
+    assert not wait_until_gone(before)
 
 
 FAKE_SBATCH = """\
@@ -208,7 +183,7 @@ def test_slurm_launcher_submits_a_batch_job(tmp_path, monkeypatch):
         path.chmod(path.stat().st_mode | stat.S_IEXEC)
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.path.dirname(sys.executable)}:{os.environ['PATH']}")
     monkeypatch.setenv("FAKE_SLURM_DIR", str(tmp_path))
-    before = _ours()
+    before = engine_pids()
     with Cluster(n=2, launcher="slurm", partition="debug", account="dl-lab", timelimit="00:05:00") as started:
         assert started.run(_rank_info, 1) == [(0, 2, 1), (1, 2, 1)]
         script = (tmp_path / "last.sbatch").read_text()
@@ -222,7 +197,7 @@ def test_slurm_launcher_submits_a_batch_job(tmp_path, monkeypatch):
     while psutil.pid_exists(job) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not psutil.pid_exists(job) or psutil.Process(job).status() == psutil.STATUS_ZOMBIE
-    _wait_none_left(before)
+    assert not wait_until_gone(before)
 
 
 # -- outliving the process that started it ---------------------------------------------------

@@ -24,6 +24,7 @@ from typing import Any
 import psutil
 import pytest
 
+from processes import engine_pids, wait_until_gone
 from rapydli.experiments.store import RunStore
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -78,22 +79,6 @@ def seed(store: RunStore) -> dict[str, str]:
     ])  # fmt: skip
     store.finish_run(ids["scaling"])
     return ids
-
-
-def engine_processes(root: psutil.Process) -> set[int]:
-    found = set()
-    try:
-        children = root.children(recursive=True)
-    except psutil.NoSuchProcess:
-        return found
-    for proc in children:
-        try:
-            text = " ".join(proc.cmdline())
-        except psutil.Error:
-            continue
-        if "ipengine" in text or "ipyparallel" in text or "mpiexec" in text or "hydra_pmi_proxy" in text:
-            found.add(proc.pid)
-    return found
 
 
 @pytest.fixture(scope="module")
@@ -274,7 +259,7 @@ def test_commands_are_in_the_palette(page: Page) -> None:
 
 @pytest.mark.engines
 def test_start_and_stop_a_cluster_from_the_panel(page: Page, lab: dict[str, Any]) -> None:
-    before = engine_processes(lab["proc"])
+    before = engine_pids(lab["proc"].pid)
     panel = open_panel(page)
     panel.get_by_role("button", name="Start cluster").click()
     dialog = page.get_by_role("dialog")
@@ -285,7 +270,7 @@ def test_start_and_stop_a_cluster_from_the_panel(page: Page, lab: dict[str, Any]
     expect(clusters).to_contain_text("2/2 engines", timeout=240_000)
     expect(clusters).to_contain_text("running")
     expect(page.locator(".rapydli-StatusItem")).to_have_text("RaPyDLI: 2 engines")
-    assert len(engine_processes(lab["proc"]) - before) >= 2
+    assert len(engine_pids(lab["proc"].pid) - before) >= 2
     page.screenshot(path=str(ARTIFACTS / "lab-cluster-running.png"))
 
     # A notebook attaches to the panel's cluster through the inserted cells and runs on it.
@@ -314,8 +299,5 @@ def test_start_and_stop_a_cluster_from_the_panel(page: Page, lab: dict[str, Any]
     panel.get_by_role("button", name=re.compile("^Stop cluster")).click()
     expect(panel).to_contain_text("No cluster started from this server.", timeout=60_000)
     expect(page.locator(".rapydli-StatusItem")).to_have_text("RaPyDLI: 0 engines")
-    deadline = time.monotonic() + 15
-    while engine_processes(lab["proc"]) - before and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert engine_processes(lab["proc"]) - before == set()
+    assert wait_until_gone(before, timeout=15, root=lab["proc"].pid) == set()
     page.screenshot(path=str(ARTIFACTS / "lab-cluster-stopped.png"))

@@ -6,27 +6,15 @@ import _thread
 import threading
 import time
 
-import psutil
 import pytest
 from IPython.core.error import UsageError
 from IPython.testing.globalipapp import start_ipython
 from IPython.utils.capture import capture_output
 
+from processes import wait_until_gone
 from rapydli.errors import RankFailure
 
 pytestmark = pytest.mark.engines
-
-
-def _engine_processes() -> list[psutil.Process]:
-    found = []
-    for proc in psutil.Process().children(recursive=True):
-        try:
-            cmd = " ".join(proc.cmdline())
-        except psutil.Error:
-            continue
-        if "ipyparallel" in cmd or "mpiexec" in cmd or "hydra_pmi_proxy" in cmd:
-            found.append(proc)
-    return found
 
 
 @pytest.fixture(scope="module")
@@ -37,10 +25,7 @@ def ip():
         shell.run_line_magic("rapydli", "start -n 2")
     yield shell
     shell.run_line_magic("rapydli", "stop")
-    deadline = time.monotonic() + 10
-    while _engine_processes() and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not _engine_processes(), "cluster stop left processes behind"
+    assert not wait_until_gone(), "cluster stop left processes behind"
 
 
 def cell(ip, code: str, line: str = ""):
@@ -195,9 +180,8 @@ def test_status_and_second_start(ip):
 
 
 def test_bad_launcher_starts_nothing(ip):
-    before = len(_engine_processes())
     with pytest.raises(UsageError, match="allowed are"):
         ip.run_line_magic("rapydli", "stop") or ip.run_line_magic("rapydli", "start -n 2 --launcher nope")
-    assert len(_engine_processes()) <= before
+    assert not wait_until_gone()  # the old cluster is gone and nothing new was started
     with capture_output():
         ip.run_line_magic("rapydli", "start -n 2")

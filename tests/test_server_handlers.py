@@ -12,17 +12,16 @@ import asyncio
 import functools
 import inspect
 import json
-import os
 import time
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
 import tornado.httpclient
 from pytest_jupyter.jupyter_server import *  # noqa: F403 - the fixtures jp_fetch needs, for this module only
 
+from processes import engine_pids, wait_until_gone
 from rapydli.experiments.store import RunStore, open_store
 
 
@@ -205,19 +204,6 @@ async def test_bad_query_arguments_are_400(api, store: RunStore) -> None:
     assert code == 400 and "since" in data["error"]
 
 
-def engine_processes() -> set[int]:
-    """This process's descendants that are MPI or ipyparallel processes."""
-    found = set()
-    for proc in psutil.Process(os.getpid()).children(recursive=True):
-        try:
-            text = " ".join(proc.cmdline())
-        except psutil.Error:
-            continue
-        if "ipengine" in text or "ipyparallel" in text or "mpiexec" in text or "hydra" in text:
-            found.add(proc.pid)
-    return found
-
-
 async def wait_for(api, cluster_id: str, states: set[str], timeout: float = 150) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -230,23 +216,20 @@ async def wait_for(api, cluster_id: str, states: set[str], timeout: float = 150)
 
 
 def assert_no_engines(before: set[int], timeout: float = 15) -> None:
-    deadline = time.monotonic() + timeout
-    while engine_processes() - before and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert engine_processes() - before == set()
+    assert wait_until_gone(before, timeout) == set()
 
 
 @pytest.mark.engines
 @pytest.mark.timeout(240)
 @on_server_loop
 async def test_start_status_stop_a_real_cluster(api, store: RunStore) -> None:
-    before = engine_processes()
+    before = engine_pids()
     code, entry = await api("clusters", method="POST", body={"n": 2, "launcher": "local"})
     assert code == 202 and entry["state"] == "starting" and entry["n"] == 2
     running = await wait_for(api, entry["id"], {"running", "failed"})
     assert running["state"] == "running", running["error"]
     assert running["engines_alive"] == 2
-    assert len(engine_processes() - before) >= 2
+    assert len(engine_pids() - before) >= 2
     # Notebooks can attach to it: the cluster is published under its attach id.
     from rapydli.cluster import Cluster
 
@@ -265,7 +248,7 @@ async def test_start_status_stop_a_real_cluster(api, store: RunStore) -> None:
 @pytest.mark.timeout(240)
 @on_server_loop
 async def test_server_shutdown_stops_its_clusters(api, jp_serverapp, store: RunStore) -> None:
-    before = engine_processes()
+    before = engine_pids()
     code, entry = await api("clusters", method="POST", body={"n": 2})
     assert code == 202
     (app,) = jp_serverapp.extension_manager.extension_apps["rapydli.server"]

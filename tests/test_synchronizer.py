@@ -7,17 +7,7 @@ import torch
 
 from rapydli.errors import ConfigError
 
-ABORT_ON_ERROR = r"""
-import sys, traceback
-def _abort(kind, value, tb):
-    traceback.print_exception(kind, value, tb)
-    sys.stderr.flush()
-    from mpi4py import MPI
-    MPI.COMM_WORLD.Abort(1)
-sys.excepthook = _abort
-"""
-
-SYNC = ABORT_ON_ERROR + r"""
+SYNC = r"""
 import copy
 import torch
 import torch.nn as nn
