@@ -73,3 +73,13 @@ def test_fields_spec_describes_every_field() -> None:
     for spec in specs.values():  # every default passes its own spec
         assert spec.help
     TrainConfig(**{name: spec.default for name, spec in specs.items()})
+
+
+def test_choices_follow_the_registries() -> None:
+    """config.py stays free of torch/mpi4py imports, so its choice lists are pinned here."""
+    from rapydli.comm.base import algorithm_names
+    from rapydli.data.loaders import LOADER_KINDS
+
+    choices = {spec.name: set(spec.choices or ()) for spec in TrainConfig.fields_spec()}
+    assert choices["allreduce"] == set(algorithm_names())
+    assert choices["loader"] == set(LOADER_KINDS)
