@@ -109,7 +109,8 @@ def test_a_trial_that_kills_its_engine_fails_and_the_sweep_restarts_the_cluster(
     result = rd.sweep(models.mlp, data_killing_the_first_engine, config, {"lr": rd.loguniform(1e-3, 1e-2)}, trials=3,
                       cluster=cluster, pruner="none", live=False)  # fmt: skip
     states = list(result.table["state"])
-    assert states[-1] == "COMPLETE" and "FAIL" in states  # the sweep went on after the failure
+    errors = result.table[["trial", "state", "error"]].to_string()
+    assert states[-1] == "COMPLETE" and "FAIL" in states, errors  # the sweep went on after the failure
     failed = result.table[result.table["state"] == "FAIL"]
     assert failed["error"].str.contains("died").any()
     assert cluster.running and cluster.run(lambda: 8) == [8, 8]

@@ -160,7 +160,7 @@ def _enter(targets: Sequence[int], stream_events: bool) -> RankContext:
 
 
 def _leave() -> None:
-    events.flush()
+    events.send_pending()
     events.enable(False)
     _current.pop()
     _stop.clear()

@@ -11,6 +11,7 @@ there is nobody to receive events, and ``emit`` does nothing.
 Publishing costs about half a millisecond, so dense events are coalesced: an event goes
 out at once unless the previous message left less than ``COALESCE_S`` ago, in which case
 it waits for the next ``emit`` (or the end of the task, which flushes everything).
+Events someone acts on at once (an evaluation a pruner reads) pass ``flush=True``.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ def enable(on: bool) -> None:
         _enabled.clear()
 
 
-def emit(kind: str, payload: Any) -> None:
+def emit(kind: str, payload: Any, flush: bool = False) -> None:
     """Send ``payload`` to the notebook as an event named ``kind``.
 
     Parameters
@@ -45,16 +46,18 @@ def emit(kind: str, payload: Any) -> None:
         Event name, e.g. ``"metrics"``.
     payload
         Any picklable value; keep it small (it crosses the network per call).
+    flush
+        Send it (and anything pending) now, even within the coalescing window.
     """
     if not _enabled.is_set():
         return
     # Keys are unique and ordered: the client merges each message into one dict per rank.
     _pending[f"{next(_counter):012d}"] = (kind, payload)
-    if time.monotonic() - _last_sent[0] >= COALESCE_S:
-        flush()
+    if flush or time.monotonic() - _last_sent[0] >= COALESCE_S:
+        send_pending()
 
 
-def flush() -> None:
+def send_pending() -> None:
     """Publish the events not yet sent (called at the end of every task)."""
     if not _pending or not _enabled.is_set():
         _pending.clear()

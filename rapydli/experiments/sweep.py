@@ -241,7 +241,7 @@ class Sweep:
         groups = [list(range(g * self.workers_per_trial, (g + 1) * self.workers_per_trial)) for g in range(self.parallel)]
         while True:
             busy = [r.ranks for r in self.records if r.state == "RUNNING"]
-            free = [g for g in groups if g not in busy]
+            free = [g for g in groups if g not in busy] if self._cluster_healthy(busy) else []
             while free and len(self.records) < self.trials and not self._stop.is_set():
                 ranks = free.pop(0)
                 if self._start(ranks).state != "RUNNING":
@@ -259,6 +259,20 @@ class Sweep:
                     self._advance(record, POLL_S / len(running))
                     self._after_failure(record)
             self._refresh()
+
+    def _cluster_healthy(self, busy: list[list[int]]) -> bool:
+        """Whether new trials may be placed: never on a cluster with a dead engine.
+
+        When one rank dies, MPI takes the others of the job down a moment later, so a trial
+        placed on a surviving engine would die too. Running trials notice the death and
+        restart the cluster (:meth:`_after_failure`); with none running, restart here.
+        """
+        if self.cluster is None or self.cluster.running:
+            return True
+        if not busy:
+            self.cluster.restart()
+            return True
+        return False
 
     def _start(self, ranks: list[int]) -> _Trial:
         trial = self.study.ask()

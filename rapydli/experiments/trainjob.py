@@ -72,7 +72,7 @@ def train_task(model_fn: Callable[[], Any], data_fn: Callable[[], Any], config: 
     try:
         trainer = Trainer(model, None, train_data, val_data, cfg, comm=comm, callbacks=[EmitMetrics(ctx.rank), EmitRankTimings(ctx.rank)])
         if ctx.rank == 0:
-            emit("start", {"total_steps": trainer.total_steps, "start_step": trainer.step, "world_size": ctx.world_size})
+            emit("start", {"total_steps": trainer.total_steps, "start_step": trainer.step, "world_size": ctx.world_size}, flush=True)
         history = trainer.fit()
         trainer.close()
     finally:

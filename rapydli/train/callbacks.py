@@ -56,23 +56,24 @@ class EmitMetrics:
 
     Emits ``("metrics", row)`` for every train and eval row and ``("epoch", row)`` at
     each epoch end, through :func:`rapydli.cluster.events.emit` (a no-op outside a
-    cluster task). Other ranks emit nothing.
+    cluster task). Evaluation rows are sent at once (a pruner decides on them); step rows
+    may be coalesced. Other ranks emit nothing.
     """
 
     def __init__(self, rank: int) -> None:
         self.rank = rank
 
-    def _emit(self, kind: str, row: dict[str, Any]) -> None:
+    def _emit(self, kind: str, row: dict[str, Any], flush: bool = False) -> None:
         if self.rank == 0:
             from rapydli.cluster.events import emit
 
-            emit(kind, row)
+            emit(kind, row, flush=flush)
 
     def on_step_end(self, metrics: dict[str, Any]) -> None:
         self._emit("metrics", metrics)
 
     def on_eval_end(self, metrics: dict[str, Any]) -> None:
-        self._emit("metrics", metrics)
+        self._emit("metrics", metrics, flush=True)
 
     def on_epoch_end(self, metrics: dict[str, Any]) -> None:
         self._emit("epoch", metrics)
