@@ -229,7 +229,6 @@ def command(json_path: str | None, quick: bool, gflop: float, preset: str, batch
     library_ok = all((r["tuned_vs_best_library"] or 0) >= LIBRARY_TARGET for r in layers)
     generated_good = [r["layer"] for r in layers if (r["generated_vs_onednn"] or 0) >= GENERATED_TARGET]
     summary: dict[str, Any] = {
-        "machine note": "shared 2-core machine, other engineers' jobs running: timings are noisy",
         "tuned step speedup (per model)": ", ".join(f"{r['model']} {r['speedup']:.2f}x" for r in models),
         f"target tuned step >= {STEP_TARGET}x on conv-heavy models": verdict(all(r["speedup"] >= STEP_TARGET for r in models)),
         "target tuned step never slower (>= 1.0x)": verdict(all(r["speedup"] >= 1.0 for r in models)),

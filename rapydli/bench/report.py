@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import platform
 from pathlib import Path
 from typing import Any
@@ -14,8 +15,6 @@ from rapydli import __version__
 
 def machine_info() -> dict[str, Any]:
     """Facts that make a benchmark figure interpretable later."""
-    import os
-
     import torch
 
     return {
@@ -25,6 +24,7 @@ def machine_info() -> dict[str, Any]:
         "rapydli": __version__,
         "cpus": os.cpu_count(),
         "processor": platform.processor() or platform.machine(),
+        "load_average_1min": os.getloadavg()[0],  # a busy machine makes every figure noisy
     }
 
 
@@ -39,6 +39,7 @@ def emit(name: str, rows: list[dict[str, Any]], summary: dict[str, Any], json_pa
         print(table.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
     for key, value in summary.items():
         print(f"{key}: {value:.3g}" if isinstance(value, float) else f"{key}: {value}")
+    print(f"load average (1 min) at the end: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
     if json_path:
         path = Path(json_path)
         path.parent.mkdir(parents=True, exist_ok=True)
