@@ -14,8 +14,6 @@ front-end code (plotly, widgets, optuna) it never uses.
 
 from __future__ import annotations
 
-import sys
-import types
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
@@ -35,7 +33,6 @@ __version__ = "0.1.0"
 _LAZY: dict[str, str] = {
     "Cluster": "rapydli.cluster",
     "TrainConfig": "rapydli.train.config",
-    "train": "rapydli.experiments.training",
     "RunResult": "rapydli.experiments.training",
     "scaling_study": "rapydli.experiments.scaling",
     "ScalingResult": "rapydli.experiments.scaling",
@@ -50,8 +47,8 @@ _LAZY: dict[str, str] = {
     "run": "rapydli.experiments.store",
     "batch": "rapydli.experiments.batch",
 }
-# `rapydli.train` (the package) is reached with `import rapydli.train`; `rd.train` is the function.
-_SUBPACKAGES = {"widgets", "data", "comm", "autotune", "cluster", "experiments"}
+# `rd.train` is the package `rapydli.train`, which is callable: rd.train(model_fn, data_fn, config)
+_SUBPACKAGES = {"widgets", "data", "comm", "autotune", "cluster", "experiments", "train"}
 
 __all__ = [
     "ClusterError",
@@ -63,6 +60,7 @@ __all__ = [
     "StoreError",
     "__version__",
     "load_ipython_extension",
+    "train",
     *sorted(_LAZY),
 ]
 
@@ -79,22 +77,6 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return sorted(set(__all__) | _SUBPACKAGES)
-
-
-class _Package(types.ModuleType):
-    """The ``rapydli`` module: importing ``rapydli.train`` must not replace ``rd.train``.
-
-    Python binds a subpackage to its parent's attribute of the same name once imported;
-    for names of the public API (``train``) the function wins.
-    """
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name in _LAZY and isinstance(value, types.ModuleType):
-            return
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package
 
 
 def load_ipython_extension(ipython: Any) -> None:

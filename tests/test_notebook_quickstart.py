@@ -6,6 +6,8 @@ import nbformat
 import papermill
 import pytest
 
+import rapydli as rd
+
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 
 
@@ -28,6 +30,9 @@ def test_quickstart_runs(tmp_path):
     assert "[rank 0] hello from rank 0 of 2" in text
     assert "[rank 1] hello from rank 1 of 2" in text
     assert "final test accuracy" in text
+    assert "validation accuracy" in text  # the closing rd.train cell, on the notebook's own cluster
+    runs = rd.runs(kind="train")
+    assert len(runs) >= 1 and runs.iloc[0]["status"] == "finished" and runs.iloc[0]["world_size"] == 2
     figures = [
         output
         for cell in nb.cells
@@ -35,4 +40,4 @@ def test_quickstart_runs(tmp_path):
         for output in cell.get("outputs", [])
         if "application/vnd.plotly.v1+json" in output.get("data", {})
     ]
-    assert len(figures) == 1
+    assert len(figures) == 2  # the hand-written loop's curves, then rd.train's loss

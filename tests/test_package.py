@@ -19,11 +19,13 @@ def test_import_is_light():
     assert loaded == "[]"
 
 
-def test_train_function_is_not_shadowed_by_the_train_package():
-    import rapydli.train.models  # noqa: F401 - binds the subpackage, as any import of it does
+def test_rd_train_is_callable_and_its_submodules_import():
+    import rapydli.train.models as models  # resolved through the attribute rapydli.train
 
-    assert callable(rd.train) and rd.train.__module__ == "rapydli.experiments.training"
+    assert models.__name__ == "rapydli.train.models"
     assert rd.TrainConfig.__module__ == "rapydli.train.config"
+    with pytest.raises(rd.ConfigError, match="lr"):  # calling rd.train reaches the trainer entry point
+        rd.train(models.mlp, "rapydli.train.datasets:digits", {"lr": -1.0})
 
 
 def test_public_api_names_resolve():
