@@ -75,7 +75,8 @@ def test_sweep_panel_runs_a_sweep_in_the_background_and_stops(cluster) -> None:
     assert panel.run_button.disabled is False
 
     long = rd.TrainConfig(epochs=500, eval_every=5, batch_size=32, allreduce="mpi")
-    stopper = SweepPanel(models.mlp, datasets.digits, long, {"lr": rd.loguniform(1e-3, 1e-1)}, cluster, trials=4)
+    # no pruner: a trial pruned before Stop would free its engine for a third trial
+    stopper = SweepPanel(models.mlp, datasets.digits, long, {"lr": rd.loguniform(1e-3, 1e-1)}, cluster, trials=4, pruner="none")
     stopper.run_button.click()
     while not len(stopper.view.table) or not (stopper.view.table["steps"] > 0).any():
         stopper.wait(0.1)
