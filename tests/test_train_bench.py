@@ -7,7 +7,9 @@ import json
 import pytest
 from click.testing import CliRunner
 
+from rapydli.bench import live
 from rapydli.bench.trainer import command, summarize
+from rapydli.experiments.trainjob import WARMUP_STEPS
 
 
 def test_summary_targets_from_rows() -> None:
@@ -27,15 +29,30 @@ def test_summary_targets_from_rows() -> None:
 @pytest.mark.mpi
 def test_bench_trainer_runs_on_two_ranks(tmp_path) -> None:
     path = tmp_path / "trainer.json"
-    result = CliRunner().invoke(
-        command, ["-n", "2", "--models", "mlp", "--steps", "2", "--rounds", "1", "--allreduce", "mpi", "--json", str(path)]
-    )
+    argv = ["-n", "2", "--models", "mlp", "--steps", "2", "--rounds", "1", "--allreduce", "mpi", "--live-steps", "4", "--json", str(path)]
+    result = CliRunner().invoke(command, argv)
     assert result.exit_code == 0, result.output
-    assert "mlp: target trainer <= 0.85x ddp:" in result.output
+    assert "mlp: target trainer <= 0.85x ddp:" in result.output and "mlp: target live cost <= 2%:" in result.output
     payload = json.loads(path.read_text())
-    assert {row["variant"] for row in payload["rows"]} == {"trainer", "ddp_gloo", "no_comm"}
-    assert all(row["step_ms"] > 0 for row in payload["rows"])
-    assert 0.0 <= payload["rows"][0]["hidden_fraction"] <= 1.0
+    rows = {row["variant"]: row for row in payload["rows"]}
+    assert set(rows) == {"trainer", "ddp_gloo", "no_comm", "live", "quiet", "per_call"}
+    assert all(rows[variant]["step_ms"] > 0 for variant in ("trainer", "ddp_gloo", "no_comm", "live", "quiet"))
+    assert 0.0 <= rows["trainer"]["hidden_fraction"] <= 1.0
+    assert rows["live"]["rows_received"] == 4 + WARMUP_STEPS  # every step's row reached the plot while it ran
+    per_call = [row for row in payload["rows"] if row["variant"] == "per_call"]
+    assert [row["rank"] for row in per_call] == [0, 1] and all(row["should_stop_us"] > 0 for row in per_call)
+
+
+def test_live_summary_from_rows() -> None:
+    rows = [
+        {"model": "m", "variant": "live", "step_ms": 10.1},
+        {"model": "m", "variant": "quiet", "step_ms": 10.0},
+        {"model": None, "variant": "per_call", "rank": 0, "emit_us": 2.0, "publish_us": 50.0, "should_stop_us": 18.0},
+    ]
+    summary = live.summarize(rows)
+    assert summary["m: live metrics cost (streamed / quiet step - 1)"] == pytest.approx(0.01)
+    assert summary["m: target live cost <= 2%"] == "met"
+    assert summary["m: emit + should_stop per step, share of step"] == pytest.approx(20e-6 / 10e-3)
 
 
 def test_unknown_model_is_rejected() -> None:

@@ -9,7 +9,9 @@ the issue's targets with met / not met:
 * ``Trainer`` step <= 0.85x DDP's;
 * communication overhead of the ``Trainer`` over the no-communication step <= 10%;
 
-and the fraction of the ``Trainer``'s communication hidden behind backward.
+and the fraction of the ``Trainer``'s communication hidden behind backward. With
+``--live`` (the default) it then measures what streaming the step metrics to the notebook
+costs a training task on a local cluster (:mod:`rapydli.bench.live`; target <= 2% of the step).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import click
 from rapydli.bench.report import emit
 from rapydli.cluster import mpirun
 from rapydli.errors import ClusterError
+from rapydli.experiments.trainjob import WARMUP_STEPS
 
 TRAINER_VS_DDP = 0.85
 MAX_OVERHEAD = 0.10
@@ -56,8 +59,12 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
 @click.option("--rounds", type=click.IntRange(min=1), default=3, show_default=True, help="Interleaved rounds per variant.")
 @click.option("--allreduce", default="auto", show_default=True, help="The Trainer's allreduce algorithm.")
 @click.option("--bucket-mb", type=click.FloatRange(min=0, min_open=True), default=25.0, show_default=True, help="The Trainer's gradient bucket size (MiB).")
+@click.option("--live/--no-live", default=True, show_default=True, help="Also measure the cost of live metrics on a local cluster.")
+@click.option("--live-steps", type=click.IntRange(min=1), default=100, show_default=True, help="Measured steps per live/quiet run.")
 @click.option("--timeout", type=float, default=900.0, show_default=True, help="Seconds before every rank is killed.")
-def command(n: int, json_path: str | None, models: str, steps: int, rounds: int, allreduce: str, bucket_mb: float, timeout: float) -> None:
+def command(
+    n: int, json_path: str | None, models: str, steps: int, rounds: int, allreduce: str, bucket_mb: float, live: bool, live_steps: int, timeout: float
+) -> None:
     """Trainer step vs torch DDP (gloo) vs no communication; small ResNet and MLP, batch 32 per rank."""
     from rapydli.bench.trainer_worker import MODELS
 
@@ -72,4 +79,11 @@ def command(n: int, json_path: str | None, models: str, steps: int, rounds: int,
         if result.returncode != 0 or not out.exists():
             raise ClusterError(f"the trainer benchmark failed on {n} ranks:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
         rows = json.loads(out.read_text())
-    emit("trainer", rows, summarize(rows), json_path)
+    summary = summarize(rows)
+    if live:
+        from rapydli.bench import live as live_bench
+
+        live_rows = live_bench.measure(n, models.split(","), live_steps + WARMUP_STEPS, rounds, allreduce, bucket_mb)
+        summary.update(live_bench.summarize(live_rows))
+        rows += live_rows
+    emit("trainer", rows, summary, json_path)

@@ -1,0 +1,108 @@
+"""The live-metrics part of ``rapydli bench trainer``: what watching training costs it.
+
+Starts a local cluster of ``n`` engines and runs the task that ``rd.train``, the widgets and
+sweeps run (:func:`rapydli.experiments.trainjob.train_task`) twice per round, interleaved:
+with its step rows streamed to a :class:`~rapydli.widgets.live.LivePlot` in this process
+(events on, as in a notebook) and with streaming off (``emit`` returns at once). The
+cost is the ratio of their median step times (slowest rank) minus one; the issue's
+target is <= 2% of the step. Both variants poll ``should_stop`` once per step, as every
+cluster task does, so it is timed separately, with ``emit`` and one publish, on the ranks.
+"""
+
+from __future__ import annotations
+
+import functools
+import statistics
+import time
+from typing import Any
+
+from rapydli.train import datasets, models
+from rapydli.train.config import TrainConfig
+
+MAX_LIVE_COST = 0.02
+MICRO_CALLS = 2000
+
+LIVE_MODELS = {
+    "resnet_mini": functools.partial(models.resnet_mini, in_channels=3),
+    "mlp": functools.partial(models.mlp, in_features=3 * 32 * 32, hidden=512, depth=2),
+}
+
+
+def per_call_costs(calls: int) -> dict[str, float]:
+    """Engine side: microseconds per ``emit`` (coalesced), per publish, per ``should_stop``."""
+    from rapydli.cluster import events
+    from rapydli.cluster.engine import context, should_stop
+    from rapydli.train.callbacks import STEP_KEYS
+
+    comm = context().comm
+    row = dict.fromkeys(STEP_KEYS, 0.0)
+    comm.Barrier()
+    started = time.perf_counter()
+    for _ in range(calls):
+        events.emit("bench", row)
+    emit_s = (time.perf_counter() - started) / calls
+    publishes = []
+    for _ in range(20):
+        started = time.perf_counter()
+        events.emit("bench", row, flush=True)
+        publishes.append(time.perf_counter() - started)
+    comm.Barrier()
+    started = time.perf_counter()
+    for _ in range(calls):
+        should_stop(comm)
+    stop_s = (time.perf_counter() - started) / calls
+    return {"emit_us": 1e6 * emit_s, "publish_us": 1e6 * statistics.median(publishes), "should_stop_us": 1e6 * stop_s}
+
+
+def measure(n: int, names: list[str], steps: int, rounds: int, allreduce: str, bucket_mb: float) -> list[dict[str, Any]]:
+    """Rows ``{model, variant: live|quiet, step_ms, ...}`` and one ``per_call`` row per rank."""
+    from rapydli.cluster import Cluster
+    from rapydli.experiments.trainjob import train_task
+    from rapydli.widgets.live import LivePlot
+
+    rows: list[dict[str, Any]] = []
+    with Cluster(n, threads=1) as cluster:
+        for name in names:
+            config = TrainConfig(batch_size=32, lr=0.01, optimizer="sgd", allreduce=allreduce, bucket_mb=bucket_mb, max_steps=steps)
+            data = functools.partial(datasets.synthetic_images, config.batch_size * n * steps + 64, size=32, val_fraction=0.01)
+            times: dict[str, list[float]] = {"live": [], "quiet": []}
+            received = 0
+            for round_ in range(rounds):
+                for variant in list(times)[:: 1 if round_ % 2 == 0 else -1]:  # alternate who goes first
+                    plot = LivePlot(widget=False) if variant == "live" else None
+                    on_event = None if plot is None else functools.partial(_to_plot, plot)
+                    results = cluster.submit(train_task, LIVE_MODELS[name], data, config.to_dict(), on_event=on_event).wait()
+                    times[variant].append(max(r["timing"]["step_time_s"] for r in results))
+                    if plot is not None:
+                        plot.flush()
+                        received += sum(1 for r in plot.rows if r.get("kind") == "train")
+            for variant, per_round in times.items():
+                rows.append({"model": name, "variant": variant, "ranks": n, "steps": steps, "step_ms": 1000 * statistics.median(per_round),
+                             "step_ms_min": 1000 * min(per_round), "step_ms_max": 1000 * max(per_round),
+                             "rows_received": received if variant == "live" else 0})  # fmt: skip
+        costs = cluster.submit(per_call_costs, MICRO_CALLS, on_event=lambda rank, kind, payload: None).wait()
+    rows += [{"model": None, "variant": "per_call", "rank": rank, **cost} for rank, cost in enumerate(costs)]
+    return rows
+
+
+def _to_plot(plot: Any, rank: int, kind: str, payload: Any) -> None:
+    if kind == "metrics" or kind == "rank_timings":
+        plot(payload)
+
+
+def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The live-metrics cost per model and the per-call costs as a share of the step."""
+    summary: dict[str, Any] = {}
+    per_call = [row for row in rows if row["variant"] == "per_call"]
+    slowest = {key: max(row[key] for row in per_call) for key in ("emit_us", "publish_us", "should_stop_us")} if per_call else {}
+    for model in dict.fromkeys(row["model"] for row in rows if row["model"] is not None):
+        step = {row["variant"]: row["step_ms"] for row in rows if row["model"] == model}
+        cost = step["live"] / step["quiet"] - 1.0
+        summary[f"{model}: live metrics cost (streamed / quiet step - 1)"] = cost
+        summary[f"{model}: target live cost <= {MAX_LIVE_COST:.0%}"] = "met" if cost <= MAX_LIVE_COST else "not met"
+        if slowest:
+            step_us = 1000 * step["quiet"]
+            summary[f"{model}: emit + should_stop per step, share of step"] = (slowest["emit_us"] + slowest["should_stop_us"]) / step_us
+    for key, value in slowest.items():
+        summary[f"per call on the slowest rank: {key}"] = value
+    return summary
