@@ -7,6 +7,7 @@ import time
 import pytest
 
 import rapydli as rd
+from rapydli.cluster import events
 from rapydli.experiments.trainjob import TrainingJob
 from rapydli.train import datasets, models
 from rapydli.widgets.live import LivePlot
@@ -58,9 +59,9 @@ def test_metrics_arrive_before_training_ends() -> None:
     assert steps[:3] == [1, 2, 3] and steps[-1] == 200
     # rows streamed as they were produced: their arrival times spread like the ranks' own step
     # times (a batch delivered at the end would arrive all at once); events may be coalesced
-    # for up to 50 ms on the engine, hence the allowance
+    # for up to COALESCE_S on the engine, hence the allowance
     produced = [row["time_s"] for row in rows if row["kind"] == "train"]
     received = [t for t, _ in arrivals]
-    assert received[-1] - received[0] > 0.5 * (produced[-1] - produced[0]) - 0.1
+    assert received[-1] - received[0] > 0.5 * (produced[-1] - produced[0]) - events.COALESCE_S
     assert produced[-1] - produced[0] > 0.3  # the run was long enough for that to mean something
     assert received[-1] <= ended
