@@ -29,7 +29,7 @@ def test_summary_targets_from_rows() -> None:
 @pytest.mark.mpi
 def test_bench_trainer_runs_on_two_ranks(tmp_path) -> None:
     path = tmp_path / "trainer.json"
-    argv = ["-n", "2", "--models", "mlp", "--steps", "2", "--rounds", "1", "--allreduce", "mpi", "--live-steps", "4", "--json", str(path)]
+    argv = ["-n", "2", "--models", "mlp", "--steps", "2", "--rounds", "1", "--allreduce", "mpi", "--live-steps", "4", "--live-rounds", "1", "--json", str(path)]
     result = CliRunner().invoke(command, argv)
     assert result.exit_code == 0, result.output
     assert "mlp: target trainer <= 0.85x ddp:" in result.output and "mlp: target live cost <= 2%:" in result.output
@@ -41,18 +41,21 @@ def test_bench_trainer_runs_on_two_ranks(tmp_path) -> None:
     assert rows["live"]["rows_received"] == 4 + WARMUP_STEPS  # every step's row reached the plot while it ran
     per_call = [row for row in payload["rows"] if row["variant"] == "per_call"]
     assert [row["rank"] for row in per_call] == [0, 1] and all(row["should_stop_us"] > 0 for row in per_call)
+    assert all(0 < row["lag_ms_median"] <= row["lag_ms_max"] for row in per_call)  # every latency row arrived
 
 
 def test_live_summary_from_rows() -> None:
     rows = [
-        {"model": "m", "variant": "live", "step_ms": 10.1},
-        {"model": "m", "variant": "quiet", "step_ms": 10.0},
-        {"model": None, "variant": "per_call", "rank": 0, "emit_us": 2.0, "publish_us": 50.0, "should_stop_us": 18.0},
-    ]
+        {"model": "m", "variant": "live", "step_ms": 10.1, "round_ms": [10.1, 12.2, 9.0]},
+        {"model": "m", "variant": "quiet", "step_ms": 10.0, "round_ms": [10.0, 12.0, 10.0]},
+        {"model": None, "variant": "per_call", "rank": 0, "emit_us": 2.0, "publish_us": 50.0, "should_stop_us": 18.0,
+         "lag_ms_median": 120.0, "lag_ms_max": 1200.0},
+    ]  # fmt: skip
     summary = live.summarize(rows)
-    assert summary["m: live metrics cost (streamed / quiet step - 1)"] == pytest.approx(0.01)
+    assert summary["m: live metrics cost (median over rounds of streamed / quiet step - 1)"] == pytest.approx(0.01)
     assert summary["m: target live cost <= 2%"] == "met"
     assert summary["m: emit + should_stop per step, share of step"] == pytest.approx(20e-6 / 10e-3)
+    assert summary["target: a row reaches the notebook within 1 s"] == "not met"
 
 
 def test_unknown_model_is_rejected() -> None:

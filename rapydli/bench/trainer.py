@@ -60,10 +60,11 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
 @click.option("--allreduce", default="auto", show_default=True, help="The Trainer's allreduce algorithm.")
 @click.option("--bucket-mb", type=click.FloatRange(min=0, min_open=True), default=25.0, show_default=True, help="The Trainer's gradient bucket size (MiB).")
 @click.option("--live/--no-live", default=True, show_default=True, help="Also measure the cost of live metrics on a local cluster.")
-@click.option("--live-steps", type=click.IntRange(min=1), default=100, show_default=True, help="Measured steps per live/quiet run.")
+@click.option("--live-steps", type=click.IntRange(min=1), default=60, show_default=True, help="Measured steps per live/quiet run.")
+@click.option("--live-rounds", type=click.IntRange(min=1), default=5, show_default=True, help="Live/quiet pairs per model.")
 @click.option("--timeout", type=float, default=900.0, show_default=True, help="Seconds before every rank is killed.")
 def command(
-    n: int, json_path: str | None, models: str, steps: int, rounds: int, allreduce: str, bucket_mb: float, live: bool, live_steps: int, timeout: float
+    n: int, json_path: str | None, models: str, steps: int, rounds: int, allreduce: str, bucket_mb: float, live: bool, live_steps: int, live_rounds: int, timeout: float
 ) -> None:
     """Trainer step vs torch DDP (gloo) vs no communication; small ResNet and MLP, batch 32 per rank."""
     from rapydli.bench.trainer_worker import MODELS
@@ -83,7 +84,7 @@ def command(
     if live:
         from rapydli.bench import live as live_bench
 
-        live_rows = live_bench.measure(n, models.split(","), live_steps + WARMUP_STEPS, rounds, allreduce, bucket_mb)
+        live_rows = live_bench.measure(n, models.split(","), live_steps + WARMUP_STEPS, live_rounds, allreduce, bucket_mb)
         summary.update(live_bench.summarize(live_rows))
         rows += live_rows
     emit("trainer", rows, summary, json_path)
