@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import ClassVar
 
 import pytest
@@ -19,7 +20,9 @@ from rapydli.autotune.runner import (
     Replay,
     SequentialRunner,
     SimulationRunner,
+    check,
     measure,
+    seats,
 )
 from rapydli.autotune.search import Config, Problem, SearchSpace
 from rapydli.errors import RapydliWarning
@@ -204,7 +207,40 @@ class _OneEngine:
 @pytest.mark.mpi
 def test_parallel_runner_measures_real_kernels_on_engines(engines, tmp_path) -> None:
     result = tune_conv2d(SHAPE, engines=engines, candidates=["torch_nchw", "torch_channels_last", "c_direct"],
-                         preset="tiny", repetitions=1, cache=Cache(tmp_path / "par.db"))
+                         preset="tiny", repetitions=1, cache=Cache(tmp_path / "par.db"), threads=1)
     assert result.best.ok
-    assert set(result.table["engine"]) == {0, 1}
+    assert set(result.table["engine"]) == {0, 1}  # one thread per timing: both engines time, each on its core
     assert result.measured == len(result.measurements)
+    assert result.device.threads == 1
+
+
+def _check_where(problem, config):
+    """A first-phase measurer that says which process and cores built and validated ``config``."""
+    m = check(problem, config)
+    return Measurement(m.config, m.status, error=m.error, message=f"{os.getpid()} {sorted(os.sched_getaffinity(0))}")
+
+
+@pytest.mark.engines
+@pytest.mark.mpi
+def test_all_engines_build_but_timings_never_share_cores(engines) -> None:
+    problem = Problem(SHAPE, "inference", repetitions=1, threads=len(os.sched_getaffinity(0)))
+    configs = [Config.of("torch_nchw"), Config.of("torch_channels_last"), Config.of("im2col_gemm"),
+               *(Config.of("c_direct", p) for p in ({"layout": 0, "kb": 2, "wb": 2, "cb": 64, "vec": 4, "unroll": 1,
+                                                      "order": 0}, {"layout": 1, "kb": 2, "wb": 2, "cb": 64, "vec": 4,
+                                                                    "unroll": 1, "order": 0}))]
+    results = ParallelRunner(engines, _check_where, timeout=120).run(problem, configs)
+    assert [m.config for m in results] == configs and all(m.ok for m in results)
+    assert len({m.message.split()[0] for m in results}) == 2  # both engines built and validated (one core each)
+    assert all(len(m.message.split(" ", 1)[1].split(",")) == 1 for m in results)
+    assert {m.engine for m in results} == {0}  # all cores per timing: one engine times, the other waits
+
+
+def test_seats_give_each_timing_its_own_cores() -> None:
+    two_on_two = [("a", [0, 1]), ("a", [0, 1])]
+    assert [(s.check_core, s.time_cores) for s in seats(two_on_two, 2)] == [(0, frozenset({0, 1})), (1, None)]
+    assert [s.time_cores for s in seats(two_on_two, 1)] == [frozenset({0}), frozenset({1})]
+    two_hosts = [("a", [0, 1]), ("b", [0, 1]), ("a", [0, 1]), ("b", [0, 1])]
+    assert [s.time_cores for s in seats(two_hosts, 2)] == [frozenset({0, 1}), frozenset({0, 1}), None, None]
+    assert [s.time_cores for s in seats([("a", [0, 1])], 4)] == [frozenset({0, 1})]  # fewer cores than threads
+    with pytest.raises(Exception, match="threads must be >= 1"):
+        seats(two_on_two, 0)

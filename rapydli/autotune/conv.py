@@ -129,6 +129,7 @@ def tune_conv2d(
     runner: Runner | None = None,
     repetitions: int = 5,
     warmup: int = 1,
+    threads: int | None = None,
 ) -> TuneResult:
     """Tune one convolution and return the fastest valid configuration.
 
@@ -158,6 +159,12 @@ def tune_conv2d(
         Use this runner instead of the sequential/parallel one (a ``SimulationRunner`` in tests).
     repetitions, warmup
         Timed and untimed runs per configuration.
+    threads
+        Threads of each timed run (default: this process's torch thread count, the one a
+        tuned model runs with here). With ``engines``, each timing engine is pinned to its
+        own ``threads`` cores and a machine times only as many configurations at once as
+        its cores hold, so the result does not depend on the number of engines; building
+        and validating (compiles included) divide over all engines. Part of the cache key.
 
     Returns
     -------
@@ -168,8 +175,12 @@ def tune_conv2d(
     if not isinstance(shape, ConvShape):
         raise ConfigError(f"shape must be a ConvShape, got {type(shape).__name__}")
     started = time.perf_counter()
-    info = query(device)
-    problem = Problem(shape, mode, device, warmup=warmup, repetitions=repetitions)
+    if device == "cpu":
+        import torch
+
+        threads = threads or torch.get_num_threads()
+    info = query(device, threads)
+    problem = Problem(shape, mode, device, warmup=warmup, repetitions=repetitions, threads=threads)
     space = build_space(problem, info, candidates, preset, constraints)
     if runner is None:
         runner = SequentialRunner() if engines is None else ParallelRunner(engines)

@@ -1,32 +1,40 @@
 """Runners: compile -> validate -> benchmark each configuration, here or across engines.
 
-* :func:`measure` does one configuration: build the instance (compiling a generated
-  kernel), validate it against ``F.conv2d`` in float64 on a small input (forward, and in
-  train mode both gradients; a wrong result is rejected and never timed), then time it
-  (warm-up, repetitions, median and variance kept).
+* :func:`measure` does one configuration: :func:`check` builds the instance (compiling a
+  generated kernel) and validates it against ``F.conv2d`` in float64 on a small input
+  (forward, and in train mode both gradients; a wrong result is rejected and never
+  timed), then :func:`time_checked` times it (warm-up, repetitions, median and variance
+  kept) with ``problem.threads`` threads.
 * :class:`SequentialRunner` measures in this process.
-* :class:`ParallelRunner` gives each engine of a cluster a slice of the configurations;
-  each engine pins itself to its own cores (``os.sched_setaffinity``) so measurements do
-  not disturb each other. Results come back in configuration order, so the outcome does
-  not depend on how many engines measured.
+* :class:`ParallelRunner` spreads the work over a cluster's engines in two phases:
+  every engine builds and validates configurations (one core each: compiling is
+  single-threaded, so it divides), then the validated ones are timed, each timing engine
+  pinned to its own ``problem.threads`` cores, with only as many engines per machine
+  timing at once as its cores hold. Every timing uses the same thread count on cores
+  nothing else runs on, and results come back in configuration order, so the outcome
+  does not depend on how many engines measured.
 * :class:`SimulationRunner` replays recorded measurements (from the cache or a table), so
   strategies and runners are tested without hardware.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
+import math
 import os
+import socket
 import statistics
 import time
 import traceback
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from rapydli.autotune.search import Config, Problem
 from rapydli.errors import ConfigError, RankFailure
 
-STATUSES = ("ok", "invalid", "error", "missing")
+STATUSES = ("ok", "invalid", "error", "missing", "validated")
 
 
 @dataclass
@@ -34,7 +42,8 @@ class Measurement:
     """The outcome of one configuration on one problem.
 
     ``status`` is ``"ok"`` (validated and timed), ``"invalid"`` (wrong result: never
-    timed), ``"error"`` (failed to build or run) or ``"missing"`` (simulation had no record).
+    timed), ``"error"`` (failed to build or run), ``"missing"`` (simulation had no record)
+    or ``"validated"`` (passed :func:`check`, not timed yet: a runner's intermediate state).
     """
 
     config: Config
@@ -83,6 +92,27 @@ def validate(problem: Problem, inst: Any) -> float:
     return max(errors)
 
 
+@contextmanager
+def pinned(cores: set[int] | None, threads: int | None) -> Iterator[None]:
+    """Run the block on ``cores`` with ``threads`` torch threads (None leaves either as it is).
+
+    Child processes (the C compiler) inherit the affinity; both are restored afterwards.
+    """
+    import torch
+
+    previous_cores = os.sched_getaffinity(0)
+    previous_threads = torch.get_num_threads()
+    if cores is not None:
+        os.sched_setaffinity(0, cores)
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, previous_cores)
+        torch.set_num_threads(previous_threads)
+
+
 def _timed(problem: Problem, inst: Any) -> list[float]:
     import torch
 
@@ -98,7 +128,7 @@ def _timed(problem: Problem, inst: Any) -> list[float]:
         if problem.mode == "train":
             inst.backward(x, w, gy)
 
-    with torch.no_grad():
+    with torch.no_grad(), pinned(None, problem.threads):
         for _ in range(problem.warmup):
             step()
         sync()
@@ -113,25 +143,41 @@ def _timed(problem: Problem, inst: Any) -> list[float]:
     return times
 
 
-def measure(problem: Problem, config: Config) -> Measurement:
-    """Build, validate and (when valid) time one configuration; never raises for a bad kernel."""
+def _instance(problem: Problem, config: Config) -> Any:
     from rapydli.autotune.candidates import get
 
+    return get(config.candidate).instance(problem.shape, config.param_dict)
+
+
+def check(problem: Problem, config: Config) -> Measurement:
+    """Build (compile) and validate one configuration: ``"validated"``, ``"invalid"`` or ``"error"``.
+
+    Nothing is timed; a kernel that fails to build or run is a result, never an exception.
+    """
     try:
-        inst = get(config.candidate).instance(problem.shape, config.param_dict)
-        error = validate(problem, inst)
+        error = validate(problem, _instance(problem, config))
     except Exception as exc:  # noqa: BLE001 - a kernel that fails to build or run is a result, not a crash
         return Measurement(config, "error", message=f"{type(exc).__name__}: {exc}"[-2000:])
     if not error <= problem.tolerance:  # also catches NaN
         return Measurement(config, "invalid", error=error, message=f"relative error {error:.3g} > {problem.tolerance}")
+    return Measurement(config, "validated", error=error)
+
+
+def time_checked(problem: Problem, checked: Measurement) -> Measurement:
+    """Time a ``"validated"`` measurement with ``problem.threads`` threads; other statuses pass through."""
+    if checked.status != "validated":
+        return checked
     try:
-        times = _timed(problem, inst)
+        times = _timed(problem, _instance(problem, checked.config))
     except Exception:  # noqa: BLE001 - reported with its traceback
-        return Measurement(config, "error", error=error, message=traceback.format_exc()[-2000:])
-    return Measurement(
-        config, "ok", median=statistics.median(times),
-        variance=statistics.pvariance(times) if len(times) > 1 else 0.0, times=times, error=error,
-    )
+        return replace(checked, status="error", message=traceback.format_exc()[-2000:])
+    return replace(checked, status="ok", median=statistics.median(times),
+                   variance=statistics.pvariance(times) if len(times) > 1 else 0.0, times=times)
+
+
+def measure(problem: Problem, config: Config) -> Measurement:
+    """Build, validate and (when valid) time one configuration; never raises for a bad kernel."""
+    return time_checked(problem, check(problem, config))
 
 
 class Replay:
@@ -193,28 +239,22 @@ class SimulationRunner(SequentialRunner):
         super().__init__(Replay({(key, m.config): m for key, m in pairs}))
 
 
-def _slot_cores(slot: int, slots: int) -> set[int]:
-    cores = sorted(os.sched_getaffinity(0))
-    per = max(1, len(cores) // slots)
-    start = (slot * per) % len(cores)
-    return set(cores[start:start + per])
+def engine_place() -> tuple[str, list[int]]:
+    """Engine side of :class:`ParallelRunner`: this engine's machine and the cores it may use."""
+    return socket.gethostname(), sorted(os.sched_getaffinity(0))
 
 
-def measure_slice(problem: Problem, configs: Sequence[Config], slot: int, slots: int,
-                  measurer: Measurer = measure) -> list[Measurement]:
-    """Engine side of :class:`ParallelRunner`: pin to this slot's cores, measure, restore."""
-    import torch
+def check_batch(problem: Problem, configs: Sequence[Config], core: int, engine: int,
+                measurer: Measurer = check) -> list[Measurement]:
+    """Engine side, phase 1: build and validate ``configs`` on one core with one thread."""
+    with pinned({core}, 1):
+        return [replace(measurer(problem, c), engine=engine) for c in configs]
 
-    previous = os.sched_getaffinity(0)
-    threads = torch.get_num_threads()
-    cores = _slot_cores(slot, slots)
-    os.sched_setaffinity(0, cores)
-    torch.set_num_threads(len(cores))
-    try:
-        return [replace(measurer(problem, c), engine=slot) for c in configs]
-    finally:
-        os.sched_setaffinity(0, previous)
-        torch.set_num_threads(threads)
+
+def time_batch(problem: Problem, checked: Sequence[Measurement], cores: set[int], engine: int) -> list[Measurement]:
+    """Engine side, phase 2: time validated measurements on ``cores`` with ``problem.threads`` threads."""
+    with pinned(cores, problem.threads):
+        return [replace(time_checked(problem, m), engine=engine) for m in checked]
 
 
 def _slot_views(engines: Any) -> list[Any]:
@@ -227,8 +267,56 @@ def _slot_views(engines: Any) -> list[Any]:
     raise ConfigError("engines must be a rapydli Cluster (with .view(targets=)) or an ipyparallel Client")
 
 
+@dataclass(frozen=True)
+class Seat:
+    """Where one engine works: its core for building/validating, and its cores for timing.
+
+    ``time_cores`` is None for an engine that does not time because the other engines
+    on its machine already hold all of that machine's cores.
+    """
+
+    index: int
+    host: str
+    check_core: int
+    time_cores: frozenset[int] | None
+
+
+def seats(places: Sequence[tuple[str, Sequence[int]]], threads: int) -> list[Seat]:
+    """Seats for engines at ``places`` (``(host, cores)`` each, in engine order) timing with ``threads``.
+
+    On each machine, engines build and validate on distinct cores (round robin), and the
+    first ``cores // threads`` engines time, each on its own ``threads`` cores (at least
+    one engine per machine times, on all its cores when it has fewer than ``threads``).
+
+    Example
+    -------
+    >>> [s.time_cores for s in seats([("a", [0, 1]), ("a", [0, 1])], threads=2)]
+    [frozenset({0, 1}), None]
+    >>> [s.time_cores for s in seats([("a", [0, 1]), ("a", [0, 1])], threads=1)]
+    [frozenset({0}), frozenset({1})]
+    """
+    if threads < 1:
+        raise ConfigError(f"threads must be >= 1, got {threads}")
+    by_host: dict[str, list[int]] = {}
+    for index, (host, _) in enumerate(places):
+        by_host.setdefault(host, []).append(index)
+    out: dict[int, Seat] = {}
+    for host, indices in by_host.items():
+        cores = sorted({core for i in indices for core in places[i][1]})
+        slots = max(1, len(cores) // threads)
+        for j, index in enumerate(indices):
+            time_cores = frozenset(cores[j * threads:(j + 1) * threads] or cores) if j < slots else None
+            out[index] = Seat(index, host, cores[j % len(cores)], time_cores)
+    return [out[i] for i in range(len(places))]
+
+
 class ParallelRunner(Runner):
-    """Spread configurations over a cluster's engines; each measures a slice, pinned to its cores.
+    """Spread configurations over a cluster's engines: all build and validate, then the seated ones time.
+
+    Work is handed out in small batches as engines become free (one round trip per batch),
+    so a slow kernel on one engine does not leave the others idle. See :func:`seats` for
+    which engine times on which cores; the timing phase starts once every configuration
+    is built and validated, so no compile runs beside a timing.
 
     Parameters
     ----------
@@ -236,35 +324,77 @@ class ParallelRunner(Runner):
         A :class:`rapydli.cluster.Cluster` (anything with ``.view(targets=None)`` returning an
         ipyparallel ``DirectView``) or an ``ipyparallel.Client``.
     measurer
-        What each engine runs per configuration (:func:`measure`, or a :class:`Replay`).
+        What each engine runs per configuration in the first phase: :func:`check` (build and
+        validate; ``"validated"`` results are then timed), or a measurer giving final
+        results (a :class:`Replay`).
     timeout
-        Seconds to wait for all engines before raising :class:`RankFailure`.
+        Seconds to wait for each phase before raising :class:`RankFailure`.
     """
 
-    def __init__(self, engines: Any, measurer: Measurer = measure, timeout: float | None = None) -> None:
+    def __init__(self, engines: Any, measurer: Measurer = check, timeout: float | None = None) -> None:
         self.engines = engines
         self.measurer = measurer
         self.timeout = timeout
+        self._views: list[Any] | None = None
+        self._places: list[tuple[str, list[int]]] = []
 
-    def run(self, problem: Problem, configs: Sequence[Config]) -> list[Measurement]:
-        configs = list(configs)
-        views = _slot_views(self.engines)
-        slots = len(views)
-        pending = {}
-        for slot, view in enumerate(views):
-            part = configs[slot::slots]
-            if part:
-                pending[slot] = (slot, view.apply_async(measure_slice, problem, part, slot, slots, self.measurer))
-        results: dict[Config, Measurement] = {}
-        failures: dict[int, str] = {}
-        for slot, (target, handle) in pending.items():
+    def _seats(self, threads: int) -> tuple[list[Any], list[Seat]]:
+        if self._views is None:  # engines do not move: ask once where they are
+            views = _slot_views(self.engines)
+            handles = [view.apply_async(engine_place) for view in views]
             try:
-                (part,) = handle.get(timeout=self.timeout)  # one engine per view -> one result
-                for m in part:
-                    results[m.config] = m
-            except Exception as exc:  # noqa: BLE001 - collected per engine, raised once below
-                failures[target] = f"{type(exc).__name__}: {exc}"
+                self._places = [(host, list(cores)) for (host, cores), in (h.get(timeout=self.timeout) for h in handles)]
+            except Exception as exc:
+                raise RankFailure(f"autotune: could not reach the engines: {type(exc).__name__}: {exc}", {}) from exc
+            self._views = views
+        return self._views, seats(self._places, threads)
+
+    def _spread(self, workers: Sequence[Seat], items: Sequence[Any],
+                submit: Callable[[Seat, list[Any]], Any]) -> list[Measurement]:
+        """Results of ``items`` (in no particular order): batches handed to whichever worker is free."""
+        size = max(1, math.ceil(len(items) / (4 * len(workers))))
+        batches = [list(items[i:i + size]) for i in range(0, len(items), size)]
+        free, running, results = list(workers), {}, []
+        failures: dict[int, str] = {}
+        deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        while batches or running:
+            while free and batches and not failures:
+                seat = free.pop(0)
+                running[submit(seat, batches.pop(0))] = seat
+            if not running:
+                break
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            done, _ = concurrent.futures.wait(running, timeout=left, return_when=concurrent.futures.FIRST_COMPLETED)
+            if not done:
+                failures.update({seat.index: f"no result within {self.timeout} s" for seat in running.values()})
+                break
+            for future in done:
+                seat = running.pop(future)
+                try:
+                    (part,) = future.result()  # one engine per view -> one result
+                except Exception as exc:  # noqa: BLE001 - collected per engine, raised once below
+                    failures[seat.index] = f"{type(exc).__name__}: {exc}"
+                    continue
+                results.extend(part)
+                free.append(seat)
         if failures:
             detail = "; ".join(f"engine {k}: {v[:300]}" for k, v in sorted(failures.items()))
             raise RankFailure(f"autotune measurement failed on engine(s) {sorted(failures)}: {detail}", failures)
+        return results
+
+    def run(self, problem: Problem, configs: Sequence[Config]) -> list[Measurement]:
+        import torch
+
+        configs = list(configs)
+        if not configs:
+            return []
+        problem = replace(problem, threads=problem.threads or torch.get_num_threads())
+        views, all_seats = self._seats(problem.threads)
+        checked = self._spread(all_seats, configs, lambda seat, part: views[seat.index].apply_async(
+            check_batch, problem, part, seat.check_core, seat.index, self.measurer))
+        timers = [seat for seat in all_seats if seat.time_cores is not None]
+        todo = [m for m in checked if m.status == "validated"]
+        timed = self._spread(timers, todo, lambda seat, part: views[seat.index].apply_async(
+            time_batch, problem, part, set(seat.time_cores), seat.index)) if todo else []
+        results = {m.config: m for m in [*checked, *timed]}
         return [results[c] for c in configs]

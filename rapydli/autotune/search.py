@@ -58,6 +58,10 @@ class Problem:
         Seconds of timed runs per configuration after which repetitions stop early.
     tolerance
         Largest accepted relative error (Frobenius norm) against the float64 reference.
+    threads
+        Threads of each timed run (None: the measuring process's torch thread count).
+        :func:`~rapydli.autotune.tune_conv2d` sets it, so every runner and every engine
+        count times with the same number of threads.
     """
 
     shape: ConvShape
@@ -67,12 +71,15 @@ class Problem:
     repetitions: int = 5
     time_budget: float = 1.0
     tolerance: float = 1e-4
+    threads: int | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ConfigError(f"mode must be one of {MODES}, got {self.mode!r}")
         if self.repetitions < 1 or self.warmup < 0:
             raise ConfigError("repetitions must be >= 1 and warmup >= 0")
+        if self.threads is not None and (not isinstance(self.threads, int) or self.threads < 1):
+            raise ConfigError(f"threads must be a positive integer or None, got {self.threads!r}")
 
     @property
     def key(self) -> str:
