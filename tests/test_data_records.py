@@ -30,3 +30,15 @@ def test_unsupported_kinds_and_foreign_records_are_data_errors() -> None:
         decode(b"RPD", schema, "key k")
     with pytest.raises(DataError, match="does not match the store's schema: 1 fields, the schema has 2"):
         decode(encode((1,), schema, "s"), infer_schema((1, 2)), "s")
+
+
+def test_decode_without_copy_returns_views_of_the_record() -> None:
+    sample = (torch.arange(4, dtype=torch.float32), np.arange(3))
+    schema = infer_schema(sample)
+    record = bytearray(encode(sample, schema, "s"))
+    back = decode(memoryview(record), schema, "s", check=False, copy=False)
+    assert torch.equal(back[0], sample[0]) and np.array_equal(back[1], sample[1])
+    record[-1] ^= 0xFF  # the views see the change; check=True catches it
+    assert back[1][-1] != 2
+    with pytest.raises(DataError, match="corrupt"):
+        decode(bytes(record), schema, "s")

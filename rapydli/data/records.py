@@ -109,13 +109,14 @@ def _fixed_size(field: dict[str, Any]) -> int | None:
     return {"int": 8, "float": 8, "bool": 1}.get(field["kind"])
 
 
-def _decode_field(field: dict[str, Any], data: memoryview) -> Any:
+def _decode_field(field: dict[str, Any], data: memoryview, copy: bool) -> Any:
     kind = field["kind"]
     if kind == "tensor":
-        array = np.frombuffer(data, dtype=np.uint8).copy()
-        return torch.from_numpy(array).view(getattr(torch, field["dtype"])).reshape(field["shape"])
+        array = np.frombuffer(data, dtype=np.uint8)
+        return torch.from_numpy(array.copy() if copy else array).view(getattr(torch, field["dtype"])).reshape(field["shape"])
     if kind == "ndarray":
-        return np.frombuffer(data, dtype=np.dtype(field["dtype"])).reshape(field["shape"]).copy()
+        array = np.frombuffer(data, dtype=np.dtype(field["dtype"])).reshape(field["shape"])
+        return array.copy() if copy else array
     if kind == "bytes":
         return bytes(data)
     if kind == "str":
@@ -127,8 +128,12 @@ def _decode_field(field: dict[str, Any], data: memoryview) -> Any:
     return struct.unpack("<d", data)[0]
 
 
-def decode(record: bytes | memoryview, schema: dict[str, Any], where: str) -> Any:
-    """The sample in ``record``; ``DataError`` naming ``where`` if it is truncated, corrupt or off-schema."""
+def decode(record: bytes | memoryview, schema: dict[str, Any], where: str, check: bool = True, copy: bool = True) -> Any:
+    """The sample in ``record``; ``DataError`` naming ``where`` if it is truncated, corrupt or off-schema.
+
+    ``check=False`` skips the checksum, and ``copy=False`` returns tensors and arrays that
+    are views of a writable ``record`` (for records a loader wrote to its own cache).
+    """
     view = memoryview(record)
     fields = schema["fields"]
     if len(view) < _PREFIX.size:
@@ -145,7 +150,7 @@ def decode(record: bytes | memoryview, schema: dict[str, Any], where: str) -> An
     if len(view) != start + sum(lengths):
         raise DataError(f"{where} is truncated or padded: {len(view)} bytes, its header says {start + sum(lengths)}")
     payload = view[start:]
-    if zlib.crc32(payload) != crc:
+    if check and zlib.crc32(payload) != crc:
         raise DataError(f"{where} is corrupt: its checksum does not match")
     values = []
     offset = 0
@@ -153,7 +158,7 @@ def decode(record: bytes | memoryview, schema: dict[str, Any], where: str) -> An
         expected = _fixed_size(field)
         if expected is not None and length != expected:
             raise DataError(f"{where} does not match the store's schema: a {field} field of {length} bytes, expected {expected}")
-        values.append(_decode_field(field, payload[offset : offset + length]))
+        values.append(_decode_field(field, payload[offset : offset + length], copy))
         offset += length
     container = schema["container"]
     if container == "dict":
