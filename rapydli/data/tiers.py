@@ -129,3 +129,136 @@ class DiskTier:
                 os.unlink(self.path)
                 self._fd = None
                 self._index.clear()
+
+
+_ABSENT, _RECORD, _PICKLE = 0, 1, 2
+
+
+class SharedTier:
+    """A cache tier that every worker process of a loader reads and fills: shared memory or a file.
+
+    The index (``sample -> offset, length, kind``), the byte counters and the lock live
+    in shared memory, so a sample one worker cached is a hit for all of them. Entries are
+    :mod:`rapydli.data.records` records in ``schema`` (the store's, or the first sample's)
+    or, for samples that do not match it, pickles. Entries are appended and never
+    evicted, as tier membership is planned up front.
+
+    Parameters
+    ----------
+    capacity
+        Budget: payload bytes in memory (as :class:`RamTier`), bytes written on disk (as
+        :class:`DiskTier`).
+    num_samples
+        Size of the dataset (the index has one row per sample).
+    schema
+        The record schema entries are written in.
+    lock
+        A lock of the multiprocessing context the workers are started from.
+    directory
+        ``None`` for a shared-memory region; else the directory of the cache file (the
+        local-disk tier), which every process opens for itself by path.
+    slack
+        Extra memory for record headers and pickles beyond ``capacity`` payload bytes.
+    """
+
+    def __init__(
+        self,
+        capacity: int,
+        num_samples: int,
+        schema: dict[str, Any],
+        lock: Any,
+        directory: str | None = None,
+        slack: int = 0,
+    ) -> None:
+        self.capacity = capacity
+        self.schema = schema
+        self.space = capacity + (slack if directory is None else 0) if capacity > 0 else 0
+        self._lock = lock
+        # torch allocates the shared memory (and carries it to spawned workers); numpy indexes it
+        self._shared = {
+            "index": torch.zeros((num_samples, 3), dtype=torch.int64).share_memory_(),  # offset, length, kind
+            "counters": torch.zeros(2, dtype=torch.int64).share_memory_(),  # budget bytes used, region bytes
+        }
+        self.path: str | None = None
+        if directory is None:
+            self._shared["memory"] = torch.empty(self.space, dtype=torch.uint8).share_memory_()
+        elif self.space > 0:
+            os.makedirs(directory, exist_ok=True)
+            fd, self.path = tempfile.mkstemp(prefix="rapydli-cache-", suffix=".bin", dir=directory)
+            os.close(fd)
+        self._views()
+
+    def _views(self) -> None:
+        self._index, self._counters = self._shared["index"].numpy(), self._shared["counters"].numpy()
+        self._memory = self._shared["memory"].numpy() if "memory" in self._shared else None
+        self._fd: tuple[int, int] | None = None  # (pid, descriptor): never used across a fork
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k in ("capacity", "schema", "space", "_lock", "_shared", "path")}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._views()
+
+    @property
+    def used(self) -> int:
+        """Bytes of the budget used."""
+        return int(self._counters[0])
+
+    def _file(self) -> int:
+        if self._fd is None or self._fd[0] != os.getpid():
+            self._fd = (os.getpid(), os.open(self.path, os.O_RDWR))
+        return self._fd[1]
+
+    def get(self, index: int) -> Any | None:
+        """The sample, or None. From memory, its tensors and arrays are views of the tier: do not modify them."""
+        with self._lock:
+            offset, length, kind = self._index[index].tolist()
+        if kind == _ABSENT:
+            return None
+        if self._memory is not None:
+            data = memoryview(self._memory[offset : offset + length])
+        else:
+            data = os.pread(self._file(), length, offset)
+        if kind == _PICKLE:
+            return pickle.loads(data)
+        if self._memory is not None:  # written by this loader, never changed: no checksum, no copy
+            return records.decode(data, self.schema, f"sample {index} in the shared RAM cache", check=False, copy=False)
+        return records.decode(data, self.schema, f"sample {index} in the disk cache {self.path}")
+
+    def put(self, index: int, sample: Any, nbytes: int | None = None) -> bool:
+        """Keep ``sample``; False (nothing kept) if it would pass the budget.
+
+        The budget counts payload bytes (``nbytes``, default :func:`sample_nbytes`) in
+        memory, as :class:`RamTier` does, and bytes written on disk, as :class:`DiskTier` does.
+        """
+        try:
+            kind, data = _RECORD, records.encode(sample, self.schema, f"sample {index}")
+        except DataError:  # not in the schema: keep it as a pickle
+            kind, data = _PICKLE, pickle.dumps(sample, protocol=pickle.HIGHEST_PROTOCOL)
+        in_memory = self._memory is not None
+        charge = (sample_nbytes(sample) if nbytes is None else nbytes) if in_memory else len(data)
+        with self._lock:
+            used, offset = self._counters.tolist()
+            if self._index[index, 2] != _ABSENT or used + charge > self.capacity or offset + len(data) > self.space:
+                return False
+            self._counters[:] = (used + charge, offset + len(data))
+        if in_memory:
+            self._memory[offset : offset + len(data)] = np.frombuffer(data, dtype=np.uint8)
+        else:
+            os.pwrite(self._file(), data, offset)
+        with self._lock:  # published only once written
+            self._index[index] = (offset, len(data), kind)
+        return True
+
+    def __len__(self) -> int:
+        return int((self._index[:, 2] != _ABSENT).sum())
+
+    def close(self) -> None:
+        """Delete the cache file (the owner calls this once the workers are gone)."""
+        if self._fd is not None and self._fd[0] == os.getpid():
+            os.close(self._fd[1])
+        self._fd = None
+        if self.path is not None and os.path.exists(self.path):
+            os.unlink(self.path)
+        self.path = None
