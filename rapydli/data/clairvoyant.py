@@ -9,24 +9,37 @@ the consumer, in access order, from the fastest tier holding each sample. Batche
 collated with PyTorch's default collate, so they equal those of a
 ``DataLoader(dataset, batch_size, sampler=ShardSampler(...))``.
 
+Two fetch backends: with ``workers=0``, prefetch threads in this process; with
+``workers > 0``, worker processes (:mod:`rapydli.data.workers`) that fetch, decode and
+collate whole batches, with the tiers in shared memory and a shared file
+(:class:`~rapydli.data.tiers.SharedTier`) so that every worker hits what any of them
+cached. Processes decode in parallel, where threads share one GIL; they also prefetch
+across epoch boundaries (the next epoch's first batches are fetched while this one ends).
+
 Peer fetch (a rank serving a sample from its RAM to another rank over MPI) is not
 implemented: each rank reads only from its own tiers and the backing dataset.
 """
 
 from __future__ import annotations
 
+import collections
 import functools
+import math
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import torch
 from torch.utils.data import Dataset
 from torch.utils.data._utils.collate import default_collate
 
 from rapydli.data.loaders import EpochCursor, batches_per_epoch
 from rapydli.data.plan import TIERS, TierPlan, access_stream, assign_tiers
-from rapydli.data.tiers import DiskTier, RamTier, sample_nbytes
+from rapydli.data.records import infer_schema
+from rapydli.data.tiers import DiskTier, RamTier, SharedTier, sample_nbytes
+from rapydli.data.workers import BatchResult, WorkerPool
 from rapydli.errors import ConfigError
 
 
@@ -51,13 +64,19 @@ class ClairvoyantLoader:
     disk_bytes, disk_dir
         Local-disk budget and the directory of its cache file (default: the temp dir).
     prefetch_threads
-        Background fetch threads.
+        Background fetch threads (in all; with ``workers``, split among the workers, at
+        least one each).
     drop_last
         Drop each epoch's last incomplete batch (and, as ``DistributedSampler`` does, the
         samples that do not divide evenly among ranks).
     window
         Samples fetched ahead of the consumer at most (default ``max(2 * batch_size,
         4 * prefetch_threads)``); memory stays within ``ram_bytes`` plus this window.
+        With ``workers``, whole batches are fetched ahead: at least one per worker thread.
+    workers
+        Worker processes that fetch, decode and collate batches (see the module
+        docstring); 0 fetches with threads in this process. Call :meth:`close` (or use the
+        loader as a context manager) to stop them.
 
     Examples
     --------
@@ -87,10 +106,13 @@ class ClairvoyantLoader:
         prefetch_threads: int = 8,
         drop_last: bool = False,
         window: int | None = None,
+        workers: int = 0,
     ) -> None:
         for name, value in (("batch_size", batch_size), ("epochs", epochs), ("prefetch_threads", prefetch_threads)):
             if not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{name}={value!r} is invalid: must be an integer >= 1")
+        if not isinstance(workers, int) or workers < 0:
+            raise ConfigError(f"workers={workers!r} is invalid: must be an integer >= 0")
         if ram_bytes < 0 or disk_bytes < 0:
             raise ConfigError(f"ram_bytes={ram_bytes}, disk_bytes={disk_bytes}: budgets must be >= 0")
         self.dataset = dataset
@@ -104,8 +126,22 @@ class ClairvoyantLoader:
         self._backing_nbytes = self._size_function()
         self._check_batch_fits(ram_bytes)
         self.plan: TierPlan = assign_tiers(self.stream, self._backing_nbytes, ram_bytes, disk_bytes)
-        self.ram = RamTier(ram_bytes)
-        self.disk = DiskTier(disk_bytes, disk_dir)
+        self.workers = workers
+        self.ram: RamTier | SharedTier
+        self.disk: DiskTier | SharedTier
+        if workers:
+            schema = getattr(dataset, "schema", None) or infer_schema(dataset[self.stream[0][0]])
+            lock = torch.multiprocessing.get_context().Lock()
+            slack = 256 * self.plan.count("ram")  # record headers (and pickles) beyond the payload
+            self.ram = SharedTier(ram_bytes, len(dataset), schema, lock, slack=slack)
+            self.disk = SharedTier(disk_bytes, len(dataset), schema, lock, directory=disk_dir or tempfile.gettempdir())
+        else:
+            self.ram, self.disk = RamTier(ram_bytes), DiskTier(disk_bytes, disk_dir)
+        self._source = TieredSource(dataset, self.plan.tier, self.ram, self.disk, self._backing_nbytes)
+        self._pool: WorkerPool | None = None
+        self._in_flight: collections.deque[tuple[int, int, int]] = collections.deque()  # (epoch, batch, task)
+        self._finished: dict[int, BatchResult] = {}
+        self._tasks = 0
         self._cursor = EpochCursor(epochs, len(self))
         self._epochs: list[dict[str, Any]] = []
 
@@ -116,8 +152,7 @@ class ClairvoyantLoader:
         if callable(sizes):
             return sizes
         first = next((epoch[0] for epoch in self.stream if epoch), 0)
-        probe = sample_nbytes(self.dataset[first])
-        return lambda index: probe
+        return _Uniform(sample_nbytes(self.dataset[first]))
 
     def _check_batch_fits(self, ram_bytes: int) -> None:
         first = self.stream[0][: self.batch_size]
@@ -153,6 +188,8 @@ class ClairvoyantLoader:
             "storage_bytes": 0,
         }
         self._epochs.append(record)
+        if self.workers:
+            return self._batches_from_workers(epoch, skip, record)
         return self._batches(order, record)
 
     def _batches(self, order: list[int], record: dict[str, Any]) -> Iterator[Any]:
@@ -181,6 +218,67 @@ class ClairvoyantLoader:
                 thread.join()
             record["wall_s"] = time.perf_counter() - started
 
+    # -- worker processes ----------------------------------------------------------------
+
+    def _batch_indices(self, epoch: int, batch: int) -> list[int]:
+        end = min((batch + 1) * self.batch_size, len(self.stream[epoch]))
+        return self.stream[epoch][batch * self.batch_size : end]
+
+    def _following(self, epoch: int, batch: int) -> tuple[int, int] | None:
+        """The batch a run of passes reads after ``(epoch, batch)``; None after the last epoch."""
+        if batch + 1 < len(self):
+            return epoch, batch + 1
+        return (epoch + 1, 0) if epoch + 1 < self._cursor.epochs else None
+
+    def _batches_from_workers(self, epoch: int, skip: int, record: dict[str, Any]) -> Iterator[Any]:
+        if self._pool is None:
+            threads = max(1, self.prefetch_threads // self.workers)
+            self._pool = WorkerPool(self._source.fetch, self.workers, threads)
+        if self._in_flight and self._in_flight[0][:2] != (epoch, skip):
+            # prefetched for another pass (set_epoch jumped, or a pass ended early): dropped when they arrive
+            self._in_flight.clear()
+            self._finished.clear()
+        depth = max(self.workers * max(1, self.prefetch_threads // self.workers), math.ceil(self.window / self.batch_size))
+        upcoming = self._following(*self._in_flight[-1][:2]) if self._in_flight else (epoch, skip)
+        started = time.perf_counter()
+        for batch in range(skip, len(self)):
+            before = time.perf_counter()
+            while upcoming is not None and len(self._in_flight) < depth:
+                self._pool.submit(self._tasks, self._batch_indices(*upcoming))
+                self._in_flight.append((*upcoming, self._tasks))
+                self._tasks += 1
+                upcoming = self._following(*upcoming)
+            result = self._result(self._in_flight.popleft()[2])
+            if result.error is not None:
+                self._stop_workers()
+                raise result.error
+            for tier, hits in result.hits.items():
+                record["hits"][tier] += hits
+            record["storage_bytes"] += result.storage_bytes
+            record["stall_s"] += time.perf_counter() - before
+            record["batches"] += 1
+            record["samples"] += len(self._batch_indices(epoch, batch))
+            record["wall_s"] = time.perf_counter() - started
+            yield result.batch
+        record["wall_s"] = time.perf_counter() - started
+
+    def _result(self, task: int) -> BatchResult:
+        """Batch ``task`` from the workers; results of other tasks are kept for later (or dropped if stale)."""
+        while task not in self._finished:
+            result = self._pool.receive()
+            if any(result.task == t for _, _, t in self._in_flight) or result.task == task:
+                self._finished[result.task] = result
+        return self._finished.pop(task)
+
+    def _stop_workers(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
+        self._in_flight.clear()
+        self._finished.clear()
+
+    # -- prefetch threads ------------------------------------------------------------------
+
     def _prefetch(self, window: _Window, record: dict[str, Any]) -> None:
         while (claim := window.claim()) is not None:
             position, index = claim
@@ -192,27 +290,11 @@ class ClairvoyantLoader:
             window.deliver(position, sample)
 
     def _fetch_counted(self, index: int, window: _Window, record: dict[str, Any]) -> Any:
-        sample, tier, nbytes = self._fetch(index)
+        sample, tier, nbytes = self._source.fetch(index)
         with window.lock:
             record["hits"][tier] += 1
             record["storage_bytes"] += nbytes
         return sample
-
-    def _fetch(self, index: int) -> tuple[Any, str, int]:
-        """``(sample, tier it came from, bytes read from backing storage)``."""
-        sample = self.ram.get(index)
-        if sample is not None:
-            return sample, "ram", 0
-        sample = self.disk.get(index)
-        if sample is not None:
-            return sample, "disk", 0
-        sample = self.dataset[index]
-        planned = self.plan.tier.get(index)
-        if planned == "ram":
-            self.ram.put(index, sample, sample_nbytes(sample))
-        elif planned == "disk":
-            self.disk.put(index, sample)
-        return sample, "storage", self._backing_nbytes(index)
 
     def stats(self) -> dict[str, Any]:
         """Per-pass statistics and the cache state.
@@ -235,7 +317,8 @@ class ClairvoyantLoader:
         }
 
     def close(self) -> None:
-        """Delete the disk tier's file."""
+        """Stop the worker processes (if any) and delete the disk tier's file."""
+        self._stop_workers()
         self.disk.close()
 
     def __enter__(self) -> ClairvoyantLoader:
@@ -245,9 +328,59 @@ class ClairvoyantLoader:
         self.close()
 
     def __del__(self) -> None:
+        if getattr(self, "_pool", None) is not None:
+            self._stop_workers()
         disk = getattr(self, "disk", None)
         if disk is not None:
             disk.close()
+
+
+class _Uniform:
+    """Every sample's size is the probed one (a picklable ``index -> nbytes``)."""
+
+    def __init__(self, nbytes: int) -> None:
+        self.nbytes = nbytes
+
+    def __call__(self, index: int) -> int:
+        return self.nbytes
+
+
+class TieredSource:
+    """Fetches a sample from the fastest tier holding it, else from the dataset.
+
+    A sample read from the dataset enters the tier the plan assigned it to (if that
+    tier still has room). Used by the prefetch threads and, copied into each worker
+    process, by the workers.
+    """
+
+    def __init__(
+        self,
+        dataset: Dataset,
+        plan: dict[int, str],
+        ram: RamTier | SharedTier,
+        disk: DiskTier | SharedTier,
+        backing_nbytes: Callable[[int], int],
+    ) -> None:
+        self.dataset = dataset
+        self.plan = plan
+        self.ram = ram
+        self.disk = disk
+        self.backing_nbytes = backing_nbytes
+
+    def fetch(self, index: int) -> tuple[Any, str, int]:
+        """``(sample, tier it came from, bytes read from backing storage)``."""
+        planned = self.plan.get(index)  # a sample only ever enters its planned tier
+        tier = self.ram if planned == "ram" else self.disk if planned == "disk" else None
+        if tier is not None:
+            sample = tier.get(index)
+            if sample is not None:
+                return sample, planned, 0
+        sample = self.dataset[index]
+        if planned == "ram":
+            self.ram.put(index, sample, sample_nbytes(sample))
+        elif planned == "disk":
+            self.disk.put(index, sample)
+        return sample, "storage", self.backing_nbytes(index)
 
 
 _UNCLAIMED = object()

@@ -200,6 +200,7 @@ def _build_clairvoyant(dataset: Dataset, **options: Any) -> Loader:
         disk_dir=options["disk_dir"],
         prefetch_threads=max(4, 4 * options["num_workers"]),
         drop_last=options["drop_last"],
+        workers=options["num_workers"],
     )
 
 
@@ -240,8 +241,8 @@ def build_loader(
     kind
         A name in :data:`LOADER_KINDS`: ``"default"`` or ``"clairvoyant"``.
     num_workers
-        DataLoader worker processes (``"default"``); the clairvoyant loader uses
-        ``max(4, 4 * num_workers)`` prefetch threads.
+        Worker processes of either kind; the clairvoyant loader runs
+        ``max(4, 4 * num_workers)`` prefetch threads among them (in this process when 0).
     drop_last
         Drop each epoch's last incomplete batch.
     cache_ram_mb, cache_disk_mb, disk_dir
