@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import psutil
 from click.testing import CliRunner
 
 from rapydli.bench.loader import command
@@ -24,8 +25,10 @@ def test_bench_loader_prints_targets_and_writes_json(tmp_path: Path) -> None:
     assert {(r["setting"], r["store"], r["loader"]) for r in rows} >= {
         ("throttled", "files", "dataloader"), ("throttled", "lmdb", "clairvoyant"),
         ("throttled", "lmdb", "clairvoyant+disk"), ("unthrottled", "files", "clairvoyant"),
+        ("unthrottled", "lmdb", "clairvoyant threads"),
     }
-    assert len(rows) == 12 and all(r["sps_e1"] > 0 and r["sps_e2"] > 0 for r in rows)
+    assert len(rows) == 16 and all(r["sps_e1"] > 0 and r["sps_e2"] > 0 for r in rows)
     cached = next(r for r in rows if r["loader"] == "clairvoyant+disk" and r["store"] == "lmdb")
     assert cached["last_epoch_hits_ram/disk/storage"].endswith("/0")  # epoch 2 never touches storage
     assert not [p for p in tmp_path.iterdir() if p.name.startswith("rapydli-bench-loader-")]
+    assert not psutil.Process().children(recursive=True)  # every loader's workers were stopped

@@ -3,7 +3,7 @@
 One run measures, on the same synthetic dataset and the same per-sample decode cost,
 the ``DataLoader`` over a :class:`~rapydli.data.ShardSampler` (``build_loader(kind=
 "default")``, ``--workers`` worker processes) and the :class:`~rapydli.data.ClairvoyantLoader`
-(``--threads`` prefetch threads), each over a directory of files
+(as many worker processes, with ``--threads`` prefetch threads among them), each over a directory of files
 (:class:`~rapydli.data.FileDataset`) and over an LMDB store
 (:class:`~rapydli.data.LMDBDataset`), for ``--epochs`` epochs: samples/s per epoch and the
 consumer's stall time (time spent inside ``next(loader)``).
@@ -13,9 +13,10 @@ Two settings: ``throttled`` emulates a parallel file system (every read waits
 :class:`rapydli.data.Throttle`; an emulation, the bytes come from the page cache), and
 ``unthrottled`` reads the page cache directly. The clairvoyant loader's RAM budget is
 ``--ram-fraction`` of the data; a ``clairvoyant+disk`` row adds a local-disk tier for the
-rest, and a ``dataloader xT`` row runs the DataLoader with as many workers as the
-clairvoyant loader has threads (throttled only), to separate the gain of more concurrent
-reads from the gain of caching. Targets (issue 8): throttled, clairvoyant epochs 2.. >= 2x
+rest, a ``clairvoyant threads`` row runs the clairvoyant loader with its threads in this
+process (``workers=0``), and a ``dataloader xT`` row runs the DataLoader with as many
+workers as the clairvoyant loader has threads (throttled only), to separate the gain of
+more concurrent reads from the gain of caching. Targets (issue 8): throttled, clairvoyant epochs 2.. >= 2x
 the DataLoader's samples/s (same worker count); unthrottled, >= 0.95x over all epochs.
 """
 
@@ -76,8 +77,8 @@ def _row(setting: str, store: str, kind: str, per_epoch: list[dict[str, Any]]) -
 @click.option("--shape", default="3,32,32", show_default=True, help="Shape of one float32 sample.")
 @click.option("--batch-size", default=32, show_default=True)
 @click.option("--epochs", default=3, show_default=True)
-@click.option("--workers", default=2, show_default=True, help="DataLoader worker processes.")
-@click.option("--threads", default=8, show_default=True, help="Clairvoyant prefetch threads.")
+@click.option("--workers", default=2, show_default=True, help="Worker processes of both loaders.")
+@click.option("--threads", default=8, show_default=True, help="Clairvoyant prefetch threads (in all).")
 @click.option("--latency-ms", default=2.0, show_default=True, help="Emulated per-read latency (throttled).")
 @click.option("--bandwidth-mb-s", default=20.0, show_default=True, help="Emulated per-read bandwidth (throttled).")
 @click.option("--ram-fraction", default=0.25, show_default=True, help="Clairvoyant RAM budget / data size.")
@@ -128,7 +129,7 @@ def command(
         for setting, throttle in settings.items():
             for store in ("files", "lmdb"):
                 dataset = openers[store](roots[store], **throttle)
-                kinds = ["dataloader", "clairvoyant"]
+                kinds = ["dataloader", "clairvoyant", "clairvoyant threads"]
                 if setting == "throttled":
                     kinds += ["clairvoyant+disk", f"dataloader x{threads}"]
                 for kind in kinds:
@@ -142,11 +143,12 @@ def command(
                             disk_bytes=data_bytes if kind == "clairvoyant+disk" else 0,
                             disk_dir=tmp,
                             prefetch_threads=threads,
+                            workers=0 if kind == "clairvoyant threads" else workers,
                             **common,
                         )
                     rows.append(_row(setting, store, kind, _run(loader, epochs, step_ms / 1e3)))
                     if kind.startswith("clairvoyant"):
-                        loader.close()
+                        loader.close()  # stops its workers
                     del loader
     summary: dict[str, Any] = {
         "data_MB": data_bytes / 1e6,
