@@ -96,12 +96,13 @@ def summarize(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[st
 
 @click.command()
 @click.option("-n", "--ranks", "n", default=2, show_default=True, help="MPI ranks.")
+@click.option("--min-bytes", default=4, show_default=True, help="Smallest message timed (bytes); auto's measurement still starts at 4 B.")
 @click.option("--max-bytes", default=256 << 20, show_default=True, help="Largest message (bytes); sizes are 4 B x 4^k up to it.")
 @click.option("--algorithms", default="ring,mpi,auto,mpi4py,gloo", show_default=True, help="Comma-separated subset to time.")
 @click.option("--max-reps", default=200, show_default=True, help="Most timed repetitions per size and algorithm.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Write the rows and summary here.")
 @click.option("--timeout", default=1800.0, show_default=True, help="Seconds before all ranks are killed.")
-def command(n: int, max_bytes: int, algorithms: str, max_reps: int, json_path: str | None, timeout: float) -> None:
+def command(n: int, min_bytes: int, max_bytes: int, algorithms: str, max_reps: int, json_path: str | None, timeout: float) -> None:
     """Allreduce time, algbw and busbw per message size: ring, mpi, auto vs mpi4py and gloo."""
     from rapydli.bench.allreduce_worker import ALGORITHMS
 
@@ -117,7 +118,7 @@ def command(n: int, max_bytes: int, algorithms: str, max_reps: int, json_path: s
     with tempfile.TemporaryDirectory(prefix="rapydli-bench-allreduce-") as tmp:
         out = Path(tmp) / "rows.json"
         argv = [sys.executable, "-m", "rapydli.bench.allreduce_worker", "--out", str(out),
-                "--max-bytes", str(max_bytes), "--algorithms", algorithms, "--max-reps", str(max_reps)]
+                "--min-bytes", str(min_bytes), "--max-bytes", str(max_bytes), "--algorithms", algorithms, "--max-reps", str(max_reps)]
         result = mpirun.run(argv, n=n, threads=1, timeout=timeout)
         if result.returncode != 0 or not out.exists():
             raise ClusterError(f"allreduce benchmark failed on {n} ranks:\n{result.stdout[-4000:]}{result.stderr[-4000:]}")

@@ -1,11 +1,13 @@
 """The per-rank half of ``rapydli bench allreduce``: run under ``mpiexec -n N``.
 
 First measures ``mpi`` against ``ring`` for ``auto`` and caches it (the measurement
-``auto`` then uses), then times, per message size, interleaved rep by rep so every
-algorithm sees the same machine noise: ``ring``, ``mpi``, ``auto`` (through
+``auto`` then uses), then times, per message size, interleaved rep by rep (in an order
+rotated every rep) so every algorithm sees the same machine noise: ``ring``, ``mpi``, ``auto`` (through
 :class:`~rapydli.comm.Communicator`, on torch float32 tensors), mpi4py's own
 ``Allreduce`` on a numpy array (``mpi4py``: the MPI library with no RaPyDLI code in the
-way) and torch.distributed ``gloo``. The torch tensor is allocated through numpy like the
+way) and torch.distributed ``gloo`` (in a block of its own after the others: its TCP
+threads slow down whichever MPI call follows it). Every call gets the same harness work:
+refill its buffer, barrier, timed call. The torch tensor is allocated through numpy like the
 gradient buckets (:func:`rapydli.comm.tensors.host_zeros`), so both sides reduce the same
 kind of memory. A rep's time is the slowest rank's; the row holds
 the median over reps (and the minimum: the algorithm when its ranks had their cores). Rank 0 writes the rows as JSON to ``--out``.
@@ -34,9 +36,23 @@ def repetitions(nbytes: int, max_reps: int = 200) -> int:
     return max(3, min(max_reps, int(64e6 / max(nbytes, 1))))
 
 
+def _time_one(name: str, call: Callable[[], object], array: np.ndarray, tensor: torch.Tensor, times: np.ndarray, rep: int, world: MPI.Comm) -> None:
+    """Time one call of ``name`` into ``times[rep]``, the same harness work for every algorithm."""
+    # refill only the buffer about to be reduced, so each call finds it equally warm
+    if name == "mpi4py":
+        array.fill(1.0)
+    else:
+        tensor.fill_(1.0)
+    world.Barrier()
+    started = time.perf_counter()
+    call()
+    times[rep] = time.perf_counter() - started
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
+    parser.add_argument("--min-bytes", type=int, default=4)
     parser.add_argument("--max-bytes", type=int, default=256 << 20)
     parser.add_argument("--algorithms", default=",".join(ALGORITHMS))
     parser.add_argument("--max-reps", type=int, default=200)
@@ -53,7 +69,7 @@ def main() -> None:
         comm._get("gloo")  # process group set up before timing
 
     rows = []
-    for nbytes in message_sizes(args.max_bytes):
+    for nbytes in [size for size in message_sizes(args.max_bytes) if size >= args.min_bytes]:
         count = max(1, nbytes // 4)
         tensor = host_zeros(count, torch.float32)  # numpy-allocated, as gradient buckets are
         tensor.fill_(1.0)
@@ -66,20 +82,22 @@ def main() -> None:
                 calls[name] = lambda name=name: comm.allreduce_(tensor, algorithm=name)
         reps = repetitions(nbytes, args.max_reps)
         local = np.zeros((len(names), reps))
-        for name in names:  # warm-up
-            calls[name]()
-            calls[name]()
+        interleaved = [i for i, name in enumerate(names) if name != "gloo"]
+        for i in interleaved:  # warm-up
+            calls[names[i]]()
+            calls[names[i]]()
         for rep in range(reps):
-            for i, name in enumerate(names):
-                # refill only the buffer about to be reduced, so each call finds it equally warm
-                if name == "mpi4py":
-                    array.fill(1.0)
-                else:
-                    tensor.fill_(1.0)
-                world.Barrier()
-                started = time.perf_counter()
-                calls[name]()
-                local[i, rep] = time.perf_counter() - started
+            # rotate the order each rep, so no algorithm always runs right after the same one
+            shift = rep % max(1, len(interleaved))
+            for i in interleaved[shift:] + interleaved[:shift]:
+                _time_one(names[i], calls[names[i]], array, tensor, local[i], rep, world)
+        if "gloo" in names:
+            # gloo's own TCP threads keep running after a call and slow the next MPI calls down
+            # (measured: 2-4x at <= 1 KiB), so gloo gets a block of its own after the others
+            i = names.index("gloo")
+            calls["gloo"]()  # warm-up
+            for rep in range(reps):
+                _time_one("gloo", calls["gloo"], array, tensor, local[i], rep, world)
         slowest = np.empty_like(local)
         world.Allreduce(local, slowest, op=MPI.MAX)
         for i, name in enumerate(names):
