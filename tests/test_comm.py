@@ -105,6 +105,36 @@ for algorithm in ["mpi", "ring", "auto", "gloo"]:
             check(t.view(-1), reference(x.view(-1).contiguous(), "sum"), x, (algorithm, dtype, "iallreduce_"))
             checks += 1
 
+# repeated allreduce_ of one buffer takes the cached fast path; it must notice changed memory
+from rapydli.comm.ring import RingAlgorithm
+for algorithm in ("mpi", "auto", "ring"):
+    t = torch.zeros(2, 50)
+    for i in range(3):
+        t.fill_(rank + i)
+        assert comm.allreduce_(t, op="avg", algorithm=algorithm) is t
+        assert torch.all(t == (n - 1) / 2 + i), (algorithm, i)
+        checks += 1
+    t.set_(torch.full((7,), float(rank + 1)))  # same tensor object, new memory and size
+    comm.allreduce_(t, op="sum", algorithm=algorithm)
+    assert torch.all(t == n * (n + 1) / 2), algorithm
+    t.resize_(3)
+    t.fill_(1.0)
+    comm.allreduce_(t, op="sum", algorithm=algorithm)
+    assert t.shape == (3,) and torch.all(t == n), algorithm
+    checks += 2
+
+# the ring's pipeline with many chunks per segment (tiny chunks), every op
+tiny_ring = RingAlgorithm(world, chunk_bytes=12)
+for dtype in (torch.float32, torch.bfloat16, torch.int64):
+    for size in (1, 13, 1001):
+        g = torch.Generator().manual_seed(7 * rank + size)
+        x = torch.randn(size, generator=g).mul(1 if dtype.is_floating_point else 100).to(dtype)
+        for op in ("sum", "max", "min"):
+            got = x.clone()
+            tiny_ring.allreduce_(got, op)
+            check(got, reference(x, op), x, ("ring chunk_bytes=12", dtype, size, op))
+            checks += 1
+
 # broadcast_: from a non-zero root, every dtype, tensor shapes kept
 for dtype in DTYPES:
     t = (torch.arange(24, dtype=torch.float64).reshape(2, 3, 4) * (rank + 1)).to(dtype)

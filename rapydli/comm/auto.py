@@ -21,6 +21,7 @@ import math
 import os
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -232,3 +233,6 @@ class AutoAlgorithm(Algorithm):
 
     def allreduce_(self, flat: torch.Tensor, op: str) -> None:
         self.candidates[self.choose(flat)].allreduce_(flat, op)
+
+    def prepare(self, flat: torch.Tensor, op: str) -> Callable[[], object] | None:
+        return self.candidates[self.choose(flat)].prepare(flat, op)

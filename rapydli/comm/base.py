@@ -60,6 +60,15 @@ class Algorithm:
         """Reduce ``flat`` (1-D, contiguous) in place across the communicator."""
         raise NotImplementedError
 
+    def prepare(self, flat: torch.Tensor, op: str) -> Callable[[], object] | None:
+        """A zero-argument call that reduces ``flat``'s memory again, for repeated calls on one buffer.
+
+        The call must hold no reference to ``flat`` (the caller checks that the tensor is
+        alive and still owns the same memory before each use). ``None`` (the default):
+        the algorithm has no such shortcut and :meth:`allreduce_` runs every time.
+        """
+        return None
+
     def iallreduce_(self, flat: torch.Tensor, op: str) -> Handle:
         """Start reducing ``flat``; only for ``native_async`` algorithms."""
         raise NotImplementedError(f"{self.name} has no native asynchronous allreduce")

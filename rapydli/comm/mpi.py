@@ -8,16 +8,15 @@ slower than the ring's built-in torch reduction.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from functools import partial
 
 import torch
+from mpi4py import MPI
 
 from rapydli.comm.base import Algorithm
-from rapydli.comm.tensors import mpi_buffer, mpi_op
+from rapydli.comm.tensors import address_buffer, mpi_buffer, mpi_op
 from rapydli.comm.waiting import complete
-
-if TYPE_CHECKING:
-    from mpi4py import MPI
 
 
 class MPIAlgorithm(Algorithm):
@@ -38,11 +37,15 @@ class MPIAlgorithm(Algorithm):
         return MPIAlgorithm(comm, polite)
 
     def allreduce_(self, flat: torch.Tensor, op: str) -> None:
-        from mpi4py import MPI
-
         if flat.numel() == 0 or self.comm.Get_size() == 1:
             return
         if self.polite:
             complete((self.comm.Iallreduce(MPI.IN_PLACE, mpi_buffer(flat), op=mpi_op(flat.dtype, op)),), True)
         else:
             self.comm.Allreduce(MPI.IN_PLACE, mpi_buffer(flat), op=mpi_op(flat.dtype, op))
+
+    def prepare(self, flat: torch.Tensor, op: str) -> Callable[[], object] | None:
+        """The blocking ``Allreduce`` bound to ``flat``'s address: no buffer conversion per call."""
+        if self.polite or flat.numel() == 0 or self.comm.Get_size() == 1:
+            return None
+        return partial(self.comm.Allreduce, MPI.IN_PLACE, address_buffer(flat), mpi_op(flat.dtype, op))

@@ -132,6 +132,17 @@ def mpi_buffer(flat: torch.Tensor) -> object:
     return flat.numpy()
 
 
+def address_buffer(flat: torch.Tensor) -> list[object]:
+    """An mpi4py buffer spec over ``flat``'s memory by address: it keeps no reference to the tensor.
+
+    Only valid while the tensor lives and owns that memory; callers check ``data_ptr()``.
+    """
+    from mpi4py import MPI
+
+    memory = MPI.buffer.fromaddress(flat.data_ptr(), flat.numel() * flat.element_size())
+    return [memory, flat.numel(), mpi_datatype(flat.dtype)]
+
+
 def reduce_into(target: torch.Tensor, source: torch.Tensor, op: str) -> None:
     """``target = target (op) source`` in place; ``op`` is ``sum``, ``avg``, ``max`` or ``min``.
 

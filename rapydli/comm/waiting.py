@@ -15,6 +15,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from mpi4py import MPI
+
 #: Tests before the first sleep.
 SPINS = 64
 #: First and longest sleep between tests (seconds).
@@ -23,8 +25,6 @@ FIRST_SLEEP, LONGEST_SLEEP = 20e-6, 200e-6
 
 def complete(requests: Sequence[Any], polite: bool) -> None:
     """Wait for every MPI request; spin (``polite=False``) or spin, then test with sleeps."""
-    from mpi4py import MPI
-
     if not polite:
         MPI.Request.Waitall(list(requests))
         return
