@@ -191,13 +191,20 @@ def _set_home(home: str) -> None:
     os.environ["RAPYDLI_HOME"] = home
 
 
+def _winner(result: Any) -> str:
+    """The winning configuration and how much slower the runner-up was (a near tie can flip between runs)."""
+    times = sorted(m.median for m in result.measurements if m.ok)
+    margin = f" (+{(times[1] / times[0] - 1) * 100:.0f}%)" if len(times) > 1 else ""
+    return f"{result.best.config}{margin}"
+
+
 def tuning_times(names: tuple[str, ...], gflop: float, preset: str) -> list[dict[str, Any]]:
     """Seconds to tune ``names`` on 1 and on 2 engines of one warm cluster, at 1 thread and all cores per timing.
 
     Each tuning starts from empty kernel and result caches (compiles included); the
     cluster start and the engines' first imports are not counted (a warm-up tuning
-    runs first). The winners are reported, so a reader can check they do not depend
-    on the engine count.
+    runs first). The winners are reported with the runner-up's margin, so a reader can
+    check they do not depend on the engine count beyond near ties.
     """
     from rapydli.autotune.runner import ParallelRunner
     from rapydli.cluster import Cluster
@@ -209,9 +216,9 @@ def tuning_times(names: tuple[str, ...], gflop: float, preset: str) -> list[dict
             cluster.view().apply_sync(_set_home, home)
             runner, cache = ParallelRunner(engines), Cache(os.path.join(home, "tune.db"))
             started = time.perf_counter()
-            best = [str(tune_conv2d(layer_shape(name, g), "cpu", "inference", runner=runner, preset=preset,
-                                    cache=cache, repetitions=3, threads=threads).best.config) for name in layers]
-            return time.perf_counter() - started, best
+            results = [tune_conv2d(layer_shape(name, g), "cpu", "inference", runner=runner, preset=preset,
+                                   cache=cache, repetitions=3, threads=threads) for name in layers]
+            return time.perf_counter() - started, [_winner(r) for r in results]
 
         tune_all(cluster, 1, os.path.join(tmp, "warm-up"), names[:1], 0.01)
         for threads in sorted({1, cores}):
