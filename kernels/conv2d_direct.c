@@ -11,6 +11,9 @@
  *   VEC     float32 lanes of the vector type (GCC/Clang vector extension)
  *   UNROLL  unroll factor of the innermost loop
  *   ORDER   parallel loop order of the NHWC forward: 0 = (n, oh, k, ow), 1 = (n, k, oh, ow)
+ *   PACK    NHWC forward: 0 = vectors over input channels (C), 1 = vectors over output
+ *           channels (K) with the weight packed per call to [K/VEC][R][S][C][VEC]; KB then
+ *           counts K vectors, and small C (a 3-channel first layer) still fills the lanes
  *
  * The shape is a run-time argument, so one instance serves every layer. Tensors are
  * float32, dense in the layout above; the caller passes torch's data pointers directly.
@@ -41,6 +44,9 @@
 #ifndef ORDER
 #define ORDER 0
 #endif
+#ifndef PACK
+#define PACK 0
+#endif
 
 #define PRAGMA_(x) _Pragma(#x)
 #define UNROLL_BY(n) PRAGMA_(GCC unroll n)
@@ -68,6 +74,77 @@ static inline void col_range(const shape_t *d, long s, long *lo, long *hi) {
 #if LAYOUT == 1
 /* ------------------------------------------------------------------ NHWC ---------- */
 
+#if PACK == 1
+/* y[n,oh,ow0..ow0+WB, k0..k0+KB*VEC] from the packed weight: WB x KB vector accumulators,
+   one broadcast input value per column and one weight vector per K vector and c */
+static inline void fwd_tile(const float *restrict x, const float *restrict wp, float *restrict y,
+                            const float *zeros, const shape_t *d, long n, long oh, long kv0, long ow0) {
+    const long C = d->C, K = d->K, wn = lmin(WB, d->OW - ow0), RSC = d->R * d->S * C;
+    vf acc[WB][KB];
+    for (int b = 0; b < WB; b++)
+        for (int j = 0; j < KB; j++) acc[b][j] = (vf){0};
+    const long nkv = (K + VEC - 1) / VEC, jn = lmin(KB, nkv - kv0);
+    for (long r = 0; r < d->R; r++) {
+        const long ih = oh * d->SH - d->PH + r;
+        if (ih < 0 || ih >= d->H) continue;
+        for (long s = 0; s < d->S; s++) {
+            const float *xp[WB];
+            const float *wq[KB];
+            for (int b = 0; b < WB; b++) {
+                const long iw = (ow0 + b) * d->SW - d->PW + s;
+                xp[b] = (b < wn && iw >= 0 && iw < d->W) ? x + ((n * d->H + ih) * d->W + iw) * C : zeros;
+            }
+            for (int j = 0; j < KB; j++)
+                wq[j] = wp + ((kv0 + (j < jn ? j : 0)) * RSC + (r * d->S + s) * C) * VEC;
+            UNROLL_BY(UNROLL)
+            for (long c = 0; c < C; c++) {
+                vf wv[KB];
+                for (int j = 0; j < KB; j++) wv[j] = vload(wq[j] + c * VEC);
+                for (int b = 0; b < WB; b++) {
+                    const vf xv = (vf){0} + xp[b][c];
+                    for (int j = 0; j < KB; j++) acc[b][j] += xv * wv[j];
+                }
+            }
+        }
+    }
+    for (long b = 0; b < wn; b++) {
+        float *yp = y + ((n * d->OH + oh) * d->OW + ow0 + b) * K;
+        for (long j = 0; j < jn; j++) {
+            const long k = (kv0 + j) * VEC;
+            if (k + VEC <= K) vstore(yp + k, acc[b][j]);
+            else for (long i = 0; k + i < K; i++) yp[k + i] = acc[b][j][i];
+        }
+    }
+}
+
+static void conv_fwd_impl(const float *x, const float *w, float *y, const shape_t *d) {
+    const long C = d->C, K = d->K, RSC = d->R * d->S * C, nkv = (K + VEC - 1) / VEC;
+    const long nkb = (nkv + KB - 1) / KB, nwb = (d->OW + WB - 1) / WB;
+    float *zeros = calloc((size_t)(C + VEC), sizeof(float));
+    float *wp = calloc((size_t)(nkv * RSC * VEC), sizeof(float));
+    #pragma omp parallel for schedule(static)
+    for (long k = 0; k < K; k++)  /* w[k][r][s][c] -> wp[k / VEC][r][s][c][k % VEC] */
+        for (long q = 0; q < RSC; q++) wp[((k / VEC) * RSC + q) * VEC + k % VEC] = w[k * RSC + q];
+#if ORDER == 0
+    #pragma omp parallel for collapse(3) schedule(static)
+    for (long n = 0; n < d->N; n++)
+        for (long oh = 0; oh < d->OH; oh++)
+            for (long kb = 0; kb < nkb; kb++)
+                for (long wb = 0; wb < nwb; wb++)
+                    fwd_tile(x, wp, y, zeros, d, n, oh, kb * KB, wb * WB);
+#else
+    #pragma omp parallel for collapse(3) schedule(static)
+    for (long n = 0; n < d->N; n++)
+        for (long kb = 0; kb < nkb; kb++)
+            for (long oh = 0; oh < d->OH; oh++)
+                for (long wb = 0; wb < nwb; wb++)
+                    fwd_tile(x, wp, y, zeros, d, n, oh, kb * KB, wb * WB);
+#endif
+    free(wp);
+    free(zeros);
+}
+
+#else
 static inline void fwd_tile(const float *restrict x, const float *restrict w, float *restrict y,
                             const float *zeros, const shape_t *d, long n, long oh, long k0, long ow0) {
     const long C = d->C, kn = lmin(KB, d->K - k0), wn = lmin(WB, d->OW - ow0);
@@ -129,6 +206,8 @@ static void conv_fwd_impl(const float *x, const float *w, float *y, const shape_
 #endif
     free(zeros);
 }
+
+#endif
 
 /* data gradient, gathered per input pixel: gx[n,ih,iw,c] = sum_{k,r,s} gy[n,oh,ow,k] w[k,r,s,c] */
 static void conv_bwd_data_impl(const float *gy, const float *w, float *gx, const shape_t *d) {

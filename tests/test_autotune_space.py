@@ -83,11 +83,13 @@ def test_generated_kernel_space_is_pruned_by_device_and_problem() -> None:
     shape = ConvShape(1, 64, 8, 8, 64, 3, 3, pad=1)
     full = CDirect().space(shape, avx2, "full")
     counts = full.counts()
-    assert counts["total"] == 2 * 5 * 4 * 3 * 3 * 3 * 2
+    assert counts["total"] == 2 * 5 * 4 * 3 * 3 * 3 * 2 * 2
     assert counts["after_soft"] < counts["after_hard"] < counts["total"]
     configs = full.configs()
     assert all(c["vec"] <= 8 for c in configs)                     # AVX2: 8 lanes
-    assert all(c["kb"] * c["wb"] + c["wb"] + 1 <= 16 for c in configs)  # 16 registers
+    assert all(c["kb"] * c["wb"] + (c["kb"] if c["pack"] else c["wb"]) + 1 <= 16 for c in configs)  # 16 registers
+    assert {c["pack"] for c in configs if c["layout"] == 1} == {0, 1}  # NHWC: vectors over C or over K
     assert all(c["wb"] == 1 for c in configs if c["layout"] == 0)  # NCHW ignores wb
     small = CDirect().space(ConvShape(1, 3, 8, 8, 2, 3, 3), avx2, "full")
-    assert all(c["kb"] <= 2 for c in small.configs())              # kb <= K
+    assert all(c["kb"] <= 2 for c in small.configs() if not c["pack"])  # kb <= K
+    assert all(c["kb"] == 1 for c in small.configs() if c["pack"])      # packed: one vector covers K = 2

@@ -107,19 +107,22 @@ class CDirect(Candidate):
         lanes, regs = device.vector_lanes, device.vector_registers
         # hard: what the device allows
         space.hard(lambda vec: vec <= max(4, lanes), f"vector lanes <= {lanes} ({device.isa})")
-        space.hard(lambda kb, wb: kb * wb + wb + 1 <= regs, f"accumulators + operands <= {regs} vector registers")
+        space.hard(lambda kb, wb, pack: kb * wb + (kb if pack else wb) + 1 <= regs,
+                   f"accumulators + operands <= {regs} vector registers")
         # soft: parameters a layout ignores are pinned to their first value (no duplicate instances)
         space.soft(lambda layout, wb: layout == 1 or wb == first["wb"], "NCHW ignores wb")
         space.soft(lambda layout, cb: layout == 1 or cb == first["cb"], "NCHW ignores cb")
         space.soft(lambda layout, vec: layout == 1 or vec == first["vec"], "NCHW ignores vec")
         space.soft(lambda layout, order: layout == 1 or order == first["order"], "NCHW ignores order")
-        # soft: no block much wider than the problem
-        space.soft(lambda kb: kb <= max(first["kb"], shape.k), "kb <= K")
+        space.soft(lambda layout, pack: layout == 1 or pack == first["pack"], "NCHW ignores pack")
+        space.soft(lambda pack, cb: not pack or cb == first["cb"], "the packed forward ignores cb")
+        # soft: no block much wider than the problem (packed: kb counts vectors of vec output channels)
+        space.soft(lambda kb, pack, vec: kb <= max(first["kb"], -(-shape.k // vec) if pack else shape.k), "kb <= K")
         ow = shape.out_hw[1]
         space.soft(lambda wb: wb <= max(first["wb"], ow), "wb <= OW")
         smallest_cb = min((cb for cb in table[preset]["cb"] if cb >= shape.c), default=max(table[preset]["cb"]))
         space.soft(lambda cb: cb <= smallest_cb, "cb <= the smallest block covering C")
-        space.soft(lambda vec: vec <= max(first["vec"], shape.c), "vec <= C")
+        space.soft(lambda vec, pack: vec <= max(first["vec"], shape.k if pack else shape.c), "vec <= C (packed: K)")
         return space
 
     def instance(self, shape: ConvShape, params: Mapping[str, Any]) -> Instance:
