@@ -205,6 +205,14 @@ for wait_mode in ("polite", "spin"):   # how the communication thread waits (RAP
         assert torch.all(t == (comm.world_size + 1) / 2)
     comm.close()
 
+# a polite thread spins once the caller blocks on the result
+from rapydli.comm.waiting import Pace
+pace = Pace(polite=True)
+assert not pace.urgent
+with pace.waiting():
+    assert pace.urgent
+assert not pace.urgent and Pace(polite=False).urgent
+
 # with measuring switched off and no cache, auto falls back to MPI's own allreduce
 os.environ["RAPYDLI_COMM_AUTOTUNE"] = "0"
 os.environ["RAPYDLI_HOME"] = MPI.COMM_WORLD.bcast(tempfile.mkdtemp() if MPI.COMM_WORLD.rank == 0 else None)

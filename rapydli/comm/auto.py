@@ -33,6 +33,7 @@ from rapydli.comm.base import Algorithm
 from rapydli.comm.mpi import MPIAlgorithm
 from rapydli.comm.ring import RingAlgorithm
 from rapydli.comm.tensors import HALF_DTYPES, host_zeros
+from rapydli.comm.waiting import SPIN, Pace
 from rapydli.paths import home
 
 if TYPE_CHECKING:
@@ -215,16 +216,16 @@ class AutoAlgorithm(Algorithm):
 
     name = "auto"
 
-    def __init__(self, comm: MPI.Comm, table: AutoTable | None = None, polite: bool = False) -> None:
+    def __init__(self, comm: MPI.Comm, table: AutoTable | None = None, pace: Pace = SPIN) -> None:
         super().__init__(comm)
         self.candidates: dict[str, Algorithm] = {
-            "mpi": MPIAlgorithm(comm, polite=polite),
-            "ring": RingAlgorithm(comm, polite=polite),
+            "mpi": MPIAlgorithm(comm, pace=pace),
+            "ring": RingAlgorithm(comm, pace=pace),
         }
         self.table = table if table is not None else tune(comm)
 
-    def bind(self, comm: MPI.Comm, polite: bool = False) -> AutoAlgorithm:
-        return AutoAlgorithm(comm, self.table, polite)
+    def bind(self, comm: MPI.Comm, pace: Pace | None = None) -> AutoAlgorithm:
+        return AutoAlgorithm(comm, self.table, pace or SPIN)
 
     def choose(self, flat: torch.Tensor) -> str:
         if flat.dtype in HALF_DTYPES:

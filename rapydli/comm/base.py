@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from mpi4py import MPI
 
     from rapydli.comm.handle import Handle
+    from rapydli.comm.waiting import Pace
 
 
 class Algorithm:
@@ -48,11 +49,11 @@ class Algorithm:
     def __init__(self, comm: MPI.Comm) -> None:
         self.comm = comm
 
-    def bind(self, comm: MPI.Comm, polite: bool = False) -> Algorithm:
+    def bind(self, comm: MPI.Comm, pace: Pace | None = None) -> Algorithm:
         """The same algorithm over another communicator (used for the asynchronous one).
 
-        ``polite``: wait for requests by testing with sleeps instead of spinning (see
-        :mod:`rapydli.comm.waiting`); used on the communication thread.
+        ``pace``: how to wait for requests (:class:`rapydli.comm.waiting.Pace`: politely
+        while the caller computes); used on the communication thread.
         """
         return type(self)(comm)
 

@@ -59,6 +59,10 @@ class Communicator:
         check_algorithm(algorithm)
         from mpi4py import MPI
 
+        from rapydli.comm.waiting import (
+            Pace,  # imports MPI: only after the name was checked
+        )
+
         self.mpi_comm: MPI.Comm = mpi_comm if mpi_comm is not None else MPI.COMM_WORLD
         self.rank: int = self.mpi_comm.Get_rank()
         self.world_size: int = self.mpi_comm.Get_size()
@@ -71,9 +75,10 @@ class Communicator:
         else:
             self.progress = "none"
         self._async_comm: MPI.Comm = self.mpi_comm.Dup() if self.progress == "thread" else self.mpi_comm
-        self._thread: CommThread | None = CommThread() if self.progress != "none" else None
-        #: the communication thread waits politely (tests + sleeps) instead of spinning
+        #: the communication thread waits politely (tests + sleeps) while the caller computes
         self.polite: bool = os.environ.get("RAPYDLI_COMM_WAIT", "polite") != "spin"
+        self._pace = Pace(polite=self.polite)
+        self._thread: CommThread | None = CommThread(self._pace) if self.progress != "none" else None
         self._algorithms: dict[str, tuple[Algorithm, Algorithm]] = {}
         #: (id(tensor), op, algorithm) -> (weak reference, data_ptr, numel, prepared call): the
         #: fast path of a repeated ``allreduce_`` on the same buffer (gradients, benchmarks)
@@ -179,7 +184,7 @@ class Communicator:
                 algo.table = table  # type: ignore[attr-defined]
         else:
             first = auto.AutoAlgorithm(self.mpi_comm, table)
-            self._algorithms["auto"] = (first, first.bind(self._async_comm, polite=self.polite))
+            self._algorithms["auto"] = (first, first.bind(self._async_comm, self._pace))
         return table
 
     def close(self) -> None:
@@ -220,7 +225,7 @@ class Communicator:
         """(algorithm over the main communicator, the same over the asynchronous one); built once."""
         if name not in self._algorithms:
             algo = create_algorithm(name, self.mpi_comm)
-            self._algorithms[name] = (algo, algo.bind(self._async_comm, polite=self.polite))
+            self._algorithms[name] = (algo, algo.bind(self._async_comm, self._pace))
         return self._algorithms[name]
 
     def _run(self, algo: Algorithm, flat: torch.Tensor, op: str) -> None:

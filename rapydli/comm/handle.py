@@ -10,11 +10,14 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from rapydli.errors import RapydliError
+
+if TYPE_CHECKING:
+    from rapydli.comm.waiting import Pace
 
 
 class Handle:
@@ -72,6 +75,8 @@ class ThreadHandle(Handle):
     def __init__(self, tensor: torch.Tensor, algorithm: str, work: Callable[[], Any]) -> None:
         super().__init__(tensor, algorithm)
         self.work = work
+        #: the thread's pace, told when a caller blocks in :meth:`wait` (set by :meth:`CommThread.submit`)
+        self.pace: Pace | None = None
         self._done = threading.Event()
         self._error: BaseException | None = None
 
@@ -92,7 +97,12 @@ class ThreadHandle(Handle):
         return self._done.is_set()
 
     def wait(self, timeout: float | None = None) -> torch.Tensor:
-        if not self._done.wait(timeout):
+        if self.pace is not None and not self._done.is_set():
+            with self.pace.waiting():  # nothing left to compute here: the thread may spin
+                done = self._done.wait(timeout)
+        else:
+            done = self._done.wait(timeout)
+        if not done:
             raise TimeoutError(f"{self.algorithm} allreduce did not complete within {timeout} s")
         if self._error is not None:
             raise RapydliError(f"{self.algorithm} allreduce failed: {self._error}") from self._error
@@ -135,11 +145,19 @@ class CommThread:
     collective (blocking, on its own duplicated communicator) makes it progress while the
     caller computes, as DDP's communication thread does. Submission order is the order in
     which every rank must issue collectives, so callers submit in a rank-independent order.
+
+    Parameters
+    ----------
+    pace
+        How the thread's algorithms wait; handles tell it when their caller blocks.
+    name
+        The thread's name.
     """
 
-    def __init__(self, name: str = "rapydli-comm") -> None:
+    def __init__(self, pace: Pace | None = None, name: str = "rapydli-comm") -> None:
         import queue
 
+        self.pace = pace
         self._queue: queue.SimpleQueue[ThreadHandle | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
@@ -148,6 +166,7 @@ class CommThread:
         """Queue ``handle``'s work; returns the handle."""
         if not self._thread.is_alive():
             raise RapydliError("the communication thread has stopped (communicator closed)")
+        handle.pace = self.pace
         self._queue.put(handle)
         return handle
 

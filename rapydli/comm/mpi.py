@@ -16,36 +16,39 @@ from mpi4py import MPI
 
 from rapydli.comm.base import Algorithm
 from rapydli.comm.tensors import address_buffer, mpi_buffer, mpi_op
-from rapydli.comm.waiting import complete
+from rapydli.comm.waiting import SPIN, Pace
 
 
 class MPIAlgorithm(Algorithm):
     """mpi4py ``Allreduce`` in place on the tensor's buffer.
 
-    With ``polite`` (the instance on the communication thread) it is ``Iallreduce``
-    completed by :func:`rapydli.comm.waiting.complete`, which leaves the core to backward
-    while it waits; otherwise the blocking ``Allreduce`` (lowest latency).
+    With a polite ``pace`` (the instance on the communication thread) it is ``Iallreduce``
+    completed by :meth:`rapydli.comm.waiting.Pace.complete`, which leaves the core to
+    backward while it waits, and spins once the caller blocks on the result; otherwise the
+    blocking ``Allreduce`` (lowest latency: MPICH's ``Iallreduce`` runs slower
+    schedule-based algorithms). Which of the two runs must not depend on timing: a
+    blocking collective on one rank does not match a non-blocking one on another.
     """
 
     name = "mpi"
 
-    def __init__(self, comm: MPI.Comm, polite: bool = False) -> None:
+    def __init__(self, comm: MPI.Comm, pace: Pace = SPIN) -> None:
         super().__init__(comm)
-        self.polite = polite
+        self.pace = pace
 
-    def bind(self, comm: MPI.Comm, polite: bool = False) -> MPIAlgorithm:
-        return MPIAlgorithm(comm, polite)
+    def bind(self, comm: MPI.Comm, pace: Pace | None = None) -> MPIAlgorithm:
+        return MPIAlgorithm(comm, pace or SPIN)
 
     def allreduce_(self, flat: torch.Tensor, op: str) -> None:
         if flat.numel() == 0 or self.comm.Get_size() == 1:
             return
-        if self.polite:
-            complete((self.comm.Iallreduce(MPI.IN_PLACE, mpi_buffer(flat), op=mpi_op(flat.dtype, op)),), True)
+        if self.pace.polite:  # the same call on every rank: Allreduce and Iallreduce do not match
+            self.pace.complete((self.comm.Iallreduce(MPI.IN_PLACE, mpi_buffer(flat), op=mpi_op(flat.dtype, op)),))
         else:
             self.comm.Allreduce(MPI.IN_PLACE, mpi_buffer(flat), op=mpi_op(flat.dtype, op))
 
     def prepare(self, flat: torch.Tensor, op: str) -> Callable[[], object] | None:
         """The blocking ``Allreduce`` bound to ``flat``'s address: no buffer conversion per call."""
-        if self.polite or flat.numel() == 0 or self.comm.Get_size() == 1:
+        if self.pace.polite or flat.numel() == 0 or self.comm.Get_size() == 1:
             return None
         return partial(self.comm.Allreduce, MPI.IN_PLACE, address_buffer(flat), mpi_op(flat.dtype, op))

@@ -26,7 +26,7 @@ from mpi4py import MPI
 
 from rapydli.comm.base import Algorithm
 from rapydli.comm.tensors import byte_array, host_zeros, reduce_into
-from rapydli.comm.waiting import complete
+from rapydli.comm.waiting import SPIN, Pace
 
 #: Default chunk size of the pipeline (bytes). Measured on 2 ranks of one host (MPICH 5,
 #: 1 MiB to 256 MiB): 4 MiB chunks were 10-30 % faster than 1 MiB at 4-256 MiB and
@@ -58,18 +58,20 @@ class RingAlgorithm(Algorithm):
         The mpi4py communicator.
     chunk_bytes
         Pipeline chunk size in bytes (at least one element).
+    pace
+        How to wait for requests (spinning by default; polite on the communication thread).
     """
 
     name = "ring"
 
-    def __init__(self, comm: MPI.Comm, chunk_bytes: int = CHUNK_BYTES, polite: bool = False) -> None:
+    def __init__(self, comm: MPI.Comm, chunk_bytes: int = CHUNK_BYTES, pace: Pace = SPIN) -> None:
         super().__init__(comm)
         self.chunk_bytes = int(chunk_bytes)
-        self.polite = polite
+        self.pace = pace
         self._local = threading.local()
 
-    def bind(self, comm: MPI.Comm, polite: bool = False) -> RingAlgorithm:
-        return RingAlgorithm(comm, self.chunk_bytes, polite)
+    def bind(self, comm: MPI.Comm, pace: Pace | None = None) -> RingAlgorithm:
+        return RingAlgorithm(comm, self.chunk_bytes, pace or SPIN)
 
     def _scratch(self, numel: int, dtype: torch.dtype) -> tuple[torch.Tensor, np.ndarray]:
         """Receive buffer and its bytes, reused across calls (one per thread: the comm thread has its own)."""
@@ -91,7 +93,7 @@ class RingAlgorithm(Algorithm):
         seg_max = starts[1] - starts[0]  # the first segments are the longest
         data = byte_array(flat)
         scratch, scratch_bytes = self._scratch(2 * seg_max, flat.dtype)
-        polite = self.polite
+        complete = self.pace.complete
         byte = MPI.BYTE
 
         def post_scatter_receives(step: int) -> list[MPI.Request]:
@@ -114,12 +116,12 @@ class RingAlgorithm(Algorithm):
             # forward each reduced chunk at once: next scatter step, or the first allgather step
             sends, tag = (gather_sends, _TAG_GATHER) if last else (scatter_sends, _TAG_SCATTER)
             for request, (a, b) in zip(pending, chunks[segment]):
-                complete((request,), polite)
+                complete((request,))
                 reduce_into(flat[a:b], scratch[a + shift : b + shift], op)
                 sends.append(comm.Isend([data[a * size : b * size], byte], right, tag))
             pending = upcoming
         # segments sent while reducing are overwritten by the allgather: their sends must be done
-        complete(scatter_sends, polite)
+        complete(scatter_sends)
 
         # allgather: step s receives the reduced segment rank - s into place and forwards it
         segments = [(rank - step) % n for step in range(n - 1)]
@@ -130,7 +132,7 @@ class RingAlgorithm(Algorithm):
         for step, segment in enumerate(segments):
             forward = step < n - 2
             for request, (a, b) in zip(receives[step], chunks[segment]):
-                complete((request,), polite)
+                complete((request,))
                 if forward:
                     gather_sends.append(comm.Isend([data[a * size : b * size], byte], right, _TAG_GATHER))
-        complete(gather_sends, polite)
+        complete(gather_sends)

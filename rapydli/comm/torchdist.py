@@ -21,6 +21,8 @@ from rapydli.errors import ConfigError
 if TYPE_CHECKING:
     from mpi4py import MPI
 
+    from rapydli.comm.waiting import Pace
+
 _GROUPS: dict[tuple[str, int], Any] = {}
 
 
@@ -77,7 +79,7 @@ class TorchDistAlgorithm(Algorithm):
             raise ConfigError(f"algorithm={self.name!r} needs torch.distributed, which this torch build lacks")
         self.group = process_group(comm, self.backend)
 
-    def bind(self, comm: MPI.Comm, polite: bool = False) -> Algorithm:
+    def bind(self, comm: MPI.Comm, pace: Pace | None = None) -> Algorithm:
         return self
 
     def _op(self, op: str) -> Any:
