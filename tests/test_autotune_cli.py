@@ -31,3 +31,14 @@ def test_tune_model_resnet_mini(capsys) -> None:
     out = capsys.readouterr().out
     assert code == 0
     assert "stem.0" in out and "estimated conv time" in out
+
+
+def test_threads_of_the_timed_runs_key_the_cache(capsys) -> None:
+    argv = ["tune", "conv2d", "--shape", "1,2,6,6,2,3,3,1,1", "--preset", "tiny", "--repetitions", "1"]
+    assert main([*argv, "--threads", "1"]) == 0
+    assert "(measured 0," not in capsys.readouterr().out
+    assert main([*argv, "--threads", "1"]) == 0
+    assert "(measured 0," in capsys.readouterr().out  # the same problem at 1 thread: all cached
+    assert main([*argv, "--threads", "2"]) == 0
+    assert "(measured 0," not in capsys.readouterr().out  # 2 threads is another problem
+    assert main([*argv, "--threads", "0"]) == 2

@@ -22,6 +22,8 @@ def _common(fn: click.decorators.FC) -> click.decorators.FC:
         click.option("--engines", "engines_n", type=int, default=0, show_default=True,
                      help="measure in parallel on this many local MPI engines (0: here)"),
         click.option("--repetitions", type=int, default=5, show_default=True),
+        click.option("--threads", type=click.IntRange(min=1), default=None,
+                     help="threads of each timed run (default: this process's torch threads); part of the cache key"),
         click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
                      help="write the measured table as JSON"),
     ]):
@@ -29,8 +31,8 @@ def _common(fn: click.decorators.FC) -> click.decorators.FC:
     return fn
 
 
-def _tune_options(strategy: str, budget: int, preset: str, repetitions: int) -> dict:
-    return {"strategy": strategy, "options": {"budget": budget}, "preset": preset, "repetitions": repetitions}
+def _tune_options(strategy: str, budget: int, preset: str, repetitions: int, threads: int | None) -> dict:
+    return {"strategy": strategy, "options": {"budget": budget}, "preset": preset, "repetitions": repetitions, "threads": threads}
 
 
 def _with_engines(n: int, work):
@@ -51,12 +53,12 @@ def tune() -> None:
 @click.option("--shape", required=True, help="N,C,H,W,K,R,S[,stride,pad]")
 @_common
 def conv2d(shape: str, mode: str, strategy: str, budget: int, preset: str, engines_n: int, repetitions: int,
-           json_path: str | None) -> None:
+           threads: int | None, json_path: str | None) -> None:
     """Tune one convolution and print every measured configuration."""
     from rapydli.autotune import ConvShape, tune_conv2d
 
     conv = ConvShape.parse(shape)
-    opts = _tune_options(strategy, budget, preset, repetitions)
+    opts = _tune_options(strategy, budget, preset, repetitions, threads)
     result = _with_engines(engines_n, lambda engines: tune_conv2d(conv, "cpu", mode, engines, **opts))
     columns = ["config", "status", "median_ms", "std_ms", "gflops", "pct_peak", "cached"]
     click.echo(result.table[columns].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
@@ -74,7 +76,7 @@ def conv2d(shape: str, mode: str, strategy: str, budget: int, preset: str, engin
 @click.option("--batch", type=int, default=16, show_default=True)
 @_common
 def model(name: str, batch: int, mode: str, strategy: str, budget: int, preset: str, engines_n: int,
-          repetitions: int, json_path: str | None) -> None:
+          repetitions: int, threads: int | None, json_path: str | None) -> None:
     """Tune every convolution of a reference model and print the plan."""
     import torch
 
@@ -85,7 +87,7 @@ def model(name: str, batch: int, mode: str, strategy: str, budget: int, preset: 
         raise ConfigError(f"--batch must be >= 1, got {batch}")
     net = resnet_mini()
     example = torch.randn(batch, 3, 32, 32)
-    opts = _tune_options(strategy, budget, preset, repetitions)
+    opts = _tune_options(strategy, budget, preset, repetitions, threads)
     _, report = _with_engines(engines_n, lambda engines: autotune_model(net, example, mode, engines, **opts))
     click.echo(report.table.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
     click.echo("estimated conv time (ms): " + ", ".join(f"{k} {v:.2f}" for k, v in report.estimates_ms.items()))
