@@ -74,28 +74,35 @@ def test_worker_processes_yield_the_samplers_batches(world_size: int, drop_last:
 
 
 def test_workers_share_the_tiers_and_hit_what_any_of_them_cached(tmp_path: Path) -> None:
-    # one worker with one thread fetches in order, so the hits per epoch are exact
+    # one worker with one thread fetches in order, so the hits per epoch are exact; with more, the
+    # next epoch's first batches are fetched while this one's last are, and may read the same sample
     for workers, threads in ((1, 1), (2, 4)):
-        loader = ClairvoyantLoader(
+        with ClairvoyantLoader(
             dataset(), batch_size=5, seed=3, rank=0, world_size=2, epochs=3, ram_bytes=10 * SAMPLE,
             disk_bytes=10 * (SAMPLE + 28), disk_dir=str(tmp_path), prefetch_threads=threads, workers=workers,
-        )
-        epochs = [list(loader) for _ in range(3)]
-        stats = loader.stats()
-        ram = {i for i, t in loader.plan.tier.items() if t == "ram"}
-        disk = {i for i, t in loader.plan.tier.items() if t == "disk" and loader.disk.get(i) is not None}
-        assert len(ram) == len(loader.ram) == 10 and stats["ram_bytes_used"] == 10 * SAMPLE
-        assert len(disk) == len(loader.disk) == 10 and stats["disk_bytes_used"] == 10 * (SAMPLE + 28)
-        assert stats["epochs"][0]["hits"] == {"ram": 0, "disk": 0, "storage": 35}
-        for epoch in (1, 2):
-            hits, order = stats["epochs"][epoch]["hits"], loader.stream[epoch]
-            assert sum(hits.values()) == stats["epochs"][epoch]["samples"] == 35
-            if workers == 1:
-                assert hits["ram"] == sum(i in ram for i in order) and hits["disk"] == sum(i in disk for i in order)
-            for (x, y), (wx, wy) in zip(epochs[epoch], reference(dataset(), 0, 2, epoch, 5)):
-                assert torch.equal(x, wx) and torch.equal(y, wy)
-        loader.close()
+        ) as loader:
+            check_shared_tiers(loader, workers)
         assert not list(tmp_path.iterdir())
+
+
+def check_shared_tiers(loader: ClairvoyantLoader, workers: int) -> None:
+    """Every pass equals the sampler's; the tiers hold what the plan put there; hits add up."""
+    epochs = [list(loader) for _ in range(3)]
+    stats = loader.stats()
+    ram = {i for i, t in loader.plan.tier.items() if t == "ram"}
+    disk = {i for i, t in loader.plan.tier.items() if t == "disk" and loader.disk.get(i) is not None}
+    assert len(ram) == len(loader.ram) == 10 and stats["ram_bytes_used"] == 10 * SAMPLE
+    assert len(disk) == len(loader.disk) == 10 and stats["disk_bytes_used"] == 10 * (SAMPLE + 28)
+    assert sum(stats["epochs"][0]["hits"].values()) == 35
+    if workers == 1:
+        assert stats["epochs"][0]["hits"] == {"ram": 0, "disk": 0, "storage": 35}
+    for epoch in (1, 2):
+        hits, order = stats["epochs"][epoch]["hits"], loader.stream[epoch]
+        assert sum(hits.values()) == stats["epochs"][epoch]["samples"] == 35
+        if workers == 1:
+            assert hits["ram"] == sum(i in ram for i in order) and hits["disk"] == sum(i in disk for i in order)
+        for (x, y), (wx, wy) in zip(epochs[epoch], reference(dataset(), 0, 2, epoch, 5)):
+            assert torch.equal(x, wx) and torch.equal(y, wy)
 
 
 def test_set_epoch_jump_and_an_early_break_drop_the_prefetched_batches() -> None:
@@ -126,18 +133,19 @@ def test_a_corrupt_record_is_raised_in_the_consumer_and_stops_the_workers(tmp_pa
     raw = bytearray(shard.read_bytes())
     raw[raw.index(LMDBDataset(root)[5][0].numpy().tobytes())] ^= 0xFF
     shard.write_bytes(bytes(raw))
-    loader = ClairvoyantLoader(LMDBDataset(root), batch_size=8, seed=0, ram_bytes=10**6, workers=2)
-    with pytest.raises(DataError, match=r"key 0000000005 in .*shard-00000.lmdb is corrupt"):
-        list(loader)
-    assert loader._pool is None and not children()
+    before = children()
+    with ClairvoyantLoader(LMDBDataset(root), batch_size=8, seed=0, ram_bytes=10**6, workers=2) as loader:
+        with pytest.raises(DataError, match=r"key 0000000005 in .*shard-00000.lmdb is corrupt"):
+            list(loader)
+        assert loader._pool is None and not children() - before
 
 
 def test_a_worker_that_dies_is_a_clear_error_and_leaves_no_process() -> None:
-    loader = ClairvoyantLoader(dataset(), batch_size=2, seed=0, epochs=1, ram_bytes=10**4, workers=2)
-    iterator = iter(loader)
-    next(iterator)
-    pids = loader._pool.pids
-    os.kill(pids[1], signal.SIGKILL)
-    with pytest.raises(RapydliError, match=r"worker rapydli-fetch-1 \(pid \d+\) exited unexpectedly with code -9"):
-        list(iterator)
-    assert_gone(pids)
+    with ClairvoyantLoader(dataset(), batch_size=2, seed=0, epochs=1, ram_bytes=10**4, workers=2) as loader:
+        iterator = iter(loader)
+        next(iterator)
+        pids = loader._pool.pids
+        os.kill(pids[1], signal.SIGKILL)
+        with pytest.raises(RapydliError, match=r"worker rapydli-fetch-1 \(pid \d+\) exited unexpectedly with code -9"):
+            list(iterator)
+        assert_gone(pids)

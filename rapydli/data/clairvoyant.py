@@ -39,7 +39,7 @@ from rapydli.data.loaders import EpochCursor, batches_per_epoch
 from rapydli.data.plan import TIERS, TierPlan, access_stream, assign_tiers
 from rapydli.data.records import infer_schema
 from rapydli.data.tiers import DiskTier, RamTier, SharedTier, sample_nbytes
-from rapydli.data.workers import BatchResult, WorkerPool
+from rapydli.data.workers import WorkerPool
 from rapydli.errors import ConfigError
 
 
@@ -140,7 +140,6 @@ class ClairvoyantLoader:
         self._source = TieredSource(dataset, self.plan.tier, self.ram, self.disk, self._backing_nbytes)
         self._pool: WorkerPool | None = None
         self._in_flight: collections.deque[tuple[int, int, int]] = collections.deque()  # (epoch, batch, task)
-        self._finished: dict[int, BatchResult] = {}
         self._tasks = 0
         self._cursor = EpochCursor(epochs, len(self))
         self._epochs: list[dict[str, Any]] = []
@@ -231,14 +230,17 @@ class ClairvoyantLoader:
         return (epoch + 1, 0) if epoch + 1 < self._cursor.epochs else None
 
     def _batches_from_workers(self, epoch: int, skip: int, record: dict[str, Any]) -> Iterator[Any]:
+        threads = max(1, self.prefetch_threads // self.workers)
+        depth = max(self.workers * threads, math.ceil(self.window / self.batch_size))
         if self._pool is None:
-            threads = max(1, self.prefetch_threads // self.workers)
-            self._pool = WorkerPool(self._source.fetch, self.workers, threads)
+            # a slot holds a batch of the largest samples, plus alignment of its tensors
+            largest = max(self._backing_nbytes(i) for i in self.stream[epoch])
+            slot_bytes = self.batch_size * (largest + 2 * 64) + 4096
+            self._pool = WorkerPool(self._source.fetch, self.workers, threads, slots=depth, slot_bytes=slot_bytes)
         if self._in_flight and self._in_flight[0][:2] != (epoch, skip):
-            # prefetched for another pass (set_epoch jumped, or a pass ended early): dropped when they arrive
+            # prefetched for another pass (set_epoch jumped, or a pass ended early)
+            self._pool.discard()
             self._in_flight.clear()
-            self._finished.clear()
-        depth = max(self.workers * max(1, self.prefetch_threads // self.workers), math.ceil(self.window / self.batch_size))
         upcoming = self._following(*self._in_flight[-1][:2]) if self._in_flight else (epoch, skip)
         started = time.perf_counter()
         for batch in range(skip, len(self)):
@@ -248,7 +250,7 @@ class ClairvoyantLoader:
                 self._in_flight.append((*upcoming, self._tasks))
                 self._tasks += 1
                 upcoming = self._following(*upcoming)
-            result = self._result(self._in_flight.popleft()[2])
+            result = self._pool.result(self._in_flight.popleft()[2])
             if result.error is not None:
                 self._stop_workers()
                 raise result.error
@@ -262,20 +264,11 @@ class ClairvoyantLoader:
             yield result.batch
         record["wall_s"] = time.perf_counter() - started
 
-    def _result(self, task: int) -> BatchResult:
-        """Batch ``task`` from the workers; results of other tasks are kept for later (or dropped if stale)."""
-        while task not in self._finished:
-            result = self._pool.receive()
-            if any(result.task == t for _, _, t in self._in_flight) or result.task == task:
-                self._finished[result.task] = result
-        return self._finished.pop(task)
-
     def _stop_workers(self) -> None:
         if self._pool is not None:
             self._pool.close()
             self._pool = None
         self._in_flight.clear()
-        self._finished.clear()
 
     # -- prefetch threads ------------------------------------------------------------------
 
