@@ -84,7 +84,7 @@ def test_export_jsonl_and_csv(two_runs: tuple[str, str], tmp_path: Path) -> None
     by_id = {r["id"]: r for r in rows}
     assert [m["value"] for m in by_id[a]["metrics"] if m["name"] == "loss"] == [1.0, 0.5]
     invoke("runs", "export", a, "--format", "csv", "-o", str(tmp_path / "runs.csv"))
-    table = pd.read_csv(tmp_path / "runs.csv")
+    table = pd.read_csv(tmp_path / "runs.csv", dtype={"id": str})  # a hex id may be all digits
     assert list(table["id"]) == [a] and table.loc[0, "params.config.lr"] == 0.1 and table.loc[0, "metric.loss"] == 0.5
 
 
