@@ -117,33 +117,6 @@ static inline void fwd_tile(const float *restrict x, const float *restrict wp, f
     }
 }
 
-static void conv_fwd_impl(const float *x, const float *w, float *y, const shape_t *d) {
-    const long C = d->C, K = d->K, RSC = d->R * d->S * C, nkv = (K + VEC - 1) / VEC;
-    const long nkb = (nkv + KB - 1) / KB, nwb = (d->OW + WB - 1) / WB;
-    float *zeros = calloc((size_t)(C + VEC), sizeof(float));
-    float *wp = calloc((size_t)(nkv * RSC * VEC), sizeof(float));
-    #pragma omp parallel for schedule(static)
-    for (long k = 0; k < K; k++)  /* w[k][r][s][c] -> wp[k / VEC][r][s][c][k % VEC] */
-        for (long q = 0; q < RSC; q++) wp[((k / VEC) * RSC + q) * VEC + k % VEC] = w[k * RSC + q];
-#if ORDER == 0
-    #pragma omp parallel for collapse(3) schedule(static)
-    for (long n = 0; n < d->N; n++)
-        for (long oh = 0; oh < d->OH; oh++)
-            for (long kb = 0; kb < nkb; kb++)
-                for (long wb = 0; wb < nwb; wb++)
-                    fwd_tile(x, wp, y, zeros, d, n, oh, kb * KB, wb * WB);
-#else
-    #pragma omp parallel for collapse(3) schedule(static)
-    for (long n = 0; n < d->N; n++)
-        for (long kb = 0; kb < nkb; kb++)
-            for (long oh = 0; oh < d->OH; oh++)
-                for (long wb = 0; wb < nwb; wb++)
-                    fwd_tile(x, wp, y, zeros, d, n, oh, kb * KB, wb * WB);
-#endif
-    free(wp);
-    free(zeros);
-}
-
 #else
 static inline void fwd_tile(const float *restrict x, const float *restrict w, float *restrict y,
                             const float *zeros, const shape_t *d, long n, long oh, long k0, long ow0) {
@@ -185,10 +158,10 @@ static inline void fwd_tile(const float *restrict x, const float *restrict w, fl
         for (long j = 0; j < kn; j++)
             y[((n * d->OH + oh) * d->OW + ow0 + b) * d->K + k0 + j] = hsum(acc[b][j]) + tail[b][j];
 }
+#endif
 
-static void conv_fwd_impl(const float *x, const float *w, float *y, const shape_t *d) {
-    const long nkb = (d->K + KB - 1) / KB, nwb = (d->OW + WB - 1) / WB;
-    float *zeros = calloc((size_t)(d->C + VEC), sizeof(float));
+/* every output tile of the forward, in the loop order ORDER gives; w as fwd_tile reads it */
+static void fwd_tiles(const float *x, const float *w, float *y, const float *zeros, const shape_t *d, long nkb, long nwb) {
 #if ORDER == 0
     #pragma omp parallel for collapse(3) schedule(static)
     for (long n = 0; n < d->N; n++)
@@ -204,9 +177,28 @@ static void conv_fwd_impl(const float *x, const float *w, float *y, const shape_
                 for (long wb = 0; wb < nwb; wb++)
                     fwd_tile(x, w, y, zeros, d, n, oh, kb * KB, wb * WB);
 #endif
-    free(zeros);
 }
 
+#if PACK == 1
+static void conv_fwd_impl(const float *x, const float *w, float *y, const shape_t *d) {
+    const long C = d->C, K = d->K, RSC = d->R * d->S * C, nkv = (K + VEC - 1) / VEC;
+    const long nkb = (nkv + KB - 1) / KB, nwb = (d->OW + WB - 1) / WB;
+    float *zeros = calloc((size_t)(C + VEC), sizeof(float));
+    float *wp = calloc((size_t)(nkv * RSC * VEC), sizeof(float));
+    #pragma omp parallel for schedule(static)
+    for (long k = 0; k < K; k++)  /* w[k][r][s][c] -> wp[k / VEC][r][s][c][k % VEC] */
+        for (long q = 0; q < RSC; q++) wp[((k / VEC) * RSC + q) * VEC + k % VEC] = w[k * RSC + q];
+    fwd_tiles(x, wp, y, zeros, d, nkb, nwb);
+    free(wp);
+    free(zeros);
+}
+#else
+static void conv_fwd_impl(const float *x, const float *w, float *y, const shape_t *d) {
+    const long nkb = (d->K + KB - 1) / KB, nwb = (d->OW + WB - 1) / WB;
+    float *zeros = calloc((size_t)(d->C + VEC), sizeof(float));
+    fwd_tiles(x, w, y, zeros, d, nkb, nwb);
+    free(zeros);
+}
 #endif
 
 /* data gradient, gathered per input pixel: gx[n,ih,iw,c] = sum_{k,r,s} gy[n,oh,ow,k] w[k,r,s,c] */
