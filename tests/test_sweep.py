@@ -114,4 +114,9 @@ def test_a_trial_that_kills_its_engine_fails_and_the_sweep_restarts_the_cluster(
     assert states[-1] == "COMPLETE" and "FAIL" in states, errors  # the sweep went on after the failure
     failed = result.table[result.table["state"] == "FAIL"]
     assert failed["error"].str.contains("died").any()
+    # a trial ended only because MPI took its ranks down with the dead engine runs again, same parameters
+    table = result.table.reset_index(drop=True)
+    for position in table.index[table["error"].str.contains("run again", na=False)]:
+        assert (table.loc[position + 1 :, "lr"] == table.loc[position, "lr"]).any(), errors
+    assert len(table) - len(table.index[table["error"].str.contains("run again", na=False)]) == 3
     assert cluster.running and cluster.run(lambda: 8) == [8, 8]

@@ -8,7 +8,9 @@ trial on all of its ranks (``request_stop``: they end after the same step). Samp
 pruners are Optuna's, looked up by name in :data:`SAMPLERS` and :data:`PRUNERS`.
 
 A trial that raises is recorded as ``FAIL`` with its error and the sweep goes on (the
-cluster is restarted if its engines died); Ctrl-C stops the running trials within a
+cluster is restarted if its engines died; trials that were running beside it are recorded
+as ``FAIL`` too and run again with the same parameters, since MPI takes a job's other
+ranks down when one dies); Ctrl-C stops the running trials within a
 few seconds and returns what has finished.
 
 Examples
@@ -194,6 +196,7 @@ class Sweep:
         for params in enqueue:
             self.study.enqueue_trial(dict(params))
         self.records: list[_Trial] = []
+        self._retried = 0  # trials ended by another trial's dead engine, run again
         self._stop = threading.Event()
         self.run_id: str | None = None
 
@@ -242,13 +245,13 @@ class Sweep:
         while True:
             busy = [r.ranks for r in self.records if r.state == "RUNNING"]
             free = [g for g in groups if g not in busy] if self._cluster_healthy(busy) else []
-            while free and len(self.records) < self.trials and not self._stop.is_set():
+            while free and self._started() < self.trials and not self._stop.is_set():
                 ranks = free.pop(0)
                 if self._start(ranks).state != "RUNNING":
                     free.append(ranks)
             running = [r for r in self.records if r.state == "RUNNING"]
             if not running:
-                if self._stop.is_set() or len(self.records) >= self.trials:
+                if self._stop.is_set() or self._started() >= self.trials:
                     return
                 continue
             if self._stop.is_set():
@@ -259,6 +262,10 @@ class Sweep:
                     self._advance(record, POLL_S / len(running))
                     self._after_failure(record)
             self._refresh()
+
+    def _started(self) -> int:
+        """Trials started, not counting those ended by another trial's failure (they run again)."""
+        return len(self.records) - self._retried
 
     def _cluster_healthy(self, busy: list[list[int]]) -> bool:
         """Whether new trials may be placed: never on a cluster with a dead engine.
@@ -335,11 +342,14 @@ class Sweep:
         """When a failed trial took its engines down, end the others and restart the cluster."""
         if record.state != "FAIL" or self.cluster is None or self.cluster.running:
             return
-        self._stop_running(interrupted=True, reason="the cluster's engines died with another trial")
+        self._stop_running(interrupted=True, reason="the cluster's engines died with another trial; run again", retry=True)
         self.cluster.restart()
 
-    def _stop_running(self, interrupted: bool, reason: str = "stopped with the sweep") -> None:
-        """Stop every running trial (stop request; SIGINT after a while) and record them as failed."""
+    def _stop_running(self, interrupted: bool, reason: str = "stopped with the sweep", retry: bool = False) -> None:
+        """Stop every running trial (stop request; SIGINT after a while) and record them as failed.
+
+        With ``retry``, each is enqueued again with its parameters (it failed through no fault of its own).
+        """
         running = [r for r in self.records if r.state == "RUNNING" and r.job is not None]
         for record in running:
             record.job.request_stop()  # type: ignore[union-attr]
@@ -354,6 +364,9 @@ class Sweep:
                 record.job.poll(POLL_S)  # type: ignore[union-attr]
         for record in running:
             self._tell(record, "FAIL", reason)
+            if retry:
+                self.study.enqueue_trial(dict(record.params))
+                self._retried += 1
         self._refresh(force=True)
 
     # -- reporting ----------------------------------------------------------------------------
