@@ -1,0 +1,30 @@
+"""Running a notebook of ``notebooks/`` headless with papermill (as ``make demo`` does) and reading its outputs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import nbformat
+import papermill
+
+NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
+PLOTLY = "application/vnd.plotly.v1+json"
+
+
+class Executed:
+    """The outputs of an executed notebook: every code cell's, their printed text, and the plotly figures."""
+
+    def __init__(self, path: Path) -> None:
+        cells = nbformat.read(path, as_version=4).cells
+        self.outputs: list[dict[str, Any]] = [o for c in cells if c.cell_type == "code" for o in c.get("outputs", [])]
+        self.text = "\n".join(o.get("text", "") for o in self.outputs)
+        self.figures = [o for o in self.outputs if PLOTLY in o.get("data", {})]
+
+
+def execute(name: str, out_dir: Path, **parameters: Any) -> Executed:
+    """Run ``notebooks/<name>`` into ``out_dir`` with ``parameters`` (working directory: ``notebooks/``)."""
+    out = out_dir / name
+    papermill.execute_notebook(str(NOTEBOOKS / name), str(out), parameters=parameters, kernel_name="python3",
+                               cwd=str(NOTEBOOKS), progress_bar=False)  # fmt: skip
+    return Executed(out)
