@@ -168,16 +168,19 @@ class Cluster:
     def _teardown(self) -> None:
         pids = [info["pid"] for info in self._info.values() if _is_local(info)]
         if self._client is not None:
-            try:  # engines that exit on request let mpiexec end by itself
+            try:  # engines that exit on request let mpiexec end by itself; a dead engine never
+                # replies, so no reply is awaited: the wait below is for the processes to exit
                 if self._client.ids:
-                    self._client.shutdown(targets="all", block=True)
+                    self._client.shutdown(targets="all", block=False)
             except Exception:  # noqa: BLE001 - dead engines cannot answer; they are reaped below
                 pass
+        # the client's I/O thread delivers the requests meanwhile, so close it afterwards
+        psutil.wait_procs([p for p in map(_process, pids) if p is not None], timeout=10)
+        if self._client is not None:
             try:
                 self._client.close()
             except Exception:  # noqa: BLE001 - closing a client whose controller is gone
                 pass
-        psutil.wait_procs([p for p in map(_process, pids) if p is not None], timeout=10)
         if self._ipp is not None:
             try:
                 self._ipp.stop_cluster_sync()
