@@ -8,9 +8,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from rapydli.autotune.candidates import conv_apply, registry
+from rapydli.autotune.candidates import Instance, SplitInstance, conv_apply, registry
 from rapydli.autotune.device import query
 from rapydli.autotune.problem import ConvShape
+from rapydli.errors import ConfigError
 
 SHAPES = {
     "3x3-pad": ConvShape(2, 5, 9, 10, 7, 3, 3, stride=1, pad=1),
@@ -21,7 +22,7 @@ SHAPES = {
     "11x11-stride4": ConvShape(1, 3, 27, 27, 4, 11, 11, stride=4, pad=2),
     "odd-nopad": ConvShape(3, 17, 7, 5, 19, 3, 3),
 }
-CPU_CANDIDATES = ["torch_nchw", "torch_channels_last", "im2col_gemm", "c_direct"]
+CPU_CANDIDATES = ["torch_nchw", "torch_channels_last", "im2col_gemm", "gemm_1x1", "c_direct"]
 
 
 def reference(shape: ConvShape):
@@ -49,10 +50,66 @@ def check(inst, shape: ConvShape) -> None:
 @pytest.mark.parametrize("name", CPU_CANDIDATES)
 def test_cpu_candidates_match_conv2d_forward_and_backward(name: str, shape: ConvShape) -> None:
     cand = registry()[name]
+    if cand.unsuited(shape) is not None:  # only gemm_1x1 declines shapes: those that are not 1x1 without padding
+        assert name == "gemm_1x1" and (shape.r, shape.s, shape.pad) != (1, 1, 0)
+        return
     configs = cand.space(shape, query(), "tiny").configs()
     assert configs, f"{name} has no configuration for {shape}"
     for params in configs:
         check(cand.instance(shape, params), shape)
+
+
+def test_unsuited_candidates_are_skipped_with_their_reason() -> None:
+    from rapydli.autotune.conv import build_space
+    from rapydli.autotune.search import Problem
+
+    space = build_space(Problem(SHAPES["3x3-pad"]), query(), ["torch_nchw", "gemm_1x1"])
+    assert "1x1" in space.skipped["gemm_1x1"] and {c.candidate for c in space.always} == {"torch_nchw"}
+    space = build_space(Problem(SHAPES["1x1-stride2"]), query(), ["torch_nchw", "gemm_1x1"])
+    assert not space.skipped and {c.candidate for c in space.always} == {"torch_nchw", "gemm_1x1"}
+
+
+class _Counting(Instance):
+    """Counts the gradient passes autograd asks for (computes them with F.conv2d's backward)."""
+
+    def __init__(self, shape: ConvShape) -> None:
+        super().__init__(shape, {})
+        self.calls: list[str] = []
+        self.torch = registry()["torch_nchw"].instance(shape, {})
+
+    def forward(self, x, w):
+        return self.torch.forward(x, w)
+
+    def data_grad(self, x, w, gy):
+        self.calls.append("data_grad")
+        return self.torch.data_grad(x, w, gy)
+
+    def weight_grad(self, x, w, gy):
+        self.calls.append("weight_grad")
+        return self.torch.weight_grad(x, w, gy)
+
+
+def test_autograd_runs_only_the_gradients_needed() -> None:
+    shape = SHAPES["3x3-pad"]
+    inst = _Counting(shape)
+    x, w = torch.randn(shape.n, shape.c, shape.h, shape.w), torch.randn(shape.k, shape.c, 3, 3, requires_grad=True)
+    conv_apply(inst, x, w).sum().backward()  # a first layer: its input needs no gradient
+    assert inst.calls == ["weight_grad"]
+    inst.calls.clear()
+    conv_apply(inst, x.requires_grad_(), w.detach()).sum().backward()
+    assert inst.calls == ["data_grad"]
+
+
+def test_split_instance_takes_each_pass_from_another_instance() -> None:
+    shape = SHAPES["1x1"]
+    cands = registry()
+    c_nhwc = {"layout": 1, "kb": 2, "wb": 2, "cb": 64, "vec": 4, "unroll": 1, "order": 0, "pack": 1}
+    split = SplitInstance(cands["c_direct"].instance(shape, c_nhwc), cands["torch_channels_last"].instance(shape, {}),
+                          cands["gemm_1x1"].instance(shape, {}))
+    assert split.layout == "nhwc" and not split.native_autograd
+    check(split, shape)
+    with pytest.raises(ConfigError, match="share a memory layout"):
+        SplitInstance(cands["torch_nchw"].instance(shape, {}), split, split)
 
 
 def test_c_kernel_runs_on_tensor_memory_without_copies() -> None:

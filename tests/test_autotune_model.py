@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from rapydli.autotune.cache import Cache
+from rapydli.autotune.candidates import get
 from rapydli.autotune.model import (
     Plan,
     TunedConv2d,
@@ -19,6 +20,7 @@ from rapydli.autotune.model import (
     conv_layers,
     plan_for,
 )
+from rapydli.autotune.search import Config
 from rapydli.errors import ConfigError
 
 TUNE = {"preset": "tiny", "repetitions": 1, "candidates": ["torch_nchw", "torch_channels_last", "im2col_gemm", "c_direct"]}
@@ -105,12 +107,35 @@ def test_generated_kernels_inside_a_model_train_like_the_original(tuned) -> None
     for i, (name, choice) in enumerate(report.plan.layers.items()):
         layout = i % 2  # alternate layouts so layout changes between layers are exercised
         params = (("cb", 64), ("kb", 2), ("layout", layout), ("order", 0), ("unroll", 1), ("vec", 4), ("wb", 2))
-        forced[name] = replace(choice, candidate="c_direct", params=params, layout="nhwc" if layout else "nchw")
+        forced[name] = replace(choice, candidate="c_direct", params=params, layout="nhwc" if layout else "nchw",
+                               data_grad=None, weight_grad=None)
     plan = Plan(forced, "train", report.plan.fingerprint)
     generated = apply_plan(copy.deepcopy(model), plan)
     assert_same(model, generated, x)
     # another batch size than the tuned one still works (shape is read at run time)
     assert_same(model, generated, torch.randn(3, 3, 12, 12))
+
+
+def test_layers_can_take_each_pass_from_another_configuration(tuned) -> None:
+    model, x, _, report = tuned
+    c_nhwc = Config.of("c_direct", {"cb": 64, "kb": 2, "layout": 1, "order": 0, "pack": 1, "unroll": 1, "vec": 4,
+                                    "wb": 2})
+    forced = {}
+    for name, choice in report.plan.layers.items():
+        one_by_one = choice.shape.r == 1 and choice.shape.pad == 0
+        forced[name] = replace(choice, candidate="torch_channels_last", params=(), layout="nhwc", data_grad=c_nhwc,
+                               weight_grad=Config.of("gemm_1x1") if one_by_one else None)
+    plan = Plan(forced, "train", report.plan.fingerprint)
+    split = apply_plan(copy.deepcopy(model), plan)
+    assert "data_grad=c_direct" in repr(split)
+    assert_same(model, split, x)
+    # the tuned plan's layer time is the sum of the fastest passes of the layout it chose
+    for name, choice in report.plan.layers.items():
+        result = report.results[choice.shape]
+        whole = result.best_of(lambda c, lay=choice.layout: get(c.candidate).layout(c.param_dict) == lay)
+        assert choice.time_ms <= whole.median * 1e3 + 1e-9
+        passes = [result.best_of(lambda c, cfg=cfg: c == cfg).passes[p] for p, cfg in choice.configs.items()]
+        assert choice.time_ms == pytest.approx(sum(passes) * 1e3)
 
 
 def test_plan_for_returns_a_plan_and_apply_plan_rejects_foreign_layers(tuned, tmp_path) -> None:

@@ -43,10 +43,15 @@ class _Spy(cands.Instance):
         y = F.conv2d(x, w, None, self.shape.stride, self.shape.pad)
         return y * 1.01 if self.params.get("wrong") else y
 
-    def backward(self, x, w, gy):
-        gx, gw, _ = torch.ops.aten.convolution_backward(
+    def _grads(self, x, w, gy):
+        return torch.ops.aten.convolution_backward(
             gy, x, w, None, [self.shape.stride] * 2, [self.shape.pad] * 2, [1, 1], False, [0, 0], 1, [True, True, False])
-        return gx, gw
+
+    def data_grad(self, x, w, gy):
+        return self._grads(x, w, gy)[0]
+
+    def weight_grad(self, x, w, gy):
+        return self._grads(x, w, gy)[1]
 
 
 class _SpyCandidate(cands.Candidate):
@@ -106,6 +111,54 @@ def test_cache_skips_measured_work(tmp_path) -> None:
     # another mode is another problem: measured again
     third = tune_conv2d(SHAPE, **{**kwargs, "mode": "inference"})
     assert third.measured == len(third.measurements)
+    # each pass is timed (train: forward and both gradients) and its time comes back from the cache
+    for fresh, cached in zip(first.measurements, second.measurements):
+        if fresh.ok:
+            assert set(fresh.passes) == set(cands.PASSES) and all(t > 0 for t in fresh.passes.values())
+            assert cached.passes == fresh.passes
+    assert all(set(m.passes) == {"forward"} for m in third.measurements if m.ok)
+
+
+def test_a_cache_from_before_per_pass_times_is_migrated(tmp_path) -> None:
+    import sqlite3
+
+    path = tmp_path / "old.db"
+    with sqlite3.connect(path) as db:  # the schema without the passes column
+        db.execute("CREATE TABLE measurements (fingerprint TEXT NOT NULL, problem TEXT NOT NULL, "
+                   "candidate TEXT NOT NULL, params TEXT NOT NULL, status TEXT NOT NULL, median REAL, variance REAL, "
+                   "times TEXT NOT NULL, error REAL, message TEXT NOT NULL, created REAL NOT NULL, "
+                   "PRIMARY KEY (fingerprint, problem, candidate, params))")
+        db.execute("INSERT INTO measurements VALUES ('fp', 'p', 'torch_nchw', '{}', 'ok', 0.5, 0, '[0.5]', 0, '', 0)")
+    cache = Cache(path)
+    old = cache.get("fp", "p", Config.of("torch_nchw"))
+    assert old.median == 0.5 and old.passes == {}
+    cache.put("fp", "p", Measurement(Config.of("gemm_1x1"), "ok", 0.3, 0.0, [0.3], passes={"forward": 0.3}))
+    assert cache.get("fp", "p", Config.of("gemm_1x1")).passes == {"forward": 0.3}
+
+
+def test_best_split_takes_each_pass_from_its_fastest_configuration() -> None:
+    from rapydli.autotune.conv import TuneResult
+
+    def ok(candidate, fwd, dx, dw):
+        passes = {"forward": fwd, "data_grad": dx, "weight_grad": dw}
+        return Measurement(Config.of(candidate), "ok", fwd + dx + dw, 0.0, [fwd + dx + dw], passes=passes)
+
+    ms = [ok("a", 1.0, 5.0, 2.0), ok("b", 3.0, 1.0, 3.0), ok("c", 2.0, 2.0, 1.0),
+          Measurement(Config.of("d"), "invalid", error=1.0)]
+    result = TuneResult(Problem(SHAPE, "train"), ms[2], None, ms, None, None)
+    split = result.best_split(lambda c: True)
+    assert {p: m.config.candidate for p, m in split.passes.items()} == \
+        {"forward": "a", "data_grad": "b", "weight_grad": "c"}
+    assert split.seconds == pytest.approx(3.0) and result.best.median == 5.0  # the best whole configuration: 5.0
+    assert result.best_split(lambda c: c.candidate == "b").seconds == pytest.approx(7.0)
+    assert result.best_split(lambda c: c.candidate == "d") is None
+    # measurements without per-pass times (an old cache) count as whole runs
+    whole = [Measurement(Config.of("a"), "ok", 4.0, 0.0, [4.0]), Measurement(Config.of("b"), "ok", 3.0, 0.0, [3.0])]
+    split = TuneResult(Problem(SHAPE, "train"), whole[1], None, whole, None, None).best_split(lambda c: True)
+    assert split.seconds == 3.0 and {m.config.candidate for m in split.passes.values()} == {"b"}
+    # inference: the forward alone
+    inference = TuneResult(Problem(SHAPE, "inference"), ms[0], None, ms, None, None).best_split(lambda c: True)
+    assert set(inference.passes) == {"forward"} and inference.config("weight_grad") == Config.of("a")
 
 
 def _records(problem: Problem, n: int = 12) -> list[tuple[str, Measurement]]:

@@ -13,6 +13,7 @@ import sqlite3
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from rapydli.autotune.runner import Measurement, Runner
 from rapydli.autotune.search import Config, Problem
@@ -31,9 +32,11 @@ CREATE TABLE IF NOT EXISTS measurements (
     error       REAL,
     message     TEXT NOT NULL,
     created     REAL NOT NULL,
+    passes      TEXT NOT NULL DEFAULT '{}',
     PRIMARY KEY (fingerprint, problem, candidate, params)
 )
 """
+_COLUMNS = "status, median, variance, times, error, message, passes"
 
 
 def default_path() -> Path:
@@ -57,6 +60,9 @@ class Cache:
             with self._connect() as db:
                 db.execute("PRAGMA journal_mode=WAL")
                 db.execute(_SCHEMA)
+                if "passes" not in {row[1] for row in db.execute("PRAGMA table_info(measurements)")}:
+                    # a cache from before per-pass times: its rows read as whole-run times only
+                    db.execute("ALTER TABLE measurements ADD COLUMN passes TEXT NOT NULL DEFAULT '{}'")
         except sqlite3.Error as exc:
             raise StoreError(f"cannot open the autotune cache {self.path}: {exc}") from exc
 
@@ -67,14 +73,10 @@ class Cache:
         """The stored measurement, or None."""
         with self._connect() as db:
             row = db.execute(
-                "SELECT status, median, variance, times, error, message FROM measurements "
-                "WHERE fingerprint=? AND problem=? AND candidate=? AND params=?",
+                f"SELECT {_COLUMNS} FROM measurements WHERE fingerprint=? AND problem=? AND candidate=? AND params=?",
                 (fingerprint, problem, config.candidate, config.params_key),
             ).fetchone()
-        if row is None:
-            return None
-        status, median, variance, times, error, message = row
-        return Measurement(config, status, median, variance, json.loads(times), error, message, cached=True)
+        return None if row is None else _measurement(config, row)
 
     def put(self, fingerprint: str, problem: str, m: Measurement) -> None:
         """Store (or replace) one measurement; ``missing`` ones are not stored."""
@@ -82,24 +84,21 @@ class Cache:
             return
         with self._connect() as db:
             db.execute(
-                "INSERT OR REPLACE INTO measurements VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                "INSERT OR REPLACE INTO measurements (fingerprint, problem, candidate, params, status, median, "
+                "variance, times, error, message, created, passes) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
                 (fingerprint, problem, m.config.candidate, m.config.params_key, m.status, m.median,
-                 m.variance, json.dumps(m.times), m.error, m.message, time.time()),
+                 m.variance, json.dumps(m.times), m.error, m.message, time.time(), json.dumps(m.passes)),
             )
 
     def records(self, fingerprint: str) -> list[tuple[str, Measurement]]:
         """Every ``(problem, measurement)`` stored for a device."""
         with self._connect() as db:
             rows = db.execute(
-                "SELECT problem, candidate, params, status, median, variance, times, error, message "
+                f"SELECT problem, candidate, params, {_COLUMNS} "
                 "FROM measurements WHERE fingerprint=? ORDER BY problem, candidate, params",
                 (fingerprint,),
             ).fetchall()
-        return [
-            (problem, Measurement(Config.of(cand, json.loads(params)), status, median, variance,
-                                  json.loads(times), error, message, cached=True))
-            for problem, cand, params, status, median, variance, times, error, message in rows
-        ]
+        return [(problem, _measurement(Config.of(cand, json.loads(params)), row)) for problem, cand, params, *row in rows]
 
     def clear(self, fingerprint: str | None = None) -> None:
         """Forget everything (or one device's results)."""
@@ -108,6 +107,13 @@ class Cache:
                 db.execute("DELETE FROM measurements")
             else:
                 db.execute("DELETE FROM measurements WHERE fingerprint=?", (fingerprint,))
+
+
+def _measurement(config: Config, row: Sequence[Any]) -> Measurement:
+    """A measurement from the ``_COLUMNS`` of one row."""
+    status, median, variance, times, error, message, passes = row
+    return Measurement(config, status, median, variance, json.loads(times), error, message, cached=True,
+                       passes=json.loads(passes))
 
 
 class CachedRunner(Runner):

@@ -10,7 +10,7 @@ Example
 -------
 >>> from rapydli.autotune.candidates import registry
 >>> sorted(registry())[:3]
-['c_direct', 'im2col_gemm', 'torch_channels_last']
+['c_direct', 'gemm_1x1', 'im2col_gemm']
 """
 
 from __future__ import annotations
@@ -29,10 +29,14 @@ from rapydli.errors import ConfigError
 MEMORY_FORMAT = {"nchw": torch.contiguous_format, "nhwc": torch.channels_last}
 
 
+PASSES = ("forward", "data_grad", "weight_grad")
+
+
 class Instance:
     """One runnable point of a candidate's space.
 
-    Subclasses implement :meth:`forward` and :meth:`backward`; tensors arrive in
+    Subclasses implement :meth:`forward`, :meth:`data_grad` and :meth:`weight_grad` (the
+    three passes a training step runs, see :data:`PASSES`); tensors arrive in
     :attr:`layout` (``to_layout`` does that without a copy when they already are).
     ``native_autograd`` is True when :meth:`forward` is differentiable by torch itself.
     """
@@ -52,9 +56,43 @@ class Instance:
         """The convolution of ``x`` with ``w`` (no bias)."""
         raise NotImplementedError
 
+    def data_grad(self, x: torch.Tensor, w: torch.Tensor, gy: torch.Tensor) -> torch.Tensor:
+        """The gradient of the input for the output gradient ``gy``."""
+        raise NotImplementedError
+
+    def weight_grad(self, x: torch.Tensor, w: torch.Tensor, gy: torch.Tensor) -> torch.Tensor:
+        """The gradient of the weight for the output gradient ``gy``."""
+        raise NotImplementedError
+
     def backward(self, x: torch.Tensor, w: torch.Tensor, gy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(grad_input, grad_weight)`` for the output gradient ``gy``."""
-        raise NotImplementedError
+        return self.data_grad(x, w, gy), self.weight_grad(x, w, gy)
+
+
+class SplitInstance(Instance):
+    """One layer whose three passes run on different instances of the same memory layout.
+
+    Train-mode tuning times each pass of every configuration, so a layer can take the
+    fastest forward, the fastest data gradient and the fastest weight gradient separately.
+    Autograd goes through :class:`ConvFunction`, which runs only the gradients needed.
+    """
+
+    def __init__(self, forward: Instance, data_grad: Instance, weight_grad: Instance) -> None:
+        layouts = {forward.layout, data_grad.layout, weight_grad.layout}
+        if len(layouts) != 1:
+            raise ConfigError(f"the passes of one layer must share a memory layout, got {sorted(layouts)}")
+        super().__init__(forward.shape, {})
+        self.layout = forward.layout
+        self.passes = {"forward": forward, "data_grad": data_grad, "weight_grad": weight_grad}
+
+    def forward(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return self.passes["forward"].forward(x, w)
+
+    def data_grad(self, x: torch.Tensor, w: torch.Tensor, gy: torch.Tensor) -> torch.Tensor:
+        return self.passes["data_grad"].data_grad(x, w, gy)
+
+    def weight_grad(self, x: torch.Tensor, w: torch.Tensor, gy: torch.Tensor) -> torch.Tensor:
+        return self.passes["weight_grad"].weight_grad(x, w, gy)
 
 
 class Candidate:
@@ -68,6 +106,10 @@ class Candidate:
     def unavailable(self, device: DeviceInfo) -> str | None:
         """Why this candidate cannot run on ``device`` (None when it can)."""
         return None if device.kind in self.devices else f"{self.name} runs on {self.devices}, not {device.kind}"
+
+    def unsuited(self, shape: ConvShape) -> str | None:
+        """Why this candidate does not compute convolutions of ``shape`` (None when it does)."""
+        return None
 
     def space(self, shape: ConvShape, device: DeviceInfo, preset: str = "default") -> Space:
         """The parameter space for ``shape`` on ``device`` (constraints included)."""
@@ -92,13 +134,23 @@ class _TorchInstance(Instance):
         s = self.shape
         return F.conv2d(self.to_layout(x), self.to_layout(w), None, s.stride, s.pad)
 
-    def backward(self, x: torch.Tensor, w: torch.Tensor, gy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _backward(self, x: torch.Tensor, w: torch.Tensor, gy: torch.Tensor,
+                  mask: list[bool]) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         s = self.shape
         gx, gw, _ = torch.ops.aten.convolution_backward(
             self.to_layout(gy), self.to_layout(x), self.to_layout(w), None,
-            [s.stride] * 2, [s.pad] * 2, [1, 1], False, [0, 0], 1, [True, True, False],
+            [s.stride] * 2, [s.pad] * 2, [1, 1], False, [0, 0], 1, [*mask, False],
         )
         return gx, gw
+
+    def data_grad(self, x: torch.Tensor, w: torch.Tensor, gy: torch.Tensor) -> torch.Tensor:
+        return self._backward(x, w, gy, [True, False])[0]
+
+    def weight_grad(self, x: torch.Tensor, w: torch.Tensor, gy: torch.Tensor) -> torch.Tensor:
+        return self._backward(x, w, gy, [False, True])[1]
+
+    def backward(self, x: torch.Tensor, w: torch.Tensor, gy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._backward(x, w, gy, [True, True])  # one oneDNN call for both
 
 
 class _TorchNCHW(_TorchInstance):
@@ -145,15 +197,16 @@ class _Im2colInstance(Instance):
         cols = F.unfold(x, (s.r, s.s), padding=s.pad, stride=s.stride)  # N, C*R*S, L
         return (w.reshape(s.k, -1) @ cols).view(n, s.k, oh, ow)
 
-    def backward(self, x: torch.Tensor, w: torch.Tensor, gy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def data_grad(self, x: torch.Tensor, w: torch.Tensor, gy: torch.Tensor) -> torch.Tensor:
         s = self.shape
         n, _, h, wd = x.shape
+        gcols = w.reshape(s.k, -1).t() @ gy.reshape(n, s.k, -1)
+        return F.fold(gcols, (h, wd), (s.r, s.s), padding=s.pad, stride=s.stride)
+
+    def weight_grad(self, x: torch.Tensor, w: torch.Tensor, gy: torch.Tensor) -> torch.Tensor:
+        s = self.shape
         cols = F.unfold(x, (s.r, s.s), padding=s.pad, stride=s.stride)
-        gy2 = gy.reshape(n, s.k, -1)
-        gw = torch.matmul(gy2, cols.transpose(1, 2)).sum(0).view_as(w)
-        gcols = w.reshape(s.k, -1).t() @ gy2
-        gx = F.fold(gcols, (h, wd), (s.r, s.s), padding=s.pad, stride=s.stride)
-        return gx, gw
+        return torch.matmul(gy.reshape(x.shape[0], s.k, -1), cols.transpose(1, 2)).sum(0).view_as(w)
 
 
 class Im2colGemm(Candidate):
@@ -164,6 +217,56 @@ class Im2colGemm(Candidate):
 
     def instance(self, shape: ConvShape, params: Mapping[str, Any]) -> Instance:
         return _Im2colInstance(shape, params)
+
+
+class _Gemm1x1Instance(Instance):
+    """A 1x1 convolution on channels-last tensors is a matrix product over pixels: ``(N*H*W, C) @ (C, K)``."""
+
+    layout = "nhwc"
+    native_autograd = True  # slicing, permutes and mm are differentiable
+
+    def _pixels(self, x: torch.Tensor) -> torch.Tensor:
+        s = self.to_layout(x)[:, :, ::self.shape.stride, ::self.shape.stride]
+        return s.permute(0, 2, 3, 1).reshape(-1, s.shape[1])  # a view when the stride is 1
+
+    def _out(self, gy: torch.Tensor) -> torch.Tensor:
+        return self.to_layout(gy).permute(0, 2, 3, 1).reshape(-1, gy.shape[1])
+
+    def forward(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        n, _, h, wd = x.shape
+        oh, ow = (h - 1) // self.shape.stride + 1, (wd - 1) // self.shape.stride + 1
+        y = self._pixels(x) @ w.reshape(w.shape[0], -1).t()
+        return y.view(n, oh, ow, -1).permute(0, 3, 1, 2)
+
+    def data_grad(self, x: torch.Tensor, w: torch.Tensor, gy: torch.Tensor) -> torch.Tensor:
+        n, c, h, wd = x.shape
+        g = (self._out(gy) @ w.reshape(w.shape[0], -1)).view(n, *gy.shape[2:], c).permute(0, 3, 1, 2)
+        if self.shape.stride == 1:
+            return g
+        gx = torch.zeros((n, c, h, wd), dtype=g.dtype, memory_format=torch.channels_last)
+        gx[:, :, ::self.shape.stride, ::self.shape.stride] = g
+        return gx
+
+    def weight_grad(self, x: torch.Tensor, w: torch.Tensor, gy: torch.Tensor) -> torch.Tensor:
+        return (self._out(gy).t() @ self._pixels(x)).view(w.shape)
+
+
+class Gemm1x1(Candidate):
+    """A 1x1 convolution (any stride, no padding) as one GEMM over the pixels of channels-last tensors."""
+
+    name = "gemm_1x1"
+    devices = ("cpu", "cuda")
+
+    def unsuited(self, shape: ConvShape) -> str | None:
+        if shape.r != 1 or shape.s != 1 or shape.pad != 0:
+            return f"{self.name} computes 1x1 convolutions without padding only"
+        return None
+
+    def layout(self, params: Mapping[str, Any]) -> str:
+        return "nhwc"
+
+    def instance(self, shape: ConvShape, params: Mapping[str, Any]) -> Instance:
+        return _Gemm1x1Instance(shape, params)
 
 
 # ------------------------------------------------------------------ the registry
@@ -177,7 +280,7 @@ def register(candidate: Candidate) -> Candidate:
     return candidate
 
 
-for _cls in (TorchNCHW, TorchChannelsLast, Im2colGemm):
+for _cls in (TorchNCHW, TorchChannelsLast, Im2colGemm, Gemm1x1):
     register(_cls())
 
 
@@ -211,8 +314,10 @@ class ConvFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, gy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
         x, w = ctx.saved_tensors
-        gx, gw = ctx.inst.backward(x, w, ctx.inst.to_layout(gy))
-        return (gx if ctx.needs_input_grad[0] else None), (gw if ctx.needs_input_grad[1] else None), None
+        inst, gy = ctx.inst, ctx.inst.to_layout(gy)
+        gx = inst.data_grad(x, w, gy) if ctx.needs_input_grad[0] else None  # only the gradients asked for
+        gw = inst.weight_grad(x, w, gy) if ctx.needs_input_grad[1] else None
+        return gx, gw, None
 
 
 def conv_apply(inst: Instance, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

@@ -25,7 +25,7 @@ import pandas as pd
 
 from rapydli.autotune import strategies
 from rapydli.autotune.cache import Cache, CachedRunner
-from rapydli.autotune.candidates import registry
+from rapydli.autotune.candidates import PASSES, registry
 from rapydli.autotune.device import DeviceInfo, query
 from rapydli.autotune.problem import ConvShape
 from rapydli.autotune.runner import (
@@ -37,7 +37,7 @@ from rapydli.autotune.runner import (
 from rapydli.autotune.search import Config, Problem, SearchSpace
 from rapydli.errors import ConfigError, RapydliError, RapydliWarning
 
-__all__ = ["ConvShape", "TuneResult", "build_space", "pick_best", "tune_conv2d"]
+__all__ = ["ConvShape", "Split", "TuneResult", "build_space", "pick_best", "tune_conv2d"]
 
 
 @dataclass
@@ -74,6 +74,34 @@ class TuneResult:
         """The fastest valid measurement whose config satisfies ``predicate``."""
         return pick_best([m for m in self.measurements if predicate(m.config)])
 
+    def best_split(self, predicate: Callable[[Config], bool]) -> Split | None:
+        """The fastest configuration of each pass among those satisfying ``predicate``.
+
+        In train mode a layer may run its forward, data gradient and weight gradient on
+        different configurations (of one memory layout: pass it in ``predicate``); its time
+        is the sum of the best pass times. Measurements without per-pass times (a cache
+        from before they were kept) count as whole runs.
+        """
+        names = PASSES if self.problem.mode == "train" else PASSES[:1]
+        timed = [m for m in self.measurements if m.ok and predicate(m.config) and all(p in m.passes for p in names)]
+        if not timed:
+            best = self.best_of(predicate)
+            return None if best is None or best.median is None else Split({p: best for p in names}, best.median)
+        chosen = {p: min(timed, key=lambda m, p=p: m.passes[p]) for p in names}  # ties: the earlier one
+        return Split(chosen, sum(chosen[p].passes[p] for p in names))
+
+
+@dataclass(frozen=True)
+class Split:
+    """The measurement chosen for each pass of a layer, and the layer's time (seconds)."""
+
+    passes: dict[str, Measurement]
+    seconds: float
+
+    def config(self, name: str) -> Config:
+        """The configuration running pass ``name`` (the forward's in inference mode)."""
+        return self.passes.get(name, self.passes["forward"]).config
+
 
 def pick_best(measurements: Sequence[Measurement]) -> Measurement | None:
     """Fastest valid measurement; ties go to the earlier one (deterministic)."""
@@ -86,8 +114,9 @@ def build_space(problem: Problem, device: DeviceInfo, candidates: Sequence[str] 
                 constraints: Mapping[str, Sequence[Callable[..., bool]]] | None = None) -> SearchSpace:
     """Every candidate's pruned configurations for ``problem`` on ``device``.
 
-    Candidates that cannot run (no compiler, wrong device, no backward in train mode) are
-    listed in ``skipped`` with the reason; a missing compiler also warns.
+    Candidates that cannot run (no compiler, wrong device, a shape they do not compute, no
+    backward in train mode) are listed in ``skipped`` with the reason; a missing compiler
+    also warns.
     """
     known = registry()
     names = list(candidates) if candidates is not None else list(known)
@@ -97,7 +126,7 @@ def build_space(problem: Problem, device: DeviceInfo, candidates: Sequence[str] 
     space = SearchSpace(problem, [])
     for name in names:
         cand = known[name]
-        reason = cand.unavailable(device)
+        reason = cand.unavailable(device) or cand.unsuited(problem.shape)
         if reason is None and problem.mode == "train" and not cand.has_backward:
             reason = f"{name} has no backward kernels yet: offered for inference only"
         if reason is not None:

@@ -63,18 +63,23 @@ class _CInstance(Instance):
         s = self.shape
         n, _, h, wd = x.shape
         oh, ow = (h + 2 * s.pad - s.r) // s.stride + 1, (wd + 2 * s.pad - s.s) // s.stride + 1
-        y = torch.empty((n, s.k, oh, ow), dtype=x.dtype).contiguous(memory_format=self._format)
+        y = torch.empty((n, s.k, oh, ow), dtype=x.dtype, memory_format=self._format)
         self._fwd(_ptr(x), _ptr(w), _ptr(y), *self._dims(x))
         return y
 
-    def backward(self, x: torch.Tensor, w: torch.Tensor, gy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def data_grad(self, x: torch.Tensor, w: torch.Tensor, gy: torch.Tensor) -> torch.Tensor:
         x, w, gy = self.to_layout(x), self.to_layout(w), self.to_layout(gy)
         self._check(x, w, gy)
-        gx = torch.empty(x.shape, dtype=x.dtype).contiguous(memory_format=self._format)
-        gw = torch.empty(w.shape, dtype=w.dtype).contiguous(memory_format=self._format)
+        gx = torch.empty(x.shape, dtype=x.dtype, memory_format=self._format)
         self._bwd_data(_ptr(gy), _ptr(w), _ptr(gx), *self._dims(x))
+        return gx
+
+    def weight_grad(self, x: torch.Tensor, w: torch.Tensor, gy: torch.Tensor) -> torch.Tensor:
+        x, w, gy = self.to_layout(x), self.to_layout(w), self.to_layout(gy)
+        self._check(x, w, gy)
+        gw = torch.empty(w.shape, dtype=w.dtype, memory_format=self._format)
         self._bwd_weight(_ptr(x), _ptr(gy), _ptr(gw), *self._dims(x))
-        return gx, gw
+        return gw
 
     @property
     def _format(self) -> torch.memory_format:

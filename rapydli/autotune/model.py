@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rapydli.autotune.candidates import Instance, conv_apply, get
+from rapydli.autotune.candidates import PASSES, Instance, SplitInstance, conv_apply, get
 from rapydli.autotune.conv import TuneResult, tune_conv2d
 from rapydli.autotune.problem import LAYOUTS, ConvShape
 from rapydli.autotune.search import MODES, Config
@@ -31,7 +31,13 @@ from rapydli.errors import ConfigError
 
 @dataclass(frozen=True)
 class LayerChoice:
-    """What one convolution runs: a candidate, its parameters and its memory layout."""
+    """What one convolution runs: a candidate, its parameters and its memory layout.
+
+    ``candidate`` and ``params`` run the forward pass; ``data_grad`` and ``weight_grad``
+    name other configurations (of the same layout) for the gradients when train-mode
+    tuning found them faster there (None: the forward's configuration). ``time_ms`` is
+    the sum of the chosen passes.
+    """
 
     shape: ConvShape
     candidate: str
@@ -39,6 +45,20 @@ class LayerChoice:
     layout: str
     time_ms: float
     default_ms: float | None = None
+    data_grad: Config | None = None
+    weight_grad: Config | None = None
+
+    @property
+    def configs(self) -> dict[str, Config]:
+        """The configuration of each pass."""
+        forward = Config(self.candidate, self.params)
+        return {"forward": forward, "data_grad": self.data_grad or forward, "weight_grad": self.weight_grad or forward}
+
+    def __str__(self) -> str:
+        configs = self.configs
+        if len(set(configs.values())) == 1:
+            return str(configs["forward"])
+        return ", ".join(f"{name}={config}" for name, config in configs.items())
 
 
 @dataclass
@@ -99,13 +119,21 @@ class TunedConv2d(nn.Conv2d):
         return tuned
 
     def instance(self) -> Instance:
-        """The runnable instance (built, and compiled if generated, on first use)."""
+        """The runnable instance (built, and compiled if generated, on first use).
+
+        A :class:`SplitInstance` when the passes run on different configurations.
+        """
         if self._inst is None:
-            self._inst = get(self.choice.candidate).instance(self.choice.shape, dict(self.choice.params))
+            configs = self.choice.configs
+            built = {c: get(c.candidate).instance(self.choice.shape, c.param_dict) for c in set(configs.values())}
+            if len(built) == 1:
+                self._inst = next(iter(built.values()))
+            else:
+                self._inst = SplitInstance(*(built[configs[name]] for name in PASSES))
         return self._inst
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        generated = self.choice.candidate not in ("torch_nchw", "torch_channels_last", "im2col_gemm")
+        generated = any(get(c.candidate).kind != "library" for c in self.choice.configs.values())
         if generated and (x.dtype != torch.float32 or x.device.type != "cpu" or self.weight.dtype != torch.float32):
             return F.conv2d(x, self.weight, self.bias, self.stride, self.padding)
         y = conv_apply(self.instance(), x, self.weight)
@@ -119,7 +147,7 @@ class TunedConv2d(nn.Conv2d):
         return state
 
     def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, tuned={Config(self.choice.candidate, self.choice.params)}"
+        return f"{super().extra_repr()}, tuned={self.choice}"
 
 
 def conv_shape_of(conv: nn.Conv2d, x_shape: torch.Size) -> ConvShape | None:
@@ -177,8 +205,8 @@ def _choose_layouts(layers: list[tuple[str, ConvShape]], results: Mapping[ConvSh
     best_ms = {}
     for shape, result in results.items():
         for layout in LAYOUTS:
-            m = result.best_of(lambda c, layout=layout: _layout_of(c) == layout)
-            best_ms[(shape, layout)] = m.median * 1e3 if m is not None else float("inf")
+            split = result.best_split(lambda c, layout=layout: _layout_of(c) == layout)
+            best_ms[(shape, layout)] = split.seconds * 1e3 if split is not None else float("inf")
     convert = {shape: _conversion_ms(shape, mode) for _, shape in layers}
     cost = {input_layout: 0.0, **{l: float("inf") for l in LAYOUTS if l != input_layout}}
     back: list[dict[str, str]] = []
@@ -249,17 +277,23 @@ def _plan(model: nn.Module, example_input: torch.Tensor, mode: str, engines: Any
     default_total = 0.0
     for name, shape in found:
         result = results[shape]
-        m = result.best_of(lambda c, lay=layouts[name]: _layout_of(c) == lay)
+        split = result.best_split(lambda c, lay=layouts[name]: _layout_of(c) == lay)
         default = result.best_of(lambda c: c.candidate == "torch_nchw")
         default_ms = default.median * 1e3 if default is not None else None
         default_total += default_ms or 0.0
-        layers[name] = LayerChoice(shape, m.config.candidate, m.config.params, layouts[name], m.median * 1e3, default_ms)
+        forward = split.config("forward")
+        layers[name] = LayerChoice(shape, forward.candidate, forward.params, layouts[name], split.seconds * 1e3,
+                                   default_ms, *(_other(split.config(p), forward) for p in PASSES[1:]))
     estimates["default"] = default_total
     fingerprint = next(iter(results.values())).device.fingerprint() if results else ""
     plan = Plan(layers, mode, fingerprint, estimates)
     if verify and layers:
         plan = _verified(model, example_input, plan, results)
     return plan, results
+
+
+def _other(config: Config, forward: Config) -> Config | None:
+    return None if config == forward else config
 
 
 def _library_plan(plan: Plan, results: Mapping[ConvShape, TuneResult], candidate: str, layout: str) -> Plan:
@@ -352,7 +386,7 @@ def report_table(plan: Plan) -> pd.DataFrame:
     for name, c in plan.layers.items():
         rows.append({
             "layer": name, "shape": c.shape.key.split(":", 1)[1], "candidate": c.candidate,
-            "config": str(Config(c.candidate, c.params)), "layout": c.layout, "time_ms": c.time_ms,
+            "config": str(c), "layout": c.layout, "time_ms": c.time_ms,
             "default_ms": c.default_ms, "speedup": (c.default_ms / c.time_ms) if c.default_ms else None,
         })
     return pd.DataFrame(rows)

@@ -44,6 +44,10 @@ class Measurement:
     ``status`` is ``"ok"`` (validated and timed), ``"invalid"`` (wrong result: never
     timed), ``"error"`` (failed to build or run), ``"missing"`` (simulation had no record)
     or ``"validated"`` (passed :func:`check`, not timed yet: a runner's intermediate state).
+    ``times`` are whole runs (in train mode: forward + data gradient + weight gradient);
+    ``passes`` holds the median seconds of each pass timed (``"forward"``, and in train mode
+    ``"data_grad"`` and ``"weight_grad"``), so a layer can take each pass from another
+    configuration.
     """
 
     config: Config
@@ -55,6 +59,7 @@ class Measurement:
     message: str = ""
     engine: int = 0
     cached: bool = False
+    passes: dict[str, float] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -87,8 +92,9 @@ def validate(problem: Problem, inst: Any) -> float:
     if problem.mode == "train":
         gy = torch.randn(ref.shape, generator=gen, dtype=torch.float64)
         ref.backward(gy)
-        gx, gw = inst.backward(x32, w32, inst.to_layout(gy.float()))
-        errors += [_relative_error(gx, xr.grad), _relative_error(gw, wr.grad)]
+        gy32 = inst.to_layout(gy.float())
+        errors += [_relative_error(inst.data_grad(x32, w32, gy32), xr.grad),
+                   _relative_error(inst.weight_grad(x32, w32, gy32), wr.grad)]
     return max(errors)
 
 
@@ -113,7 +119,8 @@ def pinned(cores: set[int] | None, threads: int | None) -> Iterator[None]:
         torch.set_num_threads(previous_threads)
 
 
-def _timed(problem: Problem, inst: Any) -> list[float]:
+def _timed(problem: Problem, inst: Any) -> dict[str, list[float]]:
+    """Seconds of each pass (``forward``; in train mode also ``data_grad`` and ``weight_grad``) per run."""
     import torch
 
     s = problem.shape
@@ -122,23 +129,23 @@ def _timed(problem: Problem, inst: Any) -> list[float]:
     w = inst.to_layout(torch.randn(s.k, s.c, s.r, s.s, generator=gen))
     gy = inst.to_layout(torch.randn(s.n, s.k, *s.out_hw, generator=gen))
     sync = torch.cuda.synchronize if problem.device.startswith("cuda") else (lambda: None)
-
-    def step() -> None:
-        inst.forward(x, w)
-        if problem.mode == "train":
-            inst.backward(x, w, gy)
+    passes: dict[str, Callable[[], Any]] = {"forward": lambda: inst.forward(x, w)}
+    if problem.mode == "train":
+        passes.update(data_grad=lambda: inst.data_grad(x, w, gy), weight_grad=lambda: inst.weight_grad(x, w, gy))
 
     with torch.no_grad(), pinned(None, problem.threads):
         for _ in range(problem.warmup):
-            step()
+            for run in passes.values():
+                run()
         sync()
-        times: list[float] = []
-        while len(times) < problem.repetitions:
-            start = time.perf_counter()
-            step()
-            sync()
-            times.append(time.perf_counter() - start)
-            if len(times) >= 3 and sum(times) > problem.time_budget:
+        times: dict[str, list[float]] = {name: [] for name in passes}
+        while len(times["forward"]) < problem.repetitions:
+            for name, run in passes.items():
+                start = time.perf_counter()
+                run()
+                sync()
+                times[name].append(time.perf_counter() - start)
+            if len(times["forward"]) >= 3 and sum(map(sum, times.values())) > problem.time_budget:
                 break
     return times
 
@@ -168,11 +175,13 @@ def time_checked(problem: Problem, checked: Measurement) -> Measurement:
     if checked.status != "validated":
         return checked
     try:
-        times = _timed(problem, _instance(problem, checked.config))
+        per_pass = _timed(problem, _instance(problem, checked.config))
     except Exception:  # noqa: BLE001 - reported with its traceback
         return replace(checked, status="error", message=traceback.format_exc()[-2000:])
+    times = [sum(run) for run in zip(*per_pass.values())]
     return replace(checked, status="ok", median=statistics.median(times),
-                   variance=statistics.pvariance(times) if len(times) > 1 else 0.0, times=times)
+                   variance=statistics.pvariance(times) if len(times) > 1 else 0.0, times=times,
+                   passes={name: statistics.median(t) for name, t in per_pass.items()})
 
 
 def measure(problem: Problem, config: Config) -> Measurement:

@@ -89,16 +89,23 @@ class _TritonInstance(Instance):
         self._launch(kernels().conv_fwd_kernel, grid, x, w, y, dims=d)
         return y
 
-    def backward(self, x: torch.Tensor, w: torch.Tensor, gy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def data_grad(self, x: torch.Tensor, w: torch.Tensor, gy: torch.Tensor) -> torch.Tensor:
         x, w, gy = self.to_layout(x), self.to_layout(w), self.to_layout(gy)
         d = self._dims(x)
-        n, c, h, wd, k, r, s = d[:7]
-        bm, bn = self.params["block_m"], self.params["block_n"]
+        n, c, h, wd = d[:4]
         gx = torch.empty_like(x, memory_format=torch.channels_last)
+        grid = (_cdiv(n * h * wd, self.params["block_m"]), _cdiv(c, self.params["block_n"]))
+        self._launch(kernels().conv_bwd_data_kernel, grid, gy, w, gx, dims=d)
+        return gx
+
+    def weight_grad(self, x: torch.Tensor, w: torch.Tensor, gy: torch.Tensor) -> torch.Tensor:
+        x, w, gy = self.to_layout(x), self.to_layout(w), self.to_layout(gy)
+        d = self._dims(x)
+        c, k, r, s = d[1], d[4], d[5], d[6]
         gw = torch.empty_like(w, memory_format=torch.channels_last)
-        self._launch(kernels().conv_bwd_data_kernel, (_cdiv(n * h * wd, bm), _cdiv(c, bn)), gy, w, gx, dims=d)
-        self._launch(kernels().conv_bwd_weight_kernel, (_cdiv(k, bm), _cdiv(r * s * c, bn)), x, gy, gw, dims=d)
-        return gx, gw
+        grid = (_cdiv(k, self.params["block_m"]), _cdiv(r * s * c, self.params["block_n"]))
+        self._launch(kernels().conv_bwd_weight_kernel, grid, x, gy, gw, dims=d)
+        return gw
 
 
 class TritonIGemm(Candidate):
