@@ -6,14 +6,17 @@
  *
  *   LAYOUT  0 = NCHW tensors (weight K,C,R,S), 1 = NHWC (channels-last; weight K,R,S,C)
  *   KB      output channels computed together (register blocking)
- *   WB      output columns computed together (register blocking, NHWC)
+ *   WB      output columns computed together (register blocking, NHWC); in the NHWC weight
+ *           gradient, vectors of input channels per register tile (KB x WB accumulators)
  *   CB      input channels per cache block (NHWC forward)
  *   VEC     float32 lanes of the vector type (GCC/Clang vector extension)
  *   UNROLL  unroll factor of the innermost loop
  *   ORDER   parallel loop order of the NHWC forward: 0 = (n, oh, k, ow), 1 = (n, k, oh, ow)
  *   PACK    NHWC forward: 0 = vectors over input channels (C), 1 = vectors over output
  *           channels (K) with the weight packed per call to [K/VEC][R][S][C][VEC]; KB then
- *           counts K vectors, and small C (a 3-channel first layer) still fills the lanes
+ *           counts K vectors, and small C (a 3-channel first layer) still fills the lanes.
+ *           With PACK 1 the stride-1 data gradient runs as that forward on the transposed
+ *           problem (vectors over C), instead of the per-pixel gather
  *
  * The shape is a run-time argument, so one instance serves every layer. Tensors are
  * float32, dense in the layout above; the caller passes torch's data pointers directly.
@@ -201,9 +204,33 @@ static void conv_fwd_impl(const float *x, const float *w, float *y, const shape_
 }
 #endif
 
+#if PACK == 1
+/* stride 1: the data gradient is the forward of the transposed problem, gy (K channels, padded
+   by R-1-PH, S-1-PW) convolved with the flipped weight wt[c][r][s][k] = w[k][R-1-r][S-1-s][c];
+   returns 0 (nothing done) for the shapes it does not cover */
+static int bwd_data_as_forward(const float *gy, const float *w, float *gx, const shape_t *d) {
+    const long C = d->C, K = d->K, R = d->R, S = d->S;
+    if (d->SH != 1 || d->SW != 1 || d->PH > R - 1 || d->PW > S - 1) return 0;
+    float *wt = malloc((size_t)(C * R * S * K) * sizeof(float));
+    #pragma omp parallel for schedule(static)
+    for (long c = 0; c < C; c++)
+        for (long r = 0; r < R; r++)
+            for (long s = 0; s < S; s++)
+                for (long k = 0; k < K; k++)
+                    wt[((c * R + r) * S + s) * K + k] = w[((k * R + R - 1 - r) * S + S - 1 - s) * C + c];
+    const shape_t t = {d->N, K, d->OH, d->OW, C, R, S, 1, 1, R - 1 - d->PH, S - 1 - d->PW, d->H, d->W};
+    conv_fwd_impl(gy, wt, gx, &t);
+    free(wt);
+    return 1;
+}
+#endif
+
 /* data gradient, gathered per input pixel: gx[n,ih,iw,c] = sum_{k,r,s} gy[n,oh,ow,k] w[k,r,s,c] */
 static void conv_bwd_data_impl(const float *gy, const float *w, float *gx, const shape_t *d) {
     const long C = d->C, K = d->K, RSC = d->R * d->S * C;
+#if PACK == 1
+    if (bwd_data_as_forward(gy, w, gx, d)) return;
+#endif
     #pragma omp parallel for collapse(2) schedule(static)
     for (long n = 0; n < d->N; n++)
         for (long ih = 0; ih < d->H; ih++)
@@ -251,37 +278,83 @@ static void conv_bwd_data_impl(const float *gy, const float *w, float *gx, const
             }
 }
 
-/* weight gradient: gw[k,r,s,c] = sum_{n,oh,ow} gy[n,oh,ow,k] x[n,ih,iw,c], KB kernels at once */
-static void conv_bwd_weight_impl(const float *x, const float *gy, float *gw, const shape_t *d) {
-    const long C = d->C, K = d->K, nkb = (K + KB - 1) / KB;
-    #pragma omp parallel for collapse(3) schedule(dynamic)
-    for (long kb = 0; kb < nkb; kb++)
-        for (long r = 0; r < d->R; r++)
-            for (long s = 0; s < d->S; s++) {
-                const long k0 = kb * KB, kn = lmin(KB, K - k0);
-                long lo, hi;
-                col_range(d, s, &lo, &hi);
-                for (long c0 = 0; c0 < C; c0 += VEC) {
-                    const long cn = lmin(VEC, C - c0);
-                    vf acc[KB];
-                    for (int j = 0; j < KB; j++) acc[j] = (vf){0};
-                    for (long n = 0; n < d->N; n++)
-                        for (long oh = 0; oh < d->OH; oh++) {
-                            const long ih = oh * d->SH - d->PH + r;
-                            if (ih < 0 || ih >= d->H) continue;
-                            for (long ow = lo; ow < hi; ow++) {
-                                const float *xp = x + ((n * d->H + ih) * d->W + ow * d->SW - d->PW + s) * C + c0;
-                                const float *gyp = gy + ((n * d->OH + oh) * d->OW + ow) * K + k0;
-                                vf xv;
-                                if (cn == VEC) xv = vload(xp);
-                                else { xv = (vf){0}; for (long i = 0; i < cn; i++) xv[i] = xp[i]; }
-                                for (int j = 0; j < KB; j++) acc[j] += ((vf){0} + gyp[j < kn ? j : 0]) * xv;
-                            }
-                        }
-                    for (long j = 0; j < kn; j++)
-                        for (long i = 0; i < cn; i++) gw[(((k0 + j) * d->R + r) * d->S + s) * C + c0 + i] = acc[j][i];
-                }
+/* weight gradient, blocked over pixels: gw[k,r,s,c] = sum_{n,oh,ow} gy[n,oh,ow,k] x[n,ih,iw,c].
+   Each thread sums its share of output rows (n, oh) into its own copy of gw (which stays in cache),
+   with KB x WB register tiles (KB broadcast gy values times WB vectors of c) over a row's pixels;
+   the copies are added at the end */
+static inline vf load_c(const float *p, long cn) {
+    if (cn >= VEC) return vload(p);
+    vf v = (vf){0};
+    for (long i = 0; i < cn; i++) v[i] = p[i];
+    return v;
+}
+
+/* one KB x WB tile of gw[k0.., r, s, c0..] summed over the pixels of output rows oh0..oh1 of image
+   n; FULL (a constant after inlining) when the tile has KB kernels and WB whole vectors: no tail code */
+static inline __attribute__((always_inline)) void bwd_weight_tile(
+        const float *restrict x, const float *restrict gy, float *restrict out, const shape_t *d,
+        long n, long oh0, long oh1, long r, long s, long k0, long c0, const int full) {
+    const long C = d->C, K = d->K, RSC = d->R * d->S * C, kn = lmin(KB, K - k0);
+    long lo, hi;
+    col_range(d, s, &lo, &hi);
+    vf acc[KB][WB];
+    for (int j = 0; j < KB; j++)
+        for (int b = 0; b < WB; b++) acc[j][b] = (vf){0};
+    for (long oh = oh0; oh < oh1; oh++) {
+        const long ih = oh * d->SH - d->PH + r;
+        if (ih < 0 || ih >= d->H) continue;
+        const float *xrow = x + ((n * d->H + ih) * d->W - d->PW + s) * C + c0;
+        const float *gyrow = gy + (n * d->OH + oh) * d->OW * K + k0;
+        for (long ow = lo; ow < hi; ow++) {
+            const float *xp = xrow + ow * d->SW * C;
+            const float *gyp = gyrow + ow * K;
+            vf xv[WB];
+            for (int b = 0; b < WB; b++) xv[b] = full ? vload(xp + b * VEC) : load_c(xp + b * VEC, C - c0 - b * VEC);
+            for (int j = 0; j < KB; j++) {
+                const vf g = (vf){0} + gyp[full || j < kn ? j : 0];
+                for (int b = 0; b < WB; b++) acc[j][b] += g * xv[b];
             }
+        }
+    }
+    for (long j = 0; j < (full ? KB : kn); j++)
+        for (int b = 0; b < WB; b++) {
+            float *o = out + j * RSC + b * VEC;
+            const long cn = full ? VEC : lmin(VEC, C - c0 - b * VEC);
+            if (cn == VEC) vstore(o, vload(o) + acc[j][b]);
+            else for (long i = 0; i < cn; i++) o[i] += acc[j][b][i];
+        }
+}
+
+#define WGRAD_ROWS 8  /* output rows summed per register tile (their x and gy rows stay in cache) */
+
+static void conv_bwd_weight_impl(const float *x, const float *gy, float *gw, const shape_t *d) {
+    const long C = d->C, K = d->K, size = K * d->R * d->S * C;
+    const long chunks = (d->OH + WGRAD_ROWS - 1) / WGRAD_ROWS;
+    const int nt = omp_get_max_threads();
+    float *parts = calloc((size_t)(nt * size), sizeof(float));
+    #pragma omp parallel
+    {
+        float *part = parts + omp_get_thread_num() * size;
+        #pragma omp for schedule(static)
+        for (long job = 0; job < d->N * chunks; job++) {
+            const long n = job / chunks, oh0 = (job % chunks) * WGRAD_ROWS, oh1 = lmin(d->OH, oh0 + WGRAD_ROWS);
+            for (long r = 0; r < d->R; r++)
+                for (long s = 0; s < d->S; s++)
+                    for (long k0 = 0; k0 < K; k0 += KB)
+                        for (long c0 = 0; c0 < C; c0 += WB * VEC) {
+                            float *out = part + ((k0 * d->R + r) * d->S + s) * C + c0;
+                            if (k0 + KB <= K && c0 + WB * VEC <= C) bwd_weight_tile(x, gy, out, d, n, oh0, oh1, r, s, k0, c0, 1);
+                            else bwd_weight_tile(x, gy, out, d, n, oh0, oh1, r, s, k0, c0, 0);
+                        }
+        }
+    }
+    #pragma omp parallel for schedule(static)
+    for (long i = 0; i < size; i++) {
+        float sum = 0.f;
+        for (int t = 0; t < nt; t++) sum += parts[t * size + i];
+        gw[i] = sum;
+    }
+    free(parts);
 }
 
 #else

@@ -112,7 +112,9 @@ class CDirect(Candidate):
         lanes, regs = device.vector_lanes, device.vector_registers
         # hard: what the device allows
         space.hard(lambda vec: vec <= max(4, lanes), f"vector lanes <= {lanes} ({device.isa})")
-        space.hard(lambda kb, wb, pack: kb * wb + (kb if pack else wb) + 1 <= regs,
+        # the forward holds kb x wb accumulators and wb (packed: kb) operands; the weight gradient
+        # kb x wb accumulators and wb operands
+        space.hard(lambda kb, wb, pack: kb * wb + (max(kb, wb) if pack else wb) + 1 <= regs,
                    f"accumulators + operands <= {regs} vector registers")
         # soft: parameters a layout ignores are pinned to their first value (no duplicate instances)
         space.soft(lambda layout, wb: layout == 1 or wb == first["wb"], "NCHW ignores wb")
