@@ -108,6 +108,12 @@ def test_cache_skips_measured_work(tmp_path) -> None:
     assert second.measured == 0 and calls == []
     assert second.best.config == first.best.config
     assert second.table["cached"].all()
+    # an edited kernel template is measured again
+    from rapydli.autotune import cbuild
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(cbuild, "templates_digest", lambda: "edited")
+        assert tune_conv2d(SHAPE, **kwargs).measured == len(first.measurements)
     # another mode is another problem: measured again
     third = tune_conv2d(SHAPE, **{**kwargs, "mode": "inference"})
     assert third.measured == len(third.measurements)

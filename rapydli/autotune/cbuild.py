@@ -53,6 +53,15 @@ def template_path(name: str) -> Path:
     return path
 
 
+def templates_digest() -> str:
+    """A short hash of every kernel template and its domains: measurements of an edited kernel are new ones."""
+    digest = hashlib.sha256()
+    for path in sorted(kernels_dir().iterdir()):
+        if path.is_file() and path.suffix in (".c", ".py", ".json"):
+            digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:12]
+
+
 def cache_dir() -> Path:
     """Where compiled instances live: ``$RAPYDLI_HOME/kernels`` (default ``~/.rapydli/kernels``)."""
     home = Path(os.environ.get("RAPYDLI_HOME", Path.home() / ".rapydli"))

@@ -23,7 +23,7 @@ from typing import Any
 
 import pandas as pd
 
-from rapydli.autotune import strategies
+from rapydli.autotune import cbuild, strategies
 from rapydli.autotune.cache import Cache, CachedRunner
 from rapydli.autotune.candidates import PASSES, registry
 from rapydli.autotune.device import DeviceInfo, query
@@ -215,7 +215,9 @@ def tune_conv2d(
         runner = SequentialRunner() if engines is None else ParallelRunner(engines)
     counted: Runner = runner
     if cache is not False:
-        counted = CachedRunner(runner, Cache() if cache is True else cache, info.fingerprint())
+        # keyed by the device and the kernel templates: an edited kernel is measured again
+        fingerprint = f"{info.fingerprint()}-k{cbuild.templates_digest()}"
+        counted = CachedRunner(runner, Cache() if cache is True else cache, fingerprint)
     measurements = strategies.get(strategy)(space, counted, options)
     best = pick_best(measurements)
     if best is None:

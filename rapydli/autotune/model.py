@@ -102,6 +102,7 @@ class TunedConv2d(nn.Conv2d):
     """
 
     choice: LayerChoice
+    generated: bool  # a pass runs a generated kernel (float32 CPU tensors only)
 
     @classmethod
     def from_conv(cls, conv: nn.Conv2d, choice: LayerChoice) -> TunedConv2d:
@@ -112,6 +113,7 @@ class TunedConv2d(nn.Conv2d):
         tuned._buffers = dict(conv._buffers)
         tuned._modules = dict(conv._modules)
         tuned.choice = choice
+        tuned.generated = any(get(c.candidate).kind != "library" for c in choice.configs.values())
         tuned._inst = None
         fmt = torch.channels_last if choice.layout == "nhwc" else torch.contiguous_format
         with torch.no_grad():  # keep the weight in the layout its kernel reads: no per-step copy
@@ -133,8 +135,7 @@ class TunedConv2d(nn.Conv2d):
         return self._inst
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        generated = any(get(c.candidate).kind != "library" for c in self.choice.configs.values())
-        if generated and (x.dtype != torch.float32 or x.device.type != "cpu" or self.weight.dtype != torch.float32):
+        if self.generated and (x.dtype != torch.float32 or x.device.type != "cpu" or self.weight.dtype != torch.float32):
             return F.conv2d(x, self.weight, self.bias, self.stride, self.padding)
         y = conv_apply(self.instance(), x, self.weight)
         if self.bias is not None:
