@@ -121,7 +121,17 @@ for algorithm in ("mpi", "auto", "ring"):
     t.fill_(1.0)
     comm.allreduce_(t, op="sum", algorithm=algorithm)
     assert t.shape == (3,) and torch.all(t == n), algorithm
-    checks += 2
+    # same memory and size, transposed in place: refused, not reduced through the old plan
+    square = torch.zeros(2, 3)
+    comm.allreduce_(square, op="sum", algorithm=algorithm)
+    square.t_()
+    try:
+        comm.allreduce_(square, op="sum", algorithm=algorithm)
+    except ConfigError as error:
+        assert "contiguous" in str(error)
+    else:
+        raise AssertionError("a tensor made non-contiguous in place was reduced")
+    checks += 3
 
 # the ring's pipeline with many chunks per segment (tiny chunks), every op
 tiny_ring = RingAlgorithm(world, chunk_bytes=12)
