@@ -88,6 +88,10 @@ class _Counting(Instance):
         self.calls.append("weight_grad")
         return self.torch.weight_grad(x, w, gy)
 
+    def backward(self, x, w, gy):
+        self.calls.append("backward")
+        return self.torch.backward(x, w, gy)
+
 
 def test_autograd_runs_only_the_gradients_needed() -> None:
     shape = SHAPES["3x3-pad"]
@@ -98,6 +102,16 @@ def test_autograd_runs_only_the_gradients_needed() -> None:
     inst.calls.clear()
     conv_apply(inst, x.requires_grad_(), w.detach()).sum().backward()
     assert inst.calls == ["data_grad"]
+    inst.calls.clear()
+    conv_apply(inst, x, w).sum().backward()  # both: one backward call (oneDNN computes them together)
+    assert inst.calls == ["backward"]
+    # a split layer makes one call when both gradients come from the same instance, else one each
+    torch_inst = registry()["torch_nchw"].instance(shape, {})  # the layout of _Counting
+    for split, calls in ((SplitInstance(torch_inst, inst, inst), ["backward"]),
+                         (SplitInstance(torch_inst, inst, torch_inst), ["data_grad"])):
+        inst.calls.clear()
+        conv_apply(split, x, w).sum().backward()
+        assert inst.calls == calls
 
 
 def test_split_instance_takes_each_pass_from_another_instance() -> None:

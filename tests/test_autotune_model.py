@@ -82,8 +82,9 @@ def test_autotune_model_keeps_outputs_and_gradients(tuned) -> None:
     assert model.state_dict().keys() == tuned_model.state_dict().keys()
     assert_same(model, tuned_model, x)
     assert list(report.table["layer"]) == ["0", "3", "5", "8"]
-    assert set(report.estimates_ms) == {"planned", "all_nchw", "all_nhwc", "default", "measured_planned",
-                                        "measured_library_nchw", "measured_library_nhwc"}
+    required = {"planned", "all_nchw", "all_nhwc", "default", "measured_planned", "measured_library_nchw",
+                "measured_library_nhwc"}
+    assert required <= set(report.estimates_ms) and set(report.estimates_ms) - required <= {"measured_planned_whole"}
     # the whole-model plan kept is the fastest measured one
     measured = {k: v for k, v in report.estimates_ms.items() if k.startswith("measured_")}
     assert report.plan.chosen == min(measured, key=measured.get).removeprefix("measured_")

@@ -94,6 +94,11 @@ class SplitInstance(Instance):
     def weight_grad(self, x: torch.Tensor, w: torch.Tensor, gy: torch.Tensor) -> torch.Tensor:
         return self.passes["weight_grad"].weight_grad(x, w, gy)
 
+    def backward(self, x: torch.Tensor, w: torch.Tensor, gy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.passes["data_grad"] is self.passes["weight_grad"]:  # one call (oneDNN computes both at once)
+            return self.passes["data_grad"].backward(x, w, gy)
+        return super().backward(x, w, gy)
+
 
 class Candidate:
     """A family of convolution implementations with a (possibly empty) parameter space."""
@@ -315,7 +320,9 @@ class ConvFunction(torch.autograd.Function):
     def backward(ctx: Any, gy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
         x, w = ctx.saved_tensors
         inst, gy = ctx.inst, ctx.inst.to_layout(gy)
-        gx = inst.data_grad(x, w, gy) if ctx.needs_input_grad[0] else None  # only the gradients asked for
+        if ctx.needs_input_grad[0] and ctx.needs_input_grad[1]:
+            return (*inst.backward(x, w, gy), None)
+        gx = inst.data_grad(x, w, gy) if ctx.needs_input_grad[0] else None  # only the gradient asked for
         gw = inst.weight_grad(x, w, gy) if ctx.needs_input_grad[1] else None
         return gx, gw, None
 

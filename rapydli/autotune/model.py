@@ -77,9 +77,11 @@ class Plan:
         Estimated convolution time of the whole model per strategy: ``default`` (F.conv2d NCHW),
         ``all_nchw``, ``all_nhwc``, ``planned`` (layout conversions included); and, when the
         plan was verified, ``measured_planned``, ``measured_library_nchw``,
-        ``measured_library_nhwc``: whole-model step times of the three plans.
+        ``measured_library_nhwc`` (and ``measured_planned_whole`` when the plan splits passes):
+        whole-model step times of those plans.
     chosen
-        Which of those whole-model plans won (``"planned"`` unless a library plan was faster).
+        Which of those whole-model plans won (``"planned"`` unless a library plan, or the plan
+        without per-pass splits, ``"planned_whole"``, was faster).
     """
 
     layers: dict[str, LayerChoice]
@@ -307,6 +309,16 @@ def _library_plan(plan: Plan, results: Mapping[ConvShape, TuneResult], candidate
     return Plan(layers, plan.mode, plan.fingerprint, dict(plan.estimates_ms))
 
 
+def _whole_plan(plan: Plan, results: Mapping[ConvShape, TuneResult]) -> Plan:
+    """``plan`` with every layer on the one configuration fastest over all its passes (no split)."""
+    layers = {}
+    for name, choice in plan.layers.items():
+        m = results[choice.shape].best_of(lambda c, lay=choice.layout: _layout_of(c) == lay)
+        layers[name] = LayerChoice(choice.shape, m.config.candidate, m.config.params, choice.layout, m.median * 1e3,
+                                   choice.default_ms)
+    return Plan(layers, plan.mode, plan.fingerprint, dict(plan.estimates_ms))
+
+
 def _one_step(model: nn.Module, x: torch.Tensor, mode: str) -> float:
     start = time.perf_counter()
     if mode == "train":
@@ -347,12 +359,19 @@ def _verified(model: nn.Module, x: torch.Tensor, plan: Plan, results: Mapping[Co
 
     Per-layer times and conversion estimates miss what happens between convolutions
     (batch norm, residual adds in a mixed layout), so the whole-model choice is measured.
+    A plan whose layers take passes from different configurations is also timed against
+    the same plan without splits (``planned_whole``): a split layer runs its gradients as
+    two calls through a Python autograd function, where a library layer makes one native
+    call (on the bottleneck stack that cost 3-7% of a step, more than the split gained).
     """
     options = {
         "planned": plan,
         "library_nchw": _library_plan(plan, results, "torch_nchw", "nchw"),
         "library_nhwc": _library_plan(plan, results, "torch_channels_last", "nhwc"),
     }
+    whole = _whole_plan(plan, results)
+    if whole.layers != plan.layers:
+        options["planned_whole"] = whole
     measured = compare_steps({name: apply_plan(copy.deepcopy(model), p) for name, p in options.items()}, x, plan.mode,
                              reps=5)
     chosen = min(measured, key=lambda name: measured[name])
