@@ -8,7 +8,8 @@ Three parts, each with its peer measured in the same run:
    choice (forward; the tuner's own measurements).
 2. Training step (forward, backward, SGD step) of the small ResNet (``rapydli.train.models``)
    and of a ResNet-50-style bottleneck stack: default model, whole model channels-last,
-   and ``autotune_model`` (train mode).
+   and ``autotune_model`` (train mode), timed in interleaved rounds; speedups are the
+   median of the per-round ratios, with their quartiles and the load average around them.
 3. Tuning time of three layers on 2 engines against 1, at 1 thread per timed run and at
    all cores per timed run. Counted: building (compiling the generated kernels from an
    empty kernel cache), validating, timing, round trips and the result cache. Not counted:
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import tempfile
 import time
 from collections import Counter
@@ -97,25 +99,35 @@ def bottleneck_stack(channels: int = 256, mid: int = 64, blocks: int = 3, num_cl
     )
 
 
-def compare_training_steps(models: dict[str, nn.Module], x: torch.Tensor, y: torch.Tensor, reps: int) -> dict[str, float]:
-    """Fastest ms of one training step (forward, cross-entropy, backward, SGD step) of each model.
+def compare_training_steps(models: dict[str, nn.Module], x: torch.Tensor, y: torch.Tensor,
+                           reps: int) -> dict[str, list[float]]:
+    """Ms of one training step (forward, cross-entropy, backward, SGD step) of each model, per round.
 
-    Models are timed in interleaved rounds after 3 warm-up rounds, so a drifting machine load
-    hits them alike; the minimum over rounds is the least disturbed step on a shared machine.
+    Models are timed in ``reps`` interleaved rounds after 3 warm-up rounds, the order rotating
+    every round, so a drifting machine load and the position in a round hit them alike; round
+    ``i`` of every model was measured within the same fraction of a second, so ratios are
+    best taken per round (see :func:`paired`).
     """
     opts = {name: torch.optim.SGD(m.parameters(), lr=1e-3) for name, m in models.items()}
     inputs = {name: x.contiguous(memory_format=torch.channels_last) if name == "channels_last" else x for name in models}
+    names = list(models)
     times: dict[str, list[float]] = {name: [] for name in models}
     for round_ in range(reps + 3):
-        for name, model in models.items():
-            model.train()
+        for name in names[round_ % len(names):] + names[:round_ % len(names)]:
+            models[name].train()
             start = time.perf_counter()
             opts[name].zero_grad(set_to_none=True)
-            F.cross_entropy(model(inputs[name]), y).backward()
+            F.cross_entropy(models[name](inputs[name]), y).backward()
             opts[name].step()
             if round_ >= 3:
-                times[name].append(time.perf_counter() - start)
-    return {name: min(t) * 1e3 for name, t in times.items()}
+                times[name].append((time.perf_counter() - start) * 1e3)
+    return times
+
+
+def paired(base: list[float], other: list[float]) -> tuple[float, float, float]:
+    """Median, 25th and 75th percentile of the per-round speedups ``base[i] / other[i]``."""
+    q1, median, q3 = statistics.quantiles([b / o for b, o in zip(base, other)], n=4, method="inclusive")
+    return median, q1, q3
 
 
 def layer_rows(names: tuple[str, ...], gflop: float, preset: str, cache: Cache) -> list[dict[str, Any]]:
@@ -164,15 +176,20 @@ def model_rows(batch: int, preset: str, cache: Cache, reps: int) -> list[dict[st
         tune_s = time.perf_counter() - started
         torch.manual_seed(0)
         cl_model = build().to(memory_format=torch.channels_last)
+        load = os.getloadavg()[0]
         ms = compare_training_steps({"default": model, "channels_last": cl_model, "tuned": tuned_model}, x, y, reps)
-        default, channels_last, tuned = ms["default"], ms["channels_last"], ms["tuned"]
+        speedup, low, high = paired(ms["default"], ms["tuned"])
         rows.append({
-            "model": name, "input": "x".join(map(str, in_shape)), "default_ms": default,
-            "channels_last_ms": channels_last, "tuned_ms": tuned, "speedup": default / tuned,
-            "channels_last_speedup": default / channels_last, "tune_s": tune_s,
+            "model": name, "input": "x".join(map(str, in_shape)), "rounds": reps,
+            **{f"{k}_ms": statistics.median(v) for k, v in ms.items()},
+            "speedup": speedup, "speedup_iqr": f"{low:.3f}-{high:.3f}",
+            "channels_last_speedup": paired(ms["default"], ms["channels_last"])[0],
+            "tuned_vs_channels_last": paired(ms["channels_last"], ms["tuned"])[0],
+            "load_avg": f"{load:.2f}-{os.getloadavg()[0]:.2f}", "tune_s": tune_s,
             "whole_model_choice": report.plan.chosen,
             "plan": ", ".join(f"{k} x{v}" for k, v in Counter(
-                f"{c.candidate}/{c.layout}" for c in report.plan.layers.values()).most_common()),
+                "+".join(dict.fromkeys(c.candidate for c in choice.configs.values())) + f"/{choice.layout}"
+                for choice in report.plan.layers.values()).most_common()),
         })
     return rows
 
@@ -240,7 +257,8 @@ def verdict(ok: bool) -> str:
 @click.option("--gflop", type=float, default=2.0, show_default=True, help="forward GFLOP per layer measurement")
 @click.option("--preset", type=click.Choice(["tiny", "small", "default", "full"]), default="small", show_default=True)
 @click.option("--batch", type=int, default=32, show_default=True, help="batch of the small ResNet")
-@click.option("--reps", type=int, default=5, show_default=True, help="timed training steps per model")
+@click.option("--reps", type=click.IntRange(min=2), default=15, show_default=True,
+              help="interleaved rounds of timed training steps per model (median and quartiles reported)")
 @click.option("--part", "parts", type=click.Choice(PARTS), multiple=True,
               help="run only these parts (repeatable; default: all)")
 @click.option("--layer", "layer_names", type=click.Choice(tuple(LAYERS)), multiple=True,
@@ -251,7 +269,7 @@ def command(json_path: str | None, quick: bool, gflop: float, preset: str, batch
     parts = parts or PARTS
     names = layer_names or (QUICK if quick else tuple(LAYERS))
     if quick:
-        gflop, batch, reps = min(gflop, 0.5), min(batch, 8), min(reps, 3)
+        gflop, batch, reps = min(gflop, 0.5), min(batch, 8), min(reps, 5)
     with tempfile.TemporaryDirectory(prefix="rapydli-bench-conv-cache-") as tmp:
         cache = Cache(os.path.join(tmp, "tune.db"))  # fresh results: the tuner measures in this run
         layers = layer_rows(names, gflop, preset, cache) if "layers" in parts else []
@@ -269,7 +287,8 @@ def command(json_path: str | None, quick: bool, gflop: float, preset: str, batch
         summary[f"best generated >= {GENERATED_TARGET}x oneDNN on >= half the layers"] = \
             f"{verdict(len(good) * 2 >= len(layers))} ({len(good)}/{len(layers)}: {', '.join(good) or 'none'})"
     if models:
-        summary["tuned step speedup (per model)"] = ", ".join(f"{r['model']} {r['speedup']:.2f}x" for r in models)
+        summary["tuned step speedup (per model; median of per-round ratios, quartiles, load average)"] = ", ".join(
+            f"{r['model']} {r['speedup']:.2f}x ({r['speedup_iqr']}, load {r['load_avg']})" for r in models)
         summary[f"target tuned step >= {STEP_TARGET}x on conv-heavy models"] = \
             verdict(all(r["speedup"] >= STEP_TARGET for r in models))
         summary["target tuned step never slower (>= 1.0x)"] = verdict(all(r["speedup"] >= 1.0 for r in models))
