@@ -43,7 +43,7 @@ from rapydli.autotune.conv import tune_conv2d
 from rapydli.autotune.problem import ConvShape
 from rapydli.bench.report import emit, machine_info
 
-LIBRARY = ("torch_nchw", "torch_channels_last", "im2col_gemm")
+LIBRARY = ("torch_nchw", "torch_channels_last", "im2col_gemm", "gemm_1x1")  # gemm_1x1: 1x1 layers only
 
 # name -> (C, H, W, K, R, S, stride, pad) at batch 1
 LAYERS: dict[str, tuple[int, ...]] = {
@@ -148,7 +148,8 @@ def layer_rows(names: tuple[str, ...], gflop: float, preset: str, cache: Cache) 
         rows.append({
             "layer": name, "shape": shape.key.split(":", 1)[1],
             "nchw_gflops": gflops(best["torch_nchw"]), "channels_last_gflops": gflops(best["torch_channels_last"]),
-            "im2col_gflops": gflops(best["im2col_gemm"]), "generated_gflops": generated, "tuned_gflops": tuned,
+            "im2col_gflops": gflops(best["im2col_gemm"]), "gemm_1x1_gflops": gflops(best["gemm_1x1"]),
+            "generated_gflops": generated, "tuned_gflops": tuned,
             "tuned_choice": str(result.best.config),
             "tuned_vs_best_library": tuned / best_library if best_library else None,
             "generated_vs_onednn": (generated / onednn) if generated and onednn else None,
