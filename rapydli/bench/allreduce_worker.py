@@ -1,8 +1,8 @@
 """The per-rank half of ``rapydli bench allreduce``: run under ``mpiexec -n N``.
 
 First measures ``mpi`` against ``ring`` for ``auto`` and caches it (the measurement
-``auto`` then uses), then times, per message size, interleaved rep by rep (in an order
-rotated every rep) so every algorithm sees the same machine noise: ``ring``, ``mpi``, ``auto`` (through
+``auto`` then uses), then times, per message size, interleaved rep by rep (in a fresh
+random order every rep, the same on every rank) so every algorithm sees the same machine noise: ``ring``, ``mpi``, ``auto`` (through
 :class:`~rapydli.comm.Communicator`, on torch float32 tensors), mpi4py's own
 ``Allreduce`` on a numpy array (``mpi4py``: the MPI library with no RaPyDLI code in the
 way) and torch.distributed ``gloo`` (in a block of its own after the others: its TCP
@@ -31,9 +31,14 @@ from rapydli.comm.tensors import host_zeros
 ALGORITHMS = ("ring", "mpi", "auto", "mpi4py", "gloo")
 
 
+#: Fewest timed reps at any size. With 3 (as before) a 16 MiB row was the median of 3 calls
+#: on a 2-core machine, and the same MPI call measured 30-45 % apart in two columns of one run.
+MIN_REPS = 10
+
+
 def repetitions(nbytes: int, max_reps: int = 200) -> int:
-    """Timed reps per size: more for latency-bound sizes (at least 3, at most ``max_reps``)."""
-    return max(3, min(max_reps, int(64e6 / max(nbytes, 1))))
+    """Timed reps per size: more for latency-bound sizes (at least ``MIN_REPS`` unless ``max_reps`` is lower)."""
+    return min(max_reps, max(MIN_REPS, int(64e6 / max(nbytes, 1))))
 
 
 def _time_one(name: str, call: Callable[[], object], array: np.ndarray, tensor: torch.Tensor, times: np.ndarray, rep: int, world: MPI.Comm) -> None:
@@ -86,10 +91,11 @@ def main() -> None:
         for i in interleaved:  # warm-up
             calls[names[i]]()
             calls[names[i]]()
+        order = np.random.default_rng(nbytes)  # the same seed on every rank: the same order everywhere
         for rep in range(reps):
-            # rotate the order each rep, so no algorithm always runs right after the same one
-            shift = rep % max(1, len(interleaved))
-            for i in interleaved[shift:] + interleaved[:shift]:
+            # a fresh order each rep, so every algorithm runs after every other one alike (a
+            # rotation kept each one's predecessor: mpi ran right after ring's many messages)
+            for i in order.permutation(interleaved):
                 _time_one(names[i], calls[names[i]], array, tensor, local[i], rep, world)
         if "gloo" in names:
             # gloo's own TCP threads keep running after a call and slow the next MPI calls down

@@ -117,8 +117,8 @@ def message_sizes(max_bytes: int) -> list[int]:
 
 
 def repetitions(nbytes: int) -> int:
-    """Timed repetitions at a size: many for latency-bound sizes, few for large ones."""
-    return max(3, min(30, int(64e6 / max(nbytes, 1))))
+    """Timed repetitions at a size: many for latency-bound sizes, at least 5 for large ones."""
+    return max(5, min(30, int(64e6 / max(nbytes, 1))))
 
 
 def measure(comm: MPI.Comm, max_bytes: int = QUICK_MAX_BYTES, candidates: tuple[str, ...] = CANDIDATES) -> AutoTable:
@@ -134,7 +134,8 @@ def measure(comm: MPI.Comm, max_bytes: int = QUICK_MAX_BYTES, candidates: tuple[
         for name in candidates:  # warm-up: connections, scratch buffers
             algorithms[name].allreduce_(tensor, "sum")
         for rep in range(reps):
-            for i, name in enumerate(candidates):
+            for i in range(len(candidates))[:: 1 if rep % 2 else -1]:  # each goes first every other rep
+                name = candidates[i]
                 comm.Barrier()
                 start = time.perf_counter()
                 algorithms[name].allreduce_(tensor, "sum")
