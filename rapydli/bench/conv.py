@@ -188,6 +188,8 @@ def model_rows(batch: int, preset: str, cache: Cache, reps: int) -> list[dict[st
             "tuned_vs_channels_last": paired(ms["channels_last"], ms["tuned"])[0],
             "load_avg": f"{load:.2f}-{os.getloadavg()[0]:.2f}", "tune_s": tune_s,
             "whole_model_choice": report.plan.chosen,
+            "whole_model_check_ms": " ".join(f"{k.removeprefix('measured_')}={v:.1f}"
+                                             for k, v in report.estimates_ms.items() if k.startswith("measured_")),
             "plan": ", ".join(f"{k} x{v}" for k, v in Counter(
                 "+".join(dict.fromkeys(c.candidate for c in choice.configs.values())) + f"/{choice.layout}"
                 for choice in report.plan.layers.values()).most_common()),
