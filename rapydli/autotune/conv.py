@@ -29,6 +29,7 @@ from rapydli.autotune.candidates import PASSES, registry
 from rapydli.autotune.device import DeviceInfo, query
 from rapydli.autotune.problem import ConvShape
 from rapydli.autotune.runner import (
+    TIMING,
     Measurement,
     ParallelRunner,
     Runner,
@@ -215,8 +216,8 @@ def tune_conv2d(
         runner = SequentialRunner() if engines is None else ParallelRunner(engines)
     counted: Runner = runner
     if cache is not False:
-        # keyed by the device and the kernel templates: an edited kernel is measured again
-        fingerprint = f"{info.fingerprint()}-k{cbuild.templates_digest()}"
+        # keyed by the device, the kernel templates and the timing method: an edited kernel is measured again
+        fingerprint = f"{info.fingerprint()}-k{cbuild.templates_digest()}-{TIMING}"
         counted = CachedRunner(runner, Cache() if cache is True else cache, fingerprint)
     measurements = strategies.get(strategy)(space, counted, options)
     best = pick_best(measurements)
