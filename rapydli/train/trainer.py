@@ -191,7 +191,7 @@ class Trainer:
                 # optimizer step
                 self.optimizer.step()
                 if self.sync is not None:
-                    self.sync.zero_grad()  # keeps .grad the bucket views
+                    self.sync.zero_grad()  # the next backward's gradients are copied into the buckets
                 else:
                     self.optimizer.zero_grad(set_to_none=True)
                 self.step += 1
