@@ -272,6 +272,24 @@ comm.close()
 # the mapping outlives the communicator: the tensors stay readable
 assert torch.all(bufs[0] == sum(r for r in range(n)))
 
+# one rank cannot map rank 0's file (a /dev/shm of its own): every rank falls back alike
+comm = Communicator(algorithm="auto")
+if rank == 1:
+    real_mmap = shm.mmap.mmap
+    def refuse(*args, **kwargs):
+        raise OSError("no such file")
+    shm.mmap.mmap = refuse
+buf = comm.host_buffer(1001)
+if rank == 1:
+    shm.mmap.mmap = real_mmap
+assert not comm._shared.available and comm._shared.views(buf) is None
+buf.fill_(rank + 1)
+assert comm.allreduce_(buf, op="sum") is buf and torch.all(buf == n * (n + 1) / 2)
+assert comm._shared.views(comm.host_buffer(64)) is None   # later buffers too
+comm.close()
+world.Barrier()
+assert set(glob.glob(os.path.join(shm.SHM_DIR, "rapydli-*"))) <= before
+
 # no shared memory (e.g. ranks on several nodes): ordinary memory, same results
 shm.SHM_DIR = "/nonexistent-rapydli-shm"
 comm = Communicator(algorithm="auto")

@@ -17,8 +17,9 @@ shared-memory cells, this reads the peer's bytes once.
 
 Buffers are allocated collectively (every rank, same order, same sizes). Rank 0 creates
 the file, reserves its pages (``posix_fallocate``: a full ``/dev/shm`` is an error here,
-not a ``SIGBUS`` later) and unlinks it once every rank has mapped it, so nothing is left
-behind. The mapping lives as long as the tensors over it.
+not a ``SIGBUS`` later) and unlinks it once every rank has tried to map it, so nothing is
+left behind; if any rank could not, every rank falls back to ordinary memory. The mapping
+lives as long as the tensors over it.
 """
 
 from __future__ import annotations
@@ -90,11 +91,17 @@ class SharedBuffers:
             return host_zeros(numel, dtype)
         try:
             with open(path, "r+b") as stream:
-                mapping = mmap.mmap(stream.fileno(), segment * self.size)
-        finally:
-            self.comm.Barrier()  # every rank has mapped it: the name can go
-            if self.rank == 0:
-                os.unlink(path)
+                mapping: mmap.mmap | None = mmap.mmap(stream.fileno(), segment * self.size)
+        except OSError:  # e.g. a rank whose /dev/shm is not rank 0's (a container of its own)
+            mapping = None
+        from mpi4py import MPI
+
+        everywhere = self.comm.allreduce(mapping is not None, op=MPI.LAND)  # every rank has tried
+        if self.rank == 0:
+            os.unlink(path)
+        if not everywhere:  # all ranks fall back alike, now and for later buffers
+            self.available = False
+            return host_zeros(numel, dtype)
         storage = np.dtype(_NUMPY_STORAGE[dtype])
         views = []
         for rank in range(self.size):
