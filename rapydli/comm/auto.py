@@ -2,7 +2,7 @@
 
 The measurement runs once per cluster (all ranks together: ``mpi`` against ``ring`` on
 float32 messages from 4 B up to ``max_bytes``, interleaved, the slowest rank's median
-per size; ``ring`` replaces ``mpi`` only when more than 3 % faster, so noise does not
+per size; ``ring`` replaces ``mpi`` only when more than 10 % faster, so noise does not
 flip sizes where they tie) and is cached as JSON in ``$RAPYDLI_HOME/comm/`` under a key made of the world
 size, the sorted host names and the MPI library, so a new cluster shape or MPI measures
 afresh. A message size between two measured sizes takes the nearer one (log scale).
@@ -44,7 +44,11 @@ CANDIDATES: tuple[str, ...] = ("mpi", "ring")
 #: Largest message measured when ``auto`` measures on its own (the benchmark goes further).
 QUICK_MAX_BYTES = 16 << 20
 #: Another algorithm replaces the default (``mpi``) only when faster by more than this.
-MARGIN = 0.03
+#: Measured on 2 ranks of a 2-core host: at 1-16 MiB ring and mpi tie, and the table's
+#: 5-30 reps put ring 4-10 % ahead in one run and behind in the next; with a 3 % margin
+#: auto followed that noise (1 MiB: ring picked, then 20 % slower than mpi in the same
+#: benchmark). Where ring really wins (64 MiB and up, 2.3-3x) the margin changes nothing.
+MARGIN = 0.10
 _FORMAT = 1
 
 
