@@ -3,11 +3,13 @@
 Parameters are grouped into buckets of about ``bucket_mb`` in *reverse* registration
 order (the order backward produces gradients). Each bucket owns one flat buffer
 (:meth:`Communicator.host_buffer`: memory the ranks of one node share, which ``auto``
-reduces without messages), and each parameter's ``.grad`` is a view into it, so autograd
-accumulates straight into the buffer and the allreduce needs no per-step copy. A
-post-accumulate-grad hook counts the gradients of a bucket; when the bucket is complete,
-and all buckets before it have been started, its ``iallreduce_(op="avg")`` starts on the
-communicator's communication thread while backward goes on computing earlier layers.
+reduces without messages), and each parameter's ``.grad`` is a view into it: after
+:meth:`~GradientSynchronizer.zero_grad` a post-accumulate-grad hook copies each
+parameter's first gradient into its view (later micro-batches accumulate in place), so
+the allreduce works on the buffer itself. The same hook counts the gradients of a bucket;
+when the bucket is complete, and all buckets before it have been started, its
+``iallreduce_(op="avg")`` starts on the communicator's communication thread while
+backward goes on computing earlier layers.
 Buckets start strictly in bucket order, so every rank issues the same collectives in the
 same order even if gradients arrive differently (or some never arrive).
 
