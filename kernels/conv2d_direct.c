@@ -77,6 +77,16 @@ static inline void col_range(const shape_t *d, long s, long *lo, long *hi) {
 #if LAYOUT == 1
 /* ------------------------------------------------------------------ NHWC ---------- */
 
+/* xp[b]: input pixel (ih, (ow0 + b) * SW - PW + s) of image n, or the zero row where the tile
+   runs past OW (b >= wn) or the pixel lies in the padding */
+static inline void input_columns(const float *xp[WB], const float *x, const float *zeros, const shape_t *d,
+                                 long n, long ih, long ow0, long s, long wn) {
+    for (int b = 0; b < WB; b++) {
+        const long iw = (ow0 + b) * d->SW - d->PW + s;
+        xp[b] = (b < wn && iw >= 0 && iw < d->W) ? x + ((n * d->H + ih) * d->W + iw) * d->C : zeros;
+    }
+}
+
 #if PACK == 1
 /* y[n,oh,ow0..ow0+WB, k0..k0+KB*VEC] from the packed weight: WB x KB vector accumulators,
    one broadcast input value per column and one weight vector per K vector and c */
@@ -93,10 +103,7 @@ static inline void fwd_tile(const float *restrict x, const float *restrict wp, f
         for (long s = 0; s < d->S; s++) {
             const float *xp[WB];
             const float *wq[KB];
-            for (int b = 0; b < WB; b++) {
-                const long iw = (ow0 + b) * d->SW - d->PW + s;
-                xp[b] = (b < wn && iw >= 0 && iw < d->W) ? x + ((n * d->H + ih) * d->W + iw) * C : zeros;
-            }
+            input_columns(xp, x, zeros, d, n, ih, ow0, s, wn);
             for (int j = 0; j < KB; j++)
                 wq[j] = wp + ((kv0 + (j < jn ? j : 0)) * RSC + (r * d->S + s) * C) * VEC;
             UNROLL_BY(UNROLL)
@@ -136,10 +143,7 @@ static inline void fwd_tile(const float *restrict x, const float *restrict w, fl
             for (long s = 0; s < d->S; s++) {
                 const float *xp[WB];
                 const float *wp[KB];
-                for (int b = 0; b < WB; b++) {
-                    const long iw = (ow0 + b) * d->SW - d->PW + s;
-                    xp[b] = (b < wn && iw >= 0 && iw < d->W) ? x + ((n * d->H + ih) * d->W + iw) * C : zeros;
-                }
+                input_columns(xp, x, zeros, d, n, ih, ow0, s, wn);
                 for (int j = 0; j < KB; j++)
                     wp[j] = w + (((k0 + (j < kn ? j : 0)) * d->R + r) * d->S + s) * C;
                 UNROLL_BY(UNROLL)
