@@ -30,7 +30,8 @@ class Algorithm:
     """Base class: an allreduce algorithm over one MPI communicator.
 
     Subclasses implement :meth:`allreduce_` for ``op`` in ``sum``, ``max``, ``min``
-    (``avg`` is handled by the :class:`~rapydli.comm.Communicator`). Those with their own
+    (``avg`` reduces like ``sum`` and the :class:`~rapydli.comm.Communicator` divides
+    afterwards, unless the algorithm sets ``averages``). Those with their own
     asynchronous engine (torch.distributed) set ``native_async`` and implement
     :meth:`iallreduce_`; the others are run by the communicator's communication thread.
 
@@ -43,6 +44,8 @@ class Algorithm:
     name: ClassVar[str] = ""
     #: True when :meth:`iallreduce_` progresses on its own (no communication thread needed).
     native_async: ClassVar[bool] = False
+    #: True when :meth:`allreduce_` divides ``avg`` itself (no second pass over the result).
+    averages: ClassVar[bool] = False
     #: Devices whose tensors the algorithm reduces directly; others are staged through host memory.
     device_types: ClassVar[frozenset[str]] = frozenset({"cpu"})
 

@@ -258,7 +258,7 @@ class Communicator:
             host = flat.cpu()
             algo.allreduce_(host, op)
             flat.copy_(host)
-        if op == "avg":
+        if op == "avg" and not algo.averages:
             finish_avg(flat, self.world_size)
 
     def _call(self, function) -> None:
