@@ -17,6 +17,7 @@ def test_bench_allreduce_small_run_writes_rows_and_targets(tmp_path) -> None:
     assert result.exit_code == 0, result.output + repr(result.exception)
     assert "target auto >= 0.95x best of the others at every size (median)" in result.output
     assert "target auto >= 0.95x best of the others at every size (min)" in result.output
+    assert "target auto >= 0.95x best of the others at every size (paired)" in result.output
     assert "raise --max-bytes" in result.output  # the ring target needs >= 1 MiB messages
     saved = json.loads(out.read_text())
     sizes = sorted({row["bytes"] for row in saved["raw_rows"]})
@@ -26,6 +27,7 @@ def test_bench_allreduce_small_run_writes_rows_and_targets(tmp_path) -> None:
         assert row["busbw_GBps"] == pytest.approx(row["algbw_GBps"] * 2 * (2 - 1) / 2)
         assert row["algbw_GBps"] == pytest.approx(row["bytes"] / (row["time_us"] * 1e-6) / 1e9)
         assert row["min_time_us"] <= row["time_us"]
+        assert len(row["rep_times_us"]) == row["reps"] and min(row["rep_times_us"]) == pytest.approx(row["min_time_us"])
     assert len(saved["raw_rows"]) == 5 * len(sizes)
     table = saved["auto_table"]
     assert table["sizes"] == sizes and set(table["choices"]) <= {"mpi", "ring"}
@@ -42,3 +44,20 @@ def test_summarize_ratios_and_targets() -> None:
     assert table[1]["auto/best"] == pytest.approx(0.9) and table[0]["auto/best"] == pytest.approx(1.0)
     assert summary["target ring >= 0.9x MPI native at >= 1 MB (median)"] == "met"
     assert summary["target auto >= 0.95x best of the others at every size (median)"] == "not met at 1 of 2 sizes"
+
+
+def test_summarize_paired_ratios_compare_algorithms_within_each_rep() -> None:
+    # rep by rep, mpi4py takes 0.9x, 2.5x and 2x ring's time: the paired ratio is the median
+    # 2.0, where the ratio of the two median times says 2.5
+    reps = {"ring": [10.0, 20.0, 30.0], "mpi4py": [9.0, 50.0, 60.0], "mpi": [12.0, 21.0, 33.0], "auto": [11.0, 24.0, 30.0]}
+    rows = [
+        {"bytes": 1 << 20, "algorithm": name, "time_us": sorted(times)[1], "busbw_GBps": 1 / sorted(times)[1], "rep_times_us": times}
+        for name, times in reps.items()
+    ]
+    table, summary = summarize(rows)
+    assert table[0]["ring/mpi4py"] == pytest.approx(2.5)
+    assert table[0]["ring/mpi4py@paired"] == pytest.approx(2.0)
+    # best of the others = ring (lowest median time); auto against it, rep by rep: 10/11, 20/24, 30/30
+    assert table[0]["auto/best@paired"] == pytest.approx(10 / 11)
+    assert summary["target ring >= 0.9x MPI native at >= 1 MB (paired)"] == "met"
+    assert summary["target auto >= 0.95x best of the others at every size (paired)"] == "not met at 1 of 1 sizes"

@@ -10,7 +10,8 @@ threads slow down whichever MPI call follows it). Every call gets the same harne
 refill its buffer, barrier, timed call. The torch tensor is allocated through numpy like the
 gradient buckets (:func:`rapydli.comm.tensors.host_zeros`), so both sides reduce the same
 kind of memory. A rep's time is the slowest rank's; the row holds
-the median over reps (and the minimum: the algorithm when its ranks had their cores). Rank 0 writes the rows as JSON to ``--out``.
+the median over reps, the minimum (the algorithm when its ranks had their cores) and every
+rep's time (the bench pairs algorithms rep by rep). Rank 0 writes the rows as JSON to ``--out``.
 """
 
 from __future__ import annotations
@@ -118,6 +119,7 @@ def main() -> None:
                 "min_time_us": best * 1e6,
                 "min_busbw_GBps": count * 4 / best / 1e9 * 2 * (n - 1) / n,
                 "reps": reps,
+                "rep_times_us": [float(t) * 1e6 for t in slowest[i]],  # for ratios within each rep
             }
             if name == "auto":
                 row["auto_picked"] = comm._get("auto")[0].choose(tensor)
