@@ -17,6 +17,11 @@
  *           counts K vectors, and small C (a 3-channel first layer) still fills the lanes.
  *           With PACK 1 the stride-1 data gradient runs as that forward on the transposed
  *           problem (vectors over C), instead of the per-pixel gather
+ *   ALGO    NHWC: 0 = direct forward; 1 = Winograd F(2x2,3x3) forward for 3x3 stride-1 layers
+ *           (other shapes fall back to the direct forward that PACK selects); KB then counts K
+ *           vectors and WB tiles per register block, and the stride-1 data gradient runs as
+ *           the Winograd forward of the transposed problem
+ *   TB      2x2 output tiles per cache block of the Winograd forward
  *
  * The shape is a run-time argument, so one instance serves every layer. Tensors are
  * float32, dense in the layout above; the caller passes torch's data pointers directly.
@@ -50,6 +55,15 @@
 #ifndef PACK
 #define PACK 0
 #endif
+#ifndef ALGO
+#define ALGO 0
+#endif
+#ifndef TB
+#define TB 16
+#endif
+#if ALGO == 1 && LAYOUT != 1
+#error "ALGO 1 (Winograd) is an NHWC forward: it needs LAYOUT 1"
+#endif
 
 #define PRAGMA_(x) _Pragma(#x)
 #define UNROLL_BY(n) PRAGMA_(GCC unroll n)
@@ -65,6 +79,16 @@ static inline void vstore(float *p, vf v) { memcpy(p, &v, sizeof(vf)); }
 static inline float hsum(vf v) { float s = 0.f; for (int i = 0; i < VEC; i++) s += v[i]; return s; }
 static inline long lmin(long a, long b) { return a < b ? a : b; }
 static inline long lmax(long a, long b) { return a > b ? a : b; }
+/* every lane s: s - 0 is s for every float (also -0), so the compiler folds it into one broadcast
+   (from memory: no shuffle, which would compete with the FMAs), where 0 + s costs an add first */
+static inline vf splat(float s) { return s - (vf){0}; }
+/* the first cn lanes from p, zeros after them */
+static inline vf load_c(const float *p, long cn) {
+    if (cn >= VEC) return vload(p);
+    vf v = (vf){0};
+    for (long i = 0; i < cn; i++) v[i] = p[i];
+    return v;
+}
 
 /* first and one-past-last output column whose input column ow*SW-PW+s lies inside [0, W) */
 static inline void col_range(const shape_t *d, long s, long *lo, long *hi) {
@@ -187,7 +211,7 @@ static void fwd_tiles(const float *x, const float *w, float *y, const float *zer
 }
 
 #if PACK == 1
-static void conv_fwd_impl(const float *x, const float *w, float *y, const shape_t *d) {
+static void direct_fwd(const float *x, const float *w, float *y, const shape_t *d) {
     const long C = d->C, K = d->K, RSC = d->R * d->S * C, nkv = (K + VEC - 1) / VEC;
     const long nkb = (nkv + KB - 1) / KB, nwb = (d->OW + WB - 1) / WB;
     float *zeros = calloc((size_t)(C + VEC), sizeof(float));
@@ -200,7 +224,7 @@ static void conv_fwd_impl(const float *x, const float *w, float *y, const shape_
     free(zeros);
 }
 #else
-static void conv_fwd_impl(const float *x, const float *w, float *y, const shape_t *d) {
+static void direct_fwd(const float *x, const float *w, float *y, const shape_t *d) {
     const long nkb = (d->K + KB - 1) / KB, nwb = (d->OW + WB - 1) / WB;
     float *zeros = calloc((size_t)(d->C + VEC), sizeof(float));
     fwd_tiles(x, w, y, zeros, d, nkb, nwb);
@@ -208,13 +232,240 @@ static void conv_fwd_impl(const float *x, const float *w, float *y, const shape_
 }
 #endif
 
-#if PACK == 1
+#if ALGO == 1
+/* Winograd F(2x2, 3x3) forward (Lavin & Gray): every 2x2 output tile is A^T [(G g G^T) . (B^T d B)] A
+   for its 4x4 input patch d. Blocks of TB tiles (flat over image, tile row, tile column) are one job:
+   the input transform of the block's patches (vectors over C) into v[16][TB][CP], 16 GEMMs
+   (tiles x C) x (C x K) against the weight transformed once per call, u[16][C][KP] (vectors over K),
+   into m[16][TB][KP], and the output transform of m straight into y. CP, KP: C, K rounded up to VEC.
+   The 16 planes of v and m lie plane_stride() floats apart: a power of two there (TB * CP = 1024)
+   put the 16 vectors that one tile's transform reads or writes into one set of the 8-way L1
+   (32 channels, TB 32: 4x slower) */
+
+static inline long round_up(long a, long b) { return (a + b - 1) / b * b; }
+/* floats between two planes of TB rows of n floats: one cache line more than a multiple of 64 floats */
+static inline long plane_stride(long n) { return round_up(TB * n, 64) + 16; }
+
+/* e[i * 4 + j] = (G g G^T)[i][j], G = [1 0 0; .5 .5 .5; .5 -.5 .5; 0 0 1] */
+static inline void g_transform(const vf g[3][3], vf e[16]) {
+    vf t[4][3];
+    for (int s = 0; s < 3; s++) {
+        t[0][s] = g[0][s];
+        t[1][s] = 0.5f * (g[0][s] + g[1][s] + g[2][s]);
+        t[2][s] = 0.5f * (g[0][s] - g[1][s] + g[2][s]);
+        t[3][s] = g[2][s];
+    }
+    for (int i = 0; i < 4; i++) {
+        e[i * 4 + 0] = t[i][0];
+        e[i * 4 + 1] = 0.5f * (t[i][0] + t[i][1] + t[i][2]);
+        e[i * 4 + 2] = 0.5f * (t[i][0] - t[i][1] + t[i][2]);
+        e[i * 4 + 3] = t[i][2];
+    }
+}
+
+/* u[p][c][k] = (G g G^T)[p] of the 3x3 filter g of input channel c and output channel k, lanes
+   k >= K zero. flip 0: g = w[k, :, :, c] (w is K x 3 x 3 x C); transformed in VEC x VEC blocks of
+   (k, c), vectors over c, and written transposed. flip 1 (the data gradient's transposed problem):
+   g = w[c, 2 - r, 2 - s, k] of the forward weight (C x 3 x 3 x K), vectors over k, no transpose */
+static void wino_weight(const float *w, float *u, long C, long K, long KP, int flip) {
+    if (flip) {
+        #pragma omp parallel for collapse(2) schedule(static)
+        for (long c = 0; c < C; c++)
+            for (long k = 0; k < KP; k += VEC) {
+                vf g[3][3], e[16];
+                for (int r = 0; r < 3; r++)
+                    for (int s = 0; s < 3; s++) g[r][s] = load_c(w + ((c * 3 + 2 - r) * 3 + 2 - s) * K + k, K - k);
+                g_transform(g, e);
+                for (int p = 0; p < 16; p++) vstore(u + (p * C + c) * KP + k, e[p]);
+            }
+        return;
+    }
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (long k0 = 0; k0 < KP; k0 += VEC)
+        for (long c0 = 0; c0 < C; c0 += VEC) {
+            const long kn = lmin(VEC, K - k0), cn = lmin(VEC, C - c0);
+            float blk[16][VEC][VEC];  /* [p][k - k0][c - c0] */
+            for (long kk = 0; kk < VEC; kk++) {
+                vf g[3][3], e[16];
+                for (int r = 0; r < 3; r++)
+                    for (int s = 0; s < 3; s++)
+                        g[r][s] = kk < kn ? load_c(w + (((k0 + kk) * 3 + r) * 3 + s) * C + c0, cn) : (vf){0};
+                g_transform(g, e);
+                for (int p = 0; p < 16; p++) vstore(blk[p][kk], e[p]);
+            }
+            for (int p = 0; p < 16; p++)
+                for (long cc = 0; cc < cn; cc++) {
+                    vf col;
+                    for (int kk = 0; kk < VEC; kk++) col[kk] = blk[p][kk][cc];
+                    vstore(u + (p * C + c0 + cc) * KP + k0, col);
+                }
+        }
+}
+
+/* 4-point transforms along one axis: B^T = [1 0 -1 0; 0 1 1 0; 0 -1 1 0; 0 1 0 -1] and
+   A^T = [1 1 1 0; 0 1 -1 -1] */
+static inline void bt4(vf o[4], vf a, vf b, vf c, vf e) { o[0] = a - c; o[1] = b + c; o[2] = c - b; o[3] = b - e; }
+static inline void at4(vf o[2], vf a, vf b, vf c, vf e) { o[0] = a + b + c; o[1] = b - c - e; }
+
+/* the tile's output corner: image n, output row 2 * th, column 2 * tw */
+static inline void tile_origin(const shape_t *d, long tile, long *n, long *oh, long *ow) {
+    const long nth = (d->OH + 1) / 2, ntw = (d->OW + 1) / 2;
+    *n = tile / (nth * ntw);
+    *oh = tile / ntw % nth * 2;
+    *ow = tile % ntw * 2;
+}
+
+/* v[p][c..c+VEC] = (B^T p B)[p], the planes vs floats apart */
+static inline void bt_patch(const vf p[4][4], float *restrict v, long vs) {
+    vf q[4][4];
+    for (int j = 0; j < 4; j++) {
+        vf o[4];
+        bt4(o, p[0][j], p[1][j], p[2][j], p[3][j]);
+        for (int i = 0; i < 4; i++) q[i][j] = o[i];
+    }
+    for (int i = 0; i < 4; i++) {
+        vf o[4];
+        bt4(o, q[i][0], q[i][1], q[i][2], q[i][3]);
+        for (int j = 0; j < 4; j++) vstore(v + (i * 4 + j) * vs, o[j]);
+    }
+}
+
+/* v[p][b][c] = (B^T d B)[p] of the 4x4 input patch of tile t0 + b (zero outside the image), b < tn;
+   a patch inside the image with whole vectors of C takes plain loads */
+static void wino_input(const float *restrict x, float *restrict v, const shape_t *d, long t0, long tn, long CP) {
+    const long C = d->C, W = d->W, vs = plane_stride(CP);
+    for (long b = 0; b < tn; b++) {
+        long n, oh, ow;
+        tile_origin(d, t0 + b, &n, &oh, &ow);
+        const long ih0 = oh - d->PH, iw0 = ow - d->PW;
+        float *vb = v + b * CP;
+        if (C == CP && ih0 >= 0 && ih0 + 4 <= d->H && iw0 >= 0 && iw0 + 4 <= W) {
+            const float *xb = x + ((n * d->H + ih0) * W + iw0) * C;
+            for (long c = 0; c < C; c += VEC) {
+                vf p[4][4];
+                for (int i = 0; i < 4; i++)
+                    for (int j = 0; j < 4; j++) p[i][j] = vload(xb + (i * W + j) * C + c);
+                bt_patch(p, vb + c, vs);
+            }
+            continue;
+        }
+        const float *px[4][4];
+        long lanes[4][4];
+        for (int i = 0; i < 4; i++)
+            for (int j = 0; j < 4; j++) {
+                const long ih = ih0 + i, iw = iw0 + j, in = ih >= 0 && ih < d->H && iw >= 0 && iw < W;
+                px[i][j] = in ? x + ((n * d->H + ih) * W + iw) * C : x;
+                lanes[i][j] = in ? VEC : 0;
+            }
+        for (long c = 0; c < CP; c += VEC) {
+            const long cn = lmin(VEC, C - c);
+            vf p[4][4];
+            for (int i = 0; i < 4; i++)
+                for (int j = 0; j < 4; j++) p[i][j] = load_c(px[i][j] + c, lmin(lanes[i][j], cn));
+            bt_patch(p, vb + c, vs);
+        }
+    }
+}
+
+/* m[b][k0..k0+KB*VEC] = sum_c v[b][c] u[c][k0..] for tiles b0..b0+WB of one of the 16 products:
+   WB x KB vector accumulators, one broadcast v per tile and one u vector per K vector and c */
+static inline void wino_gemm_tile(const float *restrict v, const float *restrict u, float *restrict m,
+                                  long C, long CP, long KP, long b0, long tn, long k0) {
+    const long jn = lmin(KB, (KP - k0) / VEC), bn = lmin(WB, tn - b0);
+    const float *vr[WB];
+    const float *uq[KB];
+    for (int b = 0; b < WB; b++) vr[b] = v + (b0 + (b < bn ? b : 0)) * CP;
+    for (int j = 0; j < KB; j++) uq[j] = u + k0 + (j < jn ? j : 0) * VEC;
+    vf acc[WB][KB];
+    for (int b = 0; b < WB; b++)
+        for (int j = 0; j < KB; j++) acc[b][j] = (vf){0};
+    UNROLL_BY(UNROLL)
+    for (long c = 0; c < C; c++) {
+        vf uv[KB];
+        for (int j = 0; j < KB; j++) uv[j] = vload(uq[j] + c * KP);
+        for (int b = 0; b < WB; b++) {
+            const vf xv = splat(vr[b][c]);
+            for (int j = 0; j < KB; j++) acc[b][j] += xv * uv[j];
+        }
+    }
+    for (long b = 0; b < bn; b++)
+        for (long j = 0; j < jn; j++) vstore(m + (b0 + b) * KP + k0 + j * VEC, acc[b][j]);
+}
+
+/* y of tile t0 + b = A^T m[.][b] A for b < tn, only the rows and columns inside OH x OW, k < K */
+static void wino_output(const float *restrict m, float *restrict y, const shape_t *d, long t0, long tn, long KP) {
+    const long K = d->K, ms = plane_stride(KP);
+    for (long b = 0; b < tn; b++) {
+        long n, oh, ow;
+        tile_origin(d, t0 + b, &n, &oh, &ow);
+        const long rows = lmin(2, d->OH - oh), cols = lmin(2, d->OW - ow);
+        for (long k = 0; k < KP; k += VEC) {
+            vf q[4][2], o[2][2];  /* q[j]: rows 0 and 1 of A^T m, column j */
+            for (int j = 0; j < 4; j++) {
+                const float *mp = m + j * ms + b * KP + k;
+                at4(q[j], vload(mp), vload(mp + 4 * ms), vload(mp + 8 * ms), vload(mp + 12 * ms));
+            }
+            for (int i = 0; i < 2; i++) at4(o[i], q[0][i], q[1][i], q[2][i], q[3][i]);
+            const long kn = lmin(VEC, K - k);
+            for (long i = 0; i < rows; i++)
+                for (long j = 0; j < cols; j++) {
+                    float *yp = y + ((n * d->OH + oh + i) * d->OW + ow + j) * K + k;
+                    if (kn == VEC) vstore(yp, o[i][j]);
+                    else for (long l = 0; l < kn; l++) yp[l] = o[i][j][l];
+                }
+        }
+    }
+}
+
+/* the Winograd forward for 3x3 stride-1 shapes; returns 0 (nothing done) for the others.
+   flip: w is the weight of the problem this one transposes (see wino_weight) */
+static int winograd_fwd(const float *x, const float *w, float *y, const shape_t *d, int flip) {
+    if (d->R != 3 || d->S != 3 || d->SH != 1 || d->SW != 1) return 0;
+    const long C = d->C, K = d->K, CP = round_up(C, VEC), KP = round_up(K, VEC);
+    const long tiles = d->N * ((d->OH + 1) / 2) * ((d->OW + 1) / 2), blocks = (tiles + TB - 1) / TB;
+    const long vs = plane_stride(CP), ms = plane_stride(KP);
+    float *u = aligned_alloc(64, (size_t)(16 * C * KP) * sizeof(float));
+    wino_weight(w, u, C, K, KP, flip);
+    #pragma omp parallel
+    {
+        float *v = aligned_alloc(64, (size_t)(16 * vs) * sizeof(float));
+        float *m = aligned_alloc(64, (size_t)(16 * ms) * sizeof(float));
+        #pragma omp for schedule(static)
+        for (long blk = 0; blk < blocks; blk++) {
+            const long t0 = blk * TB, tn = lmin(TB, tiles - t0);
+            wino_input(x, v, d, t0, tn, CP);
+            for (int p = 0; p < 16; p++)
+                for (long k0 = 0; k0 < KP; k0 += KB * VEC)
+                    for (long b0 = 0; b0 < tn; b0 += WB)
+                        wino_gemm_tile(v + p * vs, u + p * C * KP, m + p * ms, C, CP, KP, b0, tn, k0);
+            wino_output(m, y, d, t0, tn, KP);
+        }
+        free(v);
+        free(m);
+    }
+    free(u);
+    return 1;
+}
+#endif
+
+static void conv_fwd_impl(const float *x, const float *w, float *y, const shape_t *d) {
+#if ALGO == 1
+    if (winograd_fwd(x, w, y, d, 0)) return;
+#endif
+    direct_fwd(x, w, y, d);
+}
+
+#if PACK == 1 || ALGO == 1
 /* stride 1: the data gradient is the forward of the transposed problem, gy (K channels, padded
    by R-1-PH, S-1-PW) convolved with the flipped weight wt[c][r][s][k] = w[k][R-1-r][S-1-s][c];
    returns 0 (nothing done) for the shapes it does not cover */
 static int bwd_data_as_forward(const float *gy, const float *w, float *gx, const shape_t *d) {
     const long C = d->C, K = d->K, R = d->R, S = d->S;
     if (d->SH != 1 || d->SW != 1 || d->PH > R - 1 || d->PW > S - 1) return 0;
+    const shape_t t = {d->N, K, d->OH, d->OW, C, R, S, 1, 1, R - 1 - d->PH, S - 1 - d->PW, d->H, d->W};
+#if ALGO == 1
+    if (winograd_fwd(gy, w, gx, &t, 1)) return 1;  /* flips and transposes w while transforming it */
+#endif
     float *wt = malloc((size_t)(C * R * S * K) * sizeof(float));
     #pragma omp parallel for schedule(static)
     for (long c = 0; c < C; c++)
@@ -222,7 +473,6 @@ static int bwd_data_as_forward(const float *gy, const float *w, float *gx, const
             for (long s = 0; s < S; s++)
                 for (long k = 0; k < K; k++)
                     wt[((c * R + r) * S + s) * K + k] = w[((k * R + R - 1 - r) * S + S - 1 - s) * C + c];
-    const shape_t t = {d->N, K, d->OH, d->OW, C, R, S, 1, 1, R - 1 - d->PH, S - 1 - d->PW, d->H, d->W};
     conv_fwd_impl(gy, wt, gx, &t);
     free(wt);
     return 1;
@@ -232,7 +482,7 @@ static int bwd_data_as_forward(const float *gy, const float *w, float *gx, const
 /* data gradient, gathered per input pixel: gx[n,ih,iw,c] = sum_{k,r,s} gy[n,oh,ow,k] w[k,r,s,c] */
 static void conv_bwd_data_impl(const float *gy, const float *w, float *gx, const shape_t *d) {
     const long C = d->C, K = d->K, RSC = d->R * d->S * C;
-#if PACK == 1
+#if PACK == 1 || ALGO == 1
     if (bwd_data_as_forward(gy, w, gx, d)) return;
 #endif
     #pragma omp parallel for collapse(2) schedule(static)
@@ -286,13 +536,6 @@ static void conv_bwd_data_impl(const float *gy, const float *w, float *gx, const
    Each thread sums its share of output rows (n, oh) into its own copy of gw (which stays in cache),
    with KB x WB register tiles (KB broadcast gy values times WB vectors of c) over a row's pixels;
    the copies are added at the end */
-static inline vf load_c(const float *p, long cn) {
-    if (cn >= VEC) return vload(p);
-    vf v = (vf){0};
-    for (long i = 0; i < cn; i++) v[i] = p[i];
-    return v;
-}
-
 /* one KB x WB tile of gw[k0.., r, s, c0..] summed over the pixels of output rows oh0..oh1 of image
    n; FULL (a constant after inlining) when the tile has KB kernels and WB whole vectors: no tail code */
 static inline __attribute__((always_inline)) void bwd_weight_tile(

@@ -21,6 +21,8 @@ SHAPES = {
     "5x5-pad2": ConvShape(1, 3, 12, 13, 5, 5, 5, stride=1, pad=2),
     "11x11-stride4": ConvShape(1, 3, 27, 27, 4, 11, 11, stride=4, pad=2),
     "odd-nopad": ConvShape(3, 17, 7, 5, 19, 3, 3),
+    "odd-pad1": ConvShape(2, 20, 7, 9, 18, 3, 3, stride=1, pad=1),  # Winograd: partial tiles, tails of C and K
+    "3x3-pad2": ConvShape(1, 6, 5, 3, 9, 3, 3, stride=1, pad=2),
 }
 CPU_CANDIDATES = ["torch_nchw", "torch_channels_last", "im2col_gemm", "gemm_1x1", "c_direct"]
 
@@ -57,6 +59,21 @@ def test_cpu_candidates_match_conv2d_forward_and_backward(name: str, shape: Conv
     assert configs, f"{name} has no configuration for {shape}"
     for params in configs:
         check(cand.instance(shape, params), shape)
+
+
+WINOGRAD = {"layout": 1, "algo": 1, "kb": 2, "wb": 2, "tb": 4, "cb": 64, "vec": 4, "unroll": 1, "order": 0, "pack": 0}
+
+
+@pytest.mark.parametrize("key", ["3x3-pad", "odd-nopad", "odd-pad1", "3x3-pad2"])
+def test_winograd_instances_are_among_the_checked_configurations_of_3x3_stride1_layers(key: str) -> None:
+    configs = registry()["c_direct"].space(SHAPES[key], query(), "tiny").configs()
+    assert any(c["algo"] == 1 for c in configs)  # so the test above checks them against F.conv2d
+
+
+@pytest.mark.parametrize("key", ["3x3-stride2", "5x5-pad2", "1x1"])
+def test_a_winograd_instance_runs_other_shapes_with_the_direct_kernels(key: str) -> None:
+    shape = SHAPES[key]  # the shape is a run-time argument: one compiled instance serves every layer
+    check(registry()["c_direct"].instance(shape, WINOGRAD), shape)
 
 
 def test_unsuited_candidates_are_skipped_with_their_reason() -> None:

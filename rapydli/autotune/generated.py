@@ -2,8 +2,9 @@
 
 The template's domains come from ``kernels/conv2d_direct.json`` (a preset); the
 constraints are here: hard ones from the device query (vector width, registers), soft
-ones from the problem (no block wider than the layer) and from parameters a layout does
-not read (so the NCHW variant is not compiled once per unused value).
+ones from the problem (no block wider than the layer; the Winograd forward, ``algo`` 1,
+only for NHWC 3x3 stride-1 layers) and from parameters a layout or algorithm does not
+read (so the NCHW variant is not compiled once per unused value).
 """
 
 from __future__ import annotations
@@ -87,7 +88,11 @@ class _CInstance(Instance):
 
 
 class CDirect(Candidate):
-    """Direct convolution generated from ``kernels/conv2d_direct.c`` (forward + both gradients)."""
+    """Convolution generated from ``kernels/conv2d_direct.c`` (forward + both gradients).
+
+    Direct loops, or (``algo`` 1, NHWC 3x3 stride 1) Winograd F(2x2,3x3) for the forward and
+    the data gradient with the direct weight gradient.
+    """
 
     name = "c_direct"
     kind = "generated"
@@ -112,24 +117,37 @@ class CDirect(Candidate):
         lanes, regs = device.vector_lanes, device.vector_registers
         # hard: what the device allows
         space.hard(lambda vec: vec <= max(4, lanes), f"vector lanes <= {lanes} ({device.isa})")
-        # the forward holds kb x wb accumulators and wb (packed: kb) operands; the weight gradient
-        # kb x wb accumulators and wb operands
-        space.hard(lambda kb, wb, pack: kb * wb + (max(kb, wb) if pack else wb) + 1 <= regs,
+        # the forward holds kb x wb accumulators and wb (packed, Winograd: kb) operands; the weight
+        # gradient kb x wb accumulators and wb operands
+        space.hard(lambda kb, wb, pack, algo: kb * wb + (max(kb, wb) if pack or algo else wb) + 1 <= regs,
                    f"accumulators + operands <= {regs} vector registers")
-        # soft: parameters a layout ignores are pinned to their first value (no duplicate instances)
+        # soft: Winograd F(2x2,3x3) is an NHWC forward of 3x3 stride-1 layers
+        space.soft(lambda layout, algo: not algo or layout == 1, "Winograd (algo 1) is NHWC only")
+        winograd = (shape.r, shape.s, shape.stride) == (3, 3, 1)
+        space.soft(lambda algo: not algo or winograd, "Winograd (algo 1) needs a 3x3 stride-1 layer")
+        # soft: parameters a layout or algorithm ignores are pinned to their first value (no duplicate instances)
         space.soft(lambda layout, wb: layout == 1 or wb == first["wb"], "NCHW ignores wb")
         space.soft(lambda layout, cb: layout == 1 or cb == first["cb"], "NCHW ignores cb")
         space.soft(lambda layout, vec: layout == 1 or vec == first["vec"], "NCHW ignores vec")
         space.soft(lambda layout, order: layout == 1 or order == first["order"], "NCHW ignores order")
         space.soft(lambda layout, pack: layout == 1 or pack == first["pack"], "NCHW ignores pack")
         space.soft(lambda pack, cb: not pack or cb == first["cb"], "the packed forward ignores cb")
-        # soft: no block much wider than the problem (packed: kb counts vectors of vec output channels)
-        space.soft(lambda kb, pack, vec: kb <= max(first["kb"], -(-shape.k // vec) if pack else shape.k), "kb <= K")
+        space.soft(lambda algo, cb, order, pack: not algo or (cb, order, pack) == (first["cb"], first["order"], first["pack"]),
+                   "Winograd ignores cb, order and pack")
+        space.soft(lambda algo, tb: algo or tb == first["tb"], "the direct forward ignores tb")
+        # soft: no block much wider than the problem (packed, Winograd: kb counts vectors of vec output channels)
+        space.soft(lambda kb, pack, algo, vec: kb <= max(first["kb"], -(-shape.k // vec) if pack or algo else shape.k),
+                   "kb <= K")
         ow = shape.out_hw[1]
-        space.soft(lambda wb: wb <= max(first["wb"], ow), "wb <= OW")
+        space.soft(lambda algo, wb: algo or wb <= max(first["wb"], ow), "wb <= OW")
+        tiles = shape.n * -(-shape.out_hw[0] // 2) * -(-ow // 2)
+        space.soft(lambda algo, wb, tb: not algo or wb <= tb, "Winograd: wb <= tb")
+        smallest_tb = min((tb for tb in table[preset]["tb"] if tb >= tiles), default=max(table[preset]["tb"]))
+        space.soft(lambda algo, tb: not algo or tb <= smallest_tb, "Winograd: tb <= the smallest block covering the tiles")
         smallest_cb = min((cb for cb in table[preset]["cb"] if cb >= shape.c), default=max(table[preset]["cb"]))
         space.soft(lambda cb: cb <= smallest_cb, "cb <= the smallest block covering C")
-        space.soft(lambda vec, pack: vec <= max(first["vec"], shape.k if pack else shape.c), "vec <= C (packed: K)")
+        space.soft(lambda vec, pack, algo: vec <= max(first["vec"], shape.k if pack or algo else shape.c),
+                   "vec <= C (packed, Winograd: K)")
         return space
 
     def instance(self, shape: ConvShape, params: Mapping[str, Any]) -> Instance:
