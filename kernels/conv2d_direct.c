@@ -17,11 +17,12 @@
  *           counts K vectors, and small C (a 3-channel first layer) still fills the lanes.
  *           With PACK 1 the stride-1 data gradient runs as that forward on the transposed
  *           problem (vectors over C), instead of the per-pixel gather
- *   ALGO    NHWC: 0 = direct forward; 1 = Winograd F(2x2,3x3) forward for 3x3 stride-1 layers
- *           (other shapes fall back to the direct forward that PACK selects); KB then counts K
- *           vectors and WB tiles per register block, and the stride-1 data gradient runs as
- *           the Winograd forward of the transposed problem
- *   TB      2x2 output tiles per cache block of the Winograd forward
+ *   ALGO    NHWC: 0 = direct; 1 = Winograd F(2x2,3x3) for 3x3 stride-1 layers (other shapes
+ *           fall back to the direct kernels): the forward (KB then counts K vectors and WB tiles
+ *           per register block), the data gradient as the forward of the transposed problem,
+ *           and the weight gradient as 16 GEMMs summed over tiles (KB kernels x WB vectors of C
+ *           per register block, as in the direct weight gradient)
+ *   TB      2x2 output tiles per cache block of the Winograd passes
  *
  * The shape is a run-time argument, so one instance serves every layer. Tensors are
  * float32, dense in the layout above; the caller passes torch's data pointers directly.
@@ -446,6 +447,122 @@ static int winograd_fwd(const float *x, const float *w, float *y, const shape_t 
     free(u);
     return 1;
 }
+
+/* Weight gradient: with U = G g G^T, V = B^T d B, M = U . V and y = A^T M A per tile,
+   dL/dg = G^T (sum over tiles of (A gy A^T) . V) G. Per block of TB tiles: the input transform as
+   in the forward, the transform of the tiles' output gradients (zero outside OH x OW) into
+   e[16][TB][KP] (vectors over K), and 16 GEMMs (K x tiles) x (tiles x C) summed into the thread's
+   own s[16][KP][CP]; the copies are added and transformed back (G^T s G) at the end */
+
+/* A = [1 0; 1 1; 1 -1; 0 -1]: a 2-point column to 4 points */
+static inline void a4(vf o[4], vf a, vf b) { o[0] = a; o[1] = a + b; o[2] = a - b; o[3] = -b; }
+
+/* e[p][b][k] = (A gy A^T)[p] of the 2x2 output gradient of tile t0 + b, b < tn */
+static void wino_grad_output(const float *restrict gy, float *restrict e, const shape_t *d, long t0, long tn, long KP) {
+    const long K = d->K, es = plane_stride(KP);
+    for (long b = 0; b < tn; b++) {
+        long n, oh, ow;
+        tile_origin(d, t0 + b, &n, &oh, &ow);
+        const long rows = lmin(2, d->OH - oh), cols = lmin(2, d->OW - ow);
+        const float *gp = gy + ((n * d->OH + oh) * d->OW + ow) * K;
+        for (long k = 0; k < KP; k += VEC) {
+            vf g[2][2], t[4][2];
+            for (long i = 0; i < 2; i++)
+                for (long j = 0; j < 2; j++)
+                    g[i][j] = i < rows && j < cols ? load_c(gp + (i * d->OW + j) * K + k, K - k) : (vf){0};
+            for (int j = 0; j < 2; j++) {
+                vf o[4];
+                a4(o, g[0][j], g[1][j]);
+                for (int i = 0; i < 4; i++) t[i][j] = o[i];
+            }
+            for (int i = 0; i < 4; i++) {
+                vf o[4];
+                a4(o, t[i][0], t[i][1]);
+                for (int j = 0; j < 4; j++) vstore(e + (i * 4 + j) * es + b * KP + k, o[j]);
+            }
+        }
+    }
+}
+
+/* s[k0..k0+KB][c0..c0+WB*VEC] += sum_b e[b][k] v[b][c] over the block's tiles, for one of the 16
+   products: KB x WB vector accumulators, KB broadcast e values times WB vectors of v per tile */
+static inline void wino_wgrad_tile(const float *restrict e, const float *restrict v, float *restrict s,
+                                   long CP, long KP, long tn, long k0, long c0) {
+    vf acc[KB][WB];
+    for (int j = 0; j < KB; j++)
+        for (int b = 0; b < WB; b++) acc[j][b] = (vf){0};
+    for (long t = 0; t < tn; t++) {
+        vf xv[WB];
+        for (int b = 0; b < WB; b++) xv[b] = vload(v + t * CP + c0 + b * VEC);
+        for (int j = 0; j < KB; j++) {
+            const vf g = splat(e[t * KP + k0 + j]);
+            for (int b = 0; b < WB; b++) acc[j][b] += g * xv[b];
+        }
+    }
+    for (int j = 0; j < KB; j++)
+        for (int b = 0; b < WB; b++) {
+            float *o = s + (k0 + j) * CP + c0 + b * VEC;
+            vstore(o, vload(o) + acc[j][b]);
+        }
+}
+
+/* the Winograd weight gradient for 3x3 stride-1 shapes; returns 0 (nothing done) for the others.
+   C is padded with zeros to whole register tiles (CP: WB vectors), K to KP >= a multiple of KB */
+static int winograd_bwd_weight(const float *x, const float *gy, float *gw, const shape_t *d) {
+    if (d->R != 3 || d->S != 3 || d->SH != 1 || d->SW != 1) return 0;
+    const long C = d->C, K = d->K, CP = round_up(C, WB * VEC), KP = round_up(round_up(K, KB), VEC);
+    const long tiles = d->N * ((d->OH + 1) / 2) * ((d->OW + 1) / 2), blocks = (tiles + TB - 1) / TB;
+    const long vs = plane_stride(CP), es = plane_stride(KP), size = 16 * KP * CP;
+    const int nt = omp_get_max_threads();
+    float *sums = aligned_alloc(64, (size_t)(nt * size) * sizeof(float));
+    #pragma omp parallel
+    {
+        float *s = sums + omp_get_thread_num() * size;
+        float *v = aligned_alloc(64, (size_t)(16 * vs) * sizeof(float));
+        float *e = aligned_alloc(64, (size_t)(16 * es) * sizeof(float));
+        memset(s, 0, (size_t)size * sizeof(float));
+        #pragma omp for schedule(static)
+        for (long blk = 0; blk < blocks; blk++) {
+            const long t0 = blk * TB, tn = lmin(TB, tiles - t0);
+            wino_input(x, v, d, t0, tn, CP);
+            wino_grad_output(gy, e, d, t0, tn, KP);
+            for (int p = 0; p < 16; p++)
+                for (long k0 = 0; k0 < K; k0 += KB)
+                    for (long c0 = 0; c0 < CP; c0 += WB * VEC)
+                        wino_wgrad_tile(e + p * es, v + p * vs, s + p * KP * CP, CP, KP, tn, k0, c0);
+        }
+        free(v);
+        free(e);
+    }
+    /* gw[k][r][s][c] = (G^T s[.][k][c] G)[r][s], G^T = [1 .5 .5 0; 0 .5 -.5 0; 0 .5 .5 1] */
+    #pragma omp parallel for schedule(static)
+    for (long k = 0; k < K; k++)
+        for (long c = 0; c < CP; c += VEC) {
+            vf m[4][4], t[3][4];
+            for (int p = 0; p < 16; p++) {
+                vf sum = (vf){0};
+                for (int th = 0; th < nt; th++) sum += vload(sums + th * size + (p * KP + k) * CP + c);
+                m[p / 4][p % 4] = sum;
+            }
+            for (int j = 0; j < 4; j++) {
+                t[0][j] = m[0][j] + 0.5f * (m[1][j] + m[2][j]);
+                t[1][j] = 0.5f * (m[1][j] - m[2][j]);
+                t[2][j] = 0.5f * (m[1][j] + m[2][j]) + m[3][j];
+            }
+            const long cn = lmin(VEC, C - c);
+            for (int r = 0; r < 3; r++) {
+                const vf o[3] = {t[r][0] + 0.5f * (t[r][1] + t[r][2]), 0.5f * (t[r][1] - t[r][2]),
+                                 0.5f * (t[r][1] + t[r][2]) + t[r][3]};
+                for (int q = 0; q < 3; q++) {
+                    float *out = gw + ((k * 3 + r) * 3 + q) * C + c;
+                    if (cn == VEC) vstore(out, o[q]);
+                    else for (long i = 0; i < cn; i++) out[i] = o[q][i];
+                }
+            }
+        }
+    free(sums);
+    return 1;
+}
 #endif
 
 static void conv_fwd_impl(const float *x, const float *w, float *y, const shape_t *d) {
@@ -575,6 +692,9 @@ static inline __attribute__((always_inline)) void bwd_weight_tile(
 #define WGRAD_ROWS 8  /* output rows summed per register tile (their x and gy rows stay in cache) */
 
 static void conv_bwd_weight_impl(const float *x, const float *gy, float *gw, const shape_t *d) {
+#if ALGO == 1
+    if (winograd_bwd_weight(x, gy, gw, d)) return;
+#endif
     const long C = d->C, K = d->K, size = K * d->R * d->S * C;
     const long chunks = (d->OH + WGRAD_ROWS - 1) / WGRAD_ROWS;
     const int nt = omp_get_max_threads();

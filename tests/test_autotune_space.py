@@ -83,7 +83,7 @@ def test_generated_kernel_space_is_pruned_by_device_and_problem() -> None:
     shape = ConvShape(1, 64, 8, 8, 64, 3, 3, pad=1)
     full = CDirect().space(shape, avx2, "full")
     counts = full.counts()
-    assert counts["total"] == 2 * 2 * 5 * 4 * 3 * 3 * 3 * 2 * 2 * 3
+    assert counts["total"] == 2 * 2 * 5 * 4 * 3 * 3 * 3 * 2 * 2 * 4
     assert counts["after_soft"] < counts["after_hard"] < counts["total"]
     configs = full.configs()
     assert all(c["vec"] <= 8 for c in configs)                     # AVX2: 8 lanes

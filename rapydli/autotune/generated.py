@@ -90,8 +90,7 @@ class _CInstance(Instance):
 class CDirect(Candidate):
     """Convolution generated from ``kernels/conv2d_direct.c`` (forward + both gradients).
 
-    Direct loops, or (``algo`` 1, NHWC 3x3 stride 1) Winograd F(2x2,3x3) for the forward and
-    the data gradient with the direct weight gradient.
+    Direct loops, or (``algo`` 1, NHWC 3x3 stride 1) Winograd F(2x2,3x3) for all three passes.
     """
 
     name = "c_direct"
