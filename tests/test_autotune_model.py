@@ -175,3 +175,20 @@ def test_layout_plan_accounts_for_conversion_cost() -> None:
     assert estimates["planned"] < min(estimates["all_nchw"], estimates["all_nhwc"])
     layouts, _ = _choose_layouts([("a", a), ("c", c)], results, "train", "nchw")
     assert layouts == {"a": "nchw", "c": "nchw"}  # 0.0001 ms gain < the conversion it would need
+
+
+def test_layers_with_small_planned_gains_can_go_back_to_the_library() -> None:
+    from rapydli.autotune.model import LayerChoice, Plan, _library_unless_faster
+    from rapydli.autotune.problem import ConvShape
+
+    big, small = ConvShape(1, 2, 4, 4, 2, 3, 3, stride=1, pad=1), ConvShape(1, 2, 4, 4, 2, 1, 1)
+    results = {big: _result(big, {"torch_channels_last": 3.0, "c_direct": 2.0}),      # 1.5x
+               small: _result(small, {"torch_channels_last": 1.05, "c_direct": 1.0})}  # 1.05x
+    layers = {"a": LayerChoice(big, "c_direct", (), "nhwc", 2.0), "b": LayerChoice(small, "c_direct", (), "nhwc", 1.0)}
+    plan = Plan(layers, "train", "fp")
+    mixed = _library_unless_faster(plan, results, 1.1)
+    assert mixed.layers["a"] == plan.layers["a"]
+    back = mixed.layers["b"]
+    assert (back.candidate, back.layout, back.time_ms) == ("torch_channels_last", "nhwc", 1.05)
+    assert _library_unless_faster(plan, results, 1.6).layers["a"].candidate == "torch_channels_last"
+    assert _library_unless_faster(plan, results, 1.01).layers == plan.layers

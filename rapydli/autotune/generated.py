@@ -131,7 +131,8 @@ class CDirect(Candidate):
         space.soft(lambda layout, order: layout == 1 or order == first["order"], "NCHW ignores order")
         space.soft(lambda layout, pack: layout == 1 or pack == first["pack"], "NCHW ignores pack")
         space.soft(lambda pack, cb: not pack or cb == first["cb"], "the packed forward ignores cb")
-        space.soft(lambda algo, cb, order, pack: not algo or (cb, order, pack) == (first["cb"], first["order"], first["pack"]),
+        pinned = (first["cb"], first["order"], first["pack"])
+        space.soft(lambda algo, cb, order, pack: not algo or (cb, order, pack) == pinned,
                    "Winograd ignores cb, order and pack")
         space.soft(lambda algo, tb: algo or tb == first["tb"], "the direct forward ignores tb")
         # soft: no block much wider than the problem (packed, Winograd: kb counts vectors of vec output channels)
@@ -142,7 +143,7 @@ class CDirect(Candidate):
         tiles = shape.n * -(-shape.out_hw[0] // 2) * -(-ow // 2)
         space.soft(lambda algo, wb, tb: not algo or wb <= tb, "Winograd: wb <= tb")
         smallest_tb = min((tb for tb in table[preset]["tb"] if tb >= tiles), default=max(table[preset]["tb"]))
-        space.soft(lambda algo, tb: not algo or tb <= smallest_tb, "Winograd: tb <= the smallest block covering the tiles")
+        space.soft(lambda algo, tb: not algo or tb <= smallest_tb, "Winograd: tb <= the smallest block of all tiles")
         smallest_cb = min((cb for cb in table[preset]["cb"] if cb >= shape.c), default=max(table[preset]["cb"]))
         space.soft(lambda cb: cb <= smallest_cb, "cb <= the smallest block covering C")
         space.soft(lambda vec, pack, algo: vec <= max(first["vec"], shape.k if pack or algo else shape.c),
