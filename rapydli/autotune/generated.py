@@ -135,9 +135,10 @@ class CDirect(Candidate):
         space.soft(lambda algo, cb, order, pack: not algo or (cb, order, pack) == pinned,
                    "Winograd ignores cb, order and pack")
         space.soft(lambda algo, tb: algo or tb == first["tb"], "the direct forward ignores tb")
-        # soft: no block much wider than the problem (packed, Winograd: kb counts vectors of vec output channels)
-        space.soft(lambda kb, pack, algo, vec: kb <= max(first["kb"], -(-shape.k // vec) if pack or algo else shape.k),
-                   "kb <= K")
+        # soft: no block much wider than the problem (packed: kb counts vectors of vec output channels; the
+        # Winograd forward too, but its weight gradient counts kernels, and a split plan takes each pass from
+        # its own configuration, so Winograd is bounded as the direct kernels are)
+        space.soft(lambda kb, pack, vec: kb <= max(first["kb"], -(-shape.k // vec) if pack else shape.k), "kb <= K")
         ow = shape.out_hw[1]
         space.soft(lambda algo, wb: algo or wb <= max(first["wb"], ow), "wb <= OW")
         tiles = shape.n * -(-shape.out_hw[0] // 2) * -(-ow // 2)
