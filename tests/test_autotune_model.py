@@ -133,8 +133,10 @@ def test_layers_can_take_each_pass_from_another_configuration(tuned) -> None:
     # the tuned plan's layer time is the sum of the fastest passes of the layout it chose
     for name, choice in report.plan.layers.items():
         result = report.results[choice.shape]
-        whole = result.best_of(lambda c, lay=choice.layout: get(c.candidate).layout(c.param_dict) == lay)
-        assert choice.time_ms <= whole.median * 1e3 + 1e-9
+        # no single configuration of that layout is faster pass by pass (a run's median total is
+        # not the sum of its pass medians, so compare sums of pass medians)
+        same_layout = [m for m in result.measurements if m.ok and get(m.config.candidate).layout(m.config.param_dict) == choice.layout]
+        assert choice.time_ms <= min(sum(m.passes.values()) for m in same_layout) * 1e3 + 1e-9
         passes = [result.best_of(lambda c, cfg=cfg: c == cfg).passes[p] for p, cfg in choice.configs.items()]
         assert choice.time_ms == pytest.approx(sum(passes) * 1e3)
 
