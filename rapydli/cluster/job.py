@@ -202,10 +202,13 @@ class Job:
         for r in self._running():
             if not r.result.done():
                 continue
-            r.finished_at = time.monotonic()
             try:
                 r.value = r.result.get(0)
                 r.status = "ok"
+            except TimeoutError:
+                # the future is done, but ipyparallel marks the result ready from its own thread
+                # a moment later (seen once as "Result not ready." on a failed cell): next poll
+                continue
             except EngineError as exc:
                 r.status, r.error = "dead", f"the engine process died ({exc})"
             except RemoteError as exc:
@@ -214,6 +217,7 @@ class Job:
                 else:
                     r.status = "interrupted" if exc.ename == "KeyboardInterrupt" else "error"
                     r.error = _traceback_text(exc)
+            r.finished_at = time.monotonic()
 
     def _failure_reason(self, elapsed: float) -> str:
         if any(r.status in ("error", "dead") for r in self.ranks.values()):
