@@ -301,13 +301,21 @@ def _other(config: Config, forward: Config) -> Config | None:
     return None if config == forward else config
 
 
-def _library_plan(plan: Plan, results: Mapping[ConvShape, TuneResult], candidate: str, layout: str) -> Plan:
-    layers = {}
-    for name, choice in plan.layers.items():
-        m = results[choice.shape].best_of(lambda c: c.candidate == candidate)
-        if m is None:
-            return plan
-        layers[name] = LayerChoice(choice.shape, candidate, (), layout, m.median * 1e3, choice.default_ms)
+LIBRARY_OF_LAYOUT = {"nchw": "torch_nchw", "nhwc": "torch_channels_last"}
+
+
+def _library_choice(choice: LayerChoice, results: Mapping[ConvShape, TuneResult], layout: str) -> LayerChoice | None:
+    """``choice``'s layer on ``layout``'s library candidate (None when that was not measured)."""
+    library = LIBRARY_OF_LAYOUT[layout]
+    m = results[choice.shape].best_of(lambda c: c.candidate == library)
+    return None if m is None else LayerChoice(choice.shape, library, (), layout, m.median * 1e3, choice.default_ms)
+
+
+def _library_plan(plan: Plan, results: Mapping[ConvShape, TuneResult], layout: str) -> Plan:
+    """Every layer of ``plan`` on ``layout``'s library candidate (``plan`` itself if one was not measured)."""
+    layers = {name: _library_choice(choice, results, layout) for name, choice in plan.layers.items()}
+    if any(choice is None for choice in layers.values()):
+        return plan
     return Plan(layers, plan.mode, plan.fingerprint, dict(plan.estimates_ms))
 
 
@@ -321,7 +329,6 @@ def _whole_plan(plan: Plan, results: Mapping[ConvShape, TuneResult]) -> Plan:
     return Plan(layers, plan.mode, plan.fingerprint, dict(plan.estimates_ms))
 
 
-LIBRARY_OF_LAYOUT = {"nchw": "torch_nchw", "nhwc": "torch_channels_last"}
 MARGINS = (1.1, 1.25)  # planned/library time ratios below which the whole-model check also tries the library
 # interleaved rounds of the whole-model check: with 5 the bottleneck stack's fastest of the planned and library
 # plans flipped between two checks of one tuning (planned_1.25x vs library_nhwc: 84.7 vs 82.3 ms, then 79.3 vs 84.0)
@@ -332,11 +339,8 @@ def _library_unless_faster(plan: Plan, results: Mapping[ConvShape, TuneResult], 
     """``plan`` with every layer not at least ``margin`` x faster than its layout's library candidate put back on it."""
     layers = {}
     for name, choice in plan.layers.items():
-        library = LIBRARY_OF_LAYOUT[choice.layout]
-        m = results[choice.shape].best_of(lambda c, lib=library: c.candidate == lib)
-        keep = m is None or m.median * 1e3 >= margin * choice.time_ms
-        layers[name] = choice if keep else LayerChoice(choice.shape, library, (), choice.layout, m.median * 1e3,
-                                                       choice.default_ms)
+        library = _library_choice(choice, results, choice.layout)
+        layers[name] = library if library is not None and library.time_ms < margin * choice.time_ms else choice
     return Plan(layers, plan.mode, plan.fingerprint, dict(plan.estimates_ms))
 
 
@@ -391,8 +395,8 @@ def _verified(model: nn.Module, x: torch.Tensor, plan: Plan, results: Mapping[Co
     """
     options = {
         "planned": plan,
-        "library_nchw": _library_plan(plan, results, "torch_nchw", "nchw"),
-        "library_nhwc": _library_plan(plan, results, "torch_channels_last", "nhwc"),
+        "library_nchw": _library_plan(plan, results, "nchw"),
+        "library_nhwc": _library_plan(plan, results, "nhwc"),
     }
     whole = _whole_plan(plan, results)
     if whole.layers != plan.layers:
