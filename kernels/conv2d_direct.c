@@ -79,7 +79,6 @@ static inline vf vload(const float *p) { vf v; memcpy(&v, p, sizeof(vf)); return
 static inline void vstore(float *p, vf v) { memcpy(p, &v, sizeof(vf)); }
 static inline float hsum(vf v) { float s = 0.f; for (int i = 0; i < VEC; i++) s += v[i]; return s; }
 static inline long lmin(long a, long b) { return a < b ? a : b; }
-static inline long lmax(long a, long b) { return a > b ? a : b; }
 /* every lane s: s - 0 is s for every float (also -0), so the compiler folds it into one broadcast
    (from memory: no shuffle, which would compete with the FMAs), where 0 + s costs an add first */
 static inline vf splat(float s) { return s - (vf){0}; }
