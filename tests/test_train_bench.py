@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import subprocess
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 from rapydli.bench import live
+from rapydli.bench import trainer as trainer_bench
 from rapydli.bench.trainer import command, summarize
 from rapydli.experiments.trainjob import WARMUP_STEPS
 
@@ -24,6 +27,54 @@ def test_summary_targets_from_rows() -> None:
     assert summary["m: trainer overhead over no-comm"] == pytest.approx(8.0 / 7.5 - 1)
     assert summary["m: target overhead <= 10%"] == "met"
     assert summary["m: comm hidden behind backward"] == 0.5
+    assert not any("autotune" in key for key in summary)  # no trainer_autotune row, no autotune lines
+
+
+def test_summary_with_autotune_variant() -> None:
+    rows = [
+        {"model": "conv", "variant": "trainer", "step_ms": 9.0, "hidden_fraction": 0.5},
+        {"model": "conv", "variant": "ddp_gloo", "step_ms": 10.0},
+        {"model": "conv", "variant": "no_comm", "step_ms": 8.5},
+        {"model": "conv", "variant": "trainer_autotune", "step_ms": 7.0, "hidden_fraction": 0.6, "tune_s": 12.0},
+        {"model": "flat", "variant": "trainer", "step_ms": 4.0, "hidden_fraction": 0.2},
+        {"model": "flat", "variant": "ddp_gloo", "step_ms": 4.4},
+        {"model": "flat", "variant": "no_comm", "step_ms": 3.0},
+        {"model": "flat", "variant": "trainer_autotune", "step_ms": 4.2, "hidden_fraction": 0.2, "tune_s": 0.0},
+    ]
+    summary = summarize(rows)
+    # the plain lines still judge the plain trainer (communication only): 0.9 is not met even though autotune is
+    assert summary["conv: trainer / ddp step"] == pytest.approx(0.9)
+    assert summary["conv: target trainer <= 0.85x ddp"] == "not met"
+    assert summary["conv: trainer overhead over no-comm"] == pytest.approx(9.0 / 8.5 - 1)
+    assert summary["conv: comm hidden behind backward"] == 0.5
+    assert summary["conv: trainer+autotune / ddp step"] == pytest.approx(0.7)
+    assert summary["conv: trainer+autotune / trainer step"] == pytest.approx(7.0 / 9.0)
+    assert summary["conv: target trainer <= 0.85x ddp with autotune"] == "met"
+    assert summary["flat: trainer+autotune / ddp step"] == pytest.approx(4.2 / 4.4)
+    assert summary["flat: trainer+autotune / trainer step"] == pytest.approx(1.05)
+    assert summary["flat: target trainer <= 0.85x ddp with autotune"] == "not met"
+    assert summary["flat: target trainer <= 0.85x ddp"] == "not met"  # 4.0 / 4.4 = 0.91
+
+
+@pytest.mark.parametrize(("flag", "forwarded"), [([], "--autotune"), (["--no-autotune"], "--no-autotune")])
+def test_autotune_flag_reaches_the_worker(monkeypatch, flag, forwarded) -> None:
+    seen: list[list[str]] = []
+
+    def fake_run(argv, n, **kwargs):  # what the ranks would write, without starting them
+        seen.append(list(argv))
+        rows = [
+            {"model": "mlp", "variant": "trainer", "step_ms": 4.0, "hidden_fraction": 0.2},
+            {"model": "mlp", "variant": "ddp_gloo", "step_ms": 5.0},
+            {"model": "mlp", "variant": "no_comm", "step_ms": 3.9},
+        ]
+        Path(argv[argv.index("--out") + 1]).write_text(json.dumps(rows))
+        return subprocess.CompletedProcess(argv, 0, "", "")
+
+    monkeypatch.setattr(trainer_bench.mpirun, "run", fake_run)
+    result = CliRunner().invoke(command, ["--models", "mlp", "--no-live", *flag])
+    assert result.exit_code == 0, result.output
+    assert forwarded in seen[0] and ({"--autotune", "--no-autotune"} - {forwarded}).isdisjoint(seen[0])
+    assert "mlp: trainer / ddp step: 0.8" in result.output
 
 
 @pytest.mark.mpi
@@ -33,11 +84,18 @@ def test_bench_trainer_runs_on_two_ranks(tmp_path) -> None:
     result = CliRunner().invoke(command, argv)
     assert result.exit_code == 0, result.output
     assert "mlp: target trainer <= 0.85x ddp:" in result.output and "mlp: target live cost <= 2%:" in result.output
+    assert "mlp: target trainer <= 0.85x ddp with autotune:" in result.output  # --autotune is the default
     payload = json.loads(path.read_text())
     rows = {row["variant"]: row for row in payload["rows"]}
-    assert set(rows) == {"trainer", "ddp_gloo", "no_comm", "live", "quiet", "per_call"}
-    assert all(rows[variant]["step_ms"] > 0 for variant in ("trainer", "ddp_gloo", "no_comm", "live", "quiet"))
+    assert set(rows) == {"trainer", "trainer_autotune", "ddp_gloo", "no_comm", "live", "quiet", "per_call"}
+    assert all(rows[variant]["step_ms"] > 0 for variant in ("trainer", "trainer_autotune", "ddp_gloo", "no_comm", "live", "quiet"))
     assert 0.0 <= rows["trainer"]["hidden_fraction"] <= 1.0
+    # the MLP has no convolution: an empty plan, applied without error, tuned once before the rounds
+    tuned = rows["trainer_autotune"]
+    assert tuned["tuned_convs"] == 0 and tuned["plan"] is None and 0.0 <= tuned["tune_s"] < 60
+    assert 0.0 <= tuned["hidden_fraction"] <= 1.0 and tuned["bucket_mb"] == rows["trainer"]["bucket_mb"]
+    assert "tune_s" not in rows["trainer"]
+    assert payload["summary"]["mlp: trainer+autotune / ddp step"] == pytest.approx(tuned["step_ms"] / rows["ddp_gloo"]["step_ms"])
     assert rows["live"]["rows_received"] == 4 + WARMUP_STEPS  # every step's row reached the plot while it ran
     per_call = [row for row in payload["rows"] if row["variant"] == "per_call"]
     assert [row["rank"] for row in per_call] == [0, 1] and all(row["should_stop_us"] > 0 for row in per_call)

@@ -2,7 +2,17 @@
 
 For each model it times, on every rank and over the same loader: the RaPyDLI
 ``Trainer`` step, the same step under torch ``DistributedDataParallel`` (gloo), and the
-same step with no communication at all. Variants are interleaved in rounds so machine
+same step with no communication at all. With ``--autotune`` (the default) it also times
+``trainer_autotune``: the same ``Trainer`` on the model with its convolutions tuned the
+way ``TrainConfig(autotune=True)`` tunes them (rank 0 plans, every rank applies the plan).
+The tuning runs once, before the rounds, in a ``Trainer`` built with ``autotune=True``
+(its seconds are the row's ``tune_s``); each round then applies that plan to a fresh model
+with :func:`rapydli.autotune.apply_plan` instead of tuning again, because ``plan_for``
+re-times its whole-model check (10 interleaved rounds of every candidate plan) on every
+call, even with every convolution cached (resnet_mini at 1 thread: 8.4-8.7 s a call), and
+that check may pick another plan (two cached calls chose planned_1.25x, then planned_1.1x). A model
+without convolutions (the MLP) gets an empty plan: its ``trainer_autotune`` is the plain
+``Trainer`` again, kept as a noise gauge. Variants are interleaved in rounds so machine
 noise hits them alike; each round reports the median step time of its measured steps.
 Rank 0 writes the rows as JSON to ``--out``.
 """
@@ -65,16 +75,40 @@ def _loader(train: Any, config: TrainConfig, rank: int, size: int) -> Any:
     return build_loader(train, batch_size=config.batch_size, rank=rank, world_size=size, seed=0, epochs=1)
 
 
-def measure(name: str, steps: int, warmup: int, rounds: int, allreduce: str, bucket_mb: float, world: MPI.Comm) -> list[dict[str, Any]]:
+def _tune(name: str, train: Any, config: TrainConfig, comm: Communicator, world: MPI.Comm) -> tuple[Any, float]:
+    """The plan of a ``Trainer`` built with ``autotune=True`` (tuned on rank 0, cached on disk) and its seconds."""
+    world.Barrier()
+    started = time.perf_counter()
+    tuner = Trainer(_model(name), None, train, None, config.replace(autotune=True), comm=comm)
+    seconds = time.perf_counter() - started
+    tuner.close()
+    return tuner.autotune_plan, seconds
+
+
+def _trainer_round(model: nn.Module, train: Any, config: TrainConfig, comm: Communicator, warmup: int, stats: dict[str, list[float]]) -> float:
+    """The median step time of one ``Trainer.fit``; its per-step communication figures go to ``stats``."""
+    trainer = Trainer(model, None, train, None, config, comm=comm)
+    rows = [r for r in trainer.fit() if r["kind"] == "train"][warmup:]
+    trainer.close()
+    stats["hidden"] += [r["comm_hidden_fraction"] for r in rows]
+    stats["wait"] += [r["comm_wait_s"] for r in rows]
+    stats["comm"] += [r["comm_time_s"] for r in rows]
+    return statistics.median(r["step_time_s"] for r in rows)
+
+
+def measure(
+    name: str, steps: int, warmup: int, rounds: int, allreduce: str, bucket_mb: float, world: MPI.Comm, autotune: bool = False
+) -> list[dict[str, Any]]:
     rank, size = world.Get_rank(), world.Get_size()
     config = TrainConfig(batch_size=32, lr=0.01, optimizer="sgd", allreduce=allreduce, bucket_mb=bucket_mb, max_steps=warmup + steps)
     train, _ = MODELS[name][1](config.batch_size * size * (warmup + steps) + 64)
     comm = Communicator(world, algorithm=allreduce)
     params = sum(p.numel() for p in _model(name).parameters())
-    results: dict[str, list[float]] = {"trainer": [], "ddp_gloo": [], "no_comm": []}
-    hidden: list[float] = []
-    wait: list[float] = []
-    comm_time: list[float] = []
+    trainers = ["trainer", "trainer_autotune"] if autotune else ["trainer"]
+    results: dict[str, list[float]] = {"trainer": [], "ddp_gloo": [], "no_comm": []} | {v: [] for v in trainers[1:]}
+    stats: dict[str, dict[str, list[float]]] = {v: {"hidden": [], "wait": [], "comm": []} for v in trainers}
+    # tuned once, outside the measured steps (the first run tunes; later runs find the convolutions in the cache)
+    plan, tune_s = _tune(name, train, config, comm, world) if autotune else (None, None)
     for _ in range(rounds):
         world.Barrier()
         times = _plain_steps(_model(name), _loader(train, config, rank, size), config, steps, warmup)
@@ -87,17 +121,18 @@ def measure(name: str, steps: int, warmup: int, rounds: int, allreduce: str, buc
         del ddp
 
         world.Barrier()
-        trainer = Trainer(_model(name), None, train, None, config, comm=comm)
-        rows = [r for r in trainer.fit() if r["kind"] == "train"][warmup:]
-        trainer.close()
-        results["trainer"].append(statistics.median(r["step_time_s"] for r in rows))
-        hidden += [r["comm_hidden_fraction"] for r in rows]
-        wait += [r["comm_wait_s"] for r in rows]
-        comm_time += [r["comm_time_s"] for r in rows]
+        results["trainer"].append(_trainer_round(_model(name), train, config, comm, warmup, stats["trainer"]))
+
+        if autotune:
+            from rapydli.autotune import apply_plan
+
+            world.Barrier()  # the same Trainer and config; the model runs the tuned plan (apply_plan shares the parameters)
+            tuned = apply_plan(_model(name), plan)
+            results["trainer_autotune"].append(_trainer_round(tuned, train, config, comm, warmup, stats["trainer_autotune"]))
     comm.close()
     # every rank's medians; the slowest rank sets the pace of a synchronous step
     gathered = world.gather(results, root=0)
-    extra = world.gather((hidden, wait, comm_time), root=0)
+    extra = world.gather(stats, root=0)
     if rank != 0:
         return []
     rows = []
@@ -110,21 +145,24 @@ def measure(name: str, steps: int, warmup: int, rounds: int, allreduce: str, buc
                 "variant": variant,
                 "ranks": size,
                 "batch_per_rank": config.batch_size,
-                "bucket_mb": bucket_mb if variant == "trainer" else None,
+                "bucket_mb": bucket_mb if variant in trainers else None,
                 "step_ms": 1000 * statistics.median(per_round),
                 "step_ms_min": 1000 * min(per_round),
                 "step_ms_max": 1000 * max(per_round),
                 "samples_per_s": config.batch_size * size / statistics.median(per_round),
             }
         )
-    all_hidden = [h for rank_hidden, _, _ in extra for h in rank_hidden]
-    all_comm = [c for _, _, rank_comm in extra for c in rank_comm]
-    all_wait = [w for _, rank_wait, _ in extra for w in rank_wait]
-    rows[0].update(
-        comm_ms=1000 * statistics.median(all_comm),
-        comm_wait_ms=1000 * statistics.median(all_wait),
-        hidden_fraction=statistics.mean(all_hidden),
-    )
+    for row in rows:
+        if row["variant"] in trainers:
+            merged = {key: [x for rank_stats in extra for x in rank_stats[row["variant"]][key]] for key in ("hidden", "wait", "comm")}
+            row.update(
+                comm_ms=1000 * statistics.median(merged["comm"]),
+                comm_wait_ms=1000 * statistics.median(merged["wait"]),
+                hidden_fraction=statistics.mean(merged["hidden"]),
+            )
+        if row["variant"] == "trainer_autotune":
+            # tune_s: rank 0's plan_for (cached convolutions are not re-measured) and the plan's broadcast, once
+            row.update(tune_s=tune_s, tuned_convs=len(plan.layers), plan=plan.chosen if plan.layers else None)
     return rows
 
 
@@ -137,13 +175,14 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--allreduce", default="auto")
     parser.add_argument("--bucket-mb", type=float, default=25.0)
+    parser.add_argument("--autotune", action=argparse.BooleanOptionalAction, default=True, help="also time trainer_autotune")
     args = parser.parse_args()
     world = MPI.COMM_WORLD
     port = world.bcast(_free_port() if world.Get_rank() == 0 else None, root=0)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=world.Get_rank(), world_size=world.Get_size())
     rows = []
     for name in args.models.split(","):
-        rows += measure(name, args.steps, args.warmup, args.rounds, args.allreduce, args.bucket_mb, world)
+        rows += measure(name, args.steps, args.warmup, args.rounds, args.allreduce, args.bucket_mb, world, args.autotune)
     dist.destroy_process_group()
     if world.Get_rank() == 0:
         with open(args.out, "w") as stream:
