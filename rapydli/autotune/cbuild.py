@@ -12,23 +12,16 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
-import shutil
-import subprocess
-import tempfile
 from collections.abc import Mapping
 from functools import cache
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from rapydli.autotune.device import compiler_version
-from rapydli.errors import ConfigError, RapydliError
+from rapydli.errors import ConfigError
+from rapydli.native import compile_library, compiler_version
 
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=gnu11")
-
-
-class CompileError(RapydliError):
-    """A kernel instance failed to compile (the compiler's message is attached)."""
 
 
 def kernels_dir() -> Path:
@@ -70,11 +63,6 @@ def cache_dir() -> Path:
     return path
 
 
-def find_compiler() -> str | None:
-    """The C compiler (``$CC`` or ``cc``), or None when the machine has none."""
-    return shutil.which(os.environ.get("CC", "cc"))
-
-
 def _defines(params: Mapping[str, Any]) -> list[str]:
     return [f"-D{name.upper()}={int(value)}" for name, value in sorted(params.items())]
 
@@ -88,24 +76,7 @@ def library_path(template: str, params: Mapping[str, Any]) -> Path:
 
 def build(template: str, params: Mapping[str, Any]) -> Path:
     """Compile ``template`` with ``params`` as ``-D`` constants (once); return the ``.so`` path."""
-    target = library_path(template, params)
-    if target.exists():
-        return target
-    cc = find_compiler()
-    if cc is None:
-        raise CompileError("no C compiler found ($CC or cc)")
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
-    os.close(fd)
-    cmd = [cc, *FLAGS, *_defines(params), str(template_path(template)), "-o", tmp]
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
-        if proc.returncode != 0:
-            raise CompileError(f"{' '.join(cmd)} failed:\n{proc.stderr[-2000:]}")
-        os.replace(tmp, target)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return target
+    return compile_library(template_path(template), library_path(template, params), [*FLAGS, *_defines(params)])
 
 
 @cache

@@ -12,14 +12,13 @@ import hashlib
 import json
 import os
 import platform
-import shutil
-import subprocess
 from dataclasses import asdict, dataclass, field
 from functools import cache
 from pathlib import Path
 from typing import Any
 
 from rapydli.errors import ConfigError
+from rapydli.native import compiler_version
 
 # widest vector register, in float32 lanes, for each ISA
 _ISA_LANES = {"avx512": 16, "avx2": 8, "avx": 8, "sse": 4, "neon": 4, "scalar": 1}
@@ -140,18 +139,6 @@ def _frequency(info: dict[str, str]) -> float:
 
 
 @cache
-def compiler_version(cc: str | None = None) -> str:
-    """First line of ``cc --version`` (the compiler from ``$CC`` or ``cc``), "" if absent."""
-    path = shutil.which(cc or os.environ.get("CC", "cc"))
-    if not path:
-        return ""
-    try:
-        out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30, check=False)
-    except (OSError, subprocess.SubprocessError):
-        return ""
-    return out.stdout.splitlines()[0] if out.stdout else ""
-
-
 def cpu_info(threads: int | None = None) -> DeviceInfo:
     """Query this machine's CPU; ``threads`` defaults to torch's intra-op thread count."""
     import torch

@@ -23,6 +23,7 @@ from rapydli.autotune.device import DeviceInfo
 from rapydli.autotune.problem import ConvShape
 from rapydli.autotune.space import Space
 from rapydli.errors import ConfigError
+from rapydli.native import find_compiler
 
 TEMPLATE = "conv2d_direct.c"
 _ARGS = [ctypes.c_void_p] * 3 + [ctypes.c_long] * 11 + [ctypes.c_int]
@@ -100,7 +101,7 @@ class CDirect(Candidate):
     def unavailable(self, device: DeviceInfo) -> str | None:
         if device.kind != "cpu":
             return f"{self.name} runs on the CPU only"
-        if cbuild.find_compiler() is None:
+        if find_compiler() is None:
             return "no C compiler ($CC or cc) on this machine: generated C kernels are skipped"
         return None
 
