@@ -25,7 +25,7 @@ def test_bad_input_is_a_config_error_naming_the_argument() -> None:
         check_op("prod")
     with pytest.raises(ConfigError, match="algorithm='fastest'"):
         check_algorithm("fastest")
-    assert {"mpi", "ring", "gloo", "nccl", "auto"} <= set(algorithm_names())
+    assert {"mpi", "ring", "gloo", "nccl", "auto", "shm"} <= set(algorithm_names())
 
 
 def test_flat_view_shares_memory() -> None:
@@ -53,7 +53,8 @@ comm = Communicator(algorithm="ring")
 # auto decides from a (small, quick) measurement cached under $RAPYDLI_HOME
 table = comm.tune(max_bytes=1 << 16)
 assert table.path and os.path.exists(table.path), table.path
-assert set(table.choices) <= {"mpi", "ring"} and len(table.choices) == len(table.sizes)
+assert set(table.choices) <= {"mpi", "ring", "shm"} and len(table.choices) == len(table.sizes)
+assert set(table.times) == {"mpi", "ring", "shm"}  # every rank shares this node: shm is measured too
 cached = json.load(open(table.path))
 assert cached["key"]["world_size"] == n and cached["choices"] == table.choices
 
@@ -82,7 +83,7 @@ def check(got, want, x, what):
     assert ok, (what, (got.double() - want.double()).abs().max())
 
 checks = 0
-for algorithm in ["mpi", "ring", "auto", "gloo"]:
+for algorithm in ["mpi", "ring", "shm", "auto", "gloo"]:
     for dtype in DTYPES:
         for size in SIZES:
             g = torch.Generator().manual_seed(1000 * rank + size)
@@ -107,7 +108,7 @@ for algorithm in ["mpi", "ring", "auto", "gloo"]:
 
 # repeated allreduce_ of one buffer takes the cached fast path; it must notice changed memory
 from rapydli.comm.ring import RingAlgorithm
-for algorithm in ("mpi", "auto", "ring"):
+for algorithm in ("mpi", "auto", "ring", "shm"):
     t = torch.zeros(2, 50)
     for i in range(3):
         t.fill_(rank + i)
@@ -165,15 +166,22 @@ try:
 except ConfigError as error:
     assert "op='prod'" in str(error)
 
-# auto follows its table: force every size to ring, then to mpi
+# auto follows its table: force every size to ring, to shm, then to mpi
 auto = comm._get("auto")
-for forced in ("ring", "mpi"):
+for forced in ("ring", "shm", "mpi"):
     table.choices = [forced] * len(table.sizes)
-    handle = comm.iallreduce_(torch.ones(1000), algorithm="auto")
+    comm._plans.clear()
+    t = torch.full((1000,), float(rank))
+    handle = comm.iallreduce_(t, op="avg", algorithm="auto")
     handle.wait()
     assert handle.algorithm == forced and auto[0].choose(torch.ones(10)) == forced
-# half precision always goes to ring under auto
-assert auto[0].choose(torch.ones(10, dtype=torch.bfloat16)) == "ring"
+    assert torch.all(t == (n - 1) / 2), forced  # divided once, whoever divides
+    for repeat in range(2):  # the fast path divides only when the chosen algorithm did not
+        t.fill_(float(rank))
+        comm.allreduce_(t, op="avg", algorithm="auto")
+        assert torch.all(t == (n - 1) / 2), (forced, repeat)
+    # half precision goes to ring where the table says mpi (MPI has no type for it)
+    assert auto[0].choose(torch.ones(10, dtype=torch.bfloat16)) == ("ring" if forced == "mpi" else forced)
 
 comm.barrier()
 comm.close()
@@ -257,6 +265,23 @@ for algorithm in ("mpi", "ring"):
     assert handle.wait() is big and handle.algorithm == algorithm and torch.all(big == n * (n - 1) / 2)
     checks += 1
 
+# any other tensor goes through the compiled slots, in chunks of SLOT_BYTES: every rank ends
+# with the same bits, on the caller's thread and on the (polite) communication thread
+for dtype in DTYPES:
+    for size in (1, 5, shm.SLOT_BYTES // 2 + 3, 2 * shm.SLOT_BYTES + 1):  # 1-9 chunks
+        g = torch.Generator().manual_seed(77 * rank + size)
+        x = torch.randn(size, generator=g).mul(1 if dtype.is_floating_point else 100).to(dtype)
+        for op in ("sum", "avg", "max", "min"):
+            got = x.clone()
+            comm.allreduce_(got, op=op, algorithm="shm")
+            tol = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2}.get(dtype, 1e-6) if dtype.is_floating_point else 0
+            assert torch.allclose(got.double(), reference(x, op).double(), rtol=tol, atol=tol), (dtype, size, op)
+            assert same_everywhere(got), (dtype, size, op)
+            checks += 1
+outs = [torch.full((s,), float(rank + 1)) for s in (3, 70001, 9)]
+handles = [comm.iallreduce_(t, op="sum", algorithm="shm") for t in outs]
+assert all(h.wait() is t and h.algorithm == "shm" and torch.all(t == n * (n + 1) / 2) for h, t in zip(handles, outs))
+
 # buffers must match on every rank
 try:
     comm.host_buffer(10 + rank)
@@ -298,6 +323,13 @@ assert not comm._shared.available and comm._shared.views(buf) is None
 buf.fill_(rank + 1)
 handle = comm.iallreduce_(buf, op="avg")
 assert handle.wait() is buf and handle.algorithm != "shm" and torch.all(buf == (n + 1) / 2)
+assert "shm" not in comm._get("auto")[0].candidates  # auto does not offer it, whatever its table says
+try:
+    comm.allreduce_(torch.ones(3), algorithm="shm")
+except ConfigError as error:
+    assert "one node" in str(error) and "'mpi'" in str(error)
+else:
+    raise AssertionError("shm ran without shared memory")
 comm.close()
 print(f"SHARED OK rank {rank} checks {checks}", flush=True)
 """

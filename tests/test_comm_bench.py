@@ -23,14 +23,14 @@ def test_bench_allreduce_small_run_writes_rows_and_targets(tmp_path) -> None:
     sizes = sorted({row["bytes"] for row in saved["raw_rows"]})
     assert sizes == [4, 16, 64, 256, 1024]
     for row in saved["raw_rows"]:
-        assert row["algorithm"] in {"ring", "mpi", "auto", "mpi4py", "gloo"}
+        assert row["algorithm"] in {"ring", "mpi", "shm", "auto", "mpi4py", "gloo"}
         assert row["busbw_GBps"] == pytest.approx(row["algbw_GBps"] * 2 * (2 - 1) / 2)
         assert row["algbw_GBps"] == pytest.approx(row["bytes"] / (row["time_us"] * 1e-6) / 1e9)
         assert row["min_time_us"] <= row["time_us"]
         assert len(row["rep_times_us"]) == row["reps"] and min(row["rep_times_us"]) == pytest.approx(row["min_time_us"])
-    assert len(saved["raw_rows"]) == 5 * len(sizes)
+    assert len(saved["raw_rows"]) == 6 * len(sizes)  # shm too: both ranks share this node
     table = saved["auto_table"]
-    assert table["sizes"] == sizes and set(table["choices"]) <= {"mpi", "ring"}
+    assert table["sizes"] == sizes and set(table["choices"]) <= {"mpi", "ring", "shm"}
     assert json.loads(open(table["path"]).read())["choices"] == table["choices"]
 
 

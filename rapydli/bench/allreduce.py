@@ -2,7 +2,7 @@
 
 Re-launches :mod:`rapydli.bench.allreduce_worker` on ``n`` ranks (one thread each)
 through :func:`rapydli.cluster.mpirun.run`. Message sizes 4 B ... ``--max-bytes``
-(powers of 4) of float32; algorithms ``ring``, ``mpi``, ``auto`` (RaPyDLI), ``mpi4py``
+(powers of 4) of float32; algorithms ``ring``, ``mpi``, ``shm``, ``auto`` (RaPyDLI), ``mpi4py``
 (mpi4py's own ``Allreduce`` on numpy: the MPI library alone) and torch ``gloo``. Per
 row: median time (slowest rank), algbw = bytes / time and busbw = algbw x 2(n-1)/n, as
 nccl-tests define them. The run also re-measures and caches the table ``auto`` decides
@@ -121,7 +121,7 @@ def summarize(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[st
 @click.option("-n", "--ranks", "n", default=2, show_default=True, help="MPI ranks.")
 @click.option("--min-bytes", default=4, show_default=True, help="Smallest message timed (bytes); auto's measurement still starts at 4 B.")
 @click.option("--max-bytes", default=256 << 20, show_default=True, help="Largest message (bytes); sizes are 4 B x 4^k up to it.")
-@click.option("--algorithms", default="ring,mpi,auto,mpi4py,gloo", show_default=True, help="Comma-separated subset to time.")
+@click.option("--algorithms", default="ring,mpi,shm,auto,mpi4py,gloo", show_default=True, help="Comma-separated subset to time.")
 @click.option("--max-reps", default=200, show_default=True, help="Most timed repetitions per size and algorithm.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Write the rows and summary here.")
 @click.option("--timeout", default=1800.0, show_default=True, help="Seconds before all ranks are killed.")

@@ -2,7 +2,8 @@
 
 First measures ``mpi`` against ``ring`` for ``auto`` and caches it (the measurement
 ``auto`` then uses), then times, per message size, interleaved rep by rep (in a fresh
-random order every rep, the same on every rank) so every algorithm sees the same machine noise: ``ring``, ``mpi``, ``auto`` (through
+random order every rep, the same on every rank) so every algorithm sees the same machine noise: ``ring``, ``mpi``, ``shm``
+(left out where the ranks do not share a node), ``auto`` (through
 :class:`~rapydli.comm.Communicator`, on torch float32 tensors), mpi4py's own
 ``Allreduce`` on a numpy array (``mpi4py``: the MPI library with no RaPyDLI code in the
 way) and torch.distributed ``gloo`` (in a block of its own after the others: its TCP
@@ -29,7 +30,7 @@ from rapydli.comm import Communicator
 from rapydli.comm.auto import message_sizes
 from rapydli.comm.tensors import host_zeros
 
-ALGORITHMS = ("ring", "mpi", "auto", "mpi4py", "gloo")
+ALGORITHMS = ("ring", "mpi", "shm", "auto", "mpi4py", "gloo")
 
 
 #: Fewest timed reps at any size. With 3 (as before) a 16 MiB row was the median of 3 calls
@@ -73,6 +74,8 @@ def main() -> None:
     tune_seconds = time.perf_counter() - tune_started
     if "gloo" in names:
         comm._get("gloo")  # process group set up before timing
+    if "shm" in names and not comm._get("shm")[0].usable:  # type: ignore[attr-defined]
+        names.remove("shm")  # ranks on several nodes (or no compiler): every rank alike
 
     rows = []
     for nbytes in [size for size in message_sizes(args.max_bytes) if size >= args.min_bytes]:

@@ -1,15 +1,15 @@
 """``auto``: per message size, the algorithm that measured fastest on this cluster.
 
-The measurement runs once per cluster (all ranks together: ``mpi`` against ``ring`` on
-float32 messages from 4 B up to ``max_bytes``, interleaved, the slowest rank's median
-per size; ``ring`` replaces ``mpi`` only when more than 10 % faster, so noise does not
-flip sizes where they tie) and is cached as JSON in ``$RAPYDLI_HOME/comm/`` under a key made of the world
+The measurement runs once per cluster (all ranks together: ``mpi`` against ``ring``, and
+``shm`` when every rank shares one node, on float32 messages from 4 B up to ``max_bytes``,
+interleaved, the slowest rank's median per size; another algorithm replaces ``mpi`` only
+when more than 10 % faster, so noise does not flip sizes where they tie) and is cached as JSON in ``$RAPYDLI_HOME/comm/`` under a key made of the world
 size, the sorted host names and the MPI library, so a new cluster shape or MPI measures
 afresh. A message size between two measured sizes takes the nearer one (log scale).
 
 Before a measurement exists (or with ``RAPYDLI_COMM_AUTOTUNE=0``) the fallback is MPI's
-own ``Allreduce``, the vendor-tuned choice. ``float16``/``bfloat16`` always go to
-``ring``: MPI has no datatype for them and its user-defined-op path is slower.
+own ``Allreduce``, the vendor-tuned choice. ``float16``/``bfloat16`` go to ``ring`` where
+the table says ``mpi``: MPI has no datatype for them and its user-defined-op path is slower.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ import torch
 from rapydli.comm.base import Algorithm
 from rapydli.comm.mpi import MPIAlgorithm
 from rapydli.comm.ring import RingAlgorithm
+from rapydli.comm.shm import SharedMemoryAlgorithm
 from rapydli.comm.tensors import HALF_DTYPES, host_zeros
 from rapydli.comm.waiting import SPIN, Pace
 from rapydli.paths import home
@@ -39,8 +40,8 @@ from rapydli.paths import home
 if TYPE_CHECKING:
     from mpi4py import MPI
 
-#: Algorithms ``auto`` chooses among on CPU tensors.
-CANDIDATES: tuple[str, ...] = ("mpi", "ring")
+#: Algorithms ``auto`` chooses among on CPU tensors (``shm`` only where every rank shares a node).
+CANDIDATES: tuple[str, ...] = ("mpi", "ring", "shm")
 #: Largest message measured when ``auto`` measures on its own (the benchmark goes further).
 QUICK_MAX_BYTES = 16 << 20
 #: Another algorithm replaces the default (``mpi``) only when faster by more than this.
@@ -49,7 +50,7 @@ QUICK_MAX_BYTES = 16 << 20
 #: auto followed that noise (1 MiB: ring picked, then 20 % slower than mpi in the same
 #: benchmark). Where ring really wins (64 MiB and up, 2.3-3x) the margin changes nothing.
 MARGIN = 0.10
-_FORMAT = 1
+_FORMAT = 2  # 2: shm is a candidate
 
 
 @dataclass
@@ -126,8 +127,13 @@ def repetitions(nbytes: int) -> int:
 
 
 def measure(comm: MPI.Comm, max_bytes: int = QUICK_MAX_BYTES, candidates: tuple[str, ...] = CANDIDATES) -> AutoTable:
-    """Time each candidate at each size on all ranks of ``comm`` (collective); pick the fastest."""
-    algorithms: dict[str, Algorithm] = {"mpi": MPIAlgorithm(comm), "ring": RingAlgorithm(comm)}
+    """Time each candidate at each size on all ranks of ``comm`` (collective); pick the fastest.
+
+    Each runs as the communicator runs a repeated call: its prepared call where it has one.
+    """
+    shm = SharedMemoryAlgorithm(comm)
+    algorithms: dict[str, Algorithm] = {"mpi": MPIAlgorithm(comm), "ring": RingAlgorithm(comm), "shm": shm}
+    candidates = tuple(name for name in candidates if name != "shm" or shm.usable)
     table = AutoTable(key=cluster_key(comm), sizes=message_sizes(max_bytes), source="measured")
     table.times = {name: [] for name in candidates}
     for nbytes in table.sizes:
@@ -135,14 +141,14 @@ def measure(comm: MPI.Comm, max_bytes: int = QUICK_MAX_BYTES, candidates: tuple[
         tensor.fill_(1.0)
         reps = repetitions(nbytes)
         local = np.zeros((len(candidates), reps))
-        for name in candidates:  # warm-up: connections, scratch buffers
-            algorithms[name].allreduce_(tensor, "sum")
+        calls = [_call(algorithms[name], tensor) for name in candidates]
+        for call in calls:  # warm-up: connections, scratch buffers
+            call()
         for rep in range(reps):
             for i in range(len(candidates))[:: 1 if rep % 2 else -1]:  # each goes first every other rep
-                name = candidates[i]
                 comm.Barrier()
                 start = time.perf_counter()
-                algorithms[name].allreduce_(tensor, "sum")
+                calls[i]()
                 local[i, rep] = time.perf_counter() - start
         slowest = np.empty_like(local)
         from mpi4py import MPI
@@ -153,6 +159,11 @@ def measure(comm: MPI.Comm, max_bytes: int = QUICK_MAX_BYTES, candidates: tuple[
             table.times[name].append(float(medians[i]))
         table.choices.append(_fastest(candidates, medians))
     return table
+
+
+def _call(algorithm: Algorithm, tensor: torch.Tensor) -> Callable[[], object]:
+    """A repeated ``sum`` of ``tensor`` as the communicator would run it."""
+    return algorithm.prepare(tensor, "sum") or (lambda: algorithm.allreduce_(tensor, "sum"))
 
 
 def _fastest(candidates: tuple[str, ...], seconds: np.ndarray) -> str:
@@ -209,36 +220,48 @@ def tune(comm: MPI.Comm, max_bytes: int = QUICK_MAX_BYTES, force: bool = False) 
 
 
 class AutoAlgorithm(Algorithm):
-    """Delegates each message to ``mpi`` or ``ring`` by size, from :func:`tune`'s table.
+    """Delegates each message to ``mpi``, ``ring`` or ``shm`` by size, from :func:`tune`'s table.
 
     Parameters
     ----------
     comm
-        The mpi4py communicator.
+        The mpi4py communicator. Construction is collective.
     table
         A table to use instead of loading/measuring one (shared by :meth:`bind`).
+    pace
+        How to wait (polite on the communication thread).
+    shm
+        The ``shm`` algorithm over ``comm`` (default: a new one); offered only where
+        :attr:`~rapydli.comm.shm.SharedMemoryAlgorithm.usable`.
     """
 
     name = "auto"
 
-    def __init__(self, comm: MPI.Comm, table: AutoTable | None = None, pace: Pace = SPIN) -> None:
+    def __init__(self, comm: MPI.Comm, table: AutoTable | None = None, pace: Pace = SPIN, shm: SharedMemoryAlgorithm | None = None) -> None:
         super().__init__(comm)
+        self.shm = shm if shm is not None else SharedMemoryAlgorithm(comm, pace=pace)
         self.candidates: dict[str, Algorithm] = {
             "mpi": MPIAlgorithm(comm, pace=pace),
             "ring": RingAlgorithm(comm, pace=pace),
         }
+        if self.shm.usable:
+            self.candidates["shm"] = self.shm
         self.table = table if table is not None else tune(comm)
 
     def bind(self, comm: MPI.Comm, pace: Pace | None = None) -> AutoAlgorithm:
-        return AutoAlgorithm(comm, self.table, pace or SPIN)
+        return AutoAlgorithm(comm, self.table, pace or SPIN, self.shm.bind(comm, pace))
 
     def choose(self, flat: torch.Tensor) -> str:
-        if flat.dtype in HALF_DTYPES:
-            return "ring"
-        return self.table.pick(flat.numel() * flat.element_size())
+        name = self.table.pick(flat.numel() * flat.element_size())
+        if name not in self.candidates:  # a table measured where shm could run
+            name = "mpi"
+        return "ring" if name == "mpi" and flat.dtype in HALF_DTYPES else name
 
     def allreduce_(self, flat: torch.Tensor, op: str) -> None:
         self.candidates[self.choose(flat)].allreduce_(flat, op)
+
+    def averages_for(self, flat: torch.Tensor) -> bool:
+        return self.candidates[self.choose(flat)].averages_for(flat)
 
     def prepare(self, flat: torch.Tensor, op: str) -> Callable[[], object] | None:
         return self.candidates[self.choose(flat)].prepare(flat, op)

@@ -31,7 +31,7 @@ class Algorithm:
 
     Subclasses implement :meth:`allreduce_` for ``op`` in ``sum``, ``max``, ``min``
     (``avg`` reduces like ``sum`` and the :class:`~rapydli.comm.Communicator` divides
-    afterwards, unless the algorithm sets ``averages``). Those with their own
+    afterwards, unless :meth:`averages_for` says the algorithm did). Those with their own
     asynchronous engine (torch.distributed) set ``native_async`` and implement
     :meth:`iallreduce_`; the others are run by the communicator's communication thread.
 
@@ -64,6 +64,10 @@ class Algorithm:
         """Reduce ``flat`` (1-D, contiguous) in place across the communicator."""
         raise NotImplementedError
 
+    def averages_for(self, flat: torch.Tensor) -> bool:
+        """True when ``allreduce_(flat, "avg")`` (and its prepared call) divides by itself."""
+        return self.averages
+
     def prepare(self, flat: torch.Tensor, op: str) -> Callable[[], object] | None:
         """A zero-argument call that reduces ``flat``'s memory again, for repeated calls on one buffer.
 
@@ -95,6 +99,7 @@ _REGISTRY: dict[str, str | Callable[[MPI.Comm], Algorithm]] = {
     "gloo": "rapydli.comm.torchdist:GlooAlgorithm",
     "nccl": "rapydli.comm.torchdist:NcclAlgorithm",
     "auto": "rapydli.comm.auto:AutoAlgorithm",
+    "shm": "rapydli.comm.shm:SharedMemoryAlgorithm",
 }
 
 

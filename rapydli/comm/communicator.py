@@ -46,7 +46,7 @@ class Communicator:
         The mpi4py communicator (default ``MPI.COMM_WORLD``). Construction is collective.
     algorithm
         Default allreduce algorithm: ``"auto"``, ``"mpi"``, ``"ring"``, ``"gloo"``,
-        ``"nccl"`` (see :func:`rapydli.comm.base.algorithm_names`).
+        ``"nccl"``, ``"shm"`` (see :func:`rapydli.comm.base.algorithm_names`).
 
     Examples
     --------
@@ -81,11 +81,9 @@ class Communicator:
         self._pace = Pace(polite=self.polite)
         self._thread: CommThread | None = CommThread(self._pace) if self.progress != "none" else None
         self._algorithms: dict[str, tuple[Algorithm, Algorithm]] = {}
-        #: (id(tensor), op, algorithm) -> (weak reference, data_ptr, numel, prepared call): the
-        #: fast path of a repeated ``allreduce_`` on the same buffer (gradients, benchmarks)
-        self._plans: dict[tuple[int, str, str], tuple[weakref.ref, int, int, Callable[[], object]]] = {}
-        #: node-shared buffers (created by the first host_buffer() call)
-        self._shared: SharedBuffers | None = None
+        #: (id(tensor), op, algorithm) -> (weak reference, data_ptr, numel, prepared call, divide
+        #: for avg afterwards): the fast path of a repeated ``allreduce_`` on the same buffer
+        self._plans: dict[tuple[int, str, str], tuple[weakref.ref, int, int, Callable[[], object], bool]] = {}
         self._get(algorithm)
 
     # -- properties -----------------------------------------------------------------
@@ -95,6 +93,12 @@ class Communicator:
         """The measurement ``auto`` decides by (None unless ``auto`` has been used)."""
         pair = self._algorithms.get("auto")
         return getattr(pair[0], "table", None) if pair else None
+
+    @property
+    def _shared(self) -> SharedBuffers | None:
+        """The node-shared buffers of :meth:`host_buffer` (None before the ``shm`` algorithm exists)."""
+        pair = self._algorithms.get("shm")
+        return pair[0].buffers if pair else None  # type: ignore[attr-defined]
 
     def __repr__(self) -> str:
         return f"Communicator(rank={self.rank}, world_size={self.world_size}, algorithm={self.algorithm!r})"
@@ -123,7 +127,7 @@ class Communicator:
             and tensor.is_contiguous()
         ):
             plan[3]()  # the same memory as last time: MPI straight away, nothing re-checked or converted
-            if op == "avg":
+            if plan[4]:
                 finish_avg(tensor, self.world_size)
             return tensor
         if self.progress == "serialized":
@@ -181,13 +185,7 @@ class Communicator:
         ``Allreduce`` on a 7.4 MB gradient bucket on 2 ranks); otherwise it is ordinary
         numpy-allocated memory. Other algorithms reduce it as any tensor.
         """
-        if self._shared is None:
-            from rapydli.comm.shm import SharedBuffers, SharedMemoryAlgorithm
-
-            self._shared = SharedBuffers(self.mpi_comm)
-            first = SharedMemoryAlgorithm(self.mpi_comm, self._shared)
-            self._algorithms["shm"] = (first, first.bind(self._async_comm, self._pace))
-        return self._shared.zeros(numel, dtype)
+        return self._get("shm")[0].buffers.zeros(numel, dtype)  # type: ignore[attr-defined]
 
     def barrier(self) -> None:
         """Block until every rank has called ``barrier()``."""
@@ -203,8 +201,7 @@ class Communicator:
             for algo in self._algorithms["auto"]:
                 algo.table = table  # type: ignore[attr-defined]
         else:
-            first = auto.AutoAlgorithm(self.mpi_comm, table)
-            self._algorithms["auto"] = (first, first.bind(self._async_comm, self._pace))
+            self._add("auto", auto.AutoAlgorithm(self.mpi_comm, table))
         return table
 
     def close(self) -> None:
@@ -228,7 +225,7 @@ class Communicator:
         if flat.is_cuda:
             if name == "auto" and _nccl_usable():
                 name = "nccl"
-        elif name == "auto" and self._shared is not None and self._shared.views(flat) is not None:
+        elif name == "auto" and (shared := self._shared) is not None and shared.views(flat) is not None:
             name = "shm"  # a host_buffer(): reduced through the memory the ranks share
         elif name == "nccl":
             raise ConfigError("algorithm='nccl' reduces CUDA tensors only; use 'auto', 'mpi' or 'ring' for CPU tensors")
@@ -241,14 +238,19 @@ class Communicator:
             return
         key, plans = (id(tensor), op, name), self._plans
         reference = weakref.ref(tensor, lambda _: plans.pop(key, None))
-        plans[key] = (reference, flat.data_ptr(), flat.numel(), call)
+        plans[key] = (reference, flat.data_ptr(), flat.numel(), call, op == "avg" and not algo.averages_for(flat))
 
     def _get(self, name: str) -> tuple[Algorithm, Algorithm]:
         """(algorithm over the main communicator, the same over the asynchronous one); built once."""
         if name not in self._algorithms:
-            algo = create_algorithm(name, self.mpi_comm)
-            self._algorithms[name] = (algo, algo.bind(self._async_comm, self._pace))
+            self._add(name, create_algorithm(name, self.mpi_comm))
         return self._algorithms[name]
+
+    def _add(self, name: str, algo: Algorithm) -> None:
+        """Keep ``algo`` and its twin over the asynchronous communicator; ``auto``'s ``shm`` serves as ours."""
+        self._algorithms[name] = pair = (algo, algo.bind(self._async_comm, self._pace))
+        if name == "auto" and "shm" not in self._algorithms:
+            self._algorithms["shm"] = (pair[0].shm, pair[1].shm)  # type: ignore[attr-defined]
 
     def _run(self, algo: Algorithm, flat: torch.Tensor, op: str) -> None:
         """Allreduce ``flat`` with ``algo`` (staging device memory through the host if needed), then ``avg``."""
@@ -258,7 +260,7 @@ class Communicator:
             host = flat.cpu()
             algo.allreduce_(host, op)
             flat.copy_(host)
-        if op == "avg" and not algo.averages:
+        if op == "avg" and not algo.averages_for(flat):
             finish_avg(flat, self.world_size)
 
     def _call(self, function) -> None:
