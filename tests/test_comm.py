@@ -50,11 +50,17 @@ NP = {torch.float32: np.float32, torch.float64: np.float64, torch.int32: np.int3
 MPI_OP = {"sum": MPI.SUM, "avg": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN}
 
 comm = Communicator(algorithm="ring")
-# auto decides from a (small, quick) measurement cached under $RAPYDLI_HOME
+# auto decides from a (small, quick) measurement cached under $RAPYDLI_HOME; shm's compiled
+# path is offered only up to its size limit (lowered here to see that)
+from rapydli.comm import auto as auto_module
+auto_module.COMPILED_MAX_BYTES = 1024
 table = comm.tune(max_bytes=1 << 16)
+auto_module.COMPILED_MAX_BYTES = 1 << 20
 assert table.path and os.path.exists(table.path), table.path
 assert set(table.choices) <= {"mpi", "ring", "shm"} and len(table.choices) == len(table.sizes)
 assert set(table.times) == {"mpi", "ring", "shm"}  # every rank shares this node: shm is measured too
+for nbytes, shm_time, choice in zip(table.sizes, table.times["shm"], table.choices):
+    assert (shm_time is None) == (nbytes > 1024) and (choice != "shm" or nbytes <= 1024), (nbytes, shm_time, choice)
 cached = json.load(open(table.path))
 assert cached["key"]["world_size"] == n and cached["choices"] == table.choices
 
@@ -180,6 +186,8 @@ for forced in ("ring", "shm", "mpi"):
         t.fill_(float(rank))
         comm.allreduce_(t, op="avg", algorithm="auto")
         assert torch.all(t == (n - 1) / 2), (forced, repeat)
+    if forced == "shm":  # above its limit the compiled path is not used, whatever the table says
+        assert auto[0].choose(torch.empty(auto_module.COMPILED_MAX_BYTES // 4 + 1)) == "mpi"
     # half precision goes to ring where the table says mpi (MPI has no type for it)
     assert auto[0].choose(torch.ones(10, dtype=torch.bfloat16)) == ("ring" if forced == "mpi" else forced)
 

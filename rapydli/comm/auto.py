@@ -32,7 +32,7 @@ import torch
 from rapydli.comm.base import Algorithm
 from rapydli.comm.mpi import MPIAlgorithm
 from rapydli.comm.ring import RingAlgorithm
-from rapydli.comm.shm import SharedMemoryAlgorithm
+from rapydli.comm.shm import COMPILED_MAX_BYTES, SharedMemoryAlgorithm
 from rapydli.comm.tensors import HALF_DTYPES, host_zeros
 from rapydli.comm.waiting import SPIN, Pace
 from rapydli.paths import home
@@ -64,7 +64,8 @@ class AutoTable:
     sizes
         Message sizes in bytes, ascending.
     times
-        Algorithm name -> seconds per allreduce at each size (slowest rank's median).
+        Algorithm name -> seconds per allreduce at each size (slowest rank's median; None
+        where the algorithm is not offered).
     choices
         Fastest algorithm at each size.
     source
@@ -75,7 +76,7 @@ class AutoTable:
 
     key: dict[str, Any]
     sizes: list[int] = field(default_factory=list)
-    times: dict[str, list[float]] = field(default_factory=dict)
+    times: dict[str, list[float | None]] = field(default_factory=dict)
     choices: list[str] = field(default_factory=list)
     source: str = "fallback"
     path: str | None = None
@@ -137,15 +138,16 @@ def measure(comm: MPI.Comm, max_bytes: int = QUICK_MAX_BYTES, candidates: tuple[
     table = AutoTable(key=cluster_key(comm), sizes=message_sizes(max_bytes), source="measured")
     table.times = {name: [] for name in candidates}
     for nbytes in table.sizes:
+        names = tuple(name for name in candidates if name != "shm" or nbytes <= COMPILED_MAX_BYTES)
         tensor = host_zeros(max(1, nbytes // 4), torch.float32)  # the memory gradient buckets use
         tensor.fill_(1.0)
         reps = repetitions(nbytes)
-        local = np.zeros((len(candidates), reps))
-        calls = [_call(algorithms[name], tensor) for name in candidates]
+        local = np.zeros((len(names), reps))
+        calls = [_call(algorithms[name], tensor) for name in names]
         for call in calls:  # warm-up: connections, scratch buffers
             call()
         for rep in range(reps):
-            for i in range(len(candidates))[:: 1 if rep % 2 else -1]:  # each goes first every other rep
+            for i in range(len(names))[:: 1 if rep % 2 else -1]:  # each goes first every other rep
                 comm.Barrier()
                 start = time.perf_counter()
                 calls[i]()
@@ -155,9 +157,9 @@ def measure(comm: MPI.Comm, max_bytes: int = QUICK_MAX_BYTES, candidates: tuple[
 
         comm.Allreduce(local, slowest, op=MPI.MAX)
         medians = np.median(slowest, axis=1)
-        for i, name in enumerate(candidates):
-            table.times[name].append(float(medians[i]))
-        table.choices.append(_fastest(candidates, medians))
+        for name in candidates:  # None: not offered at this size
+            table.times[name].append(float(medians[names.index(name)]) if name in names else None)
+        table.choices.append(_fastest(names, medians))
     return table
 
 
@@ -252,8 +254,9 @@ class AutoAlgorithm(Algorithm):
         return AutoAlgorithm(comm, self.table, pace or SPIN, self.shm.bind(comm, pace))
 
     def choose(self, flat: torch.Tensor) -> str:
-        name = self.table.pick(flat.numel() * flat.element_size())
-        if name not in self.candidates:  # a table measured where shm could run
+        nbytes = flat.numel() * flat.element_size()
+        name = self.table.pick(nbytes)
+        if name not in self.candidates or (name == "shm" and nbytes > COMPILED_MAX_BYTES):  # a table from elsewhere
             name = "mpi"
         return "ring" if name == "mpi" and flat.dtype in HALF_DTYPES else name
 
