@@ -21,7 +21,7 @@ from rapydli.train.config import TrainConfig, fields_spec
         ({"optimizer": "adam"}, "TrainConfig.optimizer='adam' is invalid: must be one of 'sgd', 'adamw'"),
         ({"lr_schedule": "linear"}, "'constant', 'cosine', 'step'"),
         ({"precision": "fp16"}, "'fp32', 'bf16'"),
-        ({"allreduce": "nccl2"}, "'auto', 'mpi', 'ring', 'gloo', 'nccl'"),
+        ({"allreduce": "nccl2"}, "'auto', 'mpi', 'ring', 'shm', 'gloo', 'nccl'"),
         ({"loader": "fast"}, "'default', 'clairvoyant'"),
         ({"momentum": 1.0}, "TrainConfig.momentum=1.0 is invalid: must be in [0, 1)"),
         ({"grad_clip": 0.0}, "TrainConfig.grad_clip=0.0 is invalid: must be in (0, 1000000] or None"),

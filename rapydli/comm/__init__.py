@@ -1,7 +1,7 @@
 """rapydli.comm: collectives on torch tensors over MPI, and gradient synchronisation.
 
 ``Communicator`` runs in-place ``allreduce_``/``iallreduce_``/``broadcast_`` with an
-algorithm chosen by name (``mpi``, ``ring``, ``gloo``, ``nccl``, ``auto``);
+algorithm chosen by name (``mpi``, ``ring``, ``shm``, ``gloo``, ``nccl``, ``auto``);
 ``GradientSynchronizer`` averages a model's gradients in buckets that are reduced while
 backward still runs, as DDP does.
 """

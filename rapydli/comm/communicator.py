@@ -192,7 +192,7 @@ class Communicator:
         self._call(self.mpi_comm.Barrier)
 
     def tune(self, max_bytes: int | None = None, force: bool = True) -> AutoTable:
-        """Measure ``mpi`` against ``ring`` for ``auto`` and cache it (collective); returns the table."""
+        """Measure ``mpi``, ``ring`` and ``shm`` for ``auto`` and cache it (collective); returns the table."""
         from rapydli.comm import auto
 
         table = auto.tune(self.mpi_comm, max_bytes or auto.QUICK_MAX_BYTES, force=force)

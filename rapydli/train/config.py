@@ -120,7 +120,7 @@ class TrainConfig:
     grad_clip: float | None = _spec(None, "clip the global gradient norm to this (None: no clipping)", low=0.0, high=1e6, low_open=True, optional=True, log=True)
     grad_accum: int = _spec(1, "micro-steps accumulated per optimizer step", low=1, high=1024)
     precision: str = _spec("fp32", "forward/loss precision (bf16: autocast)", choices=("fp32", "bf16"))
-    allreduce: str = _spec("auto", "allreduce algorithm for gradients", choices=("auto", "mpi", "ring", "gloo", "nccl"))
+    allreduce: str = _spec("auto", "allreduce algorithm for gradients", choices=("auto", "mpi", "ring", "shm", "gloo", "nccl"))
     bucket_mb: float = _spec(25.0, "gradient bucket size in MB", low=0.0, high=4096.0, low_open=True, log=True)
     overlap: bool = _spec(True, "start each bucket's allreduce during backward")
     seed: int = _spec(0, "seed of weights, shuffling and dropout", low=0, high=2**32 - 1)
