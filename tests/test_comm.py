@@ -339,6 +339,13 @@ except ConfigError as error:
 else:
     raise AssertionError("shm ran without shared memory")
 comm.close()
+
+# one rank (COMM_SELF): nothing to exchange, the tensor stays as it is
+solo = Communicator(MPI.COMM_SELF, algorithm="shm")
+t = torch.arange(5.0)
+for op in ("sum", "avg", "max"):
+    assert torch.equal(solo.allreduce_(t, op=op), torch.arange(5.0)), op
+solo.close()
 print(f"SHARED OK rank {rank} checks {checks}", flush=True)
 """
 
@@ -364,7 +371,7 @@ for wait_mode in ("polite", "spin"):   # how the communication thread waits (RAP
     comm = Communicator(algorithm="mpi")
     assert comm.progress == "thread", comm.progress   # mpi4py initialises THREAD_MULTIPLE
     assert comm.polite == (wait_mode == "polite")
-    for algorithm in ("mpi", "ring"):
+    for algorithm in ("mpi", "ring", "shm"):
         t = torch.full((4 << 20,), float(comm.rank + 1))
         handle = comm.iallreduce_(t, op="avg", algorithm=algorithm)
         # no MPI call on this thread: only the communication thread can complete the collective

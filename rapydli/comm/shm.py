@@ -218,14 +218,14 @@ class SharedMemoryAlgorithm(Algorithm):
         views = self.buffers.views(flat)
         if views is not None:
             self._reduce_shared(flat, views, op)
-        elif flat.numel():
+        elif flat.numel() and self.size > 1:
             plan = self._plan(flat, op)
             if native.allreduce_function()(ctypes.byref(plan)) != 0:
                 raise ConfigError(f"the shm algorithm cannot reduce {flat.dtype} with op={op!r}")
 
     def prepare(self, flat: torch.Tensor, op: str) -> Callable[[], object] | None:
         """One foreign call on a plan filled once (tensors outside the shared buffers only)."""
-        if self.buffers.views(flat) is not None or not flat.numel():
+        if self.buffers.views(flat) is not None or not flat.numel() or self.size == 1:
             return None
         return partial(native.allreduce_function(), ctypes.byref(self._plan(flat, op)))
 
