@@ -23,9 +23,9 @@ therefore include the tuned convolution kernels as well as the communication; th
 the product's Trainer as a user runs it with autotune on. A model without convolutions
 (the MLP) gets an empty plan, so there ``trainer_autotune`` is the plain ``Trainer`` again.
 
-With
-``--live`` (the default) it then measures what streaming the step metrics to the notebook
-costs a training task on a local cluster (:mod:`rapydli.bench.live`; target <= 2% of the step).
+With ``--live`` (the default) it then measures what streaming the step metrics to the
+notebook costs a training task on a local cluster (:mod:`rapydli.bench.live`; target <= 2%
+of the step).
 """
 
 from __future__ import annotations
