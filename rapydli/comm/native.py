@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from rapydli.native import compile_library, compiler_version, find_compiler
+from rapydli.native import compile_library, compiler_version
 from rapydli.paths import home
 
 SOURCE = Path(__file__).with_name("shm_reduce.c")
@@ -53,11 +53,6 @@ class Plan(ctypes.Structure):
         ("op", ctypes.c_int32),
         ("polite", ctypes.c_int32),
     ]
-
-
-def available() -> bool:
-    """True when the library is built or a C compiler can build it."""
-    return library_path().exists() or find_compiler() is not None
 
 
 def library_path() -> Path:

@@ -235,10 +235,12 @@ class SharedMemoryAlgorithm(Algorithm):
         """Two areas per rank in one shared buffer (collective); None where the compiled path cannot run."""
         from mpi4py import MPI
 
-        try:
-            built = self.buffers.available and native.allreduce_function() is not None
-        except CompileError:
-            built = False
+        built = self.buffers.available
+        if built:
+            try:
+                native.allreduce_function()  # compiled once per machine, loaded once per process
+            except CompileError:
+                built = False
         if not self.comm.allreduce(built, op=MPI.LAND):
             return None
         mine = self.buffers.zeros(2 * _AREA_BYTES, torch.uint8)
