@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -165,16 +170,62 @@ def test_c_kernel_instances_are_cached_on_disk() -> None:
 
 TRITON = importlib.util.find_spec("triton") is not None
 TRITON_SHAPES = ["3x3-pad", "3x3-stride2", "1x1-stride2", "5x5-pad2", "11x11-stride4", "odd-nopad"]
+TRITON_BLOCKS = {"block_m": 64, "block_n": 16, "block_k": 64, "num_warps": 4, "num_stages": 2}
+
+
+def _in_fresh_python(code: str, interpret: bool) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` in a new interpreter: Triton fixes its interpret mode when it is first imported."""
+    env = {**os.environ, "TRITON_INTERPRET": "1" if interpret else "0"}
+    tests = str(Path(__file__).parent)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [tests, env.get("PYTHONPATH")]))
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def triton_interpreted_errors() -> dict[str, str]:
+    """Each Triton shape checked against F.conv2d under the interpreter: '' or the failure, by shape."""
+    code = f"""
+import json
+from test_autotune_candidates import SHAPES, ConvShape, check, registry
+errors = {{}}
+for key in {TRITON_SHAPES!r}:
+    shape = SHAPES[key]
+    small = ConvShape(1, min(shape.c, 4), shape.h, shape.w, min(shape.k, 4), shape.r, shape.s, shape.stride, shape.pad)
+    try:
+        check(registry()["triton_igemm"].instance(small, {TRITON_BLOCKS!r}), small)
+        errors[key] = ""
+    except Exception as error:
+        errors[key] = f"{{type(error).__name__}}: {{error}}"
+print(json.dumps(errors))
+"""
+    result = _in_fresh_python(code, interpret=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
 
 
 @pytest.mark.skipif(not TRITON, reason="triton is not installed (the 'triton' extra)")
 @pytest.mark.parametrize("key", TRITON_SHAPES)
-def test_triton_kernel_matches_conv2d_under_the_interpreter(key: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    shape = SHAPES[key]
-    small = ConvShape(1, min(shape.c, 4), shape.h, shape.w, min(shape.k, 4), shape.r, shape.s, shape.stride, shape.pad)
-    blocks = {"block_m": 64, "block_n": 16, "block_k": 64, "num_warps": 4, "num_stages": 2}
-    check(registry()["triton_igemm"].instance(small, blocks), small)
+def test_triton_kernel_matches_conv2d_under_the_interpreter(key: str, triton_interpreted_errors: dict[str, str]) -> None:
+    assert triton_interpreted_errors[key] == ""
+
+
+@pytest.mark.skipif(not TRITON, reason="triton is not installed (the 'triton' extra)")
+def test_triton_interpret_set_after_import_is_refused_clearly() -> None:
+    code = f"""
+import os
+import triton  # imported in compiled mode, as torch.compile would
+os.environ["TRITON_INTERPRET"] = "1"
+from rapydli.autotune.candidates import registry
+from rapydli.autotune.problem import ConvShape
+from rapydli.errors import ConfigError
+try:
+    registry()["triton_igemm"].instance(ConvShape(1, 2, 5, 5, 2, 3, 3), {TRITON_BLOCKS!r})
+except ConfigError as error:
+    print("refused:", error)
+"""
+    result = _in_fresh_python(code, interpret=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "refused: TRITON_INTERPRET is set now but was unset when triton was first imported" in result.stdout
 
 
 @pytest.mark.skipif(not TRITON, reason="triton is not installed (the 'triton' extra)")

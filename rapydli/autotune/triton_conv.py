@@ -38,10 +38,31 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
+def _check_mode() -> None:
+    """Refuse a ``TRITON_INTERPRET`` that differs from the mode triton was imported in.
+
+    ``triton.jit`` picks compiled or interpreted functions when it decorates them, and
+    triton's own library (``tl.zeros`` and the like) is decorated when triton is first
+    imported: kernels interpreted after a compiled-mode import fail deep inside Triton
+    ("Cannot call @triton.jit'd outside of the scope of a kernel").
+    """
+    import triton.language as tl
+    from triton.runtime.interpreter import InterpretedFunction
+
+    imported = isinstance(tl.zeros, InterpretedFunction)
+    if imported != interpreting():
+        now, then = ("set", "unset") if interpreting() else ("unset", "set")
+        raise ConfigError(
+            f"TRITON_INTERPRET is {now} now but was {then} when triton was first imported in this process, "
+            "and Triton fixes the mode at that import: set TRITON_INTERPRET before anything imports triton "
+            "(torch.compile does), e.g. in the environment of a fresh process"
+        )
+
+
 @cache
-def _load_kernels(interpret: bool) -> ModuleType:  # keyed by the mode: triton.jit reads it at import
+def _load_kernels() -> ModuleType:
     path = cbuild.template_path(SOURCE)
-    spec = importlib.util.spec_from_file_location(f"rapydli_kernels_conv2d_igemm_{int(interpret)}", path)
+    spec = importlib.util.spec_from_file_location("rapydli_kernels_conv2d_igemm", path)
     if spec is None or spec.loader is None:
         raise ConfigError(f"cannot load Triton kernels from {path}")
     module = importlib.util.module_from_spec(spec)
@@ -53,7 +74,8 @@ def kernels() -> ModuleType:
     """The Triton kernel module (loaded from ``kernels/`` on first use)."""
     if not triton_available():
         raise ConfigError("the Triton candidate needs triton: pip install 'rapydli[triton]'")
-    return _load_kernels(interpreting())
+    _check_mode()
+    return _load_kernels()
 
 
 @cache
