@@ -34,6 +34,14 @@ def test_redraws_are_batched_and_rate_limited() -> None:
 @pytest.mark.engines
 def test_metrics_arrive_before_training_ends() -> None:
     arrivals: list[tuple[float, int]] = []
+
+    def paced_mlp():  # nested, so cloudpickle ships it by value
+        model = models.mlp()
+        # 3 ms per forward: 200 steps span over 0.6 s on the engines however fast the machine
+        # (plain MLP steps on digits took 1.2 ms on one, too short for the check below to mean much)
+        model.register_forward_hook(lambda *_: time.sleep(0.003))
+        return model
+
     with rd.Cluster(n=2) as cluster:
         config = rd.TrainConfig(max_steps=200, epochs=50, batch_size=16, allreduce="mpi")
         rows: list[dict] = []
@@ -43,7 +51,7 @@ def test_metrics_arrive_before_training_ends() -> None:
             if row["kind"] == "train":
                 arrivals.append((time.monotonic(), row["step"]))
 
-        job = TrainingJob(cluster, models.mlp, datasets.digits, config, [0, 1], callbacks=[follow])
+        job = TrainingJob(cluster, paced_mlp, datasets.digits, config, [0, 1], callbacks=[follow])
         job.wait()
         ended = time.monotonic()
     assert job.state == "finished"
