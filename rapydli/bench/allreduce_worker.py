@@ -8,9 +8,11 @@ random order every rep, the same on every rank) so every algorithm sees the same
 ``Allreduce`` on a numpy array (``mpi4py``: the MPI library with no RaPyDLI code in the
 way) and torch.distributed ``gloo`` (in a block of its own after the others: its TCP
 threads slow down whichever MPI call follows it). Every call gets the same harness work:
-refill its buffer, barrier, timed call. The torch tensor is allocated through numpy like the
-gradient buckets (:func:`rapydli.comm.tensors.host_zeros`), so both sides reduce the same
-kind of memory. A rep's time is the slowest rank's; the row holds
+refill the buffer, barrier, timed call. Every algorithm reduces the same memory: one
+numpy-allocated buffer per size (:func:`rapydli.comm.tensors.host_zeros`, as the gradient
+buckets are), which mpi4py sees as a numpy array and the others as a torch tensor, so no
+column gets other pages (or a warmer cache) than another.
+A rep's time is the slowest rank's; the row holds
 the median over reps, the minimum (the algorithm when its ranks had their cores) and every
 rep's time (the bench pairs algorithms rep by rep). Rank 0 writes the rows as JSON to ``--out``.
 """
@@ -43,13 +45,9 @@ def repetitions(nbytes: int, max_reps: int = 200) -> int:
     return min(max_reps, max(MIN_REPS, int(64e6 / max(nbytes, 1))))
 
 
-def _time_one(name: str, call: Callable[[], object], array: np.ndarray, tensor: torch.Tensor, times: np.ndarray, rep: int, world: MPI.Comm) -> None:
-    """Time one call of ``name`` into ``times[rep]``, the same harness work for every algorithm."""
-    # refill only the buffer about to be reduced, so each call finds it equally warm
-    if name == "mpi4py":
-        array.fill(1.0)
-    else:
-        tensor.fill_(1.0)
+def _time_one(call: Callable[[], object], tensor: torch.Tensor, times: np.ndarray, rep: int, world: MPI.Comm) -> None:
+    """Time one ``call`` into ``times[rep]``, the same harness work for every algorithm."""
+    tensor.fill_(1.0)  # every call finds the buffer equally warm
     world.Barrier()
     started = time.perf_counter()
     call()
@@ -81,8 +79,7 @@ def main() -> None:
     for nbytes in [size for size in message_sizes(args.max_bytes) if size >= args.min_bytes]:
         count = max(1, nbytes // 4)
         tensor = host_zeros(count, torch.float32)  # numpy-allocated, as gradient buckets are
-        tensor.fill_(1.0)
-        array = np.ones(count, dtype=np.float32)
+        array = tensor.numpy()  # the same memory, for mpi4py
         calls: dict[str, Callable[[], object]] = {
             "mpi4py": lambda: world.Allreduce(MPI.IN_PLACE, array, op=MPI.SUM),
         }
@@ -100,14 +97,14 @@ def main() -> None:
             # a fresh order each rep, so every algorithm runs after every other one alike (a
             # rotation kept each one's predecessor: mpi ran right after ring's many messages)
             for i in order.permutation(interleaved):
-                _time_one(names[i], calls[names[i]], array, tensor, local[i], rep, world)
+                _time_one(calls[names[i]], tensor, local[i], rep, world)
         if "gloo" in names:
             # gloo's own TCP threads keep running after a call and slow the next MPI calls down
             # (measured: 2-4x at <= 1 KiB), so gloo gets a block of its own after the others
             i = names.index("gloo")
             calls["gloo"]()  # warm-up
             for rep in range(reps):
-                _time_one("gloo", calls["gloo"], array, tensor, local[i], rep, world)
+                _time_one(calls["gloo"], tensor, local[i], rep, world)
         slowest = np.empty_like(local)
         world.Allreduce(local, slowest, op=MPI.MAX)
         for i, name in enumerate(names):
