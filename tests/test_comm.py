@@ -140,6 +140,21 @@ for algorithm in ("mpi", "auto", "ring", "shm"):
         raise AssertionError("a tensor made non-contiguous in place was reduced")
     checks += 3
 
+# the ring's prepared plan (views over the tensor's address, laid out once): every dtype, op
+# and awkward size, reduced again and again in the same tensor
+for dtype in DTYPES:
+    for size in (1, 2, 7, 10007):
+        g = torch.Generator().manual_seed(31 * rank + size)
+        x = torch.randn(size, generator=g).mul(1 if dtype.is_floating_point else 100).to(dtype)
+        for op in ("sum", "avg", "max", "min"):
+            again = x.clone()
+            for repeat in range(3):  # the first call plans, the next ones run the plan
+                again.copy_(x)
+                comm.allreduce_(again, op=op, algorithm="ring")
+                check(again, reference(x, op), x, ("ring prepared", dtype, size, op, repeat))
+            assert (id(again), op, "ring") in comm._plans, (dtype, size, op)
+            checks += 1
+
 # the ring's pipeline with many chunks per segment (tiny chunks), every op
 tiny_ring = RingAlgorithm(world, chunk_bytes=12)
 for dtype in (torch.float32, torch.bfloat16, torch.int64):
