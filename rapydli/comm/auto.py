@@ -50,7 +50,7 @@ QUICK_MAX_BYTES = 16 << 20
 #: auto followed that noise (1 MiB: ring picked, then 20 % slower than mpi in the same
 #: benchmark). Where ring really wins (64 MiB and up, 2.3-3x) the margin changes nothing.
 MARGIN = 0.10
-_FORMAT = 2  # 2: shm is a candidate
+_FORMAT = 3  # 2: shm is a candidate; 3: timed on freshly written data
 
 
 @dataclass
@@ -140,7 +140,6 @@ def measure(comm: MPI.Comm, max_bytes: int = QUICK_MAX_BYTES, candidates: tuple[
     for nbytes in table.sizes:
         names = tuple(name for name in candidates if name != "shm" or nbytes <= COMPILED_MAX_BYTES)
         tensor = host_zeros(max(1, nbytes // 4), torch.float32)  # the memory gradient buckets use
-        tensor.fill_(1.0)
         reps = repetitions(nbytes)
         local = np.zeros((len(names), reps))
         calls = [_call(algorithms[name], tensor) for name in names]
@@ -148,6 +147,9 @@ def measure(comm: MPI.Comm, max_bytes: int = QUICK_MAX_BYTES, candidates: tuple[
             call()
         for rep in range(reps):
             for i in range(len(names))[:: 1 if rep % 2 else -1]:  # each goes first every other rep
+                # freshly written data, as a tensor just computed has (and as the bench times
+                # it); without it the sums also doubled up to inf over the reps
+                tensor.fill_(1.0)
                 comm.Barrier()
                 start = time.perf_counter()
                 calls[i]()
