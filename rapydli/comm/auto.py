@@ -47,9 +47,10 @@ QUICK_MAX_BYTES = 16 << 20
 #: Another algorithm replaces the default (``mpi``) only when faster by more than this, so
 #: noise does not flip sizes where they tie; a tie-break costs at most this much speed,
 #: and ``auto`` is meant to stay within 0.95x of the best. 2 ranks of a 2-core host: with a
-#: 3 % margin, ring picked at 1 MiB ran 20 % slower than mpi in the same benchmark; 10 %
-#: kept mpi once the prepared ring led by 9-27 % at 1-16 MiB in the benchmark while the
-#: table, timed in one of this host's slow spells, had it 1-5 % ahead (auto/best 0.79-0.88).
+#: 3 % margin, ring picked at 1 MiB ran 20 % slower than mpi in the same benchmark; with
+#: 10 %, auto kept mpi at 1-16 MiB where the prepared ring led by 9-27 % in the benchmark,
+#: because the table, timed in one of this host's slow spells, had it only 1-6 % ahead
+#: (auto/best 0.79-0.89 there, in two runs).
 MARGIN = 0.05
 _FORMAT = 3  # 2: shm is a candidate; 3: timed on freshly written data
 
