@@ -14,7 +14,7 @@ STAMP := $(VENV)/.rapydli-installed
 export YARN_CACHE_FOLDER := $(CURDIR)/build/yarn-cache
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: demo test install bench clean
+.PHONY: demo test check install bench clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -38,7 +38,12 @@ demo: install
 	@echo
 	@echo "Executed notebook: $(CURDIR)/outputs/01-quickstart.ipynb"
 
-test: install
+# Lint (ruff: pyflakes, bugbear, import order) and types (mypy) before the tests.
+check: install
+	$(VENV)/bin/ruff check rapydli tests
+	$(VENV)/bin/mypy
+
+test: check
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 bench: install

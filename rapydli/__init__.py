@@ -32,23 +32,23 @@ __version__ = "0.1.0"
 # public name -> module that defines it
 _LAZY: dict[str, str] = {
     "Cluster": "rapydli.cluster",
-    "TrainConfig": "rapydli.train.config",
-    "RunResult": "rapydli.experiments.training",
-    "scaling_study": "rapydli.experiments.scaling",
+    "TrainConfig": "rapydli.trainer.config",
+    "RunResult": "rapydli.experiments.run",
+    "train": "rapydli.notebook",
+    "scaling_study": "rapydli.notebook",
     "ScalingResult": "rapydli.experiments.scaling",
-    "sweep": "rapydli.experiments.sweep",
+    "sweep": "rapydli.notebook",
     "SweepResult": "rapydli.experiments.sweep",
     "loguniform": "rapydli.experiments.space",
     "uniform": "rapydli.experiments.space",
     "choice": "rapydli.experiments.space",
     "intrange": "rapydli.experiments.space",
-    "record": "rapydli.experiments.record",
-    "runs": "rapydli.experiments.store",
-    "run": "rapydli.experiments.store",
+    "record": "rapydli.notebook",
+    "runs": "rapydli.experiments.runview",
+    "run": "rapydli.experiments.runview",
     "batch": "rapydli.experiments.batch",
 }
-# `rd.train` is the package `rapydli.train`, which is callable: rd.train(model_fn, data_fn, config)
-_SUBPACKAGES = {"widgets", "data", "comm", "autotune", "cluster", "experiments", "train"}
+_SUBPACKAGES = {"widgets", "data", "comm", "autotune", "cluster", "experiments", "trainer", "zoo"}
 
 __all__ = [
     "ClusterError",
@@ -60,7 +60,6 @@ __all__ = [
     "StoreError",
     "__version__",
     "load_ipython_extension",
-    "train",
     *sorted(_LAZY),
 ]
 
@@ -96,10 +95,10 @@ def unload_ipython_extension(ipython: Any) -> None:
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from rapydli.cluster import Cluster
     from rapydli.experiments.batch import batch
-    from rapydli.experiments.record import record
-    from rapydli.experiments.scaling import ScalingResult, scaling_study
+    from rapydli.experiments.run import RunResult
+    from rapydli.experiments.runview import run, runs
+    from rapydli.experiments.scaling import ScalingResult
     from rapydli.experiments.space import choice, intrange, loguniform, uniform
-    from rapydli.experiments.store import run, runs
-    from rapydli.experiments.sweep import SweepResult, sweep
-    from rapydli.train.config import TrainConfig
-    from rapydli.experiments.training import RunResult, train
+    from rapydli.experiments.sweep import SweepResult
+    from rapydli.notebook import record, scaling_study, sweep, train
+    from rapydli.trainer.config import TrainConfig

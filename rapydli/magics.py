@@ -91,6 +91,8 @@ class RapydliMagics(Magics):
     def rapydli(self, line: str) -> Any:
         """Manage the notebook's MPI cluster: ``%rapydli start [-n N] [--launcher L] [key=value ...]``."""
         args = _parse(self.rapydli, line)
+        if args.n is not None and args.n < 1:
+            raise UsageError(f"-n {args.n} is invalid: must be >= 1")
         if args.action == "start":
             cluster = self._start(args.n or os.cpu_count() or 1, args.launcher, _launcher_options(args.options))
             return cluster.status()

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
+
+from rapydli.settings import settings
 
 
 def home() -> Path:
     """``$RAPYDLI_HOME`` or ``~/.rapydli`` (not created here)."""
-    return Path(os.environ.get("RAPYDLI_HOME") or Path.home() / ".rapydli").expanduser()
+    return settings().home
 
 
 def subdir(name: str) -> Path:

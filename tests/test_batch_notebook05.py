@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-
 from processes import engine_pids
+
 from rapydli.cli import main
 from rapydli.experiments import store as store_mod
 from rapydli.experiments.record import read_records
@@ -44,7 +44,7 @@ def test_readme_batch_over_notebook_05(tmp_path: Path, monkeypatch: pytest.Monke
         assert store.records(row.run_id)["accuracy"]["value"] == pytest.approx(row.accuracy)
         (train,), _ = store.list_runs(kind="train", parent=row.run_id)
         assert train["status"] == "finished" and train["world_size"] == row.workers
-        assert train["params"]["model_fn"] == "rapydli.train.models:mlp"
+        assert train["params"]["model_fn"] == "rapydli.zoo.models:mlp"
         assert train["params"]["config"]["lr"] == row.lr
         assert read_records(row.output)["throughput"] == pytest.approx(row.throughput)
 

@@ -131,10 +131,10 @@ def test_repeat_a_batch_item_with_the_same_parameters(store: store_mod.RunStore,
 @pytest.mark.engines
 @pytest.mark.timeout(600)
 def test_repeat_a_train_run_with_the_same_seed(store: store_mod.RunStore) -> None:
-    from rapydli.experiments.training import train
+    from rapydli.experiments.run import run_training
 
     config = {"lr": 0.05, "epochs": 1, "max_steps": 3, "batch_size": 16, "optimizer": "sgd", "seed": 3, "workers": 1}
-    first = train("rapydli.train.models:mlp", "rapydli.train.datasets:digits", config, progress=False)
+    first = run_training("rapydli.zoo.models:mlp", "rapydli.zoo.datasets:digits", config, progress=False)
     out = invoke("runs", "repeat", first.run_id)
     new_id = out.split(" as run ")[1].split()[0]
     a, b = store.get_run(first.run_id), store.get_run(new_id)

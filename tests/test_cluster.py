@@ -11,8 +11,8 @@ import time
 
 import psutil
 import pytest
-
 from processes import engine_pids, wait_until_gone
+
 from rapydli.cluster import Cluster, launchers, parse_targets
 from rapydli.cluster.engine import context
 from rapydli.cluster.events import emit

@@ -8,7 +8,13 @@ import pytest
 import torch
 from torch.utils.data import TensorDataset
 
-from rapydli.data import LOADER_KINDS, LMDBDataset, build_loader, rank_indices, write_lmdb
+from rapydli.data import (
+    LOADERS,
+    LMDBDataset,
+    build_loader,
+    rank_indices,
+    write_lmdb,
+)
 from rapydli.errors import ConfigError
 
 
@@ -22,8 +28,8 @@ def options(**overrides):
 
 
 def test_unknown_kind_lists_the_allowed_kinds() -> None:
-    assert set(LOADER_KINDS) == {"default", "clairvoyant"}
-    with pytest.raises(ConfigError, match="kind='fast' is not a loader kind; allowed: clairvoyant, default"):
+    assert LOADERS.names() == ["clairvoyant", "default"]
+    with pytest.raises(ConfigError, match="'fast' is not a loader kind: allowed are 'clairvoyant', 'default'"):
         build_loader(dataset(), kind="fast", **options())
 
 

@@ -23,8 +23,8 @@ from typing import Any
 
 import psutil
 import pytest
-
 from processes import engine_pids, wait_until_gone
+
 from rapydli.experiments.store import RunStore
 
 ROOT = Path(__file__).resolve().parents[1]

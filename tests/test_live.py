@@ -8,9 +8,9 @@ import pytest
 
 import rapydli as rd
 from rapydli.cluster import events
-from rapydli.experiments.trainjob import TrainingJob
-from rapydli.train import datasets, models
+from rapydli.experiments.job import TrainingJob
 from rapydli.widgets.live import LivePlot
+from rapydli.zoo import datasets, models
 
 
 def _row(step: int) -> dict:

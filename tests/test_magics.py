@@ -10,8 +10,8 @@ import pytest
 from IPython.core.error import UsageError
 from IPython.testing.globalipapp import start_ipython
 from IPython.utils.capture import capture_output
-
 from processes import wait_until_gone
+
 from rapydli.errors import RankFailure
 
 pytestmark = pytest.mark.engines
@@ -185,3 +185,15 @@ def test_bad_launcher_starts_nothing(ip):
     assert not wait_until_gone()  # the old cluster is gone and nothing new was started
     with capture_output():
         ip.run_line_magic("rapydli", "start -n 2")
+
+
+@pytest.mark.parametrize("n", [0, -3])
+def test_start_with_no_engines_is_refused_and_starts_nothing(n):
+    from IPython.core.interactiveshell import InteractiveShell
+
+    from rapydli.magics import RapydliMagics
+
+    magics = RapydliMagics(InteractiveShell.instance())
+    with pytest.raises(UsageError, match=f"-n {n} is invalid: must be >= 1"):
+        magics.rapydli(f"start -n {n}")
+    assert magics._cluster is None

@@ -20,12 +20,12 @@ def test_import_is_light():
 
 
 def test_rd_train_is_callable_and_its_submodules_import():
-    import rapydli.train.models as models  # resolved through the attribute rapydli.train
+    import rapydli.zoo.models as models  # resolved through the attribute rapydli.trainer
 
-    assert models.__name__ == "rapydli.train.models"
-    assert rd.TrainConfig.__module__ == "rapydli.train.config"
+    assert models.__name__ == "rapydli.zoo.models"
+    assert rd.TrainConfig.__module__ == "rapydli.trainer.config"
     with pytest.raises(rd.ConfigError, match="lr"):  # calling rd.train reaches the trainer entry point
-        rd.train(models.mlp, "rapydli.train.datasets:digits", {"lr": -1.0})
+        rd.train(models.mlp, "rapydli.zoo.datasets:digits", {"lr": -1.0})
 
 
 def test_public_api_names_resolve():

@@ -7,7 +7,7 @@ import pytest
 import rapydli as rd
 from rapydli.errors import ConfigError
 from rapydli.experiments.perfmodel import RingModel, fit_ring, predict_step_time
-from rapydli.train import datasets, models
+from rapydli.zoo import datasets, models
 
 
 def test_ring_model_formula_and_fit() -> None:

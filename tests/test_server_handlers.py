@@ -19,9 +19,9 @@ from typing import Any
 
 import pytest
 import tornado.httpclient
+from processes import engine_pids, wait_until_gone
 from pytest_jupyter.jupyter_server import *  # noqa: F403 - the fixtures jp_fetch needs, for this module only
 
-from processes import engine_pids, wait_until_gone
 from rapydli.experiments.store import RunStore, open_store
 
 

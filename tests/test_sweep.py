@@ -11,9 +11,9 @@ import pytest
 import rapydli as rd
 from rapydli.errors import ConfigError
 from rapydli.experiments.space import validate_space
-from rapydli.experiments.sweep import Sweep
 from rapydli.experiments.store import open_store
-from rapydli.train import datasets, models
+from rapydli.experiments.sweep import Sweep
+from rapydli.zoo import datasets, models
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +98,7 @@ def test_a_trial_that_kills_its_engine_fails_and_the_sweep_restarts_the_cluster(
     marker = str(tmp_path / "died")
 
     def data_killing_the_first_engine():
-        from rapydli.train import datasets as data
+        from rapydli.zoo import datasets as data
 
         try:  # the first trial to get here takes its engine down (a segfault, an OOM kill)
             os.close(os.open(marker, os.O_CREAT | os.O_EXCL))

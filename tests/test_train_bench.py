@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from rapydli.bench import live
 from rapydli.bench import trainer as trainer_bench
 from rapydli.bench.trainer import command, summarize
-from rapydli.experiments.trainjob import WARMUP_STEPS
+from rapydli.trainer.task import WARMUP_STEPS
 
 
 def test_summary_targets_from_rows() -> None:

@@ -7,7 +7,7 @@ import pickle
 import pytest
 import torch
 
-from rapydli.train import checkpoint as ckpt
+from rapydli.trainer import checkpoint as ckpt
 
 
 class _Unpicklable:
@@ -52,7 +52,8 @@ def test_load_rejects_foreign_files(tmp_path) -> None:
 RESUME = """
 import torch
 from torch import nn
-from rapydli.train import Trainer, TrainConfig, datasets
+from rapydli.trainer import Trainer, TrainConfig
+from rapydli.zoo import datasets
 
 class Stop(Exception):
     pass

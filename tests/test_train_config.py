@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from rapydli.errors import ConfigError
-from rapydli.train.config import TrainConfig, fields_spec
+from rapydli.trainer.config import TrainConfig, fields_spec
 
 
 @pytest.mark.parametrize(
@@ -21,8 +21,8 @@ from rapydli.train.config import TrainConfig, fields_spec
         ({"optimizer": "adam"}, "TrainConfig.optimizer='adam' is invalid: must be one of 'sgd', 'adamw'"),
         ({"lr_schedule": "linear"}, "'constant', 'cosine', 'step'"),
         ({"precision": "fp16"}, "'fp32', 'bf16'"),
-        ({"allreduce": "nccl2"}, "'auto', 'mpi', 'ring', 'shm', 'gloo', 'nccl'"),
-        ({"loader": "fast"}, "'default', 'clairvoyant'"),
+        ({"allreduce": "nccl2"}, "'auto', 'gloo', 'mpi', 'nccl', 'ring', 'shm'"),
+        ({"loader": "fast"}, "'clairvoyant', 'default'"),
         ({"momentum": 1.0}, "TrainConfig.momentum=1.0 is invalid: must be in [0, 1)"),
         ({"grad_clip": 0.0}, "TrainConfig.grad_clip=0.0 is invalid: must be in (0, 1000000] or None"),
         ({"grad_accum": 0}, "TrainConfig.grad_accum=0"),
@@ -55,7 +55,7 @@ def test_dict_round_trip_and_unknown_keys() -> None:
     cfg = TrainConfig(epochs=2, optimizer="sgd", lr_schedule="cosine", grad_clip=1.0, precision="bf16")
     assert TrainConfig.from_dict(cfg.to_dict()) == cfg
     assert cfg.replace(lr=0.5).lr == 0.5
-    with pytest.raises(ConfigError, match="unknown TrainConfig field.*learning_rate"):
+    with pytest.raises(ConfigError, match="TrainConfig has no field 'learning_rate'"):
         TrainConfig.from_dict({"learning_rate": 0.1})
     with pytest.raises(ConfigError, match="TrainConfig.lr"):
         cfg.replace(lr=-1.0)
@@ -76,10 +76,34 @@ def test_fields_spec_describes_every_field() -> None:
 
 
 def test_choices_follow_the_registries() -> None:
-    """config.py stays free of torch/mpi4py imports, so its choice lists are pinned here."""
     from rapydli.comm.base import algorithm_names
-    from rapydli.data.loaders import LOADER_KINDS
+    from rapydli.data.kinds import LOADERS
 
     choices = {spec.name: set(spec.choices or ()) for spec in TrainConfig.fields_spec()}
     assert choices["allreduce"] == set(algorithm_names())
-    assert choices["loader"] == set(LOADER_KINDS)
+    assert choices["loader"] == set(LOADERS.names())
+
+
+def test_a_registered_algorithm_is_selectable(monkeypatch: pytest.MonkeyPatch) -> None:
+    from rapydli.comm.registry import ALGORITHMS
+
+    with pytest.raises(ConfigError, match="allreduce='tree' is invalid: must be one of"):
+        TrainConfig(allreduce="tree")
+    monkeypatch.setitem(ALGORITHMS._factories, "tree", "mypackage.tree:TreeAlgorithm")
+    assert TrainConfig(allreduce="tree").allreduce == "tree"
+
+
+def test_config_module_stays_light() -> None:
+    """Building a TrainConfig (in the notebook, the CLI, the panel) imports neither torch nor mpi4py."""
+    import subprocess
+    import sys
+
+    code = "import sys; from rapydli.trainer.config import TrainConfig; TrainConfig(); print(sorted(m for m in ('torch', 'mpi4py') if m in sys.modules))"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "[]"
+
+
+def test_a_misspelt_keyword_names_the_closest_field() -> None:
+    with pytest.raises(ConfigError, match=r"TrainConfig has no field 'lrr': did you mean 'lr'\?"):
+        TrainConfig(lrr=0.1)
+    with pytest.raises(ConfigError, match=r"no field 'bach_size': did you mean 'batch_size'\?"):
+        TrainConfig.from_dict({"bach_size": 8})

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rapydli.train import datasets, models
+from rapydli.zoo import datasets, models
 
 
 @pytest.mark.parametrize(

@@ -16,7 +16,8 @@ from torch import nn
 from torch.nn import functional as F
 from rapydli.comm import Communicator
 from rapydli.data.sampler import rank_indices
-from rapydli.train import Trainer, TrainConfig, datasets
+from rapydli.trainer import Trainer, TrainConfig
+from rapydli.zoo import datasets
 
 world = MPI.COMM_WORLD
 rank, size = world.Get_rank(), world.Get_size()
@@ -130,7 +131,8 @@ print("OK")
 def test_grad_accum_larger_than_epoch_is_a_config_error() -> None:
     import torch
 
-    from rapydli.train import Trainer, TrainConfig, datasets, models
+    from rapydli.trainer import TrainConfig, Trainer
+    from rapydli.zoo import datasets, models
 
     train, val = datasets.synthetic_features(num_samples=20, in_features=8)
     with pytest.raises(ConfigError, match="grad_accum=8"):
@@ -142,7 +144,7 @@ def test_grad_accum_larger_than_epoch_is_a_config_error() -> None:
 @pytest.mark.mpi
 def test_autotune_plan_is_made_once_and_applied_on_every_rank(run_mpi) -> None:
     code = COMMON + """
-from rapydli.train import models
+from rapydli.zoo import models
 from rapydli.autotune import TunedConv2d
 train, val = datasets.digits()
 torch.manual_seed(0)

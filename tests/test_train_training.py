@@ -6,9 +6,9 @@ import pytest
 
 import rapydli as rd
 from rapydli.errors import ConfigError, RankFailure
-from rapydli.experiments.store import open_store
 from rapydli.experiments.refs import callable_ref, resolve_callable
-from rapydli.train import models
+from rapydli.experiments.store import open_store
+from rapydli.zoo import models
 
 
 @pytest.fixture(scope="module")
@@ -19,16 +19,16 @@ def cluster():
 
 def test_bad_arguments_fail_before_anything_starts() -> None:
     with pytest.raises(ConfigError, match="TrainConfig.lr"):
-        rd.train(models.mlp, "rapydli.train.datasets:digits", {"lr": -1.0})
-    with pytest.raises(ConfigError, match="model_fn='rapydli.train.models:nope' cannot be imported"):
-        rd.train("rapydli.train.models:nope", "rapydli.train.datasets:digits", rd.TrainConfig())
+        rd.train(models.mlp, "rapydli.zoo.datasets:digits", {"lr": -1.0})
+    with pytest.raises(ConfigError, match="model_fn='rapydli.zoo.models:nope' cannot be imported"):
+        rd.train("rapydli.zoo.models:nope", "rapydli.zoo.datasets:digits", rd.TrainConfig())
     with pytest.raises(ConfigError, match="data_fn=42"):
         rd.train(models.mlp, 42, rd.TrainConfig())  # type: ignore[arg-type]
 
 
 def test_callable_refs_round_trip() -> None:
-    assert callable_ref(models.resnet_mini) == "rapydli.train.models:resnet_mini"
-    assert resolve_callable("rapydli.train.models:resnet_mini", "model_fn") is models.resnet_mini
+    assert callable_ref(models.resnet_mini) == "rapydli.zoo.models:resnet_mini"
+    assert resolve_callable("rapydli.zoo.models:resnet_mini", "model_fn") is models.resnet_mini
     assert callable_ref(lambda: None) is None
 
 
@@ -36,7 +36,7 @@ def test_callable_refs_round_trip() -> None:
 def test_train_returns_history_and_records_the_run(cluster) -> None:
     live: list[dict] = []
     config = rd.TrainConfig(epochs=1, max_steps=8, batch_size=32, lr=0.01, eval_every=4, allreduce="mpi")
-    result = rd.train(models.mlp, "rapydli.train.datasets:digits", config, cluster=cluster, callbacks=[live.append], progress=False)
+    result = rd.train(models.mlp, "rapydli.zoo.datasets:digits", config, cluster=cluster, callbacks=[live.append], progress=False)
     history = result.history
     train_rows = history[history["kind"] == "train"]
     eval_rows = history[history["kind"] == "eval"]
@@ -50,8 +50,8 @@ def test_train_returns_history_and_records_the_run(cluster) -> None:
     store = open_store()
     run = store.get_run(result.run_id)
     assert run["status"] == "finished" and run["kind"] == "train" and run["world_size"] == 2
-    assert run["params"]["model_fn"] == "rapydli.train.models:mlp"
-    assert run["params"]["data_fn"] == "rapydli.train.datasets:digits"
+    assert run["params"]["model_fn"] == "rapydli.zoo.models:mlp"
+    assert run["params"]["data_fn"] == "rapydli.zoo.datasets:digits"
     assert run["params"]["config"]["max_steps"] == 8
     logged = store.metrics(result.run_id)
     assert {m["name"] for m in logged} >= {"loss", "lr", "val_loss", "val_accuracy", "step_time_s"}
@@ -61,7 +61,7 @@ def test_train_returns_history_and_records_the_run(cluster) -> None:
 def test_a_rank_that_raises_is_named_and_the_run_is_failed(cluster) -> None:
     def data_failing_on_rank_1():
         from rapydli.cluster.engine import context
-        from rapydli.train import datasets
+        from rapydli.zoo import datasets
 
         if context().rank == 1:
             raise RuntimeError("broken shard on rank 1")

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 import rapydli as rd
-from rapydli.train import datasets, models
 from rapydli.widgets import HyperparameterPanel, SweepPanel
+from rapydli.zoo import datasets, models
 
 
 @pytest.fixture(scope="module")

@@ -18,6 +18,7 @@ from typing import Any
 from rapydli.autotune.runner import Measurement, Runner
 from rapydli.autotune.search import Config, Problem
 from rapydli.errors import StoreError
+from rapydli.paths import home
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS measurements (
@@ -41,7 +42,7 @@ _COLUMNS = "status, median, variance, times, error, message, passes"
 
 def default_path() -> Path:
     """``$RAPYDLI_HOME/autotune.db`` (default ``~/.rapydli/autotune.db``)."""
-    return Path(os.environ.get("RAPYDLI_HOME", Path.home() / ".rapydli")) / "autotune.db"
+    return home() / "autotune.db"
 
 
 class Cache:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
-import os
 from collections.abc import Mapping
 from functools import cache
 from importlib import resources
@@ -20,6 +19,7 @@ from typing import Any
 
 from rapydli.errors import ConfigError
 from rapydli.native import compile_library, compiler_version
+from rapydli.paths import subdir
 
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=gnu11")
 
@@ -57,10 +57,7 @@ def templates_digest() -> str:
 
 def cache_dir() -> Path:
     """Where compiled instances live: ``$RAPYDLI_HOME/kernels`` (default ``~/.rapydli/kernels``)."""
-    home = Path(os.environ.get("RAPYDLI_HOME", Path.home() / ".rapydli"))
-    path = home / "kernels"
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+    return subdir("kernels")
 
 
 def _defines(params: Mapping[str, Any]) -> list[str]:

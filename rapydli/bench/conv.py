@@ -6,7 +6,7 @@ Three parts, each with its peer measured in the same run:
    ``--gflop`` GFLOP, well under a second): GFLOP/s of ``F.conv2d`` (NCHW, oneDNN),
    ``F.conv2d`` channels-last, im2col+GEMM, the best generated C kernel, and the tuned
    choice (forward; the tuner's own measurements).
-2. Training step (forward, backward, SGD step) of the small ResNet (``rapydli.train.models``)
+2. Training step (forward, backward, SGD step) of the small ResNet (``rapydli.zoo.models``)
    and of a ResNet-50-style bottleneck stack: default model, whole model channels-last,
    and ``autotune_model`` (train mode), timed in interleaved rounds; speedups are the
    median of the per-round ratios, with their quartiles and the load average around them.
@@ -160,7 +160,7 @@ def layer_rows(names: tuple[str, ...], gflop: float, preset: str, cache: Cache) 
 
 def model_rows(batch: int, preset: str, cache: Cache, reps: int) -> list[dict[str, Any]]:
     from rapydli.autotune.model import autotune_model
-    from rapydli.train.models import resnet_mini
+    from rapydli.zoo.models import resnet_mini
 
     rows = []
     models = {

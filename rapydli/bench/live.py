@@ -1,7 +1,7 @@
 """The live-metrics part of ``rapydli bench trainer``: what watching training costs it.
 
 Starts a local cluster of ``n`` engines and runs the task that ``rd.train``, the widgets and
-sweeps run (:func:`rapydli.experiments.trainjob.train_task`) twice per round, interleaved:
+sweeps run (:func:`rapydli.trainer.task.engine_task`) twice per round, interleaved:
 with its step rows streamed to a :class:`~rapydli.widgets.live.LivePlot` in this process
 (events on, as in a notebook) and with streaming off (``emit`` returns at once). The
 cost is the median over rounds of the ratio of their median step times (slowest rank)
@@ -19,8 +19,8 @@ import statistics
 import time
 from typing import Any
 
-from rapydli.train import datasets, models
-from rapydli.train.config import TrainConfig
+from rapydli.trainer.config import TrainConfig
+from rapydli.zoo import datasets, models
 
 MAX_LIVE_COST = 0.02
 MAX_LAG_S = 1.0
@@ -37,7 +37,7 @@ def per_call_costs(calls: int) -> dict[str, float]:
     """Engine side: microseconds per ``emit`` (coalesced), per publish, per ``should_stop``."""
     from rapydli.cluster import events
     from rapydli.cluster.engine import context, should_stop
-    from rapydli.train.callbacks import STEP_KEYS
+    from rapydli.trainer.callbacks import STEP_KEYS
 
     comm = context().comm
     row = dict.fromkeys(STEP_KEYS, 0.0)
@@ -65,7 +65,7 @@ def per_call_costs(calls: int) -> dict[str, float]:
 def measure(n: int, names: list[str], steps: int, rounds: int, allreduce: str, bucket_mb: float) -> list[dict[str, Any]]:
     """Rows ``{model, variant: live|quiet, step_ms, ...}`` and one ``per_call`` row per rank."""
     from rapydli.cluster import Cluster
-    from rapydli.experiments.trainjob import train_task
+    from rapydli.trainer.task import engine_task
     from rapydli.widgets.live import LivePlot
 
     rows: list[dict[str, Any]] = []
@@ -79,7 +79,7 @@ def measure(n: int, names: list[str], steps: int, rounds: int, allreduce: str, b
                 for variant in list(times)[:: 1 if round_ % 2 == 0 else -1]:  # alternate who goes first
                     plot = LivePlot(widget=False) if variant == "live" else None
                     on_event = None if plot is None else functools.partial(_to_plot, plot)
-                    results = cluster.submit(train_task, LIVE_MODELS[name], data, config.to_dict(), on_event=on_event).wait()
+                    results = cluster.submit(engine_task, LIVE_MODELS[name], data, config.to_dict(), on_event=on_event).wait()
                     times[variant].append(max(r["timing"]["step_time_s"] for r in results))
                     if plot is not None:
                         plot.flush()

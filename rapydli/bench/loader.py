@@ -105,7 +105,14 @@ def command(
 ) -> None:
     """DataLoader vs ClairvoyantLoader over files and LMDB, throttled and not."""
     from rapydli.bench.report import emit
-    from rapydli.data import ClairvoyantLoader, FileDataset, LMDBDataset, build_loader, write_files, write_lmdb
+    from rapydli.data import (
+        ClairvoyantLoader,
+        FileDataset,
+        LMDBDataset,
+        build_loader,
+        write_files,
+        write_lmdb,
+    )
     from rapydli.data.store import store_bytes
     from rapydli.errors import ConfigError
 

@@ -41,7 +41,7 @@ import click
 from rapydli.bench.report import emit
 from rapydli.cluster import mpirun
 from rapydli.errors import ClusterError
-from rapydli.experiments.trainjob import WARMUP_STEPS
+from rapydli.trainer.task import WARMUP_STEPS
 
 TRAINER_VS_DDP = 0.85
 MAX_OVERHEAD = 0.10

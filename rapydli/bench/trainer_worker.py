@@ -34,9 +34,9 @@ from torch import nn
 
 from rapydli.comm import Communicator
 from rapydli.data.loaders import build_loader
-from rapydli.train import datasets, models
-from rapydli.train.config import TrainConfig
-from rapydli.train.trainer import Trainer, build_optimizer, loss_and_correct
+from rapydli.trainer.config import TrainConfig
+from rapydli.trainer.loop import Trainer, build_optimizer, loss_and_correct
+from rapydli.zoo import datasets, models
 
 MODELS: dict[str, tuple[Callable[[], nn.Module], Callable[..., Any]]] = {
     "resnet_mini": (lambda: models.resnet_mini(in_channels=3), lambda n: datasets.synthetic_images(n, size=32, val_fraction=0.01)),

@@ -34,7 +34,7 @@ def runs() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON lines instead of a table.")
 def list_runs(kind: str | None, status: str | None, parent: str | None, limit: int, as_json: bool) -> None:
     """List runs, newest first."""
-    from rapydli.experiments.store import iso_times
+    from rapydli.experiments.runview import iso_times
 
     store = _store()
     if parent is not None:
@@ -75,7 +75,7 @@ def list_runs(kind: str | None, status: str | None, parent: str | None, limit: i
 @click.option("--json", "as_json", is_flag=True, help="Print the run, its final metrics and artifacts as JSON.")
 def show(run_id: str, as_json: bool) -> None:
     """Show one run: parameters, status, final metrics, records, artifacts, environment."""
-    from rapydli.experiments.store import iso_times
+    from rapydli.experiments.runview import iso_times
 
     store = _store()
     run = store.get_run(store.resolve(run_id))
@@ -168,7 +168,6 @@ def compare(run_ids: tuple[str, ...], all_params: bool) -> None:
 def repeat(run_id: str, out: str | None, parallel: int | None) -> None:
     """Re-run a recorded train run or batch (or batch item) with the same parameters and seed."""
     from rapydli.experiments.repeat import repeat_run
-
     from rapydli.experiments.store import require_store
 
     new_id = repeat_run(run_id, out=out, parallel=parallel)
@@ -188,7 +187,7 @@ def repeat(run_id: str, out: str | None, parallel: int | None) -> None:
 @click.option("--output", "-o", type=click.Path(dir_okay=False, writable=True), default="-", show_default=True)
 def export(run_ids: tuple[str, ...], kind: str | None, status: str | None, fmt: str, output: str) -> None:
     """Export runs (all, filtered, or the given ids) as JSON Lines or CSV."""
-    from rapydli.experiments.store import iso_times
+    from rapydli.experiments.runview import iso_times
 
     store = _store()
     if run_ids:

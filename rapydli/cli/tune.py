@@ -6,6 +6,7 @@ import json
 
 import click
 
+from rapydli.autotune import strategies
 from rapydli.errors import ConfigError
 
 _MODELS = ("resnet-mini",)
@@ -15,7 +16,7 @@ def _common(fn: click.decorators.FC) -> click.decorators.FC:
     for option in reversed([
         click.option("--mode", type=click.Choice(["train", "inference"]), default="train", show_default=True,
                      help="train times forward + both gradients"),
-        click.option("--strategy", type=click.Choice(["exhaustive", "random"]), default="exhaustive", show_default=True),
+        click.option("--strategy", type=click.Choice(strategies.names()), default="exhaustive", show_default=True),
         click.option("--budget", type=int, default=8, show_default=True, help="configurations for --strategy random"),
         click.option("--preset", type=click.Choice(["tiny", "small", "default", "full"]), default="default",
                      show_default=True, help="domains of the generated kernels"),
@@ -81,7 +82,7 @@ def model(name: str, batch: int, mode: str, strategy: str, budget: int, preset: 
     import torch
 
     from rapydli.autotune import autotune_model
-    from rapydli.train.models import resnet_mini
+    from rapydli.zoo.models import resnet_mini
 
     if batch < 1:
         raise ConfigError(f"--batch must be >= 1, got {batch}")

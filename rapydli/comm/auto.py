@@ -36,6 +36,7 @@ from rapydli.comm.shm import COMPILED_MAX_BYTES, SharedMemoryAlgorithm
 from rapydli.comm.tensors import HALF_DTYPES, host_zeros
 from rapydli.comm.waiting import SPIN, Pace
 from rapydli.paths import home
+from rapydli.settings import settings
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -215,7 +216,7 @@ def tune(comm: MPI.Comm, max_bytes: int = QUICK_MAX_BYTES, force: bool = False) 
     table = load(key) if comm.Get_rank() == 0 and not force else None
     table = comm.bcast(table, root=0)
     if table is None:
-        if os.environ.get("RAPYDLI_COMM_AUTOTUNE", "1") == "0" and not force:
+        if not settings().comm_autotune and not force:
             return AutoTable(key=key)
         table = measure(comm, max_bytes)
         if comm.Get_rank() == 0:

@@ -11,11 +11,11 @@ the others (``gloo``/``nccl`` pull in ``torch.distributed`` only when used)::
 from __future__ import annotations
 
 from collections.abc import Callable
-from importlib import import_module
 from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
+from rapydli.comm.registry import ALGORITHMS
 from rapydli.comm.tensors import byte_array
 from rapydli.errors import ConfigError
 
@@ -93,37 +93,23 @@ class Algorithm:
         return self.name
 
 
-_REGISTRY: dict[str, str | Callable[[MPI.Comm], Algorithm]] = {
-    "mpi": "rapydli.comm.mpi:MPIAlgorithm",
-    "ring": "rapydli.comm.ring:RingAlgorithm",
-    "gloo": "rapydli.comm.torchdist:GlooAlgorithm",
-    "nccl": "rapydli.comm.torchdist:NcclAlgorithm",
-    "auto": "rapydli.comm.auto:AutoAlgorithm",
-    "shm": "rapydli.comm.shm:SharedMemoryAlgorithm",
-}
-
-
 def register_algorithm(name: str, factory: str | Callable[[MPI.Comm], Algorithm]) -> None:
     """Register ``factory`` (a callable or ``"module:attribute"``) under ``name``."""
-    _REGISTRY[name] = factory
+    ALGORITHMS.register(name, factory)
 
 
 def algorithm_names() -> list[str]:
     """Registered algorithm names, sorted."""
-    return sorted(_REGISTRY)
+    return ALGORITHMS.names()
 
 
 def check_algorithm(name: str) -> str:
     """Return ``name`` if registered, else raise :class:`ConfigError` listing the allowed names."""
-    if name not in _REGISTRY:
+    if name not in ALGORITHMS.names():
         raise ConfigError(f"algorithm={name!r} is invalid: allowed algorithms are {', '.join(algorithm_names())}")
     return name
 
 
 def create_algorithm(name: str, comm: MPI.Comm) -> Algorithm:
     """Instantiate the algorithm registered as ``name`` over ``comm`` (collective for some)."""
-    factory = _REGISTRY[check_algorithm(name)]
-    if isinstance(factory, str):
-        module_name, attribute = factory.split(":")
-        factory = getattr(import_module(module_name), attribute)
-    return factory(comm)
+    return ALGORITHMS.load(check_algorithm(name))(comm)

@@ -11,7 +11,6 @@ call of the communicator goes through the thread; below that there is no thread 
 
 from __future__ import annotations
 
-import os
 import time
 import weakref
 from collections.abc import Callable
@@ -29,6 +28,7 @@ from rapydli.comm.handle import (
 )
 from rapydli.comm.tensors import OPS, check_op, finish_avg, flat_view
 from rapydli.errors import ConfigError
+from rapydli.settings import settings
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -77,7 +77,7 @@ class Communicator:
             self.progress = "none"
         self._async_comm: MPI.Comm = self.mpi_comm.Dup() if self.progress == "thread" else self.mpi_comm
         #: the communication thread waits politely (tests + sleeps) while the caller computes
-        self.polite: bool = os.environ.get("RAPYDLI_COMM_WAIT", "polite") != "spin"
+        self.polite: bool = settings().comm_wait == "polite"
         self._pace = Pace(polite=self.polite)
         self._thread: CommThread | None = CommThread(self._pace) if self.progress != "none" else None
         self._algorithms: dict[str, tuple[Algorithm, Algorithm]] = {}

@@ -1,23 +1,31 @@
 """Data for distributed training: the deterministic sampler, sample stores, loaders.
 
-``lmdb`` is imported only when an LMDB store is written or read.
+Names are imported lazily (``rapydli.data.kinds`` is read when a ``TrainConfig`` is built,
+which must not import torch); ``lmdb`` is imported only when an LMDB store is written or read.
 """
 
-from rapydli.data.clairvoyant import ClairvoyantLoader
-from rapydli.data.loaders import LOADER_KINDS, Loader, build_loader
-from rapydli.data.sampler import ShardSampler, rank_indices
-from rapydli.data.store import FileDataset, LMDBDataset, Throttle, write_files, write_lmdb
+from __future__ import annotations
 
-__all__ = [
-    "LOADER_KINDS",
-    "ClairvoyantLoader",
-    "FileDataset",
-    "LMDBDataset",
-    "Loader",
-    "ShardSampler",
-    "Throttle",
-    "build_loader",
-    "rank_indices",
-    "write_files",
-    "write_lmdb",
-]
+from importlib import import_module
+from typing import Any
+
+_LAZY = {
+    "LOADERS": "rapydli.data.kinds",
+    "ClairvoyantLoader": "rapydli.data.clairvoyant",
+    "FileDataset": "rapydli.data.store",
+    "LMDBDataset": "rapydli.data.store",
+    "Loader": "rapydli.data.epochs",
+    "ShardSampler": "rapydli.data.sampler",
+    "Throttle": "rapydli.data.store",
+    "build_loader": "rapydli.data.loaders",
+    "rank_indices": "rapydli.data.sampler",
+    "write_files": "rapydli.data.store",
+    "write_lmdb": "rapydli.data.store",
+}
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'rapydli.data' has no attribute {name!r}")

@@ -35,7 +35,7 @@ import torch
 from torch.utils.data import Dataset
 from torch.utils.data._utils.collate import default_collate
 
-from rapydli.data.loaders import EpochCursor, batches_per_epoch
+from rapydli.data.epochs import EpochCursor, batches_per_epoch
 from rapydli.data.plan import TIERS, TierPlan, access_stream, assign_tiers
 from rapydli.data.records import infer_schema
 from rapydli.data.tiers import DiskTier, RamTier, SharedTier, sample_nbytes
@@ -444,3 +444,21 @@ class _Window:
         with self.lock:
             self._stopped = True
             self._space.notify_all()
+
+
+def build_clairvoyant(dataset: Dataset, **options: Any) -> ClairvoyantLoader:
+    """The ``clairvoyant`` kind from :func:`rapydli.data.loaders.build_loader`'s options."""
+    return ClairvoyantLoader(
+        dataset,
+        batch_size=options["batch_size"],
+        seed=options["seed"],
+        rank=options["rank"],
+        world_size=options["world_size"],
+        epochs=options["epochs"],
+        ram_bytes=int(options["cache_ram_mb"] * 2**20),
+        disk_bytes=int(options["cache_disk_mb"] * 2**20),
+        disk_dir=options["disk_dir"],
+        prefetch_threads=max(4, 4 * options["num_workers"]),
+        drop_last=options["drop_last"],
+        workers=options["num_workers"],
+    )

@@ -5,7 +5,7 @@ rank's share of each epoch, in exactly the order :func:`rapydli.data.sampler.ran
 gives. Every kind yields the same batches for the same seed, so switching kinds never
 changes training results, only how fast the batches arrive.
 
-Kinds (the registry :data:`LOADER_KINDS`):
+Kinds (the registry :data:`rapydli.data.kinds.LOADERS`):
 
 ``"default"``
     :class:`torch.utils.data.DataLoader` over a :class:`~rapydli.data.sampler.ShardSampler`.
@@ -21,65 +21,16 @@ skip_batches=k)`` makes the next pass epoch ``e``, starting after its first ``k`
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
-from typing import Any, Protocol, runtime_checkable
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from rapydli.data.epochs import EpochCursor, Loader, batches_per_epoch
+from rapydli.data.kinds import LOADERS
 from rapydli.data.sampler import ShardSampler
 from rapydli.errors import ConfigError
-
-
-@runtime_checkable
-class Loader(Protocol):
-    """What the trainer needs from a data loader."""
-
-    def __iter__(self) -> Iterator[Any]: ...
-
-    def __len__(self) -> int: ...
-
-    def set_epoch(self, epoch: int, skip_batches: int = 0) -> None: ...
-
-    def stats(self) -> dict[str, Any]: ...
-
-
-def batches_per_epoch(shard: int, batch_size: int, drop_last: bool) -> int:
-    """Batches in one epoch of ``shard`` samples."""
-    return shard // batch_size if drop_last else -(-shard // batch_size)
-
-
-class EpochCursor:
-    """Which epoch the next pass yields and how many of its batches to skip.
-
-    Shared by the loaders so they agree on the epoch semantics described in the module
-    docstring.
-    """
-
-    def __init__(self, epochs: int, batches: int) -> None:
-        self.epochs = epochs
-        self.batches = batches
-        self.next_epoch = 0
-        self.skip = 0
-
-    def set(self, epoch: int, skip_batches: int) -> None:
-        if not 0 <= epoch < self.epochs:
-            raise ConfigError(f"epoch={epoch} is out of range: the loader was built for epochs={self.epochs}")
-        if not 0 <= skip_batches <= self.batches:
-            raise ConfigError(f"skip_batches={skip_batches} is invalid: must be in [0, {self.batches}]")
-        self.next_epoch = epoch
-        self.skip = skip_batches
-
-    def start(self) -> tuple[int, int]:
-        """Take the epoch and skip for a new pass, and advance to the next epoch."""
-        epoch, skip = self.next_epoch, self.skip
-        if epoch >= self.epochs:
-            raise ConfigError(
-                f"the loader was built for epochs={self.epochs} and all of them have been iterated; "
-                "call set_epoch(e) to go back to an earlier epoch"
-            )
-        self.next_epoch, self.skip = epoch + 1, 0
-        return epoch, skip
 
 
 class _SkippingSampler(Sampler[int]):
@@ -179,36 +130,11 @@ def _batch_length(batch: Any) -> int:
     return 1
 
 
-def _build_default(dataset: Dataset, **options: Any) -> Loader:
+def build_default(dataset: Dataset, **options: Any) -> Loader:
+    """The ``default`` kind: a :class:`DefaultLoader` (the cache options do not apply)."""
     for unused in ("cache_ram_mb", "cache_disk_mb", "disk_dir"):
         options.pop(unused)
     return DefaultLoader(dataset, **options)
-
-
-def _build_clairvoyant(dataset: Dataset, **options: Any) -> Loader:
-    from rapydli.data.clairvoyant import ClairvoyantLoader
-
-    return ClairvoyantLoader(
-        dataset,
-        batch_size=options["batch_size"],
-        seed=options["seed"],
-        rank=options["rank"],
-        world_size=options["world_size"],
-        epochs=options["epochs"],
-        ram_bytes=int(options["cache_ram_mb"] * 2**20),
-        disk_bytes=int(options["cache_disk_mb"] * 2**20),
-        disk_dir=options["disk_dir"],
-        prefetch_threads=max(4, 4 * options["num_workers"]),
-        drop_last=options["drop_last"],
-        workers=options["num_workers"],
-    )
-
-
-#: Loader kinds by name: ``kind -> builder(dataset, **build_loader options)``.
-LOADER_KINDS: dict[str, Callable[..., Loader]] = {
-    "default": _build_default,
-    "clairvoyant": _build_clairvoyant,
-}
 
 
 def build_loader(
@@ -239,7 +165,8 @@ def build_loader(
     epochs
         Number of epochs the loader serves (``0 .. epochs - 1``).
     kind
-        A name in :data:`LOADER_KINDS`: ``"default"`` or ``"clairvoyant"``.
+        A name in :data:`rapydli.data.kinds.LOADERS`: ``"default"``, ``"clairvoyant"``, or
+        one another package registered.
     num_workers
         Worker processes of either kind; the clairvoyant loader runs
         ``max(4, 4 * num_workers)`` prefetch threads among them (in this process when 0).
@@ -265,14 +192,13 @@ def build_loader(
     >>> len(loader), [b[0].shape[0] for b in loader]
     (2, [4, 1])
     """
-    if kind not in LOADER_KINDS:
-        raise ConfigError(f"kind={kind!r} is not a loader kind; allowed: {', '.join(sorted(LOADER_KINDS))}")
+    LOADERS.check(kind)
     _check_positive(batch_size=batch_size, epochs=epochs)
     if num_workers < 0:
         raise ConfigError(f"num_workers={num_workers} is invalid: must be >= 0")
     if cache_ram_mb < 0 or cache_disk_mb < 0:
         raise ConfigError(f"cache_ram_mb={cache_ram_mb}, cache_disk_mb={cache_disk_mb}: budgets must be >= 0")
-    return LOADER_KINDS[kind](
+    return LOADERS.load(kind)(
         dataset,
         batch_size=batch_size,
         rank=rank,

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from rapydli.experiments import store as store_mod
+from rapydli.settings import NOTEBOOK_DIR
 
 
 def run_item(spec: dict[str, Any]) -> dict[str, Any]:
@@ -32,7 +33,7 @@ def run_item(spec: dict[str, Any]) -> dict[str, Any]:
         os.environ[store_mod.PARENT_ENV] = run_id
     extra_path = spec["notebook_dir"]
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (extra_path, os.environ.get("PYTHONPATH")) if p)
-    os.environ["RAPYDLI_NOTEBOOK_DIR"] = extra_path
+    os.environ[NOTEBOOK_DIR] = extra_path
     Path(spec["cwd"]).mkdir(parents=True, exist_ok=True)
     started = time.time()
     result: dict[str, Any] = {"status": "finished", "error": None, "failing_cell": None}

@@ -1,6 +1,7 @@
-"""``rd.record(name, value)``: keep a result of a notebook where it can be found later.
+"""Records of a notebook's results: encoding, the run store, and reading them back.
 
-A recorded value goes to two places:
+``rd.record(name, value)`` (:func:`rapydli.notebook.record`) sends a recorded value to
+two places:
 
 * the executed notebook itself, as a display output whose metadata holds the value
   (``{"rapydli": {"name": ..., "type": ..., "value": ...}}``), so it can be read back
@@ -93,61 +94,8 @@ def decode(type_: str, value: Any) -> Any:
     return value
 
 
-def record(name: str, value: Any) -> None:
-    """Record a result of this notebook: a scalar, a small DataFrame or a plotly figure.
-
-    Parameters
-    ----------
-    name
-        The record's name (a column of the batch summary for scalars).
-    value
-        Number, bool, string, pandas DataFrame/Series, plotly figure, or a dict/list of
-        JSON values. Recording the same name again replaces the value.
-
-    Examples
-    --------
-    >>> import rapydli as rd
-    >>> rd.record("accuracy", 0.94)  # doctest: +SKIP
-    >>> rd.record("history", result.history)  # doctest: +SKIP
-    """
-    if not isinstance(name, str) or not name.strip():
-        raise ConfigError(f"rd.record: name must be a non-empty string; got {name!r}")
-    type_, encoded = encode(value)
-    shown = _display(name, type_, encoded)
-    where = _store(name, type_, encoded)
-    if where is None:
-        kept = f"{name!r} is kept in this notebook's output only" if shown else f"{name!r} is not kept (not in a notebook)"
-        print(
-            f"rd.record: {kept}: no batch item or run is active in this process "
-            "(run the notebook with `rapydli batch`, or record after rd.train)",
-            file=sys.stderr,
-        )
-
-
-def _display(name: str, type_: str, encoded: Any) -> bool:
-    """Show the record as an output of the running cell; False outside a notebook kernel.
-
-    A terminal IPython (or a test's shell) keeps no outputs, so only a kernel counts.
-    """
-    try:
-        from IPython import get_ipython
-    except ImportError:  # pragma: no cover - IPython ships with ipykernel
-        return False
-    shell = get_ipython()
-    if shell is None or getattr(shell, "kernel", None) is None:
-        return False
-    from IPython.display import display
-
-    summary = encoded if type_ == "scalar" else f"<{type_}>"
-    payload = {"name": name, "type": type_, "value": encoded}
-    bundle = {"text/plain": f"recorded {name} = {summary}", MIMETYPE: payload}
-    if type_ == "figure":
-        bundle["application/vnd.plotly.v1+json"] = encoded
-    display(bundle, raw=True, metadata={"rapydli": payload})
-    return True
-
-
-def _store(name: str, type_: str, encoded: Any) -> str | None:
+def store_record(name: str, type_: str, encoded: Any) -> str | None:
+    """Add an encoded record to the current batch item or run; its id, or None when there is none."""
     run_id = store_mod.current_run_id()
     if run_id is None:
         return None

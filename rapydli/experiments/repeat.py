@@ -2,7 +2,7 @@
 
 * ``train`` runs are repeated when their ``model_fn`` and ``data_fn`` were recorded as
   importable ``"module:qualname"`` names (``rd.train`` records them so); the recorded
-  ``config`` (a dict of :class:`~rapydli.train.config.TrainConfig` fields, seed included)
+  ``config`` (a dict of :class:`~rapydli.trainer.config.TrainConfig` fields, seed included)
   is used as is.
 * ``batch`` items run their notebook again with the recorded parameters; a whole batch
   runs all its recorded points again. Finished outputs are not reused (``force=True``).
@@ -52,9 +52,9 @@ def _repeat_train(run: dict[str, Any], params: dict[str, Any]) -> str:
             )
     if not isinstance(params.get("config"), dict):
         raise ConfigError(f"train run {run['id']} cannot be repeated: it has no recorded config")
-    from rapydli.experiments.training import train
+    from rapydli.experiments.run import run_training
 
-    result = train(refs["model_fn"], refs["data_fn"], params["config"], name=run["name"])
+    result = run_training(refs["model_fn"], refs["data_fn"], params["config"], name=run["name"])
     if result.run_id is None:  # pragma: no cover - the store was open a moment ago
         raise ConfigError("the run store is disabled, so the repeated run was not recorded")
     return result.run_id

@@ -23,9 +23,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from rapydli.errors import ConfigError
+from rapydli.experiments.figures import fill_scaling_figure, scaling_figure
+from rapydli.experiments.job import TrainingJob
 from rapydli.experiments.perfmodel import RingModel, measure_ring, predict_step_time
-from rapydli.experiments.trainjob import WARMUP_STEPS, TrainingJob
-from rapydli.train.config import TrainConfig
+from rapydli.trainer.config import TrainConfig
+from rapydli.trainer.task import WARMUP_STEPS
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -89,7 +91,7 @@ def scaling_study(
     cluster: Cluster | None = None,
     *,
     network: RingModel | None = None,
-    live: bool | None = None,
+    on_point: Callable[[Any], None] | None = None,
 ) -> ScalingResult:
     """Train at each worker count and measure throughput, compute and communication time.
 
@@ -107,12 +109,14 @@ def scaling_study(
     predict
         Worker counts to extrapolate to with the α–β ring model.
     cluster
-        A started cluster; ``None`` starts one of ``max(workers)`` engines.
+        The cluster (at least ``max(workers)`` engines); ``None``: the one running in this
+        kernel, else a new one of ``max(workers)`` engines, stopped afterwards.
     network
         A :class:`RingModel` for the target network; default: fitted from allreduces
         timed on this cluster.
-    live
-        Update the figure as each point finishes (default: inside a Jupyter kernel).
+    on_point
+        Called with the figure (a plotly figure of what is measured so far) after each
+        point and at the end; the notebook front door redraws its live plot with it.
 
     Returns
     -------
@@ -129,28 +133,21 @@ def scaling_study(
     predict_counts = sorted(set(predict or ()))
     if any(not isinstance(k, int) or k < 1 for k in predict_counts):
         raise ConfigError(f"predict={predict!r} is invalid: a list of integers >= 1")
-    if cluster is not None and counts[-1] > cluster.n:
-        raise ConfigError(f"workers={list(workers)} asks for {counts[-1]} engines; the cluster has {cluster.n}")
     global_batch = cfg.batch_size * counts[0]
     if mode == "strong" and any(global_batch % k for k in counts):
         raise ConfigError(f"mode='strong' splits the global batch {global_batch} (batch_size x {counts[0]}); it must divide by every count in {counts}")
 
+    from rapydli.cluster import choose_cluster
     from rapydli.experiments.store import open_store
-    from rapydli.widgets.live import in_kernel
+
+    cluster, own = choose_cluster(cluster, n=counts[-1], need=counts[-1])
 
     store = open_store()
     run_id = None
     if store is not None:
         params = {"config": cfg.to_dict(), "workers": counts, "mode": mode, "steps": steps, "predict": predict_counts}
         run_id = store.create_run("scaling", getattr(model_fn, "__name__", str(model_fn)), params, world_size=counts[-1], seed=cfg.seed)
-    show = live or (live is None and in_kernel())
-    figure = scaling_figure([], None, widget=bool(show), mode=mode)
-    handle = _show(figure) if show else None
-    own = cluster is None
-    if own:
-        from rapydli.cluster import Cluster
-
-        cluster = Cluster(n=counts[-1]).start()
+    figure = scaling_figure([], None, mode=mode)
     points: list[dict[str, Any]] = []
     status, error = "failed", None
     model: RingModel | None = network
@@ -165,6 +162,8 @@ def scaling_study(
             gradient_bytes = job.results[0]["gradient_bytes"]
             points.append(_point(k, batch * k, job.results))
             fill_scaling_figure(figure, _table(points, None, gradient_bytes), None)
+            if on_point is not None:
+                on_point(figure)
         if predict_counts or network is not None:
             if model is None:
                 model = measure_ring(cluster, algorithm=cfg.allreduce)
@@ -188,11 +187,9 @@ def scaling_study(
     validated = None
     if model is not None:
         validated = bool((table["prediction_error"].abs() <= TOLERANCE).all())
-    static = scaling_figure(table.to_dict("records"), prediction, widget=False, mode=mode, model=model)
-    if handle is not None:
-        from rapydli.widgets.live import replace_with_figure
-
-        replace_with_figure(handle, static)
+    static = scaling_figure(table.to_dict("records"), prediction, mode=mode, model=model)
+    if on_point is not None:
+        on_point(static)
     return ScalingResult(table=table, figure=static, prediction=prediction, model=model, validated=validated, run_id=run_id, mode=mode)
 
 
@@ -251,52 +248,3 @@ def _prediction(points: list[dict[str, Any]], model: RingModel, gradient_bytes: 
         rows.append({"workers": n, "step_time_s": step, "samples_per_s": batch / step, "speedup": speedup, "efficiency": speedup / (n / base["workers"])})
     return pd.DataFrame(rows)
 
-
-def scaling_figure(points: list[dict[str, Any]], prediction: pd.DataFrame | None, widget: bool = False, mode: str = "weak", model: RingModel | None = None) -> Any:
-    """Speedup and efficiency against workers: measured, ideal (dotted) and predicted (dashed)."""
-    import plotly.graph_objects as go
-    from plotly.subplots import make_subplots
-
-    base = make_subplots(rows=1, cols=2, subplot_titles=(f"speedup ({mode} scaling)", "efficiency"))
-    for col in (1, 2):
-        base.add_scatter(x=[], y=[], mode="lines+markers", name="measured", legendgroup="measured", showlegend=col == 1, row=1, col=col, line={"color": "#1f77b4"})
-        base.add_scatter(x=[], y=[], mode="lines", name="ideal", legendgroup="ideal", showlegend=col == 1, row=1, col=col, line={"color": "grey", "dash": "dot"})
-        base.add_scatter(x=[], y=[], mode="lines+markers", name="predicted", legendgroup="predicted", showlegend=col == 1, row=1, col=col, line={"color": "#d62728", "dash": "dash"})
-    base.update_xaxes(title_text="workers")
-    base.update_yaxes(title_text="speedup", row=1, col=1)
-    base.update_yaxes(title_text="efficiency", row=1, col=2)
-    base.update_layout(template="plotly_white", height=360, title="scaling study")
-    figure = go.FigureWidget(base) if widget else base
-    import pandas as pd
-
-    fill_scaling_figure(figure, pd.DataFrame(points), prediction, model)
-    return figure
-
-
-def fill_scaling_figure(figure: Any, table: pd.DataFrame, prediction: pd.DataFrame | None, model: RingModel | None = None) -> None:
-    """Put measured points, the ideal line and the prediction into :func:`scaling_figure`'s figure."""
-    if not len(table):
-        return
-    counts = list(table["workers"])
-    if prediction is not None:
-        counts = sorted(set(counts) | set(prediction["workers"]))
-    k0 = table["workers"].iloc[0]
-    with figure.batch_update():
-        measured_s, ideal_s, predicted_s, measured_e, ideal_e, predicted_e = figure.data
-        measured_s.x, measured_s.y = tuple(table["workers"]), tuple(table["speedup"])
-        measured_e.x, measured_e.y = tuple(table["workers"]), tuple(table["efficiency"])
-        ideal_s.x, ideal_s.y = tuple(counts), tuple(k / k0 for k in counts)
-        ideal_e.x, ideal_e.y = tuple(counts), tuple(1.0 for _ in counts)
-        if prediction is not None:
-            predicted_s.x, predicted_s.y = tuple(prediction["workers"]), tuple(prediction["speedup"])
-            predicted_e.x, predicted_e.y = tuple(prediction["workers"]), tuple(prediction["efficiency"])
-            if model is not None:
-                predicted_s.name = f"predicted ({model.describe()})"
-        if counts[-1] / counts[0] > 16:
-            figure.update_xaxes(type="log")
-
-
-def _show(figure: Any) -> Any:
-    from rapydli.widgets.live import display_live
-
-    return display_live(figure, "(live scaling plot: shown while the study runs)")

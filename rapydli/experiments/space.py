@@ -2,7 +2,7 @@
 
 Each dimension knows how to ask an Optuna trial for a value (``suggest``) and, where
 it is discrete, its values for a grid (``grid``). A space is a dict from
-:class:`~rapydli.train.config.TrainConfig` field names to dimensions; :func:`validate_space`
+:class:`~rapydli.trainer.config.TrainConfig` field names to dimensions; :func:`validate_space`
 checks names and bounds before anything starts.
 
 Examples
@@ -121,7 +121,7 @@ def intrange(low: int, high: int, step: int = 1) -> IntRange:
 
 def validate_space(space: Mapping[str, Any]) -> dict[str, Dimension]:
     """Check that ``space`` maps TrainConfig field names to dimensions; return it as a dict."""
-    from rapydli.train.config import fields_spec
+    from rapydli.trainer.config import fields_spec
 
     if not isinstance(space, Mapping) or not space:
         raise ConfigError(f"space={space!r} is invalid: a non-empty dict of TrainConfig field -> rd.loguniform/uniform/choice/intrange")

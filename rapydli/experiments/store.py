@@ -42,15 +42,21 @@ from pathlib import Path
 from typing import Any
 
 from rapydli.errors import ConfigError, NotFoundError, StoreError
-from rapydli.experiments.provenance import git_commit, pid_started, process_alive, versions
+from rapydli.experiments.provenance import (
+    git_commit,
+    pid_started,
+    process_alive,
+    versions,
+)
 from rapydli.paths import home
+from rapydli.settings import BATCH_ITEM, PARENT_RUN, settings
 
 KINDS = ("train", "sweep", "trial", "scaling", "batch", "tune")
 STATUSES = ("running", "finished", "failed", "interrupted")
 #: Environment variable through which a batch passes its item's run id to the notebook.
-BATCH_ITEM_ENV = "RAPYDLI_BATCH_ITEM"
+BATCH_ITEM_ENV = BATCH_ITEM
 #: Environment variable naming the parent of runs created in this process (a batch item).
-PARENT_ENV = "RAPYDLI_PARENT_RUN"
+PARENT_ENV = PARENT_RUN
 
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 _BUSY_TIMEOUT_MS = 60_000
@@ -112,7 +118,7 @@ SCHEMA_VERSION = len(MIGRATIONS)
 
 def store_enabled() -> bool:
     """False when ``RAPYDLI_STORE`` is ``off`` (or ``0``/``false``/``no``)."""
-    return os.environ.get("RAPYDLI_STORE", "on").strip().lower() not in {"off", "0", "false", "no"}
+    return settings().store
 
 
 def validate_run_id(run_id: object) -> str:
@@ -266,7 +272,7 @@ class RunStore:
         if kind not in KINDS:
             raise ConfigError(f"run kind must be one of {', '.join(KINDS)}; got {kind!r}")
         if parent is None:
-            parent = os.environ.get(PARENT_ENV) or None
+            parent = settings().parent_run
         if parent is not None:
             validate_run_id(parent)
         params_json = to_json(dict(params))
@@ -368,7 +374,7 @@ class RunStore:
         ``RAPYDLI_HEARTBEAT_TIMEOUT`` or 900).
         """
         if stale_after is None:
-            stale_after = float(os.environ.get("RAPYDLI_HEARTBEAT_TIMEOUT", "900"))
+            stale_after = settings().heartbeat_timeout_s
         now = _now()
         gone = []
         for row in self._read("SELECT id, host, pid, pid_started, heartbeat FROM runs WHERE status = 'running'"):
@@ -532,14 +538,9 @@ def _set_current_run(run_id: str) -> None:
 def current_run_id() -> str | None:
     """The run values are recorded under: the batch item running this notebook, else the
     last run this process created, else ``None``."""
-    return os.environ.get(BATCH_ITEM_ENV) or _current.get(os.getpid())
-
-
-# rd.runs / rd.run live in runview.py; imported last because they read this module
-from rapydli.experiments.runview import RunRecord, iso_times, run, runs  # noqa: E402
+    return settings().batch_item or _current.get(os.getpid())
 
 __all__ = [
-    "KINDS", "STATUSES", "BATCH_ITEM_ENV", "PARENT_ENV", "MIGRATIONS", "SCHEMA_VERSION", "RunStore", "RunRecord",
+    "KINDS", "STATUSES", "BATCH_ITEM_ENV", "PARENT_ENV", "MIGRATIONS", "SCHEMA_VERSION", "RunStore",
     "open_store", "require_store", "current_run_id", "store_enabled", "validate_run_id", "to_json",
-    "runs", "run", "iso_times",
 ]  # fmt: skip

@@ -31,9 +31,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from rapydli.errors import ConfigError, RapydliError
+from rapydli.experiments.job import STOP_GRACE_S, TrainingJob
 from rapydli.experiments.space import Dimension, validate_space
-from rapydli.experiments.trainjob import TrainingJob
-from rapydli.train.config import TrainConfig
+from rapydli.trainer.config import TrainConfig
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -83,7 +83,6 @@ SAMPLERS: dict[str, Callable[[Mapping[str, Dimension], int], Any]] = {"tpe": _tp
 #: Optuna pruners by name (``median`` starts pruning after 2 finished trials).
 PRUNERS: dict[str, Callable[[], Any]] = {"successive_halving": _successive_halving, "median": _median, "none": _no_pruning}
 
-STOP_GRACE_S = 10.0  # a pruned/stopped trial that has not ended by then is interrupted
 INTERRUPT_AFTER_S = 1.5  # after Ctrl-C: stop requests get this long, then SIGINT
 POLL_S = 0.02
 
@@ -138,8 +137,9 @@ class Sweep:
     """A sweep being run; :func:`sweep` builds one and calls :meth:`run`.
 
     Separate from :func:`sweep` so that a widget can run it in a thread and call
-    :meth:`stop`. Parameters as for :func:`sweep`; ``view`` is a
-    :class:`rapydli.widgets.sweepview.SweepView` (or anything with ``update(table)``).
+    :meth:`stop`. Parameters as for :func:`sweep`; ``view`` is anything with
+    ``update(table, force=False)``, called whenever a trial starts, reports or ends (the
+    notebook's :class:`rapydli.widgets.sweepview.SweepView`).
     """
 
     def __init__(
@@ -176,7 +176,10 @@ class Sweep:
             raise ConfigError(f"metric={metric!r} is invalid: a metric name such as 'val_loss', 'val_accuracy' or 'loss'")
         self.sampler = _lookup(sampler, SAMPLERS, "sampler", optuna.samplers.BaseSampler, self.space, seed)
         self.pruner = _lookup(pruner, PRUNERS, "pruner", optuna.pruners.BasePruner)
-        size = cluster.n if cluster is not None else max(self.config.workers, workers_per_trial * (parallel or 1))
+        from rapydli.cluster import current
+
+        known = cluster if cluster is not None else current()
+        size = known.n if known is not None else max(self.config.workers, workers_per_trial * (parallel or 1))
         if workers_per_trial > size:
             raise ConfigError(f"workers_per_trial={workers_per_trial} is more than the cluster's {size} engines")
         parallel = size // workers_per_trial if parallel is None else parallel
@@ -189,7 +192,8 @@ class Sweep:
         self.model_fn, self.data_fn = model_fn, data_fn
         self.trials, self.workers_per_trial, self.parallel = trials, workers_per_trial, parallel
         self.metric, self.direction, self.seed, self.name = metric, direction, seed, name
-        self.cluster, self._own_cluster, self._size = cluster, cluster is None, size
+        self.cluster: Cluster | None = known
+        self._own_cluster, self._size = False, size
         self.view = view
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         self.study = optuna.create_study(direction=direction, sampler=self.sampler, pruner=self.pruner)
@@ -212,10 +216,9 @@ class Sweep:
         store = open_store()
         if store is not None:
             self.run_id = store.create_run("sweep", self.name, self._params(), world_size=self._size, seed=self.seed)
-        if self._own_cluster:
-            from rapydli.cluster import Cluster
+        from rapydli.cluster import choose_cluster
 
-            self.cluster = Cluster(n=self._size).start()
+        self.cluster, self._own_cluster = choose_cluster(self.cluster, n=self._size, need=self.workers_per_trial * self.parallel)
         status, error = "finished", None
         try:
             self._loop()
@@ -316,8 +319,6 @@ class Sweep:
         job = record.job
         assert job is not None
         if not job.poll(wait_s):
-            if job.stop_requested_at is not None and time.monotonic() - job.stop_requested_at > STOP_GRACE_S:
-                job.interrupt()
             return
         if job.state == "failed":
             self._tell(record, "FAIL", job.error)
@@ -389,7 +390,7 @@ class Sweep:
 
     def result(self) -> SweepResult:
         """The :class:`SweepResult` of the trials so far."""
-        from rapydli.widgets.sweepview import sweep_figure
+        from rapydli.experiments.figures import sweep_figure
 
         table = self.table()
         complete = table[table["state"] == "COMPLETE"]
@@ -440,7 +441,7 @@ def sweep(
     *,
     seed: int = 0,
     enqueue: Sequence[Mapping[str, Any]] = (),
-    live: bool | None = None,
+    view: Any = None,
 ) -> SweepResult:
     """Search ``space`` with ``trials`` training runs, each a data-parallel job on its own engines.
 
@@ -466,14 +467,15 @@ def sweep(
     sampler
         ``"tpe"``, ``"random"``, ``"grid"`` (``choice``/``intrange`` only) or an Optuna sampler.
     cluster
-        A started cluster; ``None`` starts one (``workers_per_trial * parallel`` engines, at
-        least ``config.workers``) and stops it afterwards.
+        The cluster; ``None``: the one running in this kernel, else a new one
+        (``workers_per_trial * parallel`` engines, at least ``config.workers``), stopped afterwards.
     seed
         Seed of the sampler.
     enqueue
         Parameter sets to try first (e.g. a known baseline), before the sampler's.
-    live
-        Show the live table and figure (default: inside a Jupyter kernel).
+    view
+        Anything with ``update(table, force=False)``, called as trials start, report and end
+        (the notebook front door passes a live :class:`~rapydli.widgets.sweepview.SweepView`).
 
     Returns
     -------
@@ -485,18 +487,8 @@ def sweep(
     ConfigError
         Invalid arguments (before anything starts).
     """
-    from rapydli.widgets.live import in_kernel
-    from rapydli.widgets.sweepview import SweepView
-
-    view = SweepView(metric, list(space)) if (live or (live is None and in_kernel())) else None
     runner = Sweep(
         model_fn, data_fn, config, space, trials, workers_per_trial, parallel, pruner, metric, direction, sampler, cluster,
         seed=seed, enqueue=enqueue, view=view,
     )  # fmt: skip
-    if view is not None:
-        view.show()
-    try:
-        return runner.run()
-    finally:
-        if view is not None:
-            view.close()
+    return runner.run()

@@ -17,9 +17,21 @@ from jupyter_server.utils import url_path_join
 from tornado.ioloop import IOLoop
 
 from rapydli import __version__
-from rapydli.errors import ClusterError, ConfigError, NotFoundError, RapydliError, StoreError
+from rapydli.errors import (
+    ClusterError,
+    ConfigError,
+    NotFoundError,
+    RapydliError,
+    StoreError,
+)
 from rapydli.server.manager import ClusterManager
-from rapydli.server.query import check_id, parse_cluster_request, parse_json_body, parse_run_query, parse_since
+from rapydli.server.query import (
+    check_id,
+    parse_cluster_request,
+    parse_json_body,
+    parse_run_query,
+    parse_since,
+)
 
 log = logging.getLogger(__name__)
 

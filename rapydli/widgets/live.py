@@ -23,6 +23,8 @@ import threading
 import time
 from typing import Any
 
+from rapydli.notebook import display_live, in_kernel, replace_with_figure
+
 #: (trace name, row kind, x key, y key, subplot column)
 TRACES = (
     ("train loss", "train", "step", "loss", 1),
@@ -32,45 +34,6 @@ TRACES = (
     ("comm time (s)", "train", "step", "comm_time_s", 3),
     ("comm wait (s)", "train", "step", "comm_wait_s", 3),
 )
-
-
-def in_kernel() -> bool:
-    """True when running inside a Jupyter kernel (a notebook, also under papermill)."""
-    try:
-        from IPython import get_ipython
-    except ImportError:
-        return False
-    shell = get_ipython()
-    return shell is not None and getattr(shell, "kernel", None) is not None
-
-
-class _WidgetOutput:
-    """Displays a widget with a one-line text fallback (a static notebook shows that, not the widget's state)."""
-
-    def __init__(self, widget: Any, text: str) -> None:
-        self.widget, self.text = widget, text
-
-    def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any]:
-        view = {"version_major": 2, "version_minor": 0, "model_id": self.widget.model_id}
-        return {"application/vnd.jupyter.widget-view+json": view, "text/plain": self.text}
-
-
-def display_live(widget: Any, text: str = "(live plot: shown while the cell runs)") -> Any:
-    """Display ``widget`` in the notebook and return the display handle (None outside a kernel)."""
-    if not in_kernel():
-        return None
-    from IPython.display import display
-
-    return display(_WidgetOutput(widget, text), display_id=True)
-
-
-def replace_with_figure(handle: Any, figure: Any) -> None:
-    """Replace a live display with a static plotly figure (kept in a saved notebook, e.g. by papermill).
-
-    Plotly figures display themselves through ``_ipython_display_``, which ignores display
-    ids, so the handle is updated with the figure's MIME bundle instead.
-    """
-    handle.update(figure._repr_mimebundle_(), raw=True)
 
 
 def make_figure(widget: bool, title: str = "") -> Any:
@@ -91,7 +54,7 @@ class LivePlot:
     """A metrics callback that draws loss, val loss, throughput and step/comm time live.
 
     Rows of ``kind="rank"`` (other ranks' step timings, from a
-    :class:`~rapydli.experiments.trainjob.TrainingJob`) add one "comm wait" line per rank.
+    :class:`~rapydli.experiments.job.TrainingJob`) add one "comm wait" line per rank.
 
     Parameters
     ----------

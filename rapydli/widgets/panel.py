@@ -1,11 +1,12 @@
 """``rd.widgets.HyperparameterPanel``: tweak a TrainConfig with widgets, train, watch, stop.
 
-Controls are generated from :func:`rapydli.train.config.fields_spec` (log sliders for
+Controls are generated from :func:`rapydli.trainer.config.fields_spec` (log sliders for
 log-scaled floats such as the learning rate, dropdowns for choices, checkboxes for
 flags, bounded boxes for integers); a workers slider picks how many engines (the first
-``k``) train. Train submits a :class:`~rapydli.experiments.trainjob.TrainingJob` and
+``k``) train. Train submits a :class:`~rapydli.experiments.job.TrainingJob` and
 polls it from a background thread, so the kernel stays free and Stop can be clicked;
-Stop asks every rank to stop after its step and interrupts after :data:`STOP_GRACE_S`.
+Stop asks every rank to stop after its step; the job interrupts them if they have not
+stopped :data:`~rapydli.experiments.job.STOP_GRACE_S` later.
 An invalid combination (``ConfigError``) is shown in the panel.
 """
 
@@ -13,24 +14,24 @@ from __future__ import annotations
 
 import math
 import threading
-import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from rapydli.errors import RapydliError
-from rapydli.train.config import FieldSpec, TrainConfig, fields_spec
-from rapydli.widgets.live import LivePlot, in_kernel
+from rapydli.experiments.job import STOP_GRACE_S
+from rapydli.notebook import in_kernel
+from rapydli.trainer.config import FieldSpec, TrainConfig, fields_spec
+from rapydli.widgets.live import LivePlot
 
 if TYPE_CHECKING:  # pragma: no cover
     from rapydli.cluster import Cluster
-    from rapydli.experiments.trainjob import TrainingJob
+    from rapydli.experiments.job import TrainingJob
 
 #: Fields that get a control by default (the rest keep the config's value).
 DEFAULT_FIELDS = (
     "lr", "optimizer", "momentum", "weight_decay", "lr_schedule", "warmup_steps", "batch_size",
     "epochs", "max_steps", "eval_every", "grad_clip", "precision", "allreduce", "bucket_mb", "overlap", "seed",
 )  # fmt: skip
-STOP_GRACE_S = 10.0
 POLL_S = 0.05
 
 
@@ -77,8 +78,8 @@ class HyperparameterPanel:
     config
         Starting values of the controls.
     cluster
-        A started cluster; ``None`` starts one of ``config.workers`` engines on the first
-        Train (stopped by :meth:`close`).
+        The cluster; ``None``: the one running in this kernel, else one of ``config.workers``
+        engines started on the first Train and stopped by :meth:`close`.
     fields
         TrainConfig fields to show (default :data:`DEFAULT_FIELDS`).
 
@@ -108,12 +109,14 @@ class HyperparameterPanel:
 
         self.model_fn, self.data_fn = model_fn, data_fn
         self.config = config or TrainConfig()
-        self.cluster = cluster
-        self._own_cluster = cluster is None
+        from rapydli.cluster import current
+
+        self.cluster = cluster if cluster is not None else current()
+        self._own_cluster = False
         self.specs = {spec.name: spec for spec in fields_spec() if spec.name in fields}
         values = self.config.to_dict()
         self.controls: dict[str, Any] = {name: control_for(spec, values[name]) for name, spec in self.specs.items()}
-        size = cluster.n if cluster is not None else self.config.workers
+        size = self.cluster.n if self.cluster is not None else self.config.workers
         self.controls["workers"] = widgets.IntSlider(value=size, min=1, max=size, description="workers", style={"description_width": "110px"})
         self.train_button = widgets.Button(description="Train", button_style="success", icon="play")
         self.stop_button = widgets.Button(description="Stop", button_style="danger", icon="stop", disabled=True)
@@ -143,7 +146,7 @@ class HyperparameterPanel:
 
     def train(self) -> TrainingJob | None:
         """Start a run with the controls' values (what Train does); None if it could not start."""
-        from rapydli.experiments.trainjob import TrainingJob
+        from rapydli.experiments.job import TrainingJob
 
         if self.running:
             self._say("a run is in progress: Stop it first", error=True)
@@ -152,10 +155,10 @@ class HyperparameterPanel:
             config = self.current_config()
             workers = self.controls["workers"].value
             if self.cluster is None:
-                from rapydli.cluster import Cluster
+                from rapydli.cluster import choose_cluster
 
                 self._say(f"starting {self.config.workers} engines ...")
-                self.cluster = Cluster(n=self.config.workers).start()
+                self.cluster, self._own_cluster = choose_cluster(None, n=self.config.workers, need=workers)
             self.plot = self._fresh_plot()
             self.job = TrainingJob(self.cluster, self.model_fn, self.data_fn, config, list(range(workers)), callbacks=[self.plot], name="panel")
         except RapydliError as exc:  # invalid combinations and cluster problems are shown, not raised
@@ -196,8 +199,6 @@ class HyperparameterPanel:
         try:
             while not job.poll(POLL_S):
                 self.plot.tick()
-                if job.stop_requested_at is not None and time.monotonic() - job.stop_requested_at > STOP_GRACE_S:
-                    job.interrupt()
         except Exception as exc:  # noqa: BLE001 - shown in the panel; the thread must not die silently
             self._say(f"{type(exc).__name__}: {exc}", error=True)
         self.plot.flush()

@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from rapydli.errors import RapydliError
-from rapydli.train.config import TrainConfig
+from rapydli.trainer.config import TrainConfig
 
 if TYPE_CHECKING:  # pragma: no cover
     from rapydli.cluster import Cluster

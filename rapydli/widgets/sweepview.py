@@ -11,62 +11,11 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from rapydli.widgets.live import display_live, in_kernel, replace_with_figure
+from rapydli.experiments.figures import fill_sweep_figure, sweep_figure
+from rapydli.notebook import display_live, in_kernel, replace_with_figure
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
-
-STATES = ("COMPLETE", "PRUNED", "FAIL", "RUNNING")
-_COLOURS = {"COMPLETE": "#2a9d8f", "PRUNED": "#e9c46a", "FAIL": "#e76f51", "RUNNING": "#8ecae6"}
-
-
-def sweep_figure(table: pd.DataFrame, metric: str, params: list[str], widget: bool = False, title: str = "") -> Any:
-    """Metric of every trial (coloured by state) and a parallel-coordinates plot of params -> metric."""
-    import plotly.graph_objects as go
-    from plotly.subplots import make_subplots
-
-    base = make_subplots(
-        rows=1, cols=2, column_widths=[0.4, 0.6], specs=[[{"type": "xy"}, {"type": "domain"}]],
-        subplot_titles=(f"{metric} per trial", "parameters -> " + metric),
-    )  # fmt: skip
-    for state in STATES:
-        base.add_scatter(x=[], y=[], mode="markers", name=state.lower(), marker={"color": _COLOURS[state], "size": 10}, row=1, col=1)
-    base.add_trace(go.Parcoords(dimensions=[]), row=1, col=2)
-    base.update_layout(title=title, template="plotly_white", height=360, margin={"t": 70, "b": 40})
-    base.update_xaxes(title_text="trial", row=1, col=1)
-    base.update_yaxes(title_text=metric, row=1, col=1)
-    figure = go.FigureWidget(base) if widget else base
-    fill_figure(figure, table, metric, params)
-    return figure
-
-
-def fill_figure(figure: Any, table: pd.DataFrame, metric: str, params: list[str]) -> None:
-    """Put ``table``'s trials into a figure made by :func:`sweep_figure`."""
-    with figure.batch_update():
-        for trace, state in zip(figure.data[: len(STATES)], STATES):
-            rows = table[(table["state"] == state) & table["value"].notna()] if len(table) else table
-            trace.x = tuple(rows["trial"]) if len(rows) else ()
-            trace.y = tuple(rows["value"]) if len(rows) else ()
-        figure.data[len(STATES)].dimensions = _dimensions(table, metric, params)
-
-
-def _dimensions(table: pd.DataFrame, metric: str, params: list[str]) -> list[dict[str, Any]]:
-    if not len(table):
-        return []
-    done = table[table["value"].notna()]
-    if not len(done):
-        return []
-    dims = []
-    for name in [*params, "value"]:
-        column = done[name]
-        if column.map(lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)).all():
-            dims.append({"label": name if name != "value" else metric, "values": [float(v) for v in column]})
-        else:  # categorical: codes with the labels as ticks
-            labels = sorted({str(v) for v in column})
-            codes = {label: i for i, label in enumerate(labels)}
-            dims.append({"label": name, "values": [codes[str(v)] for v in column], "tickvals": list(range(len(labels))), "ticktext": labels})
-    return dims
-
 
 class SweepView:
     """Table + figure of a running sweep, updated at most ``max_redraws_per_s`` times a second.
@@ -106,7 +55,7 @@ class SweepView:
             self.table, self._pending = table, True
             if not force and time.monotonic() - self._last < self.min_interval:
                 return
-            fill_figure(self.figure, table, self.metric, self.params)
+            fill_sweep_figure(self.figure, table, self.metric, self.params)
             if self.html is not None:
                 self.html.value = table.to_html(index=False, float_format=lambda v: f"{v:.4g}")
             self.redraws += 1

@@ -1,17 +1,15 @@
-"""``rd.train``: data-parallel training from the notebook, recorded as a run.
+"""One training run from the client, headless: validate, choose the cluster, run, return the history.
 
-The notebook side of design flow 2: validate the config, then run a
-:class:`~rapydli.experiments.trainjob.TrainingJob` over every engine of the cluster (it
-records the run, ships ``model_fn``/``data_fn``, runs a
-:class:`~rapydli.train.trainer.Trainer` on each rank and follows the metrics as they
-arrive: progress bar, client callbacks such as the live plot, the store) and wait for
-it, so the history comes back as a DataFrame.
+The notebook's ``rd.train`` (:func:`rapydli.notebook.train`) adds the live plot around
+:func:`run_training`; scripts, batches and repeats call it directly. It runs a
+:class:`~rapydli.experiments.job.TrainingJob` over every engine of the cluster chosen by
+:func:`rapydli.cluster.ensure_cluster` and waits for it.
 
 Examples
 --------
->>> import rapydli as rd  # doctest: +SKIP
->>> result = rd.train("rapydli.train.models:resnet_digits", "rapydli.train.datasets:digits",
-...                   rd.TrainConfig(epochs=2, workers=2))  # doctest: +SKIP
+>>> from rapydli.experiments.run import run_training  # doctest: +SKIP
+>>> result = run_training("rapydli.zoo.models:resnet_digits", "rapydli.zoo.datasets:digits",
+...                       TrainConfig(epochs=2, workers=2))  # doctest: +SKIP
 >>> result.history.query("kind == 'eval'").val_accuracy.iloc[-1]  # doctest: +SKIP
 0.97
 """
@@ -24,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from rapydli.errors import ConfigError
 from rapydli.experiments.refs import resolve_callable
-from rapydli.train.config import TrainConfig
+from rapydli.trainer.config import TrainConfig
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -32,14 +30,14 @@ if TYPE_CHECKING:  # pragma: no cover
     from rapydli.cluster import Cluster
 
 #: A client-side callback: called with each metrics row as it arrives: rank 0's rows
-#: (``row["kind"]`` is ``"train"`` or ``"eval"``; keys in :mod:`rapydli.train.callbacks`)
-#: and the other ranks' step timings (``"rank"``; keys in :mod:`rapydli.experiments.trainjob`).
+#: (``row["kind"]`` is ``"train"`` or ``"eval"``; keys in :mod:`rapydli.trainer.callbacks`)
+#: and the other ranks' step timings (``"rank"``; keys in :mod:`rapydli.trainer.task`).
 MetricsCallback = Callable[[dict[str, Any]], None]
 
 
 @dataclass
 class RunResult:
-    """What :func:`train` returns.
+    """What ``rd.train`` returns.
 
     Attributes
     ----------
@@ -47,7 +45,7 @@ class RunResult:
         Id of the run in the store (``None`` when recording is off, ``RAPYDLI_STORE=off``).
     history
         One row per optimizer step (``kind == "train"``) and per evaluation
-        (``kind == "eval"``); columns as in :mod:`rapydli.train.callbacks`.
+        (``kind == "eval"``); columns as in :mod:`rapydli.trainer.callbacks`.
     figure
         A plotly figure of training and validation loss against step.
     """
@@ -61,7 +59,7 @@ class RunResult:
         return f"<b>RunResult</b> run_id={self.run_id}<br>{final.to_html(index=False)}"
 
 
-def train(
+def run_training(
     model_fn: Callable[[], Any] | str,
     data_fn: Callable[[], Any] | str,
     config: TrainConfig | dict[str, Any],
@@ -69,7 +67,6 @@ def train(
     *,
     callbacks: Sequence[MetricsCallback] = (),
     progress: bool = True,
-    live: bool | None = None,
     name: str | None = None,
 ) -> RunResult:
     """Train ``model_fn()`` on ``data_fn()`` data-parallel on every engine of a cluster.
@@ -85,16 +82,12 @@ def train(
     config
         A :class:`TrainConfig` (or a dict of its fields); validated before anything starts.
     cluster
-        A started :class:`rapydli.cluster.Cluster`; ``None`` starts one of
-        ``config.workers`` engines and stops it afterwards.
+        The cluster to use; ``None`` uses the one running in this kernel, else starts one
+        of ``config.workers`` engines and stops it afterwards (:func:`rapydli.cluster.ensure_cluster`).
     callbacks
         Client-side callables, each called with every metrics row as it arrives.
     progress
         Show a tqdm progress bar driven by rank 0's steps.
-    live
-        Show a live plot (loss, val loss, throughput, step/comm time, per-rank comm wait)
-        that updates while training runs; it ends as a static figure in the cell's output,
-        so papermill keeps it. Default: when running in a Jupyter kernel.
     name
         Run name in the store (default: the model function's name).
 
@@ -111,8 +104,9 @@ def train(
     RankFailure
         A rank raised or died; names the rank(s). The run is recorded as ``failed``.
     """
-    from rapydli.experiments.trainjob import TrainingJob
-    from rapydli.widgets.live import LivePlot, in_kernel
+    from rapydli.cluster import ensure_cluster
+    from rapydli.experiments.figures import loss_figure
+    from rapydli.experiments.job import TrainingJob
 
     cfg = config if isinstance(config, TrainConfig) else TrainConfig.from_dict(dict(config))
     model = resolve_callable(model_fn, "model_fn")
@@ -121,43 +115,11 @@ def train(
         if not callable(callback):
             raise ConfigError(f"callbacks must be callables taking a metrics dict; got {callback!r}")
     run_name = name or getattr(model, "__name__", "model")
-    own_cluster = cluster is None
-    if own_cluster:
-        from rapydli.cluster import Cluster
-
-        cluster = Cluster(n=cfg.workers)
-    live_plot = LivePlot(title=run_name) if live or (live is None and in_kernel()) else None
-    if live_plot is not None:
-        live_plot.show()
-        callbacks = (*callbacks, live_plot)
-    try:
-        if own_cluster:
-            cluster.start()
+    with ensure_cluster(cluster, n=cfg.workers) as chosen:
         job = TrainingJob(
-            cluster, model_fn, data_fn, cfg, range(cluster.n), callbacks=callbacks, name=run_name, progress=progress
+            chosen, model_fn, data_fn, cfg, range(chosen.n), callbacks=callbacks, name=run_name, progress=progress
         ).wait()
-    finally:
-        if live_plot is not None:
-            live_plot.close()
-        if own_cluster:
-            cluster.stop()
     if job.exception is not None:
         raise job.exception
     history = job.history
     return RunResult(run_id=job.run_id, history=history, figure=loss_figure(history, title=run_name))
-
-
-def loss_figure(history: pd.DataFrame, title: str = "") -> Any:
-    """A plotly figure: training loss per step and validation loss per evaluation."""
-    import plotly.graph_objects as go
-
-    figure = go.Figure()
-    if "kind" in history:
-        steps = history[history["kind"] == "train"]
-        evals = history[history["kind"] == "eval"]
-        if len(steps):
-            figure.add_scatter(x=steps["step"], y=steps["loss"], mode="lines", name="train loss")
-        if len(evals):
-            figure.add_scatter(x=evals["step"], y=evals["val_loss"], mode="lines+markers", name="val loss")
-    figure.update_layout(title=title, xaxis_title="step", yaxis_title="cross-entropy", template="plotly_white")
-    return figure

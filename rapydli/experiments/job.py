@@ -18,7 +18,6 @@ Examples
 
 from __future__ import annotations
 
-import statistics
 import time
 import traceback
 from collections.abc import Callable, Sequence
@@ -26,89 +25,17 @@ from typing import TYPE_CHECKING, Any
 
 from rapydli.errors import RankFailure
 from rapydli.experiments.refs import callable_ref, resolve_callable
-from rapydli.train.config import TrainConfig
+from rapydli.trainer.config import TrainConfig
+from rapydli.trainer.task import engine_task
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
 
     from rapydli.cluster import Cluster
 
-WARMUP_STEPS = 2  # steps left out of per-rank timing summaries (first-touch, allocator warm-up)
-_TIMING_KEYS = ("step_time_s", "data_time_s", "comm_time_s", "comm_wait_s")
-
-
-def train_task(model_fn: Callable[[], Any], data_fn: Callable[[], Any], config: dict[str, Any]) -> dict[str, Any]:
-    """The engine half of a :class:`TrainingJob` (runs on every rank of the group).
-
-    Builds model and data, then the ranks agree that every one of them succeeded before
-    any collective (so a rank whose ``model_fn``/``data_fn`` raised is the only one named,
-    and nobody is left blocked); runs the :class:`~rapydli.train.trainer.Trainer`; rank 0
-    emits its rows as events. Returns each rank's timing medians, whether the run was
-    stopped early, and rank 0's full history.
-    """
-    import torch
-
-    from rapydli.cluster.engine import context
-    from rapydli.cluster.events import emit
-    from rapydli.comm import Communicator
-    from rapydli.train.callbacks import EmitMetrics
-    from rapydli.train.trainer import Trainer
-
-    ctx = context()
-    cfg = TrainConfig.from_dict(config)
-    error: BaseException | None = None
-    try:
-        torch.manual_seed(cfg.seed)
-        model = model_fn().to(ctx.device)
-        train_data, val_data = data_fn()
-    except Exception as exc:  # noqa: BLE001 - re-raised below, after the agreement
-        error = exc
-    failed = ctx.comm.allgather(error is not None)
-    if error is not None:
-        raise error
-    if any(failed):
-        return {"rank": ctx.rank, "history": [], "stopped_early": False, "timing": {}}
-    comm = Communicator(ctx.comm, algorithm=cfg.allreduce)
-    try:
-        trainer = Trainer(model, None, train_data, val_data, cfg, comm=comm, callbacks=[EmitMetrics(ctx.rank), EmitRankTimings(ctx.rank)])
-        if ctx.rank == 0:
-            emit("start", {"total_steps": trainer.total_steps, "start_step": trainer.step, "world_size": ctx.world_size}, flush=True)
-        history = trainer.fit()
-        trainer.close()
-    finally:
-        comm.close()
-    return {
-        "rank": ctx.rank,
-        "history": history if ctx.rank == 0 else [],
-        "stopped_early": trainer.stopped_early,
-        "timing": timing_summary(history),
-        "parameters": sum(p.numel() for p in model.parameters()),
-        "gradient_bytes": sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad),
-    }
-
-
-class EmitRankTimings:
-    """On ranks other than 0: send each step's timings (they differ per rank) as ``rank_timings`` events."""
-
-    def __init__(self, rank: int) -> None:
-        self.rank = rank
-
-    def on_step_end(self, row: dict[str, Any]) -> None:
-        if self.rank != 0:
-            from rapydli.cluster.events import emit
-
-            emit("rank_timings", {"kind": "rank", "rank": self.rank, **{k: row[k] for k in ("step", *_TIMING_KEYS)}})
-
-
-def timing_summary(history: Sequence[dict[str, Any]], warmup: int = WARMUP_STEPS) -> dict[str, float]:
-    """Medians of the step timings over the train rows after ``warmup`` steps (all rows if too few)."""
-    rows = [r for r in history if r.get("kind") == "train"]
-    kept = rows[warmup:] if len(rows) > warmup else rows
-    if not kept:
-        return {}
-    summary = {key: statistics.median(r[key] for r in kept) for key in _TIMING_KEYS}
-    summary["steps"] = len(kept)
-    return summary
+#: A run asked to stop (``request_stop``) that has not ended this many seconds later is
+#: interrupted by :meth:`TrainingJob.poll` (SIGINT; ranks blocked in a collective are aborted).
+STOP_GRACE_S = 10.0
 
 
 class TrainingJob:
@@ -147,7 +74,7 @@ class TrainingJob:
     exception
         The :class:`RankFailure` of a failed run (None otherwise).
     results
-        Per-rank dicts returned by :func:`train_task` once finished.
+        Per-rank dicts returned by :func:`~rapydli.trainer.task.engine_task` once finished.
     """
 
     def __init__(
@@ -196,7 +123,7 @@ class TrainingJob:
             run_name = name or getattr(model, "__name__", "model")
             self.run_id = self.store.create_run(kind, run_name, params, parent=parent, world_size=len(self.targets), seed=config.seed)
         try:
-            self.job = cluster.submit(train_task, model, data, config.to_dict(), targets=self.targets, on_event=self._on_event)
+            self.job = cluster.submit(engine_task, model, data, config.to_dict(), targets=self.targets, on_event=self._on_event)
         except BaseException as exc:
             self._finish("failed", f"{type(exc).__name__}: {exc}")
             raise
@@ -225,9 +152,15 @@ class TrainingJob:
 
     # -- driving ----------------------------------------------------------------------------
     def poll(self, wait_s: float = 0.0) -> bool:
-        """Advance the job (stream its rows); True once it has ended."""
+        """Advance the job (stream its rows); True once it has ended.
+
+        A stop requested more than :data:`STOP_GRACE_S` ago that has not ended the run
+        escalates to :meth:`interrupt`.
+        """
         if self.state != "running":
             return True
+        if self.stop_requested_at is not None and time.monotonic() - self.stop_requested_at > STOP_GRACE_S:
+            self.interrupt()
         try:
             done = self.job.poll(wait_s)
         except Exception:

@@ -2,7 +2,7 @@
 
 Every builder returns ``(train_dataset, val_dataset)`` (map-style
 :class:`~torch.utils.data.TensorDataset` of ``(input, target)``), the shape ``data_fn``
-has in ``rd.train``; builders are importable by name (``rapydli.train.datasets:digits``)
+has in ``rd.train``; builders are importable by name (``rapydli.zoo.datasets:digits``)
 and depend only on their arguments, so a run can be repeated.
 
 Examples

@@ -9,7 +9,9 @@ Examples
 --------
 On every rank (``mpiexec -n 2 python train.py``)::
 
-    from rapydli.train import Trainer, TrainConfig, models, datasets
+    from rapydli.trainer import Trainer, TrainConfig
+    from rapydli.zoo import models, datasets
+
     train, val = datasets.digits()
     trainer = Trainer(models.resnet_digits(), None, train, val, TrainConfig(epochs=2))
     history = trainer.fit()
@@ -19,7 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,10 +31,10 @@ from torch.nn import functional as F
 from torch.utils.data import Dataset
 
 from rapydli.errors import ConfigError
-from rapydli.train import checkpoint as ckpt
-from rapydli.train.callbacks import Callback, dispatch
-from rapydli.train.config import TrainConfig
-from rapydli.train.schedule import lr_at
+from rapydli.trainer import checkpoint as ckpt
+from rapydli.trainer.callbacks import Callback, dispatch
+from rapydli.trainer.config import TrainConfig
+from rapydli.trainer.schedule import lr_at
 
 
 def build_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.Optimizer:
@@ -68,12 +70,19 @@ class Trainer:
     config
         The run's :class:`TrainConfig`.
     comm
-        A :class:`rapydli.comm.Communicator`; ``None`` builds one over ``COMM_WORLD``
-        with ``config.allreduce`` (a single process needs no MPI launcher).
+        A :class:`rapydli.comm.Communicator` (used as it is), an mpi4py communicator, or
+        ``None`` for ``COMM_WORLD`` (a single process needs no MPI launcher). Over an
+        mpi4py communicator the Trainer builds the run's Communicator with
+        ``config.allreduce`` (the one place a run's Communicator is built) and closes it in
+        :meth:`close`.
     callbacks
         Objects with any of ``on_step_end(metrics)``, ``on_eval_end(metrics)``,
-        ``on_epoch_end(metrics)`` (see :mod:`rapydli.train.callbacks` for the keys);
+        ``on_epoch_end(metrics)`` (see :mod:`rapydli.trainer.callbacks` for the keys);
         called on every rank.
+    should_stop
+        Called once per step on every rank; the loop ends after the step where it returns
+        True. It must give every rank the same answer (the engine task passes one that
+        agrees over the group). ``None``: never stop early.
 
     Attributes
     ----------
@@ -83,7 +92,7 @@ class Trainer:
         Rows of every step and evaluation (the dicts the callbacks received).
     stopped_early
         True when :meth:`fit` ended before ``total_steps`` because the notebook asked the
-        task to stop (``Job.request_stop``; inside a Cluster task only).
+        task to stop (``should_stop`` returned True).
     autotune_plan
         With ``config.autotune``: the :class:`rapydli.autotune.Plan` rank 0 tuned and
         every rank applied (tuned convolutions share the original parameters).
@@ -98,18 +107,20 @@ class Trainer:
         config: TrainConfig,
         comm: Any = None,
         callbacks: Sequence[Callback] = (),
+        should_stop: Callable[[], bool] | None = None,
     ) -> None:
         if not isinstance(config, TrainConfig):
             raise ConfigError(f"config must be a TrainConfig, got {type(config).__name__}")
         self.config = config
         self.mpi = _mpi_comm(comm)
         self.rank, self.world_size = self.mpi.Get_rank(), self.mpi.Get_size()
-        self._owns_comm = comm is None and self.world_size > 1
+        self._owns_comm = comm is None or comm is self.mpi
         if self._owns_comm:
             from rapydli.comm import Communicator
 
-            comm = Communicator(self.mpi, algorithm=config.allreduce)
+            comm = Communicator(self.mpi, algorithm=config.allreduce) if self.world_size > 1 else None
         self.comm = comm
+        self._should_stop = should_stop
         self.model = model
         self.device = next(model.parameters()).device
         self.optimizer = optimizer if optimizer is not None else build_optimizer(model, config)
@@ -341,10 +352,8 @@ class Trainer:
 
     # -- helpers ----------------------------------------------------------------------------
     def _stop_requested(self) -> bool:
-        """Whether any rank's task was asked to stop (one tiny allreduce); False outside a Cluster task."""
-        from rapydli.cluster import engine
-
-        return engine.in_task() and engine.should_stop(self.mpi)
+        """Whether ``should_stop`` says to stop after this step (the same answer on every rank)."""
+        return self._should_stop is not None and self._should_stop()
 
     def _autotune(self, train_data: Dataset) -> None:
         """Tune the convolutions once on rank 0, share the picklable plan, apply it on every rank."""
@@ -420,9 +429,9 @@ def _loader(dataset: Dataset, config: TrainConfig, rank: int, world_size: int) -
 
 
 def _mpi_comm(comm: Any) -> Any:
-    """The mpi4py communicator under ``comm`` (a Communicator), or ``COMM_WORLD``."""
+    """The mpi4py communicator under ``comm`` (a Communicator, or an mpi4py one), or ``COMM_WORLD``."""
     if comm is not None:
-        return comm.mpi_comm
+        return getattr(comm, "mpi_comm", comm)
     from mpi4py import MPI
 
     return MPI.COMM_WORLD

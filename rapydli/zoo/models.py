@@ -1,6 +1,6 @@
 """Reference models for demos, tests and benchmarks: an MLP, a small ResNet, a tiny LM.
 
-Each builder is a plain importable function (``rapydli.train.models:resnet_mini``), so a
+Each builder is a plain importable function (``rapydli.zoo.models:resnet_mini``), so a
 run records it as ``"module:qualname"`` and can be repeated. All models return logits;
 the trainer applies cross-entropy (for the LM over every position).
 

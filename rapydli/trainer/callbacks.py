@@ -1,7 +1,7 @@
 """Trainer callbacks: what they receive and how they are called.
 
 A callback is any object with one or more of these methods (each optional); the
-:class:`~rapydli.train.trainer.Trainer` calls them on every rank, in order:
+:class:`~rapydli.trainer.loop.Trainer` calls them on every rank, in order:
 
 ``on_step_end(metrics)`` after each optimizer step, with :data:`STEP_KEYS`:
     ``kind="train"``, ``step`` (optimizer steps done, from 1), ``epoch`` (from 0),
@@ -50,30 +50,3 @@ def dispatch(callbacks: Sequence[Any], hook: str, metrics: dict[str, Any]) -> No
         if method is not None:
             method(dict(metrics))
 
-
-class EmitMetrics:
-    """Send rank 0's rows to the notebook as cluster events (``rd.train`` installs it).
-
-    Emits ``("metrics", row)`` for every train and eval row and ``("epoch", row)`` at
-    each epoch end, through :func:`rapydli.cluster.events.emit` (a no-op outside a
-    cluster task). Evaluation rows are sent at once (a pruner decides on them); step rows
-    may be coalesced. Other ranks emit nothing.
-    """
-
-    def __init__(self, rank: int) -> None:
-        self.rank = rank
-
-    def _emit(self, kind: str, row: dict[str, Any], flush: bool = False) -> None:
-        if self.rank == 0:
-            from rapydli.cluster.events import emit
-
-            emit(kind, row, flush=flush)
-
-    def on_step_end(self, metrics: dict[str, Any]) -> None:
-        self._emit("metrics", metrics)
-
-    def on_eval_end(self, metrics: dict[str, Any]) -> None:
-        self._emit("metrics", metrics, flush=True)
-
-    def on_epoch_end(self, metrics: dict[str, Any]) -> None:
-        self._emit("epoch", metrics)

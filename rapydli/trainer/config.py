@@ -19,12 +19,16 @@ rapydli.errors.ConfigError: TrainConfig.lr=-1 is invalid: must be in (0, 10]
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from rapydli.comm.registry import ALGORITHMS
+from rapydli.data.kinds import LOADERS
 from rapydli.errors import ConfigError
+from rapydli.registry import Registry
 
 
 @dataclass(frozen=True)
@@ -120,7 +124,7 @@ class TrainConfig:
     grad_clip: float | None = _spec(None, "clip the global gradient norm to this (None: no clipping)", low=0.0, high=1e6, low_open=True, optional=True, log=True)
     grad_accum: int = _spec(1, "micro-steps accumulated per optimizer step", low=1, high=1024)
     precision: str = _spec("fp32", "forward/loss precision (bf16: autocast)", choices=("fp32", "bf16"))
-    allreduce: str = _spec("auto", "allreduce algorithm for gradients", choices=("auto", "mpi", "ring", "shm", "gloo", "nccl"))
+    allreduce: str = _spec("auto", "allreduce algorithm for gradients", choices=ALGORITHMS)
     bucket_mb: float = _spec(25.0, "gradient bucket size in MB", low=0.0, high=4096.0, low_open=True, log=True)
     overlap: bool = _spec(True, "start each bucket's allreduce during backward")
     seed: int = _spec(0, "seed of weights, shuffling and dropout", low=0, high=2**32 - 1)
@@ -129,7 +133,7 @@ class TrainConfig:
     checkpoint_every: int = _spec(0, "checkpoint every N steps (0: at epoch ends only)", low=0, high=10**9)
     resume: bool = _spec(False, "continue from the checkpoint in checkpoint_dir if there is one")
     num_workers: int = _spec(0, "data-loading worker processes/threads per rank", low=0, high=64)
-    loader: str = _spec("default", "data loader kind", choices=("default", "clairvoyant"))
+    loader: str = _spec("default", "data loader kind", choices=LOADERS)
     cache_ram_mb: float = _spec(256.0, "clairvoyant loader: RAM cache budget per rank (MB)", low=0.0, high=1e7, log=True)
     cache_disk_mb: float = _spec(0.0, "clairvoyant loader: local-disk cache budget per rank (MB)", low=0.0, high=1e8)
     autotune: bool = _spec(False, "tune the model's convolutions once (rank 0) and use the plan on every rank")
@@ -152,10 +156,6 @@ class TrainConfig:
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> TrainConfig:
         """Build from a dict; unknown keys are a :class:`ConfigError` naming them."""
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ConfigError(f"unknown TrainConfig field(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
         return cls(**values)
 
     def replace(self, **changes: Any) -> TrainConfig:
@@ -167,6 +167,25 @@ class TrainConfig:
         """See :func:`fields_spec`."""
         return fields_spec()
 
+
+
+def _check_keywords(init: Any) -> Any:
+    """Wrap the dataclass ``__init__`` so an unknown keyword names the closest field."""
+
+    def checked(self: TrainConfig, *args: Any, **kwargs: Any) -> None:
+        known = [f.name for f in dataclasses.fields(TrainConfig)]
+        for name in kwargs:
+            if name not in known:
+                close = difflib.get_close_matches(name, known, n=1)
+                hint = f"did you mean {close[0]!r}?" if close else f"the fields are {', '.join(known)}"
+                raise ConfigError(f"TrainConfig has no field {name!r}: {hint}")
+        init(self, *args, **kwargs)
+
+    checked.__doc__, checked.__wrapped__ = init.__doc__, init  # type: ignore[attr-defined]
+    return checked
+
+
+TrainConfig.__init__ = _check_keywords(TrainConfig.__init__)  # type: ignore[method-assign]
 
 _TYPES = {int: "int", float: "float", bool: "bool", str: "str"}
 
@@ -183,6 +202,8 @@ def fields_spec() -> list[FieldSpec]:
     specs = []
     for f in dataclasses.fields(TrainConfig):
         meta = dict(f.metadata)
+        if isinstance(meta.get("choices"), Registry):  # read now: a registered part is a choice
+            meta["choices"] = tuple(meta["choices"].names())
         type_name = _type_name(f.type)
         specs.append(FieldSpec(name=f.name, type=type_name, default=f.default, **meta))
     return specs

@@ -1,0 +1,126 @@
+"""Figure builders of the experiments: plotly figures from histories and tables, no display.
+
+The experiments return these figures (``RunResult.figure``, ``ScalingResult.figure``,
+``SweepResult.figure``); the notebook front door (:mod:`rapydli.notebook`) and the
+widgets build the same figures as ``FigureWidget`` and refill them while a run goes on.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    import pandas as pd
+
+    from rapydli.experiments.perfmodel import RingModel
+
+
+def loss_figure(history: pd.DataFrame, title: str = "") -> Any:
+    """A plotly figure: training loss per step and validation loss per evaluation."""
+    import plotly.graph_objects as go
+
+    figure = go.Figure()
+    if "kind" in history:
+        steps = history[history["kind"] == "train"]
+        evals = history[history["kind"] == "eval"]
+        if len(steps):
+            figure.add_scatter(x=steps["step"], y=steps["loss"], mode="lines", name="train loss")
+        if len(evals):
+            figure.add_scatter(x=evals["step"], y=evals["val_loss"], mode="lines+markers", name="val loss")
+    figure.update_layout(title=title, xaxis_title="step", yaxis_title="cross-entropy", template="plotly_white")
+    return figure
+
+
+def scaling_figure(points: list[dict[str, Any]], prediction: pd.DataFrame | None, mode: str = "weak", model: RingModel | None = None) -> Any:
+    """Speedup and efficiency against workers: measured, ideal (dotted) and predicted (dashed)."""
+    from plotly.subplots import make_subplots
+
+    base = make_subplots(rows=1, cols=2, subplot_titles=(f"speedup ({mode} scaling)", "efficiency"))
+    for col in (1, 2):
+        base.add_scatter(x=[], y=[], mode="lines+markers", name="measured", legendgroup="measured", showlegend=col == 1, row=1, col=col, line={"color": "#1f77b4"})
+        base.add_scatter(x=[], y=[], mode="lines", name="ideal", legendgroup="ideal", showlegend=col == 1, row=1, col=col, line={"color": "grey", "dash": "dot"})
+        base.add_scatter(x=[], y=[], mode="lines+markers", name="predicted", legendgroup="predicted", showlegend=col == 1, row=1, col=col, line={"color": "#d62728", "dash": "dash"})
+    base.update_xaxes(title_text="workers")
+    base.update_yaxes(title_text="speedup", row=1, col=1)
+    base.update_yaxes(title_text="efficiency", row=1, col=2)
+    base.update_layout(template="plotly_white", height=360, title="scaling study")
+    figure = base
+    import pandas as pd
+
+    fill_scaling_figure(figure, pd.DataFrame(points), prediction, model)
+    return figure
+
+
+def fill_scaling_figure(figure: Any, table: pd.DataFrame, prediction: pd.DataFrame | None, model: RingModel | None = None) -> None:
+    """Put measured points, the ideal line and the prediction into :func:`scaling_figure`'s figure."""
+    if not len(table):
+        return
+    counts = list(table["workers"])
+    if prediction is not None:
+        counts = sorted(set(counts) | set(prediction["workers"]))
+    k0 = table["workers"].iloc[0]
+    with figure.batch_update():
+        measured_s, ideal_s, predicted_s, measured_e, ideal_e, predicted_e = figure.data
+        measured_s.x, measured_s.y = tuple(table["workers"]), tuple(table["speedup"])
+        measured_e.x, measured_e.y = tuple(table["workers"]), tuple(table["efficiency"])
+        ideal_s.x, ideal_s.y = tuple(counts), tuple(k / k0 for k in counts)
+        ideal_e.x, ideal_e.y = tuple(counts), tuple(1.0 for _ in counts)
+        if prediction is not None:
+            predicted_s.x, predicted_s.y = tuple(prediction["workers"]), tuple(prediction["speedup"])
+            predicted_e.x, predicted_e.y = tuple(prediction["workers"]), tuple(prediction["efficiency"])
+            if model is not None:
+                predicted_s.name = f"predicted ({model.describe()})"
+        if counts[-1] / counts[0] > 16:
+            figure.update_xaxes(type="log")
+
+
+STATES = ("COMPLETE", "PRUNED", "FAIL", "RUNNING")
+_COLOURS = {"COMPLETE": "#2a9d8f", "PRUNED": "#e9c46a", "FAIL": "#e76f51", "RUNNING": "#8ecae6"}
+
+
+def sweep_figure(table: pd.DataFrame, metric: str, params: list[str], widget: bool = False, title: str = "") -> Any:
+    """Metric of every trial (coloured by state) and a parallel-coordinates plot of params -> metric."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    base = make_subplots(
+        rows=1, cols=2, column_widths=[0.4, 0.6], specs=[[{"type": "xy"}, {"type": "domain"}]],
+        subplot_titles=(f"{metric} per trial", "parameters -> " + metric),
+    )  # fmt: skip
+    for state in STATES:
+        base.add_scatter(x=[], y=[], mode="markers", name=state.lower(), marker={"color": _COLOURS[state], "size": 10}, row=1, col=1)
+    base.add_trace(go.Parcoords(dimensions=[]), row=1, col=2)
+    base.update_layout(title=title, template="plotly_white", height=360, margin={"t": 70, "b": 40})
+    base.update_xaxes(title_text="trial", row=1, col=1)
+    base.update_yaxes(title_text=metric, row=1, col=1)
+    figure = go.FigureWidget(base) if widget else base
+    fill_sweep_figure(figure, table, metric, params)
+    return figure
+
+
+def fill_sweep_figure(figure: Any, table: pd.DataFrame, metric: str, params: list[str]) -> None:
+    """Put ``table``'s trials into a figure made by :func:`sweep_figure`."""
+    with figure.batch_update():
+        for trace, state in zip(figure.data[: len(STATES)], STATES):
+            rows = table[(table["state"] == state) & table["value"].notna()] if len(table) else table
+            trace.x = tuple(rows["trial"]) if len(rows) else ()
+            trace.y = tuple(rows["value"]) if len(rows) else ()
+        figure.data[len(STATES)].dimensions = _dimensions(table, metric, params)
+
+
+def _dimensions(table: pd.DataFrame, metric: str, params: list[str]) -> list[dict[str, Any]]:
+    if not len(table):
+        return []
+    done = table[table["value"].notna()]
+    if not len(done):
+        return []
+    dims = []
+    for name in [*params, "value"]:
+        column = done[name]
+        if column.map(lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)).all():
+            dims.append({"label": name if name != "value" else metric, "values": [float(v) for v in column]})
+        else:  # categorical: codes with the labels as ticks
+            labels = sorted({str(v) for v in column})
+            codes = {label: i for i, label in enumerate(labels)}
+            dims.append({"label": name, "values": [codes[str(v)] for v in column], "tickvals": list(range(len(labels))), "ticktext": labels})
+    return dims

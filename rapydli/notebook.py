@@ -1,0 +1,250 @@
+"""The notebook front door: ``rd.train``, ``rd.sweep``, ``rd.scaling_study``, ``rd.record``.
+
+The experiments (:mod:`rapydli.experiments`) run headless: they take a cluster (or let
+:func:`rapydli.cluster.ensure_cluster` choose one), call callbacks and return results
+with plotly figures. This module is the one place that decides what a notebook shows
+while they run: inside a Jupyter kernel (also under papermill) a live plot, a live sweep
+view or a live scaling plot, each left in the cell's output as a static figure when the
+call ends; elsewhere nothing but the progress bar. ``rd.record`` shows a recorded value as
+an output of the running cell, so the executed notebook carries it.
+
+Examples
+--------
+>>> import rapydli as rd  # doctest: +SKIP
+>>> result = rd.train("rapydli.zoo.models:resnet_digits", "rapydli.zoo.datasets:digits",
+...                   rd.TrainConfig(epochs=2, workers=2))  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    from rapydli.cluster import Cluster
+    from rapydli.experiments.perfmodel import RingModel
+    from rapydli.experiments.run import MetricsCallback, RunResult
+    from rapydli.experiments.scaling import ScalingResult
+    from rapydli.experiments.space import Dimension
+    from rapydli.experiments.sweep import SweepResult
+    from rapydli.trainer.config import TrainConfig
+
+
+def in_kernel() -> bool:
+    """True when running inside a Jupyter kernel (a notebook, also under papermill)."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    shell = get_ipython()
+    return shell is not None and getattr(shell, "kernel", None) is not None
+
+
+def _live(live: bool | None) -> bool:
+    return bool(live) if live is not None else in_kernel()
+
+
+class _WidgetOutput:
+    """Displays a widget with a one-line text fallback (a static notebook shows that, not the widget's state)."""
+
+    def __init__(self, widget: Any, text: str) -> None:
+        self.widget, self.text = widget, text
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any]:
+        view = {"version_major": 2, "version_minor": 0, "model_id": self.widget.model_id}
+        return {"application/vnd.jupyter.widget-view+json": view, "text/plain": self.text}
+
+
+def display_live(widget: Any, text: str = "(live plot: shown while the cell runs)") -> Any:
+    """Display ``widget`` in the notebook and return the display handle (None outside a kernel)."""
+    if not in_kernel():
+        return None
+    from IPython.display import display
+
+    return display(_WidgetOutput(widget, text), display_id=True)
+
+
+def replace_with_figure(handle: Any, figure: Any) -> None:
+    """Replace a live display with a static plotly figure (kept in a saved notebook, e.g. by papermill).
+
+    Plotly figures display themselves through ``_ipython_display_``, which ignores display
+    ids, so the handle is updated with the figure's MIME bundle instead.
+    """
+    handle.update(figure._repr_mimebundle_(), raw=True)
+
+
+def train(
+    model_fn: Callable[[], Any] | str,
+    data_fn: Callable[[], Any] | str,
+    config: TrainConfig | dict[str, Any],
+    cluster: Cluster | None = None,
+    *,
+    callbacks: Sequence[MetricsCallback] = (),
+    progress: bool = True,
+    live: bool | None = None,
+    name: str | None = None,
+) -> RunResult:
+    """Train ``model_fn()`` on ``data_fn()`` data-parallel on every engine of a cluster.
+
+    :func:`rapydli.experiments.run.run_training` with a live plot (loss, val loss,
+    throughput, step/comm time, per-rank comm wait) that updates while training runs and
+    ends as a static figure in the cell's output. Parameters, result and errors as there;
+    ``live``: show the plot (default: inside a Jupyter kernel).
+
+    The cluster is ``cluster``, else the one running in this kernel (``%rapydli start``),
+    else a new local one of ``config.workers`` engines that is stopped afterwards.
+    """
+    from rapydli.experiments.refs import resolve_callable
+    from rapydli.experiments.run import run_training
+
+    plot = None
+    if _live(live):
+        from rapydli.widgets.live import LivePlot
+
+        model = resolve_callable(model_fn, "model_fn")
+        plot = LivePlot(title=name or getattr(model, "__name__", "model"))
+        plot.show()
+        callbacks = (*callbacks, plot)
+    try:
+        return run_training(model_fn, data_fn, config, cluster, callbacks=callbacks, progress=progress, name=name)
+    finally:
+        if plot is not None:
+            plot.close()
+
+
+def sweep(
+    model_fn: Callable[[], Any] | str,
+    data_fn: Callable[[], Any] | str,
+    config: TrainConfig | Mapping[str, Any],
+    space: Mapping[str, Dimension],
+    trials: int,
+    workers_per_trial: int = 1,
+    parallel: int | None = None,
+    pruner: str | Any = "successive_halving",
+    metric: str = "val_loss",
+    direction: str = "minimize",
+    sampler: str | Any = "tpe",
+    cluster: Cluster | None = None,
+    *,
+    seed: int = 0,
+    enqueue: Sequence[Mapping[str, Any]] = (),
+    live: bool | None = None,
+) -> SweepResult:
+    """Search ``space`` with ``trials`` training runs, each a data-parallel job on its own engines.
+
+    :func:`rapydli.experiments.sweep.sweep` with a live table and figure of the trials
+    (default: inside a Jupyter kernel), left in the output as a static figure and table.
+    Parameters, result and errors as there.
+    """
+    from rapydli.experiments import sweep as sweeps
+
+    view = None
+    if _live(live):
+        from rapydli.widgets.sweepview import SweepView
+
+        view = SweepView(metric, list(space))
+        view.show()
+    try:
+        return sweeps.sweep(
+            model_fn, data_fn, config, space, trials, workers_per_trial, parallel, pruner, metric, direction, sampler,
+            cluster, seed=seed, enqueue=enqueue, view=view,
+        )  # fmt: skip
+    finally:
+        if view is not None:
+            view.close()
+
+
+def scaling_study(
+    model_fn: Callable[[], Any] | str,
+    data_fn: Callable[[], Any] | str,
+    config: TrainConfig | Mapping[str, Any],
+    workers: Sequence[int] = (1, 2),
+    mode: str = "weak",
+    steps: int = 30,
+    predict: Sequence[int] | None = None,
+    cluster: Cluster | None = None,
+    *,
+    network: RingModel | None = None,
+    live: bool | None = None,
+) -> ScalingResult:
+    """Train at each worker count and measure throughput, compute and communication time.
+
+    :func:`rapydli.experiments.scaling.scaling_study` with a live scaling plot that is
+    redrawn after each point (default: inside a Jupyter kernel) and left in the output as a
+    static figure. Parameters, result and errors as there.
+    """
+    from rapydli.experiments.scaling import scaling_study as study
+
+    on_point = None
+    handle: Any = None
+    if _live(live):
+        import plotly.graph_objects as go
+
+        widget = go.FigureWidget()
+        handle = display_live(widget, "(live scaling plot: shown while the study runs)")
+
+        def on_point(figure: Any) -> None:
+            with widget.batch_update():
+                widget.data = ()
+                widget.add_traces(list(figure.data))
+                widget.layout = figure.layout
+
+    result = study(model_fn, data_fn, config, workers, mode, steps, predict, cluster, network=network, on_point=on_point)
+    if handle is not None:
+        replace_with_figure(handle, result.figure)
+    return result
+
+
+def record(name: str, value: Any) -> None:
+    """Record a result of this notebook: a scalar, a small DataFrame or a plotly figure.
+
+    Parameters
+    ----------
+    name
+        The record's name (a column of the batch summary for scalars).
+    value
+        Number, bool, string, pandas DataFrame/Series, plotly figure, or a dict/list of
+        JSON values. Recording the same name again replaces the value.
+
+    Examples
+    --------
+    >>> import rapydli as rd
+    >>> rd.record("accuracy", 0.94)  # doctest: +SKIP
+    >>> rd.record("history", result.history)  # doctest: +SKIP
+    """
+    from rapydli.errors import ConfigError
+    from rapydli.experiments.record import encode, store_record
+
+    if not isinstance(name, str) or not name.strip():
+        raise ConfigError(f"rd.record: name must be a non-empty string; got {name!r}")
+    type_, encoded = encode(value)
+    shown = _display(name, type_, encoded)
+    where = store_record(name, type_, encoded)
+    if where is None:
+        kept = f"{name!r} is kept in this notebook's output only" if shown else f"{name!r} is not kept (not in a notebook)"
+        print(
+            f"rd.record: {kept}: no batch item or run is active in this process "
+            "(run the notebook with `rapydli batch`, or record after rd.train)",
+            file=sys.stderr,
+        )
+
+
+def _display(name: str, type_: str, encoded: Any) -> bool:
+    """Show the record as an output of the running cell; False outside a notebook kernel.
+
+    A terminal IPython (or a test's shell) keeps no outputs, so only a kernel counts.
+    """
+    if not in_kernel():
+        return False
+    from IPython.display import display
+
+    from rapydli.experiments.record import MIMETYPE
+
+    summary = encoded if type_ == "scalar" else f"<{type_}>"
+    payload = {"name": name, "type": type_, "value": encoded}
+    bundle = {"text/plain": f"recorded {name} = {summary}", MIMETYPE: payload}
+    if type_ == "figure":
+        bundle["application/vnd.plotly.v1+json"] = encoded
+    display(bundle, raw=True, metadata={"rapydli": payload})
+    return True

@@ -1,0 +1,122 @@
+"""The engine half of a run: what every rank of a cluster group executes for one training run.
+
+:func:`engine_task` is shipped by the client half (:class:`rapydli.experiments.job.TrainingJob`)
+to every engine of the group. It is the one bridge between the cluster and the Trainer:
+it reads the engine's context (rank, MPI communicator, device), builds model and data,
+builds the run's :class:`~rapydli.comm.Communicator`, and hands the
+:class:`~rapydli.trainer.loop.Trainer` two callables, ``should_stop`` (the notebook asked
+the task to stop) and the metrics callbacks that ``emit`` rows to the notebook. The Trainer
+itself knows nothing of clusters.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from rapydli.trainer.config import TrainConfig
+
+WARMUP_STEPS = 2  # steps left out of per-rank timing summaries (first-touch, allocator warm-up)
+TIMING_KEYS = ("step_time_s", "data_time_s", "comm_time_s", "comm_wait_s")
+
+#: ``emit(kind, payload, flush=False)``: sends one event to the notebook (a no-op outside a task).
+Emit = Callable[..., None]
+
+
+def engine_task(model_fn: Callable[[], Any], data_fn: Callable[[], Any], config: dict[str, Any]) -> dict[str, Any]:
+    """Run one training run on this rank of the group (every rank of it calls this).
+
+    Builds model and data, then the ranks agree that every one of them succeeded before
+    any collective (so a rank whose ``model_fn``/``data_fn`` raised is the only one named,
+    and nobody is left blocked); runs the :class:`~rapydli.trainer.loop.Trainer`; rank 0
+    emits its rows as events. Returns each rank's timing medians, whether the run was
+    stopped early, and rank 0's full history.
+    """
+    import torch
+
+    from rapydli.cluster import engine
+    from rapydli.cluster.events import emit
+    from rapydli.trainer.loop import Trainer
+
+    ctx = engine.context()
+    cfg = TrainConfig.from_dict(config)
+    error: BaseException | None = None
+    try:
+        torch.manual_seed(cfg.seed)
+        model = model_fn().to(ctx.device)
+        train_data, val_data = data_fn()
+    except Exception as exc:  # noqa: BLE001 - re-raised below, after the agreement
+        error = exc
+    failed = ctx.comm.allgather(error is not None)
+    if error is not None:
+        raise error
+    if any(failed):
+        return {"rank": ctx.rank, "history": [], "stopped_early": False, "timing": {}}
+    trainer = Trainer(
+        model, None, train_data, val_data, cfg,
+        comm=ctx.comm,
+        callbacks=[EmitMetrics(ctx.rank, emit), EmitRankTimings(ctx.rank, emit)],
+        should_stop=lambda: engine.should_stop(ctx.comm),
+    )  # fmt: skip
+    try:
+        if ctx.rank == 0:
+            emit("start", {"total_steps": trainer.total_steps, "start_step": trainer.step, "world_size": ctx.world_size}, flush=True)
+        history = trainer.fit()
+    finally:
+        trainer.close()
+    return {
+        "rank": ctx.rank,
+        "history": history if ctx.rank == 0 else [],
+        "stopped_early": trainer.stopped_early,
+        "timing": timing_summary(history),
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "gradient_bytes": sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad),
+    }
+
+
+class EmitMetrics:
+    """Send rank 0's rows to the notebook as events (the engine task installs it).
+
+    Emits ``("metrics", row)`` for every train and eval row and ``("epoch", row)`` at
+    each epoch end. Evaluation rows are sent at once (a pruner decides on them); step rows
+    may be coalesced. Other ranks emit nothing.
+    """
+
+    def __init__(self, rank: int, emit: Emit) -> None:
+        self.rank, self.emit = rank, emit
+
+    def _emit(self, kind: str, row: dict[str, Any], flush: bool = False) -> None:
+        if self.rank == 0:
+            self.emit(kind, row, flush=flush)
+
+    def on_step_end(self, metrics: dict[str, Any]) -> None:
+        self._emit("metrics", metrics)
+
+    def on_eval_end(self, metrics: dict[str, Any]) -> None:
+        self._emit("metrics", metrics, flush=True)
+
+    def on_epoch_end(self, metrics: dict[str, Any]) -> None:
+        self._emit("epoch", metrics)
+
+
+class EmitRankTimings:
+    """On ranks other than 0: send each step's timings (they differ per rank) as ``rank_timings`` events."""
+
+    def __init__(self, rank: int, emit: Emit) -> None:
+        self.rank, self.emit = rank, emit
+
+    def on_step_end(self, row: dict[str, Any]) -> None:
+        if self.rank != 0:
+            self.emit("rank_timings", {"kind": "rank", "rank": self.rank, **{k: row[k] for k in ("step", *TIMING_KEYS)}})
+
+
+def timing_summary(history: Sequence[dict[str, Any]], warmup: int = WARMUP_STEPS) -> dict[str, float]:
+    """Medians of the step timings over the train rows after ``warmup`` steps (all rows if too few)."""
+    rows = [r for r in history if r.get("kind") == "train"]
+    kept = rows[warmup:] if len(rows) > warmup else rows
+    if not kept:
+        return {}
+    summary = {key: statistics.median(r[key] for r in kept) for key in TIMING_KEYS}
+    summary["steps"] = len(kept)
+    return summary

@@ -1,0 +1,100 @@
+"""The layer rules of ARCHITECTURE.md, checked from every import in the package."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "rapydli"
+
+
+def layers() -> list[tuple[str, list[str]]]:
+    """The ``layers`` block of ARCHITECTURE.md: (name, module prefixes), bottom first."""
+    text = (ROOT / "ARCHITECTURE.md").read_text()
+    block = re.search(r"```layers\n(.*?)```", text, re.S)
+    assert block is not None, "ARCHITECTURE.md has no ```layers block"
+    return [(line.split()[0], line.split()[1:]) for line in block.group(1).splitlines() if line.strip()]
+
+
+def layer_of(module: str, table: list[tuple[str, list[str]]]) -> int | None:
+    for index, (_, prefixes) in enumerate(table):
+        if any(module == p or module.startswith(p + ".") for p in prefixes):
+            return index
+    return None
+
+
+def modules() -> list[tuple[str, Path]]:
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        name = ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+        if name != "rapydli":
+            found.append((name, path))
+    return found
+
+
+def imports(path: Path) -> list[str]:
+    """Every absolute module imported anywhere in the file (also inside functions and TYPE_CHECKING)."""
+    names = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.append(node.module)
+            names += [f"{node.module}.{alias.name}" for alias in node.names if node.module == "rapydli"]
+    return names
+
+
+def test_every_module_belongs_to_a_layer() -> None:
+    table = layers()
+    assert [name for name, _ in table][:2] == ["base", "cluster"]
+    homeless = [name for name, _ in modules() if layer_of(name, table) is None]
+    assert not homeless, f"modules in no layer of ARCHITECTURE.md: {homeless}"
+
+
+def test_no_module_imports_a_higher_layer() -> None:
+    table = layers()
+    violations = []
+    for name, path in modules():
+        mine = layer_of(name, table)
+        for imported in imports(path):
+            if imported.startswith("rapydli.") or imported == "rapydli":
+                theirs = layer_of(imported, table)
+                if theirs is not None and mine is not None and theirs > mine:
+                    violations.append(f"{name} ({table[mine][0]}) imports {imported} ({table[theirs][0]})")
+    assert not violations, "\n".join(violations)
+
+
+@pytest.mark.parametrize(
+    ("importer", "forbidden"),
+    [
+        ("rapydli.experiments", ("rapydli.widgets", "rapydli.server", "rapydli.notebook", "IPython", "ipywidgets")),
+        ("rapydli.trainer", ("rapydli.notebook", "rapydli.widgets", "rapydli.magics", "rapydli.experiments")),
+        ("rapydli.trainer.loop", ("rapydli.cluster",)),
+    ],
+)
+def test_named_rules(importer: str, forbidden: tuple[str, ...]) -> None:
+    """Experiments run headless; engine code imports no front end; the Trainer never asks the cluster."""
+    hits = [
+        f"{name} imports {imported}"
+        for name, path in modules()
+        if name == importer or name.startswith(importer + ".")
+        for imported in imports(path)
+        if any(imported == f or imported.startswith(f + ".") for f in forbidden)
+    ]
+    assert not hits, "\n".join(hits)
+
+
+def test_only_the_cluster_layer_starts_processes() -> None:
+    """``subprocess`` and ``multiprocessing`` appear only where ARCHITECTURE.md allows them."""
+    allowed = ("rapydli.cluster", "rapydli.native", "rapydli.data.workers", "rapydli.experiments.batch")
+    users = [
+        name
+        for name, path in modules()
+        if any(i.split(".")[0] in ("subprocess", "multiprocessing") for i in imports(path))
+        and not any(name == a or name.startswith(a + ".") for a in allowed)
+    ]
+    assert not users, f"modules that import subprocess/multiprocessing outside the cluster layer: {users}"
