@@ -165,10 +165,11 @@ class RapydliMagics(Magics):
         if not names:
             return {}
         wanted = [n.strip() for n in names.split(",") if n.strip()]
-        missing = [n for n in wanted if n not in self.shell.user_ns]
+        namespace = self.shell.user_ns if self.shell is not None else {}
+        missing = [n for n in wanted if n not in namespace]
         if missing:
             raise UsageError(f"--push: {', '.join(missing)} not defined in the notebook")
-        return {n: self.shell.user_ns[n] for n in wanted}
+        return {n: namespace[n] for n in wanted}
 
     def _ensure(self, n: int | None) -> Cluster:
         """The running cluster (restarted if its engines died), or a new local one."""

@@ -103,7 +103,7 @@ def train(
         from rapydli.widgets.live import LivePlot
 
         model = resolve_callable(model_fn, "model_fn")
-        plot = LivePlot(title=name or getattr(model, "__name__", "model"))
+        plot = LivePlot(title=name or str(getattr(model, "__name__", "model")))
         plot.show()
         callbacks = (*callbacks, plot)
     try:

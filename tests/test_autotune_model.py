@@ -122,7 +122,7 @@ def test_layers_can_take_each_pass_from_another_configuration(tuned) -> None:
     c_nhwc = Config.of("c_direct", {"cb": 64, "kb": 2, "layout": 1, "order": 0, "pack": 1, "unroll": 1, "vec": 4,
                                     "wb": 2})
     forced = {}
-    for name, choice in report.plan.layers.items():
+    for choice in report.plan.layers.values():
         one_by_one = choice.shape.r == 1 and choice.shape.pad == 0
         forced[name] = replace(choice, candidate="torch_channels_last", params=(), layout="nhwc", data_grad=c_nhwc,
                                weight_grad=Config.of("gemm_1x1") if one_by_one else None)
@@ -131,7 +131,7 @@ def test_layers_can_take_each_pass_from_another_configuration(tuned) -> None:
     assert "data_grad=c_direct" in repr(split)
     assert_same(model, split, x)
     # the tuned plan's layer time is the sum of the fastest passes of the layout it chose
-    for name, choice in report.plan.layers.items():
+    for choice in report.plan.layers.values():
         result = report.results[choice.shape]
         # no single configuration of that layout is faster pass by pass (a run's median total is
         # not the sum of its pass medians, so compare sums of pass medians)

@@ -112,7 +112,7 @@ def test_set_epoch_jump_and_an_early_break_drop_the_prefetched_batches() -> None
         loader.set_epoch(2, skip_batches=3)
         assert [b[1].tolist() for b in loader] == [b[1].tolist() for b in reference(data, 0, 1, 2, 4)[3:]]
         loader.set_epoch(1)
-        for batch in loader:
+        for _batch in loader:
             break  # the rest of epoch 1 stays in flight
         assert [b[1].tolist() for b in loader] == [b[1].tolist() for b in reference(data, 0, 1, 2, 4)]
 

@@ -23,6 +23,7 @@ import argparse
 import json
 import time
 from collections.abc import Callable
+from functools import partial
 
 import numpy as np
 import torch
@@ -72,7 +73,7 @@ def main() -> None:
     tune_seconds = time.perf_counter() - tune_started
     if "gloo" in names:
         comm._get("gloo")  # process group set up before timing
-    if "shm" in names and not comm._get("shm")[0].usable:  # type: ignore[attr-defined]
+    if "shm" in names and not comm._get("shm")[0].usable:
         names.remove("shm")  # ranks on several nodes (or no compiler): every rank alike
 
     rows = []
@@ -81,11 +82,11 @@ def main() -> None:
         tensor = host_zeros(count, torch.float32)  # numpy-allocated, as gradient buckets are
         array = tensor.numpy()  # the same memory, for mpi4py
         calls: dict[str, Callable[[], object]] = {
-            "mpi4py": lambda: world.Allreduce(MPI.IN_PLACE, array, op=MPI.SUM),
+            "mpi4py": partial(world.Allreduce, MPI.IN_PLACE, array, op=MPI.SUM),
         }
         for name in names:
             if name != "mpi4py":
-                calls[name] = lambda name=name: comm.allreduce_(tensor, algorithm=name)
+                calls[name] = partial(comm.allreduce_, tensor, algorithm=name)
         reps = repetitions(nbytes, args.max_reps)
         local = np.zeros((len(names), reps))
         interleaved = [i for i, name in enumerate(names) if name != "gloo"]

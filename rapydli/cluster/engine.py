@@ -194,7 +194,9 @@ def run_cell(code: str, targets: Sequence[int], want_value: bool) -> Any:
         tree = ast.parse(source, filename="<distributed cell>")
         last = None
         if tree.body and isinstance(tree.body[-1], ast.Expr):
-            last = ast.Expression(tree.body.pop().value)
+            expression = tree.body.pop()
+            assert isinstance(expression, ast.Expr)
+            last = ast.Expression(expression.value)
         exec(compile(tree, "<distributed cell>", "exec"), namespace)  # noqa: S102 - the user's own cell
         if last is None:
             return None

@@ -13,6 +13,7 @@ import ctypes
 import hashlib
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -62,7 +63,7 @@ def library_path() -> Path:
 
 
 @cache
-def allreduce_function() -> ctypes._CFuncPtr:
+def allreduce_function() -> Any:
     """``rd_shm_allreduce(plan_t *)``, compiled if needed (raises :class:`rapydli.native.CompileError`)."""
     library = ctypes.CDLL(str(compile_library(SOURCE, library_path(), FLAGS)))
     function = library.rd_shm_allreduce

@@ -125,7 +125,8 @@ def fetch_batch(
         except _SlotFull:  # sent through the queue instead
             pass
     except Exception as error:  # noqa: BLE001 - handed to the consumer, raised there
-        error.add_note(f"(in clairvoyant loader worker process {os.getpid()})")
+        if hasattr(error, "add_note"):  # Python >= 3.11
+            error.add_note(f"(in clairvoyant loader worker process {os.getpid()})")
         result.error = _portable(error)
     return result
 

@@ -38,7 +38,8 @@ def parse_value(text: str) -> Any:
 
 def split_values(text: str) -> list[str]:
     """Split ``v1,v2`` at top-level commas (commas inside ``[]``, ``{}`` or quotes stay)."""
-    parts, depth, quote, current = [], 0, "", []
+    parts: list[str] = []
+    depth, quote, current = 0, "", list[str]()
     for char in text:
         if quote:
             quote = "" if char == quote else quote

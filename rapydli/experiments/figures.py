@@ -36,10 +36,14 @@ def scaling_figure(points: list[dict[str, Any]], prediction: pd.DataFrame | None
     from plotly.subplots import make_subplots
 
     base = make_subplots(rows=1, cols=2, subplot_titles=(f"speedup ({mode} scaling)", "efficiency"))
+    traces = (
+        ("measured", "lines+markers", {"color": "#1f77b4"}),
+        ("ideal", "lines", {"color": "grey", "dash": "dot"}),
+        ("predicted", "lines+markers", {"color": "#d62728", "dash": "dash"}),
+    )
     for col in (1, 2):
-        base.add_scatter(x=[], y=[], mode="lines+markers", name="measured", legendgroup="measured", showlegend=col == 1, row=1, col=col, line={"color": "#1f77b4"})
-        base.add_scatter(x=[], y=[], mode="lines", name="ideal", legendgroup="ideal", showlegend=col == 1, row=1, col=col, line={"color": "grey", "dash": "dot"})
-        base.add_scatter(x=[], y=[], mode="lines+markers", name="predicted", legendgroup="predicted", showlegend=col == 1, row=1, col=col, line={"color": "#d62728", "dash": "dash"})
+        for name, mode_, line in traces:
+            base.add_scatter(x=[], y=[], mode=mode_, name=name, legendgroup=name, showlegend=col == 1, row=1, col=col, line=line)
     base.update_xaxes(title_text="workers")
     base.update_yaxes(title_text="speedup", row=1, col=1)
     base.update_yaxes(title_text="efficiency", row=1, col=2)

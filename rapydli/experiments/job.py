@@ -120,7 +120,7 @@ class TrainingJob:
                 "targets": self.targets,
                 **(extra_params or {}),
             }
-            run_name = name or getattr(model, "__name__", "model")
+            run_name = name or str(getattr(model, "__name__", "model"))
             self.run_id = self.store.create_run(kind, run_name, params, parent=parent, world_size=len(self.targets), seed=config.seed)
         try:
             self.job = cluster.submit(engine_task, model, data, config.to_dict(), targets=self.targets, on_event=self._on_event)

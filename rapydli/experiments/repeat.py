@@ -43,9 +43,12 @@ def repeat_run(run_id: str, *, out: str | None = None, parallel: int | None = No
 
 
 def _repeat_train(run: dict[str, Any], params: dict[str, Any]) -> str:
-    refs = {key: params.get(key) for key in ("model_fn", "data_fn")}
-    for key, ref in refs.items():
-        if not (isinstance(ref, str) and ref.count(":") == 1 and " " not in ref):
+    refs: dict[str, str] = {}
+    for key in ("model_fn", "data_fn"):
+        ref = params.get(key)
+        if isinstance(ref, str) and ref.count(":") == 1 and " " not in ref:
+            refs[key] = ref
+        else:
             raise ConfigError(
                 f"train run {run['id']} cannot be repeated: its {key} was recorded as {ref!r}, not an importable "
                 "'module:qualname' (define model and data functions in a module, not in the notebook)"

@@ -114,7 +114,7 @@ def run_training(
     for callback in callbacks:
         if not callable(callback):
             raise ConfigError(f"callbacks must be callables taking a metrics dict; got {callback!r}")
-    run_name = name or getattr(model, "__name__", "model")
+    run_name = name or str(getattr(model, "__name__", "model"))
     with ensure_cluster(cluster, n=cfg.workers) as chosen:
         job = TrainingJob(
             chosen, model_fn, data_fn, cfg, range(chosen.n), callbacks=callbacks, name=run_name, progress=progress

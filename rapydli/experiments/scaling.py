@@ -156,7 +156,9 @@ def scaling_study(
         for k in counts:
             batch = cfg.batch_size if mode == "weak" else global_batch // k
             point_cfg = cfg.replace(batch_size=batch, max_steps=steps, epochs=max(cfg.epochs, steps), eval_every=0, checkpoint_dir=None, resume=False)
-            job = TrainingJob(cluster, model_fn, data_fn, point_cfg, list(range(k)), name=f"scaling-{k}", parent=run_id, extra_params={"scaling_workers": k}).wait()
+            job = TrainingJob(
+                cluster, model_fn, data_fn, point_cfg, list(range(k)), name=f"scaling-{k}", parent=run_id, extra_params={"scaling_workers": k}
+            ).wait()
             if job.state != "finished":
                 raise ConfigError(f"the {k}-worker point failed: {job.error}")
             gradient_bytes = job.results[0]["gradient_bytes"]
@@ -179,7 +181,8 @@ def scaling_study(
             cluster.stop()
         if store is not None and run_id is not None:
             if status == "finished":
-                store.log_metrics(run_id, [(int(r["workers"]), name, r[name]) for r in table.to_dict("records") for name in ("samples_per_s", "speedup", "efficiency", "comm_fraction")])
+                names = ("samples_per_s", "speedup", "efficiency", "comm_fraction")
+                store.log_metrics(run_id, [(int(r["workers"]), name, r[name]) for r in table.to_dict("records") for name in names])
                 store.add_record(run_id, "table", "table", table.to_dict("records"))
                 if model is not None:
                     store.add_record(run_id, "model", "json", {"alpha": model.alpha, "beta": model.beta, "source": model.source})
@@ -212,8 +215,8 @@ def _table(points: list[dict[str, Any]], model: RingModel | None, gradient_bytes
     import pandas as pd
 
     rows = []
-    base = points[0] if points else None
     for p in points:
+        base = points[0]
         speedup = p["samples_per_s"] / base["samples_per_s"]
         ideal = p["workers"] / base["workers"]
         row = {**p, "speedup": speedup, "ideal_speedup": ideal, "efficiency": speedup / ideal, "predicted_step_time_s": None, "prediction_error": None}

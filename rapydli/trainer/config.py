@@ -121,7 +121,9 @@ class TrainConfig:
     weight_decay: float = _spec(0.0, "decoupled weight decay (AdamW) or L2 (SGD)", low=0.0, high=1.0)
     lr_schedule: str = _spec("constant", "learning-rate schedule after warm-up", choices=("constant", "cosine", "step"))
     warmup_steps: int = _spec(0, "optimizer steps of linear warm-up", low=0, high=10**9)
-    grad_clip: float | None = _spec(None, "clip the global gradient norm to this (None: no clipping)", low=0.0, high=1e6, low_open=True, optional=True, log=True)
+    grad_clip: float | None = _spec(
+        None, "clip the global gradient norm to this (None: no clipping)", low=0.0, high=1e6, low_open=True, optional=True, log=True
+    )
     grad_accum: int = _spec(1, "micro-steps accumulated per optimizer step", low=1, high=1024)
     precision: str = _spec("fp32", "forward/loss precision (bf16: autocast)", choices=("fp32", "bf16"))
     allreduce: str = _spec("auto", "allreduce algorithm for gradients", choices=ALGORITHMS)
