@@ -167,6 +167,10 @@ class ClairvoyantLoader:
     def __len__(self) -> int:
         return batches_per_epoch(len(self.stream[0]), self.batch_size, self.drop_last)
 
+    def batches_in(self, epoch: int) -> int:
+        """Batches of ``epoch`` (every epoch is whole)."""
+        return len(self)
+
     def set_epoch(self, epoch: int, skip_batches: int = 0) -> None:
         """Make the next pass yield ``epoch``, starting after ``skip_batches`` batches.
 
@@ -448,6 +452,11 @@ class _Window:
 
 def build_clairvoyant(dataset: Dataset, **options: Any) -> ClairvoyantLoader:
     """The ``clairvoyant`` kind from :func:`rapydli.data.loaders.build_loader`'s options."""
+    if options.get("resume_from") is not None:
+        raise ConfigError(
+            "loader='clairvoyant' plans its accesses for one world size and cannot resume mid-epoch on another: "
+            "resume on the checkpoint's number of ranks, or use loader='default'"
+        )
     return ClairvoyantLoader(
         dataset,
         batch_size=options["batch_size"],

@@ -67,8 +67,9 @@ class DefaultLoader:
         epochs: int,
         num_workers: int = 0,
         drop_last: bool = False,
+        resume_from: tuple[int, int] | None = None,
     ) -> None:
-        self.sampler = ShardSampler(len(dataset), rank=rank, world_size=world_size, seed=seed)
+        self.sampler = ShardSampler(len(dataset), rank=rank, world_size=world_size, seed=seed, resume_from=resume_from)
         self.batch_size = batch_size
         self.drop_last = drop_last
         self._skipping = _SkippingSampler(self.sampler)
@@ -84,7 +85,11 @@ class DefaultLoader:
         self._epochs: list[dict[str, Any]] = []
 
     def __len__(self) -> int:
-        return batches_per_epoch(len(self.sampler), self.batch_size, self.drop_last)
+        return batches_per_epoch(self.sampler.length(), self.batch_size, self.drop_last)
+
+    def batches_in(self, epoch: int) -> int:
+        """Batches of ``epoch`` (fewer in the epoch a run resumed on another world size)."""
+        return batches_per_epoch(self.sampler.length(epoch), self.batch_size, self.drop_last)
 
     def set_epoch(self, epoch: int, skip_batches: int = 0) -> None:
         """Make the next pass yield ``epoch``, starting after ``skip_batches`` batches."""
@@ -151,6 +156,7 @@ def build_loader(
     cache_ram_mb: float = 256.0,
     cache_disk_mb: float = 0.0,
     disk_dir: str | None = None,
+    resume_from: tuple[int, int] | None = None,
 ) -> Loader:
     """Build this rank's loader of ``kind`` over a map-style ``dataset``.
 
@@ -174,6 +180,10 @@ def build_loader(
         Drop each epoch's last incomplete batch.
     cache_ram_mb, cache_disk_mb, disk_dir
         Cache budgets and the local directory of the disk tier (``"clairvoyant"`` only).
+    resume_from
+        ``(epoch, start)``: that epoch begins at position ``start`` of its global order,
+        re-sharded over ``world_size`` ranks (a run resumed on another number of ranks;
+        ``"default"`` only).
 
     Returns
     -------
@@ -210,6 +220,7 @@ def build_loader(
         cache_ram_mb=cache_ram_mb,
         cache_disk_mb=cache_disk_mb,
         disk_dir=disk_dir,
+        resume_from=resume_from,
     )
 
 

@@ -43,8 +43,17 @@ def rank_indices(
     epoch: int,
     shuffle: bool = True,
     drop_last: bool = False,
+    start: int = 0,
 ) -> torch.Tensor:
     """Sample indices that ``rank`` visits in ``epoch``, in visiting order.
+
+    ``start`` skips the first ``start`` positions of the epoch's global order and shards
+    what is left over ``world_size`` ranks (padded by wrapping around to the order's
+    beginning, as with ``start=0``). A run resumed mid-epoch on another number of ranks
+    uses it: the positions consumed so far are ``steps x global batch`` whatever the world
+    size was, so no sample of the epoch is seen twice and none is skipped. With the same
+    world size and ``start`` a multiple of it, the result equals dropping this rank's first
+    ``start // world_size`` indices.
 
     Examples
     --------
@@ -52,13 +61,16 @@ def rank_indices(
     [1, 3, 0]
     """
     _check_partition(num_samples, rank, world_size)
+    if not 0 <= start <= num_samples:
+        raise ConfigError(f"start={start} is invalid: must be in [0, {num_samples}]")
     order = epoch_order(num_samples, seed, epoch, shuffle)
-    per_rank = shard_size(num_samples, world_size, drop_last)
+    left = num_samples - start
+    per_rank = shard_size(left, world_size, drop_last) if left else 0
     total = per_rank * world_size
-    if total > num_samples:  # pad by wrapping around, as DistributedSampler does
-        repeats = math.ceil((total - num_samples) / num_samples)
+    if total > left:  # pad by wrapping around to the order's beginning, as DistributedSampler does
+        repeats = math.ceil((total - left) / num_samples)
         order = torch.cat([order, *([order] * repeats)])
-    return order[:total][rank:total:world_size]
+    return order[start : start + total][rank:total:world_size]
 
 
 def _check_partition(num_samples: int, rank: int, world_size: int) -> None:
@@ -83,6 +95,9 @@ class ShardSampler(Sampler[int]):
         Base seed; epoch ``e`` uses ``seed + e``.
     shuffle, drop_last
         As in :class:`torch.utils.data.DistributedSampler`.
+    resume_from
+        ``(epoch, start)``: that epoch begins at position ``start`` of its global order,
+        re-sharded over this world size (see :func:`rank_indices`); other epochs are whole.
     """
 
     def __init__(
@@ -93,6 +108,7 @@ class ShardSampler(Sampler[int]):
         seed: int = 0,
         shuffle: bool = True,
         drop_last: bool = False,
+        resume_from: tuple[int, int] | None = None,
     ) -> None:
         _check_partition(num_samples, rank, world_size)
         self.num_samples = num_samples
@@ -101,6 +117,7 @@ class ShardSampler(Sampler[int]):
         self.seed = seed
         self.shuffle = shuffle
         self.drop_last = drop_last
+        self.resume_from = resume_from
         self.epoch = 0
 
     def set_epoch(self, epoch: int) -> None:
@@ -109,18 +126,18 @@ class ShardSampler(Sampler[int]):
 
     def indices(self, epoch: int | None = None) -> torch.Tensor:
         """This rank's indices for ``epoch`` (default: the current one)."""
-        return rank_indices(
-            self.num_samples,
-            self.rank,
-            self.world_size,
-            self.seed,
-            self.epoch if epoch is None else epoch,
-            self.shuffle,
-            self.drop_last,
-        )
+        epoch = self.epoch if epoch is None else epoch
+        start = self.resume_from[1] if self.resume_from is not None and self.resume_from[0] == epoch else 0
+        return rank_indices(self.num_samples, self.rank, self.world_size, self.seed, epoch, self.shuffle, self.drop_last, start)
 
     def __iter__(self) -> Iterator[int]:
         return iter(self.indices().tolist())
 
     def __len__(self) -> int:
-        return shard_size(self.num_samples, self.world_size, self.drop_last)
+        return self.length(self.epoch)
+
+    def length(self, epoch: int | None = None) -> int:
+        """Samples this rank visits in ``epoch`` (fewer in a resumed epoch; ``None``: a whole epoch)."""
+        start = self.resume_from[1] if self.resume_from is not None and self.resume_from[0] == epoch else 0
+        left = self.num_samples - start
+        return shard_size(left, self.world_size, self.drop_last) if left else 0

@@ -134,6 +134,11 @@ class TrainConfig:
     checkpoint_dir: str | None = _spec(None, "directory for checkpoints (None: no checkpoints)", optional=True)
     checkpoint_every: int = _spec(0, "checkpoint every N steps (0: at epoch ends only)", low=0, high=10**9)
     resume: bool = _spec(False, "continue from the checkpoint in checkpoint_dir if there is one")
+    on_resize: str = _spec(
+        "keep", "resuming on another number of ranks: keep the global batch (grad_accum) or scale the lr", choices=("keep", "scale")
+    )
+    max_restarts: int = _spec(0, "restart the cluster and resume from the last checkpoint when a rank dies, at most N times", low=0, high=100)
+    min_workers: int | None = _spec(None, "a restart may go on with this many engines when fewer come back (None: all)", low=1, high=4096, optional=True)
     num_workers: int = _spec(0, "data-loading worker processes/threads per rank", low=0, high=64)
     loader: str = _spec("default", "data loader kind", choices=LOADERS)
     cache_ram_mb: float = _spec(256.0, "clairvoyant loader: RAM cache budget per rank (MB)", low=0.0, high=1e7, log=True)

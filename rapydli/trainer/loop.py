@@ -34,6 +34,7 @@ from rapydli.errors import ConfigError
 from rapydli.trainer import checkpoint as ckpt
 from rapydli.trainer.callbacks import Callback, dispatch
 from rapydli.trainer.config import TrainConfig
+from rapydli.trainer.progress import EpochPlan, resized_config
 from rapydli.trainer.schedule import lr_at
 
 
@@ -126,15 +127,27 @@ class Trainer:
         self.optimizer = optimizer if optimizer is not None else build_optimizer(model, config)
         self.callbacks = tuple(callbacks)
         self.val_data = val_data
-        self.loader = _loader(train_data, config, self.rank, self.world_size)
+        # a checkpoint to resume from, and what it was written with (it may be another world size)
+        self._checkpoint, meta = self._read_checkpoint() if config.resume else (None, None)
+        self._lr_scale, resume_from = 1.0, None
+        if meta is not None:
+            config, self._lr_scale = resized_config(config, meta["world_size"], meta["grad_accum"], self.world_size)
+            self.config = config
+            if meta["world_size"] != self.world_size:
+                resume_from = (meta["epoch"], meta["position"])
+        self.loader = _loader(train_data, config, self.rank, self.world_size, resume_from)
         self.steps_per_epoch = len(self.loader) // config.grad_accum
         if self.steps_per_epoch < 1:
             raise ConfigError(
                 f"TrainConfig.grad_accum={config.grad_accum} is larger than the {len(self.loader)} batches "
                 f"each rank gets per epoch (batch_size={config.batch_size}, {self.world_size} ranks): lower it"
             )
-        total = self.steps_per_epoch * config.epochs
-        self.total_steps = min(total, config.max_steps) if config.max_steps else total
+        self.plan = EpochPlan(self.steps_per_epoch, config.epochs)
+        if resume_from is not None:
+            epoch, start = resume_from
+            steps = self.loader.batches_in(epoch) // config.grad_accum
+            self.plan = EpochPlan(self.steps_per_epoch, config.epochs, meta["step"], epoch, start, steps)  # type: ignore[index]
+        self.total_steps = self.plan.total(config.max_steps)
         self.autotune_plan: Any = None
         if config.autotune:
             self._autotune(train_data)
@@ -145,25 +158,25 @@ class Trainer:
         self.history: list[dict[str, Any]] = []
         self.stopped_early = False
         self._started = time.perf_counter()
-        if config.resume:
-            self._resume()
+        if meta is not None:
+            self._resume(meta)
 
     # -- the loop ---------------------------------------------------------------------------
     def fit(self) -> list[dict[str, Any]]:
         """Train to ``total_steps`` (``epochs``, capped by ``max_steps``); return :attr:`history`."""
         cfg = self.config
         while self.step < self.total_steps:
-            epoch, done_in_epoch = divmod(self.step, self.steps_per_epoch)
+            epoch, done_in_epoch, steps_in_epoch = self.plan.locate(self.step)
             self.epoch = epoch
             self.loader.set_epoch(epoch, skip_batches=done_in_epoch * cfg.grad_accum)
             batches = iter(self.loader)
             epoch_losses: list[float] = []
             epoch_started = time.perf_counter()
-            for _ in range(done_in_epoch, self.steps_per_epoch):
+            for _ in range(done_in_epoch, steps_in_epoch):
                 if self.step >= self.total_steps:
                     break
                 # learning rate of this step (warm-up, then the schedule)
-                lr = lr_at(cfg.lr_schedule, self.step, self.total_steps, cfg.lr, cfg.warmup_steps)
+                lr = lr_at(cfg.lr_schedule, self.step, self.total_steps, cfg.lr, cfg.warmup_steps) * self._lr_scale
                 for group in self.optimizer.param_groups:
                     group["lr"] = lr
 
@@ -316,38 +329,43 @@ class Trainer:
         rng_states = self.mpi.gather(ckpt.rng_state(), root=0)
         if self.rank != 0:
             return None
-        epoch, done = divmod(self.step, self.steps_per_epoch)
+        epoch, position = self.plan.position(self.step, self.config.global_batch(self.world_size))
         state = {
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": {"name": self.config.lr_schedule, "step": self.step, "total_steps": self.total_steps},
-            "sampler": {"epoch": epoch, "batch": done * self.config.grad_accum, "seed": self.config.seed},
+            "sampler": {"epoch": epoch, "position": position, "seed": self.config.seed},
             "step": self.step,
             "world_size": self.world_size,
+            "grad_accum": self.config.grad_accum,
             "rng": rng_states,
             "config": self.config.to_dict(),
         }
         return ckpt.save_atomic(state, ckpt.checkpoint_path(self.config.checkpoint_dir))
 
-    def _resume(self) -> None:
+    def _read_checkpoint(self) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+        """Rank 0's checkpoint state (None elsewhere) and, on every rank, what it was written with."""
         path = ckpt.checkpoint_path(self.config.checkpoint_dir)  # type: ignore[arg-type]
-        found = self.mpi.bcast(path.exists() if self.rank == 0 else None, root=0)
-        if not found:
-            return
-        state = ckpt.load(path) if self.rank == 0 else None
-        meta = self.mpi.bcast({"step": state["step"], "world_size": state["world_size"]} if state else None, root=0)
-        if meta["world_size"] != self.world_size:
-            raise ConfigError(
-                f"checkpoint {path} was written by {meta['world_size']} ranks; this run has {self.world_size}: "
-                "resume with the same number of workers"
-            )
+        state = ckpt.load(path) if self.rank == 0 and path.exists() else None
+        meta = None
+        if state is not None:
+            meta = {
+                "step": state["step"], "world_size": state["world_size"], "grad_accum": state["grad_accum"],
+                "epoch": state["sampler"]["epoch"], "position": state["sampler"]["position"],
+            }  # fmt: skip
+        return state, self.mpi.bcast(meta, root=0)
+
+    def _resume(self, meta: dict[str, Any]) -> None:
+        """Continue from the checkpoint read by :meth:`_read_checkpoint` (model, optimizer, RNG, step)."""
+        state, self._checkpoint = self._checkpoint, None
         if self.rank == 0:
+            assert state is not None
             self.model.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])
         self._broadcast_model()
         self._broadcast_optimizer_state()
         rng_states = self.mpi.bcast(state["rng"] if state else None, root=0)
-        ckpt.set_rng_state(rng_states[self.rank])
+        ckpt.set_rng_state(rng_states[self.rank % len(rng_states)])  # a rank the old run did not have takes a peer's
         self.step = self._evaluated_at = self._saved_at = meta["step"]
 
     # -- helpers ----------------------------------------------------------------------------
@@ -407,7 +425,7 @@ def _to_device(batch: Any, device: torch.device) -> tuple[Any, ...]:
     return tuple(item.to(device, non_blocking=True) if isinstance(item, torch.Tensor) else item for item in batch)
 
 
-def _loader(dataset: Dataset, config: TrainConfig, rank: int, world_size: int) -> Any:
+def _loader(dataset: Dataset, config: TrainConfig, rank: int, world_size: int, resume_from: tuple[int, int] | None) -> Any:
     from rapydli.data.loaders import build_loader
 
     disk_dir = None
@@ -425,6 +443,7 @@ def _loader(dataset: Dataset, config: TrainConfig, rank: int, world_size: int) -
         cache_ram_mb=config.cache_ram_mb,
         cache_disk_mb=config.cache_disk_mb,
         disk_dir=disk_dir,
+        resume_from=resume_from,
     )
 
 
