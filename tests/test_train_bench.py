@@ -87,7 +87,10 @@ def test_bench_trainer_runs_on_two_ranks(tmp_path) -> None:
     assert "mlp: target trainer <= 0.85x ddp with autotune:" in result.output  # --autotune is the default
     payload = json.loads(path.read_text())
     rows = {row["variant"]: row for row in payload["rows"]}
-    assert set(rows) == {"trainer", "trainer_autotune", "ddp_gloo", "no_comm", "live", "quiet", "per_call"}
+    assert set(rows) == {"trainer", "trainer_autotune", "ddp_gloo", "no_comm", "checkpoint", "live", "quiet", "per_call"}
+    saved = rows["checkpoint"]  # 5 warm-up + 2 steps of the MLP: a save after step 5 and one at the end, against a blocking write
+    assert saved["saves"] == 2 and saved["save_ms"] > 0 and saved["sync_write_ms"] > 0
+    assert "mlp: target checkpoint cost <= 5%:" in result.output
     assert all(rows[variant]["step_ms"] > 0 for variant in ("trainer", "trainer_autotune", "ddp_gloo", "no_comm", "live", "quiet"))
     assert 0.0 <= rows["trainer"]["hidden_fraction"] <= 1.0
     # the MLP has no convolution: an empty plan, applied without error, tuned once before the rounds
@@ -100,6 +103,20 @@ def test_bench_trainer_runs_on_two_ranks(tmp_path) -> None:
     per_call = [row for row in payload["rows"] if row["variant"] == "per_call"]
     assert [row["rank"] for row in per_call] == [0, 1] and all(row["should_stop_us"] > 0 for row in per_call)
     assert all(0 < row["lag_ms_median"] <= row["lag_ms_max"] for row in per_call)  # every latency row arrived
+
+
+def test_checkpoint_cost_summary() -> None:
+    rows = [
+        {"model": "m", "variant": "trainer", "step_ms": 10.0, "hidden_fraction": 0.5},
+        {"model": "m", "variant": "ddp_gloo", "step_ms": 11.0},
+        {"model": "m", "variant": "no_comm", "step_ms": 9.0},
+        {"model": "m", "variant": "checkpoint", "step_ms": 10.0, "save_ms": 20.0, "sync_write_ms": 80.0, "saves": 4, "every": 5},
+    ]
+    summary = summarize(rows)
+    assert summary["m: checkpoint cost per step at checkpoint_every=50"] == pytest.approx(20.0 / 500.0)
+    assert summary["m: synchronous write / trainer save"] == pytest.approx(4.0)
+    assert summary["m: target checkpoint cost <= 5%"] == "met"
+    assert summary["m: trainer / ddp step"] == pytest.approx(10.0 / 11.0)
 
 
 def test_live_summary_from_rows() -> None:

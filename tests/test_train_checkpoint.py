@@ -114,3 +114,31 @@ def test_resumed_run_equals_uninterrupted_run(run_mpi, tmp_path, every: int, sto
     )
     result = run_mpi(code, n=2, timeout=180)
     assert result.stdout.count("OK") == 2
+
+
+def test_writer_writes_in_the_background_and_reports_a_failed_write(tmp_path) -> None:
+    import torch
+
+    path = tmp_path / "run" / ckpt.CHECKPOINT_NAME
+    writer = ckpt.CheckpointWriter()
+    weights = torch.ones(4)
+    writer.submit({"w": weights}, path)
+    weights.add_(1)  # the step goes on changing the parameters: the checkpoint holds the copy
+    writer.wait()
+    assert torch.equal(ckpt.load(path)["w"], torch.ones(4))
+
+    (tmp_path / "file").write_text("not a directory")
+    writer.submit({"w": weights}, tmp_path / "file" / ckpt.CHECKPOINT_NAME)
+    with pytest.raises(OSError):
+        writer.wait()
+    writer.wait()  # the error is raised once
+    assert torch.equal(ckpt.load(path)["w"], torch.ones(4))  # the previous checkpoint is intact
+
+
+def test_partial_writes_of_a_killed_process_are_removed(tmp_path) -> None:
+    partial = tmp_path / f".{ckpt.CHECKPOINT_NAME}.abc123.tmp"
+    partial.write_bytes(b"half a checkpoint")
+    kept = tmp_path / ckpt.CHECKPOINT_NAME
+    kept.write_bytes(b"x")
+    ckpt.remove_partial_writes(tmp_path)
+    assert not partial.exists() and kept.exists()

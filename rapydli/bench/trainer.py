@@ -23,6 +23,10 @@ therefore include the tuned convolution kernels as well as the communication; th
 the product's Trainer as a user runs it with autotune on. A model without convolutions
 (the MLP) gets an empty plan, so there ``trainer_autotune`` is the plain ``Trainer`` again.
 
+It also times what a checkpoint costs the step: the ``Trainer``'s ``save_checkpoint``
+(a copy of the state in memory; a thread writes the file) against a synchronous write of
+the same state, and reports the cost per step at ``checkpoint_every=50`` (target <= 5%).
+
 With ``--live`` (the default) it then measures what streaming the step metrics to the
 notebook costs a training task on a local cluster (:mod:`rapydli.bench.live`; target <= 2%
 of the step).
@@ -45,11 +49,20 @@ from rapydli.trainer.task import WARMUP_STEPS
 
 TRAINER_VS_DDP = 0.85
 MAX_OVERHEAD = 0.10
+CHECKPOINT_EVERY = 50
+MAX_CHECKPOINT_COST = 0.05
 
 
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Ratios and targets per model from the worker's rows."""
     summary: dict[str, Any] = {}
+    for row in rows:
+        if row["variant"] == "checkpoint" and row["save_ms"] is not None:
+            cost = row["save_ms"] / (CHECKPOINT_EVERY * row["step_ms"])
+            summary[f"{row['model']}: checkpoint cost per step at checkpoint_every={CHECKPOINT_EVERY}"] = cost
+            summary[f"{row['model']}: synchronous write / trainer save"] = row["sync_write_ms"] / row["save_ms"]
+            summary[f"{row['model']}: target checkpoint cost <= {MAX_CHECKPOINT_COST:.0%}"] = "met" if cost <= MAX_CHECKPOINT_COST else "not met"
+    rows = [row for row in rows if row["variant"] != "checkpoint"]
     for model in dict.fromkeys(row["model"] for row in rows):
         step = {row["variant"]: row["step_ms"] for row in rows if row["model"] == model}
         trainer_row = next(row for row in rows if row["model"] == model and row["variant"] == "trainer")
@@ -118,7 +131,7 @@ def command(
         out = Path(tmp) / "rows.json"
         argv = [sys.executable, "-m", "rapydli.bench.trainer_worker", "--out", str(out), "--models", models,
                 "--steps", str(steps), "--rounds", str(rounds), "--allreduce", allreduce, "--bucket-mb", str(bucket_mb),
-                "--autotune" if autotune else "--no-autotune"]  # fmt: skip
+                "--autotune" if autotune else "--no-autotune", "--checkpoint-dir", str(Path(tmp) / "checkpoints")]  # fmt: skip
         result = mpirun.run(argv, n=n, threads=1, timeout=timeout)
         if result.returncode != 0 or not out.exists():
             raise ClusterError(f"the trainer benchmark failed on {n} ranks:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")

@@ -96,6 +96,41 @@ def _trainer_round(model: nn.Module, train: Any, config: TrainConfig, comm: Comm
     return statistics.median(r["step_time_s"] for r in rows)
 
 
+def checkpoint_cost(name: str, steps: int, warmup: int, every: int, allreduce: str, world: MPI.Comm, directory: str) -> dict[str, Any]:
+    """What a checkpoint costs the step: the Trainer's save (a copy in memory; a thread writes) against a synchronous write.
+
+    Runs ``warmup + steps`` steps checkpointing every ``every`` and times each
+    ``save_checkpoint`` on rank 0 (the slowest: it copies the state), then one blocking
+    :func:`rapydli.trainer.checkpoint.save_atomic` of the same state.
+    """
+    from rapydli.trainer import checkpoint as ckpt
+
+    config = TrainConfig(batch_size=32, lr=0.01, optimizer="sgd", allreduce=allreduce, max_steps=warmup + steps,
+                         checkpoint_dir=directory, checkpoint_every=every)  # fmt: skip
+    train, _ = MODELS[name][1](config.batch_size * world.Get_size() * (warmup + steps) + 64)
+    trainer = Trainer(_model(name), None, train, None, config, comm=world)
+    saves: list[float] = []
+    save = trainer.save_checkpoint
+
+    def timed() -> Any:
+        started = time.perf_counter()
+        path = save()
+        saves.append(time.perf_counter() - started)
+        return path
+
+    trainer.save_checkpoint = timed  # type: ignore[method-assign]
+    rows = [r for r in trainer.fit() if r["kind"] == "train"][warmup:]
+    state = {"model": trainer.model.state_dict(), "optimizer": trainer.optimizer.state_dict()}
+    trainer.close()
+    started = time.perf_counter()
+    ckpt.save_atomic(state, f"{directory}/sync-{world.Get_rank()}.pt")
+    sync_s = time.perf_counter() - started
+    step_s = statistics.median(r["step_time_s"] for r in rows)
+    return {"model": name, "variant": "checkpoint", "ranks": world.Get_size(), "every": every, "saves": len(saves),
+            "step_ms": 1000 * step_s, "save_ms": 1000 * statistics.median(saves) if saves else None,
+            "sync_write_ms": 1000 * sync_s}  # fmt: skip
+
+
 def measure(
     name: str, steps: int, warmup: int, rounds: int, allreduce: str, bucket_mb: float, world: MPI.Comm, autotune: bool = False
 ) -> list[dict[str, Any]]:
@@ -176,6 +211,7 @@ def main() -> None:
     parser.add_argument("--allreduce", default="auto")
     parser.add_argument("--bucket-mb", type=float, default=25.0)
     parser.add_argument("--autotune", action=argparse.BooleanOptionalAction, default=True, help="also time trainer_autotune")
+    parser.add_argument("--checkpoint-dir", default=None, help="also time checkpoints written here")
     args = parser.parse_args()
     world = MPI.COMM_WORLD
     port = world.bcast(_free_port() if world.Get_rank() == 0 else None, root=0)
@@ -183,6 +219,9 @@ def main() -> None:
     rows = []
     for name in args.models.split(","):
         rows += measure(name, args.steps, args.warmup, args.rounds, args.allreduce, args.bucket_mb, world, args.autotune)
+        if args.checkpoint_dir:
+            cost = checkpoint_cost(name, args.steps, args.warmup, 5, args.allreduce, world, f"{args.checkpoint_dir}/{name}")
+            rows += [cost] if world.Get_rank() == 0 else []
     dist.destroy_process_group()
     if world.Get_rank() == 0:
         with open(args.out, "w") as stream:

@@ -6,13 +6,19 @@ in one file ``<checkpoint_dir>/checkpoint.pt``. Rank 0 writes it to a temporary 
 the same directory, flushes it to disk, then renames it over the old one with
 :func:`os.replace`, so a reader sees the old checkpoint or the new one, never half of
 one; a failed write removes its temporary file and leaves the old checkpoint in place.
+
+:class:`CheckpointWriter` takes the write off the training step: the step waits only
+for a copy of the state in memory, a thread writes it (still atomically), and the next
+checkpoint, or the end of the run, waits for the write before it.
 """
 
 from __future__ import annotations
 
+import copy
 import os
 import random
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +72,53 @@ def save_atomic(state: dict[str, Any], path: str | os.PathLike[str]) -> Path:
     finally:
         os.close(directory)
     return target
+
+
+class CheckpointWriter:
+    """Writes checkpoints with :func:`save_atomic` on a background thread, one at a time.
+
+    Examples
+    --------
+    >>> writer = CheckpointWriter()  # doctest: +SKIP
+    >>> writer.submit({"model": model.state_dict()}, "run/checkpoint.pt")  # doctest: +SKIP
+    >>> writer.wait()  # doctest: +SKIP
+    """
+
+    def __init__(self) -> None:
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    def submit(self, state: dict[str, Any], path: str | os.PathLike[str]) -> None:
+        """Copy ``state`` now (tensors cloned) and write the copy in the background.
+
+        Waits for the previous write first, and raises its error if it failed.
+        """
+        self.wait()
+        snapshot = copy.deepcopy(state)
+
+        def write() -> None:
+            try:
+                save_atomic(snapshot, path)
+            except BaseException as exc:  # noqa: BLE001 - raised in the training thread by wait()
+                self._error = exc
+
+        self._thread = threading.Thread(target=write, name="rapydli-checkpoint", daemon=True)
+        self._thread.start()
+
+    def wait(self) -> None:
+        """Block until the write in flight (if any) is on disk; raise its error if it failed."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+
+
+def remove_partial_writes(directory: str | os.PathLike[str]) -> None:
+    """Delete temporary files of writes that never finished (a process killed mid-write)."""
+    for partial in Path(directory).glob(f".{CHECKPOINT_NAME}.*.tmp"):
+        partial.unlink(missing_ok=True)
 
 
 def load(path: str | os.PathLike[str]) -> dict[str, Any]:

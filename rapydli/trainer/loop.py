@@ -122,6 +122,7 @@ class Trainer:
             comm = Communicator(self.mpi, algorithm=config.allreduce) if self.world_size > 1 else None
         self.comm = comm
         self._should_stop = should_stop
+        self._writer = ckpt.CheckpointWriter()
         self.model = model
         self.device = next(model.parameters()).device
         self.optimizer = optimizer if optimizer is not None else build_optimizer(model, config)
@@ -266,10 +267,12 @@ class Trainer:
                 dispatch(self.callbacks, "on_epoch_end", summary)
             if self.stopped_early:
                 break
+        self._writer.wait()  # the last checkpoint is on disk when fit returns
         return self.history
 
     def close(self) -> None:
-        """Remove the gradient hooks; release the communicator the trainer built for itself."""
+        """Finish a checkpoint still being written; remove the gradient hooks; release the communicator the trainer built."""
+        self._writer.wait()
         if self.sync is not None:
             self.sync.close()
         if self._owns_comm and self.comm is not None:
@@ -319,7 +322,9 @@ class Trainer:
     def save_checkpoint(self) -> Path | None:
         """Write the run's state (rank 0; every rank contributes its RNG state).
 
-        Returns the checkpoint path on rank 0, ``None`` elsewhere or without
+        The step waits for a copy of the state in memory only; a thread writes the file
+        (atomically), and the next checkpoint, :meth:`fit`'s end and :meth:`close` wait for
+        it. Returns the checkpoint path on rank 0, ``None`` elsewhere or without
         ``checkpoint_dir``. Collective: call on every rank.
         """
         if self.config.checkpoint_dir is None:
@@ -341,11 +346,15 @@ class Trainer:
             "rng": rng_states,
             "config": self.config.to_dict(),
         }
-        return ckpt.save_atomic(state, ckpt.checkpoint_path(self.config.checkpoint_dir))
+        path = ckpt.checkpoint_path(self.config.checkpoint_dir)
+        self._writer.submit(state, path)
+        return path
 
     def _read_checkpoint(self) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
         """Rank 0's checkpoint state (None elsewhere) and, on every rank, what it was written with."""
         path = ckpt.checkpoint_path(self.config.checkpoint_dir)  # type: ignore[arg-type]
+        if self.rank == 0:
+            ckpt.remove_partial_writes(path.parent)
         state = ckpt.load(path) if self.rank == 0 and path.exists() else None
         meta = None
         if state is not None:
