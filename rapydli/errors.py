@@ -31,11 +31,17 @@ class RankFailure(RapydliError):
         Summary naming the failing rank(s).
     failures
         Mapping of rank to the remote traceback text (or the reason a rank died).
+    died
+        True when the failing ranks' processes died (killed, segfault, ``os._exit``, their
+        host or job gone) rather than raising an exception in the user's code: a run with
+        restarts left may go on from its checkpoint after such a failure, never after an
+        exception.
     """
 
-    def __init__(self, message: str, failures: dict[int, str] | None = None) -> None:
+    def __init__(self, message: str, failures: dict[int, str] | None = None, died: bool = False) -> None:
         super().__init__(message)
         self.failures: dict[int, str] = dict(failures or {})
+        self.died = died
 
     @property
     def ranks(self) -> list[int]:

@@ -84,13 +84,15 @@ def train(
     progress: bool = True,
     live: bool | None = None,
     name: str | None = None,
+    restarts: int | None = None,
 ) -> RunResult:
     """Train ``model_fn()`` on ``data_fn()`` data-parallel on every engine of a cluster.
 
     :func:`rapydli.experiments.run.run_training` with a live plot (loss, val loss,
     throughput, step/comm time, per-rank comm wait) that updates while training runs and
-    ends as a static figure in the cell's output. Parameters, result and errors as there;
-    ``live``: show the plot (default: inside a Jupyter kernel).
+    ends as a static figure in the cell's output (a restart after ranks died is a dashed
+    marker). Parameters, result and errors as there; ``live``: show the plot (default:
+    inside a Jupyter kernel).
 
     The cluster is ``cluster``, else the one running in this kernel (``%rapydli start``),
     else a new local one of ``config.workers`` engines that is stopped afterwards.
@@ -107,7 +109,7 @@ def train(
         plot.show()
         callbacks = (*callbacks, plot)
     try:
-        return run_training(model_fn, data_fn, config, cluster, callbacks=callbacks, progress=progress, name=name)
+        return run_training(model_fn, data_fn, config, cluster, callbacks=callbacks, progress=progress, name=name, restarts=restarts)
     finally:
         if plot is not None:
             plot.close()

@@ -309,7 +309,8 @@ class Job:
             lines.append("other ranks: " + ", ".join(f"{r.rank} {r.status}" for r in sorted(others, key=lambda r: r.rank)))
         if self.aborted or any(r.status == "dead" for r in states):
             lines.append("the engines were stopped; run `%rapydli restart` (or Cluster.restart()) to continue")
-        return RankFailure("\n".join(lines), {r.rank: r.error for r in culprits})
+        died = all(r.status == "dead" for r in culprits)
+        return RankFailure("\n".join(lines), {r.rank: r.error for r in culprits}, died=bool(culprits) and died)
 
 
 def _verb(culprits: list[_Rank], reason: str) -> str:

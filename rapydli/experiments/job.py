@@ -59,6 +59,12 @@ class TrainingJob:
     kind, name, parent, extra_params
         How the run is recorded in the store (``kind`` ``train`` or ``trial``; ``parent``:
         the sweep's id); nothing is recorded when the store is off or ``record`` is False.
+    continues
+        The id of a run this job continues (a restart after a rank died): its metrics go to
+        that run instead of a new one.
+    keep_open
+        When the job fails because its ranks died, leave its run ``running`` in the store
+        (the caller restarts it with ``continues=``) instead of recording it failed.
 
     Attributes
     ----------
@@ -75,6 +81,8 @@ class TrainingJob:
         The :class:`RankFailure` of a failed run (None otherwise).
     results
         Per-rank dicts returned by :func:`~rapydli.trainer.task.engine_task` once finished.
+    start_step
+        The step rank 0 started from (above 0 when it resumed from a checkpoint), once known.
     """
 
     def __init__(
@@ -92,6 +100,8 @@ class TrainingJob:
         extra_params: dict[str, Any] | None = None,
         record: bool = True,
         progress: bool = False,
+        continues: str | None = None,
+        keep_open: bool = False,
     ) -> None:
         from rapydli.experiments.store import open_store
 
@@ -111,8 +121,10 @@ class TrainingJob:
         self.started = time.monotonic()
         self.ended: float | None = None
         self.store = open_store() if record else None
-        self.run_id: str | None = None
-        if self.store is not None:
+        self.run_id: str | None = continues
+        self.keep_open = keep_open
+        self.start_step: int | None = None
+        if self.store is not None and continues is None:
             params = {
                 "model_fn": model_fn if isinstance(model_fn, str) else callable_ref(model) or repr(model),
                 "data_fn": data_fn if isinstance(data_fn, str) else callable_ref(data) or repr(data),
@@ -129,6 +141,8 @@ class TrainingJob:
             raise
 
     def _on_event(self, rank: int, kind: str, payload: Any) -> None:
+        if kind == "start":
+            self.start_step = payload["start_step"]
         if kind == "start" and self.progress:
             from tqdm.auto import tqdm
 
@@ -207,7 +221,8 @@ class TrainingJob:
         self.state, self.error, self.ended = state, error, time.monotonic()
         if self._bar is not None:
             self._bar.close()
-        if self.store is not None and self.run_id is not None:
+        died = self.exception is not None and self.exception.died
+        if self.store is not None and self.run_id is not None and not (self.keep_open and died):
             status = {"finished": "finished", "stopped": "interrupted", "failed": "failed"}[state]
             self.store.finish_run(self.run_id, status, error or ("stopped on request" if state == "stopped" else None))
 

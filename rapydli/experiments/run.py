@@ -16,11 +16,12 @@ Examples
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from rapydli.errors import ConfigError
+from rapydli.errors import ConfigError, RankFailure
 from rapydli.experiments.refs import resolve_callable
 from rapydli.trainer.config import TrainConfig
 
@@ -68,6 +69,7 @@ def run_training(
     callbacks: Sequence[MetricsCallback] = (),
     progress: bool = True,
     name: str | None = None,
+    restarts: int | None = None,
 ) -> RunResult:
     """Train ``model_fn()`` on ``data_fn()`` data-parallel on every engine of a cluster.
 
@@ -90,6 +92,14 @@ def run_training(
         Show a tqdm progress bar driven by rank 0's steps.
     name
         Run name in the store (default: the model function's name).
+    restarts
+        How many times to go on after ranks die (an engine killed, a host or a job gone):
+        restart the cluster, resume from the last complete checkpoint, and continue the
+        same run; default ``config.max_restarts``. Each restart is recorded on the run
+        (``restarts`` record: time, cause, ranks, step resumed from) and reaches the
+        callbacks as a ``kind="restart"`` row. An exception raised in the user's code is
+        never retried. Without ``config.checkpoint_dir`` a directory under
+        ``$RAPYDLI_HOME/checkpoints`` is used (removed when the run finishes).
 
     Returns
     -------
@@ -102,7 +112,10 @@ def run_training(
     ConfigError
         Invalid config or functions (before any process starts).
     RankFailure
-        A rank raised or died; names the rank(s). The run is recorded as ``failed``.
+        A rank raised, or died with no restarts left; names the rank(s). The run is
+        recorded as ``failed``.
+    ClusterError
+        A restart could not bring the engines back; the last checkpoint is kept and named.
     """
     from rapydli.cluster import ensure_cluster
     from rapydli.experiments.figures import loss_figure
@@ -115,11 +128,69 @@ def run_training(
         if not callable(callback):
             raise ConfigError(f"callbacks must be callables taking a metrics dict; got {callback!r}")
     run_name = name or str(getattr(model, "__name__", "model"))
+    left = cfg.max_restarts if restarts is None else restarts
+    if not isinstance(left, int) or isinstance(left, bool) or left < 0:
+        raise ConfigError(f"restarts={restarts!r} is invalid: an integer >= 0")
+    scratch = None
+    if left and cfg.checkpoint_dir is None:
+        import uuid
+
+        from rapydli.paths import subdir
+
+        scratch = subdir("checkpoints") / uuid.uuid4().hex[:12]
+        cfg = cfg.replace(checkpoint_dir=str(scratch))
     with ensure_cluster(cluster, n=cfg.workers) as chosen:
         job = TrainingJob(
-            chosen, model_fn, data_fn, cfg, range(chosen.n), callbacks=callbacks, name=run_name, progress=progress
+            chosen, model_fn, data_fn, cfg, range(chosen.n), callbacks=callbacks, name=run_name, progress=progress, keep_open=left > 0
         ).wait()
+        history = list(job.rows)
+        restarted: list[dict[str, Any]] = []
+        while job.exception is not None and job.exception.died and left > 0:
+            left -= 1
+            restart = {"time": time.time(), "cause": str(job.exception).splitlines()[0], "ranks": job.exception.ranks}
+            targets = _restart(chosen, cfg, job.exception)
+            job = TrainingJob(
+                chosen, model_fn, data_fn, cfg.replace(resume=True), targets, callbacks=callbacks, name=run_name,
+                progress=progress, continues=job.run_id, keep_open=left > 0,
+            ).wait()  # fmt: skip
+            restarted.append({**restart, "resumed_from_step": job.start_step, "workers": len(targets)})
+            _record_restarts(job, restarted, callbacks)
+            history = [row for row in history if job.start_step is None or row["step"] <= job.start_step] + job.rows
     if job.exception is not None:
         raise job.exception
-    history = job.history
-    return RunResult(run_id=job.run_id, history=history, figure=loss_figure(history, title=run_name))
+    if scratch is not None:
+        import shutil
+
+        shutil.rmtree(scratch, ignore_errors=True)
+    import pandas as pd
+
+    frame = job.history if not restarted else pd.DataFrame(history)
+    return RunResult(run_id=job.run_id, history=frame, figure=loss_figure(frame, title=run_name))
+
+
+def _restart(cluster: Cluster, config: TrainConfig, failure: RankFailure) -> list[int]:
+    """Bring the cluster's engines back after ``failure``; the ranks the run goes on with.
+
+    All of them, or, with ``config.min_workers``, as many as came back if that is enough.
+    """
+    from rapydli.errors import ClusterError
+
+    where = f"the last checkpoint is in {config.checkpoint_dir} (rd.train(..., TrainConfig(resume=True, ...)) continues it)"
+    try:
+        cluster.restart()
+    except ClusterError as exc:
+        raise ClusterError(f"ranks {failure.ranks} died and the cluster could not be restarted: {exc}; {where}") from exc
+    alive = cluster.alive_ranks()
+    needed = config.min_workers or cluster.n
+    if len(alive) < needed:
+        raise ClusterError(f"only {len(alive)} of {cluster.n} engines came back after ranks {failure.ranks} died (need {needed}); {where}")
+    return alive
+
+
+def _record_restarts(job: Any, restarted: list[dict[str, Any]], callbacks: Sequence[MetricsCallback]) -> None:
+    """The restarts so far on the run (store record ``restarts``) and to the callbacks (a marker in the live plot)."""
+    if job.store is not None and job.run_id is not None:
+        job.store.add_record(job.run_id, "restarts", "json", restarted)
+    latest = restarted[-1]
+    for callback in callbacks:
+        callback({"kind": "restart", "step": latest["resumed_from_step"] or 0, "cause": latest["cause"], "ranks": latest["ranks"]})

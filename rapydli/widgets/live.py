@@ -81,6 +81,7 @@ class LivePlot:
         self.min_interval = 1.0 / max_redraws_per_s
         self.rows: list[dict[str, Any]] = []
         self.redraws = 0
+        self.restarts: list[int] = []  # steps where the run resumed after ranks died (drawn as markers)
         self._drawn = 0
         self._last_draw = 0.0
         self._handle: Any = None
@@ -116,6 +117,11 @@ class LivePlot:
                     if fresh:
                         trace.x = (*(trace.x or ()), *(x for x, _ in fresh))
                         trace.y = (*(trace.y or ()), *(y for _, y in fresh))
+                for restart in (r for r in rows if r.get("kind") == "restart"):  # a marker where the run resumed
+                    self.restarts.append(restart["step"])
+                    self.figure.add_vline(
+                        x=restart["step"], line={"dash": "dash", "color": "#d62728"}, annotation_text=f"restart (ranks {restart['ranks']} died)"
+                    )
             self.redraws += 1
             self._last_draw = time.monotonic()
 
