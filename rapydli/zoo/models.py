@@ -100,11 +100,12 @@ class CausalSelfAttention(nn.Module):
         self.proj = nn.Linear(dim, dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        batch, length, dim = x.shape
-        q, k, v = self.qkv(x).split(dim, dim=2)
-        q, k, v = (t.view(batch, length, self.heads, dim // self.heads).transpose(1, 2) for t in (q, k, v))
+        batch, length, _ = x.shape
+        q, k, v = self.qkv(x).chunk(3, dim=2)  # each (batch, length, heads * head_dim); fewer heads when tensor-parallel
+        head_dim = q.shape[-1] // self.heads
+        q, k, v = (t.view(batch, length, self.heads, head_dim).transpose(1, 2) for t in (q, k, v))
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.proj(y.transpose(1, 2).reshape(batch, length, dim))
+        return self.proj(y.transpose(1, 2).reshape(batch, length, self.heads * head_dim))
 
 
 class TransformerBlock(nn.Module):
