@@ -86,6 +86,27 @@ def executor_equivalence(stages: int, schedule: str, microbatches: int, batch: i
     grid.free()
 
 
+def failing_stage(stages: int, schedule: str) -> None:
+    """The last stage raises in its second backward; the job must end, naming stage and action."""
+    torch.set_num_threads(1)
+    world = MPI.COMM_WORLD
+    grid = ProcessGrid.create(world, stages)
+    model = residual_mlp(torch.float64)
+    bounds = split.boundaries(model, [str(3 + i) for i in range(stages - 1)], stages)
+    stage, _ = split.stage_module(model, bounds, grid.stage)
+    calls = {"n": 0}
+
+    def bad_loss(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise ValueError("loss blew up")
+        return loss_fn(logits, targets)
+
+    executor = PipelineExecutor(stage, grid.pipeline, schedule, 4, bad_loss)
+    x, y = torch.randn(8, 8, dtype=torch.float64), torch.randint(0, 5, (8,))
+    executor.train_step(x, y)
+
+
 def run_cases(cases_json: str) -> None:
     """Run every case of a JSON list of :func:`executor_equivalence` argument lists."""
     for case in json.loads(cases_json):
@@ -94,3 +115,45 @@ def run_cases(cases_json: str) -> None:
 
 if __name__ == "__main__":
     run_cases(os.environ["PIPELINE_CASES"])
+
+
+def trainer_run(config: dict, steps_before: int | None = None) -> None:
+    """Trainer with ``config`` on every rank; rank 0 prints each stage's parameters as JSON.
+
+    With ``steps_before``: first train to that step with checkpoints, then resume to
+    ``max_steps`` in a second Trainer (the run "interrupted" in between).
+    """
+    from torch.utils.data import TensorDataset
+
+    from rapydli.train.config import TrainConfig
+    from rapydli.train.trainer import Trainer
+
+    torch.set_num_threads(1)
+    world = MPI.COMM_WORLD
+    g = torch.Generator().manual_seed(3)
+    train = TensorDataset(torch.randn(96, 8, generator=g), torch.randint(0, 5, (96,), generator=g))
+    val = TensorDataset(torch.randn(20, 8, generator=g), torch.randint(0, 5, (20,), generator=g))
+    cfg = TrainConfig.from_dict(config)
+    if steps_before is not None:
+        first = Trainer(residual_mlp(torch.float32), None, train, val, cfg.replace(max_steps=steps_before, checkpoint_every=1))
+        first.fit()
+        first.close()
+        cfg = cfg.replace(resume=True)
+    trainer = Trainer(residual_mlp(torch.float32), None, train, val, cfg)
+    history = trainer.fit()
+    names = getattr(trainer.pipeline, "names", None)
+    params = {}
+    blocks = split.pipeline_blocks(trainer.model) if names is None else list(zip(names, trainer.model))
+    for name, block in blocks:
+        for pname, p in block.named_parameters():
+            params[f"{name}.{pname}"] = p.detach().double().reshape(-1).tolist()
+    gathered = world.gather(params, root=0)
+    trainer.close()
+    if world.Get_rank() == 0:
+        merged: dict = {}
+        for part in gathered:
+            for key, value in part.items():
+                merged.setdefault(key, value)
+        losses = [row["loss"] for row in history if row["kind"] == "train"]
+        vals = [row["val_loss"] for row in history if row["kind"] == "eval"]
+        print(json.dumps({"params": merged, "losses": losses, "val": vals, "step": trainer.step}))

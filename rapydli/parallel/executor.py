@@ -103,15 +103,6 @@ class PipelineExecutor:
         """Whether this is the last stage."""
         return self.stage == self.stages - 1
 
-    def _chunks(self, value: Any) -> list[Any]:
-        count = value.shape[0] if isinstance(value, torch.Tensor) else value[0].shape[0]
-        if count < self.microbatches:
-            raise ConfigError(f"a batch of {count} samples cannot be cut into microbatches={self.microbatches}: lower microbatches to at most {count}")
-        if isinstance(value, torch.Tensor):
-            return list(torch.tensor_split(value, self.microbatches))
-        parts = [torch.tensor_split(v, self.microbatches) for v in value]
-        return [tuple(p[i] for p in parts) for i in range(self.microbatches)]
-
     # -- training ----------------------------------------------------------------------------
     def train_step(self, inputs: Any, targets: torch.Tensor, scale: float = 1.0) -> float:
         """Forward and backward of one batch through the pipeline; returns the batch's mean loss.
@@ -121,8 +112,8 @@ class PipelineExecutor:
         ``.grad``. The loss is broadcast from the last stage, so every stage returns it.
         """
         micro = [_Micro() for _ in range(self.microbatches)]
-        in_chunks = self._chunks(inputs) if self.first else [None] * self.microbatches
-        tgt_chunks = self._chunks(targets) if self.last else [None] * self.microbatches
+        in_chunks = cut(inputs, self.microbatches) if self.first else [None] * self.microbatches
+        tgt_chunks = cut(targets, self.microbatches) if self.last else [None] * self.microbatches
         total = targets.numel()
         sends: list[tuple[Any, Any]] = []
         loss_sum = 0.0
@@ -191,12 +182,8 @@ class PipelineExecutor:
         """
         out_loss = correct = count = 0.0
         mbs = min(self.microbatches, len(targets))
-        saved, self.microbatches = self.microbatches, mbs
-        try:
-            in_chunks = self._chunks(inputs) if self.first else [None] * mbs
-            tgt_chunks = self._chunks(targets) if self.last else [None] * mbs
-        finally:
-            self.microbatches = saved
+        in_chunks = cut(inputs, mbs) if self.first else [None] * mbs
+        tgt_chunks = cut(targets, mbs) if self.last else [None] * mbs
         sends: list[tuple[Any, Any]] = []
         for mb in range(mbs):
             x = in_chunks[mb] if self.first else wire.recv(self.comm, self.stage - 1, "activation", mb, self.device)
@@ -211,6 +198,20 @@ class PipelineExecutor:
                 sends += wire.isend(self.comm, out, self.stage + 1, "activation", mb)
         wire.wait_all([request for request, _ in sends])
         return out_loss, correct, count
+
+
+def cut(value: Any, microbatches: int) -> list[Any]:
+    """``value`` (a tensor or tuple of tensors, batch first) in ``microbatches`` parts (sizes differ by <= 1).
+
+    A batch smaller than ``microbatches`` is a :class:`ConfigError`.
+    """
+    count = value.shape[0] if isinstance(value, torch.Tensor) else value[0].shape[0]
+    if count < microbatches:
+        raise ConfigError(f"a batch of {count} samples cannot be cut into microbatches={microbatches}: lower microbatches to at most {count}")
+    if isinstance(value, torch.Tensor):
+        return list(torch.tensor_split(value, microbatches))
+    parts = [torch.tensor_split(v, microbatches) for v in value]
+    return [tuple(p[i] for p in parts) for i in range(microbatches)]
 
 
 def _input_grads(inputs: Any) -> Any:
