@@ -8,7 +8,13 @@ import pytest
 
 from rapydli.errors import ConfigError
 from rapydli.parallel import schedules
-from rapydli.parallel.schedules import Action, bubble_fraction, build, peak_live, simulate
+from rapydli.parallel.schedules import (
+    Action,
+    bubble_fraction,
+    build,
+    peak_live,
+    simulate,
+)
 
 GRID = list(itertools.product(schedules.SCHEDULES, (1, 2, 3, 4), (1, 2, 3, 4, 8)))
 

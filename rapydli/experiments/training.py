@@ -19,7 +19,7 @@ Examples
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from rapydli.errors import ConfigError
@@ -50,11 +50,20 @@ class RunResult:
         (``kind == "eval"``); columns as in :mod:`rapydli.train.callbacks`.
     figure
         A plotly figure of training and validation loss against step.
+    timelines
+        A pipelined run's latest ``timeline`` event of every rank (see :meth:`timeline`).
     """
 
     run_id: str | None
     history: pd.DataFrame
     figure: Any
+    timelines: dict[int, dict[str, Any]] = field(default_factory=dict)
+
+    def timeline(self, replica: int = 0) -> Any:
+        """A pipelined run's last step as a Gantt chart, ideal schedule and bubble (:mod:`rapydli.parallel.timeline`)."""
+        from rapydli.parallel.timeline import figure_from_events
+
+        return figure_from_events(self.timelines, replica)
 
     def _repr_html_(self) -> str:  # pragma: no cover - notebook display
         final = self.history.dropna(axis=1, how="all").tail(3)
@@ -144,7 +153,7 @@ def train(
     if job.exception is not None:
         raise job.exception
     history = job.history
-    return RunResult(run_id=job.run_id, history=history, figure=loss_figure(history, title=run_name))
+    return RunResult(run_id=job.run_id, history=history, figure=loss_figure(history, title=run_name), timelines=job.timelines)
 
 
 def loss_figure(history: pd.DataFrame, title: str = "") -> Any:

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from rapydli.errors import RankFailure
 from rapydli.experiments.refs import callable_ref, resolve_callable
+from rapydli.parallel.grid import data_parallel_degree
 from rapydli.train.config import TrainConfig
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -71,6 +72,8 @@ def train_task(model_fn: Callable[[], Any], data_fn: Callable[[], Any], config: 
     comm = Communicator(ctx.comm, algorithm=cfg.allreduce)
     try:
         trainer = Trainer(model, None, train_data, val_data, cfg, comm=comm, callbacks=[EmitMetrics(ctx.rank), EmitRankTimings(ctx.rank)])
+        if trainer.pipeline is not None:  # every rank's spans of each step, for result.timeline()
+            trainer.callbacks += (trainer.pipeline.timeline_callback(emit),)
         if ctx.rank == 0:
             emit("start", {"total_steps": trainer.total_steps, "start_step": trainer.step, "world_size": ctx.world_size}, flush=True)
         history = trainer.fit()
@@ -169,12 +172,15 @@ class TrainingJob:
         from rapydli.experiments.store import open_store
 
         model, data = resolve_callable(model_fn, "model_fn"), resolve_callable(data_fn, "data_fn")
+        if config.pipeline_stages > 1:  # refused before anything starts: ranks = replicas x stages
+            data_parallel_degree(len(targets), config.pipeline_stages)
         self.config = config
         self.targets = list(targets)
         self.callbacks = tuple(callbacks)
         self.rows: list[dict[str, Any]] = []
         self.rank_rows: list[dict[str, Any]] = []
         self.results: list[dict[str, Any]] = []
+        self.timelines: dict[int, dict[str, Any]] = {}
         self.state = "running"
         self.error = ""
         self.exception: RankFailure | None = None
@@ -211,6 +217,9 @@ class TrainingJob:
             self.rank_rows.append(payload)
             for callback in self.callbacks:
                 callback(dict(payload))
+            return
+        if kind == "timeline":  # a pipelined run: the latest step's spans per rank
+            self.timelines[rank] = payload
             return
         if kind != "metrics":
             return

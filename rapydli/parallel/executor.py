@@ -9,15 +9,15 @@ targets, so the summed gradients are those of the batch's mean loss whatever
 copies of the stage) every backward but the stage's last runs under ``no_sync``; the
 last one starts the bucket allreduces while backward goes on, as without a pipeline.
 
-A failure in an action raises :class:`StageFailure` naming the rank, the stage and the
-action; an interrupt (the notebook stopping the run after another rank failed) prints
-the action the rank was in before it propagates.
+A failure in an action raises :class:`StageFailure` naming the stage and the action; an
+interrupt (the notebook stopping the run after another rank failed) is re-raised as a
+``KeyboardInterrupt`` whose message names the action the rank was in, which the
+notebook's :class:`~rapydli.errors.RankFailure` shows beside the failed rank.
 """
 
 from __future__ import annotations
 
 import contextlib
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -147,9 +147,8 @@ class PipelineExecutor:
                 elif action.kind == "send_gradient":
                     sends += wire.isend(self.comm, _input_grads(micro[mb].inputs), self.stage - 1, "gradient", mb)
                     micro[mb].inputs = None
-            except KeyboardInterrupt:
-                print(f"pipeline stage {self.stage} was in {action} of step {self.steps} when interrupted", file=sys.stderr, flush=True)
-                raise
+            except KeyboardInterrupt:  # the run is being stopped: say where this rank was (short traceback)
+                raise KeyboardInterrupt(f"pipeline stage {self.stage} was in {action} of step {self.steps}") from None
             except Exception as exc:
                 raise StageFailure(f"pipeline stage {self.stage} failed in {action} of step {self.steps}: {type(exc).__name__}: {exc}") from exc
             self.recorder.span(action.kind, mb, started, time.perf_counter())
@@ -190,10 +189,12 @@ class PipelineExecutor:
             with self.autocast():
                 out = self.module(x)
             if self.last:
-                loss, right = self.loss_fn(out, tgt_chunks[mb])
-                out_loss += float(loss) * tgt_chunks[mb].numel()
+                target = tgt_chunks[mb]
+                assert target is not None
+                loss, right = self.loss_fn(out, target)
+                out_loss += float(loss) * target.numel()
                 correct += float(right)
-                count += tgt_chunks[mb].numel()
+                count += target.numel()
             else:
                 sends += wire.isend(self.comm, out, self.stage + 1, "activation", mb)
         wire.wait_all([request for request, _ in sends])

@@ -10,7 +10,7 @@ are not counted; a storage saved twice is counted once while both are held.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Self
 
 import torch
 
@@ -78,7 +78,7 @@ class ActivationMeter:
         """Start a new peak from what is live now."""
         self.peak = self.live
 
-    def __enter__(self) -> ActivationMeter:
+    def __enter__(self) -> Self:
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
         self._hooks.__enter__()
         return self

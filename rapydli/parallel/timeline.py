@@ -11,7 +11,7 @@ and the measured bubble fraction beside the theoretical ``(p - 1) / (m + p - 1)`
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,6 +60,37 @@ class Recorder:
     def of_step(self, step: int) -> list[tuple[str, int, float, float]]:
         """``(kind, microbatch, start, end)`` of step ``step``."""
         return [(k, mb, s, e) for st, k, mb, s, e in self.spans if st == step]
+
+
+class EmitTimeline:
+    """A Trainer callback that sends this rank's spans of each step to the notebook.
+
+    Parameters
+    ----------
+    recorder
+        The rank's :class:`Recorder`.
+    emit
+        ``emit(kind, payload)``: the engine's event channel (``rapydli.cluster.events.emit``).
+    layout
+        ``rank``, ``stage``, ``replica``, ``stages``, ``microbatches``, ``schedule`` of this rank.
+    """
+
+    def __init__(self, recorder: Recorder, emit: Callable[[str, Any], None], layout: dict[str, Any]) -> None:
+        self.recorder, self.emit, self.layout = recorder, emit, layout
+
+    def on_step_end(self, row: dict[str, Any]) -> None:
+        """Send the last micro-step's spans (with the step's allreduce) as a ``timeline`` event."""
+        spans = self.recorder.of_step(self.recorder.step)
+        self.emit("timeline", {**self.layout, "step": row["step"], "spans": spans})
+
+
+def figure_from_events(events: dict[int, dict[str, Any]], replica: int = 0) -> Any:
+    """:func:`figure` of the latest ``timeline`` events of one replica's ranks (keyed by world rank)."""
+    ranks = sorted((e for e in events.values() if e["replica"] == replica), key=lambda e: e["stage"])
+    if not ranks:
+        raise ValueError(f"no timeline of replica {replica}: the run was not pipelined or sent no step")
+    first = ranks[0]
+    return figure([e["spans"] for e in ranks], first["schedule"], first["microbatches"], title=f"step {first['step']}, replica {replica}")
 
 
 def bubble(spans_by_rank: Sequence[Sequence[tuple[str, int, float, float]]]) -> tuple[float, list[float]]:
@@ -128,8 +159,8 @@ def figure(
             seen.add(kind)
     forward, backward = stage_times(spans_by_rank)
     ideal = schedules.simulate(schedules.build(schedule, stages, microbatches), forward, backward)
-    for rank, spans in enumerate(ideal.spans):
-        for action, start, end in spans:
+    for rank, ideal_spans in enumerate(ideal.spans):
+        for action, start, end in ideal_spans:
             if action.kind in schedules.COMPUTE:
                 fig.add_trace(
                     go.Bar(
@@ -137,7 +168,7 @@ def figure(
                         base=[start * 1e3],
                         y=[f"rank {rank}"],
                         orientation="h",
-                        marker=dict(color="rgba(0,0,0,0)", line=dict(color="black", width=1)),
+                        marker={"color": "rgba(0,0,0,0)", "line": {"color": "black", "width": 1}},
                         name="ideal",
                         legendgroup="ideal",
                         showlegend="ideal" not in seen,
@@ -154,6 +185,6 @@ def figure(
         f"ideal for measured stage times {sum(ideal.idle_fraction(s) for s in range(stages)) / stages:.1%}",
         barmode="overlay",
         xaxis_title="ms since the step began",
-        yaxis=dict(autorange="reversed"),
+        yaxis={"autorange": "reversed"},
     )
     return fig

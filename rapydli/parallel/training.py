@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -89,7 +90,20 @@ class PipelineTraining:
         return Communicator(self.grid.data, algorithm=algorithm)
 
     def attach(self, sync: Any, autocast: Callable[[], contextlib.AbstractContextManager[Any]]) -> None:
-        """Build the executor, with the Trainer's synchronizer (or None) and autocast."""
+        """Build the executor, with the Trainer's synchronizer (or None) and autocast.
+
+        The synchronizer's ``wait`` is wrapped to record the allreduce wait in the timeline.
+        """
+        if sync is not None:
+            wait, recorder = sync.wait, self.recorder
+
+            def timed_wait() -> Any:
+                started = time.perf_counter()
+                stats = wait()
+                recorder.span("allreduce", -1, started, time.perf_counter())
+                return stats
+
+            sync.wait = timed_wait
         self.executor = PipelineExecutor(
             self.module,
             self.grid.pipeline,
@@ -100,6 +114,20 @@ class PipelineTraining:
             recorder=self.recorder,
             autocast=autocast,
         )
+
+    def timeline_callback(self, emit: Callable[[str, Any], None]) -> Any:
+        """A Trainer callback sending each step's spans through ``emit`` (see :class:`~rapydli.parallel.timeline.EmitTimeline`)."""
+        from rapydli.parallel.timeline import EmitTimeline
+
+        layout = {
+            "rank": self.grid.world.Get_rank(),
+            "stage": self.grid.stage,
+            "replica": self.grid.replica,
+            "stages": self.grid.stages,
+            "microbatches": self.config.microbatches,
+            "schedule": self.config.pipeline_schedule,
+        }
+        return EmitTimeline(self.recorder, emit, layout)
 
     def train_step(self, inputs: Any, targets: torch.Tensor, scale: float) -> float:
         """Forward + backward of one batch through the pipeline; the batch's mean loss on every rank."""

@@ -64,13 +64,13 @@ def recv(comm: Any, source: int, kind: str, microbatch: int, device: torch.devic
             requests.append(comm.Irecv([_flat_bytes(t), MPI.BYTE], source=source, tag=tag(kind, microbatch, True)))
         items.append(t)
     wait_all(requests)
-    out = []
-    for t, spec in zip(items, specs):
-        if t is not None:
-            t = t.to(device)
-            if kind == "activation" and spec[2] and t.is_floating_point():
-                t.requires_grad_(True)
-        out.append(t)
+    out: list[torch.Tensor | None] = []
+    for item, spec in zip(items, specs):
+        if item is not None:
+            item = item.to(device)
+            if kind == "activation" and spec[2] and item.is_floating_point():
+                item.requires_grad_(True)
+        out.append(item)
     return tuple(out) if packed else out[0]
 
 

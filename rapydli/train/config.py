@@ -85,7 +85,7 @@ def _num(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else repr(value)
 
 
-def _spec(default: Any, help: str, **kwargs: Any) -> Any:  # noqa: A002 - matches FieldSpec.help
+def _spec(default: Any, help: str, **kwargs: Any) -> Any:
     return field(default=default, metadata={"help": help, **kwargs})
 
 
