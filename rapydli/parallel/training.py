@@ -126,6 +126,7 @@ class PipelineTraining:
             "stages": self.grid.stages,
             "microbatches": self.config.microbatches,
             "schedule": self.config.pipeline_schedule,
+            "bounds": self.bounds,
         }
         return EmitTimeline(self.recorder, emit, layout)
 
