@@ -67,7 +67,7 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
                 summary[f"memory m={m} rank {rank}: gpipe / 1f1b"] = gpipe["peak_activation_bytes"] / ofob["peak_activation_bytes"]
                 summary[f"memory m={m} rank {rank}: theory (live micro-batches)"] = gpipe["live_microbatches"] / ofob["live_microbatches"]
                 summary[f"memory m={m} rank {rank}: 1f1b / data parallel"] = ofob["peak_activation_bytes"] / pick["data_parallel"]["peak_activation_bytes"]
-    step = {v: [row["step_ms"] for row in rows if row["part"] == "throughput" and row["variant"] == v] for v in ("rapydli", "torch")}
+    step = {v: [row["step_ms"] for row in rows if row["part"] == "throughput" and row["variant"] == v and "step_ms" in row] for v in ("rapydli", "torch")}
     if step["rapydli"] and step["torch"]:
         ratio = statistics.median(step["torch"]) / statistics.median(step["rapydli"])
         summary["throughput 1f1b: torch step / rapydli step"] = ratio
