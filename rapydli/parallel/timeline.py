@@ -33,33 +33,36 @@ COLOURS = {
 
 @dataclass
 class Recorder:
-    """Spans of this rank's actions; ``keep`` steps are kept (oldest dropped).
+    """Spans of this rank's actions, per step; the last ``keep`` steps are kept.
 
     Attributes
     ----------
-    spans
-        ``(step, kind, microbatch, start, end)`` tuples (``perf_counter`` seconds).
+    steps
+        ``{step: [(kind, microbatch, start, end), ...]}`` (``perf_counter`` seconds).
     """
 
     enabled: bool = True
     keep: int = 8
-    spans: list[tuple[int, str, int, float, float]] = field(default_factory=list)
+    steps: dict[int, list[tuple[str, int, float, float]]] = field(default_factory=dict)
     step: int = 0
+    _current: list[tuple[str, int, float, float]] = field(default_factory=list)
 
     def begin_step(self, step: int) -> None:
         """Start recording step ``step``; drops steps older than ``keep``."""
         self.step = step
-        if self.enabled and self.spans and self.spans[0][0] <= step - self.keep:
-            self.spans = [s for s in self.spans if s[0] > step - self.keep]
+        if self.enabled:
+            self._current = self.steps[step] = []
+            for old in [s for s in self.steps if s <= step - self.keep]:
+                del self.steps[old]
 
     def span(self, kind: str, microbatch: int, start: float, end: float) -> None:
-        """Record one action."""
+        """Record one action of the current step."""
         if self.enabled:
-            self.spans.append((self.step, kind, microbatch, start, end))
+            self._current.append((kind, microbatch, start, end))
 
     def of_step(self, step: int) -> list[tuple[str, int, float, float]]:
-        """``(kind, microbatch, start, end)`` of step ``step``."""
-        return [(k, mb, s, e) for st, k, mb, s, e in self.spans if st == step]
+        """``(kind, microbatch, start, end)`` of step ``step`` (empty when not kept)."""
+        return list(self.steps.get(step, ()))
 
 
 class EmitTimeline:
