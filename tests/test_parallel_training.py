@@ -45,6 +45,11 @@ def test_a_world_that_does_not_divide_is_refused_before_anything_starts() -> Non
         rd.TrainConfig(pipeline_stages=4)
     with pytest.raises(ConfigError, match="TrainConfig.microbatches=8 is larger than batch_size=4"):
         rd.TrainConfig(pipeline_stages=2, batch_size=4, microbatches=8)
+    with pytest.raises(ConfigError, match="autotune=True cannot be combined with pipeline_stages=2"):
+        rd.TrainConfig(pipeline_stages=2, autotune=True)
+    with pytest.raises(ConfigError, match="pipeline_split='a,b' names 2 split point"):
+        rd.TrainConfig(pipeline_stages=2, pipeline_split=["a", "b"])
+    assert rd.TrainConfig(pipeline_stages=2, pipeline_split=["blocks.2"]).pipeline_split == "blocks.2"
 
 
 @pytest.mark.engines

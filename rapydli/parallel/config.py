@@ -12,7 +12,7 @@ def check_pipeline(config: Any) -> None:
     """Raise :class:`ConfigError` if the pipeline fields of ``config`` cannot work together.
 
     ``workers`` (the ranks ``rd.train`` starts) must be a multiple of
-    ``pipeline_stages``; ``microbatches`` at most ``batch_size``; an explicit
+    ``pipeline_stages``; ``microbatches`` at most ``batch_size``; ``autotune`` off; an explicit
     ``pipeline_split`` names ``pipeline_stages - 1`` points (which points a model has is
     checked when the model is split).
     """
@@ -25,6 +25,11 @@ def check_pipeline(config: Any) -> None:
         raise ConfigError(
             f"TrainConfig.microbatches={config.microbatches} is larger than batch_size={config.batch_size}: "
             "a micro-batch needs at least one sample; lower microbatches"
+        )
+    if config.autotune:
+        raise ConfigError(
+            f"TrainConfig.autotune=True cannot be combined with pipeline_stages={stages} yet "
+            "(a stage's inputs are the previous stage's activations, not samples): set autotune=False"
         )
     points = split_names(config.pipeline_split)
     if points != "auto" and len(points) != stages - 1:
