@@ -53,6 +53,7 @@ bench: install
 	$(VENV)/bin/rapydli bench trainer -n 2 --json bench-results/trainer.json
 	$(VENV)/bin/rapydli bench loader --json bench-results/loader.json
 	$(VENV)/bin/rapydli bench conv --json bench-results/conv.json
+	$(VENV)/bin/rapydli bench pipeline --json bench-results/pipeline.json
 
 clean:
 	rm -rf outputs build bench-results .pytest_cache

@@ -306,11 +306,18 @@ class Job:
             lines.append(f"--- rank {r.rank} ({r.status}) ---\n{r.error.rstrip()}")
         others = [r for r in states if r not in culprits and r.status != "ok"]
         if others:
-            lines.append("other ranks: " + ", ".join(f"{r.rank} {r.status}" for r in sorted(others, key=lambda r: r.rank)))
+            lines.append("other ranks: " + ", ".join(f"{r.rank} {r.status}{_where(r)}" for r in sorted(others, key=lambda r: r.rank)))
         if self.aborted or any(r.status == "dead" for r in states):
             lines.append("the engines were stopped; run `%rapydli restart` (or Cluster.restart()) to continue")
         died = all(r.status == "dead" for r in culprits)
         return RankFailure("\n".join(lines), {r.rank: r.error for r in culprits}, died=bool(culprits) and died)
+
+
+def _where(r: _Rank) -> str:
+    """What an interrupted rank said it was doing (``KeyboardInterrupt: <where>``), in parentheses."""
+    lines = r.error.strip().splitlines()
+    said = lines[-1].removeprefix("KeyboardInterrupt: ") if lines and lines[-1].startswith("KeyboardInterrupt: ") else ""
+    return f" ({said})" if r.status == "interrupted" and said else ""
 
 
 def _verb(culprits: list[_Rank], reason: str) -> str:

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from rapydli.errors import RankFailure
 from rapydli.experiments.refs import callable_ref, resolve_callable
+from rapydli.parallel.grid import data_parallel_degree
 from rapydli.trainer.config import TrainConfig
 from rapydli.trainer.task import engine_task
 
@@ -106,12 +107,15 @@ class TrainingJob:
         from rapydli.experiments.store import open_store
 
         model, data = resolve_callable(model_fn, "model_fn"), resolve_callable(data_fn, "data_fn")
+        if config.pipeline_stages > 1:  # refused before anything starts: ranks = replicas x stages
+            data_parallel_degree(len(targets), config.pipeline_stages)
         self.config = config
         self.targets = list(targets)
         self.callbacks = tuple(callbacks)
         self.rows: list[dict[str, Any]] = []
         self.rank_rows: list[dict[str, Any]] = []
         self.results: list[dict[str, Any]] = []
+        self.timelines: dict[int, dict[str, Any]] = {}
         self.state = "running"
         self.error = ""
         self.exception: RankFailure | None = None
@@ -152,6 +156,9 @@ class TrainingJob:
             self.rank_rows.append(payload)
             for callback in self.callbacks:
                 callback(dict(payload))
+            return
+        if kind == "timeline":  # a pipelined run: the latest step's spans per rank
+            self.timelines[rank] = payload
             return
         if kind != "metrics":
             return

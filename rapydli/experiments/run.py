@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from rapydli.errors import ConfigError, RankFailure
@@ -49,11 +49,20 @@ class RunResult:
         (``kind == "eval"``); columns as in :mod:`rapydli.trainer.callbacks`.
     figure
         A plotly figure of training and validation loss against step.
+    timelines
+        A pipelined run's latest ``timeline`` event of every rank (see :meth:`timeline`).
     """
 
     run_id: str | None
     history: pd.DataFrame
     figure: Any
+    timelines: dict[int, dict[str, Any]] = field(default_factory=dict)
+
+    def timeline(self, replica: int = 0) -> Any:
+        """A pipelined run's last step as a Gantt chart, ideal schedule and bubble (:mod:`rapydli.parallel.timeline`)."""
+        from rapydli.parallel.timeline import figure_from_events
+
+        return figure_from_events(self.timelines, replica)
 
     def _repr_html_(self) -> str:  # pragma: no cover - notebook display
         final = self.history.dropna(axis=1, how="all").tail(3)
@@ -165,7 +174,7 @@ def run_training(
     import pandas as pd
 
     frame = job.history if not restarted else pd.DataFrame(history)
-    return RunResult(run_id=job.run_id, history=frame, figure=loss_figure(frame, title=run_name))
+    return RunResult(run_id=job.run_id, history=frame, figure=loss_figure(frame, title=run_name), timelines=job.timelines)
 
 
 def _restart(cluster: Cluster, config: TrainConfig, failure: RankFailure) -> list[int]:

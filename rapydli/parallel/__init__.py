@@ -1,4 +1,10 @@
-"""rapydli.parallel: splitting a model across ranks.
+"""rapydli.parallel: splitting training across ranks beyond data parallelism.
 
-``tensor`` splits linear layers (and attention heads) across a tensor-parallel group.
+``grid`` splits the ranks into pipelines x data-parallel groups, ``split`` cuts a model
+into stages at module boundaries, ``schedules`` holds GPipe and 1F1B as per-stage action
+lists, ``executor`` runs one stage's list with non-blocking MPI point-to-point, and
+``timeline`` records and draws what ran. ``training`` is what the
+:class:`~rapydli.trainer.loop.Trainer` calls for a pipelined config. ``tensor`` splits
+linear layers (and attention heads) across a tensor-parallel group; ``zero`` shards the
+optimizer state over the data-parallel group.
 """

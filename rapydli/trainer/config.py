@@ -28,6 +28,8 @@ from typing import Any
 from rapydli.comm.registry import ALGORITHMS
 from rapydli.data.kinds import LOADERS
 from rapydli.errors import ConfigError
+from rapydli.parallel.config import check_pipeline
+from rapydli.parallel.schedules import SCHEDULES as PIPELINE_SCHEDULES
 from rapydli.registry import Registry
 
 
@@ -145,12 +147,20 @@ class TrainConfig:
     cache_disk_mb: float = _spec(0.0, "clairvoyant loader: local-disk cache budget per rank (MB)", low=0.0, high=1e8)
     autotune: bool = _spec(False, "tune the model's convolutions once (rank 0) and use the plan on every rank")
     workers: int = _spec(2, "ranks rd.train starts when it is given no cluster", low=1, high=4096)
+    pipeline_stages: int = _spec(1, "pipeline stages the model is split into (ranks = data-parallel degree x stages)", low=1, high=1024)
+    microbatches: int = _spec(1, "micro-batches each pipeline step cuts a batch into", low=1, high=4096, log=True)
+    pipeline_schedule: str = _spec("1f1b", "pipeline schedule", choices=tuple(PIPELINE_SCHEDULES))
+    pipeline_split: str = _spec("auto", "where stages begin: 'auto' (measured) or block names, comma-separated ('blocks.2,blocks.4')")
 
     def __post_init__(self) -> None:
+        if isinstance(self.pipeline_split, list | tuple) and all(isinstance(n, str) for n in self.pipeline_split):
+            self.pipeline_split = ",".join(self.pipeline_split)  # ["blocks.2", "blocks.4"] is "blocks.2,blocks.4"
         for spec in fields_spec():
             setattr(self, spec.name, _validated(spec, getattr(self, spec.name)))
         if self.resume and self.checkpoint_dir is None:
             raise ConfigError("TrainConfig.resume=True needs TrainConfig.checkpoint_dir (a directory path), got None")
+        if self.pipeline_stages > 1:
+            check_pipeline(self)
 
     def global_batch(self, world_size: int) -> int:
         """Samples per optimizer step across all ranks."""

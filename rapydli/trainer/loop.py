@@ -115,8 +115,13 @@ class Trainer:
         self.config = config
         self.mpi = _mpi_comm(comm)
         self.rank, self.world_size = self.mpi.Get_rank(), self.mpi.Get_size()
-        self._owns_comm = comm is None or comm is self.mpi
-        if self._owns_comm:
+        # pipelined: this rank trains its stage; data (and gradients) are shared with the stage's copies
+        self.pipeline = _pipeline(model, config, self.mpi, train_data)
+        self.data_rank, self.data_size = (self.pipeline.grid.replica, self.pipeline.grid.replicas) if self.pipeline else (self.rank, self.world_size)
+        self._owns_comm = comm is None or comm is self.mpi or self.pipeline is not None
+        if self.pipeline is not None:
+            model, comm = self.pipeline.module, self.pipeline.data_communicator(config.allreduce)
+        elif self._owns_comm:
             from rapydli.comm import Communicator
 
             comm = Communicator(self.mpi, algorithm=config.allreduce) if self.world_size > 1 else None
@@ -129,19 +134,19 @@ class Trainer:
         self.callbacks = tuple(callbacks)
         self.val_data = val_data
         # a checkpoint to resume from, and what it was written with (it may be another world size)
-        self._checkpoint, meta = self._read_checkpoint() if config.resume else (None, None)
+        self._checkpoint, meta = self._read_checkpoint() if config.resume and self.pipeline is None else (None, None)
         self._lr_scale, resume_from = 1.0, None
         if meta is not None:
             config, self._lr_scale = resized_config(config, meta["world_size"], meta["grad_accum"], self.world_size)
             self.config = config
             if meta["world_size"] != self.world_size:
                 resume_from = (meta["epoch"], meta["position"])
-        self.loader = _loader(train_data, config, self.rank, self.world_size, resume_from)
+        self.loader = _loader(train_data, config, self.data_rank, self.data_size, resume_from)
         self.steps_per_epoch = len(self.loader) // config.grad_accum
         if self.steps_per_epoch < 1:
             raise ConfigError(
                 f"TrainConfig.grad_accum={config.grad_accum} is larger than the {len(self.loader)} batches "
-                f"each rank gets per epoch (batch_size={config.batch_size}, {self.world_size} ranks): lower it"
+                f"each rank gets per epoch (batch_size={config.batch_size}, {self.data_size} data-parallel ranks): lower it"
             )
         self.plan = EpochPlan(self.steps_per_epoch, config.epochs)
         if resume_from is not None:
@@ -153,13 +158,17 @@ class Trainer:
         if config.autotune:
             self._autotune(train_data)
         self.sync = self._synchronizer()
+        if self.pipeline is not None:
+            self.pipeline.attach(self.sync, self._autocast)
         self.step = 0
         self.epoch = 0
         self._evaluated_at = self._saved_at = 0  # the step of the last evaluation / checkpoint
         self.history: list[dict[str, Any]] = []
         self.stopped_early = False
         self._started = time.perf_counter()
-        if meta is not None:
+        if self.pipeline is not None and config.resume:
+            self.pipeline.resume(self)
+        elif meta is not None:
             self._resume(meta)
 
     # -- the loop ---------------------------------------------------------------------------
@@ -198,10 +207,7 @@ class Trainer:
                     data_time += time.perf_counter() - fetch
                     last = micro == cfg.grad_accum - 1
                     with self.sync.no_sync() if not last and self.sync else contextlib.nullcontext():
-                        with self._autocast():
-                            loss, _ = loss_and_correct(self.model(inputs), targets)
-                        (loss / cfg.grad_accum).backward()
-                    loss_sum += loss.item()
+                        loss_sum += self._forward_backward(inputs, targets)
                     samples += len(inputs)
                 comm_time = comm_wait = hidden = 0.0
                 if self.sync is not None:
@@ -211,7 +217,8 @@ class Trainer:
                 # clip the global gradient norm (gradients are already averaged)
                 grad_norm = None
                 if cfg.grad_clip is not None:
-                    grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip))
+                    clip = self.pipeline.clip_grad_norm_ if self.pipeline else torch.nn.utils.clip_grad_norm_
+                    grad_norm = float(clip(self.model.parameters(), cfg.grad_clip))
 
                 # optimizer step
                 self.optimizer.step()
@@ -229,7 +236,7 @@ class Trainer:
                     "epoch": epoch,
                     "loss": loss_sum / cfg.grad_accum,
                     "lr": lr,
-                    "samples_per_s": samples * self.world_size / step_time,
+                    "samples_per_s": samples * self.data_size / step_time,
                     "step_time_s": step_time,
                     "data_time_s": data_time,
                     "comm_time_s": comm_time,
@@ -260,7 +267,7 @@ class Trainer:
                     "step": self.step,
                     "train_loss": sum(epoch_losses) / len(epoch_losses),
                     "epoch_time_s": elapsed,
-                    "samples_per_s": len(epoch_losses) * cfg.global_batch(self.world_size) / elapsed,
+                    "samples_per_s": len(epoch_losses) * cfg.global_batch(self.data_size) / elapsed,
                     "rank": self.rank,
                     **{k: v for k, v in val.items() if k.startswith("val_")},
                 }
@@ -278,6 +285,8 @@ class Trainer:
         if self._owns_comm and self.comm is not None:
             self.comm.close()
             self.comm = None
+        if self.pipeline is not None:
+            self.pipeline.close()
 
     # -- evaluation -------------------------------------------------------------------------
     @torch.no_grad()
@@ -295,6 +304,8 @@ class Trainer:
         self.model.eval()
         totals = torch.zeros(3, dtype=torch.float64)  # loss sum, correct, targets
         indices = range(self.rank, len(self.val_data), self.world_size)  # disjoint shards, no padding
+        if self.pipeline is not None:  # through the pipeline: the last stages' sums, over every rank
+            totals, indices = self.pipeline.evaluate(self.val_data, self.config.batch_size, self.device), range(0)
         for start in range(0, len(indices), self.config.batch_size):
             batch = [self.val_data[i] for i in indices[start : start + self.config.batch_size]]
             inputs, targets = _to_device(torch.utils.data.default_collate(batch), self.device)
@@ -302,7 +313,7 @@ class Trainer:
                 logits = self.model(inputs)
             loss, correct = loss_and_correct(logits, targets)
             totals += torch.tensor([loss.item() * targets.numel(), float(correct), float(targets.numel())], dtype=torch.float64)
-        if self.world_size > 1:
+        if self.world_size > 1 and self.pipeline is None:
             self.comm.allreduce_(totals, op="sum")
         row = {
             "kind": "eval",
@@ -331,6 +342,8 @@ class Trainer:
             return None
         self._average_buffers()
         self._saved_at = self.step
+        if self.pipeline is not None:
+            return self.pipeline.save_checkpoint(self)
         rng_states = self.mpi.gather(ckpt.rng_state(), root=0)
         if self.rank != 0:
             return None
@@ -401,7 +414,7 @@ class Trainer:
         self.autotune_plan = plan
 
     def _synchronizer(self) -> Any:
-        if self.world_size == 1:
+        if self.data_size == 1:
             return None
         from rapydli.comm import GradientSynchronizer
 
@@ -420,11 +433,20 @@ class Trainer:
                 self.optimizer.load_state_dict(state)
 
     def _average_buffers(self) -> None:
-        if self.world_size == 1:
+        if self.data_size == 1:
             return
         for buffer in self.model.buffers():
             if buffer.is_floating_point():
                 self.comm.allreduce_(buffer.data, op="avg")
+
+    def _forward_backward(self, inputs: Any, targets: torch.Tensor) -> float:
+        """Forward and backward of one micro-step (through the pipeline when there is one); its loss."""
+        if self.pipeline is not None:
+            return self.pipeline.train_step(inputs, targets, 1.0 / self.config.grad_accum)
+        with self._autocast():
+            loss, _ = loss_and_correct(self.model(inputs), targets)
+        (loss / self.config.grad_accum).backward()
+        return loss.item()
 
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
         return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.config.precision == "bf16")
@@ -454,6 +476,15 @@ def _loader(dataset: Dataset, config: TrainConfig, rank: int, world_size: int, r
         disk_dir=disk_dir,
         resume_from=resume_from,
     )
+
+
+def _pipeline(model: nn.Module, config: TrainConfig, world: Any, train_data: Dataset) -> Any:
+    """The :class:`rapydli.parallel.training.PipelineTraining` of a pipelined config, else None."""
+    if config.pipeline_stages == 1:
+        return None
+    from rapydli.parallel.training import PipelineTraining
+
+    return PipelineTraining(model, config, world, train_data, loss_and_correct)
 
 
 def _mpi_comm(comm: Any) -> Any:

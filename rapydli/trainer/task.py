@@ -59,6 +59,8 @@ def engine_task(model_fn: Callable[[], Any], data_fn: Callable[[], Any], config:
         callbacks=[EmitMetrics(ctx.rank, emit), EmitRankTimings(ctx.rank, emit)],
         should_stop=lambda: engine.should_stop(ctx.comm),
     )  # fmt: skip
+    if trainer.pipeline is not None:  # every rank's spans of each step, for result.timeline()
+        trainer.callbacks += (trainer.pipeline.timeline_callback(emit),)
     try:
         if ctx.rank == 0:
             emit("start", {"total_steps": trainer.total_steps, "start_step": trainer.step, "world_size": ctx.world_size}, flush=True)

@@ -16,6 +16,7 @@ torch.Size([2, 16, 32])
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -141,9 +142,29 @@ class TinyLM(nn.Module):
             nn.init.normal_(block.attn.proj.weight, std=0.02 / math.sqrt(2 * layers))
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        positions = torch.arange(tokens.shape[1], device=tokens.device)
-        x = self.blocks(self.tok(tokens) + self.pos(positions))
+        x = self.blocks(self.embed(tokens))
         return self.head(self.ln(x))
+
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Token plus position embeddings ``(B, T, dim)``."""
+        positions = torch.arange(tokens.shape[1], device=tokens.device)
+        return self.tok(tokens) + self.pos(positions)
+
+    def pipeline_blocks(self) -> list[tuple[str, nn.Module]]:
+        """The forward as a chain of blocks, for pipeline stages (:mod:`rapydli.parallel.split`)."""
+        return [("embed", _Call(self.embed, self.tok, self.pos)), *((f"blocks.{i}", b) for i, b in enumerate(self.blocks)), ("head", nn.Sequential(self.ln, self.head))]
+
+
+class _Call(nn.Module):
+    """A block that calls ``function`` and owns the modules it uses (their parameters move with it)."""
+
+    def __init__(self, function: Callable[[torch.Tensor], torch.Tensor], *modules: nn.Module) -> None:
+        super().__init__()
+        self.parts = nn.ModuleList(modules)
+        self.function = function
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.function(x)
 
 
 def tiny_lm(vocab_size: int = 64, block_size: int = 32, dim: int = 64, layers: int = 2, heads: int = 4) -> nn.Module:

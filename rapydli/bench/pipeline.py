@@ -1,0 +1,109 @@
+"""``rapydli bench pipeline --json PATH``: the pipeline's bubble, activation memory and throughput.
+
+Re-launches :mod:`rapydli.bench.pipeline_worker` through :func:`rapydli.cluster.mpirun.run`:
+
+* **bubble**: stages that sleep a calibrated time (forward ``--forward-ms``, backward
+  twice that), p in {2, 4}, m in {1, 2, 4, 8}, GPipe and 1F1B: the measured idle
+  fraction against ``(p - 1) / (m + p - 1)``; target within 10 % (relative) at m >= 4.
+* **memory**: peak bytes autograd holds for backward on each rank for GPipe, 1F1B and
+  data parallelism on one MLP and global batch (2 ranks), and the ratio GPipe / 1F1B per
+  rank against the schedules' live micro-batches (GPipe holds m, 1F1B ``min(p - s, m)``).
+* **throughput**: 1F1B on 2 ranks, RaPyDLI's executor against
+  ``torch.distributed.pipelining.Schedule1F1B`` over gloo, same split, same m, launches
+  alternated for ``--rounds`` rounds; every torch launch is bounded by ``--peer-timeout``
+  (peers' gloo pipelines are known to hang): a hang is reported, not waited out.
+  Target: RaPyDLI's step <= torch's (ratio torch / rapydli >= 1.0).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import click
+
+from rapydli.bench.report import emit
+from rapydli.cluster import mpirun
+from rapydli.errors import ClusterError
+
+BUBBLE_TOLERANCE = 0.10
+
+
+def _launch(part: str, n: int, timeout: float, *args: str) -> list[dict[str, Any]] | None:
+    """Rows of one worker launch; None when it timed out (the ranks are killed)."""
+    with tempfile.TemporaryDirectory(prefix="rapydli-bench-pipeline-") as tmp:
+        out = Path(tmp) / "rows.json"
+        argv = [sys.executable, "-m", "rapydli.bench.pipeline_worker", "--part", part, "--out", str(out), *args]
+        try:
+            result = mpirun.run(argv, n=n, threads=1, timeout=timeout)
+        except ClusterError as exc:
+            if "did not finish within" in str(exc):
+                return None
+            raise
+        if result.returncode != 0 or not out.exists():
+            raise ClusterError(f"the pipeline benchmark's {part} part failed on {n} ranks:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
+        return json.loads(out.read_text())
+
+
+def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Ratios and targets from the rows."""
+    summary: dict[str, Any] = {}
+    for row in rows:
+        if row["part"] == "bubble":
+            key = f"bubble {row['schedule']} p={row['stages']} m={row['microbatches']}"
+            summary[f"{key}: measured / theory"] = row["bubble_measured"] / row["bubble_theory"]
+            if row["microbatches"] >= 4:
+                summary[f"{key}: target within {BUBBLE_TOLERANCE:.0%}"] = "met" if row["relative_error"] <= BUBBLE_TOLERANCE else "not met"
+    memory = [row for row in rows if row["part"] == "memory"]
+    for m in sorted({row["microbatches"] for row in memory if row["variant"] != "data_parallel"}):
+        for rank in sorted({row["rank"] for row in memory}):
+            pick = {row["variant"]: row for row in memory if row["rank"] == rank and row["microbatches"] in (m, 1)}
+            if "gpipe" in pick and "1f1b" in pick:
+                gpipe, ofob = pick["gpipe"], pick["1f1b"]
+                summary[f"memory m={m} rank {rank}: gpipe / 1f1b"] = gpipe["peak_activation_bytes"] / ofob["peak_activation_bytes"]
+                summary[f"memory m={m} rank {rank}: theory (live micro-batches)"] = gpipe["live_microbatches"] / ofob["live_microbatches"]
+                summary[f"memory m={m} rank {rank}: 1f1b / data parallel"] = ofob["peak_activation_bytes"] / pick["data_parallel"]["peak_activation_bytes"]
+    step = {v: [row["step_ms"] for row in rows if row["part"] == "throughput" and row["variant"] == v and "step_ms" in row] for v in ("rapydli", "torch")}
+    if step["rapydli"] and step["torch"]:
+        ratio = statistics.median(step["torch"]) / statistics.median(step["rapydli"])
+        summary["throughput 1f1b: torch step / rapydli step"] = ratio
+        summary["throughput target rapydli >= 1.0x torch"] = "met" if ratio >= 1.0 else "not met"
+    hung = [row for row in rows if row["part"] == "throughput" and row.get("timed_out")]
+    if hung:
+        summary["torch.distributed.pipelining launches that timed out"] = len(hung)
+    return summary
+
+
+@click.command("pipeline")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Write the rows and summary here.")
+@click.option("--parts", default="bubble,memory,throughput", show_default=True, help="Comma-separated: bubble, memory, throughput.")
+@click.option("--forward-ms", type=click.FloatRange(min=1.0), default=40.0, show_default=True, help="Sleep of a synthetic stage's forward (backward: twice).")
+@click.option("--steps", type=click.IntRange(min=1), default=3, show_default=True, help="Measured steps per configuration and launch.")
+@click.option("--rounds", type=click.IntRange(min=1), default=3, show_default=True, help="Alternated RaPyDLI/torch launches (throughput).")
+@click.option("--microbatches", type=click.IntRange(min=1), default=4, show_default=True, help="m of the throughput part.")
+@click.option("--batch", type=click.IntRange(min=1), default=64, show_default=True, help="Batch of the memory and throughput parts.")
+@click.option("--peer-timeout", type=float, default=120.0, show_default=True, help="Seconds before a torch pipelining launch is killed.")
+@click.option("--timeout", type=float, default=600.0, show_default=True, help="Seconds before any other launch is killed.")
+def command(json_path: str | None, parts: str, forward_ms: float, steps: int, rounds: int, microbatches: int, batch: int, peer_timeout: float, timeout: float) -> None:
+    """Pipeline bubble (sleeping stages) vs theory, activation memory per rank, 1F1B vs torch.distributed.pipelining."""
+    wanted = [p.strip() for p in parts.split(",") if p.strip()]
+    unknown = sorted(set(wanted) - {"bubble", "memory", "throughput"})
+    if unknown:
+        raise click.BadParameter(f"unknown part(s) {', '.join(unknown)}; allowed: bubble, memory, throughput", param_hint="--parts")
+    rows: list[dict[str, Any]] = []
+    if "bubble" in wanted:
+        for p in (2, 4):
+            rows += _launch("bubble", p, timeout, "--forward-ms", str(forward_ms), "--steps", str(steps)) or []
+    if "memory" in wanted:
+        rows += _launch("memory", 2, timeout, "--batch", str(batch)) or []
+    if "throughput" in wanted:
+        common = ("--batch", str(batch), "--microbatches", str(microbatches), "--steps", str(max(steps, 5)))
+        for _ in range(rounds):
+            for peer, limit in (("rapydli", timeout), ("torch", peer_timeout)):
+                got = _launch(peer, 2, limit, *common)
+                rows += got if got is not None else [{"part": "throughput", "variant": peer, "timed_out": True}]
+    emit("pipeline", rows, summarize(rows), json_path)

@@ -1,0 +1,221 @@
+"""Running one stage's schedule: forward, backward and the transfers between stages.
+
+:class:`PipelineExecutor` runs the action list :mod:`rapydli.parallel.schedules` made
+for its stage, moving activations and gradients with :mod:`rapydli.parallel.wire`.
+The batch is cut into micro-batches with ``torch.tensor_split`` (sizes may differ by
+one); the last stage scales each micro-batch's mean loss by its share of the batch's
+targets, so the summed gradients are those of the batch's mean loss whatever
+``microbatches`` is. With a :class:`~rapydli.comm.GradientSynchronizer` (data-parallel
+copies of the stage) every backward but the stage's last runs under ``no_sync``; the
+last one starts the bucket allreduces while backward goes on, as without a pipeline.
+
+A failure in an action raises :class:`StageFailure` naming the stage and the action; an
+interrupt (the notebook stopping the run after another rank failed) is re-raised as a
+``KeyboardInterrupt`` whose message names the action the rank was in, which the
+notebook's :class:`~rapydli.errors.RankFailure` shows beside the failed rank.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from rapydli.errors import ConfigError, RapydliError
+from rapydli.parallel import schedules, wire
+from rapydli.parallel.timeline import Recorder
+
+LossFn = Callable[[Any, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+
+
+class StageFailure(RapydliError, RuntimeError):
+    """An action of a pipeline stage raised; the message names the rank, stage and action."""
+
+
+@dataclass
+class _Micro:
+    inputs: Any = None
+    outputs: Any = None
+    loss: torch.Tensor | None = None
+
+
+class PipelineExecutor:
+    """Runs this rank's stage of a pipeline, one training step at a time.
+
+    Parameters
+    ----------
+    module
+        This stage's part of the model.
+    comm
+        The pipeline's mpi4py communicator (rank = stage index).
+    schedule
+        Name in :data:`rapydli.parallel.schedules.SCHEDULES`.
+    microbatches
+        Micro-batches per step.
+    loss_fn
+        ``(outputs, targets) -> (mean loss, correct count)``; used on the last stage.
+    sync
+        A :class:`~rapydli.comm.GradientSynchronizer` over this stage's data-parallel
+        copies, or ``None``.
+    recorder
+        Where spans of every action are recorded (:class:`~rapydli.parallel.timeline.Recorder`).
+    autocast
+        A factory of the context forward and loss run in (bf16 autocast, or none).
+    """
+
+    def __init__(
+        self,
+        module: nn.Module,
+        comm: Any,
+        schedule: str,
+        microbatches: int,
+        loss_fn: LossFn,
+        sync: Any = None,
+        recorder: Recorder | None = None,
+        autocast: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext,
+    ) -> None:
+        self.module = module
+        self.comm = comm
+        self.stage, self.stages = comm.Get_rank(), comm.Get_size()
+        self.microbatches = microbatches
+        self.actions = schedules.build(schedule, self.stages, microbatches)[self.stage]
+        self.last_backward = max(i for i, a in enumerate(self.actions) if a.kind == "backward")
+        self.loss_fn = loss_fn
+        self.sync = sync
+        self.recorder = recorder if recorder is not None else Recorder(enabled=False)
+        self.autocast = autocast
+        self.device = next(module.parameters()).device
+        self.current: schedules.Action | None = None
+        self.steps = 0
+
+    @property
+    def first(self) -> bool:
+        """Whether this is the first stage."""
+        return self.stage == 0
+
+    @property
+    def last(self) -> bool:
+        """Whether this is the last stage."""
+        return self.stage == self.stages - 1
+
+    # -- training ----------------------------------------------------------------------------
+    def train_step(self, inputs: Any, targets: torch.Tensor, scale: float = 1.0) -> float:
+        """Forward and backward of one batch through the pipeline; returns the batch's mean loss.
+
+        Every stage passes the same batch (only the first reads ``inputs``, only the last
+        ``targets``). Gradients of ``scale`` times the mean loss accumulate in the stage's
+        ``.grad``. The loss is broadcast from the last stage, so every stage returns it.
+        """
+        micro = [_Micro() for _ in range(self.microbatches)]
+        in_chunks = cut(inputs, self.microbatches) if self.first else [None] * self.microbatches
+        tgt_chunks = cut(targets, self.microbatches) if self.last else [None] * self.microbatches
+        total = targets.numel()
+        sends: list[tuple[Any, Any]] = []
+        loss_sum = 0.0
+        self.recorder.begin_step(self.steps)
+        for index, action in enumerate(self.actions):
+            self.current = action
+            mb = action.microbatch
+            started = time.perf_counter()
+            try:
+                if action.kind == "recv_activation":
+                    micro[mb].inputs = wire.recv(self.comm, self.stage - 1, "activation", mb, self.device)
+                elif action.kind == "forward":
+                    x = in_chunks[mb] if self.first else micro[mb].inputs
+                    with self.autocast():
+                        out = self.module(x)
+                        if self.last:
+                            loss, _ = self.loss_fn(out, tgt_chunks[mb])
+                            micro[mb].loss = loss * (tgt_chunks[mb].numel() / total)
+                            loss_sum += float(micro[mb].loss.detach())
+                    micro[mb].outputs = out
+                elif action.kind == "send_activation":
+                    sends += wire.isend(self.comm, micro[mb].outputs, self.stage + 1, "activation", mb)
+                elif action.kind == "recv_gradient":
+                    grads = wire.recv(self.comm, self.stage + 1, "gradient", mb, self.device)
+                    micro[mb].loss = None
+                    micro[mb].outputs = (micro[mb].outputs, grads)
+                elif action.kind == "backward":
+                    with self.sync.no_sync() if self.sync is not None and index != self.last_backward else contextlib.nullcontext():
+                        self._backward(micro[mb], scale)
+                    micro[mb].outputs = None
+                elif action.kind == "send_gradient":
+                    sends += wire.isend(self.comm, _input_grads(micro[mb].inputs), self.stage - 1, "gradient", mb)
+                    micro[mb].inputs = None
+            except KeyboardInterrupt:  # the run is being stopped: say where this rank was (short traceback)
+                raise KeyboardInterrupt(f"pipeline stage {self.stage} was in {action} of step {self.steps}") from None
+            except Exception as exc:
+                raise StageFailure(f"pipeline stage {self.stage} failed in {action} of step {self.steps}: {type(exc).__name__}: {exc}") from exc
+            self.recorder.span(action.kind, mb, started, time.perf_counter())
+        started = time.perf_counter()
+        wire.wait_all([request for request, _ in sends])
+        self.recorder.span("send_wait", -1, started, time.perf_counter())
+        self.current = None
+        self.steps += 1
+        return float(self.comm.bcast(loss_sum, root=self.stages - 1))
+
+    def _backward(self, micro: _Micro, scale: float) -> None:
+        if self.last:
+            assert micro.loss is not None
+            (micro.loss * scale).backward()
+            micro.loss = None
+            return
+        outputs, grads = micro.outputs
+        outs = outputs if isinstance(outputs, tuple) else (outputs,)
+        gs = grads if isinstance(grads, tuple) else (grads,)
+        pairs = [(o, g) for o, g in zip(outs, gs) if g is not None and isinstance(o, torch.Tensor) and o.requires_grad]
+        if pairs:
+            torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
+
+    # -- evaluation --------------------------------------------------------------------------
+    @torch.no_grad()
+    def evaluate_batch(self, inputs: Any, targets: torch.Tensor) -> tuple[float, float, float]:
+        """Forward one batch through the pipeline without gradients.
+
+        Returns ``(loss * targets, correct, targets)`` on the last stage, zeros elsewhere.
+        """
+        out_loss = correct = count = 0.0
+        mbs = min(self.microbatches, len(targets))
+        in_chunks = cut(inputs, mbs) if self.first else [None] * mbs
+        tgt_chunks = cut(targets, mbs) if self.last else [None] * mbs
+        sends: list[tuple[Any, Any]] = []
+        for mb in range(mbs):
+            x = in_chunks[mb] if self.first else wire.recv(self.comm, self.stage - 1, "activation", mb, self.device)
+            with self.autocast():
+                out = self.module(x)
+            if self.last:
+                target = tgt_chunks[mb]
+                assert target is not None
+                loss, right = self.loss_fn(out, target)
+                out_loss += float(loss) * target.numel()
+                correct += float(right)
+                count += target.numel()
+            else:
+                sends += wire.isend(self.comm, out, self.stage + 1, "activation", mb)
+        wire.wait_all([request for request, _ in sends])
+        return out_loss, correct, count
+
+
+def cut(value: Any, microbatches: int) -> list[Any]:
+    """``value`` (a tensor or tuple of tensors, batch first) in ``microbatches`` parts (sizes differ by <= 1).
+
+    A batch smaller than ``microbatches`` is a :class:`ConfigError`.
+    """
+    count = value.shape[0] if isinstance(value, torch.Tensor) else value[0].shape[0]
+    if count < microbatches:
+        raise ConfigError(f"a batch of {count} samples cannot be cut into microbatches={microbatches}: lower microbatches to at most {count}")
+    if isinstance(value, torch.Tensor):
+        return list(torch.tensor_split(value, microbatches))
+    parts = [torch.tensor_split(v, microbatches) for v in value]
+    return [tuple(p[i] for p in parts) for i in range(microbatches)]
+
+
+def _input_grads(inputs: Any) -> Any:
+    if isinstance(inputs, tuple):
+        return tuple(t.grad if isinstance(t, torch.Tensor) else None for t in inputs)
+    return inputs.grad

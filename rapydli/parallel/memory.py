@@ -1,0 +1,87 @@
+"""Counting the activation memory autograd keeps for backward.
+
+:class:`ActivationMeter` installs ``torch.autograd.graph.saved_tensors_hooks``: every
+tensor autograd saves during forward is wrapped in a holder that adds its bytes to the
+meter while it lives; the holder goes when backward frees the graph. Tensors that share
+storage with the model's parameters (weights saved for backward) are not activations and
+are not counted; a storage saved twice is counted once while both are held.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, Self
+
+import torch
+
+
+class _Held:
+    __slots__ = ("key", "meter", "tensor")
+
+    def __init__(self, tensor: torch.Tensor, meter: ActivationMeter, key: int | None) -> None:
+        self.tensor, self.meter, self.key = tensor, meter, key
+        if key is not None:
+            meter._add(key, tensor.untyped_storage().nbytes())
+
+    def __del__(self) -> None:
+        if self.key is not None:
+            self.meter._drop(self.key)
+
+
+class ActivationMeter:
+    """Live and peak bytes of tensors saved for backward while the meter is entered.
+
+    Parameters
+    ----------
+    parameters
+        The model's parameters (their storage is not counted).
+
+    Examples
+    --------
+    >>> model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh())
+    >>> with ActivationMeter(model.parameters()) as meter:
+    ...     loss = model(torch.randn(8, 4)).sum()
+    >>> meter.live > 0 and meter.peak >= meter.live
+    True
+    """
+
+    def __init__(self, parameters: Iterable[torch.Tensor] = ()) -> None:
+        self._weights = {p.untyped_storage().data_ptr() for p in parameters}
+        self._counts: dict[int, list[int]] = {}  # storage pointer -> [holders, bytes]
+        self.live = 0
+        self.peak = 0
+        self._hooks: Any = None
+
+    def _add(self, key: int, nbytes: int) -> None:
+        entry = self._counts.setdefault(key, [0, nbytes])
+        entry[0] += 1
+        if entry[0] == 1:
+            self.live += nbytes
+            self.peak = max(self.peak, self.live)
+
+    def _drop(self, key: int) -> None:
+        entry = self._counts[key]
+        entry[0] -= 1
+        if entry[0] == 0:
+            self.live -= entry[1]
+            del self._counts[key]
+
+    def _pack(self, tensor: torch.Tensor) -> _Held:
+        pointer = tensor.untyped_storage().data_ptr()
+        return _Held(tensor, self, None if pointer in self._weights else pointer)
+
+    @staticmethod
+    def _unpack(held: _Held) -> torch.Tensor:
+        return held.tensor
+
+    def reset_peak(self) -> None:
+        """Start a new peak from what is live now."""
+        self.peak = self.live
+
+    def __enter__(self) -> Self:
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+        self._hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._hooks.__exit__(*exc)

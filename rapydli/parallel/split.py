@@ -1,0 +1,213 @@
+"""Splitting a model into pipeline stages at module boundaries.
+
+A model is a sequence of *blocks*, run one after the other:
+
+* an ``nn.Sequential``'s items, with nested ``nn.Sequential`` items expanded
+  (``"blocks.2"`` is item 2 of the item ``blocks``);
+* or what the model's own ``pipeline_blocks()`` method returns: ``(name, module)`` pairs
+  whose composition is the model's forward (for models whose forward is not a plain
+  chain, such as :class:`rapydli.zoo.models.TinyLM`).
+
+A split point names the block a new stage begins with: a block's name, or the name of
+a container whose first block it is (``"blocks"`` = ``"blocks.0"``). ``"auto"`` times
+every block's forward and backward on a sample batch and balances the stages on that
+measurement (:func:`measure`, :func:`balance`); the decision is made once on rank 0 and
+broadcast (:func:`decide`).
+
+Examples
+--------
+>>> from torch import nn
+>>> model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Sequential(nn.Linear(8, 8), nn.ReLU()), nn.Linear(8, 2))
+>>> [name for name, _ in pipeline_blocks(model)]
+['0', '1', '2.0', '2.1', '3']
+>>> boundaries(model, ["2"], stages=2)
+[0, 2, 5]
+>>> balance([1.0, 1.0, 4.0, 1.0, 1.0], stages=3)
+[0, 2, 3, 5]
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from rapydli.errors import ConfigError
+
+#: Forward+backward repetitions per block when measuring for ``"auto"`` (median kept).
+MEASURE_REPEATS = 3
+
+
+def pipeline_blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The model's blocks in the order its forward runs them, with their names."""
+    own = getattr(model, "pipeline_blocks", None)
+    if callable(own):
+        return [(str(name), module) for name, module in own()]
+    if isinstance(model, nn.Sequential):
+        return _expand(model, "")
+    raise ConfigError(
+        f"{type(model).__name__} cannot be split into pipeline stages: it is not an nn.Sequential and has "
+        "no pipeline_blocks() method returning its (name, module) blocks in forward order"
+    )
+
+
+def _expand(sequential: nn.Sequential, prefix: str) -> list[tuple[str, nn.Module]]:
+    blocks = []
+    for name, child in sequential.named_children():
+        full = f"{prefix}{name}"
+        blocks += _expand(child, full + ".") if isinstance(child, nn.Sequential) and len(child) else [(full, child)]
+    return blocks
+
+
+def split_points(names: Sequence[str]) -> list[str]:
+    """Every name a stage may begin with: each block but the first, and containers that begin at one."""
+    allowed = []
+    for index, name in enumerate(names):
+        if index == 0:
+            continue
+        parts = name.split(".")
+        for depth in range(1, len(parts) + 1):
+            prefix = ".".join(parts[:depth])
+            if prefix not in allowed and _first_index(names, prefix) == index:
+                allowed.append(prefix)
+    return allowed
+
+
+def _first_index(names: Sequence[str], point: str) -> int | None:
+    for index, name in enumerate(names):
+        if name == point or name.startswith(point + "."):
+            return index
+    return None
+
+
+def boundaries(model: nn.Module, points: Sequence[str], stages: int) -> list[int]:
+    """Block indices where stages begin, plus the end: ``[0, b1, ..., len(blocks)]``.
+
+    ``points`` are ``stages - 1`` split-point names in forward order; anything else is a
+    :class:`ConfigError` naming the allowed split points.
+    """
+    names = [name for name, _ in pipeline_blocks(model)]
+    _check_blocks(names, stages)
+    allowed = split_points(names)
+    if len(points) != stages - 1:
+        raise ConfigError(
+            f"pipeline_split names {len(points)} split point(s) for pipeline_stages={stages}: give {stages - 1}, "
+            f"from: {', '.join(allowed)}"
+        )
+    cuts = [0]
+    for point in points:
+        index = _first_index(names, point) if point in allowed else None
+        if index is None:
+            raise ConfigError(f"pipeline_split point {point!r} is not a split point of {type(model).__name__}; allowed: {', '.join(allowed)}")
+        if index <= cuts[-1]:
+            raise ConfigError(f"pipeline_split points must be in forward order with a block between them; {point!r} comes too early in {list(points)}")
+        cuts.append(index)
+    return cuts + [len(names)]
+
+
+def _check_blocks(names: Sequence[str], stages: int) -> None:
+    if len(names) < stages:
+        raise ConfigError(
+            f"the model has {len(names)} block(s) ({', '.join(names)}): it cannot be split into "
+            f"pipeline_stages={stages}; allowed split points: {', '.join(split_points(names)) or 'none'}"
+        )
+
+
+def measure(model: nn.Module, sample: Any, repeats: int = MEASURE_REPEATS) -> list[float]:
+    """Median seconds of forward + backward of every block on ``sample`` (the model's input)."""
+    blocks = [module for _, module in pipeline_blocks(model)]
+    costs = []
+    x = sample
+    for block in blocks:
+        times = []
+        for _ in range(repeats):
+            inp = _detached(x)
+            started = time.perf_counter()
+            out = block(inp)
+            outs = [t for t in _tensors(out) if t.requires_grad]
+            if outs:
+                torch.autograd.backward(outs, [torch.ones_like(t) for t in outs])
+            times.append(time.perf_counter() - started)
+        costs.append(statistics.median(times))
+        with torch.no_grad():
+            x = block(_detached(x, grad=False))
+    block_grads = [p for b in blocks for p in b.parameters()]
+    for p in block_grads:
+        p.grad = None
+    return costs
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    return [t for t in value if isinstance(t, torch.Tensor)] if isinstance(value, tuple | list) else []
+
+
+def _detached(value: Any, grad: bool = True) -> Any:
+    def one(t: Any) -> Any:
+        if not isinstance(t, torch.Tensor):
+            return t
+        t = t.detach()
+        return t.requires_grad_(True) if grad and t.is_floating_point() else t
+
+    return tuple(one(t) for t in value) if isinstance(value, tuple) else one(value)
+
+
+def balance(costs: Sequence[float], stages: int) -> list[int]:
+    """Contiguous split of ``costs`` into ``stages`` non-empty parts minimising the largest part.
+
+    Returns the boundaries ``[0, b1, ..., len(costs)]`` (dynamic programming, exact).
+    """
+    n = len(costs)
+    if n < stages:
+        raise ConfigError(f"{n} block(s) cannot be balanced over pipeline_stages={stages}")
+    prefix = [0.0]
+    for c in costs:
+        prefix.append(prefix[-1] + c)
+    inf = float("inf")
+    best = [[inf] * (n + 1) for _ in range(stages + 1)]  # best[k][i]: first i blocks in k stages
+    cut = [[0] * (n + 1) for _ in range(stages + 1)]
+    best[0][0] = 0.0
+    for k in range(1, stages + 1):
+        for i in range(k, n + 1):
+            for j in range(k - 1, i):
+                value = max(best[k - 1][j], prefix[i] - prefix[j])
+                if value < best[k][i]:
+                    best[k][i], cut[k][i] = value, j
+    bounds = [n]
+    for k in range(stages, 0, -1):
+        bounds.append(cut[k][bounds[-1]])
+    return bounds[::-1]
+
+
+def decide(model: nn.Module, split: str | Sequence[str], stages: int, sample: Any, world: Any) -> list[int]:
+    """Stage boundaries every rank uses: checked (or measured, for ``"auto"``) on rank 0, broadcast.
+
+    Collective over ``world``. An invalid split raises the same :class:`ConfigError` on
+    every rank.
+    """
+    bounds, error = None, None
+    if world.Get_rank() == 0:
+        try:
+            if split == "auto":
+                names = [name for name, _ in pipeline_blocks(model)]
+                _check_blocks(names, stages)
+                bounds = balance(measure(model, sample), stages)
+            else:
+                bounds = boundaries(model, list(split), stages)
+        except ConfigError as exc:
+            error = str(exc)
+    bounds, error = world.bcast((bounds, error), root=0)
+    if error is not None:
+        raise ConfigError(error)
+    return bounds
+
+
+def stage_module(model: nn.Module, bounds: Sequence[int], stage: int) -> tuple[nn.Sequential, list[str]]:
+    """Stage ``stage``'s blocks as one ``nn.Sequential`` (sharing the model's modules) and their names."""
+    blocks = pipeline_blocks(model)[bounds[stage] : bounds[stage + 1]]
+    return nn.Sequential(*(module for _, module in blocks)), [name for name, _ in blocks]

@@ -1,0 +1,94 @@
+"""rapydli.parallel.split and grid: where a model may be cut, and which world sizes a grid accepts."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from rapydli.errors import ConfigError
+from rapydli.parallel import split
+from rapydli.parallel.grid import data_parallel_degree
+
+
+def nested() -> nn.Sequential:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 8)), nn.Linear(8, 2))
+
+
+def test_blocks_expand_nested_sequentials_and_containers_are_split_points() -> None:
+    model = nested()
+    names = [name for name, _ in split.pipeline_blocks(model)]
+    assert names == ["0", "1", "2.0", "2.1", "2.2", "3"]
+    assert split.split_points(names) == ["1", "2", "2.0", "2.1", "2.2", "3"]
+    assert split.boundaries(model, ["2"], 2) == split.boundaries(model, ["2.0"], 2) == [0, 2, 6]
+    assert split.boundaries(model, ["2.1", "3"], 3) == [0, 3, 5, 6]
+
+
+def test_stages_compose_to_the_model() -> None:
+    model = nested()
+    x = torch.randn(3, 4)
+    bounds = split.boundaries(model, ["2.1", "3"], 3)
+    y = x
+    for stage in range(3):
+        module, _ = split.stage_module(model, bounds, stage)
+        y = module(y)
+    assert torch.equal(y, model(x))
+
+
+def test_unknown_or_misordered_split_names_the_allowed_points() -> None:
+    model = nested()
+    with pytest.raises(ConfigError, match=r"'blocks\.2' is not a split point of Sequential; allowed: 1, 2, 2\.0, 2\.1, 2\.2, 3"):
+        split.boundaries(model, ["blocks.2"], 2)
+    with pytest.raises(ConfigError, match="give 2, from: 1, 2"):
+        split.boundaries(model, ["2"], 3)
+    with pytest.raises(ConfigError, match="forward order"):
+        split.boundaries(model, ["3", "2"], 3)
+    with pytest.raises(ConfigError, match="'0' is not a split point"):
+        split.boundaries(model, ["0"], 2)
+
+
+def test_a_model_that_cannot_be_split_is_refused_clearly() -> None:
+    with pytest.raises(ConfigError, match=r"1 block\(s\) \(0\): it cannot be split into pipeline_stages=2; allowed split points: none"):
+        split.boundaries(nn.Sequential(nn.Linear(2, 2)), [], 2)
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = nn.Linear(2, 2), nn.Linear(2, 2)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.b(self.a(x)) + x
+
+    with pytest.raises(ConfigError, match="Net cannot be split.*not an nn.Sequential.*pipeline_blocks"):
+        split.pipeline_blocks(Net())
+
+
+def test_a_model_names_its_own_blocks() -> None:
+    from rapydli.zoo.models import tiny_lm
+
+    model = tiny_lm(vocab_size=16, block_size=8, dim=16, layers=3, heads=2)
+    names = [name for name, _ in split.pipeline_blocks(model)]
+    assert names == ["embed", "blocks.0", "blocks.1", "blocks.2", "head"]
+    tokens = torch.randint(0, 16, (2, 8))
+    bounds = split.boundaries(model, ["blocks.1", "head"], 3)
+    y = tokens
+    for stage in range(3):
+        y = split.stage_module(model, bounds, stage)[0](y)
+    assert torch.allclose(y, model(tokens))
+
+
+def test_balance_minimises_the_slowest_stage() -> None:
+    assert split.balance([1, 1, 1, 1], 2) == [0, 2, 4]
+    assert split.balance([5, 1, 1, 1, 1, 1], 2) == [0, 1, 6]
+    assert split.balance([1, 1, 4, 1, 1], 3) == [0, 2, 3, 5]
+    costs = split.measure(nested(), torch.randn(16, 4))
+    assert len(costs) == 6 and all(c > 0 for c in costs)
+
+
+def test_grid_world_size_must_be_a_multiple_of_stages() -> None:
+    assert data_parallel_degree(6, 3) == 2
+    with pytest.raises(ConfigError, match="3 ranks cannot run pipeline_stages=2.*multiple of pipeline_stages \\(2, 4, 6"):
+        data_parallel_degree(3, 2)
+    with pytest.raises(ConfigError, match="1 ranks cannot run pipeline_stages=2"):
+        data_parallel_degree(1, 2)

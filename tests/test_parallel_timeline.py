@@ -1,0 +1,63 @@
+"""rapydli.parallel.timeline and memory: spans, bubble, the Gantt figure; activation bytes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from rapydli.parallel import schedules
+from rapydli.parallel.memory import ActivationMeter
+from rapydli.parallel.timeline import Recorder, bubble, figure, figure_from_events
+
+
+def simulated_spans(name: str, p: int, m: int, t_f: float, t_b: float) -> list[list[tuple[str, int, float, float]]]:
+    sim = schedules.simulate(schedules.build(name, p, m), t_f, t_b)
+    return [[(a.kind, a.microbatch, s, e) for a, s, e in spans] for spans in sim.spans]
+
+
+@pytest.mark.parametrize("name", list(schedules.SCHEDULES))
+def test_the_bubble_of_an_ideal_run_is_the_theory(name: str) -> None:
+    for p, m in ((2, 1), (2, 4), (4, 8)):
+        overall, per_rank = bubble(simulated_spans(name, p, m, 1.0, 2.0))
+        assert overall == pytest.approx(schedules.bubble_fraction(p, m))
+        assert per_rank == pytest.approx([schedules.bubble_fraction(p, m)] * p)
+
+
+def test_figure_has_a_row_per_rank_the_ideal_overlay_and_both_bubbles() -> None:
+    spans = simulated_spans("1f1b", 3, 4, 0.010, 0.020)
+    fig = figure(spans, "1f1b", 4)
+    assert {bar.y[0] for bar in fig.data} == {"rank 0", "rank 1", "rank 2"}
+    ideal = [bar for bar in fig.data if bar.name == "ideal"]
+    assert len(ideal) == 3 * 4 * 2  # every forward and backward of every stage
+    assert "bubble measured 33.3%, theory 33.3%" in fig.layout.title.text
+    events = {r: {"replica": 0, "stage": r, "step": 5, "spans": s, "schedule": "1f1b", "microbatches": 4} for r, s in enumerate(spans)}
+    assert "step 5" in figure_from_events(events).layout.title.text
+    with pytest.raises(ValueError, match="no timeline of replica 1"):
+        figure_from_events(events, replica=1)
+
+
+def test_recorder_keeps_the_last_steps() -> None:
+    recorder = Recorder(keep=2)
+    for step in range(4):
+        recorder.begin_step(step)
+        recorder.span("forward", 0, step, step + 0.5)
+    assert sorted(recorder.steps) == [2, 3]
+    assert recorder.of_step(3) == [("forward", 0, 3, 3.5)]
+    assert recorder.of_step(0) == []
+    quiet = Recorder(enabled=False)
+    quiet.begin_step(0)
+    quiet.span("forward", 0, 0.0, 1.0)
+    assert quiet.steps == {}
+
+
+def test_activation_meter_counts_what_backward_frees_and_not_the_weights() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 64), nn.Tanh(), nn.Linear(64, 8))
+    with ActivationMeter(model.parameters()) as meter:
+        loss = model(torch.randn(16, 32)).sum()
+        held = meter.live
+        loss.backward()
+    assert held > 0 and meter.live == 0 and meter.peak == held
+    # input (16x32) + tanh output (16x64) + the second linear's input is tanh's output: shared storage
+    assert held == 16 * 32 * 4 + 16 * 64 * 4
