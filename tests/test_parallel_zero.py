@@ -42,3 +42,18 @@ def test_a_stage_that_does_not_exist_is_refused() -> None:
 
     with pytest.raises(ConfigError, match="zero=3 is invalid: one of 1, 2"):
         ShardedOptimizer(nn.Linear(2, 2).parameters(), lambda ps: torch.optim.SGD(ps, lr=0.1), MPI.COMM_SELF, stage=3)
+
+
+@pytest.mark.mpi
+def test_trainer_with_zero_equals_plain_data_parallel_and_resumes(run_mpi, tmp_path: Path) -> None:
+    code = f"import sys; sys.path.insert(0, {str(TESTS)!r}); import cases_zero_trainer; cases_zero_trainer.main({str(tmp_path)!r})"
+    result = run_mpi(code, n=2, timeout=240)
+    assert result.stderr.count("OK zero trainer") == 2
+    assert sorted(p.name for p in (tmp_path / "zero2").iterdir()) == ["checkpoint.pt", "optimizer-rank0.pt", "optimizer-rank1.pt"]
+
+
+def test_zero_2_refuses_a_global_gradient_clip() -> None:
+    from rapydli.trainer.config import TrainConfig
+
+    with pytest.raises(ConfigError, match="zero=2 keeps only this rank's slice"):
+        TrainConfig(zero=2, grad_clip=1.0)

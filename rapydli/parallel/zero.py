@@ -122,6 +122,13 @@ class ShardedOptimizer:
             self.comm.Allgather(flat.owned.detach().numpy(), flat.values.numpy())
             flat.scatter_values()
 
+    def refresh(self) -> None:
+        """Take the parameters' current values into this rank's slices (after the model was loaded or broadcast)."""
+        with torch.no_grad():
+            for flat in self.flats:
+                flat.gather_values()
+                flat.owned.copy_(flat.values[flat.start : flat.start + flat.shard])
+
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Clear the model's gradients (and the slices')."""
         for flat in self.flats:

@@ -36,6 +36,11 @@ def checkpoint_path(directory: str | os.PathLike[str]) -> Path:
     return Path(directory) / CHECKPOINT_NAME
 
 
+def shard_path(directory: str | os.PathLike[str], rank: int) -> Path:
+    """Rank ``rank``'s slice of a ZeRO optimizer state, beside the checkpoint."""
+    return Path(directory) / f"optimizer-rank{rank}.pt"
+
+
 def rng_state() -> dict[str, Any]:
     """This process's torch, numpy and python RNG states."""
     return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
@@ -117,7 +122,7 @@ class CheckpointWriter:
 
 def remove_partial_writes(directory: str | os.PathLike[str]) -> None:
     """Delete temporary files of writes that never finished (a process killed mid-write)."""
-    for partial in Path(directory).glob(f".{CHECKPOINT_NAME}.*.tmp"):
+    for partial in Path(directory).glob(".*.pt.*.tmp"):
         partial.unlink(missing_ok=True)
 
 

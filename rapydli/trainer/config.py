@@ -136,6 +136,7 @@ class TrainConfig:
     checkpoint_dir: str | None = _spec(None, "directory for checkpoints (None: no checkpoints)", optional=True)
     checkpoint_every: int = _spec(0, "checkpoint every N steps (0: at epoch ends only)", low=0, high=10**9)
     resume: bool = _spec(False, "continue from the checkpoint in checkpoint_dir if there is one")
+    zero: int = _spec(0, "shard optimizer state over the data-parallel ranks: 0 off, 1 (ZeRO-1), 2 (gradients reduce-scattered too)", low=0, high=2)
     on_resize: str = _spec(
         "keep", "resuming on another number of ranks: keep the global batch (grad_accum) or scale the lr", choices=("keep", "scale")
     )
@@ -161,6 +162,11 @@ class TrainConfig:
             raise ConfigError("TrainConfig.resume=True needs TrainConfig.checkpoint_dir (a directory path), got None")
         if self.pipeline_stages > 1:
             check_pipeline(self)
+        if self.zero == 2 and self.grad_clip is not None:
+            raise ConfigError(
+                "TrainConfig.zero=2 keeps only this rank's slice of the averaged gradients, so grad_clip (a global norm) "
+                "cannot be applied: use zero=1 with grad_clip, or grad_clip=None"
+            )
 
     def global_batch(self, world_size: int) -> int:
         """Samples per optimizer step across all ranks."""

@@ -23,7 +23,7 @@ import contextlib
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -37,12 +37,20 @@ from rapydli.trainer.config import TrainConfig
 from rapydli.trainer.progress import EpochPlan, resized_config
 from rapydli.trainer.schedule import lr_at
 
+if TYPE_CHECKING:  # pragma: no cover
+    from rapydli.parallel.zero import ShardedOptimizer
+
 
 def build_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.Optimizer:
     """The optimizer ``config.optimizer`` names (AdamW uses ``momentum`` as beta1)."""
+    return optimizer_over(list(model.parameters()), config)
+
+
+def optimizer_over(params: list[nn.Parameter], config: TrainConfig) -> torch.optim.Optimizer:
+    """``config.optimizer`` over ``params`` (a ZeRO shard's slices, or a model's parameters)."""
     if config.optimizer == "sgd":
-        return torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay)
-    return torch.optim.AdamW(model.parameters(), lr=config.lr, betas=(config.momentum, 0.999), weight_decay=config.weight_decay)
+        return torch.optim.SGD(params, lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay)
+    return torch.optim.AdamW(params, lr=config.lr, betas=(config.momentum, 0.999), weight_decay=config.weight_decay)
 
 
 def loss_and_correct(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -130,7 +138,7 @@ class Trainer:
         self._writer = ckpt.CheckpointWriter()
         self.model = model
         self.device = next(model.parameters()).device
-        self.optimizer = optimizer if optimizer is not None else build_optimizer(model, config)
+        self.optimizer: torch.optim.Optimizer | ShardedOptimizer = optimizer if optimizer is not None else build_optimizer(model, config)
         self.callbacks = tuple(callbacks)
         self.val_data = val_data
         # a checkpoint to resume from, and what it was written with (it may be another world size)
@@ -158,6 +166,16 @@ class Trainer:
         if config.autotune:
             self._autotune(train_data)
         self.sync = self._synchronizer()
+        if config.zero:
+            if optimizer is not None:
+                raise ConfigError(f"TrainConfig.zero={config.zero} shards the optimizer config.optimizer names: pass optimizer=None")
+            from rapydli.parallel.zero import ShardedOptimizer
+
+            data_comm = self.pipeline.grid.data if self.pipeline is not None else self.mpi
+            self.optimizer = ShardedOptimizer(self.model.parameters(), lambda ps: optimizer_over(ps, config), data_comm, stage=config.zero)
+            if config.zero == 2 and self.sync is not None:  # it broadcast rank 0's parameters; gradients are reduce-scattered by the optimizer
+                self.sync.close()
+                self.sync = None
         if self.pipeline is not None:
             self.pipeline.attach(self.sync, self._autocast)
         self.step = 0
@@ -345,12 +363,15 @@ class Trainer:
         if self.pipeline is not None:
             return self.pipeline.save_checkpoint(self)
         rng_states = self.mpi.gather(ckpt.rng_state(), root=0)
+        if self.config.zero:  # every rank's slice of the optimizer state, written before the checkpoint that names its step
+            shard = {"step": self.step, **self.optimizer.state_dict()}
+            self._writer.submit(shard, ckpt.shard_path(self.config.checkpoint_dir, self.rank))
         if self.rank != 0:
             return None
         epoch, position = self.plan.position(self.step, self.config.global_batch(self.world_size))
         state = {
             "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
+            "optimizer": None if self.config.zero else self.optimizer.state_dict(),  # ZeRO: a shard per rank, beside it
             "scheduler": {"name": self.config.lr_schedule, "step": self.step, "total_steps": self.total_steps},
             "sampler": {"epoch": epoch, "position": position, "seed": self.config.seed},
             "step": self.step,
@@ -383,12 +404,33 @@ class Trainer:
         if self.rank == 0:
             assert state is not None
             self.model.load_state_dict(state["model"])
-            self.optimizer.load_state_dict(state["optimizer"])
+            if not self.config.zero:
+                self.optimizer.load_state_dict(state["optimizer"])
         self._broadcast_model()
-        self._broadcast_optimizer_state()
+        if self.config.zero:
+            self._load_shard(meta)
+        else:
+            self._broadcast_optimizer_state()
         rng_states = self.mpi.bcast(state["rng"] if state else None, root=0)
         ckpt.set_rng_state(rng_states[self.rank % len(rng_states)])  # a rank the old run did not have takes a peer's
         self.step = self._evaluated_at = self._saved_at = meta["step"]
+
+    def _load_shard(self, meta: dict[str, Any]) -> None:
+        """This rank's slice of the ZeRO optimizer state, written with the checkpoint of ``meta["step"]``."""
+        path = ckpt.shard_path(self.config.checkpoint_dir, self.rank)  # type: ignore[arg-type]
+        if meta["world_size"] != self.world_size or not path.exists():
+            raise ConfigError(
+                f"the checkpoint in {self.config.checkpoint_dir} was written by {meta['world_size']} ranks with zero="
+                f"{self.config.zero}; its optimizer state is sharded per rank: resume on {meta['world_size']} ranks"
+            )
+        shard = ckpt.load(path)
+        if shard["step"] != meta["step"]:
+            raise ConfigError(f"{path} holds the optimizer state of step {shard['step']}, not of the checkpoint's step {meta['step']}")
+        from rapydli.parallel.zero import ShardedOptimizer
+
+        assert isinstance(self.optimizer, ShardedOptimizer)
+        self.optimizer.refresh()  # the model was just loaded: its slices follow
+        self.optimizer.load_state_dict(shard)
 
     # -- helpers ----------------------------------------------------------------------------
     def _stop_requested(self) -> bool:
@@ -425,6 +467,10 @@ class Trainer:
     def _broadcast_model(self) -> None:
         if self.sync is not None:
             self.sync.broadcast_parameters()
+        elif self.data_size > 1:  # ZeRO-2 runs without a synchronizer
+            data_comm = self.pipeline.grid.data if self.pipeline is not None else self.mpi
+            for tensor in (*self.model.parameters(), *self.model.buffers()):
+                data_comm.Bcast(tensor.data.numpy(), root=0)
 
     def _broadcast_optimizer_state(self) -> None:
         if self.world_size > 1:
