@@ -75,7 +75,9 @@ class PipelineTraining:
             count = min(len(train_data), config.batch_size)  # type: ignore[arg-type]
             device = next(model.parameters()).device
             sample = default_collate([train_data[i] for i in range(count)])[0].to(device)
-        self.bounds = split.decide(model, split_names(config.pipeline_split), config.pipeline_stages, sample, world)
+        resumed = _checkpoint_bounds(config, world) if config.resume and config.pipeline_split.strip() == "auto" else None
+        # "auto" is decided once: a resumed run keeps the split its checkpoint was written with
+        self.bounds = resumed or split.decide(model, split_names(config.pipeline_split), config.pipeline_stages, sample, world)
         self.module, self.names = split.stage_module(model, self.bounds, self.grid.stage)
         self.loss_fn = loss_fn
         self.recorder = Recorder()
@@ -230,3 +232,16 @@ class PipelineTraining:
     def close(self) -> None:
         """Release the grid's communicators."""
         self.grid.free()
+
+
+def _checkpoint_bounds(config: Any, world: Any) -> list[int] | None:
+    """The stage boundaries of the checkpoint a run resumes from, when it has as many stages (collective)."""
+    from rapydli.trainer import checkpoint as ckpt
+
+    bounds = None
+    path = ckpt.checkpoint_path(config.checkpoint_dir)
+    if world.Get_rank() == 0 and path.exists():
+        layout = ckpt.load(path).get("pipeline")
+        if layout is not None and layout["stages"] == config.pipeline_stages:
+            bounds = list(layout["bounds"])
+    return world.bcast(bounds, root=0)
