@@ -104,6 +104,7 @@ def run_training(
     RankFailure
         A rank raised or died; names the rank(s). The run is recorded as ``failed``.
     """
+    __tracebackhide__ = True  # noqa: F841 - IPython shows the user's cell, not these frames
     from rapydli.cluster import ensure_cluster
     from rapydli.experiments.figures import loss_figure
     from rapydli.experiments.job import TrainingJob
@@ -115,7 +116,8 @@ def run_training(
         if not callable(callback):
             raise ConfigError(f"callbacks must be callables taking a metrics dict; got {callback!r}")
     run_name = name or getattr(model, "__name__", "model")
-    with ensure_cluster(cluster, n=cfg.workers) as chosen:
+    # the run starts the cluster it owns, so that Ctrl-C during the start is recorded on it
+    with ensure_cluster(cluster, n=cfg.workers, start=False) as chosen:
         job = TrainingJob(
             chosen, model_fn, data_fn, cfg, range(chosen.n), callbacks=callbacks, name=run_name, progress=progress
         ).wait()
