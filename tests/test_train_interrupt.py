@@ -88,6 +88,7 @@ def test_ctrl_c_while_the_cluster_starts(phase: str) -> None:
     condition = (lambda: bool(session_cluster_pids())) if phase == "controller" else _engine_processes
     sent = _interrupt_when(condition)
     took = _interrupted(lambda: rd.train("rapydli.zoo.models:mlp", "rapydli.zoo.datasets:digits", LONG, progress=False), sent)
+    print(f"TOOK {took:.2f} s")
     assert took < BOUND_S
     run = _last_run()
     assert run["status"] == "interrupted", run
@@ -102,6 +103,7 @@ def test_ctrl_c_while_the_task_is_shipped(running) -> None:
         rd.train(InterruptWhenShipped(nth=2), "rapydli.zoo.datasets:digits", LONG, cluster=running, progress=False)
 
     took = _interrupted(train, sent)
+    print(f"TOOK {took:.2f} s")
     assert took < BOUND_S
     assert _last_run()["status"] == "interrupted"
     # rank 0 had its task and waited for rank 1 in its first collective: it must not be left
@@ -118,6 +120,7 @@ def test_ctrl_c_while_rank_0_autotunes(running, tmp_path: Path) -> None:
     config = {**LONG, "autotune": True}
     model_fn = functools.partial(built_then_tell, str(flag))
     took = _interrupted(lambda: rd.train(model_fn, "rapydli.zoo.datasets:digits", config, cluster=running, progress=False), sent)
+    print(f"TOOK {took:.2f} s")
     assert took < BOUND_S
     assert _last_run()["status"] == "interrupted"
 

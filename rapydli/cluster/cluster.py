@@ -23,6 +23,7 @@ from rapydli.cluster.job import (
     OutputHandler,
     print_output,
 )
+from rapydli.cluster.controller_config import write_controller_config
 from rapydli.cluster.launchers import get_launcher, validate_options
 from rapydli.cluster.mpirun import rank_environment, threads_per_rank
 from rapydli.cluster.processes import CLUSTER_MARKER, reap, reap_marked
@@ -106,6 +107,7 @@ class Cluster:
 
             self._state = "starting"
             self._cluster_id = self._cluster_id or _new_cluster_id()
+            write_controller_config(subdir("ipython"))  # its log without ipykernel 7's iopub_welcome errors
             config = Config(self.launcher.config(self.options, work_dir=str(subdir("ipython"))))
             config.BaseLauncher.environment = {
                 **rank_environment(self.n, self.threads, base={}),
