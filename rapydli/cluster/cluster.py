@@ -16,6 +16,7 @@ from typing import Any
 import psutil
 
 from rapydli.cluster import engine
+from rapydli.cluster.controller_config import write_controller_config
 from rapydli.cluster.job import (
     DisplayHandler,
     EventHandler,
@@ -23,7 +24,6 @@ from rapydli.cluster.job import (
     OutputHandler,
     print_output,
 )
-from rapydli.cluster.controller_config import write_controller_config
 from rapydli.cluster.launchers import get_launcher, validate_options
 from rapydli.cluster.mpirun import rank_environment, threads_per_rank
 from rapydli.cluster.processes import CLUSTER_MARKER, reap, reap_marked
