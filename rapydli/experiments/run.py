@@ -103,6 +103,10 @@ def run_training(
         Invalid config or functions (before any process starts).
     RankFailure
         A rank raised or died; names the rank(s). The run is recorded as ``failed``.
+    KeyboardInterrupt
+        Ctrl-C, at any phase (the cluster start, shipping the task, autotuning, training):
+        every rank is interrupted (blocked ones aborted) and the run is recorded as
+        ``interrupted``; a cluster started for the run is stopped.
     """
     __tracebackhide__ = True  # noqa: F841 - IPython shows the user's cell, not these frames
     from rapydli.cluster import ensure_cluster
