@@ -34,7 +34,7 @@ install: $(STAMP)
 
 demo: install
 	mkdir -p outputs
-	$(VENV)/bin/papermill --cwd notebooks notebooks/01-quickstart.ipynb outputs/01-quickstart.ipynb -k python3
+	$(VENV)/bin/papermill --engine rapydli --cwd notebooks notebooks/01-quickstart.ipynb outputs/01-quickstart.ipynb -k python3
 	@echo
 	@echo "Executed notebook: $(CURDIR)/outputs/01-quickstart.ipynb"
 

@@ -16,7 +16,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
-from rapydli.cluster import Cluster, current, parse_targets
+from rapydli.cluster import Cluster, choose_cluster, current, parse_targets
 from rapydli.cluster.job import print_output
 from rapydli.errors import ConfigError
 
@@ -116,19 +116,25 @@ class RapydliMagics(Magics):
     @cell_magic
     @magic_arguments()
     @argument("-n", type=int, default=None, help="ranks to run on (starts a cluster of N if none runs)")
-    @argument("--targets", default=None, help="ranks to run on, e.g. 0,2-3")
+    @argument("--targets", default=None, help="ranks to run on, e.g. 0,2-3; rank/world_size then count within them")
     @argument("--timeout", type=float, default=None, help="seconds before the cell is interrupted on every rank")
     @argument("--push", default=None, help="comma-separated notebook variables to send first")
     @argument("--gather", action="store_true", help="return a list of every rank's value")
     @argument("--no-stream", action="store_true", help="print output when the cell ends, grouped by rank")
     def distributed(self, line: str, cell: str) -> Any:
-        """Run the cell on every MPI rank with ``rank``, ``world_size``, ``comm``, ``device`` defined.
+        """Run the cell on every MPI rank with ``rank``, ``world_size``, ``world_rank``, ``comm``, ``device`` defined.
 
-        Output is streamed with a ``[rank r]`` prefix; rich output is shown from the first
-        rank only; the value is the first rank's last expression (a list by rank with
+        With ``--targets`` the selected ranks form a group of their own: ``rank`` and
+        ``world_size`` count within the group (``--targets 1,3`` runs as ``rank`` 0 and 1 of
+        ``world_size`` 2) and ``comm`` spans only them; ``world_rank`` is the rank in the
+        whole cluster. Without ``--targets``, ``rank == world_rank``.
+
+        Output is streamed with a ``[rank r]`` prefix (``r`` is the ``world_rank``); rich
+        output is shown from the first rank only; the value is the first rank's last expression (a list by rank with
         ``--gather``). An exception or a dead engine on any rank interrupts the others and
         raises one :class:`~rapydli.errors.RankFailure` naming the rank.
         """
+        __tracebackhide__ = True  # noqa: F841 - IPython shows the user's cell, not these frames
         args = _parse(self.distributed, line)
         if args.timeout is not None and args.timeout <= 0:
             raise UsageError(f"--timeout {args.timeout:g} is invalid: must be > 0 seconds")
@@ -172,16 +178,25 @@ class RapydliMagics(Magics):
         return {n: namespace[n] for n in wanted}
 
     def _ensure(self, n: int | None) -> Cluster:
-        """The running cluster (restarted if its engines died), or a new local one."""
+        """The notebook's cluster (restarted if its engines died), else the one chosen by
+        :func:`~rapydli.cluster.ensure.choose_cluster`: a new local one of ``n`` engines
+        (default: one per core), which stays up for the next cells."""
         cluster = self.cluster
-        if cluster is None or cluster.status()["state"] in ("stopped", "failed"):
-            size = n or os.cpu_count() or 1
-            return self._start(size)
+        if cluster is not None and cluster.status()["state"] not in ("stopped", "failed"):
+            if not cluster.running:
+                print(f"[rapydli] engines had died; restarting {cluster.n} fresh engines (their variables are gone)", flush=True)
+                cluster.restart()
+            if n is not None and n > cluster.n:
+                raise UsageError(f"-n {n} is more than the running cluster's {cluster.n} engines: `%rapydli stop` and start more")
+            return cluster
+        try:
+            cluster, _ = choose_cluster(None, n=n or os.cpu_count() or 1, need=n or 1, start=False)
+        except ConfigError as exc:
+            raise UsageError(str(exc)) from None
         if not cluster.running:
-            print(f"[rapydli] engines had died; restarting {cluster.n} fresh engines (their variables are gone)", flush=True)
-            cluster.restart()
-        if n is not None and n > cluster.n:
-            raise UsageError(f"-n {n} is more than the running cluster's {cluster.n} engines: `%rapydli stop` and start more")
+            print(f"[rapydli] starting {cluster.n} MPI engines (local, {cluster.threads} thread(s) each) ...", flush=True)
+            cluster.start()
+        self._cluster = cluster
         return cluster
 
 

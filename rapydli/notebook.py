@@ -97,6 +97,7 @@ def train(
     The cluster is ``cluster``, else the one running in this kernel (``%rapydli start``),
     else a new local one of ``config.workers`` engines that is stopped afterwards.
     """
+    __tracebackhide__ = True  # noqa: F841 - IPython shows the user's cell, not these frames
     from rapydli.experiments.refs import resolve_callable
     from rapydli.experiments.run import run_training
 

@@ -7,6 +7,13 @@ from typing import Any
 
 import nbformat
 import papermill
+from papermill.engines import papermill_engines
+
+from rapydli.experiments.kernels import RapydliEngine
+
+# `make demo`'s engine (`papermill --engine rapydli`, an entry point of the installed package), also
+# where the package metadata predates it
+papermill_engines.register("rapydli", RapydliEngine)
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 PLOTLY = "application/vnd.plotly.v1+json"
@@ -26,5 +33,5 @@ def execute(name: str, out_dir: Path, **parameters: Any) -> Executed:
     """Run ``notebooks/<name>`` into ``out_dir`` with ``parameters`` (working directory: ``notebooks/``)."""
     out = out_dir / name
     papermill.execute_notebook(str(NOTEBOOKS / name), str(out), parameters=parameters, kernel_name="python3",
-                               cwd=str(NOTEBOOKS), progress_bar=False)  # fmt: skip
+                               cwd=str(NOTEBOOKS), progress_bar=False, engine_name="rapydli")  # fmt: skip
     return Executed(out)

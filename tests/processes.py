@@ -1,4 +1,11 @@
-"""Finding processes a test started and must not leave behind (engines, controllers, mpiexec)."""
+"""Finding processes a test started and must not leave behind (engines, controllers, mpiexec).
+
+Parentage alone misses some: an engine's nanny re-parents to init when its engine is
+killed, and a process started in its own session may outlive the one that started it.
+So a process also counts when it carries a cluster's marker
+(:data:`rapydli.cluster.processes.CLUSTER_MARKER`) and this test session's
+``RAPYDLI_HOME`` (each session has its own, see ``conftest.py``), whoever its parent is.
+"""
 
 from __future__ import annotations
 
@@ -7,15 +14,18 @@ import time
 
 import psutil
 
+from rapydli.cluster.processes import CLUSTER_MARKER
+
 _MARKERS = ("ipyparallel", "ipengine", "ipcontroller", "mpiexec", "hydra_pmi_proxy")
 
 
 def engine_pids(root: int | None = None) -> set[int]:
-    """Descendants of ``root`` (default: this process) that are MPI engines or their launchers."""
+    """Engine processes and their launchers: descendants of ``root`` (default: this process),
+    and every process of a cluster started in this test session, wherever it is now."""
     try:
         children = psutil.Process(root or os.getpid()).children(recursive=True)
     except psutil.NoSuchProcess:
-        return set()
+        children = []
     found = set()
     for proc in children:
         try:
@@ -23,6 +33,20 @@ def engine_pids(root: int | None = None) -> set[int]:
         except psutil.Error:
             continue
         if any(marker in command for marker in _MARKERS):
+            found.add(proc.pid)
+    return found | session_cluster_pids()
+
+
+def session_cluster_pids() -> set[int]:
+    """Processes carrying a cluster marker and this session's ``RAPYDLI_HOME``."""
+    home = os.environ.get("RAPYDLI_HOME")
+    found = set()
+    for proc in psutil.process_iter():
+        try:
+            env = proc.environ()
+        except (psutil.Error, OSError):
+            continue
+        if CLUSTER_MARKER in env and home is not None and env.get("RAPYDLI_HOME") == home:
             found.add(proc.pid)
     return found
 

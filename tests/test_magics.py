@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import _thread
+import re
 import threading
 import time
 
@@ -87,9 +88,24 @@ def test_rich_output_only_from_first_rank(ip):
 
 
 def test_targets_select_ranks_and_their_communicator(ip):
-    value, captured = cell(ip, "print('on', rank)\n(rank, world_size)", "--targets 1 --gather")
-    assert value == [(0, 1)]  # rank within the selected group
+    value, captured = cell(ip, "print('on', rank)\n(rank, world_size, world_rank, comm.Get_size())", "--targets 1 --gather")
+    assert value == [(0, 1, 1, 1)]  # rank within the selected group; world_rank in the cluster
     assert "[rank 1] on 0" in captured.stdout and "[rank 0]" not in captured.stdout
+    value, _ = cell(ip, "(rank, world_rank)", "--gather")
+    assert value == [(0, 0), (1, 1)]
+
+
+def test_distributed_uses_the_cluster_running_in_the_kernel(ip):
+    """With the magics' own cluster stopped (cluster.stop(), not %rapydli stop), a cluster
+    started in the kernel by rd.Cluster is the one the cell runs on: no second cluster."""
+    import rapydli as rd
+
+    magics = ip.magics_manager.registry["RapydliMagics"]
+    magics._cluster.stop()
+    other = rd.Cluster(n=2).start()
+    value, captured = cell(ip, "world_size")
+    assert value == 2 and "starting" not in captured.stdout
+    assert magics.cluster is other
 
 
 def test_push_sends_variables_and_functions(ip):
@@ -136,6 +152,9 @@ def test_exception_while_others_block_in_a_collective(ip):
     assert time.monotonic() - start < 10
     assert info.value.ranks == [0]
     assert "aborted" in str(info.value)
+    # the abort stops the whole cluster: no engine, nanny (re-parented to init once its
+    # engine is killed) or controller is left until the next cell
+    assert not wait_until_gone(), "the abort left processes of the cluster behind"
     _, captured = cell(ip, "rank")  # the next cell brings fresh engines back
     assert "restarting" in captured.stdout
 
@@ -165,6 +184,24 @@ def test_keyboard_interrupt_reaches_engines(ip):
     with pytest.raises(KeyboardInterrupt):
         cell(ip, "import time\ntime.sleep(60)")
     assert time.monotonic() - start < 6
+    value, _ = cell(ip, "rank", "--gather")
+    assert value == [0, 1]
+
+
+def test_ctrl_c_ends_with_one_line_naming_the_ranks(ip):
+    """What a user sees after Ctrl-C: no engine or library frames, no stray per-rank
+    ``KeyboardInterrupt`` lines, and a last line saying which ranks were interrupted."""
+    threading.Timer(1.0, _thread.interrupt_main).start()
+    with capture_output() as captured:
+        ip.run_cell("%%distributed\nimport time\ntime.sleep(60)")
+    shown = captured.stdout + captured.stderr
+    last = shown.rstrip().splitlines()[-1]
+    # "ranks 0, 1 interrupted" (or, where a rank took over FOLLOW_S longer, "rank 1 blocked ... aborted")
+    assert re.fullmatch(r"KeyboardInterrupt: Ctrl-C: ranks? [01](, 1)? \w.*", last), shown
+    assert "0" in last and "1" in last
+    for internal in ("ipyparallel", "concurrent/futures", "threading.py", "rapydli/magics.py", "rapydli/cluster/cluster.py"):
+        assert internal not in shown
+    assert not [line for line in shown.splitlines() if line.startswith("[rank") and "KeyboardInterrupt" in line]
     value, _ = cell(ip, "rank", "--gather")
     assert value == [0, 1]
 

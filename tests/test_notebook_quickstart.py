@@ -8,9 +8,12 @@ import rapydli as rd
 
 @pytest.mark.notebook
 @pytest.mark.engines
-def test_quickstart_runs(tmp_path):
+def test_quickstart_runs(tmp_path, capfd):
     executed = execute("01-quickstart.ipynb", tmp_path, workers=2, epochs=12)
     text = executed.text
+    printed = capfd.readouterr()
+    for noise in ("without encryption", "Monitor message without topic", "KeyboardInterrupt"):  # as `make demo` shows
+        assert noise not in printed.out + printed.err + text, noise
     assert "[rank 0] hello from rank 0 of 2" in text
     assert "[rank 1] hello from rank 1 of 2" in text
     assert "final test accuracy" in text

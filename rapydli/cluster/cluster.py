@@ -16,6 +16,7 @@ from typing import Any
 import psutil
 
 from rapydli.cluster import engine
+from rapydli.cluster.controller_config import write_controller_config
 from rapydli.cluster.job import (
     DisplayHandler,
     EventHandler,
@@ -25,7 +26,7 @@ from rapydli.cluster.job import (
 )
 from rapydli.cluster.launchers import get_launcher, validate_options
 from rapydli.cluster.mpirun import rank_environment, threads_per_rank
-from rapydli.cluster.processes import reap
+from rapydli.cluster.processes import CLUSTER_MARKER, reap, reap_marked
 from rapydli.cluster.targets import parse_targets
 from rapydli.errors import ClusterError, ConfigError, NotFoundError
 from rapydli.paths import subdir
@@ -105,9 +106,12 @@ class Cluster:
             from traitlets.config import Config
 
             self._state = "starting"
+            self._cluster_id = self._cluster_id or _new_cluster_id()
+            write_controller_config(subdir("ipython"))  # its log without ipykernel 7's iopub_welcome errors
             config = Config(self.launcher.config(self.options, work_dir=str(subdir("ipython"))))
             config.BaseLauncher.environment = {
-                k: v for k, v in rank_environment(self.n, self.threads, base={}).items()
+                **rank_environment(self.n, self.threads, base={}),
+                CLUSTER_MARKER: self._cluster_id,  # how stop/abort find every process it started
             }
             kwargs: dict[str, Any] = {}
             if self.launcher.listen_all:
@@ -120,15 +124,17 @@ class Cluster:
                 log_level=logging.ERROR,  # failures reach the user as ClusterError/RankFailure instead
                 engine_timeout=int(self.start_timeout),
                 profile_dir=str(subdir("ipython")),
-                **({"cluster_id": self._cluster_id} if self._cluster_id else {}),
+                cluster_id=self._cluster_id,
                 **kwargs,
             )
             try:
                 self._ipp.start_cluster_sync()
                 self._client = self._ipp.connect_client_sync()
-                self._client.wait_for_engines(self.n, timeout=self.start_timeout, block=True, widget=False, interactive=False)
+                _wait(self._client.wait_for_engines(self.n, timeout=self.start_timeout, block=False, widget=False, interactive=False))
                 self._configure_engines()
             except BaseException as exc:
+                # Ctrl-C included: a start cancelled half-way leaves engines ipyparallel no
+                # longer tracks; the teardown finds them by their marker
                 self._teardown()
                 self._state = "failed"
                 if isinstance(exc, KeyboardInterrupt):
@@ -136,7 +142,6 @@ class Cluster:
                 raise ClusterError(f"could not start {self.n} engines with launcher {self.launcher.name!r}: {exc}") from exc
             self._state = "running"
             self._started_at = time.monotonic()
-            self._cluster_id = self._ipp.cluster_id
             with _live_lock:
                 _live.add(self)
             return self
@@ -146,7 +151,7 @@ class Cluster:
         view = self._client[ids]
         view.use_cloudpickle()
         paths = [os.path.abspath(p or os.curdir) for p in sys.path]
-        infos = view.apply_sync(engine.setup, self.threads, paths)
+        infos = _wait(view.apply_async(engine.setup, self.threads, paths))
         ranks = [info["rank"] for info in infos]
         if sorted(ranks) != list(range(self.n)) or any(info["size"] != self.n for info in infos):
             raise ClusterError(f"engines do not form one MPI job of {self.n} ranks (ranks {ranks}, sizes {[i['size'] for i in infos]})")
@@ -193,26 +198,27 @@ class Cluster:
             except Exception:  # noqa: BLE001 - stop what can be stopped, then reap below
                 pass
         reap(pids)
+        if self._cluster_id is not None:  # nannies orphaned by killed engines, a half-started set, ...
+            reap_marked(self._cluster_id)
         self._ipp = self._client = None
         self._engine_of_rank, self._info = {}, {}
         with _live_lock:
             _live.discard(self)
 
     def abort(self) -> None:
-        """Kill the engines at once (an MPI job blocked in a collective cannot be interrupted)."""
+        """Kill the engines at once (an MPI job blocked in a collective cannot be interrupted).
+
+        The controller and every other process of the cluster are stopped too; the cluster
+        is then ``dead`` until :meth:`restart` (``%%distributed`` restarts it by itself).
+        """
         with self._lock:
-            pids = [info["pid"] for info in self._info.values() if _is_local(info)]
-            for pid in pids:
+            for pid in (info["pid"] for info in self._info.values() if _is_local(info)):
                 try:
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
             if self._ipp is not None:
-                try:
-                    self._ipp.stop_engines_sync()
-                except Exception:  # noqa: BLE001 - the engines may already be gone
-                    pass
-            reap(pids)
+                self._teardown()
             self._state = "dead"
 
     # -- outliving this process ------------------------------------------------------------
@@ -320,12 +326,12 @@ class Cluster:
             "launcher": self.launcher.name,
             "n": self.n,
             "engines_alive": len(alive),
-            "engines_dead": self.n - len(alive) if self._engine_of_rank else 0,
+            "engines_dead": self.n - len(alive) if self._engine_of_rank or state == "dead" else 0,
             "ranks": alive,
             "hosts": sorted({self._info[r]["host"] for r in alive}),
             "threads_per_engine": self.threads,
             "options": dict(self.options),
-            "cluster_id": getattr(self._ipp, "cluster_id", None),
+            "cluster_id": self._cluster_id,
         }
 
     def _require_running(self) -> None:
@@ -369,7 +375,7 @@ class Cluster:
         called. Jobs on disjoint targets run side by side.
         """
         ranks = parse_targets(targets, self.n)
-        results = self._submit(ranks, engine.run_task, fn, args, kwargs, ranks, on_event is not None)
+        results = self._submit(ranks, lambda rank: (engine.run_task, fn, args, kwargs, ranks, on_event is not None))
         return self._job(results, timeout=timeout, on_output=on_output, on_event=on_event)
 
     def run(
@@ -391,6 +397,7 @@ class Cluster:
         RankFailure
             A rank raised, died, or the timeout passed; the other ranks were interrupted.
         """
+        __tracebackhide__ = True  # noqa: F841 - IPython shows the user's cell, not these frames
         job = self.submit(fn, *args, targets=targets, timeout=timeout, on_event=on_event, on_output=on_output, **kwargs)
         return job.wait()
 
@@ -409,13 +416,9 @@ class Cluster:
         Only the first rank's value is sent back unless ``gather`` (values need not be picklable
         on the other ranks).
         """
+        __tracebackhide__ = True  # noqa: F841 - IPython shows the user's cell, not these frames
         ranks = parse_targets(targets, self.n)
-        results = {
-            rank: self._client[self._engine_of_rank[rank]].apply_async(
-                engine.run_cell, code, ranks, gather or rank == ranks[0]
-            )
-            for rank in self._checked(ranks)
-        }
+        results = self._submit(ranks, lambda rank: (engine.run_cell, code, ranks, gather or rank == ranks[0]))
         return self._job(results, timeout=timeout, on_output=on_output, on_display=on_display).wait()
 
     def _checked(self, ranks: list[int]) -> list[int]:
@@ -425,8 +428,23 @@ class Cluster:
             raise ClusterError(f"engines of ranks {dead} are dead: restart the cluster (`%rapydli restart`)")
         return ranks
 
-    def _submit(self, ranks: list[int], fn: Callable[..., Any], *args: Any) -> dict[int, Any]:
-        return {rank: self._client[self._engine_of_rank[rank]].apply_async(fn, *args) for rank in self._checked(ranks)}
+    def _submit(self, ranks: list[int], call: Callable[[int], tuple[Any, ...]]) -> dict[int, Any]:
+        """Send ``fn(*args)`` (``call(rank)`` gives ``(fn, *args)``) to each rank's engine.
+
+        Interrupted half-way (Ctrl-C while the task is pickled and sent), the ranks that
+        already have the task are interrupted too: they would otherwise wait for the
+        others in their first collective, and run on after the notebook gave up.
+        """
+        results: dict[int, Any] = {}
+        try:
+            for rank in self._checked(ranks):
+                fn, *args = call(rank)
+                results[rank] = self._client[self._engine_of_rank[rank]].apply_async(fn, *args)
+        except BaseException:
+            if results:
+                self._job(results, on_output=None).cancel()
+            raise
+        return results
 
     def _job(self, results: dict[int, Any], **handlers: Any) -> Job:
         return Job(results, interrupt=self._interrupt, stop=self._request_stop, abort=self.abort, **handlers)
@@ -455,6 +473,28 @@ def _detached_record(cluster_id: str) -> dict[str, Any]:
         known = ", ".join(p.stem for p in subdir("clusters").glob("*.json")) or "none"
         raise NotFoundError(f"no detached cluster {cluster_id!r}: known are {known}")
     return json.loads(path.read_text())
+
+
+def _new_cluster_id() -> str:
+    """An id in ipyparallel's own format (``<unix time>-<4 letters>``)."""
+    import secrets
+    import string
+
+    return f"{int(time.time())}-{''.join(secrets.choice(string.ascii_lowercase) for _ in range(4))}"
+
+
+def _wait(future: Any, step: float = 0.1) -> Any:
+    """``future.result()`` in short waits, so Ctrl-C (a SIGINT or ``interrupt_main``) ends it.
+
+    A wait without a timeout blocks in a lock that only a real signal to this very thread
+    interrupts; ipyparallel's ``*_sync`` calls wait so.
+    """
+    result = getattr(future, "get", None) or future.result  # an AsyncResult's own get(), else the Future's
+    while True:
+        try:
+            return result(timeout=step)
+        except TimeoutError:
+            continue
 
 
 def _process(pid: int) -> psutil.Process | None:

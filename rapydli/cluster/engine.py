@@ -178,7 +178,9 @@ def run_task(fn: Callable[..., Any], args: tuple, kwargs: dict, targets: Sequenc
 def run_cell(code: str, targets: Sequence[int], want_value: bool) -> Any:
     """Execute notebook cell ``code`` in the engine's namespace (the engine half of ``%%distributed``).
 
-    ``rank``, ``world_size``, ``comm`` and ``device`` are defined first. IPython syntax
+    ``rank``, ``world_size``, ``comm`` and ``device`` are defined first, for the group of
+    ``targets`` (``rank`` counts within it), and ``world_rank``, this engine's rank in the
+    whole cluster (``COMM_WORLD``). IPython syntax
     (magics, ``!cmd``) is transformed as in a notebook. Returns the value of the last
     expression when ``want_value`` (or None), so an unpicklable value never breaks a cell
     whose value nobody asked for.
@@ -189,7 +191,9 @@ def run_cell(code: str, targets: Sequence[int], want_value: bool) -> Any:
     namespace = shell.user_ns if shell is not None else globals()
     ctx = _enter(targets, stream_events=True)
     try:
-        namespace.update(rank=ctx.rank, world_size=ctx.world_size, comm=ctx.comm, device=ctx.device)
+        namespace.update(
+            rank=ctx.rank, world_size=ctx.world_size, world_rank=ctx.global_rank, comm=ctx.comm, device=ctx.device
+        )
         source = shell.transform_cell(code) if shell is not None else code
         tree = ast.parse(source, filename="<distributed cell>")
         last = None

@@ -28,7 +28,9 @@ from rapydli.cluster.cluster import Cluster, current
 from rapydli.errors import ConfigError
 
 
-def choose_cluster(cluster: Cluster | None = None, n: int = 2, *, need: int = 1) -> tuple[Cluster, bool]:
+def choose_cluster(
+    cluster: Cluster | None = None, n: int = 2, *, need: int = 1, start: bool = True
+) -> tuple[Cluster, bool]:
     """The cluster a call uses, and whether the call owns it (started it and must stop it).
 
     Parameters
@@ -39,6 +41,10 @@ def choose_cluster(cluster: Cluster | None = None, n: int = 2, *, need: int = 1)
         Engines of the local cluster started when none is given or running.
     need
         Engines the call needs; a given or running cluster with fewer is refused.
+    start
+        Start the chosen cluster if it is not running. ``False`` leaves that to the caller
+        (``rd.train`` starts it inside its run, so that Ctrl-C during the start is
+        recorded on the run).
 
     Raises
     ------
@@ -50,21 +56,24 @@ def choose_cluster(cluster: Cluster | None = None, n: int = 2, *, need: int = 1)
     if chosen is None:
         chosen, source = current(), "the cluster running in this kernel"
     if chosen is None:
-        return Cluster(n=max(n, need)).start(), True
+        new = Cluster(n=max(n, need))
+        return (new.start() if start else new), True
     if chosen.n < need:
         raise ConfigError(
             f"this needs {need} engines and {source} has {chosen.n}: "
             f"stop it (`%rapydli stop`, cluster.stop()) and start one of {need}, or pass cluster= a larger one"
         )
-    if not chosen.running:
+    if start and not chosen.running:
         chosen.start()
     return chosen, False
 
 
 @contextmanager
-def ensure_cluster(cluster: Cluster | None = None, n: int = 2, *, need: int = 1) -> Iterator[Cluster]:
-    """:func:`choose_cluster` as a context: a cluster the call started is stopped when it ends."""
-    chosen, owned = choose_cluster(cluster, n, need=need)
+def ensure_cluster(
+    cluster: Cluster | None = None, n: int = 2, *, need: int = 1, start: bool = True
+) -> Iterator[Cluster]:
+    """:func:`choose_cluster` as a context: a cluster the call owns is stopped when it ends."""
+    chosen, owned = choose_cluster(cluster, n, need=need, start=start)
     try:
         yield chosen
     finally:

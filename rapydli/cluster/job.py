@@ -38,6 +38,9 @@ EventHandler = Callable[[int, str, Any], None]  # (rank, kind, payload)
 DisplayHandler = Callable[[dict[str, Any]], None]  # display_data content from the first rank
 
 GRACE_S = 3.0  # how long interrupted ranks get before the job is aborted
+#: After Ctrl-C, once one rank has ended, how long the others get: a rank still running then
+#: is blocked in a collective waiting for the ended one, and only the abort ends it.
+FOLLOW_S = 1.5
 POLL_S = 0.05
 
 
@@ -147,12 +150,13 @@ class Job:
         KeyboardInterrupt
             Re-raised after the ranks were interrupted (Ctrl-C in the notebook).
         """
+        __tracebackhide__ = True  # noqa: F841 - IPython shows the user's cell, not these frames
         try:
             while not self.poll(POLL_S):
                 pass
         except KeyboardInterrupt:
             self.cancel()
-            raise
+            raise KeyboardInterrupt(self.interrupt_summary()) from None
         return self.result()
 
     def cancel(self) -> None:
@@ -164,6 +168,24 @@ class Job:
         self._settle()
         self._finish_output()
         self.finished = True
+
+    def interrupt_summary(self) -> str:
+        """One line saying which ranks Ctrl-C interrupted (and which were aborted), after :meth:`cancel`."""
+        by_status: dict[str, list[int]] = {}
+        for r in sorted(self.ranks.values(), key=lambda r: r.rank):
+            by_status.setdefault(r.status, []).append(r.rank)
+        parts = []
+        for status, words in (
+            ("interrupted", "interrupted"),
+            ("aborted", "blocked (e.g. in a collective), so the MPI job was aborted: `%rapydli restart` to continue"),
+            ("ok", "had already finished"),
+            ("error", "had raised"),
+            ("dead", "had died"),
+        ):
+            ranks = by_status.get(status)
+            if ranks:
+                parts.append(f"{'ranks' if len(ranks) > 1 else 'rank'} {', '.join(map(str, ranks))} {words}")
+        return "Ctrl-C: " + "; ".join(parts)
 
     def result(self) -> list[Any]:
         """Values of the ranks in rank order, or the :class:`RankFailure` raised."""
@@ -233,10 +255,15 @@ class Job:
             self._wait_any(POLL_S)
             self._pump()
             self._collect()
+            since = self._interrupted_at or 0.0
+            ended = [r.finished_at for r in self.ranks.values() if r.status != "running" and r.finished_at >= since]
+            if ended:
+                deadline = min(deadline, min(ended) + FOLLOW_S)
         if self._running():
             self._abort_job()
 
     def _abort_job(self) -> None:
+        self._wait_output()  # the abort stops the controller, so no output arrives after it
         self._pump()
         self._abort()
         self.aborted = True
@@ -272,15 +299,19 @@ class Job:
         if self.on_output is not None:
             self.on_output(rank, stream, line)
 
-    def _finish_output(self) -> None:
-        if self.finished:
-            return
+    def _wait_output(self) -> None:
         for r in self.ranks.values():
             if r.status in ("ok", "error", "interrupted"):
                 try:
                     r.result.wait_for_output(timeout=2)
                 except Exception:  # noqa: BLE001 - output is best effort once a rank is gone
                     pass
+
+    def _finish_output(self) -> None:
+        if self.finished:
+            return
+        if not self.aborted:
+            self._wait_output()
         self._pump()
         for r in self.ranks.values():
             for stream, rest in r.partial.items():

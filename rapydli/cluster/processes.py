@@ -1,7 +1,14 @@
-"""Local helper processes: starting one in its own session, and ending a process tree.
+"""Local helper processes: starting one in its own session, ending a process tree, and
+finding the processes a cluster started by the marker they carry.
 
 Used for batch items (one papermill process each) and for reaping engine processes after
 a cluster stops, so that nothing started by RaPyDLI outlives its owner.
+
+A cluster's processes cannot be found by parentage: ``mpiexec`` and the controller run
+in sessions of their own, and an engine's nanny re-parents to init when its engine is
+killed. So every process a cluster starts carries ``RAPYDLI_CLUSTER=<cluster id>`` in
+its environment (inherited by ``mpiexec``, the ranks, their nannies, the controller and
+its schedulers), and :func:`reap_marked` ends every local process that carries it.
 """
 
 from __future__ import annotations
@@ -14,6 +21,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import IO
 
 import psutil
+
+#: The environment variable every process of a cluster carries; its value is the cluster's id.
+CLUSTER_MARKER = "RAPYDLI_CLUSTER"
 
 
 def spawn_python(
@@ -55,3 +65,38 @@ def terminate_tree(pid: int, grace: float = 3.0) -> None:
         except psutil.NoSuchProcess:
             pass
     reap((p.pid for p in procs), timeout=grace)
+
+
+def marked(value: str | None = None, name: str = CLUSTER_MARKER) -> list[psutil.Process]:
+    """Processes of this host (other than this one) whose environment sets ``name``.
+
+    With ``value``, only those where it equals ``value``. Processes whose environment
+    cannot be read (other users') are left out.
+    """
+    found = []
+    me = os.getpid()
+    for proc in psutil.process_iter():
+        if proc.pid == me:
+            continue
+        try:
+            env = proc.environ()
+        except (psutil.Error, OSError):
+            continue
+        if name in env and (value is None or env[name] == value):
+            found.append(proc)
+    return found
+
+
+def reap_marked(value: str, grace: float = 3.0) -> list[int]:
+    """SIGTERM every local process marked with cluster id ``value``, SIGKILL what remains.
+
+    Returns the pids that were still alive when called (empty when the cluster stopped cleanly).
+    """
+    procs = marked(value)
+    for proc in procs:
+        try:
+            proc.send_signal(signal.SIGTERM)
+        except psutil.NoSuchProcess:
+            pass
+    reap((p.pid for p in procs), timeout=grace)
+    return [p.pid for p in procs]

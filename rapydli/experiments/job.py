@@ -45,7 +45,7 @@ class TrainingJob:
     Parameters
     ----------
     cluster
-        A started :class:`rapydli.cluster.Cluster`.
+        A :class:`rapydli.cluster.Cluster`; started here (as part of the run) if it is not running.
     model_fn, data_fn
         As for ``rd.train`` (callables or ``"module:qualname"`` strings).
     config
@@ -139,7 +139,13 @@ class TrainingJob:
             run_name = name or str(getattr(model, "__name__", "model"))
             self.run_id = self.store.create_run(kind, run_name, params, parent=parent, world_size=len(self.targets), seed=config.seed)
         try:
+            if not cluster.running:  # chosen but not started yet (rd.train's own cluster): part of the run
+                cluster.start()
             self.job = cluster.submit(engine_task, model, data, config.to_dict(), targets=self.targets, on_event=self._on_event)
+        except KeyboardInterrupt:
+            __tracebackhide__ = True  # noqa: F841 - IPython shows the user's cell, not ipyparallel's frames
+            self._finish("stopped", "interrupted by the user while the run was being set up")
+            raise KeyboardInterrupt(f"Ctrl-C while the run was being set up; run {self.run_id} recorded as interrupted") from None
         except BaseException as exc:
             self._finish("failed", f"{type(exc).__name__}: {exc}")
             raise
@@ -204,13 +210,14 @@ class TrainingJob:
         Ctrl-C interrupts every rank (blocked ones are aborted), records the run as
         interrupted, and re-raises ``KeyboardInterrupt``.
         """
+        __tracebackhide__ = True  # noqa: F841 - IPython shows the user's cell, not these frames
         try:
             while not self.poll(poll_s):
                 pass
         except KeyboardInterrupt:
             self.job.cancel()
             self._finish("stopped", "interrupted by the user")
-            raise
+            raise KeyboardInterrupt(f"{self.job.interrupt_summary()}; run {self.run_id} recorded as interrupted") from None
         return self
 
     def request_stop(self) -> None:

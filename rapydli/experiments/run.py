@@ -125,7 +125,12 @@ def run_training(
         recorded as ``failed``.
     ClusterError
         A restart could not bring the engines back; the last checkpoint is kept and named.
+    KeyboardInterrupt
+        Ctrl-C, at any phase (the cluster start, shipping the task, autotuning, training):
+        every rank is interrupted (blocked ones aborted) and the run is recorded as
+        ``interrupted``; a cluster started for the run is stopped.
     """
+    __tracebackhide__ = True  # noqa: F841 - IPython shows the user's cell, not these frames
     from rapydli.cluster import ensure_cluster
     from rapydli.experiments.figures import loss_figure
     from rapydli.experiments.job import TrainingJob
@@ -148,7 +153,8 @@ def run_training(
 
         scratch = subdir("checkpoints") / uuid.uuid4().hex[:12]
         cfg = cfg.replace(checkpoint_dir=str(scratch))
-    with ensure_cluster(cluster, n=cfg.workers) as chosen:
+    # the run starts the cluster it owns, so that Ctrl-C during the start is recorded on it
+    with ensure_cluster(cluster, n=cfg.workers, start=False) as chosen:
         job = TrainingJob(
             chosen, model_fn, data_fn, cfg, range(chosen.n), callbacks=callbacks, name=run_name, progress=progress, keep_open=left > 0
         ).wait()

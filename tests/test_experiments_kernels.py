@@ -1,0 +1,35 @@
+"""Notebooks run headless on encrypted kernels: no "without encryption" warning."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import nbformat
+import papermill
+import tomllib
+from notebooks_run import NOTEBOOKS  # registers the "rapydli" engine
+
+ROOT = NOTEBOOKS.parent
+
+
+def _tiny(path: Path) -> Path:
+    nb = nbformat.v4.new_notebook()
+    nb.cells.append(nbformat.v4.new_code_cell("print(6 * 7)"))
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, path)
+    return path
+
+
+def test_the_rapydli_engine_runs_an_encrypted_quiet_kernel(tmp_path: Path, capfd) -> None:
+    out = tmp_path / "out.ipynb"
+    papermill.execute_notebook(str(_tiny(tmp_path / "in.ipynb")), str(out), engine_name="rapydli", progress_bar=False)
+    printed = capfd.readouterr()
+    assert "without encryption" not in printed.out + printed.err
+    cell = nbformat.read(out, as_version=4).cells[0]
+    assert cell.outputs[0]["text"] == "42\n"
+
+
+def test_make_demo_uses_the_registered_engine() -> None:
+    entry_points = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"]["papermill.engine"]
+    assert entry_points["rapydli"] == "rapydli.experiments.kernels:RapydliEngine"
+    assert "papermill --engine rapydli" in (ROOT / "Makefile").read_text()

@@ -1,0 +1,130 @@
+"""Ctrl-C in ``rd.train`` during its set-up: the cluster start, shipping the task, autotuning.
+
+Ctrl-C is a real SIGINT to the test's main thread (as a kernel interrupt is), sent from a
+thread that watches for the phase to begin. Each run must end with ``KeyboardInterrupt``
+long before it could have trained to its end, be recorded ``interrupted``, and leave no
+process of a cluster it started.
+"""
+
+from __future__ import annotations
+
+import functools
+import signal
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from interrupt_cases import InterruptWhenShipped, built_then_tell
+from processes import session_cluster_pids, wait_until_gone
+
+import rapydli as rd
+from rapydli.cluster import current
+from rapydli.experiments.store import open_store
+from rapydli.zoo import datasets  # noqa: F401 - imported before any interrupt can land in the import
+
+pytestmark = pytest.mark.engines
+
+#: ignored, these runs take minutes (thousands of steps; autotuning alone takes tens of seconds)
+BOUND_S = 15.0
+LONG = {"epochs": 50, "max_steps": 5000, "batch_size": 16, "allreduce": "mpi", "workers": 2}
+
+
+def _interrupt_when(condition: Callable[[], bool]) -> dict[str, float]:
+    """SIGINT to the main thread once ``condition()`` holds; returns ``{"at": monotonic time}``."""
+    sent: dict[str, float] = {}
+    main = threading.main_thread().ident or 0
+
+    def watch() -> None:
+        deadline = time.monotonic() + 300
+        while not condition() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        sent["at"] = time.monotonic()
+        signal.pthread_kill(main, signal.SIGINT)
+
+    threading.Thread(target=watch, daemon=True).start()
+    return sent
+
+
+def _last_run() -> dict:
+    runs, _ = open_store().list_runs(kind="train", limit=1)
+    return runs[0]
+
+
+def _interrupted(train: Callable[[], object], sent: dict[str, float]) -> float:
+    """Run ``train``; it must raise KeyboardInterrupt; seconds from the SIGINT to the raise."""
+    with pytest.raises(KeyboardInterrupt):
+        train()
+    assert "at" in sent, "the run ended by itself before the phase was reached"
+    return time.monotonic() - sent["at"]
+
+
+@pytest.fixture
+def running():
+    """A running 2-engine cluster (restarted when a test left it dead)."""
+    cluster = current() or rd.Cluster(n=2)
+    if not cluster.running:
+        cluster.restart() if cluster.status()["state"] == "dead" else cluster.start()
+    return cluster
+
+
+def _engine_processes() -> bool:
+    return any("ipyparallel.engine" in " ".join(_cmdline(pid)) for pid in session_cluster_pids())
+
+
+def _cmdline(pid: int) -> list[str]:
+    import psutil
+
+    try:
+        return psutil.Process(pid).cmdline()
+    except psutil.Error:
+        return []
+
+
+@pytest.mark.parametrize("phase", ["controller", "engines"])
+def test_ctrl_c_while_the_cluster_starts(phase: str) -> None:
+    assert current() is None and not session_cluster_pids()
+    condition = (lambda: bool(session_cluster_pids())) if phase == "controller" else _engine_processes
+    sent = _interrupt_when(condition)
+    took = _interrupted(lambda: rd.train("rapydli.zoo.models:mlp", "rapydli.zoo.datasets:digits", LONG, progress=False), sent)
+    print(f"TOOK {took:.2f} s")
+    assert took < BOUND_S
+    run = _last_run()
+    assert run["status"] == "interrupted", run
+    assert not wait_until_gone(), "an interrupted start left processes behind"
+
+
+def test_ctrl_c_while_the_task_is_shipped(running) -> None:
+    sent = {"at": 0.0}
+
+    def train() -> None:
+        sent["at"] = time.monotonic()  # the SIGINT comes from the pickling, within this call
+        rd.train(InterruptWhenShipped(nth=2), "rapydli.zoo.datasets:digits", LONG, cluster=running, progress=False)
+
+    took = _interrupted(train, sent)
+    print(f"TOOK {took:.2f} s")
+    assert took < BOUND_S
+    assert _last_run()["status"] == "interrupted"
+    # rank 0 had its task and waited for rank 1 in its first collective: it must not be left
+    # there (or training): either it was interrupted, or the cluster was aborted
+    if running.running:
+        assert running.run(lambda: 1, timeout=10) == [1, 1]
+    else:
+        assert running.status()["state"] == "dead"
+
+
+def test_ctrl_c_while_rank_0_autotunes(running, tmp_path: Path) -> None:
+    flag = tmp_path / "built"
+    sent = _interrupt_when(flag.exists)
+    config = {**LONG, "autotune": True}
+    model_fn = functools.partial(built_then_tell, str(flag))
+    took = _interrupted(lambda: rd.train(model_fn, "rapydli.zoo.datasets:digits", config, cluster=running, progress=False), sent)
+    print(f"TOOK {took:.2f} s")
+    assert took < BOUND_S
+    assert _last_run()["status"] == "interrupted"
+
+
+def test_no_process_left_after_the_interrupts(running) -> None:
+    running.stop()
+    assert not wait_until_gone()
