@@ -108,6 +108,7 @@ class TrainingJob:
         self.progress = progress
         self._bar: Any = None
         self.stop_requested_at: float | None = None
+        self._stop_status: str | None = None
         self.started = time.monotonic()
         self.ended: float | None = None
         self.store = open_store() if record else None
@@ -192,10 +193,16 @@ class TrainingJob:
             raise
         return self
 
-    def request_stop(self) -> None:
-        """Ask every rank to stop after its current step (cooperative, see ``Job.request_stop``)."""
+    def request_stop(self, status: str | None = None) -> None:
+        """Ask every rank to stop after its current step (cooperative, see ``Job.request_stop``).
+
+        ``status`` is what the store records when the run then ends without failing (a
+        sweep passes ``"pruned"``); by default ``interrupted`` if it stopped early, else
+        ``finished``. Only the first request counts.
+        """
         if self.state == "running" and self.stop_requested_at is None:
             self.stop_requested_at = time.monotonic()
+            self._stop_status = status
             self.job.request_stop()
 
     def interrupt(self) -> None:
@@ -209,6 +216,8 @@ class TrainingJob:
             self._bar.close()
         if self.store is not None and self.run_id is not None:
             status = {"finished": "finished", "stopped": "interrupted", "failed": "failed"}[state]
+            if state != "failed" and self._stop_status is not None:
+                status = self._stop_status
             self.store.finish_run(self.run_id, status, error or ("stopped on request" if state == "stopped" else None))
 
     # -- what it produced ---------------------------------------------------------------------
