@@ -191,8 +191,11 @@ def _display(content: dict[str, Any]) -> None:
 
 
 def load_ipython_extension(ipython: Any) -> None:
-    """Register the magics with ``ipython``."""
+    """Register the magics with ``ipython``; figures shown from now on also carry static HTML."""
+    from rapydli.notebook import static_figures
+
     ipython.register_magics(RapydliMagics)
+    static_figures()
 
 
 def unload_ipython_extension(ipython: Any) -> None:

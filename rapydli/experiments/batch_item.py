@@ -22,6 +22,7 @@ from typing import Any
 
 from rapydli.experiments import store as store_mod
 from rapydli.experiments.batchspec import kernel_for, read_notebook
+from rapydli.experiments.figures import STATIC_RENDERERS
 from rapydli.settings import NOTEBOOK_DIR
 
 
@@ -37,6 +38,9 @@ def run_item(spec: dict[str, Any]) -> dict[str, Any]:
     extra_path = spec["notebook_dir"]
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (extra_path, os.environ.get("PYTHONPATH")) if p)
     os.environ[NOTEBOOK_DIR] = extra_path
+    # figures in the executed notebook also carry self-contained HTML (plotly.js inlined once),
+    # so it reads outside JupyterLab; a renderer the user set is kept
+    os.environ.setdefault("PLOTLY_RENDERER", STATIC_RENDERERS)
     Path(spec["cwd"]).mkdir(parents=True, exist_ok=True)
     started = time.time()
     result: dict[str, Any] = {"status": "finished", "error": None, "failing_cell": None}

@@ -55,7 +55,9 @@ class TrainingJob:
         Called with every metric row from rank 0, and every ``kind="rank"`` timing row of
         the other ranks, as they arrive (in the polling thread).
     progress
-        Show a tqdm progress bar driven by rank 0's steps.
+        Show a progress bar driven by rank 0's steps: ``True`` for ``tqdm.auto``'s, or a
+        callable called like ``tqdm(total=, initial=, desc=, unit=)`` that returns the bar
+        (the notebook front door passes one whose saved output is its final state).
     kind, name, parent, extra_params
         How the run is recorded in the store (``kind`` ``train`` or ``trial``; ``parent``:
         the sweep's id); nothing is recorded when the store is off or ``record`` is False.
@@ -91,7 +93,7 @@ class TrainingJob:
         parent: str | None = None,
         extra_params: dict[str, Any] | None = None,
         record: bool = True,
-        progress: bool = False,
+        progress: bool | Callable[..., Any] = False,
     ) -> None:
         from rapydli.experiments.store import open_store
 
@@ -133,7 +135,8 @@ class TrainingJob:
         if kind == "start" and self.progress:
             from tqdm.auto import tqdm
 
-            self._bar = tqdm(total=payload["total_steps"], initial=payload["start_step"], desc="train", unit="step")
+            make = self.progress if callable(self.progress) else tqdm
+            self._bar = make(total=payload["total_steps"], initial=payload["start_step"], desc="train", unit="step")
             return
         if kind == "rank_timings":  # other ranks' step timings: to the callbacks (per-rank plots), not the history
             self.rank_rows.append(payload)
