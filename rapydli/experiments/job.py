@@ -221,7 +221,7 @@ class TrainingJob:
             status = {"finished": "finished", "stopped": "interrupted", "failed": "failed"}[state]
             if state != "failed" and self._stop_status is not None:
                 status = self._stop_status
-            self.store.finish_run(self.run_id, status, error or ("stopped on request" if state == "stopped" else None))
+            self.store.finish_run(self.run_id, status, error or ("stopped on request" if status == "interrupted" else None))
 
     # -- what it produced ---------------------------------------------------------------------
     @property

@@ -241,8 +241,8 @@ class Sweep:
                 self.cluster.stop()
             result = self.result()
             if store is not None and self.run_id is not None:
-                told = [r for r in self.records if r.state in ("COMPLETE", "PRUNED") and r.value is not None]
-                store.log_metrics(self.run_id, [(r.trial.number, self.metric, r.value) for r in told])
+                told = [(r.trial.number, self.metric, v) for r in self.records if r.state in ("COMPLETE", "PRUNED") and (v := r.value) is not None]
+                store.log_metrics(self.run_id, told)
                 store.add_record(self.run_id, "best_params", "json", result.best_params)
                 if result.best_value is not None:  # the sweep's value (its final metric): the best trial's
                     store.add_record(self.run_id, self.metric, "scalar", result.best_value)
