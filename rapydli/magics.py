@@ -21,10 +21,23 @@ from rapydli.cluster.job import print_output
 from rapydli.errors import ConfigError
 
 
+def _strip_comment(line: str) -> str:
+    """``line`` without a trailing ``# comment``: a ``#`` outside quotes, at the start or after a space."""
+    quote = ""
+    for index, char in enumerate(line):
+        if quote:
+            quote = "" if char == quote else quote
+        elif char in "\"'":
+            quote = char
+        elif char == "#" and (index == 0 or line[index - 1].isspace()):
+            return line[:index].rstrip()
+    return line
+
+
 def _parse(magic: Any, line: str) -> Any:
-    """``parse_argstring`` whose errors carry the magic's usage (and run nothing)."""
+    """``parse_argstring`` (after a trailing comment is dropped) whose errors carry the magic's usage (and run nothing)."""
     try:
-        return parse_argstring(magic, line)
+        return parse_argstring(magic, _strip_comment(line))
     except UsageError as exc:
         raise UsageError(f"{exc}\n{magic.parser.format_usage()}") from None
 
@@ -207,8 +220,11 @@ def _display(content: dict[str, Any]) -> None:
 
 
 def load_ipython_extension(ipython: Any) -> None:
-    """Register the magics with ``ipython``."""
+    """Register the magics with ``ipython``; figures shown from now on also carry static HTML."""
+    from rapydli.notebook import static_figures
+
     ipython.register_magics(RapydliMagics)
+    static_figures()
 
 
 def unload_ipython_extension(ipython: Any) -> None:

@@ -8,6 +8,13 @@ view or a live scaling plot, each left in the cell's output as a static figure w
 call ends; elsewhere nothing but the progress bar. ``rd.record`` shows a recorded value as
 an output of the running cell, so the executed notebook carries it.
 
+A saved notebook is read outside JupyterLab too (nbconvert to HTML, other viewers), where
+neither widgets nor plotly's own MIME type are drawn. So once the front door is used in a
+kernel (``%load_ext rapydli``, ``rd.train``, ...), every plotly figure shown there also
+carries self-contained HTML, with plotly.js inlined once per kernel
+(:func:`static_figures`), and the progress bar's saved text is its final state
+(:class:`rapydli.widgets.progress.NotebookProgress`).
+
 Examples
 --------
 >>> import rapydli as rd  # doctest: +SKIP
@@ -62,16 +69,67 @@ def display_live(widget: Any, text: str = "(live plot: shown while the cell runs
         return None
     from IPython.display import display
 
+    static_figures()
     return display(_WidgetOutput(widget, text), display_id=True)
+
+
+def static_figures() -> None:
+    """Make the plotly figures this kernel shows readable outside JupyterLab.
+
+    Switches plotly's default renderer to
+    :data:`~rapydli.experiments.figures.STATIC_RENDERERS` when it is plotly's own
+    kernel default (``plotly_mimetype``); a renderer the user chose (or ``PLOTLY_RENDERER``)
+    is kept. Then plotly.js goes into the running cell's output, once per kernel, now:
+    before any live display, whose final figure (drawn later in an earlier output) needs
+    it loaded first. Nothing happens outside a kernel.
+    """
+    if not in_kernel():
+        return
+    import plotly.io as pio
+
+    from rapydli.experiments.figures import STATIC_RENDERERS
+
+    if pio.renderers.default == "plotly_mimetype":
+        pio.renderers.default = STATIC_RENDERERS
+    pio.renderers._activate_pending_renderers()  # what plotly does at the first show(); a no-op after
+
+
+def figure_bundle(figure: Any) -> dict[str, Any]:
+    """The MIME bundle a plotly figure (or its dict) leaves in a notebook's output.
+
+    After :func:`static_figures`: plotly's JSON and self-contained HTML (the first figure
+    of the kernel also puts plotly.js into the running cell's output).
+    """
+    import plotly.graph_objects as go
+    import plotly.io as pio
+
+    static_figures()
+    fig_dict = (figure if isinstance(figure, go.Figure) else go.Figure(figure)).to_dict()
+    # what plotly.io.show builds (``Figure._repr_mimebundle_`` would activate the renderers
+    # again, inlining plotly.js once more on every call)
+    bundle: dict[str, Any] = pio.renderers._build_mime_bundle(fig_dict)
+    return bundle or pio.renderers["plotly_mimetype"].to_mimebundle(fig_dict)
 
 
 def replace_with_figure(handle: Any, figure: Any) -> None:
     """Replace a live display with a static plotly figure (kept in a saved notebook, e.g. by papermill).
 
     Plotly figures display themselves through ``_ipython_display_``, which ignores display
-    ids, so the handle is updated with the figure's MIME bundle instead.
+    ids, so the handle is updated with :func:`figure_bundle` instead.
     """
-    handle.update(figure._repr_mimebundle_(), raw=True)
+    handle.update(figure_bundle(figure), raw=True)
+
+
+def progress_bar(**kwargs: Any) -> Any:
+    """The progress bar of ``rd.train``: in a kernel, tqdm's widget whose saved text is its
+    final state; elsewhere tqdm's text bar. Arguments as for ``tqdm``."""
+    if in_kernel():
+        from rapydli.widgets.progress import NotebookProgress
+
+        return NotebookProgress(**kwargs)
+    from tqdm import tqdm
+
+    return tqdm(**kwargs)
 
 
 def train(
@@ -101,6 +159,7 @@ def train(
     from rapydli.experiments.refs import resolve_callable
     from rapydli.experiments.run import run_training
 
+    static_figures()
     plot = None
     if _live(live):
         from rapydli.widgets.live import LivePlot
@@ -110,7 +169,8 @@ def train(
         plot.show()
         callbacks = (*callbacks, plot)
     try:
-        return run_training(model_fn, data_fn, config, cluster, callbacks=callbacks, progress=progress, name=name, restarts=restarts)
+        bar = progress_bar if progress else False
+        return run_training(model_fn, data_fn, config, cluster, callbacks=callbacks, progress=bar, name=name, restarts=restarts)
     finally:
         if plot is not None:
             plot.close()
@@ -142,6 +202,7 @@ def sweep(
     """
     from rapydli.experiments import sweep as sweeps
 
+    static_figures()
     view = None
     if _live(live):
         from rapydli.widgets.sweepview import SweepView
@@ -179,6 +240,7 @@ def scaling_study(
     """
     from rapydli.experiments.scaling import scaling_study as study
 
+    static_figures()
     on_point = None
     handle: Any = None
     if _live(live):
@@ -248,6 +310,6 @@ def _display(name: str, type_: str, encoded: Any) -> bool:
     payload = {"name": name, "type": type_, "value": encoded}
     bundle = {"text/plain": f"recorded {name} = {summary}", MIMETYPE: payload}
     if type_ == "figure":
-        bundle["application/vnd.plotly.v1+json"] = encoded
+        bundle.update({**figure_bundle(encoded), "text/plain": bundle["text/plain"]})
     display(bundle, raw=True, metadata={"rapydli": payload})
     return True

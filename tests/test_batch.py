@@ -86,8 +86,9 @@ def test_validation_refuses_before_running_anything(home: Path, kwargs: dict, me
 def test_float_parameter_accepts_ints_and_bad_notebooks_are_refused(home: Path, tmp_path: Path) -> None:
     checked = batchspec.validate([{"factor": 3, "x": 2}], batchspec.notebook_parameters(PARAMS_NB), "nb")
     assert checked == [{"factor": 3.0, "x": 2}] and isinstance(checked[0]["factor"], float)
-    with pytest.raises(ConfigError, match="has no cell tagged 'parameters'"):
-        rd.batch(NOTEBOOKS / "no_parameters.ipynb", {"x": [1]})
+    # no parameters cell: nothing to check against (papermill injects the values at the top)
+    assert batchspec.notebook_parameters(NOTEBOOKS / "no_parameters.ipynb") is None
+    assert batchspec.validate([{"anything": "goes"}], None, "nb") == [{"anything": "goes"}]
     with pytest.raises(ConfigError, match="does not exist"):
         rd.batch(tmp_path / "nope.ipynb", {"x": [1]})
     broken = tmp_path / "broken.ipynb"
@@ -195,3 +196,76 @@ def test_changed_notebook_is_not_resumed_and_retry_timeout(home: Path, tmp_path:
     record = json.loads((tmp_path / "out" / "params" / f"{slow.loc[0, 'item']}.json").read_text())
     assert record["status"] == "failed" and record["parameters"] == {"sleep": 120.0}
     assert slow["run_id"].isna().all() and not (home / "runs.db").exists()
+
+
+def _bare_notebook(path: Path, *cells: str, parameters: str | None = None) -> Path:
+    """A notebook as nbformat, jupytext or an editor writes it: no kernelspec, no language_info."""
+    import nbformat
+
+    nb = nbformat.v4.new_notebook()
+    if parameters is not None:
+        nb.cells.append(nbformat.v4.new_code_cell(parameters, metadata={"tags": ["parameters"]}))
+    nb.cells.extend(nbformat.v4.new_code_cell(source) for source in cells)
+    assert "kernelspec" not in nb.metadata and "language_info" not in nb.metadata
+    nbformat.write(nb, path)
+    return path
+
+
+def test_kernel_for_a_notebook_without_kernel_metadata(tmp_path: Path) -> None:
+    import nbformat
+    from jupyter_client.kernelspec import NATIVE_KERNEL_NAME
+
+    bare = nbformat.read(_bare_notebook(tmp_path / "bare.ipynb", "x = 1"), 4)
+    assert batchspec.kernel_for(bare) == (NATIVE_KERNEL_NAME, "python")
+    assert batchspec.kernel_for(nbformat.read(PARAMS_NB, 4)) == ("python3", "python")
+    params = batchspec.notebook_parameters(_bare_notebook(tmp_path / "p.ipynb", "y = x", parameters="x = 1\nlr = 0.1"))
+    assert {k: v["type"] for k, v in params.items()} == {"x": "int", "lr": "float"}
+
+
+@pytest.mark.notebook
+def test_a_bare_notebook_without_kernel_metadata_or_parameters_cell_runs(home: Path, tmp_path: Path) -> None:
+    import nbformat
+
+    path = _bare_notebook(tmp_path / "bare.ipynb", "import sys\nimport rapydli as rd\nrd.record('y', x * 3)\nrd.record('python', sys.executable)")
+    summary = rd.batch(path, {"x": [1, 2]}, out="out", progress=False)
+    assert list(summary["status"]) == ["finished", "finished"], summary["error"].tolist()
+    rows = summary.set_index("x")
+    assert rows.loc[1, "y"] == 3 and rows.loc[2, "y"] == 6
+    import sys
+
+    assert rows.loc[1, "python"] == sys.executable  # this environment's Python kernel
+    executed = nbformat.read(rows.loc[2, "output"], 4)
+    assert "injected-parameters" in executed.cells[0].metadata.tags and "x = 2" in executed.cells[0].source
+
+
+@pytest.mark.notebook
+def test_report_axes_and_a_skipped_rerun_adds_no_batch_record(home: Path, tmp_path: Path) -> None:
+    from rapydli.experiments import batchreport
+    from rapydli.experiments.batch import plan_batch
+
+    grid = {"factor": [0.01, 0.1], "x": [1, 2]}
+    first = rd.batch(PARAMS_NB, grid, out="out", parallel=2, progress=False)
+    assert (first["status"] == "finished").all()
+    store = store_mod.open_store()
+    before = store.list_runs(kind="batch")[1]
+    assert before == 1 + 4
+
+    again = rd.batch(PARAMS_NB, grid, out="out", parallel=2, progress=False)  # every item skipped
+    assert again["resumed"].all() and list(again["run_id"]) == list(first["run_id"])
+    assert store.list_runs(kind="batch")[1] == before and again.attrs["batch_id"] is None
+
+    figs = {fig.layout.title.text: fig for fig in batchreport.figures(again, plan_batch(PARAMS_NB, grid, out="out"))}
+    assert figs["y vs factor"].layout.xaxis.type == "log"  # a log-spaced grid (0.01, 0.1)
+    assert list(figs["y vs x"].layout.xaxis.tickvals) == [1, 2] and figs["y vs x"].layout.xaxis.type != "log"
+
+
+def test_axis_style_log_spaced_and_integer_grids() -> None:
+    from rapydli.experiments.batchreport import axis_style
+
+    assert axis_style([0.1, 0.01]) == {"type": "log"}
+    assert axis_style([1e-3, 1e-2, 1e-1])["type"] == "log"
+    workers = axis_style([1, 2, 4, 8, 16])
+    assert workers["type"] == "log" and workers["tickvals"] == [1, 2, 4, 8, 16]
+    assert axis_style([2, 1]) == {"tickmode": "array", "tickvals": [1, 2], "ticktext": ["1", "2"]}
+    assert axis_style([0.05, 0.1]) == {} and axis_style(["adam", "sgd"]) == {}
+    assert "type" not in axis_style(list(range(1, 12)))  # evenly spaced: linear

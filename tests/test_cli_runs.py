@@ -51,8 +51,9 @@ def test_list_filters_and_json(two_runs: tuple[str, str], store: store_mod.RunSt
     assert b in out and a not in out
     out = invoke("runs", "list", "--kind", "train", "-n", "1")
     assert b in out and a not in out and "(1 of 2 runs" in out
-    rows = [json.loads(line) for line in invoke("runs", "list", "--json").splitlines()]
+    rows = json.loads(invoke("runs", "list", "--json"))  # one JSON array, not JSON lines
     assert [r["id"] for r in rows] == [sweep, b, a] and rows[2]["started"].endswith("Z")
+    assert json.loads(invoke("runs", "list", "--json", "--kind", "tune")) == []
 
 
 def test_show_prints_params_metrics_and_error(two_runs: tuple[str, str]) -> None:

@@ -234,3 +234,12 @@ def test_start_with_no_engines_is_refused_and_starts_nothing(n):
     with pytest.raises(UsageError, match=f"-n {n} is invalid: must be >= 1"):
         magics.rapydli(f"start -n {n}")
     assert magics._cluster is None
+
+
+def test_a_trailing_comment_is_not_an_argument():
+    """The README writes `%rapydli start -n 2   # 2 MPI engines ...`; the comment is Python's, not the magic's."""
+    from rapydli.magics import _strip_comment
+
+    assert _strip_comment("start -n 2                  # 2 MPI engines (one MPI rank each)") == "start -n 2"
+    assert _strip_comment("# only a comment") == ""
+    assert _strip_comment("start -n 2 --launcher ssh hosts=a#1 note='x # y'") == "start -n 2 --launcher ssh hosts=a#1 note='x # y'"

@@ -22,3 +22,7 @@ def test_quickstart_runs(tmp_path, capfd):
     assert len(runs) >= 1 and runs.iloc[0]["status"] == "finished" and runs.iloc[0]["world_size"] == 2
     figures = executed.figures
     assert len(figures) == 2  # the hand-written loop's curves, then rd.train's loss
+    # readable outside JupyterLab (as make demo's outputs/01-quickstart.ipynb): self-contained
+    # HTML beside plotly's JSON, plotly.js inlined once (by %load_ext rapydli)
+    assert all("Plotly.newPlot" in figure["data"]["text/html"] for figure in figures)
+    assert sum("* plotly.js v" in o.get("data", {}).get("text/html", "") for o in executed.outputs) == 1

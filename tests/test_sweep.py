@@ -61,8 +61,22 @@ def test_sweep_runs_two_at_a_time_prunes_a_bad_trial_and_survives_a_failing_one(
     assert all(c["kind"] == "trial" and c["parent"] == result.run_id for c in children)
     a, b = children[0], children[1]
     assert a["started"] < b["ended"] and b["started"] < a["ended"]  # trials 0 and 1 ran at the same time
-    assert children[3]["status"] == "interrupted" and children[2]["status"] == "failed"
+    assert children[3]["status"] == "pruned" and children[2]["status"] == "failed"
     assert store.records(children[3]["id"])["trial_state"]["value"] == "PRUNED"
+    assert store.list_runs(parent=result.run_id, status="pruned")[1] == (table["state"] == "PRUNED").sum()
+
+    # the sweep's "best" is the best trial's value, the one Optuna was told, everywhere it is shown
+    told = {t.number: t.value for t in result.study.trials}
+    for number, row in table.iterrows():
+        if row["state"] in ("COMPLETE", "PRUNED"):
+            assert row["value"] == pytest.approx(told[number])
+    assert result.best_value == pytest.approx(result.study.best_value) == pytest.approx(complete["value"].min())
+    assert result.best_trial == result.study.best_trial.number
+    running_best = complete["value"].cummin().reindex(table.index).ffill()
+    assert list(table["best"].dropna()) == pytest.approx(list(running_best.dropna()))
+    assert table["best"].iloc[-1] == pytest.approx(result.study.best_value)
+    final = store.final_metrics(result.run_id)  # what the panel and `runs list` show as the sweep's value
+    assert final["val_loss"] == pytest.approx(result.study.best_value) and final["best_trial"] == result.best_trial
     names = [trace.name for trace in result.figure.data]
     assert "complete" in names and "pruned" in names and any(t.type == "parcoords" for t in result.figure.data)
 

@@ -34,8 +34,9 @@ def batch(notebook: str, axes: tuple[str, ...], grid: tuple[str, ...], params_fi
     """Run NOTEBOOK once per point of a parameter grid with papermill.
 
     Grid axes are given with --grid KEY=V1,V2 or as plain KEY=V1,V2 arguments after the
-    notebook (so `--grid lr=0.1,0.01 workers=1,2` names two axes). Every key is checked against the notebook's `parameters` cell (and every value
-    against the default's type) before anything runs. Items already finished with the
+    notebook (so `--grid lr=0.1,0.01 workers=1,2` names two axes). When the notebook has a `parameters` cell, every key is checked against it (and every value
+    against the default's type) before anything runs; without one, the parameters are injected at the top.
+    A notebook with no kernel metadata runs with this environment's Python kernel. Items already finished with the
     same parameters and notebook source are skipped. Exit status 1 when an item failed.
 
     \b

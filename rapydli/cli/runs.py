@@ -31,7 +31,7 @@ def runs() -> None:
 @click.option("--status", type=click.Choice(STATUSES), default=None, help="Only runs with this status.")
 @click.option("--parent", default=None, help="Only children of this run (a sweep's trials, a batch's items).")
 @click.option("--limit", "-n", type=click.IntRange(min=1), default=20, show_default=True, help="Newest N runs.")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON lines instead of a table.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON array of the runs instead of a table.")
 def list_runs(kind: str | None, status: str | None, parent: str | None, limit: int, as_json: bool) -> None:
     """List runs, newest first."""
     from rapydli.experiments.runview import iso_times
@@ -41,8 +41,7 @@ def list_runs(kind: str | None, status: str | None, parent: str | None, limit: i
         parent = store.resolve(parent)
     rows, total = store.list_runs(kind=kind, status=status, limit=limit, parent=parent)
     if as_json:
-        for row in rows:
-            click.echo(json.dumps(iso_times(row), sort_keys=True, default=str))
+        click.echo(json.dumps([iso_times(row) for row in rows], sort_keys=True, default=str, indent=1))
         return
     if not rows:
         click.echo("no runs recorded" + (" matching the filters" if kind or status or parent else ""))

@@ -12,7 +12,7 @@ once) with its own working directory. Results land in ``out``::
 
 Re-running the same batch skips items already finished with the same parameters and
 the same notebook source. Each item and the batch are runs in the store (kind ``batch``;
-items have the batch as parent).
+items have the batch as parent); a re-run that skips every item records nothing new.
 """
 
 from __future__ import annotations
@@ -70,7 +70,8 @@ def batch(
     Parameters
     ----------
     notebook
-        The notebook; it needs a cell tagged ``parameters``.
+        The notebook. Keys are checked against its cell tagged ``parameters`` when it has
+        one; without one, papermill injects the parameters at the top.
     grid
         ``{"lr": [0.1, 0.01], "workers": [1, 2]}`` (a non-list value is fixed) or the
         command-line form ``["lr=0.1,0.01", "workers=1,2"]``; expanded as a cartesian product.
@@ -83,7 +84,8 @@ def batch(
     out
         Output folder (see the module docstring).
     kernel
-        Jupyter kernel name; default the notebook's own kernelspec.
+        Jupyter kernel name; default the notebook's own kernelspec, else this
+        environment's Python kernel (a notebook with no kernel metadata).
     timeout
         Seconds an item may run before it (and every process it started) is killed.
     retry
@@ -103,8 +105,8 @@ def batch(
     Raises
     ------
     ConfigError
-        Before anything runs: unknown parameter, wrong value type, missing parameters
-        cell, unreadable notebook or params file, bad option value.
+        Before anything runs: unknown parameter, wrong value type, unreadable notebook or
+        params file, bad option value.
 
     Examples
     --------
@@ -144,7 +146,7 @@ def plan_batch(
     """Expand and validate a batch without running anything (see :func:`batch`)."""
     _check_options(parallel, timeout, retry, kernel)
     path = Path(notebook).resolve()
-    params = batchspec.notebook_parameters(path)
+    params = batchspec.notebook_parameters(path, kernel)
     if grid is None:
         axes: dict[str, list[Any]] = {}
     elif isinstance(grid, Mapping):
@@ -217,9 +219,16 @@ def run_plan(
     from rapydli.experiments import batchreport
 
     _check_options(parallel, timeout, retry, kernel)
+    pending = []
+    for item in plan.items:
+        previous = None if force else _finished_before(item, plan.notebook_hash)
+        if previous is not None:
+            item.outcome = {**previous, "resumed": True}
+        else:
+            pending.append(item)
     store = store_mod.open_store()
     batch_id = None
-    if store is not None:
+    if store is not None and pending:  # a re-run that skips every item adds no batch record
         batch_id = store.create_run(
             "batch",
             plan.notebook.stem,
@@ -236,13 +245,6 @@ def run_plan(
             },
             parent=None,
         )
-    pending = []
-    for item in plan.items:
-        previous = None if force else _finished_before(item, plan.notebook_hash)
-        if previous is not None:
-            item.outcome = {**previous, "resumed": True}
-        else:
-            pending.append(item)
     runner = _Runner(plan, store, batch_id, kernel=kernel, timeout=timeout, retry=retry, parallel=parallel)
     try:
         runner.run(pending, progress=progress)

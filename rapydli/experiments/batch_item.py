@@ -1,7 +1,9 @@
 """One batch item, in its own process: ``python -m rapydli.experiments.batch_item SPEC.json``.
 
 The spec (written by :mod:`rapydli.experiments.batch`) names the notebook, its output,
-the parameters, the kernel, the working directory and the item's run id. The notebook runs
+the parameters, the kernel (``None``: the notebook's, else this environment's Python
+kernel, see :func:`~rapydli.experiments.batchspec.kernel_for`), the working directory and
+the item's run id. The notebook runs
 through papermill with that working directory; the kernel finds the item's run id in
 ``RAPYDLI_BATCH_ITEM`` (for ``rd.record``) and ``RAPYDLI_PARENT_RUN`` (so ``rd.train``
 runs inside it hang under the item). The outcome goes to the run store and to the
@@ -19,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from rapydli.experiments import store as store_mod
+from rapydli.experiments.batchspec import kernel_for, read_notebook
+from rapydli.experiments.figures import STATIC_RENDERERS
 from rapydli.settings import NOTEBOOK_DIR
 
 
@@ -34,15 +38,20 @@ def run_item(spec: dict[str, Any]) -> dict[str, Any]:
     extra_path = spec["notebook_dir"]
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (extra_path, os.environ.get("PYTHONPATH")) if p)
     os.environ[NOTEBOOK_DIR] = extra_path
+    # figures in the executed notebook also carry self-contained HTML (plotly.js inlined once),
+    # so it reads outside JupyterLab; a renderer the user set is kept
+    os.environ.setdefault("PLOTLY_RENDERER", STATIC_RENDERERS)
     Path(spec["cwd"]).mkdir(parents=True, exist_ok=True)
     started = time.time()
     result: dict[str, Any] = {"status": "finished", "error": None, "failing_cell": None}
     try:
+        kernel, language = kernel_for(read_notebook(spec["notebook"]), spec.get("kernel"))
         papermill.execute_notebook(
             spec["notebook"],
             spec["output"],
             parameters=spec["parameters"],
-            kernel_name=spec.get("kernel"),
+            kernel_name=kernel,
+            language=language,
             cwd=spec["cwd"],
             progress_bar=False,
             log_output=False,

@@ -81,6 +81,7 @@ def figures(summary: pd.DataFrame, plan: Plan) -> list[Any]:
                 fig.add_trace(go.Scatter(x=[str(v) if not _numeric(v) else v for v in group[param]], y=group[metric],
                                          mode="lines+markers", name=label or metric))  # fmt: skip
             fig.update_layout(title=f"{metric} vs {param}", xaxis_title=param, yaxis_title=metric, height=380)
+            fig.update_xaxes(**axis_style(list(done[param])))
             figs.append(fig)
     if "workers" in plan.varied:
         figs.extend(_speedup_figures(done, plan, metrics))
@@ -115,8 +116,29 @@ def _speedup_figures(done: pd.DataFrame, plan: Plan, metrics: list[str]) -> list
                                  line={"dash": "dash", "color": "gray"}))  # fmt: skip
         fig.update_layout(title=f"speedup from {metric} vs workers", xaxis_title="workers",
                           yaxis_title="speedup", height=380)  # fmt: skip
+        fig.update_xaxes(**axis_style(ideal))
         figs.append(fig)
     return figs
+
+
+def axis_style(values: list[Any]) -> dict[str, Any]:
+    """Plotly x-axis settings for a parameter's values.
+
+    Log scale for a log-spaced grid: positive values spanning at least a factor of 10,
+    two of them (``lr=0.1,0.01``) or with uneven linear steps (``1e-3,1e-2,1e-1``,
+    ``workers=1,2,4,8,16``). Ticks at exactly the values when they are all integers (worker
+    counts: no ``1.5`` tick). Categorical (non-numeric) values keep plotly's defaults.
+    """
+    if not values or not all(_numeric(v) for v in values):
+        return {}
+    numbers_ = sorted({float(v) for v in values})
+    style: dict[str, Any] = {}
+    steps = [b - a for a, b in zip(numbers_, numbers_[1:])]
+    if numbers_[0] > 0 and numbers_[-1] / numbers_[0] >= 10 and (len(steps) == 1 or max(steps) > 2 * min(steps)):
+        style["type"] = "log"
+    if all(v.is_integer() for v in numbers_):
+        style.update(tickmode="array", tickvals=[int(v) for v in numbers_], ticktext=[str(int(v)) for v in numbers_])
+    return style
 
 
 def _groups(frame: pd.DataFrame, keys: list[str]) -> list[tuple[str, pd.DataFrame]]:

@@ -123,20 +123,43 @@ def read_notebook(path: str | os.PathLike[str]) -> Any:
         raise ConfigError(f"notebook {path} is unreadable: {exc}") from exc
 
 
-def notebook_parameters(path: str | os.PathLike[str]) -> dict[str, dict[str, Any]]:
-    """The ``parameters`` cell's names with their default and expected type, via papermill.
+def kernel_for(nb: Any, kernel: str | None = None) -> tuple[str, str]:
+    """The kernel a notebook runs with and its language: ``(kernel name, language)``.
 
-    Returns ``{name: {"default": value or None, "type": "int"|"float"|...|None, "text": source}}``.
+    ``kernel`` if given, else the notebook's kernelspec, else this environment's Python
+    kernel (``python3``: jupyter_client runs it with the Python that runs the batch item),
+    so a notebook written by nbformat, jupytext or an editor, with no kernel metadata,
+    runs. The language is the notebook's, else the kernel's.
     """
-    nb = read_notebook(path)
-    if not any("parameters" in cell.get("metadata", {}).get("tags", []) for cell in nb.cells):
-        raise ConfigError(f"notebook {path} has no cell tagged 'parameters'; tag the cell that defines the defaults")
-    import papermill
+    from jupyter_client.kernelspec import NATIVE_KERNEL_NAME, KernelSpecManager, NoSuchKernel
 
-    found = papermill.inspect_notebook(str(path))
+    name = kernel or nb.metadata.get("kernelspec", {}).get("name") or NATIVE_KERNEL_NAME
+    language = nb.metadata.get("language_info", {}).get("name") or nb.metadata.get("kernelspec", {}).get("language")
+    if not language:
+        try:
+            language = KernelSpecManager().get_kernel_spec(name).language
+        except NoSuchKernel:
+            raise ConfigError(f"kernel {name!r} named by the notebook is not installed; pass --kernel") from None
+    return name, language
+
+
+def notebook_parameters(path: str | os.PathLike[str], kernel: str | None = None) -> dict[str, dict[str, Any]] | None:
+    """The ``parameters`` cell's names with their default and expected type, via papermill's translator.
+
+    Returns ``{name: {"default": value or None, "type": "int"|"float"|...|None, "text": source}}``,
+    or ``None`` when no cell is tagged ``parameters`` (papermill then injects the
+    parameters at the top of the notebook, and nothing can be checked).
+    """
+    from papermill.translators import papermill_translators
+
+    nb = read_notebook(path)
+    cells = [cell for cell in nb.cells if "parameters" in cell.get("metadata", {}).get("tags", [])]
+    if not cells:
+        return None
+    translator = papermill_translators.find_translator(*kernel_for(nb, kernel))
     params = {}
-    for name, info in found.items():
-        text = info.get("default")
+    for info in translator.inspect(cells[0]):
+        name, text = info.name, info.default
         try:
             default = ast.literal_eval(text) if text is not None else None
         except (ValueError, SyntaxError):
@@ -144,7 +167,7 @@ def notebook_parameters(path: str | os.PathLike[str]) -> dict[str, dict[str, Any
             kind = None
         else:
             kind = _type_name(default)
-        declared = (info.get("inferred_type_name") or "None").strip()
+        declared = (info.inferred_type_name or "None").strip()
         if declared in _TYPES:
             kind = declared
         params[name] = {"default": default, "type": kind, "text": text}
@@ -160,13 +183,16 @@ def _type_name(value: Any) -> str | None:
 
 
 def validate(
-    points: Sequence[Mapping[str, Any]], params: Mapping[str, Mapping[str, Any]], notebook: str
+    points: Sequence[Mapping[str, Any]], params: Mapping[str, Mapping[str, Any]] | None, notebook: str
 ) -> list[dict[str, Any]]:
     """Check every key is a parameter of the notebook and every value has its default's type.
 
     Returns the points with integers given for float parameters turned into floats (so
-    ``lr=1`` and ``lr=1.0`` are the same item).
+    ``lr=1`` and ``lr=1.0`` are the same item). With ``params`` ``None`` (the notebook has
+    no ``parameters`` cell) there is nothing to check against and the points are returned as given.
     """
+    if params is None:
+        return [dict(point) for point in points]
     checked = []
     for point in points:
         out = {}

@@ -14,6 +14,11 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from rapydli.experiments.perfmodel import RingModel
 
+#: plotly's renderers for figures left in a saved notebook: its MIME type (JupyterLab
+#: draws it) plus self-contained HTML (``notebook``: plotly.js inlined in the first output,
+#: once per kernel, and every later figure uses it), read by nbconvert and other viewers.
+STATIC_RENDERERS = "plotly_mimetype+notebook"
+
 
 def loss_figure(history: pd.DataFrame, title: str = "") -> Any:
     """A plotly figure: training loss per step and validation loss per evaluation."""

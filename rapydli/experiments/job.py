@@ -56,7 +56,9 @@ class TrainingJob:
         Called with every metric row from rank 0, and every ``kind="rank"`` timing row of
         the other ranks, as they arrive (in the polling thread).
     progress
-        Show a tqdm progress bar driven by rank 0's steps.
+        Show a progress bar driven by rank 0's steps: ``True`` for ``tqdm.auto``'s, or a
+        callable called like ``tqdm(total=, initial=, desc=, unit=)`` that returns the bar
+        (the notebook front door passes one whose saved output is its final state).
     kind, name, parent, extra_params
         How the run is recorded in the store (``kind`` ``train`` or ``trial``; ``parent``:
         the sweep's id); nothing is recorded when the store is off or ``record`` is False.
@@ -100,7 +102,7 @@ class TrainingJob:
         parent: str | None = None,
         extra_params: dict[str, Any] | None = None,
         record: bool = True,
-        progress: bool = False,
+        progress: bool | Callable[..., Any] = False,
         continues: str | None = None,
         keep_open: bool = False,
     ) -> None:
@@ -122,6 +124,7 @@ class TrainingJob:
         self.progress = progress
         self._bar: Any = None
         self.stop_requested_at: float | None = None
+        self._stop_status: str | None = None
         self.started = time.monotonic()
         self.ended: float | None = None
         self.store = open_store() if record else None
@@ -156,7 +159,8 @@ class TrainingJob:
         if kind == "start" and self.progress:
             from tqdm.auto import tqdm
 
-            self._bar = tqdm(total=payload["total_steps"], initial=payload["start_step"], desc="train", unit="step")
+            make = self.progress if callable(self.progress) else tqdm
+            self._bar = make(total=payload["total_steps"], initial=payload["start_step"], desc="train", unit="step")
             return
         if kind == "rank_timings":  # other ranks' step timings: to the callbacks (per-rank plots), not the history
             self.rank_rows.append(payload)
@@ -220,10 +224,16 @@ class TrainingJob:
             raise KeyboardInterrupt(f"{self.job.interrupt_summary()}; run {self.run_id} recorded as interrupted") from None
         return self
 
-    def request_stop(self) -> None:
-        """Ask every rank to stop after its current step (cooperative, see ``Job.request_stop``)."""
+    def request_stop(self, status: str | None = None) -> None:
+        """Ask every rank to stop after its current step (cooperative, see ``Job.request_stop``).
+
+        ``status`` is what the store records when the run then ends without failing (a
+        sweep passes ``"pruned"``); by default ``interrupted`` if it stopped early, else
+        ``finished``. Only the first request counts.
+        """
         if self.state == "running" and self.stop_requested_at is None:
             self.stop_requested_at = time.monotonic()
+            self._stop_status = status
             self.job.request_stop()
 
     def interrupt(self) -> None:
@@ -238,7 +248,9 @@ class TrainingJob:
         died = self.exception is not None and self.exception.died
         if self.store is not None and self.run_id is not None and not (self.keep_open and died):
             status = {"finished": "finished", "stopped": "interrupted", "failed": "failed"}[state]
-            self.store.finish_run(self.run_id, status, error or ("stopped on request" if state == "stopped" else None))
+            if state != "failed" and self._stop_status is not None:
+                status = self._stop_status
+            self.store.finish_run(self.run_id, status, error or ("stopped on request" if status == "interrupted" else None))
 
     # -- what it produced ---------------------------------------------------------------------
     @property

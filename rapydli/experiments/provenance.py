@@ -36,8 +36,16 @@ def process_alive(pid: int, started: float | None) -> bool:
         return False
 
 
+#: What :func:`git_commit` records for a run started outside any git checkout.
+NOT_A_REPOSITORY = "not a git repository"
+
+
 def git_commit(path: str | os.PathLike[str] | None = None) -> str | None:
-    """Commit of the git checkout containing ``path`` (default cwd), read from ``.git`` files."""
+    """Commit of the git checkout containing ``path`` (default cwd), read from ``.git`` files.
+
+    :data:`NOT_A_REPOSITORY` when no folder from ``path`` up holds a ``.git``; ``None`` when
+    the checkout's ``HEAD`` cannot be read or its branch has no commit yet.
+    """
     here = Path(path or os.getcwd()).resolve()
     for folder in (here, *here.parents):
         dotgit = folder / ".git"
@@ -51,7 +59,7 @@ def git_commit(path: str | os.PathLike[str] | None = None) -> str | None:
         else:
             continue
         return _read_head(gitdir)
-    return None
+    return NOT_A_REPOSITORY
 
 
 def _read_head(gitdir: Path) -> str | None:

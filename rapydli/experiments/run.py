@@ -76,7 +76,7 @@ def run_training(
     cluster: Cluster | None = None,
     *,
     callbacks: Sequence[MetricsCallback] = (),
-    progress: bool = True,
+    progress: bool | Callable[..., Any] = True,
     name: str | None = None,
     restarts: int | None = None,
 ) -> RunResult:
@@ -98,7 +98,8 @@ def run_training(
     callbacks
         Client-side callables, each called with every metrics row as it arrives.
     progress
-        Show a tqdm progress bar driven by rank 0's steps.
+        Show a tqdm progress bar driven by rank 0's steps (a callable: makes the bar, as
+        :class:`~rapydli.experiments.job.TrainingJob` takes it).
     name
         Run name in the store (default: the model function's name).
     restarts

@@ -52,7 +52,9 @@ from rapydli.paths import home
 from rapydli.settings import BATCH_ITEM, PARENT_RUN, settings
 
 KINDS = ("train", "sweep", "trial", "scaling", "batch", "tune")
-STATUSES = ("running", "finished", "failed", "interrupted")
+#: ``pruned``: a sweep's trial stopped early by the pruner. The schema does not restrict
+#: statuses, so adding one needs no migration.
+STATUSES = ("running", "finished", "failed", "interrupted", "pruned")
 #: Environment variable through which a batch passes its item's run id to the notebook.
 BATCH_ITEM_ENV = BATCH_ITEM
 #: Environment variable naming the parent of runs created in this process (a batch item).
@@ -350,10 +352,10 @@ class RunStore:
         self._write(write)
 
     def finish_run(self, run_id: str, status: str = "finished", error: str | None = None) -> None:
-        """End a run with ``status`` finished, failed or interrupted (and the error text, if any)."""
+        """End a run with ``status`` finished, failed, interrupted or pruned (and the error text, if any)."""
         validate_run_id(run_id)
         if status not in STATUSES or status == "running":
-            raise ConfigError(f"finish status must be finished, failed or interrupted; got {status!r}")
+            raise ConfigError(f"finish status must be finished, failed, interrupted or pruned; got {status!r}")
         now = _now()
 
         def write(conn: sqlite3.Connection) -> None:

@@ -95,10 +95,14 @@ class SweepResult:
     ----------
     table
         One row per trial: ``trial``, ``state`` (COMPLETE, PRUNED, FAIL), the parameters,
-        ``value`` (the metric: last value reported), ``best`` (best value reported),
-        ``steps``, ``duration_s``, ``ranks``, ``error``, ``run_id``.
+        ``value`` (the trial's value as Optuna was told it: the metric's last report),
+        ``best`` (the best ``value`` of the COMPLETE trials up to and including this one,
+        so the last row's is the sweep's best value), ``steps``, ``duration_s``,
+        ``ranks``, ``error``, ``run_id``.
     best_params
         Parameters of the best complete trial (``None`` if none completed).
+    best_value, best_trial
+        That trial's ``value`` (Optuna's ``study.best_value``) and number (``None`` if none completed).
     figure
         Plotly figure: metric per trial and a parallel-coordinates plot.
     run_id
@@ -112,6 +116,8 @@ class SweepResult:
     figure: Any
     run_id: str | None = None
     study: Any = None
+    best_value: float | None = None
+    best_trial: int | None = None
 
     def _repr_html_(self) -> str:  # pragma: no cover - notebook display
         return f"<b>SweepResult</b> best_params={self.best_params}<br>{self.table.to_html(index=False)}"
@@ -130,6 +136,7 @@ class _Trial:
 
     @property
     def value(self) -> float | None:
+        """The trial's value: its last report (what Optuna is told for COMPLETE and PRUNED)."""
         return self.reports[-1][1] if self.reports else None
 
 
@@ -234,8 +241,12 @@ class Sweep:
                 self.cluster.stop()
             result = self.result()
             if store is not None and self.run_id is not None:
-                store.log_metrics(self.run_id, [(r.trial.number, self.metric, r.value) for r in self.records if r.value is not None])
+                told = [(r.trial.number, self.metric, v) for r in self.records if r.state in ("COMPLETE", "PRUNED") and (v := r.value) is not None]
+                store.log_metrics(self.run_id, told)
                 store.add_record(self.run_id, "best_params", "json", result.best_params)
+                if result.best_value is not None:  # the sweep's value (its final metric): the best trial's
+                    store.add_record(self.run_id, self.metric, "scalar", result.best_value)
+                    store.add_record(self.run_id, "best_trial", "scalar", result.best_trial)
                 store.add_record(self.run_id, "trials", "table", result.table.drop(columns=["error"]).to_dict("records"))
                 store.finish_run(self.run_id, status, error)
             if self.view is not None:
@@ -313,7 +324,7 @@ class Sweep:
         record.trial.report(float(value), step)
         if record.trial.should_prune():
             record.pruned = True
-            record.job.request_stop()  # type: ignore[union-attr]
+            record.job.request_stop(status="pruned")  # type: ignore[union-attr]
 
     def _advance(self, record: _Trial, wait_s: float) -> None:
         job = record.job
@@ -364,6 +375,9 @@ class Sweep:
             for record in running:
                 record.job.poll(POLL_S)  # type: ignore[union-attr]
         for record in running:
+            if record.pruned and not retry:  # the pruner had stopped it already
+                self._tell(record, "PRUNED")
+                continue
             self._tell(record, "FAIL", reason)
             if retry:
                 self.study.enqueue_trial(dict(record.params))
@@ -375,10 +389,11 @@ class Sweep:
         """One row per trial so far (see :class:`SweepResult`)."""
         import pandas as pd
 
-        rows = []
-        for r in self.records:
-            values = [v for _, v in r.reports if math.isfinite(v)]
-            best = (min if self.direction == "minimize" else max)(values) if values else None
+        better = min if self.direction == "minimize" else max
+        rows, best = [], None
+        for r in sorted(self.records, key=lambda t: t.trial.number):
+            if r.state == "COMPLETE" and r.value is not None:
+                best = r.value if best is None else better(best, r.value)
             job = r.job
             rows.append({
                 "trial": r.trial.number, "state": r.state, **r.params, "value": r.value, "best": best,
@@ -394,12 +409,14 @@ class Sweep:
 
         table = self.table()
         complete = table[table["state"] == "COMPLETE"]
-        best = None
+        best, best_value, best_trial = None, None, None
         if len(complete):
             index = complete["value"].idxmin() if self.direction == "minimize" else complete["value"].idxmax()
             best = {name: _plain(complete.loc[index, name]) for name in self.space}
+            best_value, best_trial = float(complete.loc[index, "value"]), int(complete.loc[index, "trial"])
         figure = sweep_figure(table, self.metric, list(self.space), widget=False, title=f"sweep: {self.metric} ({self.direction})")
-        return SweepResult(table=table, best_params=best, figure=figure, run_id=self.run_id, study=self.study)
+        return SweepResult(table=table, best_params=best, figure=figure, run_id=self.run_id, study=self.study,
+                           best_value=best_value, best_trial=best_trial)  # fmt: skip
 
     def _refresh(self, force: bool = False) -> None:
         if self.view is not None:
@@ -463,7 +480,9 @@ def sweep(
         ``"successive_halving"``, ``"median"``, ``"none"`` or an Optuna pruner.
     metric, direction
         The metric row key to optimise (``val_loss``, ``val_accuracy``, ``loss``) and
-        ``"minimize"``/``"maximize"``; a trial's value is its last report.
+        ``"minimize"``/``"maximize"``; a trial's value is its last report (what Optuna is
+        told), and the sweep's value (``SweepResult.best_value``, the store's final metric) the
+        best value of its COMPLETE trials.
     sampler
         ``"tpe"``, ``"random"``, ``"grid"`` (``choice``/``intrange`` only) or an Optuna sampler.
     cluster

@@ -14,11 +14,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rapydli.errors import ConfigError
+from rapydli.experiments.store import KINDS, STATUSES
 
 #: Run, sweep and cluster ids: letters, digits, ``_`` and ``-`` (never ``.`` or ``/``).
 ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
-RUN_KINDS = ("train", "sweep", "trial", "scaling", "batch", "tune")
-RUN_STATUSES = ("running", "finished", "failed", "interrupted")
+RUN_KINDS = KINDS
+RUN_STATUSES = STATUSES
 MAX_ENGINES = 64
 MAX_PAGE = 1000
 

@@ -7,7 +7,7 @@ import { formatDuration, formatNumber, h, keyMetric } from './format';
 import { RapydliModel } from './model';
 
 const KINDS = ['train', 'sweep', 'trial', 'scaling', 'batch', 'tune'];
-const STATUSES = ['running', 'finished', 'failed', 'interrupted'];
+const STATUSES = ['running', 'finished', 'failed', 'interrupted', 'pruned'];
 
 /**
  * The left side panel: Clusters, Runs and Sweeps, re-rendered whenever the model polls.

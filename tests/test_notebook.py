@@ -1,0 +1,72 @@
+"""The notebook front door's display policy, in a real kernel through papermill: what a saved notebook keeps."""
+
+from __future__ import annotations
+
+import nbformat
+import papermill
+import pytest
+
+PLOTLY = "application/vnd.plotly.v1+json"
+WIDGET = "application/vnd.jupyter.widget-view+json"
+PLOTLYJS_HEADER = "* plotly.js v"  # the licence header that opens the inlined library
+
+CELLS = [
+    "import plotly.graph_objects as go\n"
+    "import rapydli as rd\n"
+    "from rapydli.notebook import progress_bar\n"
+    "from rapydli.widgets.live import LivePlot",
+    # the live plot as rd.train leaves it when it ends
+    "plot = LivePlot(title='live')\n"
+    "plot.show()\n"
+    "for step in range(1, 6):\n"
+    "    plot({'kind': 'train', 'step': step, 'loss': 1.0 / step, 'samples_per_s': 100.0,\n"
+    "          'step_time_s': 0.01, 'comm_time_s': 0.001, 'comm_wait_s': 0.0})\n"
+    "plot.close()",
+    "rd.record('curve', go.Figure(go.Scatter(x=[1, 2], y=[3, 4])))",
+    "go.Figure(go.Bar(x=[1], y=[2]), layout={'title': 'a figure as a cell result'})",
+    # rd.train's progress bar
+    "bar = progress_bar(total=40, desc='train', unit='step')\n"
+    "for _ in range(40):\n"
+    "    bar.update(1)\n"
+    "bar.close()",
+]
+
+
+@pytest.fixture(scope="module")
+def executed(tmp_path_factory: pytest.TempPathFactory) -> nbformat.NotebookNode:
+    folder = tmp_path_factory.mktemp("front")
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source) for source in CELLS])
+    nbformat.write(nb, folder / "in.ipynb")
+    papermill.execute_notebook(str(folder / "in.ipynb"), str(folder / "out.ipynb"), kernel_name="python3",
+                               language="python", cwd=str(folder), progress_bar=False)  # fmt: skip
+    return nbformat.read(folder / "out.ipynb", as_version=4)
+
+
+def _outputs(nb: nbformat.NotebookNode) -> list[dict]:
+    return [o for cell in nb.cells for o in cell.get("outputs", []) if "data" in o]
+
+
+@pytest.mark.notebook
+def test_saved_figures_carry_self_contained_html(executed: nbformat.NotebookNode) -> None:
+    figures = [o for o in _outputs(executed) if PLOTLY in o["data"]]
+    assert len(figures) == 3  # the live plot's last state, the recorded figure, the cell's result
+    for figure in figures:
+        assert "Plotly.newPlot" in figure["data"]["text/html"]
+    # plotly.js inlined once for the whole notebook, before the first figure that needs it
+    holders = [i for i, o in enumerate(_outputs(executed)) if PLOTLYJS_HEADER in o["data"].get("text/html", "")]
+    assert len(holders) == 1
+    assert holders[0] <= _outputs(executed).index(figures[0])
+
+    # nbconvert's HTML (what a viewer without JupyterLab's renderers shows) draws every figure offline
+    from nbconvert import HTMLExporter
+
+    page, _ = HTMLExporter().from_notebook_node(executed)
+    assert page.count("Plotly.newPlot(") >= 3 and page.count(PLOTLYJS_HEADER) == 1
+
+
+@pytest.mark.notebook
+def test_saved_progress_bar_shows_its_final_state(executed: nbformat.NotebookNode) -> None:
+    bars = [o for o in _outputs(executed) if WIDGET in o["data"] and "train" in o["data"].get("text/plain", "")]
+    assert len(bars) == 1
+    text = bars[0]["data"]["text/plain"]
+    assert "100%" in text and "40/40" in text, text
