@@ -100,11 +100,10 @@ class Cluster:
 
             self._state = "starting"
             config = Config(self.launcher.config(self.options, work_dir=str(subdir("ipython"))))
-            config.BaseLauncher.environment = {
-                k: v for k, v in rank_environment(self.n, self.threads, base={}).items()
-            }
+            launcher_env = dict(config.BaseLauncher.get("environment", {}))
+            config.BaseLauncher.environment = {**rank_environment(self.n, self.threads, base={}), **launcher_env}
             kwargs: dict[str, Any] = {}
-            if self.launcher.listen_all:
+            if self.launcher.listen_all and "controller_ip" not in config.get("Cluster", {}):
                 kwargs["controller_ip"] = "*"
             self._ipp = ipp.Cluster(
                 engines=self.launcher.engines,
@@ -304,7 +303,7 @@ class Cluster:
         return sorted(rank for rank, eid in self._engine_of_rank.items() if eid in ids)
 
     def status(self) -> dict[str, Any]:
-        """What the cluster is doing: state, engines alive/dead, ranks, hosts, launcher."""
+        """What the cluster is doing: state, engines alive/dead, ranks, hosts (``rank_hosts``: rank -> host), launcher."""
         alive = self.alive_ranks()
         state = self._state
         if state == "running" and len(alive) < self.n:
@@ -317,6 +316,7 @@ class Cluster:
             "engines_dead": self.n - len(alive) if self._engine_of_rank else 0,
             "ranks": alive,
             "hosts": sorted({self._info[r]["host"] for r in alive}),
+            "rank_hosts": {r: self._info[r]["host"] for r in alive},
             "threads_per_engine": self.threads,
             "options": dict(self.options),
             "cluster_id": getattr(self._ipp, "cluster_id", None),
@@ -423,7 +423,16 @@ class Cluster:
         return {rank: self._client[self._engine_of_rank[rank]].apply_async(fn, *args) for rank in self._checked(ranks)}
 
     def _job(self, results: dict[int, Any], **handlers: Any) -> Job:
-        return Job(results, interrupt=self._interrupt, stop=self._request_stop, abort=self.abort, **handlers)
+        hosts_down = self._hosts_down if self.launcher.name == "ssh" else None
+        return Job(results, interrupt=self._interrupt, stop=self._request_stop, abort=self.abort, hosts_down=hosts_down, **handlers)
+
+    def _hosts_down(self, ranks: Sequence[int]) -> dict[int, tuple[str, str]]:
+        """``{rank: (host, why)}`` for the ``ranks`` whose host no longer answers over ssh."""
+        from rapydli.cluster.sshhosts import unreachable_hosts
+
+        hosts = {rank: self._info[rank]["host"] for rank in ranks if rank in self._info}
+        down = unreachable_hosts(sorted(set(hosts.values())), self.options.get("ssh_command", "ssh"))
+        return {rank: (host, down[host]) for rank, host in hosts.items() if host in down}
 
     def _signal(self, name: str, ranks: Sequence[int]) -> None:
         try:
