@@ -239,7 +239,7 @@ def _write_files(directory: Path, names: tuple[str, ...]) -> None:
             f"ListenAddress {address}\nHostKey {host_key}\nUsePAM no\nPermitRootLogin prohibit-password\n"
             f"PasswordAuthentication no\nKbdInteractiveAuthentication no\nStrictModes no\n"
             f"AuthorizedKeysFile {directory}/authorized_keys\nPidFile none\nMaxStartups 100\nMaxSessions 100\n"
-            "AcceptEnv *\nPermitUserEnvironment no\nLogLevel ERROR\n"
+            "AcceptEnv *\nPermitUserEnvironment no\nLogLevel ERROR\nSubsystem sftp internal-sftp\n"
         )
     (directory / "known_hosts").write_text("\n".join(known) + "\n")
     config = [f"Host {name}\n  HostName {address}\n" for name, address in addresses.items()]

@@ -166,6 +166,10 @@ class Cluster:
 
     def _teardown(self) -> None:
         pids = [info["pid"] for info in self._info.values() if _is_local(info)]
+        remote: dict[str, list[int]] = {}  # engines (and their nannies) on other hosts, by host
+        for info in self._info.values():
+            if not _is_local(info):
+                remote.setdefault(info["host"], []).extend([info["pid"], *info.get("helper_pids", [])])
         if self._client is not None:
             try:  # engines that exit on request let mpiexec end by itself; a dead engine never
                 # replies, so no reply is awaited: the wait below is for the processes to exit
@@ -186,6 +190,10 @@ class Cluster:
             except Exception:  # noqa: BLE001 - stop what can be stopped, then reap below
                 pass
         reap(pids)
+        if remote and self.launcher.name == "ssh":
+            from rapydli.cluster.sshhosts import reap_remote
+
+            reap_remote(remote, self.options.get("ssh_command", "ssh"))
         self._ipp = self._client = None
         self._engine_of_rank, self._info = {}, {}
         with _live_lock:

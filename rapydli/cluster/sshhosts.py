@@ -130,6 +130,48 @@ def transport(value: str, config: Config) -> None:
         _pin_tcp_to_interface(config)
 
 
+def mpiexec_arguments(options: dict[str, Any]) -> tuple[list[str], dict[str, str]]:
+    """``(mpiexec arguments, environment)`` for the ``ssh`` launcher's ``options``, for plain SPMD runs.
+
+    The same translation engines get, for programs started with
+    :func:`rapydli.cluster.mpirun.run` (benchmarks).
+    """
+    from rapydli.cluster.launchers import get_launcher, validate_options
+
+    config = get_launcher("ssh").config(validate_options("ssh", options))
+    return list(config["MPIEngineSetLauncher"].get("mpi_args", [])), dict(config.get("BaseLauncher", {}).get("environment", {}))
+
+
+_REAP = (
+    'pids="{pids}"; for i in $(seq {tries}); do alive=""; '
+    'for p in $pids; do grep -q ipyparallel /proc/$p/cmdline 2>/dev/null && alive="$alive $p"; done; '
+    '[ -z "$alive" ] && exit 0; sleep 0.1; done; kill -9 $alive 2>/dev/null; exit 0'
+)
+
+
+def reap_remote(pids_by_host: dict[str, list[int]], ssh: str = "ssh", grace: float = 5.0) -> None:
+    """On each host, wait up to ``grace`` s for the engine processes ``pids`` to exit, then kill the rest.
+
+    A pid is only killed while its command line is still an ipyparallel one (not a
+    reused pid). Hosts that do not answer are skipped: their processes went with them.
+    """
+    import subprocess
+
+    tries = max(1, int(grace / 0.1))
+    options = ["-o", "BatchMode=yes", "-o", "ConnectTimeout=3"]
+    quiet = {"stdin": subprocess.DEVNULL, "stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+    probes = [
+        subprocess.Popen([ssh, *options, host, _REAP.format(pids=" ".join(map(str, pids)), tries=tries)], **quiet)
+        for host, pids in pids_by_host.items()
+    ]
+    for probe in probes:
+        try:
+            probe.wait(timeout=grace + 10)
+        except subprocess.TimeoutExpired:
+            probe.kill()
+            probe.wait()
+
+
 def unreachable_hosts(hosts: list[str], ssh: str = "ssh", timeout: float = 3.0) -> dict[str, str]:
     """``{host: why}`` for the ``hosts`` that do not answer ``ssh HOST true`` (asked at once)."""
     import subprocess
