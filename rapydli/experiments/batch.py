@@ -30,9 +30,8 @@ from typing import TYPE_CHECKING, Any
 
 from rapydli.cluster.processes import spawn_python, terminate_tree
 from rapydli.errors import ConfigError
-from rapydli.experiments import batchspec
+from rapydli.experiments import batchspec, storemerge
 from rapydli.experiments import store as store_mod
-from rapydli.experiments import storemerge
 from rapydli.experiments.batchhosts import HostPool
 
 if TYPE_CHECKING:  # pragma: no cover
