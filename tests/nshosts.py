@@ -43,6 +43,7 @@ BRIDGE_ADDR = f"{SUBNET}.1"
 NAMES = ("h1", "h2")
 LOCK = Path("/run/lock/rapydli-nshosts.lock")
 PACKAGES = {"sshd": "openssh-server", "ssh": "openssh-client", "ip": "iproute2", "nsenter": "util-linux"}
+OPTIONAL = {"sshfs": "sshfs"}  # a network filesystem for the run-store tests; installed along when possible
 
 
 class Unavailable(RuntimeError):
@@ -128,8 +129,9 @@ def ensure_packages() -> None:
     missing = sorted({pkg for tool, pkg in PACKAGES.items() if not (shutil.which(tool) or Path(f"/usr/sbin/{tool}").exists())})
     if missing and shutil.which("apt-get"):
         env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        extra = [pkg for tool, pkg in OPTIONAL.items() if not shutil.which(tool)]
         subprocess.run(["apt-get", "update", "-qq"], capture_output=True, env=env, check=False)
-        subprocess.run(["apt-get", "install", "-y", "-qq", *missing], capture_output=True, env=env, check=False)
+        subprocess.run(["apt-get", "install", "-y", "-qq", *missing, *extra], capture_output=True, env=env, check=False)
         missing = sorted({pkg for tool, pkg in PACKAGES.items() if not (shutil.which(tool) or Path(f"/usr/sbin/{tool}").exists())})
     if missing:
         raise Unavailable(f"packages {', '.join(missing)} are missing and could not be installed with apt-get")
@@ -195,7 +197,6 @@ def up(directory: str | os.PathLike[str], names: tuple[str, ...] = NAMES, timeou
     except BaseException:
         down(hosts)
         raise
-    (directory / "hosts.json").write_text(json.dumps({h.name: h.address for h in hosts.hosts}))
     return hosts
 
 
