@@ -195,3 +195,18 @@ def test_changed_notebook_is_not_resumed_and_retry_timeout(home: Path, tmp_path:
     record = json.loads((tmp_path / "out" / "params" / f"{slow.loc[0, 'item']}.json").read_text())
     assert record["status"] == "failed" and record["parameters"] == {"sleep": 120.0}
     assert slow["run_id"].isna().all() and not (home / "runs.db").exists()
+
+
+def test_summary_survives_a_partial_notebook_of_a_killed_item(tmp_path: Path) -> None:
+    from rapydli.experiments import batch as batch_mod
+    from rapydli.experiments.batchreport import summary_table
+
+    plan = batch_mod.plan_batch(PARAMS_NB, ["x=1"], out=tmp_path / "out")
+    item = plan.items[0]
+    item.output.parent.mkdir(parents=True, exist_ok=True)
+    item.output.write_text("")  # killed while papermill rewrote it
+    item.outcome = {"status": "failed", "error": "timed out after 5 s"}
+    assert summary_table(plan)["status"].tolist() == ["failed"]
+    item.outcome = {"status": "finished"}
+    with pytest.raises(ConfigError, match="cannot read notebook"):
+        summary_table(plan)

@@ -159,11 +159,11 @@ def reap_remote(pids_by_host: dict[str, list[int]], ssh: str = "ssh", grace: flo
 
     tries = max(1, int(grace / 0.1))
     options = ["-o", "BatchMode=yes", "-o", "ConnectTimeout=3"]
-    quiet = {"stdin": subprocess.DEVNULL, "stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
-    probes = [
-        subprocess.Popen([ssh, *options, host, _REAP.format(pids=" ".join(map(str, pids)), tries=tries)], **quiet)
-        for host, pids in pids_by_host.items()
-    ]
+    null = subprocess.DEVNULL
+    probes = []
+    for host, pids in pids_by_host.items():
+        script = _REAP.format(pids=" ".join(map(str, pids)), tries=tries)
+        probes.append(subprocess.Popen([ssh, *options, host, script], stdin=null, stdout=null, stderr=null))
     for probe in probes:
         try:
             probe.wait(timeout=grace + 10)
