@@ -22,14 +22,21 @@ flags in ``mpi_args`` and ``mpi_cmd``.
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import socket
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from rapydli.errors import ConfigError
 
 Config = dict[str, dict[str, Any]]
+#: Environment variables a program started on another host (:func:`spawn_python`) receives from this process.
+PASSED_PREFIXES = ("RAPYDLI_", "PYTHON", "OMP_", "MKL_", "UCX_", "FI_", "JUPYTER_")
+PASSED_NAMES = ("PATH", "VIRTUAL_ENV", "LANG")
 TRANSPORTS = ("tcp", "default")
 _TCP_ENV = {"UCX_TLS": "self,tcp", "FI_PROVIDER": "tcp"}
 
@@ -142,6 +149,28 @@ def mpiexec_arguments(options: dict[str, Any]) -> tuple[list[str], dict[str, str
     return list(config["MPIEngineSetLauncher"].get("mpi_args", [])), dict(config.get("BaseLauncher", {}).get("environment", {}))
 
 
+def spawn_python(
+    host: str, args: Sequence[str], *, ssh_command: str, cwd: str, env: Mapping[str, str], output: IO[str]
+) -> subprocess.Popen[bytes]:
+    """Start ``python args...`` (this interpreter's path) on ``host`` in ``cwd``, with the passed part of ``env``.
+
+    The program runs as its own process group on the host; when the ssh session ends
+    (this side killed it, or this process died) a watcher on the session's stdin ends
+    that group, so nothing is left behind there.
+    """
+    passed = {k: v for k, v in env.items() if k.startswith(PASSED_PREFIXES) or k in PASSED_NAMES}
+    program = shlex.join(["env", *(f"{k}={v}" for k, v in sorted(passed.items())), "setsid", sys.executable, *args])
+    script = (  # fd 3: a background job's own stdin is /dev/null
+        f"cd {shlex.quote(cwd)} || exit 111; exec 3<&0; {program} & pid=$!; "
+        '(cat <&3 > /dev/null; kill -TERM -- -"$pid" 2> /dev/null) > /dev/null 2>&1 & '
+        'wait "$pid"'
+    )
+    return subprocess.Popen(
+        [ssh_command, "-o", "BatchMode=yes", host, script],
+        stdin=subprocess.PIPE, stdout=output, stderr=subprocess.STDOUT, start_new_session=True,
+    )
+
+
 _REAP = (
     'pids="{pids}"; for i in $(seq {tries}); do alive=""; '
     'for p in $pids; do grep -q ipyparallel /proc/$p/cmdline 2>/dev/null && alive="$alive $p"; done; '
@@ -155,8 +184,6 @@ def reap_remote(pids_by_host: dict[str, list[int]], ssh: str = "ssh", grace: flo
     A pid is only killed while its command line is still an ipyparallel one (not a
     reused pid). Hosts that do not answer are skipped: their processes went with them.
     """
-    import subprocess
-
     tries = max(1, int(grace / 0.1))
     options = ["-o", "BatchMode=yes", "-o", "ConnectTimeout=3"]
     null = subprocess.DEVNULL
@@ -174,8 +201,6 @@ def reap_remote(pids_by_host: dict[str, list[int]], ssh: str = "ssh", grace: flo
 
 def unreachable_hosts(hosts: list[str], ssh: str = "ssh", timeout: float = 3.0) -> dict[str, str]:
     """``{host: why}`` for the ``hosts`` that do not answer ``ssh HOST true`` (asked at once)."""
-    import subprocess
-
     command = ["-o", f"ConnectTimeout={max(1, int(timeout))}", "-o", "BatchMode=yes"]
     probes = {
         host: subprocess.Popen([ssh, *command, host, "true"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
