@@ -17,6 +17,8 @@ of being ignored.
 ``RAPYDLI_BATCH_ITEM``         set by ``rapydli batch`` for a notebook it runs: the item's run id
 ``RAPYDLI_PARENT_RUN``         set by ``rapydli batch``: runs the notebook creates belong to it
 ``RAPYDLI_NOTEBOOK_DIR``       set by ``rapydli batch``: the notebook's own directory
+``RAPYDLI_STORE_PATH``         the run store file of this process (default ``$RAPYDLI_HOME/runs.db``;
+                               a batch item on another host writes its own, merged by the owner)
 =============================  ==========================================================
 """
 
@@ -37,6 +39,7 @@ COMM_WAIT = "RAPYDLI_COMM_WAIT"
 BATCH_ITEM = "RAPYDLI_BATCH_ITEM"
 PARENT_RUN = "RAPYDLI_PARENT_RUN"
 NOTEBOOK_DIR = "RAPYDLI_NOTEBOOK_DIR"
+STORE_PATH = "RAPYDLI_STORE_PATH"
 
 _TRUE = {"1", "on", "true", "yes"}
 _FALSE = {"0", "off", "false", "no"}
@@ -54,6 +57,7 @@ class Settings:
     batch_item: str | None
     parent_run: str | None
     notebook_dir: str | None
+    store_path: Path | None
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] = os.environ) -> Settings:
@@ -77,6 +81,7 @@ class Settings:
             batch_item=environ.get(BATCH_ITEM) or None,
             parent_run=environ.get(PARENT_RUN) or None,
             notebook_dir=environ.get(NOTEBOOK_DIR) or None,
+            store_path=Path(environ[STORE_PATH]).expanduser() if environ.get(STORE_PATH) else None,
         )
 
 

@@ -24,6 +24,23 @@ def rapydli_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return home
 
 
+@pytest.fixture(scope="session")
+def hosts(tmp_path_factory: pytest.TempPathFactory):
+    """Two real hosts, ``h1`` and ``h2`` (network namespaces with an sshd each; see ``nshosts``).
+
+    Up once per test session, torn down at its end; skipped, with the reason, where they
+    cannot exist (not root, no packages, no network namespaces).
+    """
+    import nshosts
+
+    try:
+        started = nshosts.up(tmp_path_factory.mktemp("hosts"))
+    except nshosts.Unavailable as exc:
+        pytest.skip(str(exc))
+    yield started
+    nshosts.down(started)
+
+
 MpiRunner = Callable[..., subprocess.CompletedProcess]
 
 

@@ -269,3 +269,18 @@ def test_axis_style_log_spaced_and_integer_grids() -> None:
     assert axis_style([2, 1]) == {"tickmode": "array", "tickvals": [1, 2], "ticktext": ["1", "2"]}
     assert axis_style([0.05, 0.1]) == {} and axis_style(["adam", "sgd"]) == {}
     assert "type" not in axis_style(list(range(1, 12)))  # evenly spaced: linear
+
+
+def test_summary_survives_a_partial_notebook_of_a_killed_item(tmp_path: Path) -> None:
+    from rapydli.experiments import batch as batch_mod
+    from rapydli.experiments.batchreport import summary_table
+
+    plan = batch_mod.plan_batch(PARAMS_NB, ["x=1"], out=tmp_path / "out")
+    item = plan.items[0]
+    item.output.parent.mkdir(parents=True, exist_ok=True)
+    item.output.write_text("")  # killed while papermill rewrote it
+    item.outcome = {"status": "failed", "error": "timed out after 5 s"}
+    assert summary_table(plan)["status"].tolist() == ["failed"]
+    item.outcome = {"status": "finished"}
+    with pytest.raises(ConfigError, match="cannot read notebook"):
+        summary_table(plan)

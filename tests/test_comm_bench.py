@@ -61,3 +61,10 @@ def test_summarize_paired_ratios_compare_algorithms_within_each_rep() -> None:
     assert table[0]["auto/best@paired"] == pytest.approx(10 / 11)
     assert summary["target ring >= 0.9x MPI native at >= 1 MB (paired)"] == "met"
     assert summary["target auto >= 0.95x best of the others at every size (paired)"] == "not met at 1 of 1 sizes"
+
+
+def test_bench_allreduce_host_options_are_checked_before_any_rank_starts() -> None:
+    result = CliRunner().invoke(command, ["--interface", "lo"])
+    assert "apply to --hosts only" in str(result.exception)
+    result = CliRunner().invoke(command, ["--hosts", "h1,h2", "--interface", "nosuch0"])
+    assert "interface 'nosuch0' does not exist here" in str(result.exception)

@@ -12,7 +12,7 @@ def test_defaults_when_nothing_is_set() -> None:
     s = Settings.from_environ({})
     assert s.home == Path.home() / ".rapydli"
     assert (s.store, s.comm_autotune, s.comm_wait, s.heartbeat_timeout_s) == (True, True, "polite", 900.0)
-    assert (s.batch_item, s.parent_run, s.notebook_dir) == (None, None, None)
+    assert (s.batch_item, s.parent_run, s.notebook_dir, s.store_path) == (None, None, None, None)
 
 
 def test_values_are_read() -> None:

@@ -125,9 +125,16 @@ def summarize(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[st
 @click.option("--max-reps", default=200, show_default=True, help="Most timed repetitions per size and algorithm.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Write the rows and summary here.")
 @click.option("--timeout", default=1800.0, show_default=True, help="Seconds before all ranks are killed.")
-def command(n: int, min_bytes: int, max_bytes: int, algorithms: str, max_reps: int, json_path: str | None, timeout: float) -> None:
+@click.option("--hosts", default=None, help="Run the ranks on these hosts over ssh, e.g. h1,h2 (the ssh launcher's hosts).")
+@click.option("--ssh-command", default=None, help="With --hosts: the ssh program mpiexec runs to reach them.")
+@click.option("--interface", default=None, help="With --hosts: the network interface MPI uses, e.g. ib0.")
+@click.option("--transport", type=click.Choice(["default", "tcp"]), default="default", show_default=True,
+              help="With --hosts: 'tcp' forces MPI traffic onto TCP.")
+def command(n: int, min_bytes: int, max_bytes: int, algorithms: str, max_reps: int, json_path: str | None, timeout: float,
+            hosts: str | None, ssh_command: str | None, interface: str | None, transport: str) -> None:
     """Allreduce time, algbw and busbw per message size: ring, mpi, auto vs mpi4py and gloo."""
     from rapydli.bench.allreduce_worker import ALGORITHMS
+    from rapydli.cluster.sshhosts import mpiexec_arguments
 
     if n < 2:
         raise ConfigError(f"-n {n} is invalid: allreduce needs at least 2 ranks")
@@ -138,17 +145,26 @@ def command(n: int, min_bytes: int, max_bytes: int, algorithms: str, max_reps: i
     unknown = sorted(set(algorithms.split(",")) - set(ALGORITHMS))
     if unknown:
         raise ConfigError(f"--algorithms: unknown {', '.join(unknown)}; allowed: {', '.join(ALGORITHMS)}")
+    mpi_args: list[str] = []
+    env: dict[str, str] = {}
+    if hosts is not None:  # the ssh launcher's options, translated as for engines
+        options = {"hosts": hosts, "transport": transport, "ssh_command": ssh_command, "interface": interface}
+        mpi_args, env = mpiexec_arguments({k: v for k, v in options.items() if v is not None})
+    elif ssh_command or interface or transport != "default":
+        raise ConfigError("--ssh-command, --interface and --transport apply to --hosts only")
     with tempfile.TemporaryDirectory(prefix="rapydli-bench-allreduce-") as tmp:
         out = Path(tmp) / "rows.json"
         argv = [sys.executable, "-m", "rapydli.bench.allreduce_worker", "--out", str(out),
                 "--min-bytes", str(min_bytes), "--max-bytes", str(max_bytes), "--algorithms", algorithms, "--max-reps", str(max_reps)]
-        result = mpirun.run(argv, n=n, threads=1, timeout=timeout)
+        result = mpirun.run(argv, n=n, threads=1, timeout=timeout, mpi_args=mpi_args, env=env)
         if result.returncode != 0 or not out.exists():
             raise ClusterError(f"allreduce benchmark failed on {n} ranks:\n{result.stdout[-4000:]}{result.stderr[-4000:]}")
         payload = json.loads(out.read_text())
     table, summary = summarize(payload["rows"])
     summary = {
         "ranks": n,
+        "hosts": ",".join(payload.get("hosts", [])) or "this machine",
+        "transport": transport,
         "mpi library": payload["mpi_library"],
         "auto table": payload["auto_table"]["path"],
         "auto choices (4 B, 16 B, ...)": ",".join(payload["auto_table"]["choices"]),

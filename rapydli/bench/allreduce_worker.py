@@ -128,6 +128,7 @@ def main() -> None:
     if world.Get_rank() == 0:
         payload = {
             "ranks": n,
+            "hosts": sorted(set(table.key["hosts"])),
             "rows": rows,
             "auto_table": {"path": table.path, "sizes": table.sizes, "choices": table.choices, "times": table.times},
             "tune_seconds": tune_seconds,

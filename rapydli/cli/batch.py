@@ -29,8 +29,11 @@ class BatchFailed(click.ClickException):
 @click.option("--retry", type=int, default=0, show_default=True, help="Re-run a failed item up to N times.")
 @click.option("--force", is_flag=True, help="Run every item, even those already finished in --out.")
 @click.option("--dry-run", is_flag=True, help="Validate and list the items; run nothing.")
+@click.option("--hosts", default=None, help="Run items on these hosts over ssh (one at a time each), e.g. node1,node2.")
+@click.option("--ssh-command", default="ssh", show_default=True, help="With --hosts: the ssh program that reaches them.")
 def batch(notebook: str, axes: tuple[str, ...], grid: tuple[str, ...], params_file: str | None, parallel: int, out: str,
-          kernel: str | None, timeout: float | None, retry: int, force: bool, dry_run: bool) -> None:  # fmt: skip
+          kernel: str | None, timeout: float | None, retry: int, force: bool, dry_run: bool,
+          hosts: str | None, ssh_command: str) -> None:  # fmt: skip
     """Run NOTEBOOK once per point of a parameter grid with papermill.
 
     Grid axes are given with --grid KEY=V1,V2 or as plain KEY=V1,V2 arguments after the
@@ -53,7 +56,7 @@ def batch(notebook: str, axes: tuple[str, ...], grid: tuple[str, ...], params_fi
         click.echo(f"{len(plan.items)} items; nothing run (--dry-run)")
         return
     summary = batch_mod.run_plan(plan, parallel=parallel, kernel=kernel, timeout=timeout, retry=retry,
-                                 force=force)  # fmt: skip
+                                 force=force, hosts=hosts.split(",") if hosts else None, ssh_command=ssh_command)  # fmt: skip
     shown = summary.drop(columns=["output", "run_id", "error"])
     click.echo(shown.to_string(index=False))
     click.echo(f"summary: {summary.attrs['summary']}\nreport:  {summary.attrs['report']}")

@@ -109,12 +109,14 @@ class Cluster:
             self._cluster_id = self._cluster_id or _new_cluster_id()
             write_controller_config(subdir("ipython"))  # its log without ipykernel 7's iopub_welcome errors
             config = Config(self.launcher.config(self.options, work_dir=str(subdir("ipython"))))
+            launcher_env = dict(config.BaseLauncher.get("environment", {}))
             config.BaseLauncher.environment = {
                 **rank_environment(self.n, self.threads, base={}),
+                **launcher_env,
                 CLUSTER_MARKER: self._cluster_id,  # how stop/abort find every process it started
             }
             kwargs: dict[str, Any] = {}
-            if self.launcher.listen_all:
+            if self.launcher.listen_all and "controller_ip" not in config.get("Cluster", {}):
                 kwargs["controller_ip"] = "*"
             self._ipp = ipp.Cluster(
                 engines=self.launcher.engines,
@@ -178,6 +180,10 @@ class Cluster:
 
     def _teardown(self) -> None:
         pids = [info["pid"] for info in self._info.values() if _is_local(info)]
+        remote: dict[str, list[int]] = {}  # engines (and their nannies) on other hosts, by host
+        for info in self._info.values():
+            if not _is_local(info):
+                remote.setdefault(info["host"], []).extend([info["pid"], *info.get("helper_pids", [])])
         if self._client is not None:
             try:  # engines that exit on request let mpiexec end by itself; a dead engine never
                 # replies, so no reply is awaited: the wait below is for the processes to exit
@@ -200,6 +206,10 @@ class Cluster:
         reap(pids)
         if self._cluster_id is not None:  # nannies orphaned by killed engines, a half-started set, ...
             reap_marked(self._cluster_id)
+        if remote and self.launcher.name == "ssh":
+            from rapydli.cluster.sshhosts import reap_remote
+
+            reap_remote(remote, self.options.get("ssh_command", "ssh"))
         self._ipp = self._client = None
         self._engine_of_rank, self._info = {}, {}
         with _live_lock:
@@ -316,7 +326,7 @@ class Cluster:
         return sorted(rank for rank, eid in self._engine_of_rank.items() if eid in ids)
 
     def status(self) -> dict[str, Any]:
-        """What the cluster is doing: state, engines alive/dead, ranks, hosts, launcher."""
+        """What the cluster is doing: state, engines alive/dead, ranks, hosts (``rank_hosts``: rank -> host), launcher."""
         alive = self.alive_ranks()
         state = self._state
         if state == "running" and len(alive) < self.n:
@@ -329,6 +339,7 @@ class Cluster:
             "engines_dead": self.n - len(alive) if self._engine_of_rank or state == "dead" else 0,
             "ranks": alive,
             "hosts": sorted({self._info[r]["host"] for r in alive}),
+            "rank_hosts": {r: self._info[r]["host"] for r in alive},
             "threads_per_engine": self.threads,
             "options": dict(self.options),
             "cluster_id": self._cluster_id,
@@ -447,7 +458,16 @@ class Cluster:
         return results
 
     def _job(self, results: dict[int, Any], **handlers: Any) -> Job:
-        return Job(results, interrupt=self._interrupt, stop=self._request_stop, abort=self.abort, **handlers)
+        hosts_down = self._hosts_down if self.launcher.name == "ssh" else None
+        return Job(results, interrupt=self._interrupt, stop=self._request_stop, abort=self.abort, hosts_down=hosts_down, **handlers)
+
+    def _hosts_down(self, ranks: Sequence[int]) -> dict[int, tuple[str, str]]:
+        """``{rank: (host, why)}`` for the ``ranks`` whose host no longer answers over ssh."""
+        from rapydli.cluster.sshhosts import unreachable_hosts
+
+        hosts = {rank: self._info[rank]["host"] for rank in ranks if rank in self._info}
+        down = unreachable_hosts(sorted(set(hosts.values())), self.options.get("ssh_command", "ssh"))
+        return {rank: (host, down[host]) for rank, host in hosts.items() if host in down}
 
     def _signal(self, name: str, ranks: Sequence[int]) -> None:
         try:

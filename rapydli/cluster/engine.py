@@ -112,9 +112,17 @@ def setup(threads: int, paths: Sequence[str] = ()) -> dict[str, Any]:
         "size": world.Get_size(),
         "host": socket.gethostname(),
         "pid": os.getpid(),
+        "helper_pids": _helper_pids(),
         "local_rank": local_rank,
         "threads": threads,
     }
+
+
+def _helper_pids() -> list[int]:
+    """Pids of this engine's child processes (ipyparallel's nanny), to be reaped with it on another host."""
+    import psutil
+
+    return [child.pid for child in psutil.Process().children()]
 
 
 def _device(local_rank: int) -> Any:

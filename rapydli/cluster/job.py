@@ -61,6 +61,7 @@ class _Rank:
     partial: dict[str, str] = field(default_factory=lambda: {"stdout": "", "stderr": ""})
     events_seen: int = 0
     outputs_seen: int = 0
+    host_down: str = ""  # the host of a rank that died with it
 
 
 class Job:
@@ -84,6 +85,10 @@ class Job:
         Seconds before the task is interrupted and fails (None: no limit).
     on_output, on_event, on_display
         Handlers for streamed lines, events, and rich output of the first rank.
+    hosts_down
+        Given the ranks that died or were aborted, ``{rank: (host, why)}`` for those
+        whose host is down: they are then the ones named (the others died because MPI tore
+        the job down after losing them).
     """
 
     def __init__(
@@ -98,6 +103,7 @@ class Job:
         on_event: EventHandler | None = None,
         on_display: DisplayHandler | None = None,
         grace: float = GRACE_S,
+        hosts_down: Callable[[Sequence[int]], dict[int, tuple[str, str]]] | None = None,
     ) -> None:
         self.ranks = {rank: _Rank(rank, ar) for rank, ar in results.items()}
         self._interrupt = interrupt
@@ -108,6 +114,7 @@ class Job:
         self.on_event = on_event
         self.on_display = on_display
         self.grace = grace
+        self.hosts_down = hosts_down
         self.aborted = False
         self.stop_requested = False
         self.finished = False
@@ -323,6 +330,7 @@ class Job:
 
     def _failure(self, reason: str) -> RankFailure:
         states = self.ranks.values()
+        self._blame_hosts_down()
         culprits = [r for r in states if r.status in ("error", "dead")]
         if not culprits:  # a timeout: the ranks that did not finish are the ones to name
             culprits = [r for r in states if r.status in ("interrupted", "aborted")]
@@ -333,6 +341,9 @@ class Job:
         names = ", ".join(str(r.rank) for r in sorted(culprits, key=lambda r: r.rank))
         plural = "s" if len(culprits) > 1 else ""
         lines = [f"{'rank' + plural} {names} {_verb(culprits, reason)}"]
+        down = sorted({r.host_down for r in culprits if r.host_down})
+        if down:
+            lines[0] += f": host{'s' if len(down) > 1 else ''} {', '.join(down)} down"
         for r in sorted(culprits, key=lambda r: r.rank):
             lines.append(f"--- rank {r.rank} ({r.status}) ---\n{r.error.rstrip()}")
         others = [r for r in states if r not in culprits and r.status != "ok"]
@@ -349,6 +360,23 @@ def _where(r: _Rank) -> str:
     lines = r.error.strip().splitlines()
     said = lines[-1].removeprefix("KeyboardInterrupt: ") if lines and lines[-1].startswith("KeyboardInterrupt: ") else ""
     return f" ({said})" if r.status == "interrupted" and said else ""
+
+    def _blame_hosts_down(self) -> None:
+        """Ranks on a host that is down are the dead ones; ranks that died after them were aborted."""
+        lost = [r.rank for r in self.ranks.values() if r.status in ("dead", "aborted")]
+        if self.hosts_down is None or not lost:
+            return
+        down = self.hosts_down(lost)
+        if not down:
+            return
+        for r in self.ranks.values():
+            if r.rank in down:
+                r.host_down, why = down[r.rank]
+                r.status, r.error = "dead", f"host {r.host_down} is down: {why}"
+            elif r.status == "dead":
+                r.status = "aborted"
+                r.error = f"ended by MPI after the loss of rank(s) {sorted(down)} ({r.error})"
+        self.hosts_down = None  # asked once
 
 
 def _verb(culprits: list[_Rank], reason: str) -> str:

@@ -7,7 +7,7 @@ input through here) and turns validated options into ipyparallel configuration.
 =========  ==========================================================================
 ``local``  ``mpiexec -n N`` on this machine (the default)
 ``ssh``    ``mpiexec -n N -hosts h1,h2`` (MPICH's Hydra reaches the hosts over ssh), so
-           ``COMM_WORLD`` spans every host
+           ``COMM_WORLD`` spans every host; see :mod:`rapydli.cluster.sshhosts`
 ``slurm``  an ``sbatch`` job whose ``srun`` starts the N ranks
 ``pbs``    a ``qsub`` job whose ``mpiexec`` starts the N ranks
 =========  ==========================================================================
@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from rapydli.cluster import sshhosts
 from rapydli.cluster.mpirun import find_mpiexec
 from rapydli.errors import ConfigError
 
@@ -44,6 +45,7 @@ class LauncherSpec:
     options: Mapping[str, Option] = field(default_factory=dict)
     listen_all: bool = False  # engines on other hosts must reach the controller
     batch_class: str | None = None  # ipyparallel class writing a batch script, if any
+    check: Callable[[dict[str, Any]], None] | None = None  # checks across options, after each one's own
 
     def config(self, options: Mapping[str, Any], work_dir: str | None = None) -> dict[str, dict[str, Any]]:
         """ipyparallel configuration (``{"Class": {"trait": value}}``) for validated ``options``.
@@ -68,11 +70,6 @@ class LauncherSpec:
         return config
 
 
-def _hosts(value: list[str], config: dict[str, dict[str, Any]]) -> None:
-    launcher = config.setdefault("MPIEngineSetLauncher", {})
-    launcher["mpi_args"] = ["-hosts", ",".join(value), *launcher.get("mpi_args", [])]
-
-
 _MPI_ARGS = Option(list, "extra arguments for mpiexec, e.g. ['-bind-to', 'core']", "MPIEngineSetLauncher.mpi_args")
 _MPI_CMD = Option(list, "the mpiexec command, e.g. ['mpiexec'] or ['srun']", "MPIEngineSetLauncher.mpi_cmd")
 
@@ -92,11 +89,16 @@ LAUNCHERS: dict[str, LauncherSpec] = {
             controller="local",
             description="mpiexec across hosts reached over ssh",
             options={
-                "hosts": Option(list, "host names, e.g. ['node1', 'node2']", apply=_hosts),
+                "hosts": Option(list, "host names, e.g. ['node1', 'node2'] or 'node1,node2'", apply=sshhosts.hosts),
+                "hostfile": Option(str, "a file of hosts, one 'name[:ranks]' a line", apply=sshhosts.hostfile),
+                "ssh_command": Option(str, "the ssh program mpiexec runs to reach the hosts", apply=sshhosts.ssh_command),
+                "interface": Option(str, "network interface MPI and the engines use, e.g. 'ib0'", apply=sshhosts.interface),
+                "transport": Option(str, "'tcp' forces MPI traffic onto TCP; 'default' lets MPI choose", apply=sshhosts.transport),
                 "mpi_args": _MPI_ARGS,
                 "mpi_cmd": _MPI_CMD,
             },
             listen_all=True,
+            check=sshhosts.check,
         ),
         LauncherSpec(
             "slurm",
@@ -165,4 +167,6 @@ def validate_options(launcher: str, options: Mapping[str, Any]) -> dict[str, Any
                 f"option {key!r} of launcher {launcher!r} must be {kind.__name__}, got {type(value).__name__}"
             )
         checked[key] = value
+    if spec.check is not None:
+        spec.check(checked)
     return checked

@@ -63,6 +63,7 @@ def run(
     env: Mapping[str, str] | None = None,
     capture: bool = True,
     cwd: str | os.PathLike[str] | None = None,
+    mpi_args: Sequence[str] = (),
 ) -> subprocess.CompletedProcess[str]:
     """Run ``argv`` on ``n`` ranks and wait for it.
 
@@ -80,6 +81,8 @@ def run(
         Extra environment variables for the ranks.
     capture
         Capture stdout/stderr as text (else they go to this process's).
+    mpi_args
+        Arguments for ``mpiexec`` before the program, e.g. ``["-hosts", "n1,n2"]``.
 
     Examples
     --------
@@ -91,7 +94,7 @@ def run(
         raise ConfigError(f"n={n} is invalid: the number of ranks must be >= 1")
     full_env = rank_environment(n, threads)
     full_env.update(env or {})
-    command = [find_mpiexec(), "-n", str(n), *argv]
+    command = [find_mpiexec(), "-n", str(n), *mpi_args, *argv]
     pipe = subprocess.PIPE if capture else None
     with subprocess.Popen(
         command, stdout=pipe, stderr=pipe, text=True, env=full_env, cwd=cwd, start_new_session=True

@@ -30,8 +30,9 @@ from typing import TYPE_CHECKING, Any
 
 from rapydli.cluster.processes import spawn_python, terminate_tree
 from rapydli.errors import ConfigError
-from rapydli.experiments import batchspec
+from rapydli.experiments import batchspec, storemerge
 from rapydli.experiments import store as store_mod
+from rapydli.experiments.batchhosts import HostPool
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -64,6 +65,8 @@ def batch(
     retry: int = 0,
     force: bool = False,
     progress: bool = True,
+    hosts: Sequence[str] | None = None,
+    ssh_command: str = "ssh",
 ) -> pd.DataFrame:
     """Run a notebook once per parameter point with papermill; return the summary table.
 
@@ -94,6 +97,9 @@ def batch(
         Run every item even when a finished result is already in ``out``.
     progress
         Show a tqdm progress bar.
+    hosts, ssh_command
+        Run the items on these hosts, one at a time per host, reached with ``ssh_command``
+        (see :mod:`rapydli.experiments.batchhosts`); ``out`` must be on a filesystem they share.
 
     Returns
     -------
@@ -116,7 +122,8 @@ def batch(
     """
     plan = plan_batch(notebook, grid, params_file=params_file, points=points, out=out, kernel=kernel,
                       parallel=parallel, timeout=timeout, retry=retry)  # fmt: skip
-    return run_plan(plan, parallel=parallel, kernel=kernel, timeout=timeout, retry=retry, force=force, progress=progress)
+    return run_plan(plan, parallel=parallel, kernel=kernel, timeout=timeout, retry=retry, force=force, progress=progress,
+                    hosts=hosts, ssh_command=ssh_command)  # fmt: skip
 
 
 @dataclass
@@ -214,6 +221,8 @@ def run_plan(
     retry: int = 0,
     force: bool = False,
     progress: bool = True,
+    hosts: Sequence[str] | None = None,
+    ssh_command: str = "ssh",
 ) -> pd.DataFrame:
     """Run a validated :class:`Plan`; write summary.csv and report.html; return the summary."""
     from rapydli.experiments import batchreport
@@ -226,6 +235,7 @@ def run_plan(
             item.outcome = {**previous, "resumed": True}
         else:
             pending.append(item)
+    pool = HostPool(hosts, ssh_command) if hosts is not None else None
     store = store_mod.open_store()
     batch_id = None
     if store is not None and pending:  # a re-run that skips every item adds no batch record
@@ -245,7 +255,7 @@ def run_plan(
             },
             parent=None,
         )
-    runner = _Runner(plan, store, batch_id, kernel=kernel, timeout=timeout, retry=retry, parallel=parallel)
+    runner = _Runner(plan, store, batch_id, kernel=kernel, timeout=timeout, retry=retry, parallel=parallel, hosts=pool)
     try:
         runner.run(pending, progress=progress)
     except BaseException:
@@ -272,8 +282,8 @@ class _Runner:
     """Runs items in child processes, at most ``parallel`` at once, with timeout and retries."""
 
     def __init__(self, plan: Plan, store: Any, batch_id: str | None, *, kernel: str | None,
-                 timeout: float | None, retry: int, parallel: int) -> None:  # fmt: skip
-        self.plan, self.store, self.batch_id = plan, store, batch_id
+                 timeout: float | None, retry: int, parallel: int, hosts: HostPool | None = None) -> None:  # fmt: skip
+        self.plan, self.store, self.batch_id, self.hosts = plan, store, batch_id, hosts
         self.kernel, self.timeout, self.retry, self.parallel = kernel, timeout, retry, parallel
         self._procs: dict[str, subprocess.Popen] = {}
         self._lock = threading.Lock()
@@ -306,6 +316,12 @@ class _Runner:
         return item
 
     def _attempt(self, item: Item) -> dict[str, Any]:
+        if self.hosts is None:
+            return self._attempt_on(item, None)
+        with self.hosts.host() as host:
+            return self._attempt_on(item, host)
+
+    def _attempt_on(self, item: Item, host: str | None) -> dict[str, Any]:
         item.cwd.mkdir(parents=True, exist_ok=True)
         run_id = None
         if self.store is not None:
@@ -345,7 +361,15 @@ class _Runner:
         env.pop(store_mod.BATCH_ITEM_ENV, None)
         started = time.time()
         log = (item.cwd / ".rapydli-item.log").open("w")
-        proc = spawn_python(["-m", "rapydli.experiments.batch_item", str(spec_path)], cwd=item.cwd, env=env, output=log)
+        args = ["-m", "rapydli.experiments.batch_item", str(spec_path)]
+        job_store = None
+        if host is not None and self.hosts is not None:  # results come back through a store file of the item's own
+            if run_id:
+                job_store = storemerge.job_store(self.store, run_id, item.cwd / ".rapydli-runs.db")
+                env[store_mod.STORE_PATH_ENV] = str(job_store)
+            proc = self.hosts.spawn(host, args, cwd=str(item.cwd), env=env, output=log)
+        else:
+            proc = spawn_python(args, cwd=item.cwd, env=env, output=log)
         with self._lock:
             self._procs[item.key] = proc
         try:
@@ -357,8 +381,12 @@ class _Runner:
             timed_out = True
         finally:
             log.close()
+            if proc.stdin is not None:
+                proc.stdin.close()
             with self._lock:
                 self._procs.pop(item.key, None)
+            if job_store is not None and job_store.exists():
+                storemerge.merge(self.store, job_store)
         outcome: dict[str, Any] = {"error": None, "failing_cell": None}
         try:
             outcome.update(json.loads(result_path.read_text()))

@@ -7,6 +7,7 @@ import numbers
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rapydli.errors import ConfigError
 from rapydli.experiments.record import read_records
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -37,13 +38,19 @@ def summary_table(plan: Plan) -> pd.DataFrame:
             output=str(item.output) if item.output.exists() else None,
             run_id=outcome.get("run_id"),
         )
+        records: dict[str, Any] = {}
         if item.output.exists():
-            for name, rec in read_records(item.output, decoded=False).items():
-                value = rec["value"]
-                if rec["type"] == "scalar" and name not in row:
-                    row[name] = value
-                    if name not in scalars:
-                        scalars.append(name)
+            try:
+                records = read_records(item.output, decoded=False)
+            except ConfigError:  # an item killed while papermill wrote its notebook left it partial
+                if row["status"] == "finished":
+                    raise
+        for name, rec in records.items():
+            value = rec["value"]
+            if rec["type"] == "scalar" and name not in row:
+                row[name] = value
+                if name not in scalars:
+                    scalars.append(name)
         rows.append(row)
     table = pd.DataFrame(rows, columns=["item", *params, *FIXED_COLUMNS, *scalars])
     table["failing_cell"] = table["failing_cell"].astype("Int64")

@@ -23,7 +23,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from rapydli.errors import RankFailure
+from rapydli.errors import ConfigError, RankFailure
 from rapydli.experiments.refs import callable_ref, resolve_callable
 from rapydli.parallel.grid import data_parallel_degree
 from rapydli.trainer.config import TrainConfig
@@ -113,6 +113,12 @@ class TrainingJob:
             data_parallel_degree(len(targets), config.pipeline_stages)
         self.config = config
         self.targets = list(targets)
+        hosts = sorted({host for rank, host in cluster.status()["rank_hosts"].items() if rank in self.targets})
+        if config.allreduce == "shm" and len(hosts) > 1:
+            raise ConfigError(
+                f"TrainConfig.allreduce='shm' needs every rank on one node; these ranks run on {', '.join(hosts)}: "
+                "use 'auto', 'mpi' or 'ring'"
+            )
         self.callbacks = tuple(callbacks)
         self.rows: list[dict[str, Any]] = []
         self.rank_rows: list[dict[str, Any]] = []

@@ -1,8 +1,11 @@
 """The run store: every train, sweep, trial, scaling, batch and tune run, in SQLite.
 
-One file, ``$RAPYDLI_HOME/runs.db`` (default ``~/.rapydli/runs.db``), in WAL mode with a
-busy timeout, so several processes (engines, batch items, the notebook, the REST server)
-write at once and lose nothing: every write is one short ``BEGIN IMMEDIATE`` transaction.
+One file, ``$RAPYDLI_HOME/runs.db`` (default ``~/.rapydli/runs.db``; ``RAPYDLI_STORE_PATH``
+names another), in WAL mode with a busy timeout, so several processes of this host (engines,
+batch items, the notebook, the REST server) write at once and lose nothing: every write is
+one short ``BEGIN IMMEDIATE`` transaction. On a network filesystem the file is opened with a
+rollback journal instead (:mod:`rapydli.experiments.storefs`); work on other hosts writes its
+own file, merged by the owner (:mod:`rapydli.experiments.storemerge`).
 The schema carries a version number; :data:`MIGRATIONS` brings an older file up to date
 on open. ``RAPYDLI_STORE=off`` disables recording (:func:`open_store` returns ``None``).
 
@@ -37,19 +40,16 @@ import sqlite3
 import threading
 import time
 import uuid
+import warnings
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from rapydli.errors import ConfigError, NotFoundError, StoreError
-from rapydli.experiments.provenance import (
-    git_commit,
-    pid_started,
-    process_alive,
-    versions,
-)
+from rapydli.errors import ConfigError, NotFoundError, RapydliWarning, StoreError
+from rapydli.experiments.provenance import git_commit, pid_started, process_alive, versions
+from rapydli.experiments.storefs import journal_mode
 from rapydli.paths import home
-from rapydli.settings import BATCH_ITEM, PARENT_RUN, settings
+from rapydli.settings import BATCH_ITEM, PARENT_RUN, STORE_PATH, settings
 
 KINDS = ("train", "sweep", "trial", "scaling", "batch", "tune")
 #: ``pruned``: a sweep's trial stopped early by the pruner. The schema does not restrict
@@ -59,6 +59,8 @@ STATUSES = ("running", "finished", "failed", "interrupted", "pruned")
 BATCH_ITEM_ENV = BATCH_ITEM
 #: Environment variable naming the parent of runs created in this process (a batch item).
 PARENT_ENV = PARENT_RUN
+#: Environment variable naming the store file of this process (default ``$RAPYDLI_HOME/runs.db``).
+STORE_PATH_ENV = STORE_PATH
 
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 _BUSY_TIMEOUT_MS = 60_000
@@ -168,6 +170,8 @@ class RunStore:
         self.path = Path(path)
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            #: ``WAL``, or ``DELETE`` (rollback journal) where the directory is on a network filesystem
+            self.journal_mode, self.filesystem = journal_mode(self.path.parent)
             self._conn = sqlite3.connect(
                 str(self.path), timeout=_BUSY_TIMEOUT_MS / 1000, isolation_level=None, check_same_thread=False
             )
@@ -178,11 +182,17 @@ class RunStore:
         self._host = socket.gethostname()
         try:
             self._conn.execute(f"PRAGMA busy_timeout = {_BUSY_TIMEOUT_MS}")
-            self._conn.execute("PRAGMA journal_mode = WAL")
+            self._conn.execute(f"PRAGMA journal_mode = {self.journal_mode}")
             self._conn.execute("PRAGMA synchronous = NORMAL")
             self._migrate()
         except sqlite3.DatabaseError as exc:
             raise StoreError(f"the run store {self.path} is unreadable: {exc}") from exc
+        if self.journal_mode != "WAL":
+            warnings.warn(
+                f"the run store {self.path} is on a network filesystem ({self.filesystem}), where SQLite's WAL mode is "
+                "unsafe: it is opened with a rollback journal (slower, one writer at a time); set RAPYDLI_HOME to "
+                "local disk for speed", RapydliWarning, stacklevel=3,
+            )  # fmt: skip
         if detect_interrupted:
             self.mark_interrupted()
 
@@ -509,14 +519,14 @@ _open_lock = threading.Lock()
 
 
 def open_store(path: str | os.PathLike[str] | None = None) -> RunStore | None:
-    """This process's :class:`RunStore` at ``path`` (default ``$RAPYDLI_HOME/runs.db``).
+    """This process's :class:`RunStore` at ``path`` (default ``$RAPYDLI_STORE_PATH``, else ``$RAPYDLI_HOME/runs.db``).
 
     Returns ``None`` when ``RAPYDLI_STORE=off``. The same object is returned on every
     call in a process (a forked child opens its own).
     """
     if not store_enabled():
         return None
-    target = Path(path) if path is not None else home() / "runs.db"
+    target = Path(path) if path is not None else (settings().store_path or home() / "runs.db")
     key = (os.getpid(), str(target.resolve()))
     with _open_lock:
         store = _stores.get(key)
@@ -543,6 +553,6 @@ def current_run_id() -> str | None:
     return settings().batch_item or _current.get(os.getpid())
 
 __all__ = [
-    "KINDS", "STATUSES", "BATCH_ITEM_ENV", "PARENT_ENV", "MIGRATIONS", "SCHEMA_VERSION", "RunStore",
+    "KINDS", "STATUSES", "BATCH_ITEM_ENV", "PARENT_ENV", "STORE_PATH_ENV", "MIGRATIONS", "SCHEMA_VERSION", "RunStore",
     "open_store", "require_store", "current_run_id", "store_enabled", "validate_run_id", "to_json",
 ]  # fmt: skip

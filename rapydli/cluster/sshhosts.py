@@ -1,0 +1,221 @@
+"""Options of the ``ssh`` launcher: MPICH Hydra's ``mpiexec`` reaching other hosts over ssh.
+
+Each option becomes the Hydra arguments and environment it stands for, so users name what
+they mean rather than writing ``mpi_args``:
+
+===============  =================================================================
+``hosts``        ``-hosts h1,h2``: one rank per host in turn (``h1:2`` for two)
+``hostfile``     ``-f FILE``: one ``name[:ranks]`` a line (Hydra's format)
+``ssh_command``  ``-launcher ssh -launcher-exec PROG``: e.g. a wrapper adding ``-F config``
+``interface``    ``-iface NAME``: Hydra's proxies call back on this interface's address,
+                 and the ipyparallel controller listens there (so engines need not
+                 resolve this machine's name); with ``transport='tcp'`` MPI uses it too
+``transport``    ``'tcp'``: MPI traffic goes over TCP (``UCX_TLS=self,tcp``; libfabric's
+                 ``tcp`` provider for MPICH's ofi netmod), e.g. where hosts share a kernel
+                 or no fast network exists; ``'default'``: MPI chooses
+===============  =================================================================
+
+The flags are Hydra's (MPICH, Intel MPI, MVAPICH); with another site MPI, pass its own
+flags in ``mpi_args`` and ``mpi_cmd``.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import socket
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import IO, Any
+
+from rapydli.errors import ConfigError
+
+Config = dict[str, dict[str, Any]]
+#: Environment variables a program started on another host (:func:`spawn_python`) receives from this process.
+PASSED_PREFIXES = ("RAPYDLI_", "PYTHON", "OMP_", "MKL_", "UCX_", "FI_", "JUPYTER_")
+PASSED_NAMES = ("PATH", "VIRTUAL_ENV", "LANG")
+TRANSPORTS = ("tcp", "default")
+_TCP_ENV = {"UCX_TLS": "self,tcp", "FI_PROVIDER": "tcp"}
+
+
+def host_names(value: list[str]) -> list[str]:
+    """Host names from the ``hosts`` option, which may hold comma-separated names."""
+    return [name for item in value for name in item.split(",") if name]
+
+
+def read_hostfile(path: str) -> list[str]:
+    """Host names of a Hydra host file (``name[:ranks]`` a line; ``#`` comments)."""
+    lines = (line.split("#", 1)[0].strip() for line in Path(path).read_text().splitlines())
+    return [line.split(":", 1)[0] for line in lines if line]
+
+
+def check(options: dict[str, Any]) -> None:
+    """Checks across the ``ssh`` launcher's options, before any process starts."""
+    if "hosts" in options and "hostfile" in options:
+        raise ConfigError("the ssh launcher takes 'hosts' or 'hostfile', not both")
+    if "hosts" not in options and "hostfile" not in options:
+        raise ConfigError("the ssh launcher needs 'hosts' (e.g. hosts=node1,node2) or 'hostfile'")
+    if "hosts" in options:
+        options["hosts"] = host_names(options["hosts"])
+        if not options["hosts"]:
+            raise ConfigError("option 'hosts' of launcher 'ssh' names no host")
+    if "hostfile" in options:
+        path = options["hostfile"]
+        if not os.path.isfile(path):
+            raise ConfigError(f"hostfile {path!r} does not exist")
+        if not read_hostfile(path):
+            raise ConfigError(f"hostfile {path!r} names no host")
+    if "ssh_command" in options and not shutil.which(options["ssh_command"]):
+        raise ConfigError(f"ssh_command {options['ssh_command']!r} is not an executable program")
+    if "interface" in options:
+        interface_address(options["interface"])
+    if options.get("transport", "default") not in TRANSPORTS:
+        raise ConfigError(f"transport {options['transport']!r} is invalid: allowed are {', '.join(TRANSPORTS)}")
+
+
+def interface_address(name: str) -> str:
+    """The IPv4 address of network interface ``name`` on this machine."""
+    import psutil
+
+    interfaces = psutil.net_if_addrs()
+    if name not in interfaces:
+        raise ConfigError(f"network interface {name!r} does not exist here: available are {', '.join(sorted(interfaces))}")
+    for address in interfaces[name]:
+        if address.family == socket.AF_INET:
+            return str(address.address)
+    raise ConfigError(f"network interface {name!r} has no IPv4 address")
+
+
+def _mpi_args(config: Config, *args: str) -> None:
+    launcher = config.setdefault("MPIEngineSetLauncher", {})
+    launcher["mpi_args"] = [*args, *launcher.get("mpi_args", [])]
+
+
+def _environment(config: Config) -> dict[str, str]:
+    return config.setdefault("BaseLauncher", {}).setdefault("environment", {})
+
+
+def _pin_tcp_to_interface(config: Config) -> None:
+    """With TCP forced and an interface named, MPI's TCP traffic uses that interface only."""
+    args = config.get("MPIEngineSetLauncher", {}).get("mpi_args", [])
+    env = _environment(config)
+    if "-iface" in args and env.get("UCX_TLS") == _TCP_ENV["UCX_TLS"]:
+        name = args[args.index("-iface") + 1]
+        env.update(UCX_NET_DEVICES=name, FI_TCP_IFACE=name)
+
+
+def hosts(value: list[str], config: Config) -> None:
+    """``hosts`` -> ``-hosts h1,h2``."""
+    _mpi_args(config, "-hosts", ",".join(host_names(value)))
+
+
+def hostfile(value: str, config: Config) -> None:
+    """``hostfile`` -> ``-f FILE``."""
+    _mpi_args(config, "-f", os.path.abspath(value))
+
+
+def ssh_command(value: str, config: Config) -> None:
+    """``ssh_command`` -> ``-launcher ssh -launcher-exec PROG``."""
+    _mpi_args(config, "-launcher", "ssh", "-launcher-exec", shutil.which(value) or value)
+
+
+def interface(value: str, config: Config) -> None:
+    """``interface`` -> ``-iface NAME``; the controller listens on its address."""
+    address = interface_address(value)
+    _mpi_args(config, "-iface", value)
+    config.setdefault("Cluster", {}).update(controller_ip=address, controller_location=address)
+    _pin_tcp_to_interface(config)
+
+
+def transport(value: str, config: Config) -> None:
+    """``transport='tcp'`` -> the environment that keeps MPI on TCP."""
+    if value == "tcp":
+        _environment(config).update(_TCP_ENV)
+        _pin_tcp_to_interface(config)
+
+
+def mpiexec_arguments(options: dict[str, Any]) -> tuple[list[str], dict[str, str]]:
+    """``(mpiexec arguments, environment)`` for the ``ssh`` launcher's ``options``, for plain SPMD runs.
+
+    The same translation engines get, for programs started with
+    :func:`rapydli.cluster.mpirun.run` (benchmarks).
+    """
+    from rapydli.cluster.launchers import get_launcher, validate_options
+
+    config = get_launcher("ssh").config(validate_options("ssh", options))
+    return list(config["MPIEngineSetLauncher"].get("mpi_args", [])), dict(config.get("BaseLauncher", {}).get("environment", {}))
+
+
+def spawn_python(
+    host: str, args: Sequence[str], *, ssh_command: str, cwd: str, env: Mapping[str, str], output: IO[str]
+) -> subprocess.Popen[bytes]:
+    """Start ``python args...`` (this interpreter's path) on ``host`` in ``cwd``, with the passed part of ``env``.
+
+    The program runs as its own process group on the host; when the ssh session ends
+    (this side killed it, or this process died) a watcher on the session's stdin ends
+    that group, so nothing is left behind there.
+    """
+    passed = {k: v for k, v in env.items() if k.startswith(PASSED_PREFIXES) or k in PASSED_NAMES}
+    program = shlex.join(["env", *(f"{k}={v}" for k, v in sorted(passed.items())), "setsid", sys.executable, *args])
+    script = (  # fd 3: a background job's own stdin is /dev/null
+        f"cd {shlex.quote(cwd)} || exit 111; exec 3<&0; {program} & pid=$!; "
+        '(cat <&3 > /dev/null; kill -TERM -- -"$pid" 2> /dev/null) > /dev/null 2>&1 & '
+        'wait "$pid"'
+    )
+    return subprocess.Popen(
+        [ssh_command, "-o", "BatchMode=yes", host, script],
+        stdin=subprocess.PIPE, stdout=output, stderr=subprocess.STDOUT, start_new_session=True,
+    )
+
+
+_REAP = (
+    'pids="{pids}"; for i in $(seq {tries}); do alive=""; '
+    'for p in $pids; do grep -q ipyparallel /proc/$p/cmdline 2>/dev/null && alive="$alive $p"; done; '
+    '[ -z "$alive" ] && exit 0; sleep 0.1; done; kill -9 $alive 2>/dev/null; exit 0'
+)
+
+
+def reap_remote(pids_by_host: dict[str, list[int]], ssh: str = "ssh", grace: float = 5.0) -> None:
+    """On each host, wait up to ``grace`` s for the engine processes ``pids`` to exit, then kill the rest.
+
+    A pid is only killed while its command line is still an ipyparallel one (not a
+    reused pid). Hosts that do not answer are skipped: their processes went with them.
+    """
+    tries = max(1, int(grace / 0.1))
+    options = ["-o", "BatchMode=yes", "-o", "ConnectTimeout=3"]
+    null = subprocess.DEVNULL
+    probes = []
+    for host, pids in pids_by_host.items():
+        script = _REAP.format(pids=" ".join(map(str, pids)), tries=tries)
+        probes.append(subprocess.Popen([ssh, *options, host, script], stdin=null, stdout=null, stderr=null))
+    for probe in probes:
+        try:
+            probe.wait(timeout=grace + 10)
+        except subprocess.TimeoutExpired:
+            probe.kill()
+            probe.wait()
+
+
+def unreachable_hosts(hosts: list[str], ssh: str = "ssh", timeout: float = 3.0) -> dict[str, str]:
+    """``{host: why}`` for the ``hosts`` that do not answer ``ssh HOST true`` (asked at once)."""
+    command = ["-o", f"ConnectTimeout={max(1, int(timeout))}", "-o", "BatchMode=yes"]
+    probes = {
+        host: subprocess.Popen([ssh, *command, host, "true"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, text=True)
+        for host in hosts
+    }
+    down = {}
+    for host, probe in probes.items():
+        try:
+            _, err = probe.communicate(timeout=timeout + 1)
+        except subprocess.TimeoutExpired:
+            probe.kill()
+            probe.communicate()
+            down[host] = f"no answer over ssh within {timeout:g} s"
+            continue
+        if probe.returncode != 0:
+            down[host] = f"ssh fails ({err.strip().splitlines()[-1] if err.strip() else f'exit {probe.returncode}'})"
+    return down

@@ -1,0 +1,47 @@
+"""Batch items on other hosts, reached over ssh (``rd.batch(..., hosts=["n1", "n2"])``).
+
+Each item runs on a free host (one item per host at a time), in the same working
+directory, which must be on a filesystem the hosts share (as home directories on a
+cluster are). Its results go to a store file of its own that this process merges into
+the run store when the item ends (:mod:`rapydli.experiments.storemerge`), so no two hosts
+write one SQLite file. The ssh session is the item's lifeline: when it ends (timeout,
+Ctrl-C, this process killed) the item's whole process group on the host is ended too
+(:func:`rapydli.cluster.sshhosts.spawn_python`).
+"""
+
+from __future__ import annotations
+
+import queue
+import subprocess
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import IO
+
+from rapydli.cluster.sshhosts import spawn_python
+from rapydli.errors import ConfigError
+
+
+class HostPool:
+    """Hosts free to take an item; :meth:`host` lends one for the length of a ``with`` block."""
+
+    def __init__(self, hosts: Sequence[str], ssh_command: str = "ssh") -> None:
+        names = [h for item in hosts for h in str(item).split(",") if h]
+        if not names:
+            raise ConfigError("hosts names no host: give host names, e.g. hosts=['node1', 'node2']")
+        self.hosts = names
+        self.ssh_command = ssh_command
+        self._free: queue.Queue[str] = queue.Queue()
+        for name in names:
+            self._free.put(name)
+
+    @contextmanager
+    def host(self) -> Iterator[str]:
+        name = self._free.get()
+        try:
+            yield name
+        finally:
+            self._free.put(name)
+
+    def spawn(self, host: str, args: Sequence[str], *, cwd: str, env: Mapping[str, str], output: IO[str]) -> subprocess.Popen[bytes]:
+        """Start ``python args...`` on ``host`` in ``cwd`` (see :func:`rapydli.cluster.sshhosts.spawn_python`)."""
+        return spawn_python(host, args, ssh_command=self.ssh_command, cwd=cwd, env=env, output=output)

@@ -1,0 +1,156 @@
+"""The ``ssh`` launcher on two real hosts (network namespaces with sshd, see ``nshosts``).
+
+One rank per host, MPI traffic forced onto TCP so it crosses the hosts' links; the cells,
+``rd.train``, and a host dying in the middle of a collective.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+import time
+
+import nshosts
+import pytest
+from hosts_cases import allreduce_on_host, train_matches_one_process
+from IPython.testing.globalipapp import start_ipython
+from IPython.utils.capture import capture_output
+from processes import wait_until_gone
+
+import rapydli as rd
+from rapydli.cluster import current, launchers
+from rapydli.errors import ConfigError, RankFailure
+
+
+def test_bad_ssh_options_fail_before_anything_starts(tmp_path) -> None:
+    empty = tmp_path / "hostfile"
+    empty.write_text("# nobody\n")
+    for options, message in [
+        ({}, "needs 'hosts'"),
+        ({"hosts": "a", "hostfile": str(empty)}, "not both"),
+        ({"hostfile": str(tmp_path / "missing")}, "does not exist"),
+        ({"hostfile": str(empty)}, "names no host"),
+        ({"hosts": "a,b", "interface": "nosuch0"}, "interface 'nosuch0' does not exist here: available are"),
+        ({"hosts": "a", "transport": "udp"}, "allowed are tcp, default"),
+        ({"hosts": "a", "ssh_command": str(tmp_path / "nossh")}, "not an executable"),
+    ]:
+        with pytest.raises(ConfigError, match=message):
+            rd.Cluster(n=2, launcher="ssh", **options)
+
+
+def test_ssh_options_become_hydra_arguments_and_environment(tmp_path) -> None:
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("node1:2\nnode2:2 # fast ones\n")
+    options = launchers.validate_options("ssh", {"hostfile": str(hostfile), "ssh_command": "ssh", "interface": "lo", "transport": "tcp"})
+    config = launchers.get_launcher("ssh").config(options)
+    args = config["MPIEngineSetLauncher"]["mpi_args"]
+    assert args[args.index("-f") + 1] == str(hostfile)
+    assert args[args.index("-iface") + 1] == "lo" and "-launcher-exec" in args
+    assert config["Cluster"] == {"controller_ip": "127.0.0.1", "controller_location": "127.0.0.1"}
+    assert config["BaseLauncher"]["environment"] == {
+        "UCX_TLS": "self,tcp", "FI_PROVIDER": "tcp", "UCX_NET_DEVICES": "lo", "FI_TCP_IFACE": "lo"
+    }
+    assert launchers.validate_options("ssh", {"hosts": "h1,h2"})["hosts"] == ["h1", "h2"]
+
+
+@pytest.mark.hosts
+def test_hosts_are_separate(hosts) -> None:
+    for host in hosts.hosts:
+        result = subprocess.run([hosts.ssh, host.name, "hostname; ip -4 -br addr show rdnet0; cat /etc/hosts"],
+                                capture_output=True, text=True, check=True)
+        name, address = result.stdout.splitlines()[:2]
+        assert name == host.name and f"{host.address}/24" in address
+        assert f"{host.address} {host.name}" in result.stdout
+    with open("/etc/hosts") as own:
+        assert "10.77.0.11" not in own.read()  # this machine's file is untouched
+
+
+@pytest.fixture(scope="module")
+def ip(hosts):
+    shell = start_ipython()
+    shell.run_line_magic("load_ext", "rapydli")
+    options = f"hosts=h1,h2 ssh_command={hosts.ssh} interface={nshosts.BRIDGE} transport=tcp"
+    with capture_output():
+        shell.run_line_magic("rapydli", f"start {options} -n 2 --launcher ssh")
+    yield shell
+    shell.run_line_magic("rapydli", "stop")
+    assert not wait_until_gone(), "cluster stop left processes behind here"
+    for host in hosts.hosts:  # and on the hosts: only their sshd remains (sessions end as ssh closes)
+        deadline = time.monotonic() + 10
+        while host.pids() != [host.sshd.pid] and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert host.pids() == [host.sshd.pid], f"processes left on {host.name}: {host.commands()}"
+
+
+def cell(ip, code: str, line: str = ""):
+    with capture_output() as captured:
+        value = ip.run_cell_magic("distributed", line, code)
+    return value, captured
+
+
+@pytest.mark.hosts
+@pytest.mark.engines
+def test_distributed_cell_spans_the_hosts_over_tcp(ip, hosts) -> None:
+    status = ip.run_line_magic("rapydli", "status")
+    assert status["rank_hosts"] == {0: "h1", 1: "h2"} and status["launcher"] == "ssh"
+    before = [h.link_bytes() for h in hosts.hosts]
+    ip.user_ns["allreduce_on_host"] = allreduce_on_host
+    value, captured = cell(ip, "import socket\nprint(socket.gethostname())\nallreduce_on_host(4 << 20)", "--gather --push allreduce_on_host")
+    assert value == [("h1", 2.0), ("h2", 2.0)]
+    assert "[rank 1] h2" in captured.stdout
+    crossed = [h.link_bytes() - b for h, b in zip(hosts.hosts, before)]
+    assert all(c > 4 << 20 for c in crossed), f"bytes on the links: {crossed}"
+
+
+@pytest.mark.hosts
+@pytest.mark.engines
+def test_training_across_hosts_matches_one_process(ip) -> None:
+    results = current().run(train_matches_one_process)  # the magic's cluster
+    assert [r["host"] for r in results] == ["h1", "h2"]
+    assert all(r["difference"] < 1e-5 for r in results), results
+    assert results[0]["table_hosts"] == ["h1", "h2"]
+    assert results[0]["measured"] == ["mpi", "ring"]  # shm is off: the ranks share no node
+    model, data = "rapydli.zoo.models:mlp", "rapydli.zoo.datasets:digits"
+    with pytest.raises(ConfigError, match="'shm' needs every rank on one node; these ranks run on h1, h2"):
+        rd.train(model, data, rd.TrainConfig(max_steps=1, allreduce="shm"), cluster=current(), progress=False)
+    result = rd.train(model, data, rd.TrainConfig(max_steps=4, batch_size=16, allreduce="auto"), cluster=current(), progress=False)
+    assert (result.history["world_size"].dropna() == 2).all()
+
+
+@pytest.mark.hosts
+@pytest.mark.engines
+def test_a_host_dying_mid_collective_is_named_then_restart_works(ip, hosts, tmp_path) -> None:
+    started = tmp_path / "started"
+    code = (
+        "import numpy as np, pathlib\n"
+        "data = np.ones(1 << 16, dtype=np.float32); out = np.empty_like(data)\n"
+        "comm.Allreduce(data, out)\n"
+        f"pathlib.Path({str(started)!r}).touch()\n"
+        "while True:\n    comm.Allreduce(data, out)\n"
+    )
+    killed_at: list[float] = []
+
+    def kill_h2() -> None:
+        deadline = time.monotonic() + 60
+        while not started.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        killed_at.append(time.monotonic())
+        hosts.host("h2").kill()
+
+    killer = threading.Thread(target=kill_h2)
+    killer.start()
+    with pytest.raises(RankFailure) as failure:
+        cell(ip, code, "--timeout 60")
+    elapsed = time.monotonic() - killed_at[0]
+    killer.join()
+    message = str(failure.value)
+    assert message.startswith("rank 1 died: host h2 down"), message
+    assert failure.value.failures.keys() == {1}
+    print(f"host death reported {elapsed:.1f} s after the kill")
+
+    nshosts.revive(hosts, "h2")
+    with capture_output():
+        status = ip.run_line_magic("rapydli", "restart")
+    assert status["state"] == "running" and status["rank_hosts"] == {0: "h1", 1: "h2"}
+    value, _ = cell(ip, "allreduce_on_host(1 << 10)", "--gather --push allreduce_on_host")
+    assert value == [("h1", 2.0), ("h2", 2.0)]
