@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from rapydli.errors import ConfigError, NotFoundError, StoreError
+from rapydli.experiments.annotations import RunAnnotations
 from rapydli.experiments.provenance import git_commit, pid_started, process_alive, versions
 from rapydli.paths import home
 
@@ -106,6 +107,17 @@ MIGRATIONS: list[str] = [
         PRIMARY KEY (run_id, name)
     );
     """,
+    # 2: a free-text note per run and any number of tags (rapydli.experiments.annotations)
+    """
+    ALTER TABLE runs ADD COLUMN note TEXT;
+    CREATE TABLE tags (
+        run_id TEXT NOT NULL REFERENCES runs(id),
+        tag TEXT NOT NULL,
+        time REAL NOT NULL,
+        PRIMARY KEY (run_id, tag)
+    );
+    CREATE INDEX tags_tag ON tags(tag)
+    """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -145,7 +157,7 @@ def to_json(value: Any) -> str:
         raise ConfigError(f"value cannot be stored as JSON: {exc}") from exc
 
 
-class RunStore:
+class RunStore(RunAnnotations):
     """A connection to the run store. Thread-safe; open one per process with :func:`open_store`.
 
     Parameters
