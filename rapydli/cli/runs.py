@@ -190,7 +190,6 @@ def note(run_id: str, text: str | None, clear: bool) -> None:
 def repeat(run_id: str, out: str | None, parallel: int | None) -> None:
     """Re-run a recorded train run or batch (or batch item) with the same parameters and seed."""
     from rapydli.experiments.repeat import repeat_run
-
     from rapydli.experiments.store import require_store
 
     new_id = repeat_run(run_id, out=out, parallel=parallel)
