@@ -12,12 +12,17 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
-from pytest_jupyter.jupyter_server import *  # noqa: F403 - the fixtures jp_fetch needs, for this module only
-from test_server_handlers import api, jp_server_config, on_server_loop, store  # noqa: F401 - fixtures
+import test_server_handlers
+from pytest_jupyter.jupyter_server import *
 
-from processes import engine_pids, wait_until_gone
+from rapydli.cluster import Cluster
 from rapydli.experiments.store import RunStore
+
+# The REST fixtures and the event-loop wrapper of the handler tests, shared.
+api, store, jp_server_config = test_server_handlers.api, test_server_handlers.store, test_server_handlers.jp_server_config
+on_server_loop = test_server_handlers.on_server_loop
 
 
 def seed(store: RunStore, tmp_path: Path) -> dict[str, Any]:
@@ -163,14 +168,16 @@ async def test_batch_items_and_artifact_download(api, store: RunStore, tmp_path:
 @pytest.mark.timeout(240)
 @on_server_loop
 async def test_a_cli_started_cluster_is_listed_and_stopped_at_once(api, store: RunStore) -> None:
-    before = engine_pids()
-    started = subprocess.run([sys.executable, "-m", "rapydli", "cluster", "start", "-n", "2"],
-                             capture_output=True, text=True, env=dict(os.environ), timeout=180)  # fmt: skip
+    started = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "rapydli", "cluster", "start", "-n", "2"],
+                                      check=False, capture_output=True, text=True, env=dict(os.environ), timeout=180)  # fmt: skip
     assert started.returncode == 0, started.stderr
     cluster_id = started.stdout.strip()
+    (record,) = [r for r in Cluster.detached() if r["id"] == cluster_id]
+    pids = [engine["pid"] for engine in record["engines"].values()]  # not our children: the CLI exited
+    assert all(psutil.pid_exists(pid) for pid in pids)
     try:
         code, listed = await api("clusters")
-        (entry,) = [c for c in listed["clusters"] if c["id"] == cluster_id]
+        (entry,) = [c for c in listed["clusters"] if c["id"] == cluster_id]  # listed though another process started it
         assert entry["origin"] == "detached" and entry["engines_alive"] == 2 and entry["n"] == 2
         assert entry["state"] == "running" and entry["hosts"] and entry["created"] <= time.time()
         asked = time.monotonic()
@@ -186,6 +193,8 @@ async def test_a_cli_started_cluster_is_listed_and_stopped_at_once(api, store: R
             assert entry["state"] == "stopping", entry
             await asyncio.sleep(0.3)
         assert code == 404
-        assert wait_until_gone(before, 15) == set()
+        _, alive = psutil.wait_procs([psutil.Process(p) for p in pids if psutil.pid_exists(p)], timeout=15)
+        assert not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]
     finally:
-        subprocess.run([sys.executable, "-m", "rapydli", "cluster", "stop", "--all"], capture_output=True, timeout=120)
+        await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "rapydli", "cluster", "stop", "--all"],
+                                check=False, capture_output=True, timeout=120)  # fmt: skip

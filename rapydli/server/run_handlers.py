@@ -63,6 +63,12 @@ class FamiliesHandler(BaseHandler):
             kind=q.kind, status=q.status, text=q.text, tag=q.tag, sort=q.sort, descending=q.descending,
             limit=q.limit, offset=q.offset, max_children=MAX_CHILDREN,
         )  # fmt: skip
+        store = self.store()
+        for family in families:
+            for child in family["children"]:
+                if child["kind"] == "trial":  # pruned trials end "finished": show the sweep's word for it
+                    state = store.records(child["id"]).get("trial_state")
+                    child["state"] = state["value"] if state else child["status"]
         self.reply({"families": families, "total": total, "limit": q.limit, "offset": q.offset})
 
 
