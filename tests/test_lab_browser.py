@@ -304,6 +304,9 @@ def test_batch_view_shows_the_failed_item_and_opens_its_notebook(page: Page, lab
     failed.get_by_role("link", name="open").click()
     expect(page.locator(".lm-DockPanel-tabBar .lm-TabBar-tab.lm-mod-current")).to_contain_text(".ipynb")
     expect(page.locator(".jp-NotebookPanel:visible")).to_contain_text("x must be positive")
+    page.get_by_role("menuitem", name="File", exact=True).click()
+    page.get_by_role("menuitem", name="Close All Tabs").click()  # later tests want no notebook open
+    expect(page.locator(".jp-NotebookPanel")).to_have_count(0)
 
 
 def test_tags_and_note_round_trip(page: Page, lab: dict[str, Any]) -> None:
@@ -424,7 +427,10 @@ def test_start_and_stop_a_cluster_from_the_panel(page: Page, lab: dict[str, Any]
 
     # A notebook attaches to the panel's cluster through the inserted cells and runs on it.
     with urllib.request.urlopen(f"{lab['url']}/rapydli/api/clusters?token={lab['token']}", timeout=10) as response:
-        (cluster,) = json.load(response)["clusters"]
+        listed = json.load(response)["clusters"]
+    ours = [c for c in listed if c["origin"] == "server"]
+    assert len(ours) == 1, listed
+    cluster = ours[0]
     page.keyboard.press("Control+Shift+c")
     page.locator("#command-palette input").fill("New Notebook")
     page.keyboard.press("Enter")

@@ -165,7 +165,10 @@ class ClusterManager:
             entries = sorted(self._clusters.values(), key=lambda e: e.created)
             others = dict(self._others)
         own = [entry.describe() for entry in entries]
-        published = {c["attach_id"] for c in own if c["attach_id"]} | {e.attach_id for e in entries if e.attach_id}
+        # this server's clusters also leave ipyparallel's files: never list them twice (even while starting)
+        published = {e.attach_id for e in entries if e.attach_id} | {
+            cluster_status(e.cluster).get("cluster_id") for e in entries if e.cluster is not None
+        }
         seen = {}
         for found in running_clusters():
             if found["id"] not in published:

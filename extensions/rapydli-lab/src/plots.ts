@@ -189,3 +189,21 @@ export function parcoords(trials: ITrial[], metric: string | null): any[] {
   dims.push({ label: metric, values });
   return [{ type: 'parcoords', line: { color: values, colorscale: 'Viridis', showscale: true }, dimensions: dims }];
 }
+
+/**
+ * Plots to draw once their divs are in the page: Plotly sizes a figure from its div, so a
+ * view builds its DOM first, attaches it, then runs these.
+ */
+export class PendingPlots {
+  add(div: HTMLElement, data: any[], lay: any): void {
+    this._jobs.push(() => draw(div, data, lay));
+  }
+
+  async drawAll(): Promise<void> {
+    for (const job of this._jobs.splice(0)) {
+      await job();
+    }
+  }
+
+  private _jobs: (() => Promise<void>)[] = [];
+}

@@ -12,6 +12,7 @@ import {
   MetricSeries,
   scalingRowsFromChildren,
   scalingTraces,
+  PendingPlots,
   UNIT_GROUPS
 } from './plots';
 import { sweepSection } from './sweepview';
@@ -197,11 +198,12 @@ export class RunView extends Widget {
   private async _renderExtra(): Promise<void> {
     const run = this._run!;
     const parts: HTMLElement[] = [];
+    const plots = new PendingPlots();
     if (run.kind === 'scaling') {
-      parts.push(await this._scaling(run));
+      parts.push(await this._scaling(run, plots));
     }
     if (run.kind === 'sweep') {
-      parts.push(await sweepSection(run.id, this.commands));
+      parts.push(await sweepSection(run.id, this.commands, plots));
     }
     if (run.kind === 'batch' && !run.parent) {
       parts.push(await batchSection(run.id, this.commands));
@@ -210,13 +212,14 @@ export class RunView extends Widget {
       if (record.type === 'figure' && record.value && Array.isArray(record.value.data)) {
         const div = h('div', { className: 'rapydli-Plot', attrs: { 'data-plot': `record-${name}`, 'aria-label': `Figure ${name}` } });
         parts.push(div);
-        void draw(div, record.value.data, record.value.layout ?? { title: { text: name } });
+        plots.add(div, record.value.data, record.value.layout ?? { title: { text: name } });
       }
     }
     this._extra.replaceChildren(...parts);
+    await plots.drawAll();
   }
 
-  private async _scaling(run: IRunDetail): Promise<HTMLElement> {
+  private async _scaling(run: IRunDetail, plots: PendingPlots): Promise<HTMLElement> {
     let rows: Record<string, any>[] = [];
     for (const record of Object.values(run.records ?? {})) {
       if (record.type === 'table' && Array.isArray(record.value) && record.value.some((r: any) => 'workers' in r)) {
@@ -234,7 +237,7 @@ export class RunView extends Widget {
     const lay = layout('Speedup and efficiency', 'workers', 'speedup');
     lay.yaxis2 = { title: { text: 'efficiency' }, overlaying: 'y', side: 'right', range: [0, 1.1] };
     lay.margin = { ...lay.margin, r: 70 };
-    await draw(div, traces, lay);
+    plots.add(div, traces, lay);
     return div;
   }
 

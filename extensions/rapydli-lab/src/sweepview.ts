@@ -9,7 +9,7 @@ import { ISweepReply, ITrial, requestAPI } from './api';
 import { CommandIDs } from './commands';
 import { formatNumber, formatShortDuration, h, statusBadge } from './format';
 import { formatValue } from './params';
-import { draw, layout, parcoords } from './plots';
+import { layout, parcoords, PendingPlots } from './plots';
 
 /** A log y axis when positive values span more than two decades (a diverged trial). */
 function logIfWide(lay: any, values: (number | null)[]): any {
@@ -40,7 +40,7 @@ export function bestSoFar(trials: ITrial[], maximize: boolean): { x: number[]; y
   return { x, y, best };
 }
 
-export async function sweepSection(sweepId: string, commands: CommandRegistry): Promise<HTMLElement> {
+export async function sweepSection(sweepId: string, commands: CommandRegistry, plots: PendingPlots): Promise<HTMLElement> {
   const reply = await requestAPI<ISweepReply>(`sweeps/${encodeURIComponent(sweepId)}`);
   const metric = reply.metric ?? 'value';
   const maximize = reply.direction === 'maximize';
@@ -130,7 +130,7 @@ export async function sweepSection(sweepId: string, commands: CommandRegistry): 
   if (history.x.length) {
     const div = plotDiv('best-so-far', 'Best so far plot');
     grid.append(div);
-    await draw(div, [
+    plots.add(div, [
       { type: 'scatter', mode: 'markers', name: metric, x: history.x, y: history.y },
       { type: 'scatter', mode: 'lines', name: 'best so far', x: history.x, y: history.best, line: { shape: 'hv' } }
     ], logIfWide(layout('Best so far', 'trial', metric), history.y));
@@ -140,7 +140,7 @@ export async function sweepSection(sweepId: string, commands: CommandRegistry): 
   if (curves.length) {
     const div = plotDiv('intermediate', 'Intermediate values plot');
     grid.append(div);
-    await draw(div, curves.map(t => ({
+    plots.add(div, curves.map(t => ({
       type: 'scatter',
       mode: 'lines+markers',
       name: `${t.name}${t.state === 'PRUNED' ? ' (pruned)' : ''}`,
@@ -154,7 +154,7 @@ export async function sweepSection(sweepId: string, commands: CommandRegistry): 
   if (coords.length) {
     const div = plotDiv('parcoords', 'Parallel coordinates plot');
     grid.append(div);
-    await draw(div, coords, { title: { text: 'Parallel coordinates (completed trials)' }, height: 340, margin: { l: 60, r: 60, t: 70, b: 30 } });
+    plots.add(div, coords, { title: { text: 'Parallel coordinates (completed trials)' }, height: 340, margin: { l: 60, r: 60, t: 70, b: 30 } });
   }
   if (reply.importance) {
     const entries = Object.entries(reply.importance).reverse();
@@ -162,7 +162,7 @@ export async function sweepSection(sweepId: string, commands: CommandRegistry): 
     grid.append(div);
     const lay = layout('Parameter importance', 'importance', '');
     lay.margin = { ...lay.margin, l: 100 };
-    await draw(div, [{ type: 'bar', orientation: 'h', x: entries.map(e => e[1]), y: entries.map(e => e[0]), name: 'importance' }], lay);
+    plots.add(div, [{ type: 'bar', orientation: 'h', x: entries.map(e => e[1]), y: entries.map(e => e[0]), name: 'importance' }], lay);
     section.append(h('p', { className: 'rapydli-Empty', text: reply.importance_basis }));
   } else {
     section.append(h('p', { className: 'rapydli-Empty', attrs: { 'aria-label': 'Parameter importance' }, text: reply.importance_basis }));
