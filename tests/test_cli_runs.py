@@ -77,6 +77,22 @@ def test_compare_shows_differences_and_metrics(two_runs: tuple[str, str]) -> Non
     assert "config.epochs" in invoke("runs", "compare", a, b, "--all-params")
 
 
+def test_tags_and_note_round_trip(two_runs: tuple[str, str], store: store_mod.RunStore) -> None:
+    a, _ = two_runs
+    assert invoke("runs", "tag", a[:6], "best", "baseline").strip() == f"{a}: best baseline"
+    assert invoke("runs", "tag", a, "best").strip() == f"{a}: best baseline"  # adding twice keeps one
+    assert invoke("runs", "tag", a, "--remove", "baseline").strip() == f"{a}: best"
+    assert invoke("runs", "tag", a).strip() == f"{a}: best"
+    assert store.tags(a) == ["best"]
+    invoke("runs", "note", a, "lr 0.1 wins;\nuse it for the paper")
+    assert invoke("runs", "note", a).strip() == "lr 0.1 wins;\nuse it for the paper"
+    out = invoke("runs", "show", a)
+    assert "tags        best" in out and "note        lr 0.1 wins;" in out
+    assert json.loads(invoke("runs", "show", a, "--json"))["tags"] == ["best"]
+    invoke("runs", "note", a, "--clear")
+    assert store.get_run(a)["note"] is None
+
+
 def test_export_jsonl_and_csv(two_runs: tuple[str, str], tmp_path: Path) -> None:
     a, b = two_runs
     invoke("runs", "export", "-o", str(tmp_path / "runs.jsonl"))
@@ -97,6 +113,8 @@ def test_user_mistakes_are_one_line_exit_2(two_runs: tuple[str, str], store: sto
         (["runs", "show", "nope"], "no run 'nope'"),
         (["runs", "show", "../x"], "run ids are"),
         (["runs", "compare", two_runs[0]], "at least two run ids"),
+        (["runs", "tag", two_runs[0], "has space"], "tag 'has space' is invalid"),
+        (["runs", "note", two_runs[0], "x", "--clear"], "either TEXT or --clear"),
         (["runs", "repeat", sweep], "is a sweep run; only train and batch runs can be repeated"),
         (["runs", "repeat", lam], "not an importable 'module:qualname'"),
     ):

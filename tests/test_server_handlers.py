@@ -61,7 +61,7 @@ def api(jp_fetch):
     async def call(*path: str, method: str = "GET", body: Any = None, **kwargs: Any) -> tuple[int, Any]:
         if body is not None and not isinstance(body, (str, bytes)):
             body = json.dumps(body)
-        if method in ("POST", "PUT") and body is None:
+        if method in ("POST", "PUT", "PATCH") and body is None:
             body = b""
         try:
             response = await jp_fetch("rapydli", "api", *path, method=method, body=body, **kwargs)
@@ -71,6 +71,11 @@ def api(jp_fetch):
         text = response.body.decode()
         return response.code, json.loads(text) if text else None
 
+    async def raw(*path: str, **kwargs: Any) -> Any:
+        """The response itself (for downloads), not its JSON."""
+        return await jp_fetch("rapydli", "api", *path, **kwargs)
+
+    call.raw = raw  # type: ignore[attr-defined]
     return call
 
 
@@ -93,10 +98,11 @@ def seed(store: RunStore) -> dict[str, str]:
 
 @on_server_loop
 async def test_unauthenticated_requests_are_refused(jp_fetch, store: RunStore) -> None:
-    for path, method in (("runs", "GET"), ("clusters", "GET"), ("clusters", "POST"), ("version", "GET")):
+    for path, method in (("runs", "GET"), ("clusters", "GET"), ("clusters", "POST"), ("version", "GET"),
+                         ("families", "GET"), ("compare", "GET"), ("runs/feedbeef0000", "PATCH")):  # fmt: skip
         with pytest.raises(tornado.httpclient.HTTPClientError) as info:
             await jp_fetch(
-                "rapydli", "api", path, method=method, body=b"{}" if method == "POST" else None,
+                "rapydli", "api", path, method=method, body=b"{}" if method in ("POST", "PATCH") else None,
                 headers={"Authorization": ""},
             )  # fmt: skip
         assert info.value.code == 403, path
@@ -163,7 +169,8 @@ async def test_metrics_are_incremental(api, store: RunStore) -> None:
 @pytest.mark.parametrize("bad", ["..", "a.b", "x" * 70, "..%2F..%2Fetc%2Fpasswd", "-rf"])
 @on_server_loop
 async def test_malformed_ids_are_400(api, store: RunStore, bad: str) -> None:
-    for path in (("runs", bad), ("runs", bad, "metrics"), ("sweeps", bad), ("clusters", bad)):
+    for path in (("runs", bad), ("runs", bad, "metrics"), ("sweeps", bad), ("clusters", bad), ("batches", bad),
+                 ("runs", bad, "artifacts", "0")):  # fmt: skip
         code, data = await api(*path)
         assert code == 400, (path, data)
         assert "must be 1-64 letters" in data["error"]
@@ -172,7 +179,7 @@ async def test_malformed_ids_are_400(api, store: RunStore, bad: str) -> None:
 @on_server_loop
 async def test_unknown_ids_are_404(api, store: RunStore) -> None:
     for path in (("runs", "feedbeef0000"), ("runs", "feedbeef0000", "metrics"), ("sweeps", "feedbeef0000"),
-                 ("clusters", "c0000000000")):  # fmt: skip
+                 ("clusters", "c0000000000"), ("batches", "feedbeef0000"), ("runs", "feedbeef0000", "artifacts", "0")):  # fmt: skip
         code, data = await api(*path)
         assert code == 404 and "no " in data["error"], path
     code, data = await api("clusters", "c0000000000", method="DELETE")
@@ -215,6 +222,17 @@ async def wait_for(api, cluster_id: str, states: set[str], timeout: float = 150)
     raise AssertionError(f"cluster {cluster_id} never reached {states}: {entry}")
 
 
+async def wait_gone(api, cluster_id: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        code, entry = await api("clusters", cluster_id)
+        if code == 404:
+            return
+        assert entry["state"] == "stopping", entry
+        await asyncio.sleep(0.3)
+    raise AssertionError(f"cluster {cluster_id} was never stopped")
+
+
 def assert_no_engines(before: set[int], timeout: float = 15) -> None:
     assert wait_until_gone(before, timeout) == set()
 
@@ -237,7 +255,8 @@ async def test_start_status_stop_a_real_cluster(api, store: RunStore) -> None:
     code, listed = await api("clusters")
     assert [c["id"] for c in listed["clusters"]] == [entry["id"]]
     code, stopped = await api("clusters", entry["id"], method="DELETE")
-    assert code == 200 and stopped["state"] == "stopped"
+    assert code == 202 and stopped["state"] == "stopping"  # answered at once; stopped in the background
+    await wait_gone(api, entry["id"])
     code, listed = await api("clusters")
     assert listed["clusters"] == []
     assert running["attach_id"] not in [record["id"] for record in Cluster.detached()]

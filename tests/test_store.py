@@ -61,12 +61,12 @@ def test_migration_path_from_older_and_refusal_of_newer(tmp_path: Path, monkeypa
     path = tmp_path / "runs.db"
     RunStore(path).close()
     # a future migration is applied on open, and the version moves on
-    monkeypatch.setattr(store_mod, "MIGRATIONS", [*store_mod.MIGRATIONS, "ALTER TABLE runs ADD COLUMN note TEXT"])
+    monkeypatch.setattr(store_mod, "MIGRATIONS", [*store_mod.MIGRATIONS, "ALTER TABLE runs ADD COLUMN future TEXT"])
     monkeypatch.setattr(store_mod, "SCHEMA_VERSION", store_mod.SCHEMA_VERSION + 1)
     upgraded = RunStore(path)
     assert upgraded.schema_version == store_mod.SCHEMA_VERSION
     columns = [row[1] for row in sqlite3.connect(path).execute("PRAGMA table_info(runs)")]
-    assert "note" in columns
+    assert "future" in columns
     upgraded.close()
     # an older rapydli refuses a newer file instead of corrupting it
     monkeypatch.setattr(store_mod, "SCHEMA_VERSION", store_mod.SCHEMA_VERSION - 1)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import socket
+
 import pytest
 
 import rapydli as rd
@@ -55,6 +57,9 @@ def test_train_returns_history_and_records_the_run(cluster) -> None:
     assert run["params"]["config"]["max_steps"] == 8
     logged = store.metrics(result.run_id)
     assert {m["name"] for m in logged} >= {"loss", "lr", "val_loss", "val_accuracy", "step_time_s"}
+    # rank 1's own step timings are stored beside rank 0's, and the hosts the run ran on
+    assert {m["name"] for m in logged} >= {"step_time_s@rank1", "comm_wait_s@rank1"}
+    assert store.records(result.run_id)["hosts"]["value"] == [socket.gethostname()]
 
 
 @pytest.mark.engines

@@ -49,14 +49,20 @@ def start(n: int, launcher: str, threads: int | None, options: tuple[str, ...]) 
 
 @cluster.command()
 def status() -> None:
-    """List the clusters started with `rapydli cluster start`."""
-    records = Cluster.detached()
+    """List every running cluster: started here (detached) or held by a kernel or script."""
+    import time
+
+    from rapydli.cluster.registry import running_clusters
+
+    records = running_clusters()
     if not records:
         click.echo("no clusters")
         return
     table = pd.DataFrame(
         [
-            {"id": r["id"], "launcher": r["launcher"], "n": r["n"], "engines_alive": r["engines_alive"], "threads": r["threads"]}
+            {"id": r["id"], "origin": r["origin"], "launcher": r["launcher"], "n": r["n"],
+             "engines_alive": r["engines_alive"], "hosts": ",".join(r["hosts"]),
+             "uptime_s": round(time.time() - r["started"])}
             for r in records
         ]
     )

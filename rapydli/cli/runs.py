@@ -1,4 +1,4 @@
-"""``rapydli runs list|show|compare|repeat|export``: the run store from the shell."""
+"""``rapydli runs list|show|compare|tag|note|repeat|export``: the run store from the shell."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ def _short(value: Any, width: int = 60) -> str:
 
 @click.group()
 def runs() -> None:
-    """List, show, compare, repeat and export recorded runs."""
+    """List, show, compare, tag, annotate, repeat and export recorded runs."""
 
 
 @runs.command("list")
@@ -82,7 +82,7 @@ def show(run_id: str, as_json: bool) -> None:
     artifacts = store.artifacts(run["id"])
     children, n_children = store.list_runs(parent=run["id"], limit=50)
     if as_json:
-        payload = {**iso_times(run), "final_metrics": final, "artifacts": artifacts,
+        payload = {**iso_times(run), "final_metrics": final, "artifacts": artifacts, "tags": store.tags(run["id"]),
                    "records": store.records(run["id"]), "children": [c["id"] for c in children]}  # fmt: skip
         click.echo(json.dumps(payload, indent=1, sort_keys=True, default=str))
         return
@@ -93,6 +93,11 @@ def show(run_id: str, as_json: bool) -> None:
         if key == "duration" and value is not None:
             value = f"{value:.2f} s"
         click.echo(f"  {key:<11} {'' if value is None else value}")
+    tags = store.tags(run["id"])
+    if tags:
+        click.echo("  tags        " + " ".join(tags))
+    if run["note"]:
+        click.echo("  note        " + run["note"].strip().replace("\n", "\n              "))
     click.echo("  versions    " + ", ".join(f"{k} {v}" for k, v in sorted(run["versions"].items()) if v))
     if run["error"]:
         click.echo("  error       " + run["error"].strip().replace("\n", "\n              "))
@@ -114,14 +119,6 @@ def show(run_id: str, as_json: bool) -> None:
         click.echo(f"children ({n_children}): " + " ".join(c["id"] for c in children))
 
 
-def _flatten(prefix: str, value: Any, out: dict[str, Any]) -> None:
-    if isinstance(value, dict) and value:
-        for key, inner in value.items():
-            _flatten(f"{prefix}.{key}" if prefix else str(key), inner, out)
-    else:
-        out[prefix] = value
-
-
 @runs.command()
 @click.argument("run_ids", nargs=-1, required=True)
 @click.option("--all-params", is_flag=True, help="Show every parameter, not only those that differ.")
@@ -129,35 +126,60 @@ def compare(run_ids: tuple[str, ...], all_params: bool) -> None:
     """Parameters that differ and final metrics, side by side, for two or more runs."""
     import pandas as pd
 
-    from rapydli.errors import ConfigError
+    from rapydli.experiments.compare import compare_runs
 
-    if len(run_ids) < 2:
-        raise ConfigError("runs compare needs at least two run ids")
     store = _store()
-    ids = [store.resolve(r) for r in run_ids]
-    params, metrics = {}, {}
-    for run_id in ids:
-        flat: dict[str, Any] = {}
-        _flatten("", store.get_run(run_id)["params"], flat)
-        params[run_id] = flat
-        metrics[run_id] = store.final_metrics(run_id)
-    keys = sorted({k for flat in params.values() for k in flat})
-    differ = [k for k in keys if len({json.dumps(params[i].get(k), sort_keys=True, default=str) for i in ids}) > 1]
-    shown = keys if all_params else differ
-    header = {i: f"{i} ({store.get_run(i)['status']})" for i in ids}
-    if shown:
-        table = pd.DataFrame({header[i]: [_short(params[i].get(k, "-"), 40) for k in shown] for i in ids}, index=shown)
+    result = compare_runs(store, [store.resolve(r) for r in run_ids], all_params=all_params)
+    ids = [run["id"] for run in result["runs"]]
+    header = {run["id"]: f"{run['id']} ({run['status']})" for run in result["runs"]}
+    if result["params"]:
+        values = result["values"]
+        table = pd.DataFrame({header[i]: [_short(values[i].get(k, "-"), 40) for k in result["params"]] for i in ids},
+                             index=result["params"])  # fmt: skip
         click.echo("parameters" + ("" if all_params else " that differ") + ":")
         click.echo(table.to_string())
     else:
         click.echo("parameters: identical")
-    names = sorted({k for m in metrics.values() for k in m})
-    if names:
-        table = pd.DataFrame({header[i]: [metrics[i].get(n) for n in names] for i in ids}, index=names)
+    if result["metrics"]:
+        finals = {run["id"]: run["final"] for run in result["runs"]}
+        table = pd.DataFrame({header[i]: [finals[i].get(n) for n in result["metrics"]] for i in ids}, index=result["metrics"])
         click.echo("final metrics:")
         click.echo(table.to_string(na_rep="-"))
     else:
         click.echo("final metrics: none recorded")
+
+
+@runs.command()
+@click.argument("run_id")
+@click.argument("tags", nargs=-1)
+@click.option("--remove", "-r", is_flag=True, help="Remove these tags instead of adding them.")
+def tag(run_id: str, tags: tuple[str, ...], remove: bool) -> None:
+    """Add TAGS to a run (or --remove them); with no TAGS, print its tags."""
+    store = _store()
+    run_id = store.resolve(run_id)
+    if tags:
+        current = store.remove_tags(run_id, tags) if remove else store.add_tags(run_id, tags)
+    else:
+        current = store.tags(run_id)
+    click.echo(f"{run_id}: " + (" ".join(current) if current else "no tags"))
+
+
+@runs.command()
+@click.argument("run_id")
+@click.argument("text", required=False)
+@click.option("--clear", is_flag=True, help="Remove the run's note.")
+def note(run_id: str, text: str | None, clear: bool) -> None:
+    """Set a run's note to TEXT (or --clear it); with neither, print the note."""
+    from rapydli.errors import ConfigError
+
+    store = _store()
+    run_id = store.resolve(run_id)
+    if clear and text is not None:
+        raise ConfigError("give either TEXT or --clear, not both")
+    if clear or text is not None:
+        store.set_note(run_id, None if clear else text)
+    current = store.get_run(run_id)["note"]
+    click.echo(current if current else f"{run_id}: no note")
 
 
 @runs.command()
@@ -186,6 +208,7 @@ def repeat(run_id: str, out: str | None, parallel: int | None) -> None:
 @click.option("--output", "-o", type=click.Path(dir_okay=False, writable=True), default="-", show_default=True)
 def export(run_ids: tuple[str, ...], kind: str | None, status: str | None, fmt: str, output: str) -> None:
     """Export runs (all, filtered, or the given ids) as JSON Lines or CSV."""
+    from rapydli.experiments.compare import flatten
     from rapydli.experiments.runview import iso_times
 
     store = _store()
@@ -204,8 +227,7 @@ def export(run_ids: tuple[str, ...], kind: str | None, status: str | None, fmt: 
 
             rows = []
             for run in runs_:
-                flat: dict[str, Any] = {}
-                _flatten("params", run["params"], flat)
+                flat = flatten(run["params"], "params")
                 base = {k: v for k, v in iso_times(run).items() if k not in ("params", "versions")}
                 metrics = {f"metric.{k}": v for k, v in store.final_metrics(run["id"]).items()}
                 rows.append({**base, **flat, **metrics})

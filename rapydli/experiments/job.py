@@ -147,6 +147,7 @@ class TrainingJob:
             }
             run_name = name or str(getattr(model, "__name__", "model"))
             self.run_id = self.store.create_run(kind, run_name, params, parent=parent, world_size=len(self.targets), seed=config.seed)
+            self.store.add_record(self.run_id, "hosts", "json", cluster.status().get("hosts", []))
         try:
             if not cluster.running:  # chosen but not started yet (rd.train's own cluster): part of the run
                 cluster.start()
@@ -168,8 +169,10 @@ class TrainingJob:
             make = self.progress if callable(self.progress) else tqdm
             self._bar = make(total=payload["total_steps"], initial=payload["start_step"], desc="train", unit="step")
             return
-        if kind == "rank_timings":  # other ranks' step timings: to the callbacks (per-rank plots), not the history
+        if kind == "rank_timings":  # other ranks' step timings: to the callbacks and the store, not the history
             self.rank_rows.append(payload)
+            if self.store is not None and self.run_id is not None:  # stored as e.g. step_time_s@rank1
+                self.store.log_metrics(self.run_id, [(s, f"{n}@rank{payload['rank']}", v) for s, n, v in _metric_rows(payload)])
             for callback in self.callbacks:
                 callback(dict(payload))
             return

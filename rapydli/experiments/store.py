@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from rapydli.errors import ConfigError, NotFoundError, RapydliWarning, StoreError
+from rapydli.experiments.annotations import RunAnnotations
 from rapydli.experiments.provenance import git_commit, pid_started, process_alive, versions
 from rapydli.experiments.storefs import journal_mode
 from rapydli.paths import home
@@ -116,6 +117,17 @@ MIGRATIONS: list[str] = [
         PRIMARY KEY (run_id, name)
     );
     """,
+    # 2: a free-text note per run and any number of tags (rapydli.experiments.annotations)
+    """
+    ALTER TABLE runs ADD COLUMN note TEXT;
+    CREATE TABLE tags (
+        run_id TEXT NOT NULL REFERENCES runs(id),
+        tag TEXT NOT NULL,
+        time REAL NOT NULL,
+        PRIMARY KEY (run_id, tag)
+    );
+    CREATE INDEX tags_tag ON tags(tag)
+    """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -155,7 +167,7 @@ def to_json(value: Any) -> str:
         raise ConfigError(f"value cannot be stored as JSON: {exc}") from exc
 
 
-class RunStore:
+class RunStore(RunAnnotations):
     """A connection to the run store. Thread-safe; open one per process with :func:`open_store`.
 
     Parameters

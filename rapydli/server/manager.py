@@ -1,11 +1,15 @@
-"""Clusters owned by the Jupyter server: started in the background, stopped with the server.
+"""Clusters the Jupyter server shows: its own, started in the background and stopped with
+the server, and every other running cluster of the user (command line, kernels).
 
-:class:`ClusterManager` is plain Python (no jupyter_server import). Each
-``start`` returns at once with a ``starting`` entry; a thread starts the
+:class:`ClusterManager` is plain Python (no jupyter_server import). Each ``start``
+returns at once with a ``starting`` entry; a thread starts the
 :class:`rapydli.cluster.Cluster` and moves the entry to ``running``, or to ``failed``
-with the error text. :meth:`ClusterManager.stop_all` stops every cluster; the server
-extension calls it on shutdown, and it is registered with :mod:`atexit` as a fallback,
-so no engine outlives the server.
+with the error text. ``stop`` and ``restart`` also answer at once (``stopping``,
+``restarting``) and do the work in a thread, for the server's clusters and for the
+others (found by :mod:`rapydli.cluster.registry`) alike. :meth:`ClusterManager.stop_all`
+stops the server's own clusters, never the others; the server extension calls it on
+shutdown, and it is registered with :mod:`atexit` as a fallback, so no engine the server
+started outlives it.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from rapydli.cluster.registry import running_clusters, stop_cluster
 from rapydli.errors import ClusterError, NotFoundError, RapydliError
 
 log = logging.getLogger(__name__)
@@ -61,18 +66,22 @@ class ManagedCluster:
     thread: threading.Thread | None = field(default=None, repr=False)
 
     def describe(self) -> dict[str, Any]:
-        """JSON-ready summary: id, launcher, n, engines_alive, state, error, created, options."""
-        state, alive = self.state, 0
+        """JSON-ready summary: id, origin (``server``), launcher, n, engines_alive, hosts, state,
+        error, attach_id, created, options."""
+        state, alive, hosts = self.state, 0, []
         if state == "running" and self.cluster is not None:
             status = cluster_status(self.cluster)
             alive = int(status.get("engines_alive", 0))
+            hosts = list(status.get("hosts", []))
             if status.get("state") == "degraded":
                 state = "degraded"  # some engines died; a restart replaces them
         return {
             "id": self.id,
+            "origin": "server",
             "launcher": self.launcher,
             "n": self.n,
             "engines_alive": alive,
+            "hosts": hosts,
             "state": state,
             "error": self.error,
             "attach_id": self.attach_id if state in ("running", "degraded") else None,
@@ -95,6 +104,7 @@ class ClusterManager:
     def __init__(self, factory: Callable[[int, str, Mapping[str, Any]], Any] | None = None) -> None:
         self._factory = factory or _default_factory
         self._clusters: dict[str, ManagedCluster] = {}
+        self._others: dict[str, dict[str, Any]] = {}  # other clusters being stopped or restarted
         self._lock = threading.Lock()
         atexit.register(self.stop_all)
 
@@ -149,14 +159,56 @@ class ClusterManager:
         return entry
 
     def list(self) -> list[dict[str, Any]]:
-        """Every cluster, oldest first, as :meth:`ManagedCluster.describe` dicts."""
+        """Every cluster, oldest first: this server's (:meth:`ManagedCluster.describe`) and every
+        other running one of the user (``origin`` ``detached`` or ``kernel``)."""
         with self._lock:
             entries = sorted(self._clusters.values(), key=lambda e: e.created)
-        return [entry.describe() for entry in entries]
+            others = dict(self._others)
+        own = [entry.describe() for entry in entries]
+        # this server's clusters also leave ipyparallel's files: never list them twice (even while starting)
+        published = {e.attach_id for e in entries if e.attach_id} | {
+            cluster_status(e.cluster).get("cluster_id") for e in entries if e.cluster is not None
+        }
+        seen = {}
+        for found in running_clusters():
+            if found["id"] not in published:
+                seen[found["id"]] = _describe_other(found)
+        for cluster_id, pending in others.items():  # stopping, restarting or failed: what the row shows
+            seen[cluster_id] = {**seen.get(cluster_id, pending), "state": pending["state"], "error": pending["error"]}
+        return own + sorted(seen.values(), key=lambda c: c["created"])
+
+    def describe(self, cluster_id: str) -> dict[str, Any]:
+        """One cluster as :meth:`list` shows it; NotFoundError if none runs under that id."""
+        with self._lock:
+            entry = self._clusters.get(cluster_id)
+        if entry is not None:
+            return entry.describe()
+        for cluster in self.list():
+            if cluster["id"] == cluster_id:
+                return cluster
+        raise NotFoundError(f"no cluster {cluster_id!r}: not started by this server and not running elsewhere")
+
+    def _other(self, cluster_id: str) -> dict[str, Any]:
+        for found in running_clusters():
+            if found["id"] == cluster_id:
+                return _describe_other(found)
+        raise NotFoundError(f"no cluster {cluster_id!r}: not started by this server and not running elsewhere")
+
+    def _in_background(self, name: str, work: Callable[[], None]) -> threading.Thread:
+        thread = threading.Thread(target=work, name=name, daemon=True)
+        thread.start()
+        return thread
 
     def restart(self, cluster_id: str) -> dict[str, Any]:
-        """Restart a running cluster's engines in the background (state ``restarting``)."""
-        entry = self.get(cluster_id)
+        """Restart a running cluster's engines in the background (state ``restarting``).
+
+        A cluster another process holds (``origin`` ``kernel``) cannot be restarted from
+        here; a detached one is attached to and restarted under the same id.
+        """
+        with self._lock:
+            entry = self._clusters.get(cluster_id)
+        if entry is None:
+            return self._restart_other(cluster_id)
         if entry.state != "running":
             raise ClusterError(f"cluster {cluster_id!r} is {entry.state}; only a running cluster can restart")
         entry.state = "restarting"
@@ -171,25 +223,88 @@ class ClusterManager:
                 self._publish(entry)  # fresh engines under a new id
                 entry.state, entry.error = "running", None
 
-        entry.thread = threading.Thread(target=restart, name=f"rapydli-restart-{cluster_id}", daemon=True)
-        entry.thread.start()
+        entry.thread = self._in_background(f"rapydli-restart-{cluster_id}", restart)
         return entry.describe()
 
-    def stop(self, cluster_id: str) -> dict[str, Any]:
-        """Stop a cluster (waiting for a start in progress) and forget it. Blocks until stopped."""
-        entry = self.get(cluster_id)
-        entry.state = "stopping"
-        with entry.lock:  # waits for a start or restart in progress
-            self._stop_quietly(entry)
-            entry.cluster = None
+    def _restart_other(self, cluster_id: str) -> dict[str, Any]:
+        found = self._other(cluster_id)
+        if found["origin"] == "kernel":
+            raise ClusterError(f"cluster {cluster_id!r} is held by a kernel or script; restart it there (cluster.restart())")
+        pending = self._begin_other(found, "restarting")
+
+        def restart() -> None:
+            from rapydli.cluster import Cluster
+
+            try:
+                attached = Cluster.attach(cluster_id)
+                attached.restart()
+                attached.client.close()  # the engines stay up (detached); only this connection ends
+            except Exception as exc:  # noqa: BLE001 - reported in the row
+                pending.update(state="failed", error=f"{type(exc).__name__}: {exc}")
+                return
+            with self._lock:
+                self._others.pop(cluster_id, None)
+
+        self._in_background(f"rapydli-restart-{cluster_id}", restart)
+        return dict(pending)
+
+    def _begin_other(self, found: dict[str, Any], state: str) -> dict[str, Any]:
         with self._lock:
-            self._clusters.pop(cluster_id, None)
+            busy = self._others.get(found["id"])
+            if busy is not None and busy["state"] in ("stopping", "restarting"):
+                raise ClusterError(f"cluster {found['id']!r} is already {busy['state']}")
+            pending = self._others[found["id"]] = {**found, "state": state, "error": None}
+        return pending
+
+    def stop(self, cluster_id: str, wait: bool = True) -> dict[str, Any]:
+        """Stop a cluster (waiting for a start in progress) and forget it.
+
+        With ``wait`` (the default) return once stopped; without, return at once with state
+        ``stopping`` and stop in a thread (the entry stays listed as ``stopping`` until then).
+        A cluster this server did not start is stopped through :mod:`rapydli.cluster.registry`.
+        """
+        with self._lock:
+            entry = self._clusters.get(cluster_id)
+        if entry is None:
+            return self._stop_other(cluster_id, wait)
+        entry.state = "stopping"
+
+        def stop() -> None:
+            with entry.lock:  # waits for a start or restart in progress
+                self._stop_quietly(entry)
+                entry.cluster = None
+            with self._lock:
+                self._clusters.pop(cluster_id, None)
+
+        if not wait:
+            self._in_background(f"rapydli-stop-{cluster_id}", stop)
+            return entry.describe()
+        stop()
         summary = entry.describe()
         summary["state"] = "stopped"
         return summary
 
+    def _stop_other(self, cluster_id: str, wait: bool) -> dict[str, Any]:
+        pending = self._begin_other(self._other(cluster_id), "stopping")
+
+        def stop() -> None:
+            try:
+                stop_cluster(cluster_id)
+            except Exception as exc:  # noqa: BLE001 - reported in the row
+                log.warning("cluster %s did not stop: %s", cluster_id, exc)
+                pending.update(state="failed", error=f"{type(exc).__name__}: {exc}")
+                return
+            with self._lock:
+                self._others.pop(cluster_id, None)
+
+        if not wait:
+            self._in_background(f"rapydli-stop-{cluster_id}", stop)
+            return dict(pending)
+        stop()
+        return {**pending, "state": "stopped"}
+
     def stop_all(self) -> None:
-        """Stop every cluster (on server shutdown)."""
+        """Stop every cluster this server started (on server shutdown); others keep running."""
         with self._lock:
             ids = list(self._clusters)
         for cluster_id in ids:
@@ -197,3 +312,21 @@ class ClusterManager:
                 self.stop(cluster_id)
             except NotFoundError:
                 continue
+
+
+def _describe_other(found: dict[str, Any]) -> dict[str, Any]:
+    """A cluster from :func:`~rapydli.cluster.registry.running_clusters` as :meth:`ClusterManager.list` shows it."""
+    n, alive = found["n"] or 0, found["engines_alive"]
+    return {
+        "id": found["id"],
+        "origin": found["origin"],
+        "launcher": found["launcher"],
+        "n": n,
+        "engines_alive": alive,
+        "hosts": found["hosts"],
+        "state": "running" if alive >= n else "degraded",
+        "error": None,
+        "attach_id": found["id"] if found["origin"] == "detached" else None,
+        "created": found["started"],
+        "options": {},
+    }

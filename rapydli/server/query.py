@@ -139,3 +139,91 @@ def parse_cluster_request(data: Mapping[str, Any]) -> ClusterRequest:
     if not isinstance(options, dict):
         raise ConfigError(f"field 'options' must be an object; got {type(options).__name__}")
     return ClusterRequest(n=n, launcher=launcher, options=validate_options(launcher, options))
+
+
+@dataclass(frozen=True)
+class FamilyQuery:
+    """``GET families`` arguments: filters, order and one page."""
+
+    kind: str | None = None
+    status: str | None = None
+    text: str | None = None
+    tag: str | None = None
+    sort: str = "started"
+    descending: bool = True
+    limit: int = 50
+    offset: int = 0
+
+
+def parse_family_query(args: Mapping[str, str]) -> FamilyQuery:
+    """Parse ``kind``, ``status``, ``q`` (text), ``tag``, ``sort``, ``order`` (asc|desc), ``limit``, ``offset``.
+
+    Examples
+    --------
+    >>> parse_family_query({"q": "resnet", "sort": "name", "order": "asc"})
+    FamilyQuery(kind=None, status=None, text='resnet', tag=None, sort='name', descending=False, limit=50, offset=0)
+    """
+    from rapydli.experiments.annotations import FAMILY_SORTS, TAG_RE
+
+    text = args.get("q") or None
+    if text is not None and len(text) > 200:
+        raise ConfigError(f"query argument 'q' is at most 200 characters; got {len(text)}")
+    tag = args.get("tag") or None
+    if tag is not None and not TAG_RE.match(tag):
+        raise ConfigError(f"query argument 'tag' must be a tag (letters, digits, '_.:+-'); got {tag!r}")
+    return FamilyQuery(
+        kind=_choice_arg(args, "kind", RUN_KINDS),
+        status=_choice_arg(args, "status", RUN_STATUSES),
+        text=text,
+        tag=tag,
+        sort=_choice_arg(args, "sort", tuple(FAMILY_SORTS)) or "started",
+        descending=(_choice_arg(args, "order", ("asc", "desc")) or "desc") == "desc",
+        limit=_int_arg(args, "limit", 50, 1, 200) or 50,
+        offset=_int_arg(args, "offset", 0, 0, None) or 0,
+    )
+
+
+def parse_compare_ids(args: Mapping[str, str]) -> list[str]:
+    """The ``ids`` argument of ``GET compare``: 2-10 comma-separated, different run ids."""
+    from rapydli.experiments.compare import MAX_COMPARE
+
+    text = args.get("ids", "")
+    ids = [check_id(part.strip(), "run id") for part in text.split(",") if part.strip()]
+    if not 2 <= len(ids) <= MAX_COMPARE:
+        raise ConfigError(f"query argument 'ids' must name 2..{MAX_COMPARE} runs, comma-separated; got {len(ids)}")
+    if len(set(ids)) != len(ids):
+        raise ConfigError("query argument 'ids' names a run twice")
+    return ids
+
+
+@dataclass(frozen=True)
+class Annotations:
+    """A validated ``PATCH runs/{id}`` body: new tags and/or note (None = unchanged)."""
+
+    tags: list[str] | None = None
+    note: str | None = None
+    set_note: bool = False
+
+
+def parse_annotations(data: Mapping[str, Any]) -> Annotations:
+    """Check ``{"tags": [...], "note": "..."}`` (either or both; ``note`` null or "" clears it).
+
+    Examples
+    --------
+    >>> parse_annotations({"tags": ["best"]})
+    Annotations(tags=['best'], note=None, set_note=False)
+    """
+    from rapydli.experiments.annotations import check_note, check_tags
+
+    unknown = sorted(set(data) - {"tags", "note"})
+    if unknown:
+        raise ConfigError(f"unknown field(s) {', '.join(unknown)}: allowed are tags, note")
+    if not data:
+        raise ConfigError("the body must set 'tags' (a list of tags) or 'note' (text), or both")
+    tags = None
+    if "tags" in data:
+        if not isinstance(data["tags"], list):
+            raise ConfigError(f"field 'tags' must be a list of tags; got {type(data['tags']).__name__}")
+        tags = check_tags(data["tags"])
+    note = check_note(data["note"]) if "note" in data else None
+    return Annotations(tags=tags, note=note, set_note="note" in data)

@@ -48,6 +48,9 @@ export async function requestAPI<T>(
 
 export interface ICluster {
   id: string;
+  /** server: started from this panel; detached: `rapydli cluster start`; kernel: held by a kernel or script. */
+  origin: 'server' | 'detached' | 'kernel';
+  hosts: string[];
   launcher: string;
   n: number;
   engines_alive: number;
@@ -83,6 +86,8 @@ export interface IRun {
   ended: number | null;
   duration: number | null;
   host: string;
+  note?: string | null;
+  tags?: string[];
   final: Record<string, number | null>;
 }
 
@@ -93,6 +98,7 @@ export interface IArtifact {
 }
 
 export interface IRunDetail extends IRun {
+  hosts: string[];
   artifacts: IArtifact[];
   records: Record<string, { type: string; value: any }>;
   children: IRun[];
@@ -123,11 +129,72 @@ export interface ITrial extends IRun {
   sampled: Record<string, unknown>;
   /** The sweep's state of the trial (COMPLETE, PRUNED, FAIL, ...) or the run status. */
   state: string;
+  /** The final value of the sweep's metric. */
+  value: number | null;
+  /** `[step, value]` of the sweep's metric as the pruner saw them. */
+  intermediate: [number, number | null][];
 }
 
 export interface ISweepReply {
   sweep: IRun;
   metric: string | null;
-  direction: string | null;
+  direction: string;
   trials: ITrial[];
+  /** Optuna's parameter importance, or null (the reason is in `importance_basis`). */
+  importance: Record<string, number> | null;
+  importance_basis: string;
+}
+
+/** A run in the families list: itself, its tags, final metrics and how many children it has. */
+export interface IFamilyRun extends IRun {
+  tags: string[];
+  n_children: number;
+  /** Trials only: the sweep's state of the trial (COMPLETE, PRUNED, FAIL). */
+  state?: string;
+}
+
+export interface IFamily extends IFamilyRun {
+  children: IFamilyRun[];
+}
+
+export interface IFamiliesReply {
+  families: IFamily[];
+  total: number;
+  limit: number;
+  offset: number;
+}
+
+export interface ICurvePoint {
+  step: number;
+  /** Seconds since the run started. */
+  time: number;
+  value: number | null;
+}
+
+export interface ICompareReply {
+  runs: (IRun & { tags: string[] })[];
+  /** Dotted parameter names shown (those that differ). */
+  params: string[];
+  values: Record<string, Record<string, unknown>>;
+  differ: string[];
+  metrics: string[];
+  curves: Record<string, Record<string, ICurvePoint[]>>;
+}
+
+export interface IBatchItem extends IRun {
+  parameters: Record<string, unknown>;
+  notebook: string | null;
+  failing_cell: string | null;
+}
+
+export interface IBatchReply {
+  batch: IRun;
+  items: IBatchItem[];
+  artifacts: IArtifact[];
+}
+
+export interface IAnnotations {
+  id: string;
+  tags: string[];
+  note: string | null;
 }

@@ -6,5 +6,6 @@ export const CommandIDs = {
   restartCluster: 'rapydli:restart-cluster',
   stopCluster: 'rapydli:stop-cluster',
   insertDistributedCell: 'rapydli:insert-distributed-cell',
-  openRun: 'rapydli:open-run'
+  openRun: 'rapydli:open-run',
+  openCompare: 'rapydli:open-compare'
 } as const;

@@ -70,3 +70,74 @@ export function h<K extends keyof HTMLElementTagNameMap>(
   }
   return el;
 }
+
+/** The first 7 characters of an id (as git shows commits). */
+export function shortId(id: string): string {
+  return id.slice(0, 7);
+}
+
+/** "now", "5m ago", "3h ago", "2d ago", then a date: when something happened (short, for the panel). */
+export function formatAgo(epochSeconds: number, now = Date.now() / 1000): string {
+  const s = Math.max(0, now - epochSeconds);
+  if (s < 45) {
+    return 'now';
+  }
+  if (s < 3600) {
+    return `${Math.max(1, Math.round(s / 60))}m ago`;
+  }
+  if (s < 86400) {
+    return `${Math.round(s / 3600)}h ago`;
+  }
+  if (s < 14 * 86400) {
+    return `${Math.round(s / 86400)}d ago`;
+  }
+  return new Date(epochSeconds * 1000).toLocaleDateString();
+}
+
+/** A compact duration for narrow columns: 850ms, 12.3s, 4m 05s, 2h 10m. */
+export function formatShortDuration(seconds: number | null): string {
+  if (seconds === null || seconds === undefined || !isFinite(seconds)) {
+    return '';
+  }
+  if (seconds < 1) {
+    return `${Math.round(seconds * 1000)}ms`;
+  }
+  if (seconds < 60) {
+    return `${seconds.toFixed(1)}s`;
+  }
+  if (seconds < 3600) {
+    return `${Math.floor(seconds / 60)}m ${String(Math.round(seconds % 60)).padStart(2, '0')}s`;
+  }
+  return `${Math.floor(seconds / 3600)}h ${String(Math.round((seconds % 3600) / 60)).padStart(2, '0')}m`;
+}
+
+/** Symbol shown for a run status (the word is in its title and label). */
+export const STATUS_ICON: Record<string, string> = {
+  running: '●',
+  finished: '✓',
+  failed: '✗',
+  interrupted: '◼',
+  COMPLETE: '✓',
+  PRUNED: '✂',
+  FAIL: '✗'
+};
+
+/** The status element of a row: an icon with the word as its accessible name. */
+export function statusBadge(status: string): HTMLElement {
+  return h('span', {
+    className: `rapydli-StatusIcon rapydli-status-${status}`,
+    text: STATUS_ICON[status] ?? '?',
+    attrs: { title: status, 'aria-label': status, 'data-status': status }
+  });
+}
+
+/** A number in at most ~7 characters (for the panel's metric column): 0.4246, 1.62e+5. */
+export function formatCompact(value: unknown): string {
+  if (typeof value !== 'number' || !isFinite(value)) {
+    return formatNumber(value);
+  }
+  if (Number.isInteger(value) && Math.abs(value) < 1e6) {
+    return String(value);
+  }
+  return Math.abs(value) >= 1e4 || Math.abs(value) < 1e-3 ? value.toExponential(1) : value.toPrecision(4);
+}

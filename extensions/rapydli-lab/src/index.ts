@@ -10,10 +10,12 @@ import { LabIcon } from '@jupyterlab/ui-components';
 import { Widget } from '@lumino/widgets';
 
 import { CommandIDs } from './commands';
+import { CompareView } from './compareview';
 import { askStartCluster } from './dialog';
 import { RapydliModel } from './model';
 import { RapydliPanel } from './panel';
 import { RunView } from './runview';
+import { shortId } from './format';
 
 const ICON_SVG =
   '<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 24 24"><g class="jp-icon3" fill="#616161">' +
@@ -38,7 +40,7 @@ function setupCell(attachId: string | null): string {
   return lines.join('\n');
 }
 
-/** The status-bar item: live engines over all server-owned clusters. */
+/** The status-bar item: live engines over every running cluster of the user. */
 class EngineCount extends Widget {
   constructor(private readonly model: RapydliModel) {
     super();
@@ -151,14 +153,36 @@ const plugin: JupyterFrontEndPlugin<void> = {
           return existing;
         }
         const widget = new MainAreaWidget({ content: new RunView(id, commands) });
+        widget.content.node.setAttribute('aria-label', `Run ${id}`); // MainAreaWidget names it "main area content"
         widget.id = `rapydli-run-view-${id}`;
-        widget.title.label = `Run ${id}`;
+        widget.title.label = `Run ${shortId(id)}`;
         widget.title.icon = rapydliIcon;
         widget.content.title.changed.connect(() => {
           widget.title.label = widget.content.title.label;
         });
         shell.add(widget, 'main');
         await runViews.add(widget);
+        shell.activateById(widget.id);
+        return widget;
+      }
+    });
+
+    let compares = 0;
+    commands.addCommand(CommandIDs.openCompare, {
+      label: 'RaPyDLI: Compare Runs',
+      caption: 'Overlay the curves, the parameters that differ and the final metrics of runs (ids: "a,b")',
+      execute: args => {
+        const ids = String(args['ids'] ?? '').split(',').filter(Boolean);
+        if (ids.length < 2) {
+          model.setError('Tick two or more runs to compare them.');
+          return null;
+        }
+        const widget = new MainAreaWidget({ content: new CompareView(ids, commands) });
+        widget.content.node.setAttribute('aria-label', 'Compare runs');
+        widget.id = `rapydli-compare-${++compares}`;
+        widget.title.label = widget.content.title.label;
+        widget.title.icon = rapydliIcon;
+        shell.add(widget, 'main');
         shell.activateById(widget.id);
         return widget;
       }

@@ -3,29 +3,41 @@ import { ISignal, Signal } from '@lumino/signaling';
 import {
   ICluster,
   IClustersReply,
+  IFamiliesReply,
+  IFamily,
   ILauncher,
-  IRun,
-  IRunsReply,
   requestAPI
 } from './api';
 
-/** Run filters of the panel ('' = any). */
+/** Run filters and order of the panel ('' = any). */
 export interface IRunFilter {
   kind: string;
   status: string;
+  /** Substring of a name, id, tag or note. */
+  text: string;
+  sort: string;
+  order: 'asc' | 'desc';
 }
 
+/** Families per page of the run list. */
+export const PAGE_SIZE = 25;
+
 /**
- * What the panel and the status bar show: clusters, latest runs and sweeps, polled from
- * the REST API, plus the last API error (shown in the panel, never swallowed).
+ * What the panel and the status bar show: every cluster, one page of run families,
+ * polled from the REST API, the runs picked for comparing, and the last API error
+ * (shown in the panel, never swallowed).
  */
 export class RapydliModel {
   clusters: ICluster[] = [];
-  runs: IRun[] = [];
-  totalRuns = 0;
-  sweeps: IRun[] = [];
+  families: IFamily[] = [];
+  totalFamilies = 0;
+  offset = 0;
   launchers: ILauncher[] = [];
-  filter: IRunFilter = { kind: '', status: '' };
+  filter: IRunFilter = { kind: '', status: '', text: '', sort: 'started', order: 'desc' };
+  /** Families shown open (their children listed). */
+  readonly expanded = new Set<string>();
+  /** Runs ticked for the compare view, in the order ticked. */
+  readonly selected: string[] = [];
   /** The last polling error (cleared by the next successful poll). */
   pollError: string | null = null;
   /** The last error of an action (start, stop, ...); stays until dismissed or the next action succeeds. */
@@ -56,9 +68,38 @@ export class RapydliModel {
     }
   }
 
+  /** Change filters or order; back to the first page. */
   setFilter(filter: Partial<IRunFilter>): void {
     this.filter = { ...this.filter, ...filter };
+    this.offset = 0;
     void this.refresh();
+  }
+
+  setPage(offset: number): void {
+    this.offset = Math.max(0, offset);
+    void this.refresh();
+  }
+
+  toggleExpanded(id: string): void {
+    if (!this.expanded.delete(id)) {
+      this.expanded.add(id);
+    }
+    this._changed.emit();
+  }
+
+  toggleSelected(id: string): void {
+    const at = this.selected.indexOf(id);
+    if (at >= 0) {
+      this.selected.splice(at, 1);
+    } else {
+      this.selected.push(id);
+    }
+    this._changed.emit();
+  }
+
+  clearSelection(): void {
+    this.selected.splice(0);
+    this._changed.emit();
   }
 
   /** Show an action's error in the panel (null dismisses it). */
@@ -68,28 +109,35 @@ export class RapydliModel {
   }
 
   async refresh(): Promise<void> {
-    const query = new URLSearchParams({ limit: '50' });
-    if (this.filter.kind) {
-      query.set('kind', this.filter.kind);
+    const query = new URLSearchParams({
+      limit: String(PAGE_SIZE),
+      offset: String(this.offset),
+      sort: this.filter.sort,
+      order: this.filter.order
+    });
+    for (const key of ['kind', 'status'] as const) {
+      if (this.filter[key]) {
+        query.set(key, this.filter[key]);
+      }
     }
-    if (this.filter.status) {
-      query.set('status', this.filter.status);
+    if (this.filter.text.trim()) {
+      query.set('q', this.filter.text.trim());
     }
+    const serial = ++this._serial;
     try {
-      const [clusters, runs, sweeps] = await Promise.all([
+      const [clusters, families] = await Promise.all([
         requestAPI<IClustersReply>('clusters'),
-        requestAPI<IRunsReply>(`runs?${query}`),
-        requestAPI<IRunsReply>('runs?kind=sweep&limit=20')
+        requestAPI<IFamiliesReply>(`families?${query}`)
       ]);
       if (this.launchers.length === 0) {
-        this.launchers = (
-          await requestAPI<{ launchers: ILauncher[] }>('launchers')
-        ).launchers;
+        this.launchers = (await requestAPI<{ launchers: ILauncher[] }>('launchers')).launchers;
+      }
+      if (serial !== this._serial) {
+        return; // a newer refresh (other filters) is under way
       }
       this.clusters = clusters.clusters;
-      this.runs = runs.runs;
-      this.totalRuns = runs.total;
-      this.sweeps = sweeps.runs;
+      this.families = families.families;
+      this.totalFamilies = families.total;
       this.pollError = null;
     } catch (error) {
       this.pollError = String((error as Error).message ?? error);
@@ -97,33 +145,19 @@ export class RapydliModel {
     this._changed.emit();
   }
 
-  async startCluster(
-    n: number,
-    launcher: string,
-    options: Record<string, unknown> = {}
-  ): Promise<ICluster | null> {
+  async startCluster(n: number, launcher: string, options: Record<string, unknown> = {}): Promise<ICluster | null> {
     return this._act(() =>
-      requestAPI<ICluster>('clusters', {
-        method: 'POST',
-        body: JSON.stringify({ n, launcher, options })
-      })
+      requestAPI<ICluster>('clusters', { method: 'POST', body: JSON.stringify({ n, launcher, options }) })
     );
   }
 
   async restartCluster(id: string): Promise<ICluster | null> {
-    return this._act(() =>
-      requestAPI<ICluster>(`clusters/${encodeURIComponent(id)}/restart`, {
-        method: 'POST'
-      })
-    );
+    return this._act(() => requestAPI<ICluster>(`clusters/${encodeURIComponent(id)}/restart`, { method: 'POST' }));
   }
 
+  /** Ask the server to stop a cluster: it answers at once and the row shows "stopping". */
   async stopCluster(id: string): Promise<ICluster | null> {
-    return this._act(() =>
-      requestAPI<ICluster>(`clusters/${encodeURIComponent(id)}`, {
-        method: 'DELETE'
-      })
-    );
+    return this._act(() => requestAPI<ICluster>(`clusters/${encodeURIComponent(id)}`, { method: 'DELETE' }));
   }
 
   private async _act(fn: () => Promise<ICluster>): Promise<ICluster | null> {
@@ -140,4 +174,5 @@ export class RapydliModel {
 
   private _changed = new Signal<this, void>(this);
   private _timer: number | null = null;
+  private _serial = 0;
 }

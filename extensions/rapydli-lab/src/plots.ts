@@ -10,18 +10,63 @@ export function plotly(): Promise<any> {
   return plotlyPromise;
 }
 
-const LOSS = /loss/i;
-const THROUGHPUT = /throughput|per_s|_s$|samples|images|tokens/i;
+/** A plot of the run view: the metrics that share one unit (and so one y axis). */
+export interface IUnitGroup {
+  id: string;
+  title: string;
+  yTitle: string;
+  /** Multiply values by this (seconds shown as ms). */
+  scale: number;
+  range?: [number, number];
+}
 
-/** Which plot a metric belongs to. */
-export function metricGroup(name: string): 'loss' | 'throughput' | 'other' {
-  if (LOSS.test(name)) {
+export const UNIT_GROUPS: IUnitGroup[] = [
+  { id: 'loss', title: 'Loss', yTitle: 'loss', scale: 1 },
+  { id: 'throughput', title: 'Throughput', yTitle: 'samples/s', scale: 1 },
+  { id: 'time', title: 'Times', yTitle: 'ms', scale: 1000 },
+  { id: 'fraction', title: 'Fractions and accuracy', yTitle: '0–1', scale: 1, range: [0, 1.02] },
+  { id: 'lr', title: 'Learning rate', yTitle: 'lr', scale: 1 }
+];
+
+/** Per-rank timings plotted rank by rank. */
+const PER_RANK = ['step_time_s', 'comm_wait_s'];
+
+/** Per-rank metrics are stored as `name@rankK` (rank 0's under the plain name). */
+export const RANK_SUFFIX = /@rank(\d+)$/;
+
+/** The unit a metric is plotted in ('' for a metric of its own unit: it gets its own plot). */
+export function metricGroup(name: string): string {
+  if (/loss/i.test(name)) {
     return 'loss';
   }
-  if (THROUGHPUT.test(name)) {
+  if (/per_s$|throughput|samples_s|images_s|tokens_s/i.test(name)) {
     return 'throughput';
   }
-  return 'other';
+  if (/(_time|_s|_seconds|_wait)(_s)?$/i.test(name)) {
+    return 'time';
+  }
+  if (/accuracy|acc$|fraction|ratio|efficiency|_frac$/i.test(name)) {
+    return 'fraction';
+  }
+  if (/^lr$|learning_rate/i.test(name)) {
+    return 'lr';
+  }
+  return '';
+}
+
+/** Exponential moving average (as TensorBoard smooths): weight 0 = raw values. */
+export function smooth(values: (number | null)[], weight: number): (number | null)[] {
+  if (weight <= 0) {
+    return values.slice();
+  }
+  let last: number | null = null;
+  return values.map(v => {
+    if (v === null || !isFinite(v)) {
+      return v;
+    }
+    last = last === null ? v : last * weight + (1 - weight) * v;
+    return last;
+  });
 }
 
 /** Metric series by name: steps and values, in logging order. */
@@ -40,13 +85,37 @@ export class MetricSeries {
     }
   }
 
-  traces(group: string): any[] {
-    const out: any[] = [];
-    for (const [name, s] of this.series) {
-      if (metricGroup(name) === group) {
-        // Copies: Plotly.react only redraws data whose arrays are new objects.
-        out.push({ type: 'scatter', mode: 'lines+markers', name, x: s.x.slice(), y: s.y.slice(), marker: { size: 4 } });
+  /** Names of the run's own metrics (per-rank copies left out), in first-logged order. */
+  names(): string[] {
+    return [...this.series.keys()].filter(n => !RANK_SUFFIX.test(n));
+  }
+
+  /** Traces of one unit group ('' is not a group: use `single`). */
+  traces(group: string, scale = 1): any[] {
+    return this.names()
+      .filter(name => metricGroup(name) === group)
+      .map(name => this.single(name, scale));
+  }
+
+  single(name: string, scale = 1, label = name): any {
+    const s = this.series.get(name)!;
+    // Copies: Plotly.react only redraws data whose arrays are new objects.
+    return { type: 'scatter', mode: 'lines+markers', name: label, x: s.x.slice(), y: s.y.map(v => (v === null ? null : v * scale)), marker: { size: 4 } };
+  }
+
+  /** Step time and communication wait per rank (`base@rankK`): base -> traces for rank 0, 1, ... in ms. */
+  perRank(): Map<string, any[]> {
+    const out = new Map<string, any[]>();
+    for (const name of this.series.keys()) {
+      const match = RANK_SUFFIX.exec(name);
+      if (!match || !PER_RANK.includes(name.slice(0, match.index))) {
+        continue;
       }
+      const base = name.slice(0, match.index);
+      if (!out.has(base) && this.series.has(base)) {
+        out.set(base, [this.single(base, 1000, 'rank 0')]);
+      }
+      out.get(base)?.push(this.single(name, 1000, `rank ${match[1]}`));
     }
     return out;
   }
@@ -119,4 +188,22 @@ export function parcoords(trials: ITrial[], metric: string | null): any[] {
   const values = done.map(t => t.final[metric] as number);
   dims.push({ label: metric, values });
   return [{ type: 'parcoords', line: { color: values, colorscale: 'Viridis', showscale: true }, dimensions: dims }];
+}
+
+/**
+ * Plots to draw once their divs are in the page: Plotly sizes a figure from its div, so a
+ * view builds its DOM first, attaches it, then runs these.
+ */
+export class PendingPlots {
+  add(div: HTMLElement, data: any[], lay: any): void {
+    this._jobs.push(() => draw(div, data, lay));
+  }
+
+  async drawAll(): Promise<void> {
+    for (const job of this._jobs.splice(0)) {
+      await job();
+    }
+  }
+
+  private _jobs: (() => Promise<void>)[] = [];
 }

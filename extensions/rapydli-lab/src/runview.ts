@@ -1,22 +1,33 @@
-import { PageConfig } from '@jupyterlab/coreutils';
 import { CommandRegistry } from '@lumino/commands';
 import { Widget } from '@lumino/widgets';
 
-import { IMetricsReply, IRunDetail, ISweepReply, requestAPI } from './api';
-import { formatDuration, formatNumber, h } from './format';
+import { IMetricsReply, IRunDetail, requestAPI } from './api';
+import { artifactList, batchSection } from './batchview';
+import { formatDuration, formatNumber, h, shortId } from './format';
+import { annotationsEditor, kvTable, paramsTable } from './params';
 import {
   draw,
   layout,
+  metricGroup,
   MetricSeries,
-  parcoords,
   scalingRowsFromChildren,
-  scalingTraces
+  scalingTraces,
+  PendingPlots,
+  UNIT_GROUPS
 } from './plots';
+import { sweepSection } from './sweepview';
+
+/** The tab title of a run: kind, name and short id, so two runs never share one. */
+export function runTitle(run: { kind: string; name: string; id: string }): string {
+  return `${run.kind}: ${run.name} · ${shortId(run.id)}`;
+}
 
 /**
- * The run view in the main area: parameters, live loss/throughput plots, artifacts; for
- * scaling runs the speedup/efficiency plot, for sweeps the trials table and parallel
- * coordinates. Polls `metrics?since=` while the run is running and stops when it ends.
+ * The run view in the main area: tags and note, run facts (hosts included), parameters
+ * (nested config expanded), one plot per unit (loss; throughput; times in ms; fractions
+ * 0-1; learning rate; any other metric alone), per-rank timings where recorded, artifacts;
+ * for scaling runs the speedup/efficiency plot, for sweeps the sweep view, for batches the
+ * items table. Polls `metrics?since=` while the run is running and stops when it ends.
  */
 export class RunView extends Widget {
   constructor(
@@ -27,6 +38,7 @@ export class RunView extends Widget {
     super();
     this.id = `rapydli-run-${runId}`;
     this.addClass('rapydli-RunView');
+    this.addClass('rapydli-View');
     this.title.label = `Run ${runId}`;
     this.title.closable = true;
     this.node.setAttribute('role', 'region');
@@ -34,11 +46,10 @@ export class RunView extends Widget {
     this._header = h('div', { className: 'rapydli-RunHeader' });
     this._error = h('div', { className: 'rapydli-Error', attrs: { role: 'alert' } });
     this._error.hidden = true;
-    this._lossPlot = h('div', { className: 'rapydli-Plot', attrs: { 'data-plot': 'loss', 'aria-label': 'Loss plot' } });
-    this._throughputPlot = h('div', { className: 'rapydli-Plot', attrs: { 'data-plot': 'throughput', 'aria-label': 'Throughput plot' } });
-    this._otherPlot = h('div', { className: 'rapydli-Plot', attrs: { 'data-plot': 'other', 'aria-label': 'Other metrics plot' } });
+    this._plots = h('div', { className: 'rapydli-Grid' });
     this._extra = h('div', { className: 'rapydli-RunExtra' });
-    this.node.append(this._header, this._error, this._lossPlot, this._throughputPlot, this._otherPlot, this._extra);
+    this._details = h('div', { className: 'rapydli-RunDetails' });
+    this.node.append(this._header, this._error, this._extra, this._plots, this._details);
     void this._load();
   }
 
@@ -60,7 +71,7 @@ export class RunView extends Widget {
   private async _load(): Promise<void> {
     try {
       this._run = await requestAPI<IRunDetail>(`runs/${encodeURIComponent(this.runId)}`);
-      this.title.label = `${this._run.kind}: ${this._run.name}`;
+      this.title.label = runTitle(this._run);
       this._status = this._run.status;
       this._renderHeader();
       await this._renderExtra();
@@ -111,18 +122,37 @@ export class RunView extends Widget {
     }
   }
 
+  /** The plot div for `key`, created (in order of first use) when first needed. */
+  private _plotDiv(key: string, label: string): HTMLElement {
+    let div = this._plotDivs.get(key);
+    if (!div) {
+      div = h('div', { className: 'rapydli-Plot', attrs: { 'data-plot': key, 'aria-label': label } });
+      this._plotDivs.set(key, div);
+      this._plots.append(div);
+    }
+    return div;
+  }
+
   private async _drawMetrics(): Promise<void> {
-    const groups: [HTMLElement, string, string, string][] = [
-      [this._lossPlot, 'loss', 'Loss', 'loss'],
-      [this._throughputPlot, 'throughput', 'Throughput', 'samples/s'],
-      [this._otherPlot, 'other', 'Other metrics', 'value']
-    ];
-    for (const [div, group, title, yTitle] of groups) {
-      const traces = this._series.traces(group);
-      div.hidden = traces.length === 0;
-      if (!div.hidden) {
-        await draw(div, traces, layout(title, 'step', yTitle));
+    if (this._run?.kind === 'sweep') {
+      return; // a sweep logs its metric by trial number: the sweep view plots it (best so far)
+    }
+    for (const group of UNIT_GROUPS) {
+      const traces = this._series.traces(group.id, group.scale);
+      if (traces.length > 0) {
+        const lay = layout(group.title, 'step', group.yTitle);
+        if (group.range) {
+          lay.yaxis.range = group.range;
+        }
+        await draw(this._plotDiv(group.id, `${group.title} plot`), traces, lay);
       }
+    }
+    for (const name of this._series.names().filter(n => metricGroup(n) === '')) {
+      await draw(this._plotDiv(`metric-${name}`, `${name} plot`), [this._series.single(name)], layout(name, 'step', name));
+    }
+    for (const [base, traces] of this._series.perRank()) {
+      const title = `Per rank: ${base.replace(/_s$/, '')} (ms)`;
+      await draw(this._plotDiv(`rank-${base}`, `${title} plot`), traces, layout(title, 'step', 'ms'));
     }
     this._drawn = true;
   }
@@ -137,79 +167,59 @@ export class RunView extends Widget {
       ['seed', run.seed === null ? '' : String(run.seed)],
       ['started', new Date(run.started * 1000).toLocaleString()],
       ['duration', formatDuration(run.duration, run.status === 'running' ? run.started : undefined)],
-      ['host', run.host]
+      ['hosts', (run.hosts ?? [run.host]).join(', ')]
     ];
-    const params = Object.entries(run.params ?? {}).map(([k, v]) => [k, typeof v === 'object' ? JSON.stringify(v) : formatNumber(v)]);
+    const parent = run.parent;
+    const parentLink = h('a', { text: parent ? `part of ${shortId(parent)}` : '', attrs: { href: '#' } });
+    parentLink.addEventListener('click', event => {
+      event.preventDefault();
+      if (parent) {
+        void this.commands.execute('rapydli:open-run', { id: parent });
+      }
+    });
     this._header.replaceChildren(
       h('h1', { text: `${run.kind} run “${run.name}”` }),
       h('span', { className: `rapydli-Badge rapydli-status-${run.status}`, text: run.status, attrs: { 'aria-label': 'Run status' } }),
+      h('span', { text: ' ' }),
+      parent ? parentLink : h('span'),
       run.error ? h('pre', { className: 'rapydli-Error', text: run.error }) : h('span'),
-      h('div', { className: 'rapydli-Columns' }, [
-        this._table('Run', rows),
-        this._table('Parameters', params as [string, string][]),
-        this._table('Final metrics', Object.entries(run.final ?? {}).map(([k, v]) => [k, formatNumber(v)]))
-      ]),
-      this._artifacts()
+      annotationsEditor(run.id, run.tags ?? [], run.note ?? null)
     );
-  }
-
-  private _table(caption: string, rows: [string, string][]): HTMLElement {
-    const table = h('table', { className: 'rapydli-Table rapydli-KV', attrs: { 'aria-label': caption } }, [h('caption', { text: caption })]);
-    for (const [k, v] of rows) {
-      table.append(h('tr', {}, [h('th', { text: k }), h('td', { text: v })]));
-    }
-    return table;
-  }
-
-  private _artifacts(): HTMLElement {
-    const run = this._run!;
-    const section = h('section', { className: 'rapydli-Artifacts', attrs: { 'aria-label': 'Artifacts' } }, [h('h2', { text: 'Artifacts' })]);
-    if (run.artifacts.length === 0) {
-      section.append(h('p', { className: 'rapydli-Empty', text: 'No artifacts.' }));
-      return section;
-    }
-    const root = PageConfig.getOption('serverRoot').replace(/\/$/, '');
-    const list = h('ul');
-    for (const artifact of run.artifacts) {
-      const inside = root && artifact.path.startsWith(root + '/');
-      const item = h('li', {}, [h('span', { text: `${artifact.kind}: ` })]);
-      if (inside) {
-        const path = artifact.path.slice(root.length + 1);
-        const link = h('a', { text: path, attrs: { href: '#', title: `Open ${path}` } });
-        link.addEventListener('click', event => {
-          event.preventDefault();
-          void this.commands.execute('docmanager:open', { path });
-        });
-        item.append(link);
-      } else {
-        item.append(h('code', { text: artifact.path }));
-      }
-      list.append(item);
-    }
-    section.append(list);
-    return section;
+    this._details.replaceChildren(
+      h('div', { className: 'rapydli-Columns' }, [
+        kvTable('Run', rows),
+        paramsTable(run.params ?? {}),
+        kvTable('Final metrics', Object.entries(run.final ?? {}).filter(([k]) => !k.includes('@rank')).map(([k, v]) => [k, formatNumber(v)]))
+      ]),
+      artifactList(this.commands, run.id, run.artifacts)
+    );
   }
 
   private async _renderExtra(): Promise<void> {
     const run = this._run!;
     const parts: HTMLElement[] = [];
+    const plots = new PendingPlots();
     if (run.kind === 'scaling') {
-      parts.push(await this._scaling(run));
+      parts.push(await this._scaling(run, plots));
     }
     if (run.kind === 'sweep') {
-      parts.push(await this._sweep());
+      parts.push(await sweepSection(run.id, this.commands, plots));
+    }
+    if (run.kind === 'batch' && !run.parent) {
+      parts.push(await batchSection(run.id, this.commands));
     }
     for (const [name, record] of Object.entries(run.records ?? {})) {
       if (record.type === 'figure' && record.value && Array.isArray(record.value.data)) {
         const div = h('div', { className: 'rapydli-Plot', attrs: { 'data-plot': `record-${name}`, 'aria-label': `Figure ${name}` } });
         parts.push(div);
-        void draw(div, record.value.data, record.value.layout ?? { title: { text: name } });
+        plots.add(div, record.value.data, record.value.layout ?? { title: { text: name } });
       }
     }
     this._extra.replaceChildren(...parts);
+    await plots.drawAll();
   }
 
-  private async _scaling(run: IRunDetail): Promise<HTMLElement> {
+  private async _scaling(run: IRunDetail, plots: PendingPlots): Promise<HTMLElement> {
     let rows: Record<string, any>[] = [];
     for (const record of Object.values(run.records ?? {})) {
       if (record.type === 'table' && Array.isArray(record.value) && record.value.some((r: any) => 'workers' in r)) {
@@ -227,44 +237,8 @@ export class RunView extends Widget {
     const lay = layout('Speedup and efficiency', 'workers', 'speedup');
     lay.yaxis2 = { title: { text: 'efficiency' }, overlaying: 'y', side: 'right', range: [0, 1.1] };
     lay.margin = { ...lay.margin, r: 70 };
-    await draw(div, traces, lay);
+    plots.add(div, traces, lay);
     return div;
-  }
-
-  private async _sweep(): Promise<HTMLElement> {
-    const reply = await requestAPI<ISweepReply>(`sweeps/${encodeURIComponent(this.runId)}`);
-    const metric = reply.metric ?? Object.keys(reply.trials[0]?.final ?? {})[0] ?? null;
-    const section = h('section', { className: 'rapydli-Trials', attrs: { 'aria-label': 'Trials' } }, [h('h2', { text: `Trials (${reply.trials.length})` })]);
-    const paramNames: string[] = [];
-    for (const trial of reply.trials) {
-      for (const key of Object.keys(trial.sampled)) {
-        if (!paramNames.includes(key)) {
-          paramNames.push(key);
-        }
-      }
-    }
-    const table = h('table', { className: 'rapydli-Table', attrs: { 'aria-label': 'Trials table' } }, [
-      h('thead', {}, [h('tr', {}, ['trial', 'state', ...paramNames, metric ?? 'metric'].map(t => h('th', { text: t })))])
-    ]);
-    const body = h('tbody');
-    for (const trial of reply.trials) {
-      const row = h('tr', { attrs: { 'data-run-id': trial.id } }, [
-        h('td', { text: trial.name }),
-        h('td', { text: trial.state }),
-        ...paramNames.map(k => h('td', { text: formatNumber(trial.sampled[k]) })),
-        h('td', { text: metric ? formatNumber(trial.final?.[metric]) : '' })
-      ]);
-      body.append(row);
-    }
-    table.append(body);
-    section.append(table);
-    const traces = parcoords(reply.trials, metric);
-    if (traces.length > 0) {
-      const div = h('div', { className: 'rapydli-Plot', attrs: { 'data-plot': 'parcoords', 'aria-label': 'Parallel coordinates plot' } });
-      section.append(div);
-      await draw(div, traces, { title: { text: 'Trials' }, height: 360, margin: { l: 60, r: 60, t: 60, b: 30 } });
-    }
-    return section;
   }
 
   private _run: IRunDetail | null = null;
@@ -276,8 +250,8 @@ export class RunView extends Widget {
   private _series = new MetricSeries();
   private _header: HTMLElement;
   private _error: HTMLElement;
-  private _lossPlot: HTMLElement;
-  private _throughputPlot: HTMLElement;
-  private _otherPlot: HTMLElement;
+  private _plots: HTMLElement;
+  private _plotDivs = new Map<string, HTMLElement>();
   private _extra: HTMLElement;
+  private _details: HTMLElement;
 }

@@ -1,0 +1,137 @@
+"""Every running cluster of this user, wherever it was started, from the files clusters leave.
+
+Each :class:`~rapydli.cluster.Cluster` runs an ipyparallel controller under the profile
+``$RAPYDLI_HOME/ipython``; ipyparallel writes ``security/cluster-<id>.json`` there while
+it runs (controller and engine-launcher pids) and removes it on stop. A detached cluster
+(``rapydli cluster start``, or one the Jupyter server publishes) also has rapydli's
+record ``$RAPYDLI_HOME/clusters/<id>.json`` with each rank's pid and host. Reading both
+finds clusters started from the command line, from a kernel or from a server, without
+asking any of them; :func:`stop_cluster` stops one without attaching to it, so a cluster
+with dead engines stops as fast as a healthy one.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from rapydli.cluster.processes import reap
+from rapydli.errors import NotFoundError
+from rapydli.paths import subdir
+
+log = logging.getLogger(__name__)
+
+#: ipyparallel engine-launcher class -> rapydli launcher name (clusters without a rapydli record).
+_LAUNCHER_OF = {"mpi": "local", "slurm": "slurm", "pbs": "pbs", "ssh": "ssh", "sshproxy": "ssh"}
+
+
+def _profile() -> Path:
+    return subdir("ipython")
+
+
+def _alive(pid: object) -> psutil.Process | None:
+    if not isinstance(pid, int):
+        return None
+    try:
+        proc = psutil.Process(pid)
+        return proc if proc.status() != psutil.STATUS_ZOMBIE else None
+    except psutil.Error:
+        return None
+
+
+def _engine_processes(launcher_pids: list[int]) -> list[psutil.Process]:
+    """ipyparallel engine processes under the engine launchers (mpiexec and its proxies)."""
+    found = []
+    for pid in launcher_pids:
+        proc = _alive(pid)
+        if proc is None:
+            continue
+        for child in proc.children(recursive=True):
+            try:
+                if "ipyparallel.engine" in child.cmdline():  # the engine itself, not its nanny
+                    found.append(child)
+            except psutil.Error:
+                continue
+    return found
+
+
+def _records() -> dict[str, dict[str, Any]]:
+    out = {}
+    for path in sorted(subdir("clusters").glob("*.json")):
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        out[record.get("id", path.stem)] = record
+    return out
+
+
+def running_clusters() -> list[dict[str, Any]]:
+    """Every cluster whose controller runs on this machine, oldest first.
+
+    Returns
+    -------
+    list of dict
+        ``id`` (ipyparallel's cluster id, which :meth:`Cluster.attach` takes), ``origin``
+        (``detached``: started by ``rapydli cluster start`` or published by a server;
+        ``kernel``: a cluster a notebook or script started and still holds), ``launcher``,
+        ``n``, ``engines_alive``, ``hosts``, ``started`` (epoch seconds), ``threads``,
+        ``engine_pids`` (the live engine processes on this host).
+    """
+    records = _records()
+    clusters = []
+    for path in sorted((_profile() / "security").glob("cluster-*.json")):
+        try:
+            data = json.loads(path.read_text())
+            cluster_id = data["cluster"]["cluster_id"]
+            controller = _alive(data["controller"]["state"]["pid"])
+            sets = data.get("engines", {}).get("sets", {}).values()
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if controller is None:
+            continue  # a cluster whose process died without removing its file
+        record = records.get(cluster_id)
+        if record is not None:
+            engines = record.get("engines", {}).values()
+            alive = [e for e in engines if _alive(e.get("pid")) is not None]
+            hosts = sorted({str(e.get("host")) for e in alive}) if alive else []
+            entry = {"origin": "detached", "launcher": record.get("launcher"), "n": record.get("n"),
+                     "engines_alive": len(alive), "hosts": hosts, "threads": record.get("threads"),
+                     "engine_pids": [e["pid"] for e in alive]}  # fmt: skip
+        else:
+            engine_class = str(data.get("engines", {}).get("class", ""))
+            procs = _engine_processes([s.get("pid") for s in sets if isinstance(s, dict)])
+            entry = {"origin": "kernel", "launcher": _LAUNCHER_OF.get(engine_class, engine_class),
+                     "n": data["cluster"].get("n"), "engines_alive": len(procs),
+                     "hosts": [socket.gethostname()] if procs else [], "threads": None,
+                     "engine_pids": [p.pid for p in procs]}  # fmt: skip
+        clusters.append({"id": cluster_id, "started": controller.create_time(), **entry})
+    return sorted(clusters, key=lambda c: c["started"])
+
+
+def stop_cluster(cluster_id: str, timeout: float = 10.0) -> None:
+    """Stop a running cluster found by :func:`running_clusters` and remove its records.
+
+    Asks ipyparallel to stop the controller and the engine launchers (as the cluster's own
+    ``stop`` does), then ends any engine process still alive after ``timeout`` seconds.
+    """
+    import ipyparallel as ipp
+
+    known = {c["id"]: c for c in running_clusters()}
+    if cluster_id not in known:
+        raise NotFoundError(f"no running cluster {cluster_id!r}: running are {', '.join(sorted(known)) or 'none'}")
+    pids = known[cluster_id]["engine_pids"]
+    try:
+        cluster = ipp.Cluster.from_file(profile_dir=str(_profile()), cluster_id=cluster_id, log_level=logging.ERROR)
+        cluster.stop_cluster_sync()
+    except Exception as exc:  # noqa: BLE001 - stop what can be stopped; the engines are reaped below
+        log.warning("cluster %s: ipyparallel could not stop it cleanly: %s", cluster_id, exc)
+    psutil.wait_procs([p for p in map(_alive, pids) if p is not None], timeout=timeout)
+    reap(pids)
+    (subdir("clusters") / f"{cluster_id}.json").unlink(missing_ok=True)
+    (_profile() / "security" / f"cluster-{cluster_id}.json").unlink(missing_ok=True)
