@@ -75,11 +75,25 @@ class PipelineTraining:
             count = min(len(train_data), config.batch_size)  # type: ignore[arg-type]
             device = next(model.parameters()).device
             sample = default_collate([train_data[i] for i in range(count)])[0].to(device)
-        self.bounds = split.decide(model, split_names(config.pipeline_split), config.pipeline_stages, sample, world)
+        resumed = self._checkpoint_bounds(world) if config.resume and config.pipeline_split.strip() == "auto" else None
+        # a resumed "auto" run keeps the split its checkpoint was written with
+        self.bounds = resumed or split.decide(model, split_names(config.pipeline_split), config.pipeline_stages, sample, world)
         self.module, self.names = split.stage_module(model, self.bounds, self.grid.stage)
         self.loss_fn = loss_fn
         self.recorder = Recorder()
         self.executor: PipelineExecutor | None = None
+
+    def _checkpoint_bounds(self, world: Any) -> list[int] | None:
+        """The split recorded in ``checkpoint_dir``'s manifest (rank 0 reads, every rank gets it), or None."""
+        from rapydli.train import checkpoint as ckpt
+
+        bounds = None
+        if world.Get_rank() == 0:
+            path = ckpt.checkpoint_path(self.config.checkpoint_dir)
+            if path.exists():
+                layout = ckpt.load(path).get("pipeline")
+                bounds = layout["bounds"] if layout and layout["stages"] == self.grid.stages else None
+        return world.bcast(bounds, root=0)
 
     def data_communicator(self, algorithm: str) -> Any:
         """A Communicator over this stage's data-parallel copies (None with one replica)."""
