@@ -107,6 +107,33 @@ def failing_stage(stages: int, schedule: str) -> None:
     executor.train_step(x, y)
 
 
+def interrupted_stages() -> None:
+    """Each rank is interrupted (SIGINT) while waiting for its neighbour; it prints what it was in."""
+    import signal
+    import sys
+    import threading
+
+    torch.set_num_threads(1)
+    world = MPI.COMM_WORLD
+    grid = ProcessGrid.create(world, 2)
+    model = residual_mlp(torch.float64)
+    stage, _ = split.stage_module(model, split.boundaries(model, ["3"], 2), grid.stage)
+
+    def never(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        raise AssertionError("stage 1 never gets an activation: stage 0 is stopped before it sends")
+
+    executor = PipelineExecutor(stage, grid.pipeline, "1f1b", 2, never)
+    if grid.stage == 0:  # stage 0 hangs in its first forward's send: never sends, waits for a gradient
+        executor.actions = [a for a in executor.actions if a.kind != "send_activation"]
+    threading.Timer(1.0, lambda: signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)).start()
+    try:
+        executor.train_step(torch.randn(4, 8, dtype=torch.float64), torch.randint(0, 5, (4,)))
+    except KeyboardInterrupt as exc:
+        print(f"rank {world.Get_rank()}: {exc}", flush=True)
+    sys.stdout.flush()
+    os._exit(0)  # requests to the silent neighbour are still posted: leave without finalising MPI
+
+
 def run_cases(cases_json: str) -> None:
     """Run every case of a JSON list of :func:`executor_equivalence` argument lists."""
     for case in json.loads(cases_json):

@@ -83,6 +83,14 @@ pipeline_cases.trainer_run(json.loads({{config!r}}), {{before}})
 """
 
 
+@pytest.mark.mpi
+def test_an_interrupted_stage_says_which_action_it_was_in(run_mpi) -> None:
+    code = f"import sys; sys.path.insert(0, {str(TESTS)!r}); import pipeline_cases; pipeline_cases.interrupted_stages()"
+    out = run_mpi(code, n=2, timeout=120).stdout
+    assert "rank 0: pipeline stage 0 was in recv_gradient(0) of step 0" in out
+    assert "rank 1: pipeline stage 1 was in recv_activation(0) of step 0" in out
+
+
 def trainer_params(run_mpi, n: int, config: dict, before: int | None = None) -> dict:
     result = run_mpi(TRAINER.format(config=json.dumps(config), before=before), n=n, timeout=240)
     return json.loads([line for line in result.stdout.splitlines() if line.startswith("{")][-1])

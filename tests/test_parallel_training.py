@@ -86,7 +86,8 @@ def test_a_stage_that_raises_names_its_rank_and_where_the_other_rank_was(cluster
     text = str(info.value)
     assert info.value.ranks == [1]
     assert "StageFailure: pipeline stage 1 failed in forward(" in text and "the last stage broke" in text
-    # rank 0 waits for rank 1's gradient: interrupted there, or aborted when the machine is too loaded to
-    # take the interrupt within the follow-up grace (the job then stops the engines)
+    # rank 0 names its action when it stops within the 3 s grace; on a heavily loaded machine
+    # IPython's formatting of its traceback can outlast the grace and the job aborts it instead
+    # (the action naming itself is tested under mpiexec in test_parallel_executor.py)
     assert "other ranks: 0 interrupted (pipeline stage 0 was in recv_gradient(" in text or "other ranks: 0 aborted" in text
     assert cluster.run(lambda: 7) == [7, 7]

@@ -75,13 +75,25 @@ class PipelineTraining:
             count = min(len(train_data), config.batch_size)  # type: ignore[arg-type]
             device = next(model.parameters()).device
             sample = default_collate([train_data[i] for i in range(count)])[0].to(device)
-        resumed = _checkpoint_bounds(config, world) if config.resume and config.pipeline_split.strip() == "auto" else None
-        # "auto" is decided once: a resumed run keeps the split its checkpoint was written with
+        resumed = self._checkpoint_bounds(world) if config.resume and config.pipeline_split.strip() == "auto" else None
+        # a resumed "auto" run keeps the split its checkpoint was written with
         self.bounds = resumed or split.decide(model, split_names(config.pipeline_split), config.pipeline_stages, sample, world)
         self.module, self.names = split.stage_module(model, self.bounds, self.grid.stage)
         self.loss_fn = loss_fn
         self.recorder = Recorder()
         self.executor: PipelineExecutor | None = None
+
+    def _checkpoint_bounds(self, world: Any) -> list[int] | None:
+        """The split recorded in ``checkpoint_dir``'s manifest (rank 0 reads, every rank gets it), or None."""
+        from rapydli.train import checkpoint as ckpt
+
+        bounds = None
+        if world.Get_rank() == 0:
+            path = ckpt.checkpoint_path(self.config.checkpoint_dir)
+            if path.exists():
+                layout = ckpt.load(path).get("pipeline")
+                bounds = layout["bounds"] if layout and layout["stages"] == self.grid.stages else None
+        return world.bcast(bounds, root=0)
 
     def data_communicator(self, algorithm: str) -> Any:
         """A Communicator over this stage's data-parallel copies (None with one replica)."""
@@ -232,16 +244,3 @@ class PipelineTraining:
     def close(self) -> None:
         """Release the grid's communicators."""
         self.grid.free()
-
-
-def _checkpoint_bounds(config: Any, world: Any) -> list[int] | None:
-    """The stage boundaries of the checkpoint a run resumes from, when it has as many stages (collective)."""
-    from rapydli.trainer import checkpoint as ckpt
-
-    bounds = None
-    path = ckpt.checkpoint_path(config.checkpoint_dir)
-    if world.Get_rank() == 0 and path.exists():
-        layout = ckpt.load(path).get("pipeline")
-        if layout is not None and layout["stages"] == config.pipeline_stages:
-            bounds = list(layout["bounds"])
-    return world.bcast(bounds, root=0)
