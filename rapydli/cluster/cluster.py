@@ -199,7 +199,9 @@ class Cluster:
                 pass
         reap(pids)
         if self._cluster_id is not None:  # nannies orphaned by killed engines, a half-started set, ...
-            reap_marked(self._cluster_id)
+            if reap_marked(self._cluster_id):  # a controller ended so leaves its connection files,
+                for stale in (subdir("ipython") / "security").glob(f"ipcontroller-{self._cluster_id}-*.json"):
+                    stale.unlink(missing_ok=True)  # which a restart under the same id would read
         self._ipp = self._client = None
         self._engine_of_rank, self._info = {}, {}
         with _live_lock:
