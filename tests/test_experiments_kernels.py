@@ -6,6 +6,7 @@ from pathlib import Path
 
 import nbformat
 import papermill
+import pytest
 import tomllib
 from notebooks_run import NOTEBOOKS  # registers the "rapydli" engine
 
@@ -20,6 +21,7 @@ def _tiny(path: Path) -> Path:
     return path
 
 
+@pytest.mark.notebook
 def test_the_rapydli_engine_runs_an_encrypted_quiet_kernel(tmp_path: Path, capfd) -> None:
     out = tmp_path / "out.ipynb"
     papermill.execute_notebook(str(_tiny(tmp_path / "in.ipynb")), str(out), engine_name="rapydli", progress_bar=False)

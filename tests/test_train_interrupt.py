@@ -38,10 +38,11 @@ def _interrupt_when(condition: Callable[[], bool]) -> dict[str, float]:
 
     def watch() -> None:
         deadline = time.monotonic() + 300
-        while not condition() and time.monotonic() < deadline:
+        while not condition() and time.monotonic() < deadline and "done" not in sent:
             time.sleep(0.05)
-        sent["at"] = time.monotonic()
-        signal.pthread_kill(main, signal.SIGINT)
+        if "done" not in sent:  # never into a later test
+            sent["at"] = time.monotonic()
+            signal.pthread_kill(main, signal.SIGINT)
 
     threading.Thread(target=watch, daemon=True).start()
     return sent
@@ -54,18 +55,29 @@ def _last_run() -> dict:
 
 def _interrupted(train: Callable[[], object], sent: dict[str, float]) -> float:
     """Run ``train``; it must raise KeyboardInterrupt; seconds from the SIGINT to the raise."""
-    with pytest.raises(KeyboardInterrupt):
-        train()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            train()
+    finally:
+        sent["done"] = 0.0
     assert "at" in sent, "the run ended by itself before the phase was reached"
     return time.monotonic() - sent["at"]
 
 
+@pytest.fixture(scope="module")
+def cluster():
+    """The module's 2-engine cluster (started by the first test that needs it), stopped at the end."""
+    made = rd.Cluster(n=2)
+    yield made
+    made.stop()
+    assert not wait_until_gone(), "the module's cluster left processes behind"
+
+
 @pytest.fixture
-def running():
-    """A running 2-engine cluster (restarted when a test left it dead)."""
-    cluster = current() or rd.Cluster(n=2)
+def running(cluster):
+    """The module's cluster, running (restarted when a test left it dead after an abort)."""
     if not cluster.running:
-        cluster.restart() if cluster.status()["state"] == "dead" else cluster.start()
+        cluster.restart()
     return cluster
 
 
@@ -123,8 +135,3 @@ def test_ctrl_c_while_rank_0_autotunes(running, tmp_path: Path) -> None:
     print(f"TOOK {took:.2f} s")
     assert took < BOUND_S
     assert _last_run()["status"] == "interrupted"
-
-
-def test_no_process_left_after_the_interrupts(running) -> None:
-    running.stop()
-    assert not wait_until_gone()

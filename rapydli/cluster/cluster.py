@@ -205,7 +205,8 @@ class Cluster:
                 pass
         reap(pids)
         if self._cluster_id is not None:  # nannies orphaned by killed engines, a half-started set, ...
-            reap_marked(self._cluster_id)
+            if reap_marked(self._cluster_id):
+                self._remove_connection_files()
         if remote and self.launcher.name == "ssh":
             from rapydli.cluster.sshhosts import reap_remote
 
@@ -227,9 +228,17 @@ class Cluster:
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
+            if self._cluster_id is not None:  # the controller and the rest too: nothing to wait for
+                reap_marked(self._cluster_id, grace=0)
             if self._ipp is not None:
                 self._teardown()
+            self._remove_connection_files()
             self._state = "dead"
+
+    def _remove_connection_files(self) -> None:
+        """A killed controller leaves its connection files, which a restart under the same id would read."""
+        for stale in (subdir("ipython") / "security").glob(f"ipcontroller-{self._cluster_id}-*.json"):
+            stale.unlink(missing_ok=True)
 
     # -- outliving this process ------------------------------------------------------------
 

@@ -90,13 +90,15 @@ def marked(value: str | None = None, name: str = CLUSTER_MARKER) -> list[psutil.
 def reap_marked(value: str, grace: float = 3.0) -> list[int]:
     """SIGTERM every local process marked with cluster id ``value``, SIGKILL what remains.
 
+    ``grace=0`` SIGKILLs them at once (an abort).
+
     Returns the pids that were still alive when called (empty when the cluster stopped cleanly).
     """
     procs = marked(value)
     for proc in procs:
         try:
-            proc.send_signal(signal.SIGTERM)
+            proc.send_signal(signal.SIGTERM if grace > 0 else signal.SIGKILL)
         except psutil.NoSuchProcess:
             pass
-    reap((p.pid for p in procs), timeout=grace)
+    reap((p.pid for p in procs), timeout=grace if grace > 0 else 5.0)
     return [p.pid for p in procs]

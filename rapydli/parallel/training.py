@@ -85,7 +85,7 @@ class PipelineTraining:
 
     def _checkpoint_bounds(self, world: Any) -> list[int] | None:
         """The split recorded in ``checkpoint_dir``'s manifest (rank 0 reads, every rank gets it), or None."""
-        from rapydli.train import checkpoint as ckpt
+        from rapydli.trainer import checkpoint as ckpt
 
         bounds = None
         if world.Get_rank() == 0:
