@@ -74,20 +74,24 @@ def _one_step(model: nn.Module, x: torch.Tensor, mode: str) -> float:
     return time.perf_counter() - start
 
 
-def compare_steps(models: Mapping[str, nn.Module], x: torch.Tensor, mode: str, reps: int = 3) -> dict[str, float]:
+def compare_steps(models: Mapping[str, nn.Module], x: torch.Tensor, mode: str, reps: int = 3,
+                  deadline: float | None = None) -> dict[str, float]:
     """Fastest ms of one forward (+ backward in train mode) of each model, timed in interleaved rounds.
 
     Interleaving (A, B, C, A, B, C, ...) after two warm-up rounds keeps a drifting machine load
     from favouring whichever model happens to be timed last; the minimum over rounds is the
-    least disturbed step on a shared machine.
+    least disturbed step on a shared machine. With a ``deadline`` (``time.monotonic()``) there
+    is one warm-up round, and no round after the first timed one starts past it.
     """
     for model in models.values():
         model.train(mode == "train")
-    for _ in range(2):  # warm-up: oneDNN primitives, allocator, kernel loading
+    for _ in range(2 if deadline is None else 1):  # warm-up: oneDNN primitives, allocator, kernel loading
         for model in models.values():
             _one_step(model, x, mode)
     times: dict[str, list[float]] = {name: [] for name in models}
-    for _ in range(reps):
+    for round_ in range(reps):
+        if round_ and deadline is not None and time.monotonic() >= deadline:
+            break
         for name, model in models.items():
             times[name].append(_one_step(model, x, mode))
     return {name: min(t) * 1e3 for name, t in times.items()}
@@ -99,7 +103,7 @@ def model_step_ms(model: nn.Module, x: torch.Tensor, mode: str, reps: int = 3) -
 
 
 def verified(model: nn.Module, x: torch.Tensor, plan: Plan, results: Mapping[ConvShape, TuneResult],
-             reps: int = CHECK_REPS) -> Plan:
+             reps: int = CHECK_REPS, deadline: float | None = None) -> Plan:
     """Time whole-model steps of the per-layer plan and of the all-NCHW / all-channels-last library plans; keep the fastest.
 
     Per-layer times and conversion estimates miss what happens between convolutions
@@ -126,7 +130,7 @@ def verified(model: nn.Module, x: torch.Tensor, plan: Plan, results: Mapping[Con
         if all(mixed.layers != other.layers for other in options.values()):
             options[f"planned_{margin:g}x"] = mixed
     measured = compare_steps({name: apply_plan(copy.deepcopy(model), p) for name, p in options.items()}, x, plan.mode,
-                             reps=reps)
+                             reps=reps, deadline=deadline)
     chosen = min(measured, key=lambda name: measured[name])
     best = options[chosen]
     best.estimates_ms = {**plan.estimates_ms, **{f"measured_{k}": v for k, v in measured.items()}}

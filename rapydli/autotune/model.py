@@ -325,24 +325,14 @@ def _plan(model: nn.Module, example_input: torch.Tensor, mode: str, engines: Any
         if verify and layers:
             bar.describe("autotune: whole-model check")
             checked = time.perf_counter()
-            plan = verified(model, example_input, plan, results, _check_reps(tuning.step_ms, started, budget_s))
+            plan = verified(model, example_input, plan, results,
+                            deadline=None if budget_s is None else started + budget_s)
             tuning.seconds["check"] = time.perf_counter() - checked
     finally:
         bar.close()
     if key is not None and cache is not False:
         cache.put_plan(key, plans.plan_to_json(plan))
     return plan, tuning
-
-
-def _check_reps(step_ms: float, started: float, budget_s: float | None) -> int:
-    """Rounds of the whole-model check: all of them, or (with a budget) what the time left holds, at least 3."""
-    from rapydli.autotune.budget import CHECK_PLANS
-    from rapydli.autotune.check import CHECK_REPS
-
-    if budget_s is None or step_ms <= 0:
-        return CHECK_REPS
-    left = started + budget_s - time.monotonic()
-    return max(3, min(CHECK_REPS, int(left / (CHECK_PLANS * step_ms * 1.5 / 1e3)) - 2))
 
 
 def _other(config: Config, forward: Config) -> Config | None:
@@ -408,6 +398,8 @@ class AutotuneReport:
         measured), and the configurations measured by this call.
     summary
         One line: the measured step before and after, or that nothing faster was found.
+    step_ms
+        The untuned model's step as the profile timed it (None from a stored plan).
     """
 
     plan: Plan
@@ -422,6 +414,7 @@ class AutotuneReport:
     from_cache: bool = False
     measured: int = 0
     summary: str = ""
+    step_ms: float | None = None
 
 
 def _summary(plan: Plan, seconds: float, budget_s: float | None, skipped: list[str], from_cache: bool) -> str:
@@ -481,4 +474,5 @@ def autotune_model(model: nn.Module, example_input: torch.Tensor, mode: str = "t
                                  tuning.results if tuning is not None else {}, seconds,
                                  pd.DataFrame(tuning.rows) if tuning is not None else pd.DataFrame(),
                                  time_s, skipped, budget_s, tuning is None,
-                                 tuning.measured if tuning is not None else 0, summary)
+                                 tuning.measured if tuning is not None else 0, summary,
+                                 tuning.step_ms if tuning is not None else None)

@@ -16,7 +16,8 @@ cheap enough to refit after every measurement; numpy only):
    ``options["history"]`` (``(config, time / best library time)`` pairs of other problems)
    trains the model too, so a new layer starts from what earlier layers taught.
 
-It stops when the space is measured, after ``budget`` evaluations, after ``patience``
+With ``batch`` > 1 the lowest bounds are measured together (one per engine of a
+parallel runner). It stops when the space is measured, after ``budget`` evaluations, after ``patience``
 evaluations without a better time, or when the runner answers ``"missing"`` (its
 deadline passed).
 
@@ -84,11 +85,12 @@ def tune(space: SearchSpace, runner: Runner, options: Mapping[str, Any] | None =
     Options: ``budget`` (evaluations beyond ``space.always``; None: no limit), ``seed`` (0),
     ``initial`` (random draws before the model leads; 2), ``margin`` (early abandonment
     above this x the best time; 1.25, None: off), ``patience`` (8), ``kappa`` (exploration
-    weight; 1.0), ``priors`` (configurations to try first) and ``history`` (``(config,
-    relative time)`` pairs from other problems).
+    weight; 1.0), ``batch`` (configurations handed to the runner at once: the engines of a
+    parallel runner; 1), ``priors`` (configurations to try first) and ``history``
+    (``(config, relative time)`` pairs from other problems).
     """
     opts = options_with_defaults(options, budget=None, seed=0, initial=2, margin=1.25, patience=8, kappa=1.0,
-                                 priors=(), history=())
+                                 batch=1, priors=(), history=())
     budget, margin = opts["budget"], opts["margin"]
     if budget is not None and (not isinstance(budget, int) or budget < 0):
         raise ConfigError(f"options['budget'] must be a non-negative integer or None, got {budget!r}")
@@ -113,31 +115,36 @@ def tune(space: SearchSpace, runner: Runner, options: Mapping[str, Any] | None =
     stale = 0
     taken = 0
     while pool and (budget is None or taken < budget) and stale < opts["patience"]:
-        if queue:
-            config = queue.pop(0)
-        elif draws:
-            config = draws.pop(0)
-        else:
+        size = min(opts["batch"], len(pool), budget - taken if budget is not None else len(pool))
+        chosen: list[Config] = []
+        while len(chosen) < size and (queue or draws):
+            config = (queue or draws).pop(0)
+            if config in in_pool and config not in chosen:
+                chosen.append(config)
+        if len(chosen) < size:
             own = [(m.config, math.log(m.median / scale)) for m in results
                    if m.status in TIMED and m.median and scale and m.config not in space.always]
             train = [*history, *own]
+            rest = [c for c in pool if c not in chosen]
             if train:
-                bounds = lower_bounds([c for c, _ in train], [y for _, y in train], pool, opts["kappa"])
-                config = pool[int(np.argmin(bounds))]
+                bounds = lower_bounds([c for c, _ in train], [y for _, y in train], rest, opts["kappa"])
+                chosen += [rest[i] for i in np.argsort(bounds, kind="stable")[:size - len(chosen)]]
             else:
-                config = rng.choice(pool)
-        if config not in in_pool:
-            continue
-        pool.remove(config)
-        in_pool.discard(config)
+                chosen += rng.sample(rest, size - len(chosen))
+        for config in chosen:
+            pool.remove(config)
+            in_pool.discard(config)
         timed_problem = replace(problem, abandon_s=best * margin) if margin and best else problem
-        (m,) = runner.run(timed_problem, [config])
-        if m.status == "missing":  # the runner's deadline passed
+        batch = runner.run(timed_problem, chosen)
+        if all(m.status == "missing" for m in batch):  # the runner's deadline passed
             break
-        taken += 1
-        results.append(m)
-        if m.ok and m.median is not None and (best is None or m.median < best):
-            best, stale = m.median, 0
-        else:
-            stale += 1
+        for m in batch:
+            if m.status == "missing":
+                continue
+            taken += 1
+            results.append(m)
+            if m.ok and m.median is not None and (best is None or m.median < best):
+                best, stale = m.median, 0
+            else:
+                stale += 1
     return results
