@@ -425,7 +425,8 @@ def _summary(plan: Plan, seconds: float, budget_s: float | None, skipped: list[s
     budget = f"; {len(skipped)} layer(s) skipped by the budget" if skipped else ""
     measured = plan.estimates_ms
     base, chosen = measured.get("measured_library_nchw"), measured.get(f"measured_{plan.chosen}")
-    if not plan.layers or plan.chosen == "library_nchw":
+    default = Config("torch_nchw")
+    if plan.chosen == "library_nchw" or all(set(c.configs.values()) == {default} for c in plan.layers.values()):
         return f"autotune: nothing faster than the library default (F.conv2d, NCHW) was found; " \
                f"the model keeps it ({spent}{budget})"
     if base and chosen:
