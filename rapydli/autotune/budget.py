@@ -141,7 +141,7 @@ def _tune_layers(model: nn.Module, x: torch.Tensor, found: Sequence[tuple[str, C
     # 1. profile: the model's step, the library variants of every shape
     progress.describe("autotune: profiling")
     t0 = time.perf_counter()
-    step_ms = model_step_ms(copy.deepcopy(model), x, mode, reps=1)
+    step_ms = model_step_ms(copy.deepcopy(model), x, mode, reps=1, deadline=started)  # one warm-up, one timed step
     profile_s = time.perf_counter() - t0
     common = {k: v for k, v in options.items() if k in ("repetitions", "warmup", "threads", "preset")}
     search_started = time.perf_counter()

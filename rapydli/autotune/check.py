@@ -97,9 +97,9 @@ def compare_steps(models: Mapping[str, nn.Module], x: torch.Tensor, mode: str, r
     return {name: min(t) * 1e3 for name, t in times.items()}
 
 
-def model_step_ms(model: nn.Module, x: torch.Tensor, mode: str, reps: int = 3) -> float:
+def model_step_ms(model: nn.Module, x: torch.Tensor, mode: str, reps: int = 3, deadline: float | None = None) -> float:
     """Fastest ms of one forward (+ backward in train mode) of ``model`` on ``x`` (see :func:`compare_steps`)."""
-    return compare_steps({"model": model}, x, mode, reps)["model"]
+    return compare_steps({"model": model}, x, mode, reps, deadline)["model"]
 
 
 def verified(model: nn.Module, x: torch.Tensor, plan: Plan, results: Mapping[ConvShape, TuneResult],

@@ -290,17 +290,17 @@ def _plan(model: nn.Module, example_input: torch.Tensor, mode: str, engines: Any
     if mode not in MODES:
         raise ConfigError(f"mode must be one of {MODES}, got {mode!r}")
     started = time.monotonic()
-    found = [(name, shape) for name, _, shape in conv_layers(model, example_input) if shape is not None]
     cache = tune_options.get("cache", True)
     if cache is True:
         cache = tune_options["cache"] = Cache()
     key = None
     if cache is not False:
         info = query("cpu", tune_options.get("threads") or torch.get_num_threads())
-        key = plans.plan_key(cache_fingerprint(info), found, example_input, mode, verify, budget_s, tune_options)
+        key = plans.plan_key(cache_fingerprint(info), model, example_input, mode, verify, budget_s, tune_options)
         stored = cache.get_plan(key)
         if stored is not None:
             return plans.plan_from_json(stored), None
+    found = [(name, shape) for name, _, shape in conv_layers(model, example_input) if shape is not None]
     bar = TuningProgress(len(found), progress, on_layer)
     try:
         tuning = tune_layers(model, example_input, found, mode, engines, budget_s, started, bar, **tune_options)

@@ -2,21 +2,22 @@
 
 A plan is stored once its tuning finished (an interrupted one stores none: its rerun
 resumes from the cached measurements). It is keyed by the device (fingerprint, kernel
-templates, timing), the model's convolution layers and their shapes, the input's
+templates, timing), the model (class, text form, every convolution's hyperparameters), the input's
 shape, dtype and layout, the mode and the tuning options (the budget included: a larger
-budget tunes again, from the cache). A warm start reads it and applies it: no profiling,
-no measuring, no whole-model check.
+budget tunes again, from the cache). A warm start reads it and applies it: no forward
+pass, no profiling, no measuring, no whole-model check.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import asdict
 from typing import Any
 
 import torch
+from torch import nn
 
 from rapydli.autotune.model import LayerChoice, Plan
 from rapydli.autotune.problem import ConvShape
@@ -25,15 +26,24 @@ from rapydli.autotune.search import Config
 FORMAT = 1
 
 
-def plan_key(fingerprint: str, found: Sequence[tuple[str, ConvShape]], example_input: torch.Tensor, mode: str,
+def model_signature(model: nn.Module) -> list[Any]:
+    """The model's class, its text form and every convolution's name and hyperparameters (no forward pass)."""
+    convs = [[name, type(m).__name__, m.in_channels, m.out_channels, list(m.kernel_size), list(m.stride),
+              str(m.padding), list(m.dilation), m.groups, m.bias is not None, m.padding_mode]
+             for name, m in model.named_modules() if isinstance(m, nn.Conv2d)]
+    text = hashlib.sha256(repr(model).encode()).hexdigest()
+    return [type(model).__module__, type(model).__qualname__, text, convs]
+
+
+def plan_key(fingerprint: str, model: nn.Module, example_input: torch.Tensor, mode: str,
              verify: bool, budget_s: float | None, options: Mapping[str, Any]) -> str:
-    """A stable key of one tuning's question (see the module docstring)."""
+    """A stable key of one tuning's question (see the module docstring); computed without running the model."""
     channels_last = example_input.dim() == 4 and example_input.is_contiguous(memory_format=torch.channels_last) \
         and not example_input.is_contiguous()
     payload = {
         "format": FORMAT, "fingerprint": fingerprint, "mode": mode, "verify": verify, "budget_s": budget_s,
         "input": [list(example_input.shape), str(example_input.dtype), channels_last],
-        "layers": [[name, shape.key] for name, shape in found],
+        "model": model_signature(model),
         "options": {k: repr(v) for k, v in sorted(options.items()) if k != "cache"},
     }
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
