@@ -313,8 +313,8 @@ def _plan(model: nn.Module, example_input: torch.Tensor, mode: str, engines: Any
         for name, shape in found:
             result = results[shape]
             split = result.best_split(lambda c, lay=layouts[name]: layout_of(c) == lay)
-            default = result.best_of(lambda c: c.candidate == "torch_nchw")
-            default_ms = default.median * 1e3 if default is not None else None
+            default = result.best_split(lambda c: c.candidate == "torch_nchw")  # summed as the choice's time is
+            default_ms = default.seconds * 1e3 if default is not None else None
             default_total += default_ms or 0.0
             forward = split.config("forward")
             layers[name] = LayerChoice(shape, forward.candidate, forward.params, layouts[name], split.seconds * 1e3,
