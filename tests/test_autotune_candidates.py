@@ -250,3 +250,20 @@ def test_triton_kernel_on_gpu() -> None:
     x = torch.randn(shape.n, shape.c, shape.h, shape.w, device="cuda")
     w = torch.randn(shape.k, shape.c, 3, 3, device="cuda")
     torch.testing.assert_close(inst.forward(x, w), F.conv2d(x, w, None, 1, 1), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("shape", [ConvShape(2, 16, 1, 1, 8, 3, 3, 1, 1), ConvShape(2, 16, 2, 2, 8, 3, 3, 2, 1),
+                                   ConvShape(2, 3, 3, 3, 4, 7, 7, 2, 3)])
+def test_cropped_filters_compute_the_convolution_and_both_gradients(shape: ConvShape) -> None:
+    from rapydli.autotune.candidates import get as candidate
+    from rapydli.autotune.runner import check
+    from rapydli.autotune.search import Config, Problem
+
+    assert candidate("torch_cropped").unsuited(shape) is None
+    for layout in (0, 1):
+        assert check(Problem(shape, "train"), Config.of("torch_cropped", {"layout": layout})).status == "validated"
+    # another input size than the tuned one: the full filter (the cut depends on the size)
+    inst = candidate("torch_cropped").instance(shape, {"layout": 0})
+    x, w = torch.randn(1, shape.c, 6, 6), torch.randn(shape.k, shape.c, shape.r, shape.s)
+    torch.testing.assert_close(inst.forward(x, w), torch.nn.functional.conv2d(x, w, None, shape.stride, shape.pad))
+    assert candidate("torch_cropped").unsuited(ConvShape(2, 16, 8, 8, 8, 3, 3, 1, 1)) is not None

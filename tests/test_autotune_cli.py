@@ -42,3 +42,19 @@ def test_threads_of_the_timed_runs_key_the_cache(capsys) -> None:
     assert main([*argv, "--threads", "2"]) == 0
     assert "(measured 0," not in capsys.readouterr().out  # 2 threads is another problem
     assert main([*argv, "--threads", "0"]) == 2
+
+
+def test_tune_model_with_a_budget_prints_a_row_per_shape_as_it_goes(capsys, tmp_path) -> None:
+    out_json = tmp_path / "m.json"
+    code = main(["tune", "model", "resnet-mini", "--batch", "2", "--preset", "tiny", "--repetitions", "1",
+                 "--budget-s", "20", "--threads", "1", "--json", str(out_json)])
+    out = capsys.readouterr().out
+    assert code == 0
+    lines = out.splitlines()
+    header = next(i for i, line in enumerate(lines) if "share" in line and "speedup" in line and "status" in line)
+    assert sum(("tuned" in line or "skipped: budget" in line) for line in lines[header + 1:]) >= 5  # 5+ unique shapes
+    assert "where the time went (s): profile" in out and "skipped by the budget:" in out
+    assert out.count("autotune: ") >= 1  # the one-line summary
+    data = json.loads(out_json.read_text())
+    assert {"compile", "validate", "time", "check"} <= set(data["time_s"]) and data["summary"].startswith("autotune: ")
+    assert main(["tune", "model", "resnet-mini", "--budget-s", "0"]) == 2

@@ -180,7 +180,8 @@ def test_layout_plan_accounts_for_conversion_cost() -> None:
 
 
 def test_layers_with_small_planned_gains_can_go_back_to_the_library() -> None:
-    from rapydli.autotune.model import LayerChoice, Plan, _library_unless_faster
+    from rapydli.autotune.check import _library_unless_faster
+    from rapydli.autotune.model import LayerChoice, Plan
     from rapydli.autotune.problem import ConvShape
 
     big, small = ConvShape(1, 2, 4, 4, 2, 3, 3, stride=1, pad=1), ConvShape(1, 2, 4, 4, 2, 1, 1)

@@ -10,7 +10,7 @@ parallel across a cluster's engines if one is given) and cached; the fastest win
     result = tune_conv2d(ConvShape(8, 64, 56, 56, 64, 3, 3, pad=1), mode="train")
     result.best.config, result.table
 
-    tuned_model, report = autotune_model(model, example_batch)   # tuned copy + report
+    tuned_model, report = autotune_model(model, example_batch, budget_s=60)   # tuned copy + report
     plan = plan_for(model, example_batch)                        # once (notebook / rank 0)
     apply_plan(model, plan)                                      # on every rank
 

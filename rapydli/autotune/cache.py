@@ -1,8 +1,11 @@
 """Measured results in SQLite, keyed by (device fingerprint, problem, candidate, parameters).
 
 A second tuning of the same problem on the same device reads every result from here
-and measures nothing; :class:`CachedRunner` wraps any runner to do that. The database is
-``$RAPYDLI_HOME/autotune.db`` (WAL mode, so engines and the notebook can share it).
+and measures nothing; :class:`CachedRunner` wraps any runner to do that, storing each
+batch as soon as it is measured, so an interrupted tuning resumes where it stopped. The
+``plans`` table keeps finished whole-model plans (JSON) so a warm start applies one without
+tuning. The database is ``$RAPYDLI_HOME/autotune.db`` (WAL mode, so engines and the
+notebook can share it).
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ import json
 import os
 import sqlite3
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +38,13 @@ CREATE TABLE IF NOT EXISTS measurements (
     created     REAL NOT NULL,
     passes      TEXT NOT NULL DEFAULT '{}',
     PRIMARY KEY (fingerprint, problem, candidate, params)
+)
+"""
+_PLANS = """
+CREATE TABLE IF NOT EXISTS plans (
+    key     TEXT PRIMARY KEY,
+    plan    TEXT NOT NULL,
+    created REAL NOT NULL
 )
 """
 _COLUMNS = "status, median, variance, times, error, message, passes"
@@ -61,6 +71,7 @@ class Cache:
             with self._connect() as db:
                 db.execute("PRAGMA journal_mode=WAL")
                 db.execute(_SCHEMA)
+                db.execute(_PLANS)
                 if "passes" not in {row[1] for row in db.execute("PRAGMA table_info(measurements)")}:
                     # a cache from before per-pass times: its rows read as whole-run times only
                     db.execute("ALTER TABLE measurements ADD COLUMN passes TEXT NOT NULL DEFAULT '{}'")
@@ -101,9 +112,21 @@ class Cache:
             ).fetchall()
         return [(problem, _measurement(Config.of(cand, json.loads(params)), row)) for problem, cand, params, *row in rows]
 
-    def clear(self, fingerprint: str | None = None) -> None:
-        """Forget everything (or one device's results)."""
+    def get_plan(self, key: str) -> str | None:
+        """The stored plan (JSON text) under ``key``, or None."""
         with self._connect() as db:
+            row = db.execute("SELECT plan FROM plans WHERE key=?", (key,)).fetchone()
+        return None if row is None else row[0]
+
+    def put_plan(self, key: str, plan: str) -> None:
+        """Store (or replace) a plan (JSON text) under ``key``."""
+        with self._connect() as db:
+            db.execute("INSERT OR REPLACE INTO plans (key, plan, created) VALUES (?,?,?)", (key, plan, time.time()))
+
+    def clear(self, fingerprint: str | None = None) -> None:
+        """Forget everything (or one device's results); stored plans go with either."""
+        with self._connect() as db:
+            db.execute("DELETE FROM plans")
             if fingerprint is None:
                 db.execute("DELETE FROM measurements")
             else:
@@ -121,20 +144,44 @@ class CachedRunner(Runner):
     """Answer from the cache what it holds; measure the rest with ``inner`` and store it.
 
     ``measured`` counts configurations actually handed to ``inner`` (0 on a warm cache).
+
+    Parameters
+    ----------
+    inner, cache, fingerprint
+        The runner that measures, the cache, and the device fingerprint keying it.
+    chunk
+        Hand ``inner`` at most this many configurations at a time and store each chunk as
+        soon as it is measured (None: all at once).
+    deadline
+        A ``time.monotonic()`` value after which no new chunk starts: the configurations not
+        measured by then come back ``"missing"`` (cached ones are still answered).
+    on_result
+        Called with every measurement taken (not those read from the cache).
     """
 
-    def __init__(self, inner: Runner, cache: Cache, fingerprint: str) -> None:
+    def __init__(self, inner: Runner, cache: Cache, fingerprint: str, chunk: int | None = None,
+                 deadline: float | None = None, on_result: Callable[[Measurement], None] | None = None) -> None:
         self.inner = inner
         self.cache = cache
         self.fingerprint = fingerprint
+        self.chunk = chunk
+        self.deadline = deadline
+        self.on_result = on_result
         self.measured = 0
 
     def run(self, problem: Problem, configs: Sequence[Config]) -> list[Measurement]:
         found = {c: self.cache.get(self.fingerprint, problem.key, c) for c in configs}
         todo = [c for c in configs if found[c] is None]
-        if todo:
-            self.measured += len(todo)
-            for m in self.inner.run(problem, todo):
+        size = self.chunk or max(1, len(todo))
+        for start in range(0, len(todo), size):
+            if self.deadline is not None and time.monotonic() >= self.deadline:
+                break
+            part = todo[start:start + size]
+            self.measured += len(part)
+            for m in self.inner.run(problem, part):
                 self.cache.put(self.fingerprint, problem.key, m)
                 found[m.config] = m
-        return [found[c] for c in configs]
+                if self.on_result is not None:
+                    self.on_result(m)
+        return [found[c] or Measurement(c, "missing", message="not measured: the tuning budget was spent")
+                for c in configs]

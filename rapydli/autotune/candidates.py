@@ -274,6 +274,105 @@ class Gemm1x1(Candidate):
         return _Gemm1x1Instance(shape, params)
 
 
+def used_taps(size: int, taps: int, stride: int, pad: int) -> tuple[int, int]:
+    """First and last filter tap (along one dimension) that ever reads the input rather than padding.
+
+    Example
+    -------
+    >>> used_taps(1, 3, 1, 1)  # a 3x3 filter over a 1x1 input padded by 1: only the centre
+    (1, 1)
+    >>> used_taps(8, 3, 1, 1)
+    (0, 2)
+    """
+    out = (size + 2 * pad - taps) // stride + 1
+    return max(0, pad - (out - 1) * stride), min(taps - 1, size - 1 + pad)
+
+
+class _CroppedInstance(Instance):
+    """The convolution with the filter cut to the taps that read the input (the rest only ever read padding)."""
+
+    native_autograd = True  # pad, slicing and conv2d are differentiable
+
+    def __init__(self, shape: ConvShape, params: Mapping[str, Any]) -> None:
+        super().__init__(shape, params)
+        self.layout = "nhwc" if int(params.get("layout", 0)) == 1 else "nchw"
+        s = shape
+        (self.r0, self.r1), (self.s0, self.s1) = used_taps(s.h, s.r, s.stride, s.pad), used_taps(s.w, s.s, s.stride, s.pad)
+        oh, ow = s.out_hw
+        top, left = s.pad - self.r0, s.pad - self.s0
+        bottom = (oh - 1) * s.stride + (self.r1 - self.r0 + 1) - s.h - top
+        right = (ow - 1) * s.stride + (self.s1 - self.s0 + 1) - s.w - left
+        self.pads = (left, right, top, bottom)  # F.pad order; a negative one crops
+
+    def _crop(self, w: torch.Tensor) -> torch.Tensor:
+        return self.to_layout(w[:, :, self.r0:self.r1 + 1, self.s0:self.s1 + 1])
+
+    def _fits(self, x: torch.Tensor) -> bool:
+        return tuple(x.shape[2:]) == (self.shape.h, self.shape.w)  # the cut depends on the input's size
+
+    def forward(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        s = self.shape
+        if not self._fits(x):
+            return F.conv2d(self.to_layout(x), self.to_layout(w), None, s.stride, s.pad)
+        return F.conv2d(self.to_layout(F.pad(x, self.pads)), self._crop(w), None, s.stride)
+
+    def _backward(self, x: torch.Tensor, w: torch.Tensor, gy: torch.Tensor,
+                  mask: list[bool]) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        s = self.shape
+        if not self._fits(x):
+            gx, gw, _ = torch.ops.aten.convolution_backward(
+                self.to_layout(gy), self.to_layout(x), self.to_layout(w), None,
+                [s.stride] * 2, [s.pad] * 2, [1, 1], False, [0, 0], 1, [*mask, False])
+            return gx, gw
+        gx, gw, _ = torch.ops.aten.convolution_backward(
+            self.to_layout(gy), self.to_layout(F.pad(x, self.pads)), self._crop(w), None,
+            [s.stride] * 2, [0, 0], [1, 1], False, [0, 0], 1, [*mask, False],
+        )
+        if gx is not None:
+            gx = self.to_layout(F.pad(gx, tuple(-p for p in self.pads)))
+        if gw is not None:
+            full = torch.zeros_like(w, dtype=gw.dtype, memory_format=MEMORY_FORMAT[self.layout])
+            full[:, :, self.r0:self.r1 + 1, self.s0:self.s1 + 1] = gw
+            gw = full
+        return gx, gw
+
+    def data_grad(self, x: torch.Tensor, w: torch.Tensor, gy: torch.Tensor) -> torch.Tensor:
+        return self._backward(x, w, gy, [True, False])[0]
+
+    def weight_grad(self, x: torch.Tensor, w: torch.Tensor, gy: torch.Tensor) -> torch.Tensor:
+        return self._backward(x, w, gy, [False, True])[1]
+
+    def backward(self, x: torch.Tensor, w: torch.Tensor, gy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._backward(x, w, gy, [True, True])
+
+
+class TorchCropped(Candidate):
+    """``F.conv2d`` with the filter cut to the taps that read the input: layers whose padding exceeds their input.
+
+    In ResNet-18's last stage at 32x32 a 3x3 filter slides over a 1x1 (or a 2x2, stride 2)
+    input padded by 1: only the centre (2x2) taps ever meet data, so the convolution is a
+    1x1 (2x2) one and its weight gradient is zero elsewhere.
+    """
+
+    name = "torch_cropped"
+    devices = ("cpu", "cuda")
+
+    def unsuited(self, shape: ConvShape) -> str | None:
+        rows, cols = used_taps(shape.h, shape.r, shape.stride, shape.pad), used_taps(shape.w, shape.s, shape.stride, shape.pad)
+        if rows == (0, shape.r - 1) and cols == (0, shape.s - 1):
+            return f"{self.name}: every filter tap reads the input (nothing to cut)"
+        return None
+
+    def space(self, shape: ConvShape, device: DeviceInfo, preset: str = "default") -> Space:
+        return Space({"layout": [0, 1]})
+
+    def layout(self, params: Mapping[str, Any]) -> str:
+        return "nhwc" if int(params.get("layout", 0)) == 1 else "nchw"
+
+    def instance(self, shape: ConvShape, params: Mapping[str, Any]) -> Instance:
+        return _CroppedInstance(shape, params)
+
+
 # ------------------------------------------------------------------ the registry
 
 _REGISTRY: dict[str, Candidate] = {}
@@ -285,7 +384,7 @@ def register(candidate: Candidate) -> Candidate:
     return candidate
 
 
-for _cls in (TorchNCHW, TorchChannelsLast, Im2colGemm, Gemm1x1):
+for _cls in (TorchNCHW, TorchChannelsLast, Im2colGemm, Gemm1x1, TorchCropped):
     register(_cls())
 
 

@@ -38,7 +38,7 @@ from rapydli.autotune.runner import (
 from rapydli.autotune.search import Config, Problem, SearchSpace
 from rapydli.errors import ConfigError, RapydliError, RapydliWarning
 
-__all__ = ["ConvShape", "Split", "TuneResult", "build_space", "pick_best", "tune_conv2d"]
+__all__ = ["ConvShape", "Split", "TuneResult", "build_space", "cache_fingerprint", "pick_best", "tune_conv2d"]
 
 
 @dataclass
@@ -144,6 +144,14 @@ def build_space(problem: Problem, device: DeviceInfo, candidates: Sequence[str] 
     return space
 
 
+def cache_fingerprint(info: DeviceInfo) -> str:
+    """The cache key of a device: its fingerprint, the kernel templates and the timing method.
+
+    An edited kernel, another machine or another way of timing is measured again.
+    """
+    return f"{info.fingerprint()}-k{cbuild.templates_digest()}-{TIMING}"
+
+
 def tune_conv2d(
     shape: ConvShape,
     device: str = "cpu",
@@ -160,6 +168,8 @@ def tune_conv2d(
     repetitions: int = 5,
     warmup: int = 1,
     threads: int | None = None,
+    deadline: float | None = None,
+    on_result: Callable[[Measurement], None] | None = None,
 ) -> TuneResult:
     """Tune one convolution and return the fastest valid configuration.
 
@@ -175,8 +185,9 @@ def tune_conv2d(
         A cluster (``rapydli.cluster.Cluster`` or anything with ``.view(targets=)``): measure in
         parallel across its engines; None measures here.
     strategy, options
-        A registered strategy (``"exhaustive"`` or ``"random"``) and its options
-        (``{"budget": 8, "seed": 0}`` for random).
+        A registered strategy (``"exhaustive"``, ``"random"`` or ``"model_based"``) and its
+        options (``{"budget": 8, "seed": 0}`` for random; see
+        :mod:`rapydli.autotune.strategies.model_based`).
     candidates
         Candidate names to consider (default: all registered).
     preset
@@ -195,6 +206,13 @@ def tune_conv2d(
         own ``threads`` cores and a machine times only as many configurations at once as
         its cores hold, so the result does not depend on the number of engines; building
         and validating (compiles included) divide over all engines. Part of the cache key.
+    deadline
+        A ``time.monotonic()`` value after which nothing new is measured (what was not is
+        ``"missing"``; the cache still answers). Needs a cache: every measurement is stored
+        as soon as it is taken (one configuration at a time here, a few per engine with
+        ``engines``), so an interrupted tuning resumes where it stopped.
+    on_result
+        Called with every measurement taken (not those read from the cache).
 
     Returns
     -------
@@ -216,9 +234,11 @@ def tune_conv2d(
         runner = SequentialRunner() if engines is None else ParallelRunner(engines)
     counted: Runner = runner
     if cache is not False:
-        # keyed by the device, the kernel templates and the timing method: an edited kernel is measured again
-        fingerprint = f"{info.fingerprint()}-k{cbuild.templates_digest()}-{TIMING}"
-        counted = CachedRunner(runner, Cache() if cache is True else cache, fingerprint)
+        chunk = 1 if isinstance(runner, SequentialRunner) else 4
+        counted = CachedRunner(runner, Cache() if cache is True else cache, cache_fingerprint(info), chunk, deadline,
+                               on_result)
+    elif deadline is not None or on_result is not None:
+        raise ConfigError("deadline and on_result need the cache (cache=True or a Cache), not cache=False")
     measurements = strategies.get(strategy)(space, counted, options)
     best = pick_best(measurements)
     if best is None:

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from rapydli.autotune.candidates import PASSES, Instance, SplitInstance, conv_apply, get
-from rapydli.autotune.conv import TuneResult, tune_conv2d
+from rapydli.autotune.conv import TuneResult
 from rapydli.autotune.problem import LAYOUTS, ConvShape
 from rapydli.autotune.search import MODES, Config
 from rapydli.errors import ConfigError
@@ -200,7 +200,8 @@ def _conversion_ms(shape: ConvShape, mode: str, reps: int = 5) -> float:
     return sorted(times)[len(times) // 2] * 1e3 * (2 if mode == "train" else 1)
 
 
-def _layout_of(config: Config) -> str:
+def layout_of(config: Config) -> str:
+    """The memory layout (``"nchw"`` or ``"nhwc"``) ``config`` runs in."""
     return get(config.candidate).layout(config.param_dict)
 
 
@@ -210,7 +211,7 @@ def _choose_layouts(layers: list[tuple[str, ConvShape]], results: Mapping[ConvSh
     best_ms = {}
     for shape, result in results.items():
         for layout in LAYOUTS:
-            split = result.best_split(lambda c, layout=layout: _layout_of(c) == layout)
+            split = result.best_split(lambda c, layout=layout: layout_of(c) == layout)
             best_ms[(shape, layout)] = split.seconds * 1e3 if split is not None else float("inf")
     convert = {shape: _conversion_ms(shape, mode) for _, shape in layers}
     cost = {input_layout: 0.0, **{l: float("inf") for l in LAYOUTS if l != input_layout}}
@@ -238,7 +239,8 @@ def _choose_layouts(layers: list[tuple[str, ConvShape]], results: Mapping[ConvSh
 
 
 def plan_for(model: nn.Module, example_input: torch.Tensor, mode: str = "train", engines: Any = None,
-             verify: bool = True, **tune_options: Any) -> Plan:
+             verify: bool = True, budget_s: float | None = None, progress: bool = False,
+             **tune_options: Any) -> Plan:
     """Tune every unique convolution of ``model`` and plan each layer's candidate and layout.
 
     Parameters
@@ -255,163 +257,86 @@ def plan_for(model: nn.Module, example_input: torch.Tensor, mode: str = "train",
         Time whole-model steps of the per-layer plan against all-NCHW and all-channels-last
         library plans and keep the fastest, so a tuned model is never slower than the
         best whole-model library layout.
+    budget_s
+        Seconds the whole tuning may take (None: no limit): shapes are tuned costliest
+        first, each within its share, and those the budget does not reach stay on the
+        library (see :mod:`rapydli.autotune.budget`).
+    progress
+        Show a tqdm bar (layers done, configurations timed, best layer speedup).
     **tune_options
-        Passed to :func:`~rapydli.autotune.tune_conv2d` (``strategy``, ``options``, ``preset``, ...).
+        Passed to :func:`~rapydli.autotune.tune_conv2d` (``strategy``, ``options``, ``preset``,
+        ``cache``, ...); ``on_layer`` (a callable) receives each shape's row as it finishes.
 
     Returns
     -------
     Plan
         Picklable; ship it to every rank and call :func:`apply_plan` there.
     """
-    return _plan(model, example_input, mode, engines, verify, **tune_options)[0]
+    return _plan(model, example_input, mode, engines, verify, budget_s, progress, **tune_options)[0]
 
 
 def _plan(model: nn.Module, example_input: torch.Tensor, mode: str, engines: Any, verify: bool,
-          **tune_options: Any) -> tuple[Plan, dict[ConvShape, TuneResult]]:
+          budget_s: float | None = None, progress: bool = False, on_layer: Any = None,
+          **tune_options: Any) -> tuple[Plan, Any]:
+    """The plan and what was measured for it (a :class:`~rapydli.autotune.budget.LayerTuning`, None from a stored plan)."""
+    from rapydli.autotune import plans
+    from rapydli.autotune.budget import tune_layers
+    from rapydli.autotune.cache import Cache
+    from rapydli.autotune.check import verified
+    from rapydli.autotune.conv import cache_fingerprint
+    from rapydli.autotune.device import query
+    from rapydli.autotune.progress import TuningProgress
+
     if mode not in MODES:
         raise ConfigError(f"mode must be one of {MODES}, got {mode!r}")
+    started = time.monotonic()
+    cache = tune_options.get("cache", True)
+    if cache is True:
+        cache = tune_options["cache"] = Cache()
+    key = None
+    if cache is not False:
+        info = query("cpu", tune_options.get("threads") or torch.get_num_threads())
+        key = plans.plan_key(cache_fingerprint(info), model, example_input, mode, verify, budget_s, tune_options)
+        stored = cache.get_plan(key)
+        if stored is not None:
+            return plans.plan_from_json(stored), None
     found = [(name, shape) for name, _, shape in conv_layers(model, example_input) if shape is not None]
-    results: dict[ConvShape, TuneResult] = {}
-    for _, shape in found:
-        if shape not in results:
-            results[shape] = tune_conv2d(shape, "cpu", mode, engines, **tune_options)
-    input_layout = "nhwc" if example_input.dim() == 4 and example_input.is_contiguous(memory_format=torch.channels_last) \
-        and not example_input.is_contiguous() else "nchw"
-    layouts, estimates = _choose_layouts(found, results, mode, input_layout)
-    layers: dict[str, LayerChoice] = {}
-    default_total = 0.0
-    for name, shape in found:
-        result = results[shape]
-        split = result.best_split(lambda c, lay=layouts[name]: _layout_of(c) == lay)
-        default = result.best_of(lambda c: c.candidate == "torch_nchw")
-        default_ms = default.median * 1e3 if default is not None else None
-        default_total += default_ms or 0.0
-        forward = split.config("forward")
-        layers[name] = LayerChoice(shape, forward.candidate, forward.params, layouts[name], split.seconds * 1e3,
-                                   default_ms, *(_other(split.config(p), forward) for p in PASSES[1:]))
-    estimates["default"] = default_total
-    fingerprint = next(iter(results.values())).device.fingerprint() if results else ""
-    plan = Plan(layers, mode, fingerprint, estimates)
-    if verify and layers:
-        plan = _verified(model, example_input, plan, results)
-    return plan, results
+    bar = TuningProgress(len(found), progress, on_layer)
+    try:
+        tuning = tune_layers(model, example_input, found, mode, engines, budget_s, started, bar, **tune_options)
+        results = tuning.results
+        input_layout = "nhwc" if example_input.dim() == 4 and example_input.is_contiguous(
+            memory_format=torch.channels_last) and not example_input.is_contiguous() else "nchw"
+        layouts, estimates = _choose_layouts(found, results, mode, input_layout)
+        layers: dict[str, LayerChoice] = {}
+        default_total = 0.0
+        for name, shape in found:
+            result = results[shape]
+            split = result.best_split(lambda c, lay=layouts[name]: layout_of(c) == lay)
+            default = result.best_split(lambda c: c.candidate == "torch_nchw")  # summed as the choice's time is
+            default_ms = default.seconds * 1e3 if default is not None else None
+            default_total += default_ms or 0.0
+            forward = split.config("forward")
+            layers[name] = LayerChoice(shape, forward.candidate, forward.params, layouts[name], split.seconds * 1e3,
+                                       default_ms, *(_other(split.config(p), forward) for p in PASSES[1:]))
+        estimates["default"] = default_total
+        fingerprint = next(iter(results.values())).device.fingerprint() if results else ""
+        plan = Plan(layers, mode, fingerprint, estimates)
+        if verify and layers:
+            bar.describe("autotune: whole-model check")
+            checked = time.perf_counter()
+            plan = verified(model, example_input, plan, results,
+                            deadline=None if budget_s is None else started + budget_s)
+            tuning.seconds["check"] = time.perf_counter() - checked
+    finally:
+        bar.close()
+    if key is not None and cache is not False:
+        cache.put_plan(key, plans.plan_to_json(plan))
+    return plan, tuning
 
 
 def _other(config: Config, forward: Config) -> Config | None:
     return None if config == forward else config
-
-
-LIBRARY_OF_LAYOUT = {"nchw": "torch_nchw", "nhwc": "torch_channels_last"}
-
-
-def _library_choice(choice: LayerChoice, results: Mapping[ConvShape, TuneResult], layout: str) -> LayerChoice | None:
-    """``choice``'s layer on ``layout``'s library candidate (None when that was not measured)."""
-    library = LIBRARY_OF_LAYOUT[layout]
-    m = results[choice.shape].best_of(lambda c: c.candidate == library)
-    return None if m is None else LayerChoice(choice.shape, library, (), layout, m.median * 1e3, choice.default_ms)
-
-
-def _library_plan(plan: Plan, results: Mapping[ConvShape, TuneResult], layout: str) -> Plan:
-    """Every layer of ``plan`` on ``layout``'s library candidate (``plan`` itself if one was not measured)."""
-    layers = {name: _library_choice(choice, results, layout) for name, choice in plan.layers.items()}
-    if any(choice is None for choice in layers.values()):
-        return plan
-    return Plan(layers, plan.mode, plan.fingerprint, dict(plan.estimates_ms))
-
-
-def _whole_plan(plan: Plan, results: Mapping[ConvShape, TuneResult]) -> Plan:
-    """``plan`` with every layer on the one configuration fastest over all its passes (no split)."""
-    layers = {}
-    for name, choice in plan.layers.items():
-        m = results[choice.shape].best_of(lambda c, lay=choice.layout: _layout_of(c) == lay)
-        layers[name] = LayerChoice(choice.shape, m.config.candidate, m.config.params, choice.layout, m.median * 1e3,
-                                   choice.default_ms)
-    return Plan(layers, plan.mode, plan.fingerprint, dict(plan.estimates_ms))
-
-
-MARGINS = (1.1, 1.25)  # planned/library time ratios below which the whole-model check also tries the library
-# interleaved rounds of the whole-model check: with 5 the bottleneck stack's fastest of the planned and library
-# plans flipped between two checks of one tuning (planned_1.25x vs library_nhwc: 84.7 vs 82.3 ms, then 79.3 vs 84.0)
-CHECK_REPS = 10
-
-
-def _library_unless_faster(plan: Plan, results: Mapping[ConvShape, TuneResult], margin: float) -> Plan:
-    """``plan`` with every layer not at least ``margin`` x faster than its layout's library candidate put back on it."""
-    layers = {}
-    for name, choice in plan.layers.items():
-        library = _library_choice(choice, results, choice.layout)
-        layers[name] = library if library is not None and library.time_ms < margin * choice.time_ms else choice
-    return Plan(layers, plan.mode, plan.fingerprint, dict(plan.estimates_ms))
-
-
-def _one_step(model: nn.Module, x: torch.Tensor, mode: str) -> float:
-    start = time.perf_counter()
-    if mode == "train":
-        model.zero_grad(set_to_none=True)
-        model(x).float().sum().backward()
-    else:
-        with torch.no_grad():
-            model(x)
-    return time.perf_counter() - start
-
-
-def compare_steps(models: Mapping[str, nn.Module], x: torch.Tensor, mode: str, reps: int = 3) -> dict[str, float]:
-    """Fastest ms of one forward (+ backward in train mode) of each model, timed in interleaved rounds.
-
-    Interleaving (A, B, C, A, B, C, ...) after two warm-up rounds keeps a drifting machine load
-    from favouring whichever model happens to be timed last; the minimum over rounds is the
-    least disturbed step on a shared machine.
-    """
-    for model in models.values():
-        model.train(mode == "train")
-    for _ in range(2):  # warm-up: oneDNN primitives, allocator, kernel loading
-        for model in models.values():
-            _one_step(model, x, mode)
-    times: dict[str, list[float]] = {name: [] for name in models}
-    for _ in range(reps):
-        for name, model in models.items():
-            times[name].append(_one_step(model, x, mode))
-    return {name: min(t) * 1e3 for name, t in times.items()}
-
-
-def model_step_ms(model: nn.Module, x: torch.Tensor, mode: str, reps: int = 3) -> float:
-    """Fastest ms of one forward (+ backward in train mode) of ``model`` on ``x`` (see :func:`compare_steps`)."""
-    return compare_steps({"model": model}, x, mode, reps)["model"]
-
-
-def _verified(model: nn.Module, x: torch.Tensor, plan: Plan, results: Mapping[ConvShape, TuneResult]) -> Plan:
-    """Time whole-model steps of the per-layer plan and of the all-NCHW / all-channels-last library plans; keep the fastest.
-
-    Per-layer times and conversion estimates miss what happens between convolutions
-    (batch norm, residual adds in a mixed layout), so the whole-model choice is measured.
-    A plan whose layers take passes from different configurations is also timed against
-    the same plan without splits (``planned_whole``): a split layer runs its gradients as
-    two calls through a Python autograd function, where a library layer makes one native
-    call (on the bottleneck stack that cost 3-7% of a step, more than the split gained).
-    For the same reason the plan is timed with the layers it makes less than 1.1x (1.25x)
-    faster than their layout's library candidate put back on it (``planned_1.1x``,
-    ``planned_1.25x``): the bottleneck stack gains from its Winograd 3x3 layers (1.5x in
-    isolation) but loses on its split 1x1 layers (1.15x in isolation).
-    """
-    options = {
-        "planned": plan,
-        "library_nchw": _library_plan(plan, results, "nchw"),
-        "library_nhwc": _library_plan(plan, results, "nhwc"),
-    }
-    whole = _whole_plan(plan, results)
-    if whole.layers != plan.layers:
-        options["planned_whole"] = whole
-    for margin in MARGINS:
-        mixed = _library_unless_faster(plan, results, margin)
-        if all(mixed.layers != other.layers for other in options.values()):
-            options[f"planned_{margin:g}x"] = mixed
-    measured = compare_steps({name: apply_plan(copy.deepcopy(model), p) for name, p in options.items()}, x, plan.mode,
-                             reps=CHECK_REPS)
-    chosen = min(measured, key=lambda name: measured[name])
-    best = options[chosen]
-    best.estimates_ms = {**plan.estimates_ms, **{f"measured_{k}": v for k, v in measured.items()}}
-    best.chosen = chosen
-    return best
 
 
 def apply_plan(model: nn.Module, plan: Plan) -> nn.Module:
@@ -447,23 +372,78 @@ def report_table(plan: Plan) -> pd.DataFrame:
 
 @dataclass
 class AutotuneReport:
-    """What :func:`autotune_model` did: the plan, a per-layer table and the estimated totals."""
+    """What :func:`autotune_model` did.
+
+    Attributes
+    ----------
+    plan, table, estimates_ms
+        The plan, one row per planned layer (see :func:`report_table`) and the estimated
+        and measured totals (see :class:`Plan`).
+    results
+        Shape -> :class:`TuneResult` (empty when the plan came from the cache).
+    seconds
+        Wall seconds of the whole call.
+    layers
+        One row per unique shape in the order tuned (costliest first): share of the step,
+        default and tuned ms, speedup, configurations evaluated, status (``"tuned"``,
+        ``"skipped: budget"``).
+    time_s
+        Where the seconds went: ``profile`` (timing the untuned step), ``compile``,
+        ``validate``, ``time`` (the measurements' phases, summed over engines), ``search``
+        (the wall time of all measuring), ``check`` (the whole-model check), ``other``.
+    skipped
+        Layers the budget left on the library.
+    budget_s, from_cache, measured
+        The budget (None: none), whether the plan was read from the cache (nothing
+        measured), and the configurations measured by this call.
+    summary
+        One line: the measured step before and after, or that nothing faster was found.
+    step_ms
+        The untuned model's step as the profile timed it (None from a stored plan).
+    """
 
     plan: Plan
     table: pd.DataFrame
     estimates_ms: dict[str, float]
     results: dict[ConvShape, TuneResult]
     seconds: float
+    layers: pd.DataFrame = field(default_factory=pd.DataFrame)
+    time_s: dict[str, float] = field(default_factory=dict)
+    skipped: list[str] = field(default_factory=list)
+    budget_s: float | None = None
+    from_cache: bool = False
+    measured: int = 0
+    summary: str = ""
+    step_ms: float | None = None
+
+
+def _summary(plan: Plan, seconds: float, budget_s: float | None, skipped: list[str], from_cache: bool) -> str:
+    """The one line a tuning ends with."""
+    spent = f"{seconds:.1f} s" + (f" of a {budget_s:g} s budget" if budget_s is not None else "")
+    if from_cache:
+        spent = f"plan read from the cache in {seconds:.2f} s"
+    budget = f"; {len(skipped)} layer(s) skipped by the budget" if skipped else ""
+    measured = plan.estimates_ms
+    base, chosen = measured.get("measured_library_nchw"), measured.get(f"measured_{plan.chosen}")
+    default = Config("torch_nchw")
+    if plan.chosen == "library_nchw" or all(set(c.configs.values()) == {default} for c in plan.layers.values()):
+        return f"autotune: nothing faster than the library default (F.conv2d, NCHW) was found; " \
+               f"the model keeps it ({spent}{budget})"
+    if base and chosen:
+        return f"autotune: step {base:.1f} -> {chosen:.1f} ms ({base / chosen:.2f}x, {plan.chosen}) ({spent}{budget})"
+    return f"autotune: planned ({plan.chosen}), not verified ({spent}{budget})"
 
 
 def autotune_model(model: nn.Module, example_input: torch.Tensor, mode: str = "train", engines: Any = None,
-                   verify: bool = True, **tune_options: Any) -> tuple[nn.Module, AutotuneReport]:
+                   verify: bool = True, budget_s: float | None = None, progress: bool = True,
+                   **tune_options: Any) -> tuple[nn.Module, AutotuneReport]:
     """Tune ``model``'s convolutions and return a tuned copy with a report.
 
     Parameters
     ----------
-    model, example_input, mode, engines, verify, **tune_options
-        As for :func:`plan_for`.
+    model, example_input, mode, engines, verify, budget_s, progress, **tune_options
+        As for :func:`plan_for` (here the progress bar is on by default, and its last line is
+        :attr:`AutotuneReport.summary`).
 
     Returns
     -------
@@ -474,11 +454,26 @@ def autotune_model(model: nn.Module, example_input: torch.Tensor, mode: str = "t
 
     Example
     -------
-    >>> tuned, report = autotune_model(model, torch.randn(8, 3, 32, 32))  # doctest: +SKIP
-    >>> report.table[["layer", "candidate", "layout", "speedup"]]  # doctest: +SKIP
+    >>> tuned, report = autotune_model(model, torch.randn(8, 3, 32, 32), budget_s=60)  # doctest: +SKIP
+    >>> report.layers[["shape", "share", "speedup", "status"]]  # doctest: +SKIP
     """
     started = time.perf_counter()
-    plan, results = _plan(model, example_input, mode, engines, verify, **tune_options)
+    plan, tuning = _plan(model, example_input, mode, engines, verify, budget_s, progress, **tune_options)
     tuned = apply_plan(copy.deepcopy(model), plan)
-    return tuned, AutotuneReport(plan, report_table(plan), dict(plan.estimates_ms), results,
-                                 time.perf_counter() - started)
+    seconds = time.perf_counter() - started
+    time_s: dict[str, float] = {}
+    if tuning is not None:
+        time_s = dict(tuning.seconds)
+        measuring = sum(time_s.get(p, 0.0) for p in ("compile", "validate", "time"))
+        time_s["search_other"] = max(0.0, time_s["search"] - measuring)
+        time_s["other"] = max(0.0, seconds - time_s["profile"] - time_s["search"] - time_s.get("check", 0.0))
+    skipped = tuning.skipped if tuning is not None else []
+    summary = _summary(plan, seconds, budget_s, skipped, tuning is None)
+    if progress:
+        print(summary)
+    return tuned, AutotuneReport(plan, report_table(plan), dict(plan.estimates_ms),
+                                 tuning.results if tuning is not None else {}, seconds,
+                                 pd.DataFrame(tuning.rows) if tuning is not None else pd.DataFrame(),
+                                 time_s, skipped, budget_s, tuning is None,
+                                 tuning.measured if tuning is not None else 0, summary,
+                                 tuning.step_ms if tuning is not None else None)

@@ -35,7 +35,8 @@ from typing import Any
 from rapydli.autotune.search import Config, Problem
 from rapydli.errors import ConfigError, RankFailure
 
-STATUSES = ("ok", "invalid", "error", "missing", "validated")
+STATUSES = ("ok", "invalid", "error", "missing", "validated", "slow")
+PHASES = ("compile", "validate", "time")  # where a measurement's seconds went (Measurement.seconds)
 TIMING = "cold"  # how runs are timed (part of the cache key): each pass starts with the CPU caches flushed
 
 
@@ -45,11 +46,14 @@ class Measurement:
 
     ``status`` is ``"ok"`` (validated and timed), ``"invalid"`` (wrong result: never
     timed), ``"error"`` (failed to build or run), ``"missing"`` (simulation had no record)
-    or ``"validated"`` (passed :func:`check`, not timed yet: a runner's intermediate state).
+    ``"validated"`` (passed :func:`check`, not timed yet: a runner's intermediate state)
+    or ``"slow"`` (its first timed run was over ``problem.abandon_s``: abandoned, ``median``
+    is that one run).
     ``times`` are whole runs (in train mode: forward + data gradient + weight gradient);
     ``passes`` holds the median seconds of each pass timed (``"forward"``, and in train mode
     ``"data_grad"`` and ``"weight_grad"``), so a layer can take each pass from another
-    configuration.
+    configuration. ``seconds`` holds the wall time spent on it per phase (see :data:`PHASES`;
+    empty for a measurement read from the cache).
     """
 
     config: Config
@@ -62,6 +66,7 @@ class Measurement:
     engine: int = 0
     cached: bool = False
     passes: dict[str, float] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -167,9 +172,17 @@ def _timed(problem: Problem, inst: Any) -> dict[str, list[float]]:
                 run()
                 sync()
                 times[name].append(time.perf_counter() - start)
+            if len(times["forward"]) == 1 and _abandoned(problem, times):
+                break
             if len(times["forward"]) >= 3 and sum(map(sum, times.values())) > problem.time_budget:
                 break
     return times
+
+
+def _abandoned(problem: Problem, times: Mapping[str, list[float]]) -> bool:
+    """Whether one timed run (all passes) already took longer than ``problem.abandon_s``."""
+    return (problem.abandon_s is not None and problem.repetitions > 1
+            and len(times["forward"]) == 1 and sum(t[0] for t in times.values()) > problem.abandon_s)
 
 
 def _instance(problem: Problem, config: Config) -> Any:
@@ -183,25 +196,38 @@ def check(problem: Problem, config: Config) -> Measurement:
 
     Nothing is timed; a kernel that fails to build or run is a result, never an exception.
     """
+    seconds = {}
+    started = time.perf_counter()
     try:
-        error = validate(problem, _instance(problem, config))
+        inst = _instance(problem, config)
+        seconds["compile"] = time.perf_counter() - started
+        error = validate(problem, inst)
     except Exception as exc:  # noqa: BLE001 - a kernel that fails to build or run is a result, not a crash
-        return Measurement(config, "error", message=f"{type(exc).__name__}: {exc}"[-2000:])
+        seconds.setdefault("compile", time.perf_counter() - started)
+        return Measurement(config, "error", message=f"{type(exc).__name__}: {exc}"[-2000:], seconds=seconds)
+    seconds["validate"] = time.perf_counter() - started - seconds["compile"]
     if not error <= problem.tolerance:  # also catches NaN
-        return Measurement(config, "invalid", error=error, message=f"relative error {error:.3g} > {problem.tolerance}")
-    return Measurement(config, "validated", error=error)
+        return Measurement(config, "invalid", error=error, message=f"relative error {error:.3g} > {problem.tolerance}",
+                           seconds=seconds)
+    return Measurement(config, "validated", error=error, seconds=seconds)
 
 
 def time_checked(problem: Problem, checked: Measurement) -> Measurement:
     """Time a ``"validated"`` measurement with ``problem.threads`` threads; other statuses pass through."""
     if checked.status != "validated":
         return checked
+    started = time.perf_counter()
     try:
         per_pass = _timed(problem, _instance(problem, checked.config))
     except Exception:  # noqa: BLE001 - reported with its traceback
         return replace(checked, status="error", message=traceback.format_exc()[-2000:])
+    seconds = {**checked.seconds, "time": time.perf_counter() - started}
     times = [sum(run) for run in zip(*per_pass.values())]
-    return replace(checked, status="ok", median=statistics.median(times),
+    if len(times) == 1 and _abandoned(problem, per_pass):
+        return replace(checked, status="slow", median=times[0], variance=0.0, times=times, seconds=seconds,
+                       message=f"abandoned after one timed run: {times[0] * 1e3:.3g} ms > {problem.abandon_s * 1e3:.3g} ms",
+                       passes={name: t[0] for name, t in per_pass.items()})
+    return replace(checked, status="ok", median=statistics.median(times), seconds=seconds,
                    variance=statistics.pvariance(times) if len(times) > 1 else 0.0, times=times,
                    passes={name: statistics.median(t) for name, t in per_pass.items()})
 

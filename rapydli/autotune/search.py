@@ -62,6 +62,10 @@ class Problem:
         Threads of each timed run (None: the measuring process's torch thread count).
         :func:`~rapydli.autotune.tune_conv2d` sets it, so every runner and every engine
         count times with the same number of threads.
+    abandon_s
+        Early abandonment: a configuration whose first timed run takes longer than this
+        (seconds, all passes) is not timed further and is reported ``"slow"`` (None: time
+        every repetition). Strategies set it to the best time so far times a margin.
     """
 
     shape: ConvShape
@@ -72,6 +76,7 @@ class Problem:
     time_budget: float = 1.0
     tolerance: float = 1e-4
     threads: int | None = None
+    abandon_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:

@@ -1,6 +1,6 @@
 """``rapydli bench conv --json PATH``: tuned convolutions against the library, per layer and per model.
 
-Three parts, each with its peer measured in the same run:
+Four parts, each with its peer measured in the same run:
 
 1. Layers of AlexNet, Overfeat and ResNet-50 (batch chosen so one forward is about
    ``--gflop`` GFLOP, well under a second): GFLOP/s of ``F.conv2d`` (NCHW, oneDNN),
@@ -19,7 +19,8 @@ Three parts, each with its peer measured in the same run:
 Targets (issue 6): tuned training step >= 1.2x the default on the conv-heavy models and
 never slower; tuned choice >= 0.98x the best library variant on every layer; best
 generated kernel >= 0.5x oneDNN on at least half of the layers; tuning with 2 engines
-<= 0.65x the time with 1.
+<= 0.65x the time with 1. Targets (issue 19): ResNet-18-shaped cold tuning <= 120 s, its tuned
+step >= 1.0x always and >= 1.1x the untuned one; warm start < 1 s.
 """
 
 from __future__ import annotations
@@ -63,9 +64,10 @@ LAYERS: dict[str, tuple[int, ...]] = {
     "resnet50.res5_3x3": (512, 7, 7, 512, 3, 3, 1, 1),
 }
 QUICK = ("alexnet.conv2", "resnet50.res2_3x3", "resnet50.res4_1x1b")
-PARTS = ("layers", "models", "engines")
+PARTS = ("layers", "models", "engines", "resnet18")
 
 STEP_TARGET, LIBRARY_TARGET, GENERATED_TARGET, ENGINES_TARGET = 1.2, 0.98, 0.5, 0.65
+R18_TUNE_S, R18_STEP, R18_WARM_S = 120.0, 1.1, 1.0
 
 
 def layer_shape(name: str, gflop: float) -> ConvShape:
@@ -197,6 +199,54 @@ def model_rows(batch: int, preset: str, cache: Cache, reps: int) -> list[dict[st
     return rows
 
 
+def resnet18_rows(batch: int, budget_s: float, preset: str, reps: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The ResNet-18-shaped model tuned cold within ``budget_s``, its step against the untuned one, a warm start.
+
+    Returns one summary row and the per-layer-shape rows of the tuning. Both caches (results
+    and compiled kernels) start empty: ``RAPYDLI_HOME`` points at a fresh directory meanwhile.
+    """
+    from rapydli.autotune.model import autotune_model
+    from rapydli.zoo.models import resnet18_like
+
+    previous = os.environ.get("RAPYDLI_HOME")
+    with tempfile.TemporaryDirectory(prefix="rapydli-bench-r18-") as home:
+        _set_home(home)
+        try:
+            torch.manual_seed(0)
+            model = resnet18_like()
+            x, y = torch.randn(batch, 3, 32, 32), torch.randint(0, 10, (batch,))
+            cache = Cache(os.path.join(home, "tune.db"))
+            load_before = os.getloadavg()[0]
+            started = time.perf_counter()
+            tuned, report = autotune_model(model, x, "train", budget_s=budget_s, preset=preset, cache=cache)
+            tune_s = time.perf_counter() - started
+            load_tuning = f"{load_before:.2f}-{os.getloadavg()[0]:.2f}"
+            started = time.perf_counter()
+            warm_model, warm = autotune_model(model, x, "train", budget_s=budget_s, preset=preset, cache=cache,
+                                              progress=False)
+            warm_s = time.perf_counter() - started
+            load = os.getloadavg()[0]
+            ms = compare_training_steps({"default": model, "tuned": tuned}, x, y, reps)
+        finally:
+            if previous is None:
+                os.environ.pop("RAPYDLI_HOME", None)
+            else:
+                _set_home(previous)
+    speedup, low, high = paired(ms["default"], ms["tuned"])
+    row = {
+        "model": "resnet18_like", "input": f"{batch}x3x32x32", "budget_s": budget_s, "tune_s": tune_s,
+        "load_tuning": load_tuning, "skipped_layers": len(report.skipped), "measured": report.measured,
+        **{f"time_{k}_s": v for k, v in report.time_s.items()},
+        "default_ms": statistics.median(ms["default"]), "tuned_ms": statistics.median(ms["tuned"]),
+        "speedup": speedup, "speedup_iqr": f"{low:.3f}-{high:.3f}", "load_steps": f"{load:.2f}-{os.getloadavg()[0]:.2f}",
+        "whole_model_choice": report.plan.chosen, "warm_s": warm_s, "warm_from_cache": warm.from_cache,
+        "warm_same_plan": warm.plan.layers == report.plan.layers, "summary": report.summary,
+    }
+    del warm_model
+    layers = [{k: v for k, v in r.items() if k != "names"} for r in report.layers.to_dict(orient="records")]
+    return row, layers
+
+
 class _FirstEngine:
     """Rank 0 of a cluster alone: the 1-engine side of the tuning-time comparison."""
 
@@ -264,10 +314,12 @@ def verdict(ok: bool) -> str:
               help="interleaved rounds of timed training steps per model (median and quartiles reported)")
 @click.option("--part", "parts", type=click.Choice(PARTS), multiple=True,
               help="run only these parts (repeatable; default: all)")
+@click.option("--budget-s", type=click.FloatRange(min=0, min_open=True), default=60.0, show_default=True,
+              help="tuning budget of the resnet18 part")
 @click.option("--layer", "layer_names", type=click.Choice(tuple(LAYERS)), multiple=True,
               help="only these layers (repeatable; default: all, or the quick ones with --quick)")
 def command(json_path: str | None, quick: bool, gflop: float, preset: str, batch: int, reps: int,
-            parts: tuple[str, ...], layer_names: tuple[str, ...]) -> None:
+            parts: tuple[str, ...], budget_s: float, layer_names: tuple[str, ...]) -> None:
     """Convolution GFLOP/s per layer, training steps with and without autotune_model, tuning time."""
     parts = parts or PARTS
     names = layer_names or (QUICK if quick else tuple(LAYERS))
@@ -278,11 +330,14 @@ def command(json_path: str | None, quick: bool, gflop: float, preset: str, batch
         layers = layer_rows(names, gflop, preset, cache) if "layers" in parts else []
         models = model_rows(batch, preset, cache, reps) if "models" in parts else []
     engine_rows = tuning_times(QUICK[:2] if quick else QUICK, gflop, preset) if "engines" in parts else []
+    r18, r18_layers = resnet18_rows(8, budget_s, "default", reps) if "resnet18" in parts else (None, [])
 
     summary: dict[str, Any] = {}
     tables = [(f"conv: {title}", part) for title, part in (
         ("layers (forward GFLOP/s)", layers), ("training step (ms)", models),
-        ("tuning time, 1 vs 2 engines", engine_rows)) if part]
+        ("tuning time, 1 vs 2 engines", engine_rows),
+        ("resnet18-shaped, per layer shape (ms per layer)", r18_layers),
+        ("resnet18-shaped, cold tuning and training step", [r18] if r18 else [])) if part]
     if layers:
         library_ok = all((r["tuned_vs_best_library"] or 0) >= LIBRARY_TARGET for r in layers)
         good = [r["layer"] for r in layers if (r["generated_vs_onednn"] or 0) >= GENERATED_TARGET]
@@ -304,8 +359,19 @@ def command(json_path: str | None, quick: bool, gflop: float, preset: str, batch
         summary["tuning time counts"] = ("compiles from an empty kernel cache, validation, timing, round trips, "
                                          "result cache; not the engine start (one warm 2-engine cluster; "
                                          "1 engine = its rank 0)")
+    if r18:
+        summary["resnet18: cold tuning"] = (f"{r18['tune_s']:.1f} s (budget {r18['budget_s']:g} s, load "
+                                           f"{r18['load_tuning']}); {r18['skipped_layers']} layers skipped by the budget")
+        summary[f"target resnet18 cold tuning <= {R18_TUNE_S:g} s"] = verdict(r18["tune_s"] <= R18_TUNE_S)
+        summary["resnet18: tuned step speedup"] = (f"{r18['speedup']:.2f}x ({r18['speedup_iqr']}, load "
+                                                  f"{r18['load_steps']}; {r18['whole_model_choice']})")
+        summary["target resnet18 tuned step >= 1.0x"] = verdict(r18["speedup"] >= 1.0)
+        summary[f"target resnet18 tuned step >= {R18_STEP}x"] = verdict(r18["speedup"] >= R18_STEP)
+        summary[f"target resnet18 warm start < {R18_WARM_S:g} s"] = \
+            f"{verdict(r18['warm_s'] < R18_WARM_S and r18['warm_from_cache'])} ({r18['warm_s']:.2f} s)"
     rows = [{"part": "layer", **r} for r in layers] + [{"part": "model", **r} for r in models] \
-        + [{"part": "tuning", **r} for r in engine_rows]
+        + [{"part": "tuning", **r} for r in engine_rows] + [{"part": "resnet18_layer", **r} for r in r18_layers] \
+        + ([{"part": "resnet18", **r18}] if r18 else [])
     for i, (title, part) in enumerate(tables):
         emit(title, part, summary if i == len(tables) - 1 else {}, None)
     if json_path:

@@ -147,6 +147,7 @@ class TrainConfig:
     cache_ram_mb: float = _spec(256.0, "clairvoyant loader: RAM cache budget per rank (MB)", low=0.0, high=1e7, log=True)
     cache_disk_mb: float = _spec(0.0, "clairvoyant loader: local-disk cache budget per rank (MB)", low=0.0, high=1e8)
     autotune: bool = _spec(False, "tune the model's convolutions once (rank 0) and use the plan on every rank")
+    autotune_budget_s: float | None = _spec(60.0, "seconds rank 0 may spend tuning (None: no limit)", low=0.0, high=1e6, low_open=True, optional=True, log=True)
     workers: int = _spec(2, "ranks rd.train starts when it is given no cluster", low=1, high=4096)
     pipeline_stages: int = _spec(1, "pipeline stages the model is split into (ranks = data-parallel degree x stages)", low=1, high=1024)
     microbatches: int = _spec(1, "micro-batches each pipeline step cuts a batch into", low=1, high=4096, log=True)

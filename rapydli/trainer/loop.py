@@ -446,7 +446,7 @@ class Trainer:
             try:
                 count = min(len(train_data), self.config.batch_size)
                 example = torch.utils.data.default_collate([train_data[i] for i in range(count)])[0]
-                plan = plan_for(self.model, example.to(self.device), mode="train")
+                plan = plan_for(self.model, example.to(self.device), mode="train", budget_s=self.config.autotune_budget_s)
             except Exception as exc:  # noqa: BLE001 - every rank must learn of it, not block in bcast
                 error = f"{type(exc).__name__}: {exc}"
         plan, error = self.mpi.bcast((plan, error), root=0)

@@ -170,3 +170,37 @@ class _Call(nn.Module):
 def tiny_lm(vocab_size: int = 64, block_size: int = 32, dim: int = 64, layers: int = 2, heads: int = 4) -> nn.Module:
     """Build :class:`TinyLM`."""
     return TinyLM(vocab_size, block_size, dim, layers, heads)
+
+
+class ResNet18Like(nn.Module):
+    """A ResNet-18-shaped network (torchvision's layout, written here: no torchvision needed).
+
+    A 7x7 stride-2 stem with 3x3 max pooling, four stages of two :class:`BasicBlock` (widths
+    64, 128, 256, 512; stride 2 and a 1x1 projection at the start of stages 2-4), global
+    average pooling and a linear head: 20 bias-free convolutions, 11.2 M parameters at
+    ``width=64``.
+    """
+
+    def __init__(self, num_classes: int = 10, in_channels: int = 3, width: int = 64) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(
+            nn.Conv2d(in_channels, width, 7, 2, 3, bias=False), nn.BatchNorm2d(width), nn.ReLU(),
+            nn.MaxPool2d(3, 2, 1),
+        )
+        stages: list[nn.Module] = []
+        channels = width
+        for index in range(4):
+            out = width * 2**index
+            stages.append(nn.Sequential(BasicBlock(channels, out, stride=1 if index == 0 else 2), BasicBlock(out, out)))
+            channels = out
+        self.stages = nn.Sequential(*stages)
+        self.head = nn.Linear(channels, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stages(self.stem(x))
+        return self.head(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
+
+
+def resnet18_like(num_classes: int = 10, in_channels: int = 3, width: int = 64) -> nn.Module:
+    """Build :class:`ResNet18Like` (``width=16`` for a quick, small variant of the same shape)."""
+    return ResNet18Like(num_classes, in_channels, width)

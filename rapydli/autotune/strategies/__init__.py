@@ -3,6 +3,9 @@
 * ``exhaustive``: measure every configuration that survives the constraints (the BEAST way).
 * ``random``: measure ``options["budget"]`` configurations drawn with ``options["seed"]``,
   plus ``space.always``.
+* ``model_based``: the library variants, then generated configurations chosen one at a time
+  by a Bayesian linear model of their time, with early abandonment of slow ones (few
+  evaluations; what budgeted model tuning uses).
 
 Example
 -------
@@ -24,6 +27,7 @@ Strategy = Callable[..., list]
 _STRATEGIES: dict[str, str] = {
     "exhaustive": "rapydli.autotune.strategies.exhaustive",
     "random": "rapydli.autotune.strategies.random_sample",
+    "model_based": "rapydli.autotune.strategies.model_based",
 }
 
 

@@ -1,0 +1,141 @@
+"""The whole-model check: time whole steps of a plan and of its library alternatives, keep the fastest.
+
+Per-layer times miss what happens between convolutions (batch norm, residual adds, layout
+changes), so :func:`verified` times whole-model steps of the per-layer plan, of the
+all-NCHW and all-channels-last library plans, of the plan without per-pass splits and of
+the plan with its small gains put back on the library, in interleaved rounds, and keeps
+the fastest: a tuned model is never slower than the library, as measured.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Mapping
+
+import torch
+from torch import nn
+
+from rapydli.autotune.conv import TuneResult
+from rapydli.autotune.model import LayerChoice, Plan, apply_plan, layout_of
+from rapydli.autotune.problem import ConvShape
+
+LIBRARY_OF_LAYOUT = {"nchw": "torch_nchw", "nhwc": "torch_channels_last"}
+
+
+def _library_choice(choice: LayerChoice, results: Mapping[ConvShape, TuneResult], layout: str) -> LayerChoice | None:
+    """``choice``'s layer on ``layout``'s library candidate (None when that was not measured)."""
+    library = LIBRARY_OF_LAYOUT[layout]
+    m = results[choice.shape].best_of(lambda c: c.candidate == library)
+    return None if m is None else LayerChoice(choice.shape, library, (), layout, m.median * 1e3, choice.default_ms)
+
+
+def _library_plan(plan: Plan, results: Mapping[ConvShape, TuneResult], layout: str) -> Plan:
+    """Every layer of ``plan`` on ``layout``'s library candidate (``plan`` itself if one was not measured)."""
+    layers = {name: _library_choice(choice, results, layout) for name, choice in plan.layers.items()}
+    if any(choice is None for choice in layers.values()):
+        return plan
+    return Plan(layers, plan.mode, plan.fingerprint, dict(plan.estimates_ms))
+
+
+def _whole_plan(plan: Plan, results: Mapping[ConvShape, TuneResult]) -> Plan:
+    """``plan`` with every layer on the one configuration fastest over all its passes (no split)."""
+    layers = {}
+    for name, choice in plan.layers.items():
+        m = results[choice.shape].best_of(lambda c, lay=choice.layout: layout_of(c) == lay)
+        layers[name] = LayerChoice(choice.shape, m.config.candidate, m.config.params, choice.layout, m.median * 1e3,
+                                   choice.default_ms)
+    return Plan(layers, plan.mode, plan.fingerprint, dict(plan.estimates_ms))
+
+
+MARGINS = (1.1, 1.25)  # planned/library time ratios below which the whole-model check also tries the library
+# interleaved rounds of the whole-model check: with 5 the bottleneck stack's fastest of the planned and library
+# plans flipped between two checks of one tuning (planned_1.25x vs library_nhwc: 84.7 vs 82.3 ms, then 79.3 vs 84.0)
+CHECK_REPS = 10
+
+
+def _library_unless_faster(plan: Plan, results: Mapping[ConvShape, TuneResult], margin: float) -> Plan:
+    """``plan`` with every layer not at least ``margin`` x faster than its layout's library candidate put back on it."""
+    layers = {}
+    for name, choice in plan.layers.items():
+        library = _library_choice(choice, results, choice.layout)
+        layers[name] = library if library is not None and library.time_ms < margin * choice.time_ms else choice
+    return Plan(layers, plan.mode, plan.fingerprint, dict(plan.estimates_ms))
+
+
+def _one_step(model: nn.Module, x: torch.Tensor, mode: str) -> float:
+    start = time.perf_counter()
+    if mode == "train":
+        model.zero_grad(set_to_none=True)
+        model(x).float().sum().backward()
+    else:
+        with torch.no_grad():
+            model(x)
+    return time.perf_counter() - start
+
+
+def compare_steps(models: Mapping[str, nn.Module], x: torch.Tensor, mode: str, reps: int = 3,
+                  deadline: float | None = None) -> dict[str, float]:
+    """Fastest ms of one forward (+ backward in train mode) of each model, timed in interleaved rounds.
+
+    Interleaving (A, B, C, A, B, C, ...) after two warm-up rounds keeps a drifting machine load
+    from favouring whichever model happens to be timed last; the minimum over rounds is the
+    least disturbed step on a shared machine. With a ``deadline`` (``time.monotonic()``) there
+    is one warm-up round, and no round after the first timed one starts past it.
+    """
+    for model in models.values():
+        model.train(mode == "train")
+    for _ in range(2 if deadline is None else 1):  # warm-up: oneDNN primitives, allocator, kernel loading
+        for model in models.values():
+            _one_step(model, x, mode)
+    times: dict[str, list[float]] = {name: [] for name in models}
+    for round_ in range(reps):
+        if round_ and deadline is not None and time.monotonic() >= deadline:
+            break
+        for name, model in models.items():
+            times[name].append(_one_step(model, x, mode))
+    return {name: min(t) * 1e3 for name, t in times.items()}
+
+
+def model_step_ms(model: nn.Module, x: torch.Tensor, mode: str, reps: int = 3, deadline: float | None = None) -> float:
+    """Fastest ms of one forward (+ backward in train mode) of ``model`` on ``x`` (see :func:`compare_steps`)."""
+    return compare_steps({"model": model}, x, mode, reps, deadline)["model"]
+
+
+def verified(model: nn.Module, x: torch.Tensor, plan: Plan, results: Mapping[ConvShape, TuneResult],
+             reps: int = CHECK_REPS, deadline: float | None = None) -> Plan:
+    """Time whole-model steps of the per-layer plan and of the all-NCHW / all-channels-last library plans; keep the fastest.
+
+    Per-layer times and conversion estimates miss what happens between convolutions
+    (batch norm, residual adds in a mixed layout), so the whole-model choice is measured.
+    A plan whose layers take passes from different configurations is also timed against
+    the same plan without splits (``planned_whole``): a split layer runs its gradients as
+    two calls through a Python autograd function, where a library layer makes one native
+    call (on the bottleneck stack that cost 3-7% of a step, more than the split gained).
+    For the same reason the plan is timed with the layers it makes less than 1.1x (1.25x)
+    faster than their layout's library candidate put back on it (``planned_1.1x``,
+    ``planned_1.25x``): the bottleneck stack gains from its Winograd 3x3 layers (1.5x in
+    isolation) but loses on its split 1x1 layers (1.15x in isolation).
+    """
+    options = {
+        "planned": plan,
+        "library_nchw": _library_plan(plan, results, "nchw"),
+        "library_nhwc": _library_plan(plan, results, "nhwc"),
+    }
+    if deadline is None or time.monotonic() < deadline:  # past its deadline the check times only the three above
+        whole = _whole_plan(plan, results)
+        if whole.layers != plan.layers:
+            options["planned_whole"] = whole
+        for margin in MARGINS:
+            mixed = _library_unless_faster(plan, results, margin)
+            if all(mixed.layers != other.layers for other in options.values()):
+                options[f"planned_{margin:g}x"] = mixed
+    twins = {name: next(n for n, o in options.items() if o.layers == p.layers) for name, p in options.items()}
+    timed = {name: apply_plan(copy.deepcopy(model), p) for name, p in options.items() if twins[name] == name}
+    measured = compare_steps(timed, x, plan.mode, reps=reps, deadline=deadline)
+    measured = {name: measured[twins[name]] for name in options}  # a plan equal to an earlier one is timed once
+    chosen = min(measured, key=lambda name: measured[name])
+    best = options[chosen]
+    best.estimates_ms = {**plan.estimates_ms, **{f"measured_{k}": v for k, v in measured.items()}}
+    best.chosen = chosen
+    return best

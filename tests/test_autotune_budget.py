@@ -1,0 +1,246 @@
+"""Budgeted model tuning: ranking, the model-based strategy, early abandonment, resuming, warm plans, any model."""
+
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import replace
+
+import pytest
+import torch
+from torch import nn
+
+from rapydli.autotune.cache import Cache
+from rapydli.autotune.conv import build_space, tune_conv2d
+from rapydli.autotune.device import query
+from rapydli.autotune.model import Plan, TunedConv2d, apply_plan, autotune_model
+from rapydli.autotune.plans import plan_from_json, plan_to_json
+from rapydli.autotune.problem import ConvShape
+from rapydli.autotune.runner import Measurement, SimulationRunner, measure
+from rapydli.autotune.search import Config, Problem
+from rapydli.autotune.strategies import get
+from rapydli.errors import ConfigError
+from rapydli.trainer.config import TrainConfig
+from rapydli.zoo.models import resnet18_like
+
+TINY = {"preset": "tiny", "repetitions": 2}
+
+
+def every_kind_of_conv() -> nn.Module:
+    """7x7 stride-2 stem, bias and bias-free, 1x1, stride 2, grouped, depthwise, dilated."""
+    torch.manual_seed(0)
+    return nn.Sequential(
+        nn.Conv2d(3, 8, 7, stride=2, padding=3, bias=False), nn.BatchNorm2d(8), nn.ReLU(),
+        nn.Conv2d(8, 8, 3, padding=1), nn.ReLU(),                      # with bias
+        nn.Conv2d(8, 16, 1, stride=2, bias=False),                     # 1x1, stride 2
+        nn.Conv2d(16, 16, 3, padding=1, groups=4),                     # grouped: untouched
+        nn.Conv2d(16, 16, 3, padding=1, groups=16, bias=False),        # depthwise: untouched
+        nn.Conv2d(16, 16, 3, padding=2, dilation=2),                   # dilated: untouched
+        nn.Conv2d(16, 8, 3, stride=2, padding=1, bias=False), nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 3),
+    )
+
+
+def outputs_and_grads(model: nn.Module, x: torch.Tensor):
+    model.train()
+    model.zero_grad(set_to_none=True)
+    x = x.clone().requires_grad_()
+    out = model(x)
+    out.square().sum().backward()
+    return out.detach(), x.grad, {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+def assert_same(a: nn.Module, b: nn.Module, x: torch.Tensor, rtol: float = 1e-4, atol: float = 1e-5) -> None:
+    out_a, gx_a, g_a = outputs_and_grads(a, x)
+    out_b, gx_b, g_b = outputs_and_grads(b, x)
+    torch.testing.assert_close(out_b, out_a, rtol=rtol, atol=atol)
+    torch.testing.assert_close(gx_b, gx_a, rtol=rtol, atol=atol)
+    assert g_a.keys() == g_b.keys()
+    for name in g_a:
+        torch.testing.assert_close(g_b[name], g_a[name], rtol=rtol, atol=max(atol, 1e-4), msg=name)
+
+
+def assert_same_in_norm(a: nn.Module, b: nn.Module, x: torch.Tensor, tol: float = 1e-3) -> None:
+    """Outputs, input gradient and every parameter gradient equal within ``tol`` of their norm.
+
+    20 convolutions, each followed by batch norm in train mode, compound float32 rounding (another summation
+    order per kernel): element by element a value near zero differs by 20 %, while against a float64 copy
+    both models are 1e-5 (outputs) to 1e-4 (gradients) off in norm.
+    """
+    out_a, gx_a, g_a = outputs_and_grads(a, x)
+    out_b, gx_b, g_b = outputs_and_grads(b, x)
+    assert g_a.keys() == g_b.keys()
+    for name, (p, q) in {"output": (out_a, out_b), "input grad": (gx_a, gx_b),
+                         **{k: (g_a[k], g_b[k]) for k in g_a}}.items():
+        assert float((q - p).norm() / p.norm().clamp_min(1e-12)) < tol, name
+
+
+# ---------------------------------------------------------------- the strategy, on replayed measurements
+
+
+def _synthetic(space, best: Config) -> list[tuple[str, Measurement]]:
+    """Times that grow with the distance (parameter values unlike ``best``'s); library at 1 ms."""
+    records = []
+    for config in [*space.always, *space.configs]:
+        if config in space.always:
+            t = 1e-3
+        else:
+            mine, target = config.param_dict, best.param_dict
+            t = 0.5e-3 * (1 + 0.15 * sum(mine.get(k) != v for k, v in target.items()))
+        records.append((space.problem.key, Measurement(config, "ok", t, 0.0, [t], passes={"forward": t})))
+    return records
+
+
+def test_model_based_search_finds_the_best_in_few_evaluations() -> None:
+    problem = Problem(ConvShape(8, 64, 8, 8, 64, 3, 3, pad=1), "inference")
+    space = build_space(problem, query("cpu", 2), ["torch_nchw", "torch_channels_last", "c_direct"], "full")
+    assert len(space.configs) > 300
+    best = space.configs[len(space.configs) * 2 // 3]
+    runner = SimulationRunner(_synthetic(space, best))
+    found = get("model_based")(space, runner, {"seed": 1, "patience": 10})
+    generated = [m for m in found if m.config.candidate == "c_direct"]
+    assert min(found, key=lambda m: m.median).config == best
+    assert len(generated) <= len(space.configs) // 5  # far fewer than the exhaustive search
+    # priors (what earlier layers chose) are measured first
+    again = get("model_based")(space, runner, {"priors": [best], "budget": 3})
+    assert next(m.config for m in again if m.config.candidate == "c_direct") == best
+    assert sum(m.config.candidate == "c_direct" for m in again) == 3
+    with pytest.raises(ConfigError, match="margin"):
+        get("model_based")(space, runner, {"margin": 0.5})
+
+
+def test_a_configuration_slower_than_the_margin_is_abandoned_after_one_timed_run() -> None:
+    problem = Problem(ConvShape(2, 4, 8, 8, 4, 3, 3, pad=1), "train", repetitions=5, threads=1)
+    full = measure(problem, Config.of("torch_nchw"))
+    assert full.status == "ok" and len(full.times) == 5
+    assert set(full.seconds) == {"compile", "validate", "time"}
+    slow = measure(replace(problem, abandon_s=1e-9), Config.of("torch_nchw"))
+    assert slow.status == "slow" and len(slow.times) == 1 and "abandoned" in slow.message
+    assert not slow.ok  # never chosen
+
+
+# ---------------------------------------------------------------- resuming and warm starts
+
+
+def test_an_interrupted_tuning_resumes_from_the_cache(tmp_path) -> None:
+    shape = ConvShape(2, 4, 6, 6, 4, 3, 3, pad=1)
+    cache = Cache(tmp_path / "a.db")
+    seen: list[Measurement] = []
+
+    def interrupt_after_three(m: Measurement) -> None:
+        seen.append(m)
+        if len(seen) == 3:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        tune_conv2d(shape, mode="inference", cache=cache, on_result=interrupt_after_three, threads=1, **TINY)
+    resumed = tune_conv2d(shape, mode="inference", cache=cache, threads=1, **TINY)
+    fresh = tune_conv2d(shape, mode="inference", cache=Cache(tmp_path / "b.db"), threads=1, **TINY)
+    assert resumed.measured == fresh.measured - 3  # each measurement was stored as it was taken
+    assert {m.config for m in resumed.measurements} == {m.config for m in fresh.measurements}
+
+
+def test_an_interrupted_model_tuning_resumes_and_a_finished_one_is_applied_from_the_cache(tmp_path) -> None:
+    model, x = every_kind_of_conv(), torch.randn(2, 3, 16, 16)
+    options = {**TINY, "progress": False, "threads": 1, "verify": False}  # the whole-model check is tested below
+    _, full = autotune_model(model, x, cache=Cache(tmp_path / "full.db"), **options)
+    cache = Cache(tmp_path / "cut.db")
+
+    def stop(row: dict) -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        autotune_model(model, x, cache=cache, on_layer=stop, **options)
+    _, resumed = autotune_model(model, x, cache=cache, **options)
+    assert 0 < resumed.measured < full.measured
+    started = time.perf_counter()
+    tuned, warm = autotune_model(model, x, cache=cache, **options)
+    assert warm.from_cache and warm.measured == 0 and warm.plan.layers == resumed.plan.layers
+    assert "read from the cache" in warm.summary
+    assert time.perf_counter() - started < 30  # no tuning (generous: a shared machine); the bench reports the figure
+    assert_same(model, tuned, x)
+
+
+def test_plans_round_trip_through_json(tmp_path) -> None:
+    model, x = every_kind_of_conv(), torch.randn(2, 3, 16, 16)
+    _, report = autotune_model(model, x, cache=Cache(tmp_path / "c.db"), progress=False, verify=False, **TINY)
+    plan = plan_from_json(plan_to_json(report.plan))
+    assert isinstance(plan, Plan) and plan.layers == report.plan.layers and plan.chosen == report.plan.chosen
+
+
+# ---------------------------------------------------------------- budget, report, any model
+
+
+@pytest.fixture
+def one_thread():
+    """Steps at one torch thread: on a shared 2-core machine two OpenMP threads wait on each other for seconds."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_the_budget_holds_and_the_report_says_where_the_time_went(tmp_path, capsys, one_thread) -> None:
+    torch.manual_seed(0)
+    model, x = resnet18_like(width=8), torch.randn(2, 3, 32, 32)
+    budget = 8.0
+    # the default preset would take minutes exhaustively; the budget stops it
+    tuned, report = autotune_model(model, x, budget_s=budget, cache=Cache(tmp_path / "b.db"), preset="default",
+                                   repetitions=3, threads=1)
+    # stated slack (rapydli.autotune.budget): one evaluation (compile + validate + time of one configuration, a
+    # few seconds) and two rounds of the whole-model check (at most 6 plans: 12 steps of the model, first ones slow)
+    assert report.seconds <= budget + 15.0 + 12 * 2 * report.step_ms / 1e3
+    assert {"profile", "compile", "validate", "time", "search", "check", "other"} <= set(report.time_s)
+    rows = report.layers
+    assert list(rows["share"]) == sorted(rows["share"], reverse=True)  # costliest first
+    assert set(rows["status"]) <= {"tuned", "skipped: budget"}
+    skipped = rows[rows["status"] == "skipped: budget"]
+    assert sorted(report.skipped) == sorted(n for names in skipped["names"] for n in names.split(", "))
+    printed = capsys.readouterr().out.strip().splitlines()
+    assert printed[-1] == report.summary and report.summary.startswith("autotune: ")
+    assert_same_in_norm(model, tuned, x)
+
+
+def test_a_tuning_that_finds_nothing_better_says_so_in_one_line(tmp_path) -> None:
+    model, x = every_kind_of_conv(), torch.randn(2, 3, 16, 16)
+    tuned, report = autotune_model(model, x, budget_s=30, candidates=["torch_nchw"], cache=Cache(tmp_path / "n.db"),
+                                   progress=False, **TINY)
+    assert "nothing faster" in report.summary and "\n" not in report.summary
+    assert_same(model, tuned, x)
+
+
+def test_any_model_only_plain_convolutions_are_tuned_and_training_is_unchanged(tmp_path) -> None:
+    model, x = every_kind_of_conv(), torch.randn(2, 3, 16, 16)
+    tuned, _ = autotune_model(model, x, budget_s=20, cache=Cache(tmp_path / "m.db"), progress=False, **TINY)
+    kinds = {name: type(m).__name__ for name, m in tuned.named_modules() if isinstance(m, nn.Conv2d)}
+    assert kinds == {"0": "TunedConv2d", "3": "TunedConv2d", "5": "TunedConv2d", "6": "Conv2d", "7": "Conv2d",
+                     "8": "Conv2d", "9": "TunedConv2d"}
+    assert_same(model, tuned, x)
+
+
+def test_resnet18_shaped_model_trains_like_the_untuned_one_on_every_kernel(tmp_path) -> None:
+    torch.manual_seed(0)
+    model, x = resnet18_like(width=8), torch.randn(4, 3, 32, 32)
+    assert sum(isinstance(m, nn.Conv2d) for m in model.modules()) == 20
+    tuned, report = autotune_model(model, x, budget_s=10, cache=Cache(tmp_path / "r.db"), progress=False, **TINY)
+    assert_same_in_norm(model, tuned, x)
+    # every layer (7x7 stride-2 stem, 1x1 inputs with padding, stride-2 1x1 projections) on generated C kernels too
+    forced = {}
+    for i, (name, choice) in enumerate(report.plan.layers.items()):
+        params = (("algo", 0), ("cb", 64), ("kb", 2), ("layout", i % 2), ("order", 0), ("pack", 0), ("tb", 4),
+                  ("unroll", 1), ("vec", 4), ("wb", 2))
+        forced[name] = replace(choice, candidate="c_direct", params=params, layout="nhwc" if i % 2 else "nchw",
+                               data_grad=None, weight_grad=None)
+    generated = apply_plan(copy.deepcopy(model), Plan(forced, "train", report.plan.fingerprint))
+    assert sum(isinstance(m, TunedConv2d) for m in generated.modules()) == 20
+    assert_same_in_norm(model, generated, x)
+
+
+def test_train_config_autotune_budget() -> None:
+    assert TrainConfig().autotune_budget_s == 60.0
+    assert TrainConfig(autotune_budget_s=None).autotune_budget_s is None
+    with pytest.raises(ConfigError, match="autotune_budget_s"):
+        TrainConfig(autotune_budget_s=0)
+    with pytest.raises(ConfigError, match="budget_s must be a positive number"):
+        autotune_model(every_kind_of_conv(), torch.randn(1, 3, 16, 16), budget_s=-1, progress=False)
+
