@@ -19,6 +19,7 @@ from rapydli.cluster import engine
 from rapydli.cluster.launchers import get_launcher, validate_options
 from rapydli.cluster.processes import reap
 from rapydli.cluster.mpirun import rank_environment, threads_per_rank
+from rapydli.cluster.batchjob import BatchJob, batch_job
 from rapydli.cluster.job import DisplayHandler, EventHandler, Job, OutputHandler, print_output
 from rapydli.cluster.targets import parse_targets
 from rapydli.errors import ClusterError, ConfigError, NotFoundError
@@ -75,8 +76,10 @@ class Cluster:
             raise ConfigError(f"threads={threads!r} is invalid: must be an integer >= 1")
         self.launcher = get_launcher(launcher)
         self.options = validate_options(launcher, launcher_options)
+        if self.launcher.check_size is not None:
+            self.launcher.check_size(n, self.options)
         self.n = n
-        self.threads = threads or threads_per_rank(n)
+        self.threads = threads or self._default_threads(n)
         self.start_timeout = start_timeout
         self._ipp: Any = None
         self._client: Any = None
@@ -86,12 +89,26 @@ class Cluster:
         self._started_at = 0.0
         self._detached = False
         self._cluster_id: str | None = None  # kept across restarts, so attach ids stay valid
+        self._batch: BatchJob | None = None  # the scheduler job holding the engines (slurm)
         self._lock = threading.RLock()
+
+    def _default_threads(self, n: int) -> int:
+        """Cores per engine: the launcher's option (``cpus_per_task``), 1 on a scheduler, else cores // n."""
+        option = self.launcher.threads_option
+        if option is None:
+            return threads_per_rank(n)
+        return int(self.options.get(option) or 1)
 
     # -- lifecycle -----------------------------------------------------------------------
 
-    def start(self) -> Cluster:
-        """Start the controller and ``n`` engines and wait until all are ready (idempotent)."""
+    def start(self, on_state: Callable[[dict[str, Any]], None] | None = None) -> Cluster:
+        """Start the controller and ``n`` engines and wait until all are ready (idempotent).
+
+        With a batch launcher (``slurm``) the engines are one job: while it waits in the
+        queue ``status()["job"]`` shows it (state, reason, id) and ``on_state(job)`` is
+        called on every change. A job that ends before its engines are ready, the
+        ``start_timeout`` passing, or Ctrl-C cancel it (``scancel``) and raise.
+        """
         with self._lock:
             if self._state == "running":
                 return self
@@ -120,7 +137,11 @@ class Cluster:
             try:
                 self._ipp.start_cluster_sync()
                 self._client = self._ipp.connect_client_sync()
-                self._client.wait_for_engines(self.n, timeout=self.start_timeout, block=True, widget=False, interactive=False)
+                self._batch = batch_job(self.launcher, self._ipp)
+                if self._batch is not None:
+                    self._batch.wait_for_engines(self._client, self.n, self.start_timeout, on_state)
+                else:
+                    self._client.wait_for_engines(self.n, timeout=self.start_timeout, block=True, widget=False, interactive=False)
                 self._configure_engines()
             except BaseException as exc:
                 self._teardown()
@@ -186,6 +207,8 @@ class Cluster:
                 self._ipp.stop_cluster_sync()
             except Exception:  # noqa: BLE001 - stop what can be stopped, then reap below
                 pass
+        if self._batch is not None:
+            self._batch.cancel()  # idempotent; returns once the job has left the queue
         reap(pids)
         self._ipp = self._client = None
         self._engine_of_rank, self._info = {}, {}
@@ -320,6 +343,8 @@ class Cluster:
             "threads_per_engine": self.threads,
             "options": dict(self.options),
             "cluster_id": getattr(self._ipp, "cluster_id", None),
+            "rank_hosts": {r: _where(self._info[r]) for r in alive},
+            **({"job": self._batch.describe()} if self._batch is not None else {}),
         }
 
     def _require_running(self) -> None:
@@ -423,7 +448,8 @@ class Cluster:
         return {rank: self._client[self._engine_of_rank[rank]].apply_async(fn, *args) for rank in self._checked(ranks)}
 
     def _job(self, results: dict[int, Any], **handlers: Any) -> Job:
-        return Job(results, interrupt=self._interrupt, stop=self._request_stop, abort=self.abort, **handlers)
+        gone = self._batch.gone if self._batch is not None else None
+        return Job(results, interrupt=self._interrupt, stop=self._request_stop, abort=self.abort, gone=gone, **handlers)
 
     def _signal(self, name: str, ranks: Sequence[int]) -> None:
         try:
@@ -449,6 +475,12 @@ def _detached_record(cluster_id: str) -> dict[str, Any]:
         known = ", ".join(p.stem for p in subdir("clusters").glob("*.json")) or "none"
         raise NotFoundError(f"no detached cluster {cluster_id!r}: known are {known}")
     return json.loads(path.read_text())
+
+
+def _where(info: dict[str, Any]) -> str:
+    """Where a rank runs: its host, and its Slurm node when that names it differently."""
+    node = info.get("node")
+    return f"{info['host']} ({node})" if node and node != info["host"] else info["host"]
 
 
 def _process(pid: int) -> psutil.Process | None:

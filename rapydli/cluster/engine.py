@@ -111,6 +111,7 @@ def setup(threads: int, paths: Sequence[str] = ()) -> dict[str, Any]:
         "rank": world.Get_rank(),
         "size": world.Get_size(),
         "host": socket.gethostname(),
+        "node": os.environ.get("SLURMD_NODENAME", ""),  # the Slurm node, when run by Slurm
         "pid": os.getpid(),
         "local_rank": local_rank,
         "threads": threads,
