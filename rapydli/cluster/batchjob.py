@@ -9,6 +9,7 @@ a hang, and makes sure nothing is left in the queue when the cluster stops.
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import time
 from collections.abc import Callable
@@ -35,7 +36,8 @@ class BatchJob:
     cancel_command
         The command that cancels a job (the id is appended), e.g. ``["scancel"]``.
     output
-        Returns the job's output so far (shown when it ends early).
+        ``output(lines)``: the last lines of the job's output so far (shown when it ends
+        early, and searched for why it ends).
     """
 
     def __init__(
@@ -43,7 +45,7 @@ class BatchJob:
         job_id: str,
         state_of: Callable[[str], slurm.JobState],
         cancel_command: list[str],
-        output: Callable[[], str] = lambda: "",
+        output: Callable[[int], str] = lambda lines: "",
     ) -> None:
         self.job_id = job_id
         self._state_of = state_of
@@ -53,8 +55,13 @@ class BatchJob:
         self._checked_at = 0.0
 
     def refresh(self) -> slurm.JobState:
-        """Ask the scheduler for the job's state now."""
-        self.state = self._state_of(self.job_id)
+        """Ask the scheduler for the job's state now (for a completing job, why it ends)."""
+        state = self._state_of(self.job_id)
+        if state.completing and state.state == "COMPLETING":
+            cause = slurm.ending_cause(self._output(200))
+            if cause:
+                state = dataclasses.replace(state, state=cause)
+        self.state = state
         self._checked_at = time.monotonic()
         return self.state
 
@@ -82,7 +89,7 @@ class BatchJob:
                 if on_state is not None:
                     on_state(state.describe())
             if state.ended:
-                tail = self._output()
+                tail = self._output(20)
                 raise ClusterError(
                     f"job {self.job_id} ended ({self._said(state)}) before its {n} engines were ready"
                     + (f"; its output ends with:\n{tail}" if tail else "")
@@ -128,4 +135,4 @@ def batch_job(launcher: LauncherSpec, ipp_cluster: Any) -> BatchJob | None:
     job_id = slurm.engine_job_id(ipp_cluster)
     if job_id is None:
         raise ClusterError("sbatch returned no job id for the engines")
-    return BatchJob(job_id, slurm.job_state, ["scancel"], lambda: slurm.output_tail(ipp_cluster))
+    return BatchJob(job_id, slurm.job_state, ["scancel"], lambda lines: slurm.output_tail(ipp_cluster, lines))

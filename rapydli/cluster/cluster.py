@@ -195,8 +195,10 @@ class Cluster:
                     self._client.shutdown(targets="all", block=False)
             except Exception:  # noqa: BLE001 - dead engines cannot answer; they are reaped below
                 pass
-        # the client's I/O thread delivers the requests meanwhile, so close it afterwards
-        psutil.wait_procs([p for p in map(_process, pids) if p is not None], timeout=10)
+        # the client's I/O thread delivers the requests meanwhile, so close it afterwards; a
+        # batch job is cancelled soon after (scancel ends its engines wherever they run)
+        grace = 2 if self._batch is not None else 10
+        psutil.wait_procs([p for p in map(_process, pids) if p is not None], timeout=grace)
         if self._client is not None:
             try:
                 self._client.close()

@@ -103,7 +103,7 @@ def _count(help_text: str, trait: str, minimum: int = 1) -> Option:
 def _tasks_fit(n: int, options: Mapping[str, Any]) -> None:
     nodes, per_node = options.get("nodes"), options.get("ntasks_per_node")
     if nodes and per_node and nodes * per_node != n:
-        raise ConfigError(f"n={n} engines do not fill nodes={nodes} x ntasks_per_node={per_node}: make n {nodes * per_node}")
+        raise ConfigError(f"n={n} engines do not fill nodes={nodes} x ntasks_per_node={per_node}: n must be {nodes * per_node}")
     if nodes and nodes > n:
         raise ConfigError(f"nodes={nodes} is more than the n={n} engines: at least one engine per node")
 

@@ -100,6 +100,14 @@ class SlurmEngines(SlurmEngineSetLauncher):
             lines.append(f"srun --mpi={self.mpi} --kill-on-bad-exit=1 {program}")
         return "\n".join(lines) + "\n"
 
+    def stop(self) -> str:
+        """``scancel`` the job; a job that already ended is stopped too (scancel then fails)."""
+        try:
+            return super().stop()
+        except subprocess.CalledProcessError as exc:
+            self.notify_stop({"job_id": self.job_id, "output": str(exc)})
+            return ""
+
     def write_batch_script(self, n: int = 1) -> None:
         """Write :meth:`script` to ``batch_file`` (replaces ipyparallel's template rendering)."""
         self.n = n
@@ -123,22 +131,25 @@ class JobState:
         Why it waits or ended (``Resources``, ``Priority``, ``PartitionDown``, ``None`` ...).
     nodes
         The nodes it runs on (Slurm's compact form, e.g. ``n[1-2]``), empty while pending.
+    completing
+        Its processes are being ended; it stays in the queue until they are.
     """
 
     job_id: str
     state: str
     reason: str = ""
     nodes: str = ""
+    completing: bool = False
 
     @property
     def ended(self) -> bool:
-        """True once the job's processes are gone (or Slurm forgot it)."""
-        return self.state in ENDED or self.state == "GONE"
+        """True once the job is over: its processes are ending or gone (or Slurm forgot it)."""
+        return self.completing or self.state in ENDED or self.state == "GONE"
 
     @property
     def in_queue(self) -> bool:
         """True while ``squeue`` lists it (pending, running or completing)."""
-        return not self.ended
+        return self.completing or not self.ended
 
     def describe(self) -> dict[str, Any]:
         """JSON-ready ``{"id", "state", "reason", "nodes"}``."""
@@ -146,13 +157,32 @@ class JobState:
 
 
 def job_state(job_id: str) -> JobState:
-    """Ask Slurm for job ``job_id``'s state (``scontrol -o show job``)."""
+    """Ask Slurm for job ``job_id``'s state (``scontrol -o show job``).
+
+    While a job completes, ``scontrol`` says only ``COMPLETING``: :func:`ending_cause`
+    reads why from the job's output.
+    """
     done = subprocess.run(["scontrol", "-o", "show", "job", job_id], capture_output=True, text=True, timeout=30)
     if done.returncode != 0 or "JobState=" not in done.stdout:
         return JobState(job_id, "GONE")
     fields = dict(token.split("=", 1) for token in done.stdout.split() if "=" in token)
     nodes = fields.get("NodeList", "")
-    return JobState(job_id, fields["JobState"], fields.get("Reason", ""), "" if nodes == "(null)" else nodes)
+    state = fields["JobState"]
+    return JobState(job_id, state, fields.get("Reason", ""), "" if nodes == "(null)" else nodes, state == "COMPLETING")
+
+
+_CANCELLED = re.compile(r"\*\*\* (?:JOB|STEP) \S+ ON \S+ CANCELLED AT \S+(?: DUE TO ([A-Z ]+))?")
+_CAUSES = {None: "CANCELLED", "TIME LIMIT": "TIMEOUT", "NODE FAILURE": "NODE_FAIL", "PREEMPTION": "PREEMPTED"}
+
+
+def ending_cause(output: str) -> str | None:
+    """Why slurmstepd ended a job, from the ``*** JOB 12 ON n1 CANCELLED AT ... ***`` line it writes
+    into the job's output: ``CANCELLED``, ``TIMEOUT``, ``NODE_FAIL``, ``PREEMPTED`` (None if absent)."""
+    found = _CANCELLED.search(output)
+    if found is None:
+        return None
+    cause = found.group(1).strip() if found.group(1) else None
+    return _CAUSES.get(cause, f"CANCELLED ({cause.lower()})" if cause else "CANCELLED")
 
 
 def engine_job_id(ipp_cluster: Any) -> str | None:

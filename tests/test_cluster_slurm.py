@@ -1,0 +1,204 @@
+"""The ``slurm`` launcher against a real Slurm 22.05 on this machine (nodes n1, n2), and its script.
+
+The ``local_slurm`` fixture (``tests/local_slurm.py``) brings Slurm up once per session;
+``MpiDefault=none`` there, as in a fresh slurm.conf. The script tests need no Slurm.
+"""
+
+from __future__ import annotations
+
+import _thread
+import threading
+import time
+
+import pytest
+from IPython.core.error import UsageError
+from IPython.testing.globalipapp import start_ipython
+from IPython.utils.capture import capture_output
+from traitlets.config import Config
+
+from rapydli.cluster import Cluster, launchers
+from rapydli.cluster.slurm import SlurmEngines
+from rapydli.errors import ClusterError, ConfigError, RankFailure
+
+# -- the batch script and the options (no Slurm needed) ------------------------------------------
+
+
+def _script(n: int, tmp_path, **options) -> str:
+    spec = launchers.get_launcher("slurm")
+    config = Config(spec.config(launchers.validate_options("slurm", options), work_dir=str(tmp_path)))
+    engines = SlurmEngines(config=config, work_dir=str(tmp_path), profile_dir=str(tmp_path), cluster_id="abc")
+    engines.program = ["python", "-m", "ipyparallel.engine"]
+    return engines.script(n)
+
+
+def test_slurm_script_carries_the_options_users_set(tmp_path):
+    script = _script(
+        4, tmp_path, nodes=2, ntasks_per_node=2, cpus_per_task=8, gpus_per_node=4, partition="gpu", account="dl-lab",
+        qos="high", timelimit="01:00:00", constraint="a100", sbatch=["--exclusive", "#SBATCH --mem=0"],
+        setup=["module load cuda/12", "source $HOME/venv/bin/activate"],
+    )  # fmt: skip
+    lines = script.splitlines()
+    for expected in (
+        "#SBATCH --ntasks=4", "#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=2", "#SBATCH --cpus-per-task=8",
+        "#SBATCH --gpus-per-node=4", "#SBATCH --partition=gpu", "#SBATCH --account=dl-lab", "#SBATCH --qos=high",
+        "#SBATCH --time=01:00:00", "#SBATCH --constraint=a100", "#SBATCH --exclusive", "#SBATCH --mem=0",
+    ):  # fmt: skip
+        assert expected in lines
+    # every directive precedes the first command (sbatch ignores #SBATCH lines after it),
+    # the setup lines run before the engines, and srun names PMI-2 (one MPI world)
+    first_command = lines.index("module load cuda/12")
+    assert all(not line.startswith("#SBATCH") for line in lines[first_command:])
+    assert lines[first_command + 1] == "source $HOME/venv/bin/activate"
+    assert lines[-1] == "srun --mpi=pmi2 --kill-on-bad-exit=1 python -m ipyparallel.engine"
+    assert _script(2, tmp_path, mpi="mpiexec").splitlines()[-1].endswith('-n "$SLURM_NTASKS" python -m ipyparallel.engine')
+
+
+@pytest.mark.parametrize(
+    "n, options, message",
+    [
+        (4, {"partitio": "debug"}, "no option 'partitio': allowed are account, constraint, cpus_per_task"),
+        (4, {"timelimit": "1 hour"}, "timelimit '1 hour' is not a Slurm time"),
+        (4, {"mpi": "openmpi"}, "'openmpi' is not one of pmi2, pmix, mpiexec"),
+        (4, {"nodes": 0}, "option 'nodes' of launcher 'slurm': 0 is invalid: must be an integer >= 1"),
+        (4, {"nodes": 3, "ntasks_per_node": 2}, "n=4 engines do not fill nodes=3 x ntasks_per_node=2: n must be 6"),
+        (2, {"nodes": 3}, "nodes=3 is more than the n=2 engines"),
+        (4, {"sbatch": "exclusive"}, "is not an sbatch option"),
+        (4, {"cpus_per_task": True}, "must be int"),
+    ],
+)
+def test_bad_slurm_options_are_refused_before_anything_starts(n, options, message):
+    with pytest.raises(ConfigError, match=message):
+        Cluster(n=n, launcher="slurm", **options)
+
+
+def test_pbs_script_is_generated(tmp_path):
+    """No PBS server can exist here (Debian packages none): only the generated script is checked."""
+    from ipyparallel.cluster.launcher import PBSEngineSetLauncher
+
+    spec = launchers.get_launcher("pbs")
+    config = Config(spec.config(launchers.validate_options("pbs", {"queue": "batch"}), work_dir=str(tmp_path)))
+    engines = PBSEngineSetLauncher(config=config, work_dir=str(tmp_path), profile_dir=str(tmp_path), cluster_id="abc")
+    engines.program = ["python", "-m", "ipyparallel.engine"]
+    engines.write_batch_script(4)
+    script = (tmp_path / "pbs_engine.sh").read_text()
+    assert "#PBS -q batch" in script
+    assert "#PBS -t 1-4" in script
+    assert "python -m ipyparallel.engine" in script
+
+
+# -- against the real Slurm ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def ip(local_slurm):
+    """A shell whose cluster is 4 engines over the 2 Slurm nodes, started as the README shows."""
+    shell = start_ipython()
+    shell.run_line_magic("load_ext", "rapydli")
+    with capture_output() as captured:
+        shell.run_line_magic(
+            "rapydli", "start -n 4 --launcher slurm nodes=2 ntasks_per_node=2 partition=debug timelimit=00:10:00"
+        )
+    assert "RUNNING on n[1-2]" in captured.stdout
+    yield shell
+    shell.run_line_magic("rapydli", "stop")
+    assert local_slurm.queue() == [], "stop() left the engine job in the queue"
+
+
+@pytest.mark.slurm
+def test_four_engines_over_two_nodes_are_one_mpi_world(ip):
+    with capture_output():
+        value = ip.run_cell_magic("distributed", "--gather", "import os\n(rank, world_size, os.environ['SLURMD_NODENAME'])")
+    assert value == [(0, 4, "n1"), (1, 4, "n1"), (2, 4, "n2"), (3, 4, "n2")]
+    status = ip.run_line_magic("rapydli", "status")
+    assert [host.split("(")[-1].rstrip(")") for host in status["rank_hosts"].values()] == ["n1", "n1", "n2", "n2"]
+    assert status["job"]["state"] == "RUNNING" and status["job"]["nodes"] == "n[1-2]"
+
+
+@pytest.mark.slurm
+def test_train_runs_on_the_slurm_engines(ip):
+    import rapydli as rd
+
+    cluster = ip.magics_manager.registry["RapydliMagics"].cluster
+    config = rd.TrainConfig(batch_size=16, lr=0.05, max_steps=6, epochs=1, seed=0, allreduce="mpi")
+    result = rd.train("rapydli.train.models:mlp", "rapydli.train.datasets:digits", config, cluster=cluster,
+                      progress=False, live=False)  # fmt: skip
+    steps = result.history.query("kind == 'train'")
+    assert list(steps["step"]) == [1, 2, 3, 4, 5, 6] and steps["loss"].notna().all()
+    assert rd.run(result.run_id).info["status"] == "finished"
+
+
+@pytest.mark.slurm
+def test_magic_refuses_bad_launcher_options_naming_the_allowed(ip):
+    with pytest.raises(UsageError, match="no option 'partitio': allowed are"):
+        ip.run_line_magic("rapydli", "start -n 2 --launcher slurm partitio=debug")
+
+
+@pytest.mark.slurm
+def test_pending_job_is_shown_then_cancelled_at_the_timeout(local_slurm):
+    cluster = Cluster(n=2, launcher="slurm", partition="down", start_timeout=6)
+    failure: list[BaseException] = []
+    starter = threading.Thread(target=lambda: _catch(cluster.start, failure))
+    starter.start()
+    job = _wait_for(lambda: cluster.status().get("job", {}).get("state") == "PENDING" and cluster.status()["job"])
+    assert job["reason"] == "PartitionDown" and job["id"] in local_slurm.queue()
+    starter.join(30)
+    assert isinstance(failure[0], ClusterError)
+    assert f"job {job['id']} was still PENDING, reason PartitionDown" in str(failure[0])
+    assert job["id"] not in local_slurm.queue()
+
+
+@pytest.mark.slurm
+def test_ctrl_c_while_pending_cancels_the_job(local_slurm):
+    cluster = Cluster(n=2, launcher="slurm", partition="down", start_timeout=60)
+    interrupter = threading.Thread(
+        target=lambda: _wait_for(lambda: cluster.status().get("job", {}).get("state") == "PENDING") and _thread.interrupt_main()
+    )
+    interrupter.start()
+    before = set(local_slurm.queue())
+    with pytest.raises(KeyboardInterrupt):
+        cluster.start()
+    interrupter.join()
+    assert set(local_slurm.queue()) <= before and cluster.status()["job"]["id"] not in local_slurm.queue()
+
+
+@pytest.mark.slurm
+def test_a_job_ended_from_outside_is_reported_with_its_id_and_ranks(local_slurm):
+    with Cluster(n=2, launcher="slurm", nodes=2, ntasks_per_node=1) as cluster:
+        job_id = cluster.status()["job"]["id"]
+        for end_it, state in (
+            (lambda job: local_slurm.run("scancel", job), "CANCELLED"),
+            (lambda job: local_slurm.run("scontrol", "update", "nodename=n2", "state=down", "reason=test"), "NODE_FAIL"),
+        ):
+            task = cluster.submit(time.sleep, 120, on_output=None)
+            time.sleep(0.5)
+            end_it(job_id)
+            ended = time.monotonic()
+            with pytest.raises(RankFailure) as failure:
+                task.wait()
+            assert time.monotonic() - ended < 10
+            assert f"ranks 0, 1 lost: job {job_id} ended ({state}" in str(failure.value)
+            assert not cluster.running
+            if state == "CANCELLED":  # restart: the lost job leaves the queue, a new job starts
+                cluster.restart()
+                assert job_id not in local_slurm.queue()
+                assert cluster.run(lambda: 1, on_output=None) == [1, 1]
+                job_id = cluster.status()["job"]["id"]
+    local_slurm.run("scontrol", "update", "nodename=n2", "state=resume", check=False)  # in case it is still down
+    assert job_id not in local_slurm.queue()
+
+
+def _catch(fn, errors: list[BaseException]) -> None:
+    try:
+        fn()
+    except BaseException as exc:  # noqa: BLE001 - handed to the test thread
+        errors.append(exc)
+
+
+def _wait_for(condition, timeout: float = 30.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError("condition not met in time")
