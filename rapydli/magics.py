@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import sys
 from collections import defaultdict
 from typing import Any
@@ -15,7 +16,6 @@ from typing import Any
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
-from IPython.utils.process import arg_split
 
 from rapydli.cluster import Cluster, current, parse_targets
 from rapydli.cluster.job import print_output
@@ -27,10 +27,12 @@ def _parse(magic: Any, line: str) -> Any:
 
     Options and positionals may be intermixed, so launcher options can follow flags
     (``start -n 4 --launcher slurm partition=debug``); quotes group words as in a shell
-    (``setup="module load cuda"``).
+    (``setup="module load cuda"``), and ``#`` starts a comment.
     """
     try:
-        return magic.parser.parse_intermixed_args(arg_split(line, posix=True))
+        return magic.parser.parse_intermixed_args(shlex.split(line, comments=True))
+    except ValueError as exc:  # shlex: an unclosed quote
+        raise UsageError(f"cannot read {line!r}: {exc}\n{magic.parser.format_usage()}") from None
     except UsageError as exc:
         raise UsageError(f"{exc}\n{magic.parser.format_usage()}") from None
 

@@ -191,26 +191,36 @@ PartitionName=down Nodes=n[1-{len(NODES)}] MaxTime=INFINITE State=DOWN
         """End every daemon by its pid (jobs first, so no step outlives slurmd)."""
         if "slurmctld" in self.pids:
             self.run("scancel", "--full", "-u", "root", check=False)
-        for name in reversed(list(self.pids)):
-            _end(self.pids.pop(name))
+        _end(list(self.pids.values()))
+        self.pids.clear()
 
 
-def _end(pid: int, grace: float = 5.0) -> None:
-    try:
-        os.kill(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline:
+def _end(pids: list[int], grace: float = 5.0) -> None:
+    """SIGTERM ``pids`` together, wait up to ``grace`` seconds, SIGKILL those left."""
+    alive = []
+    for pid in pids:
         try:
-            os.kill(pid, 0)
+            os.kill(pid, signal.SIGTERM)
+            alive.append(pid)
         except ProcessLookupError:
-            return
+            pass
+    deadline = time.monotonic() + grace
+    while alive and time.monotonic() < deadline:
+        alive = [pid for pid in alive if _exists(pid)]
         time.sleep(0.05)
+    for pid in alive:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _exists(pid: int) -> bool:
     try:
-        os.kill(pid, signal.SIGKILL)
+        os.kill(pid, 0)
     except ProcessLookupError:
-        pass
+        return False
+    return True
 
 
 def main(argv: list[str]) -> int:

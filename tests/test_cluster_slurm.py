@@ -202,3 +202,19 @@ def _wait_for(condition, timeout: float = 30.0):
             return value
         time.sleep(0.1)
     raise AssertionError("condition not met in time")
+
+
+@pytest.mark.parametrize(
+    "line, cause",
+    [
+        ("slurmstepd-n1: error: *** JOB 14 ON n1 CANCELLED AT 2026-11-24T10:45:24 DUE TO NODE FAILURE, SEE SLURMCTLD LOG FOR DETAILS ***", "NODE_FAIL"),
+        ("slurmstepd: error: *** JOB 9 ON n1 CANCELLED AT 2026-11-24T11:02:03 DUE TO TIME LIMIT ***", "TIMEOUT"),
+        ("slurmstepd: error: *** STEP 9.0 ON n2 CANCELLED AT 2026-11-24T11:02:03 ***", "CANCELLED"),
+        ("srun: error: n2: task 1: Exited with exit code 1", None),
+    ],
+)
+def test_why_a_completing_job_ended_is_read_from_slurmstepd(line, cause):
+    """While a job completes Slurm says only COMPLETING; slurmstepd's line in its output says why."""
+    from rapydli.cluster.slurm import ending_cause
+
+    assert ending_cause(f"engine log\n{line}\nmore") == cause

@@ -243,17 +243,27 @@ class Cluster:
             self._ipp.shutdown_atexit = False
             self._detached = True
             cluster_id = self._ipp.cluster_id
-            record = {
-                "id": cluster_id,
-                "n": self.n,
-                "launcher": self.launcher.name,
-                "options": self.options,
-                "threads": self.threads,
-                "profile_dir": self._ipp.profile_dir,
-                "engines": {str(rank): info for rank, info in self._info.items()},
-            }
-            (subdir("clusters") / f"{cluster_id}.json").write_text(json.dumps(record, indent=2))
+            self.write_record("running")
             return cluster_id
+
+    def write_record(self, state: str) -> None:
+        """Write this cluster's record where ``rapydli cluster status`` and :meth:`attach` read it.
+
+        ``state`` is ``"running"`` once detached, or ``"starting"`` while a start is under way
+        (its batch job, if any, is shown, e.g. pending in the queue).
+        """
+        record = {
+            "id": self._ipp.cluster_id,
+            "n": self.n,
+            "launcher": self.launcher.name,
+            "options": self.options,
+            "threads": self.threads,
+            "profile_dir": self._ipp.profile_dir,
+            "state": state,
+            "engines": {str(rank): info for rank, info in self._info.items()},
+            **({"job": self._batch.describe()} if self._batch is not None else {}),
+        }
+        (subdir("clusters") / f"{record['id']}.json").write_text(json.dumps(record, indent=2))
 
     @classmethod
     def attach(cls, cluster_id: str, timeout: float = 30.0) -> Cluster:
@@ -280,11 +290,16 @@ class Cluster:
 
     @staticmethod
     def detached() -> list[dict[str, Any]]:
-        """Records of detached clusters, each with ``alive`` engine processes counted (this host)."""
+        """Records of detached (and starting) clusters: engine processes alive on this host, and
+        the batch job's state as the scheduler reports it now."""
         records = []
         for path in sorted(subdir("clusters").glob("*.json")):
             record = json.loads(path.read_text())
             record["engines_alive"] = sum(psutil.pid_exists(e["pid"]) for e in record["engines"].values())
+            if record.get("job") and record["launcher"] == "slurm":
+                from rapydli.cluster import slurm
+
+                record["job"] = slurm.job_state(record["job"]["id"]).describe()
             records.append(record)
         return records
 

@@ -61,10 +61,12 @@ class ManagedCluster:
     thread: threading.Thread | None = field(default=None, repr=False)
 
     def describe(self) -> dict[str, Any]:
-        """JSON-ready summary: id, launcher, n, engines_alive, state, error, created, options."""
+        """JSON-ready summary: id, launcher, n, engines_alive, state, error, created, options;
+        ``job`` (id, state, reason, nodes) for a batch launcher, also while the job is queued;
+        ``rank_hosts`` (rank -> host) once running."""
         state, alive = self.state, 0
-        if state == "running" and self.cluster is not None:
-            status = cluster_status(self.cluster)
+        status = cluster_status(self.cluster) if self.cluster is not None else {}
+        if state == "running" and status:
             alive = int(status.get("engines_alive", 0))
             if status.get("state") == "degraded":
                 state = "degraded"  # some engines died; a restart replaces them
@@ -78,6 +80,8 @@ class ManagedCluster:
             "attach_id": self.attach_id if state in ("running", "degraded") else None,
             "created": self.created,
             "options": dict(self.options),
+            "job": status.get("job"),
+            "rank_hosts": {str(rank): host for rank, host in status.get("rank_hosts", {}).items()},
         }
 
 
