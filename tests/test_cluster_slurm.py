@@ -7,6 +7,7 @@ The ``local_slurm`` fixture (``tests/local_slurm.py``) brings Slurm up once per 
 from __future__ import annotations
 
 import _thread
+import signal
 import threading
 import time
 
@@ -159,6 +160,41 @@ def test_ctrl_c_while_pending_cancels_the_job(local_slurm):
         cluster.start()
     interrupter.join()
     assert set(local_slurm.queue()) <= before and cluster.status()["job"]["id"] not in local_slurm.queue()
+
+
+@pytest.mark.slurm
+def test_cli_status_and_the_server_show_a_pending_job(local_slurm):
+    import os
+    import subprocess
+    import sys
+
+    from rapydli.server.manager import ClusterManager
+
+    rapydli = [sys.executable, "-m", "rapydli"]
+    starting = subprocess.Popen([*rapydli, "cluster", "start", "-n", "2", "--launcher", "slurm", "--timeout", "30", "partition=down"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ))  # fmt: skip
+    manager = ClusterManager()
+    entry = manager.start(2, "slurm", {"partition": "down", "start_timeout": 30})
+    try:
+        shown = _wait_for(lambda: "PENDING (PartitionDown)" in (out := _cli_status(rapydli)) and out)
+        assert "starting" in shown and "slurm" in shown
+        job = _wait_for(lambda: (manager.get(entry["id"]).describe()["job"] or {}).get("state") == "PENDING"
+                        and manager.get(entry["id"]).describe()["job"])  # fmt: skip
+        assert job["reason"] == "PartitionDown" and manager.get(entry["id"]).describe()["state"] == "starting"
+    finally:
+        starting.send_signal(signal.SIGINT)  # Ctrl-C of the command: its job is cancelled
+        _, err = starting.communicate(timeout=60)
+        manager.stop(entry["id"])
+    assert starting.returncode == 130, err
+    assert _cli_status(rapydli).strip() == "no clusters"
+    assert local_slurm.run("squeue", "-h", "-t", "PENDING", "-o", "%i").stdout.split() == []
+
+
+def _cli_status(rapydli: list[str]) -> str:
+    import os
+    import subprocess
+
+    return subprocess.run([*rapydli, "cluster", "status"], capture_output=True, text=True, env=dict(os.environ), timeout=60).stdout
 
 
 @pytest.mark.slurm

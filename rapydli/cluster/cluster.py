@@ -276,6 +276,7 @@ class Cluster:
             cluster._ipp = ipp.Cluster.from_file(profile_dir=record["profile_dir"], cluster_id=cluster_id, log_level=logging.ERROR)
             cluster._ipp.shutdown_atexit = False
             cluster._detached = True  # stays up when this process exits, unless stopped
+            cluster._batch = batch_job(cluster.launcher, cluster._ipp)  # watched, and cancelled on stop
             cluster._client = cluster._ipp.connect_client_sync()
             cluster._client.wait_for_engines(cluster.n, timeout=timeout, block=True, widget=False, interactive=False)
             cluster._configure_engines()
