@@ -9,7 +9,10 @@ the directory given; :meth:`LocalSlurm.down` ends the daemons by pid. Partitions
 * ``down``: the same nodes, state DOWN, so a job sent there stays pending with reason
   ``PartitionDown`` (a queued job, deterministically).
 
-Clients find it through ``SLURM_CONF`` (:meth:`LocalSlurm.environ`).
+Clients find it through ``SLURM_CONF`` (:meth:`LocalSlurm.environ`). Job ids start at a
+random number: MPICH names its shared-memory segments after the job and step, and a
+segment left in ``/dev/shm`` by a killed job of an earlier instance (whose ids also
+started at 1) makes ``MPI_Init`` fail with "Out of memory".
 
 As a program: ``python tests/local_slurm.py up DIR`` brings it up and prints the
 ``export SLURM_CONF=...`` line; ``python tests/local_slurm.py down DIR`` stops it.
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import os
 import pwd
+import random
 import shutil
 import signal
 import socket
@@ -134,6 +138,7 @@ AccountingStorageType=accounting_storage/none
 ReturnToService=2
 KillWait=5
 MinJobAge=300
+FirstJobId={random.randrange(1_000, 60_000_000)}
 SchedulerType=sched/backfill
 StateSaveLocation={r}/state
 SlurmdSpoolDir={r}/spool/%n

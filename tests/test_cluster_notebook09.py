@@ -17,6 +17,6 @@ def test_cluster_notebook_runs_on_two_slurm_nodes(local_slurm, tmp_path: Path) -
     placed = dict(line.split(" -> ") for line in text.splitlines() if line.startswith("rank ") and " -> " in line)
     assert [placed[f"rank {r}"].split(" ")[-1] for r in range(4)] == ["(n1)", "(n1)", "(n2)", "(n2)"]
     assert "(Slurm node n1)" in text and "(Slurm node n2)" in text
-    assert "trained 30 steps on 4 ranks over 2 nodes" in text
+    assert "trained 20 steps on 4 ranks over 2 nodes" in text
     assert "in the queue after stop: no" in text
     assert set(local_slurm.queue()) <= before

@@ -4,8 +4,9 @@ Runs against the Slurm the environment points at (``SLURM_CONF`` or the site's).
 round starts and stops, one after the other (interleaved, so load drifts hit both):
 
 * ``rapydli``: ``rd.Cluster(n, launcher="slurm", **options).start()``: the job is
-  submitted, the engines register *and* are set up as one MPI world (``engine.setup``:
-  torch imported, threads set, ranks checked), ready for ``%%distributed``;
+  submitted, the engines register *and* are checked to be one MPI world of ``n`` ranks
+  (``engine.setup``: MPI initialised, threads set, ranks and sizes compared), ready for
+  ``%%distributed`` (torch is imported by the first task, on both sides alike);
 * ``ipyparallel``: ``ipp.Cluster(engines="slurm", n=n)`` with the same ``#SBATCH``
   layout, until ``n`` engines registered (ipyparallel's own readiness; its engines are
   not an MPI world under ``MpiDefault=none``).

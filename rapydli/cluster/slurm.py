@@ -62,6 +62,10 @@ def sbatch_line(line: str) -> str:
 class SlurmEngines(SlurmEngineSetLauncher):
     """ipyparallel's Slurm engine launcher, writing RaPyDLI's batch script (one MPI world)."""
 
+    # how ipyparallel names the class in a cluster file; a dotted path that it can import back
+    # when another process attaches (its default "module:Class" form only resolves entry points)
+    entrypoint_name = "rapydli.cluster.slurm.SlurmEngines"
+
     nodes = Integer(0, config=True, help="number of nodes (0: Slurm decides)")
     ntasks_per_node = Integer(0, config=True, help="engines per node (0: Slurm decides)")
     cpus_per_task = Integer(0, config=True, help="CPUs per engine (0: Slurm's default)")
