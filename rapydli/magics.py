@@ -84,14 +84,19 @@ class RapydliMagics(Magics):
         return self._cluster
 
     def _start(
-        self, n: int, launcher: str = "local", options: dict[str, Any] | None = None, timeout: float | None = None
+        self,
+        n: int,
+        launcher: str = "local",
+        options: dict[str, Any] | None = None,
+        timeout: float | None = None,
+        wait: bool = True,
     ) -> Cluster:
         try:  # options are checked first: a mistake is named even while another cluster runs
             candidate = Cluster(n=n, launcher=launcher, **(options or {}), **({"start_timeout": timeout} if timeout else {}))
         except ConfigError as exc:
             raise UsageError(str(exc)) from None
         cluster = self.cluster
-        if cluster is not None and cluster.status()["state"] in ("running", "degraded", "dead"):
+        if cluster is not None and cluster.status()["state"] in ("running", "degraded", "dead", "starting"):
             if cluster.n == n and cluster.launcher.name == launcher and not options:
                 print(f"[rapydli] reusing the running cluster of {n} engines")
                 return cluster
@@ -102,6 +107,11 @@ class RapydliMagics(Magics):
         cluster = candidate
         print(f"[rapydli] starting {n} MPI engines ({launcher}, {cluster.threads} thread(s) each) ...", flush=True)
         self._cluster = cluster  # `%rapydli status` shows a start that failed, with its job
+        if not wait:
+            cluster.start(wait=False)
+            print("[rapydli] submitted: `%rapydli status` shows the job, `%rapydli stop` cancels it; "
+                  "`%%distributed` waits for the engines", flush=True)  # fmt: skip
+            return cluster
         cluster.start(on_state=_print_job)
         return cluster
 
@@ -111,16 +121,18 @@ class RapydliMagics(Magics):
     @argument("-n", type=int, default=None, help="number of engines (MPI ranks) for start")
     @argument("--launcher", default="local", help="local, ssh, slurm or pbs")
     @argument("--timeout", type=float, default=None, help="seconds to wait for the engines (a queued job is cancelled)")
+    @argument("--no-wait", action="store_true", help="return once submitted; %%distributed waits for the engines")
     @argument("options", nargs="*", help="launcher options as key=value")
     def rapydli(self, line: str) -> Any:
-        """Manage the notebook's MPI cluster: ``%rapydli start [-n N] [--launcher L] [--timeout S] [key=value ...]``."""
+        """Manage the notebook's MPI cluster: ``%rapydli start [-n N] [--launcher L] [--timeout S] [--no-wait] [key=value ...]``."""
         args = _parse(self.rapydli, line)
         if args.action != "start" and (args.options or args.n is not None):
             raise UsageError(f"-n and launcher options belong to `%rapydli start`, not {args.action}")
         if args.timeout is not None and args.timeout <= 0:
             raise UsageError(f"--timeout {args.timeout:g} is invalid: must be > 0 seconds")
         if args.action == "start":
-            cluster = self._start(args.n or os.cpu_count() or 1, args.launcher, _launcher_options(args.options), args.timeout)
+            options = _launcher_options(args.options)
+            cluster = self._start(args.n or os.cpu_count() or 1, args.launcher, options, args.timeout, not args.no_wait)
             return cluster.status()
         cluster = self.cluster
         if cluster is None:
@@ -199,6 +211,9 @@ class RapydliMagics(Magics):
     def _ensure(self, n: int | None) -> Cluster:
         """The running cluster (restarted if its engines died), or a new local one."""
         cluster = self.cluster
+        if cluster is not None and cluster.status()["state"] == "starting":
+            print("[rapydli] waiting for the engines of the cluster being started ...", flush=True)
+            cluster.wait_started()
         if cluster is None or cluster.status()["state"] in ("stopped", "failed"):
             size = n or os.cpu_count() or 1
             return self._start(size)

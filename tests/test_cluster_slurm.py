@@ -14,6 +14,7 @@ import time
 import pytest
 from IPython.core.error import UsageError
 from IPython.testing.globalipapp import start_ipython
+from IPython.utils.capture import capture_output
 from traitlets.config import Config
 
 from rapydli.cluster import Cluster, launchers
@@ -115,6 +116,21 @@ def test_pending_job_is_shown_then_cancelled_at_the_timeout(local_slurm):
     assert isinstance(failure[0], ClusterError)
     assert f"job {job['id']} was still PENDING, reason PartitionDown" in str(failure[0])
     assert job["id"] not in local_slurm.queue()
+
+
+@pytest.mark.slurm
+def test_magic_status_shows_a_queued_start_and_stop_cancels_it(local_slurm):
+    shell = start_ipython()
+    shell.run_line_magic("load_ext", "rapydli")
+    with capture_output():
+        shell.run_line_magic("rapydli", "start -n 2 --launcher slurm partition=down --no-wait")
+    status = _wait_for(lambda: (s := shell.run_line_magic("rapydli", "status")).get("job", {}).get("state") == "PENDING" and s)
+    assert status["state"] == "starting" and status["job"]["reason"] == "PartitionDown"
+    assert status["job"]["id"] in local_slurm.queue()
+    with capture_output():
+        shell.run_line_magic("rapydli", "stop")
+    assert status["job"]["id"] not in local_slurm.queue()
+    assert shell.run_line_magic("rapydli", "status") == {"state": "stopped"}
 
 
 @pytest.mark.slurm

@@ -70,19 +70,26 @@ class BatchJob:
         return self.state.describe()
 
     def wait_for_engines(
-        self, client: Any, n: int, timeout: float, on_state: Callable[[dict[str, Any]], None] | None = None
+        self,
+        client: Any,
+        n: int,
+        timeout: float,
+        on_state: Callable[[dict[str, Any]], None] | None = None,
+        cancelled: Callable[[], bool] = lambda: False,
     ) -> None:
         """Wait until ``n`` engines registered with ``client``, watching the job meanwhile.
 
         Raises
         ------
         ClusterError
-            The job ended before the engines were ready, or ``timeout`` seconds passed
-            (the caller cancels the job).
+            The job ended before the engines were ready, ``timeout`` seconds passed, or
+            ``cancelled()`` became true (the caller cancels the job).
         """
         deadline = time.monotonic() + timeout
         last: tuple[str, str] | None = None
         while len(client.ids) < n:
+            if cancelled():
+                raise ClusterError(f"job {self.job_id} was cancelled while {self._said(self.state)}")
             state = self.refresh()
             if (state.state, state.reason) != last:
                 last = (state.state, state.reason)

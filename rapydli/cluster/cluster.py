@@ -90,6 +90,9 @@ class Cluster:
         self._detached = False
         self._cluster_id: str | None = None  # kept across restarts, so attach ids stay valid
         self._batch: BatchJob | None = None  # the scheduler job holding the engines (slurm)
+        self._starter: threading.Thread | None = None  # a start(wait=False) under way
+        self._start_error: BaseException | None = None
+        self._cancel = threading.Event()  # set by stop(): a start under way gives up
         self._lock = threading.RLock()
 
     def _default_threads(self, n: int) -> int:
@@ -101,14 +104,28 @@ class Cluster:
 
     # -- lifecycle -----------------------------------------------------------------------
 
-    def start(self, on_state: Callable[[dict[str, Any]], None] | None = None) -> Cluster:
+    def start(self, on_state: Callable[[dict[str, Any]], None] | None = None, *, wait: bool = True) -> Cluster:
         """Start the controller and ``n`` engines and wait until all are ready (idempotent).
 
         With a batch launcher (``slurm``) the engines are one job: while it waits in the
         queue ``status()["job"]`` shows it (state, reason, id) and ``on_state(job)`` is
         called on every change. A job that ends before its engines are ready, the
-        ``start_timeout`` passing, or Ctrl-C cancel it (``scancel``) and raise.
+        ``start_timeout`` passing, Ctrl-C, or :meth:`stop` cancel it (``scancel``) and raise.
+
+        With ``wait=False`` the start goes on in a background thread and this returns at
+        once (state ``starting``); :meth:`wait_started` waits for it and raises its error.
         """
+        if not wait:
+            with self._lock:
+                if self._state in ("running", "starting"):
+                    return self
+                self._state, self._start_error = "starting", None
+                self._cancel.clear()
+                self._starter = threading.Thread(target=self._start_behind, args=(on_state,), name="rapydli-start", daemon=True)
+                self._starter.start()
+                return self
+        if threading.current_thread() is not self._starter:
+            self._cancel.clear()  # a stop() before this start (restart) does not cancel it
         with self._lock:
             if self._state == "running":
                 return self
@@ -139,7 +156,7 @@ class Cluster:
                 self._client = self._ipp.connect_client_sync()
                 self._batch = batch_job(self.launcher, self._ipp)
                 if self._batch is not None:
-                    self._batch.wait_for_engines(self._client, self.n, self.start_timeout, on_state)
+                    self._batch.wait_for_engines(self._client, self.n, self.start_timeout, on_state, self._cancel.is_set)
                 else:
                     self._client.wait_for_engines(self.n, timeout=self.start_timeout, block=True, widget=False, interactive=False)
                 self._configure_engines()
@@ -156,6 +173,25 @@ class Cluster:
                 _live.add(self)
             return self
 
+    def _start_behind(self, on_state: Callable[[dict[str, Any]], None] | None) -> None:
+        try:
+            self.start(on_state)
+        except BaseException as exc:  # noqa: BLE001 - handed to wait_started()
+            self._start_error = exc
+
+    def wait_started(self, timeout: float | None = None) -> Cluster:
+        """Wait for a ``start(wait=False)`` to finish; raise its error if it failed."""
+        starter = self._starter
+        if starter is not None:
+            starter.join(timeout)
+            if starter.is_alive():
+                raise ClusterError(f"the cluster is still starting after {timeout:g} s: {self.status().get('job', '')}")
+            self._starter = None
+        error, self._start_error = self._start_error, None
+        if error is not None:
+            raise error
+        return self
+
     def _configure_engines(self) -> None:
         ids = sorted(self._client.ids)[: self.n]
         view = self._client[ids]
@@ -169,7 +205,15 @@ class Cluster:
         self._info = {info["rank"]: info for info in infos}
 
     def stop(self) -> None:
-        """Stop every engine and the controller; no process is left behind."""
+        """Stop every engine and the controller; no process is left behind.
+
+        A start under way is cancelled first (a queued job leaves the queue).
+        """
+        self._cancel.set()
+        starter = self._starter
+        if starter is not None:
+            starter.join()
+            self._starter, self._start_error = None, None
         with self._lock:
             if self._ipp is None:
                 self._state = "stopped"
