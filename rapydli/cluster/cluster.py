@@ -16,11 +16,11 @@ from typing import Any
 import psutil
 
 from rapydli.cluster import engine
-from rapydli.cluster.launchers import get_launcher, validate_options
-from rapydli.cluster.processes import reap
-from rapydli.cluster.mpirun import rank_environment, threads_per_rank
 from rapydli.cluster.batchjob import BatchJob, batch_job
 from rapydli.cluster.job import DisplayHandler, EventHandler, Job, OutputHandler, print_output
+from rapydli.cluster.launchers import get_launcher, validate_options
+from rapydli.cluster.mpirun import rank_environment, threads_per_rank
+from rapydli.cluster.processes import reap
 from rapydli.cluster.targets import parse_targets
 from rapydli.errors import ClusterError, ConfigError, NotFoundError
 from rapydli.paths import subdir
