@@ -192,12 +192,40 @@ PartitionName=down Nodes=n[1-{len(NODES)}] MaxTime=INFINITE State=DOWN
         """Job ids in the queue (any state squeue shows: pending, running, completing)."""
         return self.run("squeue", "-h", "-o", "%i").stdout.split()
 
-    def down(self) -> None:
-        """End every daemon by its pid (jobs first, so no step outlives slurmd)."""
+    def down(self, timeout: float = 20.0) -> None:
+        """Cancel every job and wait for the queue to empty, end the daemons by pid, then end
+        any process still carrying this Slurm's ``SLURM_CONF`` (job steps whose processes
+        outlived a cancel: proctrack/linuxproc loses what re-parents itself)."""
         if "slurmctld" in self.pids:
             self.run("scancel", "--full", "-u", "root", check=False)
+            deadline = time.monotonic() + timeout
+            while self.run("squeue", "-h", "-o", "%i", check=False).stdout.split() and time.monotonic() < deadline:
+                time.sleep(0.2)
         _end(list(self.pids.values()))
         self.pids.clear()
+        _end(self._leftovers(), grace=2.0)
+
+    def _leftovers(self) -> list[int]:
+        """Processes (not this one or its ancestors) whose environment names this Slurm's configuration."""
+        mine = f"SLURM_CONF={self.conf}".encode()
+        spared = {os.getpid()}
+        parent = os.getppid()
+        while parent > 1:
+            spared.add(parent)
+            try:
+                parent = int(Path(f"/proc/{parent}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                break
+        found = []
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit() or int(entry.name) in spared:
+                continue
+            try:
+                if mine in (entry / "environ").read_bytes().split(b"\0"):
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+        return found
 
 
 def _end(pids: list[int], grace: float = 5.0) -> None:
