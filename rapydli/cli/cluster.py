@@ -45,15 +45,18 @@ def start(n: int, launcher: str, threads: int | None, timeout: float, options: t
     started = Cluster(n=n, launcher=launcher, threads=threads, start_timeout=timeout, **parse_options(options))
     click.echo(f"starting {n} engines ({launcher}) ...", err=True)
 
+    recorded: list[str] = []
+
     def queued(job: dict[str, object]) -> None:  # `rapydli cluster status` shows the job meanwhile
         click.echo(f"job {job['id']}: {job['state']} ({job['reason']})", err=True)
         started.write_record("starting")
+        recorded[:] = [str(started.status()["cluster_id"])]
 
     try:
         started.start(on_state=queued)
     except BaseException:
-        if started.status()["cluster_id"]:
-            (subdir("clusters") / f"{started.status()['cluster_id']}.json").unlink(missing_ok=True)
+        for cluster_id in recorded:  # a start that failed or was interrupted lists nothing
+            (subdir("clusters") / f"{cluster_id}.json").unlink(missing_ok=True)
         raise
     cluster_id = started.detach()
     click.echo(cluster_id)

@@ -50,7 +50,7 @@ class BatchJob:
         self.job_id = job_id
         self._state_of = state_of
         self._cancel_command = cancel_command
-        self._output = output
+        self.output = output
         self.state = slurm.JobState(job_id, "SUBMITTED")
         self._checked_at = 0.0
 
@@ -58,7 +58,7 @@ class BatchJob:
         """Ask the scheduler for the job's state now (for a completing job, why it ends)."""
         state = self._state_of(self.job_id)
         if state.completing and state.state == "COMPLETING":
-            cause = slurm.ending_cause(self._output(200))
+            cause = slurm.ending_cause(self.output(200))
             if cause:
                 state = dataclasses.replace(state, state=cause)
         self.state = state
@@ -96,7 +96,7 @@ class BatchJob:
                 if on_state is not None:
                     on_state(state.describe())
             if state.ended:
-                tail = self._output(20)
+                tail = self.output(20)
                 raise ClusterError(
                     f"job {self.job_id} ended ({self._said(state)}) before its {n} engines were ready"
                     + (f"; its output ends with:\n{tail}" if tail else "")

@@ -161,11 +161,16 @@ class Cluster:
                     self._client.wait_for_engines(self.n, timeout=self.start_timeout, block=True, widget=False, interactive=False)
                 self._configure_engines()
             except BaseException as exc:
+                died = self._batch is not None and not isinstance(exc, (ClusterError, KeyboardInterrupt))
+                output = self._batch.output(20) if died else ""  # read before the stop removes it
                 self._teardown()
                 self._state = "failed"
                 if isinstance(exc, KeyboardInterrupt):
                     raise
-                raise ClusterError(f"could not start {self.n} engines with launcher {self.launcher.name!r}: {exc}") from exc
+                raise ClusterError(
+                    f"could not start {self.n} engines with launcher {self.launcher.name!r}: {exc}"
+                    + (f"\nthe job's output ends with:\n{output}" if output else "")
+                ) from exc
             self._state = "running"
             self._started_at = time.monotonic()
             self._cluster_id = self._ipp.cluster_id

@@ -23,12 +23,13 @@ from __future__ import annotations
 import re
 import shlex
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ipyparallel.cluster.launcher import SlurmEngineSetLauncher
-from traitlets import Integer, List, Unicode
+from traitlets import Integer, List, Unicode, default
 
 from rapydli.cluster.mpirun import find_mpiexec
 
@@ -74,6 +75,10 @@ class SlurmEngines(SlurmEngineSetLauncher):
     sbatch = List(Unicode(), config=True, help="extra '#SBATCH' lines")
     setup = List(Unicode(), config=True, help="shell lines run before the engines")
     mpi = Unicode("pmi2", config=True, help="how the engines form one MPI world: pmi2, pmix or mpiexec")
+
+    @default("engine_cmd")
+    def _engine_cmd_default(self) -> list[str]:
+        return [sys.executable, "-m", "rapydli.cluster.mpi_engine"]  # MPI initialised before the engine starts
 
     def script(self, n: int) -> str:
         """The batch script that starts ``n`` engines."""
