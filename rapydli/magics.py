@@ -8,36 +8,31 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import sys
 from collections import defaultdict
 from typing import Any
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
-from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.core.magic_arguments import argument, magic_arguments
 
 from rapydli.cluster import Cluster, choose_cluster, current, parse_targets
 from rapydli.cluster.job import print_output
 from rapydli.errors import ConfigError
 
 
-def _strip_comment(line: str) -> str:
-    """``line`` without a trailing ``# comment``: a ``#`` outside quotes, at the start or after a space."""
-    quote = ""
-    for index, char in enumerate(line):
-        if quote:
-            quote = "" if char == quote else quote
-        elif char in "\"'":
-            quote = char
-        elif char == "#" and (index == 0 or line[index - 1].isspace()):
-            return line[:index].rstrip()
-    return line
-
-
 def _parse(magic: Any, line: str) -> Any:
-    """``parse_argstring`` (after a trailing comment is dropped) whose errors carry the magic's usage (and run nothing)."""
+    """``parse_argstring`` whose errors carry the magic's usage (and run nothing).
+
+    Options and positionals may be intermixed, so launcher options can follow flags
+    (``start -n 4 --launcher slurm partition=debug``); quotes group words as in a shell
+    (``setup="module load cuda"``), and ``#`` starts a comment.
+    """
     try:
-        return parse_argstring(magic, _strip_comment(line))
+        return magic.parser.parse_intermixed_args(shlex.split(line, comments=True))
+    except ValueError as exc:  # shlex: an unclosed quote
+        raise UsageError(f"cannot read {line!r}: {exc}\n{magic.parser.format_usage()}") from None
     except UsageError as exc:
         raise UsageError(f"{exc}\n{magic.parser.format_usage()}") from None
 
@@ -50,13 +45,25 @@ def _option_value(text: str) -> Any:
 
 
 def _launcher_options(items: list[str]) -> dict[str, Any]:
-    options = {}
+    """``key=value`` items as options; a key given twice collects its values in a list
+    (``setup="module load cuda" setup="source venv/bin/activate"``)."""
+    options: dict[str, Any] = {}
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise UsageError(f"launcher option {item!r} is not key=value")
-        options[key] = _option_value(value)
+        parsed = _option_value(value)
+        if key in options:
+            previous = options[key] if isinstance(options[key], list) else [options[key]]
+            parsed = previous + (parsed if isinstance(parsed, list) else [parsed])
+        options[key] = parsed
     return options
+
+
+def _print_job(job: dict[str, Any]) -> None:
+    reason = f" ({job['reason']})" if job.get("reason") not in ("", "None", None) else ""
+    where = f" on {job['nodes']}" if job.get("nodes") else ""
+    print(f"[rapydli] job {job['id']}: {job['state']}{reason}{where}", flush=True)
 
 
 @magics_class
@@ -76,9 +83,20 @@ class RapydliMagics(Magics):
             self._cluster = current()
         return self._cluster
 
-    def _start(self, n: int, launcher: str = "local", options: dict[str, Any] | None = None) -> Cluster:
+    def _start(
+        self,
+        n: int,
+        launcher: str = "local",
+        options: dict[str, Any] | None = None,
+        timeout: float | None = None,
+        wait: bool = True,
+    ) -> Cluster:
+        try:  # options are checked first: a mistake is named even while another cluster runs
+            candidate = Cluster(n=n, launcher=launcher, **(options or {}), **({"start_timeout": timeout} if timeout else {}))
+        except ConfigError as exc:
+            raise UsageError(str(exc)) from None
         cluster = self.cluster
-        if cluster is not None and cluster.status()["state"] in ("running", "degraded", "dead"):
+        if cluster is not None and cluster.status()["state"] in ("running", "degraded", "dead", "starting"):
             if cluster.n == n and cluster.launcher.name == launcher and not options:
                 print(f"[rapydli] reusing the running cluster of {n} engines")
                 return cluster
@@ -86,13 +104,15 @@ class RapydliMagics(Magics):
                 f"a cluster of {cluster.n} engines ({cluster.launcher.name}) is already running in this kernel: "
                 "`%rapydli stop` it first, or `%rapydli restart` it"
             )
-        try:
-            cluster = Cluster(n=n, launcher=launcher, **(options or {}))
-        except ConfigError as exc:
-            raise UsageError(str(exc)) from None
+        cluster = candidate
         print(f"[rapydli] starting {n} MPI engines ({launcher}, {cluster.threads} thread(s) each) ...", flush=True)
-        cluster.start()
-        self._cluster = cluster
+        self._cluster = cluster  # `%rapydli status` shows a start that failed, with its job
+        if not wait:
+            cluster.start(wait=False)
+            print("[rapydli] submitted: `%rapydli status` shows the job, `%rapydli stop` cancels it; "
+                  "`%%distributed` waits for the engines", flush=True)  # fmt: skip
+            return cluster
+        cluster.start(on_state=_print_job)
         return cluster
 
     @line_magic
@@ -100,14 +120,21 @@ class RapydliMagics(Magics):
     @argument("action", choices=["start", "stop", "status", "restart"], help="what to do with the cluster")
     @argument("-n", type=int, default=None, help="number of engines (MPI ranks) for start")
     @argument("--launcher", default="local", help="local, ssh, slurm or pbs")
+    @argument("--timeout", type=float, default=None, help="seconds to wait for the engines (a queued job is cancelled)")
+    @argument("--no-wait", action="store_true", help="return once submitted; %%distributed waits for the engines")
     @argument("options", nargs="*", help="launcher options as key=value")
     def rapydli(self, line: str) -> Any:
-        """Manage the notebook's MPI cluster: ``%rapydli start [-n N] [--launcher L] [key=value ...]``."""
+        """Manage the notebook's MPI cluster: ``%rapydli start [-n N] [--launcher L] [--timeout S] [--no-wait] [key=value ...]``."""
         args = _parse(self.rapydli, line)
         if args.n is not None and args.n < 1:
             raise UsageError(f"-n {args.n} is invalid: must be >= 1")
+        if args.action != "start" and (args.options or args.n is not None):
+            raise UsageError(f"-n and launcher options belong to `%rapydli start`, not {args.action}")
+        if args.timeout is not None and args.timeout <= 0:
+            raise UsageError(f"--timeout {args.timeout:g} is invalid: must be > 0 seconds")
         if args.action == "start":
-            cluster = self._start(args.n or os.cpu_count() or 1, args.launcher, _launcher_options(args.options))
+            options = _launcher_options(args.options)
+            cluster = self._start(args.n or os.cpu_count() or 1, args.launcher, options, args.timeout, not args.no_wait)
             return cluster.status()
         cluster = self.cluster
         if cluster is None:
@@ -195,6 +222,9 @@ class RapydliMagics(Magics):
         :func:`~rapydli.cluster.ensure.choose_cluster`: a new local one of ``n`` engines
         (default: one per core), which stays up for the next cells."""
         cluster = self.cluster
+        if cluster is not None and cluster.status()["state"] == "starting":
+            print("[rapydli] waiting for the engines of the cluster being started ...", flush=True)
+            cluster.wait_started()
         if cluster is not None and cluster.status()["state"] not in ("stopped", "failed"):
             if not cluster.running:
                 print(f"[rapydli] engines had died; restarting {cluster.n} fresh engines (their variables are gone)", flush=True)

@@ -1,4 +1,4 @@
-"""Shared fixtures: an isolated RAPYDLI_HOME, and running code on real MPI ranks."""
+"""Shared fixtures: an isolated RAPYDLI_HOME, running code on real MPI ranks, a real local Slurm."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from local_slurm import LocalSlurm, SlurmUnavailable
 
 from rapydli.cluster import mpirun
 
@@ -63,3 +64,29 @@ def run_mpi(tmp_path: Path) -> MpiRunner:
         return result
 
     return run
+
+
+@pytest.fixture(scope="session")
+def local_slurm(tmp_path_factory: pytest.TempPathFactory) -> LocalSlurm:
+    """A real Slurm 22.05 with nodes ``n1`` and ``n2`` on this machine, for the whole session.
+
+    Installs Debian's packages when missing (root and apt needed; skipped with the reason
+    otherwise), sets ``SLURM_CONF`` for this process and everything it starts, and ends
+    the daemons by pid afterwards. See ``tests/local_slurm.py``.
+    """
+    import tempfile
+
+    root = Path(tempfile.mkdtemp(prefix="rapydli-slurm-"))  # not under pytest's 0700 tmp: munged must reach it
+    slurm = LocalSlurm(root)
+    try:
+        slurm.up()
+    except SlurmUnavailable as exc:
+        pytest.skip(f"no local Slurm: {exc}")
+    previous = os.environ.get("SLURM_CONF")
+    os.environ.update(slurm.environ())
+    yield slurm
+    slurm.down()
+    if previous is None:
+        os.environ.pop("SLURM_CONF", None)
+    else:
+        os.environ["SLURM_CONF"] = previous

@@ -12,9 +12,11 @@ import click
 import pandas as pd
 
 from rapydli.cluster import Cluster
+from rapydli.paths import subdir
 
 
-def _options(items: tuple[str, ...]) -> dict[str, object]:
+def parse_options(items: tuple[str, ...]) -> dict[str, object]:
+    """Launcher options given as ``key=value`` (values read as JSON when they parse)."""
     options: dict[str, object] = {}
     for item in items:
         key, sep, value = item.partition("=")
@@ -36,15 +38,36 @@ def cluster() -> None:
 @click.option("-n", "n", type=int, default=2, show_default=True, help="number of engines (MPI ranks)")
 @click.option("--launcher", default="local", show_default=True, help="local, ssh, slurm or pbs")
 @click.option("--threads", type=int, default=None, help="threads per engine (default cores // n)")
+@click.option("--timeout", type=float, default=120.0, show_default=True, help="seconds to wait for the engines (a queued job is cancelled)")
 @click.argument("options", nargs=-1)
-def start(n: int, launcher: str, threads: int | None, options: tuple[str, ...]) -> None:
+def start(n: int, launcher: str, threads: int | None, timeout: float, options: tuple[str, ...]) -> None:
     """Start N engines and leave them running; OPTIONS are launcher options as key=value."""
-    started = Cluster(n=n, launcher=launcher, threads=threads, **_options(options))
+    started = Cluster(n=n, launcher=launcher, threads=threads, start_timeout=timeout, **parse_options(options))
     click.echo(f"starting {n} engines ({launcher}) ...", err=True)
-    started.start()
+
+    recorded: list[str] = []
+
+    def queued(job: dict[str, object]) -> None:  # `rapydli cluster status` shows the job meanwhile
+        click.echo(f"job {job['id']}: {job['state']} ({job['reason']})", err=True)
+        started.write_record("starting")
+        recorded[:] = [str(started.status()["cluster_id"])]
+
+    try:
+        started.start(on_state=queued)
+    except BaseException:
+        for cluster_id in recorded:  # a start that failed or was interrupted lists nothing
+            (subdir("clusters") / f"{cluster_id}.json").unlink(missing_ok=True)
+        raise
     cluster_id = started.detach()
     click.echo(cluster_id)
     click.echo(f"connect from a notebook with rd.Cluster.attach({cluster_id!r}); stop with `rapydli cluster stop {cluster_id}`", err=True)
+
+
+def _job_text(job: dict[str, str] | None) -> str:
+    if not job:
+        return "-"
+    reason = f" ({job['reason']})" if job.get("reason") not in ("", "None") else ""
+    return f"{job['id']} {job['state']}{reason}"
 
 
 @cluster.command()
@@ -60,9 +83,17 @@ def status() -> None:
         return
     table = pd.DataFrame(
         [
-            {"id": r["id"], "origin": r["origin"], "launcher": r["launcher"], "n": r["n"],
-             "engines_alive": r["engines_alive"], "hosts": ",".join(r["hosts"]),
-             "uptime_s": round(time.time() - r["started"])}
+            {
+                "id": r["id"],
+                "origin": r["origin"],
+                "launcher": r["launcher"],
+                "n": r["n"],
+                "state": r.get("state", "running"),
+                "engines_alive": r["engines_alive"],
+                "hosts": ",".join(r["hosts"]),
+                "uptime_s": round(time.time() - r["started"]),
+                "job": _job_text(r.get("job")),
+            }
             for r in records
         ]
     )

@@ -16,14 +16,9 @@ from typing import Any
 import psutil
 
 from rapydli.cluster import engine
+from rapydli.cluster.batchjob import BatchJob, batch_job
 from rapydli.cluster.controller_config import write_controller_config
-from rapydli.cluster.job import (
-    DisplayHandler,
-    EventHandler,
-    Job,
-    OutputHandler,
-    print_output,
-)
+from rapydli.cluster.job import DisplayHandler, EventHandler, Job, OutputHandler, print_output
 from rapydli.cluster.launchers import get_launcher, validate_options
 from rapydli.cluster.mpirun import rank_environment, threads_per_rank
 from rapydli.cluster.processes import CLUSTER_MARKER, reap, reap_marked
@@ -82,8 +77,10 @@ class Cluster:
             raise ConfigError(f"threads={threads!r} is invalid: must be an integer >= 1")
         self.launcher = get_launcher(launcher)
         self.options = validate_options(launcher, launcher_options)
+        if self.launcher.check_size is not None:
+            self.launcher.check_size(n, self.options)
         self.n = n
-        self.threads = threads or threads_per_rank(n)
+        self.threads = threads or self._default_threads(n)
         self.start_timeout = start_timeout
         self._ipp: Any = None
         self._client: Any = None
@@ -93,12 +90,43 @@ class Cluster:
         self._started_at = 0.0
         self._detached = False
         self._cluster_id: str | None = None  # kept across restarts, so attach ids stay valid
+        self._batch: BatchJob | None = None  # the scheduler job holding the engines (slurm)
+        self._starter: threading.Thread | None = None  # a start(wait=False) under way
+        self._start_error: BaseException | None = None
+        self._cancel = threading.Event()  # set by stop(): a start under way gives up
         self._lock = threading.RLock()
+
+    def _default_threads(self, n: int) -> int:
+        """Cores per engine: the launcher's option (``cpus_per_task``), 1 on a scheduler, else cores // n."""
+        option = self.launcher.threads_option
+        if option is None:
+            return threads_per_rank(n)
+        return int(self.options.get(option) or 1)
 
     # -- lifecycle -----------------------------------------------------------------------
 
-    def start(self) -> Cluster:
-        """Start the controller and ``n`` engines and wait until all are ready (idempotent)."""
+    def start(self, on_state: Callable[[dict[str, Any]], None] | None = None, *, wait: bool = True) -> Cluster:
+        """Start the controller and ``n`` engines and wait until all are ready (idempotent).
+
+        With a batch launcher (``slurm``) the engines are one job: while it waits in the
+        queue ``status()["job"]`` shows it (state, reason, id) and ``on_state(job)`` is
+        called on every change. A job that ends before its engines are ready, the
+        ``start_timeout`` passing, Ctrl-C, or :meth:`stop` cancel it (``scancel``) and raise.
+
+        With ``wait=False`` the start goes on in a background thread and this returns at
+        once (state ``starting``); :meth:`wait_started` waits for it and raises its error.
+        """
+        if not wait:
+            with self._lock:
+                if self._state in ("running", "starting"):
+                    return self
+                self._state, self._start_error = "starting", None
+                self._cancel.clear()
+                self._starter = threading.Thread(target=self._start_behind, args=(on_state,), name="rapydli-start", daemon=True)
+                self._starter.start()
+                return self
+        if threading.current_thread() is not self._starter:
+            self._cancel.clear()  # a stop() before this start (restart) does not cancel it
         with self._lock:
             if self._state == "running":
                 return self
@@ -132,21 +160,49 @@ class Cluster:
             try:
                 self._ipp.start_cluster_sync()
                 self._client = self._ipp.connect_client_sync()
-                _wait(self._client.wait_for_engines(self.n, timeout=self.start_timeout, block=False, widget=False, interactive=False))
+                self._batch = batch_job(self.launcher, self._ipp)
+                if self._batch is not None:
+                    self._batch.wait_for_engines(self._client, self.n, self.start_timeout, on_state, self._cancel.is_set)
+                else:
+                    _wait(self._client.wait_for_engines(self.n, timeout=self.start_timeout, block=False, widget=False, interactive=False))
                 self._configure_engines()
             except BaseException as exc:
                 # Ctrl-C included: a start cancelled half-way leaves engines ipyparallel no
                 # longer tracks; the teardown finds them by their marker
+                died = self._batch is not None and not isinstance(exc, (ClusterError, KeyboardInterrupt))
+                output = self._batch.output(20) if died else ""  # read before the stop removes it
                 self._teardown()
                 self._state = "failed"
                 if isinstance(exc, KeyboardInterrupt):
                     raise
-                raise ClusterError(f"could not start {self.n} engines with launcher {self.launcher.name!r}: {exc}") from exc
+                raise ClusterError(
+                    f"could not start {self.n} engines with launcher {self.launcher.name!r}: {exc}"
+                    + (f"\nthe job's output ends with:\n{output}" if output else "")
+                ) from exc
             self._state = "running"
             self._started_at = time.monotonic()
             with _live_lock:
                 _live.add(self)
             return self
+
+    def _start_behind(self, on_state: Callable[[dict[str, Any]], None] | None) -> None:
+        try:
+            self.start(on_state)
+        except BaseException as exc:  # noqa: BLE001 - handed to wait_started()
+            self._start_error = exc
+
+    def wait_started(self, timeout: float | None = None) -> Cluster:
+        """Wait for a ``start(wait=False)`` to finish; raise its error if it failed."""
+        starter = self._starter
+        if starter is not None:
+            starter.join(timeout)
+            if starter.is_alive():
+                raise ClusterError(f"the cluster is still starting after {timeout:g} s: {self.status().get('job', '')}")
+            self._starter = None
+        error, self._start_error = self._start_error, None
+        if error is not None:
+            raise error
+        return self
 
     def _configure_engines(self) -> None:
         ids = sorted(self._client.ids)[: self.n]
@@ -161,7 +217,15 @@ class Cluster:
         self._info = {info["rank"]: info for info in infos}
 
     def stop(self) -> None:
-        """Stop every engine and the controller; no process is left behind."""
+        """Stop every engine and the controller; no process is left behind.
+
+        A start under way is cancelled first (a queued job leaves the queue).
+        """
+        self._cancel.set()
+        starter = self._starter
+        if starter is not None:
+            starter.join()
+            self._starter, self._start_error = None, None
         with self._lock:
             if self._ipp is None:
                 self._state = "stopped"
@@ -191,8 +255,10 @@ class Cluster:
                     self._client.shutdown(targets="all", block=False)
             except Exception:  # noqa: BLE001 - dead engines cannot answer; they are reaped below
                 pass
-        # the client's I/O thread delivers the requests meanwhile, so close it afterwards
-        psutil.wait_procs([p for p in map(_process, pids) if p is not None], timeout=10)
+        # the client's I/O thread delivers the requests meanwhile, so close it afterwards; a
+        # batch job is cancelled soon after (scancel ends its engines wherever they run)
+        grace = 2 if self._batch is not None else 10
+        psutil.wait_procs([p for p in map(_process, pids) if p is not None], timeout=grace)
         if self._client is not None:
             try:
                 self._client.close()
@@ -203,6 +269,8 @@ class Cluster:
                 self._ipp.stop_cluster_sync()
             except Exception:  # noqa: BLE001 - stop what can be stopped, then reap below
                 pass
+        if self._batch is not None:
+            self._batch.cancel()  # idempotent; returns once the job has left the queue
         reap(pids)
         if self._cluster_id is not None:  # nannies orphaned by killed engines, a half-started set, ...
             if reap_marked(self._cluster_id):
@@ -249,17 +317,27 @@ class Cluster:
             self._ipp.shutdown_atexit = False
             self._detached = True
             cluster_id = self._ipp.cluster_id
-            record = {
-                "id": cluster_id,
-                "n": self.n,
-                "launcher": self.launcher.name,
-                "options": self.options,
-                "threads": self.threads,
-                "profile_dir": self._ipp.profile_dir,
-                "engines": {str(rank): info for rank, info in self._info.items()},
-            }
-            (subdir("clusters") / f"{cluster_id}.json").write_text(json.dumps(record, indent=2))
+            self.write_record("running")
             return cluster_id
+
+    def write_record(self, state: str) -> None:
+        """Write this cluster's record where ``rapydli cluster status`` and :meth:`attach` read it.
+
+        ``state`` is ``"running"`` once detached, or ``"starting"`` while a start is under way
+        (its batch job, if any, is shown, e.g. pending in the queue).
+        """
+        record = {
+            "id": self._ipp.cluster_id,
+            "n": self.n,
+            "launcher": self.launcher.name,
+            "options": self.options,
+            "threads": self.threads,
+            "profile_dir": self._ipp.profile_dir,
+            "state": state,
+            "engines": {str(rank): info for rank, info in self._info.items()},
+            **({"job": self._batch.describe()} if self._batch is not None else {}),
+        }
+        (subdir("clusters") / f"{record['id']}.json").write_text(json.dumps(record, indent=2))
 
     @classmethod
     def attach(cls, cluster_id: str, timeout: float = 30.0) -> Cluster:
@@ -272,6 +350,7 @@ class Cluster:
             cluster._ipp = ipp.Cluster.from_file(profile_dir=record["profile_dir"], cluster_id=cluster_id, log_level=logging.ERROR)
             cluster._ipp.shutdown_atexit = False
             cluster._detached = True  # stays up when this process exits, unless stopped
+            cluster._batch = batch_job(cluster.launcher, cluster._ipp)  # watched, and cancelled on stop
             cluster._client = cluster._ipp.connect_client_sync()
             cluster._client.wait_for_engines(cluster.n, timeout=timeout, block=True, widget=False, interactive=False)
             cluster._configure_engines()
@@ -286,11 +365,16 @@ class Cluster:
 
     @staticmethod
     def detached() -> list[dict[str, Any]]:
-        """Records of detached clusters, each with ``alive`` engine processes counted (this host)."""
+        """Records of detached (and starting) clusters: engine processes alive on this host, and
+        the batch job's state as the scheduler reports it now."""
         records = []
         for path in sorted(subdir("clusters").glob("*.json")):
             record = json.loads(path.read_text())
             record["engines_alive"] = sum(psutil.pid_exists(e["pid"]) for e in record["engines"].values())
+            if record.get("job") and record["launcher"] == "slurm":
+                from rapydli.cluster import slurm
+
+                record["job"] = slurm.job_state(record["job"]["id"]).describe()
             records.append(record)
         return records
 
@@ -348,10 +432,11 @@ class Cluster:
             "engines_dead": self.n - len(alive) if self._engine_of_rank or state == "dead" else 0,
             "ranks": alive,
             "hosts": sorted({self._info[r]["host"] for r in alive}),
-            "rank_hosts": {r: self._info[r]["host"] for r in alive},
             "threads_per_engine": self.threads,
             "options": dict(self.options),
             "cluster_id": self._cluster_id,
+            "rank_hosts": {r: _where(self._info[r]) for r in alive},
+            **({"job": self._batch.describe()} if self._batch is not None else {}),
         }
 
     def _require_running(self) -> None:
@@ -468,7 +553,8 @@ class Cluster:
 
     def _job(self, results: dict[int, Any], **handlers: Any) -> Job:
         hosts_down = self._hosts_down if self.launcher.name == "ssh" else None
-        return Job(results, interrupt=self._interrupt, stop=self._request_stop, abort=self.abort, hosts_down=hosts_down, **handlers)
+        gone = self._batch.gone if self._batch is not None else None
+        return Job(results, interrupt=self._interrupt, stop=self._request_stop, abort=self.abort, hosts_down=hosts_down, gone=gone, **handlers)
 
     def _hosts_down(self, ranks: Sequence[int]) -> dict[int, tuple[str, str]]:
         """``{rank: (host, why)}`` for the ``ranks`` whose host no longer answers over ssh."""
@@ -524,6 +610,12 @@ def _wait(future: Any, step: float = 0.1) -> Any:
             return result(timeout=step)
         except TimeoutError:
             continue
+
+
+def _where(info: dict[str, Any]) -> str:
+    """Where a rank runs: its host, and its Slurm node when that names it differently."""
+    node = info.get("node")
+    return f"{info['host']} ({node})" if node and node != info["host"] else info["host"]
 
 
 def _process(pid: int) -> psutil.Process | None:

@@ -90,18 +90,19 @@ def context() -> RankContext:
 def setup(threads: int, paths: Sequence[str] = ()) -> dict[str, Any]:
     """Configure the engine and describe it to the client.
 
-    ``threads`` bounds torch/OpenMP threads; ``paths`` are the client's ``sys.path``
+    ``threads`` bounds torch/OpenMP threads (torch itself is imported by the first task
+    that needs it, so engines are ready sooner); ``paths`` are the client's ``sys.path``
     entries, added where they exist on this host, so functions from the notebook's own
     modules (``from mymodel import Net``) unpickle on the engine too.
     """
-    import torch
     from mpi4py import MPI
 
     for path in reversed(paths):
         if path not in sys.path and os.path.isdir(path):
             sys.path.insert(0, path)
     os.environ["OMP_NUM_THREADS"] = str(threads)
-    torch.set_num_threads(threads)
+    if "torch" in sys.modules:  # else torch takes OMP_NUM_THREADS when the first task imports it
+        sys.modules["torch"].set_num_threads(threads)
     world = MPI.COMM_WORLD
     local = world.Split_type(MPI.COMM_TYPE_SHARED)
     local_rank = local.Get_rank()
@@ -111,6 +112,7 @@ def setup(threads: int, paths: Sequence[str] = ()) -> dict[str, Any]:
         "rank": world.Get_rank(),
         "size": world.Get_size(),
         "host": socket.gethostname(),
+        "node": os.environ.get("SLURMD_NODENAME", ""),  # the Slurm node, when run by Slurm
         "pid": os.getpid(),
         "helper_pids": _helper_pids(),
         "local_rank": local_rank,

@@ -9,7 +9,9 @@ sweeps:
   engines' nannies); ranks still running after a grace period are blocked, typically in
   a collective that waits for the failed rank, so the MPI job is aborted;
 * a dead engine (segfault, ``os._exit``, OOM kill) ends the task at once;
-* a timeout, or Ctrl-C in the notebook, interrupts the same way.
+* a timeout, or Ctrl-C in the notebook, interrupts the same way;
+* the scheduler job holding the engines ending under them (time limit, ``scancel``, a
+  node failure) ends the task at once, naming the job and the ranks lost.
 
 The outcome is one :class:`~rapydli.errors.RankFailure` naming the ranks, with their
 remote tracebacks, or ``KeyboardInterrupt`` re-raised after the engines stopped.
@@ -53,7 +55,7 @@ def print_output(rank: int, stream: str, line: str) -> None:
 class _Rank:
     rank: int
     result: AsyncResult
-    status: str = "running"  # running | ok | error | interrupted | dead | aborted
+    status: str = "running"  # running | ok | error | interrupted | dead | aborted | lost
     value: Any = None
     error: str = ""
     finished_at: float = 0.0
@@ -81,6 +83,9 @@ class Job:
         Send SIGINT / the stop request to the given ranks.
     abort
         Called to abort the MPI job when interrupted ranks do not stop (they are blocked).
+    gone
+        ``gone(fresh)`` returns why the engines are gone (their batch job ended), or
+        ``""``; polled, with ``fresh=True`` once a rank died (ask the scheduler now).
     timeout
         Seconds before the task is interrupted and fails (None: no limit).
     on_output, on_event, on_display
@@ -104,11 +109,13 @@ class Job:
         on_display: DisplayHandler | None = None,
         grace: float = GRACE_S,
         hosts_down: Callable[[Sequence[int]], dict[int, tuple[str, str]]] | None = None,
+        gone: Callable[[bool], str] | None = None,
     ) -> None:
         self.ranks = {rank: _Rank(rank, ar) for rank, ar in results.items()}
         self._interrupt = interrupt
         self._stop = stop
         self._abort = abort
+        self._gone = gone
         self.timeout = timeout
         self.on_output = on_output
         self.on_event = on_event
@@ -135,6 +142,7 @@ class Job:
         self._wait_any(wait_s)
         self._pump()
         self._collect()
+        self._check_gone()
         now = time.monotonic()
         if self._interrupted_at is None:
             self._reason = self._failure_reason(now - self._start)
@@ -248,6 +256,20 @@ class Job:
                     r.error = _traceback_text(exc)
             r.finished_at = time.monotonic()
 
+    def _check_gone(self) -> None:
+        """The engines' batch job ended: its ranks are lost (not failed by themselves); the cluster is dead."""
+        died = [r for r in self.ranks.values() if r.status == "dead"]
+        if self._gone is None or not (self._running() or died):
+            return
+        reason = self._gone(bool(died))
+        if not reason:
+            return
+        for r in [*self._running(), *died]:
+            r.status, r.error, r.finished_at = "lost", reason, time.monotonic()
+        self._reason = reason
+        self._interrupted_at = time.monotonic()
+        self._abort()
+
     def _failure_reason(self, elapsed: float) -> str:
         if any(r.status in ("error", "dead") for r in self.ranks.values()):
             return "failed"
@@ -331,7 +353,7 @@ class Job:
     def _failure(self, reason: str) -> RankFailure:
         states = self.ranks.values()
         self._blame_hosts_down()
-        culprits = [r for r in states if r.status in ("error", "dead")]
+        culprits = [r for r in states if r.status in ("error", "dead", "lost")]
         if not culprits:  # a timeout: the ranks that did not finish are the ones to name
             culprits = [r for r in states if r.status in ("interrupted", "aborted")]
         dead = sorted((r for r in culprits if r.status == "dead"), key=lambda r: r.finished_at)
@@ -349,9 +371,9 @@ class Job:
         others = [r for r in states if r not in culprits and r.status != "ok"]
         if others:
             lines.append("other ranks: " + ", ".join(f"{r.rank} {r.status}{_where(r)}" for r in sorted(others, key=lambda r: r.rank)))
-        if self.aborted or any(r.status == "dead" for r in states):
+        if self.aborted or any(r.status in ("dead", "lost") for r in states):
             lines.append("the engines were stopped; run `%rapydli restart` (or Cluster.restart()) to continue")
-        died = all(r.status == "dead" for r in culprits)
+        died = all(r.status in ("dead", "lost") for r in culprits)  # processes, hosts or the batch job gone: no exception of the user
         return RankFailure("\n".join(lines), {r.rank: r.error for r in culprits}, died=bool(culprits) and died)
 
 
@@ -380,8 +402,8 @@ def _where(r: _Rank) -> str:
 
 
 def _verb(culprits: list[_Rank], reason: str) -> str:
-    if reason.startswith("timed out"):
-        return reason
+    if reason.startswith("timed out") or any(r.status == "lost" for r in culprits):
+        return f"lost: {reason}" if not reason.startswith("timed out") else reason
     if all(r.status == "dead" for r in culprits):
         return "died"
     return "raised an exception" if len(culprits) == 1 else "raised exceptions"

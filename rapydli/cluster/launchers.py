@@ -8,8 +8,10 @@ input through here) and turns validated options into ipyparallel configuration.
 ``local``  ``mpiexec -n N`` on this machine (the default)
 ``ssh``    ``mpiexec -n N -hosts h1,h2`` (MPICH's Hydra reaches the hosts over ssh), so
            ``COMM_WORLD`` spans every host; see :mod:`rapydli.cluster.sshhosts`
-``slurm``  an ``sbatch`` job whose ``srun`` starts the N ranks
-``pbs``    a ``qsub`` job whose ``mpiexec`` starts the N ranks
+``slurm``  an ``sbatch`` job whose ``srun --mpi=pmi2`` starts the N ranks as one MPI
+           world (:mod:`rapydli.cluster.slurm`)
+``pbs``    a ``qsub`` job whose ``mpiexec`` starts the N ranks (untested against a real
+           PBS server: only its generated script is tested)
 =========  ==========================================================================
 """
 
@@ -19,19 +21,26 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from rapydli.cluster import sshhosts
+from rapydli.cluster import slurm, sshhosts
 from rapydli.cluster.mpirun import find_mpiexec
 from rapydli.errors import ConfigError
 
 
 @dataclass(frozen=True)
 class Option:
-    """One launcher option: its type, where it goes in ipyparallel's config, and help."""
+    """One launcher option: its type, where it goes in ipyparallel's config, and help.
+
+    ``check`` normalises a value of the right type or raises ``ValueError`` saying what
+    is allowed; ``lines`` marks a list option whose string form is one line (not split
+    at spaces).
+    """
 
     kind: type
     help: str
     trait: str | None = None  # "LauncherClass.trait"; None when `apply` handles it
     apply: Callable[[Any, dict[str, Any]], None] | None = None
+    check: Callable[[Any], Any] | None = None
+    lines: bool = False
 
 
 @dataclass(frozen=True)
@@ -46,6 +55,8 @@ class LauncherSpec:
     listen_all: bool = False  # engines on other hosts must reach the controller
     batch_class: str | None = None  # ipyparallel class writing a batch script, if any
     check: Callable[[dict[str, Any]], None] | None = None  # checks across options, after each one's own
+    threads_option: str | None = None  # the option that sets each engine's cores, if any
+    check_size: Callable[[int, Mapping[str, Any]], None] | None = None  # n against the options
 
     def config(self, options: Mapping[str, Any], work_dir: str | None = None) -> dict[str, dict[str, Any]]:
         """ipyparallel configuration (``{"Class": {"trait": value}}``) for validated ``options``.
@@ -68,6 +79,29 @@ class LauncherSpec:
         if self.engines == "mpi":  # the mpiexec of this Python, which need not be on PATH (a venv kernel)
             config.setdefault("MPIEngineSetLauncher", {}).setdefault("mpi_cmd", [find_mpiexec()])
         return config
+
+
+def _one_of(value: str, allowed: tuple[str, ...]) -> str:
+    if value not in allowed:
+        raise ValueError(f"{value!r} is not one of {', '.join(allowed)}")
+    return value
+
+
+def _count(help_text: str, trait: str, minimum: int = 1) -> Option:
+    def check(value: int) -> int:
+        if value < minimum:
+            raise ValueError(f"{value} is invalid: must be an integer >= {minimum}")
+        return value
+
+    return Option(int, help_text, trait, check=check)
+
+
+def _tasks_fit(n: int, options: Mapping[str, Any]) -> None:
+    nodes, per_node = options.get("nodes"), options.get("ntasks_per_node")
+    if nodes and per_node and nodes * per_node != n:
+        raise ConfigError(f"n={n} engines do not fill nodes={nodes} x ntasks_per_node={per_node}: n must be {nodes * per_node}")
+    if nodes and nodes > n:
+        raise ConfigError(f"nodes={nodes} is more than the n={n} engines: at least one engine per node")
 
 
 _MPI_ARGS = Option(list, "extra arguments for mpiexec, e.g. ['-bind-to', 'core']", "MPIEngineSetLauncher.mpi_args")
@@ -102,18 +136,33 @@ LAUNCHERS: dict[str, LauncherSpec] = {
         ),
         LauncherSpec(
             "slurm",
-            engines="slurm",
+            engines="rapydli.cluster.slurm.SlurmEngines",
             controller="local",
-            description="an sbatch job; srun starts the ranks",
-            batch_class="SlurmEngineSetLauncher",
+            description="an sbatch job; srun --mpi=pmi2 starts the ranks as one MPI world",
+            batch_class="SlurmEngines",
             options={
-                "partition": Option(str, "Slurm partition", "SlurmEngineSetLauncher.queue"),
-                "account": Option(str, "Slurm account", "SlurmEngineSetLauncher.account"),
-                "qos": Option(str, "Slurm QoS", "SlurmEngineSetLauncher.qos"),
-                "timelimit": Option(str, "time limit, e.g. '01:00:00'", "SlurmEngineSetLauncher.timelimit"),
-                "options": Option(str, "extra '#SBATCH' lines", "SlurmEngineSetLauncher.options"),
+                "nodes": _count("number of nodes", "SlurmEngines.nodes"),
+                "ntasks_per_node": _count("engines per node", "SlurmEngines.ntasks_per_node"),
+                "cpus_per_task": _count("CPUs (and threads) per engine", "SlurmEngines.cpus_per_task"),
+                "gpus_per_node": _count("GPUs per node", "SlurmEngines.gpus_per_node", minimum=0),
+                "partition": Option(str, "Slurm partition", "SlurmEngines.queue"),
+                "account": Option(str, "Slurm account", "SlurmEngines.account"),
+                "qos": Option(str, "Slurm QoS", "SlurmEngines.qos"),
+                "timelimit": Option(str, "time limit, e.g. '01:00:00'", "SlurmEngines.timelimit", check=slurm.check_timelimit),
+                "constraint": Option(str, "node features, e.g. 'a100'", "SlurmEngines.constraint"),
+                "sbatch": Option(
+                    list, "extra '#SBATCH' lines, e.g. '--exclusive'", "SlurmEngines.sbatch", lines=True,
+                    check=lambda lines: [slurm.sbatch_line(line) for line in lines],
+                ),
+                "setup": Option(list, "shell lines run before the engines, e.g. 'module load cuda'", "SlurmEngines.setup", lines=True),
+                "mpi": Option(
+                    str, f"how ranks form one MPI world: {', '.join(slurm.MPI_MODES)}", "SlurmEngines.mpi",
+                    check=lambda mode: _one_of(mode, slurm.MPI_MODES),
+                ),
             },
             listen_all=True,
+            threads_option="cpus_per_task",
+            check_size=_tasks_fit,
         ),
         LauncherSpec(
             "pbs",
@@ -155,17 +204,23 @@ def validate_options(launcher: str, options: Mapping[str, Any]) -> dict[str, Any
         if key not in spec.options:
             allowed = ", ".join(sorted(spec.options)) or "none"
             raise ConfigError(f"launcher {launcher!r} has no option {key!r}: allowed are {allowed}")
-        kind = spec.options[key].kind
+        option = spec.options[key]
+        kind = option.kind
         if kind is list:
             if isinstance(value, str):
-                value = value.split()
+                value = [value] if option.lines else value.split()
             if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
                 raise ConfigError(f"option {key!r} of launcher {launcher!r} must be a list of strings, got {value!r}")
             value = list(value)
-        elif not isinstance(value, kind):
+        elif not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
             raise ConfigError(
                 f"option {key!r} of launcher {launcher!r} must be {kind.__name__}, got {type(value).__name__}"
             )
+        if option.check is not None:
+            try:
+                value = option.check(value)
+            except ValueError as exc:
+                raise ConfigError(f"option {key!r} of launcher {launcher!r}: {exc}") from None
         checked[key] = value
     if spec.check is not None:
         spec.check(checked)

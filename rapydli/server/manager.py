@@ -67,10 +67,11 @@ class ManagedCluster:
 
     def describe(self) -> dict[str, Any]:
         """JSON-ready summary: id, origin (``server``), launcher, n, engines_alive, hosts, state,
-        error, attach_id, created, options."""
+        error, attach_id, created, options; ``job`` (id, state, reason, nodes) for a batch
+        launcher, also while the job is queued; ``rank_hosts`` (rank -> host) once running."""
         state, alive, hosts = self.state, 0, []
-        if state == "running" and self.cluster is not None:
-            status = cluster_status(self.cluster)
+        status = cluster_status(self.cluster) if self.cluster is not None else {}
+        if state == "running" and status:
             alive = int(status.get("engines_alive", 0))
             hosts = list(status.get("hosts", []))
             if status.get("state") == "degraded":
@@ -87,6 +88,8 @@ class ManagedCluster:
             "attach_id": self.attach_id if state in ("running", "degraded") else None,
             "created": self.created,
             "options": dict(self.options),
+            "job": status.get("job"),
+            "rank_hosts": {str(rank): host for rank, host in status.get("rank_hosts", {}).items()},
         }
 
 

@@ -60,6 +60,15 @@ export interface ICluster {
   attach_id: string | null;
   created: number;
   options: Record<string, unknown>;
+  /** The batch job holding the engines (slurm), also while it waits in the queue. */
+  job?: IBatchJob | null;
+}
+
+export interface IBatchJob {
+  id: string;
+  state: string;
+  reason: string;
+  nodes: string;
 }
 
 export interface IClustersReply {

@@ -160,6 +160,12 @@ export class RapydliPanel extends Widget {
           h('span', { text: ` · up ${formatShortDuration(now - cluster.created)}` })
         ])
       );
+      if (cluster.job) {
+        const { id, state, reason, nodes } = cluster.job;
+        const why = reason && reason !== 'None' ? ` (${reason})` : '';
+        const where = nodes ? ` on ${nodes}` : '';
+        item.append(h('div', { className: 'rapydli-Job', text: `job ${id}: ${state}${why}${where}` }));
+      }
       if (cluster.error) {
         item.append(h('div', { className: 'rapydli-Error', text: cluster.error }));
       }
