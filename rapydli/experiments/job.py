@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from rapydli.errors import RankFailure
 from rapydli.experiments.refs import callable_ref, resolve_callable
+from rapydli.experiments.sources import code_params
 from rapydli.trainer.config import TrainConfig
 from rapydli.trainer.task import engine_task
 
@@ -47,6 +48,9 @@ class TrainingJob:
         A started :class:`rapydli.cluster.Cluster`.
     model_fn, data_fn
         As for ``rd.train`` (callables or ``"module:qualname"`` strings).
+    loss_fn, optimizer_fn, metrics
+        As for ``rd.train``: the loss, the optimizer and the validation metrics
+        (:mod:`rapydli.trainer.outputs`, :mod:`rapydli.trainer.optim`); checked here.
     config
         The run's :class:`TrainConfig` (already validated).
     targets
@@ -92,10 +96,16 @@ class TrainingJob:
         extra_params: dict[str, Any] | None = None,
         record: bool = True,
         progress: bool = False,
+        loss_fn: Callable[..., Any] | None = None,
+        optimizer_fn: Callable[..., Any] | None = None,
+        metrics: Any = None,
     ) -> None:
         from rapydli.experiments.store import open_store
+        from rapydli.trainer.outputs import check_training_code
 
         model, data = resolve_callable(model_fn, "model_fn"), resolve_callable(data_fn, "data_fn")
+        check_training_code(loss_fn, optimizer_fn, metrics)
+        code = {"loss_fn": loss_fn, "optimizer_fn": optimizer_fn, "metrics": metrics}
         self.config = config
         self.targets = list(targets)
         self.callbacks = tuple(callbacks)
@@ -118,12 +128,15 @@ class TrainingJob:
                 "data_fn": data_fn if isinstance(data_fn, str) else callable_ref(data) or repr(data),
                 "config": config.to_dict(),
                 "targets": self.targets,
+                **code_params(model, data, code),
                 **(extra_params or {}),
             }
             run_name = name or getattr(model, "__name__", "model")
             self.run_id = self.store.create_run(kind, run_name, params, parent=parent, world_size=len(self.targets), seed=config.seed)
         try:
-            self.job = cluster.submit(engine_task, model, data, config.to_dict(), targets=self.targets, on_event=self._on_event)
+            self.job = cluster.submit(
+                engine_task, model, data, config.to_dict(), targets=self.targets, on_event=self._on_event, **code
+            )
         except BaseException as exc:
             self._finish("failed", f"{type(exc).__name__}: {exc}")
             raise

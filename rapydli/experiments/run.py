@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from rapydli.errors import ConfigError
 from rapydli.experiments.refs import resolve_callable
 from rapydli.trainer.config import TrainConfig
+from rapydli.trainer.outputs import check_training_code
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -68,6 +69,9 @@ def run_training(
     callbacks: Sequence[MetricsCallback] = (),
     progress: bool = True,
     name: str | None = None,
+    loss_fn: Callable[..., Any] | None = None,
+    optimizer_fn: Callable[..., Any] | None = None,
+    metrics: Any = None,
 ) -> RunResult:
     """Train ``model_fn()`` on ``data_fn()`` data-parallel on every engine of a cluster.
 
@@ -90,6 +94,19 @@ def run_training(
         Show a tqdm progress bar driven by rank 0's steps.
     name
         Run name in the store (default: the model function's name).
+    loss_fn
+        ``loss_fn(outputs, targets) -> scalar loss`` on whatever the model returns; ``None``:
+        the model's own loss (its ``forward`` takes ``targets``/``labels``, or it returns a
+        loss), else cross-entropy on its logits. What a model may return:
+        :mod:`rapydli.trainer.outputs`.
+    optimizer_fn
+        ``optimizer_fn(model)`` or ``optimizer_fn(model, config)`` returning a
+        ``torch.optim.Optimizer`` (parameter groups welcome), used instead of
+        ``config.optimizer``; the lr schedule scales every group from its own lr.
+    metrics
+        Names (``"accuracy"``, ``"mse"``, ``"mae"``) or callables ``fn(outputs, targets)``
+        evaluated on the validation set as ``val_<name>``, averaged over the ranks;
+        ``None``: accuracy where it means something (classification), none otherwise.
 
     Returns
     -------
@@ -111,13 +128,15 @@ def run_training(
     cfg = config if isinstance(config, TrainConfig) else TrainConfig.from_dict(dict(config))
     model = resolve_callable(model_fn, "model_fn")
     resolve_callable(data_fn, "data_fn")
+    check_training_code(loss_fn, optimizer_fn, metrics)
     for callback in callbacks:
         if not callable(callback):
             raise ConfigError(f"callbacks must be callables taking a metrics dict; got {callback!r}")
     run_name = name or getattr(model, "__name__", "model")
     with ensure_cluster(cluster, n=cfg.workers) as chosen:
         job = TrainingJob(
-            chosen, model_fn, data_fn, cfg, range(chosen.n), callbacks=callbacks, name=run_name, progress=progress
+            chosen, model_fn, data_fn, cfg, range(chosen.n), callbacks=callbacks, name=run_name, progress=progress,
+            loss_fn=loss_fn, optimizer_fn=optimizer_fn, metrics=metrics,
         ).wait()
     if job.exception is not None:
         raise job.exception
