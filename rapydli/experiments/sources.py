@@ -87,7 +87,7 @@ def _definition(obj: Any) -> Any:
 
 
 def _uses(obj: Any) -> list[Any]:
-    """Notebook-level names a function (or a class's methods) refers to."""
+    """What a function (or a class's methods) refers to: globals, closures, defaults, annotations."""
     functions = [obj] if isinstance(obj, types.FunctionType) else [
         v for v in vars(obj).values() if isinstance(v, types.FunctionType)
     ]  # fmt: skip
@@ -96,9 +96,10 @@ def _uses(obj: Any) -> list[Any]:
         names = set(fn.__code__.co_names) | {n for c in fn.__code__.co_consts if isinstance(c, types.CodeType) for n in c.co_names}
         used += [fn.__globals__[n] for n in sorted(names) if n in fn.__globals__]
         used += [cell.cell_contents for cell in fn.__closure__ or () if _filled(cell)]
+        used += [*(fn.__defaults__ or ()), *(fn.__kwdefaults__ or {}).values(), *fn.__annotations__.values()]
     if isinstance(obj, type):
         used += list(obj.__bases__)
-    return [_definition(u) for u in used if isinstance(u, (types.FunctionType, type))]
+    return [d for d in map(_definition, used) if isinstance(d, (types.FunctionType, type))]
 
 
 def _filled(cell: Any) -> bool:
@@ -117,17 +118,36 @@ def source_of(obj: Any) -> str | None:
         pass
     if not isinstance(obj, type):
         return None
-    for member in vars(obj).values():  # a class: find it by name in a cell one of its methods came from
+    # a class: find it in the cell one of its methods came from, else (a dataclass's methods come
+    # from "<string>") the newest cell that defines a class of that name at its top level
+    for member in vars(obj).values():
         code = getattr(member, "__code__", None)
-        if code is None:
-            continue
-        lines = linecache.getlines(code.co_filename)
-        try:
-            tree = ast.parse("".join(lines))
-        except SyntaxError:
-            continue
-        for node in ast.walk(tree):
-            if isinstance(node, ast.ClassDef) and node.name == obj.__name__ and node.lineno <= code.co_firstlineno <= (node.end_lineno or 0):
-                start = min([node.lineno, *(d.lineno for d in node.decorator_list)])
-                return textwrap.dedent("".join(lines[start - 1 : node.end_lineno]))
+        if code is not None:
+            found = _class_in(code.co_filename, obj.__name__, code.co_firstlineno)
+            if found is not None:
+                return found
+    for name in reversed(_cell_names()):
+        found = _class_in(name, obj.__name__, None)
+        if found is not None:
+            return found
+    return None
+
+
+def _cell_names() -> list[str]:
+    """File names of the notebook cells in :mod:`linecache` (entries without a file), oldest first."""
+    return [name for name, entry in list(linecache.cache.items()) if len(entry) == 4 and entry[1] is None]
+
+
+def _class_in(filename: str, name: str, line: int | None) -> str | None:
+    """The source of class ``name`` in ``filename`` (the one around ``line``; else a top-level one)."""
+    lines = linecache.getlines(filename)
+    try:
+        tree = ast.parse("".join(lines))
+    except (SyntaxError, ValueError):
+        return None
+    nodes = ast.walk(tree) if line is not None else iter(tree.body)
+    for node in nodes:
+        if isinstance(node, ast.ClassDef) and node.name == name and (line is None or node.lineno <= line <= (node.end_lineno or 0)):
+            start = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+            return textwrap.dedent("".join(lines[start - 1 : node.end_lineno]))
     return None
