@@ -177,6 +177,15 @@ def test_main_classes_with_super_run_on_engines(cluster) -> None:
     assert net.__module__ == "__main__"
     results = cluster.run(_build_and_count, net)
     assert results == [36, 36]
+    cluster.push({"Net": net})  # what %%distributed --push does
+    assert cluster.run_cell("sum(p.numel() for p in Net().parameters())", gather=True) == [36, 36]
+
+
+@pytest.mark.engines
+def test_a_distributed_cell_error_shows_the_cell_line(cluster) -> None:
+    with pytest.raises(RankFailure) as caught:
+        cluster.run_cell("x = 1\nraise ValueError('the cell broke at x=' + str(x))")
+    assert "raise ValueError('the cell broke at x=' + str(x))" in str(caught.value), str(caught.value)
 
 
 def _build_and_count(cls: type) -> int:
