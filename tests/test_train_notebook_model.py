@@ -12,6 +12,7 @@ import pytest
 NOTEBOOK = Path(__file__).resolve().parent / "notebooks" / "own_model.ipynb"
 
 
+@pytest.mark.timeout(600)
 @pytest.mark.notebook
 @pytest.mark.engines
 def test_notebook_defined_model_trains_and_its_error_shows_the_cell(tmp_path: Path) -> None:
