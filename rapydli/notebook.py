@@ -143,6 +143,9 @@ def train(
     live: bool | None = None,
     name: str | None = None,
     restarts: int | None = None,
+    loss_fn: Callable[..., Any] | None = None,
+    optimizer_fn: Callable[..., Any] | None = None,
+    metrics: Any = None,
 ) -> RunResult:
     """Train ``model_fn()`` on ``data_fn()`` data-parallel on every engine of a cluster.
 
@@ -151,6 +154,17 @@ def train(
     ends as a static figure in the cell's output (a restart after ranks died is a dashed
     marker). Parameters, result and errors as there; ``live``: show the plot (default:
     inside a Jupyter kernel).
+
+    The model, its loss and its optimizer may be the researcher's own, defined in the
+    notebook: the model may return logits, ``(logits, loss)``, a mapping or ``ModelOutput``
+    with ``loss``/``logits``, or compute its loss from ``forward(inputs, targets)``;
+    ``loss_fn(outputs, targets)`` covers anything else; ``optimizer_fn(model)`` builds the
+    optimizer; ``metrics`` names what is measured on the validation set.
+
+    Examples
+    --------
+    >>> rd.train(Net, data, cfg, loss_fn=nn.MSELoss(), metrics=["mae"],
+    ...          optimizer_fn=lambda m: torch.optim.AdamW(m.parameters(), lr=1e-3))  # doctest: +SKIP
 
     The cluster is ``cluster``, else the one running in this kernel (``%rapydli start``),
     else a new local one of ``config.workers`` engines that is stopped afterwards.
@@ -170,7 +184,10 @@ def train(
         callbacks = (*callbacks, plot)
     try:
         bar = progress_bar if progress else False
-        return run_training(model_fn, data_fn, config, cluster, callbacks=callbacks, progress=bar, name=name, restarts=restarts)
+        return run_training(
+            model_fn, data_fn, config, cluster, callbacks=callbacks, progress=bar, name=name, restarts=restarts,
+            loss_fn=loss_fn, optimizer_fn=optimizer_fn, metrics=metrics,
+        )  # fmt: skip
     finally:
         if plot is not None:
             plot.close()
@@ -193,6 +210,9 @@ def sweep(
     seed: int = 0,
     enqueue: Sequence[Mapping[str, Any]] = (),
     live: bool | None = None,
+    loss_fn: Callable[..., Any] | None = None,
+    optimizer_fn: Callable[..., Any] | None = None,
+    metrics: Any = None,
 ) -> SweepResult:
     """Search ``space`` with ``trials`` training runs, each a data-parallel job on its own engines.
 
@@ -212,7 +232,7 @@ def sweep(
     try:
         return sweeps.sweep(
             model_fn, data_fn, config, space, trials, workers_per_trial, parallel, pruner, metric, direction, sampler,
-            cluster, seed=seed, enqueue=enqueue, view=view,
+            cluster, seed=seed, enqueue=enqueue, view=view, loss_fn=loss_fn, optimizer_fn=optimizer_fn, metrics=metrics,
         )  # fmt: skip
     finally:
         if view is not None:
@@ -231,6 +251,9 @@ def scaling_study(
     *,
     network: RingModel | None = None,
     live: bool | None = None,
+    loss_fn: Callable[..., Any] | None = None,
+    optimizer_fn: Callable[..., Any] | None = None,
+    metrics: Any = None,
 ) -> ScalingResult:
     """Train at each worker count and measure throughput, compute and communication time.
 
@@ -255,7 +278,10 @@ def scaling_study(
                 widget.add_traces(list(figure.data))
                 widget.layout = figure.layout
 
-    result = study(model_fn, data_fn, config, workers, mode, steps, predict, cluster, network=network, on_point=on_point)
+    result = study(
+        model_fn, data_fn, config, workers, mode, steps, predict, cluster, network=network, on_point=on_point,
+        loss_fn=loss_fn, optimizer_fn=optimizer_fn, metrics=metrics,
+    )  # fmt: skip
     if handle is not None:
         replace_with_figure(handle, result.figure)
     return result

@@ -85,7 +85,7 @@ for algorithm in ("mpi", "ring", "auto"):
         assert len(sync.buckets) > 2 and sync.buckets[0][0] is model.fc2.bias  # reverse order
         # bucket buffers live in memory the two ranks share (auto reduces them there)
         assert all(comm._shared.views(bucket.buffer) is not None for bucket in sync._buckets)
-        buffers = [p.grad.data_ptr() for p in model.parameters()]
+        buffers = {id(p): v.data_ptr() for bucket in sync._buckets for p, v in zip(bucket.params, bucket.views)}
         def step(model, opt, s):
             opt.zero_grad()                      # set_to_none=True: the hook re-points .grad
             F.cross_entropy(model(X[s][mine]), Y[s][mine]).backward()
@@ -93,10 +93,10 @@ for algorithm in ("mpi", "ring", "auto"):
             assert stats.step == s + 1 and stats.buckets == len(sync.buckets)
             assert stats.launched_in_backward == (len(sync.buckets) if overlap else 0)
             assert stats.comm_time > 0 and 0.0 <= stats.hidden_fraction <= 1.0
-            assert stats.wait_time >= 0 and stats.bytes == 4 * sum(p.numel() for p in model.parameters())
+            assert stats.wait_time >= 0 and stats.bytes == 4 * sum(p.numel() + 1 for p in model.parameters())  # + a used flag each
             opt.step()
         train(model, step)
-        assert [p.grad.data_ptr() for p in model.parameters()] == buffers  # grads stay bucket views
+        assert {id(p): p.grad.data_ptr() for p in model.parameters()} == buffers  # grads are the bucket views
         close(model, ddp.module, (algorithm, overlap, "vs DDP"))
         checked += 1
     comm.close()

@@ -1,4 +1,4 @@
-"""Notebook 02 runs headless under papermill and reaches its stated accuracy."""
+"""Notebook 02 runs headless under papermill and reaches its stated accuracy, also with the notebook's own model."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import pytest
 from notebooks_run import execute
 
 
+@pytest.mark.timeout(600)  # two runs, each starting its own 2-engine cluster
 @pytest.mark.notebook
 @pytest.mark.engines
 def test_distributed_training_notebook(tmp_path: Path) -> None:
@@ -16,5 +17,8 @@ def test_distributed_training_notebook(tmp_path: Path) -> None:
     assert "final validation accuracy on 2 ranks" in text
     accuracy = float(text.split("final validation accuracy on 2 ranks: ")[1].split()[0])
     assert accuracy >= 0.95
+    own = float(text.split("your own model on 2 ranks: validation accuracy ")[1].split()[0])
+    assert own >= 0.9, own
+    assert "class DigitsCNN(nn.Module):" in text  # the notebook source recorded with the run
     figures = executed.figures
     assert figures, "the loss curve was not saved in the executed notebook"

@@ -73,7 +73,10 @@ def list_runs(kind: str | None, status: str | None, parent: str | None, limit: i
 @click.argument("run_id")
 @click.option("--json", "as_json", is_flag=True, help="Print the run, its final metrics and artifacts as JSON.")
 def show(run_id: str, as_json: bool) -> None:
-    """Show one run: parameters, status, final metrics, records, artifacts, environment."""
+    """Show one run: parameters, status, final metrics, records, artifacts, environment.
+
+    Code defined in a notebook (a model class, a loss) is shown with its recorded source.
+    """
     from rapydli.experiments.runview import iso_times
 
     store = _store()
@@ -103,7 +106,11 @@ def show(run_id: str, as_json: bool) -> None:
         click.echo("  error       " + run["error"].strip().replace("\n", "\n              "))
     click.echo("parameters:")
     for key, value in sorted(run["params"].items()):
-        click.echo(f"  {key} = {_short(value, 100)}")
+        if key != "sources":
+            click.echo(f"  {key} = {_short(value, 100)}")
+    for name, source in (run["params"].get("sources") or {}).items():  # code defined in the notebook
+        click.echo(f"source of {name} (defined in the notebook):")
+        click.echo("    " + source.rstrip().replace("\n", "\n    "))
     if final:
         click.echo("final metrics:")
         for key, value in sorted(final.items()):

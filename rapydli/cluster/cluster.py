@@ -23,6 +23,7 @@ from rapydli.cluster.launchers import get_launcher, validate_options
 from rapydli.cluster.mpirun import rank_environment, threads_per_rank
 from rapydli.cluster.processes import CLUSTER_MARKER, reap, reap_marked
 from rapydli.cluster.targets import parse_targets
+from rapydli.cluster.usercode import notebook_cells
 from rapydli.errors import ClusterError, ConfigError, NotFoundError
 from rapydli.paths import subdir
 
@@ -208,6 +209,8 @@ class Cluster:
         ids = sorted(self._client.ids)[: self.n]
         view = self._client[ids]
         view.use_cloudpickle()
+        view.apply_sync(engine.pickle_classes_by_value)
+        engine.pickle_classes_by_value()
         paths = [os.path.abspath(p or os.curdir) for p in sys.path]
         infos = _wait(view.apply_async(engine.setup, self.threads, paths))
         ranks = [info["rank"] for info in infos]
@@ -480,7 +483,8 @@ class Cluster:
         called. Jobs on disjoint targets run side by side.
         """
         ranks = parse_targets(targets, self.n)
-        results = self._submit(ranks, lambda rank: (engine.run_task, fn, args, kwargs, ranks, on_event is not None))
+        sources = notebook_cells()
+        results = self._submit(ranks, lambda rank: (engine.run_task, fn, args, kwargs, ranks, on_event is not None, sources))
         return self._job(results, timeout=timeout, on_output=on_output, on_event=on_event)
 
     def run(

@@ -7,6 +7,7 @@ they must stay importable without front-end packages.
 from __future__ import annotations
 
 import ast
+import linecache
 import os
 import signal
 import socket
@@ -17,6 +18,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from rapydli.cluster import events
+from rapydli.cluster.usercode import pickle_classes_by_value, register_cells
+
+__all__ = ["pickle_classes_by_value"]  # shipped to engines from here by Cluster._configure_engines
 from rapydli.errors import RapydliError
 
 
@@ -176,8 +180,19 @@ def _leave() -> None:
     _stop.clear()
 
 
-def run_task(fn: Callable[..., Any], args: tuple, kwargs: dict, targets: Sequence[int], stream_events: bool) -> Any:
-    """Run ``fn(*args, **kwargs)`` with the rank context set (the engine half of ``Cluster.run``)."""
+def run_task(
+    fn: Callable[..., Any],
+    args: tuple,
+    kwargs: dict,
+    targets: Sequence[int],
+    stream_events: bool,
+    cells: dict[str, list[str]] | None = None,
+) -> Any:
+    """Run ``fn(*args, **kwargs)`` with the rank context set (the engine half of ``Cluster.run``).
+
+    ``cells``: the notebook's cell sources, so a traceback through notebook code shows its lines.
+    """
+    register_cells(cells)
     _enter(targets, stream_events)
     try:
         return fn(*args, **kwargs)
@@ -205,6 +220,8 @@ def run_cell(code: str, targets: Sequence[int], want_value: bool) -> Any:
             rank=ctx.rank, world_size=ctx.world_size, world_rank=ctx.global_rank, comm=ctx.comm, device=ctx.device
         )
         source = shell.transform_cell(code) if shell is not None else code
+        linecache.cache.pop("<distributed cell>", None)  # each cell replaces the last one's lines
+        register_cells({"<distributed cell>": source.splitlines(keepends=True)})
         tree = ast.parse(source, filename="<distributed cell>")
         last = None
         if tree.body and isinstance(tree.body[-1], ast.Expr):

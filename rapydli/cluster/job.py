@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 from ipyparallel.error import EngineError, RemoteError
 
 from rapydli.cluster import events
+from rapydli.cluster.usercode import user_frames_first
 from rapydli.errors import RankFailure
 
 if TYPE_CHECKING:
@@ -418,4 +419,4 @@ def _traceback_text(exc: RemoteError) -> str:
     text = _ANSI.sub("", exc.traceback or "") or f"{exc.ename}: {exc.evalue}"
     blocks = text.split("\n\n")
     kept = [b for b in blocks if not any(marker in b for marker in _INTERNAL)]
-    return "\n\n".join(kept).strip()
+    return user_frames_first("\n\n".join(kept).strip())

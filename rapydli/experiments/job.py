@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from rapydli.errors import ConfigError, RankFailure
 from rapydli.experiments.refs import callable_ref, resolve_callable
+from rapydli.experiments.sources import code_params
 from rapydli.parallel.grid import data_parallel_degree
 from rapydli.trainer.config import TrainConfig
 from rapydli.trainer.task import engine_task
@@ -48,6 +49,9 @@ class TrainingJob:
         A :class:`rapydli.cluster.Cluster`; started here (as part of the run) if it is not running.
     model_fn, data_fn
         As for ``rd.train`` (callables or ``"module:qualname"`` strings).
+    loss_fn, optimizer_fn, metrics
+        As for ``rd.train``: the loss, the optimizer and the validation metrics
+        (:mod:`rapydli.trainer.outputs`, :mod:`rapydli.trainer.optim`); checked here.
     config
         The run's :class:`TrainConfig` (already validated).
     targets
@@ -105,12 +109,18 @@ class TrainingJob:
         progress: bool | Callable[..., Any] = False,
         continues: str | None = None,
         keep_open: bool = False,
+        loss_fn: Callable[..., Any] | None = None,
+        optimizer_fn: Callable[..., Any] | None = None,
+        metrics: Any = None,
     ) -> None:
         from rapydli.experiments.store import open_store
+        from rapydli.trainer.outputs import check_training_code
 
         model, data = resolve_callable(model_fn, "model_fn"), resolve_callable(data_fn, "data_fn")
         if config.pipeline_stages > 1:  # refused before anything starts: ranks = replicas x stages
             data_parallel_degree(len(targets), config.pipeline_stages)
+        check_training_code(loss_fn, optimizer_fn, metrics)
+        code = {"loss_fn": loss_fn, "optimizer_fn": optimizer_fn, "metrics": metrics}
         self.config = config
         self.targets = list(targets)
         hosts = sorted({host for rank, host in cluster.status()["rank_hosts"].items() if rank in self.targets})
@@ -143,6 +153,7 @@ class TrainingJob:
                 "data_fn": data_fn if isinstance(data_fn, str) else callable_ref(data) or repr(data),
                 "config": config.to_dict(),
                 "targets": self.targets,
+                **code_params(model, data, code),
                 **(extra_params or {}),
             }
             run_name = name or str(getattr(model, "__name__", "model"))
@@ -151,7 +162,9 @@ class TrainingJob:
         try:
             if not cluster.running:  # chosen but not started yet (rd.train's own cluster): part of the run
                 cluster.start()
-            self.job = cluster.submit(engine_task, model, data, config.to_dict(), targets=self.targets, on_event=self._on_event)
+            self.job = cluster.submit(
+                engine_task, model, data, config.to_dict(), targets=self.targets, on_event=self._on_event, **code
+            )
         except KeyboardInterrupt:
             __tracebackhide__ = True  # noqa: F841 - IPython shows the user's cell, not ipyparallel's frames
             self._finish("stopped", "interrupted by the user while the run was being set up")

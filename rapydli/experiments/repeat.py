@@ -3,7 +3,9 @@
 * ``train`` runs are repeated when their ``model_fn`` and ``data_fn`` were recorded as
   importable ``"module:qualname"`` names (``rd.train`` records them so); the recorded
   ``config`` (a dict of :class:`~rapydli.trainer.config.TrainConfig` fields, seed included)
-  is used as is.
+  is used as is. So must be a ``loss_fn``, ``optimizer_fn`` or metric callable it was given;
+  a run of code defined in a notebook (recorded by its source) or of an object such as
+  ``nn.MSELoss()`` is refused, saying why.
 * ``batch`` items run their notebook again with the recorded parameters; a whole batch
   runs all its recorded points again. Finished outputs are not reused (``force=True``).
 """
@@ -53,11 +55,27 @@ def _repeat_train(run: dict[str, Any], params: dict[str, Any]) -> str:
                 f"train run {run['id']} cannot be repeated: its {key} was recorded as {ref!r}, not an importable "
                 "'module:qualname' (define model and data functions in a module, not in the notebook)"
             )
+    code = {key: params[key] for key in ("loss_fn", "optimizer_fn") if params.get(key) is not None}
+    for key, ref in code.items():
+        if not (isinstance(ref, str) and ref.count(":") == 1 and " " not in ref):
+            raise ConfigError(
+                f"train run {run['id']} cannot be repeated: its {key} was recorded as {ref!r}, not an importable "
+                "'module:qualname' (code defined in a notebook is recorded by its source, shown by `rapydli runs show`, "
+                "but cannot be run again from the shell: move it to a module)"
+            )
+    metrics = params.get("metrics")
+    if metrics is not None and any(not isinstance(m, str) or " " in m or "=" in m for m in metrics):
+        raise ConfigError(f"train run {run['id']} cannot be repeated: its metrics {metrics!r} include callables "
+                          "that are not importable by name")  # fmt: skip
     if not isinstance(params.get("config"), dict):
         raise ConfigError(f"train run {run['id']} cannot be repeated: it has no recorded config")
+    from rapydli.experiments.refs import resolve_callable
     from rapydli.experiments.run import run_training
 
-    result = run_training(refs["model_fn"], refs["data_fn"], params["config"], name=run["name"])
+    resolved = {key: resolve_callable(ref, key) for key, ref in code.items()}
+    if metrics is not None:
+        resolved["metrics"] = [resolve_callable(m, "metrics") if ":" in m else m for m in metrics]
+    result = run_training(refs["model_fn"], refs["data_fn"], params["config"], name=run["name"], **resolved)
     if result.run_id is None:  # pragma: no cover - the store was open a moment ago
         raise ConfigError("the run store is disabled, so the repeated run was not recorded")
     return result.run_id

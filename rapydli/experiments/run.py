@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from rapydli.errors import ConfigError, RankFailure
 from rapydli.experiments.refs import resolve_callable
 from rapydli.trainer.config import TrainConfig
+from rapydli.trainer.outputs import check_training_code
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -79,6 +80,9 @@ def run_training(
     progress: bool | Callable[..., Any] = True,
     name: str | None = None,
     restarts: int | None = None,
+    loss_fn: Callable[..., Any] | None = None,
+    optimizer_fn: Callable[..., Any] | None = None,
+    metrics: Any = None,
 ) -> RunResult:
     """Train ``model_fn()`` on ``data_fn()`` data-parallel on every engine of a cluster.
 
@@ -102,6 +106,19 @@ def run_training(
         :class:`~rapydli.experiments.job.TrainingJob` takes it).
     name
         Run name in the store (default: the model function's name).
+    loss_fn
+        ``loss_fn(outputs, targets) -> scalar loss`` on whatever the model returns; ``None``:
+        the model's own loss (its ``forward`` takes ``targets``/``labels``, or it returns a
+        loss), else cross-entropy on its logits. What a model may return:
+        :mod:`rapydli.trainer.outputs`.
+    optimizer_fn
+        ``optimizer_fn(model)`` or ``optimizer_fn(model, config)`` returning a
+        ``torch.optim.Optimizer`` (parameter groups welcome), used instead of
+        ``config.optimizer``; the lr schedule scales every group from its own lr.
+    metrics
+        Names (``"accuracy"``, ``"mse"``, ``"mae"``) or callables ``fn(outputs, targets)``
+        evaluated on the validation set as ``val_<name>``, averaged over the ranks;
+        ``None``: accuracy where it means something (classification), none otherwise.
     restarts
         How many times to go on after ranks die (an engine killed, a host or a job gone):
         restart the cluster, resume from the last complete checkpoint, and continue the
@@ -139,6 +156,7 @@ def run_training(
     cfg = config if isinstance(config, TrainConfig) else TrainConfig.from_dict(dict(config))
     model = resolve_callable(model_fn, "model_fn")
     resolve_callable(data_fn, "data_fn")
+    check_training_code(loss_fn, optimizer_fn, metrics)
     for callback in callbacks:
         if not callable(callback):
             raise ConfigError(f"callbacks must be callables taking a metrics dict; got {callback!r}")
@@ -157,7 +175,8 @@ def run_training(
     # the run starts the cluster it owns, so that Ctrl-C during the start is recorded on it
     with ensure_cluster(cluster, n=cfg.workers, start=False) as chosen:
         job = TrainingJob(
-            chosen, model_fn, data_fn, cfg, range(chosen.n), callbacks=callbacks, name=run_name, progress=progress, keep_open=left > 0
+            chosen, model_fn, data_fn, cfg, range(chosen.n), callbacks=callbacks, name=run_name, progress=progress,
+            loss_fn=loss_fn, optimizer_fn=optimizer_fn, metrics=metrics, keep_open=left > 0,
         ).wait()
         history = list(job.rows)
         restarted: list[dict[str, Any]] = []
@@ -167,7 +186,7 @@ def run_training(
             targets = _restart(chosen, cfg, job.exception)
             job = TrainingJob(
                 chosen, model_fn, data_fn, cfg.replace(resume=True), targets, callbacks=callbacks, name=run_name,
-                progress=progress, continues=job.run_id, keep_open=left > 0,
+                progress=progress, continues=job.run_id, keep_open=left > 0, loss_fn=loss_fn, optimizer_fn=optimizer_fn, metrics=metrics,
             ).wait()  # fmt: skip
             restarted.append({**restart, "resumed_from_step": job.start_step, "workers": len(targets)})
             _record_restarts(job, restarted, callbacks)

@@ -92,6 +92,9 @@ def scaling_study(
     *,
     network: RingModel | None = None,
     on_point: Callable[[Any], None] | None = None,
+    loss_fn: Callable[..., Any] | None = None,
+    optimizer_fn: Callable[..., Any] | None = None,
+    metrics: Any = None,
 ) -> ScalingResult:
     """Train at each worker count and measure throughput, compute and communication time.
 
@@ -117,12 +120,17 @@ def scaling_study(
     on_point
         Called with the figure (a plotly figure of what is measured so far) after each
         point and at the end; the notebook front door redraws its live plot with it.
+    loss_fn, optimizer_fn, metrics
+        As for ``rd.train``.
 
     Returns
     -------
     ScalingResult
     """
+    from rapydli.trainer.outputs import check_training_code
+
     cfg = config if isinstance(config, TrainConfig) else TrainConfig.from_dict(dict(config))
+    check_training_code(loss_fn, optimizer_fn, metrics)
     counts = sorted(set(workers)) if isinstance(workers, Sequence) else []
     if not counts or any(not isinstance(k, int) or isinstance(k, bool) or k < 1 for k in counts):
         raise ConfigError(f"workers={workers!r} is invalid: a list of integers >= 1")
@@ -157,8 +165,9 @@ def scaling_study(
             batch = cfg.batch_size if mode == "weak" else global_batch // k
             point_cfg = cfg.replace(batch_size=batch, max_steps=steps, epochs=max(cfg.epochs, steps), eval_every=0, checkpoint_dir=None, resume=False)
             job = TrainingJob(
-                cluster, model_fn, data_fn, point_cfg, list(range(k)), name=f"scaling-{k}", parent=run_id, extra_params={"scaling_workers": k}
-            ).wait()
+                cluster, model_fn, data_fn, point_cfg, list(range(k)), name=f"scaling-{k}", parent=run_id, extra_params={"scaling_workers": k},
+                loss_fn=loss_fn, optimizer_fn=optimizer_fn, metrics=metrics,
+            ).wait()  # fmt: skip
             if job.state != "finished":
                 raise ConfigError(f"the {k}-worker point failed: {job.error}")
             gradient_bytes = job.results[0]["gradient_bytes"]

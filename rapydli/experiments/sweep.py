@@ -168,8 +168,13 @@ class Sweep:
         enqueue: Sequence[Mapping[str, Any]] = (),
         view: Any = None,
         name: str = "sweep",
+        loss_fn: Callable[..., Any] | None = None,
+        optimizer_fn: Callable[..., Any] | None = None,
+        metrics: Any = None,
     ) -> None:
         import optuna
+
+        from rapydli.trainer.outputs import check_training_code
 
         self.config = config if isinstance(config, TrainConfig) else TrainConfig.from_dict(dict(config))
         self.space = validate_space(space)
@@ -196,7 +201,9 @@ class Sweep:
             unknown = set(params) - set(self.space)
             if unknown:
                 raise ConfigError(f"enqueue has parameters {sorted(unknown)} that are not in the space")
+        check_training_code(loss_fn, optimizer_fn, metrics)
         self.model_fn, self.data_fn = model_fn, data_fn
+        self.code = {"loss_fn": loss_fn, "optimizer_fn": optimizer_fn, "metrics": metrics}
         self.trials, self.workers_per_trial, self.parallel = trials, workers_per_trial, parallel
         self.metric, self.direction, self.seed, self.name = metric, direction, seed, name
         self.cluster: Cluster | None = known
@@ -306,7 +313,7 @@ class Sweep:
                 self.cluster, self.model_fn, self.data_fn, config, ranks,  # type: ignore[arg-type]
                 callbacks=[lambda row, r=record: self._on_row(r, row)],
                 kind="trial", name=f"{self.name}-trial-{trial.number}", parent=self.run_id,
-                extra_params={"trial": trial.number, "params": params},
+                extra_params={"trial": trial.number, "params": params}, **self.code,
             )  # fmt: skip
         except RapydliError as exc:  # an invalid combination of parameters: the trial fails, the sweep goes on
             self._tell(record, "FAIL", str(exc))
@@ -459,6 +466,9 @@ def sweep(
     seed: int = 0,
     enqueue: Sequence[Mapping[str, Any]] = (),
     view: Any = None,
+    loss_fn: Callable[..., Any] | None = None,
+    optimizer_fn: Callable[..., Any] | None = None,
+    metrics: Any = None,
 ) -> SweepResult:
     """Search ``space`` with ``trials`` training runs, each a data-parallel job on its own engines.
 
@@ -495,6 +505,9 @@ def sweep(
     view
         Anything with ``update(table, force=False)``, called as trials start, report and end
         (the notebook front door passes a live :class:`~rapydli.widgets.sweepview.SweepView`).
+    loss_fn, optimizer_fn, metrics
+        As for ``rd.train``, the same in every trial (``optimizer_fn(model, config)`` sees
+        the trial's ``config.lr``).
 
     Returns
     -------
@@ -508,6 +521,6 @@ def sweep(
     """
     runner = Sweep(
         model_fn, data_fn, config, space, trials, workers_per_trial, parallel, pruner, metric, direction, sampler, cluster,
-        seed=seed, enqueue=enqueue, view=view,
+        seed=seed, enqueue=enqueue, view=view, loss_fn=loss_fn, optimizer_fn=optimizer_fn, metrics=metrics,
     )  # fmt: skip
     return runner.run()

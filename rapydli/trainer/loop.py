@@ -34,8 +34,9 @@ from rapydli.errors import ConfigError
 from rapydli.trainer import checkpoint as ckpt
 from rapydli.trainer.callbacks import Callback, dispatch
 from rapydli.trainer.config import TrainConfig
+from rapydli.trainer.optim import OptimizerFn, apply_schedule, make_optimizer
+from rapydli.trainer.outputs import LossFn, MetricsArg, Objective, default_metrics, resolve_metrics
 from rapydli.trainer.progress import EpochPlan, resized_config
-from rapydli.trainer.schedule import lr_at
 
 if TYPE_CHECKING:  # pragma: no cover
     from rapydli.parallel.zero import ShardedOptimizer
@@ -71,8 +72,10 @@ class Trainer:
     model
         The model; every rank builds it, rank 0's parameters and buffers win.
     optimizer
-        An optimizer over ``model``'s parameters, or ``None`` to build
-        ``config.optimizer`` (:func:`build_optimizer`).
+        An optimizer over ``model``'s parameters, or ``None`` to build one with
+        ``optimizer_fn``, else ``config.optimizer`` (:func:`build_optimizer`). The lr
+        schedule applies to every group from the rate it was built with
+        (:mod:`rapydli.trainer.optim`).
     train_data, val_data
         Map-style datasets of ``(input, target)``; each rank reads its seeded shard.
         ``val_data`` may be ``None`` (no evaluation).
@@ -92,6 +95,15 @@ class Trainer:
         Called once per step on every rank; the loop ends after the step where it returns
         True. It must give every rank the same answer (the engine task passes one that
         agrees over the group). ``None``: never stop early.
+    loss_fn
+        ``loss_fn(outputs, targets) -> loss``; ``None``: the model's own loss, else
+        cross-entropy on its logits (the rules are in :mod:`rapydli.trainer.outputs`).
+    optimizer_fn
+        ``optimizer_fn(model)`` or ``optimizer_fn(model, config)`` returning the optimizer
+        (when ``optimizer`` is ``None``).
+    metrics
+        Names or callables evaluated on ``val_data`` (``val_<name>``), averaged over the
+        ranks; ``None``: accuracy where it means something.
 
     Attributes
     ----------
@@ -117,6 +129,10 @@ class Trainer:
         comm: Any = None,
         callbacks: Sequence[Callback] = (),
         should_stop: Callable[[], bool] | None = None,
+        *,
+        loss_fn: LossFn | None = None,
+        optimizer_fn: OptimizerFn | None = None,
+        metrics: MetricsArg = None,
     ) -> None:
         if not isinstance(config, TrainConfig):
             raise ConfigError(f"config must be a TrainConfig, got {type(config).__name__}")
@@ -138,7 +154,13 @@ class Trainer:
         self._writer = ckpt.CheckpointWriter()
         self.model = model
         self.device = next(model.parameters()).device
-        self.optimizer: torch.optim.Optimizer | ShardedOptimizer = optimizer if optimizer is not None else build_optimizer(model, config)
+        self.objective = Objective(model, loss_fn)
+        self.metrics = resolve_metrics(metrics)
+        if self.metrics is None:
+            self.metrics = default_metrics()
+        self.optimizer: torch.optim.Optimizer | ShardedOptimizer = make_optimizer(model, config, optimizer_fn) if optimizer is None else optimizer
+        for group in self.optimizer.param_groups:
+            group.setdefault("initial_lr", group["lr"])
         self.callbacks = tuple(callbacks)
         self.val_data = val_data
         # a checkpoint to resume from, and what it was written with (it may be another world size)
@@ -167,12 +189,16 @@ class Trainer:
             self._autotune(train_data)
         self.sync = self._synchronizer()
         if config.zero:
-            if optimizer is not None:
-                raise ConfigError(f"TrainConfig.zero={config.zero} shards the optimizer config.optimizer names: pass optimizer=None")
+            if optimizer is not None or optimizer_fn is not None:
+                raise ConfigError(
+                    f"TrainConfig.zero={config.zero} shards the optimizer config.optimizer names: pass no optimizer or optimizer_fn"
+                )
             from rapydli.parallel.zero import ShardedOptimizer
 
             data_comm = self.pipeline.grid.data if self.pipeline is not None else self.mpi
             self.optimizer = ShardedOptimizer(self.model.parameters(), lambda ps: optimizer_over(ps, config), data_comm, stage=config.zero)
+            for group in self.optimizer.param_groups:
+                group.setdefault("initial_lr", group["lr"])
             if config.zero == 2 and self.sync is not None:  # it broadcast rank 0's parameters; gradients are reduce-scattered by the optimizer
                 self.sync.close()
                 self.sync = None
@@ -203,10 +229,8 @@ class Trainer:
             for _ in range(done_in_epoch, steps_in_epoch):
                 if self.step >= self.total_steps:
                     break
-                # learning rate of this step (warm-up, then the schedule)
-                lr = lr_at(cfg.lr_schedule, self.step, self.total_steps, cfg.lr, cfg.warmup_steps) * self._lr_scale
-                for group in self.optimizer.param_groups:
-                    group["lr"] = lr
+                # learning rate of this step (warm-up, then the schedule), every group from its own initial rate
+                lr = apply_schedule(self.optimizer, cfg, self.step, self.total_steps, scale=self._lr_scale)[0]
 
                 # evaluate and checkpoint every N steps (once per step: not again after an epoch end or a resume)
                 if cfg.eval_every and self.step % cfg.eval_every == 0 and self._evaluated_at < self.step:
@@ -309,7 +333,7 @@ class Trainer:
     # -- evaluation -------------------------------------------------------------------------
     @torch.no_grad()
     def evaluate(self) -> dict[str, Any]:
-        """Loss and accuracy on ``val_data``, averaged over every rank's shard.
+        """Loss and the metrics on ``val_data``, averaged over every rank's shard.
 
         Floating buffers (BatchNorm statistics) are first averaged across ranks, so every
         rank evaluates, and later checkpoints, the same model. Returns the eval row (empty
@@ -320,25 +344,34 @@ class Trainer:
         if self.val_data is None or len(self.val_data) == 0:
             return {}
         self.model.eval()
-        totals = torch.zeros(3, dtype=torch.float64)  # loss sum, correct, targets
+        names = ["loss", *self.metrics]
+        totals = torch.zeros(2 * len(names), dtype=torch.float64)  # (sum, count) of the loss and of each metric
         indices = range(self.rank, len(self.val_data), self.world_size)  # disjoint shards, no padding
-        if self.pipeline is not None:  # through the pipeline: the last stages' sums, over every rank
-            totals, indices = self.pipeline.evaluate(self.val_data, self.config.batch_size, self.device), range(0)
+        if self.pipeline is not None:  # through the pipeline: the last stages' (loss, correct, count) sums, over every rank
+            loss_sum, correct, count = self.pipeline.evaluate(self.val_data, self.config.batch_size, self.device).tolist()
+            totals[0:2] = torch.tensor([loss_sum, count], dtype=torch.float64)
+            if "accuracy" in self.metrics:
+                at = 2 * (list(self.metrics).index("accuracy") + 1)
+                totals[at : at + 2] = torch.tensor([correct, count], dtype=torch.float64)
+            indices = range(0)
         for start in range(0, len(indices), self.config.batch_size):
             batch = [self.val_data[i] for i in indices[start : start + self.config.batch_size]]
             inputs, targets = _to_device(torch.utils.data.default_collate(batch), self.device)
             with self._autocast():
-                logits = self.model(inputs)
-            loss, correct = loss_and_correct(logits, targets)
-            totals += torch.tensor([loss.item() * targets.numel(), float(correct), float(targets.numel())], dtype=torch.float64)
+                loss, outputs = self.objective(self.model, inputs, targets)
+            totals[0:2] += torch.tensor([loss.item() * targets.numel(), float(targets.numel())], dtype=torch.float64)
+            for m, metric in enumerate(self.metrics.values(), start=1):
+                measured = metric(outputs, targets)  # (sum, count), or None where it means nothing
+                if measured is not None:
+                    totals[2 * m : 2 * m + 2] += torch.tensor(measured, dtype=torch.float64)
         if self.world_size > 1 and self.pipeline is None:
             self.comm.allreduce_(totals, op="sum")
+        measured = {f"val_{name}": float(totals[2 * i] / totals[2 * i + 1]) for i, name in enumerate(names) if totals[2 * i + 1] > 0}
         row = {
             "kind": "eval",
             "step": self.step,
             "epoch": self.epoch,
-            "val_loss": float(totals[0] / totals[2]),
-            "val_accuracy": float(totals[1] / totals[2]),
+            **measured,
             "rank": self.rank,
             "world_size": self.world_size,
             "time_s": time.perf_counter() - self._started,
@@ -490,7 +523,7 @@ class Trainer:
         if self.pipeline is not None:
             return self.pipeline.train_step(inputs, targets, 1.0 / self.config.grad_accum)
         with self._autocast():
-            loss, _ = loss_and_correct(self.model(inputs), targets)
+            loss, _ = self.objective(self.model, inputs, targets)
         (loss / self.config.grad_accum).backward()
         return loss.item()
 

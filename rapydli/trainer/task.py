@@ -24,8 +24,18 @@ TIMING_KEYS = ("step_time_s", "data_time_s", "comm_time_s", "comm_wait_s")
 Emit = Callable[..., None]
 
 
-def engine_task(model_fn: Callable[[], Any], data_fn: Callable[[], Any], config: dict[str, Any]) -> dict[str, Any]:
+def engine_task(
+    model_fn: Callable[[], Any],
+    data_fn: Callable[[], Any],
+    config: dict[str, Any],
+    loss_fn: Callable[..., Any] | None = None,
+    optimizer_fn: Callable[..., Any] | None = None,
+    metrics: Any = None,
+) -> dict[str, Any]:
     """Run one training run on this rank of the group (every rank of it calls this).
+
+    ``loss_fn``, ``optimizer_fn`` and ``metrics`` go to the
+    :class:`~rapydli.trainer.loop.Trainer` as they are.
 
     Builds model and data, then the ranks agree that every one of them succeeded before
     any collective (so a rank whose ``model_fn``/``data_fn`` raised is the only one named,
@@ -58,6 +68,7 @@ def engine_task(model_fn: Callable[[], Any], data_fn: Callable[[], Any], config:
         comm=ctx.comm,
         callbacks=[EmitMetrics(ctx.rank, emit), EmitRankTimings(ctx.rank, emit)],
         should_stop=lambda: engine.should_stop(ctx.comm),
+        loss_fn=loss_fn, optimizer_fn=optimizer_fn, metrics=metrics,
     )  # fmt: skip
     if trainer.pipeline is not None:  # every rank's spans of each step, for result.timeline()
         trainer.callbacks += (trainer.pipeline.timeline_callback(emit),)

@@ -82,6 +82,8 @@ class HyperparameterPanel:
         engines started on the first Train and stopped by :meth:`close`.
     fields
         TrainConfig fields to show (default :data:`DEFAULT_FIELDS`).
+    loss_fn, optimizer_fn, metrics
+        As for ``rd.train`` (checked here), used by every run the panel starts.
 
     Attributes
     ----------
@@ -104,10 +106,18 @@ class HyperparameterPanel:
         config: TrainConfig | None = None,
         cluster: Cluster | None = None,
         fields: Sequence[str] = DEFAULT_FIELDS,
+        *,
+        loss_fn: Callable[..., Any] | None = None,
+        optimizer_fn: Callable[..., Any] | None = None,
+        metrics: Any = None,
     ) -> None:
         import ipywidgets as widgets
 
+        from rapydli.trainer.outputs import check_training_code
+
+        check_training_code(loss_fn, optimizer_fn, metrics)
         self.model_fn, self.data_fn = model_fn, data_fn
+        self.code = {"loss_fn": loss_fn, "optimizer_fn": optimizer_fn, "metrics": metrics}
         self.config = config or TrainConfig()
         from rapydli.cluster import current
 
@@ -160,7 +170,7 @@ class HyperparameterPanel:
                 self._say(f"starting {self.config.workers} engines ...")
                 self.cluster, self._own_cluster = choose_cluster(None, n=self.config.workers, need=workers)
             self.plot = self._fresh_plot()
-            self.job = TrainingJob(self.cluster, self.model_fn, self.data_fn, config, list(range(workers)), callbacks=[self.plot], name="panel")
+            self.job = TrainingJob(self.cluster, self.model_fn, self.data_fn, config, list(range(workers)), callbacks=[self.plot], name="panel", **self.code)
         except RapydliError as exc:  # invalid combinations and cluster problems are shown, not raised
             self._say(str(exc), error=True)
             return None

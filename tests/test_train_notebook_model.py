@@ -1,0 +1,30 @@
+"""A model, loss and data defined in a notebook train on real engines under papermill, match one
+process, are recorded with their source, and a failure in them shows the notebook cell's line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import nbformat
+import papermill
+import pytest
+
+NOTEBOOK = Path(__file__).resolve().parent / "notebooks" / "own_model.ipynb"
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.notebook
+@pytest.mark.engines
+def test_notebook_defined_model_trains_and_its_error_shows_the_cell(tmp_path: Path) -> None:
+    out = tmp_path / NOTEBOOK.name
+    papermill.execute_notebook(str(NOTEBOOK), str(out), kernel_name="python3", cwd=str(tmp_path), progress_bar=False)
+    cells = nbformat.read(out, as_version=4).cells
+    text = "\n".join(o.get("text", "") for c in cells if c.cell_type == "code" for o in c.get("outputs", []))
+    assert "notebook model on 2 ranks vs one process: max difference" in text
+    recorded = text.split("recorded sources: ")[1].splitlines()[0].split(", ")
+    assert {"Net", "Sizes", "make_activation", "data_fn", "scaled_cross_entropy.<locals>.loss"} <= set(recorded), recorded
+    failure = text.split("FAILURE TEXT START")[1].split("FAILURE TEXT END")[0]
+    assert "rank 0 raised an exception" in failure or "raised exceptions" in failure, failure
+    first = failure.split("full traceback:")[0]
+    assert "in your code" in first and 'raise RuntimeError("broken in the notebook")' in first, failure
+    assert first.index("hidden = self.conv(x)") < first.index("RuntimeError: broken in the notebook"), failure

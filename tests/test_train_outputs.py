@@ -1,0 +1,190 @@
+"""Your own model, loss and optimizer: outputs read without a wrapper, unused parameters as DDP,
+metrics, and the same parameters as torch DDP and as one process (``tests/train_cases.py``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import train_cases
+from torch import nn
+from train_cases import CASES, ModelOutput, PooledClassifier, TinyGPT
+
+import rapydli as rd
+from rapydli.errors import ConfigError, RankFailure
+from rapydli.trainer import TrainConfig, Trainer
+from rapydli.trainer.outputs import Objective, OutputError, interpret, resolve_metrics, target_parameter
+
+TESTS = Path(__file__).resolve().parent
+
+
+# -- outputs, in one process --------------------------------------------------------------------
+
+
+def test_interpret_reads_every_documented_shape() -> None:
+    logits, loss = torch.randn(2, 3), torch.tensor(0.5)
+    assert interpret(logits).logits is logits and interpret(logits).loss is None
+    assert interpret((logits, loss)).loss is loss and interpret((logits, loss)).logits is logits  # nanoGPT
+    assert interpret((loss, logits, torch.randn(2, 4))).logits is logits  # HF return_dict=False
+    assert interpret((logits, None)).loss is None
+    assert interpret([logits]).logits is logits
+    found = interpret(ModelOutput(loss=loss, logits=logits, hidden_states=None))
+    assert found.loss is loss and found.logits is logits
+    assert interpret({"loss": loss}).logits is None
+
+
+def test_target_parameter_is_found_by_name_not_position() -> None:
+    assert target_parameter(TinyGPT()) == "targets"
+    assert target_parameter(PooledClassifier()) == "labels"
+    assert target_parameter(nn.Linear(2, 2)) is None
+
+    class HFStyle(nn.Module):  # attention_mask comes second, as in transformers
+        def forward(self, input_ids, attention_mask=None, labels=None):
+            return {"loss": (input_ids.float().sum() * 0 + 1.0), "logits": input_ids.float()}
+
+    objective = Objective(HFStyle())
+    assert objective.target_parameter == "labels"
+    loss, outputs = objective(HFStyle(), torch.ones(2, 3), torch.zeros(2))
+    assert float(loss) == 1.0 and "logits" in outputs
+
+
+def test_an_uninterpretable_output_names_its_type_and_the_three_fixes() -> None:
+    class Hidden:  # what a model might return that holds no logits and no loss
+        pass
+
+    class Odd(nn.Module):
+        def forward(self, x):
+            return Hidden()
+
+    with pytest.raises(OutputError) as caught:
+        Objective(Odd())(Odd(), torch.ones(2, 2), torch.zeros(2, dtype=torch.long))
+    text = str(caught.value)
+    assert "Hidden" in text and "neither logits nor a loss" in text
+    assert "1. return logits" in text and "2. pass loss_fn=" in text and "3. give forward a 'targets'" in text
+    with pytest.raises(OutputError, match=r"dict with keys \['features'\]"):
+        interpret({"features": torch.ones(2)})
+    with pytest.raises(OutputError, match=r"tuple of \(str, NoneType\)"):
+        interpret(("a", None))
+
+
+def test_bad_code_arguments_fail_before_anything_starts() -> None:
+    with pytest.raises(ConfigError, match="loss_fn must be a callable"):
+        rd.train(train_cases.RegressionMLP, train_cases.regression, TrainConfig(), loss_fn="mse")
+    with pytest.raises(ConfigError, match="optimizer_fn must be a callable"):
+        rd.train(train_cases.RegressionMLP, train_cases.regression, TrainConfig(), optimizer_fn=torch.optim.SGD([nn.Parameter(torch.ones(1))], lr=1))
+    with pytest.raises(ConfigError, match="unknown metric 'f1'.*accuracy, mse, mae"):
+        rd.train(train_cases.RegressionMLP, train_cases.regression, TrainConfig(), metrics=["f1"])
+    assert list(resolve_metrics(["mae", len])) == ["mae", "len"]
+
+
+def test_one_process_trainer_reads_outputs_and_reports_metrics_where_they_mean_something() -> None:
+    train, val = train_cases.regression()
+    trainer = Trainer(train_cases.RegressionMLP(), None, train, val, TrainConfig(max_steps=2, batch_size=4), loss_fn=nn.MSELoss())
+    trainer.fit()
+    evaluation = [row for row in trainer.history if row["kind"] == "eval"][-1]
+    assert "val_loss" in evaluation and "val_accuracy" not in evaluation  # regression: no accuracy
+
+    trainer = Trainer(train_cases.RegressionMLP(), None, train, val, TrainConfig(max_steps=2, batch_size=4),
+                      loss_fn=nn.MSELoss(), metrics={"mae": "mae", "worst": lambda out, y: (out - y).abs().max()})  # fmt: skip
+    row = trainer.evaluate()
+    model = trainer.model.eval()
+    with torch.no_grad():
+        error = model(val.tensors[0]) - val.tensors[1]
+    assert row["val_mae"] == pytest.approx(float(error.abs().mean()), rel=1e-5)
+    assert row["val_loss"] == pytest.approx(float((error**2).mean()), rel=1e-5)
+    assert row["val_worst"] <= float(error.abs().max()) + 1e-6
+
+    train, _ = train_cases.features()
+    trainer = Trainer(train_cases.NormedMLP(), None, train, train, TrainConfig(max_steps=1, batch_size=4))
+    assert 0.0 <= trainer.evaluate()["val_accuracy"] <= 1.0  # classification: accuracy by default
+
+
+# -- the same parameters as DDP and one process, on real ranks ---------------------------------
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("names", [("cnn", "mlp_mse", "gpt", "model_output"), ("two_groups", "frozen", "rank0_branch")])
+def test_trainer_matches_ddp_and_one_process(run_mpi, names) -> None:
+    code = f"import sys; sys.path.insert(0, {str(TESTS)!r})\nfrom train_cases import check_case\n"
+    code += "".join(f"check_case({name!r})\n" for name in names)
+    result = run_mpi(code, n=2, timeout=240)
+    for name in names:
+        assert f"{name}: ok" in result.stdout
+
+
+# -- rd.train on real engines -------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with rd.Cluster(n=2) as started:
+        yield started
+
+
+def _trained(tmp_path: Path, name: str) -> dict[str, torch.Tensor]:
+    from rapydli.trainer import checkpoint
+
+    return torch.load(checkpoint.checkpoint_path(str(tmp_path)), weights_only=False)["model"]
+
+
+@pytest.mark.engines
+@pytest.mark.parametrize("name", ["gpt", "mlp_mse", "two_groups"])
+def test_rd_train_gives_the_one_process_parameters(cluster, tmp_path, name) -> None:
+    case = CASES[name]
+    config = train_cases.config_of(case, checkpoint_dir=str(tmp_path), allreduce="mpi")
+    metrics = ["mae"] if name == "mlp_mse" else None
+    result = rd.train(case.model_fn, case.data_fn, config, cluster=cluster, progress=False, live=False,
+                      loss_fn=case.loss_fn, optimizer_fn=case.optimizer_fn, metrics=metrics)  # fmt: skip
+    trained = _trained(tmp_path, name)
+    single = train_cases.single_process(name, 2).state_dict()
+    for key, value in single.items():
+        assert torch.allclose(trained[key], value, atol=train_cases.TOL, rtol=0), (key, (trained[key] - value).abs().max())
+    if name == "mlp_mse":
+        evaluation = result.history[result.history["kind"] == "eval"].iloc[-1]
+        assert evaluation["val_mae"] > 0 and "val_accuracy" not in result.history
+
+
+@pytest.mark.engines
+def test_rd_train_error_names_the_output_type_and_the_user_frame_first(cluster) -> None:
+    with pytest.raises(RankFailure) as caught:
+        rd.train(train_cases.Unreadable, train_cases.features, TrainConfig(max_steps=1, batch_size=4), cluster=cluster,
+                 progress=False, live=False)  # fmt: skip
+    text = str(caught.value)
+    assert "train_cases.Features" in text and "pass loss_fn=" in text, text
+    with pytest.raises(RankFailure) as caught:
+        rd.train(train_cases.Failing, train_cases.features, TrainConfig(max_steps=1, batch_size=4), cluster=cluster,
+                 progress=False, live=False)  # fmt: skip
+    text = str(caught.value)
+    assert text.index("in your code") < text.index("train_cases.py") < text.index("full traceback:"), text
+    assert "raise ValueError(\"this layer is broken\")" in text.split("full traceback:")[0]
+
+
+@pytest.mark.engines
+def test_main_classes_with_super_run_on_engines(cluster) -> None:
+    """A class from ``__main__`` passed itself as model_fn: ipyparallel used to rebuild it (super() broke)."""
+    namespace: dict = {"__name__": "__main__"}
+    exec(  # noqa: S102 - defines a class whose __module__ is __main__, as a notebook does
+        "import torch\nfrom torch import nn\n"
+        "class Net(nn.Module):\n"
+        "    def __init__(self):\n        super().__init__()\n        self.fc = nn.Linear(8, 4)\n"
+        "    def forward(self, x):\n        return self.fc(x)\n",
+        namespace,
+    )
+    net = namespace["Net"]
+    assert net.__module__ == "__main__"
+    results = cluster.run(_build_and_count, net)
+    assert results == [36, 36]
+    cluster.push({"Net": net})  # what %%distributed --push does
+    assert cluster.run_cell("sum(p.numel() for p in Net().parameters())", gather=True) == [36, 36]
+
+
+@pytest.mark.engines
+def test_a_distributed_cell_error_shows_the_cell_line(cluster) -> None:
+    with pytest.raises(RankFailure) as caught:
+        cluster.run_cell("x = 1\nraise ValueError('the cell broke at x=' + str(x))")
+    assert "raise ValueError('the cell broke at x=' + str(x))" in str(caught.value), str(caught.value)
+
+
+def _build_and_count(cls: type) -> int:
+    return sum(p.numel() for p in cls().parameters())
