@@ -377,13 +377,6 @@ class Job:
         died = all(r.status in ("dead", "lost") for r in culprits)  # processes, hosts or the batch job gone: no exception of the user
         return RankFailure("\n".join(lines), {r.rank: r.error for r in culprits}, died=bool(culprits) and died)
 
-
-def _where(r: _Rank) -> str:
-    """What an interrupted rank said it was doing (``KeyboardInterrupt: <where>``), in parentheses."""
-    lines = r.error.strip().splitlines()
-    said = lines[-1].removeprefix("KeyboardInterrupt: ") if lines and lines[-1].startswith("KeyboardInterrupt: ") else ""
-    return f" ({said})" if r.status == "interrupted" and said else ""
-
     def _blame_hosts_down(self) -> None:
         """Ranks on a host that is down are the dead ones; ranks that died after them were aborted."""
         lost = [r.rank for r in self.ranks.values() if r.status in ("dead", "aborted")]
@@ -400,6 +393,13 @@ def _where(r: _Rank) -> str:
                 r.status = "aborted"
                 r.error = f"ended by MPI after the loss of rank(s) {sorted(down)} ({r.error})"
         self.hosts_down = None  # asked once
+
+
+def _where(r: _Rank) -> str:
+    """What an interrupted rank said it was doing (``KeyboardInterrupt: <where>``), in parentheses."""
+    lines = r.error.strip().splitlines()
+    said = lines[-1].removeprefix("KeyboardInterrupt: ") if lines and lines[-1].startswith("KeyboardInterrupt: ") else ""
+    return f" ({said})" if r.status == "interrupted" and said else ""
 
 
 def _verb(culprits: list[_Rank], reason: str) -> str:
