@@ -13,6 +13,7 @@ import time
 
 import pytest
 from IPython.core.error import UsageError
+from IPython import get_ipython
 from IPython.testing.globalipapp import start_ipython
 from IPython.utils.capture import capture_output
 from traitlets.config import Config
@@ -96,7 +97,7 @@ def test_pbs_script_is_generated(tmp_path):
 
 
 def test_magic_refuses_bad_launcher_options_naming_the_allowed():
-    shell = start_ipython()
+    shell = start_ipython() or get_ipython()  # start_ipython() answers None after its first call
     shell.run_line_magic("load_ext", "rapydli")
     with pytest.raises(UsageError, match="no option 'partitio': allowed are"):
         shell.run_line_magic("rapydli", "start -n 2 --launcher slurm partitio=debug")
@@ -120,7 +121,7 @@ def test_pending_job_is_shown_then_cancelled_at_the_timeout(local_slurm):
 
 @pytest.mark.slurm
 def test_magic_status_shows_a_queued_start_and_stop_cancels_it(local_slurm):
-    shell = start_ipython()
+    shell = start_ipython() or get_ipython()  # start_ipython() answers None after its first call
     shell.run_line_magic("load_ext", "rapydli")
     with capture_output():
         shell.run_line_magic("rapydli", "start -n 2 --launcher slurm partition=down --no-wait")

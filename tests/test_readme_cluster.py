@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from IPython import get_ipython
 from IPython.testing.globalipapp import start_ipython
 from IPython.utils.capture import capture_output
 
@@ -30,7 +31,7 @@ def test_the_section_has_magic_python_and_cli_examples():
 @pytest.mark.slurm
 def test_readme_cluster_examples_run_as_written(local_slurm):
     before = set(local_slurm.queue())
-    shell = start_ipython()
+    shell = start_ipython() or get_ipython()  # start_ipython() answers None after its first call
     for language, code in cluster_examples():
         if language == "python":
             with capture_output() as captured:

@@ -22,6 +22,7 @@ from rapydli.errors import ClusterError
 POLL_S = 0.25  # between scheduler queries while waiting for the engines
 WATCH_S = 1.0  # at most one scheduler query per this many seconds while tasks run
 CANCEL_WAIT_S = 30.0
+CAUSE_WAIT_S = 3.0  # how long a completing job's cause is looked for in its output before it is reported as COMPLETING
 
 
 class BatchJob:
@@ -118,6 +119,10 @@ class BatchJob:
             self.refresh()
         if not self.state.ended:
             return ""
+        deadline = time.monotonic() + CAUSE_WAIT_S
+        while self.state.state == "COMPLETING" and time.monotonic() < deadline:  # slurmstepd's line is on its way
+            time.sleep(POLL_S)
+            self.refresh()
         return f"job {self.job_id} ended ({self._said(self.state)}) under its engines"
 
     def cancel(self) -> None:
