@@ -34,7 +34,7 @@ from torch import nn
 
 from rapydli.autotune.cache import Cache
 from rapydli.autotune.candidates import registry
-from rapydli.autotune.check import CHECK_REPS, model_step_ms
+from rapydli.autotune.check import model_step_ms
 from rapydli.autotune.conv import TuneResult, tune_conv2d
 from rapydli.autotune.problem import ConvShape
 from rapydli.autotune.progress import TuningProgress
@@ -43,7 +43,7 @@ from rapydli.errors import ConfigError
 
 DEFAULT = "torch_nchw"  # what an untuned nn.Conv2d runs
 CHECK_PLANS = 6  # whole-model plans the check may time (planned, 2 library, whole, 2 margins)
-CHECK_ROUNDS = CHECK_REPS + 1  # rounds of the check under a budget (one warm-up)
+CHECK_ROUNDS = 3  # rounds reserved for the check (one warm-up, two timed; it takes more while time is left)
 PARALLEL_BATCH = 4  # configurations the model-based search hands a cluster at once (the cache's chunk)
 FIRST_EVALUATION_S = 1.0  # assumed cost of one evaluation before any was seen
 
@@ -80,8 +80,12 @@ class LayerTuning:
 
 
 def check_estimate_s(step_ms: float, profile_s: float) -> float:
-    """Seconds the whole-model check will take: its rounds of ``step_ms`` steps (x1.5 for slower plans)
-    plus the profile's ``profile_s`` (first steps of new layouts and kernels cost what the profile's did)."""
+    """Seconds reserved for the whole-model check: its first rounds of ``step_ms`` steps (x1.5 for slower
+    plans) plus the profile's ``profile_s`` (first steps of new layouts and kernels cost what the profile's did).
+
+    The check times as many rounds (up to :data:`~rapydli.autotune.check.CHECK_REPS`) as the time left at the
+    budget's end holds.
+    """
     return CHECK_PLANS * CHECK_ROUNDS * step_ms * 1.5 / 1e3 + profile_s
 
 
