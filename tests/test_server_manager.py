@@ -114,3 +114,19 @@ def test_restart_and_unknown_ids(made: list[Recorder]) -> None:
     with pytest.raises(NotFoundError):
         manager.get("nope")
     manager.stop_all()
+
+
+def test_stop_without_waiting_answers_at_once_and_the_entry_shows_stopping(made: list[Recorder]) -> None:
+    release = threading.Event()
+    manager = ClusterManager(factory(made, release))
+    entry = manager.start(2, "local", {})
+    answered = manager.stop(entry["id"], wait=False)  # the start is still blocked: the stop must not wait for it
+    assert answered["state"] == "stopping"
+    assert [c["state"] for c in manager.list()] == ["stopping"]
+    release.set()
+    deadline = time.monotonic() + 10
+    while manager.list() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert manager.list() == [] and made[0].calls == ["start", "detach", "forget"]
+    with pytest.raises(NotFoundError):
+        manager.stop("c-unknown", wait=False)

@@ -86,7 +86,7 @@ export async function batchSection(batchId: string, commands: CommandRegistry): 
   }
   const table = h('table', { className: 'rapydli-Table', attrs: { 'aria-label': 'Items table' } }, [
     h('thead', {}, [
-      h('tr', {}, ['item', ...params, 'status', ...scalars, 'duration', 'failing cell', 'notebook'].map(t => h('th', { text: t })))
+      h('tr', {}, ['item', 'notebook', ...params, 'status', 'failing cell', ...scalars, 'duration'].map(t => h('th', { text: t })))
     ])
   ]);
   const body = h('tbody');
@@ -97,12 +97,12 @@ export async function batchSection(batchId: string, commands: CommandRegistry): 
       attrs: { 'data-run-id': item.id, 'data-status': item.status, title: `Open item ${item.name}` }
     }, [
       h('td', { text: item.name }),
+      h('td', {}, notebook ? [fileLink(commands, notebook, '', 'open')] : []),
       ...params.map(k => h('td', { text: formatValue(item.parameters[k]) })),
       h('td', { className: 'rapydli-Nowrap' }, [statusBadge(item.status), ` ${item.status}`]),
-      ...scalars.map(k => h('td', { text: formatNumber(item.final?.[k]) })),
-      h('td', { text: formatShortDuration(item.duration) }),
       h('td', { className: 'rapydli-FailingCell', text: item.failing_cell ?? '' }),
-      h('td', {}, notebook ? [fileLink(commands, notebook, '', 'open')] : [])
+      ...scalars.map(k => h('td', { className: 'rapydli-Clip', text: formatNumber(item.final?.[k]), attrs: { title: String(item.final?.[k] ?? '') } })),
+      h('td', { text: formatShortDuration(item.duration) })
     ]);
     row.addEventListener('click', () => void commands.execute(CommandIDs.openRun, { id: item.id }));
     body.append(row);
