@@ -3,20 +3,18 @@ metrics, and the same parameters as torch DDP and as one process (``tests/train_
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+import train_cases
 from torch import nn
+from train_cases import CASES, ModelOutput, PooledClassifier, TinyGPT
 
 import rapydli as rd
 from rapydli.errors import ConfigError, RankFailure
-from rapydli.trainer import Trainer, TrainConfig
+from rapydli.trainer import TrainConfig, Trainer
 from rapydli.trainer.outputs import Objective, OutputError, interpret, resolve_metrics, target_parameter
-
-import train_cases
-from train_cases import CASES, ModelOutput, PooledClassifier, TinyGPT
 
 TESTS = Path(__file__).resolve().parent
 
