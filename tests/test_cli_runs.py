@@ -160,3 +160,23 @@ def test_repeat_a_train_run_with_the_same_seed(store: store_mod.RunStore) -> Non
     assert b["kind"] == "train" and b["status"] == "finished" and b["params"] == a["params"] and b["seed"] == 3
     losses = [[m["value"] for m in store.metrics(r) if m["name"] == "loss"] for r in (first.run_id, new_id)]
     assert losses[0] == pytest.approx(losses[1])  # same seed, same data order: the same run again
+
+
+def test_show_prints_notebook_sources_and_repeat_refuses_them(store: store_mod.RunStore,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    source = "class Net(nn.Module):\n    def forward(self, x):\n        return x\n"
+    params = {"model_fn": "<notebook> model_fn", "data_fn": "d:g", "config": {"lr": 0.1},
+              "loss_fn": "<notebook> my_loss", "sources": {"Net": source}}  # fmt: skip
+    run = store.create_run("train", "net", params, seed=0)
+    store.finish_run(run)
+    out = invoke("runs", "show", run)
+    assert "source of Net (defined in the notebook):" in out and "        return x" in out
+    assert "sources =" not in out
+    assert main(["runs", "repeat", run]) == 2
+    assert "not an importable 'module:qualname'" in capsys.readouterr().err
+
+    params = {"model_fn": "m:f", "data_fn": "d:g", "config": {"lr": 0.1}, "loss_fn": "<notebook> my_loss"}
+    run = store.create_run("train", "net", params, seed=0)
+    assert main(["runs", "repeat", run]) == 2
+    err = capsys.readouterr().err
+    assert "its loss_fn was recorded as '<notebook> my_loss'" in err and "rapydli runs show" in err, err

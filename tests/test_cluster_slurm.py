@@ -12,8 +12,8 @@ import threading
 import time
 
 import pytest
-from IPython.core.error import UsageError
 from IPython import get_ipython
+from IPython.core.error import UsageError
 from IPython.testing.globalipapp import start_ipython
 from IPython.utils.capture import capture_output
 from traitlets.config import Config

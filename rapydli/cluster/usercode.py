@@ -29,6 +29,7 @@ import re
 import sys
 import sysconfig
 from collections.abc import Mapping
+from typing import Any
 
 #: At most this many characters of cell source go with one task (the newest cells first).
 MAX_CELL_CHARS = 2_000_000
@@ -49,7 +50,8 @@ def notebook_cells() -> dict[str, list[str]]:
     """
     cells: dict[str, list[str]] = {}
     size = 0
-    for name, entry in reversed(list(linecache.cache.items())):
+    for name, cached in reversed(list(linecache.cache.items())):
+        entry: Any = cached
         if len(entry) != 4 or entry[1] is not None or not entry[2]:
             continue
         if name.startswith("<") and not name.startswith("<ipython-input-"):
@@ -66,7 +68,8 @@ def notebook_cells() -> dict[str, list[str]]:
 def register_cells(cells: Mapping[str, list[str]] | None) -> None:
     """Make the notebook's cells readable to :mod:`linecache` on this engine (for tracebacks)."""
     for name, lines in (cells or {}).items():
-        if name not in linecache.cache or linecache.cache[name][1] is None:
+        cached: Any = linecache.cache.get(name)
+        if cached is None or len(cached) != 4 or cached[1] is None:  # never shadow a real file's entry
             linecache.cache[name] = (sum(len(line) for line in lines), None, list(lines), name)
 
 

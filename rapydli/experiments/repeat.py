@@ -72,7 +72,7 @@ def _repeat_train(run: dict[str, Any], params: dict[str, Any]) -> str:
     from rapydli.experiments.refs import resolve_callable
     from rapydli.experiments.run import run_training
 
-    resolved = {key: resolve_callable(ref, key) for key, ref in code.items()}
+    resolved: dict[str, Any] = {key: resolve_callable(ref, key) for key, ref in code.items()}
     if metrics is not None:
         resolved["metrics"] = [resolve_callable(m, "metrics") if ":" in m else m for m in metrics]
     result = run_training(refs["model_fn"], refs["data_fn"], params["config"], name=run["name"], **resolved)

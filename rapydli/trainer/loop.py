@@ -155,9 +155,8 @@ class Trainer:
         self.model = model
         self.device = next(model.parameters()).device
         self.objective = Objective(model, loss_fn)
-        self.metrics = resolve_metrics(metrics)
-        if self.metrics is None:
-            self.metrics = default_metrics()
+        resolved = resolve_metrics(metrics)
+        self.metrics = default_metrics() if resolved is None else resolved
         self.optimizer: torch.optim.Optimizer | ShardedOptimizer = make_optimizer(model, config, optimizer_fn) if optimizer is None else optimizer
         for group in self.optimizer.param_groups:
             group.setdefault("initial_lr", group["lr"])
@@ -366,12 +365,12 @@ class Trainer:
                     totals[2 * m : 2 * m + 2] += torch.tensor(measured, dtype=torch.float64)
         if self.world_size > 1 and self.pipeline is None:
             self.comm.allreduce_(totals, op="sum")
-        measured = {f"val_{name}": float(totals[2 * i] / totals[2 * i + 1]) for i, name in enumerate(names) if totals[2 * i + 1] > 0}
+        averages = {f"val_{name}": float(totals[2 * i] / totals[2 * i + 1]) for i, name in enumerate(names) if totals[2 * i + 1] > 0}
         row = {
             "kind": "eval",
             "step": self.step,
             "epoch": self.epoch,
-            **measured,
+            **averages,
             "rank": self.rank,
             "world_size": self.world_size,
             "time_s": time.perf_counter() - self._started,
