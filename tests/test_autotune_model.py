@@ -122,7 +122,7 @@ def test_layers_can_take_each_pass_from_another_configuration(tuned) -> None:
     c_nhwc = Config.of("c_direct", {"cb": 64, "kb": 2, "layout": 1, "order": 0, "pack": 1, "unroll": 1, "vec": 4,
                                     "wb": 2})
     forced = {}
-    for choice in report.plan.layers.values():
+    for name, choice in report.plan.layers.items():
         one_by_one = choice.shape.r == 1 and choice.shape.pad == 0
         forced[name] = replace(choice, candidate="torch_channels_last", params=(), layout="nhwc", data_grad=c_nhwc,
                                weight_grad=Config.of("gemm_1x1") if one_by_one else None)

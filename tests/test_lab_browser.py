@@ -42,7 +42,7 @@ if not CHROMIUM.exists():
         pytest.fail(f"RAPYDLI_REQUIRE_BROWSER=1 but {CHROMIUM} is missing (apt-get install chromium)", pytrace=False)
     pytest.skip(f"{CHROMIUM} is not installed (apt-get install chromium); browser tests skipped", allow_module_level=True)
 
-from playwright.sync_api import Page, expect, sync_playwright
+from playwright.sync_api import Page, expect, sync_playwright  # noqa: E402 - only once the browser is known to exist
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(420)]
 expect.set_options(timeout=30_000)  # two busy cores: the page can take a while to update

@@ -15,7 +15,7 @@ from typing import Any
 import psutil
 import pytest
 import test_server_handlers
-from pytest_jupyter.jupyter_server import *
+from pytest_jupyter.jupyter_server import *  # noqa: F403 - the jp_* fixtures
 
 from rapydli.cluster import Cluster
 from rapydli.experiments.store import RunStore

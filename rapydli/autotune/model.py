@@ -95,8 +95,8 @@ class Plan:
     @property
     def layout(self) -> str:
         """The layout most planned layers use."""
-        counts = {l: sum(c.layout == l for c in self.layers.values()) for l in LAYOUTS}
-        return max(counts, key=lambda l: counts[l])
+        counts = {lay: sum(c.layout == lay for c in self.layers.values()) for lay in LAYOUTS}
+        return max(counts, key=lambda lay: counts[lay])
 
 
 class TunedConv2d(nn.Conv2d):
@@ -214,7 +214,7 @@ def _choose_layouts(layers: list[tuple[str, ConvShape]], results: Mapping[ConvSh
             split = result.best_split(lambda c, layout=layout: layout_of(c) == layout)
             best_ms[(shape, layout)] = split.seconds * 1e3 if split is not None else float("inf")
     convert = {shape: _conversion_ms(shape, mode) for _, shape in layers}
-    cost = {input_layout: 0.0, **{l: float("inf") for l in LAYOUTS if l != input_layout}}
+    cost = {input_layout: 0.0, **{lay: float("inf") for lay in LAYOUTS if lay != input_layout}}
     back: list[dict[str, str]] = []
     for _, shape in layers:
         new, step = {}, {}
@@ -224,7 +224,7 @@ def _choose_layouts(layers: list[tuple[str, ConvShape]], results: Mapping[ConvSh
             step[layout] = prev
         cost = new
         back.append(step)
-    layout = min(LAYOUTS, key=lambda l: cost[l])
+    layout = min(LAYOUTS, key=lambda lay: cost[lay])
     chosen: list[str] = []
     for step in reversed(back):
         chosen.append(layout)
@@ -232,8 +232,8 @@ def _choose_layouts(layers: list[tuple[str, ConvShape]], results: Mapping[ConvSh
     chosen.reverse()
     estimates = {
         "planned": min(cost.values()),
-        **{f"all_{l}": sum(best_ms[(s, l)] for _, s in layers)
-           + (0.0 if l == input_layout or not layers else convert[layers[0][1]]) for l in LAYOUTS},
+        **{f"all_{lay}": sum(best_ms[(s, lay)] for _, s in layers)
+           + (0.0 if lay == input_layout or not layers else convert[layers[0][1]]) for lay in LAYOUTS},
     }
     return {name: lay for (name, _), lay in zip(layers, chosen)}, estimates
 

@@ -88,7 +88,9 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
 @click.option("--batch", type=click.IntRange(min=1), default=64, show_default=True, help="Batch of the memory and throughput parts.")
 @click.option("--peer-timeout", type=float, default=120.0, show_default=True, help="Seconds before a torch pipelining launch is killed.")
 @click.option("--timeout", type=float, default=600.0, show_default=True, help="Seconds before any other launch is killed.")
-def command(json_path: str | None, parts: str, forward_ms: float, steps: int, rounds: int, microbatches: int, batch: int, peer_timeout: float, timeout: float) -> None:
+def command(
+    json_path: str | None, parts: str, forward_ms: float, steps: int, rounds: int, microbatches: int, batch: int, peer_timeout: float, timeout: float
+) -> None:
     """Pipeline bubble (sleeping stages) vs theory, activation memory per rank, 1F1B vs torch.distributed.pipelining."""
     wanted = [p.strip() for p in parts.split(",") if p.strip()]
     unknown = sorted(set(wanted) - {"bubble", "memory", "throughput"})

@@ -131,7 +131,10 @@ def memory_rows(world: Any, batch: int, microbatches: list[int]) -> list[dict[st
     with ActivationMeter(whole.parameters()) as meter:
         _loss(whole(x[mine]), y[mine])[0].backward()
     peaks = world.gather(meter.peak, root=0)
-    rows += [{"part": "memory", "variant": "data_parallel", "rank": r, "stages": 1, "microbatches": 1, "peak_activation_bytes": b} for r, b in enumerate(peaks or [])]
+    rows += [
+        {"part": "memory", "variant": "data_parallel", "rank": r, "stages": 1, "microbatches": 1, "peak_activation_bytes": b}
+        for r, b in enumerate(peaks or [])
+    ]
     grid.free()
     return rows
 
@@ -180,7 +183,8 @@ def throughput_rows(world: Any, peer: str, batch: int, m: int, steps: int) -> li
             times.append(time.perf_counter() - started)
     if peer == "torch":
         dist.destroy_process_group()
-    return [{"part": "throughput", "variant": peer, "stages": p, "microbatches": m, "batch": batch, "step_ms": statistics.median(times) * 1e3}] if rank == 0 else []
+    row = {"part": "throughput", "variant": peer, "stages": p, "microbatches": m, "batch": batch, "step_ms": statistics.median(times) * 1e3}
+    return [row] if rank == 0 else []
 
 
 def main() -> None:

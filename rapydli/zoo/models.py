@@ -152,7 +152,8 @@ class TinyLM(nn.Module):
 
     def pipeline_blocks(self) -> list[tuple[str, nn.Module]]:
         """The forward as a chain of blocks, for pipeline stages (:mod:`rapydli.parallel.split`)."""
-        return [("embed", _Call(self.embed, self.tok, self.pos)), *((f"blocks.{i}", b) for i, b in enumerate(self.blocks)), ("head", nn.Sequential(self.ln, self.head))]
+        blocks = [(f"blocks.{i}", block) for i, block in enumerate(self.blocks)]
+        return [("embed", _Call(self.embed, self.tok, self.pos)), *blocks, ("head", nn.Sequential(self.ln, self.head))]
 
 
 class _Call(nn.Module):
