@@ -92,7 +92,8 @@ class RapydliMagics(Magics):
         wait: bool = True,
     ) -> Cluster:
         try:  # options are checked first: a mistake is named even while another cluster runs
-            candidate = Cluster(n=n, launcher=launcher, **(options or {}), **({"start_timeout": timeout} if timeout else {}))
+            timing: dict[str, Any] = {"start_timeout": timeout} if timeout else {}
+            candidate = Cluster(n=n, launcher=launcher, **(options or {}), **timing)
         except ConfigError as exc:
             raise UsageError(str(exc)) from None
         cluster = self.cluster
@@ -134,8 +135,8 @@ class RapydliMagics(Magics):
             raise UsageError(f"--timeout {args.timeout:g} is invalid: must be > 0 seconds")
         if args.action == "start":
             options = _launcher_options(args.options)
-            cluster = self._start(args.n or os.cpu_count() or 1, args.launcher, options, args.timeout, not args.no_wait)
-            return cluster.status()
+            started = self._start(args.n or os.cpu_count() or 1, args.launcher, options, args.timeout, not args.no_wait)
+            return started.status()
         cluster = self.cluster
         if cluster is None:
             if args.action == "status":

@@ -111,9 +111,9 @@ def summarize(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[st
             wide["auto_picked"] = cells["auto"].get("auto_picked")
         table.append(wide)
     summary: dict[str, Any] = {}
-    for label, (ring, auto) in collected.items():
-        if ring or auto or label == "median":
-            summary.update(_targets(label, ring, auto))
+    for label, (rings, autos) in collected.items():
+        if rings or autos or label == "median":
+            summary.update(_targets(label, rings, autos))
     return table, summary
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from typing import Any
 
 import click
 
@@ -56,7 +57,7 @@ def command(n: int, repeat: int, json_path: str | None) -> None:
             with capture_output():
                 shell.run_cell_magic("distributed", "", cell)
 
-        rows = []
+        rows: list[dict[str, Any]] = []
         for name, fn in (("%%px", px), ("%%distributed", distributed)):
             median, p90 = _median_ms(fn, repeat)
             rows.append({"magic": name, "median_ms": median, "p90_ms": p90, "cells": repeat})

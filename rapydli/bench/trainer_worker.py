@@ -140,7 +140,7 @@ def measure(
     comm = Communicator(world, algorithm=allreduce)
     params = sum(p.numel() for p in _model(name).parameters())
     trainers = ["trainer", "trainer_autotune"] if autotune else ["trainer"]
-    results: dict[str, list[float]] = {"trainer": [], "ddp_gloo": [], "no_comm": []} | {v: [] for v in trainers[1:]}
+    results: dict[str, list[float]] = {v: [] for v in ["trainer", "ddp_gloo", "no_comm", *trainers[1:]]}
     stats: dict[str, dict[str, list[float]]] = {v: {"hidden": [], "wait": [], "comm": []} for v in trainers}
     # tuned once, outside the measured steps (the first run tunes; later runs find the convolutions in the cache)
     plan, tune_s = _tune(name, train, config, comm, world) if autotune else (None, None)
@@ -162,6 +162,7 @@ def measure(
             from rapydli.autotune import apply_plan
 
             world.Barrier()  # the same Trainer and config; the model runs the tuned plan (apply_plan shares the parameters)
+            assert plan is not None  # tuned above when autotune
             tuned = apply_plan(_model(name), plan)
             results["trainer_autotune"].append(_trainer_round(tuned, train, config, comm, warmup, stats["trainer_autotune"]))
     comm.close()
@@ -170,6 +171,7 @@ def measure(
     extra = world.gather(stats, root=0)
     if rank != 0:
         return []
+    assert gathered is not None and extra is not None  # rank 0 is the root of both gathers
     rows = []
     for variant in results:
         per_round = [max(r[variant][i] for r in gathered) for i in range(rounds)]
@@ -197,6 +199,7 @@ def measure(
             )
         if row["variant"] == "trainer_autotune":
             # tune_s: rank 0's plan_for (cached convolutions are not re-measured) and the plan's broadcast, once
+            assert plan is not None  # the autotune variant runs only with a plan
             row.update(tune_s=tune_s, tuned_convs=len(plan.layers), plan=plan.chosen if plan.layers else None)
     return rows
 

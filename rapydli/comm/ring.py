@@ -127,9 +127,9 @@ class RingAlgorithm(Algorithm):
             ]
 
         # scatter-reduce: step s sends segment rank - s, receives and reduces segment rank - s - 1
-        pending = post_scatter_receives(0)
+        pending: list[MPI.Request] | None = post_scatter_receives(0)
         scatter_sends = [comm.Isend([data[a * size : b * size], byte], right, _TAG_SCATTER) for a, b in chunks[rank]]
-        gather_sends = []
+        gather_sends: list[MPI.Request] = []
         for step in range(n - 1):
             segment, half = (rank - step - 1) % n, (step % 2) * seg_max
             shift = half - starts[segment]
@@ -137,6 +137,7 @@ class RingAlgorithm(Algorithm):
             upcoming = None if last else post_scatter_receives(step + 1)
             # forward each reduced chunk at once: next scatter step, or the first allgather step
             sends, tag = (gather_sends, _TAG_GATHER) if last else (scatter_sends, _TAG_SCATTER)
+            assert pending is not None  # None only after the last step
             for request, (a, b) in zip(pending, chunks[segment]):
                 complete((request,))
                 reduce_into(flat[a:b], scratch[a + shift : b + shift], op)
@@ -173,7 +174,8 @@ class RingAlgorithm(Algorithm):
         if len(chunks[0]) != 1:
             return None
         memory = MPI.buffer.fromaddress(flat.data_ptr(), numel * size)  # no reference to flat
-        data = np.frombuffer(memory, dtype=np.uint8)
+        # MPI.buffer has the buffer protocol; mpi4py's stub declares __buffer__ only for Python >= 3.12
+        data = np.frombuffer(memory, dtype=np.uint8)  # type: ignore[call-overload]
         target = torch.from_numpy(data).view(flat.dtype)
         return partial(self._run_unpipelined, *self._unpipelined_steps(data, target, op, starts, starts[1] - starts[0]))
 
@@ -193,7 +195,7 @@ class RingAlgorithm(Algorithm):
         def segment(s: int) -> list[Any]:
             return [data[starts[s] * size : starts[s + 1] * size], byte]
 
-        scatter = []
+        scatter: list[tuple[list[Any], list[Any], Callable[[], None]]] = []
         # scatter-reduce: step s sends segment rank - s, receives and reduces segment rank - s - 1
         for step in range(n - 1):
             out, into = (rank - step) % n, (rank - step - 1) % n

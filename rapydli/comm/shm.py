@@ -127,6 +127,7 @@ class SharedBuffers:
         if not everywhere:  # all ranks fall back alike, now and for later buffers
             self.available = False
             return host_zeros(numel, dtype)
+        assert mapping is not None  # every rank mapped the file, this one included
         storage = np.dtype(_NUMPY_STORAGE[dtype])
         views = []
         for rank in range(self.size):

@@ -32,10 +32,9 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
-from torch.utils.data import Dataset
 from torch.utils.data._utils.collate import default_collate
 
-from rapydli.data.epochs import EpochCursor, batches_per_epoch
+from rapydli.data.epochs import EpochCursor, SizedDataset, batches_per_epoch
 from rapydli.data.plan import TIERS, TierPlan, access_stream, assign_tiers
 from rapydli.data.records import infer_schema
 from rapydli.data.tiers import DiskTier, RamTier, SharedTier, sample_nbytes
@@ -94,7 +93,7 @@ class ClairvoyantLoader:
 
     def __init__(
         self,
-        dataset: Dataset,
+        dataset: SizedDataset,
         batch_size: int,
         seed: int,
         rank: int = 0,
@@ -352,7 +351,7 @@ class TieredSource:
 
     def __init__(
         self,
-        dataset: Dataset,
+        dataset: SizedDataset,
         plan: dict[int, str],
         ram: RamTier | SharedTier,
         disk: DiskTier | SharedTier,
@@ -369,6 +368,7 @@ class TieredSource:
         planned = self.plan.get(index)  # a sample only ever enters its planned tier
         tier = self.ram if planned == "ram" else self.disk if planned == "disk" else None
         if tier is not None:
+            assert planned is not None  # a tier is chosen only for a planned sample
             sample = tier.get(index)
             if sample is not None:
                 return sample, planned, 0
@@ -450,7 +450,7 @@ class _Window:
             self._space.notify_all()
 
 
-def build_clairvoyant(dataset: Dataset, **options: Any) -> ClairvoyantLoader:
+def build_clairvoyant(dataset: SizedDataset, **options: Any) -> ClairvoyantLoader:
     """The ``clairvoyant`` kind from :func:`rapydli.data.loaders.build_loader`'s options."""
     if options.get("resume_from") is not None:
         raise ConfigError(

@@ -1,4 +1,4 @@
-"""What every data loader shares: the :class:`Loader` protocol and the epoch bookkeeping.
+"""What every data loader shares: the :class:`Loader` and :class:`SizedDataset` protocols and the epoch bookkeeping.
 
 Each pass over a loader is the next epoch (starting at 0); ``set_epoch(e,
 skip_batches=k)`` makes the next pass epoch ``e``, starting after its first ``k``
@@ -11,6 +11,19 @@ from collections.abc import Iterator
 from typing import Any, Protocol, runtime_checkable
 
 from rapydli.errors import ConfigError
+
+
+class SizedDataset(Protocol):
+    """A map-style dataset: ``len(dataset)`` samples, ``dataset[i]`` for ``0 <= i < len(dataset)``.
+
+    What the loaders and stores read from. :class:`torch.utils.data.Dataset` declares
+    ``__getitem__`` but not ``__len__``; the map-style datasets (``TensorDataset``, the
+    stores of :mod:`rapydli.data.store`) have both.
+    """
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, index: int) -> Any: ...
 
 
 @runtime_checkable

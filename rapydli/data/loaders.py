@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from rapydli.data.epochs import EpochCursor, Loader, batches_per_epoch
+from rapydli.data.epochs import EpochCursor, Loader, SizedDataset, batches_per_epoch
 from rapydli.data.kinds import LOADERS
 from rapydli.data.sampler import ShardSampler
 from rapydli.errors import ConfigError
@@ -58,7 +58,7 @@ class DefaultLoader:
 
     def __init__(
         self,
-        dataset: Dataset,
+        dataset: SizedDataset,
         *,
         batch_size: int,
         rank: int,
@@ -73,8 +73,9 @@ class DefaultLoader:
         self.batch_size = batch_size
         self.drop_last = drop_last
         self._skipping = _SkippingSampler(self.sampler)
-        self._loader = DataLoader(
-            dataset,
+        # DataLoader reads any map-style object (__getitem__ and __len__); torch's annotation names its Dataset class
+        self._loader: DataLoader[Any] = DataLoader(
+            dataset,  # type: ignore[arg-type]
             batch_size=batch_size,
             sampler=self._skipping,
             num_workers=num_workers,
@@ -135,7 +136,7 @@ def _batch_length(batch: Any) -> int:
     return 1
 
 
-def build_default(dataset: Dataset, **options: Any) -> Loader:
+def build_default(dataset: SizedDataset, **options: Any) -> Loader:
     """The ``default`` kind: a :class:`DefaultLoader` (the cache options do not apply)."""
     for unused in ("cache_ram_mb", "cache_disk_mb", "disk_dir"):
         options.pop(unused)

@@ -28,6 +28,7 @@ from typing import Any
 
 from torch.utils.data import Dataset
 
+from rapydli.data.epochs import SizedDataset
 from rapydli.data.records import decode, encode, infer_schema
 from rapydli.errors import ConfigError, DataError
 
@@ -100,7 +101,7 @@ def _key(index: int) -> str:
     return f"{index:010d}"
 
 
-def _samples(dataset: Dataset) -> int:
+def _samples(dataset: SizedDataset) -> int:
     try:
         count = len(dataset)
     except TypeError as error:
@@ -110,7 +111,7 @@ def _samples(dataset: Dataset) -> int:
     return count
 
 
-def write_lmdb(dataset: Dataset, path: str | os.PathLike, shard_size: int = 4096) -> Path:
+def write_lmdb(dataset: SizedDataset, path: str | os.PathLike, shard_size: int = 4096) -> Path:
     """Write a map-style dataset into an LMDB store at directory ``path``.
 
     Parameters
@@ -277,7 +278,7 @@ class LMDBDataset(Dataset):
         return state
 
 
-def write_files(dataset: Dataset, directory: str | os.PathLike) -> Path:
+def write_files(dataset: SizedDataset, directory: str | os.PathLike) -> Path:
     """Write a map-style dataset as one file per sample (``0000000000.bin``, ...) plus a header.
 
     The samples follow the same rules as in :func:`write_lmdb`.
@@ -346,6 +347,6 @@ class FileDataset(Dataset):
         return sample
 
 
-def store_bytes(dataset: Dataset) -> int:
+def store_bytes(dataset: LMDBDataset | FileDataset) -> int:
     """Total record bytes of a store (``sum(sample_nbytes)``)."""
     return sum(dataset.sample_nbytes(i) for i in range(len(dataset)))

@@ -93,6 +93,7 @@ class DiskTier:
         if where is None:
             return None
         offset, length, schema = where
+        assert self._fd is not None  # opened by the first put, before any index is published
         data = os.pread(self._fd, length, offset)
         if schema is None:
             return pickle.loads(data)
@@ -100,8 +101,9 @@ class DiskTier:
 
     def put(self, index: int, sample: Any) -> bool:
         """Append ``sample`` to the file; False (and nothing written) if it would pass the budget."""
+        schema: dict[str, Any] | None
         try:
-            schema: dict[str, Any] | None = records.infer_schema(sample)
+            schema = records.infer_schema(sample)
             data = records.encode(sample, schema, f"sample {index}")
         except DataError:  # a kind records cannot hold
             schema, data = None, pickle.dumps(sample, protocol=pickle.HIGHEST_PROTOCOL)
@@ -125,6 +127,7 @@ class DiskTier:
         """Delete the cache file."""
         with self._lock:
             if self._fd is not None:
+                assert self.path is not None  # created with the descriptor
                 os.close(self._fd)
                 os.unlink(self.path)
                 self._fd = None
@@ -207,6 +210,7 @@ class SharedTier:
 
     def _file(self) -> int:
         if self._fd is None or self._fd[0] != os.getpid():
+            assert self.path is not None  # a tier without shared memory has its file once anything is stored
             self._fd = (os.getpid(), os.open(self.path, os.O_RDWR))
         return self._fd[1]
 
@@ -216,6 +220,7 @@ class SharedTier:
             offset, length, kind = self._index[index].tolist()
         if kind == _ABSENT:
             return None
+        data: bytes | memoryview
         if self._memory is not None:
             data = memoryview(self._memory[offset : offset + length])
         else:
@@ -243,7 +248,7 @@ class SharedTier:
             if self._index[index, 2] != _ABSENT or used + charge > self.capacity or offset + len(data) > self.space:
                 return False
             self._counters[:] = (used + charge, offset + len(data))
-        if in_memory:
+        if self._memory is not None:
             self._memory[offset : offset + len(data)] = np.frombuffer(data, dtype=np.uint8)
         else:
             os.pwrite(self._file(), data, offset)

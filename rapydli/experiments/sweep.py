@@ -28,7 +28,8 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from functools import partial
+from typing import TYPE_CHECKING, Any, Literal
 
 from rapydli.errors import ConfigError, RapydliError
 from rapydli.experiments.job import STOP_GRACE_S, TrainingJob
@@ -210,7 +211,8 @@ class Sweep:
         self._own_cluster, self._size = False, size
         self.view = view
         optuna.logging.set_verbosity(optuna.logging.WARNING)
-        self.study = optuna.create_study(direction=direction, sampler=self.sampler, pruner=self.pruner)
+        study_direction: Literal["minimize", "maximize"] = "minimize" if direction == "minimize" else "maximize"  # checked above
+        self.study = optuna.create_study(direction=study_direction, sampler=self.sampler, pruner=self.pruner)
         for params in enqueue:
             self.study.enqueue_trial(dict(params))
         self.records: list[_Trial] = []
@@ -311,7 +313,7 @@ class Sweep:
             config = self.config.replace(**params)
             record.job = TrainingJob(
                 self.cluster, self.model_fn, self.data_fn, config, ranks,  # type: ignore[arg-type]
-                callbacks=[lambda row, r=record: self._on_row(r, row)],
+                callbacks=[partial(self._on_row, record)],
                 kind="trial", name=f"{self.name}-trial-{trial.number}", parent=self.run_id,
                 extra_params={"trial": trial.number, "params": params}, **self.code,
             )  # fmt: skip

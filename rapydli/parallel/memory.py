@@ -10,9 +10,12 @@ are not counted; a storage saved twice is counted once while both are held.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from typing_extensions import Self  # typing.Self is Python >= 3.11; the project supports 3.10
 
 
 class _Held:

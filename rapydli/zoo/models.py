@@ -132,13 +132,14 @@ class TinyLM(nn.Module):
         self.block_size = block_size
         self.tok = nn.Embedding(vocab_size, dim)
         self.pos = nn.Embedding(block_size, dim)
-        self.blocks = nn.Sequential(*(TransformerBlock(dim, heads) for _ in range(layers)))
+        blocks = [TransformerBlock(dim, heads) for _ in range(layers)]
+        self.blocks = nn.Sequential(*blocks)
         self.ln = nn.LayerNorm(dim)
         self.head = nn.Linear(dim, vocab_size, bias=False)
         for module in self.modules():
             if isinstance(module, (nn.Linear, nn.Embedding)):
                 nn.init.normal_(module.weight, std=0.02)
-        for block in self.blocks:
+        for block in blocks:
             nn.init.normal_(block.attn.proj.weight, std=0.02 / math.sqrt(2 * layers))
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
