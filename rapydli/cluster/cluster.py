@@ -170,8 +170,8 @@ class Cluster:
             except BaseException as exc:
                 # Ctrl-C included: a start cancelled half-way leaves engines ipyparallel no
                 # longer tracks; the teardown finds them by their marker
-                died = self._batch is not None and not isinstance(exc, (ClusterError, KeyboardInterrupt))
-                output = self._batch.output(20) if died else ""  # read before the stop removes it
+                died = not isinstance(exc, (ClusterError, KeyboardInterrupt))
+                output = self._batch.output(20) if self._batch is not None and died else ""  # read before the stop removes it
                 self._teardown()
                 self._state = "failed"
                 if isinstance(exc, KeyboardInterrupt):

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import socket
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -44,8 +45,11 @@ def _alive(pid: object) -> psutil.Process | None:
         return None
 
 
-def _engine_processes(launcher_pids: list[int]) -> list[psutil.Process]:
-    """ipyparallel engine processes under the engine launchers (mpiexec and its proxies)."""
+def _engine_processes(launcher_pids: Iterable[object]) -> list[psutil.Process]:
+    """ipyparallel engine processes under the engine launchers (mpiexec and its proxies).
+
+    ``launcher_pids`` as the cluster file records them; what is not an int is skipped.
+    """
     found = []
     for pid in launcher_pids:
         proc = _alive(pid)

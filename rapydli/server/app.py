@@ -18,6 +18,7 @@ class RapydliServerApp(ExtensionApp):
         self.clusters = ClusterManager()
 
     def initialize_handlers(self) -> None:
+        assert self.serverapp is not None  # jupyter_server links the extension to its ServerApp before its handlers
         setup_route_handlers(self.serverapp.web_app, self.clusters)
 
     async def stop_extension(self) -> None:

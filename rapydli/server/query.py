@@ -11,7 +11,7 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, overload
 
 from rapydli.errors import ConfigError
 from rapydli.experiments.store import KINDS, STATUSES
@@ -35,6 +35,14 @@ def check_id(value: str, what: str = "id") -> str:
     if not isinstance(value, str) or not ID_RE.match(value):
         raise ConfigError(f"{what} must be 1-64 letters, digits, '_' or '-'; got {value!r}")
     return value
+
+
+@overload
+def _int_arg(args: Mapping[str, str], name: str, default: int, lo: int, hi: int | None) -> int: ...
+
+
+@overload
+def _int_arg(args: Mapping[str, str], name: str, default: None, lo: int, hi: int | None) -> int | None: ...
 
 
 def _int_arg(args: Mapping[str, str], name: str, default: int | None, lo: int, hi: int | None) -> int | None:

@@ -23,7 +23,7 @@ import contextlib
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import torch
 from torch import nn
@@ -40,6 +40,20 @@ from rapydli.trainer.progress import EpochPlan, resized_config
 
 if TYPE_CHECKING:  # pragma: no cover
     from rapydli.parallel.zero import ShardedOptimizer
+
+
+@runtime_checkable
+class SizedDataset(Protocol):
+    """A map-style dataset: ``len(dataset)`` samples, ``dataset[i]`` for ``0 <= i < len(dataset)``.
+
+    What :meth:`Trainer.evaluate` and the autotuner read. :class:`torch.utils.data.Dataset`
+    declares ``__getitem__`` but not ``__len__``; ``TensorDataset`` and the stores of
+    :mod:`rapydli.data.store` have both.
+    """
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, index: int) -> Any: ...
 
 
 def build_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.Optimizer:
@@ -124,7 +138,7 @@ class Trainer:
         model: nn.Module,
         optimizer: torch.optim.Optimizer | None,
         train_data: Dataset,
-        val_data: Dataset | None,
+        val_data: SizedDataset | None,
         config: TrainConfig,
         comm: Any = None,
         callbacks: Sequence[Callback] = (),
@@ -476,6 +490,7 @@ class Trainer:
         plan, error = None, None
         if self.rank == 0:
             try:
+                assert isinstance(train_data, SizedDataset)  # the loader built in __init__ already took its len()
                 count = min(len(train_data), self.config.batch_size)
                 example = torch.utils.data.default_collate([train_data[i] for i in range(count)])[0]
                 plan = plan_for(self.model, example.to(self.device), mode="train", budget_s=self.config.autotune_budget_s)
