@@ -22,6 +22,7 @@ model never slower than the library).
 from __future__ import annotations
 
 import copy
+import functools
 import math
 import tempfile
 import time
@@ -177,7 +178,7 @@ def _tune_layers(model: nn.Module, x: torch.Tensor, found: Sequence[tuple[str, C
             strategy_opts = {**transfer, **user_opts}
             results[shape] = tune_conv2d(shape, "cpu", mode, engines, strategy=strategy, options=strategy_opts,
                                          cache=cache, deadline=slice_end,
-                                         on_result=lambda m, s=shape: on_result(m, s), **options)
+                                         on_result=functools.partial(on_result, shape=shape), **options)
         evaluated = sum(1 for m in results[shape].measurements
                         if registry()[m.config.candidate].kind != "library" and m.status != "missing")
         status = "tuned" if evaluated or deadline is None else "skipped: budget"

@@ -149,13 +149,19 @@ class _TorchInstance(Instance):
         return gx, gw
 
     def data_grad(self, x: torch.Tensor, w: torch.Tensor, gy: torch.Tensor) -> torch.Tensor:
-        return self._backward(x, w, gy, [True, False])[0]
+        gx, _ = self._backward(x, w, gy, [True, False])
+        assert gx is not None  # asked for by the mask
+        return gx
 
     def weight_grad(self, x: torch.Tensor, w: torch.Tensor, gy: torch.Tensor) -> torch.Tensor:
-        return self._backward(x, w, gy, [False, True])[1]
+        _, gw = self._backward(x, w, gy, [False, True])
+        assert gw is not None  # asked for by the mask
+        return gw
 
     def backward(self, x: torch.Tensor, w: torch.Tensor, gy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self._backward(x, w, gy, [True, True])  # one oneDNN call for both
+        gx, gw = self._backward(x, w, gy, [True, True])  # one oneDNN call for both
+        assert gx is not None and gw is not None  # asked for by the mask
+        return gx, gw
 
 
 class _TorchNCHW(_TorchInstance):
@@ -248,7 +254,7 @@ class _Gemm1x1Instance(Instance):
         g = (self._out(gy) @ w.reshape(w.shape[0], -1)).view(n, *gy.shape[2:], c).permute(0, 3, 1, 2)
         if self.shape.stride == 1:
             return g
-        gx = torch.zeros((n, c, h, wd), dtype=g.dtype, memory_format=torch.channels_last)
+        gx = torch.zeros((n, c, h, wd), dtype=g.dtype).contiguous(memory_format=torch.channels_last)  # zeros() takes no memory_format
         gx[:, :, ::self.shape.stride, ::self.shape.stride] = g
         return gx
 
@@ -337,13 +343,19 @@ class _CroppedInstance(Instance):
         return gx, gw
 
     def data_grad(self, x: torch.Tensor, w: torch.Tensor, gy: torch.Tensor) -> torch.Tensor:
-        return self._backward(x, w, gy, [True, False])[0]
+        gx, _ = self._backward(x, w, gy, [True, False])
+        assert gx is not None  # asked for by the mask
+        return gx
 
     def weight_grad(self, x: torch.Tensor, w: torch.Tensor, gy: torch.Tensor) -> torch.Tensor:
-        return self._backward(x, w, gy, [False, True])[1]
+        _, gw = self._backward(x, w, gy, [False, True])
+        assert gw is not None  # asked for by the mask
+        return gw
 
     def backward(self, x: torch.Tensor, w: torch.Tensor, gy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self._backward(x, w, gy, [True, True])
+        gx, gw = self._backward(x, w, gy, [True, True])
+        assert gx is not None and gw is not None  # asked for by the mask
+        return gx, gw
 
 
 class TorchCropped(Candidate):
@@ -408,7 +420,7 @@ class ConvFunction(torch.autograd.Function):
     """Autograd for an :class:`Instance` whose forward torch cannot differentiate (generated kernels)."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor, inst: Instance) -> torch.Tensor:  # type: ignore[override]
+    def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor, inst: Instance) -> torch.Tensor:
         x = inst.to_layout(x)
         w = inst.to_layout(w)
         ctx.save_for_backward(x, w)
@@ -416,7 +428,7 @@ class ConvFunction(torch.autograd.Function):
         return inst.forward(x, w)
 
     @staticmethod
-    def backward(ctx: Any, gy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
+    def backward(ctx: Any, gy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         x, w = ctx.saved_tensors
         inst, gy = ctx.inst, ctx.inst.to_layout(gy)
         if ctx.needs_input_grad[0] and ctx.needs_input_grad[1]:

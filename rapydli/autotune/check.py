@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from rapydli.autotune.conv import TuneResult
-from rapydli.autotune.model import LayerChoice, Plan, apply_plan, layout_of
+from rapydli.autotune.model import LayerChoice, Plan, apply_plan, in_layout
 from rapydli.autotune.problem import ConvShape
 
 LIBRARY_OF_LAYOUT = {"nchw": "torch_nchw", "nhwc": "torch_channels_last"}
@@ -27,14 +27,20 @@ def _library_choice(choice: LayerChoice, results: Mapping[ConvShape, TuneResult]
     """``choice``'s layer on ``layout``'s library candidate (None when that was not measured)."""
     library = LIBRARY_OF_LAYOUT[layout]
     m = results[choice.shape].best_of(lambda c: c.candidate == library)
-    return None if m is None else LayerChoice(choice.shape, library, (), layout, m.median * 1e3, choice.default_ms)
+    if m is None:
+        return None
+    assert m.median is not None  # best_of keeps timed measurements only
+    return LayerChoice(choice.shape, library, (), layout, m.median * 1e3, choice.default_ms)
 
 
 def _library_plan(plan: Plan, results: Mapping[ConvShape, TuneResult], layout: str) -> Plan:
     """Every layer of ``plan`` on ``layout``'s library candidate (``plan`` itself if one was not measured)."""
-    layers = {name: _library_choice(choice, results, layout) for name, choice in plan.layers.items()}
-    if any(choice is None for choice in layers.values()):
-        return plan
+    layers: dict[str, LayerChoice] = {}
+    for name, choice in plan.layers.items():
+        library = _library_choice(choice, results, layout)
+        if library is None:
+            return plan
+        layers[name] = library
     return Plan(layers, plan.mode, plan.fingerprint, dict(plan.estimates_ms))
 
 
@@ -42,7 +48,8 @@ def _whole_plan(plan: Plan, results: Mapping[ConvShape, TuneResult]) -> Plan:
     """``plan`` with every layer on the one configuration fastest over all its passes (no split)."""
     layers = {}
     for name, choice in plan.layers.items():
-        m = results[choice.shape].best_of(lambda c, lay=choice.layout: layout_of(c) == lay)
+        m = results[choice.shape].best_of(in_layout(choice.layout))
+        assert m is not None and m.median is not None  # the plan chose this layout from a timed measurement
         layers[name] = LayerChoice(choice.shape, m.config.candidate, m.config.params, choice.layout, m.median * 1e3,
                                    choice.default_ms)
     return Plan(layers, plan.mode, plan.fingerprint, dict(plan.estimates_ms))

@@ -88,7 +88,7 @@ class TuneResult:
         if not timed:
             best = self.best_of(predicate)
             return None if best is None or best.median is None else Split({p: best for p in names}, best.median)
-        chosen = {p: min(timed, key=lambda m, p=p: m.passes[p]) for p in names}  # ties: the earlier one
+        chosen = {p: min(timed, key=lambda m: m.passes[p]) for p in names}  # ties: the earlier one
         return Split(chosen, sum(chosen[p].passes[p] for p in names))
 
 

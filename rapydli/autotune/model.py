@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import copy
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -107,6 +107,7 @@ class TunedConv2d(nn.Conv2d):
 
     choice: LayerChoice
     generated: bool  # a pass runs a generated kernel (float32 CPU tensors only)
+    _inst: Instance | None  # built on first use
 
     @classmethod
     def from_conv(cls, conv: nn.Conv2d, choice: LayerChoice) -> TunedConv2d:
@@ -157,12 +158,15 @@ class TunedConv2d(nn.Conv2d):
 
 def conv_shape_of(conv: nn.Conv2d, x_shape: torch.Size) -> ConvShape | None:
     """The :class:`ConvShape` of ``conv`` on an input of ``x_shape``, or None if not tunable."""
-    square = conv.stride[0] == conv.stride[1] and isinstance(conv.padding, tuple) and conv.padding[0] == conv.padding[1]
+    padding = conv.padding
+    square = conv.stride[0] == conv.stride[1] and isinstance(padding, tuple) and padding[0] == padding[1]
     if (conv.groups != 1 or conv.dilation != (1, 1) or not square or conv.padding_mode != "zeros"
             or len(x_shape) != 4):
         return None
+    assert isinstance(padding, tuple)  # checked in square
     n, c, h, w = (int(v) for v in x_shape)
-    return ConvShape(n, c, h, w, conv.out_channels, *conv.kernel_size, stride=conv.stride[0], pad=conv.padding[0])
+    r, s = conv.kernel_size
+    return ConvShape(n, c, h, w, conv.out_channels, r, s, stride=conv.stride[0], pad=padding[0])
 
 
 def conv_layers(model: nn.Module, example_input: torch.Tensor) -> list[tuple[str, nn.Conv2d, ConvShape | None]]:
@@ -205,13 +209,18 @@ def layout_of(config: Config) -> str:
     return get(config.candidate).layout(config.param_dict)
 
 
+def in_layout(layout: str) -> Callable[[Config], bool]:
+    """A predicate: whether a configuration runs in ``layout``."""
+    return lambda config: layout_of(config) == layout
+
+
 def _choose_layouts(layers: list[tuple[str, ConvShape]], results: Mapping[ConvShape, TuneResult], mode: str,
                     input_layout: str) -> tuple[dict[str, str], dict[str, float]]:
     """Per-layer layout minimising conv time + conversions between consecutive convolutions (Viterbi)."""
     best_ms = {}
     for shape, result in results.items():
         for layout in LAYOUTS:
-            split = result.best_split(lambda c, layout=layout: layout_of(c) == layout)
+            split = result.best_split(in_layout(layout))
             best_ms[(shape, layout)] = split.seconds * 1e3 if split is not None else float("inf")
     convert = {shape: _conversion_ms(shape, mode) for _, shape in layers}
     cost = {input_layout: 0.0, **{lay: float("inf") for lay in LAYOUTS if lay != input_layout}}
@@ -312,7 +321,8 @@ def _plan(model: nn.Module, example_input: torch.Tensor, mode: str, engines: Any
         default_total = 0.0
         for name, shape in found:
             result = results[shape]
-            split = result.best_split(lambda c, lay=layouts[name]: layout_of(c) == lay)
+            split = result.best_split(in_layout(layouts[name]))
+            assert split is not None  # the layout was chosen at a finite cost: it has a split
             default = result.best_split(lambda c: c.candidate == "torch_nchw")  # summed as the choice's time is
             default_ms = default.seconds * 1e3 if default is not None else None
             default_total += default_ms or 0.0

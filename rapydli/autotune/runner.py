@@ -224,6 +224,7 @@ def time_checked(problem: Problem, checked: Measurement) -> Measurement:
     seconds = {**checked.seconds, "time": time.perf_counter() - started}
     times = [sum(run) for run in zip(*per_pass.values())]
     if len(times) == 1 and _abandoned(problem, per_pass):
+        assert problem.abandon_s is not None  # _abandoned is False without a limit
         return replace(checked, status="slow", median=times[0], variance=0.0, times=times, seconds=seconds,
                        message=f"abandoned after one timed run: {times[0] * 1e3:.3g} ms > {problem.abandon_s * 1e3:.3g} ms",
                        passes={name: t[0] for name, t in per_pass.items()})
@@ -411,7 +412,9 @@ class ParallelRunner(Runner):
         """Results of ``items`` (in no particular order): batches handed to whichever worker is free."""
         size = max(1, math.ceil(len(items) / (4 * len(workers))))
         batches = [list(items[i:i + size]) for i in range(0, len(items), size)]
-        free, running, results = list(workers), {}, []
+        free = list(workers)
+        running: dict[Any, Seat] = {}  # future of a batch -> the worker running it
+        results: list[Measurement] = []
         failures: dict[int, str] = {}
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
         while batches or running:
@@ -445,13 +448,14 @@ class ParallelRunner(Runner):
         configs = list(configs)
         if not configs:
             return []
-        problem = replace(problem, threads=problem.threads or torch.get_num_threads())
-        views, all_seats = self._seats(problem.threads)
+        threads = problem.threads or torch.get_num_threads()
+        problem = replace(problem, threads=threads)
+        views, all_seats = self._seats(threads)
         checked = self._spread(all_seats, configs, lambda seat, part: views[seat.index].apply_async(
             check_batch, problem, part, seat.check_core, seat.index, self.measurer))
         timers = [seat for seat in all_seats if seat.time_cores is not None]
         todo = [m for m in checked if m.status == "validated"]
         timed = self._spread(timers, todo, lambda seat, part: views[seat.index].apply_async(
-            time_batch, problem, part, set(seat.time_cores), seat.index)) if todo else []
+            time_batch, problem, part, set(seat.time_cores or ()), seat.index)) if todo else []  # timers all have cores
         results = {m.config: m for m in [*checked, *timed]}
         return [results[c] for c in configs]

@@ -97,7 +97,7 @@ def command(n: int, repeat: int, timeout: float, json_path: str | None, options:
     for _ in range(repeat):
         runs["rapydli"].append(_rapydli_start(n, slurm_options, timeout))
         runs["ipyparallel"].append(_ipyparallel_start(n, slurm_options, timeout))
-    rows = [
+    rows: list[dict[str, Any]] = [
         {
             "launcher": name,
             "engines": n,

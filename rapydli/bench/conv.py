@@ -31,6 +31,7 @@ import statistics
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,7 @@ from torch import nn
 from rapydli.autotune.cache import Cache
 from rapydli.autotune.conv import tune_conv2d
 from rapydli.autotune.problem import ConvShape
+from rapydli.autotune.search import Config
 from rapydli.bench.report import emit, machine_info
 
 LIBRARY = ("torch_nchw", "torch_channels_last", "im2col_gemm", "gemm_1x1")  # gemm_1x1: 1x1 layers only
@@ -132,6 +134,11 @@ def paired(base: list[float], other: list[float]) -> tuple[float, float, float]:
     return median, q1, q3
 
 
+def _of_candidate(name: str) -> Callable[[Config], bool]:
+    """A predicate: whether a configuration is of candidate ``name``."""
+    return lambda cfg: cfg.candidate == name
+
+
 def layer_rows(names: tuple[str, ...], gflop: float, preset: str, cache: Cache) -> list[dict[str, Any]]:
     rows = []
     for name in names:
@@ -142,10 +149,11 @@ def layer_rows(names: tuple[str, ...], gflop: float, preset: str, cache: Cache) 
         def gflops(m: Any, flops: int = flops) -> float | None:
             return flops / m.median / 1e9 if m is not None else None
 
-        best = {c: result.best_of(lambda cfg, c=c: cfg.candidate == c) for c in (*LIBRARY, "c_direct")}
+        best = {c: result.best_of(_of_candidate(c)) for c in (*LIBRARY, "c_direct")}
         best_library = max(gflops(best[c]) or 0.0 for c in LIBRARY)
         onednn = max(gflops(best["torch_nchw"]) or 0.0, gflops(best["torch_channels_last"]) or 0.0)
         tuned = gflops(result.best)
+        assert tuned is not None  # result.best is a measurement
         generated = gflops(best["c_direct"])
         rows.append({
             "layer": name, "shape": shape.key.split(":", 1)[1],
@@ -178,7 +186,7 @@ def model_rows(batch: int, preset: str, cache: Cache, reps: int) -> list[dict[st
         tuned_model, report = autotune_model(model, x, "train", preset=preset, cache=cache, repetitions=3)
         tune_s = time.perf_counter() - started
         torch.manual_seed(0)
-        cl_model = build().to(memory_format=torch.channels_last)
+        cl_model = build().to(memory_format=torch.channels_last)  # type: ignore[call-overload]  # torch's stub omits memory_format
         load = os.getloadavg()[0]
         ms = compare_training_steps({"default": model, "channels_last": cl_model, "tuned": tuned_model}, x, y, reps)
         speedup, low, high = paired(ms["default"], ms["tuned"])

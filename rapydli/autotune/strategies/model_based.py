@@ -111,7 +111,7 @@ def tune(space: SearchSpace, runner: Runner, options: Mapping[str, Any] | None =
     rng = random.Random(opts["seed"])
     draws = rng.sample(pool, min(opts["initial"], len(pool)))
     history = [(c, math.log(t)) for c, t in opts["history"] if t and t > 0]
-    best = min((m.median for m in results if m.ok), default=None)
+    best = min((m.median for m in results if m.ok and m.median is not None), default=None)
     stale = 0
     taken = 0
     while pool and (budget is None or taken < budget) and stale < opts["patience"]:
