@@ -84,7 +84,8 @@ def test_autotune_model_keeps_outputs_and_gradients(tuned) -> None:
     assert list(report.table["layer"]) == ["0", "3", "5", "8"]
     required = {"planned", "all_nchw", "all_nhwc", "default", "measured_planned", "measured_library_nchw",
                 "measured_library_nhwc"}
-    assert required <= set(report.estimates_ms) and set(report.estimates_ms) - required <= {"measured_planned_whole"}
+    # the check also times the whole-model plan and, when it differs, the plan with the small gains put back on the library
+    assert required <= set(report.estimates_ms) and set(report.estimates_ms) - required <= {"measured_planned_whole", "measured_planned_1.25x"}
     # the whole-model plan kept is the fastest measured one
     measured = {k: v for k, v in report.estimates_ms.items() if k.startswith("measured_")}
     assert report.plan.chosen == min(measured, key=measured.get).removeprefix("measured_")
