@@ -107,6 +107,9 @@ def setup(threads: int, paths: Sequence[str] = ()) -> dict[str, Any]:
     os.environ["OMP_NUM_THREADS"] = str(threads)
     if "torch" in sys.modules:  # else torch takes OMP_NUM_THREADS when the first task imports it
         sys.modules["torch"].set_num_threads(threads)
+    # a stop request may arrive before a task is fully under way (its first one imports torch):
+    # the handler is in place from the start and the request is kept until the task ends
+    signal.signal(STOP_SIGNAL, _on_stop_signal)
     world = MPI.COMM_WORLD
     local = world.Split_type(MPI.COMM_TYPE_SHARED)
     local_rank = local.Get_rank()
@@ -168,7 +171,6 @@ def _enter(targets: Sequence[int], stream_events: bool) -> RankContext:
     )
     _current.append(ctx)
     events.enable(stream_events)
-    _stop.clear()
     signal.signal(STOP_SIGNAL, _on_stop_signal)
     return ctx
 
