@@ -211,16 +211,24 @@ def _steps_until_stopped(limit: int) -> int:
 
 
 def test_jobs_on_disjoint_ranks_run_side_by_side_and_stop_cleanly(cluster):
-    left = cluster.submit(_steps_until_stopped, 10_000, targets=[0], on_event=lambda *a: None)
-    right = cluster.submit(_steps_until_stopped, 10_000, targets=[1], on_event=lambda *a: None)
-    time.sleep(1.0)
+    steps: dict[int, int] = {}
+
+    def seen(rank: int, kind: str, step: int) -> None:
+        steps[rank] = step
+
+    left = cluster.submit(_steps_until_stopped, 10_000, targets=[0], on_event=seen)
+    right = cluster.submit(_steps_until_stopped, 10_000, targets=[1], on_event=seen)
+    deadline = time.monotonic() + 60
+    while not (steps.get(0, 0) >= 1 and steps.get(1, 0) >= 1) and time.monotonic() < deadline:  # both under way
+        left.poll(0.05)
+        right.poll(0.05)
     while not (left.poll(0.05) and right.poll(0.05)):
         if not left.stop_requested:
             left.request_stop()
         if not right.stop_requested and left.finished:
             right.request_stop()
     stopped_left, stopped_right = left.result()[0], right.result()[0]
-    assert 0 < stopped_left <= stopped_right < 10_000
+    assert 0 < stopped_left <= stopped_right < 10_000, (stopped_left, stopped_right, steps)
     assert cluster.running
 
 
