@@ -73,3 +73,13 @@ def test_metrics_arrive_before_training_ends() -> None:
     assert received[-1] - received[0] > 0.5 * (produced[-1] - produced[0]) - events.COALESCE_S
     assert produced[-1] - produced[0] > 0.3  # the run was long enough for that to mean something
     assert received[-1] <= ended
+
+
+def test_a_restart_row_draws_a_marker_where_the_run_resumed() -> None:
+    from rapydli.widgets.live import LivePlot
+
+    plot = LivePlot(title="restarts", widget=False)
+    plot({"kind": "train", "step": 1, "loss": 2.0, "samples_per_s": 1.0, "step_time_s": 0.1, "comm_time_s": 0.01, "comm_wait_s": 0.0})
+    plot({"kind": "restart", "step": 4, "cause": "rank 1 died", "ranks": [1]})
+    plot.close()
+    assert plot.restarts == [4] and [shape.x0 for shape in plot.figure.layout.shapes] == [4]

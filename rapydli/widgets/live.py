@@ -119,9 +119,8 @@ class LivePlot:
                         trace.y = (*(trace.y or ()), *(y for _, y in fresh))
                 for restart in (r for r in rows if r.get("kind") == "restart"):  # a marker where the run resumed
                     self.restarts.append(restart["step"])
-                    self.figure.add_vline(
-                        x=restart["step"], line={"dash": "dash", "color": "#d62728"}, annotation_text=f"restart (ranks {restart['ranks']} died)"
-                    )
+                    self.figure.add_shape(type="line", x0=restart["step"], x1=restart["step"], xref="x", y0=0, y1=1, yref="y domain",
+                                          line={"dash": "dash", "color": "#d62728"})  # fmt: skip
             self.redraws += 1
             self._last_draw = time.monotonic()
 
