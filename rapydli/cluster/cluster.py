@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -556,15 +557,17 @@ class Cluster:
         return results
 
     def _job(self, results: dict[int, Any], **handlers: Any) -> Job:
-        hosts_down = self._hosts_down if self.launcher.name == "ssh" else None
+        # where each rank runs, taken now: an abort (which the job may call) forgets the engines
+        where = {rank: info["host"] for rank, info in self._info.items()}
+        hosts_down = functools.partial(self._hosts_down, where) if self.launcher.name == "ssh" else None
         gone = self._batch.gone if self._batch is not None else None
         return Job(results, interrupt=self._interrupt, stop=self._request_stop, abort=self.abort, hosts_down=hosts_down, gone=gone, **handlers)
 
-    def _hosts_down(self, ranks: Sequence[int]) -> dict[int, tuple[str, str]]:
-        """``{rank: (host, why)}`` for the ``ranks`` whose host no longer answers over ssh."""
+    def _hosts_down(self, where: dict[int, str], ranks: Sequence[int]) -> dict[int, tuple[str, str]]:
+        """``{rank: (host, why)}`` for the ``ranks`` whose host (in ``where``) no longer answers over ssh."""
         from rapydli.cluster.sshhosts import unreachable_hosts
 
-        hosts = {rank: self._info[rank]["host"] for rank in ranks if rank in self._info}
+        hosts = {rank: where[rank] for rank in ranks if rank in where}
         down = unreachable_hosts(sorted(set(hosts.values())), self.options.get("ssh_command", "ssh"))
         return {rank: (host, down[host]) for rank, host in hosts.items() if host in down}
 
