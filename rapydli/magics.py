@@ -22,15 +22,29 @@ from rapydli.cluster.job import print_output
 from rapydli.errors import ConfigError
 
 
+def _strip_comment(line: str) -> str:
+    """``line`` without a trailing ``# comment``: a ``#`` outside quotes, at the start or after a space."""
+    quote = ""
+    for index, char in enumerate(line):
+        if quote:
+            quote = "" if char == quote else quote
+        elif char in "\"'":
+            quote = char
+        elif char == "#" and (index == 0 or line[index - 1].isspace()):
+            return line[:index].rstrip()
+    return line
+
+
 def _parse(magic: Any, line: str) -> Any:
     """``parse_argstring`` whose errors carry the magic's usage (and run nothing).
 
     Options and positionals may be intermixed, so launcher options can follow flags
     (``start -n 4 --launcher slurm partition=debug``); quotes group words as in a shell
-    (``setup="module load cuda"``), and ``#`` starts a comment.
+    (``setup="module load cuda"``), and a ``#`` that starts a word outside quotes starts a
+    comment (``hosts=a#1`` keeps its ``#``).
     """
     try:
-        return magic.parser.parse_intermixed_args(shlex.split(line, comments=True))
+        return magic.parser.parse_intermixed_args(shlex.split(_strip_comment(line)))
     except ValueError as exc:  # shlex: an unclosed quote
         raise UsageError(f"cannot read {line!r}: {exc}\n{magic.parser.format_usage()}") from None
     except UsageError as exc:

@@ -9,7 +9,6 @@ import time
 
 import pytest
 from IPython.core.error import UsageError
-from IPython.testing.globalipapp import start_ipython
 from IPython.utils.capture import capture_output
 from processes import wait_until_gone
 
@@ -19,9 +18,8 @@ pytestmark = pytest.mark.engines
 
 
 @pytest.fixture(scope="module")
-def ip():
-    shell = start_ipython()
-    shell.run_line_magic("load_ext", "rapydli")
+def ip(ipython_shell):
+    shell = ipython_shell
     with capture_output():
         shell.run_line_magic("rapydli", "start -n 2")
     yield shell
