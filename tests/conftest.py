@@ -42,6 +42,21 @@ def hosts(tmp_path_factory: pytest.TempPathFactory):
     nshosts.down(started)
 
 
+@pytest.fixture(scope="session")
+def ipython_shell():
+    """The one global IPython shell of the test session, with ``rapydli`` loaded.
+
+    ``start_ipython()`` makes the shell on its first call and answers None after it, so
+    every test that needs a shell takes it from here.
+    """
+    from IPython import get_ipython
+    from IPython.testing.globalipapp import start_ipython
+
+    shell = start_ipython() or get_ipython()
+    shell.run_line_magic("load_ext", "rapydli")
+    return shell
+
+
 MpiRunner = Callable[..., subprocess.CompletedProcess]
 
 

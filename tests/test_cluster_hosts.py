@@ -13,7 +13,6 @@ import time
 import nshosts
 import pytest
 from hosts_cases import allreduce_on_host, train_matches_one_process
-from IPython.testing.globalipapp import start_ipython
 from IPython.utils.capture import capture_output
 from processes import wait_until_gone
 
@@ -66,9 +65,8 @@ def test_hosts_are_separate(hosts) -> None:
 
 
 @pytest.fixture(scope="module")
-def ip(hosts):
-    shell = start_ipython()
-    shell.run_line_magic("load_ext", "rapydli")
+def ip(hosts, ipython_shell):
+    shell = ipython_shell
     options = f"hosts=h1,h2 ssh_command={hosts.ssh} interface={nshosts.BRIDGE} transport=tcp"
     with capture_output():
         shell.run_line_magic("rapydli", f"start {options} -n 2 --launcher ssh")

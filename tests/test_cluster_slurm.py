@@ -12,9 +12,7 @@ import threading
 import time
 
 import pytest
-from IPython import get_ipython
 from IPython.core.error import UsageError
-from IPython.testing.globalipapp import start_ipython
 from IPython.utils.capture import capture_output
 from traitlets.config import Config
 
@@ -96,9 +94,8 @@ def test_pbs_script_is_generated(tmp_path):
 # README's examples (tests/test_readme_cluster.py), so no second 4-engine cluster is started here.
 
 
-def test_magic_refuses_bad_launcher_options_naming_the_allowed():
-    shell = start_ipython() or get_ipython()  # start_ipython() answers None after its first call
-    shell.run_line_magic("load_ext", "rapydli")
+def test_magic_refuses_bad_launcher_options_naming_the_allowed(ipython_shell):
+    shell = ipython_shell
     with pytest.raises(UsageError, match="no option 'partitio': allowed are"):
         shell.run_line_magic("rapydli", "start -n 2 --launcher slurm partitio=debug")
     with pytest.raises(UsageError, match="n=4 engines do not fill nodes=3"):
@@ -120,9 +117,8 @@ def test_pending_job_is_shown_then_cancelled_at_the_timeout(local_slurm):
 
 
 @pytest.mark.slurm
-def test_magic_status_shows_a_queued_start_and_stop_cancels_it(local_slurm):
-    shell = start_ipython() or get_ipython()  # start_ipython() answers None after its first call
-    shell.run_line_magic("load_ext", "rapydli")
+def test_magic_status_shows_a_queued_start_and_stop_cancels_it(local_slurm, ipython_shell):
+    shell = ipython_shell
     with capture_output():
         shell.run_line_magic("rapydli", "start -n 2 --launcher slurm partition=down --no-wait")
     status = _wait_for(lambda: (s := shell.run_line_magic("rapydli", "status")).get("job", {}).get("state") == "PENDING" and s)

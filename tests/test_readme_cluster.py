@@ -9,17 +9,18 @@ import sys
 from pathlib import Path
 
 import pytest
-from IPython import get_ipython
-from IPython.testing.globalipapp import start_ipython
 from IPython.utils.capture import capture_output
+
+from rapydli.cluster import Cluster
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
 
 def cluster_examples() -> list[tuple[str, str]]:
-    """``(language, code)`` of each fenced block in the README's "On a cluster" section."""
+    """``(language, code)`` of each fenced block in the "Slurm" part of the README's "On a cluster"."""
     text = README.read_text()
     section = text.split("\n## On a cluster\n", 1)[1].split("\n## ", 1)[0]
+    section = section.split("\n### Slurm\n", 1)[1].split("\n### ", 1)[0]
     return re.findall(r"```(python|bash)\n(.*?)```", section, flags=re.S)
 
 
@@ -29,9 +30,20 @@ def test_the_section_has_magic_python_and_cli_examples():
 
 
 @pytest.mark.slurm
-def test_readme_cluster_examples_run_as_written(local_slurm):
+def test_readme_cluster_examples_run_as_written(local_slurm, ipython_shell):
     before = set(local_slurm.queue())
-    shell = start_ipython() or get_ipython()  # start_ipython() answers None after its first call
+    shell = ipython_shell
+    try:
+        _run_examples(shell)
+    finally:  # a failed example leaves no cluster behind for later tests
+        for record in Cluster.detached():
+            Cluster.attach(record["id"]).forget()
+        if shell.run_line_magic("rapydli", "status").get("state") != "stopped":
+            shell.run_line_magic("rapydli", "stop")
+    assert set(local_slurm.queue()) <= before
+
+
+def _run_examples(shell) -> None:
     for language, code in cluster_examples():
         if language == "python":
             with capture_output() as captured:
@@ -46,4 +58,3 @@ def test_readme_cluster_examples_run_as_written(local_slurm):
             assert done.returncode == 0, f"{line}\n{done.stdout}\n{done.stderr}"
             if argv[1:3] == ["cluster", "status"]:
                 assert "slurm" in done.stdout and "RUNNING" in done.stdout
-    assert set(local_slurm.queue()) <= before
