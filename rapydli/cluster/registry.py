@@ -75,6 +75,19 @@ def _records() -> dict[str, dict[str, Any]]:
     return out
 
 
+#: Scheduler states of a job that has not started its engines yet.
+_QUEUED = ("SUBMITTED", "PENDING", "CONFIGURING", "REQUEUED")
+
+
+def _job(launcher: object, job_id: object) -> dict[str, Any] | None:
+    """The batch job ``job_id`` as the scheduler reports it now (None without one)."""
+    if launcher != "slurm" or not job_id:
+        return None
+    from rapydli.cluster import slurm
+
+    return slurm.job_state(str(job_id)).describe()
+
+
 def running_clusters() -> list[dict[str, Any]]:
     """Every cluster whose controller runs on this machine, oldest first.
 
@@ -85,7 +98,10 @@ def running_clusters() -> list[dict[str, Any]]:
         (``detached``: started by ``rapydli cluster start`` or published by a server;
         ``kernel``: a cluster a notebook or script started and still holds), ``launcher``,
         ``n``, ``engines_alive``, ``hosts``, ``started`` (epoch seconds), ``threads``,
-        ``engine_pids`` (the live engine processes on this host).
+        ``engine_pids`` (the live engine processes on this host), ``state`` (``starting``
+        while its start is under way or its job waits in the queue, else ``running``) and
+        ``job`` (the batch job's ``{"id", "state", "reason", "nodes"}`` as the scheduler
+        reports it now; None for launchers without one).
     """
     records = _records()
     clusters = []
@@ -106,14 +122,19 @@ def running_clusters() -> list[dict[str, Any]]:
             hosts = sorted({str(e.get("host")) for e in alive}) if alive else []
             entry = {"origin": "detached", "launcher": record.get("launcher"), "n": record.get("n"),
                      "engines_alive": len(alive), "hosts": hosts, "threads": record.get("threads"),
-                     "engine_pids": [e["pid"] for e in alive]}  # fmt: skip
+                     "engine_pids": [e["pid"] for e in alive], "state": record.get("state", "running")}  # fmt: skip
+            job_id = (record.get("job") or {}).get("id")
         else:
             engine_class = str(data.get("engines", {}).get("class", ""))
             procs = _engine_processes([s.get("pid") for s in sets if isinstance(s, dict)])
             entry = {"origin": "kernel", "launcher": _LAUNCHER_OF.get(engine_class, engine_class),
                      "n": data["cluster"].get("n"), "engines_alive": len(procs),
                      "hosts": [socket.gethostname()] if procs else [], "threads": None,
-                     "engine_pids": [p.pid for p in procs]}  # fmt: skip
+                     "engine_pids": [p.pid for p in procs], "state": "running"}  # fmt: skip
+            job_id = next((s["job_id"] for s in sets if isinstance(s, dict) and s.get("job_id")), None)
+        entry["job"] = _job(entry["launcher"], job_id)
+        if entry["job"] is not None and entry["job"]["state"] in _QUEUED:
+            entry["state"] = "starting"
         clusters.append({"id": cluster_id, "started": controller.create_time(), **entry})
     return sorted(clusters, key=lambda c: c["started"])
 
