@@ -15,6 +15,7 @@ def test_bench_loader_prints_targets_and_writes_json(tmp_path: Path) -> None:
     out = tmp_path / "loader.json"
     args = ["--samples", "96", "--shape", "4,8", "--batch-size", "8", "--epochs", "2", "--workers", "1",
             "--threads", "2", "--latency-ms", "0.2", "--step-ms", "0", "--dir", str(tmp_path), "--json", str(out)]
+    before = {p.pid for p in psutil.Process().children(recursive=True)}  # e.g. the session's test hosts' sshd
     result = CliRunner().invoke(command, args, catch_exceptions=False)
     assert result.exit_code == 0, result.output
     assert "== rapydli bench loader ==" in result.output
@@ -33,4 +34,4 @@ def test_bench_loader_prints_targets_and_writes_json(tmp_path: Path) -> None:
     # epoch 2 reads from storage only samples whose caching epoch 1 was still finishing (prefetch across epochs)
     assert ram + disk + storage == 96 and storage <= 16
     assert not [p for p in tmp_path.iterdir() if p.name.startswith("rapydli-bench-loader-")]
-    assert not psutil.Process().children(recursive=True)  # every loader's workers were stopped
+    assert not {p.pid for p in psutil.Process().children(recursive=True)} - before  # every loader's workers were stopped
