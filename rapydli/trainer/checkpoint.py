@@ -15,6 +15,7 @@ checkpoint, or the end of the run, waits for the write before it.
 from __future__ import annotations
 
 import copy
+import logging
 import os
 import random
 import tempfile
@@ -26,6 +27,8 @@ import numpy as np
 import torch
 
 from rapydli.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 CHECKPOINT_NAME = "checkpoint.pt"
 FORMAT_VERSION = 1
@@ -110,11 +113,18 @@ class CheckpointWriter:
         self._thread = threading.Thread(target=write, name="rapydli-checkpoint", daemon=True)
         self._thread.start()
 
-    def wait(self) -> None:
-        """Block until the write in flight (if any) is on disk; raise its error if it failed."""
+    def wait(self, raise_error: bool = True) -> None:
+        """Block until the write in flight (if any) is on disk; raise its error if it failed.
+
+        With ``raise_error=False`` a failed write is logged instead (for a caller that is
+        already raising an error of its own).
+        """
         if self._thread is not None:
             self._thread.join()
             self._thread = None
+        if self._error is not None and not raise_error:
+            log.warning("a checkpoint write failed: %s", self._error)
+            self._error = None
         if self._error is not None:
             error, self._error = self._error, None
             raise error

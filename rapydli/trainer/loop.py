@@ -230,7 +230,20 @@ class Trainer:
 
     # -- the loop ---------------------------------------------------------------------------
     def fit(self) -> list[dict[str, Any]]:
-        """Train to ``total_steps`` (``epochs``, capped by ``max_steps``); return :attr:`history`."""
+        """Train to ``total_steps`` (``epochs``, capped by ``max_steps``); return :attr:`history`.
+
+        A checkpoint being written is on disk when ``fit`` returns, and also when it raises
+        (a callback's exception, Ctrl-C): a run resumed from that directory starts there.
+        """
+        try:
+            self._train()
+        except BaseException:
+            self._writer.wait(raise_error=False)  # the training error is the one to report
+            raise
+        self._writer.wait()
+        return self.history
+
+    def _train(self) -> None:
         cfg = self.config
         while self.step < self.total_steps:
             epoch, done_in_epoch, steps_in_epoch = self.plan.locate(self.step)
@@ -329,8 +342,6 @@ class Trainer:
                 dispatch(self.callbacks, "on_epoch_end", summary)
             if self.stopped_early:
                 break
-        self._writer.wait()  # the last checkpoint is on disk when fit returns
-        return self.history
 
     def close(self) -> None:
         """Finish a checkpoint still being written; remove the gradient hooks; release the communicator the trainer built."""
