@@ -14,10 +14,12 @@ notebook:
   cloudpickle rebuilds the class and its methods together (and, by its class tracker,
   as the same class object on every call).
 * **The cells' source travels with the task.** A function from a notebook cell keeps the
-  cell's file name (``/tmp/ipykernel_.../123.py`` or ``<ipython-input-...>``), whose lines
-  IPython keeps only in the notebook's :mod:`linecache`. :func:`notebook_cells` collects
-  them on the client and :func:`register_cells` puts them in the engine's
-  :mod:`linecache`, so a traceback from an engine shows the cell's lines.
+  cell's file name (``/tmp/ipykernel_.../123.py`` or ``<ipython-input-...>``): cloudpickle
+  (3.1 and later) writes ``<dynamic-code>`` in its place, so :func:`pickle_classes_by_value`
+  has it write the real name. The cell's lines IPython keeps only in the notebook's
+  :mod:`linecache`; :func:`notebook_cells` collects them on the client and
+  :func:`register_cells` puts them in the engine's :mod:`linecache`, so a traceback from
+  an engine shows the cell's lines.
 * **The user's frames come first** in a failure's text (:func:`user_frames_first`).
 """
 
@@ -36,10 +38,31 @@ MAX_CELL_CHARS = 2_000_000
 
 
 def pickle_classes_by_value() -> None:
-    """Let cloudpickle, not ipyparallel's ``CannedClass``, carry ``__main__`` classes (idempotent)."""
+    """Let cloudpickle, not ipyparallel's ``CannedClass``, carry ``__main__`` classes, and keep
+    the file names of the code it pickles (idempotent)."""
+    import types
+
+    from cloudpickle import cloudpickle
     from ipyparallel.serialize import canning
 
     canning.can_map.pop(type, None)
+    table = cloudpickle.Pickler._dispatch_table
+    if not getattr(table[types.CodeType], "keeps_file_names", False):
+        table[types.CodeType] = _file_name_kept(table[types.CodeType])
+
+
+def _file_name_kept(reduce_code: Any) -> Any:
+    """cloudpickle's code reducer, with the code's own file name where it writes ``<dynamic-code>``."""
+
+    def reduce(code: Any) -> Any:
+        rebuild, args = reduce_code(code)
+        return rebuild, tuple(code.co_filename if arg == _DYNAMIC else arg for arg in args)
+
+    reduce.keeps_file_names = True  # type: ignore[attr-defined]
+    return reduce
+
+
+_DYNAMIC = "<dynamic-code>"
 
 
 def notebook_cells() -> dict[str, list[str]]:
