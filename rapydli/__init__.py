@@ -37,6 +37,8 @@ _LAZY: dict[str, str] = {
     "train": "rapydli.notebook",
     "scaling_study": "rapydli.notebook",
     "ScalingResult": "rapydli.experiments.scaling",
+    "plan_parallel": "rapydli.notebook",
+    "ParallelPlan": "rapydli.experiments.planner",
     "sweep": "rapydli.notebook",
     "SweepResult": "rapydli.experiments.sweep",
     "loguniform": "rapydli.experiments.space",
@@ -95,10 +97,11 @@ def unload_ipython_extension(ipython: Any) -> None:
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from rapydli.cluster import Cluster
     from rapydli.experiments.batch import batch
+    from rapydli.experiments.planner import ParallelPlan
     from rapydli.experiments.run import RunResult
     from rapydli.experiments.runview import run, runs
     from rapydli.experiments.scaling import ScalingResult
     from rapydli.experiments.space import choice, intrange, loguniform, uniform
     from rapydli.experiments.sweep import SweepResult
-    from rapydli.notebook import record, scaling_study, sweep, train
+    from rapydli.notebook import plan_parallel, record, scaling_study, sweep, train
     from rapydli.trainer.config import TrainConfig

@@ -1,4 +1,4 @@
-"""The notebook front door: ``rd.train``, ``rd.sweep``, ``rd.scaling_study``, ``rd.record``.
+"""The notebook front door: ``rd.train``, ``rd.sweep``, ``rd.scaling_study``, ``rd.plan_parallel``, ``rd.record``.
 
 The experiments (:mod:`rapydli.experiments`) run headless: they take a cluster (or let
 :func:`rapydli.cluster.ensure_cluster` choose one), call callbacks and return results
@@ -30,11 +30,14 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
     from rapydli.cluster import Cluster
+    from rapydli.experiments.network import Network
     from rapydli.experiments.perfmodel import RingModel
+    from rapydli.experiments.planner import ParallelPlan
     from rapydli.experiments.run import MetricsCallback, RunResult
     from rapydli.experiments.scaling import ScalingResult
     from rapydli.experiments.space import Dimension
     from rapydli.experiments.sweep import SweepResult
+    from rapydli.parallel.profile import Profile
     from rapydli.trainer.config import TrainConfig
 
 
@@ -285,6 +288,43 @@ def scaling_study(
     if handle is not None:
         replace_with_figure(handle, result.figure)
     return result
+
+
+def plan_parallel(
+    model_fn: Callable[[], Any] | str,
+    data_fn: Callable[[], Any] | str,
+    config: TrainConfig | Mapping[str, Any],
+    ranks: int = 2,
+    memory_per_rank: float | None = None,
+    network: Network | RingModel | None = None,
+    run_top: int | None = None,
+    steps: int = 12,
+    cluster: Cluster | None = None,
+    *,
+    global_batch: int | None = None,
+    profile: Profile | None = None,
+) -> ParallelPlan:
+    """Which layout (data x pipeline x tensor parallel, micro-batches, schedule, ZeRO) to train with.
+
+    :func:`rapydli.experiments.planner.plan_parallel`: measures the model and the network
+    once, predicts every layout of ``ranks`` ranks, runs the fastest ``run_top`` and returns
+    the table, a figure of predicted against measured and ``best``, a ``TrainConfig`` for
+    ``rd.train``. Parameters, result and errors as there; in a kernel the figure is kept
+    readable in the saved notebook.
+
+    Examples
+    --------
+    >>> plan = rd.plan_parallel(models.tiny_lm, datasets.synthetic_tokens, rd.TrainConfig(batch_size=16), ranks=2)  # doctest: +SKIP
+    >>> rd.train(models.tiny_lm, datasets.synthetic_tokens, plan.best)  # doctest: +SKIP
+    >>> rd.plan_parallel(models.tiny_lm, datasets.synthetic_tokens, cfg, ranks=64, profile=plan.profile,
+    ...                  network=RingModel(alpha=5e-6, beta=1 / 12.5e9))  # doctest: +SKIP
+    """
+    from rapydli.experiments.planner import plan_parallel as plan
+
+    static_figures()
+    return plan(
+        model_fn, data_fn, config, ranks, memory_per_rank, network, run_top, steps, cluster, global_batch=global_batch, profile=profile,
+    )  # fmt: skip
 
 
 def record(name: str, value: Any) -> None:

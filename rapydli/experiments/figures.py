@@ -133,3 +133,56 @@ def _dimensions(table: pd.DataFrame, metric: str, params: list[str]) -> list[dic
             codes = {label: i for i, label in enumerate(labels)}
             dims.append({"label": name, "values": [codes[str(v)] for v in column], "tickvals": list(range(len(labels))), "ticktext": labels})
     return dims
+
+
+def plan_figure(table: pd.DataFrame, ranks: int, tolerance: float, shown: int = 12) -> Any:
+    """The planner's layouts: predicted step time of the fastest that fit (measured beside), and predicted vs measured."""
+    from plotly.subplots import make_subplots
+
+    figure = make_subplots(rows=1, cols=2, column_widths=[0.62, 0.38],
+                           subplot_titles=(f"fastest predicted layouts on {ranks} ranks", "predicted against measured"))  # fmt: skip
+    top = table[table["fits"]].head(shown)
+    labels = list(top["layout"])
+    figure.add_bar(x=labels, y=[1e3 * v for v in top["predicted_step_s"]], name="predicted", marker={"color": "#8ecae6"}, row=1, col=1)
+    ran = top[top["measured_step_s"].notna()]
+    figure.add_scatter(x=list(ran["layout"]), y=[1e3 * v for v in ran["measured_step_s"]], mode="markers", name="measured",
+                       marker={"color": "#d62728", "size": 11, "symbol": "diamond"}, row=1, col=1)  # fmt: skip
+    every = table[table["measured_step_s"].notna()]
+    if len(every):
+        high = 1.1e3 * float(max(every["measured_step_s"].max(), every["predicted_step_s"].max()))
+        line = [0.0, high]
+        figure.add_scatter(x=line, y=line, mode="lines", name="predicted = measured", line={"color": "grey", "dash": "dot"}, row=1, col=2)
+        for factor in (1 - tolerance, 1 + tolerance):
+            figure.add_scatter(x=line, y=[factor * v for v in line], mode="lines", line={"color": "lightgrey", "dash": "dash"},
+                               name=f"±{tolerance:.0%}", showlegend=factor > 1, legendgroup="band", row=1, col=2)  # fmt: skip
+        figure.add_scatter(x=[1e3 * v for v in every["measured_step_s"]], y=[1e3 * v for v in every["predicted_step_s"]], mode="markers+text",
+                           text=list(every["layout"]), textposition="top center", name="layouts run",
+                           marker={"color": "#d62728", "size": 10}, showlegend=False, row=1, col=2)  # fmt: skip
+    figure.update_yaxes(title_text="step time (ms)", row=1, col=1)
+    figure.update_xaxes(title_text="measured step time (ms)", row=1, col=2)
+    figure.update_yaxes(title_text="predicted step time (ms)", row=1, col=2)
+    figure.update_layout(template="plotly_white", height=420, title=f"layout planner: {ranks} ranks", margin={"b": 120})
+    return figure
+
+
+def published_figure(rows: list[dict[str, Any]], curves: dict[str, tuple[list[int], list[float]]], tolerance: float) -> Any:
+    """Published speedups (markers) against the model's (lines), with the tolerance band around each published point."""
+    import plotly.graph_objects as go
+
+    figure = go.Figure()
+    colours = ["#1f77b4", "#d62728", "#2a9d8f", "#e9c46a", "#9467bd"]
+    for i, (name, (gpus, speedups)) in enumerate(curves.items()):
+        colour = colours[i % len(colours)]
+        figure.add_scatter(x=gpus, y=speedups, mode="lines", name=f"{name}: predicted", line={"color": colour})
+        points = [r for r in rows if r["model"] == name]
+        figure.add_scatter(
+            x=[r["gpus"] for r in points], y=[r["published_speedup"] for r in points], mode="markers", name=f"{name}: published",
+            marker={"color": colour, "size": 11, "symbol": "diamond"},
+            error_y={"type": "data", "array": [tolerance * r["published_speedup"] for r in points], "visible": True},
+        )  # fmt: skip
+    top = max((max(g) for g, _ in curves.values()), default=1)
+    figure.add_scatter(x=[1, top], y=[1, top], mode="lines", name="ideal", line={"color": "grey", "dash": "dot"})
+    figure.update_xaxes(title_text="GPUs", type="log")
+    figure.update_yaxes(title_text="speedup over one GPU", type="log")
+    figure.update_layout(template="plotly_white", height=420, title=f"published speedups against the model (bars: ±{tolerance:.0%})")
+    return figure

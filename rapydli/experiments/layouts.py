@@ -1,0 +1,237 @@
+"""Layouts of a training run over ``N`` ranks, and the memory each rank needs in one.
+
+A :class:`Layout` splits the ranks into ``dp`` data-parallel replicas of a pipeline of
+``pp`` stages whose every stage is split ``tp`` ways (``dp * pp * tp = N``), cuts each
+replica's batch into ``microbatches`` (pipeline micro-batches, or gradient accumulation
+when ``pp = 1``), runs a pipeline ``schedule`` and shards the optimizer state over the
+replicas with ZeRO stage ``zero``. The global batch is the same in every layout:
+each replica reads ``global_batch / dp`` samples per step.
+
+:func:`enumerate_layouts` lists every layout of ``N`` ranks a model allows: ``pp`` up to
+its number of blocks, ``tp`` among the degrees its tensor plan splits (at most
+:data:`MAX_TENSOR_PARALLEL`, a node's GPUs, as Megatron-LM keeps tensor parallelism inside a
+node), micro-batches powers of two dividing the replica's batch, at most ``4 * pp``
+(:data:`MICROBATCHES_PER_STAGE`; 4 without a pipeline), both schedules where ``pp > 1``
+and ZeRO 0, 1 and 2 where ``dp > 1``.
+
+Memory per rank (fp32, bytes; ``P`` = bytes of the parameters a rank holds, ``k`` = 2
+optimizer values per parameter for AdamW, 1 for SGD with momentum, 0 without), as the ZeRO
+paper counts model states (Rajbhandari et al. 2020, §3; its mixed-precision ``(2 + 2 + K)ψ``
+becomes ``(4 + 4 + 4k)ψ`` in fp32):
+
+* ZeRO 0: parameters ``P`` + gradients ``P`` + optimizer ``k·P`` (16ψ for Adam);
+* ZeRO 1: ``P + P + k·P/dp`` (optimizer state sharded: 8ψ + 8ψ/N);
+* ZeRO 2: ``P + P/dp + k·P/dp`` (gradients sharded too: 4ψ + 12ψ/N);
+
+plus activations (the bytes autograd keeps for backward, times the micro-batches a stage
+holds at once: :func:`rapydli.parallel.schedules.peak_live`) and ``buffers``: what this
+implementation keeps beyond the formula (:func:`zero_buffers`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from rapydli.errors import ConfigError
+from rapydli.parallel.schedules import SCHEDULES
+from rapydli.trainer.config import TrainConfig
+
+MAX_TENSOR_PARALLEL = 8
+MICROBATCHES_PER_STAGE = 4
+#: The ``schedule`` of a layout without a pipeline.
+NO_SCHEDULE = "-"
+
+
+def tensor_parallel_available() -> bool:
+    """Whether ``TrainConfig`` has ``tensor_parallel`` (layouts with ``tp > 1`` can then run, not only be predicted)."""
+    return "tensor_parallel" in {f.name for f in dataclasses.fields(TrainConfig)}
+
+
+@dataclass(frozen=True, order=True)
+class Layout:
+    """One way to run a training on ``dp * pp * tp`` ranks (see the module's description)."""
+
+    dp: int
+    pp: int
+    tp: int
+    microbatches: int
+    schedule: str
+    zero: int
+
+    @property
+    def ranks(self) -> int:
+        """``dp * pp * tp``."""
+        return self.dp * self.pp * self.tp
+
+    @property
+    def label(self) -> str:
+        """``dp2 pp1 tp1 m1 zero0`` (and the schedule of a pipeline)."""
+        schedule = f" {self.schedule}" if self.pp > 1 else ""
+        return f"dp{self.dp} pp{self.pp} tp{self.tp} m{self.microbatches}{schedule} zero{self.zero}"
+
+    def replica_batch(self, global_batch: int) -> int:
+        """Samples each replica reads per step."""
+        return global_batch // self.dp
+
+    def microbatch(self, global_batch: int) -> int:
+        """Samples per micro-batch."""
+        return global_batch // self.dp // self.microbatches
+
+    @property
+    def runnable(self) -> bool:
+        """Whether a ``TrainConfig`` can express it (``tp > 1`` needs ``TrainConfig.tensor_parallel``)."""
+        return self.tp == 1 or tensor_parallel_available()
+
+    def config(self, base: TrainConfig, global_batch: int, split: Sequence[str] = ()) -> TrainConfig:
+        """``base`` set up for this layout: workers, per-replica batch, pipeline, ZeRO (and tensor parallelism).
+
+        ``split`` names the block each stage after the first begins with (``pipeline_split``).
+        Raises :class:`ConfigError` for ``tp > 1`` when ``TrainConfig`` has no ``tensor_parallel``.
+        """
+        changes: dict[str, Any] = {"workers": self.ranks, "zero": self.zero}
+        if self.pp > 1:
+            changes.update(batch_size=self.replica_batch(global_batch), grad_accum=1, pipeline_stages=self.pp, microbatches=self.microbatches,
+                           pipeline_schedule=self.schedule, pipeline_split=",".join(split) if split else "auto")  # fmt: skip
+        else:
+            changes.update(batch_size=self.microbatch(global_batch), grad_accum=self.microbatches, pipeline_stages=1, microbatches=1)
+        if self.tp > 1:
+            if not tensor_parallel_available():
+                raise ConfigError(f"layout {self.label} needs TrainConfig.tensor_parallel, which this version does not have: it can be predicted, not run")
+            changes["tensor_parallel"] = self.tp
+        elif tensor_parallel_available():
+            changes["tensor_parallel"] = 1
+        return base.replace(**changes)
+
+
+def divisors(n: int) -> list[int]:
+    """Divisors of ``n`` in increasing order."""
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def microbatch_choices(batch: int, pp: int) -> list[int]:
+    """Powers of two dividing ``batch``, at most ``4 * pp`` (4 without a pipeline)."""
+    cap = min(batch, MICROBATCHES_PER_STAGE * pp)
+    return [m for m in (2**i for i in range(cap.bit_length())) if m <= cap and batch % m == 0]
+
+
+def grids(ranks: int, global_batch: int, blocks: int, tensor_parallel: Sequence[int]) -> list[tuple[int, int, int]]:
+    """Every ``(dp, pp, tp)`` with ``dp * pp * tp = ranks``, ``dp`` dividing the global batch, ``pp <= blocks``."""
+    found = []
+    for tp in divisors(ranks):
+        if tp not in tensor_parallel or tp > MAX_TENSOR_PARALLEL:
+            continue
+        for pp in divisors(ranks // tp):
+            dp = ranks // tp // pp
+            if pp <= blocks and global_batch % dp == 0:
+                found.append((dp, pp, tp))
+    return found
+
+
+def enumerate_layouts(
+    ranks: int, global_batch: int, blocks: int, tensor_parallel: Sequence[int] = (1,), zero: Sequence[int] = (0, 1, 2)
+) -> list[Layout]:
+    """Every layout of ``ranks`` ranks for a model of ``blocks`` pipeline blocks (see the module's description).
+
+    ``tensor_parallel``: the degrees the model's tensor plan splits; ``zero``: the ZeRO
+    stages allowed (``TrainConfig.zero=2`` cannot clip gradients).
+    """
+    layouts = []
+    for dp, pp, tp in grids(ranks, global_batch, blocks, tensor_parallel):
+        batch = global_batch // dp
+        for m in microbatch_choices(batch, pp):
+            for schedule in (SCHEDULES if pp > 1 else (NO_SCHEDULE,)):
+                for stage in (zero if dp > 1 else (0,)):
+                    layouts.append(Layout(dp, pp, tp, m, schedule, stage))
+    return layouts
+
+
+def candidate_sizes(ranks: int, global_batch: int) -> tuple[list[int], list[int]]:
+    """Micro-batch sizes and per-step batch sizes some layout of ``ranks`` ranks uses (what to measure)."""
+    micro, data = set(), set()
+    for dp in divisors(ranks):
+        if global_batch % dp:
+            continue
+        batch = global_batch // dp
+        for pp in divisors(ranks // dp):
+            for m in microbatch_choices(batch, pp):
+                micro.add(batch // m)
+                data.add(batch if pp > 1 else batch // m)
+    return sorted(micro), sorted(data)
+
+
+def spread(sizes: Iterable[int], most: int = 6) -> list[int]:
+    """At most ``most`` of ``sizes``: all of them, or the smallest, the largest and some between, evenly on a log scale."""
+    ordered = sorted(set(sizes))
+    if len(ordered) <= most:
+        return ordered
+    picks = {ordered[round(i * (len(ordered) - 1) / (most - 1))] for i in range(most)}
+    return sorted(picks)
+
+
+def optimizer_factor(config: TrainConfig) -> int:
+    """Optimizer values kept per parameter: AdamW 2 (two moments), SGD 1 with momentum, else 0."""
+    if config.optimizer == "adamw":
+        return 2
+    return 1 if config.momentum > 0 else 0
+
+
+@dataclass(frozen=True)
+class Memory:
+    """Bytes one rank holds at its peak, by kind (see the module's description)."""
+
+    parameters: float
+    gradients: float
+    optimizer: float
+    activations: float
+    buffers: float
+
+    @property
+    def model_states(self) -> float:
+        """Parameters + gradients + optimizer state: what the ZeRO formula counts."""
+        return self.parameters + self.gradients + self.optimizer
+
+    @property
+    def peak(self) -> float:
+        """Everything: model states, activations and buffers."""
+        return self.model_states + self.activations + self.buffers
+
+
+def zero_states(parameter_bytes: float, dp: int, zero: int, factor: int) -> tuple[float, float, float]:
+    """``(parameters, gradients, optimizer)`` bytes per rank by the fp32 ZeRO formulas."""
+    gradients = parameter_bytes / dp if zero >= 2 else parameter_bytes
+    optimizer = factor * parameter_bytes / (dp if zero >= 1 else 1)
+    return parameter_bytes, gradients, optimizer
+
+
+def zero_buffers(parameter_bytes: float, dp: int, zero: int) -> float:
+    """Bytes this implementation keeps beyond the formula (:class:`rapydli.parallel.zero.ShardedOptimizer`).
+
+    ZeRO 1 and 2 lay the parameters and the gradients end to end in two flat buffers
+    (``2 P``) and keep the owned slice and its gradient (``2 P / dp``); ZeRO 2 also holds
+    the whole gradient backward produces (``P``) before reduce-scattering it, where the
+    formula counts ``P / dp``.
+    """
+    if zero == 0 or dp == 1:
+        return 0.0
+    flats = 2 * parameter_bytes + 2 * parameter_bytes / dp
+    return flats + (parameter_bytes - parameter_bytes / dp if zero == 2 else 0.0)
+
+
+def smallest_states(
+    ranks: int, global_batch: int, blocks: int, parameter_bytes: float, factor: int, zero: Sequence[int], tensor_parallel: Sequence[int]
+) -> tuple[float, str]:
+    """A lower bound of the model states some layout needs per rank, and that layout's grid.
+
+    Each rank is given an even share of the parameters (``P / (pp * tp)``, which no real split
+    beats) and the most ZeRO sharding allowed; activations are not counted.
+    """
+    best = (float("inf"), "")
+    for dp, pp, tp in grids(ranks, global_batch, blocks, tensor_parallel):
+        share = parameter_bytes / (pp * tp)
+        stage = max(zero) if dp > 1 else 0
+        need = sum(zero_states(share, dp, stage, factor))
+        best = min(best, (need, f"dp{dp} pp{pp} tp{tp} zero{stage}"))
+    return best

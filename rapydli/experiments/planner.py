@@ -1,0 +1,365 @@
+"""``rd.plan_parallel``: which layout of data, pipeline and tensor parallelism and ZeRO to train with.
+
+For ``ranks`` ranks and one global batch, the planner
+
+1. **measures once**: the model's blocks (forward and backward time, activation and
+   parameter bytes, tensor-parallel allreduces) at the micro-batch sizes and
+   tensor-parallel degrees the layouts use, on every engine that would train
+   (:mod:`rapydli.experiments.profiling`), and the network: gradient allreduce,
+   reduce-scatter/allgather and point-to-point α–β models (:mod:`rapydli.experiments.network`);
+2. **enumerates** every layout (:func:`rapydli.experiments.layouts.enumerate_layouts`),
+   **predicts** its step time and peak memory per rank (:mod:`rapydli.experiments.stepmodel`)
+   and drops those over ``memory_per_rank``;
+3. **runs** the ``run_top`` fastest predicted layouts for ``steps`` steps on the cluster and
+   puts the measured step time (median after the warm-up) beside the prediction.
+
+A given ``network`` describes a machine one does not have: nothing is run by default
+(``run_top=0``), and without a cluster in use the model is measured in this process, or
+``profile=`` reuses an earlier plan's measurement (``plan.profile``), so ``ranks=64`` is
+predicted without starting anything. Layouts with ``tp > 1`` are predicted always and run
+when ``TrainConfig`` has ``tensor_parallel``
+(:func:`rapydli.experiments.layouts.tensor_parallel_available`).
+
+Examples
+--------
+>>> plan = plan_parallel(models.tiny_lm, datasets.synthetic_tokens, TrainConfig(batch_size=16), ranks=2)  # doctest: +SKIP
+>>> plan.table.head(3)  # doctest: +SKIP
+>>> rd.train(models.tiny_lm, datasets.synthetic_tokens, plan.best)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from rapydli.errors import ConfigError
+from rapydli.experiments.figures import plan_figure
+from rapydli.experiments.layouts import (
+    MAX_TENSOR_PARALLEL,
+    Layout,
+    candidate_sizes,
+    divisors,
+    enumerate_layouts,
+    optimizer_factor,
+    smallest_states,
+    spread,
+)  # fmt: skip
+from rapydli.experiments.network import Network
+from rapydli.experiments.perfmodel import RingModel
+from rapydli.experiments.refs import resolve_callable
+from rapydli.experiments.stepmodel import Prediction, predict
+from rapydli.parallel.profile import Profile
+from rapydli.trainer.config import TrainConfig
+from rapydli.trainer.task import WARMUP_STEPS
+
+if TYPE_CHECKING:  # pragma: no cover
+    import pandas as pd
+
+    from rapydli.cluster import Cluster
+
+#: A layout run is "within the model" when its measured step time is within 20 % of the prediction.
+TOLERANCE = 0.20
+#: Layouts run when the network is measured here and ``run_top`` is not given.
+RUN_TOP = 3
+#: Largest batch measured; larger ones are extrapolated (compute grows linearly with the batch there).
+MEASURED_SIZES = 64
+MIB = float(1 << 20)
+COLUMNS = [
+    "layout", "dp", "pp", "tp", "microbatches", "schedule", "zero", "runnable", "fits", "predicted_step_s", "measured_step_s", "error",
+    "samples_per_s", "bubble", "gradient_s", "optimizer_s", "params_mib", "grads_mib", "optimizer_mib", "activations_mib", "buffers_mib",
+    "peak_mib", "split",
+]  # fmt: skip
+
+
+@dataclass
+class ParallelPlan:
+    """What :func:`plan_parallel` returns.
+
+    Attributes
+    ----------
+    table
+        One row per layout, the fastest predicted first (those over ``memory_per_rank``
+        last): ``layout``, ``dp``, ``pp``, ``tp``, ``microbatches``, ``schedule``, ``zero``,
+        ``runnable`` (a ``TrainConfig`` can express it), ``fits`` (memory), the
+        ``predicted_step_s`` and, for the layouts run, ``measured_step_s`` and ``error``
+        (relative), ``samples_per_s`` (predicted), the prediction's parts (``bubble``,
+        ``gradient_s``, ``optimizer_s``), the peak per rank in MiB by kind (``params_mib``,
+        ``grads_mib``, ``optimizer_mib``, ``activations_mib``, ``buffers_mib``, ``peak_mib``)
+        and the pipeline ``split``.
+    figure
+        Predicted step time of the fastest layouts with the measured ones beside them, and
+        predicted against measured.
+    best
+        The ``TrainConfig`` of the pick (pass it to ``rd.train``): the fastest measured
+        layout, else the fastest predicted runnable one that fits; ``None`` if none is runnable.
+    best_layout
+        Its label.
+    predictions
+        The :class:`~rapydli.experiments.stepmodel.Prediction` of every layout, in table order.
+    profile, network
+        What the predictions used (``profile`` can be passed to another plan).
+    validated
+        Whether every layout run is within 20 % of its prediction (``None`` when none ran).
+    notes
+        What was left out and why (layouts that failed to run, degrees not measured).
+    """
+
+    table: pd.DataFrame
+    figure: Any
+    best: TrainConfig | None
+    best_layout: str | None
+    predictions: list[Prediction]
+    profile: Profile
+    network: Network
+    ranks: int
+    global_batch: int
+    validated: bool | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def _repr_html_(self) -> str:  # pragma: no cover - notebook display
+        shown = self.table.head(12).drop(columns=["dp", "pp", "tp", "microbatches", "schedule", "zero"])
+        return f"<b>ParallelPlan</b> {self.ranks} ranks, best: {self.best_layout}, validated={self.validated}<br>{shown.to_html(index=False)}"
+
+
+def _positive_int(name: str, value: Any, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ConfigError(f"{name}={value!r} is invalid: an integer >= {low}")
+    return value
+
+
+def _network(network: Network | RingModel | None) -> Network | None:
+    if network is None or isinstance(network, Network):
+        return network
+    if isinstance(network, RingModel):
+        return Network.from_ring(network)
+    raise ConfigError(f"network={network!r} is invalid: a RingModel(alpha, beta), a Network, or None (measured on the cluster)")
+
+
+def _model_states(model_fn: Callable[[], Any]) -> tuple[float, int] | None:
+    """Parameter bytes and pipeline blocks of the model, built on the meta device (no memory); None if it cannot be."""
+    import torch
+
+    from rapydli.parallel.split import pipeline_blocks
+
+    try:
+        with torch.device("meta"):
+            model = model_fn()
+        parameters = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    except Exception:  # noqa: BLE001 - a model that cannot be built on the meta device is checked once measured
+        return None
+    try:
+        blocks = len(pipeline_blocks(model))
+    except ConfigError:
+        blocks = 1
+    return float(parameters), blocks
+
+
+def _check_memory(model_fn: Callable[[], Any], ranks: int, global_batch: int, config: TrainConfig, limit: float, zero: tuple[int, ...]) -> None:
+    """Refuse, before anything starts, a limit below what the model's states need in any layout."""
+    states = _model_states(model_fn)
+    if states is None:
+        return
+    parameters, blocks = states
+    degrees = [t for t in divisors(ranks) if t <= MAX_TENSOR_PARALLEL]
+    need, grid = smallest_states(ranks, global_batch, blocks, parameters, optimizer_factor(config), zero, degrees)
+    if need > limit:
+        raise ConfigError(
+            f"memory_per_rank={limit:.4g} bytes is too small for every layout of ranks={ranks}: the smallest needs at least "
+            f"{need / MIB:.3g} MiB per rank ({grid}: parameters, gradients and optimizer state, before activations)"
+        )
+
+
+def plan_parallel(
+    model_fn: Callable[[], Any] | str,
+    data_fn: Callable[[], Any] | str,
+    config: TrainConfig | Mapping[str, Any],
+    ranks: int = 2,
+    memory_per_rank: float | None = None,
+    network: Network | RingModel | None = None,
+    run_top: int | None = None,
+    steps: int = 12,
+    cluster: Cluster | None = None,
+    *,
+    global_batch: int | None = None,
+    profile: Profile | None = None,
+    run_layouts: Sequence[str] = (),
+) -> ParallelPlan:
+    """Predict every layout of ``ranks`` ranks, run the fastest, and pick one.
+
+    Parameters
+    ----------
+    model_fn, data_fn
+        As for ``rd.train``.
+    config
+        The run's ``TrainConfig``; its optimizer, allreduce, bucket size and overlap are
+        what the layouts use.
+    ranks
+        Ranks to plan for (``dp * pp * tp``).
+    memory_per_rank
+        Bytes a rank may hold; layouts predicted above it are dropped (``None``: no limit).
+    network
+        A ``RingModel`` or :class:`~rapydli.experiments.network.Network` of the target
+        machine; ``None``: measured on the cluster.
+    run_top
+        Layouts to run (the fastest predicted that fit and are runnable); ``None``: 3 when
+        the network is measured here, 0 when it is given.
+    steps
+        Steps per layout run (the first 2 are warm-up and not timed).
+    cluster
+        The cluster (at least ``ranks`` engines) when one is needed (measuring the network,
+        or running layouts); ``None``: as ``rd.train`` chooses (the running one, else a new
+        local one that is stopped afterwards).
+    global_batch
+        Samples per step in every layout; default ``config.batch_size * config.grad_accum * ranks``.
+    profile
+        A measurement to reuse (``plan.profile`` of an earlier plan of the same model and
+        config); ``None``: measured on the cluster if one is used, else in this process.
+    run_layouts
+        Labels of layouts to run besides the ``run_top`` fastest (as the table writes them,
+        ``"dp1 pp2 tp1 m4 gpipe zero0"``); an unknown label is a ``ConfigError`` naming the
+        layouts there are.
+
+    Returns
+    -------
+    ParallelPlan
+
+    Raises
+    ------
+    ConfigError
+        A bad argument (before anything starts), or ``memory_per_rank`` below what every
+        layout needs (naming the smallest need).
+    """
+    cfg = config if isinstance(config, TrainConfig) else TrainConfig.from_dict(dict(config))
+    _positive_int("ranks", ranks, 1)
+    _positive_int("steps", steps, WARMUP_STEPS + 1)
+    if run_top is not None:
+        _positive_int("run_top", run_top, 0)
+    if memory_per_rank is not None and (isinstance(memory_per_rank, bool) or not isinstance(memory_per_rank, int | float) or not memory_per_rank > 0):
+        raise ConfigError(f"memory_per_rank={memory_per_rank!r} is invalid: bytes per rank > 0, or None (no limit)")
+    if profile is not None and not isinstance(profile, Profile):
+        raise ConfigError(f"profile={profile!r} is invalid: a Profile (plan.profile of an earlier plan) or None")
+    net = _network(network)
+    batch = _positive_int("global_batch", global_batch, 1) if global_batch is not None else cfg.global_batch(ranks)
+    model, data = resolve_callable(model_fn, "model_fn"), resolve_callable(data_fn, "data_fn")
+    top = run_top if run_top is not None else (RUN_TOP if net is None else 0)
+    if isinstance(run_layouts, str) or not all(isinstance(label, str) for label in run_layouts):
+        raise ConfigError(f"run_layouts={run_layouts!r} is invalid: a list of layout labels such as 'dp2 pp1 tp1 m1 zero0'")
+    zero = (0, 1, 2) if cfg.grad_clip is None else (0, 1)
+    if memory_per_rank is not None:
+        _check_memory(model, ranks, batch, cfg, float(memory_per_rank), zero)
+
+    from rapydli.cluster import choose_cluster
+
+    needed = top > 0 or bool(run_layouts) or (net is None and ranks > 1)
+    chosen, own = choose_cluster(cluster, n=ranks, need=ranks) if needed else (None, False)
+    targets = list(range(ranks))
+    try:
+        if profile is None:
+            profile = _measure(chosen, targets, model, data, cfg, ranks, batch)
+        if net is None:
+            net = _measure_network(chosen, targets, cfg)
+        degrees = [t for t in divisors(ranks) if t <= MAX_TENSOR_PARALLEL and profile.supports(t)]
+        layouts = enumerate_layouts(ranks, batch, len(profile.names), degrees, zero)
+        predictions = sorted((predict(layout, profile, net, batch, cfg) for layout in layouts), key=lambda p: p.step_s)
+        fits = [memory_per_rank is None or p.memory.peak <= memory_per_rank for p in predictions]
+        if not any(fits):
+            smallest = min(predictions, key=lambda p: p.memory.peak)
+            raise ConfigError(
+                f"memory_per_rank={float(memory_per_rank or 0):.4g} bytes is too small for every layout of ranks={ranks}: the smallest "
+                f"peak is {smallest.memory.peak / MIB:.3g} MiB per rank ({smallest.layout.label})"
+            )
+        predictions = [p for _, p in sorted(zip(fits, predictions), key=lambda pair: (not pair[0], pair[1].step_s))]
+        fits = sorted(fits, reverse=True)
+        measured: dict[Layout, float] = {}
+        notes: list[str] = [f"unsupported tensor_parallel={t}: {why}" for t, why in profile.unsupported.items() if ranks % t == 0]
+        picks = [p for p, ok in zip(predictions, fits) if ok and p.layout.runnable][:top]
+        by_label = {p.layout.label: p for p in predictions}
+        unknown = [label for label in run_layouts if label not in by_label or not by_label[label].layout.runnable]
+        if unknown:
+            runnable = ", ".join(p.layout.label for p in predictions if p.layout.runnable)
+            raise ConfigError(f"run_layouts names {', '.join(map(repr, unknown))}, not a runnable layout of ranks={ranks}; they are: {runnable}")
+        picks += [by_label[label] for label in run_layouts if by_label[label] not in picks]
+        for prediction in picks:
+            assert chosen is not None
+            step, note = _run(chosen, targets, model, data, prediction, cfg, batch, steps)
+            if step is not None:
+                measured[prediction.layout] = step
+            if note:
+                notes.append(note)
+    finally:
+        if own and chosen is not None:
+            chosen.stop()
+    table = _table(predictions, fits, measured, batch)
+    errors = [abs(e) for e in table["error"] if not math.isnan(e)]
+    validated = all(e <= TOLERANCE for e in errors) if errors else None
+    best = _best(predictions, fits, measured)
+    best_config = best.layout.config(cfg, batch, best.split) if best is not None else None
+    return ParallelPlan(
+        table=table, figure=plan_figure(table, ranks, TOLERANCE), best=best_config, best_layout=best.layout.label if best else None,
+        predictions=predictions, profile=profile, network=net, ranks=ranks, global_batch=batch, validated=validated, notes=notes,
+    )  # fmt: skip
+
+
+def _measure(cluster: Cluster | None, targets: list[int], model: Callable[[], Any], data: Callable[[], Any], config: TrainConfig, ranks: int,
+             batch: int) -> Profile:  # fmt: skip
+    from rapydli.experiments.profiling import local_profile, measure_profile
+
+    micro, data_sizes = (spread({min(size, MEASURED_SIZES) for size in sizes}) for sizes in candidate_sizes(ranks, batch))
+    degrees = [t for t in divisors(ranks) if t <= MAX_TENSOR_PARALLEL]
+    if cluster is not None:
+        return measure_profile(cluster, targets, model, data, config, micro, degrees, data_sizes)
+    return local_profile(model, data, config, micro, degrees, data_sizes)
+
+
+def _measure_network(cluster: Cluster | None, targets: list[int], config: TrainConfig) -> Network:
+    from rapydli.experiments.network import measure_network
+
+    if cluster is None or len(targets) < 2:
+        return Network.from_ring(RingModel(alpha=0.0, beta=0.0, source="one rank: no communication"))
+    return measure_network(cluster, targets, algorithm=config.allreduce)
+
+
+def _run(cluster: Cluster, targets: list[int], model: Callable[[], Any], data: Callable[[], Any], prediction: Prediction, config: TrainConfig,
+         batch: int, steps: int) -> tuple[float | None, str]:  # fmt: skip
+    """Train ``steps`` steps in the layout; its median step time after the warm-up (None and a note if it failed)."""
+    from rapydli.experiments.job import TrainingJob
+
+    layout = prediction.layout
+    run_config = layout.config(config, batch, prediction.split).replace(
+        max_steps=steps, epochs=max(config.epochs, steps), eval_every=0, checkpoint_dir=None, checkpoint_every=0, resume=False
+    )
+    job = TrainingJob(
+        cluster, model, data, run_config, targets, name=f"plan {layout.label}",
+        extra_params={"plan_layout": layout.label, "predicted_step_time_s": prediction.step_s},
+    ).wait()  # fmt: skip
+    if job.state != "finished" or not job.results or not job.results[0].get("timing"):
+        return None, f"{layout.label} did not run: {job.error or job.state}"
+    return float(job.results[0]["timing"]["step_time_s"]), ""
+
+
+def _table(predictions: list[Prediction], fits: list[bool], measured: dict[Layout, float], batch: int) -> pd.DataFrame:
+    import pandas as pd
+
+    rows = []
+    for prediction, ok in zip(predictions, fits):
+        layout, memory = prediction.layout, prediction.memory
+        step = measured.get(layout, math.nan)
+        rows.append({
+            "layout": layout.label, "dp": layout.dp, "pp": layout.pp, "tp": layout.tp, "microbatches": layout.microbatches,
+            "schedule": layout.schedule, "zero": layout.zero, "runnable": layout.runnable, "fits": ok, "predicted_step_s": prediction.step_s,
+            "measured_step_s": step, "error": (prediction.step_s - step) / step, "samples_per_s": batch / prediction.step_s,
+            "bubble": prediction.bubble, "gradient_s": prediction.gradient_s, "optimizer_s": prediction.optimizer_s,
+            "params_mib": memory.parameters / MIB, "grads_mib": memory.gradients / MIB, "optimizer_mib": memory.optimizer / MIB,
+            "activations_mib": memory.activations / MIB, "buffers_mib": memory.buffers / MIB, "peak_mib": memory.peak / MIB,
+            "split": ",".join(prediction.split),
+        })  # fmt: skip
+    return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def _best(predictions: list[Prediction], fits: list[bool], measured: dict[Layout, float]) -> Prediction | None:
+    if measured:
+        fastest = min(measured, key=lambda layout: measured[layout])
+        return next(p for p in predictions if p.layout == fastest)
+    return next((p for p, ok in zip(predictions, fits) if ok and p.layout.runnable), None)

@@ -1,0 +1,79 @@
+"""Measuring a model for the layout planner: on every engine of a cluster, or in this process.
+
+:func:`measure_profile` runs :func:`profile_task` on the engines that would train
+(all at once, so the measurement sees the contention of ranks sharing a node, as training
+does) and averages their :class:`~rapydli.parallel.profile.Profile`; :func:`local_profile`
+measures in this process, for a prediction that starts no cluster.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from rapydli.parallel.profile import Profile, profile_model
+from rapydli.trainer.config import TrainConfig
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+    from rapydli.cluster import Cluster
+
+
+def tensor_plan(config: TrainConfig) -> dict[str, str] | None:
+    """The config's tensor plan when it names one (a dict), else ``None`` (the model's built-in plan)."""
+    plan = getattr(config, "tensor_plan", None)
+    return dict(plan) if isinstance(plan, dict) else None
+
+
+def _profile(
+    model_fn: Callable[[], Any], data_fn: Callable[[], Any], config: TrainConfig, sizes: Sequence[int], tensor_parallel: Sequence[int],
+    data_sizes: Sequence[int], device: torch.device,
+) -> Profile:  # fmt: skip
+    import torch
+    from torch.utils.data import default_collate
+
+    from rapydli.trainer.loop import optimizer_over
+
+    train, _ = data_fn()
+    count = max(sizes)
+    inputs, targets = default_collate([train[i % len(train)] for i in range(count)])[:2]
+    sample = (inputs.to(device), targets.to(device))
+
+    def build() -> Any:
+        torch.manual_seed(config.seed)
+        return model_fn().to(device)
+
+    return profile_model(
+        build, sample, sizes, tensor_parallel, tensor_plan(config), lambda ps: optimizer_over(ps, config), train, data_sizes,
+    )  # fmt: skip
+
+
+def profile_task(model_fn: Callable[[], Any], data_fn: Callable[[], Any], config: dict[str, Any], sizes: Sequence[int],
+                 tensor_parallel: Sequence[int], data_sizes: Sequence[int]) -> Profile:  # fmt: skip
+    """Engine half of :func:`measure_profile`: this rank's measurement, on its device."""
+    from rapydli.cluster.engine import context
+
+    return _profile(model_fn, data_fn, TrainConfig.from_dict(config), sizes, tensor_parallel, data_sizes, context().device)
+
+
+def measure_profile(
+    cluster: Cluster, targets: Sequence[int], model_fn: Callable[[], Any], data_fn: Callable[[], Any], config: TrainConfig,
+    sizes: Sequence[int], tensor_parallel: Sequence[int], data_sizes: Sequence[int],
+) -> Profile:  # fmt: skip
+    """Every target engine measures at once; their times are averaged."""
+    ranks = list(targets)
+    profiles = cluster.run(profile_task, model_fn, data_fn, config.to_dict(), list(sizes), list(tensor_parallel), list(data_sizes), targets=ranks)
+    return Profile.combine(profiles, source=f"{len(ranks)} engines")
+
+
+def local_profile(
+    model_fn: Callable[[], Any], data_fn: Callable[[], Any], config: TrainConfig, sizes: Sequence[int], tensor_parallel: Sequence[int],
+    data_sizes: Sequence[int],
+) -> Profile:  # fmt: skip
+    """Measure in this process (on the CPU, with this process's threads)."""
+    import torch
+
+    profile = _profile(model_fn, data_fn, config, sizes, tensor_parallel, data_sizes, torch.device("cpu"))
+    profile.source = "this process"
+    return profile

@@ -1,0 +1,159 @@
+"""Predicting a layout's step time and peak memory per rank from a profile and a network.
+
+One step of a :class:`~rapydli.experiments.layouts.Layout`, as the Trainer runs it:
+
+1. **data**: every rank collates its batch (``pp > 1``: the replica's batch once;
+   ``pp = 1``: each of the ``microbatches`` accumulation steps);
+2. **compute**: the stages' forward and backward of every micro-batch, played through the
+   schedule by :func:`rapydli.parallel.schedules.simulate` (which gives the bubble): a
+   stage's time per micro-batch is its blocks' measured times at the micro-batch size on one
+   of ``tp`` ranks (:class:`~rapydli.parallel.profile.Profile`) plus their tensor-parallel
+   allreduces (``collectives`` ring at ``tp`` ranks, blocking); a transfer between stages
+   costs ``p2p`` of the largest boundary activation. Stages are cut where the measured
+   times balance (:func:`rapydli.parallel.split.balance`), as ``pipeline_split="auto"``
+   does, and the layout's config names those cuts;
+3. **gradients** (``dp > 1``, ZeRO 0 and 1): the synchronizer's buckets (reverse
+   parameter order, the first at most 1 MiB, then ``bucket_mb``) each start their
+   allreduce (``allreduce`` ring at ``dp`` ranks) when backward has produced all their
+   gradients, during the stage's last backward, one after another; only what runs past the
+   end of backward counts (with ``overlap=False``, all of it). Gradients are taken as ready
+   when their block's backward ends;
+4. **optimizer**: the step's measured time per parameter byte on the rank's share
+   (``1 / dp`` with ZeRO), plus with ZeRO the flat copies, an allgather of the
+   parameters (half a ``collectives`` ring) and for ZeRO 2 the reduce-scatter of the
+   gradients (the other half; nothing of it overlaps backward).
+
+The step is the slowest stage's. Peak memory per rank is the largest stage's
+:class:`~rapydli.experiments.layouts.Memory`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from rapydli.comm.synchronizer import FIRST_BUCKET_BYTES
+from rapydli.experiments.layouts import Layout, Memory, optimizer_factor, zero_buffers, zero_states
+from rapydli.experiments.network import Network
+from rapydli.parallel import schedules, split
+from rapydli.parallel.profile import BlockCost, Profile
+from rapydli.trainer.config import TrainConfig
+
+
+@dataclass
+class Prediction:
+    """What :func:`predict` says of one layout (times in seconds, memory in bytes per rank).
+
+    Attributes
+    ----------
+    step_s
+        Predicted time of one optimizer step.
+    data_s, compute_s, bubble, gradient_s, optimizer_s
+        Its parts: collating the batch, the pipeline's forward and backward (with
+        tensor-parallel allreduces and transfers), the share of ``compute_s`` the slowest
+        stage idles, the gradient allreduce not hidden by backward, the optimizer step
+        with ZeRO's copies and collectives.
+    memory
+        The peak per rank (the largest stage's), by kind.
+    stage_memory
+        Each stage's (the ranks of a stage hold the same).
+    split
+        The blocks stages 2.. begin with (empty without a pipeline).
+    """
+
+    layout: Layout
+    step_s: float
+    data_s: float
+    compute_s: float
+    bubble: float
+    gradient_s: float
+    optimizer_s: float
+    memory: Memory
+    stage_memory: list[Memory] = field(default_factory=list)
+    split: list[str] = field(default_factory=list)
+
+
+def exposed_allreduce(
+    parameters: Sequence[tuple[float, int]], backward_end: float, network: Network, dp: int, bucket_bytes: float, overlap: bool = True
+) -> float:
+    """Seconds the gradient allreduce runs past ``backward_end``.
+
+    ``parameters``: ``(time its gradient is ready, bytes)`` in the order backward produces
+    them (reverse registration order); buckets are filled as
+    :class:`rapydli.comm.GradientSynchronizer` fills them, and reduced one after another.
+    """
+    if dp <= 1 or not parameters:
+        return 0.0
+    buckets: list[list[tuple[float, int]]] = []
+    sizes: list[int] = []
+    for ready, nbytes in parameters:
+        cap = min(bucket_bytes, FIRST_BUCKET_BYTES) if len(buckets) == 1 else bucket_bytes
+        if buckets and sizes[-1] + nbytes <= cap:
+            buckets[-1].append((ready, nbytes))
+            sizes[-1] += nbytes
+        else:
+            buckets.append([(ready, nbytes)])
+            sizes.append(nbytes)
+    clock = 0.0
+    for bucket, nbytes in zip(buckets, sizes):
+        ready = max(r for r, _ in bucket) if overlap else backward_end
+        clock = max(clock, ready) + network.allreduce.allreduce_time(dp, nbytes + 4 * len(bucket))  # + a "used" flag per parameter
+    return max(0.0, clock - backward_end)
+
+
+def _tp_time(network: Network, tp: int, calls: Sequence[int]) -> float:
+    return sum(network.collectives.allreduce_time(tp, nbytes) for nbytes in calls) if tp > 1 else 0.0
+
+
+def stage_bounds(blocks: Sequence[BlockCost], stages: int) -> list[int]:
+    """Where stages begin: the measured forward + backward times balanced (as ``pipeline_split="auto"``)."""
+    if stages == 1:
+        return [0, len(blocks)]
+    return split.balance([b.forward_s + b.backward_s for b in blocks], stages)
+
+
+def predict(layout: Layout, profile: Profile, network: Network, global_batch: int, config: TrainConfig) -> Prediction:
+    """Step time and peak memory per rank of ``layout`` (see the module's description)."""
+    micro = layout.microbatch(global_batch)
+    blocks = profile.blocks(layout.tp, micro)
+    bounds = stage_bounds(blocks, layout.pp)
+    stages = [blocks[bounds[s] : bounds[s + 1]] for s in range(layout.pp)]
+    forward = [sum(b.forward_s + _tp_time(network, layout.tp, b.tp_forward_bytes) for b in stage) for stage in stages]
+    backward = [sum(b.backward_s + _tp_time(network, layout.tp, b.tp_backward_bytes) for b in stage) for stage in stages]
+    transfer = max((network.p2p.send_time(stage[-1].output_bytes) for stage in stages[:-1]), default=0.0)
+    plan = schedules.build(layout.schedule if layout.pp > 1 else "1f1b", layout.pp, layout.microbatches)
+    timeline = schedules.simulate(plan, forward, backward, transfer)
+    data = profile.data_time(layout.replica_batch(global_batch)) if layout.pp > 1 else layout.microbatches * profile.data_time(micro)
+    factor = optimizer_factor(config)
+    finish, gradient_parts, optimizer_parts, memories = [], [], [], []
+    for s, stage in enumerate(stages):
+        spans = timeline.spans[s]
+        end = spans[-1][2]
+        last_backward = max(start for action, start, _ in spans if action.kind == "backward")
+        parameter_bytes = sum(b.parameters_bytes for b in stage)
+        gradient = 0.0
+        if layout.zero < 2:
+            ready, produced = [], last_backward
+            for block in reversed(stage):
+                produced += block.backward_s + _tp_time(network, layout.tp, block.tp_backward_bytes)
+                ready += [(produced, nbytes) for nbytes in reversed(block.parameter_bytes)]
+            gradient = exposed_allreduce(ready, end, network, layout.dp, config.bucket_mb * (1 << 20), config.overlap)
+        optimizer = profile.optimizer_s_per_byte * parameter_bytes / (layout.dp if layout.zero else 1)
+        if layout.zero and layout.dp > 1:
+            ring = network.collectives.allreduce_time(layout.dp, parameter_bytes)
+            optimizer += profile.flat_copy_s_per_byte * parameter_bytes + (ring if layout.zero == 2 else ring / 2)
+        finish.append(end + gradient + optimizer)
+        gradient_parts.append(gradient)
+        optimizer_parts.append(optimizer)
+        live = schedules.peak_live(plan[s]) if layout.pp > 1 else 1
+        held_outputs = stage[-1].output_bytes if s < layout.pp - 1 else 0
+        activations = live * (sum(b.saved_bytes for b in stage) + held_outputs)
+        buffers = zero_buffers(parameter_bytes, layout.dp, layout.zero)
+        memories.append(Memory(*zero_states(parameter_bytes, layout.dp, layout.zero, factor), activations, buffers))
+    slowest = max(range(layout.pp), key=lambda s: finish[s])
+    bubble = timeline.idle_fraction(slowest) if layout.pp > 1 else 0.0
+    return Prediction(
+        layout=layout, step_s=data + finish[slowest], data_s=data, compute_s=timeline.makespan, bubble=bubble,
+        gradient_s=gradient_parts[slowest], optimizer_s=optimizer_parts[slowest], memory=max(memories, key=lambda m: m.peak),
+        stage_memory=memories, split=[profile.names[i] for i in bounds[1:-1]],
+    )  # fmt: skip

@@ -1,0 +1,398 @@
+"""Measuring what a layout planner needs of a model: per-block time, bytes and parameters.
+
+:func:`profile_model` runs the model's pipeline blocks (:func:`rapydli.parallel.split.pipeline_blocks`;
+a model that has none is one block) one after the other on a sample batch and times each
+block's forward and backward separately, at every micro-batch size and tensor-parallel
+degree asked for. Per block it also records the bytes autograd keeps for backward
+(:class:`~rapydli.parallel.memory.ActivationMeter`), the bytes of its output (what a stage
+boundary sends forward, and the gradient back), its parameters on one tensor-parallel rank
+and the bytes of every tensor-parallel allreduce it makes in each direction. The last
+block's forward includes the loss (cross-entropy, as a pipeline's last stage computes it)
+and its backward starts from the loss.
+
+A tensor-parallel degree ``t`` is measured on rank 0's shard alone: the model is split with
+:func:`rapydli.parallel.tensor.parallelize` over a :class:`ShardProbe`, a group of ``t``
+ranks whose allreduces do not communicate but record their sizes, so the time is one
+rank's computation and the communication is left to the network model.
+
+:class:`Profile` holds the measurements and answers for sizes and degrees that were not
+measured: times interpolate linearly in the micro-batch size (and extrapolate from the
+two nearest sizes), bytes scale with it, and a degree ``t`` that was not measured follows
+``q(t) = q_replicated + q_split / t`` fitted on the two smallest measured degrees.
+"""
+
+from __future__ import annotations
+
+import bisect
+import statistics
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+from torch import nn
+
+from rapydli.errors import ConfigError
+from rapydli.parallel.memory import ActivationMeter
+
+#: Timed repetitions of each measurement (after one untimed warm-up); the median is kept.
+REPEATS = 5
+
+
+@dataclass(frozen=True)
+class BlockCost:
+    """One block of the model, measured at one micro-batch size on one tensor-parallel rank.
+
+    Attributes
+    ----------
+    forward_s, backward_s
+        Median seconds of the block's forward (with the loss, for the last block) and backward.
+    saved_bytes
+        Bytes autograd holds for the block's backward after its forward (one micro-batch).
+    output_bytes
+        Bytes of the block's output (sent to the next stage; its gradient comes back).
+    parameter_bytes
+        Bytes of each of the block's parameters on this rank, in registration order.
+    tp_forward_bytes, tp_backward_bytes
+        Bytes of each tensor-parallel allreduce the block makes forward and backward.
+    """
+
+    forward_s: float
+    backward_s: float
+    saved_bytes: int
+    output_bytes: int
+    parameter_bytes: tuple[int, ...]
+    tp_forward_bytes: tuple[int, ...] = ()
+    tp_backward_bytes: tuple[int, ...] = ()
+
+    @property
+    def parameters_bytes(self) -> int:
+        """All the block's parameter bytes on this rank."""
+        return sum(self.parameter_bytes)
+
+
+@dataclass
+class Profile:
+    """What :func:`profile_model` measured, and estimates for what it did not.
+
+    Attributes
+    ----------
+    names
+        The blocks' names in forward order.
+    measured
+        ``{(tensor_parallel, microbatch_size): [BlockCost per block]}``.
+    unsupported
+        ``{tensor_parallel: reason}`` for degrees the model's tensor plan cannot split.
+    optimizer_s_per_byte
+        Seconds of one optimizer step per byte of parameters (the step over the whole model, divided).
+    flat_copy_s_per_byte
+        Seconds per byte of parameters of the copies a ZeRO step makes besides its
+        collectives (gradients into one flat buffer, updated values back into the parameters).
+    data_s
+        ``{batch size: seconds}`` to collate a batch of the training set.
+    source
+        Where it was measured (``"2 engines"``, ``"this process"``).
+    """
+
+    names: list[str]
+    measured: dict[tuple[int, int], list[BlockCost]]
+    unsupported: dict[int, str] = field(default_factory=dict)
+    optimizer_s_per_byte: float = 0.0
+    flat_copy_s_per_byte: float = 0.0
+    data_s: dict[int, float] = field(default_factory=dict)
+    source: str = ""
+
+    @property
+    def degrees(self) -> list[int]:
+        """Tensor-parallel degrees measured."""
+        return sorted({t for t, _ in self.measured})
+
+    def sizes(self, tensor_parallel: int) -> list[int]:
+        """Micro-batch sizes measured at ``tensor_parallel``."""
+        return sorted(b for t, b in self.measured if t == tensor_parallel)
+
+    def supports(self, tensor_parallel: int) -> bool:
+        """Whether blocks split ``tensor_parallel`` ways are known (measured or estimated from two degrees)."""
+        if tensor_parallel in self.unsupported:
+            return False
+        return tensor_parallel in self.degrees or (len(self.degrees) >= 2 and 1 in self.degrees)
+
+    def blocks(self, tensor_parallel: int, size: int) -> list[BlockCost]:
+        """Every block's cost at micro-batch ``size`` on one of ``tensor_parallel`` ranks."""
+        if tensor_parallel in self.degrees:
+            return self._at_size(tensor_parallel, size)
+        if not self.supports(tensor_parallel):
+            why = self.unsupported.get(tensor_parallel, "measure it, or degree 1 and another")
+            raise ConfigError(f"tensor_parallel={tensor_parallel} was not measured and cannot be estimated: {why}")
+        low, high = self.degrees[0], self.degrees[1]
+        return [_split_model(a, b, low, high, tensor_parallel) for a, b in zip(self._at_size(low, size), self._at_size(high, size))]
+
+    def _at_size(self, tensor_parallel: int, size: int) -> list[BlockCost]:
+        sizes = self.sizes(tensor_parallel)
+        if size in sizes:
+            return self.measured[(tensor_parallel, size)]
+        lo, hi = _neighbours(sizes, size)
+        return [_interpolate(a, b, lo, hi, size) for a, b in zip(self.measured[(tensor_parallel, lo)], self.measured[(tensor_parallel, hi)])]
+
+    def data_time(self, size: int) -> float:
+        """Seconds to collate a batch of ``size`` (linear between, and beyond, the sizes measured)."""
+        if not self.data_s:
+            return 0.0
+        lo, hi = _neighbours(sorted(self.data_s), size)
+        return _line(self.data_s[lo], self.data_s[hi], lo, hi, size)
+
+    @classmethod
+    def combine(cls, profiles: Sequence[Profile], source: str = "") -> Profile:
+        """The mean of profiles measured at the same time on several ranks (times averaged, bytes equal)."""
+        first = profiles[0]
+        measured = {
+            key: [
+                replace(block, forward_s=statistics.fmean(p.measured[key][i].forward_s for p in profiles),
+                        backward_s=statistics.fmean(p.measured[key][i].backward_s for p in profiles))
+                for i, block in enumerate(blocks)
+            ]
+            for key, blocks in first.measured.items()
+        }  # fmt: skip
+        return cls(
+            names=list(first.names), measured=measured, unsupported=dict(first.unsupported),
+            optimizer_s_per_byte=statistics.fmean(p.optimizer_s_per_byte for p in profiles),
+            flat_copy_s_per_byte=statistics.fmean(p.flat_copy_s_per_byte for p in profiles),
+            data_s={k: statistics.fmean(p.data_s[k] for p in profiles) for k in first.data_s},
+            source=source or first.source,
+        )  # fmt: skip
+
+
+def _neighbours(sizes: Sequence[int], size: int) -> tuple[int, int]:
+    """The two measured sizes around ``size`` (the two nearest at either end; one size: itself twice)."""
+    if len(sizes) == 1:
+        return sizes[0], sizes[0]
+    index = min(max(bisect.bisect_left(sizes, size), 1), len(sizes) - 1)
+    return sizes[index - 1], sizes[index]
+
+
+def _line(x: float, y: float, size_x: int, size_y: int, size: int) -> float:
+    """The line through ``(size_x, x)`` and ``(size_y, y)`` at ``size``; proportional when they are one point."""
+    if size_x == size_y:
+        return x * size / size_x
+    return max(0.0, x + (y - x) * (size - size_x) / (size_y - size_x))
+
+
+def _interpolate(a: BlockCost, b: BlockCost, size_a: int, size_b: int, size: int) -> BlockCost:
+    """Times on the line through the two measured sizes; bytes proportional to the size."""
+    scale = size / size_b
+    return BlockCost(
+        forward_s=_line(a.forward_s, b.forward_s, size_a, size_b, size), backward_s=_line(a.backward_s, b.backward_s, size_a, size_b, size),
+        saved_bytes=round(b.saved_bytes * scale), output_bytes=round(b.output_bytes * scale), parameter_bytes=b.parameter_bytes,
+        tp_forward_bytes=tuple(round(x * scale) for x in b.tp_forward_bytes), tp_backward_bytes=tuple(round(x * scale) for x in b.tp_backward_bytes),
+    )  # fmt: skip
+
+
+def _split_model(a: BlockCost, b: BlockCost, t_a: int, t_b: int, t: int) -> BlockCost:
+    """``q(t) = q_rep + q_split / t`` through the block at degrees ``t_a`` and ``t_b``."""
+
+    def at(x: float, y: float) -> float:
+        split = (x - y) / (1 / t_a - 1 / t_b)
+        return max(0.0, x - split / t_a + split / t)
+
+    params = tuple(round(at(x, y)) for x, y in zip(a.parameter_bytes, b.parameter_bytes))
+    return BlockCost(
+        forward_s=at(a.forward_s, b.forward_s), backward_s=at(a.backward_s, b.backward_s),
+        saved_bytes=round(at(a.saved_bytes, b.saved_bytes)), output_bytes=b.output_bytes, parameter_bytes=params,
+        tp_forward_bytes=b.tp_forward_bytes, tp_backward_bytes=b.tp_backward_bytes,
+    )  # fmt: skip
+
+
+class ShardProbe:
+    """Rank 0 of a tensor-parallel group of ``size`` ranks that does not communicate.
+
+    Passed to :func:`rapydli.parallel.tensor.parallelize` instead of a ``TensorGroup``: the
+    layers keep rank 0's shard and call :meth:`allreduce`, which returns its input as it
+    is and records the bytes (the sum over real ranks would be what the network model
+    prices).
+    """
+
+    def __init__(self, size: int) -> None:
+        self.rank, self.size = 0, size
+        self.allreduces = {"forward": 0, "backward": 0}
+        self.log: dict[str, list[int]] = {"forward": [], "backward": []}
+
+    def allreduce(self, tensor: torch.Tensor, direction: str) -> torch.Tensor:
+        """``tensor`` itself; counts the call and its bytes under ``direction``."""
+        self.allreduces[direction] += 1
+        self.log[direction].append(tensor.numel() * tensor.element_size())
+        return tensor.detach().clone()
+
+    def take(self, direction: str) -> tuple[int, ...]:
+        """The bytes recorded under ``direction`` since the last take."""
+        taken, self.log[direction] = tuple(self.log[direction]), []
+        return taken
+
+
+def profile_model(
+    build: Callable[[], nn.Module],
+    sample: tuple[Any, torch.Tensor],
+    sizes: Sequence[int],
+    tensor_parallel: Sequence[int] = (1,),
+    plan: Mapping[str, str] | None = None,
+    optimizer: Callable[[list[nn.Parameter]], torch.optim.Optimizer] | None = None,
+    data: Any = None,
+    data_sizes: Sequence[int] = (),
+    repeats: int = REPEATS,
+) -> Profile:
+    """Measure the model's blocks at each micro-batch size and tensor-parallel degree.
+
+    Parameters
+    ----------
+    build
+        Builds the model afresh (seeded by the caller), on the device to measure.
+    sample
+        ``(inputs, targets)`` of at least ``max(sizes)`` samples (batch first).
+    sizes
+        Micro-batch sizes to measure.
+    tensor_parallel
+        Degrees to measure (1 is always measured); a degree the plan cannot split is
+        recorded in :attr:`Profile.unsupported` with the reason.
+    plan
+        The tensor plan (``{module glob: "column" | "row" | "heads"}``); ``None``: the
+        model's built-in plan (:func:`rapydli.parallel.tensor.plan_for`).
+    optimizer
+        Builds the run's optimizer over a list of parameters (its step is timed).
+    data, data_sizes
+        The training set and the batch sizes whose collation is timed.
+    """
+    inputs, targets = sample
+    measured: dict[tuple[int, int], list[BlockCost]] = {}
+    unsupported: dict[int, str] = {}
+    names: list[str] = []
+    for degree in sorted({1, *tensor_parallel}):
+        model = build()
+        probe = None
+        if degree > 1:
+            from rapydli.parallel.tensor import parallelize, plan_for
+
+            probe = ShardProbe(degree)
+            try:
+                parallelize(model, plan if plan is not None else plan_for(model), probe)  # type: ignore[arg-type]
+            except ConfigError as exc:
+                unsupported[degree] = str(exc)
+                continue
+        names, blocks = _blocks(model)
+        for size in sorted(set(sizes)):
+            measured[(degree, size)] = _measure_blocks(blocks, inputs[:size], targets[:size], probe, repeats)
+    model = build()
+    per_parameter, copy_per_parameter = _optimizer_times(model, inputs[: min(sizes)], targets[: min(sizes)], optimizer, repeats)
+    data_s = {n: _collate_time(data, n, repeats) for n in sorted(set(data_sizes))} if data is not None else {}
+    return Profile(names, measured, unsupported, per_parameter, copy_per_parameter, data_s)
+
+
+def _blocks(model: nn.Module) -> tuple[list[str], list[nn.Module]]:
+    from rapydli.parallel.split import pipeline_blocks
+
+    try:
+        pairs = pipeline_blocks(model)
+    except ConfigError:
+        pairs = [("model", model)]
+    return [name for name, _ in pairs], [module for _, module in pairs]
+
+
+def _loss(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    from rapydli.trainer.loop import loss_and_correct
+
+    return loss_and_correct(outputs, targets)[0]
+
+
+def _detached(value: Any) -> Any:
+    value = value.detach()
+    return value.requires_grad_(True) if value.is_floating_point() else value
+
+
+def _measure_blocks(blocks: list[nn.Module], inputs: Any, targets: torch.Tensor, probe: ShardProbe | None, repeats: int) -> list[BlockCost]:
+    costs = []
+    x = inputs
+    for index, block in enumerate(blocks):
+        last = index == len(blocks) - 1
+        params = [p for p in block.parameters() if p.requires_grad]
+        forward_times, backward_times = [], []
+        tp_forward: tuple[int, ...] = ()
+        tp_backward: tuple[int, ...] = ()
+        for _ in range(repeats + 1):
+            inp = _detached(x)
+            started = time.perf_counter()
+            out = block(inp)
+            result = _loss(out, targets) if last else out
+            forwarded = time.perf_counter()
+            if result.requires_grad:
+                result.backward(None if last else torch.ones_like(result))
+            done = time.perf_counter()
+            forward_times.append(forwarded - started)
+            backward_times.append(done - forwarded)
+            if probe is not None:
+                tp_forward, tp_backward = probe.take("forward"), probe.take("backward")
+            for p in params:
+                p.grad = None
+        with ActivationMeter(block.parameters()) as meter:
+            out = block(_detached(x))
+            result = _loss(out, targets) if last else out
+        saved = meter.live
+        del result
+        if probe is not None:
+            probe.take("forward")
+        costs.append(
+            BlockCost(
+                forward_s=statistics.median(forward_times[1:]), backward_s=statistics.median(backward_times[1:]),
+                saved_bytes=saved, output_bytes=out.numel() * out.element_size() if not last else 0,
+                parameter_bytes=tuple(p.numel() * p.element_size() for p in params), tp_forward_bytes=tp_forward, tp_backward_bytes=tp_backward,
+            )
+        )  # fmt: skip
+        with torch.no_grad():
+            x = block(x)
+        if probe is not None:
+            probe.take("forward")
+    return costs
+
+
+def _optimizer_times(
+    model: nn.Module, inputs: Any, targets: torch.Tensor, optimizer: Callable[[list[nn.Parameter]], torch.optim.Optimizer] | None, repeats: int
+) -> tuple[float, float]:
+    """Seconds per parameter byte of an optimizer step, and of a ZeRO step's flat copies."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    count = sum(p.numel() for p in params)
+    nbytes = sum(p.numel() * p.element_size() for p in params)
+    x = inputs
+    for block in _blocks(model)[1]:
+        x = block(x)
+    _loss(x, targets).backward()
+    step_s = 0.0
+    if optimizer is not None:
+        opt = optimizer(params)
+        times = []
+        for _ in range(repeats + 1):
+            started = time.perf_counter()
+            opt.step()
+            times.append(time.perf_counter() - started)
+        step_s = statistics.median(times[1:])
+    flat = torch.empty(count, dtype=params[0].dtype)
+    copies = []
+    for _ in range(repeats + 1):
+        started = time.perf_counter()
+        torch.cat([p.grad.reshape(-1) for p in params if p.grad is not None], out=flat[: sum(p.numel() for p in params if p.grad is not None)])
+        offset = 0
+        with torch.no_grad():
+            for p in params:
+                p.copy_(flat[offset : offset + p.numel()].view_as(p))
+                offset += p.numel()
+        copies.append(time.perf_counter() - started)
+    return step_s / nbytes, statistics.median(copies[1:]) / nbytes
+
+
+def _collate_time(data: Any, size: int, repeats: int) -> float:
+    from torch.utils.data import default_collate
+
+    indices = [i % len(data) for i in range(size)]
+    times = []
+    for _ in range(repeats + 1):
+        started = time.perf_counter()
+        default_collate([data[i] for i in indices])
+        times.append(time.perf_counter() - started)
+    return statistics.median(times[1:])

@@ -1,0 +1,237 @@
+"""The layout planner without processes: enumeration, memory formulas, step-time prediction, refusals."""
+
+from __future__ import annotations
+
+import pytest
+
+import rapydli as rd
+from rapydli.cluster import current
+from rapydli.comm.synchronizer import FIRST_BUCKET_BYTES
+from rapydli.errors import ConfigError
+from rapydli.experiments.layouts import (
+    NO_SCHEDULE,
+    Layout,
+    candidate_sizes,
+    enumerate_layouts,
+    microbatch_choices,
+    spread,
+    tensor_parallel_available,
+    zero_buffers,
+    zero_states,
+)  # fmt: skip
+from rapydli.experiments.network import LinkModel, Network, fit_link
+from rapydli.experiments.perfmodel import RingModel
+from rapydli.experiments.stepmodel import exposed_allreduce, predict
+from rapydli.parallel import schedules
+from rapydli.parallel.profile import BlockCost, Profile
+from rapydli.zoo import datasets, models
+
+NET = Network(allreduce=RingModel(1e-4, 1e-9), collectives=RingModel(2e-4, 2e-9), p2p=LinkModel(3e-4, 3e-9))
+ADAM = rd.TrainConfig(batch_size=8, optimizer="adamw")
+
+
+def _block(forward: float, backward: float, params: int = 1000, saved: int = 100, out: int = 10, tp: tuple[int, ...] = ()) -> BlockCost:
+    return BlockCost(forward, backward, saved, out, (params,), tp, tp)
+
+
+def _profile(blocks_per_size: dict[int, list[BlockCost]], tp: dict[int, list[BlockCost]] | None = None) -> Profile:
+    measured = {(1, size): blocks for size, blocks in blocks_per_size.items()}
+    measured.update({(2, size): blocks for size, blocks in (tp or {}).items()})
+    names = [f"b{i}" for i in range(len(next(iter(blocks_per_size.values()))))]
+    return Profile(names, measured, optimizer_s_per_byte=1e-6, flat_copy_s_per_byte=1e-7, data_s={8: 0.01, 16: 0.02})
+
+
+# -- enumeration --------------------------------------------------------------------------
+
+
+def test_two_ranks_enumerate_every_layout_once() -> None:
+    layouts = enumerate_layouts(2, 32, blocks=4, tensor_parallel=(1, 2))
+    assert len(layouts) == len(set(layouts)) == 9 + 8 + 3  # dp2: m 1,2,4 x zero 0,1,2; pp2: m 1,2,4,8 x 2 schedules; tp2: m 1,2,4
+    assert all(layout.ranks == 2 for layout in layouts)
+    assert {(x.dp, x.pp, x.tp) for x in layouts} == {(2, 1, 1), (1, 2, 1), (1, 1, 2)}
+    assert all(x.zero == 0 for x in layouts if x.dp == 1) and {x.zero for x in layouts if x.dp == 2} == {0, 1, 2}
+    assert {x.schedule for x in layouts if x.pp == 2} == set(schedules.SCHEDULES)
+    assert all(x.schedule == NO_SCHEDULE for x in layouts if x.pp == 1)
+    assert all(32 // x.dp % x.microbatches == 0 for x in layouts)
+
+
+def test_enumeration_respects_blocks_batch_degrees_and_zero() -> None:
+    assert {(x.dp, x.pp, x.tp) for x in enumerate_layouts(2, 32, blocks=1)} == {(2, 1, 1)}  # one block: no pipeline; tp not allowed
+    assert {(x.dp, x.pp) for x in enumerate_layouts(2, 3, blocks=4)} == {(1, 2)}  # 3 samples do not split over 2 replicas
+    assert {x.zero for x in enumerate_layouts(4, 32, blocks=4, zero=(0, 1))} == {0, 1}
+    big = enumerate_layouts(64, 1024, blocks=4, tensor_parallel=(1, 2, 4, 8, 16))
+    assert all(x.ranks == 64 and x.pp <= 4 and x.tp <= 8 for x in big)
+    assert {x.tp for x in big} == {1, 2, 4, 8} and {x.pp for x in big} == {1, 2, 4}
+
+
+def test_microbatch_choices_and_sizes_to_measure() -> None:
+    assert microbatch_choices(16, 1) == [1, 2, 4]
+    assert microbatch_choices(32, 2) == [1, 2, 4, 8]
+    assert microbatch_choices(6, 4) == [1, 2]
+    micro, data = candidate_sizes(2, 32)
+    assert micro == [4, 8, 16, 32] and data == [4, 8, 16, 32]
+    assert spread(range(1, 101), most=4) == [1, 34, 67, 100] and spread([3, 1, 2]) == [1, 2, 3]
+
+
+def test_layout_config_sets_batch_pipeline_and_zero() -> None:
+    base = rd.TrainConfig(batch_size=16, lr=0.01)
+    piped = Layout(1, 2, 1, 4, "gpipe", 0).config(base, 32, ["blocks.1"])
+    assert (piped.workers, piped.batch_size, piped.pipeline_stages, piped.microbatches, piped.pipeline_schedule) == (2, 32, 2, 4, "gpipe")
+    assert piped.pipeline_split == "blocks.1" and piped.global_batch(1) == 32 and piped.lr == 0.01
+    accumulated = Layout(2, 1, 1, 2, NO_SCHEDULE, 1).config(base, 32)
+    assert (accumulated.batch_size, accumulated.grad_accum, accumulated.zero, accumulated.pipeline_stages) == (8, 2, 1, 1)
+    assert accumulated.global_batch(2) == 32
+
+
+def test_tensor_parallel_layouts_are_predicted_and_run_only_when_the_config_has_the_field() -> None:
+    layout = Layout(1, 1, 2, 1, NO_SCHEDULE, 0)
+    assert layout.runnable == tensor_parallel_available()
+    if tensor_parallel_available():
+        assert layout.config(ADAM, 16).tensor_parallel == 2  # type: ignore[attr-defined]
+    else:
+        with pytest.raises(ConfigError, match="predicted, not run"):
+            layout.config(ADAM, 16)
+
+
+# -- memory formulas ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("n", [2, 4, 64])
+def test_zero_formulas_in_fp32(n: int) -> None:
+    psi = 1_000_000  # parameters; fp32: P = 4 psi bytes
+    p = 4.0 * psi
+    assert sum(zero_states(p, n, 0, 2)) == 16 * psi  # 4 params + 4 grads + 8 Adam
+    assert sum(zero_states(p, n, 1, 2)) == pytest.approx(8 * psi + 8 * psi / n)
+    assert sum(zero_states(p, n, 2, 2)) == pytest.approx(4 * psi + 12 * psi / n)
+    assert sum(zero_states(p, n, 0, 1)) == 12 * psi  # SGD with momentum: one buffer
+    assert zero_buffers(p, n, 0) == 0 and zero_buffers(p, 1, 2) == 0
+    assert zero_buffers(p, n, 1) == pytest.approx(2 * p + 2 * p / n)
+    assert zero_buffers(p, n, 2) == pytest.approx(3 * p + p / n)
+
+
+# -- prediction ---------------------------------------------------------------------------
+
+
+def test_exposed_allreduce_overlaps_buckets_with_backward() -> None:
+    small = FIRST_BUCKET_BYTES // 2
+    # two buckets: the first ready at 1 s, the second at backward's end (2 s)
+    grads = [(1.0, small), (2.0, 8 * small)]
+    t1, t2 = NET.allreduce.allreduce_time(2, small + 4), NET.allreduce.allreduce_time(2, 8 * small + 4)
+    assert exposed_allreduce(grads, 2.0, NET, 2, 25 * (1 << 20)) == pytest.approx(t2)  # the first is hidden
+    assert exposed_allreduce(grads, 2.0, NET, 2, 25 * (1 << 20), overlap=False) == pytest.approx(t1 + t2)
+    assert exposed_allreduce(grads, 2.0, NET, 1, 25 * (1 << 20)) == 0.0
+
+
+def test_data_parallel_prediction_adds_the_exposed_allreduce() -> None:
+    blocks = [_block(0.01, 0.02, params=4000), _block(0.03, 0.04, params=8000)]
+    profile = _profile({16: blocks, 8: blocks})
+    got = predict(Layout(2, 1, 1, 1, NO_SCHEDULE, 0), profile, NET, 32, ADAM)
+    allreduce = NET.allreduce.allreduce_time(2, 12000 + 8)  # one bucket: both parameters and their used flags
+    assert got.gradient_s == pytest.approx(allreduce)
+    assert got.optimizer_s == pytest.approx(12000 * 1e-6)
+    assert got.step_s == pytest.approx(0.02 + 0.10 + allreduce + 0.012)  # data(16) + compute + allreduce + optimizer
+    assert got.memory.parameters == 12000 and got.memory.optimizer == 24000 and got.memory.activations == 200
+    zero2 = predict(Layout(2, 1, 1, 1, NO_SCHEDULE, 2), profile, NET, 32, ADAM)
+    ring = NET.collectives.allreduce_time(2, 12000)  # reduce-scatter + allgather, after backward
+    assert zero2.gradient_s == 0.0
+    assert zero2.optimizer_s == pytest.approx(12000 * 1e-6 / 2 + 12000 * 1e-7 + ring)
+    assert zero2.memory.gradients == 6000 and zero2.memory.optimizer == 12000
+
+
+def test_pipeline_prediction_is_the_schedule_simulated() -> None:
+    blocks = [_block(0.01, 0.02, out=1000)] * 4
+    profile = _profile({8: blocks, 4: blocks})
+    for schedule in schedules.SCHEDULES:
+        got = predict(Layout(1, 2, 1, 4, schedule, 0), profile, NET, 32, ADAM)
+        transfer = NET.p2p.send_time(1000)
+        expected = schedules.simulate(schedules.build(schedule, 2, 4), [0.02, 0.02], [0.04, 0.04], transfer)
+        assert got.compute_s == pytest.approx(expected.makespan)
+        assert got.bubble == pytest.approx(expected.idle_fraction(0))
+        assert got.split == ["b2"]  # equal blocks: two per stage
+        live = max(schedules.peak_live(a) for a in schedules.build(schedule, 2, 4))
+        assert got.memory.activations == pytest.approx(live * (200 + 1000))  # two blocks' saved bytes + the stage output kept
+    gpipe = predict(Layout(1, 2, 1, 4, "gpipe", 0), profile, NET, 32, ADAM)
+    ofob = predict(Layout(1, 2, 1, 4, "1f1b", 0), profile, NET, 32, ADAM)
+    assert gpipe.memory.activations > ofob.memory.activations
+
+
+def test_tensor_parallel_prediction_adds_its_allreduces_without_running() -> None:
+    dense = [_block(0.01, 0.02, params=4000)]
+    split = [_block(0.006, 0.012, params=2000, tp=(5000, 5000))]
+    profile = _profile({16: dense}, tp={16: split})
+    got = predict(Layout(1, 1, 2, 1, NO_SCHEDULE, 0), profile, NET, 16, ADAM)
+    tp = 2 * 2 * NET.collectives.allreduce_time(2, 5000)  # two allreduces forward, two backward
+    assert got.compute_s == pytest.approx(0.018 + tp)
+    assert got.memory.parameters == 2000 and got.gradient_s == 0.0
+
+
+def test_profile_interpolates_sizes_and_estimates_degrees() -> None:
+    profile = _profile({4: [_block(0.01, 0.02, saved=400)], 8: [_block(0.02, 0.03, saved=800)]},
+                       tp={4: [_block(0.006, 0.012, params=600, saved=300)], 8: [_block(0.012, 0.018, params=600, saved=600)]})  # fmt: skip
+    mid = profile.blocks(1, 6)[0]
+    assert (mid.forward_s, mid.backward_s, mid.saved_bytes) == (pytest.approx(0.015), pytest.approx(0.025), 600)
+    beyond = profile.blocks(1, 16)[0]
+    assert beyond.forward_s == pytest.approx(0.04) and beyond.saved_bytes == 1600
+    # q(t) = q_rep + q_split / t through t = 1 and 2: forward 0.01 = r + s, 0.006 = r + s / 2 -> r = 0.002, s = 0.008
+    four = profile.blocks(4, 4)[0]
+    assert four.forward_s == pytest.approx(0.004) and four.parameter_bytes == (400,)
+    assert profile.supports(4) and profile.data_time(12) == pytest.approx(0.015)
+
+
+def test_fit_link_recovers_alpha_and_beta() -> None:
+    link = LinkModel(2e-5, 3e-10)
+    fitted = fit_link([1e3, 1e5, 1e6], [link.send_time(s) for s in (1e3, 1e5, 1e6)])
+    assert fitted.alpha == pytest.approx(2e-5) and fitted.beta == pytest.approx(3e-10)
+    net = Network.from_ring(RingModel(5e-6, 1e-9))
+    assert net.p2p.send_time(1e6) == pytest.approx(5e-6 + 1e-3) and net.collectives is net.allreduce
+
+
+# -- rd.plan_parallel without a cluster -----------------------------------------------------
+
+
+def test_sixty_four_ranks_predicted_from_a_given_profile_and_network_start_nothing() -> None:
+    blocks = [_block(0.002, 0.004, params=40_000, out=4096)] * 4
+    profile = _profile({1: blocks, 16: blocks}, tp={1: blocks, 16: blocks})
+    plan = rd.plan_parallel(models.tiny_lm, datasets.synthetic_tokens, ADAM, ranks=64, network=RingModel(5e-6, 1 / 12.5e9), profile=profile)
+    assert current() is None  # no cluster started
+    table = plan.table
+    assert len(table) > 100 and (table["dp"] * table["pp"] * table["tp"] == 64).all()
+    assert table["measured_step_s"].isna().all() and plan.validated is None
+    assert list(table["predicted_step_s"]) == sorted(table["predicted_step_s"])
+    assert plan.best is not None and plan.best.workers == 64 and plan.best_layout == table[table["runnable"]]["layout"].iloc[0]
+    assert {trace.name for trace in plan.figure.data} >= {"predicted"}
+
+
+def test_sixty_four_ranks_measured_in_this_process_start_no_cluster() -> None:
+    plan = rd.plan_parallel(models.mlp, datasets.synthetic_features, rd.TrainConfig(batch_size=2), ranks=64, network=RingModel(5e-6, 1e-9))
+    assert current() is None and plan.profile.source == "this process"
+    assert plan.profile.names == ["0", "1", "2", "3", "4", "5"]  # Flatten, Linear, ReLU, Linear, ReLU, Linear: an nn.Sequential's items
+    assert (plan.table["dp"] * plan.table["pp"] * plan.table["tp"] == 64).all() and plan.table["fits"].all()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"ranks": 0}, "ranks=0 is invalid: an integer >= 1"),
+        ({"ranks": 2.5}, "ranks=2.5 is invalid"),
+        ({"memory_per_rank": -1}, "memory_per_rank=-1 is invalid"),
+        ({"network": "fast"}, "network='fast' is invalid"),
+        ({"run_top": -1}, "run_top=-1 is invalid"),
+        ({"steps": 2}, "steps=2 is invalid: an integer >= 3"),
+        ({"profile": {}}, "profile={} is invalid"),
+    ],
+)
+def test_bad_arguments_are_refused_before_anything_starts(kwargs: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(".", r"\.")):
+        rd.plan_parallel(models.tiny_lm, datasets.synthetic_tokens, ADAM, **kwargs)
+    assert current() is None
+
+
+def test_memory_too_small_for_every_layout_names_the_smallest_need() -> None:
+    # on 2 ranks the least model state any layout needs is half the parameters with Adam unsharded: 16 psi / 2
+    # (pp2 or tp2; dp2 with ZeRO-2 needs 4 psi + 12 psi / 2 = 10 psi)
+    psi = sum(p.numel() for p in models.tiny_lm().parameters())
+    need = f"{8 * psi / 2**20:.3g}"
+    with pytest.raises(ConfigError, match=rf"too small for every layout of ranks=2: the smallest needs at least {need} MiB per rank \(dp1 pp1 tp2"):
+        rd.plan_parallel(models.tiny_lm, datasets.synthetic_tokens, ADAM, ranks=2, memory_per_rank=1e5)
+    assert current() is None
