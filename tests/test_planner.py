@@ -235,3 +235,32 @@ def test_memory_too_small_for_every_layout_names_the_smallest_need() -> None:
     with pytest.raises(ConfigError, match=rf"too small for every layout of ranks=2: the smallest needs at least {need} MiB per rank \(dp1 pp1 tp2"):
         rd.plan_parallel(models.tiny_lm, datasets.synthetic_tokens, ADAM, ranks=2, memory_per_rank=1e5)
     assert current() is None
+
+
+def test_memory_checked_again_once_activations_are_known() -> None:
+    blocks = [_block(0.002, 0.004, params=40_000, saved=10_000_000)] * 4
+    profile = _profile({1: blocks, 16: blocks}, tp={1: blocks, 16: blocks})
+    network = RingModel(5e-6, 1e-9)
+    free = rd.plan_parallel(models.tiny_lm, datasets.synthetic_tokens, ADAM, ranks=64, network=network, profile=profile)
+    smallest = free.table["peak_mib"].min()
+    with pytest.raises(ConfigError, match=rf"the smallest peak is {smallest:.3g} MiB per rank \(dp\d+ pp\d tp\d"):
+        rd.plan_parallel(models.tiny_lm, datasets.synthetic_tokens, ADAM, ranks=64, network=network, profile=profile,
+                         memory_per_rank=0.99 * smallest * 2**20)  # fmt: skip
+    fitted = rd.plan_parallel(models.tiny_lm, datasets.synthetic_tokens, ADAM, ranks=64, network=network, profile=profile,
+                              memory_per_rank=1.01 * smallest * 2**20)  # fmt: skip
+    assert fitted.table["fits"].sum() >= 1 and not fitted.table["fits"].all()
+    assert list(fitted.table["fits"]) == sorted(fitted.table["fits"], reverse=True)  # those that fit first
+    assert fitted.table[fitted.table["fits"]]["peak_mib"].max() <= 1.01 * smallest
+
+
+def test_a_receive_that_waited_is_noticed_late_as_measured() -> None:
+    link = LinkModel(1e-5, 1e-10, waits=((1e-3, 2e-4), (4e-3, 5e-4)))
+    assert link.delay_after(0.0) == 0.0 and link.delay_after(5e-4) == pytest.approx(1e-4)
+    assert link.delay_after(2.5e-3) == pytest.approx(3.5e-4) and link.delay_after(1.0) == pytest.approx(5e-4)
+    # in the schedule: stage 1 waits for every activation of a 2-stage GPipe, so each of its receives is late
+    plan = schedules.build("gpipe", 2, 2)
+    plain = schedules.simulate(plan, 0.01, 0.02)
+    late = schedules.simulate(plan, 0.01, 0.02, receive_delay=lambda wait: 0.001)
+    assert late.makespan > plain.makespan
+    waited = [s for a, s, e in late.spans[1] if a.kind == "recv_activation" and e > s]
+    assert waited and all(e - s >= 0.001 for a, s, e in late.spans[1] if a.kind == "recv_activation" and e > s)

@@ -10,7 +10,7 @@ A layout moves data three ways, each priced by its own model:
   reduce-scatter + allgather pairs;
 * ``p2p``: one message between neighbouring pipeline stages, ``α + S · β``
   (:class:`LinkModel`), fitted on round trips of the pipeline's own transfers
-  (:mod:`rapydli.parallel.wire`).
+  (:mod:`rapydli.parallel.wire`), and how late a receive that waited notices its message.
 
 :func:`measure_network` fits the three on engines of a cluster; ``Network.from_ring``
 uses one given α, β for all of them (a target machine one does not have).
@@ -39,11 +39,17 @@ if TYPE_CHECKING:  # pragma: no cover
 
 @dataclass(frozen=True)
 class LinkModel:
-    """One message of ``S`` bytes between two ranks takes ``α + S · β`` seconds."""
+    """One message of ``S`` bytes between two ranks takes ``α + S · β`` seconds.
+
+    ``waits``: ``(wait, delay)`` pairs measured on the pipeline's transfers: a receive that
+    waited ``wait`` seconds for its message noticed it ``delay`` seconds late (a waiting
+    rank polls with growing sleeps, :func:`rapydli.parallel.wire.wait`); empty: no delay.
+    """
 
     alpha: float
     beta: float
     source: str = "given"
+    waits: tuple[tuple[float, float], ...] = ()
 
     def __post_init__(self) -> None:
         if not (self.alpha >= 0 and self.beta >= 0):
@@ -52,6 +58,16 @@ class LinkModel:
     def send_time(self, size_bytes: float) -> float:
         """Seconds for one message of ``size_bytes``."""
         return self.alpha + size_bytes * self.beta
+
+    def delay_after(self, wait: float) -> float:
+        """How late a receive that waited ``wait`` seconds sees its message (linear between the measured waits, flat beyond)."""
+        if not self.waits or wait <= 0:
+            return 0.0
+        points = [(0.0, 0.0), *sorted(self.waits)]
+        for (w0, d0), (w1, d1) in zip(points, points[1:]):
+            if wait <= w1:
+                return d0 + (d1 - d0) * (wait - w0) / (w1 - w0) if w1 > w0 else d1
+        return points[-1][1]
 
 
 def fit_link(sizes: Sequence[float], times: Sequence[float], source: str = "fitted") -> LinkModel:
@@ -84,6 +100,7 @@ class Network:
             f"allreduce: {self.allreduce.describe()} ({self.allreduce.source}); "
             f"reduce-scatter/allgather: {self.collectives.describe()}; "
             f"point to point: α = {self.p2p.alpha * 1e6:.3g} µs, β = {self.p2p.beta * 1e9:.3g} ns/B"
+            + (f", a receive that waited {self.p2p.waits[-1][0] * 1e3:g} ms sees it {self.p2p.waits[-1][1] * 1e6:.0f} µs late" if self.p2p.waits else "")
         )
 
 
@@ -113,11 +130,24 @@ def collectives_task(sizes: Sequence[int], repeats: int = 20) -> list[float]:
     return medians
 
 
-def p2p_task(sizes: Sequence[int], repeats: int = 20) -> list[float]:
-    """Engine half of :func:`measure_network`: one-way seconds of a pipeline transfer per size (ranks 0 and 1).
+#: Waits (s) after which the delay of a pipeline receive is measured.
+WAITS = (2e-4, 5e-4, 1e-3, 2e-3, 4e-3, 8e-3)
 
-    Half of a round trip of :func:`rapydli.parallel.wire.isend` / ``recv`` (the header and
-    the bytes, as between stages); the median of ``repeats`` round trips.
+
+def _busy(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def p2p_task(sizes: Sequence[int], repeats: int = 20) -> tuple[list[float], list[float]]:
+    """Engine half of :func:`measure_network`: pipeline transfers between ranks 0 and 1.
+
+    Returns one-way seconds per size (half of a round trip of
+    :func:`rapydli.parallel.wire.isend` / ``recv``: the header and the bytes, as between
+    stages; the median of ``repeats``) and, per wait in :data:`WAITS`, how late rank 0
+    noticed a reply that rank 1 held back that long (its round trip, less the wait and
+    the round trip of the smallest size).
     """
     import torch
 
@@ -142,7 +172,24 @@ def p2p_task(sizes: Sequence[int], repeats: int = 20) -> list[float]:
                 wire.wait_all([r for r, _ in wire.isend(comm, got.detach(), peer, "gradient", i)])
             trips.append(time.perf_counter() - started)
         medians.append(statistics.median(trips[1:]) / 2)
-    return comm.bcast(medians, root=0)
+    small = torch.ones(max(1, min(sizes) // 4))
+    delays = []
+    for w, wait in enumerate(WAITS):
+        trips = []
+        for i in range(repeats // 2 + 1):
+            mb = 1000 + w * 100 + i
+            comm.Barrier()
+            started = time.perf_counter()
+            if rank == 0:
+                wire.wait_all([r for r, _ in wire.isend(comm, small, peer, "activation", mb)])
+                wire.recv(comm, peer, "gradient", mb, small.device)
+            else:
+                got = wire.recv(comm, peer, "activation", mb, small.device)
+                _busy(wait)
+                wire.wait_all([r for r, _ in wire.isend(comm, got.detach(), peer, "gradient", mb)])
+            trips.append(time.perf_counter() - started)
+        delays.append(max(0.0, statistics.median(trips[1:]) - wait - 2 * medians[0]))
+    return comm.bcast((medians, delays), root=0)
 
 
 def measure_network(cluster: Cluster, targets: Sequence[int], algorithm: str = "auto", sizes: Sequence[int] = SIZES) -> Network:
@@ -153,6 +200,7 @@ def measure_network(cluster: Cluster, targets: Sequence[int], algorithm: str = "
     allreduce = measure_ring(cluster, ranks, algorithm=algorithm, sizes=sizes)
     pairs = cluster.run(collectives_task, list(sizes), targets=ranks)[0]
     collectives = fit_ring(list(sizes), pairs, n=len(ranks), source=f"fitted: MPI reduce-scatter + allgather on {len(ranks)} engines")
-    one_way = cluster.run(p2p_task, list(sizes), targets=ranks[:2])[0]
-    p2p = fit_link(list(sizes), one_way, source="fitted: pipeline transfers between 2 engines")
+    one_way, delays = cluster.run(p2p_task, list(sizes), targets=ranks[:2])[0]
+    fitted = fit_link(list(sizes), one_way, source="fitted: pipeline transfers between 2 engines")
+    p2p = LinkModel(fitted.alpha, fitted.beta, fitted.source, tuple(zip(WAITS, delays)))
     return Network(allreduce=allreduce, collectives=collectives, p2p=p2p)

@@ -26,9 +26,40 @@ def tensor_plan(config: TrainConfig) -> dict[str, str] | None:
     return dict(plan) if isinstance(plan, dict) else None
 
 
+#: Steps of single-rank training timed for the loop's overhead (after the Trainer's warm-up steps).
+CALIBRATION_STEPS = 6
+
+
+def train_step_time(model_fn: Callable[[], Any], train: Any, config: TrainConfig, device: torch.device, comm: Any) -> Callable[[int], float]:
+    """``time(batch)``: median seconds of a step of the real Trainer on ``comm`` (one rank) at that batch."""
+
+    def time(batch: int) -> float:
+        import math
+
+        import torch
+
+        from rapydli.trainer.loop import Trainer
+        from rapydli.trainer.task import WARMUP_STEPS, timing_summary
+
+        steps = CALIBRATION_STEPS + WARMUP_STEPS
+        cfg = config.replace(
+            batch_size=batch, grad_accum=1, max_steps=steps, epochs=math.ceil(steps * batch / len(train)) + 1, eval_every=0,
+            checkpoint_dir=None, checkpoint_every=0, resume=False, pipeline_stages=1, microbatches=1, zero=0, workers=1, autotune=False,
+        )  # fmt: skip
+        torch.manual_seed(cfg.seed)
+        trainer = Trainer(model_fn().to(device), None, train, None, cfg, comm=comm)
+        try:
+            history = trainer.fit()
+        finally:
+            trainer.close()
+        return float(timing_summary(history)["step_time_s"])
+
+    return time
+
+
 def _profile(
     model_fn: Callable[[], Any], data_fn: Callable[[], Any], config: TrainConfig, sizes: Sequence[int], tensor_parallel: Sequence[int],
-    data_sizes: Sequence[int], device: torch.device,
+    data_sizes: Sequence[int], device: torch.device, comm: Any = None,
 ) -> Profile:  # fmt: skip
     import torch
     from torch.utils.data import default_collate
@@ -44,17 +75,20 @@ def _profile(
         torch.manual_seed(config.seed)
         return model_fn().to(device)
 
+    step = train_step_time(model_fn, train, config, device, comm) if comm is not None else None
     return profile_model(
-        build, sample, sizes, tensor_parallel, tensor_plan(config), lambda ps: optimizer_over(ps, config), train, data_sizes,
+        build, sample, sizes, tensor_parallel, tensor_plan(config), lambda ps: optimizer_over(ps, config), train, data_sizes, step,
     )  # fmt: skip
 
 
 def profile_task(model_fn: Callable[[], Any], data_fn: Callable[[], Any], config: dict[str, Any], sizes: Sequence[int],
                  tensor_parallel: Sequence[int], data_sizes: Sequence[int]) -> Profile:  # fmt: skip
-    """Engine half of :func:`measure_profile`: this rank's measurement, on its device."""
+    """Engine half of :func:`measure_profile`: this rank's measurement, on its device (the loop's overhead on one rank alone)."""
+    from mpi4py import MPI
+
     from rapydli.cluster.engine import context
 
-    return _profile(model_fn, data_fn, TrainConfig.from_dict(config), sizes, tensor_parallel, data_sizes, context().device)
+    return _profile(model_fn, data_fn, TrainConfig.from_dict(config), sizes, tensor_parallel, data_sizes, context().device, MPI.COMM_SELF)
 
 
 def measure_profile(
@@ -71,7 +105,7 @@ def local_profile(
     model_fn: Callable[[], Any], data_fn: Callable[[], Any], config: TrainConfig, sizes: Sequence[int], tensor_parallel: Sequence[int],
     data_sizes: Sequence[int],
 ) -> Profile:  # fmt: skip
-    """Measure in this process (on the CPU, with this process's threads)."""
+    """Measure in this process (on the CPU, with this process's threads; the loop's overhead is not measured: no MPI here)."""
     import torch
 
     profile = _profile(model_fn, data_fn, config, sizes, tensor_parallel, data_sizes, torch.device("cpu"))

@@ -9,7 +9,8 @@ One step of a :class:`~rapydli.experiments.layouts.Layout`, as the Trainer runs 
    stage's time per micro-batch is its blocks' measured times at the micro-batch size on one
    of ``tp`` ranks (:class:`~rapydli.parallel.profile.Profile`) plus their tensor-parallel
    allreduces (``collectives`` ring at ``tp`` ranks, blocking); a transfer between stages
-   costs ``p2p`` of the largest boundary activation. Stages are cut where the measured
+   costs ``p2p`` of the largest boundary activation, and a receive that waited is noticed
+   as late as measured (``LinkModel.delay_after``). Stages are cut where the measured
    times balance (:func:`rapydli.parallel.split.balance`), as ``pipeline_split="auto"``
    does, and the layout's config names those cuts;
 3. **gradients** (``dp > 1``, ZeRO 0 and 1): the synchronizer's buckets (reverse
@@ -21,7 +22,9 @@ One step of a :class:`~rapydli.experiments.layouts.Layout`, as the Trainer runs 
 4. **optimizer**: the step's measured time per parameter byte on the rank's share
    (``1 / dp`` with ZeRO), plus with ZeRO the flat copies, an allgather of the
    parameters (half a ``collectives`` ring) and for ZeRO 2 the reduce-scatter of the
-   gradients (the other half; nothing of it overlaps backward).
+   gradients (the other half; nothing of it overlaps backward);
+5. **the loop**: the training loop's own time per step
+   (:attr:`~rapydli.parallel.profile.Profile.step_overhead_s`, measured on one rank).
 
 The step is the slowest stage's. Peak memory per rank is the largest stage's
 :class:`~rapydli.experiments.layouts.Memory`.
@@ -122,7 +125,7 @@ def predict(layout: Layout, profile: Profile, network: Network, global_batch: in
     backward = [sum(b.backward_s + _tp_time(network, layout.tp, b.tp_backward_bytes) for b in stage) for stage in stages]
     transfer = max((network.p2p.send_time(stage[-1].output_bytes) for stage in stages[:-1]), default=0.0)
     plan = schedules.build(layout.schedule if layout.pp > 1 else "1f1b", layout.pp, layout.microbatches)
-    timeline = schedules.simulate(plan, forward, backward, transfer)
+    timeline = schedules.simulate(plan, forward, backward, transfer, network.p2p.delay_after)
     data = profile.data_time(layout.replica_batch(global_batch)) if layout.pp > 1 else layout.microbatches * profile.data_time(micro)
     factor = optimizer_factor(config)
     finish, gradient_parts, optimizer_parts, memories = [], [], [], []
@@ -153,7 +156,7 @@ def predict(layout: Layout, profile: Profile, network: Network, global_batch: in
     slowest = max(range(layout.pp), key=lambda s: finish[s])
     bubble = timeline.idle_fraction(slowest) if layout.pp > 1 else 0.0
     return Prediction(
-        layout=layout, step_s=data + finish[slowest], data_s=data, compute_s=timeline.makespan, bubble=bubble,
+        layout=layout, step_s=data + finish[slowest] + profile.step_overhead_s, data_s=data, compute_s=timeline.makespan, bubble=bubble,
         gradient_s=gradient_parts[slowest], optimizer_s=optimizer_parts[slowest], memory=max(memories, key=lambda m: m.peak),
         stage_memory=memories, split=[profile.names[i] for i in bounds[1:-1]],
     )  # fmt: skip

@@ -91,6 +91,11 @@ class Profile:
         collectives (gradients into one flat buffer, updated values back into the parameters).
     data_s
         ``{batch size: seconds}`` to collate a batch of the training set.
+    step_overhead_s
+        What one step of the real training loop takes beyond the blocks, the optimizer and
+        collating the batch (the loader, zeroing gradients, the learning-rate schedule,
+        logging): a few steps of single-rank training timed, less what the rest of the
+        profile predicts for them (0 when not measured).
     source
         Where it was measured (``"2 engines"``, ``"this process"``).
     """
@@ -101,6 +106,7 @@ class Profile:
     optimizer_s_per_byte: float = 0.0
     flat_copy_s_per_byte: float = 0.0
     data_s: dict[int, float] = field(default_factory=dict)
+    step_overhead_s: float = 0.0
     source: str = ""
 
     @property
@@ -159,7 +165,7 @@ class Profile:
             optimizer_s_per_byte=statistics.fmean(p.optimizer_s_per_byte for p in profiles),
             flat_copy_s_per_byte=statistics.fmean(p.flat_copy_s_per_byte for p in profiles),
             data_s={k: statistics.fmean(p.data_s[k] for p in profiles) for k in first.data_s},
-            source=source or first.source,
+            step_overhead_s=statistics.fmean(p.step_overhead_s for p in profiles), source=source or first.source,
         )  # fmt: skip
 
 
@@ -238,6 +244,7 @@ def profile_model(
     optimizer: Callable[[list[nn.Parameter]], torch.optim.Optimizer] | None = None,
     data: Any = None,
     data_sizes: Sequence[int] = (),
+    train_step: Callable[[int], float] | None = None,
     repeats: int = REPEATS,
 ) -> Profile:
     """Measure the model's blocks at each micro-batch size and tensor-parallel degree.
@@ -260,6 +267,9 @@ def profile_model(
         Builds the run's optimizer over a list of parameters (its step is timed).
     data, data_sizes
         The training set and the batch sizes whose collation is timed.
+    train_step
+        ``train_step(batch)``: seconds of one step of real single-rank training at that batch
+        (median after a warm-up); it gives :attr:`Profile.step_overhead_s` at the largest size.
     """
     inputs, targets = sample
     measured: dict[tuple[int, int], list[BlockCost]] = {}
@@ -282,8 +292,15 @@ def profile_model(
             measured[(degree, size)] = _measure_blocks(blocks, inputs[:size], targets[:size], probe, repeats)
     model = build()
     per_parameter, copy_per_parameter = _optimizer_times(model, inputs[: min(sizes)], targets[: min(sizes)], optimizer, repeats)
-    data_s = {n: _collate_time(data, n, repeats) for n in sorted(set(data_sizes))} if data is not None else {}
-    return Profile(names, measured, unsupported, per_parameter, copy_per_parameter, data_s)
+    size = max(sizes)
+    data_s = {n: _collate_time(data, n, repeats) for n in sorted({*data_sizes, size})} if data is not None else {}
+    profile = Profile(names, measured, unsupported, per_parameter, copy_per_parameter, data_s)
+    if train_step is not None:
+        costs = measured[(1, size)]
+        modelled = profile.data_time(size) + sum(b.forward_s + b.backward_s for b in costs)
+        modelled += per_parameter * sum(b.parameters_bytes for b in costs)
+        profile.step_overhead_s = max(0.0, train_step(size) - modelled)
+    return profile
 
 
 def _blocks(model: nn.Module) -> tuple[list[str], list[nn.Module]]:
@@ -308,48 +325,62 @@ def _detached(value: Any) -> Any:
 
 
 def _measure_blocks(blocks: list[nn.Module], inputs: Any, targets: torch.Tensor, probe: ShardProbe | None, repeats: int) -> list[BlockCost]:
-    costs = []
-    x = inputs
-    for index, block in enumerate(blocks):
-        last = index == len(blocks) - 1
-        params = [p for p in block.parameters() if p.requires_grad]
-        forward_times, backward_times = [], []
-        tp_forward: tuple[int, ...] = ()
-        tp_backward: tuple[int, ...] = ()
-        for _ in range(repeats + 1):
+    """Forward through every block in order, then backward in reverse, as a pipeline's stages do; each block timed."""
+    count = len(blocks)
+    forward: list[list[float]] = [[] for _ in blocks]
+    backward: list[list[float]] = [[] for _ in blocks]
+    tp_forward: list[tuple[int, ...]] = [()] * count
+    tp_backward: list[tuple[int, ...]] = [()] * count
+    params = [p for block in blocks for p in block.parameters() if p.requires_grad]
+    for _ in range(repeats + 1):
+        ins, outs = [], []
+        x = inputs
+        for j, block in enumerate(blocks):
             inp = _detached(x)
             started = time.perf_counter()
             out = block(inp)
-            result = _loss(out, targets) if last else out
-            forwarded = time.perf_counter()
-            if result.requires_grad:
-                result.backward(None if last else torch.ones_like(result))
-            done = time.perf_counter()
-            forward_times.append(forwarded - started)
-            backward_times.append(done - forwarded)
+            if j == count - 1:
+                out = _loss(out, targets)
+            forward[j].append(time.perf_counter() - started)
+            ins.append(inp)
+            outs.append(out)
+            x = out
             if probe is not None:
-                tp_forward, tp_backward = probe.take("forward"), probe.take("backward")
-            for p in params:
-                p.grad = None
-        with ActivationMeter(block.parameters()) as meter:
+                tp_forward[j] = probe.take("forward")
+        grad = None
+        for j in reversed(range(count)):
+            started = time.perf_counter()
+            if outs[j].requires_grad:
+                outs[j].backward(grad)
+            backward[j].append(time.perf_counter() - started)
+            grad = ins[j].grad if ins[j].requires_grad else None
+            if probe is not None:
+                tp_backward[j] = probe.take("backward")
+        output_bytes = [out.numel() * out.element_size() for out in outs[:-1]] + [0]
+        del ins, outs
+        for p in params:
+            p.grad = None
+    saved = []
+    with ActivationMeter(params) as meter:
+        held = []
+        x = inputs
+        for j, block in enumerate(blocks):
+            before = meter.live
             out = block(_detached(x))
-            result = _loss(out, targets) if last else out
-        saved = meter.live
-        del result
-        if probe is not None:
-            probe.take("forward")
-        costs.append(
-            BlockCost(
-                forward_s=statistics.median(forward_times[1:]), backward_s=statistics.median(backward_times[1:]),
-                saved_bytes=saved, output_bytes=out.numel() * out.element_size() if not last else 0,
-                parameter_bytes=tuple(p.numel() * p.element_size() for p in params), tp_forward_bytes=tp_forward, tp_backward_bytes=tp_backward,
-            )
-        )  # fmt: skip
-        with torch.no_grad():
-            x = block(x)
-        if probe is not None:
-            probe.take("forward")
-    return costs
+            held.append(_loss(out, targets) if j == count - 1 else out)
+            saved.append(meter.live - before)
+            x = out
+        del held
+    if probe is not None:
+        probe.take("forward")
+    return [
+        BlockCost(
+            forward_s=statistics.median(forward[j][1:]), backward_s=statistics.median(backward[j][1:]), saved_bytes=saved[j],
+            output_bytes=output_bytes[j], parameter_bytes=tuple(p.numel() * p.element_size() for p in block.parameters() if p.requires_grad),
+            tp_forward_bytes=tp_forward[j], tp_backward_bytes=tp_backward[j],
+        )
+        for j, block in enumerate(blocks)
+    ]  # fmt: skip
 
 
 def _optimizer_times(

@@ -171,11 +171,13 @@ def simulate(
     forward_time: float | Sequence[float],
     backward_time: float | Sequence[float],
     transfer_time: float = 0.0,
+    receive_delay: Callable[[float], float] | None = None,
 ) -> Simulation:
     """Play ``schedule`` with per-stage compute times; check every dependency on the way.
 
     Sends never block; a receive ends ``transfer_time`` after its matching send, or when
-    the stage reaches it, whichever is later. Raises :class:`ConfigError` if a stage
+    the stage reaches it, whichever is later; a receive that waited ``w`` seconds ends
+    ``receive_delay(w)`` later still (a waiting rank that polls with sleeps notices late). Raises :class:`ConfigError` if a stage
     computes a micro-batch it has not received, backs it up before its forward, sends
     what it has not computed, or if the stages deadlock (no stage can go on and some are
     not done).
@@ -201,6 +203,8 @@ def simulate(
                     if key not in sent:
                         break  # wait for the neighbour
                     end = max(start, sent[key] + transfer_time)
+                    if receive_delay is not None and end > start:
+                        end += receive_delay(end - start)
                 else:
                     _require(action, s, stages, done[s])
                     end = start + (t_f[s] if action.kind == "forward" else t_b[s] if action.kind == "backward" else 0.0)

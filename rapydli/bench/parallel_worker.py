@@ -1,0 +1,115 @@
+"""The per-rank half of ``rapydli bench parallel``'s memory part (run under ``mpiexec`` by :mod:`rapydli.bench.parallel`).
+
+For each layout given (``--variants``: a JSON list of ``{"name", "config"}``, the
+``TrainConfig`` of the layout), every rank trains the bench model for ``--steps`` steps with
+the :class:`~rapydli.trainer.loop.Trainer` and measures what it holds:
+
+* ``state_bytes``: the bytes of every tensor storage alive in the process right after the
+  optimizer step (the moment parameters, gradients and optimizer state are all held;
+  activations are gone), the training set's own tensors left out. Storages are found
+  through the garbage collector (every tensor object Python holds), plus the parameters,
+  their gradients and the optimizer state, and counted once however many tensors view them;
+* ``activation_bytes``: the peak bytes autograd kept for backward during the run
+  (:class:`~rapydli.parallel.memory.ActivationMeter`).
+
+Rank 0 writes every rank's rows as JSON to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import gc
+import json
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+from mpi4py import MPI
+
+from rapydli.parallel.memory import ActivationMeter
+from rapydli.trainer.config import TrainConfig
+from rapydli.trainer.loop import Trainer
+from rapydli.zoo import datasets, models
+
+#: The bench's model and data (importable, so engines and ranks build the same).
+VOCAB = 256
+bench_model: Callable[[], torch.nn.Module] = functools.partial(models.tiny_lm, vocab_size=VOCAB, block_size=32, dim=128, layers=4, heads=4)
+bench_data: Callable[[], Any] = functools.partial(datasets.synthetic_tokens, num_samples=1024, block_size=32, vocab_size=VOCAB)
+
+
+def _storages(tensors: Iterable[Any]) -> dict[int, int]:
+    found: dict[int, int] = {}
+    for tensor in tensors:
+        if not isinstance(tensor, torch.Tensor) or tensor.device.type == "meta" or tensor.is_sparse:
+            continue
+        storage = tensor.untyped_storage()
+        if storage.data_ptr():
+            found[storage.data_ptr()] = max(found.get(storage.data_ptr(), 0), storage.nbytes())
+    return found
+
+
+def state_bytes(trainer: Trainer, excluded: set[int]) -> int:
+    """Bytes of every live tensor storage but ``excluded`` (see the module's description)."""
+    model = trainer.model
+    inner: Any = getattr(trainer.optimizer, "optimizer", trainer.optimizer)  # a ShardedOptimizer's own
+    state = [value for values in inner.state.values() for value in values.values()]
+    extra = [*model.parameters(), *(p.grad for p in model.parameters() if p.grad is not None), *state]
+    storages = _storages([*gc.get_objects(), *extra])
+    return sum(nbytes for pointer, nbytes in storages.items() if pointer not in excluded)
+
+
+class PeakAfterStep:
+    """Calls the trainer's optimizer step, then records :func:`state_bytes` (the largest seen in :attr:`peak`)."""
+
+    def __init__(self, trainer: Trainer, excluded: set[int]) -> None:
+        self.trainer, self.excluded, self.step, self.peak = trainer, excluded, trainer.optimizer.step, 0
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        result = self.step(*args, **kwargs)
+        self.peak = max(self.peak, state_bytes(self.trainer, self.excluded))
+        return result
+
+
+def memory_rows(world: Any, variants: list[dict[str, Any]], steps: int) -> list[dict[str, Any]]:
+    """Each variant's measured bytes on this rank, gathered on rank 0."""
+    train, _ = bench_data()
+    excluded = set(_storages(train.tensors))
+    rows = []
+    for variant in variants:
+        config = TrainConfig.from_dict({**variant["config"], "max_steps": steps, "epochs": steps, "eval_every": 0})
+        gc.collect()
+        torch.manual_seed(config.seed)
+        trainer = Trainer(bench_model(), None, train, None, config, comm=world)
+        peak = PeakAfterStep(trainer, excluded)
+        trainer.optimizer.step = peak  # type: ignore[method-assign]
+        try:
+            with ActivationMeter(trainer.model.parameters()) as meter:
+                trainer.fit()
+        finally:
+            trainer.close()
+        parameters = sum(p.numel() * p.element_size() for p in trainer.model.parameters())
+        rows.append({"part": "memory", "variant": variant["name"], "rank": world.Get_rank(), "state_bytes": peak.peak,
+                     "activation_bytes": meter.peak, "parameter_bytes": parameters})  # fmt: skip
+        del trainer, meter, peak
+    gathered = world.gather(rows, root=0)
+    return [row for part in gathered for row in part] if world.Get_rank() == 0 else []
+
+
+def main() -> None:
+    """Parse the arguments, measure, write rank 0's rows."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--variants", required=True, help="JSON list of {name, config}")
+    parser.add_argument("--steps", type=int, default=3)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    world = MPI.COMM_WORLD
+    rows = memory_rows(world, json.loads(args.variants), args.steps)
+    if world.Get_rank() == 0:
+        with open(args.out, "w") as stream:
+            json.dump(rows, stream)
+
+
+if __name__ == "__main__":
+    main()

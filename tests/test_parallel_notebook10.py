@@ -1,0 +1,23 @@
+"""Notebook 10 runs headless under papermill: the planner on 2 engines, 64 ranks predicted, published figures checked."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from notebooks_run import execute
+
+
+@pytest.mark.notebook
+@pytest.mark.engines
+def test_choosing_a_layout_notebook(tmp_path: Path) -> None:
+    executed = execute("10-choosing-a-layout.ipynb", tmp_path)
+    ran = re.findall(r"^(dp\d pp\d tp\d m\d+.*?): predicted [\d.]+ ms, measured [\d.]+ ms, error [+-][\d.]+%$", executed.text, re.M)
+    assert len(ran) == 3  # run_top layouts trained, each with its prediction error
+    assert re.search(r"predicted within 20% for every layout run: (True|False); best: dp\d pp\d tp\d", executed.text)
+    assert re.search(r"layouts of 64 ranks predicted; fastest runnable: dp\d+ pp\d tp\d", executed.text)
+    assert "within 15% of the published speedup: 4 of 4" in executed.text
+    assert len(executed.figures) == 3  # the 2-rank plan, the 64-rank plan, published vs predicted
+    html = "\n".join(str(o.get("data", {}).get("text/html", "")) for o in executed.outputs)
+    assert "dp2 pp1 tp1" in html and "dp1 pp2 tp1" in html and "VGG-16" in html
