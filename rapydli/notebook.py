@@ -303,6 +303,7 @@ def plan_parallel(
     *,
     global_batch: int | None = None,
     profile: Profile | None = None,
+    run_layouts: Sequence[str] = (),
 ) -> ParallelPlan:
     """Which layout (data x pipeline x tensor parallel, micro-batches, schedule, ZeRO) to train with.
 
@@ -324,6 +325,7 @@ def plan_parallel(
     static_figures()
     return plan(
         model_fn, data_fn, config, ranks, memory_per_rank, network, run_top, steps, cluster, global_batch=global_batch, profile=profile,
+        run_layouts=run_layouts,
     )  # fmt: skip
 
 

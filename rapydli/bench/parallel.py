@@ -5,12 +5,13 @@ trained with AdamW), one global batch, the layouts: plain data parallelism (``dp
 ZeRO 1 and 2 over it, a pipeline of 2 stages (1F1B and GPipe, 4 micro-batches) and, when
 ``TrainConfig`` has ``tensor_parallel``, 2-way tensor parallelism.
 
-* **memory**: each rank's bytes right after the optimizer step (every live tensor
-  storage: :mod:`rapydli.bench.parallel_worker`) against the fp32 ZeRO formulas for the
-  rank's parameters ``P`` (``4 P`` for Adam; ``2 P + 2 P / N`` for ZeRO-1; ``P + 3 P / N``
-  for ZeRO-2) and against the planner's prediction (the formula plus the buffers this
-  implementation keeps); activations measured against the planner's. Target: measured
-  within 10 % of the formula.
+* **memory**: right after the optimizer step, each rank's model states (the storages of
+  the parameters it trains, their gradients and the optimizer state:
+  :mod:`rapydli.bench.parallel_worker`) against the fp32 ZeRO formulas for those
+  parameters ``P`` (``4 P`` for Adam; ``2 P + 2 P / N`` for ZeRO-1; ``P + 3 P / N`` for
+  ZeRO-2), target within 10 %; and everything the rank holds (every live tensor storage)
+  against the planner's peak without activations (the formula plus the buffers it knows
+  this implementation keeps), and the activations against the planner's.
 * **step time**: the layouts trained on a 2-engine cluster through ``rd.plan_parallel``
   (``--rounds`` rounds, alternated; the median of each layout's medians), each against
   plain data parallelism (ratio ``step / dp step``), and the planner's prediction error.
@@ -87,9 +88,9 @@ def memory_rows(steps: int, timeout: float) -> list[dict[str, Any]]:
         layout = chosen[row["variant"]]
         memory = predictions[row["variant"]].stage_memory[row["rank"] // layout.tp % layout.pp]
         formula = sum(zero_states(row["parameter_bytes"], layout.dp, layout.zero, factor))
-        row.update(formula_bytes=formula, predicted_state_bytes=memory.model_states + memory.buffers,
-                   predicted_activation_bytes=memory.activations, state_vs_formula=row["state_bytes"] / formula,
-                   state_vs_predicted=row["state_bytes"] / (memory.model_states + memory.buffers),
+        predicted = memory.model_states + memory.buffers
+        row.update(formula_bytes=formula, predicted_total_bytes=predicted, predicted_activation_bytes=memory.activations,
+                   states_vs_formula=row["model_state_bytes"] / formula, total_vs_predicted=row["total_bytes"] / predicted,
                    activations_vs_predicted=row["activation_bytes"] / memory.activations if memory.activations else float("nan"))  # fmt: skip
     return rows
 
@@ -134,10 +135,13 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     memory = [r for r in rows if r["part"] == "memory"]
     for name in dict.fromkeys(r["variant"] for r in memory):
         mine = [r for r in memory if r["variant"] == name]
-        worst = max(mine, key=lambda r: abs(r["state_vs_formula"] - 1))
-        summary[f"memory {name}: measured / fp32 ZeRO formula (worst rank)"] = worst["state_vs_formula"]
-        summary[f"memory {name}: measured / planner (worst rank)"] = max((r["state_vs_predicted"] for r in mine), key=lambda v: abs(v - 1))
-        met = abs(worst["state_vs_formula"] - 1) <= MEMORY_TOLERANCE
+        worst = max(mine, key=lambda r: abs(r["states_vs_formula"] - 1))
+        summary[f"memory {name}: model states measured / fp32 ZeRO formula (worst rank)"] = worst["states_vs_formula"]
+        summary[f"memory {name}: all the rank holds / planner's peak without activations (worst rank)"] = max(
+            (r["total_vs_predicted"] for r in mine), key=lambda v: abs(v - 1))
+        summary[f"memory {name}: activations measured / planner (worst rank)"] = max(
+            (r["activations_vs_predicted"] for r in mine), key=lambda v: abs(v - 1))
+        met = abs(worst["states_vs_formula"] - 1) <= MEMORY_TOLERANCE
         summary[f"memory {name}: target within {MEMORY_TOLERANCE:.0%} of the formula"] = "met" if met else "not met"
     for row in (r for r in rows if r["part"] == "time"):
         summary[f"step {row['variant']}: step / dp step"] = row["vs_dp"]

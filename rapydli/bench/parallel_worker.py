@@ -4,11 +4,12 @@ For each layout given (``--variants``: a JSON list of ``{"name", "config"}``, th
 ``TrainConfig`` of the layout), every rank trains the bench model for ``--steps`` steps with
 the :class:`~rapydli.trainer.loop.Trainer` and measures what it holds:
 
-* ``state_bytes``: the bytes of every tensor storage alive in the process right after the
-  optimizer step (the moment parameters, gradients and optimizer state are all held;
-  activations are gone), the training set's own tensors left out. Storages are found
-  through the garbage collector (every tensor object Python holds), plus the parameters,
-  their gradients and the optimizer state, and counted once however many tensors view them;
+* right after the optimizer step (parameters, gradients and optimizer state all held,
+  activations gone), the storages of the parameters the rank trains, of their gradients
+  and of the optimizer's state (``model_state_bytes``, what the ZeRO formula counts), and
+  ``total_bytes``: every tensor storage alive in the process, the training set's own left
+  out (found through the garbage collector: every tensor object Python holds), each counted
+  once however many tensors view it;
 * ``activation_bytes``: the peak bytes autograd kept for backward during the run
   (:class:`~rapydli.parallel.memory.ActivationMeter`).
 
@@ -49,25 +50,40 @@ def _storages(tensors: Iterable[Any]) -> dict[int, int]:
     return found
 
 
-def state_bytes(trainer: Trainer, excluded: set[int]) -> int:
-    """Bytes of every live tensor storage but ``excluded`` (see the module's description)."""
+def state_bytes(trainer: Trainer, excluded: set[int]) -> dict[str, int]:
+    """Bytes of live tensor storages (see the module's description): in all, and the model states by kind.
+
+    ``parameters``: the storages of the parameters this rank trains; ``gradients``: of their
+    ``.grad``; ``optimizer``: of the optimizer's state (a ZeRO optimizer's own, over its
+    shard); ``total``: every live storage but ``excluded``, whoever holds it.
+    """
     model = trainer.model
     inner: Any = getattr(trainer.optimizer, "optimizer", trainer.optimizer)  # a ShardedOptimizer's own
-    state = [value for values in inner.state.values() for value in values.values()]
-    extra = [*model.parameters(), *(p.grad for p in model.parameters() if p.grad is not None), *state]
-    storages = _storages([*gc.get_objects(), *extra])
-    return sum(nbytes for pointer, nbytes in storages.items() if pointer not in excluded)
+    kinds = {
+        "parameters": _storages(model.parameters()),
+        "gradients": _storages(p.grad for p in model.parameters() if p.grad is not None),
+        "optimizer": _storages(value for values in inner.state.values() for value in values.values()),
+    }
+    everything = _storages(gc.get_objects())
+    for found in kinds.values():
+        everything.update(found)
+    sizes = {kind: sum(found.values()) for kind, found in kinds.items()}
+    sizes["total"] = sum(nbytes for pointer, nbytes in everything.items() if pointer not in excluded)
+    return sizes
 
 
 class PeakAfterStep:
-    """Calls the trainer's optimizer step, then records :func:`state_bytes` (the largest seen in :attr:`peak`)."""
+    """Calls the trainer's optimizer step, then records :func:`state_bytes` (those of the largest total in :attr:`peak`)."""
 
     def __init__(self, trainer: Trainer, excluded: set[int]) -> None:
-        self.trainer, self.excluded, self.step, self.peak = trainer, excluded, trainer.optimizer.step, 0
+        self.trainer, self.excluded, self.step = trainer, excluded, trainer.optimizer.step
+        self.peak: dict[str, int] = {}
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         result = self.step(*args, **kwargs)
-        self.peak = max(self.peak, state_bytes(self.trainer, self.excluded))
+        sizes = state_bytes(self.trainer, self.excluded)
+        if sizes["total"] > self.peak.get("total", -1):
+            self.peak = sizes
         return result
 
 
@@ -89,8 +105,10 @@ def memory_rows(world: Any, variants: list[dict[str, Any]], steps: int) -> list[
         finally:
             trainer.close()
         parameters = sum(p.numel() * p.element_size() for p in trainer.model.parameters())
-        rows.append({"part": "memory", "variant": variant["name"], "rank": world.Get_rank(), "state_bytes": peak.peak,
-                     "activation_bytes": meter.peak, "parameter_bytes": parameters})  # fmt: skip
+        sizes = peak.peak
+        rows.append({"part": "memory", "variant": variant["name"], "rank": world.Get_rank(), "total_bytes": sizes["total"],
+                     "model_state_bytes": sizes["parameters"] + sizes["gradients"] + sizes["optimizer"], "gradient_bytes": sizes["gradients"],
+                     "optimizer_bytes": sizes["optimizer"], "activation_bytes": meter.peak, "parameter_bytes": parameters})  # fmt: skip
         del trainer, meter, peak
     gathered = world.gather(rows, root=0)
     return [row for part in gathered for row in part] if world.Get_rank() == 0 else []

@@ -25,7 +25,8 @@ becomes ``(4 + 4 + 4k)ψ`` in fp32):
 
 plus activations (the bytes autograd keeps for backward, times the micro-batches a stage
 holds at once: :func:`rapydli.parallel.schedules.peak_live`) and ``buffers``: what this
-implementation keeps beyond the formula (:func:`zero_buffers`).
+implementation keeps beyond the formula (:func:`zero_buffers`, and the parameters of the
+other pipeline stages: every rank builds the whole model).
 """
 
 from __future__ import annotations

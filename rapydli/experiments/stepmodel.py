@@ -151,7 +151,9 @@ def predict(layout: Layout, profile: Profile, network: Network, global_batch: in
         live = schedules.peak_live(plan[s]) if layout.pp > 1 else 1
         held_outputs = stage[-1].output_bytes if s < layout.pp - 1 else 0
         activations = live * (sum(b.saved_bytes for b in stage) + held_outputs)
-        buffers = zero_buffers(parameter_bytes, layout.dp, layout.zero)
+        # every rank builds the whole model; a pipeline stage trains its blocks and keeps the others' parameters
+        others = sum(b.parameters_bytes for b in blocks) - parameter_bytes
+        buffers = zero_buffers(parameter_bytes, layout.dp, layout.zero) + others
         memories.append(Memory(*zero_states(parameter_bytes, layout.dp, layout.zero, factor), activations, buffers))
     slowest = max(range(layout.pp), key=lambda s: finish[s])
     bubble = timeline.idle_fraction(slowest) if layout.pp > 1 else 0.0
