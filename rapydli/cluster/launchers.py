@@ -57,6 +57,7 @@ class LauncherSpec:
     check: Callable[[dict[str, Any]], None] | None = None  # checks across options, after each one's own
     threads_option: str | None = None  # the option that sets each engine's cores, if any
     check_size: Callable[[int, Mapping[str, Any]], None] | None = None  # n against the options
+    form: tuple[str, ...] = ()  # options a start form shows as fields, in order (the rest: key=value)
 
     def config(self, options: Mapping[str, Any], work_dir: str | None = None) -> dict[str, dict[str, Any]]:
         """ipyparallel configuration (``{"Class": {"trait": value}}``) for validated ``options``.
@@ -133,6 +134,7 @@ LAUNCHERS: dict[str, LauncherSpec] = {
             },
             listen_all=True,
             check=sshhosts.check,
+            form=("hosts",),
         ),
         LauncherSpec(
             "slurm",
@@ -163,6 +165,7 @@ LAUNCHERS: dict[str, LauncherSpec] = {
             listen_all=True,
             threads_option="cpus_per_task",
             check_size=_tasks_fit,
+            form=("partition", "nodes", "timelimit"),
         ),
         LauncherSpec(
             "pbs",
@@ -175,6 +178,7 @@ LAUNCHERS: dict[str, LauncherSpec] = {
                 "batch_template": Option(str, "a full PBS script template", "PBSEngineSetLauncher.batch_template"),
             },
             listen_all=True,
+            form=("queue",),
         ),
     )
 }

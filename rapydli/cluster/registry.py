@@ -143,19 +143,26 @@ def stop_cluster(cluster_id: str, timeout: float = 10.0) -> None:
     """Stop a running cluster found by :func:`running_clusters` and remove its records.
 
     Asks ipyparallel to stop the controller and the engine launchers (as the cluster's own
-    ``stop`` does), then ends any engine process still alive after ``timeout`` seconds.
+    ``stop`` does), cancels its batch job (also one still waiting in the queue) and waits
+    until the job has left the queue, then ends any engine process still alive after
+    ``timeout`` seconds.
     """
     import ipyparallel as ipp
 
     known = {c["id"]: c for c in running_clusters()}
     if cluster_id not in known:
         raise NotFoundError(f"no running cluster {cluster_id!r}: running are {', '.join(sorted(known)) or 'none'}")
-    pids = known[cluster_id]["engine_pids"]
+    pids, job = known[cluster_id]["engine_pids"], known[cluster_id]["job"]
     try:
         cluster = ipp.Cluster.from_file(profile_dir=str(_profile()), cluster_id=cluster_id, log_level=logging.ERROR)
         cluster.stop_cluster_sync()
     except Exception as exc:  # noqa: BLE001 - stop what can be stopped; the engines are reaped below
         log.warning("cluster %s: ipyparallel could not stop it cleanly: %s", cluster_id, exc)
+    if job is not None and known[cluster_id]["launcher"] == "slurm":
+        from rapydli.cluster import slurm
+        from rapydli.cluster.batchjob import BatchJob
+
+        BatchJob(str(job["id"]), slurm.job_state, ["scancel"]).cancel()  # idempotent: ipyparallel may have done it
     psutil.wait_procs([p for p in map(_alive, pids) if p is not None], timeout=timeout)
     reap(pids)
     (subdir("clusters") / f"{cluster_id}.json").unlink(missing_ok=True)

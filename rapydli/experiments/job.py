@@ -24,8 +24,8 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from rapydli.errors import ConfigError, RankFailure
-from rapydli.experiments.refs import callable_ref, resolve_callable
-from rapydli.experiments.sources import code_params
+from rapydli.experiments.refs import resolve_callable
+from rapydli.experiments.sources import code_params, describe
 from rapydli.parallel.grid import data_parallel_degree
 from rapydli.trainer.config import TrainConfig
 from rapydli.trainer.task import engine_task
@@ -149,8 +149,8 @@ class TrainingJob:
         self.start_step: int | None = None
         if self.store is not None and continues is None:
             params = {
-                "model_fn": model_fn if isinstance(model_fn, str) else callable_ref(model) or repr(model),
-                "data_fn": data_fn if isinstance(data_fn, str) else callable_ref(data) or repr(data),
+                "model_fn": model_fn if isinstance(model_fn, str) else describe(model),
+                "data_fn": data_fn if isinstance(data_fn, str) else describe(data),
                 "config": config.to_dict(),
                 "targets": self.targets,
                 **code_params(model, data, code),

@@ -4,8 +4,9 @@ The notebook runs Optuna's ask-and-tell loop (design flow 3): the sampler propos
 trial's parameters, the trial trains on its own group of ``workers_per_trial`` engines
 (an MPI communicator over just them), ``parallel`` groups run trials side by side, and
 every intermediate metric from a trial's rank 0 is reported to the pruner, which stops a
-trial on all of its ranks (``request_stop``: they end after the same step). Samplers and
-pruners are Optuna's, looked up by name in :data:`SAMPLERS` and :data:`PRUNERS`.
+trial on all of its ranks (``request_stop``: they end after the same step); why (the step,
+the value and the bar it missed, :mod:`rapydli.experiments.pruning`) is recorded with the
+trial as its ``prune`` record. Samplers and pruners are Optuna's, looked up by name in :data:`SAMPLERS` and :data:`PRUNERS`.
 
 A trial that raises is recorded as ``FAIL`` with its error and the sweep goes on (the
 cluster is restarted if its engines died; trials that were running beside it are recorded
@@ -33,6 +34,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from rapydli.errors import ConfigError, RapydliError
 from rapydli.experiments.job import STOP_GRACE_S, TrainingJob
+from rapydli.experiments.pruning import explain_prune
 from rapydli.experiments.space import Dimension, validate_space
 from rapydli.trainer.config import TrainConfig
 
@@ -134,6 +136,7 @@ class _Trial:
     reports: list[tuple[int, float]] = field(default_factory=list)
     error: str = ""
     pruned: bool = False
+    prune: dict[str, Any] | None = None  # why the pruner stopped it (rapydli.experiments.pruning)
 
     @property
     def value(self) -> float | None:
@@ -333,6 +336,7 @@ class Sweep:
         record.trial.report(float(value), step)
         if record.trial.should_prune():
             record.pruned = True
+            record.prune = explain_prune(self.study, record.trial.number, self.pruner, self.metric, step, float(value))
             record.job.request_stop(status="pruned")  # type: ignore[union-attr]
 
     def _advance(self, record: _Trial, wait_s: float) -> None:
@@ -358,6 +362,8 @@ class Sweep:
         self.study.tell(record.trial, value, state=states[state])
         if record.job is not None and record.job.store is not None and record.job.run_id is not None:
             record.job.store.add_record(record.job.run_id, "trial_state", "scalar", state)
+            if state == "PRUNED" and record.prune is not None:
+                record.job.store.add_record(record.job.run_id, "prune", "json", record.prune)
 
     def _after_failure(self, record: _Trial) -> None:
         """When a failed trial took its engines down, end the others and restart the cluster."""

@@ -27,7 +27,8 @@ class VersionHandler(BaseHandler):
 
 
 class LaunchersHandler(BaseHandler):
-    """The launchers a cluster can be started with, and each one's allowed options."""
+    """The launchers a cluster can be started with, each one's allowed options, and ``form``:
+    those the Start dialog shows as fields."""
 
     @tornado.web.authenticated
     async def get(self) -> None:
@@ -40,6 +41,7 @@ class LaunchersHandler(BaseHandler):
                         "name": spec.name,
                         "description": spec.description,
                         "options": {key: {"type": opt.kind.__name__, "help": opt.help} for key, opt in spec.options.items()},
+                        "form": list(spec.form),
                     }
                     for spec in LAUNCHERS.values()
                 ]
