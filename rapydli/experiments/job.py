@@ -117,8 +117,8 @@ class TrainingJob:
         from rapydli.trainer.outputs import check_training_code
 
         model, data = resolve_callable(model_fn, "model_fn"), resolve_callable(data_fn, "data_fn")
-        if config.pipeline_stages > 1:  # refused before anything starts: ranks = replicas x stages
-            data_parallel_degree(len(targets), config.pipeline_stages)
+        if config.pipeline_stages > 1 or config.tensor_parallel > 1:  # refused before anything starts: ranks = replicas x stages x tensor
+            data_parallel_degree(len(targets), config.pipeline_stages, config.tensor_parallel)
         check_training_code(loss_fn, optimizer_fn, metrics)
         code = {"loss_fn": loss_fn, "optimizer_fn": optimizer_fn, "metrics": metrics}
         self.config = config
