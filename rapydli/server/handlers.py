@@ -31,7 +31,7 @@ class LaunchersHandler(BaseHandler):
 
     @tornado.web.authenticated
     async def get(self) -> None:
-        from rapydli.cluster.launchers import LAUNCHERS
+        from rapydli.cluster.launchers import LAUNCHERS, get_launcher
 
         self.reply(
             {
@@ -41,7 +41,7 @@ class LaunchersHandler(BaseHandler):
                         "description": spec.description,
                         "options": {key: {"type": opt.kind.__name__, "help": opt.help} for key, opt in spec.options.items()},
                     }
-                    for spec in LAUNCHERS.values()
+                    for spec in map(get_launcher, LAUNCHERS)
                 ]
             }
         )
