@@ -36,9 +36,6 @@ class Recorder:
         self.calls.append("detach")
         return f"ipp-{len(self.calls)}"
 
-    def forget(self) -> None:
-        self.calls.append("forget")
-
     def status(self) -> dict[str, Any]:
         return {"state": "running", "engines_alive": self.n}
 
@@ -77,7 +74,7 @@ def test_start_answers_at_once_then_runs(made: list[Recorder]) -> None:
     assert running["attach_id"] == "ipp-2"  # published for notebooks (rd.Cluster.attach)
     assert [c["id"] for c in manager.list()] == [entry["id"]]
     assert manager.stop(entry["id"])["state"] == "stopped"
-    assert made[0].calls == ["start", "detach", "forget"]
+    assert made[0].calls == ["start", "detach", "stop"]
     assert manager.list() == []
 
 
@@ -98,7 +95,7 @@ def test_stop_all_waits_for_a_start_in_progress(made: list[Recorder]) -> None:
     manager.start(2, "local", {})
     threading.Timer(0.2, release.set).start()
     manager.stop_all()
-    assert made[0].calls == ["start", "detach", "forget"]
+    assert made[0].calls == ["start", "detach", "stop"]
     assert manager.list() == []
 
 
@@ -127,6 +124,6 @@ def test_stop_without_waiting_answers_at_once_and_the_entry_shows_stopping(made:
     deadline = time.monotonic() + 10
     while manager.list() and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert manager.list() == [] and made[0].calls == ["start", "detach", "forget"]
+    assert manager.list() == [] and made[0].calls == ["start", "detach", "stop"]
     with pytest.raises(NotFoundError):
         manager.stop("c-unknown", wait=False)

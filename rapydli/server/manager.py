@@ -146,10 +146,8 @@ class ClusterManager:
     def _stop_quietly(self, entry: ManagedCluster) -> None:
         if entry.cluster is None:
             return
-        # forget() also removes the record notebooks attach through.
-        stop = getattr(entry.cluster, "forget", None) if entry.attach_id else None
-        try:
-            (stop or entry.cluster.stop)()
+        try:  # stop() also removes the record notebooks attach through
+            entry.cluster.stop()
         except Exception as exc:  # noqa: BLE001 - stopping is best effort after a failure
             log.warning("cluster %s did not stop cleanly: %s", entry.id, exc)
 
