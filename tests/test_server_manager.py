@@ -45,9 +45,6 @@ class Recorder:
         self.calls.append("detach")
         return f"ipp-{len(self.calls)}"
 
-    def forget(self) -> None:
-        self.calls.append("forget")
-
     def status(self) -> dict[str, Any]:
         return {"state": "running", "engines_alive": self.n}
 
@@ -86,7 +83,7 @@ def test_start_answers_at_once_then_runs(made: list[Recorder]) -> None:
     assert running["attach_id"] == "ipp-2"  # published for notebooks (rd.Cluster.attach)
     assert [c["id"] for c in manager.list()] == [entry["id"]]
     assert manager.stop(entry["id"])["state"] == "stopped"
-    assert made[0].calls == ["start", "detach", "forget"]
+    assert made[0].calls == ["start", "detach", "stop"]
     assert manager.list() == []
 
 

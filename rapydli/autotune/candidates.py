@@ -4,7 +4,10 @@ A candidate is a way to compute a convolution. It has a parameter :class:`Space`
 for library variants), and an instance (one point of the space) computes the forward
 pass and both gradients. Library candidates live here; generated ones in
 :mod:`rapydli.autotune.generated` (C) and :mod:`rapydli.autotune.triton_conv` (Triton)
-register themselves when those modules are imported by :func:`registry`.
+register themselves when those modules are imported by :func:`registry`. Other packages
+add candidates in the ``rapydli.candidates`` entry-point group (naming a
+:class:`Candidate` instance); the tuner measures every registered one that suits the
+problem, and ``candidates=[...]`` selects by name.
 
 Example
 -------
@@ -25,6 +28,7 @@ from rapydli.autotune.device import DeviceInfo
 from rapydli.autotune.problem import ConvShape
 from rapydli.autotune.space import Space, empty_space
 from rapydli.errors import ConfigError
+from rapydli.registry import Registry
 
 MEMORY_FORMAT = {"nchw": torch.contiguous_format, "nhwc": torch.channels_last}
 
@@ -387,12 +391,13 @@ class TorchCropped(Candidate):
 
 # ------------------------------------------------------------------ the registry
 
-_REGISTRY: dict[str, Candidate] = {}
+#: Every candidate by name (entry points included); :func:`registry` gives them loaded.
+CANDIDATES = Registry("kernel candidate", {}, group="rapydli.candidates")
 
 
 def register(candidate: Candidate) -> Candidate:
     """Add ``candidate`` to the registry under its name (replacing one of the same name)."""
-    _REGISTRY[candidate.name] = candidate
+    CANDIDATES.register(candidate.name, candidate)
     return candidate
 
 
@@ -405,7 +410,7 @@ def registry() -> dict[str, Candidate]:
     import rapydli.autotune.generated
     import rapydli.autotune.triton_conv  # noqa: F401  - registers triton_igemm (lazy triton import)
 
-    return dict(_REGISTRY)
+    return {name: CANDIDATES.load(name) for name in CANDIDATES}
 
 
 def get(name: str) -> Candidate:

@@ -45,6 +45,7 @@ from rapydli.autotune.conv import tune_conv2d
 from rapydli.autotune.problem import ConvShape
 from rapydli.autotune.search import Config
 from rapydli.bench.report import emit, machine_info
+from rapydli.settings import HOME, home_at
 
 LIBRARY = ("torch_nchw", "torch_channels_last", "im2col_gemm", "gemm_1x1")  # gemm_1x1: 1x1 layers only
 
@@ -216,30 +217,22 @@ def resnet18_rows(batch: int, budget_s: float, preset: str, reps: int) -> tuple[
     from rapydli.autotune.model import autotune_model
     from rapydli.zoo.models import resnet18_like
 
-    previous = os.environ.get("RAPYDLI_HOME")
-    with tempfile.TemporaryDirectory(prefix="rapydli-bench-r18-") as home:
-        _set_home(home)
-        try:
-            torch.manual_seed(0)
-            model = resnet18_like()
-            x, y = torch.randn(batch, 3, 32, 32), torch.randint(0, 10, (batch,))
-            cache = Cache(os.path.join(home, "tune.db"))
-            load_before = os.getloadavg()[0]
-            started = time.perf_counter()
-            tuned, report = autotune_model(model, x, "train", budget_s=budget_s, preset=preset, cache=cache)
-            tune_s = time.perf_counter() - started
-            load_tuning = f"{load_before:.2f}-{os.getloadavg()[0]:.2f}"
-            started = time.perf_counter()
-            warm_model, warm = autotune_model(model, x, "train", budget_s=budget_s, preset=preset, cache=cache,
-                                              progress=False)
-            warm_s = time.perf_counter() - started
-            load = os.getloadavg()[0]
-            ms = compare_training_steps({"default": model, "tuned": tuned}, x, y, reps)
-        finally:
-            if previous is None:
-                os.environ.pop("RAPYDLI_HOME", None)
-            else:
-                _set_home(previous)
+    with tempfile.TemporaryDirectory(prefix="rapydli-bench-r18-") as home, home_at(home):
+        torch.manual_seed(0)
+        model = resnet18_like()
+        x, y = torch.randn(batch, 3, 32, 32), torch.randint(0, 10, (batch,))
+        cache = Cache(os.path.join(home, "tune.db"))
+        load_before = os.getloadavg()[0]
+        started = time.perf_counter()
+        tuned, report = autotune_model(model, x, "train", budget_s=budget_s, preset=preset, cache=cache)
+        tune_s = time.perf_counter() - started
+        load_tuning = f"{load_before:.2f}-{os.getloadavg()[0]:.2f}"
+        started = time.perf_counter()
+        warm_model, warm = autotune_model(model, x, "train", budget_s=budget_s, preset=preset, cache=cache,
+                                          progress=False)
+        warm_s = time.perf_counter() - started
+        load = os.getloadavg()[0]
+        ms = compare_training_steps({"default": model, "tuned": tuned}, x, y, reps)
     speedup, low, high = paired(ms["default"], ms["tuned"])
     row = {
         "model": "resnet18_like", "input": f"{batch}x3x32x32", "budget_s": budget_s, "tune_s": tune_s,
@@ -266,7 +259,8 @@ class _FirstEngine:
 
 
 def _set_home(home: str) -> None:
-    os.environ["RAPYDLI_HOME"] = home
+    """Point this engine's ``RAPYDLI_HOME`` at ``home`` (its caches start empty there)."""
+    os.environ[HOME] = home
 
 
 def _winner(result: Any) -> str:

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import math
 import threading
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -86,7 +85,9 @@ SAMPLERS: dict[str, Callable[[Mapping[str, Dimension], int], Any]] = {"tpe": _tp
 #: Optuna pruners by name (``median`` starts pruning after 2 finished trials).
 PRUNERS: dict[str, Callable[[], Any]] = {"successive_halving": _successive_halving, "median": _median, "none": _no_pruning}
 
-INTERRUPT_AFTER_S = 1.5  # after Ctrl-C: stop requests get this long, then SIGINT
+#: After Ctrl-C (or a failure), the running trials' stop requests get this long before the
+#: jobs interrupt them (:meth:`TrainingJob.request_stop`); a plain stop gets ``STOP_GRACE_S``.
+INTERRUPT_AFTER_S = 1.5
 POLL_S = 0.02
 
 
@@ -378,15 +379,9 @@ class Sweep:
         With ``retry``, each is enqueued again with its parameters (it failed through no fault of its own).
         """
         running = [r for r in self.records if r.state == "RUNNING" and r.job is not None]
-        for record in running:
-            record.job.request_stop()  # type: ignore[union-attr]
-        deadline = time.monotonic() + (INTERRUPT_AFTER_S if interrupted else STOP_GRACE_S)
-        interrupted_now = False
+        for record in running:  # each job interrupts itself if it has not stopped after the grace
+            record.job.request_stop(grace_s=INTERRUPT_AFTER_S if interrupted else STOP_GRACE_S)  # type: ignore[union-attr]
         while any(r.job.state == "running" for r in running):  # type: ignore[union-attr]
-            if time.monotonic() > deadline and not interrupted_now:
-                for record in running:
-                    record.job.interrupt()  # type: ignore[union-attr]
-                interrupted_now = True
             for record in running:
                 record.job.poll(POLL_S)  # type: ignore[union-attr]
         for record in running:
@@ -429,7 +424,7 @@ class Sweep:
             index = complete["value"].idxmin() if self.direction == "minimize" else complete["value"].idxmax()
             best = {name: _plain(complete.loc[index, name]) for name in self.space}
             best_value, best_trial = float(complete.loc[index, "value"]), int(complete.loc[index, "trial"])
-        figure = sweep_figure(table, self.metric, list(self.space), widget=False, title=f"sweep: {self.metric} ({self.direction})")
+        figure = sweep_figure(table, self.metric, list(self.space), title=f"sweep: {self.metric} ({self.direction})")
         return SweepResult(table=table, best_params=best, figure=figure, run_id=self.run_id, study=self.study,
                            best_value=best_value, best_trial=best_trial)  # fmt: skip
 

@@ -32,7 +32,7 @@ class LaunchersHandler(BaseHandler):
 
     @tornado.web.authenticated
     async def get(self) -> None:
-        from rapydli.cluster.launchers import LAUNCHERS
+        from rapydli.cluster.launchers import LAUNCHERS, get_launcher
 
         self.reply(
             {
@@ -43,7 +43,7 @@ class LaunchersHandler(BaseHandler):
                         "options": {key: {"type": opt.kind.__name__, "help": opt.help} for key, opt in spec.options.items()},
                         "form": list(spec.form),
                     }
-                    for spec in LAUNCHERS.values()
+                    for spec in map(get_launcher, LAUNCHERS)
                 ]
             }
         )

@@ -163,10 +163,8 @@ class ClusterManager:
     def _stop_quietly(self, entry: ManagedCluster) -> None:
         if entry.cluster is None:
             return
-        # forget() also removes the record notebooks attach through.
-        stop = getattr(entry.cluster, "forget", None) if entry.attach_id else None
-        try:
-            (stop or entry.cluster.stop)()
+        try:  # stop() also removes the record notebooks attach through
+            entry.cluster.stop()
         except Exception as exc:  # noqa: BLE001 - stopping is best effort after a failure
             log.warning("cluster %s did not stop cleanly: %s", entry.id, exc)
 
@@ -277,7 +275,7 @@ class ClusterManager:
         return pending
 
     def stop(self, cluster_id: str, wait: bool = True) -> dict[str, Any]:
-        """Stop a cluster (waiting for a start in progress) and forget it.
+        """Stop a cluster (cancelling a start in progress) and forget it.
 
         With ``wait`` (the default) return once stopped; without, return at once with state
         ``stopping`` and stop in a thread (the entry stays listed as ``stopping`` until then).

@@ -151,7 +151,7 @@ class TrainConfig:
     workers: int = _spec(2, "ranks rd.train starts when it is given no cluster", low=1, high=4096)
     pipeline_stages: int = _spec(1, "pipeline stages the model is split into (ranks = data-parallel degree x stages)", low=1, high=1024)
     microbatches: int = _spec(1, "micro-batches each pipeline step cuts a batch into", low=1, high=4096, log=True)
-    pipeline_schedule: str = _spec("1f1b", "pipeline schedule", choices=tuple(PIPELINE_SCHEDULES))
+    pipeline_schedule: str = _spec("1f1b", "pipeline schedule", choices=PIPELINE_SCHEDULES)
     pipeline_split: str = _spec("auto", "where stages begin: 'auto' (measured) or block names, comma-separated ('blocks.2,blocks.4')")
     tensor_parallel: int = _spec(1, "ranks each layer's weights are split over (ranks = data-parallel x pipeline_stages x tensor_parallel)", low=1, high=1024)
     tensor_plan: str | None = _spec(
