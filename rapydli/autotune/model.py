@@ -19,7 +19,6 @@ from typing import Any
 
 import pandas as pd
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from rapydli.autotune.candidates import PASSES, Instance, SplitInstance, conv_apply, get
@@ -141,7 +140,7 @@ class TunedConv2d(nn.Conv2d):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.generated and (x.dtype != torch.float32 or x.device.type != "cpu" or self.weight.dtype != torch.float32):
-            return F.conv2d(x, self.weight, self.bias, self.stride, self.padding)
+            return self._conv_forward(x, self.weight, self.bias)
         y = conv_apply(self.instance(), x, self.weight)
         if self.bias is not None:
             y = y + self.bias.view(1, -1, 1, 1)
@@ -157,16 +156,21 @@ class TunedConv2d(nn.Conv2d):
 
 
 def conv_shape_of(conv: nn.Conv2d, x_shape: torch.Size) -> ConvShape | None:
-    """The :class:`ConvShape` of ``conv`` on an input of ``x_shape``, or None if not tunable."""
+    """The :class:`ConvShape` of ``conv`` on an input of ``x_shape``, or None if not tunable.
+
+    Any groups and dilation are tunable; a stride, padding or dilation that differs between
+    rows and columns, a padding mode other than zeros and a non-4-D input are not.
+    """
     padding = conv.padding
-    square = conv.stride[0] == conv.stride[1] and isinstance(padding, tuple) and padding[0] == padding[1]
-    if (conv.groups != 1 or conv.dilation != (1, 1) or not square or conv.padding_mode != "zeros"
-            or len(x_shape) != 4):
+    square = (conv.stride[0] == conv.stride[1] and isinstance(padding, tuple) and padding[0] == padding[1]
+              and conv.dilation[0] == conv.dilation[1])
+    if not square or conv.padding_mode != "zeros" or len(x_shape) != 4:
         return None
     assert isinstance(padding, tuple)  # checked in square
     n, c, h, w = (int(v) for v in x_shape)
     r, s = conv.kernel_size
-    return ConvShape(n, c, h, w, conv.out_channels, r, s, stride=conv.stride[0], pad=padding[0])
+    return ConvShape(n, c, h, w, conv.out_channels, r, s, stride=conv.stride[0], pad=padding[0], groups=conv.groups,
+                     dilation=conv.dilation[0])
 
 
 def conv_layers(model: nn.Module, example_input: torch.Tensor) -> list[tuple[str, nn.Conv2d, ConvShape | None]]:
@@ -255,7 +259,8 @@ def plan_for(model: nn.Module, example_input: torch.Tensor, mode: str = "train",
     Parameters
     ----------
     model
-        Any module with ``nn.Conv2d`` layers (grouped/dilated ones are left as they are).
+        Any module with ``nn.Conv2d`` layers (grouped, depthwise and dilated ones included; see
+        :func:`conv_shape_of` for the few left as they are).
     example_input
         One batch as the model will see it (its shape decides the tuned shapes).
     mode
@@ -373,7 +378,7 @@ def report_table(plan: Plan) -> pd.DataFrame:
     rows = []
     for name, c in plan.layers.items():
         rows.append({
-            "layer": name, "shape": c.shape.key.split(":", 1)[1], "candidate": c.candidate,
+            "layer": name, "shape": c.shape.text, "candidate": c.candidate,
             "config": str(c), "layout": c.layout, "time_ms": c.time_ms,
             "default_ms": c.default_ms, "speedup": (c.default_ms / c.time_ms) if c.default_ms else None,
         })

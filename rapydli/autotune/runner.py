@@ -91,9 +91,9 @@ def validate(problem: Problem, inst: Any) -> float:
     shape = problem.shape.validation_shape()
     gen = torch.Generator().manual_seed(1234)
     x = torch.randn(shape.n, shape.c, shape.h, shape.w, generator=gen, dtype=torch.float64)
-    w = torch.randn(shape.k, shape.c, shape.r, shape.s, generator=gen, dtype=torch.float64)
+    w = torch.randn(shape.weight_shape, generator=gen, dtype=torch.float64)
     xr, wr = x.clone().requires_grad_(), w.clone().requires_grad_()
-    ref = F.conv2d(xr, wr, None, shape.stride, shape.pad)
+    ref = F.conv2d(xr, wr, None, shape.stride, shape.pad, shape.dilation, shape.groups)
     x32, w32 = inst.to_layout(x.float()), inst.to_layout(w.float())
     errors = [_relative_error(inst.forward(x32, w32), ref)]
     if problem.mode == "train":

@@ -156,7 +156,7 @@ def layer_rows(names: tuple[str, ...], gflop: float, preset: str, cache: Cache) 
         assert tuned is not None  # result.best is a measurement
         generated = gflops(best["c_direct"])
         rows.append({
-            "layer": name, "shape": shape.key.split(":", 1)[1],
+            "layer": name, "shape": shape.text,
             "nchw_gflops": gflops(best["torch_nchw"]), "channels_last_gflops": gflops(best["torch_channels_last"]),
             "im2col_gflops": gflops(best["im2col_gemm"]), "gemm_1x1_gflops": gflops(best["gemm_1x1"]),
             "generated_gflops": generated, "tuned_gflops": tuned,
