@@ -272,9 +272,9 @@ def plan_for(model: nn.Module, example_input: torch.Tensor, mode: str = "train",
         library plans and keep the fastest, so a tuned model is never slower than the
         best whole-model library layout.
     budget_s
-        Seconds the whole tuning may take (None: no limit): shapes are tuned costliest
-        first, each within its share, and those the budget does not reach stay on the
-        library (see :mod:`rapydli.autotune.budget`).
+        Seconds the whole tuning may take, the whole-model check included (None: no limit):
+        shapes are tuned costliest first, each within its share, and those the budget does
+        not reach stay on the library (see :mod:`rapydli.autotune.budget` for what it bounds).
     progress
         Show a tqdm bar (layers done, configurations timed, best layer speedup).
     **tune_options
@@ -319,6 +319,7 @@ def _plan(model: nn.Module, example_input: torch.Tensor, mode: str, engines: Any
     try:
         tuning = tune_layers(model, example_input, found, mode, engines, budget_s, started, bar, **tune_options)
         results = tuning.results
+        found = [(name, shape) for name, shape in found if shape in results]  # the rest stay as they are
         input_layout = "nhwc" if example_input.dim() == 4 and example_input.is_contiguous(
             memory_format=torch.channels_last) and not example_input.is_contiguous() else "nchw"
         layouts, estimates = _choose_layouts(found, results, mode, input_layout)
@@ -337,17 +338,24 @@ def _plan(model: nn.Module, example_input: torch.Tensor, mode: str, engines: Any
         estimates["default"] = default_total
         fingerprint = next(iter(results.values())).device.fingerprint() if results else ""
         plan = Plan(layers, mode, fingerprint, estimates)
-        if verify and layers:
+        tuning.seconds["check"] = 0.0
+        if verify and not is_library_default(plan):  # the library default is the untuned model: nothing to check
             bar.describe("autotune: whole-model check")
             checked = time.perf_counter()
             plan = verified(model, example_input, plan, results,
-                            deadline=None if budget_s is None else started + budget_s)
+                            deadline=None if budget_s is None else started + budget_s, step_ms=tuning.step_ms)
             tuning.seconds["check"] = time.perf_counter() - checked
     finally:
         bar.close()
     if key is not None and cache is not False:
         cache.put_plan(key, plans.plan_to_json(plan))
     return plan, tuning
+
+
+def is_library_default(plan: Plan) -> bool:
+    """Whether every layer of ``plan`` runs the library default (``F.conv2d``, NCHW) in all its passes."""
+    default = Config("torch_nchw")
+    return plan.chosen == "library_nchw" or all(set(c.configs.values()) == {default} for c in plan.layers.values())
 
 
 def _other(config: Config, forward: Config) -> Config | None:
@@ -440,8 +448,7 @@ def _summary(plan: Plan, seconds: float, budget_s: float | None, skipped: list[s
     budget = f"; {len(skipped)} layer(s) skipped by the budget" if skipped else ""
     measured = plan.estimates_ms
     base, chosen = measured.get("measured_library_nchw"), measured.get(f"measured_{plan.chosen}")
-    default = Config("torch_nchw")
-    if plan.chosen == "library_nchw" or all(set(c.configs.values()) == {default} for c in plan.layers.values()):
+    if is_library_default(plan):
         return f"autotune: nothing faster than the library default (F.conv2d, NCHW) was found; " \
                f"the model keeps it ({spent}{budget})"
     if base and chosen:
