@@ -10,6 +10,7 @@ the fastest: a tuned model is never slower than the library, as measured.
 from __future__ import annotations
 
 import copy
+import math
 import time
 from collections.abc import Mapping
 
@@ -23,24 +24,26 @@ from rapydli.autotune.problem import ConvShape
 LIBRARY_OF_LAYOUT = {"nchw": "torch_nchw", "nhwc": "torch_channels_last"}
 
 
-def _library_choice(choice: LayerChoice, results: Mapping[ConvShape, TuneResult], layout: str) -> LayerChoice | None:
-    """``choice``'s layer on ``layout``'s library candidate (None when that was not measured)."""
+def _library_choice(choice: LayerChoice, results: Mapping[ConvShape, TuneResult], layout: str) -> LayerChoice:
+    """``choice``'s layer on ``layout``'s library candidate.
+
+    Its time is the candidate's measured one: the median when it was timed, the one timed run
+    when it was abandoned as slow, infinite when it was not measured (the search left it out).
+    """
     library = LIBRARY_OF_LAYOUT[layout]
     m = results[choice.shape].best_of(lambda c: c.candidate == library)
     if m is None:
-        return None
-    assert m.median is not None  # best_of keeps timed measurements only
-    return LayerChoice(choice.shape, library, (), layout, m.median * 1e3, choice.default_ms)
+        runs = [r.median for r in results[choice.shape].measurements if r.config.candidate == library and r.median]
+        time_ms = min(runs) * 1e3 if runs else math.inf
+    else:
+        assert m.median is not None  # best_of keeps timed measurements only
+        time_ms = m.median * 1e3
+    return LayerChoice(choice.shape, library, (), layout, time_ms, choice.default_ms)
 
 
 def _library_plan(plan: Plan, results: Mapping[ConvShape, TuneResult], layout: str) -> Plan:
-    """Every layer of ``plan`` on ``layout``'s library candidate (``plan`` itself if one was not measured)."""
-    layers: dict[str, LayerChoice] = {}
-    for name, choice in plan.layers.items():
-        library = _library_choice(choice, results, layout)
-        if library is None:
-            return plan
-        layers[name] = library
+    """Every layer of ``plan`` on ``layout``'s library candidate."""
+    layers = {name: _library_choice(choice, results, layout) for name, choice in plan.layers.items()}
     return Plan(layers, plan.mode, plan.fingerprint, dict(plan.estimates_ms))
 
 
@@ -67,7 +70,7 @@ def _library_unless_faster(plan: Plan, results: Mapping[ConvShape, TuneResult], 
     layers = {}
     for name, choice in plan.layers.items():
         library = _library_choice(choice, results, choice.layout)
-        layers[name] = library if library is not None and library.time_ms < margin * choice.time_ms else choice
+        layers[name] = library if library.time_ms < margin * choice.time_ms else choice
     return Plan(layers, plan.mode, plan.fingerprint, dict(plan.estimates_ms))
 
 
