@@ -55,7 +55,7 @@ CHECK_PLANS = 6  # whole-model plans the check may time (planned, 2 library, who
 CHECK_ROUNDS = 3  # rounds reserved for the check (one warm-up, two timed; it takes more while time is left)
 PARALLEL_BATCH = 4  # configurations the model-based search hands a cluster at once (the cache's chunk)
 PROFILE_STEPS = 3  # timed steps of the untuned model (the fastest counts)
-FIRST_EVALUATION_S = 2.0  # assumed cost of one generated evaluation (a compile) before any was seen
+FIRST_EVALUATION_S = 2.0  # the longest a generated evaluation (a compile) is assumed to take before any was seen
 OVERRUN_S = 5.0  # what a budgeted tuning may pass its budget by here (a slow compile; see the module docstring)
 
 
@@ -106,9 +106,14 @@ def check_estimate_s(step_ms: float, profile_s: float) -> float:
 class Expected:
     """Seconds one measurement is expected to take, by kind (``"library"``, ``"generated"``), from those seen.
 
+    Before any was seen, :meth:`typical` is 0 (a shape's slice is not refused on a guess) and
+    :meth:`longest` the first guess given (the budget's deadline is kept on one).
+
     Example
     -------
     >>> e = Expected({"library": 0.2, "generated": 2.0})
+    >>> e.typical("generated"), e.longest("generated")
+    (0.0, 2.0)
     >>> e.add("generated", 1.0); e.add("generated", 3.0); e.add("generated", 1.5)
     >>> e.typical("generated"), e.longest("generated"), e.longest("library")
     (1.5, 3.0, 0.2)
@@ -123,9 +128,9 @@ class Expected:
         self.seen[kind].append(seconds)
 
     def typical(self, kind: str) -> float:
-        """The median of those seen (the first guess before any)."""
+        """The median of those seen (0 before any)."""
         seen = sorted(self.seen[kind])
-        return seen[len(seen) // 2] if seen else self.first[kind]
+        return seen[len(seen) // 2] if seen else 0.0
 
     def longest(self, kind: str) -> float:
         """The longest seen (the first guess before any)."""
