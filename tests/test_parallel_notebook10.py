@@ -14,9 +14,9 @@ from notebooks_run import execute
 def test_choosing_a_layout_notebook(tmp_path: Path) -> None:
     executed = execute("10-choosing-a-layout.ipynb", tmp_path)
     ran = re.findall(r"^(dp\d pp\d tp\d m\d+.*?): predicted [\d.]+ ms, measured [\d.]+ ms, error [+-][\d.]+%$", executed.text, re.M)
-    assert len(ran) == 3  # run_top layouts trained, each with its prediction error
+    assert 2 <= len(ran) <= 3 and any(" tp2 " in layout for layout in ran)  # run_top layouts and a tensor-parallel one, each with its error
     assert re.search(r"predicted within 20% for every layout run: (True|False); best: dp\d pp\d tp\d", executed.text)
-    assert re.search(r"layouts of 64 ranks predicted; fastest runnable: dp\d+ pp\d tp\d", executed.text)
+    assert re.search(r"layouts of 64 ranks predicted; fastest: dp\d+ pp\d tp\d", executed.text)
     assert "within 15% of the published speedup: 4 of 4" in executed.text
     assert len(executed.figures) == 3  # the 2-rank plan, the 64-rank plan, published vs predicted
     html = "\n".join(str(o.get("data", {}).get("text/html", "")) for o in executed.outputs)

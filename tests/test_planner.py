@@ -15,13 +15,12 @@ from rapydli.experiments.layouts import (
     enumerate_layouts,
     microbatch_choices,
     spread,
-    tensor_parallel_available,
     zero_buffers,
     zero_states,
 )  # fmt: skip
 from rapydli.experiments.network import LinkModel, Network, fit_link
 from rapydli.experiments.perfmodel import RingModel
-from rapydli.experiments.stepmodel import exposed_allreduce, predict
+from rapydli.experiments.stepmodel import exposed_allreduce, exposed_reduce_scatter, predict
 from rapydli.parallel import schedules
 from rapydli.parallel.profile import BlockCost, Profile
 from rapydli.zoo import datasets, models
@@ -38,7 +37,7 @@ def _profile(blocks_per_size: dict[int, list[BlockCost]], tp: dict[int, list[Blo
     measured = {(1, size): blocks for size, blocks in blocks_per_size.items()}
     measured.update({(2, size): blocks for size, blocks in (tp or {}).items()})
     names = [f"b{i}" for i in range(len(next(iter(blocks_per_size.values()))))]
-    return Profile(names, measured, optimizer_s_per_byte=1e-6, flat_copy_s_per_byte=1e-7, data_s={8: 0.01, 16: 0.02})
+    return Profile(names, measured, optimizer_s_per_byte=1e-6, gradient_copy_s_per_byte=1e-7, data_s={8: 0.01, 16: 0.02})
 
 
 # -- enumeration --------------------------------------------------------------------------
@@ -83,14 +82,12 @@ def test_layout_config_sets_batch_pipeline_and_zero() -> None:
     assert accumulated.global_batch(2) == 32
 
 
-def test_tensor_parallel_layouts_are_predicted_and_run_only_when_the_config_has_the_field() -> None:
-    layout = Layout(1, 1, 2, 1, NO_SCHEDULE, 0)
-    assert layout.runnable == tensor_parallel_available()
-    if tensor_parallel_available():
-        assert layout.config(ADAM, 16).tensor_parallel == 2  # type: ignore[attr-defined]
-    else:
-        with pytest.raises(ConfigError, match="predicted, not run"):
-            layout.config(ADAM, 16)
+def test_every_layout_is_a_config_the_trainer_takes() -> None:
+    composed = Layout(1, 2, 2, 4, "1f1b", 0).config(ADAM, 16)
+    assert (composed.workers, composed.pipeline_stages, composed.tensor_parallel, composed.microbatches) == (4, 2, 2, 4)
+    sharded = Layout(2, 1, 2, 1, NO_SCHEDULE, 2).config(ADAM, 16)
+    assert (sharded.workers, sharded.tensor_parallel, sharded.zero, sharded.batch_size) == (4, 2, 2, 8)
+    assert Layout(2, 1, 1, 1, NO_SCHEDULE, 0).config(composed, 16).tensor_parallel == 1  # a base's degree is replaced
 
 
 # -- memory formulas ----------------------------------------------------------------------
@@ -104,9 +101,10 @@ def test_zero_formulas_in_fp32(n: int) -> None:
     assert sum(zero_states(p, n, 1, 2)) == pytest.approx(8 * psi + 8 * psi / n)
     assert sum(zero_states(p, n, 2, 2)) == pytest.approx(4 * psi + 12 * psi / n)
     assert sum(zero_states(p, n, 0, 1)) == 12 * psi  # SGD with momentum: one buffer
-    assert zero_buffers(p, n, 0) == 0 and zero_buffers(p, 1, 2) == 0
-    assert zero_buffers(p, n, 1) == pytest.approx(2 * p + 2 * p / n)
-    assert zero_buffers(p, n, 2) == pytest.approx(3 * p + p / n)
+    bucket = 25.0 * (1 << 20)
+    assert zero_buffers(p, n, 0, bucket) == zero_buffers(p, n, 1, bucket) == zero_buffers(p, 1, 2, bucket) == 0  # parameters live in the buckets
+    assert zero_buffers(p, n, 2, bucket) == p  # ZeRO-2: whole gradient buckets during backward, at most the model's
+    assert zero_buffers(p, n, 2, p / 10) == pytest.approx(3 * p / 10)  # two in flight and one filling
 
 
 # -- prediction ---------------------------------------------------------------------------
@@ -122,6 +120,14 @@ def test_exposed_allreduce_overlaps_buckets_with_backward() -> None:
     assert exposed_allreduce(grads, 2.0, NET, 1, 25 * (1 << 20)) == 0.0
 
 
+def test_zero2_reduce_scatters_each_bucket_as_backward_completes_it() -> None:
+    grads = [(1.0, 4000), (1.5, 4000), (2.0, 4000)]  # buckets of 8000 bytes: the first two parameters, then the last
+    first, second = (NET.collectives.allreduce_time(2, n) / 2 for n in (8000, 4000))
+    assert exposed_reduce_scatter(grads, 2.0, NET, 2, 8000) == pytest.approx(max(1.5 + first, 2.0) + second - 2.0)
+    assert exposed_reduce_scatter(grads, 2.0, NET, 2, 1 << 20) == pytest.approx(NET.collectives.allreduce_time(2, 12000) / 2)
+    assert exposed_reduce_scatter(grads, 2.0, NET, 1, 8000) == 0.0
+
+
 def test_data_parallel_prediction_adds_the_exposed_allreduce() -> None:
     blocks = [_block(0.01, 0.02, params=4000), _block(0.03, 0.04, params=8000)]
     profile = _profile({16: blocks, 8: blocks})
@@ -131,11 +137,15 @@ def test_data_parallel_prediction_adds_the_exposed_allreduce() -> None:
     assert got.optimizer_s == pytest.approx(12000 * 1e-6)
     assert got.step_s == pytest.approx(0.02 + 0.10 + allreduce + 0.012)  # data(16) + compute + allreduce + optimizer
     assert got.memory.parameters == 12000 and got.memory.optimizer == 24000 and got.memory.activations == 200
+    half_ring = NET.collectives.allreduce_time(2, 12000) / 2  # a reduce-scatter or an allgather
+    zero1 = predict(Layout(2, 1, 1, 1, NO_SCHEDULE, 1), profile, NET, 32, ADAM)
+    assert zero1.gradient_s == pytest.approx(allreduce)  # the synchronizer's allreduce as without ZeRO
+    assert zero1.optimizer_s == pytest.approx(12000 * 1e-6 / 2 + half_ring)  # the step on half, then the allgather
+    assert zero1.memory.optimizer == 12000 and zero1.memory.buffers == 0
     zero2 = predict(Layout(2, 1, 1, 1, NO_SCHEDULE, 2), profile, NET, 32, ADAM)
-    ring = NET.collectives.allreduce_time(2, 12000)  # reduce-scatter + allgather, after backward
-    assert zero2.gradient_s == 0.0
-    assert zero2.optimizer_s == pytest.approx(12000 * 1e-6 / 2 + 12000 * 1e-7 + ring)
-    assert zero2.memory.gradients == 6000 and zero2.memory.optimizer == 12000
+    assert zero2.gradient_s == pytest.approx(12000 * 1e-7 + half_ring)  # gradients added into the bucket, reduce-scattered as backward ends
+    assert zero2.optimizer_s == pytest.approx(12000 * 1e-6 / 2 + half_ring)
+    assert zero2.memory.gradients == 6000 and zero2.memory.optimizer == 12000 and zero2.memory.buffers == 12000
 
 
 def test_pipeline_prediction_is_the_schedule_simulated() -> None:
@@ -198,7 +208,7 @@ def test_sixty_four_ranks_predicted_from_a_given_profile_and_network_start_nothi
     assert len(table) > 100 and (table["dp"] * table["pp"] * table["tp"] == 64).all()
     assert table["measured_step_s"].isna().all() and plan.validated is None
     assert list(table["predicted_step_s"]) == sorted(table["predicted_step_s"])
-    assert plan.best is not None and plan.best.workers == 64 and plan.best_layout == table[table["runnable"]]["layout"].iloc[0]
+    assert plan.best is not None and plan.best.workers == 64 and plan.best_layout == table["layout"].iloc[0]
     assert {trace.name for trace in plan.figure.data} >= {"predicted"}
 
 

@@ -23,7 +23,7 @@ def test_plan_on_two_engines_runs_the_fastest_and_picks_one() -> None:
     assert plan.profile.source == "2 engines" and plan.profile.names == ["embed", "blocks.0", "blocks.1", "head"]
     assert plan.network.allreduce.beta > 0 and plan.network.p2p.alpha > 0
     ran = table[table["measured_step_s"].notna()]
-    fastest = list(table[table["runnable"] & table["fits"]]["layout"].iloc[:2])
+    fastest = list(table[table["fits"]]["layout"].iloc[:2])
     assert sorted(ran["layout"]) == sorted({*fastest, PIPELINE})  # the 2 fastest predicted, and the one asked for
     assert all(math.isfinite(e) for e in ran["error"]) and (ran["measured_step_s"] > 0).all()
     assert plan.validated == bool((ran["error"].abs() <= TOLERANCE).all())  # reported either way: no timing asserted

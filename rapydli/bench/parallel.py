@@ -2,15 +2,16 @@
 
 One model (:data:`rapydli.bench.parallel_worker.bench_model`, a 0.9 M-parameter ``tiny_lm``
 trained with AdamW), one global batch, the layouts: plain data parallelism (``dp``, the peer),
-ZeRO 1 and 2 over it, a pipeline of 2 stages (1F1B and GPipe, 4 micro-batches) and, when
-``TrainConfig`` has ``tensor_parallel``, 2-way tensor parallelism.
+ZeRO 1 and 2 over it, a pipeline of 2 stages (1F1B and GPipe, 4 micro-batches) and 2-way
+tensor parallelism.
 
 * **memory**: right after the optimizer step, each rank's model states (the storages of
   the parameters it trains, their gradients and the optimizer state:
   :mod:`rapydli.bench.parallel_worker`) against the fp32 ZeRO formulas for those
   parameters ``P`` (``4 P`` for Adam; ``2 P + 2 P / N`` for ZeRO-1; ``P + 3 P / N`` for
-  ZeRO-2), target within 10 %; and everything the rank holds (every live tensor storage)
-  against the planner's peak without activations (the formula plus the buffers it knows
+  ZeRO-2), target within 10 %; and everything the rank holds (every live tensor storage,
+  plus for ZeRO-2 the whole gradient buckets it held at once during backward) against the
+  planner's peak without activations (the formula plus the buffers it knows
   this implementation keeps), and the activations against the planner's.
 * **step time**: the layouts trained on a 2-engine cluster through ``rd.plan_parallel``
   (``--rounds`` rounds, alternated; the median of each layout's medians), each against
@@ -39,19 +40,17 @@ MICROBATCHES = 4
 
 
 def layouts() -> dict[str, Any]:
-    """The layouts benchmarked, by name (tensor parallelism only where ``TrainConfig`` has it)."""
-    from rapydli.experiments.layouts import NO_SCHEDULE, Layout, tensor_parallel_available
+    """The layouts benchmarked, by name."""
+    from rapydli.experiments.layouts import NO_SCHEDULE, Layout
 
-    chosen = {
+    return {
         "dp": Layout(2, 1, 1, 1, NO_SCHEDULE, 0),
         "zero1": Layout(2, 1, 1, 1, NO_SCHEDULE, 1),
         "zero2": Layout(2, 1, 1, 1, NO_SCHEDULE, 2),
         "pp 1f1b": Layout(1, 2, 1, MICROBATCHES, "1f1b", 0),
         "pp gpipe": Layout(1, 2, 1, MICROBATCHES, "gpipe", 0),
+        "tp": Layout(1, 1, 2, 1, NO_SCHEDULE, 0),
     }
-    if tensor_parallel_available():
-        chosen["tp"] = Layout(1, 1, 2, 1, NO_SCHEDULE, 0)
-    return chosen
 
 
 def _config() -> Any:

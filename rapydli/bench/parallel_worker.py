@@ -9,7 +9,8 @@ the :class:`~rapydli.trainer.loop.Trainer` and measures what it holds:
   and of the optimizer's state (``model_state_bytes``, what the ZeRO formula counts), and
   ``total_bytes``: every tensor storage alive in the process, the training set's own left
   out (found through the garbage collector: every tensor object Python holds), each counted
-  once however many tensors view it;
+  once however many tensors view it, plus with ZeRO-2 the most whole gradient buckets it
+  held at once during backward (freed by then);
 * ``activation_bytes``: the peak bytes autograd kept for backward during the run
   (:class:`~rapydli.parallel.memory.ActivationMeter`).
 
@@ -54,14 +55,15 @@ def state_bytes(trainer: Trainer, excluded: set[int]) -> dict[str, int]:
     """Bytes of live tensor storages (see the module's description): in all, and the model states by kind.
 
     ``parameters``: the storages of the parameters this rank trains; ``gradients``: of their
-    ``.grad``; ``optimizer``: of the optimizer's state (a ZeRO optimizer's own, over its
+    ``.grad`` (with ZeRO, also of the gradients of its slices); ``optimizer``: of the optimizer's state (a ZeRO optimizer's own, over its
     shard); ``total``: every live storage but ``excluded``, whoever holds it.
     """
     model = trainer.model
     inner: Any = getattr(trainer.optimizer, "optimizer", trainer.optimizer)  # a ShardedOptimizer's own
+    trained = [p for group in inner.param_groups for p in group["params"]]  # ZeRO: views of this rank's slices, their gradients its shard
     kinds = {
         "parameters": _storages(model.parameters()),
-        "gradients": _storages(p.grad for p in model.parameters() if p.grad is not None),
+        "gradients": _storages(p.grad for p in [*model.parameters(), *trained] if p.grad is not None),
         "optimizer": _storages(value for values in inner.state.values() for value in values.values()),
     }
     everything = _storages(gc.get_objects())
@@ -106,7 +108,8 @@ def memory_rows(world: Any, variants: list[dict[str, Any]], steps: int) -> list[
             trainer.close()
         parameters = sum(p.numel() * p.element_size() for p in trainer.model.parameters())
         sizes = peak.peak
-        rows.append({"part": "memory", "variant": variant["name"], "rank": world.Get_rank(), "total_bytes": sizes["total"],
+        in_flight = getattr(trainer.optimizer, "peak_gradient_buffer_bytes", 0)  # ZeRO-2: whole buckets held during backward
+        rows.append({"part": "memory", "variant": variant["name"], "rank": world.Get_rank(), "total_bytes": sizes["total"] + in_flight,
                      "model_state_bytes": sizes["parameters"] + sizes["gradients"] + sizes["optimizer"], "gradient_bytes": sizes["gradients"],
                      "optimizer_bytes": sizes["optimizer"], "activation_bytes": meter.peak, "parameter_bytes": parameters})  # fmt: skip
         del trainer, meter, peak

@@ -31,12 +31,10 @@ other pipeline stages: every rank builds the whole model).
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rapydli.errors import ConfigError
 from rapydli.parallel.schedules import SCHEDULES
 from rapydli.trainer.config import TrainConfig
 
@@ -44,11 +42,6 @@ MAX_TENSOR_PARALLEL = 8
 MICROBATCHES_PER_STAGE = 4
 #: The ``schedule`` of a layout without a pipeline.
 NO_SCHEDULE = "-"
-
-
-def tensor_parallel_available() -> bool:
-    """Whether ``TrainConfig`` has ``tensor_parallel`` (layouts with ``tp > 1`` can then run, not only be predicted)."""
-    return "tensor_parallel" in {f.name for f in dataclasses.fields(TrainConfig)}
 
 
 @dataclass(frozen=True, order=True)
@@ -81,29 +74,17 @@ class Layout:
         """Samples per micro-batch."""
         return global_batch // self.dp // self.microbatches
 
-    @property
-    def runnable(self) -> bool:
-        """Whether a ``TrainConfig`` can express it (``tp > 1`` needs ``TrainConfig.tensor_parallel``)."""
-        return self.tp == 1 or tensor_parallel_available()
-
     def config(self, base: TrainConfig, global_batch: int, split: Sequence[str] = ()) -> TrainConfig:
-        """``base`` set up for this layout: workers, per-replica batch, pipeline, ZeRO (and tensor parallelism).
+        """``base`` set up for this layout: workers, per-replica batch, pipeline, tensor parallelism and ZeRO.
 
         ``split`` names the block each stage after the first begins with (``pipeline_split``).
-        Raises :class:`ConfigError` for ``tp > 1`` when ``TrainConfig`` has no ``tensor_parallel``.
         """
-        changes: dict[str, Any] = {"workers": self.ranks, "zero": self.zero}
+        changes: dict[str, Any] = {"workers": self.ranks, "zero": self.zero, "tensor_parallel": self.tp}
         if self.pp > 1:
             changes.update(batch_size=self.replica_batch(global_batch), grad_accum=1, pipeline_stages=self.pp, microbatches=self.microbatches,
                            pipeline_schedule=self.schedule, pipeline_split=",".join(split) if split else "auto")  # fmt: skip
         else:
             changes.update(batch_size=self.microbatch(global_batch), grad_accum=self.microbatches, pipeline_stages=1, microbatches=1)
-        if self.tp > 1:
-            if not tensor_parallel_available():
-                raise ConfigError(f"layout {self.label} needs TrainConfig.tensor_parallel, which this version does not have: it can be predicted, not run")
-            changes["tensor_parallel"] = self.tp
-        elif tensor_parallel_available():
-            changes["tensor_parallel"] = 1
         return base.replace(**changes)
 
 
@@ -207,18 +188,20 @@ def zero_states(parameter_bytes: float, dp: int, zero: int, factor: int) -> tupl
     return parameter_bytes, gradients, optimizer
 
 
-def zero_buffers(parameter_bytes: float, dp: int, zero: int) -> float:
+def zero_buffers(parameter_bytes: float, dp: int, zero: int, bucket_bytes: float) -> float:
     """Bytes this implementation keeps beyond the formula (:class:`rapydli.parallel.zero.ShardedOptimizer`).
 
-    ZeRO 1 and 2 lay the parameters and the gradients end to end in two flat buffers
-    (``2 P``) and keep the owned slice and its gradient (``2 P / dp``); ZeRO 2 also holds
-    the whole gradient backward produces (``P``) before reduce-scattering it, where the
-    formula counts ``P / dp``.
+    The parameters live in the optimizer's buckets and stage 1's gradients in the
+    synchronizer's, so neither is a copy; stage 2 adds each gradient into a whole bucket
+    and reduce-scatters it during backward, with up to
+    :data:`~rapydli.parallel.zero.IN_FLIGHT` buckets in flight and one filling (at most
+    ``P``) where the formula counts ``P / dp``.
     """
-    if zero == 0 or dp == 1:
+    from rapydli.parallel.zero import IN_FLIGHT
+
+    if zero < 2 or dp == 1:
         return 0.0
-    flats = 2 * parameter_bytes + 2 * parameter_bytes / dp
-    return flats + (parameter_bytes - parameter_bytes / dp if zero == 2 else 0.0)
+    return min(parameter_bytes, (IN_FLIGHT + 1) * bucket_bytes)
 
 
 def smallest_states(

@@ -16,9 +16,9 @@ For ``ranks`` ranks and one global batch, the planner
 A given ``network`` describes a machine one does not have: nothing is run by default
 (``run_top=0``), and without a cluster in use the model is measured in this process, or
 ``profile=`` reuses an earlier plan's measurement (``plan.profile``), so ``ranks=64`` is
-predicted without starting anything. Layouts with ``tp > 1`` are predicted always and run
-when ``TrainConfig`` has ``tensor_parallel``
-(:func:`rapydli.experiments.layouts.tensor_parallel_available`).
+predicted without starting anything. Every layout predicted can be run: the pick is a
+``TrainConfig`` (``workers``, ``pipeline_stages``, ``tensor_parallel``, ``zero``, ...) that
+the Trainer runs on its data x pipeline x tensor grid.
 
 Examples
 --------
@@ -67,7 +67,7 @@ RUN_TOP = 3
 MEASURED_SIZES = 64
 MIB = float(1 << 20)
 COLUMNS = [
-    "layout", "dp", "pp", "tp", "microbatches", "schedule", "zero", "runnable", "fits", "predicted_step_s", "measured_step_s", "error",
+    "layout", "dp", "pp", "tp", "microbatches", "schedule", "zero", "fits", "predicted_step_s", "measured_step_s", "error",
     "samples_per_s", "bubble", "gradient_s", "optimizer_s", "params_mib", "grads_mib", "optimizer_mib", "activations_mib", "buffers_mib",
     "peak_mib", "split",
 ]  # fmt: skip
@@ -82,7 +82,7 @@ class ParallelPlan:
     table
         One row per layout, the fastest predicted first (those over ``memory_per_rank``
         last): ``layout``, ``dp``, ``pp``, ``tp``, ``microbatches``, ``schedule``, ``zero``,
-        ``runnable`` (a ``TrainConfig`` can express it), ``fits`` (memory), the
+        ``fits`` (memory), the
         ``predicted_step_s`` and, for the layouts run, ``measured_step_s`` and ``error``
         (relative), ``samples_per_s`` (predicted), the prediction's parts (``bubble``,
         ``gradient_s``, ``optimizer_s``), the peak per rank in MiB by kind (``params_mib``,
@@ -93,7 +93,7 @@ class ParallelPlan:
         predicted against measured.
     best
         The ``TrainConfig`` of the pick (pass it to ``rd.train``): the fastest measured
-        layout, else the fastest predicted runnable one that fits; ``None`` if none is runnable.
+        layout, else the fastest predicted one that fits.
     best_layout
         Its label.
     predictions
@@ -108,8 +108,8 @@ class ParallelPlan:
 
     table: pd.DataFrame
     figure: Any
-    best: TrainConfig | None
-    best_layout: str | None
+    best: TrainConfig
+    best_layout: str
     predictions: list[Prediction]
     profile: Profile
     network: Network
@@ -203,7 +203,7 @@ def plan_parallel(
         A ``RingModel`` or :class:`~rapydli.experiments.network.Network` of the target
         machine; ``None``: measured on the cluster.
     run_top
-        Layouts to run (the fastest predicted that fit and are runnable); ``None``: 3 when
+        Layouts to run (the fastest predicted that fit); ``None``: 3 when
         the network is measured here, 0 when it is given.
     steps
         Steps per layout run (the first 2 are warm-up and not timed).
@@ -274,12 +274,12 @@ def plan_parallel(
         fits = sorted(fits, reverse=True)
         measured: dict[Layout, float] = {}
         notes: list[str] = [f"unsupported tensor_parallel={t}: {why}" for t, why in profile.unsupported.items() if ranks % t == 0]
-        picks = [p for p, ok in zip(predictions, fits) if ok and p.layout.runnable][:top]
+        picks = [p for p, ok in zip(predictions, fits) if ok][:top]
         by_label = {p.layout.label: p for p in predictions}
-        unknown = [label for label in run_layouts if label not in by_label or not by_label[label].layout.runnable]
+        unknown = [label for label in run_layouts if label not in by_label]
         if unknown:
-            runnable = ", ".join(p.layout.label for p in predictions if p.layout.runnable)
-            raise ConfigError(f"run_layouts names {', '.join(map(repr, unknown))}, not a runnable layout of ranks={ranks}; they are: {runnable}")
+            labels = ", ".join(by_label)
+            raise ConfigError(f"run_layouts names {', '.join(map(repr, unknown))}, not a layout of ranks={ranks}; they are: {labels}")
         picks += [by_label[label] for label in run_layouts if by_label[label] not in picks]
         for prediction in picks:
             assert chosen is not None
@@ -294,10 +294,9 @@ def plan_parallel(
     table = _table(predictions, fits, measured, batch)
     errors = [abs(e) for e in table["error"] if not math.isnan(e)]
     validated = all(e <= TOLERANCE for e in errors) if errors else None
-    best = _best(predictions, fits, measured)
-    best_config = best.layout.config(cfg, batch, best.split) if best is not None else None
+    best = _best(predictions, measured)
     return ParallelPlan(
-        table=table, figure=plan_figure(table, ranks, TOLERANCE), best=best_config, best_layout=best.layout.label if best else None,
+        table=table, figure=plan_figure(table, ranks, TOLERANCE), best=best.layout.config(cfg, batch, best.split), best_layout=best.layout.label,
         predictions=predictions, profile=profile, network=net, ranks=ranks, global_batch=batch, validated=validated, notes=notes,
     )  # fmt: skip
 
@@ -348,7 +347,7 @@ def _table(predictions: list[Prediction], fits: list[bool], measured: dict[Layou
         step = measured.get(layout, math.nan)
         rows.append({
             "layout": layout.label, "dp": layout.dp, "pp": layout.pp, "tp": layout.tp, "microbatches": layout.microbatches,
-            "schedule": layout.schedule, "zero": layout.zero, "runnable": layout.runnable, "fits": ok, "predicted_step_s": prediction.step_s,
+            "schedule": layout.schedule, "zero": layout.zero, "fits": ok, "predicted_step_s": prediction.step_s,
             "measured_step_s": step, "error": (prediction.step_s - step) / step, "samples_per_s": batch / prediction.step_s,
             "bubble": prediction.bubble, "gradient_s": prediction.gradient_s, "optimizer_s": prediction.optimizer_s,
             "params_mib": memory.parameters / MIB, "grads_mib": memory.gradients / MIB, "optimizer_mib": memory.optimizer / MIB,
@@ -358,8 +357,9 @@ def _table(predictions: list[Prediction], fits: list[bool], measured: dict[Layou
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
-def _best(predictions: list[Prediction], fits: list[bool], measured: dict[Layout, float]) -> Prediction | None:
+def _best(predictions: list[Prediction], measured: dict[Layout, float]) -> Prediction:
+    """The fastest layout measured, else the fastest predicted (``predictions`` put those that fit first)."""
     if measured:
         fastest = min(measured, key=lambda layout: measured[layout])
         return next(p for p in predictions if p.layout == fastest)
-    return next((p for p, ok in zip(predictions, fits) if ok and p.layout.runnable), None)
+    return predictions[0]

@@ -13,16 +13,18 @@ One step of a :class:`~rapydli.experiments.layouts.Layout`, as the Trainer runs 
    as late as measured (``LinkModel.delay_after``). Stages are cut where the measured
    times balance (:func:`rapydli.parallel.split.balance`), as ``pipeline_split="auto"``
    does, and the layout's config names those cuts;
-3. **gradients** (``dp > 1``, ZeRO 0 and 1): the synchronizer's buckets (reverse
+3. **gradients** (``dp > 1``): ZeRO 0 and 1, the synchronizer's buckets (reverse
    parameter order, the first at most 1 MiB, then ``bucket_mb``) each start their
    allreduce (``allreduce`` ring at ``dp`` ranks) when backward has produced all their
-   gradients, during the stage's last backward, one after another; only what runs past the
-   end of backward counts (with ``overlap=False``, all of it). Gradients are taken as ready
-   when their block's backward ends;
+   gradients, during the stage's last backward, one after another; ZeRO 2, the
+   :class:`~rapydli.parallel.zero.ShardedOptimizer`'s buckets (reverse order, ``bucket_mb``)
+   each reduce-scattered (half a ``collectives`` ring) as backward completes it, after its
+   gradients are added into the bucket (a copy of the stage's parameter bytes). Only what
+   runs past the end of backward counts (with ``overlap=False``, all of it: ZeRO 2 always
+   overlaps). Gradients are taken as ready when their block's backward ends;
 4. **optimizer**: the step's measured time per parameter byte on the rank's share
-   (``1 / dp`` with ZeRO), plus with ZeRO the flat copies, an allgather of the
-   parameters (half a ``collectives`` ring) and for ZeRO 2 the reduce-scatter of the
-   gradients (the other half; nothing of it overlaps backward);
+   (``1 / dp`` with ZeRO), plus with ZeRO the allgather of the updated parameters (half a
+   ``collectives`` ring; they live in the buckets, so nothing else is copied);
 5. **the loop**: the training loop's own time per step
    (:attr:`~rapydli.parallel.profile.Profile.step_overhead_s`, measured on one rank).
 
@@ -76,6 +78,21 @@ class Prediction:
     split: list[str] = field(default_factory=list)
 
 
+def _bucketed(parameters: Sequence[tuple[float, int]], bucket_bytes: float, first_bytes: float) -> list[list[tuple[float, int]]]:
+    """``parameters`` grouped as they fill buckets of ``bucket_bytes`` (the second at most ``first_bytes``)."""
+    buckets: list[list[tuple[float, int]]] = []
+    size = 0
+    for ready, nbytes in parameters:
+        cap = min(bucket_bytes, first_bytes) if len(buckets) == 1 else bucket_bytes
+        if buckets and size + nbytes <= cap:
+            buckets[-1].append((ready, nbytes))
+            size += nbytes
+        else:
+            buckets.append([(ready, nbytes)])
+            size = nbytes
+    return buckets
+
+
 def exposed_allreduce(
     parameters: Sequence[tuple[float, int]], backward_end: float, network: Network, dp: int, bucket_bytes: float, overlap: bool = True
 ) -> float:
@@ -87,20 +104,25 @@ def exposed_allreduce(
     """
     if dp <= 1 or not parameters:
         return 0.0
-    buckets: list[list[tuple[float, int]]] = []
-    sizes: list[int] = []
-    for ready, nbytes in parameters:
-        cap = min(bucket_bytes, FIRST_BUCKET_BYTES) if len(buckets) == 1 else bucket_bytes
-        if buckets and sizes[-1] + nbytes <= cap:
-            buckets[-1].append((ready, nbytes))
-            sizes[-1] += nbytes
-        else:
-            buckets.append([(ready, nbytes)])
-            sizes.append(nbytes)
     clock = 0.0
-    for bucket, nbytes in zip(buckets, sizes):
+    for bucket in _bucketed(parameters, bucket_bytes, FIRST_BUCKET_BYTES):
         ready = max(r for r, _ in bucket) if overlap else backward_end
+        nbytes = sum(n for _, n in bucket)
         clock = max(clock, ready) + network.allreduce.allreduce_time(dp, nbytes + 4 * len(bucket))  # + a "used" flag per parameter
+    return max(0.0, clock - backward_end)
+
+
+def exposed_reduce_scatter(parameters: Sequence[tuple[float, int]], backward_end: float, network: Network, dp: int, bucket_bytes: float) -> float:
+    """Seconds ZeRO 2's reduce-scatters run past ``backward_end`` (``parameters`` as for :func:`exposed_allreduce`).
+
+    Buckets are filled as :class:`rapydli.parallel.zero.ShardedOptimizer` fills them (no
+    small first bucket) and reduce-scattered one after another from the moment each is complete.
+    """
+    if dp <= 1 or not parameters:
+        return 0.0
+    clock = 0.0
+    for bucket in _bucketed(parameters, bucket_bytes, bucket_bytes):
+        clock = max(clock, max(r for r, _ in bucket)) + network.collectives.allreduce_time(dp, sum(n for _, n in bucket)) / 2
     return max(0.0, clock - backward_end)
 
 
@@ -134,17 +156,19 @@ def predict(layout: Layout, profile: Profile, network: Network, global_batch: in
         end = spans[-1][2]
         last_backward = max(start for action, start, _ in spans if action.kind == "backward")
         parameter_bytes = sum(b.parameters_bytes for b in stage)
-        gradient = 0.0
-        if layout.zero < 2:
-            ready, produced = [], last_backward
-            for block in reversed(stage):
-                produced += block.backward_s + _tp_time(network, layout.tp, block.tp_backward_bytes)
-                ready += [(produced, nbytes) for nbytes in reversed(block.parameter_bytes)]
-            gradient = exposed_allreduce(ready, end, network, layout.dp, config.bucket_mb * (1 << 20), config.overlap)
+        ready, produced = [], last_backward
+        for block in reversed(stage):
+            produced += block.backward_s + _tp_time(network, layout.tp, block.tp_backward_bytes)
+            ready += [(produced, nbytes) for nbytes in reversed(block.parameter_bytes)]
+        bucket_bytes = config.bucket_mb * (1 << 20)
+        if layout.zero == 2:
+            copies = profile.gradient_copy_s_per_byte * parameter_bytes if layout.dp > 1 else 0.0
+            gradient = copies + exposed_reduce_scatter(ready, end, network, layout.dp, bucket_bytes)
+        else:
+            gradient = exposed_allreduce(ready, end, network, layout.dp, bucket_bytes, config.overlap)
         optimizer = profile.optimizer_s_per_byte * parameter_bytes / (layout.dp if layout.zero else 1)
         if layout.zero and layout.dp > 1:
-            ring = network.collectives.allreduce_time(layout.dp, parameter_bytes)
-            optimizer += profile.flat_copy_s_per_byte * parameter_bytes + (ring if layout.zero == 2 else ring / 2)
+            optimizer += network.collectives.allreduce_time(layout.dp, parameter_bytes) / 2
         finish.append(end + gradient + optimizer)
         gradient_parts.append(gradient)
         optimizer_parts.append(optimizer)
@@ -153,7 +177,7 @@ def predict(layout: Layout, profile: Profile, network: Network, global_batch: in
         activations = live * (sum(b.saved_bytes for b in stage) + held_outputs)
         # every rank builds the whole model; a pipeline stage trains its blocks and keeps the others' parameters
         others = sum(b.parameters_bytes for b in blocks) - parameter_bytes
-        buffers = zero_buffers(parameter_bytes, layout.dp, layout.zero) + others
+        buffers = zero_buffers(parameter_bytes, layout.dp, layout.zero, bucket_bytes) + others
         memories.append(Memory(*zero_states(parameter_bytes, layout.dp, layout.zero, factor), activations, buffers))
     slowest = max(range(layout.pp), key=lambda s: finish[s])
     bubble = timeline.idle_fraction(slowest) if layout.pp > 1 else 0.0

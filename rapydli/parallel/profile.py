@@ -86,9 +86,9 @@ class Profile:
         ``{tensor_parallel: reason}`` for degrees the model's tensor plan cannot split.
     optimizer_s_per_byte
         Seconds of one optimizer step per byte of parameters (the step over the whole model, divided).
-    flat_copy_s_per_byte
-        Seconds per byte of parameters of the copies a ZeRO step makes besides its
-        collectives (gradients into one flat buffer, updated values back into the parameters).
+    gradient_copy_s_per_byte
+        Seconds per byte of parameters to add their gradients into one flat buffer (what
+        ZeRO 2's gradient hooks do, :class:`rapydli.parallel.zero.ShardedOptimizer`).
     data_s
         ``{batch size: seconds}`` to collate a batch of the training set.
     step_overhead_s
@@ -104,7 +104,7 @@ class Profile:
     measured: dict[tuple[int, int], list[BlockCost]]
     unsupported: dict[int, str] = field(default_factory=dict)
     optimizer_s_per_byte: float = 0.0
-    flat_copy_s_per_byte: float = 0.0
+    gradient_copy_s_per_byte: float = 0.0
     data_s: dict[int, float] = field(default_factory=dict)
     step_overhead_s: float = 0.0
     source: str = ""
@@ -163,7 +163,7 @@ class Profile:
         return cls(
             names=list(first.names), measured=measured, unsupported=dict(first.unsupported),
             optimizer_s_per_byte=statistics.fmean(p.optimizer_s_per_byte for p in profiles),
-            flat_copy_s_per_byte=statistics.fmean(p.flat_copy_s_per_byte for p in profiles),
+            gradient_copy_s_per_byte=statistics.fmean(p.gradient_copy_s_per_byte for p in profiles),
             data_s={k: statistics.fmean(p.data_s[k] for p in profiles) for k in first.data_s},
             step_overhead_s=statistics.fmean(p.step_overhead_s for p in profiles), source=source or first.source,
         )  # fmt: skip
@@ -386,7 +386,7 @@ def _measure_blocks(blocks: list[nn.Module], inputs: Any, targets: torch.Tensor,
 def _optimizer_times(
     model: nn.Module, inputs: Any, targets: torch.Tensor, optimizer: Callable[[list[nn.Parameter]], torch.optim.Optimizer] | None, repeats: int
 ) -> tuple[float, float]:
-    """Seconds per parameter byte of an optimizer step, and of a ZeRO step's flat copies."""
+    """Seconds per parameter byte of an optimizer step, and of adding the gradients into a flat buffer."""
     params = [p for p in model.parameters() if p.requires_grad]
     count = sum(p.numel() for p in params)
     nbytes = sum(p.numel() * p.element_size() for p in params)
@@ -403,16 +403,15 @@ def _optimizer_times(
             opt.step()
             times.append(time.perf_counter() - started)
         step_s = statistics.median(times[1:])
-    flat = torch.empty(count, dtype=params[0].dtype)
+    flat = torch.zeros(count, dtype=params[0].dtype)
     copies = []
     for _ in range(repeats + 1):
         started = time.perf_counter()
-        torch.cat([p.grad.reshape(-1) for p in params if p.grad is not None], out=flat[: sum(p.numel() for p in params if p.grad is not None)])
         offset = 0
-        with torch.no_grad():
-            for p in params:
-                p.copy_(flat[offset : offset + p.numel()].view_as(p))
-                offset += p.numel()
+        for p in params:
+            if p.grad is not None:
+                flat[offset : offset + p.numel()].add_(p.grad.reshape(-1))
+            offset += p.numel()
         copies.append(time.perf_counter() - started)
     return step_s / nbytes, statistics.median(copies[1:]) / nbytes
 
