@@ -103,8 +103,8 @@ def test_zero_formulas_in_fp32(n: int) -> None:
     assert sum(zero_states(p, n, 0, 1)) == 12 * psi  # SGD with momentum: one buffer
     bucket = 25.0 * (1 << 20)
     assert zero_buffers(p, n, 0, bucket) == zero_buffers(p, n, 1, bucket) == zero_buffers(p, 1, 2, bucket) == 0  # parameters live in the buckets
-    assert zero_buffers(p, n, 2, bucket) == p  # ZeRO-2: whole gradient buckets during backward, at most the model's
-    assert zero_buffers(p, n, 2, p / 10) == pytest.approx(3 * p / 10)  # two in flight and one filling
+    assert zero_buffers(p, n, 2, bucket) == pytest.approx(p + p / n)  # ZeRO-2: whole gradient buckets and their outputs, at most the model's
+    assert zero_buffers(p, n, 2, p / 10) == pytest.approx(3 * p / 10 * (1 + 1 / n))  # two in flight and one filling
 
 
 # -- prediction ---------------------------------------------------------------------------
@@ -145,7 +145,7 @@ def test_data_parallel_prediction_adds_the_exposed_allreduce() -> None:
     zero2 = predict(Layout(2, 1, 1, 1, NO_SCHEDULE, 2), profile, NET, 32, ADAM)
     assert zero2.gradient_s == pytest.approx(12000 * 1e-7 + half_ring)  # gradients added into the bucket, reduce-scattered as backward ends
     assert zero2.optimizer_s == pytest.approx(12000 * 1e-6 / 2 + half_ring)
-    assert zero2.memory.gradients == 6000 and zero2.memory.optimizer == 12000 and zero2.memory.buffers == 12000
+    assert zero2.memory.gradients == 6000 and zero2.memory.optimizer == 12000 and zero2.memory.buffers == 12000 + 6000
 
 
 def test_pipeline_prediction_is_the_schedule_simulated() -> None:

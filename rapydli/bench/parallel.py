@@ -9,9 +9,8 @@ tensor parallelism.
   the parameters it trains, their gradients and the optimizer state:
   :mod:`rapydli.bench.parallel_worker`) against the fp32 ZeRO formulas for those
   parameters ``P`` (``4 P`` for Adam; ``2 P + 2 P / N`` for ZeRO-1; ``P + 3 P / N`` for
-  ZeRO-2), target within 10 %; and everything the rank holds (every live tensor storage,
-  plus for ZeRO-2 the whole gradient buckets it held at once during backward) against the
-  planner's peak without activations (the formula plus the buffers it knows
+  ZeRO-2), target within 10 %; and everything the rank holds (every live tensor storage)
+  against the planner's peak without activations (the formula plus the buffers it knows
   this implementation keeps), and the activations against the planner's.
 * **step time**: the layouts trained on a 2-engine cluster through ``rd.plan_parallel``
   (``--rounds`` rounds, alternated; the median of each layout's medians), each against

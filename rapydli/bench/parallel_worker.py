@@ -9,8 +9,10 @@ the :class:`~rapydli.trainer.loop.Trainer` and measures what it holds:
   and of the optimizer's state (``model_state_bytes``, what the ZeRO formula counts), and
   ``total_bytes``: every tensor storage alive in the process, the training set's own left
   out (found through the garbage collector: every tensor object Python holds), each counted
-  once however many tensors view it, plus with ZeRO-2 the most whole gradient buckets it
-  held at once during backward (freed by then);
+  once however many tensors view it, the other ranks' segments of node-shared gradient
+  buckets left out (mapped here, but held by their owners); with ZeRO-2 that includes the
+  last whole gradient bucket reduce-scattered and its output, still held after the step
+  (``in_flight_bytes``: the most whole buckets held at once during backward);
 * ``activation_bytes``: the peak bytes autograd kept for backward during the run
   (:class:`~rapydli.parallel.memory.ActivationMeter`).
 
@@ -56,7 +58,9 @@ def state_bytes(trainer: Trainer, excluded: set[int]) -> dict[str, int]:
 
     ``parameters``: the storages of the parameters this rank trains; ``gradients``: of their
     ``.grad`` (with ZeRO, also of the gradients of its slices); ``optimizer``: of the optimizer's state (a ZeRO optimizer's own, over its
-    shard); ``total``: every live storage but ``excluded``, whoever holds it.
+    shard); ``total``: every live storage but ``excluded`` and the other ranks' segments of
+    node-shared buffers (:meth:`rapydli.comm.shm.SharedBuffers.peer_views`: mapped here,
+    held in memory by their owners).
     """
     model = trainer.model
     inner: Any = getattr(trainer.optimizer, "optimizer", trainer.optimizer)  # a ShardedOptimizer's own
@@ -66,7 +70,11 @@ def state_bytes(trainer: Trainer, excluded: set[int]) -> dict[str, int]:
         "gradients": _storages(p.grad for p in [*model.parameters(), *trained] if p.grad is not None),
         "optimizer": _storages(value for values in inner.state.values() for value in values.values()),
     }
-    everything = _storages(gc.get_objects())
+    from rapydli.comm.shm import SharedBuffers
+
+    objects = gc.get_objects()
+    peers = {pointer for o in objects if isinstance(o, SharedBuffers) for pointer in _storages(o.peer_views())}
+    everything = {pointer: nbytes for pointer, nbytes in _storages(objects).items() if pointer not in peers}
     for found in kinds.values():
         everything.update(found)
     sizes = {kind: sum(found.values()) for kind, found in kinds.items()}
@@ -108,8 +116,8 @@ def memory_rows(world: Any, variants: list[dict[str, Any]], steps: int) -> list[
             trainer.close()
         parameters = sum(p.numel() * p.element_size() for p in trainer.model.parameters())
         sizes = peak.peak
-        in_flight = getattr(trainer.optimizer, "peak_gradient_buffer_bytes", 0)  # ZeRO-2: whole buckets held during backward
-        rows.append({"part": "memory", "variant": variant["name"], "rank": world.Get_rank(), "total_bytes": sizes["total"] + in_flight,
+        in_flight = getattr(trainer.optimizer, "peak_gradient_buffer_bytes", 0)  # ZeRO-2: the most whole buckets held during backward
+        rows.append({"part": "memory", "variant": variant["name"], "rank": world.Get_rank(), "total_bytes": sizes["total"], "in_flight_bytes": in_flight,
                      "model_state_bytes": sizes["parameters"] + sizes["gradients"] + sizes["optimizer"], "gradient_bytes": sizes["gradients"],
                      "optimizer_bytes": sizes["optimizer"], "activation_bytes": meter.peak, "parameter_bytes": parameters})  # fmt: skip
         del trainer, meter, peak

@@ -138,6 +138,10 @@ class SharedBuffers:
         self._peers[mine.data_ptr()] = (numel, views)
         return mine
 
+    def peer_views(self) -> list[torch.Tensor]:
+        """The other ranks' segments of every buffer this rank allocated: mapped here, held by their owners."""
+        return [view for _, views in self._peers.values() for rank, view in enumerate(views) if rank != self.rank]
+
     def views(self, flat: torch.Tensor) -> list[torch.Tensor] | None:
         """Every rank's view of ``flat`` if it is a whole buffer from :meth:`zeros`, else None."""
         found = self._peers.get(flat.data_ptr())

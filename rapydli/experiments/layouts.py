@@ -195,13 +195,15 @@ def zero_buffers(parameter_bytes: float, dp: int, zero: int, bucket_bytes: float
     synchronizer's, so neither is a copy; stage 2 adds each gradient into a whole bucket
     and reduce-scatters it during backward, with up to
     :data:`~rapydli.parallel.zero.IN_FLIGHT` buckets in flight and one filling (at most
-    ``P``) where the formula counts ``P / dp``.
+    ``P``, where the formula counts ``P / dp``), each with its reduce-scatter's output
+    (``1 / dp`` of it).
     """
     from rapydli.parallel.zero import IN_FLIGHT
 
     if zero < 2 or dp == 1:
         return 0.0
-    return min(parameter_bytes, (IN_FLIGHT + 1) * bucket_bytes)
+    in_flight = min(parameter_bytes, (IN_FLIGHT + 1) * bucket_bytes)
+    return in_flight + in_flight / dp
 
 
 def smallest_states(
