@@ -295,12 +295,12 @@ class Trainer:
                     stats = self._gradients.wait()
                     comm_time, comm_wait, hidden = stats.comm_time, stats.wait_time, stats.hidden_fraction
 
-                # clip the global gradient norm (gradients are already averaged; stages and tensor shards add up to one norm)
+                # clip the global gradient norm (gradients are already averaged; stages, tensor shards and ZeRO-2 slices add up to one norm)
                 grad_norm = None
                 if cfg.grad_clip is not None:
                     from rapydli.parallel.clip import clip_grad_norm_
 
-                    grad_norm = clip_grad_norm_(self.model, cfg.grad_clip, self.grid)
+                    grad_norm = clip_grad_norm_(self.model, cfg.grad_clip, self.grid, self.optimizer if cfg.zero == 2 else None)
 
                 # optimizer step
                 self.optimizer.step()
