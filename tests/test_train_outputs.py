@@ -104,7 +104,9 @@ def test_one_process_trainer_reads_outputs_and_reports_metrics_where_they_mean_s
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("names", [("cnn", "mlp_mse", "gpt", "model_output"), ("two_groups", "frozen", "rank0_branch")])
+@pytest.mark.parametrize(
+    "names", [("cnn", "mlp_mse", "gpt", "model_output"), ("two_groups", "frozen", "rank0_branch"), ("model_output_zero2", "frozen_zero2", "rank0_branch_zero2")]
+)
 def test_trainer_matches_ddp_and_one_process(run_mpi, names) -> None:
     code = f"import sys; sys.path.insert(0, {str(TESTS)!r})\nfrom train_cases import check_case\n"
     code += "".join(f"check_case({name!r})\n" for name in names)

@@ -261,6 +261,11 @@ CASES: dict[str, Case] = {
                        optimizer_fn=two_groups, steps=4),
     "frozen": Case(FrozenFirst, features, _ce, {}, optimizer_fn=adamw_decay, unchanged=("fc1.weight", "fc1.bias")),
     "rank0_branch": Case(RankZeroBranch, features, _ce, {}, optimizer_fn=adamw_decay),
+    # the same three under ZeRO-2 (config.optimizer: AdamW, lr 0.01, weight decay 0.1), the branch with two micro-steps a step
+    "model_output_zero2": Case(PooledClassifier, sequences, lambda m, x, y: m(x, labels=y)["loss"], {"lr": 0.01, "weight_decay": 0.1, "zero": 2},
+                               unchanged=("pooler.weight", "pooler.bias")),
+    "frozen_zero2": Case(FrozenFirst, features, _ce, {"lr": 0.01, "weight_decay": 0.1, "zero": 2}, unchanged=("fc1.weight", "fc1.bias")),
+    "rank0_branch_zero2": Case(RankZeroBranch, features, _ce, {"lr": 0.01, "weight_decay": 0.1, "zero": 2, "batch_size": 2, "grad_accum": 2}),
 }  # fmt: skip
 
 
@@ -299,7 +304,7 @@ def single_process(name: str, size: int) -> nn.Module:
     for step in range(case.steps):
         _set_lr(optimizer, cfg, step)
         optimizer.zero_grad(set_to_none=True)
-        parts = [shard(train, r, size, step, cfg.batch_size) for r in range(size)]
+        parts = [shard(train, r, size, step, cfg.batch_size * cfg.grad_accum) for r in range(size)]
         if isinstance(model, RankZeroBranch):  # the branch sees rank 0's samples only
             outs = []
             for r, (x, _) in enumerate(parts):
@@ -344,7 +349,7 @@ def check_case(name: str) -> None:
     for step in range(case.steps):
         _set_lr(optimizer, cfg, step)
         optimizer.zero_grad(set_to_none=True)
-        case.reference_loss(ddp, *shard(train, rank, size, step, cfg.batch_size)).backward()
+        case.reference_loss(ddp, *shard(train, rank, size, step, cfg.batch_size * cfg.grad_accum)).backward()
         optimizer.step()
     dist.destroy_process_group()
 

@@ -35,7 +35,8 @@ from torch import nn
 from rapydli.comm import Communicator
 from rapydli.data.loaders import build_loader
 from rapydli.trainer.config import TrainConfig
-from rapydli.trainer.loop import Trainer, build_optimizer, loss_and_correct
+from rapydli.trainer.loop import Trainer, loss_and_correct
+from rapydli.trainer.optim import build_optimizer
 from rapydli.zoo import datasets, models
 
 MODELS: dict[str, tuple[Callable[[], nn.Module], Callable[..., Any]]] = {
