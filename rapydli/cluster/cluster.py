@@ -23,6 +23,7 @@ from rapydli.cluster.job import DisplayHandler, EventHandler, Job, OutputHandler
 from rapydli.cluster.launchers import get_launcher, validate_options
 from rapydli.cluster.mpirun import rank_environment, threads_per_rank
 from rapydli.cluster.processes import CLUSTER_MARKER, reap, reap_marked
+from rapydli.cluster.sshhosts import SessionWatch
 from rapydli.cluster.targets import parse_targets
 from rapydli.cluster.usercode import notebook_cells
 from rapydli.errors import ClusterError, ConfigError, NotFoundError
@@ -93,6 +94,7 @@ class Cluster:
         self._detached = False
         self._cluster_id: str | None = None  # kept across restarts, so attach ids stay valid
         self._batch: BatchJob | None = None  # the scheduler job holding the engines (slurm)
+        self._sessions: SessionWatch | None = None  # mpiexec's ssh session to each host (ssh)
         self._starter: threading.Thread | None = None  # a start(wait=False) under way
         self._start_error: BaseException | None = None
         self._cancel = threading.Event()  # set by stop(): a start under way gives up
@@ -168,6 +170,7 @@ class Cluster:
                 else:
                     _wait(self._client.wait_for_engines(self.n, timeout=self.start_timeout, block=False, widget=False, interactive=False))
                 self._configure_engines()
+                self._sessions = self._watch_sessions()
             except BaseException as exc:
                 # Ctrl-C included: a start cancelled half-way leaves engines ipyparallel no
                 # longer tracks; the teardown finds them by their marker
@@ -219,6 +222,13 @@ class Cluster:
             raise ClusterError(f"engines do not form one MPI job of {self.n} ranks (ranks {ranks}, sizes {[i['size'] for i in infos]})")
         self._engine_of_rank = {info["rank"]: eid for eid, info in zip(ids, infos)}
         self._info = {info["rank"]: info for info in infos}
+
+    def _watch_sessions(self) -> SessionWatch | None:
+        """The ssh sessions to the engines' hosts (ssh launcher), watched while tasks run."""
+        if self.launcher.name != "ssh" or self._cluster_id is None:
+            return None
+        remote = sorted({info["host"] for info in self._info.values() if not _is_local(info)})
+        return SessionWatch.find(self._cluster_id, remote, self.options.get("ssh_command", "ssh"))
 
     def stop(self) -> None:
         """Stop every engine and the controller; no process is left behind.
@@ -279,11 +289,14 @@ class Cluster:
         if self._cluster_id is not None:  # nannies orphaned by killed engines, a half-started set, ...
             if reap_marked(self._cluster_id):
                 self._remove_connection_files()
+        lost = self._sessions.down if self._sessions is not None else {}
+        remote = {host: pids for host, pids in remote.items() if host not in lost}  # their processes cannot be reached
         if remote and self.launcher.name == "ssh":
             from rapydli.cluster.sshhosts import reap_remote
 
             reap_remote(remote, self.options.get("ssh_command", "ssh"))
         self._ipp = self._client = None
+        self._sessions = None
         self._engine_of_rank, self._info = {}, {}
         with _live_lock:
             _live.discard(self)
@@ -561,7 +574,15 @@ class Cluster:
         where = {rank: info["host"] for rank, info in self._info.items()}
         hosts_down = functools.partial(self._hosts_down, where) if self.launcher.name == "ssh" else None
         gone = self._batch.gone if self._batch is not None else None
-        return Job(results, interrupt=self._interrupt, stop=self._request_stop, abort=self.abort, hosts_down=hosts_down, gone=gone, **handlers)
+        lost = functools.partial(self._hosts_lost, self._sessions, where) if self._sessions is not None else None
+        return Job(results, interrupt=self._interrupt, stop=self._request_stop, abort=self.abort, hosts_down=hosts_down, gone=gone,
+                   lost_hosts=lost, **handlers)  # fmt: skip
+
+    @staticmethod
+    def _hosts_lost(sessions: SessionWatch, where: dict[int, str], ranks: Sequence[int]) -> dict[int, tuple[str, str]]:
+        """``{rank: (host, why)}`` for the ``ranks`` whose host ``sessions`` found lost."""
+        down = sessions.lost()
+        return {rank: (where[rank], down[where[rank]]) for rank in ranks if where.get(rank) in down}
 
     def _hosts_down(self, where: dict[int, str], ranks: Sequence[int]) -> dict[int, tuple[str, str]]:
         """``{rank: (host, why)}`` for the ``ranks`` whose host (in ``where``) no longer answers over ssh."""
