@@ -24,7 +24,8 @@ import rapydli as rd
 from rapydli.cluster.slurmprogram import check_item_options, item_script
 from rapydli.errors import ConfigError
 from rapydli.experiments.batchplaces import places
-from rapydli.experiments.store import STORE_PATH_ENV, open_store
+from rapydli.experiments.store import open_store
+from rapydli.settings import STORE_PATH
 
 NOTEBOOKS = Path(__file__).resolve().parent / "notebooks"
 RAPYDLI = [sys.executable, "-m", "rapydli"]
@@ -97,7 +98,7 @@ class QueueWatch:
 @pytest.mark.notebook
 def test_items_as_jobs_on_both_nodes_record_every_row_once(local_slurm, tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("RAPYDLI_HOME", str(tmp_path / "home"))
-    monkeypatch.delenv(STORE_PATH_ENV, raising=False)
+    monkeypatch.delenv(STORE_PATH, raising=False)
     xs = [1, 2, 3, 4]
     watch = QueueWatch(local_slurm, "rapydli-batch-host_records-")
     try:

@@ -36,6 +36,32 @@ def spawn_python(
     )
 
 
+def alive(pid: object, started: float | None = None) -> psutil.Process | None:
+    """Process ``pid`` of this host if it runs (not a zombie), else ``None``.
+
+    ``started``: its creation time when known (as :func:`started_at` gave it), so that a
+    reused pid does not count. What is not an int (a record's missing pid) is ``None``.
+    """
+    if not isinstance(pid, int) or isinstance(pid, bool):
+        return None
+    try:
+        proc = psutil.Process(pid)
+        if started is not None and abs(proc.create_time() - started) > 1.0:
+            return None  # the pid was reused by another process
+        return proc if proc.status() != psutil.STATUS_ZOMBIE else None
+    except (psutil.Error, OSError):
+        return None
+
+
+def started_at(pid: int) -> float | None:
+    """Creation time of process ``pid`` (to tell a reused pid apart later), or ``None``."""
+    proc = alive(pid)
+    try:
+        return proc.create_time() if proc is not None else None
+    except (psutil.Error, OSError):
+        return None
+
+
 class Spawned:
     """A started program (here, or the ssh session of one on another host), waited for and ended as a whole.
 
@@ -73,19 +99,14 @@ class Spawned:
 
 def reap(pids: Iterable[int], timeout: float = 5.0) -> None:
     """Wait up to ``timeout`` for processes ``pids`` to exit, then SIGKILL the rest."""
-    procs = []
-    for pid in pids:
-        try:
-            procs.append(psutil.Process(pid))
-        except psutil.NoSuchProcess:
-            continue
-    alive = _wait_exited(procs, timeout)
-    for proc in alive:
+    procs = [proc for proc in map(alive, pids) if proc is not None]
+    left = _wait_exited(procs, timeout)
+    for proc in left:
         try:
             proc.kill()
         except psutil.NoSuchProcess:
             pass
-    _wait_exited(alive, timeout)
+    _wait_exited(left, timeout)
 
 
 def _wait_exited(procs: list[psutil.Process], timeout: float) -> list[psutil.Process]:
@@ -96,8 +117,8 @@ def _wait_exited(procs: list[psutil.Process], timeout: float) -> list[psutil.Pro
     """
     deadline = time.monotonic() + timeout
     while True:
-        _, alive = psutil.wait_procs(procs, timeout=0.05)  # collects this process's children
-        procs = [proc for proc in alive if not _exited(proc)]
+        _, running = psutil.wait_procs(procs, timeout=0.05)  # collects this process's children
+        procs = [proc for proc in running if not _exited(proc)]
         if not procs or time.monotonic() > deadline:
             return procs
 
@@ -124,11 +145,15 @@ def terminate_tree(pid: int, grace: float = 3.0) -> None:
     reap((p.pid for p in procs), timeout=grace)
 
 
-def marked(value: str | None = None, name: str = CLUSTER_MARKER) -> list[psutil.Process]:
+def marked(
+    value: str | None = None, name: str = CLUSTER_MARKER, also: Mapping[str, str] | None = None
+) -> list[psutil.Process]:
     """Processes of this host (other than this one) whose environment sets ``name``.
 
-    With ``value``, only those where it equals ``value``. Processes whose environment
-    cannot be read (other users') are left out.
+    With ``value``, only those where it equals ``value``; with ``also``, only those whose
+    environment has each of its ``{variable: value}`` too (a test session finds its own
+    clusters' processes by ``RAPYDLI_HOME``). Processes whose environment cannot be read
+    (other users') are left out.
     """
     found = []
     me = os.getpid()
@@ -139,7 +164,7 @@ def marked(value: str | None = None, name: str = CLUSTER_MARKER) -> list[psutil.
             env = proc.environ()
         except (psutil.Error, OSError):
             continue
-        if name in env and (value is None or env[name] == value):
+        if name in env and (value is None or env[name] == value) and all(env.get(k) == v for k, v in (also or {}).items()):
             found.append(proc)
     return found
 
@@ -147,7 +172,8 @@ def marked(value: str | None = None, name: str = CLUSTER_MARKER) -> list[psutil.
 def reap_marked(value: str, grace: float = 3.0) -> list[int]:
     """SIGTERM every local process marked with cluster id ``value``, SIGKILL what remains.
 
-    ``grace=0`` SIGKILLs them at once (an abort).
+    ``grace=0`` SIGKILLs them at once and returns without waiting for them to finish
+    exiting (an abort: a process with a large address space takes a second or two).
 
     Returns the pids that were still alive when called (empty when the cluster stopped cleanly).
     """
@@ -157,5 +183,6 @@ def reap_marked(value: str, grace: float = 3.0) -> list[int]:
             proc.send_signal(signal.SIGTERM if grace > 0 else signal.SIGKILL)
         except psutil.NoSuchProcess:
             pass
-    reap((p.pid for p in procs), timeout=grace if grace > 0 else 5.0)
+    if grace > 0:
+        reap((p.pid for p in procs), timeout=grace)
     return [p.pid for p in procs]

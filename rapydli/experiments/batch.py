@@ -33,6 +33,7 @@ from rapydli.errors import ConfigError
 from rapydli.experiments import batchspec, storemerge
 from rapydli.experiments import store as store_mod
 from rapydli.experiments.batchplaces import ItemProcess, Places, places
+from rapydli.settings import BATCH_ITEM, STORE_PATH
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -387,14 +388,14 @@ class _Runner:
         env = dict(os.environ)
         if not self.places.remote:  # this machine's cores, shared by the items at once
             env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // self.parallel)))
-        env.pop(store_mod.BATCH_ITEM_ENV, None)
+        env.pop(BATCH_ITEM, None)
         started = time.time()
         log_path = item.cwd / ".rapydli-item.log"
         args = ["-m", "rapydli.experiments.batch_item", str(spec_path)]
         job_store = None
         if self.places.remote and run_id:  # results come back through a store file of the item's own
             job_store = storemerge.job_store(self.store, run_id, item.cwd / ".rapydli-runs.db")
-            env[store_mod.STORE_PATH_ENV] = str(job_store)
+            env[STORE_PATH] = str(job_store)
         with self._lock:
             if self._killed:
                 proc = None
