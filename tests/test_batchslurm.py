@@ -147,21 +147,25 @@ def test_cli_reports_a_failing_items_cell_and_ctrl_c_leaves_an_empty_queue(local
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)  # fmt: skip
     prefix = "rapydli-batch-params-"
     deadline = time.monotonic() + 120
-    while [job[1] for job in _batch_jobs(local_slurm, prefix)] != ["RUNNING", "RUNNING"]:
+    kernels: dict[psutil.Process, Path] = {}
+    # both jobs running, and their items' processes started on the nodes (a job is RUNNING a moment before its script)
+    while [job[1] for job in _batch_jobs(local_slurm, prefix)] != ["RUNNING", "RUNNING"] or len(set(kernels.values())) < 2:
         assert time.monotonic() < deadline and batch.poll() is None, batch.stderr.read() if batch.poll() is not None else ""
         time.sleep(0.2)
-    kernels = [p for p in psutil.process_iter() if _under(p, out)]
-    assert kernels, "no item process found in the output folder"
+        kernels = {p: folder for p in psutil.process_iter() if (folder := _item_folder(p, out)) is not None}
     batch.send_signal(signal.SIGINT)  # Ctrl-C of the command
     _, err = batch.communicate(timeout=60)
     assert batch.returncode == 130, err
     assert _batch_jobs(local_slurm, prefix) == []  # the third item was never submitted, the two running were cancelled
-    gone, alive = psutil.wait_procs(kernels, timeout=10)
+    gone, alive = psutil.wait_procs(list(kernels), timeout=10)
     assert not alive, [p.cmdline() for p in alive]
 
 
-def _under(proc: psutil.Process, folder: Path) -> bool:
+def _item_folder(proc: psutil.Process, out: Path) -> Path | None:
+    """The item folder of ``out`` that ``proc`` runs in (an item's process or its kernel), else None."""
     try:
-        return Path(proc.cwd()).is_relative_to(folder)
+        cwd = Path(proc.cwd())
     except (psutil.Error, OSError):
-        return False
+        return None
+    parts = cwd.relative_to(out).parts if cwd.is_relative_to(out) else ()
+    return out.joinpath(*parts[:2]) if len(parts) >= 2 else None  # out/<notebook stem>/<item key>
