@@ -219,3 +219,76 @@ def unreachable_hosts(hosts: list[str], ssh: str = "ssh", timeout: float = 3.0) 
         if probe.returncode != 0:
             down[host] = f"ssh fails ({err.strip().splitlines()[-1] if err.strip() else f'exit {probe.returncode}'})"
     return down
+
+
+class SessionWatch:
+    """The ssh sessions ``mpiexec`` holds to each host, watched while the engines run.
+
+    Hydra reaches every host through one ssh session that lasts as long as the job. When
+    one ends while the engines run, its host is asked (``ssh HOST true``); a host that
+    does not answer is lost, and the ranks there are named at once instead of after
+    ipyparallel's heartbeat gives up on them (about 30 s). A session ends on a lost link
+    only when ssh notices it: ``ServerAliveInterval 2`` and ``ServerAliveCountMax 2`` in
+    the ssh configuration make that a few seconds.
+
+    Parameters
+    ----------
+    sessions
+        ``{host: pid}`` of each host's ssh session on this machine.
+    ssh
+        The ssh program that probes a host.
+    """
+
+    CHECK_S = 0.25  # at most one look at the sessions per this many seconds
+    PROBE_S = 1.0  # how long a host whose session ended has to answer
+
+    def __init__(self, sessions: dict[str, int], ssh: str = "ssh") -> None:
+        self.sessions = sessions
+        self.ssh = ssh
+        self.down: dict[str, str] = {}  # host -> why, for hosts found lost
+        self._asked: set[str] = set()
+        self._checked_at = 0.0
+
+    @classmethod
+    def find(cls, cluster_id: str, hosts: Sequence[str], ssh: str = "ssh") -> SessionWatch:
+        """The sessions to ``hosts`` among the processes of cluster ``cluster_id`` on this machine."""
+        from rapydli.cluster.processes import marked
+
+        names = {"ssh", os.path.basename(ssh)}
+        sessions: dict[str, int] = {}
+        for proc in marked(cluster_id):
+            try:
+                argv = proc.cmdline()
+            except Exception:  # noqa: BLE001 - a process that ended meanwhile
+                continue
+            if not any(os.path.basename(arg) in names for arg in argv[:2]):
+                continue
+            host = next((arg for arg in argv[1:] if arg in hosts), None)
+            if host is not None:
+                sessions.setdefault(host, proc.pid)
+        return cls(sessions, ssh)
+
+    def lost(self) -> dict[str, str]:
+        """``{host: why}`` for the hosts whose session ended and that do not answer."""
+        import time
+
+        import psutil
+
+        now = time.monotonic()
+        if now - self._checked_at < self.CHECK_S:
+            return dict(self.down)
+        self._checked_at = now
+        ended = []
+        for host, pid in self.sessions.items():
+            if host in self._asked:
+                continue
+            try:
+                alive = psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+            except psutil.NoSuchProcess:
+                alive = False
+            if not alive:
+                ended.append(host)
+        if ended:
+            self._asked.update(ended)
+            self.down.update(unreachable_hosts(ended, self.ssh, timeout=self.PROBE_S))
+        return dict(self.down)

@@ -164,7 +164,7 @@ class TrainingJob:
             }
             run_name = name or str(getattr(model, "__name__", "model"))
             self.run_id = self.store.create_run(kind, run_name, params, parent=parent, world_size=len(self.targets), seed=config.seed)
-            self.store.add_record(self.run_id, "hosts", "json", cluster.status().get("hosts", []))
+            self.store.add_record(self.run_id, "hosts", "json", hosts)  # where this run's ranks run
         try:
             ready(cluster)  # started, waited for or restarted as part of the run (rd.train's own cluster too)
             self.job = cluster.submit(

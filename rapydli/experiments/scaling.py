@@ -36,7 +36,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 TOLERANCE = 0.20
 COLUMNS = [
-    "workers", "global_batch", "samples_per_s", "speedup", "ideal_speedup", "efficiency", "step_time_s",
+    "workers", "hosts", "global_batch", "samples_per_s", "speedup", "ideal_speedup", "efficiency", "step_time_s",
     "compute_time_s", "comm_time_s", "comm_wait_s", "comm_fraction", "predicted_step_time_s", "prediction_error",
 ]  # fmt: skip
 
@@ -48,7 +48,8 @@ class ScalingResult:
     Attributes
     ----------
     table
-        One row per measured worker count: ``workers``, ``global_batch``,
+        One row per measured worker count: ``workers``, ``hosts`` (where its ranks ran,
+        e.g. ``"node1, node2"``), ``global_batch``,
         ``samples_per_s``, ``speedup``, ``ideal_speedup``, ``efficiency``, ``step_time_s``,
         ``compute_time_s``, ``comm_time_s`` (gradient allreduce time),
         ``comm_wait_s`` (time the step waited for it), ``comm_fraction``
@@ -171,7 +172,8 @@ def scaling_study(
             if job.state != "finished":
                 raise ConfigError(f"the {k}-worker point failed: {job.error}")
             gradient_bytes = job.results[0]["gradient_bytes"]
-            points.append(_point(k, batch * k, job.results))
+            where = cluster.status()["rank_hosts"]
+            points.append({"hosts": ", ".join(sorted({where[r] for r in range(k) if r in where})), **_point(k, batch * k, job.results)})
             fill_scaling_figure(figure, _table(points, None, gradient_bytes), None)
             if on_point is not None:
                 on_point(figure)
