@@ -609,14 +609,16 @@ def _wait(future: Any, step: float = 0.1) -> Any:
     """``future.result()`` in short waits, so Ctrl-C (a SIGINT or ``interrupt_main``) ends it.
 
     A wait without a timeout blocks in a lock that only a real signal to this very thread
-    interrupts; ipyparallel's ``*_sync`` calls wait so.
+    interrupts; ipyparallel's ``*_sync`` calls wait so. A future that itself failed with a
+    ``TimeoutError`` (engines that did not register in time) raises it.
     """
     result = getattr(future, "get", None) or future.result  # an AsyncResult's own get(), else the Future's
     while True:
         try:
             return result(timeout=step)
         except TimeoutError:
-            continue
+            if future.done():  # perhaps not this short wait's timeout but the future's own error: its outcome, once
+                return result(timeout=step)
 
 
 def _where(info: dict[str, Any]) -> str:
