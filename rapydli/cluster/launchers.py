@@ -57,6 +57,8 @@ class LauncherSpec:
     check: Callable[[dict[str, Any]], None] | None = None  # checks across options, after each one's own
     threads_option: str | None = None  # the option that sets each engine's cores, if any
     check_size: Callable[[int, Mapping[str, Any]], None] | None = None  # n against the options
+    # what can start now: (n, options) -> (engines, options, {host: why left out}); None: all n
+    reachable: Callable[[int, dict[str, Any]], tuple[int, dict[str, Any], dict[str, str]]] | None = None
 
     def config(self, options: Mapping[str, Any], work_dir: str | None = None) -> dict[str, dict[str, Any]]:
         """ipyparallel configuration (``{"Class": {"trait": value}}``) for validated ``options``.
@@ -133,6 +135,7 @@ LAUNCHERS: dict[str, LauncherSpec] = {
             },
             listen_all=True,
             check=sshhosts.check,
+            reachable=sshhosts.reachable_engines,
         ),
         LauncherSpec(
             "slurm",
