@@ -1,6 +1,7 @@
 """``rd.train(..., restarts=N)`` on real clusters: an engine killed mid-run, a user error, a restart
 that cannot bring the engines back; a host killed (namespace hosts, going on with the engines
-left: ``min_workers``) and a Slurm job cancelled from outside."""
+left: ``min_workers``) and a Slurm job cancelled from outside. A restarted run resumes from its last
+checkpoint and ends with the parameters of the same run uninterrupted (where it keeps the global batch)."""
 
 from __future__ import annotations
 
@@ -157,6 +158,20 @@ RESIZE = dict(epochs=1, batch_size=8, lr=0.05, optimizer="sgd", momentum=0.9, ev
               allreduce="mpi", seed=5)  # fmt: skip
 
 
+def _assert_same_parameters(cut: Path, whole: Path) -> None:
+    """The last checkpoints in ``cut`` (the restarted run) and ``whole`` (an uninterrupted one) hold the same step and parameters."""
+    cut_state, whole_state = ckpt.load(ckpt.checkpoint_path(cut)), ckpt.load(ckpt.checkpoint_path(whole))
+    assert cut_state["step"] == whole_state["step"]
+    for name, value in whole_state["model"].items():
+        torch.testing.assert_close(cut_state["model"][name], value, rtol=0, atol=1e-6)
+
+
+def _uninterrupted(cluster: rd.Cluster, marker: Path, directory: Path, config: rd.TrainConfig) -> None:
+    """The same run, never interrupted (the marker exists, so no rank stalls), checkpointing into ``directory``."""
+    directory.mkdir()
+    rd.train(StallingModel(str(marker), at_call=7), LoggedData(str(directory)), config, cluster=cluster, progress=False, live=False)
+
+
 def _when_stalled(marker: Path, end_it: Callable[[], object]) -> threading.Thread:
     """A thread that calls ``end_it`` once rank 1 stalls (the marker appears), as a host death or ``scancel`` would come."""
 
@@ -219,6 +234,12 @@ def test_a_host_killed_mid_run_goes_on_with_the_engines_left(hosts, whole, tmp_p
         assert list(after["step"]) == list(range(5, 21)) and after["lr"].tolist() == pytest.approx([0.025] * 16)
     assert (after["world_size"] == 1).all()
     assert after["loss"].iloc[-4:].mean() < train["loss"].iloc[:4].mean()  # training went on
+    if on_resize == "keep":  # the same global batches with the same lr: the parameters of a run on 2 ranks that nothing cut
+        nshosts.revive(hosts, "h2")
+        whole.restart()
+        assert whole.n == 2
+        _uninterrupted(whole, marker, tmp_path / "whole", rd.TrainConfig(**RESIZE, checkpoint_dir=str(tmp_path / "whole" / "ckpt")))
+        _assert_same_parameters(tmp_path / "ckpt", tmp_path / "whole" / "ckpt")
 
 
 @pytest.mark.hosts
@@ -254,6 +275,7 @@ def test_a_slurm_job_cancelled_from_outside_restarts_as_a_new_job(local_slurm, t
         killer.join()
         second = cluster.status()["job"]["id"]
         assert second != first and first not in local_slurm.queue()
+        _uninterrupted(cluster, marker, tmp_path / "whole", rd.TrainConfig(**RESIZE, checkpoint_dir=str(tmp_path / "whole" / "ckpt")))
     assert second not in local_slurm.queue()
 
     assert open_store().get_run(result.run_id)["status"] == "finished"
@@ -263,3 +285,4 @@ def test_a_slurm_job_cancelled_from_outside_restarts_as_a_new_job(local_slurm, t
     assert served(tmp_path, attempt=0, first=4 * 8) + served(tmp_path, attempt=1) == Counter(range(SAMPLES))
     steps = result.history[result.history["kind"] == "train"]["step"].tolist()
     assert steps[-1] == 12 and set(range(5, 13)) <= set(steps)
+    _assert_same_parameters(tmp_path / "ckpt", tmp_path / "whole" / "ckpt")  # resumed in the new job from step 4, ended as if never cut
