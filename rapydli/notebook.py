@@ -67,6 +67,7 @@ def train(
     live: bool | None = None,
     name: str | None = None,
     restarts: int | None = None,
+    min_workers: int | None = None,
     loss_fn: Callable[..., Any] | None = None,
     optimizer_fn: Callable[..., Any] | None = None,
     metrics: Any = None,
@@ -85,8 +86,13 @@ def train(
     ``loss_fn(outputs, targets)`` covers anything else; ``optimizer_fn(model)`` builds the
     optimizer; ``metrics`` names what is measured on the validation set.
 
+    With ``restarts=N`` the run goes on by itself after engines die (restarted cluster,
+    last checkpoint); ``min_workers=`` lets it go on with fewer engines when not all of
+    them can come back (``config.on_resize`` says how the batch and learning rate follow).
+
     Examples
     --------
+    >>> rd.train(model_fn, data_fn, cfg, restarts=2, min_workers=1)  # doctest: +SKIP
     >>> rd.train(Net, data, cfg, loss_fn=nn.MSELoss(), metrics=["mae"],
     ...          optimizer_fn=lambda m: torch.optim.AdamW(m.parameters(), lr=1e-3))  # doctest: +SKIP
 
@@ -110,7 +116,7 @@ def train(
         bar = progress_bar if progress else False
         return run_training(
             model_fn, data_fn, config, cluster, callbacks=callbacks, progress=bar, name=name, restarts=restarts,
-            loss_fn=loss_fn, optimizer_fn=optimizer_fn, metrics=metrics,
+            min_workers=min_workers, loss_fn=loss_fn, optimizer_fn=optimizer_fn, metrics=metrics,
         )  # fmt: skip
     finally:
         if plot is not None:

@@ -17,7 +17,7 @@ from IPython.utils.capture import capture_output
 from processes import wait_until_gone
 
 import rapydli as rd
-from rapydli.cluster import current, launchers
+from rapydli.cluster import current, launchers, sshhosts
 from rapydli.errors import ConfigError, RankFailure
 
 
@@ -50,6 +50,19 @@ def test_ssh_options_become_hydra_arguments_and_environment(tmp_path) -> None:
         "UCX_TLS": "self,tcp", "FI_PROVIDER": "tcp", "UCX_NET_DEVICES": "lo", "FI_TCP_IFACE": "lo"
     }
     assert launchers.validate_options("ssh", {"hosts": "h1,h2"})["hosts"] == ["h1", "h2"]
+
+
+def test_a_restart_leaves_out_the_ranks_hydra_placed_on_hosts_that_are_down(tmp_path) -> None:
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("h1:2 # two ranks\nh2:2\n\nh3\n")
+    slots = sshhosts.host_slots({"hostfile": str(hostfile)})
+    assert slots == [("h1", 2), ("h2", 2), ("h3", 1)] == sshhosts.host_slots({"hosts": ["h1:2,h2:2", "h3"]})
+    assert sshhosts.leave_out(2, [("h1", 1), ("h2", 1)], {"h2"}) == (1, ["h1"])
+    assert sshhosts.leave_out(4, [("h1", 1), ("h2", 1)], {"h2"}) == (2, ["h1"])  # h1 h2 h1 h2
+    assert sshhosts.leave_out(7, slots, {"h2"}) == (5, ["h1:2", "h3"])  # h1 h1 h2 h2 h3 h1 h1
+    assert sshhosts.leave_out(2, [("h1", 1), ("h2", 1)], {"h1", "h2"}) == (0, [])
+    with pytest.raises(ConfigError, match=r"min_engines=3 is invalid: an integer in 1..2"):
+        rd.Cluster(n=2).restart(min_engines=3)
 
 
 @pytest.mark.hosts

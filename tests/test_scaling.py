@@ -52,3 +52,18 @@ def test_scaling_table_figure_and_prediction() -> None:
     errors = table["prediction_error"].abs()
     assert errors.iloc[0] == pytest.approx(0.0)  # one worker: no communication, compute as measured
     assert result.validated == bool((errors <= 0.20).all())
+
+
+@pytest.mark.engines
+def test_loss_optimizer_and_metrics_reach_every_point() -> None:
+    from train_cases import PASSED, RegressionMLP, passed_through, regression
+
+    from rapydli.experiments.store import open_store
+
+    config = rd.TrainConfig(batch_size=4, lr=0.02, allreduce="mpi")
+    with rd.Cluster(n=2) as cluster:
+        result = rd.scaling_study(RegressionMLP, regression, config, workers=[1, 2], steps=4, cluster=cluster, live=False, **PASSED)
+    points, _ = open_store().list_runs(parent=result.run_id)
+    assert sorted(p["name"] for p in points) == ["scaling-1", "scaling-2"]
+    for point in points:
+        passed_through(open_store().final_metrics(point["id"]), 0.02)

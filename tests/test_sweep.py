@@ -140,3 +140,17 @@ def test_a_trial_that_kills_its_engine_fails_and_the_sweep_restarts_the_cluster(
         assert (table.loc[position + 1 :, "lr"] == table.loc[position, "lr"]).any(), errors
     assert len(table) - len(table.index[table["error"].str.contains("run again", na=False)]) == 3
     assert cluster.running and cluster.run(lambda: 8) == [8, 8]
+
+
+@pytest.mark.engines
+def test_loss_optimizer_and_metrics_reach_every_trial(cluster) -> None:
+    from train_cases import PASSED, RegressionMLP, passed_through, regression
+
+    config = rd.TrainConfig(max_steps=4, batch_size=4, allreduce="mpi")
+    result = rd.sweep(RegressionMLP, regression, config, {"lr": rd.loguniform(1e-3, 1e-1)}, trials=2, cluster=cluster,
+                      pruner="none", metric="val_mae", live=False, **PASSED)  # fmt: skip
+    assert list(result.table["state"]) == ["COMPLETE", "COMPLETE"], result.table.to_string()
+    for _, trial in result.table.iterrows():
+        final = open_store().final_metrics(trial["run_id"])
+        passed_through(final, trial["lr"])
+        assert trial["value"] == pytest.approx(final["val_mae"])  # the user's metric is what the sweep optimised

@@ -99,6 +99,7 @@ class Cluster(ClusterTasks):
         if self.launcher.check_size is not None:
             self.launcher.check_size(n, self.options)
         self.n = n
+        self._full = (n, dict(self.options))  # what a restart brings back: n and options may shrink after one (restart)
         self.threads = threads or self._default_threads(n)
         self.start_timeout = start_timeout
         self._ipp: Any = None
@@ -273,10 +274,32 @@ class Cluster(ClusterTasks):
             self._teardown()
             self._state = "stopped"
 
-    def restart(self) -> Cluster:
-        """Replace the engines by fresh ones (same size, launcher, options and id)."""
+    def restart(self, min_engines: int | None = None) -> Cluster:
+        """Replace the engines by fresh ones (same launcher and id), as many as the cluster was made with.
+
+        A launcher that can tell which of its hosts are gone (``ssh``: those that do not
+        answer) is asked first. Their engines are left out when at least ``min_engines``
+        remain: the cluster then has fewer engines (``n``, ``options`` say which) until a
+        later restart brings them all back. Otherwise the restart fails at once, naming
+        the hosts, rather than waiting ``start_timeout`` for engines that cannot come.
+
+        Raises
+        ------
+        ClusterError
+            Fewer than ``min_engines`` (default: all) engines can start, or the start failed.
+        """
+        full, options = self._full
+        if min_engines is not None and (not isinstance(min_engines, int) or isinstance(min_engines, bool) or not 1 <= min_engines <= full):
+            raise ConfigError(f"min_engines={min_engines!r} is invalid: an integer in 1..{full}")
         with self._lock:
             self.stop()
+            n, left_out = full, dict[str, str]()
+            if self.launcher.reachable is not None:
+                n, options, left_out = self.launcher.reachable(full, dict(options))
+            if n < (min_engines or full):
+                why = "; ".join(f"{host}: {reason}" for host, reason in left_out.items())
+                raise ClusterError(f"only {n} of {full} engines can start ({why}); need {min_engines or full}")
+            self.n, self.options = n, options
             self.start()
             if self._detached:  # the attach record must name the new engines
                 self.detach()
@@ -506,14 +529,16 @@ def _wait(future: Any, step: float = 0.1) -> Any:
     """``future.result()`` in short waits, so Ctrl-C (a SIGINT or ``interrupt_main``) ends it.
 
     A wait without a timeout blocks in a lock that only a real signal to this very thread
-    interrupts; ipyparallel's ``*_sync`` calls wait so.
+    interrupts; ipyparallel's ``*_sync`` calls wait so. A future that itself failed with a
+    ``TimeoutError`` (engines that did not register in time) raises it.
     """
     result = getattr(future, "get", None) or future.result  # an AsyncResult's own get(), else the Future's
     while True:
         try:
             return result(timeout=step)
         except TimeoutError:
-            continue
+            if future.done():  # perhaps not this short wait's timeout but the future's own error: its outcome, once
+                return result(timeout=step)
 
 
 def _where(info: dict[str, Any]) -> str:

@@ -137,6 +137,57 @@ def transport(value: str, config: Config) -> None:
         _pin_tcp_to_interface(config)
 
 
+def host_slots(options: Mapping[str, Any]) -> list[tuple[str, int]]:
+    """``(host, ranks)`` of the ``hosts`` or ``hostfile`` option, in Hydra's order (1 rank where none is given)."""
+    if "hosts" in options:
+        entries = host_names(options["hosts"])
+    else:
+        lines = (line.split("#", 1)[0].strip() for line in Path(options["hostfile"]).read_text().splitlines())
+        entries = [line for line in lines if line]
+    slots = []
+    for entry in entries:
+        name, _, count = entry.partition(":")
+        slots.append((name, int(count) if count.strip().isdigit() else 1))
+    return slots
+
+
+def reachable_engines(n: int, options: dict[str, Any]) -> tuple[int, dict[str, Any], dict[str, str]]:
+    """What the ``ssh`` launcher can start now: ``(engines, options, {host: why it is left out})``.
+
+    Hosts that do not answer ``ssh HOST true`` are left out with the ranks Hydra would have
+    placed there: rank ``r`` goes to the host of slot ``r mod slots``, each host's slots
+    (``name:ranks``) in turn, so ``-hosts h1,h2 -n 4`` puts ranks 0 and 2 on ``h1``. The
+    options returned name the hosts left (as ``hosts``, also for a ``hostfile``).
+
+    Examples
+    --------
+    >>> reachable_engines(4, {"hosts": ["h1", "h2"]})  # doctest: +SKIP
+    (2, {'hosts': ['h1']}, {'h2': 'no answer over ssh within 3 s'})
+    """
+    slots = host_slots(options)
+    down = unreachable_hosts(list(dict.fromkeys(host for host, _ in slots)), options.get("ssh_command", "ssh"))
+    if not down:
+        return n, options, {}
+    engines, hosts_left = leave_out(n, slots, set(down))
+    kept = {key: value for key, value in options.items() if key not in ("hosts", "hostfile")}
+    return engines, {**kept, "hosts": hosts_left}, down
+
+
+def leave_out(n: int, slots: list[tuple[str, int]], down: set[str]) -> tuple[int, list[str]]:
+    """``n`` ranks placed on ``slots`` as Hydra places them, less the ``down`` hosts: ``(ranks left, hosts option left)``.
+
+    Examples
+    --------
+    >>> leave_out(4, [("h1", 1), ("h2", 1)], {"h2"})
+    (2, ['h1'])
+    >>> leave_out(6, [("h1", 2), ("h2", 2), ("h3", 2)], {"h1"})
+    (4, ['h2:2', 'h3:2'])
+    """
+    placement = [host for host, count in slots for _ in range(count)]
+    engines = sum(placement[rank % len(placement)] not in down for rank in range(n))
+    return engines, [f"{host}:{count}" if count != 1 else host for host, count in slots if host not in down]
+
+
 def mpiexec_arguments(options: dict[str, Any]) -> tuple[list[str], dict[str, str]]:
     """``(mpiexec arguments, environment)`` for the ``ssh`` launcher's ``options``, for plain SPMD runs.
 
