@@ -195,6 +195,11 @@ class Sweep:
         size = known.n if known is not None else max(self.config.workers, workers_per_trial * (parallel or 1))
         if workers_per_trial > size:
             raise ConfigError(f"workers_per_trial={workers_per_trial} is more than the cluster's {size} engines")
+        if self.config.pipeline_stages > 1 and workers_per_trial % self.config.pipeline_stages:
+            raise ConfigError(
+                f"workers_per_trial={workers_per_trial} cannot run pipeline_stages={self.config.pipeline_stages}: "
+                f"a trial's ranks are its replicas x stages; use a multiple of {self.config.pipeline_stages}"
+            )
         parallel = size // workers_per_trial if parallel is None else parallel
         if not isinstance(parallel, int) or parallel < 1 or parallel * workers_per_trial > size:
             raise ConfigError(f"parallel={parallel!r} is invalid: 1..{size // workers_per_trial} groups of {workers_per_trial} fit in {size} engines")
