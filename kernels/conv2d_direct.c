@@ -26,7 +26,11 @@
  *
  * The shape is a run-time argument, so one instance serves every layer. Tensors are
  * float32, dense in the layout above; the caller passes torch's data pointers directly.
- * Bias is added by the caller.
+ * Bias is added by the caller. Dilation (DH, DW: filter taps that far apart) is run-time too,
+ * in every layout (the Winograd kernels and the data gradient as a transposed forward take
+ * dilation 1 and fall back to the direct kernels otherwise). Groups (G: each of K/G filters of
+ * a group reads C/G input channels, weight K,C/G,R,S) are computed by the NCHW kernels only:
+ * the entry points return 0, or 1 (nothing computed) for an NHWC instance given G != 1.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -72,7 +76,7 @@
 typedef float vf __attribute__((vector_size(VEC * sizeof(float))));
 
 typedef struct {
-    long N, C, H, W, K, R, S, SH, SW, PH, PW, OH, OW;
+    long N, C, H, W, K, R, S, SH, SW, PH, PW, OH, OW, G, DH, DW;
 } shape_t;
 
 static inline vf vload(const float *p) { vf v; memcpy(&v, p, sizeof(vf)); return v; }
@@ -90,7 +94,8 @@ static inline vf load_c(const float *p, long cn) {
     return v;
 }
 
-/* first and one-past-last output column whose input column ow*SW-PW+s lies inside [0, W) */
+/* first and one-past-last output column whose input column ow*SW-PW+s lies inside [0, W)
+   (s: the column offset of a filter tap, its index times DW) */
 static inline void col_range(const shape_t *d, long s, long *lo, long *hi) {
     long first = d->PW - s > 0 ? (d->PW - s + d->SW - 1) / d->SW : 0;
     long last = (d->W + d->PW - s + d->SW - 1) / d->SW;
@@ -101,12 +106,12 @@ static inline void col_range(const shape_t *d, long s, long *lo, long *hi) {
 #if LAYOUT == 1
 /* ------------------------------------------------------------------ NHWC ---------- */
 
-/* xp[b]: input pixel (ih, (ow0 + b) * SW - PW + s) of image n, or the zero row where the tile
+/* xp[b]: input pixel (ih, (ow0 + b) * SW - PW + s * DW) of image n, or the zero row where the tile
    runs past OW (b >= wn) or the pixel lies in the padding */
 static inline void input_columns(const float *xp[WB], const float *x, const float *zeros, const shape_t *d,
                                  long n, long ih, long ow0, long s, long wn) {
     for (int b = 0; b < WB; b++) {
-        const long iw = (ow0 + b) * d->SW - d->PW + s;
+        const long iw = (ow0 + b) * d->SW - d->PW + s * d->DW;
         xp[b] = (b < wn && iw >= 0 && iw < d->W) ? x + ((n * d->H + ih) * d->W + iw) * d->C : zeros;
     }
 }
@@ -122,7 +127,7 @@ static inline void fwd_tile(const float *restrict x, const float *restrict wp, f
         for (int j = 0; j < KB; j++) acc[b][j] = (vf){0};
     const long nkv = (K + VEC - 1) / VEC, jn = lmin(KB, nkv - kv0);
     for (long r = 0; r < d->R; r++) {
-        const long ih = oh * d->SH - d->PH + r;
+        const long ih = oh * d->SH - d->PH + r * d->DH;
         if (ih < 0 || ih >= d->H) continue;
         for (long s = 0; s < d->S; s++) {
             const float *xp[WB];
@@ -162,7 +167,7 @@ static inline void fwd_tile(const float *restrict x, const float *restrict w, fl
     for (long c0 = 0; c0 < C; c0 += CB) {
         const long cend = lmin(C, c0 + CB), cvend = c0 + ((cend - c0) / VEC) * VEC;
         for (long r = 0; r < d->R; r++) {
-            const long ih = oh * d->SH - d->PH + r;
+            const long ih = oh * d->SH - d->PH + r * d->DH;
             if (ih < 0 || ih >= d->H) continue;
             for (long s = 0; s < d->S; s++) {
                 const float *xp[WB];
@@ -420,7 +425,7 @@ static void wino_output(const float *restrict m, float *restrict y, const shape_
 /* the Winograd forward for 3x3 stride-1 shapes; returns 0 (nothing done) for the others.
    flip: w is the weight of the problem this one transposes (see wino_weight) */
 static int winograd_fwd(const float *x, const float *w, float *y, const shape_t *d, int flip) {
-    if (d->R != 3 || d->S != 3 || d->SH != 1 || d->SW != 1) return 0;
+    if (d->R != 3 || d->S != 3 || d->SH != 1 || d->SW != 1 || d->DH != 1 || d->DW != 1) return 0;
     const long C = d->C, K = d->K, CP = round_up(C, VEC), KP = round_up(K, VEC);
     const long tiles = d->N * ((d->OH + 1) / 2) * ((d->OW + 1) / 2), blocks = (tiles + TB - 1) / TB;
     const long vs = plane_stride(CP), ms = plane_stride(KP);
@@ -508,7 +513,7 @@ static inline void wino_wgrad_tile(const float *restrict e, const float *restric
 /* the Winograd weight gradient for 3x3 stride-1 shapes; returns 0 (nothing done) for the others.
    C is padded with zeros to whole register tiles (CP: WB vectors), K to KP >= a multiple of KB */
 static int winograd_bwd_weight(const float *x, const float *gy, float *gw, const shape_t *d) {
-    if (d->R != 3 || d->S != 3 || d->SH != 1 || d->SW != 1) return 0;
+    if (d->R != 3 || d->S != 3 || d->SH != 1 || d->SW != 1 || d->DH != 1 || d->DW != 1) return 0;
     const long C = d->C, K = d->K, CP = round_up(C, WB * VEC), KP = round_up(round_up(K, KB), VEC);
     const long tiles = d->N * ((d->OH + 1) / 2) * ((d->OW + 1) / 2), blocks = (tiles + TB - 1) / TB;
     const long vs = plane_stride(CP), es = plane_stride(KP), size = 16 * KP * CP;
@@ -577,8 +582,8 @@ static void conv_fwd_impl(const float *x, const float *w, float *y, const shape_
    returns 0 (nothing done) for the shapes it does not cover */
 static int bwd_data_as_forward(const float *gy, const float *w, float *gx, const shape_t *d) {
     const long C = d->C, K = d->K, R = d->R, S = d->S;
-    if (d->SH != 1 || d->SW != 1 || d->PH > R - 1 || d->PW > S - 1) return 0;
-    const shape_t t = {d->N, K, d->OH, d->OW, C, R, S, 1, 1, R - 1 - d->PH, S - 1 - d->PW, d->H, d->W};
+    if (d->SH != 1 || d->SW != 1 || d->DH != 1 || d->DW != 1 || d->PH > R - 1 || d->PW > S - 1) return 0;
+    const shape_t t = {d->N, K, d->OH, d->OW, C, R, S, 1, 1, R - 1 - d->PH, S - 1 - d->PW, d->H, d->W, 1, 1, 1};
 #if ALGO == 1
     if (winograd_fwd(gy, w, gx, &t, 1)) return 1;  /* flips and transposes w while transforming it */
 #endif
@@ -610,12 +615,12 @@ static void conv_bwd_data_impl(const float *gy, const float *w, float *gx, const
                 for (; c0 + VEC <= C; c0 += VEC) {
                     vf acc = (vf){0};
                     for (long r = 0; r < d->R; r++) {
-                        const long t = ih + d->PH - r;
+                        const long t = ih + d->PH - r * d->DH;
                         if (t < 0 || t % d->SH) continue;
                         const long oh = t / d->SH;
                         if (oh >= d->OH) continue;
                         for (long s = 0; s < d->S; s++) {
-                            const long u = iw + d->PW - s;
+                            const long u = iw + d->PW - s * d->DW;
                             if (u < 0 || u % d->SW) continue;
                             const long ow = u / d->SW;
                             if (ow >= d->OW) continue;
@@ -630,12 +635,12 @@ static void conv_bwd_data_impl(const float *gy, const float *w, float *gx, const
                 for (long c = c0; c < C; c++) {
                     float acc = 0.f;
                     for (long r = 0; r < d->R; r++) {
-                        const long t = ih + d->PH - r;
+                        const long t = ih + d->PH - r * d->DH;
                         if (t < 0 || t % d->SH) continue;
                         const long oh = t / d->SH;
                         if (oh >= d->OH) continue;
                         for (long s = 0; s < d->S; s++) {
-                            const long u = iw + d->PW - s;
+                            const long u = iw + d->PW - s * d->DW;
                             if (u < 0 || u % d->SW) continue;
                             const long ow = u / d->SW;
                             if (ow >= d->OW) continue;
@@ -659,14 +664,14 @@ static inline __attribute__((always_inline)) void bwd_weight_tile(
         long n, long oh0, long oh1, long r, long s, long k0, long c0, const int full) {
     const long C = d->C, K = d->K, RSC = d->R * d->S * C, kn = lmin(KB, K - k0);
     long lo, hi;
-    col_range(d, s, &lo, &hi);
+    col_range(d, s * d->DW, &lo, &hi);
     vf acc[KB][WB];
     for (int j = 0; j < KB; j++)
         for (int b = 0; b < WB; b++) acc[j][b] = (vf){0};
     for (long oh = oh0; oh < oh1; oh++) {
-        const long ih = oh * d->SH - d->PH + r;
+        const long ih = oh * d->SH - d->PH + r * d->DH;
         if (ih < 0 || ih >= d->H) continue;
-        const float *xrow = x + ((n * d->H + ih) * d->W - d->PW + s) * C + c0;
+        const float *xrow = x + ((n * d->H + ih) * d->W - d->PW + s * d->DW) * C + c0;
         const float *gyrow = gy + (n * d->OH + oh) * d->OW * K + k0;
         for (long ow = lo; ow < hi; ow++) {
             const float *xp = xrow + ow * d->SW * C;
@@ -725,28 +730,32 @@ static void conv_bwd_weight_impl(const float *x, const float *gy, float *gw, con
 
 #else
 /* ------------------------------------------------------------------ NCHW ---------- */
+/* Groups: output channel k reads input channels (k / KG) * CG .. + CG (CG = C / G, KG = K / G);
+   the weight is w[k][c][r][s] with c < CG. A register block of KB output channels lies in one group
+   (else its channels run one at a time). */
 
+/* y[n, k0..k0+kn, :, :]; the block's channels share the group of k0 */
 static inline void fwd_rows(const float *restrict x, const float *restrict w, float *restrict y,
                             const shape_t *d, long n, long k0, long kn) {
-    const long OW = d->OW;
+    const long OW = d->OW, CG = d->C / d->G, c_in = (k0 / (d->K / d->G)) * CG;
     for (long oh = 0; oh < d->OH; oh++) {
         float *yr[KB];
         for (long j = 0; j < KB; j++) {
             yr[j] = y + ((n * d->K + k0 + (j < kn ? j : 0)) * d->OH + oh) * OW;
             if (j < kn) memset(yr[j], 0, sizeof(float) * OW);
         }
-        for (long c = 0; c < d->C; c++)
+        for (long c = 0; c < CG; c++)
             for (long r = 0; r < d->R; r++) {
-                const long ih = oh * d->SH - d->PH + r;
+                const long ih = oh * d->SH - d->PH + r * d->DH;
                 if (ih < 0 || ih >= d->H) continue;
-                const float *xr = x + ((n * d->C + c) * d->H + ih) * d->W;
+                const float *xr = x + ((n * d->C + c_in + c) * d->H + ih) * d->W;
                 for (long s = 0; s < d->S; s++) {
                     long lo, hi;
-                    col_range(d, s, &lo, &hi);
+                    col_range(d, s * d->DW, &lo, &hi);
                     float wv[KB];
                     for (long j = 0; j < KB; j++)
-                        wv[j] = j < kn ? w[(((k0 + j) * d->C + c) * d->R + r) * d->S + s] : 0.f;
-                    const float *xs = xr + s - d->PW;
+                        wv[j] = j < kn ? w[(((k0 + j) * CG + c) * d->R + r) * d->S + s] : 0.f;
+                    const float *xs = xr + s * d->DW - d->PW;
                     UNROLL_BY(UNROLL)
                     for (long ow = lo; ow < hi; ow++) {
                         const float xv = xs[ow * d->SW];
@@ -758,13 +767,13 @@ static inline void fwd_rows(const float *restrict x, const float *restrict w, fl
 }
 
 static void conv_fwd_impl(const float *x, const float *w, float *y, const shape_t *d) {
-    const long nkb = (d->K + KB - 1) / KB;
+    const long nkb = (d->K + KB - 1) / KB, KG = d->K / d->G;
     #pragma omp parallel for collapse(2) schedule(static)
     for (long n = 0; n < d->N; n++)
         for (long kb = 0; kb < nkb; kb++) {
             const long k0 = kb * KB, kn = lmin(KB, d->K - k0);
-            if (kn == KB) {
-                /* full block: rows of every lane are distinct */
+            if (kn == KB && k0 / KG == (k0 + KB - 1) / KG) {
+                /* full block in one group: rows of every lane are distinct */
                 fwd_rows(x, w, y, d, n, k0, KB);
             } else {
                 for (long j = 0; j < kn; j++) fwd_rows(x, w, y, d, n, k0 + j, 1);
@@ -773,22 +782,24 @@ static void conv_fwd_impl(const float *x, const float *w, float *y, const shape_
 }
 
 static void conv_bwd_data_impl(const float *gy, const float *w, float *gx, const shape_t *d) {
+    const long CG = d->C / d->G, KG = d->K / d->G;
     #pragma omp parallel for collapse(2) schedule(static)
     for (long n = 0; n < d->N; n++)
         for (long c = 0; c < d->C; c++) {
+            const long k_first = (c / CG) * KG, cg = c % CG;
             float *gp = gx + (n * d->C + c) * d->H * d->W;
             memset(gp, 0, sizeof(float) * d->H * d->W);
-            for (long k = 0; k < d->K; k++)
+            for (long k = k_first; k < k_first + KG; k++)
                 for (long r = 0; r < d->R; r++)
                     for (long oh = 0; oh < d->OH; oh++) {
-                        const long ih = oh * d->SH - d->PH + r;
+                        const long ih = oh * d->SH - d->PH + r * d->DH;
                         if (ih < 0 || ih >= d->H) continue;
                         const float *gyr = gy + ((n * d->K + k) * d->OH + oh) * d->OW;
                         for (long s = 0; s < d->S; s++) {
                             long lo, hi;
-                            col_range(d, s, &lo, &hi);
-                            const float wv = w[((k * d->C + c) * d->R + r) * d->S + s];
-                            float *gs = gp + ih * d->W + s - d->PW;
+                            col_range(d, s * d->DW, &lo, &hi);
+                            const float wv = w[((k * CG + cg) * d->R + r) * d->S + s];
+                            float *gs = gp + ih * d->W + s * d->DW - d->PW;
                             UNROLL_BY(UNROLL)
                             for (long ow = lo; ow < hi; ow++) gs[ow * d->SW] += wv * gyr[ow];
                         }
@@ -797,47 +808,58 @@ static void conv_bwd_data_impl(const float *gy, const float *w, float *gx, const
 }
 
 static void conv_bwd_weight_impl(const float *x, const float *gy, float *gw, const shape_t *d) {
+    const long CG = d->C / d->G, KG = d->K / d->G;
     #pragma omp parallel for collapse(2) schedule(static)
     for (long k = 0; k < d->K; k++)
-        for (long c = 0; c < d->C; c++)
+        for (long c = 0; c < CG; c++)
             for (long r = 0; r < d->R; r++)
                 for (long s = 0; s < d->S; s++) {
+                    const long c_in = (k / KG) * CG + c;
                     long lo, hi;
-                    col_range(d, s, &lo, &hi);
+                    col_range(d, s * d->DW, &lo, &hi);
                     float acc = 0.f;
                     for (long n = 0; n < d->N; n++)
                         for (long oh = 0; oh < d->OH; oh++) {
-                            const long ih = oh * d->SH - d->PH + r;
+                            const long ih = oh * d->SH - d->PH + r * d->DH;
                             if (ih < 0 || ih >= d->H) continue;
-                            const float *xs = x + ((n * d->C + c) * d->H + ih) * d->W + s - d->PW;
+                            const float *xs = x + ((n * d->C + c_in) * d->H + ih) * d->W + s * d->DW - d->PW;
                             const float *gyr = gy + ((n * d->K + k) * d->OH + oh) * d->OW;
                             #pragma omp simd reduction(+ : acc)
                             for (long ow = lo; ow < hi; ow++) acc += gyr[ow] * xs[ow * d->SW];
                         }
-                    gw[((k * d->C + c) * d->R + r) * d->S + s] = acc;
+                    gw[((k * CG + c) * d->R + r) * d->S + s] = acc;
                 }
 }
 #endif
 
 /* ------------------------------------------------------------ exported entry points */
 
-#define SHAPE_ARGS long N, long C, long H, long W, long K, long R, long S, long SH, long SW, long PH, long PW, int threads
-#define MAKE_SHAPE shape_t d = {N, C, H, W, K, R, S, SH, SW, PH, PW, (H + 2 * PH - R) / SH + 1, (W + 2 * PW - S) / SW + 1}
+/* each returns 0, or 1 when this instance does not compute the shape (NHWC with groups) */
+#define SHAPE_ARGS long N, long C, long H, long W, long K, long R, long S, long SH, long SW, long PH, long PW, \
+                   long G, long DH, long DW, int threads
+#define MAKE_SHAPE shape_t d = {N, C, H, W, K, R, S, SH, SW, PH, PW, (H + 2 * PH - DH * (R - 1) - 1) / SH + 1, \
+                                (W + 2 * PW - DW * (S - 1) - 1) / SW + 1, G, DH, DW}
 
-void conv_fwd(const float *x, const float *w, float *y, SHAPE_ARGS) {
+int conv_fwd(const float *x, const float *w, float *y, SHAPE_ARGS) {
     MAKE_SHAPE;
+    if (LAYOUT == 1 && G != 1) return 1;
     omp_set_num_threads(threads);
     conv_fwd_impl(x, w, y, &d);
+    return 0;
 }
 
-void conv_bwd_data(const float *gy, const float *w, float *gx, SHAPE_ARGS) {
+int conv_bwd_data(const float *gy, const float *w, float *gx, SHAPE_ARGS) {
     MAKE_SHAPE;
+    if (LAYOUT == 1 && G != 1) return 1;
     omp_set_num_threads(threads);
     conv_bwd_data_impl(gy, w, gx, &d);
+    return 0;
 }
 
-void conv_bwd_weight(const float *x, const float *gy, float *gw, SHAPE_ARGS) {
+int conv_bwd_weight(const float *x, const float *gy, float *gw, SHAPE_ARGS) {
     MAKE_SHAPE;
+    if (LAYOUT == 1 && G != 1) return 1;
     omp_set_num_threads(threads);
     conv_bwd_weight_impl(x, gy, gw, &d);
+    return 0;
 }

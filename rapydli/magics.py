@@ -17,8 +17,9 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
-from rapydli.cluster import Cluster, choose_cluster, current, parse_targets
+from rapydli.cluster import Cluster, choose_cluster, current, parse_targets, ready
 from rapydli.cluster.job import print_output
+from rapydli.cluster.launchers import LAUNCHERS
 from rapydli.errors import ConfigError
 
 
@@ -134,7 +135,7 @@ class RapydliMagics(Magics):
     @magic_arguments()
     @argument("action", choices=["start", "stop", "status", "restart"], help="what to do with the cluster")
     @argument("-n", type=int, default=None, help="number of engines (MPI ranks) for start")
-    @argument("--launcher", default="local", help="local, ssh, slurm or pbs")
+    @argument("--launcher", default="local", help=f"how the engines start: {', '.join(LAUNCHERS)}")
     @argument("--timeout", type=float, default=None, help="seconds to wait for the engines (a queued job is cancelled)")
     @argument("--no-wait", action="store_true", help="return once submitted; %%distributed waits for the engines")
     @argument("options", nargs="*", help="launcher options as key=value")
@@ -233,27 +234,20 @@ class RapydliMagics(Magics):
         return {n: namespace[n] for n in wanted}
 
     def _ensure(self, n: int | None) -> Cluster:
-        """The notebook's cluster (restarted if its engines died), else the one chosen by
-        :func:`~rapydli.cluster.ensure.choose_cluster`: a new local one of ``n`` engines
-        (default: one per core), which stays up for the next cells."""
-        cluster = self.cluster
-        if cluster is not None and cluster.status()["state"] == "starting":
-            print("[rapydli] waiting for the engines of the cluster being started ...", flush=True)
-            cluster.wait_started()
-        if cluster is not None and cluster.status()["state"] not in ("stopped", "failed"):
-            if not cluster.running:
-                print(f"[rapydli] engines had died; restarting {cluster.n} fresh engines (their variables are gone)", flush=True)
-                cluster.restart()
-            if n is not None and n > cluster.n:
-                raise UsageError(f"-n {n} is more than the running cluster's {cluster.n} engines: `%rapydli stop` and start more")
-            return cluster
+        """The notebook's cluster, else the one chosen by :func:`~rapydli.cluster.ensure.choose_cluster`:
+        a new local one of ``n`` engines (default: one per core), which stays up for the next cells.
+
+        :func:`~rapydli.cluster.ensure.ready` makes it usable (waits for a start under way,
+        restarts dead engines).
+        """
+        held = self._cluster if self._cluster is not None and self._cluster.status()["state"] not in ("stopped", "failed") else None
         try:
-            cluster, _ = choose_cluster(None, n=n or os.cpu_count() or 1, need=n or 1, start=False)
+            cluster, owned = choose_cluster(held, n=n or os.cpu_count() or 1, need=n or 1, start=False)
         except ConfigError as exc:
             raise UsageError(str(exc)) from None
-        if not cluster.running:
+        if owned:
             print(f"[rapydli] starting {cluster.n} MPI engines (local, {cluster.threads} thread(s) each) ...", flush=True)
-            cluster.start()
+        ready(cluster)
         self._cluster = cluster
         return cluster
 
@@ -266,7 +260,7 @@ def _display(content: dict[str, Any]) -> None:
 
 def load_ipython_extension(ipython: Any) -> None:
     """Register the magics with ``ipython``; figures shown from now on also carry static HTML."""
-    from rapydli.notebook import static_figures
+    from rapydli.widgets.display import static_figures
 
     ipython.register_magics(RapydliMagics)
     static_figures()

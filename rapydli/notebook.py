@@ -12,7 +12,7 @@ A saved notebook is read outside JupyterLab too (nbconvert to HTML, other viewer
 neither widgets nor plotly's own MIME type are drawn. So once the front door is used in a
 kernel (``%load_ext rapydli``, ``rd.train``, ...), every plotly figure shown there also
 carries self-contained HTML, with plotly.js inlined once per kernel
-(:func:`static_figures`), and the progress bar's saved text is its final state
+(:func:`rapydli.widgets.display.static_figures`), and the progress bar's saved text is its final state
 (:class:`rapydli.widgets.progress.NotebookProgress`).
 
 Examples
@@ -28,6 +28,8 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from rapydli.widgets.display import display_live, figure_bundle, in_kernel, replace_with_figure, static_figures
+
 if TYPE_CHECKING:  # pragma: no cover
     from rapydli.cluster import Cluster
     from rapydli.experiments.perfmodel import RingModel
@@ -38,86 +40,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from rapydli.trainer.config import TrainConfig
 
 
-def in_kernel() -> bool:
-    """True when running inside a Jupyter kernel (a notebook, also under papermill)."""
-    try:
-        from IPython import get_ipython
-    except ImportError:
-        return False
-    shell = get_ipython()
-    return shell is not None and getattr(shell, "kernel", None) is not None
-
-
 def _live(live: bool | None) -> bool:
     return bool(live) if live is not None else in_kernel()
-
-
-class _WidgetOutput:
-    """Displays a widget with a one-line text fallback (a static notebook shows that, not the widget's state)."""
-
-    def __init__(self, widget: Any, text: str) -> None:
-        self.widget, self.text = widget, text
-
-    def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any]:
-        view = {"version_major": 2, "version_minor": 0, "model_id": self.widget.model_id}
-        return {"application/vnd.jupyter.widget-view+json": view, "text/plain": self.text}
-
-
-def display_live(widget: Any, text: str = "(live plot: shown while the cell runs)") -> Any:
-    """Display ``widget`` in the notebook and return the display handle (None outside a kernel)."""
-    if not in_kernel():
-        return None
-    from IPython.display import display
-
-    static_figures()
-    return display(_WidgetOutput(widget, text), display_id=True)
-
-
-def static_figures() -> None:
-    """Make the plotly figures this kernel shows readable outside JupyterLab.
-
-    Switches plotly's default renderer to
-    :data:`~rapydli.experiments.figures.STATIC_RENDERERS` when it is plotly's own
-    kernel default (``plotly_mimetype``); a renderer the user chose (or ``PLOTLY_RENDERER``)
-    is kept. Then plotly.js goes into the running cell's output, once per kernel, now:
-    before any live display, whose final figure (drawn later in an earlier output) needs
-    it loaded first. Nothing happens outside a kernel.
-    """
-    if not in_kernel():
-        return
-    import plotly.io as pio
-
-    from rapydli.experiments.figures import STATIC_RENDERERS
-
-    if pio.renderers.default == "plotly_mimetype":
-        pio.renderers.default = STATIC_RENDERERS
-    pio.renderers._activate_pending_renderers()  # what plotly does at the first show(); a no-op after
-
-
-def figure_bundle(figure: Any) -> dict[str, Any]:
-    """The MIME bundle a plotly figure (or its dict) leaves in a notebook's output.
-
-    After :func:`static_figures`: plotly's JSON and self-contained HTML (the first figure
-    of the kernel also puts plotly.js into the running cell's output).
-    """
-    import plotly.graph_objects as go
-    import plotly.io as pio
-
-    static_figures()
-    fig_dict = (figure if isinstance(figure, go.Figure) else go.Figure(figure)).to_dict()
-    # what plotly.io.show builds (``Figure._repr_mimebundle_`` would activate the renderers
-    # again, inlining plotly.js once more on every call)
-    bundle: dict[str, Any] = pio.renderers._build_mime_bundle(fig_dict)
-    return bundle or pio.renderers["plotly_mimetype"].to_mimebundle(fig_dict)
-
-
-def replace_with_figure(handle: Any, figure: Any) -> None:
-    """Replace a live display with a static plotly figure (kept in a saved notebook, e.g. by papermill).
-
-    Plotly figures display themselves through ``_ipython_display_``, which ignores display
-    ids, so the handle is updated with :func:`figure_bundle` instead.
-    """
-    handle.update(figure_bundle(figure), raw=True)
 
 
 def progress_bar(**kwargs: Any) -> Any:

@@ -1,7 +1,7 @@
 """Registries of pluggable parts by name, open to other packages through entry points.
 
-A :class:`Registry` maps a name to a factory, given as a callable or as a
-``"module:attribute"`` path (so naming a part does not import it). Other packages add
+A :class:`Registry` maps a name to a part (a factory, a class, a spec object), given as
+the object or as a ``"module:attribute"`` path (so naming a part does not import it). Other packages add
 parts without editing RaPyDLI, as papermill's engines are added: an entry point in the
 registry's group, e.g. in their ``pyproject.toml``::
 
@@ -24,38 +24,51 @@ rapydli.errors.ConfigError: 'fancy' is not a loader kind: allowed are 'default'
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Iterator, Mapping
 from importlib import import_module, metadata
 from typing import Any
 
 from rapydli.errors import ConfigError
 
-Factory = Callable[..., Any]
+#: A registered part: whatever the registry's users call or read (an algorithm class, a
+#: builder function, a launcher spec, a kernel candidate).
+Part = Any
 
 
 class Registry:
-    """Named factories of one kind of part.
+    """Named parts of one kind; iterating it (or ``in``) goes over the names, entry points included.
 
     Parameters
     ----------
     what
         What a name names, for messages (``"allreduce algorithm"``).
     builtins
-        The parts RaPyDLI ships: ``{name: factory or "module:attribute"}``.
+        The parts RaPyDLI ships: ``{name: part or "module:attribute"}``.
     group
         The entry-point group other packages register in (``None``: none).
     """
 
-    def __init__(self, what: str, builtins: Mapping[str, Factory | str], group: str | None = None) -> None:
+    def __init__(self, what: str, builtins: Mapping[str, Part], group: str | None = None) -> None:
         self.what, self.group = what, group
-        self._factories: dict[str, Factory | str] = dict(builtins)
+        self._factories: dict[str, Part] = dict(builtins)
         self._loaded_entry_points = group is None
 
-    def register(self, name: str, factory: Factory | str) -> None:
-        """Add (or replace) ``name``: a factory or its ``"module:attribute"`` path."""
+    def register(self, name: str, factory: Part) -> None:
+        """Add (or replace) ``name``: the part or its ``"module:attribute"`` path."""
         if not isinstance(name, str) or not name:
             raise ConfigError(f"a {self.what} needs a non-empty name, got {name!r}")
         self._factories[name] = factory
+
+    def unregister(self, name: str) -> None:
+        """Remove ``name`` (a no-op if it is not registered)."""
+        self._load_entry_points()  # else a later load would bring an entry point's name back
+        self._factories.pop(name, None)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names())
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.names()
 
     def names(self) -> list[str]:
         """Every registered name, sorted (entry points included)."""
@@ -69,8 +82,8 @@ class Registry:
             raise ConfigError(f"{name!r} is not a {self.what}: allowed are {allowed}")
         return name
 
-    def load(self, name: str) -> Factory:
-        """The factory registered as ``name`` (imported on first use)."""
+    def load(self, name: str) -> Part:
+        """The part registered as ``name`` (imported on first use)."""
         factory = self._factories[self.check(name)]
         if isinstance(factory, str):
             module_name, _, attribute = factory.partition(":")

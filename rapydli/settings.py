@@ -25,7 +25,8 @@ of being ignored.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -88,6 +89,24 @@ class Settings:
 def settings() -> Settings:
     """The settings of this process now (the environment is read on every call)."""
     return Settings.from_environ()
+
+
+@contextmanager
+def home_at(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """Point ``RAPYDLI_HOME`` at ``path`` for the duration (this process and what it starts), then restore it.
+
+    A benchmark that must start from empty caches uses it; the run store, caches and
+    compiled kernels are all under the home.
+    """
+    previous = os.environ.get(HOME)
+    os.environ[HOME] = os.fspath(path)
+    try:
+        yield settings().home
+    finally:
+        if previous is None:
+            os.environ.pop(HOME, None)
+        else:
+            os.environ[HOME] = previous
 
 
 def _flag(environ: Mapping[str, str], name: str, default: bool) -> bool:

@@ -25,6 +25,13 @@ def adamw(params: list) -> torch.optim.Optimizer:
     return torch.optim.AdamW(params, lr=0.01, weight_decay=0.1)
 
 
+def sgd(params: list) -> torch.optim.Optimizer:
+    return torch.optim.SGD(params, lr=0.05, momentum=0.9, weight_decay=0.01)
+
+
+OPTIMIZERS = {"adamw": adamw, "sgd": sgd}
+
+
 def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
     generator = torch.Generator().manual_seed(100 * step + WORLD.Get_rank())  # each rank its own data
     return torch.randn(8, 40, generator=generator), torch.randint(0, 5, (8,), generator=generator)
@@ -42,41 +49,46 @@ def train(net: nn.Module, optimizer: object, stage: int, steps: range) -> None:
         x, y = batch(step)
         loss = nn.functional.cross_entropy(net(x), y)
         loss.backward()
-        if stage != 2:
+        if stage != 2:  # stage 2 reduce-scatters from its gradient hooks
             average_grads(net)
         optimizer.step()  # type: ignore[attr-defined]
         optimizer.zero_grad()  # type: ignore[attr-defined]
 
 
 def equivalence(out: str) -> None:
-    """AdamW steps with ZeRO-1 and ZeRO-2 equal plain data parallel; state bytes ~ full / N; a sharded resume."""
-    reference = model()
-    train(reference, adamw(list(reference.parameters())), 0, range(6))
-    probe = model()  # the unsharded AdamW state of the same model, for the bytes per rank
-    nn.functional.cross_entropy(probe(batch(0)[0]), batch(0)[1]).backward()
-    full_state = torch.optim.AdamW(probe.parameters(), lr=0.01)
-    full_state.step()
-    full_bytes = sum(v.numel() * v.element_size() for s in full_state.state.values() for v in s.values() if isinstance(v, torch.Tensor))
-    result: dict = {"full_bytes": full_bytes}
-    for stage in (1, 2):
-        net = model()
-        optimizer = ShardedOptimizer(net.parameters(), adamw, WORLD, stage=stage)
-        train(net, optimizer, stage, range(3))
-        shard = copy.deepcopy(optimizer.state_dict())
-        saved = copy.deepcopy(net.state_dict())
-        torch.save(shard, f"{out}/zero{stage}-rank{WORLD.Get_rank()}.pt")
-        train(net, optimizer, stage, range(3, 6))
-        worst = max(float((a - b).abs().max()) for a, b in zip(reference.parameters(), net.parameters()))
-        assert worst < 1e-12, (stage, worst)
-        result[f"zero{stage}_bytes"] = optimizer.state_bytes()
-        # resume from the sharded checkpoint written after step 3: the same parameters after step 6
-        resumed = model()
-        resumed.load_state_dict(saved)
-        again = ShardedOptimizer(resumed.parameters(), adamw, WORLD, stage=stage)
-        again.load_state_dict(shard)
-        train(resumed, again, stage, range(3, 6))
-        worst = max(float((a - b).abs().max()) for a, b in zip(reference.parameters(), resumed.parameters()))
-        assert worst < 1e-12, ("resumed", stage, worst)
+    """AdamW and SGD-momentum steps with ZeRO-1 and ZeRO-2 equal plain data parallel; state bytes ~ full / N; a sharded resume."""
+    result: dict = {}
+    for name, build in OPTIMIZERS.items():
+        reference = model()
+        train(reference, build(list(reference.parameters())), 0, range(6))
+        probe = model()  # the unsharded state of the same model, for the bytes per rank
+        nn.functional.cross_entropy(probe(batch(0)[0]), batch(0)[1]).backward()
+        full_state = build(list(probe.parameters()))
+        full_state.step()
+        result[f"{name}_full_bytes"] = sum(
+            v.numel() * v.element_size() for s in full_state.state.values() for v in s.values() if isinstance(v, torch.Tensor)
+        )
+        for stage in (1, 2):
+            net = model()
+            optimizer = ShardedOptimizer(net.parameters(), build, WORLD, stage=stage, bucket_mb=0.01)
+            train(net, optimizer, stage, range(3))
+            shard = copy.deepcopy(optimizer.state_dict())
+            saved = copy.deepcopy(net.state_dict())
+            torch.save(shard, f"{out}/{name}-zero{stage}-rank{WORLD.Get_rank()}.pt")
+            train(net, optimizer, stage, range(3, 6))
+            worst = max(float((a - b).abs().max()) for a, b in zip(reference.parameters(), net.parameters()))
+            assert worst < 1e-12, (name, stage, worst)
+            result[f"{name}_zero{stage}_bytes"] = optimizer.state_bytes()
+            optimizer.close()
+            # resume from the sharded checkpoint written after step 3: the same parameters after step 6
+            resumed = model()
+            resumed.load_state_dict(saved)
+            again = ShardedOptimizer(resumed.parameters(), build, WORLD, stage=stage, bucket_mb=0.01)
+            again.load_state_dict(shard)
+            train(resumed, again, stage, range(3, 6))
+            again.close()
+            worst = max(float((a - b).abs().max()) for a, b in zip(reference.parameters(), resumed.parameters()))
+            assert worst < 1e-12, ("resumed", name, stage, worst)
     gathered = WORLD.gather(result, root=0)
     if WORLD.Get_rank() == 0:
         with open(f"{out}/zero.json", "w") as stream:

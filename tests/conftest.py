@@ -25,6 +25,54 @@ def rapydli_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return home
 
 
+@pytest.fixture(autouse=True, scope="session")
+def no_cluster_process_left(rapydli_home: Path):
+    """At the end of the session, no process of a cluster this session started is alive.
+
+    Clusters the session still holds are stopped first (as at interpreter exit); then
+    every process carrying a cluster marker and this session's ``RAPYDLI_HOME`` must be
+    gone, whoever its parent is (a nanny re-parented to init counts). Leftovers are
+    ended and reported with the test that started them, failing the session.
+    """
+    yield
+    import time
+
+    from processes import session_cluster_pids
+
+    from rapydli.cluster.processes import CLUSTER_MARKER, reap_marked
+
+    if "rapydli.cluster.cluster" in sys.modules:  # no cluster was made without it
+        from rapydli.cluster.cluster import current
+
+        stopped: set[int] = set()
+        while (held := current()) is not None and id(held) not in stopped:
+            stopped.add(id(held))
+            held.stop()
+    deadline = time.monotonic() + 15
+    while session_cluster_pids() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = [_describe(pid) for pid in sorted(session_cluster_pids())]
+    if left:
+        for cluster_id in {entry[CLUSTER_MARKER] for entry in left if entry[CLUSTER_MARKER]}:
+            reap_marked(cluster_id, grace=1.0)
+        lines = "\n".join(f"  pid {e['pid']} {e['cmdline']} (cluster {e[CLUSTER_MARKER]}, started in {e['test']})" for e in left)
+        pytest.fail(f"processes of this session's clusters outlived it:\n{lines}")
+
+
+def _describe(pid: int) -> dict[str, str]:
+    """A leftover process: its command line, cluster id and the test that was running when it started."""
+    import psutil
+
+    from rapydli.cluster.processes import CLUSTER_MARKER
+
+    try:
+        proc = psutil.Process(pid)
+        env, command = proc.environ(), " ".join(proc.cmdline())[:160]
+    except psutil.Error:
+        env, command = {}, "(gone)"
+    return {"pid": str(pid), "cmdline": command, CLUSTER_MARKER: env.get(CLUSTER_MARKER, ""), "test": env.get("PYTEST_CURRENT_TEST", "?")}
+
+
 @pytest.fixture(scope="session")
 def hosts(tmp_path_factory: pytest.TempPathFactory):
     """Two real hosts, ``h1`` and ``h2`` (network namespaces with an sshd each; see ``nshosts``).

@@ -42,3 +42,21 @@ class InterruptWhenShipped:
         if self.count == self.nth:
             signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
         return functools.partial, (models.mlp,)
+
+
+class DeafToStop(nn.Module):
+    """``models.mlp()`` whose first forward sleeps a minute: a run busy in one long step,
+    which a stop request (checked between steps) does not reach."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = models.mlp()
+        self.slept = False
+
+    def forward(self, x: Any) -> Any:
+        if not self.slept:
+            import time
+
+            self.slept = True
+            time.sleep(60)
+        return self.net(x)

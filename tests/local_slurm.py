@@ -35,6 +35,7 @@ from pathlib import Path
 PACKAGES = ("slurmctld", "slurmd", "slurm-client", "munge")
 NODES = ("n1", "n2")
 CPUS_PER_NODE = 4  # more than this machine's cores (config_overrides): 4 ranks and a batch job fit at once
+PORT_ATTEMPTS = 3  # bring-ups tried, each with newly picked free ports
 
 
 class SlurmUnavailable(RuntimeError):
@@ -96,11 +97,23 @@ class LocalSlurm:
         munge = pwd.getpwnam("munge")
         os.chown(self.root / "munge", munge.pw_uid, munge.pw_gid)
         self._start_munge()
-        self._write_conf()
         env = {**os.environ, **self.environ()}
-        self.pids["slurmctld"] = self._daemon(["slurmctld", "-f", str(self.conf)], "slurmctld", env)
-        for node in NODES:
-            self.pids[f"slurmd-{node}"] = self._daemon(["slurmd", "-f", str(self.conf), "-N", node], f"slurmd.{node}", env)
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            self._write_conf()
+            try:
+                self.pids["slurmctld"] = self._daemon(["slurmctld", "-f", str(self.conf)], "slurmctld", env)
+                for node in NODES:
+                    self.pids[f"slurmd-{node}"] = self._daemon(["slurmd", "-f", str(self.conf), "-N", node], f"slurmd.{node}", env)
+                break
+            except RuntimeError as exc:
+                # a port found free was taken (by any process's connection) before the daemon bound it:
+                # end the daemons started so far and try again with other ports and a fresh state
+                _end([pid for name, pid in self.pids.items() if name != "munged"])
+                self.pids = {name: pid for name, pid in self.pids.items() if name == "munged"}
+                if "Address already in use" not in str(exc) or attempt == PORT_ATTEMPTS:
+                    raise
+                shutil.rmtree(self.root / "state")
+                (self.root / "state").mkdir()
         self._wait_idle(timeout)
         return self
 

@@ -19,14 +19,22 @@ NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 PLOTLY = "application/vnd.plotly.v1+json"
 
 
+WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
+
+
 class Executed:
-    """The outputs of an executed notebook: every code cell's, their printed text, and the plotly figures."""
+    """The outputs of an executed notebook: every code cell's, their printed text, the plotly figures, and the
+    last state of its text widgets (a tqdm bar's description and counts, saved in the notebook's metadata)."""
 
     def __init__(self, path: Path) -> None:
-        cells = nbformat.read(path, as_version=4).cells
+        nb = nbformat.read(path, as_version=4)
+        cells = nb.cells
         self.outputs: list[dict[str, Any]] = [o for c in cells if c.cell_type == "code" for o in c.get("outputs", [])]
         self.text = "\n".join(o.get("text", "") for o in self.outputs)
         self.figures = [o for o in self.outputs if PLOTLY in o.get("data", {})]
+        states = nb.metadata.get("widgets", {}).get(WIDGET_STATE, {}).get("state", {})
+        self.widget_texts = [s["state"]["value"] for s in states.values()
+                             if s.get("model_name") == "HTMLModel" and s["state"].get("value")]
 
 
 def execute(name: str, out_dir: Path, **parameters: Any) -> Executed:

@@ -14,7 +14,8 @@ import time
 
 import psutil
 
-from rapydli.cluster.processes import CLUSTER_MARKER
+from rapydli.cluster.processes import marked
+from rapydli.settings import HOME
 
 _MARKERS = ("ipyparallel", "ipengine", "ipcontroller", "mpiexec", "hydra_pmi_proxy")
 
@@ -40,15 +41,7 @@ def engine_pids(root: int | None = None) -> set[int]:
 def session_cluster_pids() -> set[int]:
     """Processes carrying a cluster marker and this session's ``RAPYDLI_HOME``."""
     home = os.environ.get("RAPYDLI_HOME")
-    found = set()
-    for proc in psutil.process_iter():
-        try:
-            env = proc.environ()
-        except (psutil.Error, OSError):
-            continue
-        if CLUSTER_MARKER in env and home is not None and env.get("RAPYDLI_HOME") == home:
-            found.add(proc.pid)
-    return found
+    return {proc.pid for proc in marked(also={HOME: home})} if home is not None else set()
 
 
 def wait_until_gone(before: set[int] = frozenset(), timeout: float = 10.0, root: int | None = None) -> set[int]:

@@ -74,10 +74,12 @@ def test_no_module_imports_a_higher_layer() -> None:
         ("rapydli.experiments", ("rapydli.widgets", "rapydli.server", "rapydli.notebook", "IPython", "ipywidgets")),
         ("rapydli.trainer", ("rapydli.notebook", "rapydli.widgets", "rapydli.magics", "rapydli.experiments")),
         ("rapydli.trainer.loop", ("rapydli.cluster",)),
+        ("rapydli.widgets", ("rapydli.notebook",)),
     ],
 )
 def test_named_rules(importer: str, forbidden: tuple[str, ...]) -> None:
-    """Experiments run headless; engine code imports no front end; the Trainer never asks the cluster."""
+    """Experiments run headless; engine code imports no front end; the Trainer never asks the cluster;
+    the notebook front door uses the widgets, never the other way round."""
     hits = [
         f"{name} imports {imported}"
         for name, path in modules()
@@ -99,3 +101,15 @@ def test_only_the_cluster_layer_starts_processes() -> None:
         and not any(name == a or name.startswith(a + ".") for a in allowed)
     ]
     assert not users, f"modules that import subprocess/multiprocessing outside the cluster layer: {users}"
+
+
+def test_experiments_build_plain_figures() -> None:
+    """Figures are built headless (``experiments.figures``); only the front end wraps them in widgets."""
+    def builds_widgets(path: Path) -> bool:
+        return any(
+            (isinstance(node, ast.Attribute) and node.attr == "FigureWidget") or (isinstance(node, ast.Name) and node.id == "FigureWidget")
+            for node in ast.walk(ast.parse(path.read_text()))
+        )
+
+    users = [name for name, path in modules() if name.startswith("rapydli.experiments") and builds_widgets(path)]
+    assert not users, f"experiments modules that build FigureWidgets: {users}"

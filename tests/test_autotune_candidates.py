@@ -28,15 +28,23 @@ SHAPES = {
     "odd-nopad": ConvShape(3, 17, 7, 5, 19, 3, 3),
     "odd-pad1": ConvShape(2, 20, 7, 9, 18, 3, 3, stride=1, pad=1),  # Winograd: partial tiles, tails of C and K
     "3x3-pad2": ConvShape(1, 6, 5, 3, 9, 3, 3, stride=1, pad=2),
+    # groups: register blocks of output channels straddle groups (3 filters per group)
+    "grouped": ConvShape(2, 8, 9, 10, 12, 3, 3, stride=1, pad=1, groups=4),
+    "depthwise": ConvShape(2, 6, 9, 8, 6, 3, 3, stride=1, pad=1, groups=6),
+    "depthwise-x2-5x5-stride2": ConvShape(2, 6, 9, 9, 12, 5, 5, stride=2, pad=2, groups=6),
+    "dilated": ConvShape(2, 5, 11, 10, 7, 3, 3, stride=1, pad=2, dilation=2),
+    "dilated-grouped-stride2": ConvShape(1, 6, 13, 12, 4, 3, 3, stride=2, pad=1, groups=2, dilation=3),
+    "grouped-1x1": ConvShape(2, 8, 5, 5, 8, 1, 1, groups=2),
 }
 CPU_CANDIDATES = ["torch_nchw", "torch_channels_last", "im2col_gemm", "gemm_1x1", "c_direct"]
+KINDS = ["grouped", "depthwise", "depthwise-x2-5x5-stride2", "dilated", "dilated-grouped-stride2", "grouped-1x1"]
 
 
 def reference(shape: ConvShape):
     gen = torch.Generator().manual_seed(7)
     x = torch.randn(shape.n, shape.c, shape.h, shape.w, generator=gen, dtype=torch.float64, requires_grad=True)
-    w = torch.randn(shape.k, shape.c, shape.r, shape.s, generator=gen, dtype=torch.float64, requires_grad=True)
-    y = F.conv2d(x, w, None, shape.stride, shape.pad)
+    w = torch.randn(shape.weight_shape, generator=gen, dtype=torch.float64, requires_grad=True)
+    y = F.conv2d(x, w, None, shape.stride, shape.pad, shape.dilation, shape.groups)
     gy = torch.randn(y.shape, generator=gen, dtype=torch.float64)
     y.backward(gy)
     return x.detach(), w.detach(), gy, y.detach(), x.grad, w.grad
@@ -57,8 +65,8 @@ def check(inst, shape: ConvShape) -> None:
 @pytest.mark.parametrize("name", CPU_CANDIDATES)
 def test_cpu_candidates_match_conv2d_forward_and_backward(name: str, shape: ConvShape) -> None:
     cand = registry()[name]
-    if cand.unsuited(shape) is not None:  # only gemm_1x1 declines shapes: those that are not 1x1 without padding
-        assert name == "gemm_1x1" and (shape.r, shape.s, shape.pad) != (1, 1, 0)
+    if cand.unsuited(shape) is not None:  # only gemm_1x1 declines shapes: those not 1x1 without padding or groups
+        assert name == "gemm_1x1" and (shape.r, shape.s, shape.pad, shape.groups) != (1, 1, 0, 1)
         return
     configs = cand.space(shape, query(), "tiny").configs()
     assert configs, f"{name} has no configuration for {shape}"
@@ -69,13 +77,27 @@ def test_cpu_candidates_match_conv2d_forward_and_backward(name: str, shape: Conv
 WINOGRAD = {"layout": 1, "algo": 1, "kb": 2, "wb": 2, "tb": 4, "cb": 64, "vec": 4, "unroll": 1, "order": 0, "pack": 0}
 
 
+@pytest.mark.parametrize("key", KINDS)
+def test_grouped_and_dilated_layers_get_generated_configurations(key: str) -> None:
+    shape = SHAPES[key]
+    configs = registry()["c_direct"].space(shape, query(), "tiny").configs()
+    assert configs  # checked against F.conv2d above
+    if shape.groups != 1:  # the NCHW kernels compute groups, the NHWC ones do not (and refuse them)
+        assert {c["layout"] for c in configs} == {0}
+        nhwc = {**WINOGRAD, "algo": 0}
+        with pytest.raises(ConfigError, match="groups"):
+            registry()["c_direct"].instance(shape, nhwc)
+    else:
+        assert {c["layout"] for c in configs} == {0, 1} and not any(c["algo"] for c in configs)
+
+
 @pytest.mark.parametrize("key", ["3x3-pad", "odd-nopad", "odd-pad1", "3x3-pad2"])
 def test_winograd_instances_are_among_the_checked_configurations_of_3x3_stride1_layers(key: str) -> None:
     configs = registry()["c_direct"].space(SHAPES[key], query(), "tiny").configs()
     assert any(c["algo"] == 1 for c in configs)  # so the test above checks them against F.conv2d
 
 
-@pytest.mark.parametrize("key", ["3x3-stride2", "5x5-pad2", "1x1"])
+@pytest.mark.parametrize("key", ["3x3-stride2", "5x5-pad2", "1x1", "dilated"])
 def test_a_winograd_instance_runs_other_shapes_with_the_direct_kernels(key: str) -> None:
     shape = SHAPES[key]  # the shape is a run-time argument: one compiled instance serves every layer
     check(registry()["c_direct"].instance(shape, WINOGRAD), shape)
@@ -253,7 +275,8 @@ def test_triton_kernel_on_gpu() -> None:
 
 
 @pytest.mark.parametrize("shape", [ConvShape(2, 16, 1, 1, 8, 3, 3, 1, 1), ConvShape(2, 16, 2, 2, 8, 3, 3, 2, 1),
-                                   ConvShape(2, 3, 3, 3, 4, 7, 7, 2, 3)])
+                                   ConvShape(2, 3, 3, 3, 4, 7, 7, 2, 3),
+                                   ConvShape(2, 4, 2, 2, 4, 3, 3, 1, 2, groups=2, dilation=2)])
 def test_cropped_filters_compute_the_convolution_and_both_gradients(shape: ConvShape) -> None:
     from rapydli.autotune.candidates import get as candidate
     from rapydli.autotune.runner import check
@@ -264,6 +287,7 @@ def test_cropped_filters_compute_the_convolution_and_both_gradients(shape: ConvS
         assert check(Problem(shape, "train"), Config.of("torch_cropped", {"layout": layout})).status == "validated"
     # another input size than the tuned one: the full filter (the cut depends on the size)
     inst = candidate("torch_cropped").instance(shape, {"layout": 0})
-    x, w = torch.randn(1, shape.c, 6, 6), torch.randn(shape.k, shape.c, shape.r, shape.s)
-    torch.testing.assert_close(inst.forward(x, w), torch.nn.functional.conv2d(x, w, None, shape.stride, shape.pad))
+    x, w = torch.randn(1, shape.c, 6, 6), torch.randn(shape.weight_shape)
+    torch.testing.assert_close(inst.forward(x, w), torch.nn.functional.conv2d(x, w, None, shape.stride, shape.pad,
+                                                                               shape.dilation, shape.groups))
     assert candidate("torch_cropped").unsuited(ConvShape(2, 16, 8, 8, 8, 3, 3, 1, 1)) is not None

@@ -15,7 +15,7 @@ def test_tune_conv2d_prints_the_table_and_best(capsys, tmp_path) -> None:
     assert code == 0
     assert "best:" in out and "torch_nchw" in out and "c_direct" in out
     data = json.loads(out_json.read_text())
-    assert data["problem"] == "conv2d:2,4,8,8,4,3,3,1,1" and len(data["rows"]) >= 4
+    assert data["problem"] == "conv2d:2,4,8,8,4,3,3,1,1,1,1" and len(data["rows"]) >= 4
 
 
 def test_bad_shape_is_a_one_line_error(capsys) -> None:

@@ -32,7 +32,7 @@ def small_net() -> nn.Module:
         nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
         nn.Conv2d(8, 8, 3, stride=2, padding=1, bias=False), nn.ReLU(),
         nn.Conv2d(8, 4, 1), nn.ReLU(),
-        nn.Conv2d(4, 4, 3, groups=2, padding=1),  # grouped: left as it is
+        nn.Conv2d(4, 4, 3, padding=1, padding_mode="reflect"),  # reflect padding: left as it is
         nn.Conv2d(4, 4, 3, padding=1),           # same shape as nothing else
         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 3),
     )
@@ -72,7 +72,7 @@ def test_hooks_find_every_conv_in_order_with_its_input_shape() -> None:
     assert [name for name, _, _ in layers] == ["0", "3", "5", "7", "8"]
     shapes = {name: shape for name, _, shape in layers}
     assert shapes["3"].h == 12 and shapes["3"].stride == 2 and shapes["5"].h == 6
-    assert shapes["7"] is None  # grouped conv is not tunable
+    assert shapes["7"] is None  # reflect padding is not tunable
 
 
 def test_autotune_model_keeps_outputs_and_gradients(tuned) -> None:

@@ -62,10 +62,11 @@ class _SpyCandidate(cands.Candidate):
 
 
 @pytest.fixture
-def spy(monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setitem(cands._REGISTRY, "spy", _SpyCandidate())
+def spy():
+    cands.register(_SpyCandidate())
     _Spy.calls = []
-    return _Spy
+    yield _Spy
+    cands.CANDIDATES.unregister("spy")
 
 
 def test_wrong_kernel_is_rejected_and_never_timed(spy) -> None:

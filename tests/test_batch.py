@@ -239,6 +239,28 @@ def test_a_bare_notebook_without_kernel_metadata_or_parameters_cell_runs(home: P
 
 
 @pytest.mark.notebook
+def test_an_executed_notebook_carries_its_figures_as_self_contained_html(home: Path, tmp_path: Path) -> None:
+    """A batch item's saved notebook shows its plots in any viewer: a plotly figure left as a
+    cell's value (plain plotly, no rapydli call) carries HTML beside plotly's JSON, and
+    plotly.js itself is inlined in the notebook (no CDN script)."""
+    import nbformat
+
+    figure = "import plotly.graph_objects as go\ngo.Figure(go.Scatter(x=[1, 2], y=[x, 2 * x]))"
+    path = _bare_notebook(tmp_path / "figure.ipynb", figure, parameters="x = 1")
+    summary = rd.batch(path, {"x": [3]}, out="out", progress=False)
+    assert list(summary["status"]) == ["finished"], summary["error"].tolist()
+    executed = nbformat.read(summary["output"].iloc[0], 4)
+    outputs = [o for cell in executed.cells if cell.cell_type == "code" for o in cell.get("outputs", [])]
+    shown = [o for o in outputs if "application/vnd.plotly.v1+json" in o.get("data", {})]
+    assert len(shown) == 1, outputs
+    html = shown[0]["data"].get("text/html", "")
+    assert "Plotly.newPlot" in html and "[3,6]" in html.replace(" ", ""), html[:500]
+    scripts = "".join(o.get("data", {}).get("text/html", "") for o in outputs)
+    assert "plotly.js v" in scripts and len(scripts) > 1_000_000, "plotly.js is not inlined"
+    assert '<script src="https://cdn.plot.ly' not in scripts.replace("'", '"')
+
+
+@pytest.mark.notebook
 def test_report_axes_and_a_skipped_rerun_adds_no_batch_record(home: Path, tmp_path: Path) -> None:
     from rapydli.experiments import batchreport
     from rapydli.experiments.batch import plan_batch

@@ -11,7 +11,8 @@ import pytest
 import rapydli as rd
 from rapydli.errors import ConfigError
 from rapydli.experiments.batchhosts import HostPool
-from rapydli.experiments.store import STORE_PATH_ENV, open_store
+from rapydli.experiments.store import open_store
+from rapydli.settings import STORE_PATH
 
 NOTEBOOKS = Path(__file__).resolve().parent / "notebooks"
 
@@ -26,7 +27,7 @@ def test_a_pool_needs_hosts() -> None:
 @pytest.mark.notebook
 def test_batch_items_on_both_hosts_record_every_row_once(hosts, tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("RAPYDLI_HOME", str(tmp_path / "home"))
-    monkeypatch.delenv(STORE_PATH_ENV, raising=False)
+    monkeypatch.delenv(STORE_PATH, raising=False)
     xs = [1, 2]  # one item per host, side by side
     summary = rd.batch(NOTEBOOKS / "host_records.ipynb", {"x": xs, "n": 20}, parallel=2, hosts=hosts.names, ssh_command=hosts.ssh,
                        out=tmp_path / "out", progress=False, timeout=240)  # fmt: skip
@@ -48,7 +49,7 @@ def test_batch_items_on_both_hosts_record_every_row_once(hosts, tmp_path: Path, 
         steps = [m["step"] for m in store.metrics(child["id"])]
         assert steps == list(range(20)), steps  # every row arrived, none twice
     assert not any(Path(c["cwd"], ".rapydli-runs.db-journal").exists() for c in children)
-    assert os.environ.get(STORE_PATH_ENV) is None  # the owner kept writing its own store
+    assert os.environ.get(STORE_PATH) is None  # the owner kept writing its own store
 
 
 @pytest.mark.hosts

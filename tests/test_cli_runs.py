@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 from click.testing import CliRunner
 
+from rapydli import settings
 from rapydli.cli import cli, main
 from rapydli.experiments import store as store_mod
 
@@ -18,7 +19,7 @@ NOTEBOOKS = Path(__file__).resolve().parent / "notebooks"
 @pytest.fixture
 def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> store_mod.RunStore:
     monkeypatch.setenv("RAPYDLI_HOME", str(tmp_path / "home"))
-    monkeypatch.delenv(store_mod.PARENT_ENV, raising=False)
+    monkeypatch.delenv(settings.PARENT_RUN, raising=False)
     monkeypatch.chdir(tmp_path)
     return store_mod.open_store()
 

@@ -1,57 +1,49 @@
-"""The RaPyDLI panel in a real JupyterLab, driven by Playwright in Debian's Chromium.
+"""The RaPyDLI panel's runs in a real JupyterLab, driven by Playwright in Debian's Chromium.
 
-A JupyterLab server runs on 127.0.0.1 with a token and a temporary ``RAPYDLI_HOME``
-holding real runs made by the test (training, a sweep with a pruned trial, a batch with a
-failed item) and two seeded ones (a live run, a scaling study). Screenshots go to the
-test's temp folder (printed). Without
-``/usr/bin/chromium`` the tests are skipped, unless ``RAPYDLI_REQUIRE_BROWSER=1``
-(set by ``.ci/run``), where that is a failure. No browser is ever downloaded.
+The server (``tests/lab_browser.py``) reads a temporary ``RAPYDLI_HOME`` holding real runs
+made by the test (training runs whose model is defined in their script, a sweep with a
+pruned trial, a batch with a failed item) and seeded ones (a live run, a scaling study,
+and enough plain finished runs to fill more than one page of the run list). Screenshots go
+to the test's temp folder (printed). The clusters' browser tests are in
+``tests/test_lab_clusters.py``.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
-import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
-from processes import engine_pids, wait_until_gone
+from lab_browser import chromium, family_row, lab_env, lab_page, open_panel, require_chromium, running_lab, shot
 
 from rapydli.experiments.store import RunStore
 
-ROOT = Path(__file__).resolve().parents[1]
-CHROMIUM = Path(os.environ.get("RAPYDLI_CHROMIUM", "/usr/bin/chromium"))
-CHROMIUM_FLAGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-]  # fmt: skip
-REQUIRED = os.environ.get("RAPYDLI_REQUIRE_BROWSER") == "1"
+require_chromium()
 
-if not CHROMIUM.exists():
-    if REQUIRED:
-        pytest.fail(f"RAPYDLI_REQUIRE_BROWSER=1 but {CHROMIUM} is missing (apt-get install chromium)", pytrace=False)
-    pytest.skip(f"{CHROMIUM} is not installed (apt-get install chromium); browser tests skipped", allow_module_level=True)
-
-from playwright.sync_api import Page, expect, sync_playwright  # noqa: E402 - only once the browser is known to exist
+from playwright.sync_api import Page, expect  # noqa: E402 - only once the browser is known to exist
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(420)]
 expect.set_options(timeout=30_000)  # two busy cores: the page can take a while to update
 
+ROOT = Path(__file__).resolve().parents[1]
+#: Plain finished runs seeded before the others (so they are the oldest): with the 6 families
+#: below they fill more than one page of the panel's run list (25 a page).
+ARCHIVED = 30
+FAMILIES = 6 + ARCHIVED  # 2 train, sweep, batch, live, scaling, and the archived ones
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+
+def seed_archive(store: RunStore) -> None:
+    """Store rows, no training: finished runs named ``archive-NN`` with a final loss."""
+    for i in range(ARCHIVED):
+        run_id = store.create_run("train", f"archive-{i:02d}", {"lr": 0.001 * (i + 1)}, seed=i)
+        store.log_metrics(run_id, [(1, "loss", 1.0 / (i + 1))])
+        store.finish_run(run_id)
 
 
 def seed(store: RunStore) -> dict[str, str]:
@@ -85,96 +77,27 @@ def make_real_runs(env: dict[str, str], root_dir: Path) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    """A running ``jupyter lab`` with a token, the store it reads, real runs in it, and the
-    folder screenshots go to."""
+    """A running ``jupyter lab`` with a token, the store it reads, and the runs in it."""
     base = tmp_path_factory.mktemp("lab")
-    home, root_dir, config = base / "rapydli-home", base / "root", base / "jupyter-config"
-    shots = base / "screenshots"
-    root_dir.mkdir()
-    shots.mkdir()
-    (config / "labconfig").mkdir(parents=True)
-    # No "would you like news?" toast over the page.
-    (config / "labconfig" / "page_config.json").write_text(
-        json.dumps({"disabledExtensions": {"@jupyterlab/apputils-extension:announcements": True}})
-    )
-    # Every per-user folder (Jupyter, IPython profiles, caches) lives in the temp folder.
-    env = {**os.environ, "RAPYDLI_HOME": str(home), "JUPYTER_CONFIG_DIR": str(config),
-           "JUPYTER_DATA_DIR": str(base / "data"), "JUPYTER_RUNTIME_DIR": str(base / "runtime"),
-           "JUPYTERLAB_WORKSPACES_DIR": str(base / "workspaces"), "IPYTHONDIR": str(base / "ipython"),
-           "XDG_CACHE_HOME": str(base / "cache"), "XDG_CONFIG_HOME": str(base / "xdg-config")}  # fmt: skip
-    real = make_real_runs(env, root_dir)
-    store = RunStore(home / "runs.db")
+    env = lab_env(base)
+    (base / "root").mkdir()
+    store = RunStore(Path(env["RAPYDLI_HOME"]) / "runs.db")
+    seed_archive(store)
+    real = make_real_runs(env, base / "root")
     ids = {**seed(store), **{k: v for k, v in real.items() if isinstance(v, str)}}
     (batch_run,) = [r for r in store.list_runs(kind="batch")[0] if r["parent"] is None]
     ids["batch"] = batch_run["id"]
-    port, token = free_port(), "rapydli-test-token"
-    log = (base / "lab.log").open("w")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "jupyterlab", "--no-browser", "--allow-root", "--ip", "127.0.0.1", f"--port={port}",
-         f"--ServerApp.token={token}", f"--ServerApp.root_dir={root_dir}", "--ServerApp.port_retries=0"],
-        env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-    )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while True:
-        try:
-            with urllib.request.urlopen(f"{url}/rapydli/api/version?token={token}", timeout=5) as response:
-                assert json.load(response)["api"] == 1
-            break
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                pytest.fail(f"jupyter lab did not start:\n{(base / 'lab.log').read_text()}")
-            time.sleep(0.5)
-    print(f"\nscreenshots: {shots}")
     try:
-        yield {"url": url, "token": token, "store": store, "ids": ids, "proc": psutil.Process(proc.pid), "env": env,
-               "shots": shots, "root": root_dir}  # fmt: skip
+        with running_lab(base, env) as server:
+            yield {**server, "store": store, "ids": ids}
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)  # the server stops its clusters on shutdown
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
-        log.close()
         store.close()
-        subprocess.run([sys.executable, "-m", "rapydli", "cluster", "stop", "--all"], check=False, env=env, capture_output=True, timeout=120)
 
 
 @pytest.fixture(scope="module")
-def page(lab: dict[str, Any]) -> Iterator[Page]:
-    with sync_playwright() as p:
-        browser = p.chromium.launch(
-            executable_path=str(CHROMIUM), args=CHROMIUM_FLAGS, headless=True,
-            env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": lab["env"]["XDG_CACHE_HOME"],
-                 "XDG_CACHE_HOME": lab["env"]["XDG_CACHE_HOME"], "XDG_CONFIG_HOME": lab["env"]["XDG_CONFIG_HOME"]},
-        )  # fmt: skip
-        context = browser.new_context(viewport={"width": 1400, "height": 900}, accept_downloads=True)
-        tab = context.new_page()
-        tab.set_default_timeout(60_000)
-        tab.goto(f"{lab['url']}/lab?token={lab['token']}")
-        expect(tab.locator("#jp-main-dock-panel")).to_be_visible(timeout=120_000)
+def page(lab: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Page]:
+    with chromium(tmp_path_factory.mktemp("chromium")) as browser, lab_page(browser, lab) as tab:
         yield tab
-        context.close()
-        browser.close()
-
-
-def shot(page: Page, lab: dict[str, Any], name: str, element: Any = None) -> None:
-    """Save a screenshot (of the page, or of one element) into the test's screenshot folder."""
-    (element or page).screenshot(path=str(lab["shots"] / f"{name}.png"))
-
-
-def open_panel(page: Page) -> Any:
-    panel = page.get_by_role("region", name="RaPyDLI", exact=True)
-    if not panel.is_visible():
-        page.locator('.jp-SideBar .lm-TabBar-tab[data-id="rapydli-panel"]').click()
-    expect(panel).to_be_visible()
-    return panel
-
-
-def family_row(panel: Any, run_id: str) -> Any:
-    return panel.locator(f'tr[data-run-id="{run_id}"]')
 
 
 def test_runs_are_families_with_filters_and_no_mid_word_wrapping(page: Page, lab: dict[str, Any]) -> None:
@@ -218,7 +141,34 @@ def test_runs_are_families_with_filters_and_no_mid_word_wrapping(page: Page, lab
     panel.get_by_role("searchbox", name="Search runs").fill("mlp_dig")
     expect(runs.locator("tr.rapydli-Family")).to_have_count(2)
     panel.get_by_role("searchbox", name="Search runs").fill("")
-    expect(panel.locator(".rapydli-Pager")).to_contain_text("of 6 runs")  # 2 train, sweep, batch, live, scaling
+    expect(panel.locator(".rapydli-Pager")).to_contain_text(f"of {FAMILIES} runs")
+
+
+def test_the_run_list_pages(page: Page, lab: dict[str, Any]) -> None:
+    panel = open_panel(page)
+    runs = panel.get_by_role("table", name="Run list")
+    pager = panel.locator(".rapydli-Pager")
+    previous, following = pager.get_by_role("button", name="Previous page"), pager.get_by_role("button", name="Next page")
+    expect(pager).to_contain_text(f"1–25 of {FAMILIES} runs")
+    expect(runs.locator("tr.rapydli-Family")).to_have_count(25)
+    expect(previous).to_be_disabled()
+    expect(family_row(runs, lab["ids"]["sweep"])).to_be_visible()  # newest first: the real runs are on page 1
+    following.click()
+    expect(pager).to_contain_text(f"26–{FAMILIES} of {FAMILIES} runs")
+    expect(runs.locator("tr.rapydli-Family")).to_have_count(FAMILIES - 25)
+    expect(following).to_be_disabled()
+    expect(runs.locator(".rapydli-RunName", has_text="archive-00")).to_have_count(1)  # the oldest is on the last page
+    expect(family_row(runs, lab["ids"]["sweep"])).to_have_count(0)
+    shot(page, lab, "panel-page-2", panel)
+    previous.click()
+    expect(pager).to_contain_text(f"1–25 of {FAMILIES} runs")
+    following.click()
+    expect(pager).to_contain_text("26–")
+    panel.get_by_role("searchbox", name="Search runs").fill("archive-0")  # a new filter starts at page 1
+    expect(pager).to_contain_text("1–10 of 10 runs")
+    expect(runs.locator("tr.rapydli-Family")).to_have_count(10)
+    panel.get_by_role("searchbox", name="Search runs").fill("")
+    expect(pager).to_contain_text(f"1–25 of {FAMILIES} runs")
 
 
 def test_compare_two_runs(page: Page, lab: dict[str, Any]) -> None:
@@ -269,6 +219,26 @@ def test_run_view_has_params_unit_plots_ranks_hosts_and_distinct_titles(page: Pa
     expect(view.locator('[data-plot="rank-step_time_s"]')).to_contain_text("rank 1")
     shot(page, lab, "run-view")
 
+    # the code the run names: its own (defined in its script, as in a notebook) and the module function
+    expect(params.get_by_role("row", name=re.compile(r"^sources"))).to_have_count(0)  # code is not a parameter
+    source = view.get_by_role("region", name="Source")
+    mine = source.locator('details[data-origin="notebook"]')
+    expect(mine.locator("summary")).to_have_text("digits_mlp · defined in the notebook")
+    code = mine.get_by_label("Source of digits_mlp")
+    expect(code).to_be_visible()
+    lines = code.inner_text().splitlines()
+    assert lines[0] == "def digits_mlp() -> object:" and "    model = models.mlp()" in lines and lines[-1] == "    return model", lines
+    assert "mono" in code.evaluate("el => getComputedStyle(el).fontFamily").lower()
+    library = source.locator('details[data-origin="module"]')
+    expect(library.locator("summary")).to_contain_text("data_fn: rapydli.zoo.datasets:digits")
+    expect(library.locator("pre")).to_contain_text("def digits(val_fraction: float = 0.2")
+    mine.locator("summary").click()  # collapsible
+    expect(code).to_be_hidden()
+    mine.locator("summary").click()
+    expect(code).to_be_visible()
+    source.scroll_into_view_if_needed()
+    shot(page, lab, "run-source")
+
 
 def test_sweep_view_shows_the_pruned_trial(page: Page, lab: dict[str, Any]) -> None:
     ids = lab["ids"]
@@ -280,14 +250,88 @@ def test_sweep_view_shows_the_pruned_trial(page: Page, lab: dict[str, Any]) -> N
     expect(pruned).to_have_count(1)
     expect(pruned).to_contain_text("PRUNED")
     expect(pruned).to_contain_text("9")  # lr 9.0 diverged
+    # why: the report the pruner stopped it at, and the bar that report missed
+    trial_id = pruned.get_attribute("data-run-id")
+    decision = lab["store"].records(trial_id)["prune"]["value"]
+    reports = {m["step"]: m["value"] for m in lab["store"].metrics(trial_id) if m["name"] == "val_loss"}
+    assert decision["step"] in reports and decision["metric"] == "val_loss", (decision, reports)
+    assert decision["value"] is None or decision["value"] == pytest.approx(reports[decision["step"]])
+    assert decision["pruner"] == "SuccessiveHalvingPruner" and decision["rule"], decision
+    why = pruned.locator(".rapydli-Prune")
+    expect(why).to_contain_text(f"step {decision['step']}: val_loss")
+    expect(why).to_contain_text(decision["rule"])
+    expect(trials.locator('tr[data-state="COMPLETE"] .rapydli-Prune')).to_have_text(["", ""])
     expect(view.locator('[data-plot="best-so-far"] .scatterlayer .trace')).to_have_count(2)
     intermediate = view.locator('[data-plot="intermediate"]')
-    expect(intermediate.locator(".scatterlayer .trace")).to_have_count(3)
+    expect(intermediate.locator(".scatterlayer .trace")).to_have_count(3 + (decision["value"] is not None))
     expect(intermediate).to_contain_text("(pruned)")
+    if decision["value"] is not None:  # an x where the pruner judged it
+        expect(intermediate).to_contain_text("pruned here")
     expect(view.locator('[data-plot="parcoords"] .main-svg').first).to_be_visible()
     expect(view).to_contain_text("parameter importance needs 5 completed trials")
     view.get_by_role("heading", name=re.compile("Trials")).scroll_into_view_if_needed()
     shot(page, lab, "sweep-view")
+
+
+def test_find_a_sweep_see_why_trials_were_pruned_compare_the_best_two_and_tag_the_winner(page: Page, lab: dict[str, Any]) -> None:
+    """The researcher's path through the panel, start to end, without leaving JupyterLab."""
+    ids, store = lab["ids"], lab["store"]
+    panel = open_panel(page)
+    runs = panel.get_by_role("table", name="Run list")
+    # find the sweep, and which of its trials were pruned and why
+    panel.get_by_role("combobox", name="Filter by kind").select_option("sweep")
+    expect(runs.locator("tr.rapydli-Family")).to_have_count(1)
+    sweep = family_row(runs, ids["sweep"])
+    if sweep.get_by_role("button", name=re.compile("^Expand")).count():
+        sweep.get_by_role("button", name=re.compile("^Expand")).click()
+    expect(runs.locator('tr.rapydli-Child[data-status="PRUNED"]')).to_have_attribute("title", re.compile(r"pruned at step \d+ with val_loss"))
+    sweep.locator(".rapydli-RunName").click()
+    view = page.get_by_role("region", name=f"Run {ids['sweep']}")
+    trials = view.get_by_role("table", name="Trials table")
+    expect(trials.locator('tr[data-state="PRUNED"] .rapydli-Prune')).to_contain_text(re.compile(r"step \d+: val_loss"))
+
+    # pick the best two: best first, tick the top two, compare them
+    view.get_by_role("combobox", name="Order trials").select_option("best")
+    rows = trials.locator("tbody tr")
+    expect(rows.first).to_have_attribute("data-state", "COMPLETE")
+    best_two = [rows.nth(i).get_attribute("data-run-id") for i in (0, 1)]
+    finals = {t: store.final_metrics(t)["val_loss"] for t in best_two}
+    complete = [r["id"] for r in store.list_runs(parent=ids["sweep"])[0] if store.records(r["id"])["trial_state"]["value"] == "COMPLETE"]
+    assert sorted(complete) == sorted(best_two) and finals[best_two[0]] <= finals[best_two[1]], (complete, finals)
+    for i in (0, 1):
+        rows.nth(i).get_by_role("checkbox").check()
+    shot(page, lab, "done-sweep")
+    view.get_by_role("button", name="Compare selected trials").click()
+    compare = page.get_by_role("region", name="Compare runs").filter(has=page.locator(f'th[data-run-id="{best_two[0]}"]'))
+    expect(compare.locator('[data-plot="compare"] .scatterlayer .trace')).to_have_count(2)
+    expect(compare.get_by_role("combobox", name="Metric")).to_have_value("val_loss")
+
+    # read what differs: the sampled lr (as the trial's parameter and in its config), and which is better
+    diff = compare.get_by_role("table", name="Parameters that differ")
+    sampled = [store.get_run(t)["params"]["params"]["lr"] for t in best_two]
+    lr_row = diff.get_by_role("row", name=re.compile(r"^params\.lr "))
+    for value in sampled:
+        expect(lr_row).to_contain_text(f"{value:.4g}")
+    final_row = compare.get_by_role("table", name="Final metrics").get_by_role("row", name=re.compile(r"^val_loss "))
+    best_cell = final_row.locator(".rapydli-Best")
+    expect(best_cell).to_have_count(1)
+    column = best_cell.evaluate("td => td.cellIndex")
+    winner = diff.locator("thead th[data-run-id]").nth(column - 1).get_attribute("data-run-id")
+    assert winner == best_two[0]
+
+    # tag the winner, in its column of the compare view
+    column_head = compare.locator(f'th[data-run-id="{winner}"]')
+    column_head.get_by_role("textbox").fill("winner")
+    column_head.get_by_role("textbox").press("Enter")
+    expect(column_head.locator('.rapydli-Tag[data-tag="winner"]')).to_be_visible()
+    deadline = time.monotonic() + 30
+    while store.tags(winner) != ["winner"] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert store.tags(winner) == ["winner"] and store.tags(best_two[1]) == []
+    shot(page, lab, "done-compare")
+    expect(family_row(runs, winner).locator(".rapydli-Tag")).to_have_text("winner")  # the panel shows it too
+    panel.get_by_role("combobox", name="Filter by kind").select_option("")
+    store.set_tags(winner, [])
 
 
 def test_batch_view_shows_the_failed_item_and_opens_its_notebook(page: Page, lab: dict[str, Any]) -> None:
@@ -359,51 +403,6 @@ def test_live_run_and_scaling_views(page: Page, lab: dict[str, Any]) -> None:
     expect(scaling).to_contain_text("efficiency")
 
 
-@pytest.mark.engines
-def test_a_cli_started_cluster_is_listed_and_stopped_from_the_panel(page: Page, lab: dict[str, Any]) -> None:
-    started = subprocess.run([sys.executable, "-m", "rapydli", "cluster", "start", "-n", "2"],
-                             check=False, env=lab["env"], capture_output=True, text=True, timeout=180)  # fmt: skip
-    assert started.returncode == 0, started.stderr
-    cluster_id = started.stdout.strip()
-    record = json.loads((Path(lab["env"]["RAPYDLI_HOME"]) / "clusters" / f"{cluster_id}.json").read_text())
-    pids = [engine["pid"] for engine in record["engines"].values()]
-    assert all(psutil.pid_exists(pid) for pid in pids)
-    panel = open_panel(page)
-    row = panel.get_by_role("listitem", name=f"Cluster {cluster_id}")
-    expect(row).to_contain_text("2/2 engines")
-    expect(row).to_contain_text("CLI")
-    expect(row).to_have_attribute("data-state", "running")
-    expect(page.locator(".rapydli-StatusItem")).to_have_text("RaPyDLI: 2 engines")
-    shot(page, lab, "cluster-cli", panel)
-    row.get_by_role("button", name=f"Stop cluster {cluster_id}").click()
-    expect(row).to_have_attribute("data-state", "stopping", timeout=5_000)  # the row answers at once
-    expect(row).to_have_count(0, timeout=120_000)
-    expect(page.locator(".rapydli-StatusItem")).to_have_text("RaPyDLI: 0 engines")
-    _, alive = psutil.wait_procs([psutil.Process(p) for p in pids if psutil.pid_exists(p)], timeout=15)
-    assert not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]
-
-
-def test_errors_are_shown_in_the_panel(page: Page, lab: dict[str, Any]) -> None:
-    panel = open_panel(page)
-    panel.get_by_role("button", name="Insert %%distributed cell").click()
-    alert = panel.get_by_role("alert")
-    expect(alert).to_contain_text("Open a notebook first")
-    page.wait_for_timeout(2500)  # a poll in between does not hide it
-    expect(alert).to_contain_text("Open a notebook first")
-    panel.get_by_role("button", name="Dismiss error").click()
-    expect(alert).to_have_count(0)
-
-    panel.get_by_role("button", name="Start cluster").click()
-    dialog = page.get_by_role("dialog")
-    dialog.get_by_role("spinbutton", name="Engines").fill("0")
-    dialog.get_by_role("button", name="Start").click()
-    expect(alert).to_contain_text("'n' (engines) must be an integer 1..64")
-    expect(alert).to_contain_text("HTTP 400")
-    expect(panel).to_contain_text("No running cluster.")
-    shot(page, lab, "panel-error", panel)
-    panel.get_by_role("button", name="Dismiss error").click()
-
-
 def test_commands_are_in_the_palette(page: Page) -> None:
     page.keyboard.press("Control+Shift+c")
     palette = page.locator("#command-palette")
@@ -413,50 +412,3 @@ def test_commands_are_in_the_palette(page: Page) -> None:
     page.keyboard.press("Escape")
 
 
-@pytest.mark.engines
-def test_start_and_stop_a_cluster_from_the_panel(page: Page, lab: dict[str, Any]) -> None:
-    before = engine_pids(lab["proc"].pid)
-    panel = open_panel(page)
-    panel.get_by_role("button", name="Start cluster").click()
-    dialog = page.get_by_role("dialog")
-    dialog.get_by_role("spinbutton", name="Engines").fill("2")
-    dialog.get_by_role("button", name="Start").click()
-    clusters = panel.get_by_role("list", name="Cluster list")
-    expect(clusters.locator(".rapydli-Cluster")).to_have_count(1)
-    expect(clusters).to_contain_text("2/2 engines", timeout=240_000)
-    expect(clusters).to_contain_text("running")
-    expect(page.locator(".rapydli-StatusItem")).to_have_text("RaPyDLI: 2 engines")
-    assert len(engine_pids(lab["proc"].pid) - before) >= 2
-    shot(page, lab, "cluster-running")
-
-    # A notebook attaches to the panel's cluster through the inserted cells and runs on it.
-    with urllib.request.urlopen(f"{lab['url']}/rapydli/api/clusters?token={lab['token']}", timeout=10) as response:
-        listed = json.load(response)["clusters"]
-    ours = [c for c in listed if c["origin"] == "server"]
-    assert len(ours) == 1, listed
-    cluster = ours[0]
-    page.keyboard.press("Control+Shift+c")
-    page.locator("#command-palette input").fill("New Notebook")
-    page.keyboard.press("Enter")
-    page.get_by_role("dialog").get_by_role("button", name="Select").click()  # the default Python 3 kernel
-    notebook = page.locator(".jp-NotebookPanel:visible")
-    cells = notebook.locator(".jp-Cell")
-    expect(cells).to_have_count(1)  # the new notebook is ready
-    expect(page.locator(".jp-NotebookPanel-toolbar").filter(has_text="Python 3")).to_be_visible()
-    page.wait_for_timeout(500)  # the notebook tracker's focus change lands
-    panel.get_by_role("button", name="Insert %%distributed cell").click()
-    expect(panel.get_by_role("alert")).to_have_count(0)
-    expect(cells.nth(1)).to_contain_text(f'rd.Cluster.attach("{cluster["attach_id"]}")')
-    expect(cells.nth(2)).to_contain_text("%%distributed")
-    page.get_by_role("menuitem", name="Run", exact=True).click()
-    page.get_by_role("menuitem", name=re.compile("^Run All Cells")).click()
-    output = cells.nth(2).locator(".jp-OutputArea")
-    expect(output).to_contain_text("rank 1 of 2", timeout=180_000)
-    expect(output).to_contain_text("rank 0 of 2")
-    shot(page, lab, "notebook-attached")
-
-    panel.get_by_role("button", name=re.compile("^Stop cluster")).click()
-    expect(panel).to_contain_text("No running cluster.", timeout=60_000)
-    expect(page.locator(".rapydli-StatusItem")).to_have_text("RaPyDLI: 0 engines")
-    assert wait_until_gone(before, timeout=15, root=lab["proc"].pid) == set()
-    shot(page, lab, "cluster-stopped")

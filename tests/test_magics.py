@@ -93,6 +93,37 @@ def test_targets_select_ranks_and_their_communicator(ip):
     assert value == [(0, 0), (1, 1)]
 
 
+def test_rd_train_reuses_the_cluster_started_by_the_magic(ip):
+    """``rd.train`` after ``%rapydli start -n 2`` trains on those engines: no second cluster
+    (controller, engines) is started while it runs, and the magic's cluster stays up."""
+    import os
+
+    import psutil
+
+    import rapydli as rd
+    from rapydli.cluster.processes import CLUSTER_MARKER, marked
+    from rapydli.settings import HOME
+
+    before = ip.run_line_magic("rapydli", "status")
+    seen: set[str] = set()
+
+    def clusters_now(row: dict) -> None:  # while training: the clusters whose processes run
+        for proc in marked(also={HOME: os.environ[HOME]}):
+            try:
+                seen.add(proc.environ()[CLUSTER_MARKER])
+            except psutil.Error:  # it ended meanwhile
+                continue
+
+    with capture_output() as captured:
+        result = rd.train("rapydli.zoo.models:mlp", "rapydli.zoo.datasets:digits", {"max_steps": 3, "batch_size": 16},
+                          callbacks=[clusters_now], progress=False, live=False)
+    assert len(result.history.query("kind == 'train'")) == 3
+    assert seen == {before["cluster_id"]}, f"rd.train ran beside another cluster: {seen}"
+    after = ip.run_line_magic("rapydli", "status")
+    assert after["cluster_id"] == before["cluster_id"] and after["state"] == "running"
+    assert "starting" not in captured.stdout
+
+
 def test_distributed_uses_the_cluster_running_in_the_kernel(ip):
     """With the magics' own cluster stopped (cluster.stop(), not %rapydli stop), a cluster
     started in the kernel by rd.Cluster is the one the cell runs on: no second cluster."""

@@ -20,7 +20,7 @@ def test_import_is_light():
 
 
 def test_rd_train_is_callable_and_its_submodules_import():
-    import rapydli.zoo.models as models  # resolved through the attribute rapydli.trainer
+    import rapydli.zoo.models as models
 
     assert models.__name__ == "rapydli.zoo.models"
     assert rd.TrainConfig.__module__ == "rapydli.trainer.config"

@@ -124,7 +124,7 @@ def test_trainer_with_pipeline_stages_equals_one_process_and_resumes_exactly(run
     )
     assert_same(resumed, single)
     files = sorted(p.name for p in (tmp_path / "ck").iterdir())
-    assert files == ["checkpoint.pt", "stage0-step4.pt", "stage1-step4.pt"]
+    assert files == ["checkpoint.pt", "part-s0-t0-d0-step4.pt", "part-s1-t0-d0-step4.pt"]
 
 
 @pytest.mark.mpi

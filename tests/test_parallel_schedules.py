@@ -73,7 +73,7 @@ def test_unit_cost_pipeline_takes_m_plus_p_minus_1_steps(name: str, p: int, m: i
 
 
 def test_bad_names_and_sizes_are_config_errors() -> None:
-    with pytest.raises(ConfigError, match="pipeline_schedule='zb'.*gpipe, 1f1b"):
+    with pytest.raises(ConfigError, match="pipeline_schedule='zb'.*1f1b, gpipe"):
         build("zb", 2, 2)
     with pytest.raises(ConfigError, match="microbatches=0"):
         build("gpipe", 2, 0)

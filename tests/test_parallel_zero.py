@@ -16,23 +16,27 @@ TESTS = Path(__file__).resolve().parent
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("ranks", [2, 3])
-def test_zero_equals_data_parallel_with_a_share_of_the_state(run_mpi, tmp_path: Path, ranks: int) -> None:
+def test_zero_equals_data_parallel_with_adamw_and_sgd_momentum_and_a_share_of_the_state(run_mpi, tmp_path: Path, ranks: int) -> None:
     code = f"import sys; sys.path.insert(0, {str(TESTS)!r}); import cases_zero; cases_zero.equivalence({str(tmp_path)!r})"
     run_mpi(code, n=ranks, timeout=180)
     for row in json.loads((tmp_path / "zero.json").read_text()):
-        for stage in (1, 2):
-            share = row[f"zero{stage}_bytes"] / (row["full_bytes"] / ranks)
-            assert share == pytest.approx(1.0, rel=0.05), (stage, share)
+        for name in ("adamw", "sgd"):
+            for stage in (1, 2):
+                share = row[f"{name}_zero{stage}_bytes"] / (row[f"{name}_full_bytes"] / ranks)
+                assert share == pytest.approx(1.0, rel=0.05), (name, stage, share)
 
     from mpi4py import MPI
 
     from rapydli.parallel.zero import ShardedOptimizer
 
-    shard = torch.load(tmp_path / "zero2-rank0.pt", weights_only=False)  # written by 2 or 3 ranks; this process is 1
+    shard = torch.load(tmp_path / "adamw-zero2-rank0.pt", weights_only=False)  # written by 2 or 3 ranks; this process is 1
     net = nn.Sequential(nn.Linear(40, 96), nn.Tanh(), nn.Linear(96, 40), nn.LayerNorm(40), nn.Linear(40, 5)).double()
-    single = ShardedOptimizer(net.parameters(), lambda ps: torch.optim.AdamW(ps), MPI.COMM_SELF, stage=2)
+    single = ShardedOptimizer(net.parameters(), lambda ps: torch.optim.AdamW(ps), MPI.COMM_SELF, stage=1, bucket_mb=0.01)
     with pytest.raises(ConfigError, match=f"written by {ranks} ranks .* this run has 1 ranks"):
         single.load_state_dict(shard)
+    own = single.state_dict()
+    with pytest.raises(ConfigError, match="belongs to data-parallel rank 1, not to rank 0"):
+        single.load_state_dict({**own, "rank": 1})
 
 
 def test_a_stage_that_does_not_exist_is_refused() -> None:
@@ -49,7 +53,7 @@ def test_trainer_with_zero_equals_plain_data_parallel_and_resumes(run_mpi, tmp_p
     code = f"import sys; sys.path.insert(0, {str(TESTS)!r}); import cases_zero_trainer; cases_zero_trainer.main({str(tmp_path)!r})"
     result = run_mpi(code, n=2, timeout=240)
     assert result.stderr.count("OK zero trainer") == 2
-    assert sorted(p.name for p in (tmp_path / "zero2").iterdir()) == ["checkpoint.pt", "optimizer-rank0.pt", "optimizer-rank1.pt"]
+    assert sorted(p.name for p in (tmp_path / "adamw-zero2").iterdir()) == ["checkpoint.pt", "part-s0-t0-d0-step8.pt", "part-s0-t0-d1-step8.pt"]
 
 
 def test_zero_2_refuses_a_global_gradient_clip() -> None:
@@ -57,3 +61,39 @@ def test_zero_2_refuses_a_global_gradient_clip() -> None:
 
     with pytest.raises(ConfigError, match="zero=2 keeps only this rank's slice"):
         TrainConfig(zero=2, grad_clip=1.0)
+
+
+def _trainer_case(run_mpi, function: str, n: int, *args: object):
+    arguments = ", ".join(repr(a) for a in args)
+    code = f"import sys; sys.path.insert(0, {str(TESTS)!r}); import cases_zero_trainer; cases_zero_trainer.{function}({arguments})"
+    return run_mpi(code, n=n, timeout=240)
+
+
+@pytest.mark.mpi
+def test_a_zero_checkpoint_of_two_ranks_is_refused_on_one_and_on_three_naming_both(run_mpi, tmp_path: Path) -> None:
+    result = _trainer_case(run_mpi, "refusals", 3, str(tmp_path))
+    one, three = json.loads(result.stdout.strip().splitlines()[-1])
+    assert "written by 2 ranks (data 2 x pipeline 1 x tensor 1, zero=1); this run has 1 ranks (data 1 x pipeline 1 x tensor 1, zero=1)" in one
+    assert "written by 2 ranks (data 2 x pipeline 1 x tensor 1, zero=1); this run has 3 ranks (data 3 x pipeline 1 x tensor 1, zero=1)" in three
+    assert "resumes only on the same layout" in three
+
+
+@pytest.mark.mpi
+def test_a_checkpoint_is_complete_only_when_every_part_is_written(run_mpi, tmp_path: Path) -> None:
+    result = _trainer_case(run_mpi, "crash_between_parts", 2, str(tmp_path))
+    assert result.stderr.count("OK crash") == 2
+
+
+@pytest.mark.mpi
+def test_bytes_per_rank_approach_the_zero_formulas(run_mpi, tmp_path: Path) -> None:
+    out = tmp_path / "memory.json"
+    _trainer_case(run_mpi, "memory", 2, str(out))
+    n = 2
+    for row in json.loads(out.read_text()):
+        psi = row["parameters"]
+        formulas = {"zero0": 16 * psi, "zero1": 8 * psi + 8 * psi / n, "zero2": 4 * psi + 12 * psi / n}  # fp32 AdamW
+        for layout, expected in formulas.items():
+            measured = sum(row[layout].values())
+            assert measured == pytest.approx(expected, rel=0.10), (layout, row[layout], expected)
+        assert row["zero1"]["optimizer_state"] == pytest.approx(8 * psi / n, rel=0.05)
+        assert row["zero2"]["grads"] < 1.25 * 4 * psi / n  # its slice, and at most three whole buckets (one layer each) in flight

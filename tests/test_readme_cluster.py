@@ -12,6 +12,7 @@ import pytest
 from IPython.utils.capture import capture_output
 
 from rapydli.cluster import Cluster
+from rapydli.cluster.registry import stop_cluster
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
@@ -37,7 +38,7 @@ def test_readme_cluster_examples_run_as_written(local_slurm, ipython_shell):
         _run_examples(shell)
     finally:  # a failed example leaves no cluster behind for later tests
         for record in Cluster.detached():
-            Cluster.attach(record["id"]).forget()
+            stop_cluster(record["id"])
         if shell.run_line_magic("rapydli", "status").get("state") != "stopped":
             shell.run_line_magic("rapydli", "stop")
     assert set(local_slurm.queue()) <= before

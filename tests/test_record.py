@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import rapydli as rd
+from rapydli import settings
 from rapydli.errors import ConfigError
 from rapydli.experiments import record as record_mod
 from rapydli.experiments import store as store_mod
@@ -24,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.fixture
 def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("RAPYDLI_HOME", str(tmp_path / "home"))
-    monkeypatch.delenv(store_mod.BATCH_ITEM_ENV, raising=False)
+    monkeypatch.delenv(settings.BATCH_ITEM, raising=False)
     monkeypatch.setattr(store_mod, "_current", {})
     return tmp_path / "home"
 
@@ -89,7 +90,7 @@ def test_record_goes_under_the_batch_item_from_the_environment(home: Path, monke
     store = store_mod.open_store()
     item = store.create_run("batch", "nb/abc", {})
     store.create_run("train", "later", {})  # the batch item wins over the process's last run
-    monkeypatch.setenv(store_mod.BATCH_ITEM_ENV, item)
+    monkeypatch.setenv(settings.BATCH_ITEM, item)
     rd.record("y", 2)
     assert store.records(item) == {"y": {"type": "scalar", "value": 2}}
 

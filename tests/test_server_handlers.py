@@ -116,6 +116,17 @@ async def test_version(api) -> None:
 
 
 @on_server_loop
+async def test_launchers_list_their_options_and_the_start_form_fields(api) -> None:
+    code, data = await api("launchers")
+    launchers = {launcher["name"]: launcher for launcher in data["launchers"]}
+    assert code == 200 and set(launchers) == {"local", "ssh", "slurm", "pbs"}
+    slurm = launchers["slurm"]
+    assert slurm["form"] == ["partition", "nodes", "timelimit"]  # shown as fields; the others as key=value
+    assert set(slurm["form"]) <= set(slurm["options"]) and slurm["options"]["nodes"]["type"] == "int"
+    assert launchers["local"]["form"] == [] and all(set(spec["form"]) <= set(spec["options"]) for spec in launchers.values())
+
+
+@on_server_loop
 async def test_runs_list_filters_and_pages(api, store: RunStore) -> None:
     ids = seed(store)
     code, data = await api("runs")

@@ -14,20 +14,29 @@ from rapydli.server.manager import ClusterManager
 
 
 class Recorder:
-    """A stand-in cluster whose start blocks until released, to observe the states."""
+    """A stand-in cluster whose start waits until released (or cancelled by a stop), to observe the states."""
 
     def __init__(self, n: int, release: threading.Event, fail: bool = False) -> None:
         self.n, self.release, self.fail = n, release, fail
         self.calls: list[str] = []
+        self.cancelled = threading.Event()
 
-    def start(self) -> None:
+    def start(self, *, wait: bool = True) -> None:
+        assert not wait  # the manager never blocks in start(): a stop must be able to cancel it
         self.calls.append("start")
-        self.release.wait(10)
+
+    def wait_started(self) -> None:
+        deadline = time.monotonic() + 10
+        while not (self.release.is_set() or self.cancelled.is_set()) and time.monotonic() < deadline:
+            time.sleep(0.005)
+        if self.cancelled.is_set():
+            raise RuntimeError("the start was cancelled")
         if self.fail:
             raise RuntimeError("mpiexec not found")
 
     def stop(self) -> None:
         self.calls.append("stop")
+        self.cancelled.set()
 
     def restart(self) -> None:
         self.calls.append("restart")
@@ -35,9 +44,6 @@ class Recorder:
     def detach(self) -> str:
         self.calls.append("detach")
         return f"ipp-{len(self.calls)}"
-
-    def forget(self) -> None:
-        self.calls.append("forget")
 
     def status(self) -> dict[str, Any]:
         return {"state": "running", "engines_alive": self.n}
@@ -77,7 +83,7 @@ def test_start_answers_at_once_then_runs(made: list[Recorder]) -> None:
     assert running["attach_id"] == "ipp-2"  # published for notebooks (rd.Cluster.attach)
     assert [c["id"] for c in manager.list()] == [entry["id"]]
     assert manager.stop(entry["id"])["state"] == "stopped"
-    assert made[0].calls == ["start", "detach", "forget"]
+    assert made[0].calls == ["start", "detach", "stop"]
     assert manager.list() == []
 
 
@@ -92,14 +98,19 @@ def test_failed_start_reports_the_error(made: list[Recorder]) -> None:
         manager.restart(entry["id"])
 
 
-def test_stop_all_waits_for_a_start_in_progress(made: list[Recorder]) -> None:
-    release = threading.Event()
+def test_stop_all_cancels_a_start_in_progress(made: list[Recorder]) -> None:
+    release = threading.Event()  # never set: the engines never come
     manager = ClusterManager(factory(made, release))
-    manager.start(2, "local", {})
-    threading.Timer(0.2, release.set).start()
+    entry = manager.start(2, "local", {})
+    deadline = time.monotonic() + 10
+    while not made and time.monotonic() < deadline:
+        time.sleep(0.005)
+    started = time.monotonic()
     manager.stop_all()
-    assert made[0].calls == ["start", "detach", "forget"]
-    assert manager.list() == []
+    assert time.monotonic() - started < 5  # not the start's own 10 s
+    assert made[0].calls == ["start", "stop"] and manager.list() == []
+    with pytest.raises(NotFoundError):
+        manager.get(entry["id"])
 
 
 def test_restart_and_unknown_ids(made: list[Recorder]) -> None:
@@ -120,13 +131,13 @@ def test_stop_without_waiting_answers_at_once_and_the_entry_shows_stopping(made:
     release = threading.Event()
     manager = ClusterManager(factory(made, release))
     entry = manager.start(2, "local", {})
-    answered = manager.stop(entry["id"], wait=False)  # the start is still blocked: the stop must not wait for it
+    answered = manager.stop(entry["id"], wait=False)  # the start is still waiting: the stop must not wait for it
     assert answered["state"] == "stopping"
-    assert [c["state"] for c in manager.list()] == ["stopping"]
-    release.set()
-    deadline = time.monotonic() + 10
+    assert [c["state"] for c in manager.list()] in (["stopping"], [])
+    deadline = time.monotonic() + 5  # the start is cancelled: no release needed
     while manager.list() and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert manager.list() == [] and made[0].calls == ["start", "detach", "forget"]
+    assert manager.list() == []
+    assert not made or made[0].calls == ["start", "stop"]  # cancelled before or after the cluster was made
     with pytest.raises(NotFoundError):
         manager.stop("c-unknown", wait=False)

@@ -25,6 +25,11 @@ api, store, jp_server_config = test_server_handlers.api, test_server_handlers.st
 on_server_loop = test_server_handlers.on_server_loop
 
 
+PRUNE = {"pruner": "SuccessiveHalvingPruner", "metric": "val_loss", "step": 2, "value": 0.77, "compared_to": 0.7, "rung": 1,
+         "competing": 5, "rule": "rung 1 keeps the best 1 of 5 trials (val_loss ≤ 0.7)",
+         "text": "pruned at step 2 with val_loss 0.77: rung 1 keeps the best 1 of 5 trials (val_loss ≤ 0.7)"}  # fmt: skip
+
+
 def seed(store: RunStore, tmp_path: Path) -> dict[str, Any]:
     """A sweep of six trials (one pruned), a batch of two items (one failed), two train runs."""
     ids: dict[str, Any] = {}
@@ -35,6 +40,8 @@ def seed(store: RunStore, tmp_path: Path) -> dict[str, Any]:
         trial = store.create_run("trial", f"trial-{i}", {"trial": i, "params": {"lr": lr, "width": width}}, parent=ids["sweep"])
         store.log_metrics(trial, [(1, "val_loss", 1.0), (2, "val_loss", 1.0 - 5 * lr + 0.001 * width)])
         store.add_record(trial, "trial_state", "scalar", "PRUNED" if i == 4 else "COMPLETE")
+        if i == 4:  # as the sweep records it (rapydli.experiments.pruning)
+            store.add_record(trial, "prune", "json", PRUNE)
         store.finish_run(trial)
         ids["trials"].append(trial)
     store.finish_run(ids["sweep"])
@@ -110,6 +117,20 @@ async def test_tags_and_note_round_trip(api, store: RunStore, tmp_path: Path) ->
 
 
 @on_server_loop
+async def test_a_run_shows_its_code_as_sources(api, store: RunStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "labrun_code.py").write_text("def load():\n    return [1, 2]\n")
+    monkeypatch.chdir(tmp_path)  # the run's cwd, where its module is looked for
+    notebook = "class Net:\n    def forward(self, x):\n        return x\n"
+    run_id = store.create_run("train", "custom", {"model_fn": "<notebook> Net", "data_fn": "labrun_code:load", "sources": {"Net": notebook}})
+    code, run = await api("runs", run_id)
+    assert code == 200 and run["params"]["sources"] == {"Net": notebook}
+    mine, module = run["sources"]
+    assert module == {"name": "load", "origin": "module", "role": "data_fn", "ref": "labrun_code:load",
+                      "file": str(tmp_path / "labrun_code.py"), "line": 1, "source": "def load():\n    return [1, 2]\n"}  # fmt: skip
+    assert mine == {"name": "Net", "origin": "notebook", "source": notebook}
+
+
+@on_server_loop
 async def test_compare_diffs_params_and_overlays_curves(api, store: RunStore, tmp_path: Path) -> None:
     ids = seed(store, tmp_path)
     code, data = await api("compare", params={"ids": f"{ids['a']},{ids['b']}"})
@@ -131,6 +152,9 @@ async def test_sweep_has_states_intermediate_values_and_importance(api, store: R
     code, sweep = await api("sweeps", ids["sweep"])
     assert code == 200 and sweep["direction"] == "minimize"
     assert [t["state"] for t in sweep["trials"]] == ["COMPLETE"] * 4 + ["PRUNED", "COMPLETE"]
+    assert [t["prune"] for t in sweep["trials"]] == [None] * 4 + [PRUNE, None]  # why the pruner stopped it
+    code, families = await api("families", params={"kind": "trial"})
+    assert [c["prune"] for c in families["families"][0]["children"] if c["state"] == "PRUNED"] == [PRUNE]
     assert sweep["trials"][0]["intermediate"][0] == [1, 1.0] and len(sweep["trials"][0]["intermediate"]) == 2
     assert sweep["trials"][2]["value"] == pytest.approx(1.0 - 0.15 + 0.048)
     assert set(sweep["importance"]) == {"lr", "width"} and sum(sweep["importance"].values()) == pytest.approx(1.0)

@@ -12,6 +12,7 @@ import pandas as pd
 import pytest
 
 import rapydli as rd
+from rapydli import settings
 from rapydli.errors import ConfigError, NotFoundError, StoreError
 from rapydli.experiments import store as store_mod
 from rapydli.experiments.store import RunStore, open_store
@@ -115,7 +116,7 @@ def test_list_filters_pagination_and_prefix(store: RunStore) -> None:
 
 def test_parent_defaults_to_environment(store: RunStore, monkeypatch: pytest.MonkeyPatch) -> None:
     parent = store.create_run("batch", "nb", {})
-    monkeypatch.setenv(store_mod.PARENT_ENV, parent)
+    monkeypatch.setenv(settings.PARENT_RUN, parent)
     child = store.create_run("train", "m", {})
     assert store.get_run(child)["parent"] == parent
 

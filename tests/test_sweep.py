@@ -82,6 +82,11 @@ def test_sweep_runs_two_at_a_time_prunes_a_bad_trial_and_survives_a_failing_one(
     assert a["started"] < b["ended"] and b["started"] < a["ended"]  # trials 0 and 1 ran at the same time
     assert children[3]["status"] == "pruned" and children[2]["status"] == "failed"
     assert store.records(children[3]["id"])["trial_state"]["value"] == "PRUNED"
+    decision = store.records(children[3]["id"])["prune"]["value"]  # why: the report it was pruned at, and the bar
+    assert decision["pruner"] == "SuccessiveHalvingPruner" and decision["metric"] == "val_loss" and decision["step"] == table.loc[3, "steps"]
+    assert decision["value"] is None or decision["value"] == pytest.approx(table.loc[3, "value"])
+    assert decision["text"].startswith(f"pruned at step {decision['step']} with val_loss ") and decision["rule"]
+    assert all("prune" not in store.records(c["id"]) for c, state in zip(children, table["state"]) if state != "PRUNED")
     assert store.list_runs(parent=result.run_id, status="pruned")[1] == (table["state"] == "PRUNED").sum()
 
     # the sweep's "best" is the best trial's value, the one Optuna was told, everywhere it is shown

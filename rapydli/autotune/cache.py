@@ -155,17 +155,23 @@ class CachedRunner(Runner):
     deadline
         A ``time.monotonic()`` value after which no new chunk starts: the configurations not
         measured by then come back ``"missing"`` (cached ones are still answered).
+    admit
+        Called with each chunk before it starts: it starts only when this returns True (a
+        budget that expects the chunk to end too late says no); the rest come back
+        ``"missing"`` as past a ``deadline``.
     on_result
         Called with every measurement taken (not those read from the cache).
     """
 
     def __init__(self, inner: Runner, cache: Cache, fingerprint: str, chunk: int | None = None,
-                 deadline: float | None = None, on_result: Callable[[Measurement], None] | None = None) -> None:
+                 deadline: float | None = None, on_result: Callable[[Measurement], None] | None = None,
+                 admit: Callable[[Sequence[Config]], bool] | None = None) -> None:
         self.inner = inner
         self.cache = cache
         self.fingerprint = fingerprint
         self.chunk = chunk
         self.deadline = deadline
+        self.admit = admit
         self.on_result = on_result
         self.measured = 0
 
@@ -174,9 +180,11 @@ class CachedRunner(Runner):
         todo = [c for c in configs if found[c] is None]
         size = self.chunk or max(1, len(todo))
         for start in range(0, len(todo), size):
+            part = todo[start:start + size]
             if self.deadline is not None and time.monotonic() >= self.deadline:
                 break
-            part = todo[start:start + size]
+            if self.admit is not None and not self.admit(part):
+                break
             self.measured += len(part)
             for m in self.inner.run(problem, part):
                 self.cache.put(self.fingerprint, problem.key, m)

@@ -4,7 +4,10 @@ A candidate is a way to compute a convolution. It has a parameter :class:`Space`
 for library variants), and an instance (one point of the space) computes the forward
 pass and both gradients. Library candidates live here; generated ones in
 :mod:`rapydli.autotune.generated` (C) and :mod:`rapydli.autotune.triton_conv` (Triton)
-register themselves when those modules are imported by :func:`registry`.
+register themselves when those modules are imported by :func:`registry`. Other packages
+add candidates in the ``rapydli.candidates`` entry-point group (naming a
+:class:`Candidate` instance); the tuner measures every registered one that suits the
+problem, and ``candidates=[...]`` selects by name.
 
 Example
 -------
@@ -25,11 +28,25 @@ from rapydli.autotune.device import DeviceInfo
 from rapydli.autotune.problem import ConvShape
 from rapydli.autotune.space import Space, empty_space
 from rapydli.errors import ConfigError
+from rapydli.registry import Registry
 
 MEMORY_FORMAT = {"nchw": torch.contiguous_format, "nhwc": torch.channels_last}
 
 
 PASSES = ("forward", "data_grad", "weight_grad")
+
+
+def library_backward(shape: ConvShape, x: torch.Tensor, w: torch.Tensor, gy: torch.Tensor, mask: list[bool],
+                     pad: int | None = None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The gradients ``mask`` asks for (input, weight) from the library's convolution backward (one call for both).
+
+    ``pad`` overrides ``shape.pad`` (a candidate that pads the input itself passes 0).
+    """
+    p = shape.pad if pad is None else pad
+    gx, gw, _ = torch.ops.aten.convolution_backward(
+        gy, x, w, None, [shape.stride] * 2, [p] * 2, [shape.dilation] * 2, False, [0, 0], shape.groups,
+        [*mask, False])
+    return gx, gw
 
 
 class Instance:
@@ -137,16 +154,11 @@ class _TorchInstance(Instance):
 
     def forward(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         s = self.shape
-        return F.conv2d(self.to_layout(x), self.to_layout(w), None, s.stride, s.pad)
+        return F.conv2d(self.to_layout(x), self.to_layout(w), None, s.stride, s.pad, s.dilation, s.groups)
 
     def _backward(self, x: torch.Tensor, w: torch.Tensor, gy: torch.Tensor,
                   mask: list[bool]) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        s = self.shape
-        gx, gw, _ = torch.ops.aten.convolution_backward(
-            self.to_layout(gy), self.to_layout(x), self.to_layout(w), None,
-            [s.stride] * 2, [s.pad] * 2, [1, 1], False, [0, 0], 1, [*mask, False],
-        )
-        return gx, gw
+        return library_backward(self.shape, self.to_layout(x), self.to_layout(w), self.to_layout(gy), mask)
 
     def data_grad(self, x: torch.Tensor, w: torch.Tensor, gy: torch.Tensor) -> torch.Tensor:
         gx, _ = self._backward(x, w, gy, [True, False])
@@ -198,30 +210,40 @@ class TorchChannelsLast(Candidate):
 
 
 class _Im2colInstance(Instance):
+    """``F.unfold`` to columns ``(N, G, C/G*R*S, L)``, then one batched GEMM per image and group."""
+
     native_autograd = True  # unfold and matmul are differentiable
+
+    def _cols(self, x: torch.Tensor) -> torch.Tensor:
+        s = self.shape
+        cols = F.unfold(x, (s.r, s.s), dilation=s.dilation, padding=s.pad, stride=s.stride)  # N, C*R*S, L
+        return cols.view(x.shape[0], s.groups, -1, cols.shape[-1])
+
+    def _w(self, w: torch.Tensor) -> torch.Tensor:
+        return w.reshape(self.shape.groups, self.shape.k // self.shape.groups, -1)  # G, K/G, C/G*R*S
 
     def forward(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         s = self.shape
         n, _, h, wd = x.shape
-        oh = (h + 2 * s.pad - s.r) // s.stride + 1
-        ow = (wd + 2 * s.pad - s.s) // s.stride + 1
-        cols = F.unfold(x, (s.r, s.s), padding=s.pad, stride=s.stride)  # N, C*R*S, L
-        return (w.reshape(s.k, -1) @ cols).view(n, s.k, oh, ow)
+        oh = (h + 2 * s.pad - s.span_r) // s.stride + 1
+        ow = (wd + 2 * s.pad - s.span_s) // s.stride + 1
+        return (self._w(w) @ self._cols(x)).view(n, s.k, oh, ow)
 
     def data_grad(self, x: torch.Tensor, w: torch.Tensor, gy: torch.Tensor) -> torch.Tensor:
         s = self.shape
         n, _, h, wd = x.shape
-        gcols = w.reshape(s.k, -1).t() @ gy.reshape(n, s.k, -1)
-        return F.fold(gcols, (h, wd), (s.r, s.s), padding=s.pad, stride=s.stride)
+        gcols = self._w(w).transpose(1, 2) @ gy.reshape(n, s.groups, s.k // s.groups, -1)
+        return F.fold(gcols.reshape(n, -1, gcols.shape[-1]), (h, wd), (s.r, s.s), dilation=s.dilation,
+                      padding=s.pad, stride=s.stride)
 
     def weight_grad(self, x: torch.Tensor, w: torch.Tensor, gy: torch.Tensor) -> torch.Tensor:
         s = self.shape
-        cols = F.unfold(x, (s.r, s.s), padding=s.pad, stride=s.stride)
-        return torch.matmul(gy.reshape(x.shape[0], s.k, -1), cols.transpose(1, 2)).sum(0).view_as(w)
+        gy = gy.reshape(x.shape[0], s.groups, s.k // s.groups, -1)
+        return torch.matmul(gy, self._cols(x).transpose(2, 3)).sum(0).view_as(w)
 
 
 class Im2colGemm(Candidate):
-    """im2col (``F.unfold``) followed by one GEMM per image."""
+    """im2col (``F.unfold``) followed by one GEMM per image and group (dilation in the unfold)."""
 
     name = "im2col_gemm"
     devices = ("cpu", "cuda")
@@ -263,14 +285,17 @@ class _Gemm1x1Instance(Instance):
 
 
 class Gemm1x1(Candidate):
-    """A 1x1 convolution (any stride, no padding) as one GEMM over the pixels of channels-last tensors."""
+    """A 1x1 convolution (any stride, no padding, no groups) as one GEMM over the pixels of channels-last tensors.
+
+    A 1x1 filter has one tap: its dilation changes nothing.
+    """
 
     name = "gemm_1x1"
     devices = ("cpu", "cuda")
 
     def unsuited(self, shape: ConvShape) -> str | None:
-        if shape.r != 1 or shape.s != 1 or shape.pad != 0:
-            return f"{self.name} computes 1x1 convolutions without padding only"
+        if shape.r != 1 or shape.s != 1 or shape.pad != 0 or shape.groups != 1:
+            return f"{self.name} computes 1x1 convolutions without padding or groups only"
         return None
 
     def layout(self, params: Mapping[str, Any]) -> str:
@@ -280,8 +305,11 @@ class Gemm1x1(Candidate):
         return _Gemm1x1Instance(shape, params)
 
 
-def used_taps(size: int, taps: int, stride: int, pad: int) -> tuple[int, int]:
+def used_taps(size: int, taps: int, stride: int, pad: int, dilation: int = 1) -> tuple[int, int]:
     """First and last filter tap (along one dimension) that ever reads the input rather than padding.
+
+    Taps outside that range read padding only; taps inside it may too (with a stride or a
+    dilation larger than the input), and are kept.
 
     Example
     -------
@@ -289,25 +317,33 @@ def used_taps(size: int, taps: int, stride: int, pad: int) -> tuple[int, int]:
     (1, 1)
     >>> used_taps(8, 3, 1, 1)
     (0, 2)
+    >>> used_taps(2, 3, 1, 2, dilation=2)  # taps 2 apart over a 2-wide input padded by 2
+    (1, 1)
     """
-    out = (size + 2 * pad - taps) // stride + 1
-    return max(0, pad - (out - 1) * stride), min(taps - 1, size - 1 + pad)
+    out = (size + 2 * pad - dilation * (taps - 1) - 1) // stride + 1
+    first = max(0, -(-(pad - (out - 1) * stride) // dilation))
+    return first, min(taps - 1, (size - 1 + pad) // dilation)
 
 
 class _CroppedInstance(Instance):
-    """The convolution with the filter cut to the taps that read the input (the rest only ever read padding)."""
+    """The convolution with the filter cut to the taps that read the input (the rest only ever read padding).
 
-    native_autograd = True  # pad, slicing and conv2d are differentiable
+    Autograd goes through :class:`ConvFunction` (its own backward), not through the slicing:
+    slicing's backward writes the weight gradient into new NCHW zeros, which a channels-last
+    weight then copies again (on ResNet-18's 512x512x3x3 layers, 2.4 ms a layer and step, the
+    time :meth:`weight_grad` was timed without).
+    """
 
     def __init__(self, shape: ConvShape, params: Mapping[str, Any]) -> None:
         super().__init__(shape, params)
         self.layout = "nhwc" if int(params.get("layout", 0)) == 1 else "nchw"
-        s = shape
-        (self.r0, self.r1), (self.s0, self.s1) = used_taps(s.h, s.r, s.stride, s.pad), used_taps(s.w, s.s, s.stride, s.pad)
+        s, d = shape, shape.dilation
+        (self.r0, self.r1), (self.s0, self.s1) = (used_taps(s.h, s.r, s.stride, s.pad, d),
+                                                  used_taps(s.w, s.s, s.stride, s.pad, d))
         oh, ow = s.out_hw
-        top, left = s.pad - self.r0, s.pad - self.s0
-        bottom = (oh - 1) * s.stride + (self.r1 - self.r0 + 1) - s.h - top
-        right = (ow - 1) * s.stride + (self.s1 - self.s0 + 1) - s.w - left
+        top, left = s.pad - self.r0 * d, s.pad - self.s0 * d
+        bottom = (oh - 1) * s.stride + d * (self.r1 - self.r0) + 1 - s.h - top
+        right = (ow - 1) * s.stride + d * (self.s1 - self.s0) + 1 - s.w - left
         self.pads = (left, right, top, bottom)  # F.pad order; a negative one crops
 
     def _crop(self, w: torch.Tensor) -> torch.Tensor:
@@ -319,21 +355,16 @@ class _CroppedInstance(Instance):
     def forward(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         s = self.shape
         if not self._fits(x):
-            return F.conv2d(self.to_layout(x), self.to_layout(w), None, s.stride, s.pad)
-        return F.conv2d(self.to_layout(F.pad(x, self.pads)), self._crop(w), None, s.stride)
+            return F.conv2d(self.to_layout(x), self.to_layout(w), None, s.stride, s.pad, s.dilation, s.groups)
+        return F.conv2d(self.to_layout(F.pad(x, self.pads)), self._crop(w), None, s.stride, 0, s.dilation, s.groups)
 
     def _backward(self, x: torch.Tensor, w: torch.Tensor, gy: torch.Tensor,
                   mask: list[bool]) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         s = self.shape
         if not self._fits(x):
-            gx, gw, _ = torch.ops.aten.convolution_backward(
-                self.to_layout(gy), self.to_layout(x), self.to_layout(w), None,
-                [s.stride] * 2, [s.pad] * 2, [1, 1], False, [0, 0], 1, [*mask, False])
-            return gx, gw
-        gx, gw, _ = torch.ops.aten.convolution_backward(
-            self.to_layout(gy), self.to_layout(F.pad(x, self.pads)), self._crop(w), None,
-            [s.stride] * 2, [0, 0], [1, 1], False, [0, 0], 1, [*mask, False],
-        )
+            return library_backward(s, self.to_layout(x), self.to_layout(w), self.to_layout(gy), mask)
+        gx, gw = library_backward(s, self.to_layout(F.pad(x, self.pads)), self._crop(w), self.to_layout(gy), mask,
+                                  pad=0)
         if gx is not None:
             gx = self.to_layout(F.pad(gx, tuple(-p for p in self.pads)))
         if gw is not None:
@@ -370,7 +401,8 @@ class TorchCropped(Candidate):
     devices = ("cpu", "cuda")
 
     def unsuited(self, shape: ConvShape) -> str | None:
-        rows, cols = used_taps(shape.h, shape.r, shape.stride, shape.pad), used_taps(shape.w, shape.s, shape.stride, shape.pad)
+        rows = used_taps(shape.h, shape.r, shape.stride, shape.pad, shape.dilation)
+        cols = used_taps(shape.w, shape.s, shape.stride, shape.pad, shape.dilation)
         if rows == (0, shape.r - 1) and cols == (0, shape.s - 1):
             return f"{self.name}: every filter tap reads the input (nothing to cut)"
         return None
@@ -387,12 +419,13 @@ class TorchCropped(Candidate):
 
 # ------------------------------------------------------------------ the registry
 
-_REGISTRY: dict[str, Candidate] = {}
+#: Every candidate by name (entry points included); :func:`registry` gives them loaded.
+CANDIDATES = Registry("kernel candidate", {}, group="rapydli.candidates")
 
 
 def register(candidate: Candidate) -> Candidate:
     """Add ``candidate`` to the registry under its name (replacing one of the same name)."""
-    _REGISTRY[candidate.name] = candidate
+    CANDIDATES.register(candidate.name, candidate)
     return candidate
 
 
@@ -405,7 +438,7 @@ def registry() -> dict[str, Candidate]:
     import rapydli.autotune.generated
     import rapydli.autotune.triton_conv  # noqa: F401  - registers triton_igemm (lazy triton import)
 
-    return dict(_REGISTRY)
+    return {name: CANDIDATES.load(name) for name in CANDIDATES}
 
 
 def get(name: str) -> Candidate:

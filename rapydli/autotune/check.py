@@ -10,6 +10,7 @@ the fastest: a tuned model is never slower than the library, as measured.
 from __future__ import annotations
 
 import copy
+import math
 import time
 from collections.abc import Mapping
 
@@ -23,24 +24,26 @@ from rapydli.autotune.problem import ConvShape
 LIBRARY_OF_LAYOUT = {"nchw": "torch_nchw", "nhwc": "torch_channels_last"}
 
 
-def _library_choice(choice: LayerChoice, results: Mapping[ConvShape, TuneResult], layout: str) -> LayerChoice | None:
-    """``choice``'s layer on ``layout``'s library candidate (None when that was not measured)."""
+def _library_choice(choice: LayerChoice, results: Mapping[ConvShape, TuneResult], layout: str) -> LayerChoice:
+    """``choice``'s layer on ``layout``'s library candidate.
+
+    Its time is the candidate's measured one: the median when it was timed, the one timed run
+    when it was abandoned as slow, infinite when it was not measured (the search left it out).
+    """
     library = LIBRARY_OF_LAYOUT[layout]
     m = results[choice.shape].best_of(lambda c: c.candidate == library)
     if m is None:
-        return None
-    assert m.median is not None  # best_of keeps timed measurements only
-    return LayerChoice(choice.shape, library, (), layout, m.median * 1e3, choice.default_ms)
+        runs = [r.median for r in results[choice.shape].measurements if r.config.candidate == library and r.median]
+        time_ms = min(runs) * 1e3 if runs else math.inf
+    else:
+        assert m.median is not None  # best_of keeps timed measurements only
+        time_ms = m.median * 1e3
+    return LayerChoice(choice.shape, library, (), layout, time_ms, choice.default_ms)
 
 
 def _library_plan(plan: Plan, results: Mapping[ConvShape, TuneResult], layout: str) -> Plan:
-    """Every layer of ``plan`` on ``layout``'s library candidate (``plan`` itself if one was not measured)."""
-    layers: dict[str, LayerChoice] = {}
-    for name, choice in plan.layers.items():
-        library = _library_choice(choice, results, layout)
-        if library is None:
-            return plan
-        layers[name] = library
+    """Every layer of ``plan`` on ``layout``'s library candidate."""
+    layers = {name: _library_choice(choice, results, layout) for name, choice in plan.layers.items()}
     return Plan(layers, plan.mode, plan.fingerprint, dict(plan.estimates_ms))
 
 
@@ -59,6 +62,7 @@ MARGINS = (1.1, 1.25)  # planned/library time ratios below which the whole-model
 # interleaved rounds of the whole-model check: with 5 the bottleneck stack's fastest of the planned and library
 # plans flipped between two checks of one tuning (planned_1.25x vs library_nhwc: 84.7 vs 82.3 ms, then 79.3 vs 84.0)
 CHECK_REPS = 10
+CHECK_SLOWER = 1.5  # how much slower than the untuned step a plan's step is assumed to be when sizing the check
 
 
 def _library_unless_faster(plan: Plan, results: Mapping[ConvShape, TuneResult], margin: float) -> Plan:
@@ -66,7 +70,7 @@ def _library_unless_faster(plan: Plan, results: Mapping[ConvShape, TuneResult], 
     layers = {}
     for name, choice in plan.layers.items():
         library = _library_choice(choice, results, choice.layout)
-        layers[name] = library if library is not None and library.time_ms < margin * choice.time_ms else choice
+        layers[name] = library if library.time_ms < margin * choice.time_ms else choice
     return Plan(layers, plan.mode, plan.fingerprint, dict(plan.estimates_ms))
 
 
@@ -88,7 +92,8 @@ def compare_steps(models: Mapping[str, nn.Module], x: torch.Tensor, mode: str, r
     Interleaving (A, B, C, A, B, C, ...) after two warm-up rounds keeps a drifting machine load
     from favouring whichever model happens to be timed last; the minimum over rounds is the
     least disturbed step on a shared machine. With a ``deadline`` (``time.monotonic()``) there
-    is one warm-up round, and no round after the first timed one starts past it.
+    is one warm-up round, and no round after the first timed one starts unless a round as long
+    as the last one ends before it.
     """
     for model in models.values():
         model.train(mode == "train")
@@ -97,7 +102,7 @@ def compare_steps(models: Mapping[str, nn.Module], x: torch.Tensor, mode: str, r
             _one_step(model, x, mode)
     times: dict[str, list[float]] = {name: [] for name in models}
     for round_ in range(reps):
-        if round_ and deadline is not None and time.monotonic() >= deadline:
+        if round_ and deadline is not None and time.monotonic() + sum(t[-1] for t in times.values()) > deadline:
             break
         for name, model in models.items():
             times[name].append(_one_step(model, x, mode))
@@ -110,7 +115,7 @@ def model_step_ms(model: nn.Module, x: torch.Tensor, mode: str, reps: int = 3, d
 
 
 def verified(model: nn.Module, x: torch.Tensor, plan: Plan, results: Mapping[ConvShape, TuneResult],
-             reps: int = CHECK_REPS, deadline: float | None = None) -> Plan:
+             reps: int = CHECK_REPS, deadline: float | None = None, step_ms: float | None = None) -> Plan:
     """Time whole-model steps of the per-layer plan and of the all-NCHW / all-channels-last library plans; keep the fastest.
 
     Per-layer times and conversion estimates miss what happens between convolutions
@@ -123,20 +128,30 @@ def verified(model: nn.Module, x: torch.Tensor, plan: Plan, results: Mapping[Con
     faster than their layout's library candidate put back on it (``planned_1.1x``,
     ``planned_1.25x``): the bottleneck stack gains from its Winograd 3x3 layers (1.5x in
     isolation) but loses on its split 1x1 layers (1.15x in isolation).
+
+    With a ``deadline`` the per-layer plan and the two library plans are always timed (a
+    warm-up round and one timed round: what makes a tuned model never slower than the
+    library); the other plans only when, at ``step_ms`` per step (x :data:`CHECK_SLOWER`),
+    their two rounds fit before it too.
     """
     options = {
         "planned": plan,
         "library_nchw": _library_plan(plan, results, "nchw"),
         "library_nhwc": _library_plan(plan, results, "nhwc"),
     }
-    if deadline is None or time.monotonic() < deadline:  # past its deadline the check times only the three above
-        whole = _whole_plan(plan, results)
-        if whole.layers != plan.layers:
-            options["planned_whole"] = whole
-        for margin in MARGINS:
-            mixed = _library_unless_faster(plan, results, margin)
-            if all(mixed.layers != other.layers for other in options.values()):
-                options[f"planned_{margin:g}x"] = mixed
+    extra: dict[str, Plan] = {}
+    whole = _whole_plan(plan, results)
+    if whole.layers != plan.layers:
+        extra["planned_whole"] = whole
+    for margin in MARGINS:
+        mixed = _library_unless_faster(plan, results, margin)
+        if all(mixed.layers != other.layers for other in [*options.values(), *extra.values()]):
+            extra[f"planned_{margin:g}x"] = mixed
+    if deadline is not None:  # two rounds (warm-up, one timed) of every plan must fit, or the extra ones are left out
+        step_s = (step_ms if step_ms is not None else 0.0) * CHECK_SLOWER / 1e3
+        if step_ms is None or time.monotonic() + 2 * (len(options) + len(extra)) * step_s > deadline:
+            extra = {}
+    options.update(extra)
     twins = {name: next(n for n, o in options.items() if o.layers == p.layers) for name, p in options.items()}
     timed = {name: apply_plan(copy.deepcopy(model), p) for name, p in options.items() if twins[name] == name}
     measured = compare_steps(timed, x, plan.mode, reps=reps, deadline=deadline)

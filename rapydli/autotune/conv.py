@@ -170,6 +170,7 @@ def tune_conv2d(
     threads: int | None = None,
     deadline: float | None = None,
     on_result: Callable[[Measurement], None] | None = None,
+    admit: Callable[[Sequence[Config]], bool] | None = None,
 ) -> TuneResult:
     """Tune one convolution and return the fastest valid configuration.
 
@@ -213,6 +214,11 @@ def tune_conv2d(
         ``engines``), so an interrupted tuning resumes where it stopped.
     on_result
         Called with every measurement taken (not those read from the cache).
+    admit
+        Called before each configuration (a chunk of them per engine with ``engines``) is
+        measured: it is only when this returns True, otherwise it and the rest are
+        ``"missing"`` as past a ``deadline`` (a budget that expects it to end too late).
+        Needs a cache, as ``deadline`` does.
 
     Returns
     -------
@@ -236,9 +242,9 @@ def tune_conv2d(
     if cache is not False:
         chunk = 1 if isinstance(runner, SequentialRunner) else 4
         counted = CachedRunner(runner, Cache() if cache is True else cache, cache_fingerprint(info), chunk, deadline,
-                               on_result)
-    elif deadline is not None or on_result is not None:
-        raise ConfigError("deadline and on_result need the cache (cache=True or a Cache), not cache=False")
+                               on_result, admit)
+    elif deadline is not None or on_result is not None or admit is not None:
+        raise ConfigError("deadline, admit and on_result need the cache (cache=True or a Cache), not cache=False")
     measurements = strategies.get(strategy)(space, counted, options)
     best = pick_best(measurements)
     if best is None:

@@ -2,9 +2,10 @@
 
 The template's domains come from ``kernels/conv2d_direct.json`` (a preset); the
 constraints are here: hard ones from the device query (vector width, registers), soft
-ones from the problem (no block wider than the layer; the Winograd forward, ``algo`` 1,
-only for NHWC 3x3 stride-1 layers) and from parameters a layout or algorithm does not
-read (so the NCHW variant is not compiled once per unused value).
+ones from the problem (no block wider than the layer or its group; the Winograd forward,
+``algo`` 1, only for NHWC 3x3 stride-1 layers without dilation; grouped layers on the NCHW
+kernels) and from parameters a layout or algorithm does not read (so the NCHW variant is
+not compiled once per unused value).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from rapydli.errors import ConfigError
 from rapydli.native import find_compiler
 
 TEMPLATE = "conv2d_direct.c"
-_ARGS = [ctypes.c_void_p] * 3 + [ctypes.c_long] * 11 + [ctypes.c_int]
+_ARGS = [ctypes.c_void_p] * 3 + [ctypes.c_long] * 14 + [ctypes.c_int]
 
 
 @cache
@@ -47,12 +48,18 @@ class _CInstance(Instance):
         self._fwd, self._bwd_data, self._bwd_weight = lib.conv_fwd, lib.conv_bwd_data, lib.conv_bwd_weight
         for fn in (self._fwd, self._bwd_data, self._bwd_weight):
             fn.argtypes = _ARGS
-            fn.restype = None
+            fn.restype = ctypes.c_int
 
     def _dims(self, x: torch.Tensor) -> tuple[int, ...]:
         s = self.shape
         n, c, h, w = x.shape
-        return (n, c, h, w, s.k, s.r, s.s, s.stride, s.stride, s.pad, s.pad, torch.get_num_threads())
+        return (n, c, h, w, s.k, s.r, s.s, s.stride, s.stride, s.pad, s.pad, s.groups, s.dilation, s.dilation,
+                torch.get_num_threads())
+
+    def _run(self, fn: Any, *args: Any) -> None:
+        if fn(*args):
+            raise ConfigError(f"c_direct({self.layout}) does not compute groups={self.shape.groups} "
+                              "(its NHWC kernels take groups=1 only)")
 
     def _check(self, *tensors: torch.Tensor) -> None:
         for t in tensors:
@@ -64,23 +71,23 @@ class _CInstance(Instance):
         self._check(x, w)
         s = self.shape
         n, _, h, wd = x.shape
-        oh, ow = (h + 2 * s.pad - s.r) // s.stride + 1, (wd + 2 * s.pad - s.s) // s.stride + 1
+        oh, ow = (h + 2 * s.pad - s.span_r) // s.stride + 1, (wd + 2 * s.pad - s.span_s) // s.stride + 1
         y = torch.empty((n, s.k, oh, ow), dtype=x.dtype, memory_format=self._format)
-        self._fwd(_ptr(x), _ptr(w), _ptr(y), *self._dims(x))
+        self._run(self._fwd, _ptr(x), _ptr(w), _ptr(y), *self._dims(x))
         return y
 
     def data_grad(self, x: torch.Tensor, w: torch.Tensor, gy: torch.Tensor) -> torch.Tensor:
         x, w, gy = self.to_layout(x), self.to_layout(w), self.to_layout(gy)
         self._check(x, w, gy)
         gx = torch.empty(x.shape, dtype=x.dtype, memory_format=self._format)
-        self._bwd_data(_ptr(gy), _ptr(w), _ptr(gx), *self._dims(x))
+        self._run(self._bwd_data, _ptr(gy), _ptr(w), _ptr(gx), *self._dims(x))
         return gx
 
     def weight_grad(self, x: torch.Tensor, w: torch.Tensor, gy: torch.Tensor) -> torch.Tensor:
         x, w, gy = self.to_layout(x), self.to_layout(w), self.to_layout(gy)
         self._check(x, w, gy)
         gw = torch.empty(w.shape, dtype=w.dtype, memory_format=self._format)
-        self._bwd_weight(_ptr(x), _ptr(gy), _ptr(gw), *self._dims(x))
+        self._run(self._bwd_weight, _ptr(x), _ptr(gy), _ptr(gw), *self._dims(x))
         return gw
 
     @property
@@ -91,7 +98,8 @@ class _CInstance(Instance):
 class CDirect(Candidate):
     """Convolution generated from ``kernels/conv2d_direct.c`` (forward + both gradients).
 
-    Direct loops, or (``algo`` 1, NHWC 3x3 stride 1) Winograd F(2x2,3x3) for all three passes.
+    Direct loops, or (``algo`` 1, NHWC 3x3 stride 1, no dilation) Winograd F(2x2,3x3) for all
+    three passes. Dilated layers run in either layout, grouped (and depthwise) ones in NCHW.
     """
 
     name = "c_direct"
@@ -123,8 +131,10 @@ class CDirect(Candidate):
                    f"accumulators + operands <= {regs} vector registers")
         # soft: Winograd F(2x2,3x3) is an NHWC forward of 3x3 stride-1 layers
         space.soft(lambda layout, algo: not algo or layout == 1, "Winograd (algo 1) is NHWC only")
-        winograd = (shape.r, shape.s, shape.stride) == (3, 3, 1)
-        space.soft(lambda algo: not algo or winograd, "Winograd (algo 1) needs a 3x3 stride-1 layer")
+        winograd = (shape.r, shape.s, shape.stride, shape.dilation) == (3, 3, 1, 1)
+        space.soft(lambda algo: not algo or winograd, "Winograd (algo 1) needs a 3x3 stride-1 layer without dilation")
+        grouped = shape.groups != 1
+        space.soft(lambda layout: not grouped or layout == 0, "groups: the NCHW kernels only")
         # soft: parameters a layout or algorithm ignores are pinned to their first value (no duplicate instances)
         space.soft(lambda layout, wb: layout == 1 or wb == first["wb"], "NCHW ignores wb")
         space.soft(lambda layout, cb: layout == 1 or cb == first["cb"], "NCHW ignores cb")
@@ -140,6 +150,7 @@ class CDirect(Candidate):
         # Winograd forward too, but its weight gradient counts kernels, and a split plan takes each pass from
         # its own configuration, so Winograd is bounded as the direct kernels are)
         space.soft(lambda kb, pack, vec: kb <= max(first["kb"], -(-shape.k // vec) if pack else shape.k), "kb <= K")
+        space.soft(lambda kb: kb <= max(first["kb"], shape.k // shape.groups), "kb <= K / groups (a block is one group)")
         ow = shape.out_hw[1]
         space.soft(lambda algo, wb: algo or wb <= max(first["wb"], ow), "wb <= OW")
         tiles = shape.n * -(-shape.out_hw[0] // 2) * -(-ow // 2)
@@ -153,6 +164,8 @@ class CDirect(Candidate):
         return space
 
     def instance(self, shape: ConvShape, params: Mapping[str, Any]) -> Instance:
+        if shape.groups != 1 and int(params["layout"]) == 1:
+            raise ConfigError(f"{self.name}: groups={shape.groups} runs on the NCHW kernels (layout 0) only")
         return _CInstance(shape, params)
 
 

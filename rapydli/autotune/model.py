@@ -19,7 +19,6 @@ from typing import Any
 
 import pandas as pd
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from rapydli.autotune.candidates import PASSES, Instance, SplitInstance, conv_apply, get
@@ -141,7 +140,7 @@ class TunedConv2d(nn.Conv2d):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.generated and (x.dtype != torch.float32 or x.device.type != "cpu" or self.weight.dtype != torch.float32):
-            return F.conv2d(x, self.weight, self.bias, self.stride, self.padding)
+            return self._conv_forward(x, self.weight, self.bias)
         y = conv_apply(self.instance(), x, self.weight)
         if self.bias is not None:
             y = y + self.bias.view(1, -1, 1, 1)
@@ -157,16 +156,21 @@ class TunedConv2d(nn.Conv2d):
 
 
 def conv_shape_of(conv: nn.Conv2d, x_shape: torch.Size) -> ConvShape | None:
-    """The :class:`ConvShape` of ``conv`` on an input of ``x_shape``, or None if not tunable."""
+    """The :class:`ConvShape` of ``conv`` on an input of ``x_shape``, or None if not tunable.
+
+    Any groups and dilation are tunable; a stride, padding or dilation that differs between
+    rows and columns, a padding mode other than zeros and a non-4-D input are not.
+    """
     padding = conv.padding
-    square = conv.stride[0] == conv.stride[1] and isinstance(padding, tuple) and padding[0] == padding[1]
-    if (conv.groups != 1 or conv.dilation != (1, 1) or not square or conv.padding_mode != "zeros"
-            or len(x_shape) != 4):
+    square = (conv.stride[0] == conv.stride[1] and isinstance(padding, tuple) and padding[0] == padding[1]
+              and conv.dilation[0] == conv.dilation[1])
+    if not square or conv.padding_mode != "zeros" or len(x_shape) != 4:
         return None
     assert isinstance(padding, tuple)  # checked in square
     n, c, h, w = (int(v) for v in x_shape)
     r, s = conv.kernel_size
-    return ConvShape(n, c, h, w, conv.out_channels, r, s, stride=conv.stride[0], pad=padding[0])
+    return ConvShape(n, c, h, w, conv.out_channels, r, s, stride=conv.stride[0], pad=padding[0], groups=conv.groups,
+                     dilation=conv.dilation[0])
 
 
 def conv_layers(model: nn.Module, example_input: torch.Tensor) -> list[tuple[str, nn.Conv2d, ConvShape | None]]:
@@ -255,7 +259,8 @@ def plan_for(model: nn.Module, example_input: torch.Tensor, mode: str = "train",
     Parameters
     ----------
     model
-        Any module with ``nn.Conv2d`` layers (grouped/dilated ones are left as they are).
+        Any module with ``nn.Conv2d`` layers (grouped, depthwise and dilated ones included; see
+        :func:`conv_shape_of` for the few left as they are).
     example_input
         One batch as the model will see it (its shape decides the tuned shapes).
     mode
@@ -267,9 +272,9 @@ def plan_for(model: nn.Module, example_input: torch.Tensor, mode: str = "train",
         library plans and keep the fastest, so a tuned model is never slower than the
         best whole-model library layout.
     budget_s
-        Seconds the whole tuning may take (None: no limit): shapes are tuned costliest
-        first, each within its share, and those the budget does not reach stay on the
-        library (see :mod:`rapydli.autotune.budget`).
+        Seconds the whole tuning may take, the whole-model check included (None: no limit):
+        shapes are tuned costliest first, each within its share, and those the budget does
+        not reach stay on the library (see :mod:`rapydli.autotune.budget` for what it bounds).
     progress
         Show a tqdm bar (layers done, configurations timed, best layer speedup).
     **tune_options
@@ -314,6 +319,7 @@ def _plan(model: nn.Module, example_input: torch.Tensor, mode: str, engines: Any
     try:
         tuning = tune_layers(model, example_input, found, mode, engines, budget_s, started, bar, **tune_options)
         results = tuning.results
+        found = [(name, shape) for name, shape in found if shape in results]  # the rest stay as they are
         input_layout = "nhwc" if example_input.dim() == 4 and example_input.is_contiguous(
             memory_format=torch.channels_last) and not example_input.is_contiguous() else "nchw"
         layouts, estimates = _choose_layouts(found, results, mode, input_layout)
@@ -332,17 +338,24 @@ def _plan(model: nn.Module, example_input: torch.Tensor, mode: str, engines: Any
         estimates["default"] = default_total
         fingerprint = next(iter(results.values())).device.fingerprint() if results else ""
         plan = Plan(layers, mode, fingerprint, estimates)
-        if verify and layers:
+        tuning.seconds["check"] = 0.0
+        if verify and not is_library_default(plan):  # the library default is the untuned model: nothing to check
             bar.describe("autotune: whole-model check")
             checked = time.perf_counter()
             plan = verified(model, example_input, plan, results,
-                            deadline=None if budget_s is None else started + budget_s)
+                            deadline=None if budget_s is None else started + budget_s, step_ms=tuning.step_ms)
             tuning.seconds["check"] = time.perf_counter() - checked
     finally:
         bar.close()
     if key is not None and cache is not False:
         cache.put_plan(key, plans.plan_to_json(plan))
     return plan, tuning
+
+
+def is_library_default(plan: Plan) -> bool:
+    """Whether every layer of ``plan`` runs the library default (``F.conv2d``, NCHW) in all its passes."""
+    default = Config("torch_nchw")
+    return plan.chosen == "library_nchw" or all(set(c.configs.values()) == {default} for c in plan.layers.values())
 
 
 def _other(config: Config, forward: Config) -> Config | None:
@@ -373,7 +386,7 @@ def report_table(plan: Plan) -> pd.DataFrame:
     rows = []
     for name, c in plan.layers.items():
         rows.append({
-            "layer": name, "shape": c.shape.key.split(":", 1)[1], "candidate": c.candidate,
+            "layer": name, "shape": c.shape.text, "candidate": c.candidate,
             "config": str(c), "layout": c.layout, "time_ms": c.time_ms,
             "default_ms": c.default_ms, "speedup": (c.default_ms / c.time_ms) if c.default_ms else None,
         })
@@ -435,8 +448,7 @@ def _summary(plan: Plan, seconds: float, budget_s: float | None, skipped: list[s
     budget = f"; {len(skipped)} layer(s) skipped by the budget" if skipped else ""
     measured = plan.estimates_ms
     base, chosen = measured.get("measured_library_nchw"), measured.get(f"measured_{plan.chosen}")
-    default = Config("torch_nchw")
-    if plan.chosen == "library_nchw" or all(set(c.configs.values()) == {default} for c in plan.layers.values()):
+    if is_library_default(plan):
         return f"autotune: nothing faster than the library default (F.conv2d, NCHW) was found; " \
                f"the model keeps it ({spent}{budget})"
     if base and chosen:

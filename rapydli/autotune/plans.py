@@ -23,7 +23,7 @@ from rapydli.autotune.model import LayerChoice, Plan
 from rapydli.autotune.problem import ConvShape
 from rapydli.autotune.search import Config
 
-FORMAT = 1
+FORMAT = 2  # 2: shapes carry groups and dilation
 
 
 def model_signature(model: nn.Module) -> list[Any]:

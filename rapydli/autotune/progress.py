@@ -23,10 +23,10 @@ LayerLine = Callable[[dict[str, Any]], None]
 def table_line(row: dict[str, Any], header: bool = False) -> str:
     """One fixed-width line of the per-layer table (or its header) for a terminal."""
     if header:
-        return f"{'rank':>4} {'layers':>6} {'shape (n,c,h,w,k,r,s,stride,pad)':<34} {'share':>6} {'default':>9} " \
+        return f"{'rank':>4} {'layers':>6} {'shape (n,c,h,w,k,r,s,stride,pad gG dD)':<40} {'share':>6} {'default':>9} " \
                f"{'tuned':>9} {'speedup':>7} {'evals':>5}  status"
     speedup = row.get("speedup")
-    return (f"{row['rank']:>4} {row['layers']:>6} {row['shape']:<34} {row['share'] * 100:>5.1f}% "
+    return (f"{row['rank']:>4} {row['layers']:>6} {row['shape']:<40} {row['share'] * 100:>5.1f}% "
             f"{row['default_ms']:>7.3f}ms {row['tuned_ms']:>7.3f}ms {(speedup or 0):>6.2f}x {row['evaluated']:>5}  "
             f"{row['status']}")
 

@@ -144,6 +144,11 @@ class TritonIGemm(Candidate):
             return "triton_igemm is tuned on a GPU only (on the CPU it runs under TRITON_INTERPRET=1 for tests)"
         return None
 
+    def unsuited(self, shape: ConvShape) -> str | None:
+        if shape.groups != 1 or shape.dilation != 1:
+            return f"{self.name} computes convolutions without groups or dilation only"
+        return None
+
     def layout(self, params: Mapping[str, Any]) -> str:
         return "nhwc"
 
@@ -162,6 +167,9 @@ class TritonIGemm(Candidate):
 
     def instance(self, shape: ConvShape, params: Mapping[str, Any]) -> Instance:
         kernels()  # fail early: triton absent, or TRITON_INTERPRET unlike its import (launches skip the check)
+        reason = self.unsuited(shape)
+        if reason is not None:
+            raise ConfigError(reason)
         return _TritonInstance(shape, params)
 
 

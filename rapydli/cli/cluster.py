@@ -12,6 +12,8 @@ import click
 import pandas as pd
 
 from rapydli.cluster import Cluster
+from rapydli.cluster.launchers import LAUNCHERS
+from rapydli.cluster.registry import stop_cluster
 from rapydli.paths import subdir
 
 
@@ -36,7 +38,7 @@ def cluster() -> None:
 
 @cluster.command()
 @click.option("-n", "n", type=int, default=2, show_default=True, help="number of engines (MPI ranks)")
-@click.option("--launcher", default="local", show_default=True, help="local, ssh, slurm or pbs")
+@click.option("--launcher", default="local", show_default=True, help=f"how the engines start: {', '.join(LAUNCHERS)}")
 @click.option("--threads", type=int, default=None, help="threads per engine (default cores // n)")
 @click.option("--timeout", type=float, default=120.0, show_default=True, help="seconds to wait for the engines (a queued job is cancelled)")
 @click.argument("options", nargs=-1)
@@ -109,5 +111,5 @@ def stop(cluster_ids: tuple[str, ...], stop_all: bool) -> None:
     if not ids:
         raise click.UsageError("name a cluster id (see `rapydli cluster status`) or pass --all")
     for cluster_id in ids:
-        Cluster.attach(cluster_id).forget()
+        stop_cluster(cluster_id)
         click.echo(f"stopped {cluster_id}")

@@ -54,7 +54,7 @@ def tune() -> None:
 
 
 @tune.command("conv2d")
-@click.option("--shape", required=True, help="N,C,H,W,K,R,S[,stride,pad]")
+@click.option("--shape", required=True, help="N,C,H,W,K,R,S[,stride,pad[,groups,dilation]]")
 @_common
 def conv2d(shape: str, mode: str, strategy: str | None, budget: int, preset: str, engines_n: int, repetitions: int,
            threads: int | None, json_path: str | None) -> None:

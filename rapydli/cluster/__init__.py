@@ -3,15 +3,52 @@
 ``Cluster`` wraps ipyparallel's MPI engines; ``launchers`` names the ways to start them;
 ``job`` holds the failure semantics; ``engine`` is the code that runs on a rank;
 ``mpirun`` starts plain SPMD programs for benchmarks and tests; ``ensure`` decides which
-cluster a call uses.
+cluster a call uses; ``processes`` finds and ends the processes a cluster started.
+
+Names are imported lazily: ``rapydli.cluster.processes`` (the run store asks it whether
+a pid is alive) does not pull ipyparallel in.
 """
 
-from rapydli.cluster.cluster import Cluster, current
-from rapydli.cluster.ensure import choose_cluster, ensure_cluster
-from rapydli.cluster.job import Job
-from rapydli.cluster.launchers import LAUNCHERS, get_launcher, validate_options
-from rapydli.cluster.targets import parse_targets
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+# public name -> module that defines it
+_LAZY: dict[str, str] = {
+    "Cluster": "rapydli.cluster.cluster",
+    "current": "rapydli.cluster.cluster",
+    "choose_cluster": "rapydli.cluster.ensure",
+    "ensure_cluster": "rapydli.cluster.ensure",
+    "ready": "rapydli.cluster.ensure",
+    "Job": "rapydli.cluster.job",
+    "LAUNCHERS": "rapydli.cluster.launchers",
+    "get_launcher": "rapydli.cluster.launchers",
+    "validate_options": "rapydli.cluster.launchers",
+    "parse_targets": "rapydli.cluster.targets",
+}
 
 __all__ = [
-    "LAUNCHERS", "Cluster", "Job", "choose_cluster", "current", "ensure_cluster", "get_launcher", "parse_targets", "validate_options",
+    "LAUNCHERS", "Cluster", "Job", "choose_cluster", "current", "ensure_cluster", "get_launcher", "parse_targets", "ready",
+    "validate_options",
 ]  # fmt: skip
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        value = getattr(import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'rapydli.cluster' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(__all__) | set(globals()))
+
+
+if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
+    from rapydli.cluster.cluster import Cluster, current
+    from rapydli.cluster.ensure import choose_cluster, ensure_cluster, ready
+    from rapydli.cluster.job import Job
+    from rapydli.cluster.launchers import LAUNCHERS, get_launcher, validate_options
+    from rapydli.cluster.targets import parse_targets

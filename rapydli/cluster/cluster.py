@@ -19,10 +19,11 @@ import psutil
 from rapydli.cluster import engine
 from rapydli.cluster.batchjob import BatchJob, batch_job
 from rapydli.cluster.controller_config import write_controller_config
-from rapydli.cluster.job import DisplayHandler, EventHandler, Job, OutputHandler, print_output
+from rapydli.cluster.job import FOLLOW_S, DisplayHandler, EventHandler, Job, OutputHandler, print_output
 from rapydli.cluster.launchers import get_launcher, validate_options
 from rapydli.cluster.mpirun import rank_environment, threads_per_rank
-from rapydli.cluster.processes import CLUSTER_MARKER, reap, reap_marked
+from rapydli.cluster.processes import CLUSTER_MARKER, alive, reap, reap_marked
+from rapydli.cluster.registry import remove_connection_files
 from rapydli.cluster.targets import parse_targets
 from rapydli.cluster.usercode import notebook_cells
 from rapydli.errors import ClusterError, ConfigError, NotFoundError
@@ -33,10 +34,23 @@ _live_lock = threading.Lock()
 
 
 def current() -> Cluster | None:
-    """The most recently started cluster of this process that is still running, if any."""
+    """The cluster this process holds: the most recently started one not stopped since, if any.
+
+    It may be ``starting`` (a ``start(wait=False)`` under way), running with all its
+    engines, ``degraded`` (an engine died) or ``dead`` (aborted);
+    :func:`rapydli.cluster.ensure.ready` makes it usable. A stopped cluster, or one whose
+    start failed, is not held.
+    """
     with _live_lock:
-        running = [c for c in _live if c.running]
-    return max(running, key=lambda c: c._started_at) if running else None
+        held = [c for c in _live if c._state in ("starting", "running", "dead")]
+    return max(held, key=lambda c: c._started_at) if held else None
+
+
+def _hold(cluster: Cluster) -> None:
+    """Count ``cluster`` as started now (what :func:`current` returns, newest first)."""
+    cluster._started_at = time.monotonic()
+    with _live_lock:
+        _live.add(cluster)
 
 
 class Cluster:
@@ -123,6 +137,7 @@ class Cluster:
                 if self._state in ("running", "starting"):
                     return self
                 self._state, self._start_error = "starting", None
+                _hold(self)
                 self._cancel.clear()
                 self._starter = threading.Thread(target=self._start_behind, args=(on_state,), name="rapydli-start", daemon=True)
                 self._starter.start()
@@ -136,6 +151,8 @@ class Cluster:
             from traitlets.config import Config
 
             self._state = "starting"
+            if threading.current_thread() is not self._starter:
+                _hold(self)
             self._cluster_id = self._cluster_id or _new_cluster_id()
             write_controller_config(subdir("ipython"))  # its log without ipykernel 7's iopub_welcome errors
             config = Config(self.launcher.config(self.options, work_dir=str(subdir("ipython"))))
@@ -182,9 +199,6 @@ class Cluster:
                     + (f"\nthe job's output ends with:\n{output}" if output else "")
                 ) from exc
             self._state = "running"
-            self._started_at = time.monotonic()
-            with _live_lock:
-                _live.add(self)
             return self
 
     def _start_behind(self, on_state: Callable[[dict[str, Any]], None] | None) -> None:
@@ -194,10 +208,15 @@ class Cluster:
             self._start_error = exc
 
     def wait_started(self, timeout: float | None = None) -> Cluster:
-        """Wait for a ``start(wait=False)`` to finish; raise its error if it failed."""
+        """Wait for a ``start(wait=False)`` to finish; raise its error if it failed.
+
+        The wait is in short steps, so Ctrl-C ends it (the start goes on).
+        """
         starter = self._starter
         if starter is not None:
-            starter.join(timeout)
+            deadline = None if timeout is None else time.monotonic() + timeout
+            while starter.is_alive() and (deadline is None or time.monotonic() < deadline):
+                starter.join(0.1 if deadline is None else max(0.0, min(0.1, deadline - time.monotonic())))
             if starter.is_alive():
                 raise ClusterError(f"the cluster is still starting after {timeout:g} s: {self.status().get('job', '')}")
             self._starter = None
@@ -223,7 +242,10 @@ class Cluster:
     def stop(self) -> None:
         """Stop every engine and the controller; no process is left behind.
 
-        A start under way is cancelled first (a queued job leaves the queue).
+        A start under way is cancelled first (a queued job leaves the queue). A detached
+        cluster's record goes too (:meth:`attach` and ``rapydli cluster status`` no longer
+        find it). A cluster this process does not hold is stopped by
+        :func:`rapydli.cluster.registry.stop_cluster`.
         """
         self._cancel.set()
         starter = self._starter
@@ -231,6 +253,8 @@ class Cluster:
             starter.join()
             self._starter, self._start_error = None, None
         with self._lock:
+            if self._detached and self._cluster_id is not None:
+                (subdir("clusters") / f"{self._cluster_id}.json").unlink(missing_ok=True)
             if self._ipp is None:
                 self._state = "stopped"
                 return
@@ -246,7 +270,12 @@ class Cluster:
                 self.detach()
             return self
 
-    def _teardown(self) -> None:
+    def _teardown(self, wait: bool = True) -> None:
+        """Stop the controller and engines and reap every process of the cluster.
+
+        ``wait=False`` (an abort, whose processes were SIGKILLed already) does not wait for
+        them to finish exiting: they are gone in a moment, and Ctrl-C gives control back now.
+        """
         pids = [info["pid"] for info in self._info.values() if _is_local(info)]
         remote: dict[str, list[int]] = {}  # engines (and their nannies) on other hosts, by host
         for info in self._info.values():
@@ -261,8 +290,8 @@ class Cluster:
                 pass
         # the client's I/O thread delivers the requests meanwhile, so close it afterwards; a
         # batch job is cancelled soon after (scancel ends its engines wherever they run)
-        grace = 2 if self._batch is not None else 10
-        psutil.wait_procs([p for p in map(_process, pids) if p is not None], timeout=grace)
+        grace = (2 if self._batch is not None else 10) if wait else 0
+        psutil.wait_procs([p for p in map(alive, pids) if p is not None], timeout=grace)
         if self._client is not None:
             try:
                 self._client.close()
@@ -275,9 +304,10 @@ class Cluster:
                 pass
         if self._batch is not None:
             self._batch.cancel()  # idempotent; returns once the job has left the queue
-        reap(pids)
+        if wait:
+            reap(pids)
         if self._cluster_id is not None:  # nannies orphaned by killed engines, a half-started set, ...
-            if reap_marked(self._cluster_id):
+            if reap_marked(self._cluster_id, grace=3.0 if wait else 0):
                 self._remove_connection_files()
         if remote and self.launcher.name == "ssh":
             from rapydli.cluster.sshhosts import reap_remote
@@ -285,8 +315,6 @@ class Cluster:
             reap_remote(remote, self.options.get("ssh_command", "ssh"))
         self._ipp = self._client = None
         self._engine_of_rank, self._info = {}, {}
-        with _live_lock:
-            _live.discard(self)
 
     def abort(self) -> None:
         """Kill the engines at once (an MPI job blocked in a collective cannot be interrupted).
@@ -303,14 +331,13 @@ class Cluster:
             if self._cluster_id is not None:  # the controller and the rest too: nothing to wait for
                 reap_marked(self._cluster_id, grace=0)
             if self._ipp is not None:
-                self._teardown()
+                self._teardown(wait=False)
             self._remove_connection_files()
             self._state = "dead"
 
     def _remove_connection_files(self) -> None:
-        """A killed controller leaves its connection files, which a restart under the same id would read."""
-        for stale in (subdir("ipython") / "security").glob(f"ipcontroller-{self._cluster_id}-*.json"):
-            stale.unlink(missing_ok=True)
+        if self._cluster_id is not None:
+            remove_connection_files(self._cluster_id)
 
     # -- outliving this process ------------------------------------------------------------
 
@@ -361,10 +388,8 @@ class Cluster:
         except Exception as exc:
             raise ClusterError(f"cannot attach to cluster {cluster_id!r}: {exc}") from exc
         cluster._state = "running"
-        cluster._started_at = time.monotonic()
         cluster._cluster_id = cluster_id
-        with _live_lock:
-            _live.add(cluster)
+        _hold(cluster)
         return cluster
 
     @staticmethod
@@ -381,13 +406,6 @@ class Cluster:
                 record["job"] = slurm.job_state(record["job"]["id"]).describe()
             records.append(record)
         return records
-
-    def forget(self) -> None:
-        """Stop the cluster and remove its detached record."""
-        cluster_id = getattr(self._ipp, "cluster_id", None)
-        self.stop()
-        if cluster_id:
-            (subdir("clusters") / f"{cluster_id}.json").unlink(missing_ok=True)
 
     def __enter__(self) -> Cluster:
         return self.start()
@@ -551,8 +569,8 @@ class Cluster:
                 fn, *args = call(rank)
                 results[rank] = self._client[self._engine_of_rank[rank]].apply_async(fn, *args)
         except BaseException:
-            if results:
-                self._job(results, on_output=None).cancel()
+            if results:  # the others never get the task: the ranks that have it get FOLLOW_S, as after a rank ended
+                self._job(results, on_output=None, grace=FOLLOW_S).cancel()
             raise
         return results
 
@@ -623,13 +641,6 @@ def _where(info: dict[str, Any]) -> str:
     """Where a rank runs: its host, and its Slurm node when that names it differently."""
     node = info.get("node")
     return f"{info['host']} ({node})" if node and node != info["host"] else info["host"]
-
-
-def _process(pid: int) -> psutil.Process | None:
-    try:
-        return psutil.Process(pid)
-    except psutil.NoSuchProcess:
-        return None
 
 
 def _is_local(info: dict[str, Any]) -> bool:

@@ -36,15 +36,15 @@ class RankContext:
         mpi4py communicator spanning exactly the selected targets.
     device
         ``torch.device``: the local GPU by local rank when present, else the CPU.
-    global_rank
-        This engine's rank in the cluster's ``COMM_WORLD``.
+    world_rank
+        This engine's rank in the cluster's ``COMM_WORLD`` (``rank`` counts within the targets).
     """
 
     rank: int
     world_size: int
     comm: Any
     device: Any
-    global_rank: int
+    world_rank: int
 
 
 _communicators: dict[tuple[int, ...], Any] = {}
@@ -77,11 +77,6 @@ def should_stop(comm: Any = None) -> bool:
 
 def _on_stop_signal(signum: int, frame: Any) -> None:
     _stop.set()
-
-
-def in_task() -> bool:
-    """True inside a task started by :meth:`Cluster.run`/``submit`` on this engine."""
-    return bool(_current)
 
 
 def context() -> RankContext:
@@ -167,7 +162,7 @@ def _enter(targets: Sequence[int], stream_events: bool) -> RankContext:
         world_size=comm.Get_size(),
         comm=comm,
         device=_device(_local_rank[0]),
-        global_rank=MPI.COMM_WORLD.Get_rank(),
+        world_rank=MPI.COMM_WORLD.Get_rank(),
     )
     _current.append(ctx)
     events.enable(stream_events)
@@ -219,7 +214,7 @@ def run_cell(code: str, targets: Sequence[int], want_value: bool) -> Any:
     ctx = _enter(targets, stream_events=True)
     try:
         namespace.update(
-            rank=ctx.rank, world_size=ctx.world_size, world_rank=ctx.global_rank, comm=ctx.comm, device=ctx.device
+            rank=ctx.rank, world_size=ctx.world_size, world_rank=ctx.world_rank, comm=ctx.comm, device=ctx.device
         )
         source = shell.transform_cell(code) if shell is not None else code
         linecache.cache.pop("<distributed cell>", None)  # each cell replaces the last one's lines

@@ -1,16 +1,25 @@
-"""Which cluster a call uses: the one place that decides it.
+"""Which cluster a call uses, and making it usable: the one place that decides both.
 
 Every front end and experiment that takes ``cluster=None`` (``rd.train``, ``rd.sweep``,
 ``rd.scaling_study``, the hyperparameter panel, ``%%distributed``) asks
-:func:`ensure_cluster`, so they all follow the same rule:
+:func:`choose_cluster` (or :func:`ensure_cluster`), so they all follow the same rule:
 
-1. the cluster given (started first if it is not running; its owner stops it);
-2. else the cluster running in this process (``%rapydli start``, ``rd.Cluster(...).start()``,
-   ``rd.Cluster.attach(id)``), the most recently started one;
+1. the cluster given;
+2. else the cluster this process holds (:func:`~rapydli.cluster.cluster.current`:
+   ``%rapydli start``, ``rd.Cluster(...).start()``, ``rd.Cluster.attach(id)``), the most
+   recently started one, whatever its state;
 3. else a new local cluster of ``n`` engines, which the call owns and stops when it ends.
 
-A running cluster with fewer engines than the call needs is refused with a message, not
-replaced by a second cluster behind the user's back.
+A cluster given or held with fewer engines than the call needs is refused with a message,
+not replaced by a second cluster behind the user's back. :func:`ready` then makes the
+chosen cluster usable, the same way for every caller:
+
+* ``starting`` (``%rapydli start --no-wait``, a batch job in the queue): waited for;
+  its start's error, if it fails, is raised;
+* ``degraded`` (an engine died) or ``dead`` (aborted after a rank blocked): restarted,
+  saying so: fresh engines, the variables defined on the old ones are gone (what
+  ``%%distributed`` has always done; a run could not use the cluster otherwise);
+* ``stopped``: started.
 
 Examples
 --------
@@ -21,15 +30,24 @@ Examples
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from rapydli.cluster.cluster import Cluster, current
 from rapydli.errors import ConfigError
 
 
+def _say(text: str) -> None:
+    print(f"[rapydli] {text}", flush=True)
+
+
 def choose_cluster(
-    cluster: Cluster | None = None, n: int = 2, *, need: int = 1, start: bool = True
+    cluster: Cluster | None = None,
+    n: int = 2,
+    *,
+    need: int = 1,
+    start: bool = True,
+    say: Callable[[str], None] = _say,
 ) -> tuple[Cluster, bool]:
     """The cluster a call uses, and whether the call owns it (started it and must stop it).
 
@@ -38,34 +56,60 @@ def choose_cluster(
     cluster
         The cluster the caller was given, or ``None``.
     n
-        Engines of the local cluster started when none is given or running.
+        Engines of the local cluster started when none is given or held.
     need
-        Engines the call needs; a given or running cluster with fewer is refused.
+        Engines the call needs; a given or held cluster with fewer is refused.
     start
-        Start the chosen cluster if it is not running. ``False`` leaves that to the caller
-        (``rd.train`` starts it inside its run, so that Ctrl-C during the start is
-        recorded on the run).
+        Make the chosen cluster usable now (:func:`ready`). ``False`` leaves that to the
+        caller (``rd.train`` does it inside its run, so that Ctrl-C meanwhile is recorded
+        on the run).
+    say
+        Where :func:`ready` says that it waits or restarts (default: printed).
 
     Raises
     ------
     ConfigError
-        The given or running cluster has fewer than ``need`` engines.
+        The given or held cluster has fewer than ``need`` engines.
     """
-    chosen = cluster
-    source = "the cluster given"
+    held = current()
+    chosen = cluster if cluster is not None else held
+    source = "the cluster running in this kernel" if chosen is held else "the cluster given"
+    owned = chosen is None
     if chosen is None:
-        chosen, source = current(), "the cluster running in this kernel"
-    if chosen is None:
-        new = Cluster(n=max(n, need))
-        return (new.start() if start else new), True
-    if chosen.n < need:
+        chosen = Cluster(n=max(n, need))
+    elif chosen.n < need:
         raise ConfigError(
             f"this needs {need} engines and {source} has {chosen.n}: "
             f"stop it (`%rapydli stop`, cluster.stop()) and start one of {need}, or pass cluster= a larger one"
         )
-    if start and not chosen.running:
-        chosen.start()
-    return chosen, False
+    if start:
+        ready(chosen, say)
+    return chosen, owned
+
+
+def ready(cluster: Cluster, say: Callable[[str], None] = _say) -> Cluster:
+    """Make ``cluster`` usable: wait for a start under way, restart dead engines, start a stopped one.
+
+    Raises
+    ------
+    ClusterError
+        The start (waited for or begun here) or the restart failed.
+    KeyboardInterrupt
+        Ctrl-C while waiting; a start under way in the background goes on.
+    """
+    status = cluster.status()
+    state = status["state"]
+    if state == "starting":
+        say(f"waiting for the {cluster.n} engines of the cluster being started ...")
+        cluster.wait_started()
+    elif state in ("degraded", "dead"):
+        dead = sorted(set(range(cluster.n)) - set(status["ranks"]))
+        which = f"{'rank' if len(dead) == 1 else 'ranks'} {', '.join(map(str, dead))}" if dead and state == "degraded" else "the engines"
+        say(f"{which} of the cluster had died; restarting {cluster.n} fresh engines (variables defined on them are gone)")
+        cluster.restart()
+    if not cluster.running:
+        cluster.start()
+    return cluster
 
 
 @contextmanager

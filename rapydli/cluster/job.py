@@ -44,6 +44,10 @@ GRACE_S = 3.0  # how long interrupted ranks get before the job is aborted
 #: After Ctrl-C, once one rank has ended, how long the others get: a rank still running then
 #: is blocked in a collective waiting for the ended one, and only the abort ends it.
 FOLLOW_S = 1.5
+#: After a rank raises, how long the other ranks get to end by themselves before they are
+#: interrupted: a rank failing the same way then reports its own traceback (a SIGINT that
+#: arrives while IPython formats a traceback leaves only the exception's last line).
+SETTLE_S = 1.0
 POLL_S = 0.05
 
 
@@ -147,7 +151,7 @@ class Job:
         now = time.monotonic()
         if self._interrupted_at is None:
             self._reason = self._failure_reason(now - self._start)
-            if self._reason:
+            if self._reason and self._settled(now):
                 self.interrupt()
         elif now - self._interrupted_at > self.grace and self._running():
             self._abort_job()
@@ -277,6 +281,14 @@ class Job:
         if self.timeout is not None and elapsed > self.timeout:
             return f"timed out after {self.timeout:g} s"
         return ""
+
+    def _settled(self, now: float) -> bool:
+        """True once the other ranks may be interrupted: at once, unless the failure is an
+        exception raised :data:`SETTLE_S` ago or less."""
+        raised = [r.finished_at for r in self.ranks.values() if r.status == "error"]
+        if not raised or any(r.status == "dead" for r in self.ranks.values()):
+            return True
+        return now - min(raised) >= SETTLE_S
 
     def _settle(self) -> None:
         """After an interrupt: give ranks the grace period, then abort the stragglers."""

@@ -13,6 +13,11 @@ input through here) and turns validated options into ipyparallel configuration.
 ``pbs``    a ``qsub`` job whose ``mpiexec`` starts the N ranks (untested against a real
            PBS server: only its generated script is tested)
 =========  ==========================================================================
+
+Launchers are registered by name in :data:`LAUNCHERS`; other packages add theirs (a
+:class:`LauncherSpec`) in the ``rapydli.launchers`` entry-point group, and every front end
+(``Cluster(launcher=...)``, ``%rapydli start --launcher``, ``rapydli cluster start``, the
+server) accepts them.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from typing import Any
 from rapydli.cluster import slurm, sshhosts
 from rapydli.cluster.mpirun import find_mpiexec
 from rapydli.errors import ConfigError
+from rapydli.registry import Registry
 
 
 @dataclass(frozen=True)
@@ -57,6 +63,7 @@ class LauncherSpec:
     check: Callable[[dict[str, Any]], None] | None = None  # checks across options, after each one's own
     threads_option: str | None = None  # the option that sets each engine's cores, if any
     check_size: Callable[[int, Mapping[str, Any]], None] | None = None  # n against the options
+    form: tuple[str, ...] = ()  # options a start form shows as fields, in order (the rest: key=value)
 
     def config(self, options: Mapping[str, Any], work_dir: str | None = None) -> dict[str, dict[str, Any]]:
         """ipyparallel configuration (``{"Class": {"trait": value}}``) for validated ``options``.
@@ -107,85 +114,92 @@ def _tasks_fit(n: int, options: Mapping[str, Any]) -> None:
 _MPI_ARGS = Option(list, "extra arguments for mpiexec, e.g. ['-bind-to', 'core']", "MPIEngineSetLauncher.mpi_args")
 _MPI_CMD = Option(list, "the mpiexec command, e.g. ['mpiexec'] or ['srun']", "MPIEngineSetLauncher.mpi_cmd")
 
-LAUNCHERS: dict[str, LauncherSpec] = {
-    spec.name: spec
-    for spec in (
-        LauncherSpec(
-            "local",
-            engines="mpi",
-            controller="local",
-            description="mpiexec on this machine",
-            options={"mpi_args": _MPI_ARGS, "mpi_cmd": _MPI_CMD},
-        ),
-        LauncherSpec(
-            "ssh",
-            engines="mpi",
-            controller="local",
-            description="mpiexec across hosts reached over ssh",
-            options={
-                "hosts": Option(list, "host names, e.g. ['node1', 'node2'] or 'node1,node2'", apply=sshhosts.hosts),
-                "hostfile": Option(str, "a file of hosts, one 'name[:ranks]' a line", apply=sshhosts.hostfile),
-                "ssh_command": Option(str, "the ssh program mpiexec runs to reach the hosts", apply=sshhosts.ssh_command),
-                "interface": Option(str, "network interface MPI and the engines use, e.g. 'ib0'", apply=sshhosts.interface),
-                "transport": Option(str, "'tcp' forces MPI traffic onto TCP; 'default' lets MPI choose", apply=sshhosts.transport),
-                "mpi_args": _MPI_ARGS,
-                "mpi_cmd": _MPI_CMD,
-            },
-            listen_all=True,
-            check=sshhosts.check,
-        ),
-        LauncherSpec(
-            "slurm",
-            engines="rapydli.cluster.slurm.SlurmEngines",
-            controller="local",
-            description="an sbatch job; srun --mpi=pmi2 starts the ranks as one MPI world",
-            batch_class="SlurmEngines",
-            options={
-                "nodes": _count("number of nodes", "SlurmEngines.nodes"),
-                "ntasks_per_node": _count("engines per node", "SlurmEngines.ntasks_per_node"),
-                "cpus_per_task": _count("CPUs (and threads) per engine", "SlurmEngines.cpus_per_task"),
-                "gpus_per_node": _count("GPUs per node", "SlurmEngines.gpus_per_node", minimum=0),
-                "partition": Option(str, "Slurm partition", "SlurmEngines.queue"),
-                "account": Option(str, "Slurm account", "SlurmEngines.account"),
-                "qos": Option(str, "Slurm QoS", "SlurmEngines.qos"),
-                "timelimit": Option(str, "time limit, e.g. '01:00:00'", "SlurmEngines.timelimit", check=slurm.check_timelimit),
-                "constraint": Option(str, "node features, e.g. 'a100'", "SlurmEngines.constraint"),
-                "sbatch": Option(
-                    list, "extra '#SBATCH' lines, e.g. '--exclusive'", "SlurmEngines.sbatch", lines=True,
-                    check=lambda lines: [slurm.sbatch_line(line) for line in lines],
-                ),
-                "setup": Option(list, "shell lines run before the engines, e.g. 'module load cuda'", "SlurmEngines.setup", lines=True),
-                "mpi": Option(
-                    str, f"how ranks form one MPI world: {', '.join(slurm.MPI_MODES)}", "SlurmEngines.mpi",
-                    check=lambda mode: _one_of(mode, slurm.MPI_MODES),
-                ),
-            },
-            listen_all=True,
-            threads_option="cpus_per_task",
-            check_size=_tasks_fit,
-        ),
-        LauncherSpec(
-            "pbs",
-            engines="pbs",
-            controller="local",
-            description="a qsub job; mpiexec starts the ranks",
-            batch_class="PBSEngineSetLauncher",
-            options={
-                "queue": Option(str, "PBS queue", "PBSEngineSetLauncher.queue"),
-                "batch_template": Option(str, "a full PBS script template", "PBSEngineSetLauncher.batch_template"),
-            },
-            listen_all=True,
-        ),
-    )
-}
+LAUNCHERS = Registry(
+    "launcher",
+    {
+        spec.name: spec
+        for spec in (
+            LauncherSpec(
+                "local",
+                engines="mpi",
+                controller="local",
+                description="mpiexec on this machine",
+                options={"mpi_args": _MPI_ARGS, "mpi_cmd": _MPI_CMD},
+            ),
+            LauncherSpec(
+                "ssh",
+                engines="mpi",
+                controller="local",
+                description="mpiexec across hosts reached over ssh",
+                options={
+                    "hosts": Option(list, "host names, e.g. ['node1', 'node2'] or 'node1,node2'", apply=sshhosts.hosts),
+                    "hostfile": Option(str, "a file of hosts, one 'name[:ranks]' a line", apply=sshhosts.hostfile),
+                    "ssh_command": Option(str, "the ssh program mpiexec runs to reach the hosts", apply=sshhosts.ssh_command),
+                    "interface": Option(str, "network interface MPI and the engines use, e.g. 'ib0'", apply=sshhosts.interface),
+                    "transport": Option(str, "'tcp' forces MPI traffic onto TCP; 'default' lets MPI choose", apply=sshhosts.transport),
+                    "mpi_args": _MPI_ARGS,
+                    "mpi_cmd": _MPI_CMD,
+                },
+                listen_all=True,
+                check=sshhosts.check,
+                form=("hosts",),
+            ),
+            LauncherSpec(
+                "slurm",
+                engines="rapydli.cluster.slurm.SlurmEngines",
+                controller="local",
+                description="an sbatch job; srun --mpi=pmi2 starts the ranks as one MPI world",
+                batch_class="SlurmEngines",
+                options={
+                    "nodes": _count("number of nodes", "SlurmEngines.nodes"),
+                    "ntasks_per_node": _count("engines per node", "SlurmEngines.ntasks_per_node"),
+                    "cpus_per_task": _count("CPUs (and threads) per engine", "SlurmEngines.cpus_per_task"),
+                    "gpus_per_node": _count("GPUs per node", "SlurmEngines.gpus_per_node", minimum=0),
+                    "partition": Option(str, "Slurm partition", "SlurmEngines.queue"),
+                    "account": Option(str, "Slurm account", "SlurmEngines.account"),
+                    "qos": Option(str, "Slurm QoS", "SlurmEngines.qos"),
+                    "timelimit": Option(str, "time limit, e.g. '01:00:00'", "SlurmEngines.timelimit", check=slurm.check_timelimit),
+                    "constraint": Option(str, "node features, e.g. 'a100'", "SlurmEngines.constraint"),
+                    "sbatch": Option(
+                        list, "extra '#SBATCH' lines, e.g. '--exclusive'", "SlurmEngines.sbatch", lines=True,
+                        check=lambda lines: [slurm.sbatch_line(line) for line in lines],
+                    ),
+                    "setup": Option(list, "shell lines run before the engines, e.g. 'module load cuda'", "SlurmEngines.setup", lines=True),
+                    "mpi": Option(
+                        str, f"how ranks form one MPI world: {', '.join(slurm.MPI_MODES)}", "SlurmEngines.mpi",
+                        check=lambda mode: _one_of(mode, slurm.MPI_MODES),
+                    ),
+                },
+                listen_all=True,
+                threads_option="cpus_per_task",
+                check_size=_tasks_fit,
+                form=("partition", "nodes", "timelimit"),
+            ),
+            LauncherSpec(
+                "pbs",
+                engines="pbs",
+                controller="local",
+                description="a qsub job; mpiexec starts the ranks",
+                batch_class="PBSEngineSetLauncher",
+                options={
+                    "queue": Option(str, "PBS queue", "PBSEngineSetLauncher.queue"),
+                    "batch_template": Option(str, "a full PBS script template", "PBSEngineSetLauncher.batch_template"),
+                },
+                listen_all=True,
+                form=("queue",),
+            ),
+        )
+    },
+    group="rapydli.launchers",
+)
 
 
 def get_launcher(name: str) -> LauncherSpec:
     """The launcher called ``name``; :class:`ConfigError` listing the known ones otherwise."""
-    try:
-        return LAUNCHERS[name]
-    except KeyError:
-        raise ConfigError(f"unknown launcher {name!r}: allowed are {', '.join(sorted(LAUNCHERS))}") from None
+    if name not in LAUNCHERS:
+        raise ConfigError(f"unknown launcher {name!r}: allowed are {', '.join(LAUNCHERS)}")
+    spec: LauncherSpec = LAUNCHERS.load(name)
+    return spec
 
 
 def validate_options(launcher: str, options: Mapping[str, Any]) -> dict[str, Any]:

@@ -47,7 +47,7 @@ def rank_environment(n: int, threads: int | None = None, base: Mapping[str, str]
     """
     env = dict(os.environ if base is None else base)
     count = str(threads or threads_per_rank(n))
-    env.update({"OMP_NUM_THREADS": count, "MKL_NUM_THREADS": count, "RAPYDLI_THREADS": count})
+    env.update({"OMP_NUM_THREADS": count, "MKL_NUM_THREADS": count})
     if n > threads_per_rank(1):
         env.setdefault("MPIR_CVAR_ENABLE_HEAVY_YIELD", "1")
     env.setdefault("PYTHONUNBUFFERED", "1")

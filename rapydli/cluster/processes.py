@@ -35,21 +35,42 @@ def spawn_python(
     )
 
 
+def alive(pid: object, started: float | None = None) -> psutil.Process | None:
+    """Process ``pid`` of this host if it runs (not a zombie), else ``None``.
+
+    ``started``: its creation time when known (as :func:`started_at` gave it), so that a
+    reused pid does not count. What is not an int (a record's missing pid) is ``None``.
+    """
+    if not isinstance(pid, int) or isinstance(pid, bool):
+        return None
+    try:
+        proc = psutil.Process(pid)
+        if started is not None and abs(proc.create_time() - started) > 1.0:
+            return None  # the pid was reused by another process
+        return proc if proc.status() != psutil.STATUS_ZOMBIE else None
+    except (psutil.Error, OSError):
+        return None
+
+
+def started_at(pid: int) -> float | None:
+    """Creation time of process ``pid`` (to tell a reused pid apart later), or ``None``."""
+    proc = alive(pid)
+    try:
+        return proc.create_time() if proc is not None else None
+    except (psutil.Error, OSError):
+        return None
+
+
 def reap(pids: Iterable[int], timeout: float = 5.0) -> None:
     """Wait up to ``timeout`` for processes ``pids`` to exit, then SIGKILL the rest."""
-    procs = []
-    for pid in pids:
-        try:
-            procs.append(psutil.Process(pid))
-        except psutil.NoSuchProcess:
-            continue
-    _, alive = psutil.wait_procs(procs, timeout=timeout)
-    for proc in alive:
+    procs = [proc for proc in map(alive, pids) if proc is not None]
+    _, left = psutil.wait_procs(procs, timeout=timeout)
+    for proc in left:
         try:
             proc.kill()
         except psutil.NoSuchProcess:
             pass
-    psutil.wait_procs(alive, timeout=timeout)
+    psutil.wait_procs(left, timeout=timeout)
 
 
 def terminate_tree(pid: int, grace: float = 3.0) -> None:
@@ -67,11 +88,15 @@ def terminate_tree(pid: int, grace: float = 3.0) -> None:
     reap((p.pid for p in procs), timeout=grace)
 
 
-def marked(value: str | None = None, name: str = CLUSTER_MARKER) -> list[psutil.Process]:
+def marked(
+    value: str | None = None, name: str = CLUSTER_MARKER, also: Mapping[str, str] | None = None
+) -> list[psutil.Process]:
     """Processes of this host (other than this one) whose environment sets ``name``.
 
-    With ``value``, only those where it equals ``value``. Processes whose environment
-    cannot be read (other users') are left out.
+    With ``value``, only those where it equals ``value``; with ``also``, only those whose
+    environment has each of its ``{variable: value}`` too (a test session finds its own
+    clusters' processes by ``RAPYDLI_HOME``). Processes whose environment cannot be read
+    (other users') are left out.
     """
     found = []
     me = os.getpid()
@@ -82,7 +107,7 @@ def marked(value: str | None = None, name: str = CLUSTER_MARKER) -> list[psutil.
             env = proc.environ()
         except (psutil.Error, OSError):
             continue
-        if name in env and (value is None or env[name] == value):
+        if name in env and (value is None or env[name] == value) and all(env.get(k) == v for k, v in (also or {}).items()):
             found.append(proc)
     return found
 
@@ -90,7 +115,8 @@ def marked(value: str | None = None, name: str = CLUSTER_MARKER) -> list[psutil.
 def reap_marked(value: str, grace: float = 3.0) -> list[int]:
     """SIGTERM every local process marked with cluster id ``value``, SIGKILL what remains.
 
-    ``grace=0`` SIGKILLs them at once (an abort).
+    ``grace=0`` SIGKILLs them at once and returns without waiting for them to finish
+    exiting (an abort: a process with a large address space takes a second or two).
 
     Returns the pids that were still alive when called (empty when the cluster stopped cleanly).
     """
@@ -100,5 +126,6 @@ def reap_marked(value: str, grace: float = 3.0) -> list[int]:
             proc.send_signal(signal.SIGTERM if grace > 0 else signal.SIGKILL)
         except psutil.NoSuchProcess:
             pass
-    reap((p.pid for p in procs), timeout=grace if grace > 0 else 5.0)
+    if grace > 0:
+        reap((p.pid for p in procs), timeout=grace)
     return [p.pid for p in procs]

@@ -21,7 +21,7 @@ from typing import Any
 
 import psutil
 
-from rapydli.cluster.processes import reap
+from rapydli.cluster.processes import alive, reap, reap_marked
 from rapydli.errors import NotFoundError
 from rapydli.paths import subdir
 
@@ -35,16 +35,6 @@ def _profile() -> Path:
     return subdir("ipython")
 
 
-def _alive(pid: object) -> psutil.Process | None:
-    if not isinstance(pid, int):
-        return None
-    try:
-        proc = psutil.Process(pid)
-        return proc if proc.status() != psutil.STATUS_ZOMBIE else None
-    except psutil.Error:
-        return None
-
-
 def _engine_processes(launcher_pids: Iterable[object]) -> list[psutil.Process]:
     """ipyparallel engine processes under the engine launchers (mpiexec and its proxies).
 
@@ -52,7 +42,7 @@ def _engine_processes(launcher_pids: Iterable[object]) -> list[psutil.Process]:
     """
     found = []
     for pid in launcher_pids:
-        proc = _alive(pid)
+        proc = alive(pid)
         if proc is None:
             continue
         for child in proc.children(recursive=True):
@@ -109,7 +99,7 @@ def running_clusters() -> list[dict[str, Any]]:
         try:
             data = json.loads(path.read_text())
             cluster_id = data["cluster"]["cluster_id"]
-            controller = _alive(data["controller"]["state"]["pid"])
+            controller = alive(data["controller"]["state"]["pid"])
             sets = data.get("engines", {}).get("sets", {}).values()
         except (OSError, ValueError, KeyError, TypeError):
             continue
@@ -118,11 +108,11 @@ def running_clusters() -> list[dict[str, Any]]:
         record = records.get(cluster_id)
         if record is not None:
             engines = record.get("engines", {}).values()
-            alive = [e for e in engines if _alive(e.get("pid")) is not None]
-            hosts = sorted({str(e.get("host")) for e in alive}) if alive else []
+            up = [e for e in engines if alive(e.get("pid")) is not None]
+            hosts = sorted({str(e.get("host")) for e in up}) if up else []
             entry = {"origin": "detached", "launcher": record.get("launcher"), "n": record.get("n"),
-                     "engines_alive": len(alive), "hosts": hosts, "threads": record.get("threads"),
-                     "engine_pids": [e["pid"] for e in alive], "state": record.get("state", "running")}  # fmt: skip
+                     "engines_alive": len(up), "hosts": hosts, "threads": record.get("threads"),
+                     "engine_pids": [e["pid"] for e in up], "state": record.get("state", "running")}  # fmt: skip
             job_id = (record.get("job") or {}).get("id")
         else:
             engine_class = str(data.get("engines", {}).get("class", ""))
@@ -140,23 +130,53 @@ def running_clusters() -> list[dict[str, Any]]:
 
 
 def stop_cluster(cluster_id: str, timeout: float = 10.0) -> None:
-    """Stop a running cluster found by :func:`running_clusters` and remove its records.
+    """Stop a cluster of this machine that this process does not hold, and remove its files.
 
-    Asks ipyparallel to stop the controller and the engine launchers (as the cluster's own
-    ``stop`` does), then ends any engine process still alive after ``timeout`` seconds.
+    The one way to stop a cluster from outside (``rapydli cluster stop``, the Jupyter
+    server's other clusters), without attaching to it, so a cluster with dead engines stops
+    as fast as a healthy one: ipyparallel stops the controller and the engine launchers,
+    the batch job (if any) is cancelled and waited out of the queue, engines still alive
+    ``timeout`` seconds later and every other process carrying the cluster's marker
+    (:func:`~rapydli.cluster.processes.reap_marked`: nannies, a half-started set) are
+    ended, then its records and connection files are removed. A cluster with a record but
+    no controller left (it died) is cleaned up the same way.
+
+    Raises
+    ------
+    NotFoundError
+        No running cluster and no record has this id.
     """
     import ipyparallel as ipp
 
-    known = {c["id"]: c for c in running_clusters()}
-    if cluster_id not in known:
-        raise NotFoundError(f"no running cluster {cluster_id!r}: running are {', '.join(sorted(known)) or 'none'}")
-    pids = known[cluster_id]["engine_pids"]
-    try:
-        cluster = ipp.Cluster.from_file(profile_dir=str(_profile()), cluster_id=cluster_id, log_level=logging.ERROR)
-        cluster.stop_cluster_sync()
-    except Exception as exc:  # noqa: BLE001 - stop what can be stopped; the engines are reaped below
-        log.warning("cluster %s: ipyparallel could not stop it cleanly: %s", cluster_id, exc)
-    psutil.wait_procs([p for p in map(_alive, pids) if p is not None], timeout=timeout)
-    reap(pids)
+    running = {c["id"]: c for c in running_clusters()}
+    if cluster_id not in running and cluster_id not in _records():
+        raise NotFoundError(f"no running cluster {cluster_id!r}: running are {', '.join(sorted(running)) or 'none'}")
+    found = running.get(cluster_id)
+    if found is not None:
+        try:
+            cluster = ipp.Cluster.from_file(profile_dir=str(_profile()), cluster_id=cluster_id, log_level=logging.ERROR)
+            cluster.stop_cluster_sync()
+        except Exception as exc:  # noqa: BLE001 - stop what can be stopped; the processes are reaped below
+            log.warning("cluster %s: ipyparallel could not stop it cleanly: %s", cluster_id, exc)
+        if found["job"] is not None and found["launcher"] == "slurm":
+            from rapydli.cluster import slurm
+            from rapydli.cluster.batchjob import BatchJob
+
+            BatchJob(str(found["job"]["id"]), slurm.job_state, ["scancel"]).cancel()  # idempotent: ipyparallel may have done it
+        pids = found["engine_pids"]
+        psutil.wait_procs([p for p in map(alive, pids) if p is not None], timeout=timeout)
+        reap(pids)
+    reap_marked(cluster_id)
     (subdir("clusters") / f"{cluster_id}.json").unlink(missing_ok=True)
-    (_profile() / "security" / f"cluster-{cluster_id}.json").unlink(missing_ok=True)
+    remove_connection_files(cluster_id)
+
+
+def remove_connection_files(cluster_id: str) -> None:
+    """Remove ipyparallel's files of a stopped cluster (its cluster file and connection files).
+
+    A killed controller leaves them behind, and a restart under the same id would read them.
+    """
+    security = _profile() / "security"
+    (security / f"cluster-{cluster_id}.json").unlink(missing_ok=True)
+    for stale in security.glob(f"ipcontroller-{cluster_id}-*.json"):
+        stale.unlink(missing_ok=True)

@@ -1,7 +1,7 @@
 """The :class:`Communicator`: in-place collectives on torch tensors over MPI.
 
 Blocking calls run in the caller's thread on the MPI communicator given. Asynchronous
-calls (``iallreduce_``) run on a background communication thread, over a duplicate of
+calls (``iallreduce_``, ``ireduce_scatter_``) run on a background communication thread, over a duplicate of
 that communicator, in submission order; the thread makes MPI progress while the caller
 computes (MPI itself progresses non-blocking collectives only inside MPI calls). This
 needs ``MPI.THREAD_MULTIPLE`` (mpi4py's default). With ``THREAD_SERIALIZED`` every MPI
@@ -159,6 +159,40 @@ class Communicator:
             self._run(main, flat, op)
             return CompletedHandle(tensor, chosen, start, time.perf_counter())
         return self._thread.submit(ThreadHandle(tensor, chosen, lambda: self._run(asynchronous, flat, op)))
+
+    def ireduce_scatter_(self, tensor: torch.Tensor, out: torch.Tensor, op: str = "sum") -> Handle:
+        """Start ``MPI.Reduce_scatter_block``: ``out`` gets this rank's block of the ranks' reduced ``tensor``.
+
+        ``tensor`` (contiguous, ``world_size * out.numel()`` elements) is cut into
+        ``world_size`` equal blocks; rank ``r``'s ``out`` receives block ``r`` reduced over
+        every rank (``"sum"`` or ``"avg"``). Runs on the communication thread like
+        :meth:`iallreduce_`; do not touch either tensor before ``wait()`` returns.
+        """
+        if op not in ("sum", "avg"):
+            raise ConfigError(f"op={op!r} is invalid for a reduce-scatter: one of 'sum', 'avg'")
+        if tensor.numel() != out.numel() * self.world_size or not tensor.is_contiguous() or not out.is_contiguous():
+            raise ConfigError(
+                f"reduce-scatter of {tensor.numel()} elements into {out.numel()} per rank on {self.world_size} ranks: "
+                "both must be contiguous and the input world_size times the output"
+            )
+        from mpi4py import MPI
+
+        comm = self._async_comm if self._thread is not None else self.mpi_comm
+
+        def work() -> None:
+            source = tensor.detach().cpu()
+            target = out if out.device.type == "cpu" else torch.empty_like(out, device="cpu")
+            comm.Reduce_scatter_block(source.numpy(), target.numpy(), op=MPI.SUM)
+            if op == "avg":
+                target /= self.world_size
+            if target is not out:
+                out.copy_(target)
+
+        if self._thread is None:
+            started = time.perf_counter()
+            work()
+            return CompletedHandle(out, "reduce_scatter", started, time.perf_counter())
+        return self._thread.submit(ThreadHandle(out, "reduce_scatter", work))
 
     def broadcast_(self, tensor: torch.Tensor, root: int = 0) -> torch.Tensor:
         """Copy ``root``'s ``tensor`` into ``tensor`` on every rank, in place; returns it."""

@@ -178,6 +178,10 @@ class GradientSynchronizer:
         """The parameters of each bucket, in the order buckets are reduced."""
         return [bucket.params for bucket in self._buckets]
 
+    def buffer_bytes(self) -> int:
+        """Bytes of the bucket buffers, where the gradients live (with one flag element per parameter)."""
+        return sum(bucket.buffer.numel() * bucket.buffer.element_size() for bucket in self._buckets)
+
     def broadcast_parameters(self, root: int = 0) -> None:
         """Copy ``root``'s parameters and buffers into this rank's model (collective)."""
         with torch.no_grad():

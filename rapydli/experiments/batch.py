@@ -33,6 +33,7 @@ from rapydli.errors import ConfigError
 from rapydli.experiments import batchspec, storemerge
 from rapydli.experiments import store as store_mod
 from rapydli.experiments.batchhosts import HostPool
+from rapydli.settings import BATCH_ITEM, STORE_PATH
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -358,7 +359,7 @@ class _Runner:
         spec_path.write_text(json.dumps(spec))
         env = dict(os.environ)
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // self.parallel)))
-        env.pop(store_mod.BATCH_ITEM_ENV, None)
+        env.pop(BATCH_ITEM, None)
         started = time.time()
         log = (item.cwd / ".rapydli-item.log").open("w")
         args = ["-m", "rapydli.experiments.batch_item", str(spec_path)]
@@ -366,7 +367,7 @@ class _Runner:
         if host is not None and self.hosts is not None:  # results come back through a store file of the item's own
             if run_id:
                 job_store = storemerge.job_store(self.store, run_id, item.cwd / ".rapydli-runs.db")
-                env[store_mod.STORE_PATH_ENV] = str(job_store)
+                env[STORE_PATH] = str(job_store)
             proc = self.hosts.spawn(host, args, cwd=str(item.cwd), env=env, output=log)
         else:
             proc = spawn_python(args, cwd=item.cwd, env=env, output=log)

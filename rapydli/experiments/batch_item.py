@@ -23,7 +23,7 @@ from typing import Any
 from rapydli.experiments import store as store_mod
 from rapydli.experiments.batchspec import kernel_for, read_notebook
 from rapydli.experiments.figures import STATIC_RENDERERS
-from rapydli.settings import NOTEBOOK_DIR
+from rapydli.settings import BATCH_ITEM, NOTEBOOK_DIR, PARENT_RUN
 
 
 def run_item(spec: dict[str, Any]) -> dict[str, Any]:
@@ -33,8 +33,8 @@ def run_item(spec: dict[str, Any]) -> dict[str, Any]:
 
     run_id = spec.get("run_id")
     if run_id:
-        os.environ[store_mod.BATCH_ITEM_ENV] = run_id
-        os.environ[store_mod.PARENT_ENV] = run_id
+        os.environ[BATCH_ITEM] = run_id
+        os.environ[PARENT_RUN] = run_id
     extra_path = spec["notebook_dir"]
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (extra_path, os.environ.get("PYTHONPATH")) if p)
     os.environ[NOTEBOOK_DIR] = extra_path

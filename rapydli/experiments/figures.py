@@ -1,8 +1,10 @@
-"""Figure builders of the experiments: plotly figures from histories and tables, no display.
+"""Figure builders: plain plotly figures from histories and tables, headless, no display.
 
-The experiments return these figures (``RunResult.figure``, ``ScalingResult.figure``,
-``SweepResult.figure``); the notebook front door (:mod:`rapydli.notebook`) and the
-widgets build the same figures as ``FigureWidget`` and refill them while a run goes on.
+Every figure RaPyDLI draws is built here: the experiments return them
+(``RunResult.figure``, ``ScalingResult.figure``, ``SweepResult.figure``), and the live
+views of the front end (:mod:`rapydli.widgets`) wrap the same figures in a
+``FigureWidget`` and refill them while a run goes on (the ``fill_*`` functions work on
+both).
 """
 
 from __future__ import annotations
@@ -19,6 +21,30 @@ if TYPE_CHECKING:  # pragma: no cover
 #: draws it) plus self-contained HTML (``notebook``: plotly.js inlined in the first output,
 #: once per kernel, and every later figure uses it), read by nbconvert and other viewers.
 STATIC_RENDERERS = "plotly_mimetype+notebook"
+
+
+#: The live training figure's traces: (trace name, row kind, x key, y key, subplot column).
+TRAINING_TRACES = (
+    ("train loss", "train", "step", "loss", 1),
+    ("val loss", "eval", "step", "val_loss", 1),
+    ("samples/s", "train", "step", "samples_per_s", 2),
+    ("step time (s)", "train", "step", "step_time_s", 3),
+    ("comm time (s)", "train", "step", "comm_time_s", 3),
+    ("comm wait (s)", "train", "step", "comm_wait_s", 3),
+)
+
+
+def training_figure(title: str = "") -> Any:
+    """An empty three-panel figure of a training run (loss, throughput, step/comm time), one trace per :data:`TRAINING_TRACES` entry."""
+    from plotly.subplots import make_subplots
+
+    figure = make_subplots(rows=1, cols=3, subplot_titles=("loss", "throughput (samples/s)", "time per step (s)"))
+    for name, kind, _, _, col in TRAINING_TRACES:
+        mode = "lines+markers" if kind == "eval" else "lines"
+        figure.add_scatter(x=[], y=[], mode=mode, name=name, row=1, col=col)
+    figure.update_layout(title=title, template="plotly_white", height=320, margin={"t": 60, "b": 40})
+    figure.update_xaxes(title_text="step")
+    return figure
 
 
 def loss_figure(history: pd.DataFrame, title: str = "") -> Any:
@@ -112,7 +138,7 @@ STATES = ("COMPLETE", "PRUNED", "FAIL", "RUNNING")
 _COLOURS = {"COMPLETE": "#2a9d8f", "PRUNED": "#e9c46a", "FAIL": "#e76f51", "RUNNING": "#8ecae6"}
 
 
-def sweep_figure(table: pd.DataFrame, metric: str, params: list[str], widget: bool = False, title: str = "") -> Any:
+def sweep_figure(table: pd.DataFrame, metric: str, params: list[str], title: str = "") -> Any:
     """Metric of every trial (coloured by state) and a parallel-coordinates plot of params -> metric."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
@@ -127,9 +153,8 @@ def sweep_figure(table: pd.DataFrame, metric: str, params: list[str], widget: bo
     base.update_layout(title=title, template="plotly_white", height=360, margin={"t": 70, "b": 40})
     base.update_xaxes(title_text="trial", row=1, col=1)
     base.update_yaxes(title_text=metric, row=1, col=1)
-    figure = go.FigureWidget(base) if widget else base
-    fill_sweep_figure(figure, table, metric, params)
-    return figure
+    fill_sweep_figure(base, table, metric, params)
+    return base
 
 
 def fill_sweep_figure(figure: Any, table: pd.DataFrame, metric: str, params: list[str]) -> None:

@@ -18,14 +18,15 @@ Examples
 
 from __future__ import annotations
 
+import math
 import time
 import traceback
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from rapydli.errors import ConfigError, RankFailure
-from rapydli.experiments.refs import callable_ref, resolve_callable
-from rapydli.experiments.sources import code_params
+from rapydli.experiments.refs import resolve_callable
+from rapydli.experiments.sources import code_params, describe
 from rapydli.parallel.grid import data_parallel_degree
 from rapydli.trainer.config import TrainConfig
 from rapydli.trainer.task import engine_task
@@ -36,7 +37,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from rapydli.cluster import Cluster
 
 #: A run asked to stop (``request_stop``) that has not ended this many seconds later is
-#: interrupted by :meth:`TrainingJob.poll` (SIGINT; ranks blocked in a collective are aborted).
+#: interrupted by :meth:`TrainingJob.poll` (SIGINT; ranks blocked in a collective are aborted),
+#: unless the request gave a grace of its own.
 STOP_GRACE_S = 10.0
 
 
@@ -46,7 +48,8 @@ class TrainingJob:
     Parameters
     ----------
     cluster
-        A :class:`rapydli.cluster.Cluster`; started here (as part of the run) if it is not running.
+        A :class:`rapydli.cluster.Cluster`; made usable here, as part of the run
+        (:func:`rapydli.cluster.ensure.ready`: started, waited for, or restarted if its engines died).
     model_fn, data_fn
         As for ``rd.train`` (callables or ``"module:qualname"`` strings).
     loss_fn, optimizer_fn, metrics
@@ -117,12 +120,13 @@ class TrainingJob:
         optimizer_fn: Callable[..., Any] | None = None,
         metrics: Any = None,
     ) -> None:
+        from rapydli.cluster.ensure import ready
         from rapydli.experiments.store import open_store
         from rapydli.trainer.outputs import check_training_code
 
         model, data = resolve_callable(model_fn, "model_fn"), resolve_callable(data_fn, "data_fn")
-        if config.pipeline_stages > 1:  # refused before anything starts: ranks = replicas x stages
-            data_parallel_degree(len(targets), config.pipeline_stages)
+        if config.pipeline_stages > 1 or config.tensor_parallel > 1:  # refused before anything starts: ranks = replicas x stages x tensor
+            data_parallel_degree(len(targets), config.pipeline_stages, config.tensor_parallel)
         check_training_code(loss_fn, optimizer_fn, metrics)
         code = {"loss_fn": loss_fn, "optimizer_fn": optimizer_fn, "metrics": metrics}
         self.config = config
@@ -144,6 +148,8 @@ class TrainingJob:
         self.progress = progress
         self._bar: Any = None
         self.stop_requested_at: float | None = None
+        self._interrupt_at: float | None = None  # when an unanswered stop request escalates
+        self._escalated = False
         self._stop_status: str | None = None
         self.started = time.monotonic()
         self.ended: float | None = None
@@ -153,8 +159,8 @@ class TrainingJob:
         self.start_step: int | None = None
         if self.store is not None and continues is None:
             params = {
-                "model_fn": model_fn if isinstance(model_fn, str) else callable_ref(model) or repr(model),
-                "data_fn": data_fn if isinstance(data_fn, str) else callable_ref(data) or repr(data),
+                "model_fn": model_fn if isinstance(model_fn, str) else describe(model),
+                "data_fn": data_fn if isinstance(data_fn, str) else describe(data),
                 "config": config.to_dict(),
                 "targets": self.targets,
                 **code_params(model, data, code),
@@ -164,8 +170,7 @@ class TrainingJob:
             self.run_id = self.store.create_run(kind, run_name, params, parent=parent, world_size=len(self.targets), seed=config.seed)
             self.store.add_record(self.run_id, "hosts", "json", cluster.status().get("hosts", []))
         try:
-            if not cluster.running:  # chosen but not started yet (rd.train's own cluster): part of the run
-                cluster.start()
+            ready(cluster)  # started, waited for or restarted as part of the run (rd.train's own cluster too)
             self.job = cluster.submit(
                 engine_task, model, data, config.to_dict(), targets=self.targets, on_event=self._on_event, **code
             )
@@ -213,12 +218,13 @@ class TrainingJob:
     def poll(self, wait_s: float = 0.0) -> bool:
         """Advance the job (stream its rows); True once it has ended.
 
-        A stop requested more than :data:`STOP_GRACE_S` ago that has not ended the run
-        escalates to :meth:`interrupt`.
+        A stop request that has not ended the run within its grace (:meth:`request_stop`)
+        escalates, once, to :meth:`interrupt`; a run ended so is ``stopped``, not ``failed``.
         """
         if self.state != "running":
             return True
-        if self.stop_requested_at is not None and time.monotonic() - self.stop_requested_at > STOP_GRACE_S:
+        if self._interrupt_at is not None and not self._escalated and time.monotonic() > self._interrupt_at:
+            self._escalated = True
             self.interrupt()
         try:
             done = self.job.poll(wait_s)
@@ -229,8 +235,11 @@ class TrainingJob:
             try:
                 self.results = self.job.result()
             except RankFailure as exc:
-                self.exception = exc
-                self._finish("failed", str(exc))
+                if self._escalated and all(r.status in ("ok", "interrupted", "aborted") for r in self.job.ranks.values()):
+                    self._finish("stopped", f"did not stop when asked; interrupted: {self.job.interrupt_summary().removeprefix('Ctrl-C: ')}")
+                else:
+                    self.exception = exc
+                    self._finish("failed", str(exc))
             else:
                 stopped = any(r.get("stopped_early") for r in self.results)
                 self._finish("stopped" if stopped else "finished")
@@ -252,15 +261,21 @@ class TrainingJob:
             raise KeyboardInterrupt(f"{self.job.interrupt_summary()}; run {self.run_id} recorded as interrupted") from None
         return self
 
-    def request_stop(self, status: str | None = None) -> None:
+    def request_stop(self, status: str | None = None, grace_s: float = STOP_GRACE_S) -> None:
         """Ask every rank to stop after its current step (cooperative, see ``Job.request_stop``).
 
-        ``status`` is what the store records when the run then ends without failing (a
-        sweep passes ``"pruned"``); by default ``interrupted`` if it stopped early, else
-        ``finished``. Only the first request counts.
+        A run that has not ended ``grace_s`` seconds later is interrupted by :meth:`poll`
+        (ranks busy in a long step, or code that never asks ``should_stop``). ``status``
+        is what the store records when the run then ends without failing (a sweep passes
+        ``"pruned"``); by default ``interrupted`` if it stopped early, else ``finished``.
+        The first request sets the status; a later one can only shorten the grace.
         """
-        if self.state == "running" and self.stop_requested_at is None:
-            self.stop_requested_at = time.monotonic()
+        if self.state != "running":
+            return
+        now = time.monotonic()
+        self._interrupt_at = min(self._interrupt_at if self._interrupt_at is not None else math.inf, now + grace_s)
+        if self.stop_requested_at is None:
+            self.stop_requested_at = now
             self._stop_status = status
             self.job.request_stop()
 

@@ -1,4 +1,4 @@
-"""Where and with what a run ran: host process liveness, git commit, library versions.
+"""Where and with what a run ran: git commit, library versions.
 
 Read without starting processes or importing heavy libraries: the git commit comes from
 the ``.git`` files, versions from package metadata (or the already-imported module).
@@ -11,30 +11,6 @@ import platform
 import sys
 from importlib import metadata
 from pathlib import Path
-
-
-def pid_started(pid: int) -> float | None:
-    """Creation time of process ``pid`` (to tell a reused pid apart), or None."""
-    import psutil
-
-    try:
-        return psutil.Process(pid).create_time()
-    except (psutil.Error, OSError):
-        return None
-
-
-def process_alive(pid: int, started: float | None) -> bool:
-    """Whether process ``pid`` (created at ``started``) still runs on this host."""
-    import psutil
-
-    try:
-        proc = psutil.Process(pid)
-        if started is not None and abs(proc.create_time() - started) > 1.0:
-            return False  # the pid was reused by another process
-        return proc.status() != psutil.STATUS_ZOMBIE
-    except (psutil.Error, OSError):
-        return False
-
 
 #: What :func:`git_commit` records for a run started outside any git checkout.
 NOT_A_REPOSITORY = "not a git repository"

@@ -7,6 +7,10 @@ is recorded instead, with the source of the notebook-defined classes and functio
 The source comes from :mod:`linecache`, where IPython keeps every executed cell; on
 Python 3.11 ``inspect.getsource`` cannot find a notebook class, so a class is found by
 name in the cell its methods were compiled from.
+
+:func:`run_sources` gives a recorded run's code for display (the panel's Source section):
+the notebook sources, and the source of each ``"module:qualname"`` it names, read from the
+module's file without importing it.
 """
 
 from __future__ import annotations
@@ -17,12 +21,17 @@ import linecache
 import textwrap
 import types
 from collections.abc import Mapping
+from importlib.machinery import PathFinder
+from importlib.util import find_spec
+from pathlib import Path
 from typing import Any
 
 from rapydli.experiments.refs import callable_ref
 
 #: Notebook-defined names followed from a function to what it uses (bounds the walk).
 MAX_SOURCES = 20
+#: Run parameters that may name code as ``"module:qualname"``, in the order they are shown.
+CODE_PARAMS = ("model_fn", "data_fn", "loss_fn", "optimizer_fn")
 
 
 def code_params(model: Any, data: Any, code: Mapping[str, Any]) -> dict[str, Any]:
@@ -151,3 +160,80 @@ def _class_in(filename: str, name: str, line: int | None) -> str | None:
             start = min([node.lineno, *(d.lineno for d in node.decorator_list)])
             return textwrap.dedent("".join(lines[start - 1 : node.end_lineno]))
     return None
+
+
+def run_sources(params: Mapping[str, Any], cwd: str | None = None) -> list[dict[str, Any]]:
+    """The code a recorded run names, for display: first the notebook's own, then what it imports.
+
+    Parameters
+    ----------
+    params
+        The run's recorded parameters (``model_fn``, ``data_fn``, ... and ``sources``).
+    cwd
+        The directory the run ran in: its modules are looked for there too.
+
+    Returns
+    -------
+    list of dict
+        ``name``, ``origin`` (``module`` or ``notebook``), ``source``; a module's also
+        ``role`` (the parameter naming it), ``ref``, ``file`` and ``line``.
+    """
+    notebook = params.get("sources")
+    found: list[dict[str, Any]] = [
+        {"name": str(name), "origin": "notebook", "source": text}
+        for name, text in (notebook.items() if isinstance(notebook, Mapping) else ())
+        if isinstance(text, str)
+    ]
+    for role in CODE_PARAMS:
+        ref = params.get(role)
+        if isinstance(ref, str) and ref.count(":") == 1:
+            located = module_source(ref, cwd)
+            if located is not None:
+                found.append({"name": ref.split(":")[1], "origin": "module", "role": role, "ref": ref, **located})
+    return found
+
+
+def module_source(ref: str, cwd: str | None = None) -> dict[str, Any] | None:
+    """``{"file", "line", "source"}`` of the function or class ``"module:qualname"`` names.
+
+    The module's file is found as ``import`` would find it (or under ``cwd``) and parsed,
+    never imported: nothing of it runs. None when it cannot be found.
+    """
+    module, _, qualname = ref.partition(":")
+    file = _module_file(module, cwd)
+    if file is None:
+        return None
+    try:
+        text = file.read_text()
+        nodes: list[ast.stmt] = ast.parse(text).body
+    except (OSError, SyntaxError, ValueError):
+        return None
+    node: ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef | None = None
+    for part in qualname.split("."):
+        node = next((n for n in nodes if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and n.name == part), None)
+        if node is None:
+            return None
+        nodes = node.body
+    assert node is not None
+    start = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+    lines = text.splitlines(keepends=True)[start - 1 : node.end_lineno]
+    return {"file": str(file), "line": start, "source": textwrap.dedent("".join(lines))}
+
+
+def _module_file(module: str, cwd: str | None) -> Path | None:
+    """The ``.py`` file of ``module``: its top package as ``import`` finds it (else under ``cwd``),
+    then each submodule in its parent's folders; no module is imported."""
+    parts = module.split(".")
+    try:
+        spec = find_spec(parts[0])  # a top-level name: looked up, not imported
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None and cwd:
+        spec = PathFinder.find_spec(parts[0], [cwd])
+    for depth in range(1, len(parts)):
+        if spec is None or not spec.submodule_search_locations:
+            return None
+        spec = PathFinder.find_spec(".".join(parts[: depth + 1]), list(spec.submodule_search_locations))
+    if spec is None or not spec.origin or not spec.origin.endswith(".py"):
+        return None
+    return Path(spec.origin)

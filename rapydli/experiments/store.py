@@ -45,23 +45,18 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from rapydli.cluster.processes import alive, started_at
 from rapydli.errors import ConfigError, NotFoundError, RapydliWarning, StoreError
 from rapydli.experiments.annotations import RunAnnotations
-from rapydli.experiments.provenance import git_commit, pid_started, process_alive, versions
+from rapydli.experiments.provenance import git_commit, versions
 from rapydli.experiments.storefs import journal_mode
 from rapydli.paths import home
-from rapydli.settings import BATCH_ITEM, PARENT_RUN, STORE_PATH, settings
+from rapydli.settings import settings
 
 KINDS = ("train", "sweep", "trial", "scaling", "batch", "tune")
 #: ``pruned``: a sweep's trial stopped early by the pruner. The schema does not restrict
 #: statuses, so adding one needs no migration.
 STATUSES = ("running", "finished", "failed", "interrupted", "pruned")
-#: Environment variable through which a batch passes its item's run id to the notebook.
-BATCH_ITEM_ENV = BATCH_ITEM
-#: Environment variable naming the parent of runs created in this process (a batch item).
-PARENT_ENV = PARENT_RUN
-#: Environment variable naming the store file of this process (default ``$RAPYDLI_HOME/runs.db``).
-STORE_PATH_ENV = STORE_PATH
 
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 _BUSY_TIMEOUT_MS = 60_000
@@ -306,7 +301,7 @@ class RunStore(RunAnnotations):
         row = (
             run_id, kind, str(name), parent, params_json, "running", None,
             None if seed is None else int(seed), int(world_size), now, None, now,
-            self._host, pid, pid_started(pid), os.getcwd(), git_commit(), to_json(versions()),
+            self._host, pid, started_at(pid), os.getcwd(), git_commit(), to_json(versions()),
         )  # fmt: skip
         self._write(
             lambda conn: conn.execute(
@@ -359,20 +354,6 @@ class RunStore(RunAnnotations):
             )
         )
 
-    def update_params(self, run_id: str, params: Mapping[str, Any]) -> None:
-        """Merge ``params`` into a run's parameters (e.g. the resolved seed or output path)."""
-        validate_run_id(run_id)
-        extra = json.loads(to_json(dict(params)))
-
-        def write(conn: sqlite3.Connection) -> None:
-            row = conn.execute("SELECT params FROM runs WHERE id = ?", (run_id,)).fetchone()
-            if row is None:
-                raise NotFoundError(f"no run {run_id!r} in {self.path}")
-            merged = {**json.loads(row[0]), **extra}
-            conn.execute("UPDATE runs SET params = ? WHERE id = ?", (to_json(merged), run_id))
-
-        self._write(write)
-
     def finish_run(self, run_id: str, status: str = "finished", error: str | None = None) -> None:
         """End a run with ``status`` finished, failed, interrupted or pruned (and the error text, if any)."""
         validate_run_id(run_id)
@@ -403,7 +384,7 @@ class RunStore(RunAnnotations):
         gone = []
         for row in self._read("SELECT id, host, pid, pid_started, heartbeat FROM runs WHERE status = 'running'"):
             if row["host"] == self._host:
-                dead = not process_alive(row["pid"], row["pid_started"])
+                dead = alive(row["pid"], row["pid_started"]) is None
             else:
                 dead = now - row["heartbeat"] > stale_after
             if dead:
@@ -565,6 +546,6 @@ def current_run_id() -> str | None:
     return settings().batch_item or _current.get(os.getpid())
 
 __all__ = [
-    "KINDS", "STATUSES", "BATCH_ITEM_ENV", "PARENT_ENV", "STORE_PATH_ENV", "MIGRATIONS", "SCHEMA_VERSION", "RunStore",
+    "KINDS", "STATUSES", "MIGRATIONS", "SCHEMA_VERSION", "RunStore",
     "open_store", "require_store", "current_run_id", "store_enabled", "validate_run_id", "to_json",
 ]  # fmt: skip

@@ -21,9 +21,6 @@ from rapydli.errors import StoreError
 if TYPE_CHECKING:
     from rapydli.experiments.store import RunStore
 
-_TABLES = ("runs", "metrics", "artifacts", "records")
-
-
 def job_store(store: RunStore, run_id: str, path: str | os.PathLike[str]) -> Path:
     """Create ``path`` as an empty store of the same schema holding a copy of run ``run_id``.
 

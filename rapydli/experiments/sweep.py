@@ -4,8 +4,9 @@ The notebook runs Optuna's ask-and-tell loop (design flow 3): the sampler propos
 trial's parameters, the trial trains on its own group of ``workers_per_trial`` engines
 (an MPI communicator over just them), ``parallel`` groups run trials side by side, and
 every intermediate metric from a trial's rank 0 is reported to the pruner, which stops a
-trial on all of its ranks (``request_stop``: they end after the same step). Samplers and
-pruners are Optuna's, looked up by name in :data:`SAMPLERS` and :data:`PRUNERS`.
+trial on all of its ranks (``request_stop``: they end after the same step); why (the step,
+the value and the bar it missed, :mod:`rapydli.experiments.pruning`) is recorded with the
+trial as its ``prune`` record. Samplers and pruners are Optuna's, looked up by name in :data:`SAMPLERS` and :data:`PRUNERS`.
 
 A trial that raises is recorded as ``FAIL`` with its error and the sweep goes on (the
 cluster is restarted if its engines died; trials that were running beside it are recorded
@@ -25,7 +26,6 @@ from __future__ import annotations
 
 import math
 import threading
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from rapydli.errors import ConfigError, RapydliError
 from rapydli.experiments.job import STOP_GRACE_S, TrainingJob
+from rapydli.experiments.pruning import explain_prune
 from rapydli.experiments.space import Dimension, validate_space
 from rapydli.trainer.config import TrainConfig
 
@@ -84,7 +85,9 @@ SAMPLERS: dict[str, Callable[[Mapping[str, Dimension], int], Any]] = {"tpe": _tp
 #: Optuna pruners by name (``median`` starts pruning after 2 finished trials).
 PRUNERS: dict[str, Callable[[], Any]] = {"successive_halving": _successive_halving, "median": _median, "none": _no_pruning}
 
-INTERRUPT_AFTER_S = 1.5  # after Ctrl-C: stop requests get this long, then SIGINT
+#: After Ctrl-C (or a failure), the running trials' stop requests get this long before the
+#: jobs interrupt them (:meth:`TrainingJob.request_stop`); a plain stop gets ``STOP_GRACE_S``.
+INTERRUPT_AFTER_S = 1.5
 POLL_S = 0.02
 
 
@@ -134,6 +137,7 @@ class _Trial:
     reports: list[tuple[int, float]] = field(default_factory=list)
     error: str = ""
     pruned: bool = False
+    prune: dict[str, Any] | None = None  # why the pruner stopped it (rapydli.experiments.pruning)
 
     @property
     def value(self) -> float | None:
@@ -338,6 +342,7 @@ class Sweep:
         record.trial.report(float(value), step)
         if record.trial.should_prune():
             record.pruned = True
+            record.prune = explain_prune(self.study, record.trial.number, self.pruner, self.metric, step, float(value))
             record.job.request_stop(status="pruned")  # type: ignore[union-attr]
 
     def _advance(self, record: _Trial, wait_s: float) -> None:
@@ -363,6 +368,8 @@ class Sweep:
         self.study.tell(record.trial, value, state=states[state])
         if record.job is not None and record.job.store is not None and record.job.run_id is not None:
             record.job.store.add_record(record.job.run_id, "trial_state", "scalar", state)
+            if state == "PRUNED" and record.prune is not None:
+                record.job.store.add_record(record.job.run_id, "prune", "json", record.prune)
 
     def _after_failure(self, record: _Trial) -> None:
         """When a failed trial took its engines down, end the others and restart the cluster."""
@@ -377,15 +384,9 @@ class Sweep:
         With ``retry``, each is enqueued again with its parameters (it failed through no fault of its own).
         """
         running = [r for r in self.records if r.state == "RUNNING" and r.job is not None]
-        for record in running:
-            record.job.request_stop()  # type: ignore[union-attr]
-        deadline = time.monotonic() + (INTERRUPT_AFTER_S if interrupted else STOP_GRACE_S)
-        interrupted_now = False
+        for record in running:  # each job interrupts itself if it has not stopped after the grace
+            record.job.request_stop(grace_s=INTERRUPT_AFTER_S if interrupted else STOP_GRACE_S)  # type: ignore[union-attr]
         while any(r.job.state == "running" for r in running):  # type: ignore[union-attr]
-            if time.monotonic() > deadline and not interrupted_now:
-                for record in running:
-                    record.job.interrupt()  # type: ignore[union-attr]
-                interrupted_now = True
             for record in running:
                 record.job.poll(POLL_S)  # type: ignore[union-attr]
         for record in running:
@@ -428,7 +429,7 @@ class Sweep:
             index = complete["value"].idxmin() if self.direction == "minimize" else complete["value"].idxmax()
             best = {name: _plain(complete.loc[index, name]) for name in self.space}
             best_value, best_trial = float(complete.loc[index, "value"]), int(complete.loc[index, "trial"])
-        figure = sweep_figure(table, self.metric, list(self.space), widget=False, title=f"sweep: {self.metric} ({self.direction})")
+        figure = sweep_figure(table, self.metric, list(self.space), title=f"sweep: {self.metric} ({self.direction})")
         return SweepResult(table=table, best_params=best, figure=figure, run_id=self.run_id, study=self.study,
                            best_value=best_value, best_trial=best_trial)  # fmt: skip
 

@@ -1,26 +1,28 @@
-"""Checks of a pipelined ``TrainConfig`` that involve more than one field (run when it is built)."""
+"""Checks of a ``TrainConfig``'s layout fields that involve more than one field (run when it is built)."""
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping
 from typing import Any
 
 from rapydli.errors import ConfigError
 from rapydli.parallel.grid import data_parallel_degree
+
+#: How a tensor plan splits a module (:func:`rapydli.parallel.tensor.parallelize`).
+TENSOR_STYLES = ("column", "row", "heads")
 
 
 def check_pipeline(config: Any) -> None:
     """Raise :class:`ConfigError` if the pipeline fields of ``config`` cannot work together.
 
     ``workers`` (the ranks ``rd.train`` starts) must be a multiple of
-    ``pipeline_stages``; ``microbatches`` at most ``batch_size``; ``autotune`` off; an explicit
-    ``pipeline_split`` names ``pipeline_stages - 1`` points (which points a model has is
-    checked when the model is split).
+    ``pipeline_stages x tensor_parallel``; ``microbatches`` at most ``batch_size``;
+    ``autotune`` off; an explicit ``pipeline_split`` names ``pipeline_stages - 1`` points
+    (which points a model has is checked when the model is split).
     """
     stages = config.pipeline_stages
-    try:
-        data_parallel_degree(config.workers, stages)
-    except ConfigError as exc:
-        raise ConfigError(f"TrainConfig.workers={config.workers}: {exc}") from None
+    check_grid(config)
     if config.microbatches > config.batch_size:
         raise ConfigError(
             f"TrainConfig.microbatches={config.microbatches} is larger than batch_size={config.batch_size}: "
@@ -39,8 +41,52 @@ def check_pipeline(config: Any) -> None:
         )
 
 
+def check_grid(config: Any) -> None:
+    """Raise :class:`ConfigError` unless ``workers`` is a multiple of ``pipeline_stages x tensor_parallel``."""
+    try:
+        data_parallel_degree(config.workers, config.pipeline_stages, config.tensor_parallel)
+    except ConfigError as exc:
+        raise ConfigError(f"TrainConfig.workers={config.workers}: {exc}") from None
+
+
 def split_names(value: str) -> str | list[str]:
     """``"auto"``, or the block names of a comma-separated ``pipeline_split``."""
     if value.strip() == "auto":
         return "auto"
     return [name.strip() for name in value.split(",") if name.strip()]
+
+
+def tensor_plan_text(value: Any) -> str | None:
+    """``tensor_plan`` as it is stored: ``None`` (the built-in plan) or a JSON object of module glob -> style.
+
+    Accepts ``None``, ``"auto"``, a mapping, or the JSON text of one (what the run store and
+    the command line carry); a style other than ``column``/``row``/``heads`` or anything
+    else is a :class:`ConfigError`.
+
+    Examples
+    --------
+    >>> tensor_plan_text({"1": "column", "3": "row"})
+    '{"1": "column", "3": "row"}'
+    >>> tensor_plan_text("auto") is None
+    True
+    """
+    if value is None or (isinstance(value, str) and value.strip() == "auto"):
+        return None
+    plan = value
+    if isinstance(value, str):
+        try:
+            plan = json.loads(value)
+        except json.JSONDecodeError:
+            plan = None
+    usage = "a dict {module glob: 'column' | 'row' | 'heads'} (or its JSON text), or None / 'auto' for the built-in plan"
+    if not isinstance(plan, Mapping) or not plan or not all(isinstance(k, str) and isinstance(v, str) for k, v in plan.items()):
+        raise ConfigError(f"TrainConfig.tensor_plan={value!r} is invalid: it must be {usage}")
+    for pattern, style in plan.items():
+        if style not in TENSOR_STYLES:
+            raise ConfigError(f"TrainConfig.tensor_plan {pattern!r}: {style!r} is not a style; allowed: {', '.join(TENSOR_STYLES)}")
+    return json.dumps(dict(plan))
+
+
+def tensor_plan(text: str | None) -> dict[str, str] | None:
+    """The plan a stored ``tensor_plan`` names: a dict, or ``None`` for the model's built-in plan."""
+    return None if text is None else dict(json.loads(text))

@@ -1,4 +1,4 @@
-"""Counting the activation memory autograd keeps for backward.
+"""Counting the memory a rank holds for training: activations, and parameters, gradients and optimizer state.
 
 :class:`ActivationMeter` installs ``torch.autograd.graph.saved_tensors_hooks``: every
 tensor autograd saves during forward is wrapped in a holder that adds its bytes to the
@@ -7,6 +7,9 @@ storage with the model's parameters (weights saved for backward) are not activat
 are not counted; a storage saved twice is counted once while both are held.
 
 :func:`step_memory` measures one training step of a run's config on every rank with it.
+:func:`training_bytes` counts what a rank keeps between steps: the storage of its
+parameters, of its gradients (a synchronizer's buckets, ZeRO-2's slices and buckets in
+flight, or plain ``.grad`` tensors) and of its optimizer state, each storage once.
 """
 
 from __future__ import annotations
@@ -148,3 +151,35 @@ def step_memory(model: nn.Module, config: Any, train_data: Any, world: Any = Non
         "peak_activation_bytes": meter.peak,
         "parameters": sum(p.numel() for p in part.parameters()),
     }
+
+
+def storage_bytes(tensors: Iterable[torch.Tensor | None]) -> int:
+    """Bytes of the distinct storages under ``tensors`` (views of one buffer count it once; ``None`` is skipped)."""
+    seen: dict[int, int] = {}
+    for tensor in tensors:
+        if tensor is not None:
+            storage = tensor.untyped_storage()
+            seen[storage.data_ptr()] = storage.nbytes()
+    return sum(seen.values())
+
+
+def training_bytes(model: torch.nn.Module, optimizer: Any, sync: Any = None) -> dict[str, int]:
+    """``{"params", "grads", "optimizer_state"}``: bytes this rank holds for training ``model``.
+
+    Call it after a backward (plain ``.grad`` tensors exist then). ``optimizer`` is a
+    ``torch.optim.Optimizer`` or a :class:`~rapydli.parallel.zero.ShardedOptimizer`;
+    ``sync`` the :class:`~rapydli.comm.GradientSynchronizer` whose buckets hold the
+    gradients, if there is one.
+    """
+    from rapydli.parallel.zero import ShardedOptimizer
+
+    params = list(model.parameters())
+    if sync is not None:
+        grads = sync.buffer_bytes()
+    elif isinstance(optimizer, ShardedOptimizer) and optimizer.stage == 2:
+        grads = optimizer.gradient_bytes()
+    else:
+        grads = storage_bytes(p.grad for p in params)
+    inner = optimizer.optimizer if isinstance(optimizer, ShardedOptimizer) else optimizer
+    state = storage_bytes(value for entry in inner.state.values() for value in entry.values() if isinstance(value, torch.Tensor))
+    return {"params": storage_bytes(params), "grads": grads, "optimizer_state": state}

@@ -29,10 +29,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from rapydli.errors import ConfigError
+from rapydli.registry import Registry
 
-#: Action kinds that compute, and those that move tensors between neighbouring stages.
+#: Action kinds that compute (the others move tensors between neighbouring stages).
 COMPUTE = ("forward", "backward")
-TRANSFER = ("send_activation", "recv_activation", "send_gradient", "recv_gradient")
 
 
 @dataclass(frozen=True)
@@ -114,15 +114,17 @@ def one_f_one_b(stages: int, microbatches: int) -> Schedule:
     return schedule
 
 
-#: Schedules by the name ``TrainConfig.pipeline_schedule`` uses.
-SCHEDULES: dict[str, Callable[[int, int], Schedule]] = {"gpipe": gpipe, "1f1b": one_f_one_b}
+#: Schedules by the name ``TrainConfig.pipeline_schedule`` uses: ``f(stages, microbatches) -> Schedule``.
+#: Other packages add schedules in the ``rapydli.pipeline_schedules`` entry-point group.
+SCHEDULES = Registry("pipeline schedule", {"gpipe": gpipe, "1f1b": one_f_one_b}, group="rapydli.pipeline_schedules")
 
 
 def build(name: str, stages: int, microbatches: int) -> Schedule:
     """The schedule registered as ``name``; an unknown name is a :class:`ConfigError`."""
     if name not in SCHEDULES:
         raise ConfigError(f"pipeline_schedule={name!r} is unknown; allowed: {', '.join(SCHEDULES)}")
-    return SCHEDULES[name](stages, microbatches)
+    make: Callable[[int, int], Schedule] = SCHEDULES.load(name)
+    return make(stages, microbatches)
 
 
 def peak_live(actions: Sequence[Action]) -> int:

@@ -21,6 +21,10 @@ On every rank of a 2-rank group::
     group = TensorGroup(MPI.COMM_WORLD)
     block = parallelize(nn.Sequential(nn.Linear(8, 32), nn.GELU(), nn.Linear(32, 8)), {"0": "column", "2": "row"}, group)
     y = block(x)                      # equals the dense block's output on every rank
+
+Training reaches this through ``TrainConfig(tensor_parallel=2, tensor_plan=...)``: the
+Trainer calls :func:`shard_model` with the tensor-parallel communicator of its
+:class:`~rapydli.parallel.grid.ProcessGrid`.
 """
 
 from __future__ import annotations
@@ -35,8 +39,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from rapydli.errors import ConfigError
-
-STYLES = ("column", "row", "heads")
+from rapydli.parallel.config import TENSOR_STYLES as STYLES
 
 
 class TensorGroup:
@@ -197,13 +200,68 @@ def parallelize(model: nn.Module, plan: Mapping[str, str], group: TensorGroup) -
     return model
 
 
+#: Modules that act elementwise: a column-parallel layer's split output may pass through them to a row-parallel one.
+ELEMENTWISE = (nn.ReLU, nn.GELU, nn.SiLU, nn.Tanh, nn.Sigmoid, nn.LeakyReLU, nn.ELU, nn.Dropout, nn.Identity)
+
+
 def plan_for(model: nn.Module) -> dict[str, str]:
-    """The built-in plan of a reference model (``tiny_lm``: attention by heads, MLPs column/row; an MLP)."""
+    """The built-in plan of a reference model.
+
+    ``tiny_lm``: attention split by heads, each MLP column then row. An ``nn.Sequential``
+    MLP (the zoo's ``mlp``): consecutive linear layers with only elementwise modules
+    between them paired column then row; a linear layer left without a partner (the
+    classifier of an odd count) stays dense.
+
+    Raises
+    ------
+    ConfigError
+        The model has no built-in plan; the message says how to pass one.
+    """
+    from rapydli.parallel.split import pipeline_blocks
     from rapydli.zoo.models import TinyLM
 
     if isinstance(model, TinyLM):
         return {"blocks.*.attn": "heads", "blocks.*.mlp.0": "column", "blocks.*.mlp.2": "row"}
+    plan: dict[str, str] = {}
+    if isinstance(model, nn.Sequential):
+        column: str | None = None
+        for name, block in pipeline_blocks(model):
+            if isinstance(block, nn.Linear):
+                if column is None:
+                    column = name
+                else:
+                    plan[column], plan[name], column = "column", "row", None
+            elif not isinstance(block, ELEMENTWISE):
+                column = None
+    if plan:
+        return plan
     linears = [n for n, m in model.named_modules() if isinstance(m, nn.Linear)]
-    if len(linears) >= 2 and len(linears) % 2 == 0:
-        return {name: ("column" if i % 2 == 0 else "row") for i, name in enumerate(linears)}
-    raise ConfigError(f"no built-in tensor plan for {type(model).__name__}: pass tensor_plan={{module glob: 'column' | 'row' | 'heads'}}")
+    raise ConfigError(
+        f"no built-in tensor plan for {type(model).__name__}: pass TrainConfig(tensor_plan={{module glob: 'column' | 'row' | 'heads'}}), "
+        f"a column layer followed by a row layer; its linear layers are {', '.join(linears) or 'none'}"
+    )
+
+
+def sharded_parameters(model: nn.Module) -> set[int]:
+    """``id``s of the parameters that hold a different slice on each tensor rank (the others are replicated)."""
+    ids: set[int] = set()
+    for module in model.modules():
+        if isinstance(module, ColumnParallelLinear):
+            ids.update(id(p) for p in module.parameters(recurse=False))
+        elif isinstance(module, RowParallelLinear):
+            ids.add(id(module.weight))
+    return ids
+
+
+def shard_model(model: nn.Module, plan: Mapping[str, str] | None, comm: Any) -> nn.Module:
+    """Split ``model`` over the tensor-parallel communicator ``comm`` (in place); returns it.
+
+    The dense parameters and buffers of the group's rank 0 are broadcast first, so every
+    rank cuts its slice from the same weights. ``plan`` ``None``: :func:`plan_for`.
+    """
+    with torch.no_grad():
+        for tensor in (*model.parameters(), *model.buffers()):
+            host = tensor.detach().cpu().contiguous()
+            comm.Bcast(host.numpy(), root=0)
+            tensor.copy_(host)
+    return parallelize(model, plan_for(model) if plan is None else plan, TensorGroup(comm))

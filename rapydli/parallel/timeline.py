@@ -19,8 +19,6 @@ from typing import Any
 
 from rapydli.parallel import schedules
 
-#: Span kinds that are waits rather than compute (drawn in the same row, other colours).
-WAITS = ("recv_activation", "recv_gradient", "send_wait", "allreduce")
 COLOURS = {
     "forward": "#4C78A8",
     "backward": "#F58518",

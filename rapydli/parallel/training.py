@@ -7,30 +7,28 @@ reads this rank's replica's data shard (every stage of a replica reads the same 
 the first stage uses the inputs, the last the targets), averages the stage's gradients
 over its data-parallel copies with its ``GradientSynchronizer``, clips, steps and logs.
 
-Checkpoints: each stage's replica 0 writes ``stage<s>-step<N>.pt`` (its model part and
-optimizer) atomically; once every stage has written, rank 0 writes
-``checkpoint.pt``, naming those files with the step, the split, the sampler position
-and every rank's RNG state, atomically too. A reader therefore finds the previous
-complete checkpoint or the new one; stage files the manifest no longer names are
-removed afterwards.
+With ``tensor_parallel > 1`` the grid has a tensor dimension: once the split is decided
+(on the dense model), the model's layers are split over each stage's tensor-parallel
+ranks (:func:`~rapydli.parallel.tensor.shard_model`) before this rank keeps its stage;
+activations pass between the stages at the same tensor rank.
+
+Checkpoints are the Trainer's sharded ones (:mod:`rapydli.trainer.sharded`); a resumed
+``"auto"`` split keeps the bounds its checkpoint recorded.
 """
 
 from __future__ import annotations
 
 import contextlib
-import math
 import time
-from collections.abc import Callable, Iterable, Sequence
-from pathlib import Path
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 from torch.utils.data import Dataset, default_collate
 
-from rapydli.errors import ConfigError
 from rapydli.parallel import split
-from rapydli.parallel.config import split_names
+from rapydli.parallel.config import split_names, tensor_plan
 from rapydli.parallel.executor import MetricFn, PipelineExecutor
 from rapydli.parallel.grid import ProcessGrid
 from rapydli.parallel.timeline import Recorder
@@ -76,7 +74,7 @@ class PipelineTraining:
     def __init__(self, model: nn.Module, config: Any, world: Any, train_data: Dataset, objective: Objective) -> None:
         objective.check_pipelined(model, config.pipeline_stages)
         self.config = config
-        self.grid = ProcessGrid.create(world, config.pipeline_stages)
+        self.grid = ProcessGrid.create(world, config.pipeline_stages, config.tensor_parallel)
         sample = None
         if world.Get_rank() == 0 and config.pipeline_split.strip() == "auto":
             count = min(len(train_data), config.batch_size)  # type: ignore[arg-type]
@@ -85,6 +83,10 @@ class PipelineTraining:
         resumed = self._checkpoint_bounds(world) if config.resume and config.pipeline_split.strip() == "auto" else None
         # a resumed "auto" run keeps the split its checkpoint was written with
         self.bounds = resumed or split.decide(model, split_names(config.pipeline_split), config.pipeline_stages, sample, world)
+        if config.tensor_parallel > 1:  # every rank splits the dense model; this rank keeps its stage of it below
+            from rapydli.parallel.tensor import shard_model
+
+            shard_model(model, tensor_plan(config.tensor_plan), self.grid.tensor)
         self.module, self.names = split.stage_module(model, self.bounds, self.grid.stage)
         self.loss_fn = objective.loss
         self.recorder = Recorder()
@@ -92,23 +94,10 @@ class PipelineTraining:
 
     def _checkpoint_bounds(self, world: Any) -> list[int] | None:
         """The split recorded in ``checkpoint_dir``'s manifest (rank 0 reads, every rank gets it), or None."""
-        from rapydli.trainer import checkpoint as ckpt
+        from rapydli.trainer.sharded import read_layout
 
-        bounds = None
-        if world.Get_rank() == 0:
-            path = ckpt.checkpoint_path(self.config.checkpoint_dir)
-            if path.exists():
-                layout = ckpt.load(path).get("pipeline")
-                bounds = layout["bounds"] if layout and layout["stages"] == self.grid.stages else None
-        return world.bcast(bounds, root=0)
-
-    def data_communicator(self, algorithm: str) -> Any:
-        """A Communicator over this stage's data-parallel copies (None with one replica)."""
-        if self.grid.replicas == 1:
-            return None
-        from rapydli.comm import Communicator
-
-        return Communicator(self.grid.data, algorithm=algorithm)
+        shape = read_layout(self.config.checkpoint_dir, world)
+        return shape["bounds"] if shape is not None and shape["stages"] == self.grid.stages else None
 
     def attach(self, sync: Any, autocast: Callable[[], contextlib.AbstractContextManager[Any]]) -> None:
         """Build the executor, with the Trainer's synchronizer (or None) and autocast.
@@ -156,17 +145,6 @@ class PipelineTraining:
         assert self.executor is not None, "attach() first"
         return self.executor.train_step(inputs, targets, scale)
 
-    def clip_grad_norm_(self, parameters: Iterable[torch.Tensor], max_norm: float) -> float:
-        """Clip the gradient norm over every stage's parameters (the stages share one norm)."""
-        grads = [p.grad for p in parameters if p.grad is not None]
-        local = sum(float(g.detach().double().pow(2).sum()) for g in grads)
-        total = math.sqrt(self.grid.pipeline.allreduce(local))
-        factor = max_norm / (total + 1e-6)
-        if factor < 1.0:
-            for g in grads:
-                g.detach().mul_(factor)
-        return total
-
     @torch.no_grad()
     def evaluate(self, val_data: Dataset, batch_size: int, device: torch.device, metrics: Sequence[MetricFn] = ()) -> torch.Tensor:
         """``[loss sum, targets]`` and each metric's ``(sum, count)`` over ``val_data``, summed over every rank (collective).
@@ -183,73 +161,10 @@ class PipelineTraining:
             batch = default_collate([val_data[i] for i in indices[start : start + batch_size]])
             inputs, targets = (t.to(device) if isinstance(t, torch.Tensor) else t for t in batch[:2])
             totals += torch.tensor(self.executor.evaluate_batch(inputs, targets, metrics), dtype=torch.float64)
+        if self.grid.tensor_rank != 0:  # the tensor ranks of the last stage computed the same sums: count them once
+            totals.zero_()
         self.grid.world.Allreduce(MPI.IN_PLACE, totals.numpy(), op=MPI.SUM)
         return totals
-
-    # -- checkpoints -----------------------------------------------------------------------
-    def save_checkpoint(self, trainer: Any) -> Path | None:
-        """Write this stage's part (replica 0), then rank 0's manifest; collective over the world."""
-        from rapydli.trainer import checkpoint as ckpt
-
-        directory = Path(trainer.config.checkpoint_dir)
-        world = self.grid.world
-        name = f"stage{self.grid.stage}-step{trainer.step}.pt"
-        error = None
-        if self.grid.replica == 0:
-            try:
-                ckpt.save_atomic({"model": self.module.state_dict(), "optimizer": trainer.optimizer.state_dict()}, directory / name)
-            except Exception as exc:  # noqa: BLE001 - every rank must learn of it before the manifest
-                error = f"rank {world.Get_rank()}: {type(exc).__name__}: {exc}"
-        rng = world.gather(ckpt.rng_state(), root=0)
-        errors = [e for e in world.allgather(error) if e]
-        if errors:
-            raise RuntimeError("pipeline checkpoint not written: " + "; ".join(errors))
-        path = None
-        if world.Get_rank() == 0:
-            epoch, done = divmod(trainer.step, trainer.steps_per_epoch)
-            files = [f"stage{s}-step{trainer.step}.pt" for s in range(self.grid.stages)]
-            state = {
-                "pipeline": {"stages": self.grid.stages, "replicas": self.grid.replicas, "bounds": self.bounds, "files": files},
-                "scheduler": {"name": trainer.config.lr_schedule, "step": trainer.step, "total_steps": trainer.total_steps},
-                "sampler": {"epoch": epoch, "batch": done * trainer.config.grad_accum, "seed": trainer.config.seed},
-                "step": trainer.step,
-                "world_size": world.Get_size(),
-                "rng": rng,
-                "config": trainer.config.to_dict(),
-            }
-            path = ckpt.save_atomic(state, ckpt.checkpoint_path(directory))
-        world.Barrier()  # the manifest names the new files: older stage files can go
-        if self.grid.replica == 0:
-            for old in directory.glob(f"stage{self.grid.stage}-step*.pt"):
-                if old.name != name:
-                    old.unlink(missing_ok=True)
-        return path
-
-    def resume(self, trainer: Any) -> None:
-        """Load the manifest's stage file into this stage, restore RNG and step (collective)."""
-        from rapydli.trainer import checkpoint as ckpt
-
-        world = self.grid.world
-        path = ckpt.checkpoint_path(trainer.config.checkpoint_dir)
-        meta = None
-        if world.Get_rank() == 0 and path.exists():
-            state = ckpt.load(path)
-            meta = {k: state.get(k) for k in ("pipeline", "step", "world_size", "rng")}
-        meta = world.bcast(meta, root=0)
-        if meta is None:
-            return
-        layout = meta["pipeline"]
-        if layout is None or meta["world_size"] != world.Get_size() or layout["stages"] != self.grid.stages or layout["bounds"] != self.bounds:
-            raise ConfigError(
-                f"checkpoint {path} was written by {meta['world_size']} ranks with pipeline "
-                f"{layout and {'stages': layout['stages'], 'bounds': layout['bounds']}}; this run has {world.Get_size()} ranks, "
-                f"stages {self.grid.stages}, bounds {self.bounds}: resume with the same workers, pipeline_stages and split"
-            )
-        part = torch.load(path.parent / layout["files"][self.grid.stage], map_location="cpu", weights_only=False)
-        self.module.load_state_dict(part["model"])
-        trainer.optimizer.load_state_dict(part["optimizer"])
-        ckpt.set_rng_state(meta["rng"][world.Get_rank()])
-        trainer.step = trainer._evaluated_at = trainer._saved_at = meta["step"]
 
     def close(self) -> None:
         """Release the grid's communicators."""

@@ -1,33 +1,43 @@
 """Sharded optimizer state (ZeRO stages 1 and 2) over the data-parallel group.
 
-Every rank keeps the whole model but only ``1 / N`` of the optimizer state: the
-parameters are laid end to end in one flat vector per dtype, rank ``r`` owns the ``r``-th
-equal slice, and its optimizer is built over that slice alone. A step:
+Every rank keeps the whole model but only ``1 / N`` of the optimizer state. The
+parameters are grouped into buckets of about ``bucket_mb`` in backward order (as the
+:class:`~rapydli.comm.GradientSynchronizer` groups them); each bucket's parameters *live*
+end to end in one flat buffer (``param.data`` is a view into it), padded to a multiple of
+``N``, and rank ``r`` owns the ``r``-th equal slice of every bucket. The inner optimizer
+runs over views of the owned slices (one per parameter the slice touches), so it keeps
+state for ``1 / N`` of the elements and writes its update straight into the model. A step:
 
-1. gradients: stage 1 takes the gradients already averaged over the group (the
-   ``GradientSynchronizer``'s allreduce) and keeps its slice; stage 2 reduce-scatters the
-   flat gradient (``MPI.Reduce_scatter_block``), so each rank only ever holds the sum of
-   its own slice;
-2. the optimizer updates the owned slice (Adam's moments, SGD's momentum: elementwise,
+1. gradients: stage 1 takes the gradients the ``GradientSynchronizer`` averaged (the
+   owned pieces' gradients are views into them, nothing is copied); stage 2 copies each
+   parameter's gradient into its bucket from a gradient hook and drops it, and
+   reduce-scatters a bucket (``MPI.Reduce_scatter_block`` on the communication thread)
+   as soon as backward completes it, so each rank keeps only the averaged gradient of
+   its own slices (at most :data:`IN_FLIGHT` full buckets exist at a time);
+2. the optimizer updates the owned slices (Adam's moments, SGD's momentum: elementwise,
    so a slice updates exactly as the same elements of the whole would);
-3. the updated slices are allgathered into every rank's parameters.
+3. every bucket is allgathered in place (``MPI.Allgather``), which updates every rank's
+   parameters.
 
-Optimizer-state bytes per rank are the unsharded ones divided by ``N`` (plus at most one
-element of padding per rank). Gradient clipping by global norm is the caller's, before
-:meth:`ShardedOptimizer.step`.
+Bytes per rank with ``P`` fp32 parameters: ``4P`` of parameters, gradients ``4P``
+(stage 1, the synchronizer's buckets) or ``4P / N`` plus the buckets in flight
+(stage 2), optimizer state ``1 / N`` of the unsharded one (AdamW: ``8P / N``), plus at
+most ``N - 1`` elements of padding per bucket. Gradient clipping by global norm is the
+caller's, before :meth:`ShardedOptimizer.step` (stage 1 only).
 
 Examples
 --------
 On every rank::
 
     optimizer = ShardedOptimizer(model.parameters(), lambda ps: torch.optim.AdamW(ps, lr=1e-3), MPI.COMM_WORLD, stage=2)
-    loss.backward()          # no synchronizer at stage 2: step() reduce-scatters
+    loss.backward()          # no synchronizer at stage 2: the buckets are reduce-scattered during backward
     optimizer.step()
     optimizer.zero_grad()
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -35,38 +45,69 @@ import torch
 from mpi4py import MPI
 from torch import nn
 
+from rapydli.comm.synchronizer import SyncStats
 from rapydli.errors import ConfigError
 
 STAGES = (1, 2)
 
+#: Stage 2: gradient buckets being reduce-scattered at once; launching one more first waits for the oldest.
+IN_FLIGHT = 2
 
-class _Flat:
-    """Parameters of one dtype laid end to end, padded to a multiple of the group size."""
+
+class _Bucket:
+    """Parameters whose values live end to end in ``values``; this rank's slice and the pieces of it."""
 
     def __init__(self, params: list[nn.Parameter], size: int, rank: int) -> None:
         self.params = params
         self.numel = sum(p.numel() for p in params)
         self.shard = -(-self.numel // size)  # elements per rank
-        self.start = rank * self.shard
-        dtype = params[0].dtype
-        self.values = torch.zeros(self.shard * size, dtype=dtype)
-        self.grads = torch.zeros(self.shard * size, dtype=dtype)
-        self.gather_values()
-        self.owned = nn.Parameter(self.values[self.start : self.start + self.shard].clone())
-
-    def gather_values(self) -> None:
-        torch.cat([p.detach().reshape(-1).cpu() for p in self.params], out=self.values[: self.numel])
-
-    def gather_grads(self) -> None:
-        parts = [p.grad.reshape(-1).cpu() if p.grad is not None else torch.zeros(p.numel(), dtype=p.dtype) for p in self.params]
-        torch.cat(parts, out=self.grads[: self.numel])
-
-    def scatter_values(self) -> None:
+        first = params[0]
+        self.values = torch.zeros(self.shard * size, dtype=first.dtype, device=first.device)
+        self.offsets: list[int] = []
         offset = 0
         with torch.no_grad():
-            for p in self.params:
-                p.copy_(self.values[offset : offset + p.numel()].view_as(p))
+            for p in params:
+                self.values[offset : offset + p.numel()].copy_(p.detach().reshape(-1))
+                self.offsets.append(offset)
                 offset += p.numel()
+        self.attach()
+        low, high = rank * self.shard, (rank + 1) * self.shard
+        #: (parameter index, first and end element within it) of each piece of this rank's slice
+        self.pieces = [
+            (i, max(low, start) - start, min(high, start + p.numel()) - start)
+            for i, (p, start) in enumerate(zip(params, self.offsets))
+            if max(low, start) < min(high, start + p.numel())
+        ]
+        self.owned = [nn.Parameter(self.values[self.offsets[i] + a : self.offsets[i] + b]) for i, a, b in self.pieces]
+        self.grad_shard: torch.Tensor | None = None  # stage 2: the averaged gradient of this rank's slice
+        self.grads: torch.Tensor | None = None  # stage 2: the bucket's local gradients until they are reduce-scattered
+        self.missing = len(params)
+        self.ready = [False] * len(params)
+
+    def view(self, i: int) -> torch.Tensor:
+        p = self.params[i]
+        return self.values[self.offsets[i] : self.offsets[i] + p.numel()].view_as(p)
+
+    def attach(self) -> None:
+        """Point every parameter's data at its place in ``values`` (copying values that moved)."""
+        with torch.no_grad():
+            for i, p in enumerate(self.params):
+                view = self.view(i)
+                if p.data.data_ptr() != view.data_ptr():
+                    view.copy_(p.data)
+                    p.data = view
+
+    def give_grads(self, stage: int) -> None:
+        """Set each owned piece's ``.grad``: a view of the parameter's gradient (stage 1) or of ``grad_shard`` (stage 2)."""
+        low = 0
+        for piece, (i, a, b) in zip(self.owned, self.pieces):
+            if stage == 2:
+                assert self.grad_shard is not None
+                piece.grad = self.grad_shard[low : low + b - a]
+                low += b - a
+            else:
+                grad = self.params[i].grad
+                piece.grad = None if grad is None else grad.reshape(-1)[a:b]
 
 
 class ShardedOptimizer:
@@ -75,70 +116,173 @@ class ShardedOptimizer:
     Parameters
     ----------
     params
-        The model's parameters (the same on every rank).
+        The model's parameters (the same on every rank). Their ``.data`` is moved into the
+        optimizer's flat buckets.
     build
-        ``build(params) -> torch.optim.Optimizer``: the optimizer to run on this rank's slice
+        ``build(params) -> torch.optim.Optimizer``: the optimizer to run on this rank's slices
         (``lambda ps: torch.optim.AdamW(ps, lr=...)``); one parameter group.
     comm
         The data-parallel group (mpi4py).
     stage
-        1: gradients come in averaged (keep using the synchronizer); 2: :meth:`step`
-        reduce-scatters the ranks' gradients itself (no synchronizer).
+        1: gradients come in averaged (keep using the synchronizer); 2: gradients are
+        reduce-scattered from hooks during backward (no synchronizer; call :meth:`wait`
+        after backward, or let :meth:`step` do it).
+    bucket_mb
+        Target bucket size in MiB.
 
     Attributes
     ----------
     optimizer
         The inner optimizer over this rank's slices; ``param_groups`` is its groups, so a
         learning-rate schedule sets ``lr`` as for any optimizer.
+    stats
+        Stage 2: the :class:`~rapydli.comm.synchronizer.SyncStats` of the last :meth:`wait`.
     """
 
     def __init__(self, params: Iterable[nn.Parameter], build: Callable[[list[nn.Parameter]], torch.optim.Optimizer], comm: Any,
-                 stage: int = 1) -> None:  # fmt: skip
+                 stage: int = 1, bucket_mb: float = 25.0) -> None:  # fmt: skip
         if stage not in STAGES:
             raise ConfigError(f"zero={stage!r} is invalid: one of {', '.join(map(str, STAGES))}")
         self.comm, self.stage = comm, stage
         self.size, self.rank = comm.Get_size(), comm.Get_rank()
-        by_dtype: dict[torch.dtype, list[nn.Parameter]] = {}
-        for p in params:
-            if p.requires_grad:
-                by_dtype.setdefault(p.dtype, []).append(p)
-        self.flats = [_Flat(group, self.size, self.rank) for group in by_dtype.values()]
-        self.optimizer = build([flat.owned for flat in self.flats])
+        self.buckets = [_Bucket(group, self.size, self.rank) for group in _groups([p for p in params if p.requires_grad], bucket_mb)]
+        self.optimizer = build([piece for bucket in self.buckets for piece in bucket.owned])
         self.param_groups = self.optimizer.param_groups
+        self.stats = SyncStats()
+        self._hooks: list[Any] = []
+        self._communicator: Any = None
+        if stage == 2:
+            from rapydli.comm import Communicator
 
+            self._communicator = Communicator(comm, algorithm="mpi")
+            for bucket in self.buckets:
+                bucket.grad_shard = torch.zeros(bucket.shard, dtype=bucket.values.dtype, device=bucket.values.device)
+                bucket.give_grads(stage)
+                self._hooks += [p.register_post_accumulate_grad_hook(self._hook(bucket, i)) for i, p in enumerate(bucket.params)]
+        self._pending: list[tuple[_Bucket, Any]] = []
+        self._next = 0  # the bucket to reduce-scatter next in this backward
+        self._queued = False  # the end-of-backward callback is queued
+        self._handles: list[tuple[Any, int]] = []  # finished reduce-scatters since the last wait(), with their input bytes
+        self._waited = 0.0
+        self._in_flight_bytes = 0
+        self.peak_gradient_buffer_bytes = 0  # stage 2: the most bytes of whole buckets alive at once
+
+    # -- stage 2: reduce-scatter during backward --------------------------------------------
+    def _hook(self, bucket: _Bucket, i: int) -> Callable[[torch.Tensor], None]:
+        def hook(param: torch.Tensor) -> None:
+            if not self._queued:  # once per backward: reduce-scatter what is left when it ends
+                torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
+                self._queued = True
+            if bucket.grads is None:
+                bucket.grads = self._new_grads(bucket)
+            start = bucket.offsets[i]
+            bucket.grads[start : start + param.numel()].add_(param.grad.reshape(-1))  # type: ignore[union-attr]
+            param.grad = None
+            if not bucket.ready[i]:
+                bucket.ready[i] = True
+                bucket.missing -= 1
+            while self._next < len(self.buckets) and self.buckets[self._next].missing == 0:
+                self._launch(self.buckets[self._next])
+
+        return hook
+
+    def _new_grads(self, bucket: _Bucket) -> torch.Tensor:
+        self._in_flight_bytes += bucket.values.numel() * bucket.values.element_size()
+        self.peak_gradient_buffer_bytes = max(self.peak_gradient_buffer_bytes, self._in_flight_bytes)
+        return torch.zeros_like(bucket.values)
+
+    def _launch(self, bucket: _Bucket) -> None:
+        """Start the bucket's reduce-scatter (its parameters without a gradient count as zero)."""
+        if bucket.grads is None:
+            bucket.grads = self._new_grads(bucket)
+        out = torch.empty(bucket.shard, dtype=bucket.values.dtype, device=bucket.values.device)
+        self._pending.append((bucket, self._communicator.ireduce_scatter_(bucket.grads, out, op="avg")))
+        bucket.grads = None  # the handle's work holds it until the reduce-scatter has run
+        self._next += 1
+        while len(self._pending) > IN_FLIGHT:
+            self._finish_oldest()
+
+    def _finish_oldest(self) -> None:
+        bucket, handle = self._pending.pop(0)
+        started = time.perf_counter()
+        out = handle.wait()
+        self._waited += time.perf_counter() - started
+        assert bucket.grad_shard is not None
+        bucket.grad_shard.add_(out)
+        self._in_flight_bytes -= bucket.values.numel() * bucket.values.element_size()
+        self._handles.append((handle, bucket.values.numel() * bucket.values.element_size()))
+
+    def _end_of_backward(self) -> None:
+        while self._next < len(self.buckets):
+            self._launch(self.buckets[self._next])
+        for bucket in self.buckets:
+            bucket.missing, bucket.ready = len(bucket.params), [False] * len(bucket.params)
+        self._next, self._queued = 0, False
+
+    def wait(self) -> SyncStats:
+        """Stage 2: finish the reduce-scatters of the backward passes so far; returns their stats.
+
+        ``comm_time`` is the time the reduce-scatters ran, ``wait_time`` the time this rank
+        blocked for them (in :meth:`wait` and when :data:`IN_FLIGHT` was reached).
+        """
+        called = time.perf_counter()
+        while self._pending:
+            self._finish_oldest()
+        handles = [h for h, _ in self._handles]
+        comm_time = sum(h.duration for h in handles)
+        hidden = sum(max(0.0, min(h.finished, called) - h.started) for h in handles if h.started is not None and h.finished is not None)
+        self.stats = SyncStats(
+            step=self.stats.step + 1,
+            comm_time=comm_time,
+            wait_time=self._waited,
+            hidden_time=hidden,
+            hidden_fraction=hidden / comm_time if comm_time > 0 else 0.0,
+            buckets=len(handles),
+            launched_in_backward=len(handles),  # every bucket starts from a gradient hook or as backward ends
+            bytes=sum(nbytes for _, nbytes in self._handles),
+        )
+        self._handles, self._waited = [], 0.0
+        return self.stats
+
+    # -- the step --------------------------------------------------------------------------
     def step(self) -> None:
-        """Reduce (stage 2) or take (stage 1) this rank's gradient slice, update it, allgather the parameters."""
-        for flat in self.flats:
-            flat.gather_grads()
-            mine = torch.empty(flat.shard, dtype=flat.grads.dtype)
-            if self.stage == 2:
-                self.comm.Reduce_scatter_block(flat.grads.numpy(), mine.numpy(), op=MPI.SUM)
-                mine /= self.size
-            else:
-                mine.copy_(flat.grads[flat.start : flat.start + flat.shard])
-            flat.owned.grad = mine
+        """Update this rank's slices from their averaged gradients, then allgather every bucket."""
+        if self.stage == 2:
+            if self._pending:
+                self.wait()
+        else:
+            for bucket in self.buckets:
+                bucket.give_grads(self.stage)
         self.optimizer.step()
-        for flat in self.flats:
-            self.comm.Allgather(flat.owned.detach().numpy(), flat.values.numpy())
-            flat.scatter_values()
+        for bucket in self.buckets:
+            _allgather(self.comm, bucket.values)
 
     def refresh(self) -> None:
-        """Take the parameters' current values into this rank's slices (after the model was loaded or broadcast)."""
-        with torch.no_grad():
-            for flat in self.flats:
-                flat.gather_values()
-                flat.owned.copy_(flat.values[flat.start : flat.start + flat.shard])
+        """Keep the parameters in the buckets after their data was replaced (a load that swapped tensors)."""
+        for bucket in self.buckets:
+            bucket.attach()
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """Clear the model's gradients (and the slices')."""
-        for flat in self.flats:
-            flat.owned.grad = None
-            for p in flat.params:
+        """Clear the model's gradients and this rank's gradient slices."""
+        for bucket in self.buckets:
+            if bucket.grad_shard is not None:
+                bucket.grad_shard.zero_()
+            for p in bucket.params:
                 if set_to_none:
                     p.grad = None
                 elif p.grad is not None:
                     p.grad.zero_()
 
+    def close(self) -> None:
+        """Remove the gradient hooks and stop the communication thread (stage 2)."""
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks = []
+        if self._communicator is not None:
+            self._communicator.close()
+            self._communicator = None
+
+    # -- measurements and checkpoints ------------------------------------------------------
     def state_bytes(self) -> int:
         """Bytes of optimizer state this rank holds (moments, momentum buffers, step counters)."""
         return sum(
@@ -148,17 +292,54 @@ class ShardedOptimizer:
             if isinstance(value, torch.Tensor)
         )
 
+    def gradient_bytes(self) -> int:
+        """Stage 2: bytes of this rank's gradient slices plus the most whole buckets alive at once; stage 1: 0 (the synchronizer's)."""
+        if self.stage == 1:
+            return 0
+        shards = sum(b.grad_shard.numel() * b.grad_shard.element_size() for b in self.buckets if b.grad_shard is not None)
+        return shards + self.peak_gradient_buffer_bytes
+
     def state_dict(self) -> dict[str, Any]:
         """This rank's shard of the optimizer state, with the layout it belongs to (a sharded checkpoint)."""
-        return {"zero": self.stage, "world_size": self.size, "rank": self.rank, "numel": [f.numel for f in self.flats],
+        return {"zero": self.stage, "world_size": self.size, "rank": self.rank, "numel": self._layout(),
                 "optimizer": self.optimizer.state_dict()}  # fmt: skip
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Load a shard written by :meth:`state_dict` on the same number of ranks (refused otherwise)."""
-        if state["world_size"] != self.size or state["numel"] != [f.numel for f in self.flats]:
+        """Load a shard written by :meth:`state_dict` by the same rank of the same layout (refused otherwise)."""
+        if state["world_size"] != self.size or state["numel"] != self._layout():
             raise ConfigError(
-                f"this sharded optimizer state was written by {state['world_size']} ranks over {state['numel']} elements; "
-                f"this run has {self.size} ranks over {[f.numel for f in self.flats]}: resume a zero={state['zero']} "
+                f"this sharded optimizer state was written by {state['world_size']} ranks over {sum(state['numel'])} elements; "
+                f"this run has {self.size} ranks over {sum(self._layout())}: resume a zero={state['zero']} "
                 "checkpoint on the same number of ranks and the same model"
             )
+        if state["rank"] != self.rank:
+            raise ConfigError(f"this optimizer shard belongs to data-parallel rank {state['rank']}, not to rank {self.rank}: each rank loads its own")
         self.optimizer.load_state_dict(state["optimizer"])
+
+    def _layout(self) -> list[int]:
+        return [b - a for bucket in self.buckets for _, a, b in bucket.pieces]
+
+
+def _groups(params: list[nn.Parameter], bucket_mb: float) -> list[list[nn.Parameter]]:
+    """Parameters in backward (reverse) order, in buckets of one dtype and device of at most ``bucket_mb`` (or one parameter)."""
+    limit = bucket_mb * (1 << 20)
+    groups: list[list[nn.Parameter]] = []
+    size = 0
+    for p in reversed(params):
+        nbytes = p.numel() * p.element_size()
+        last = groups[-1][-1] if groups else None
+        if last is not None and (last.dtype, last.device) == (p.dtype, p.device) and size + nbytes <= limit:
+            groups[-1].append(p)
+            size += nbytes
+        else:
+            groups.append([p])
+            size = nbytes
+    return groups
+
+
+def _allgather(comm: Any, values: torch.Tensor) -> None:
+    """Every rank's slice of ``values`` into every rank's ``values``, in place."""
+    host = values if values.device.type == "cpu" else values.cpu()
+    comm.Allgather(MPI.IN_PLACE, host.numpy())
+    if host is not values:
+        values.copy_(host)

@@ -27,11 +27,12 @@ class VersionHandler(BaseHandler):
 
 
 class LaunchersHandler(BaseHandler):
-    """The launchers a cluster can be started with, and each one's allowed options."""
+    """The launchers a cluster can be started with, each one's allowed options, and ``form``:
+    those the Start dialog shows as fields."""
 
     @tornado.web.authenticated
     async def get(self) -> None:
-        from rapydli.cluster.launchers import LAUNCHERS
+        from rapydli.cluster.launchers import LAUNCHERS, get_launcher
 
         self.reply(
             {
@@ -40,8 +41,9 @@ class LaunchersHandler(BaseHandler):
                         "name": spec.name,
                         "description": spec.description,
                         "options": {key: {"type": opt.kind.__name__, "help": opt.help} for key, opt in spec.options.items()},
+                        "form": list(spec.form),
                     }
-                    for spec in LAUNCHERS.values()
+                    for spec in map(get_launcher, LAUNCHERS)
                 ]
             }
         )

@@ -100,8 +100,8 @@ class ClusterManager:
     ----------
     factory
         ``factory(n, launcher, options)`` returns an unstarted cluster object with
-        ``start()``, ``stop()``, ``restart()`` and ``status()``; default
-        :class:`rapydli.cluster.Cluster`.
+        ``start(wait=False)``, ``wait_started()``, ``stop()`` (which cancels a start under
+        way), ``restart()`` and ``status()``; default :class:`rapydli.cluster.Cluster`.
     """
 
     def __init__(self, factory: Callable[[int, str, Mapping[str, Any]], Any] | None = None) -> None:
@@ -121,17 +121,34 @@ class ClusterManager:
         return entry.describe()
 
     def _start(self, entry: ManagedCluster) -> None:
+        # The wait for the engines holds no lock: a stop meanwhile cancels it (a queued job
+        # leaves the queue) instead of waiting for the engines or the start's timeout.
         with entry.lock:
+            if entry.state == "stopping":
+                return
             try:
                 entry.cluster = self._factory(entry.n, entry.launcher, entry.options)
-                entry.cluster.start()
+                entry.cluster.start(wait=False)
             except Exception as exc:  # noqa: BLE001 - any failure is reported as the entry's error
-                log.warning("cluster %s failed to start: %s", entry.id, exc)
-                entry.state, entry.error = "failed", f"{type(exc).__name__}: {exc}"
-                self._stop_quietly(entry)
+                self._failed(entry, exc)
                 return
+        try:
+            entry.cluster.wait_started()
+        except Exception as exc:  # noqa: BLE001 - any failure is reported as the entry's error
+            with entry.lock:
+                if entry.state != "stopping":  # else the stop cancelled it: no failure to show
+                    self._failed(entry, exc)
+            return
+        with entry.lock:
+            if entry.state == "stopping":
+                return  # the stop under way (waiting for this lock) stops it
             self._publish(entry)
             entry.state = "running"
+
+    def _failed(self, entry: ManagedCluster, exc: Exception) -> None:
+        log.warning("cluster %s failed to start: %s", entry.id, exc)
+        entry.state, entry.error = "failed", f"{type(exc).__name__}: {exc}"
+        self._stop_quietly(entry)
 
     def _publish(self, entry: ManagedCluster) -> None:
         """Let notebooks connect: ``rd.Cluster.attach(entry.attach_id)`` (the server still stops it)."""
@@ -146,10 +163,8 @@ class ClusterManager:
     def _stop_quietly(self, entry: ManagedCluster) -> None:
         if entry.cluster is None:
             return
-        # forget() also removes the record notebooks attach through.
-        stop = getattr(entry.cluster, "forget", None) if entry.attach_id else None
-        try:
-            (stop or entry.cluster.stop)()
+        try:  # stop() also removes the record notebooks attach through
+            entry.cluster.stop()
         except Exception as exc:  # noqa: BLE001 - stopping is best effort after a failure
             log.warning("cluster %s did not stop cleanly: %s", entry.id, exc)
 
@@ -260,11 +275,12 @@ class ClusterManager:
         return pending
 
     def stop(self, cluster_id: str, wait: bool = True) -> dict[str, Any]:
-        """Stop a cluster (waiting for a start in progress) and forget it.
+        """Stop a cluster (cancelling a start in progress) and forget it.
 
         With ``wait`` (the default) return once stopped; without, return at once with state
         ``stopping`` and stop in a thread (the entry stays listed as ``stopping`` until then).
-        A cluster this server did not start is stopped through :mod:`rapydli.cluster.registry`.
+        A start under way is cancelled (its batch job leaves the queue). A cluster this
+        server did not start is stopped through :mod:`rapydli.cluster.registry`.
         """
         with self._lock:
             entry = self._clusters.get(cluster_id)
@@ -273,7 +289,7 @@ class ClusterManager:
         entry.state = "stopping"
 
         def stop() -> None:
-            with entry.lock:  # waits for a start or restart in progress
+            with entry.lock:  # waits for a restart in progress; a start's wait for engines is cancelled
                 self._stop_quietly(entry)
                 entry.cluster = None
             with self._lock:

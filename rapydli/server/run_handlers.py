@@ -66,18 +66,20 @@ class FamiliesHandler(BaseHandler):
         store = self.store()
         for family in families:
             for child in family["children"]:
-                if child["kind"] == "trial":  # pruned trials end "finished": show the sweep's word for it
-                    state = store.records(child["id"]).get("trial_state")
-                    child["state"] = state["value"] if state else child["status"]
+                if child["kind"] == "trial":  # the sweep's word for its state (PRUNED, ...), and why it was pruned
+                    child.update(_trial_state(store.records(child["id"]), child["status"]))
         self.reply({"families": families, "total": total, "limit": q.limit, "offset": q.offset})
 
 
 class RunHandler(BaseHandler):
-    """One run with final metrics, tags, note, artifacts, records, hosts and children;
-    ``PATCH`` sets its tags and/or note."""
+    """One run with final metrics, tags, note, artifacts, records, hosts, children and
+    ``sources`` (its code: :func:`~rapydli.experiments.sources.run_sources`); ``PATCH`` sets
+    its tags and/or note."""
 
     @tornado.web.authenticated
     async def get(self, run_id: str) -> None:
+        from rapydli.experiments.sources import run_sources
+
         store = self.store()
         run = _summary(store, store.get_run(check_id(run_id, "run id")))
         run["tags"] = store.tags(run_id)
@@ -87,6 +89,8 @@ class RunHandler(BaseHandler):
         run["hosts"] = hosts if isinstance(hosts, list) and hosts else [run["host"]]
         children, _ = store.list_runs(parent=run_id, limit=MAX_CHILDREN)
         run["children"] = [_summary(store, child) for child in children]
+        params = run["params"] if isinstance(run["params"], dict) else {}
+        run["sources"] = await IOLoop.current().run_in_executor(None, run_sources, params, run.get("cwd"))
         self.reply(run)
 
     @tornado.web.authenticated
@@ -171,14 +175,21 @@ class CompareHandler(BaseHandler):
         self.reply(result)
 
 
+def _trial_state(records: dict[str, Any], status: str) -> dict[str, Any]:
+    """A trial's ``state`` as its sweep told Optuna (COMPLETE, PRUNED, FAIL; else its run status)
+    and ``prune``: the pruner's decision (step, value, the bar it missed, ``text``) or None."""
+    state, prune = records.get("trial_state"), records.get("prune")
+    return {"state": state["value"] if state else status, "prune": prune["value"] if prune else None}
+
+
 def _trial(store: Any, trial: dict[str, Any], metric: str | None) -> dict[str, Any]:
-    """A trial with ``sampled`` (the parameters the sampler chose), ``state`` (pruned, ...),
-    ``value`` (its final metric) and ``intermediate`` (the ``[step, value]`` the pruner saw)."""
+    """A trial with ``sampled`` (the parameters the sampler chose), ``state`` and ``prune``
+    (:func:`_trial_state`), ``value`` (its final metric) and ``intermediate`` (the
+    ``[step, value]`` the pruner saw)."""
     trial = _summary(store, trial)
     params = trial["params"] if isinstance(trial["params"], dict) else {}
     trial["sampled"] = params["params"] if isinstance(params.get("params"), dict) else params
-    state = store.records(trial["id"]).get("trial_state")
-    trial["state"] = state["value"] if state else trial["status"]
+    trial.update(_trial_state(store.records(trial["id"]), trial["status"]))
     trial["value"] = trial["final"].get(metric) if metric else None
     trial["intermediate"] = [[r["step"], r["value"]] for r in store.metrics(trial["id"]) if r["name"] == metric] if metric else []
     return trial

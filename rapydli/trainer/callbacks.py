@@ -38,7 +38,6 @@ STEP_KEYS = (
 )  # fmt: skip
 EVAL_KEYS = ("kind", "step", "epoch", "val_loss", "val_accuracy", "rank", "world_size", "time_s")
 EPOCH_KEYS = ("epoch", "step", "train_loss", "val_loss", "val_accuracy", "epoch_time_s", "samples_per_s", "rank")
-HOOKS = ("on_step_end", "on_eval_end", "on_epoch_end")
 
 
 class Callback(Protocol):

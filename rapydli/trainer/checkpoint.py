@@ -39,11 +39,6 @@ def checkpoint_path(directory: str | os.PathLike[str]) -> Path:
     return Path(directory) / CHECKPOINT_NAME
 
 
-def shard_path(directory: str | os.PathLike[str], rank: int) -> Path:
-    """Rank ``rank``'s slice of a ZeRO optimizer state, beside the checkpoint."""
-    return Path(directory) / f"optimizer-rank{rank}.pt"
-
-
 def rng_state() -> dict[str, Any]:
     """This process's torch, numpy and python RNG states."""
     return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}

@@ -28,7 +28,7 @@ from typing import Any
 from rapydli.comm.registry import ALGORITHMS
 from rapydli.data.kinds import LOADERS
 from rapydli.errors import ConfigError
-from rapydli.parallel.config import check_pipeline
+from rapydli.parallel.config import check_grid, check_pipeline, tensor_plan_text
 from rapydli.parallel.schedules import SCHEDULES as PIPELINE_SCHEDULES
 from rapydli.registry import Registry
 
@@ -151,18 +151,25 @@ class TrainConfig:
     workers: int = _spec(2, "ranks rd.train starts when it is given no cluster", low=1, high=4096)
     pipeline_stages: int = _spec(1, "pipeline stages the model is split into (ranks = data-parallel degree x stages)", low=1, high=1024)
     microbatches: int = _spec(1, "micro-batches each pipeline step cuts a batch into", low=1, high=4096, log=True)
-    pipeline_schedule: str = _spec("1f1b", "pipeline schedule", choices=tuple(PIPELINE_SCHEDULES))
+    pipeline_schedule: str = _spec("1f1b", "pipeline schedule", choices=PIPELINE_SCHEDULES)
     pipeline_split: str = _spec("auto", "where stages begin: 'auto' (measured) or block names, comma-separated ('blocks.2,blocks.4')")
+    tensor_parallel: int = _spec(1, "ranks each layer's weights are split over (ranks = data-parallel x pipeline_stages x tensor_parallel)", low=1, high=1024)
+    tensor_plan: str | None = _spec(
+        None, "how layers are split: None / 'auto' (the model's built-in plan), or {module glob: 'column' | 'row' | 'heads'} (dict or JSON)", optional=True
+    )
 
     def __post_init__(self) -> None:
         if isinstance(self.pipeline_split, list | tuple) and all(isinstance(n, str) for n in self.pipeline_split):
             self.pipeline_split = ",".join(self.pipeline_split)  # ["blocks.2", "blocks.4"] is "blocks.2,blocks.4"
+        self.tensor_plan = tensor_plan_text(self.tensor_plan)  # a dict is kept as its JSON text (the run store and the CLI carry text)
         for spec in fields_spec():
             setattr(self, spec.name, _validated(spec, getattr(self, spec.name)))
         if self.resume and self.checkpoint_dir is None:
             raise ConfigError("TrainConfig.resume=True needs TrainConfig.checkpoint_dir (a directory path), got None")
         if self.pipeline_stages > 1:
             check_pipeline(self)
+        elif self.tensor_parallel > 1:
+            check_grid(self)
         if self.zero == 2 and self.grad_clip is not None:
             raise ConfigError(
                 "TrainConfig.zero=2 keeps only this rank's slice of the averaged gradients, so grad_clip (a global norm) "

@@ -4,6 +4,11 @@ Each rank builds the same model (rank 0's weights are broadcast), reads its own 
 shard of the data through :func:`rapydli.data.loaders.build_loader`, and averages
 gradients with a :class:`rapydli.comm.GradientSynchronizer` whose bucket allreduces
 overlap backward. :meth:`Trainer.fit` is the loop, top to bottom in the order it runs.
+With ``pipeline_stages`` or ``tensor_parallel`` above 1 the ranks form a
+:class:`~rapydli.parallel.grid.ProcessGrid` and this rank trains its stage and its slices
+of the layers, reading its replica's shard; with ``zero`` the optimizer state is sharded
+over the replicas (:mod:`rapydli.parallel.zero`), and such runs checkpoint one part per
+rank (:mod:`rapydli.trainer.sharded`).
 
 Examples
 --------
@@ -155,12 +160,17 @@ class Trainer:
         self.rank, self.world_size = self.mpi.Get_rank(), self.mpi.Get_size()
         # the loss as the whole model's forward decides it (a pipeline's last stage computes it on its outputs)
         self.objective = Objective(model, loss_fn)
-        # pipelined: this rank trains its stage; data (and gradients) are shared with the stage's copies
+        # pipelined: this rank trains its stage; tensor-parallel: its slices of the layers. Data (and gradients) are
+        # shared with the same part's copies in the other replicas (the grid's data group)
         self.pipeline = _pipeline(model, config, self.mpi, train_data, self.objective)
-        self.data_rank, self.data_size = (self.pipeline.grid.replica, self.pipeline.grid.replicas) if self.pipeline else (self.rank, self.world_size)
-        self._owns_comm = comm is None or comm is self.mpi or self.pipeline is not None
+        self.grid = self.pipeline.grid if self.pipeline is not None else _tensor_grid(model, config, self.mpi)
+        self.data_rank, self.data_size = (self.grid.replica, self.grid.replicas) if self.grid else (self.rank, self.world_size)
+        self._owns_comm = comm is None or comm is self.mpi or self.grid is not None
+        self._sharded = self.grid is not None or config.zero > 0  # its checkpoints are per-rank parts (rapydli.trainer.sharded)
         if self.pipeline is not None:
-            model, comm = self.pipeline.module, self.pipeline.data_communicator(config.allreduce)
+            model = self.pipeline.module
+        if self.grid is not None:
+            comm = self.grid.data_communicator(config.allreduce)
         elif self._owns_comm:
             from rapydli.comm import Communicator
 
@@ -178,7 +188,7 @@ class Trainer:
         self.callbacks = tuple(callbacks)
         self.val_data = val_data
         # a checkpoint to resume from, and what it was written with (it may be another world size)
-        self._checkpoint, meta = self._read_checkpoint() if config.resume and self.pipeline is None else (None, None)
+        self._checkpoint, meta = self._read_checkpoint() if config.resume and not self._sharded else (None, None)
         self._lr_scale, resume_from = 1.0, None
         if meta is not None:
             config, self._lr_scale = resized_config(config, meta["world_size"], meta["grad_accum"], self.world_size)
@@ -209,13 +219,14 @@ class Trainer:
                 )
             from rapydli.parallel.zero import ShardedOptimizer
 
-            data_comm = self.pipeline.grid.data if self.pipeline is not None else self.mpi
-            self.optimizer = ShardedOptimizer(self.model.parameters(), lambda ps: optimizer_over(ps, config), data_comm, stage=config.zero)
+            data_comm = self.grid.data if self.grid is not None else self.mpi
+            self.optimizer = ShardedOptimizer(
+                self.model.parameters(), lambda ps: optimizer_over(ps, config), data_comm, stage=config.zero, bucket_mb=config.bucket_mb
+            )
             for group in self.optimizer.param_groups:
                 group.setdefault("initial_lr", group["lr"])
-            if config.zero == 2 and self.sync is not None:  # it broadcast rank 0's parameters; gradients are reduce-scattered by the optimizer
-                self.sync.close()
-                self.sync = None
+        # what averages the gradients over the data-parallel group: the synchronizer, or ZeRO-2's reduce-scatters
+        self._gradients: Any = self.sync if self.sync is not None else self.optimizer if config.zero == 2 else None
         if self.pipeline is not None:
             self.pipeline.attach(self.sync, self._autocast)
         self.step = 0
@@ -224,8 +235,10 @@ class Trainer:
         self.history: list[dict[str, Any]] = []
         self.stopped_early = False
         self._started = time.perf_counter()
-        if self.pipeline is not None and config.resume:
-            self.pipeline.resume(self)
+        if self._sharded and config.resume:
+            from rapydli.trainer import sharded
+
+            sharded.resume(self)
         elif meta is not None:
             self._resume(meta)
 
@@ -279,15 +292,16 @@ class Trainer:
                         loss_sum += self._forward_backward(inputs, targets)
                     samples += len(inputs)
                 comm_time = comm_wait = hidden = 0.0
-                if self.sync is not None:
-                    stats = self.sync.wait()
+                if self._gradients is not None:
+                    stats = self._gradients.wait()
                     comm_time, comm_wait, hidden = stats.comm_time, stats.wait_time, stats.hidden_fraction
 
-                # clip the global gradient norm (gradients are already averaged)
+                # clip the global gradient norm (gradients are already averaged; stages and tensor shards add up to one norm)
                 grad_norm = None
                 if cfg.grad_clip is not None:
-                    clip = self.pipeline.clip_grad_norm_ if self.pipeline else torch.nn.utils.clip_grad_norm_
-                    grad_norm = float(clip(self.model.parameters(), cfg.grad_clip))
+                    from rapydli.parallel.clip import clip_grad_norm_
+
+                    grad_norm = clip_grad_norm_(self.model, cfg.grad_clip, self.grid)
 
                 # optimizer step
                 self.optimizer.step()
@@ -349,11 +363,15 @@ class Trainer:
         self._writer.wait()
         if self.sync is not None:
             self.sync.close()
+        if self.config.zero:
+            self.optimizer.close()  # type: ignore[union-attr]
         if self._owns_comm and self.comm is not None:
             self.comm.close()
             self.comm = None
         if self.pipeline is not None:
             self.pipeline.close()
+        elif self.grid is not None:
+            self.grid.free()
 
     # -- evaluation -------------------------------------------------------------------------
     @torch.no_grad()
@@ -371,7 +389,7 @@ class Trainer:
         self.model.eval()
         names = ["loss", *self.metrics]
         totals = torch.zeros(2 * len(names), dtype=torch.float64)  # (sum, count) of the loss and of each metric
-        indices = range(self.rank, len(self.val_data), self.world_size)  # disjoint shards, no padding
+        indices = range(self.data_rank, len(self.val_data), self.data_size)  # disjoint shards, no padding (a replica's ranks share one)
         if self.pipeline is not None:  # through the pipeline: the last stages' sums, over every rank
             totals = self.pipeline.evaluate(self.val_data, self.config.batch_size, self.device, list(self.metrics.values()))
             indices = range(0)
@@ -385,7 +403,7 @@ class Trainer:
                 measured = metric(outputs, targets)  # (sum, count), or None where it means nothing
                 if measured is not None:
                     totals[2 * m : 2 * m + 2] += torch.tensor(measured, dtype=torch.float64)
-        if self.world_size > 1 and self.pipeline is None:
+        if self.data_size > 1 and self.pipeline is None:
             self.comm.allreduce_(totals, op="sum")
         averages = {f"val_{name}": float(totals[2 * i] / totals[2 * i + 1]) for i, name in enumerate(names) if totals[2 * i + 1] > 0}
         row = {
@@ -414,18 +432,17 @@ class Trainer:
             return None
         self._average_buffers()
         self._saved_at = self.step
-        if self.pipeline is not None:
-            return self.pipeline.save_checkpoint(self)
+        if self._sharded:  # a part per rank that holds state of its own, then the manifest (written now, not in the background)
+            from rapydli.trainer import sharded
+
+            return sharded.save(self)
         rng_states = self.mpi.gather(ckpt.rng_state(), root=0)
-        if self.config.zero:  # every rank's slice of the optimizer state, written before the checkpoint that names its step
-            shard = {"step": self.step, **self.optimizer.state_dict()}
-            self._writer.submit(shard, ckpt.shard_path(self.config.checkpoint_dir, self.rank))
         if self.rank != 0:
             return None
         epoch, position = self.plan.position(self.step, self.config.global_batch(self.world_size))
         state = {
             "model": self.model.state_dict(),
-            "optimizer": None if self.config.zero else self.optimizer.state_dict(),  # ZeRO: a shard per rank, beside it
+            "optimizer": self.optimizer.state_dict(),
             "scheduler": {"name": self.config.lr_schedule, "step": self.step, "total_steps": self.total_steps},
             "sampler": {"epoch": epoch, "position": position, "seed": self.config.seed},
             "step": self.step,
@@ -445,12 +462,20 @@ class Trainer:
             ckpt.remove_partial_writes(path.parent)
         state = ckpt.load(path) if self.rank == 0 and path.exists() else None
         meta = None
-        if state is not None:
+        if state is not None and state.get("layout") is not None:
+            from rapydli.trainer.sharded import describe
+
+            meta = {"refused": f"checkpoint {path} was written by {describe(state['layout'])}; this run has {self.world_size} ranks "
+                               "without pipeline stages, tensor shards or ZeRO: resume it with the layout it was written by"}  # fmt: skip
+        elif state is not None:
             meta = {
                 "step": state["step"], "world_size": state["world_size"], "grad_accum": state["grad_accum"],
                 "epoch": state["sampler"]["epoch"], "position": state["sampler"]["position"],
             }  # fmt: skip
-        return state, self.mpi.bcast(meta, root=0)
+        meta = self.mpi.bcast(meta, root=0)
+        if meta is not None and "refused" in meta:
+            raise ConfigError(meta["refused"])
+        return state, meta
 
     def _resume(self, meta: dict[str, Any]) -> None:
         """Continue from the checkpoint read by :meth:`_read_checkpoint` (model, optimizer, RNG, step)."""
@@ -458,33 +483,13 @@ class Trainer:
         if self.rank == 0:
             assert state is not None
             self.model.load_state_dict(state["model"])
-            if not self.config.zero:
-                self.optimizer.load_state_dict(state["optimizer"])
-        self._broadcast_model()
-        if self.config.zero:
-            self._load_shard(meta)
-        else:
-            self._broadcast_optimizer_state()
+            self.optimizer.load_state_dict(state["optimizer"])
+        if self.sync is not None:
+            self.sync.broadcast_parameters()
+        self._broadcast_optimizer_state()
         rng_states = self.mpi.bcast(state["rng"] if state else None, root=0)
         ckpt.set_rng_state(rng_states[self.rank % len(rng_states)])  # a rank the old run did not have takes a peer's
         self.step = self._evaluated_at = self._saved_at = meta["step"]
-
-    def _load_shard(self, meta: dict[str, Any]) -> None:
-        """This rank's slice of the ZeRO optimizer state, written with the checkpoint of ``meta["step"]``."""
-        path = ckpt.shard_path(self.config.checkpoint_dir, self.rank)  # type: ignore[arg-type]
-        if meta["world_size"] != self.world_size or not path.exists():
-            raise ConfigError(
-                f"the checkpoint in {self.config.checkpoint_dir} was written by {meta['world_size']} ranks with zero="
-                f"{self.config.zero}; its optimizer state is sharded per rank: resume on {meta['world_size']} ranks"
-            )
-        shard = ckpt.load(path)
-        if shard["step"] != meta["step"]:
-            raise ConfigError(f"{path} holds the optimizer state of step {shard['step']}, not of the checkpoint's step {meta['step']}")
-        from rapydli.parallel.zero import ShardedOptimizer
-
-        assert isinstance(self.optimizer, ShardedOptimizer)
-        self.optimizer.refresh()  # the model was just loaded: its slices follow
-        self.optimizer.load_state_dict(shard)
 
     # -- helpers ----------------------------------------------------------------------------
     def _stop_requested(self) -> bool:
@@ -513,19 +518,15 @@ class Trainer:
     def _synchronizer(self) -> Any:
         if self.data_size == 1:
             return None
+        if self.config.zero == 2:  # no synchronizer: the optimizer reduce-scatters the gradients; parameters start as replica 0's
+            for tensor in (*self.model.parameters(), *self.model.buffers()):
+                self.comm.broadcast_(tensor.data, 0)
+            return None
         from rapydli.comm import GradientSynchronizer
 
         sync = GradientSynchronizer(self.model, self.comm, bucket_mb=self.config.bucket_mb, overlap=self.config.overlap)
         sync.broadcast_parameters()
         return sync
-
-    def _broadcast_model(self) -> None:
-        if self.sync is not None:
-            self.sync.broadcast_parameters()
-        elif self.data_size > 1:  # ZeRO-2 runs without a synchronizer
-            data_comm = self.pipeline.grid.data if self.pipeline is not None else self.mpi
-            for tensor in (*self.model.parameters(), *self.model.buffers()):
-                data_comm.Bcast(tensor.data.numpy(), root=0)
 
     def _broadcast_optimizer_state(self) -> None:
         if self.world_size > 1:
@@ -586,6 +587,19 @@ def _pipeline(model: nn.Module, config: TrainConfig, world: Any, train_data: Dat
     from rapydli.parallel.training import PipelineTraining
 
     return PipelineTraining(model, config, world, train_data, objective)
+
+
+def _tensor_grid(model: nn.Module, config: TrainConfig, world: Any) -> Any:
+    """With ``tensor_parallel > 1`` (no pipeline): the data x tensor grid, ``model`` split over its tensor group; else None."""
+    if config.tensor_parallel == 1:
+        return None
+    from rapydli.parallel.config import tensor_plan
+    from rapydli.parallel.grid import ProcessGrid
+    from rapydli.parallel.tensor import shard_model
+
+    grid = ProcessGrid.create(world, 1, config.tensor_parallel)
+    shard_model(model, tensor_plan(config.tensor_plan), grid.tensor)
+    return grid
 
 
 def _mpi_comm(comm: Any) -> Any:

@@ -2,11 +2,11 @@
 
 :func:`engine_task` is shipped by the client half (:class:`rapydli.experiments.job.TrainingJob`)
 to every engine of the group. It is the one bridge between the cluster and the Trainer:
-it reads the engine's context (rank, MPI communicator, device), builds model and data,
-builds the run's :class:`~rapydli.comm.Communicator`, and hands the
-:class:`~rapydli.trainer.loop.Trainer` two callables, ``should_stop`` (the notebook asked
-the task to stop) and the metrics callbacks that ``emit`` rows to the notebook. The Trainer
-itself knows nothing of clusters.
+it reads the engine's context (rank, the group's mpi4py communicator, device), builds model
+and data, and hands the :class:`~rapydli.trainer.loop.Trainer` the mpi4py communicator
+(the Trainer builds the run's :class:`~rapydli.comm.Communicator` from it) and two
+callables, ``should_stop`` (the notebook asked the task to stop) and the metrics callbacks
+that ``emit`` rows to the notebook. The Trainer itself knows nothing of clusters.
 """
 
 from __future__ import annotations

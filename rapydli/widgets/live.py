@@ -2,10 +2,11 @@
 
 :class:`LivePlot` is a client-side metrics callback (``rd.train(callbacks=[...])``
 calls it with every row). Rows are buffered and drawn in batches, at most
-``max_redraws_per_s`` times a second, on a plotly ``FigureWidget`` when a Jupyter kernel
-shows it (a plain ``go.Figure`` elsewhere). :meth:`LivePlot.close` draws what is left
-and replaces the widget's output with a static figure, so a notebook run headless
-(papermill) keeps the final plot in its saved output.
+``max_redraws_per_s`` times a second, on the figure
+:func:`rapydli.experiments.figures.training_figure` builds: wrapped in a plotly
+``FigureWidget`` when a Jupyter kernel shows it, a plain ``go.Figure`` elsewhere.
+:meth:`LivePlot.close` draws what is left and replaces the widget's output with a static
+figure, so a notebook run headless (papermill) keeps the final plot in its saved output.
 
 Examples
 --------
@@ -23,31 +24,8 @@ import threading
 import time
 from typing import Any
 
-from rapydli.notebook import display_live, in_kernel, replace_with_figure
-
-#: (trace name, row kind, x key, y key, subplot column)
-TRACES = (
-    ("train loss", "train", "step", "loss", 1),
-    ("val loss", "eval", "step", "val_loss", 1),
-    ("samples/s", "train", "step", "samples_per_s", 2),
-    ("step time (s)", "train", "step", "step_time_s", 3),
-    ("comm time (s)", "train", "step", "comm_time_s", 3),
-    ("comm wait (s)", "train", "step", "comm_wait_s", 3),
-)
-
-
-def make_figure(widget: bool, title: str = "") -> Any:
-    """An empty three-panel figure (loss, throughput, step/comm time), as a widget or not."""
-    import plotly.graph_objects as go
-    from plotly.subplots import make_subplots
-
-    base = make_subplots(rows=1, cols=3, subplot_titles=("loss", "throughput (samples/s)", "time per step (s)"))
-    for name, kind, _, _, col in TRACES:
-        mode = "lines+markers" if kind == "eval" else "lines"
-        base.add_scatter(x=[], y=[], mode=mode, name=name, row=1, col=col)
-    base.update_layout(title=title, template="plotly_white", height=320, margin={"t": 60, "b": 40})
-    base.update_xaxes(title_text="step")
-    return go.FigureWidget(base) if widget else base
+from rapydli.experiments.figures import TRAINING_TRACES, training_figure
+from rapydli.widgets.display import display_live, in_kernel, replace_with_figure
 
 
 class LivePlot:
@@ -77,7 +55,7 @@ class LivePlot:
 
     def __init__(self, title: str = "", max_redraws_per_s: float = 10.0, widget: bool | None = None) -> None:
         self.widget = in_kernel() if widget is None else widget
-        self.figure = make_figure(self.widget, title)
+        self.figure = _widget(training_figure(title)) if self.widget else training_figure(title)
         self.min_interval = 1.0 / max_redraws_per_s
         self.rows: list[dict[str, Any]] = []
         self.redraws = 0
@@ -107,7 +85,7 @@ class LivePlot:
             for rank in sorted({r["rank"] for r in rows if r.get("kind") == "rank"} - set(self._rank_traces)):
                 self._add_rank_trace(rank)
             columns = []
-            for trace, (_, kind, xkey, ykey, _) in zip(self.figure.data, TRACES):
+            for trace, (_, kind, xkey, ykey, _) in zip(self.figure.data, TRAINING_TRACES):
                 fresh = [(r[xkey], r[ykey]) for r in rows if r.get("kind") == kind and r.get(ykey) is not None]
                 columns.append((trace, fresh))
             for rank, trace in self._rank_traces.items():
@@ -146,3 +124,10 @@ class LivePlot:
         if self._handle is not None:
             replace_with_figure(self._handle, self.static())
             self._handle = None
+
+
+def _widget(figure: Any) -> Any:
+    """``figure`` as a ``FigureWidget`` (drawn live in a notebook; its subplot grid kept)."""
+    import plotly.graph_objects as go
+
+    return go.FigureWidget(figure)

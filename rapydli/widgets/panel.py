@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 from rapydli.errors import RapydliError
 from rapydli.experiments.job import STOP_GRACE_S
-from rapydli.notebook import in_kernel
 from rapydli.trainer.config import FieldSpec, TrainConfig, fields_spec
+from rapydli.widgets.display import in_kernel
 from rapydli.widgets.live import LivePlot
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -165,10 +165,13 @@ class HyperparameterPanel:
             config = self.current_config()
             workers = self.controls["workers"].value
             if self.cluster is None:
-                from rapydli.cluster import choose_cluster
+                from rapydli.cluster import choose_cluster, ready
 
-                self._say(f"starting {self.config.workers} engines ...")
-                self.cluster, self._own_cluster = choose_cluster(None, n=self.config.workers, need=workers)
+                self.cluster, self._own_cluster = choose_cluster(None, n=self.config.workers, need=workers, start=False)
+                state = self.cluster.status()["state"]
+                verb = "starting" if self._own_cluster or state in ("stopped", "failed") else "using the running cluster of"
+                self._say(f"{verb} {self.cluster.n} engines ...")
+                ready(self.cluster, say=self._say)
             self.plot = self._fresh_plot()
             self.job = TrainingJob(self.cluster, self.model_fn, self.data_fn, config, list(range(workers)), callbacks=[self.plot], name="panel", **self.code)
         except RapydliError as exc:  # invalid combinations and cluster problems are shown, not raised

@@ -12,7 +12,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from rapydli.experiments.figures import fill_sweep_figure, sweep_figure
-from rapydli.notebook import display_live, in_kernel, replace_with_figure
+from rapydli.widgets.display import display_live, in_kernel, replace_with_figure
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -34,7 +34,12 @@ class SweepView:
         self.metric, self.params = metric, list(params)
         self.widget = in_kernel() if widget is None else widget
         self.table = pd.DataFrame(columns=["trial", "state", *self.params, "value"])
-        self.figure = sweep_figure(self.table, metric, self.params, widget=self.widget, title="sweep")
+        figure = sweep_figure(self.table, metric, self.params, title="sweep")
+        if self.widget:
+            import plotly.graph_objects as go
+
+            figure = go.FigureWidget(figure)
+        self.figure = figure
         self.min_interval = 1.0 / max_redraws_per_s
         self.redraws = 0
         self._last = 0.0

@@ -30,8 +30,8 @@ import threading
 import time
 from typing import Any
 
-from rapydli.notebook import display_live, in_kernel, replace_with_figure
 from rapydli.parallel.timeline import empty_figure, fill
+from rapydli.widgets.display import display_live, in_kernel, replace_with_figure
 
 #: Steps of each rank kept while waiting for the replica's other stages to report the same step.
 KEEP_STEPS = 16

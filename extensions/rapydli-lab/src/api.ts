@@ -79,6 +79,8 @@ export interface ILauncher {
   name: string;
   description: string;
   options: Record<string, { type: string; help: string }>;
+  /** The options the Start dialog shows as fields, in order. */
+  form: string[];
 }
 
 export interface IRun {
@@ -106,11 +108,24 @@ export interface IArtifact {
   time: number;
 }
 
+/** Code a run names: a notebook's source as recorded, or a module's function or class. */
+export interface ISource {
+  name: string;
+  origin: 'module' | 'notebook';
+  source: string;
+  /** Modules only: the parameter naming it (model_fn, ...), its `module:qualname`, file and line. */
+  role?: string;
+  ref?: string;
+  file?: string;
+  line?: number;
+}
+
 export interface IRunDetail extends IRun {
   hosts: string[];
   artifacts: IArtifact[];
   records: Record<string, { type: string; value: any }>;
   children: IRun[];
+  sources: ISource[];
 }
 
 export interface IRunsReply {
@@ -142,6 +157,21 @@ export interface ITrial extends IRun {
   value: number | null;
   /** `[step, value]` of the sweep's metric as the pruner saw them. */
   intermediate: [number, number | null][];
+  /** Why the pruner stopped it (PRUNED trials recorded with it), else null. */
+  prune: IPruneDecision | null;
+}
+
+/** A pruner's decision: the report it pruned at and the bar that report missed. */
+export interface IPruneDecision {
+  pruner: string;
+  metric: string;
+  step: number;
+  value: number | null;
+  compared_to: number | null;
+  /** The comparison in words (null when the pruner exposes none). */
+  rule: string | null;
+  /** "pruned at step S with M V: rule". */
+  text: string;
 }
 
 export interface ISweepReply {
@@ -158,8 +188,9 @@ export interface ISweepReply {
 export interface IFamilyRun extends IRun {
   tags: string[];
   n_children: number;
-  /** Trials only: the sweep's state of the trial (COMPLETE, PRUNED, FAIL). */
+  /** Trials only: the sweep's state of the trial (COMPLETE, PRUNED, FAIL) and why it was pruned. */
   state?: string;
+  prune?: IPruneDecision | null;
 }
 
 export interface IFamily extends IFamilyRun {

@@ -1,7 +1,7 @@
 /**
  * The compare view: several runs' curves overlaid (metric picker, smoothing, x = step or
  * time), the parameters that differ (as `rapydli runs compare` prints) and final metrics
- * side by side.
+ * side by side; each run's tags can be edited in its column (tag the winner).
  */
 import { CommandRegistry } from '@lumino/commands';
 import { Widget } from '@lumino/widgets';
@@ -9,7 +9,7 @@ import { Widget } from '@lumino/widgets';
 import { ICompareReply, requestAPI } from './api';
 import { CommandIDs } from './commands';
 import { formatNumber, h, shortId } from './format';
-import { formatValue } from './params';
+import { formatValue, tagEditor } from './params';
 import { draw, layout, metricGroup, RANK_SUFFIX, smooth } from './plots';
 
 export class CompareView extends Widget {
@@ -77,7 +77,11 @@ export class CompareView extends Widget {
           event.preventDefault();
           void this.commands.execute(CommandIDs.openRun, { id: r.id });
         });
-        return h('th', {}, [link, h('div', { className: 'rapydli-Meta', text: `${r.status}${r.tags.length ? ' · ' + r.tags.join(' ') : ''}` })]);
+        return h('th', { attrs: { 'data-run-id': r.id } }, [
+          link,
+          h('div', { className: 'rapydli-Meta', text: r.status }),
+          tagEditor(r.id, r.tags, { compact: true, label: this._label(r.id) })
+        ]);
       })
     ]);
     const diff = h('table', { className: 'rapydli-Table', attrs: { 'aria-label': 'Parameters that differ' } }, [
@@ -98,7 +102,8 @@ export class CompareView extends Widget {
       const values = data.runs.map(r => r.final[name]);
       const numbers = values.filter((v): v is number => typeof v === 'number');
       const lower = metricGroup(name) === 'loss' || metricGroup(name) === 'time';
-      const best = numbers.length > 1 ? (lower ? Math.min(...numbers) : Math.max(...numbers)) : null;
+      const differ = numbers.length > 1 && Math.min(...numbers) !== Math.max(...numbers); // a tie has no best
+      const best = differ ? (lower ? Math.min(...numbers) : Math.max(...numbers)) : null;
       finalBody.append(h('tr', {}, [
         h('td', { text: name }),
         ...values.map(v => h('td', { className: v === best && !['', 'lr'].includes(metricGroup(name)) ? 'rapydli-Best' : '', text: formatNumber(v) }))

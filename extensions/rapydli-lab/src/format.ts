@@ -20,16 +20,20 @@ export function keyMetric(
   return null;
 }
 
+/** A number to read: 4 significant digits without trailing zeros (0.05, 0.1235), thousands
+ * grouped (36,830), exponents only for the very large and very small (1.235e+7, 3.2e-5). */
 export function formatNumber(value: unknown): string {
   if (typeof value !== 'number' || !isFinite(value)) {
     return value === null || value === undefined ? '' : String(value);
   }
-  if (Number.isInteger(value)) {
-    return String(value);
+  const size = Math.abs(value);
+  if (size >= 1e6 || (size < 1e-3 && size > 0)) {
+    return Number(value.toPrecision(4)).toExponential();
   }
-  return Math.abs(value) >= 1000 || Math.abs(value) < 0.001
-    ? value.toExponential(3)
-    : value.toPrecision(4);
+  if (size >= 1000) {
+    return Math.round(value).toLocaleString('en-US');
+  }
+  return Number.isInteger(value) ? String(value) : String(Number(value.toPrecision(4)));
 }
 
 export function formatDuration(seconds: number | null, started?: number): string {
@@ -131,13 +135,18 @@ export function statusBadge(status: string): HTMLElement {
   });
 }
 
-/** A number in at most ~7 characters (for the panel's metric column): 0.4246, 1.62e+5. */
+/** A number in at most 6 characters (the panel's metric column): 0.4246, 0.0909, 12.34, 1.6e5, 3.2e-3. */
 export function formatCompact(value: unknown): string {
   if (typeof value !== 'number' || !isFinite(value)) {
     return formatNumber(value);
   }
-  if (Number.isInteger(value) && Math.abs(value) < 1e6) {
+  const size = Math.abs(value);
+  if (Number.isInteger(value) && size < 1e4) {
     return String(value);
   }
-  return Math.abs(value) >= 1e4 || Math.abs(value) < 1e-3 ? value.toExponential(1) : value.toPrecision(4);
+  if (size >= 1e4 || (size < 0.01 && size > 0)) {
+    const [mantissa, exponent] = value.toExponential(1).split('e');
+    return `${mantissa}e${Number(exponent)}`;
+  }
+  return String(Number(value.toPrecision(size < 0.1 ? 3 : 4)));
 }

@@ -100,14 +100,19 @@ const plugin: JupyterFrontEndPlugin<void> = {
       execute: async args => {
         let n = args['n'] as number | undefined;
         let launcher = args['launcher'] as string | undefined;
+        let options = (args['options'] as Record<string, unknown> | undefined) ?? {};
         if (n === undefined) {
           const request = await askStartCluster(model.launchers);
           if (!request) {
             return null;
           }
-          ({ n, launcher } = request);
+          if (request.error) {
+            model.setError(request.error);
+            return null;
+          }
+          ({ n, launcher, options } = request);
         }
-        return model.startCluster(n, launcher ?? 'local');
+        return model.startCluster(n, launcher ?? 'local', options);
       }
     });
     commands.addCommand(CommandIDs.restartCluster, {

@@ -157,7 +157,9 @@ export class RapydliPanel extends Widget {
           h('span', { className: 'rapydli-Engines', text: `${cluster.engines_alive}/${cluster.n} engines` }),
           h('span', { text: ` · ${cluster.launcher}` }),
           h('span', { text: cluster.hosts.length ? ` · ${cluster.hosts.join(', ')}` : '' }),
-          h('span', { text: ` · up ${formatShortDuration(now - cluster.created)}` })
+          h('span', {
+            text: ` · ${['running', 'degraded'].includes(cluster.state) ? 'up' : 'for'} ${formatShortDuration(now - cluster.created)}`
+          })
         ])
       );
       if (cluster.job) {
@@ -242,7 +244,7 @@ export class RapydliPanel extends Widget {
       h('thead', {}, [
         h('tr', {}, [
           h('th', { text: '', attrs: { 'aria-label': 'Select' } }),
-          h('th', { className: 'rapydli-Ellipsis', text: 'Run · id · started · duration', attrs: { title: 'status, name; id · started · duration' } }),
+          h('th', { className: 'rapydli-Ellipsis', text: 'Run', attrs: { title: 'status and name; id · started · duration · tags' } }),
           h('th', { className: 'rapydli-Metric', text: 'Metric', attrs: { title: 'Key metric (a sweep: its best trial)' } })
         ])
       ])
@@ -260,8 +262,8 @@ export class RapydliPanel extends Widget {
     const total = model.totalFamilies;
     const first = model.offset + 1;
     const last = model.offset + model.families.length;
-    const prev = h('button', { className: 'jp-mod-styled rapydli-Button', text: '‹ Prev', attrs: { type: 'button', 'aria-label': 'Previous page' } });
-    const next = h('button', { className: 'jp-mod-styled rapydli-Button', text: 'Next ›', attrs: { type: 'button', 'aria-label': 'Next page' } });
+    const prev = h('button', { className: 'jp-mod-styled rapydli-Button', text: '‹', attrs: { type: 'button', 'aria-label': 'Previous page', title: 'Previous page' } });
+    const next = h('button', { className: 'jp-mod-styled rapydli-Button', text: '›', attrs: { type: 'button', 'aria-label': 'Next page', title: 'Next page' } });
     prev.disabled = model.offset === 0;
     next.disabled = last >= total;
     prev.addEventListener('click', () => model.setPage(model.offset - PAGE_SIZE));
@@ -270,7 +272,7 @@ export class RapydliPanel extends Widget {
       table,
       h('div', { className: 'rapydli-Pager' }, [
         prev,
-        h('span', { className: 'rapydli-Count', text: `${first}–${last} of ${total} runs` }),
+        h('span', { className: 'rapydli-Count rapydli-Nowrap', text: `${first}–${last} of ${total} runs` }),
         next
       ])
     );
@@ -281,7 +283,13 @@ export class RapydliPanel extends Widget {
     const status = run.state && run.state !== run.status && run.state !== 'COMPLETE' ? run.state : run.status;
     const row = h('tr', {
       className: `rapydli-Run rapydli-status-${status}${child ? ' rapydli-Child' : ' rapydli-Family'}`,
-      attrs: { 'data-run-id': run.id, 'data-kind': run.kind, 'data-status': status, title: `Open ${run.kind} ${run.name} (${run.id}, ${status})`, tabindex: '0' }
+      attrs: {
+        'data-run-id': run.id,
+        'data-kind': run.kind,
+        'data-status': status,
+        title: `Open ${run.kind} ${run.name} (${run.id}, ${status})${run.prune ? `\n${run.prune.text}` : ''}`,
+        tabindex: '0'
+      }
     });
     const check = h('input', { attrs: { type: 'checkbox', 'aria-label': `Select ${run.name} ${shortId(run.id)} for comparing` } });
     check.checked = model.selected.includes(run.id);

@@ -47,24 +47,27 @@ export function kvTable(caption: string, rows: [string, string][]): HTMLElement 
   return table;
 }
 
+/** Save tags and/or a note of a run (`PATCH runs/{id}`); the store's answer comes back. */
+function patchRun(runId: string, body: Record<string, unknown>): Promise<IAnnotations> {
+  return requestAPI<IAnnotations>(`runs/${encodeURIComponent(runId)}`, { method: 'PATCH', body: JSON.stringify(body) });
+}
+
 /**
- * Tags (chips with a remove button, an input to add) and a note, saved to the run store
- * through `PATCH runs/{id}`; errors are shown beside them.
+ * A run's tags: chips with a remove button and an input that adds one on Enter (and an
+ * "Add tag" button unless `compact`), saved to the run store at once; errors shown beside.
+ * `label` names the run in the input's accessible name when several editors share a view.
  */
-export function annotationsEditor(runId: string, tags: string[], note: string | null, onSaved?: () => void): HTMLElement {
-  const box = h('section', { className: 'rapydli-Annotations', attrs: { 'aria-label': 'Tags and note' } });
-  const chips = h('span', { className: 'rapydli-Chips', attrs: { 'aria-label': 'Tags' } });
+export function tagEditor(runId: string, tags: string[], options: { compact?: boolean; label?: string } = {}): HTMLElement {
+  const box = h('span', { className: 'rapydli-TagEditor' });
+  const chips = h('span', { className: 'rapydli-Chips', attrs: { 'aria-label': options.label ? `Tags of ${options.label}` : 'Tags' } });
   const error = h('div', { className: 'rapydli-Error', attrs: { role: 'alert' } });
   error.hidden = true;
   let current = tags.slice();
-  const save = async (body: Record<string, unknown>): Promise<void> => {
+  const save = async (next: string[]): Promise<void> => {
     try {
-      const reply = await requestAPI<IAnnotations>(`runs/${encodeURIComponent(runId)}`, { method: 'PATCH', body: JSON.stringify(body) });
-      current = reply.tags;
-      noteInput.value = reply.note ?? '';
+      current = (await patchRun(runId, { tags: next })).tags;
       error.hidden = true;
       draw();
-      onSaved?.();
     } catch (e) {
       error.textContent = String((e as Error).message ?? e);
       error.hidden = false;
@@ -74,33 +77,56 @@ export function annotationsEditor(runId: string, tags: string[], note: string | 
     chips.replaceChildren(
       ...current.map(tag => {
         const remove = h('button', { text: '×', attrs: { type: 'button', 'aria-label': `Remove tag ${tag}`, title: `Remove tag ${tag}` } });
-        remove.addEventListener('click', () => void save({ tags: current.filter(t => t !== tag) }));
+        remove.addEventListener('click', () => void save(current.filter(t => t !== tag)));
         return h('span', { className: 'rapydli-Tag', text: tag, attrs: { 'data-tag': tag } }, [remove]);
       })
     );
   };
-  const input = h('input', { attrs: { type: 'text', placeholder: 'add a tag', 'aria-label': 'New tag', size: '14' } });
-  const add = h('button', { className: 'jp-mod-styled rapydli-Button', text: 'Add tag', attrs: { type: 'button' } });
+  const input = h('input', {
+    attrs: { type: 'text', placeholder: 'add a tag', 'aria-label': options.label ? `New tag for ${options.label}` : 'New tag', size: options.compact ? '8' : '14' }
+  });
   const addTag = () => {
     const tag = input.value.trim();
     if (tag) {
       input.value = '';
-      void save({ tags: [...current, tag] });
+      void save([...current, tag]);
     }
   };
-  add.addEventListener('click', addTag);
   input.addEventListener('keydown', event => {
     if (event.key === 'Enter') {
       addTag();
     }
   });
+  draw();
+  box.append(chips, input);
+  if (!options.compact) {
+    const add = h('button', { className: 'jp-mod-styled rapydli-Button', text: 'Add tag', attrs: { type: 'button' } });
+    add.addEventListener('click', addTag);
+    box.append(add);
+  }
+  box.append(error);
+  return box;
+}
+
+/** Tags (`tagEditor`) and a note, saved to the run store through `PATCH runs/{id}`. */
+export function annotationsEditor(runId: string, tags: string[], note: string | null): HTMLElement {
+  const box = h('section', { className: 'rapydli-Annotations', attrs: { 'aria-label': 'Tags and note' } });
+  const error = h('div', { className: 'rapydli-Error', attrs: { role: 'alert' } });
+  error.hidden = true;
   const noteInput = h('textarea', { className: 'rapydli-Note', attrs: { 'aria-label': 'Note', placeholder: 'A note on this run' } });
   noteInput.value = note ?? '';
   const saveNote = h('button', { className: 'jp-mod-styled rapydli-Button', text: 'Save note', attrs: { type: 'button' } });
-  saveNote.addEventListener('click', () => void save({ note: noteInput.value }));
-  draw();
+  saveNote.addEventListener('click', async () => {
+    try {
+      noteInput.value = (await patchRun(runId, { note: noteInput.value })).note ?? '';
+      error.hidden = true;
+    } catch (e) {
+      error.textContent = String((e as Error).message ?? e);
+      error.hidden = false;
+    }
+  });
   box.append(
-    h('div', { className: 'rapydli-Controls' }, [h('strong', { text: 'Tags' }), chips, input, add]),
+    h('div', { className: 'rapydli-Controls' }, [h('strong', { text: 'Tags' }), tagEditor(runId, tags)]),
     noteInput,
     h('div', { className: 'rapydli-Toolbar' }, [saveNote]),
     error

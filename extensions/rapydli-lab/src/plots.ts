@@ -128,7 +128,8 @@ export function layout(title: string, xTitle: string, yTitle: string): any {
     yaxis: { title: { text: yTitle } },
     margin: { l: 60, r: 20, t: 40, b: 50 },
     height: 320,
-    legend: { orientation: 'h' }
+    // below the x axis title, however many rows it takes (the figure's margin grows to fit)
+    legend: { orientation: 'h', y: -0.28, yanchor: 'top' }
   };
 }
 

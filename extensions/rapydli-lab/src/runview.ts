@@ -15,6 +15,7 @@ import {
   PendingPlots,
   UNIT_GROUPS
 } from './plots';
+import { sourceSection } from './sources';
 import { sweepSection } from './sweepview';
 
 /** The tab title of a run: kind, name and short id, so two runs never share one. */
@@ -24,7 +25,8 @@ export function runTitle(run: { kind: string; name: string; id: string }): strin
 
 /**
  * The run view in the main area: tags and note, run facts (hosts included), parameters
- * (nested config expanded), one plot per unit (loss; throughput; times in ms; fractions
+ * (nested config expanded; the recorded code is not a parameter), the run's source (its
+ * notebook code and the module functions it names), one plot per unit (loss; throughput; times in ms; fractions
  * 0-1; learning rate; any other metric alone), per-rank timings where recorded, artifacts;
  * for scaling runs the speedup/efficiency plot, for sweeps the sweep view, for batches the
  * items table. Polls `metrics?since=` while the run is running and stops when it ends.
@@ -185,12 +187,16 @@ export class RunView extends Widget {
       run.error ? h('pre', { className: 'rapydli-Error', text: run.error }) : h('span'),
       annotationsEditor(run.id, run.tags ?? [], run.note ?? null)
     );
+    const params = { ...(run.params ?? {}) };
+    delete params['sources']; // notebook code: shown in the Source section
+    const source = sourceSection(run.sources ?? []);
     this._details.replaceChildren(
       h('div', { className: 'rapydli-Columns' }, [
         kvTable('Run', rows),
-        paramsTable(run.params ?? {}),
+        paramsTable(params),
         kvTable('Final metrics', Object.entries(run.final ?? {}).filter(([k]) => !k.includes('@rank')).map(([k, v]) => [k, formatNumber(v)]))
       ]),
+      ...(source ? [source] : []),
       artifactList(this.commands, run.id, run.artifacts)
     );
   }

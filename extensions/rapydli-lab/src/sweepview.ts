@@ -1,6 +1,6 @@
 /**
  * The sweep part of the run view, after optuna-dashboard: summary, trials table (state,
- * parameters, value, steps seen, duration), best-so-far, intermediate values (what the
+ * parameters, value, steps seen, duration, why the pruner stopped it), best-so-far, intermediate values (what the
  * pruner saw), parallel coordinates and Optuna's parameter importance.
  */
 import { CommandRegistry } from '@lumino/commands';
@@ -38,6 +38,19 @@ export function bestSoFar(trials: ITrial[], maximize: boolean): { x: number[]; y
     }
   });
   return { x, y, best };
+}
+
+/** What the pruner compared when it stopped a trial: "step 5: val_loss 2.31 · rung 0 keeps ...". */
+export function pruneCell(trial: ITrial): HTMLElement {
+  const prune = trial.prune;
+  if (!prune) {
+    return h('td', { text: trial.state === 'PRUNED' ? 'not recorded' : '', className: 'rapydli-Prune' });
+  }
+  const value = prune.value === null ? 'not a number' : formatNumber(prune.value);
+  return h('td', { className: 'rapydli-Prune', attrs: { title: `${prune.text} (${prune.pruner})` } }, [
+    h('span', { className: 'rapydli-Nowrap', text: `step ${prune.step}: ${prune.metric} ${value}` }),
+    prune.rule ? h('div', { className: 'rapydli-Meta', text: prune.rule }) : ''
+  ]);
 }
 
 export async function sweepSection(sweepId: string, commands: CommandRegistry, plots: PendingPlots): Promise<HTMLElement> {
@@ -80,7 +93,7 @@ export async function sweepSection(sweepId: string, commands: CommandRegistry, p
   ]);
   const table = h('table', { className: 'rapydli-Table', attrs: { 'aria-label': 'Trials table' } });
   const header = h('thead', {}, [
-    h('tr', {}, ['', 'trial', 'state', ...names, metric, 'steps', 'duration'].map(t => h('th', { text: t })))
+    h('tr', {}, ['', 'trial', 'state', ...names, metric, 'steps', 'duration', 'why pruned'].map(t => h('th', { text: t })))
   ]);
   const body = h('tbody');
   const fill = () => {
@@ -111,7 +124,8 @@ export async function sweepSection(sweepId: string, commands: CommandRegistry, p
           ...names.map(k => h('td', { text: formatValue(trial.sampled[k]) })),
           h('td', { className: best && trial.id === best.id ? 'rapydli-Best' : '', text: formatNumber(trial.value) }),
           h('td', { text: last === null ? '' : String(last), attrs: { title: 'last step reported to the pruner' } }),
-          h('td', { text: formatShortDuration(trial.duration) })
+          h('td', { text: formatShortDuration(trial.duration) }),
+          pruneCell(trial)
         ]);
         row.addEventListener('click', () => void commands.execute(CommandIDs.openRun, { id: trial.id }));
         return row;
@@ -140,7 +154,21 @@ export async function sweepSection(sweepId: string, commands: CommandRegistry, p
   if (curves.length) {
     const div = plotDiv('intermediate', 'Intermediate values plot');
     grid.append(div);
-    plots.add(div, curves.map(t => ({
+    // where each pruned trial was stopped: the report the pruner judged, its reason on hover
+    const decisions = trials.filter(t => t.prune && t.prune.value !== null);
+    const pruneMarks = decisions.length
+      ? [{
+          type: 'scatter',
+          mode: 'markers',
+          name: 'pruned here',
+          x: decisions.map(t => t.prune!.step),
+          y: decisions.map(t => t.prune!.value),
+          text: decisions.map(t => `${t.name}: ${t.prune!.text}`),
+          hoverinfo: 'text',
+          marker: { size: 12, symbol: 'x-thin-open', line: { width: 2 }, color: 'black' }
+        }]
+      : [];
+    plots.add(div, [...curves.map(t => ({
       type: 'scatter',
       mode: 'lines+markers',
       name: `${t.name}${t.state === 'PRUNED' ? ' (pruned)' : ''}`,
@@ -148,7 +176,7 @@ export async function sweepSection(sweepId: string, commands: CommandRegistry, p
       y: t.intermediate.map(p => p[1]),
       line: t.state === 'PRUNED' ? { dash: 'dot' } : {},
       marker: { size: 4, symbol: t.state === 'PRUNED' ? 'x' : 'circle' }
-    })), logIfWide(layout('Intermediate values (what the pruner saw)', 'step', metric), ([] as (number | null)[]).concat(...curves.map(t => t.intermediate.map(p => p[1])))));
+    })), ...pruneMarks], logIfWide(layout('Intermediate values (what the pruner saw)', 'step', metric), ([] as (number | null)[]).concat(...curves.map(t => t.intermediate.map(p => p[1])))));
   }
   const coords = parcoords(trials.filter(t => t.state === 'COMPLETE'), reply.metric);
   if (coords.length) {

@@ -1,0 +1,164 @@
+"""Rank-side code of tests/test_parallel_layouts.py: the Trainer on a layout equals one process.
+
+Every case trains through :class:`~rapydli.trainer.Trainer` and ``TrainConfig`` (data x
+pipeline x tensor, ZeRO) in float64 (the loss too, but through a pipeline, whose last stage computes the
+default float32 cross-entropy), and the same rank then trains the dense model in one
+process (``comm=COMM_SELF``) on the global batch (``batch_size x replicas``): every
+parameter this rank holds must equal its slice of the dense one, and the losses the two
+report must agree.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import torch
+from cases_tensor import _shard_of
+from mpi4py import MPI
+from torch import nn
+from torch.nn import functional as F
+from torch.utils.data import TensorDataset
+
+from rapydli.errors import ConfigError
+from rapydli.parallel.tensor import ColumnParallelLinear, RowParallelLinear
+from rapydli.trainer import TrainConfig, Trainer
+from rapydli.zoo import datasets, models
+
+torch.set_default_dtype(torch.float64)
+WORLD = MPI.COMM_WORLD
+
+
+def exact_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy in the logits' own precision (the default loss computes in float32)."""
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+def tiny_lm() -> nn.Module:
+    torch.manual_seed(0)
+    return models.tiny_lm(vocab_size=32, block_size=8, dim=16, layers=2, heads=4)
+
+
+def mlp() -> nn.Module:
+    torch.manual_seed(0)
+    return models.mlp(in_features=16, hidden=32, num_classes=4, depth=2)
+
+
+def tokens() -> tuple[TensorDataset, TensorDataset]:
+    return datasets.synthetic_tokens(num_samples=80, block_size=8, vocab_size=32)
+
+
+def features() -> tuple[TensorDataset, TensorDataset]:
+    train, val = datasets.synthetic_features(num_samples=80, in_features=16, num_classes=4)
+    return (TensorDataset(train.tensors[0].double(), train.tensors[1]), TensorDataset(val.tensors[0].double(), val.tensors[1]))
+
+
+MODELS = {"tiny_lm": (tiny_lm, tokens), "mlp": (mlp, features)}
+BASE = {"batch_size": 4, "max_steps": 3, "lr": 0.01, "optimizer": "adamw", "weight_decay": 0.1, "eval_every": 2,
+        "allreduce": "mpi", "bucket_mb": 0.001, "seed": 0}  # fmt: skip
+
+
+def dense_names(model: nn.Module, held: nn.Module) -> dict[str, nn.Parameter]:
+    """The parameters of ``model`` (the whole, split model) that this rank trains (those of ``held``), by name."""
+    mine = {id(p) for p in held.parameters()}
+    return {name: p for name, p in model.named_parameters() if id(p) in mine}
+
+
+def owners(model: nn.Module) -> dict[str, tuple[nn.Module, str]]:
+    return {f"{m}.{n}" if m else n: (module, n) for m, module in model.named_modules() for n, _ in module.named_parameters(recurse=False)}
+
+
+def worst_difference(trainer: Trainer, model: nn.Module, reference: nn.Module) -> float:
+    """Largest difference between this rank's parameters and their slices of the one-process model's."""
+    dense = dict(reference.named_parameters())
+    found = owners(model)
+    worst = 0.0
+    for name, local in dense_names(model, trainer.model).items():
+        module, short = found[name]
+        if isinstance(module, ColumnParallelLinear | RowParallelLinear):
+            expected = _shard_of(dense[name].detach(), local, module, short, _Group(trainer.grid.tensor_rank))  # type: ignore[arg-type]
+        else:
+            expected = dense[name].detach()
+        worst = max(worst, float((expected - local.detach()).abs().max()))
+    return worst
+
+
+class _Group:
+    """What ``_shard_of`` reads of a tensor group: this rank's index."""
+
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+
+
+def run(name: str, layout: dict[str, Any], directory: str | None = None) -> dict[str, Any]:
+    """Train ``name`` on ``layout`` (TrainConfig fields) and in one process; return the differences."""
+    model_fn, data_fn = MODELS[name]
+    train, val = data_fn()
+    loss = exact_loss if layout.get("pipeline_stages", 1) == 1 else None  # a pipeline's last stage computes the default loss
+    config = TrainConfig(**{**BASE, **layout, "workers": WORLD.Get_size()})
+    model = model_fn()
+    trainer = Trainer(model, None, train, val, config, loss_fn=loss)
+    history = trainer.fit()
+    trainer.close()
+    replicas = trainer.data_size
+    single = config.replace(batch_size=config.batch_size * replicas, pipeline_stages=1, tensor_parallel=1, zero=0,
+                            microbatches=1, workers=1, pipeline_split="auto")  # fmt: skip
+    reference = Trainer(model_fn(), None, train, val, single, comm=MPI.COMM_SELF, loss_fn=loss)
+    expected = reference.fit()
+    reference.close()
+    worst = worst_difference(trainer, model, reference.model)
+    losses = [WORLD.allreduce(r["loss"]) / WORLD.Get_size() for r in history if r["kind"] == "train"]  # each replica logs its own batch's
+    ref_losses = [r["loss"] for r in expected if r["kind"] == "train"]
+    vals = [r["val_loss"] for r in history if r["kind"] == "eval"]
+    ref_vals = [r["val_loss"] for r in expected if r["kind"] == "eval"]
+    return {
+        "case": f"{name} {layout}",
+        "worst": WORLD.allreduce(worst, op=MPI.MAX),
+        "loss": max(abs(a - b) for a, b in zip(losses, ref_losses, strict=True)),
+        "val_loss": max(abs(a - b) for a, b in zip(vals, ref_vals, strict=True)),
+        "evals": len(vals),
+    }
+
+
+def resume(cases_json: str, directory: str) -> None:
+    """For each ``[model, layout, other layout]``: cut at step 2 and resumed equals uninterrupted; another layout is refused."""
+    torch.set_num_threads(1)
+    messages = []
+    for index, (name, layout, other) in enumerate(json.loads(cases_json)):
+        model_fn, data_fn = MODELS[name]
+        train, val = data_fn()
+        config = TrainConfig(**{**BASE, **layout, "workers": WORLD.Get_size(), "max_steps": 4})
+        where = f"{directory}/case{index}"
+        whole = Trainer(model_fn(), None, train, val, config)
+        whole.fit()
+        whole.close()
+        cut = Trainer(model_fn(), None, train, val, config.replace(max_steps=2, checkpoint_dir=where))
+        cut.fit()
+        cut.close()
+        resumed = Trainer(model_fn(), None, train, val, config.replace(checkpoint_dir=where, resume=True))
+        assert resumed.step == 2, resumed.step
+        resumed.fit()
+        resumed.close()
+        worst = max(float((a - b).abs().max()) for a, b in zip(whole.model.parameters(), resumed.model.parameters(), strict=True))
+        assert worst < 1e-12, (name, layout, worst)
+        try:
+            Trainer(model_fn(), None, train, val, TrainConfig(**{**BASE, **other, "workers": WORLD.Get_size(), "checkpoint_dir": where, "resume": True}))
+        except ConfigError as exc:
+            messages.append(str(exc))
+        else:
+            raise AssertionError(f"a checkpoint of {layout} was resumed with {other}")
+    if WORLD.Get_rank() == 0:
+        print(json.dumps(messages), flush=True)
+    print("OK resume", WORLD.Get_rank(), file=sys.stderr)
+
+
+def main(cases_json: str) -> None:
+    """Run each ``[model, layout]`` of the JSON list; rank 0 prints one JSON line per case."""
+    torch.set_num_threads(1)
+    for name, layout in json.loads(cases_json):
+        result = run(name, layout)
+        if WORLD.Get_rank() == 0:
+            print(json.dumps(result), flush=True)
+    print("OK layouts", WORLD.Get_rank(), file=sys.stderr)
+

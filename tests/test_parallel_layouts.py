@@ -1,0 +1,115 @@
+"""Tensor parallelism and ZeRO reached through TrainConfig, alone and composed, on real MPI ranks.
+
+Every layout trains the same parameters as one process on the same global batch
+(float64; ``cases_layouts`` holds the rank-side code), checkpoints resume exactly on the
+same layout and are refused on another one.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from torch import nn
+
+from rapydli.errors import ConfigError
+
+TESTS = Path(__file__).resolve().parent
+
+TWO_RANKS = [
+    ["tiny_lm", {"tensor_parallel": 2, "grad_clip": 0.05}],
+    ["mlp", {"tensor_parallel": 2}],
+]
+FOUR_RANKS = [
+    ["tiny_lm", {"tensor_parallel": 2, "grad_clip": 0.05}],  # dp2 x tp2
+    ["mlp", {"tensor_parallel": 2, "zero": 1, "optimizer": "sgd", "momentum": 0.9}],  # dp2 x tp2, ZeRO-1 over the data dimension
+    ["tiny_lm", {"tensor_parallel": 2, "zero": 2}],  # dp2 x tp2, ZeRO-2
+    ["tiny_lm", {"pipeline_stages": 2, "tensor_parallel": 2, "microbatches": 2, "pipeline_split": "blocks.1", "grad_clip": 0.05}],
+    ["mlp", {"pipeline_stages": 2, "tensor_parallel": 2, "microbatches": 2, "pipeline_split": "3"}],  # column on stage 0, row on 1
+    ["tiny_lm", {"pipeline_stages": 2, "zero": 1, "microbatches": 2, "pipeline_split": "blocks.1"}],  # dp2 x pp2, ZeRO-1
+    ["mlp", {"pipeline_stages": 2, "zero": 2, "microbatches": 2, "pipeline_split": "3"}],  # dp2 x pp2, ZeRO-2
+]
+
+
+def _cases(run_mpi, function: str, n: int, *args: object) -> tuple[list, str]:
+    arguments = ", ".join(repr(a) for a in args)
+    code = f"import sys; sys.path.insert(0, {str(TESTS)!r}); import cases_layouts; cases_layouts.{function}({arguments})"
+    result = run_mpi(code, n=n, timeout=400)
+    return [json.loads(line) for line in result.stdout.splitlines() if line.startswith(("{", "["))], result.stderr
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize(("ranks", "cases"), [(2, TWO_RANKS), (4, FOUR_RANKS)], ids=["2-ranks", "4-ranks"])
+def test_every_layout_trains_what_one_process_trains_on_the_global_batch(run_mpi, ranks: int, cases: list) -> None:
+    results, stderr = _cases(run_mpi, "main", ranks, json.dumps(cases))
+    assert stderr.count("OK layouts") == ranks
+    assert len(results) == len(cases)
+    for result in results:
+        assert result["worst"] < 1e-10, result
+        tolerance = 1e-6 if "pipeline_stages" in result["case"] else 1e-10  # a pipeline's last stage computes the loss in float32
+        assert result["loss"] < tolerance and result["val_loss"] < tolerance, result
+        assert result["evals"] >= 2, result
+
+
+@pytest.mark.mpi
+def test_sharded_checkpoints_resume_exactly_and_refuse_another_layout(run_mpi, tmp_path: Path) -> None:
+    cases = [
+        ["tiny_lm", {"tensor_parallel": 2}, {"tensor_parallel": 1}],  # dp2 x tp2 resumed as dp4
+        ["mlp", {"pipeline_stages": 2, "zero": 1, "microbatches": 2, "pipeline_split": "3"}, {"pipeline_stages": 2, "zero": 0, "pipeline_split": "3"}],
+    ]
+    (messages,), stderr = _cases(run_mpi, "resume", 4, json.dumps(cases), str(tmp_path))
+    assert stderr.count("OK resume") == 4
+    assert "written by 4 ranks (data 2 x pipeline 1 x tensor 2, zero=0); this run has 4 ranks without pipeline stages, tensor shards" in messages[0]
+    assert "written by 4 ranks (data 2 x pipeline 2 x tensor 1, zero=1, split [0, 3, 6]); this run has 4 ranks" in messages[1]
+    assert "zero=0" in messages[1].split("this run has")[1]
+
+
+def test_tensor_parallel_config_is_checked_before_anything_starts() -> None:
+    from rapydli.trainer.config import TrainConfig
+
+    with pytest.raises(ConfigError, match=r"TrainConfig.workers=2: 2 ranks cannot run pipeline_stages=2 x tensor_parallel=2: .* multiple of 4 \(4, 8, 12"):
+        TrainConfig(pipeline_stages=2, tensor_parallel=2)
+    with pytest.raises(ConfigError, match=r"TrainConfig.workers=3: 3 ranks cannot run tensor_parallel=2: .* multiple of tensor_parallel"):
+        TrainConfig(tensor_parallel=2, workers=3)
+    with pytest.raises(ConfigError, match="'diagonal' is not a style; allowed: column, row, heads"):
+        TrainConfig(tensor_parallel=2, tensor_plan={"0": "diagonal"})
+    with pytest.raises(ConfigError, match="tensor_plan='0: column' is invalid: it must be a dict"):
+        TrainConfig(tensor_parallel=2, tensor_plan="0: column")
+    config = TrainConfig(tensor_parallel=2, tensor_plan={"1": "column", "3": "row"}, workers=4)
+    assert config.tensor_plan == '{"1": "column", "3": "row"}'  # kept as JSON text: the run store and the CLI carry it
+    assert TrainConfig.from_dict(config.to_dict()) == config
+    assert TrainConfig(tensor_plan="auto").tensor_plan is None
+
+
+def test_the_built_in_plans_and_a_model_without_one() -> None:
+    from rapydli.parallel.tensor import plan_for
+    from rapydli.zoo import models
+
+    assert plan_for(models.mlp()) == {"1": "column", "3": "row"}  # the classifier (5) stays dense
+    assert plan_for(models.mlp(depth=3)) == {"1": "column", "3": "row", "5": "column", "7": "row"}
+    assert plan_for(nn.Sequential(nn.Linear(4, 8), nn.Dropout(), nn.Linear(8, 4))) == {"0": "column", "2": "row"}
+    assert plan_for(models.tiny_lm())["blocks.*.attn"] == "heads"
+    with pytest.raises(ConfigError, match=r"no built-in tensor plan for ResNetMini: pass TrainConfig\(tensor_plan="):
+        plan_for(models.resnet_mini())
+    with pytest.raises(ConfigError, match="no built-in tensor plan for Sequential"):
+        plan_for(nn.Sequential(nn.Linear(4, 8), nn.LayerNorm(8), nn.Linear(8, 4)))
+
+
+@pytest.mark.engines
+def test_rd_train_splits_tiny_lm_over_two_engines_and_refuses_what_cannot_run() -> None:
+    import rapydli as rd
+    from rapydli.errors import RankFailure
+
+    lm, tokens = "rapydli.zoo.models:tiny_lm", "rapydli.zoo.datasets:synthetic_tokens"
+    with rd.Cluster(n=2) as cluster:
+        with pytest.raises(ConfigError, match="2 ranks cannot run tensor_parallel=3"):
+            rd.train(lm, tokens, rd.TrainConfig(max_steps=2, tensor_parallel=3, workers=3), cluster=cluster, progress=False)
+        with pytest.raises(RankFailure, match=r"no built-in tensor plan for ResNetMini: pass TrainConfig\(tensor_plan="):
+            rd.train("rapydli.zoo.models:resnet_digits", "rapydli.zoo.datasets:digits", rd.TrainConfig(max_steps=2, tensor_parallel=2),
+                     cluster=cluster, progress=False)  # fmt: skip
+        config = rd.TrainConfig(max_steps=3, batch_size=8, eval_every=2, tensor_parallel=2, tensor_plan={"blocks.*.mlp.0": "column", "blocks.*.mlp.2": "row"})
+        history = rd.train(lm, tokens, config, cluster=cluster, progress=False).history
+    steps = history[history["kind"] == "train"]
+    assert steps["step"].tolist() == [1, 2, 3] and steps["loss"].notna().all()
+    assert history[history["kind"] == "eval"]["val_loss"].notna().all()
