@@ -29,6 +29,9 @@ def test_bad_arguments_fail_early() -> None:
         rd.scaling_study(models.mlp, datasets.digits, rd.TrainConfig(batch_size=33), workers=[1, 2], mode="strong")
     with pytest.raises(ConfigError, match=r"pipeline_stages=\[3\] divide none of workers=\[1, 2\]"):
         rd.scaling_study(models.mlp, datasets.digits, rd.TrainConfig(), workers=[1, 2], pipeline_stages=[1, 3])
+    # a replica of a tensor-parallel config is its stages x tensor_parallel ranks
+    with pytest.raises(ConfigError, match=r"pipeline_stages=\[2\] divide none of workers=\[2, 3\]: .* a multiple of 2 x it"):
+        rd.scaling_study(models.mlp, datasets.digits, rd.TrainConfig(tensor_parallel=2, workers=2), workers=[2, 3], pipeline_stages=[1, 2])
     with pytest.raises(ConfigError, match="pipeline_stages=\\[0\\] is invalid: a list of integers >= 1"):
         rd.scaling_study(models.mlp, datasets.digits, rd.TrainConfig(), pipeline_stages=[0])
     with pytest.raises(ConfigError, match="predict and network model data parallelism: add 1 to pipeline_stages"):

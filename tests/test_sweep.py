@@ -33,6 +33,9 @@ def test_bad_spaces_and_arguments_fail_before_anything_starts() -> None:
         rd.sweep(models.mlp, datasets.digits, rd.TrainConfig(), {"lr": rd.uniform(0.1, 0.2)}, trials=2, pruner="hyperband")
     with pytest.raises(ConfigError, match="workers_per_trial=1 cannot run pipeline_stages=2: a trial's ranks are its replicas x stages"):
         rd.sweep(models.mlp, datasets.digits, rd.TrainConfig(pipeline_stages=2), {"lr": rd.uniform(0.1, 0.2)}, trials=2)
+    tensor = rd.TrainConfig(pipeline_stages=2, tensor_parallel=2, workers=4)
+    with pytest.raises(ConfigError, match="workers_per_trial=2 cannot run pipeline_stages=2 x tensor_parallel=2: .* a multiple of 4"):
+        rd.sweep(models.mlp, datasets.digits, tensor, {"lr": rd.uniform(0.1, 0.2)}, trials=2, workers_per_trial=2)
 
 
 @pytest.mark.engines

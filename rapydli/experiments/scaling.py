@@ -9,8 +9,8 @@ smallest count and splits it. Speedup is the throughput ratio to the smallest co
 (``samples/s``), efficiency the speedup over the ideal ``k / k0``.
 
 ``pipeline_stages=[1, 2, ...]`` measures every worker count at every stage count that
-divides it (``k / p`` data-parallel replicas of a ``p``-stage pipeline; the others are
-skipped and named in ``notes``). A replica then plays the part a rank plays above: weak
+divides it (``k / p`` data-parallel replicas of a ``p``-stage pipeline, ``k / (p t)`` with
+``tensor_parallel=t``; the others are skipped and named in ``notes``). A replica then plays the part a rank plays above: weak
 scaling keeps the batch per replica, strong splits the first point's global batch over
 the replicas; speedup and efficiency are against the first point (fewest workers, fewest
 stages) and the ideal ``k / k0``, so pipelined and data-parallel points on the same
@@ -58,7 +58,8 @@ class ScalingResult:
     ----------
     table
         One row per measured point: ``workers``, ``pipeline_stages``, ``replicas``
-        (``workers / pipeline_stages``), ``global_batch``, ``samples_per_s``, ``speedup``, ``ideal_speedup``, ``efficiency``, ``step_time_s``,
+        (``workers / (pipeline_stages x tensor_parallel)``), ``global_batch``, ``samples_per_s``,
+        ``speedup``, ``ideal_speedup``, ``efficiency``, ``step_time_s``,
         ``compute_time_s``, ``comm_time_s`` (gradient allreduce time),
         ``comm_wait_s`` (time the step waited for it), ``comm_fraction``
         (``comm_wait_s / step_time_s``), and with a model ``predicted_step_time_s`` and
@@ -129,8 +130,8 @@ def scaling_study(
         kernel, else a new one of ``max(workers)`` engines, stopped afterwards.
     pipeline_stages
         Pipeline stage counts to measure at each worker count, e.g. ``[1, 2]`` (default:
-        ``config.pipeline_stages``); a count that does not divide a worker count skips that
-        point. The other pipeline fields (``microbatches``, schedule, split) come from
+        ``config.pipeline_stages``); a count that (times ``config.tensor_parallel``) does not
+        divide a worker count skips that point. The other pipeline fields (``microbatches``, schedule, split) come from
         ``config``.
     network
         A :class:`RingModel` for the target network; default: fitted from allreduces
@@ -165,23 +166,26 @@ def scaling_study(
     if any(not isinstance(k, int) or k < 1 for k in predict_counts):
         raise ConfigError(f"predict={predict!r} is invalid: a list of integers >= 1")
     stage_counts = _stage_counts(pipeline_stages, cfg)
-    plan = [(k, p) for k in counts for p in stage_counts if k % p == 0]
-    notes = [f"pipeline_stages={p} skipped at workers={k}: {k} ranks do not divide into {p}-stage pipelines"
-             for k in counts for p in stage_counts if k % p]  # fmt: skip
+    tp = cfg.tensor_parallel  # a replica's ranks: its stages x tensor_parallel
+    of_tp = f" of {tp} tensor-parallel ranks each" if tp > 1 else ""
+    plan = [(k, p) for k in counts for p in stage_counts if k % (p * tp) == 0]
+    notes = [f"pipeline_stages={p} skipped at workers={k}: {k} ranks do not divide into {p}-stage pipelines{of_tp}"
+             for k in counts for p in stage_counts if k % (p * tp)]  # fmt: skip
     unused = [p for p in stage_counts if all(q != p for _, q in plan)]
     if unused:
-        raise ConfigError(f"pipeline_stages={unused} divide none of workers={counts}: each needs a worker count that is a multiple of it")
+        multiple = f"{tp} x it" if tp > 1 else "it"
+        raise ConfigError(f"pipeline_stages={unused} divide none of workers={counts}: each needs a worker count that is a multiple of {multiple}")
     if (predict_counts or network is not None) and 1 not in stage_counts:
         raise ConfigError("predict and network model data parallelism: add 1 to pipeline_stages (those points are predicted and checked)")
-    global_batch = cfg.batch_size * plan[0][0] // plan[0][1]
-    if mode == "strong" and any(global_batch % (k // p) for k, p in plan):
-        first = f"batch_size x {plan[0][0] // plan[0][1]} replicas" if plan[0][1] > 1 else f"batch_size x {counts[0]}"
-        replicas = sorted({k // p for k, p in plan})
+    global_batch = cfg.batch_size * plan[0][0] // (plan[0][1] * tp)
+    if mode == "strong" and any(global_batch % (k // (p * tp)) for k, p in plan):
+        first = f"batch_size x {plan[0][0] // (plan[0][1] * tp)} replicas" if plan[0][1] * tp > 1 else f"batch_size x {counts[0]}"
+        replicas = sorted({k // (p * tp) for k, p in plan})
         raise ConfigError(f"mode='strong' splits the global batch {global_batch} ({first}); it must divide by every count in {replicas}")
     # every point's config, validated before anything starts (a batch too small for microbatches, ...)
     point_configs = {}
     for k, p in plan:
-        batch = cfg.batch_size if mode == "weak" else global_batch // (k // p)
+        batch = cfg.batch_size if mode == "weak" else global_batch // (k // (p * tp))
         point_configs[(k, p)] = cfg.replace(
             batch_size=batch, max_steps=steps, epochs=max(cfg.epochs, steps), eval_every=0, checkpoint_dir=None, resume=False,
             workers=k, pipeline_stages=p,
@@ -214,7 +218,7 @@ def scaling_study(
                 raise ConfigError(f"the {label} point failed: {job.error}")
             if p == 1:
                 gradient_bytes = job.results[0]["gradient_bytes"]
-            points.append(_point(k, p, point_cfg.batch_size * (k // p), job.results))
+            points.append(_point(k, p, k // (p * tp), point_cfg.batch_size, job.results))
             fill_scaling_figure(figure, _table(points, None, gradient_bytes), None)
             if on_point is not None:
                 on_point(figure)
@@ -265,7 +269,7 @@ def _metric_name(name: str, row: dict[str, Any]) -> str:
     return name if row["pipeline_stages"] == 1 else f"{name}@stages{row['pipeline_stages']}"
 
 
-def _point(k: int, stages: int, global_batch: int, results: list[dict[str, Any]]) -> dict[str, Any]:
+def _point(k: int, stages: int, replicas: int, batch_size: int, results: list[dict[str, Any]]) -> dict[str, Any]:
     timings = [r["timing"] for r in results if r.get("timing")]
     rank0 = timings[0]
 
@@ -273,8 +277,9 @@ def _point(k: int, stages: int, global_batch: int, results: list[dict[str, Any]]
         return sum(t[key] for t in timings) / len(timings)
 
     step = rank0["step_time_s"]
+    global_batch = batch_size * replicas
     return {
-        "workers": k, "pipeline_stages": stages, "replicas": k // stages, "global_batch": global_batch,
+        "workers": k, "pipeline_stages": stages, "replicas": replicas, "global_batch": global_batch,
         "samples_per_s": global_batch / step, "step_time_s": step,
         "compute_time_s": mean("step_time_s") - mean("comm_wait_s"), "comm_time_s": mean("comm_time_s"),
         "comm_wait_s": mean("comm_wait_s"), "comm_fraction": mean("comm_wait_s") / mean("step_time_s"),
