@@ -67,3 +67,13 @@ def test_activation_meter_counts_what_backward_frees_and_not_the_weights() -> No
     assert held > 0 and meter.live == 0 and meter.peak == held
     # input (16x32) + tanh output (16x64) + the second linear's input is tanh's output: shared storage
     assert held == 16 * 32 * 4 + 16 * 64 * 4
+
+
+def test_step_memory_refuses_a_tensor_parallel_config() -> None:
+    from rapydli.errors import ConfigError
+    from rapydli.parallel.memory import step_memory
+    from rapydli.trainer.config import TrainConfig
+
+    config = TrainConfig(tensor_parallel=2, workers=2)
+    with pytest.raises(ConfigError, match="tensor_parallel=2 is not measured"):
+        step_memory(nn.Linear(4, 2), config, [(torch.zeros(4), 0)] * 4, world=object())

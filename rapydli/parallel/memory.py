@@ -107,6 +107,8 @@ def step_memory(model: nn.Module, config: Any, train_data: Any, world: Any = Non
     another). Otherwise: the whole model on this rank's first ``batch_size`` samples. The
     input batch is not counted; the loss (``loss_fn``, else the model's outputs as
     :class:`~rapydli.trainer.outputs.Objective` reads them) is.
+    A tensor-parallel config is a :class:`~rapydli.errors.ConfigError` (its layers' slices
+    are not measured here).
 
     Returns
     -------
@@ -118,8 +120,14 @@ def step_memory(model: nn.Module, config: Any, train_data: Any, world: Any = Non
 
     from torch.utils.data import default_collate
 
+    from rapydli.errors import ConfigError
     from rapydli.trainer.outputs import Objective
 
+    if config.tensor_parallel > 1:
+        raise ConfigError(
+            f"step_memory measures data-parallel and pipelined configs; tensor_parallel={config.tensor_parallel} is not "
+            "measured (set tensor_parallel=1)"
+        )
     if world is None:
         from mpi4py import MPI
 
