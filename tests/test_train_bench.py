@@ -138,3 +138,22 @@ def test_live_summary_from_rows() -> None:
 def test_unknown_model_is_rejected() -> None:
     result = CliRunner().invoke(command, ["--models", "vgg"])
     assert result.exit_code != 0 and "unknown model(s) vgg" in result.output
+
+
+def test_live_bench_refuses_an_unknown_model() -> None:
+    result = CliRunner().invoke(live.command, ["--models", "mlp,vgg"])
+    assert result.exit_code != 0 and "unknown model(s) vgg; allowed: resnet_mini, mlp, mlp_pipelined" in result.output
+
+
+@pytest.mark.engines
+def test_live_bench_measures_a_pipelined_run_with_its_live_timeline(tmp_path) -> None:
+    path = tmp_path / "live.json"
+    argv = ["-n", "2", "--models", "mlp_pipelined", "--steps", "4", "--rounds", "1", "--allreduce", "mpi", "--json", str(path)]
+    result = CliRunner().invoke(live.command, argv)
+    assert result.exit_code == 0, result.output
+    assert "mlp_pipelined: target live cost <= 2%:" in result.output
+    rows = {row["variant"]: row for row in json.loads(path.read_text())["rows"] if row["model"] == "mlp_pipelined"}
+    assert rows["live"]["pipeline_stages"] == 2 and rows["quiet"]["timeline_rows_received"] == 0
+    assert rows["live"]["rows_received"] == 4 + WARMUP_STEPS
+    assert rows["live"]["timeline_rows_received"] == 2 * (4 + WARMUP_STEPS)  # both ranks' every step reached the timeline
+    assert rows["live"]["timeline_redraws"] >= 1

@@ -60,8 +60,10 @@ class TrainingJob:
     targets
         Ranks of the cluster that run it (a communicator over exactly them).
     callbacks
-        Called with every metric row from rank 0, and every ``kind="rank"`` timing row of
-        the other ranks, as they arrive (in the polling thread).
+        Called with every metric row from rank 0, every ``kind="rank"`` timing row of the
+        other ranks and, in a pipelined run, every rank's ``kind="timeline"`` row of each
+        step (:class:`~rapydli.parallel.timeline.EmitTimeline`), as they arrive (in the
+        polling thread).
     progress
         Show a progress bar driven by rank 0's steps: ``True`` for ``tqdm.auto``'s, or a
         callable called like ``tqdm(total=, initial=, desc=, unit=)`` that returns the bar
@@ -91,6 +93,8 @@ class TrainingJob:
         The :class:`RankFailure` of a failed run (None otherwise).
     results
         Per-rank dicts returned by :func:`~rapydli.trainer.task.engine_task` once finished.
+    timelines
+        A pipelined run's latest ``timeline`` row of every rank, by rank.
     start_step
         The step rank 0 started from (above 0 when it resumed from a checkpoint), once known.
     """
@@ -194,8 +198,10 @@ class TrainingJob:
             for callback in self.callbacks:
                 callback(dict(payload))
             return
-        if kind == "timeline":  # a pipelined run: the latest step's spans per rank
+        if kind == "timeline":  # a pipelined run: a step's spans on this rank (to the callbacks: the live timeline)
             self.timelines[rank] = payload
+            for callback in self.callbacks:
+                callback({"kind": "timeline", **payload})
             return
         if kind != "metrics":
             return

@@ -32,8 +32,10 @@ if TYPE_CHECKING:  # pragma: no cover
     from rapydli.cluster import Cluster
 
 #: A client-side callback: called with each metrics row as it arrives: rank 0's rows
-#: (``row["kind"]`` is ``"train"`` or ``"eval"``; keys in :mod:`rapydli.trainer.callbacks`)
-#: and the other ranks' step timings (``"rank"``; keys in :mod:`rapydli.trainer.task`).
+#: (``row["kind"]`` is ``"train"`` or ``"eval"``; keys in :mod:`rapydli.trainer.callbacks`),
+#: the other ranks' step timings (``"rank"``; keys in :mod:`rapydli.trainer.task`), a
+#: pipelined run's spans of each step per rank (``"timeline"``; keys in
+#: :class:`rapydli.parallel.timeline.EmitTimeline`) and restarts (``"restart"``).
 MetricsCallback = Callable[[dict[str, Any]], None]
 
 

@@ -147,9 +147,11 @@ class Trainer:
         self.config = config
         self.mpi = _mpi_comm(comm)
         self.rank, self.world_size = self.mpi.Get_rank(), self.mpi.Get_size()
+        # the loss as the whole model's forward decides it (a pipeline's last stage computes it on its outputs)
+        self.objective = Objective(model, loss_fn)
         # pipelined: this rank trains its stage; tensor-parallel: its slices of the layers. Data (and gradients) are
         # shared with the same part's copies in the other replicas (the grid's data group)
-        self.pipeline = _pipeline(model, config, self.mpi, train_data)
+        self.pipeline = _pipeline(model, config, self.mpi, train_data, self.objective)
         self.grid = self.pipeline.grid if self.pipeline is not None else _tensor_grid(model, config, self.mpi)
         self.data_rank, self.data_size = (self.grid.replica, self.grid.replicas) if self.grid else (self.rank, self.world_size)
         self._owns_comm = comm is None or comm is self.mpi or self.grid is not None
@@ -167,7 +169,6 @@ class Trainer:
         self._writer = ckpt.CheckpointWriter()
         self.model = model
         self.device = next(model.parameters()).device
-        self.objective = Objective(model, loss_fn)
         resolved = resolve_metrics(metrics)
         self.metrics = default_metrics() if resolved is None else resolved
         self.optimizer: torch.optim.Optimizer | ShardedOptimizer = make_optimizer(model, config, optimizer_fn) if optimizer is None else optimizer
@@ -378,12 +379,8 @@ class Trainer:
         names = ["loss", *self.metrics]
         totals = torch.zeros(2 * len(names), dtype=torch.float64)  # (sum, count) of the loss and of each metric
         indices = range(self.data_rank, len(self.val_data), self.data_size)  # disjoint shards, no padding (a replica's ranks share one)
-        if self.pipeline is not None:  # through the pipeline: the last stages' (loss, correct, count) sums, over every rank
-            loss_sum, correct, count = self.pipeline.evaluate(self.val_data, self.config.batch_size, self.device).tolist()
-            totals[0:2] = torch.tensor([loss_sum, count], dtype=torch.float64)
-            if "accuracy" in self.metrics:
-                at = 2 * (list(self.metrics).index("accuracy") + 1)
-                totals[at : at + 2] = torch.tensor([correct, count], dtype=torch.float64)
+        if self.pipeline is not None:  # through the pipeline: the last stages' sums, over every rank
+            totals = self.pipeline.evaluate(self.val_data, self.config.batch_size, self.device, list(self.metrics.values()))
             indices = range(0)
         for start in range(0, len(indices), self.config.batch_size):
             batch = [self.val_data[i] for i in indices[start : start + self.config.batch_size]]
@@ -513,13 +510,13 @@ def _loader(dataset: Dataset, config: TrainConfig, rank: int, world_size: int, r
     )
 
 
-def _pipeline(model: nn.Module, config: TrainConfig, world: Any, train_data: Dataset) -> Any:
+def _pipeline(model: nn.Module, config: TrainConfig, world: Any, train_data: Dataset, objective: Objective) -> Any:
     """The :class:`rapydli.parallel.training.PipelineTraining` of a pipelined config, else None."""
     if config.pipeline_stages == 1:
         return None
     from rapydli.parallel.training import PipelineTraining
 
-    return PipelineTraining(model, config, world, train_data, loss_and_correct)
+    return PipelineTraining(model, config, world, train_data, objective)
 
 
 def _tensor_grid(model: nn.Module, config: TrainConfig, world: Any) -> Any:
