@@ -55,6 +55,7 @@ bench: install
 	$(VENV)/bin/rapydli bench conv --json bench-results/conv.json
 	$(VENV)/bin/rapydli bench pipeline --json bench-results/pipeline.json
 	$(VENV)/bin/rapydli bench parallel --json bench-results/parallel.json
+	$(VENV)/bin/rapydli bench live -n 2 --json bench-results/live.json
 
 clean:
 	rm -rf outputs build bench-results .pytest_cache

@@ -70,6 +70,7 @@ def train(
     live: bool | None = None,
     name: str | None = None,
     restarts: int | None = None,
+    min_workers: int | None = None,
     loss_fn: Callable[..., Any] | None = None,
     optimizer_fn: Callable[..., Any] | None = None,
     metrics: Any = None,
@@ -79,8 +80,9 @@ def train(
     :func:`rapydli.experiments.run.run_training` with a live plot (loss, val loss,
     throughput, step/comm time, per-rank comm wait) that updates while training runs and
     ends as a static figure in the cell's output (a restart after ranks died is a dashed
-    marker). Parameters, result and errors as there; ``live``: show the plot (default:
-    inside a Jupyter kernel).
+    marker); a pipelined config (``pipeline_stages > 1``) adds the live Gantt chart of the
+    latest step (:class:`rapydli.widgets.timeline.LiveTimeline`). Parameters, result and
+    errors as there; ``live``: show the plots (default: inside a Jupyter kernel).
 
     The model, its loss and its optimizer may be the researcher's own, defined in the
     notebook: the model may return logits, ``(logits, loss)``, a mapping or ``ModelOutput``
@@ -88,8 +90,13 @@ def train(
     ``loss_fn(outputs, targets)`` covers anything else; ``optimizer_fn(model)`` builds the
     optimizer; ``metrics`` names what is measured on the validation set.
 
+    With ``restarts=N`` the run goes on by itself after engines die (restarted cluster,
+    last checkpoint); ``min_workers=`` lets it go on with fewer engines when not all of
+    them can come back (``config.on_resize`` says how the batch and learning rate follow).
+
     Examples
     --------
+    >>> rd.train(model_fn, data_fn, cfg, restarts=2, min_workers=1)  # doctest: +SKIP
     >>> rd.train(Net, data, cfg, loss_fn=nn.MSELoss(), metrics=["mae"],
     ...          optimizer_fn=lambda m: torch.optim.AdamW(m.parameters(), lr=1e-3))  # doctest: +SKIP
 
@@ -101,23 +108,29 @@ def train(
     from rapydli.experiments.run import run_training
 
     static_figures()
-    plot = None
+    shown: list[Any] = []
     if _live(live):
         from rapydli.widgets.live import LivePlot
 
         model = resolve_callable(model_fn, "model_fn")
-        plot = LivePlot(title=name or str(getattr(model, "__name__", "model")))
-        plot.show()
-        callbacks = (*callbacks, plot)
+        shown.append(LivePlot(title=name or str(getattr(model, "__name__", "model"))))
+        stages = config.get("pipeline_stages", 1) if isinstance(config, Mapping) else config.pipeline_stages
+        if isinstance(stages, int) and stages > 1:  # a pipelined run: its Gantt chart too, redrawn once a second
+            from rapydli.widgets.timeline import LiveTimeline
+
+            shown.append(LiveTimeline())
+        for display in shown:
+            display.show()
+        callbacks = (*callbacks, *shown)
     try:
         bar = progress_bar if progress else False
         return run_training(
             model_fn, data_fn, config, cluster, callbacks=callbacks, progress=bar, name=name, restarts=restarts,
-            loss_fn=loss_fn, optimizer_fn=optimizer_fn, metrics=metrics,
+            min_workers=min_workers, loss_fn=loss_fn, optimizer_fn=optimizer_fn, metrics=metrics,
         )  # fmt: skip
     finally:
-        if plot is not None:
-            plot.close()
+        for display in shown:
+            display.close()
 
 
 def sweep(
@@ -176,17 +189,23 @@ def scaling_study(
     predict: Sequence[int] | None = None,
     cluster: Cluster | None = None,
     *,
+    pipeline_stages: Sequence[int] | None = None,
     network: RingModel | None = None,
     live: bool | None = None,
     loss_fn: Callable[..., Any] | None = None,
     optimizer_fn: Callable[..., Any] | None = None,
     metrics: Any = None,
 ) -> ScalingResult:
-    """Train at each worker count and measure throughput, compute and communication time.
+    """Train at each worker count (and pipeline stage count) and measure throughput, compute and communication time.
 
     :func:`rapydli.experiments.scaling.scaling_study` with a live scaling plot that is
     redrawn after each point (default: inside a Jupyter kernel) and left in the output as a
     static figure. Parameters, result and errors as there.
+
+    Examples
+    --------
+    >>> rd.scaling_study(model_fn, data_fn, rd.TrainConfig(microbatches=4), workers=[2, 4],
+    ...                  pipeline_stages=[1, 2])  # doctest: +SKIP
     """
     from rapydli.experiments.scaling import scaling_study as study
 
@@ -206,7 +225,7 @@ def scaling_study(
                 widget.layout = figure.layout
 
     result = study(
-        model_fn, data_fn, config, workers, mode, steps, predict, cluster, network=network, on_point=on_point,
+        model_fn, data_fn, config, workers, mode, steps, predict, cluster, pipeline_stages=pipeline_stages, network=network, on_point=on_point,
         loss_fn=loss_fn, optimizer_fn=optimizer_fn, metrics=metrics,
     )  # fmt: skip
     if handle is not None:

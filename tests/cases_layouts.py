@@ -112,12 +112,17 @@ def run(name: str, layout: dict[str, Any], directory: str | None = None) -> dict
     ref_losses = [r["loss"] for r in expected if r["kind"] == "train"]
     vals = [r["val_loss"] for r in history if r["kind"] == "eval"]
     ref_vals = [r["val_loss"] for r in expected if r["kind"] == "eval"]
+    norms = [r["grad_norm"] for r in history if r["kind"] == "train" and r["grad_norm"] is not None]
+    ref_norms = [r["grad_norm"] for r in expected if r["kind"] == "train" and r["grad_norm"] is not None]
     return {
         "case": f"{name} {layout}",
         "worst": WORLD.allreduce(worst, op=MPI.MAX),
         "loss": max(abs(a - b) for a, b in zip(losses, ref_losses, strict=True)),
         "val_loss": max(abs(a - b) for a, b in zip(vals, ref_vals, strict=True)),
         "evals": len(vals),
+        # with grad_clip: steps the one-process norm was clipped in, and how far every rank's norm is from it
+        "clipped": sum(n > config.grad_clip for n in ref_norms) if config.grad_clip else 0,
+        "grad_norm": WORLD.allreduce(max((abs(a - b) for a, b in zip(norms, ref_norms, strict=True)), default=0.0), op=MPI.MAX),
     }
 
 

@@ -94,3 +94,52 @@ def equivalence(out: str) -> None:
         with open(f"{out}/zero.json", "w") as stream:
             json.dump(gathered, stream)
     print("OK zero", WORLD.Get_rank(), file=sys.stderr)
+
+
+class Branches(nn.Module):
+    """A trunk every rank uses, a pooler no rank uses, a branch only rank 0 uses and one only the first micro-step uses."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.trunk, self.pooler, self.rank0, self.first = nn.Linear(40, 5), nn.Linear(40, 40), nn.Linear(40, 5), nn.Linear(40, 5)
+
+    def forward(self, x: torch.Tensor, micro: int) -> torch.Tensor:
+        out = self.trunk(x)
+        if WORLD.Get_rank() == 0:
+            out = out + self.rank0(x)
+        if micro == 0:
+            out = out + self.first(x)
+        return out
+
+
+def ddp_average(net: nn.Module) -> None:
+    """What DDP does with ``find_unused_parameters=True``: no rank used it, ``grad=None``; some did, averaged with zeros."""
+    for p in net.parameters():
+        if WORLD.allreduce(p.grad is not None, op=MPI.LOR):
+            grad = p.grad if p.grad is not None else torch.zeros_like(p)
+            WORLD.Allreduce(MPI.IN_PLACE, grad.numpy(), op=MPI.SUM)
+            p.grad = grad / WORLD.Get_size()
+
+
+def unused() -> None:
+    """ZeRO-2 with two micro-steps a step equals DDP's unused-parameter rules under AdamW(weight_decay=0.1); the pooler stays put."""
+    reference, net = Branches(), Branches()
+    reference_optimizer = adamw(list(reference.parameters()))
+    optimizer = ShardedOptimizer(net.parameters(), adamw, WORLD, stage=2, bucket_mb=0.01)
+    for step in range(3):
+        for model in (reference, net):
+            for micro in range(2):
+                x, y = batch(2 * step + micro)
+                (nn.functional.cross_entropy(model(x, micro), y) / 2).backward()
+        ddp_average(reference)
+        reference_optimizer.step()
+        reference_optimizer.zero_grad()
+        optimizer.step()
+        optimizer.zero_grad()
+    optimizer.close()
+    for (name, mine), theirs, initial in zip(net.named_parameters(), reference.parameters(), Branches().parameters()):
+        assert float((mine - theirs).abs().max()) < 1e-12, (name, float((mine - theirs).abs().max()))
+        moved = not torch.equal(mine, initial)
+        assert moved != name.startswith("pooler"), f"{name} {'moved' if moved else 'did not train'}"
+    print("OK unused", WORLD.Get_rank(), file=sys.stderr)

@@ -68,6 +68,25 @@ def main(directory: str) -> None:
     print("OK zero trainer", WORLD.Get_rank(), file=sys.stderr)
 
 
+def clipped() -> None:
+    """grad_clip with zero=1 and zero=2 (two micro-steps a step) equals plain data parallel: the same norms, the same parameters."""
+    train, val = data()
+    config = TrainConfig(**{**BASE, "max_steps": 4}, grad_clip=0.05, grad_accum=2)
+    runs = {}
+    for stage in (0, 1, 2):
+        trainer = Trainer(model(), None, train, val, config.replace(zero=stage))
+        norms = [row["grad_norm"] for row in trainer.fit() if row["kind"] == "train"]
+        trainer.close()
+        runs[stage] = (norms, params(trainer))
+    norms, reference = runs[0]
+    assert len(norms) == 4 and min(norms) > 0.05, norms  # every step is clipped
+    for stage in (1, 2):
+        assert all(abs(a - b) < 1e-5 * a for a, b in zip(norms, runs[stage][0], strict=True)), (stage, norms, runs[stage][0])
+        worst = max(float((a - b).abs().max()) for a, b in zip(reference, runs[stage][1]))
+        assert worst < 1e-5, (stage, worst)
+    print("OK clipped", WORLD.Get_rank(), file=sys.stderr)
+
+
 def refusals(directory: str) -> None:
     """On 3 ranks: ranks 0 and 1 write a zero=1 checkpoint; resuming it on 1 rank and on 3 ranks is refused, naming both."""
     train, val = data()

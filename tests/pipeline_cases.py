@@ -17,9 +17,9 @@ from rapydli.parallel.executor import PipelineExecutor
 from rapydli.parallel.grid import ProcessGrid
 
 
-def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Mean cross-entropy and correct count (as the Trainer's)."""
-    return F.cross_entropy(logits, targets), (logits.argmax(-1) == targets).sum()
+def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy (the Trainer's default for logits)."""
+    return F.cross_entropy(logits, targets)
 
 
 def residual_mlp(dtype: torch.dtype, width: int = 16, depth: int = 5) -> nn.Sequential:
@@ -96,7 +96,7 @@ def failing_stage(stages: int, schedule: str) -> None:
     stage, _ = split.stage_module(model, bounds, grid.stage)
     calls = {"n": 0}
 
-    def bad_loss(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def bad_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         calls["n"] += 1
         if calls["n"] == 2:
             raise ValueError("loss blew up")
@@ -119,7 +119,7 @@ def interrupted_stages() -> None:
     model = residual_mlp(torch.float64)
     stage, _ = split.stage_module(model, split.boundaries(model, ["3"], 2), grid.stage)
 
-    def never(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def never(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         raise AssertionError("stage 1 never gets an activation: stage 0 is stopped before it sends")
 
     executor = PipelineExecutor(stage, grid.pipeline, "1f1b", 2, never)
@@ -144,11 +144,18 @@ if __name__ == "__main__":
     run_cases(os.environ["PIPELINE_CASES"])
 
 
-def trainer_run(config: dict, steps_before: int | None = None) -> None:
+def worst_error(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """A custom metric: the batch mean of each sample's largest absolute error."""
+    return (outputs - targets).abs().amax(-1).mean()
+
+
+def trainer_run(config: dict, steps_before: int | None = None, task: str = "classify") -> None:
     """Trainer with ``config`` on every rank; rank 0 prints each stage's parameters as JSON.
 
     With ``steps_before``: first train to that step with checkpoints, then resume to
-    ``max_steps`` in a second Trainer (the run "interrupted" in between).
+    ``max_steps`` in a second Trainer (the run "interrupted" in between). ``task``:
+    ``"classify"`` (5 classes, the default loss and metrics) or ``"regress"`` (5 outputs,
+    ``loss_fn=nn.MSELoss()``, metrics ``mae`` and :func:`worst_error`).
     """
     from torch.utils.data import TensorDataset
 
@@ -158,15 +165,21 @@ def trainer_run(config: dict, steps_before: int | None = None) -> None:
     torch.set_num_threads(1)
     world = MPI.COMM_WORLD
     g = torch.Generator().manual_seed(3)
-    train = TensorDataset(torch.randn(96, 8, generator=g), torch.randint(0, 5, (96,), generator=g))
-    val = TensorDataset(torch.randn(20, 8, generator=g), torch.randint(0, 5, (20,), generator=g))
+    code: dict = {}
+    if task == "regress":
+        train = TensorDataset(torch.randn(96, 8, generator=g), torch.randn(96, 5, generator=g))
+        val = TensorDataset(torch.randn(20, 8, generator=g), torch.randn(20, 5, generator=g))
+        code = {"loss_fn": nn.MSELoss(), "metrics": ["mae", worst_error]}
+    else:
+        train = TensorDataset(torch.randn(96, 8, generator=g), torch.randint(0, 5, (96,), generator=g))
+        val = TensorDataset(torch.randn(20, 8, generator=g), torch.randint(0, 5, (20,), generator=g))
     cfg = TrainConfig.from_dict(config)
     if steps_before is not None:
-        first = Trainer(residual_mlp(torch.float32), None, train, val, cfg.replace(max_steps=steps_before, checkpoint_every=1))
+        first = Trainer(residual_mlp(torch.float32), None, train, val, cfg.replace(max_steps=steps_before, checkpoint_every=1), **code)
         first.fit()
         first.close()
         cfg = cfg.replace(resume=True)
-    trainer = Trainer(residual_mlp(torch.float32), None, train, val, cfg)
+    trainer = Trainer(residual_mlp(torch.float32), None, train, val, cfg, **code)
     history = trainer.fit()
     names = getattr(trainer.pipeline, "names", None)
     params = {}
@@ -182,5 +195,6 @@ def trainer_run(config: dict, steps_before: int | None = None) -> None:
             for key, value in part.items():
                 merged.setdefault(key, value)
         losses = [row["loss"] for row in history if row["kind"] == "train"]
-        vals = [row["val_loss"] for row in history if row["kind"] == "eval"]
-        print(json.dumps({"params": merged, "losses": losses, "val": vals, "step": trainer.step}))
+        evals = [row for row in history if row["kind"] == "eval"]
+        metrics = {key: [row.get(key) for row in evals] for key in sorted({k for row in evals for k in row if k.startswith("val_")})}
+        print(json.dumps({"params": merged, "losses": losses, "val": metrics["val_loss"], "metrics": metrics, "step": trainer.step}))

@@ -63,6 +63,21 @@ def test_launcher_options_become_ipyparallel_config():
     assert config == {"PBSEngineSetLauncher": {"queue": "batch", "batch_file_name": "/scratch/me/pbs_engine.sh"}}
 
 
+def test_a_wait_whose_future_timed_out_raises_its_error():
+    """Engines that do not register in time fail the start (the wait used to retry that TimeoutError forever)."""
+    from concurrent.futures import Future
+
+    from rapydli.cluster.cluster import _wait
+
+    future: Future = Future()
+    future.set_exception(TimeoutError("2 engines did not register within 1 s"))
+    with pytest.raises(TimeoutError, match="did not register"):
+        _wait(future)
+    done: Future = Future()
+    done.set_result([0, 1])
+    assert _wait(done) == [0, 1]
+
+
 def test_targets_are_parsed_without_eval():
     assert parse_targets("0,2-3", 4) == [0, 2, 3]
     assert parse_targets([1, 1, 0], 2) == [0, 1]

@@ -34,8 +34,11 @@ def test_two_stages_equal_one_process_for_both_schedules_and_any_microbatches(ru
         [2, schedule, m, 8, "float64"] for schedule in ("gpipe", "1f1b") for m in (1, 2, 4)
     ] + [
         [2, "1f1b", 3, 10, "float64"],  # 10 samples in 3 micro-batches of 4, 3, 3
+        [2, "gpipe", 3, 10, "float64"],
+        [2, "gpipe", 4, 10, "float64"],  # 3, 3, 2, 2
         [2, "gpipe", 4, 8, "float32"],
         [2, "1f1b", 3, 10, "float32"],
+        [2, "gpipe", 3, 10, "float32"],
     ]
     for row in run_cases(run_mpi, 2, cases):
         tolerance = 1e-10 if row["case"][4] == "float64" else 1e-5
@@ -79,7 +82,7 @@ TRAINER = f"""
 import sys, json
 sys.path.insert(0, {str(TESTS)!r})
 import pipeline_cases
-pipeline_cases.trainer_run(json.loads({{config!r}}), {{before}})
+pipeline_cases.trainer_run(json.loads({{config!r}}), {{before}}, {{task!r}})
 """
 
 
@@ -91,8 +94,8 @@ def test_an_interrupted_stage_says_which_action_it_was_in(run_mpi) -> None:
     assert "rank 1: pipeline stage 1 was in recv_activation(0) of step 0" in out
 
 
-def trainer_params(run_mpi, n: int, config: dict, before: int | None = None) -> dict:
-    result = run_mpi(TRAINER.format(config=json.dumps(config), before=before), n=n, timeout=240)
+def trainer_params(run_mpi, n: int, config: dict, before: int | None = None, task: str = "classify") -> dict:
+    result = run_mpi(TRAINER.format(config=json.dumps(config), before=before, task=task), n=n, timeout=240)
     return json.loads([line for line in result.stdout.splitlines() if line.startswith("{")][-1])
 
 
@@ -130,3 +133,18 @@ def test_trainer_two_replicas_of_two_stages_equals_one_process(run_mpi) -> None:
     single = trainer_params(run_mpi, 1, {**base, "batch_size": 16})
     hybrid = trainer_params(run_mpi, 4, {**base, "batch_size": 8, "pipeline_stages": 2, "microbatches": 2, "pipeline_split": "auto"})
     assert_same(hybrid, single, losses=False)
+
+
+@pytest.mark.mpi
+def test_a_regression_loss_fn_and_custom_metrics_run_pipelined_as_in_one_process(run_mpi) -> None:
+    """loss_fn=nn.MSELoss() on the last stage, metrics "mae" and a callable, averaged over the replicas."""
+    base = {"max_steps": 4, "lr": 0.05, "optimizer": "sgd", "eval_every": 2, "workers": 4}
+    single = trainer_params(run_mpi, 1, {**base, "batch_size": 12}, task="regress")
+    assert set(single["metrics"]) == {"val_loss", "val_mae", "val_worst_error"}  # no accuracy for regression
+    piped = {**base, "pipeline_stages": 2, "microbatches": 3, "pipeline_split": "3"}
+    for n, batch, schedule in ((2, 12, "gpipe"), (4, 6, "1f1b")):  # 2 stages; 2 stages x 2 replicas
+        run = trainer_params(run_mpi, n, {**piped, "batch_size": batch, "pipeline_schedule": schedule}, task="regress")
+        assert_same(run, single, losses=n == 2)
+        assert sorted(run["metrics"]) == sorted(single["metrics"])
+        for name, values in single["metrics"].items():
+            assert run["metrics"][name] == pytest.approx(values, rel=1e-5), (n, name)

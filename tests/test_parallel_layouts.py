@@ -24,11 +24,11 @@ TWO_RANKS = [
 FOUR_RANKS = [
     ["tiny_lm", {"tensor_parallel": 2, "grad_clip": 0.05}],  # dp2 x tp2
     ["mlp", {"tensor_parallel": 2, "zero": 1, "optimizer": "sgd", "momentum": 0.9}],  # dp2 x tp2, ZeRO-1 over the data dimension
-    ["tiny_lm", {"tensor_parallel": 2, "zero": 2}],  # dp2 x tp2, ZeRO-2
+    ["tiny_lm", {"tensor_parallel": 2, "zero": 2, "grad_clip": 0.05}],  # dp2 x tp2, ZeRO-2 clipping over its slices
     ["tiny_lm", {"pipeline_stages": 2, "tensor_parallel": 2, "microbatches": 2, "pipeline_split": "blocks.1", "grad_clip": 0.05}],
     ["mlp", {"pipeline_stages": 2, "tensor_parallel": 2, "microbatches": 2, "pipeline_split": "3"}],  # column on stage 0, row on 1
     ["tiny_lm", {"pipeline_stages": 2, "zero": 1, "microbatches": 2, "pipeline_split": "blocks.1"}],  # dp2 x pp2, ZeRO-1
-    ["mlp", {"pipeline_stages": 2, "zero": 2, "microbatches": 2, "pipeline_split": "3"}],  # dp2 x pp2, ZeRO-2
+    ["mlp", {"pipeline_stages": 2, "zero": 2, "microbatches": 2, "pipeline_split": "3", "grad_clip": 0.05}],  # dp2 x pp2, ZeRO-2
 ]
 
 
@@ -50,6 +50,8 @@ def test_every_layout_trains_what_one_process_trains_on_the_global_batch(run_mpi
         tolerance = 1e-6 if "pipeline_stages" in result["case"] else 1e-10  # a pipeline's last stage computes the loss in float32
         assert result["loss"] < tolerance and result["val_loss"] < tolerance, result
         assert result["evals"] >= 2, result
+        if "grad_clip" in result["case"]:  # clipping was at work, by the same global norm as in one process
+            assert result["clipped"] >= 2 and result["grad_norm"] < 1e-10, result
 
 
 @pytest.mark.mpi

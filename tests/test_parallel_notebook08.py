@@ -1,11 +1,11 @@
-"""Notebook 08 runs headless under papermill: 2 stages x 2 replicas, its timeline and the comparison table."""
+"""Notebook 08 runs headless under papermill: tiny_lm in 2 stages x 2 replicas, its live and final timeline, the comparison table."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
-from notebooks_run import execute
+from notebooks_run import PLOTLY, execute
 
 
 @pytest.mark.notebook
@@ -13,6 +13,16 @@ from notebooks_run import execute
 def test_hybrid_parallelism_notebook(tmp_path: Path) -> None:
     executed = execute("08-hybrid-parallelism.ipynb", tmp_path)
     assert "bubble measured" in executed.text and "theory 20.0%" in executed.text  # (p - 1) / (m + p - 1), p=2, m=4
-    assert len(executed.figures) == 1
+    titles = [figure["data"][PLOTLY]["layout"].get("title", {}).get("text", "") for figure in executed.figures]
+    # the live plot, the live timeline (left as a static figure: its last step), result.timeline()
+    assert len(titles) == 3, titles
+    timelines = [title for title in titles if "bubble measured" in title]
+    assert len(timelines) == 2 and all(title.startswith("step 12, replica 0: 1f1b, p=2, m=4") for title in timelines), titles
+    # memory measured on every engine: a row per rank of each run
+    lines = executed.text.splitlines()
+    assert any("peak_activation_bytes" in line for line in lines)
+    rows = [line.split() for line in lines]
+    assert sum(row[:1] == ["pipeline"] and row[1].isdigit() for row in rows) == 4
+    assert sum(row[:2] == ["data", "parallel"] and row[2].isdigit() for row in rows) == 4
     html = "\n".join(str(o.get("data", {}).get("text/html", "")) for o in executed.outputs)
     assert "pipeline 2 stages x 2 replicas" in html and "data parallel, 4 ranks" in html

@@ -27,14 +27,20 @@ def test_the_bubble_of_an_ideal_run_is_the_theory(name: str) -> None:
 def test_figure_has_a_row_per_rank_the_ideal_overlay_and_both_bubbles() -> None:
     spans = simulated_spans("1f1b", 3, 4, 0.010, 0.020)
     fig = figure(spans, "1f1b", 4)
-    assert {bar.y[0] for bar in fig.data} == {"rank 0", "rank 1", "rank 2"}
-    ideal = [bar for bar in fig.data if bar.name == "ideal"]
-    assert len(ideal) == 3 * 4 * 2  # every forward and backward of every stage
+    assert {y for bar in fig.data for y in bar.y} == {"rank 0", "rank 1", "rank 2"}
+    (ideal,) = [bar for bar in fig.data if bar.name == "ideal"]
+    assert len(ideal.x) == 3 * 4 * 2  # every forward and backward of every stage
+    forward = next(bar for bar in fig.data if bar.name == "forward")
+    assert len(forward.x) == 3 * 4 and list(forward.hovertext[:2]) == ["forward(0)", "forward(1)"]
+    assert not any(len(bar.x) for bar in fig.data if bar.name == "allreduce")  # no replicas: no allreduce spans
     assert "bubble measured 33.3%, theory 33.3%" in fig.layout.title.text
-    events = {r: {"replica": 0, "stage": r, "step": 5, "spans": s, "schedule": "1f1b", "microbatches": 4} for r, s in enumerate(spans)}
-    assert "step 5" in figure_from_events(events).layout.title.text
-    with pytest.raises(ValueError, match="no timeline of replica 1"):
-        figure_from_events(events, replica=1)
+    # replica 1's stages are world ranks 3-5: the rows say so
+    events = {3 + r: {"rank": 3 + r, "replica": 1, "stage": r, "step": 5, "spans": s, "schedule": "1f1b", "microbatches": 4}
+              for r, s in enumerate(spans)}  # fmt: skip
+    drawn = figure_from_events(events, replica=1)
+    assert "step 5" in drawn.layout.title.text and list(drawn.layout.yaxis.categoryarray) == ["rank 3", "rank 4", "rank 5"]
+    with pytest.raises(ValueError, match="no timeline of replica 0"):
+        figure_from_events(events, replica=0)
 
 
 def test_recorder_keeps_the_last_steps() -> None:
@@ -61,3 +67,13 @@ def test_activation_meter_counts_what_backward_frees_and_not_the_weights() -> No
     assert held > 0 and meter.live == 0 and meter.peak == held
     # input (16x32) + tanh output (16x64) + the second linear's input is tanh's output: shared storage
     assert held == 16 * 32 * 4 + 16 * 64 * 4
+
+
+def test_step_memory_refuses_a_tensor_parallel_config() -> None:
+    from rapydli.errors import ConfigError
+    from rapydli.parallel.memory import step_memory
+    from rapydli.trainer.config import TrainConfig
+
+    config = TrainConfig(tensor_parallel=2, workers=2)
+    with pytest.raises(ConfigError, match="tensor_parallel=2 is not measured"):
+        step_memory(nn.Linear(4, 2), config, [(torch.zeros(4), 0)] * 4, world=object())

@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import os
+import re
+import time
+
 import pytest
 import torch
+import train_cases
 from torch import nn
 
 import rapydli as rd
 from rapydli.errors import ConfigError, RankFailure
+from rapydli.trainer import Trainer
+from rapydli.widgets.timeline import LiveTimeline
 from rapydli.zoo import models
 
 
@@ -40,6 +47,41 @@ def exploding_mlp() -> nn.Module:
     return nn.Sequential(nn.Flatten(), nn.Linear(64, 64), nn.ReLU(), Exploding(after=5))
 
 
+class Dying(nn.Module):
+    """Its process exits (``os._exit``: a segfault, an OOM kill) in forward once it has run ``after`` times."""
+
+    def __init__(self, after: int) -> None:
+        super().__init__()
+        self.after, self.calls = after, 0
+        self.fc = nn.Linear(64, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        if self.calls > self.after:
+            os._exit(3)
+        return self.fc(x)
+
+
+def dying_mlp() -> nn.Module:
+    return nn.Sequential(nn.Flatten(), nn.Linear(64, 64), nn.ReLU(), Dying(after=5))
+
+
+class Paced(nn.Module):
+    """Sleeps ``seconds`` in forward: steps that last however fast the machine is."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__()
+        self.seconds = seconds
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        time.sleep(self.seconds)
+        return x
+
+
+def paced_mlp() -> nn.Module:
+    return nn.Sequential(nn.Flatten(), nn.Linear(64, 64), nn.ReLU(), Paced(0.004), nn.Linear(64, 10), Paced(0.004))
+
+
 def test_a_world_that_does_not_divide_is_refused_before_anything_starts() -> None:
     with pytest.raises(ConfigError, match="TrainConfig.workers=2: 2 ranks cannot run pipeline_stages=4"):
         rd.TrainConfig(pipeline_stages=4)
@@ -50,6 +92,15 @@ def test_a_world_that_does_not_divide_is_refused_before_anything_starts() -> Non
     with pytest.raises(ConfigError, match="pipeline_split='a,b' names 2 split point"):
         rd.TrainConfig(pipeline_stages=2, pipeline_split=["a", "b"])
     assert rd.TrainConfig(pipeline_stages=2, pipeline_split=["blocks.2"]).pipeline_split == "blocks.2"
+
+
+def test_a_model_that_computes_its_own_loss_from_targets_is_refused_pipelined() -> None:
+    """Its forward takes the targets; the stages never call that forward: a ConfigError before the grid or the split."""
+    train, _ = train_cases.tokens()
+    config = rd.TrainConfig(max_steps=1, batch_size=4, pipeline_stages=2, microbatches=2)
+    with pytest.raises(ConfigError, match="TinyGPT.forward takes 'targets' and computes its own loss, which pipeline_stages=2 cannot run") as info:
+        Trainer(train_cases.TinyGPT(), None, train, None, config)
+    assert "Pass loss_fn=fn" in str(info.value) and "pipeline_stages=1" in str(info.value)
 
 
 @pytest.mark.engines
@@ -71,9 +122,9 @@ def test_pipelined_training_records_history_and_a_timeline(cluster) -> None:
     assert sorted(result.timelines) == [0, 1]
     assert {e["stage"] for e in result.timelines.values()} == {0, 1}
     figure = result.timeline()
-    rows = {bar.y[0] for bar in figure.data}
+    rows = {y for bar in figure.data for y in bar.y}
     assert rows == {"rank 0", "rank 1"}
-    names = {bar.name for bar in figure.data}
+    names = {bar.name for bar in figure.data if len(bar.x)}
     assert {"forward", "backward", "ideal"} <= names
     assert "theory 20.0%" in figure.layout.title.text  # (p - 1) / (m + p - 1) = 1/5
 
@@ -91,5 +142,52 @@ def test_a_stage_that_raises_names_its_rank_and_where_the_other_rank_was(cluster
     # (the action naming itself is tested under mpiexec in test_parallel_executor.py)
     assert "other ranks: 0 interrupted (pipeline stage 0 was in recv_gradient(" in text or "other ranks: 0 aborted" in text
     if "other ranks: 0 aborted" in text:  # an aborted MPI job takes the engines with it
+        cluster.restart()
+    assert cluster.run(lambda: 7) == [7, 7]
+
+
+@pytest.mark.engines
+def test_the_timeline_is_drawn_while_the_run_goes(cluster) -> None:
+    """rd.train's live timeline gets every rank's steps as they run and redraws the latest complete one."""
+    timeline = LiveTimeline(widget=False, max_redraws_per_s=20)
+    drawn: list[tuple[float, int | None]] = []
+
+    def follow(row: dict) -> None:
+        timeline(row)
+        drawn.append((time.monotonic(), timeline.step))
+
+    config = rd.TrainConfig(max_steps=60, epochs=10, batch_size=16, pipeline_stages=2, microbatches=2, pipeline_split="3")
+    result = rd.train(paced_mlp, "rapydli.zoo.datasets:digits", config, cluster=cluster, progress=False, live=False, callbacks=[follow])
+    ended = time.monotonic()
+    timeline.close()
+    assert timeline.received == 2 * 60 and timeline.step == 60  # every rank's every step; the last drawn at the end
+    steps = sorted({step for _, step in drawn if step is not None})
+    assert len(steps) >= 3, steps  # redrawn while the run went (a batch at the end would give one step)
+    first = min(t for t, step in drawn if step is not None)
+    # 60 steps of >= 16 ms each (4 sleeps of 4 ms): the first drawing comes well before the run ends
+    assert first < ended - 0.3, (ended - first, steps)
+    assert result.timelines[1]["step"] == 60
+
+
+@pytest.mark.engines
+def test_a_rank_killed_mid_schedule_is_named_and_nothing_hangs(cluster) -> None:
+    """Rank 1 (the last stage) dies in its sixth forward, in step 3: one RankFailure naming it, within the bound."""
+    config = rd.TrainConfig(max_steps=20, batch_size=16, microbatches=2, pipeline_stages=2, pipeline_split="3")
+    started = time.monotonic()
+    with pytest.raises(RankFailure) as info:
+        rd.train(dying_mlp, "rapydli.zoo.datasets:digits", config, cluster=cluster, progress=False, live=False)
+    elapsed = time.monotonic() - started
+    text = str(info.value)
+    try:
+        assert elapsed < 30, text  # generous for a loaded machine; a hang would last minutes
+        assert info.value.ranks == [1] and info.value.died, text
+        assert text.startswith("rank 1 died\n--- rank 1 (dead) ---\nthe engine process died"), text
+        # rank 0 waits for rank 1 in its schedule: the notebook's interrupt makes it say where, unless
+        # mpiexec's clean-up (which kills a job's other ranks when one dies) reached it first
+        other = re.search(r"^other ranks: 0 (.*)$", text, flags=re.M)
+        assert other, text
+        said = re.fullmatch(r"interrupted \(pipeline stage 0 was in [a-z_]+\(\d+\) of step \d+\)", other[1])
+        assert said or other[1] == "dead", text
+    finally:
         cluster.restart()
     assert cluster.run(lambda: 7) == [7, 7]

@@ -17,8 +17,9 @@ TESTS = Path(__file__).resolve().parent
 @pytest.mark.mpi
 @pytest.mark.parametrize("ranks", [2, 3])
 def test_zero_equals_data_parallel_with_adamw_and_sgd_momentum_and_a_share_of_the_state(run_mpi, tmp_path: Path, ranks: int) -> None:
-    code = f"import sys; sys.path.insert(0, {str(TESTS)!r}); import cases_zero; cases_zero.equivalence({str(tmp_path)!r})"
-    run_mpi(code, n=ranks, timeout=180)
+    code = f"import sys; sys.path.insert(0, {str(TESTS)!r}); import cases_zero; cases_zero.equivalence({str(tmp_path)!r}); cases_zero.unused()"
+    result = run_mpi(code, n=ranks, timeout=180)
+    assert result.stderr.count("OK unused") == ranks  # ZeRO-2 leaves a parameter no rank used alone, as DDP does
     for row in json.loads((tmp_path / "zero.json").read_text()):
         for name in ("adamw", "sgd"):
             for stage in (1, 2):
@@ -56,11 +57,11 @@ def test_trainer_with_zero_equals_plain_data_parallel_and_resumes(run_mpi, tmp_p
     assert sorted(p.name for p in (tmp_path / "adamw-zero2").iterdir()) == ["checkpoint.pt", "part-s0-t0-d0-step8.pt", "part-s0-t0-d1-step8.pt"]
 
 
-def test_zero_2_refuses_a_global_gradient_clip() -> None:
-    from rapydli.trainer.config import TrainConfig
-
-    with pytest.raises(ConfigError, match="zero=2 keeps only this rank's slice"):
-        TrainConfig(zero=2, grad_clip=1.0)
+@pytest.mark.mpi
+def test_zero_clips_by_the_global_norm_as_data_parallel_does(run_mpi) -> None:
+    code = f"import sys; sys.path.insert(0, {str(TESTS)!r}); import cases_zero_trainer; cases_zero_trainer.clipped()"
+    result = run_mpi(code, n=2, timeout=240)
+    assert result.stderr.count("OK clipped") == 2
 
 
 def _trainer_case(run_mpi, function: str, n: int, *args: object):

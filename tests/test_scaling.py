@@ -27,6 +27,19 @@ def test_bad_arguments_fail_early() -> None:
         rd.scaling_study(models.mlp, datasets.digits, rd.TrainConfig(), mode="diagonal")
     with pytest.raises(ConfigError, match="strong"):
         rd.scaling_study(models.mlp, datasets.digits, rd.TrainConfig(batch_size=33), workers=[1, 2], mode="strong")
+    with pytest.raises(ConfigError, match=r"pipeline_stages=\[3\] divide none of workers=\[1, 2\]"):
+        rd.scaling_study(models.mlp, datasets.digits, rd.TrainConfig(), workers=[1, 2], pipeline_stages=[1, 3])
+    # a replica of a tensor-parallel config is its stages x tensor_parallel ranks
+    with pytest.raises(ConfigError, match=r"pipeline_stages=\[2\] divide none of workers=\[2, 3\]: .* a multiple of 2 x it"):
+        rd.scaling_study(models.mlp, datasets.digits, rd.TrainConfig(tensor_parallel=2, workers=2), workers=[2, 3], pipeline_stages=[1, 2])
+    with pytest.raises(ConfigError, match="pipeline_stages=\\[0\\] is invalid: a list of integers >= 1"):
+        rd.scaling_study(models.mlp, datasets.digits, rd.TrainConfig(), pipeline_stages=[0])
+    with pytest.raises(ConfigError, match="predict and network model data parallelism: add 1 to pipeline_stages"):
+        rd.scaling_study(models.mlp, datasets.digits, rd.TrainConfig(), workers=[2], pipeline_stages=[2], predict=[4])
+    # every point's config is checked before anything starts: 4 microbatches cannot cut a strong point's batch of 2
+    with pytest.raises(ConfigError, match="microbatches=4 is larger than batch_size=2"):
+        rd.scaling_study(models.mlp, datasets.digits, rd.TrainConfig(batch_size=4, microbatches=4), workers=[1, 2, 4],
+                         pipeline_stages=[1, 2], mode="strong")  # fmt: skip
 
 
 @pytest.mark.engines
@@ -52,3 +65,47 @@ def test_scaling_table_figure_and_prediction() -> None:
     errors = table["prediction_error"].abs()
     assert errors.iloc[0] == pytest.approx(0.0)  # one worker: no communication, compute as measured
     assert result.validated == bool((errors <= 0.20).all())
+
+
+@pytest.mark.engines
+def test_loss_optimizer_and_metrics_reach_every_point() -> None:
+    from train_cases import PASSED, RegressionMLP, passed_through, regression
+
+    from rapydli.experiments.store import open_store
+
+    config = rd.TrainConfig(batch_size=4, lr=0.02, allreduce="mpi")
+    with rd.Cluster(n=2) as cluster:
+        result = rd.scaling_study(RegressionMLP, regression, config, workers=[1, 2], steps=4, cluster=cluster, live=False, **PASSED)
+    points, _ = open_store().list_runs(parent=result.run_id)
+    assert sorted(p["name"] for p in points) == ["scaling-1", "scaling-2"]
+    for point in points:
+        passed_through(open_store().final_metrics(point["id"]), 0.02)
+
+
+@pytest.mark.engines
+def test_scaling_varies_pipeline_stages_and_records_them() -> None:
+    from rapydli.experiments.store import open_store
+
+    config = rd.TrainConfig(batch_size=32, microbatches=2, allreduce="mpi")
+    with rd.Cluster(n=2) as cluster:
+        result = rd.scaling_study(
+            models.mlp, datasets.digits, config, workers=[1, 2], pipeline_stages=[1, 2], steps=6, cluster=cluster, live=False
+        )  # fmt: skip
+    table = result.table
+    assert list(zip(table["workers"], table["pipeline_stages"], table["replicas"])) == [(1, 1, 1), (2, 1, 2), (2, 2, 1)]
+    assert list(table["global_batch"]) == [32, 64, 32]  # weak: the batch per replica is kept
+    assert table["speedup"].iloc[2] == pytest.approx(table["samples_per_s"].iloc[2] / table["samples_per_s"].iloc[0])
+    assert table["ideal_speedup"].tolist() == [1, 2, 2]
+    assert result.notes == ["pipeline_stages=2 skipped at workers=1: 1 ranks do not divide into 2-stage pipelines"]
+    measured = {t.name: list(t.x) for t in result.figure.data if t.name and t.name.startswith("measured")}
+    assert measured == {"measured, p=1": [1, 2], "measured, p=2": [2]}
+    store = open_store()
+    run = store.get_run(result.run_id)
+    assert run["status"] == "finished" and run["params"]["pipeline_stages"] == [1, 2]
+    recorded = store.records(result.run_id)["table"]["value"]
+    assert [(r["workers"], r["pipeline_stages"]) for r in recorded] == [(1, 1), (2, 1), (2, 2)]
+    names = {row["name"] for row in store.metrics(result.run_id)}
+    assert {"speedup", "speedup@stages2"} <= names
+    children, _ = store.list_runs(parent=result.run_id)
+    assert sorted(c["name"] for c in children) == ["scaling-1", "scaling-2", "scaling-2-stages2"]
+    assert all(c["status"] == "finished" for c in children)

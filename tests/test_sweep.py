@@ -31,6 +31,28 @@ def test_bad_spaces_and_arguments_fail_before_anything_starts() -> None:
         rd.sweep(models.mlp, datasets.digits, rd.TrainConfig(), {"lr": rd.uniform(0.1, 0.2)}, trials=2, sampler="grid")
     with pytest.raises(ConfigError, match="pruner='hyperband'"):
         rd.sweep(models.mlp, datasets.digits, rd.TrainConfig(), {"lr": rd.uniform(0.1, 0.2)}, trials=2, pruner="hyperband")
+    with pytest.raises(ConfigError, match="workers_per_trial=1 cannot run pipeline_stages=2: a trial's ranks are its replicas x stages"):
+        rd.sweep(models.mlp, datasets.digits, rd.TrainConfig(pipeline_stages=2), {"lr": rd.uniform(0.1, 0.2)}, trials=2)
+    tensor = rd.TrainConfig(pipeline_stages=2, tensor_parallel=2, workers=4)
+    with pytest.raises(ConfigError, match="workers_per_trial=2 cannot run pipeline_stages=2 x tensor_parallel=2: .* a multiple of 4"):
+        rd.sweep(models.mlp, datasets.digits, tensor, {"lr": rd.uniform(0.1, 0.2)}, trials=2, workers_per_trial=2)
+
+
+@pytest.mark.engines
+def test_a_sweep_of_pipelined_trials_runs_and_records_them(cluster) -> None:
+    config = rd.TrainConfig(max_steps=6, eval_every=3, batch_size=16, pipeline_stages=2, microbatches=2, pipeline_schedule="gpipe")
+    space = {"lr": rd.loguniform(1e-3, 1e-1), "microbatches": rd.choice([2, 4])}
+    result = rd.sweep(models.mlp, datasets.digits, config, space, trials=2, workers_per_trial=2, cluster=cluster, pruner="none",
+                      seed=3, live=False)  # fmt: skip
+    table = result.table
+    assert list(table["state"]) == ["COMPLETE", "COMPLETE"], table[["state", "error"]].to_string()
+    assert list(table["ranks"]) == ["0,1", "0,1"] and list(table["steps"]) == [6, 6] and table["value"].notna().all()
+    store = open_store()
+    for row in table.itertuples():
+        run = store.get_run(row.run_id)
+        assert run["kind"] == "trial" and run["status"] == "finished" and run["world_size"] == 2
+        assert run["params"]["config"]["pipeline_stages"] == 2 and run["params"]["config"]["microbatches"] == row.microbatches
+        assert {m["name"] for m in store.metrics(row.run_id)} >= {"loss", "val_loss", "val_accuracy"}
 
 
 @pytest.mark.engines
@@ -140,3 +162,17 @@ def test_a_trial_that_kills_its_engine_fails_and_the_sweep_restarts_the_cluster(
         assert (table.loc[position + 1 :, "lr"] == table.loc[position, "lr"]).any(), errors
     assert len(table) - len(table.index[table["error"].str.contains("run again", na=False)]) == 3
     assert cluster.running and cluster.run(lambda: 8) == [8, 8]
+
+
+@pytest.mark.engines
+def test_loss_optimizer_and_metrics_reach_every_trial(cluster) -> None:
+    from train_cases import PASSED, RegressionMLP, passed_through, regression
+
+    config = rd.TrainConfig(max_steps=4, batch_size=4, allreduce="mpi")
+    result = rd.sweep(RegressionMLP, regression, config, {"lr": rd.loguniform(1e-3, 1e-1)}, trials=2, cluster=cluster,
+                      pruner="none", metric="val_mae", live=False, **PASSED)  # fmt: skip
+    assert list(result.table["state"]) == ["COMPLETE", "COMPLETE"], result.table.to_string()
+    for _, trial in result.table.iterrows():
+        final = open_store().final_metrics(trial["run_id"])
+        passed_through(final, trial["lr"])
+        assert trial["value"] == pytest.approx(final["val_mae"])  # the user's metric is what the sweep optimised

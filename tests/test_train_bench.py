@@ -88,8 +88,9 @@ def test_bench_trainer_runs_on_two_ranks(tmp_path) -> None:
     payload = json.loads(path.read_text())
     rows = {row["variant"]: row for row in payload["rows"]}
     assert set(rows) == {"trainer", "trainer_autotune", "ddp_gloo", "no_comm", "checkpoint", "live", "quiet", "per_call"}
-    saved = rows["checkpoint"]  # 5 warm-up + 2 steps of the MLP: a save after step 5 and one at the end, against a blocking write
-    assert saved["saves"] == 2 and saved["save_ms"] > 0 and saved["sync_write_ms"] > 0
+    saved = rows["checkpoint"]  # 5 warm-up + 40 steps of the MLP: a save every 10 and one at the end, against a blocking write
+    assert saved["saves"] == 5 and saved["save_ms"] > 0 and saved["sync_write_ms"] > 0 and saved["write_ms"] > 0
+    assert saved["thread_ms"] == saved["thread_ms"] and 0 <= saved["steps_during_write"] <= 40  # a number (not NaN)
     assert "mlp: target checkpoint cost <= 5%:" in result.output
     assert all(rows[variant]["step_ms"] > 0 for variant in ("trainer", "trainer_autotune", "ddp_gloo", "no_comm", "live", "quiet"))
     assert 0.0 <= rows["trainer"]["hidden_fraction"] <= 1.0
@@ -110,11 +111,12 @@ def test_checkpoint_cost_summary() -> None:
         {"model": "m", "variant": "trainer", "step_ms": 10.0, "hidden_fraction": 0.5},
         {"model": "m", "variant": "ddp_gloo", "step_ms": 11.0},
         {"model": "m", "variant": "no_comm", "step_ms": 9.0},
-        {"model": "m", "variant": "checkpoint", "step_ms": 10.0, "save_ms": 20.0, "sync_write_ms": 80.0, "saves": 4, "every": 5},
+        {"model": "m", "variant": "checkpoint", "step_ms": 10.0, "save_ms": 15.0, "thread_ms": 5.0, "sync_write_ms": 80.0, "saves": 4, "every": 10},
     ]
     summary = summarize(rows)
-    assert summary["m: checkpoint cost per step at checkpoint_every=50"] == pytest.approx(20.0 / 500.0)
-    assert summary["m: synchronous write / trainer save"] == pytest.approx(4.0)
+    assert summary["m: checkpoint cost per step at checkpoint_every=50"] == pytest.approx(20.0 / 500.0)  # the copy and the thread's toll
+    assert summary["m: of which the writer thread"] == pytest.approx(5.0 / 500.0)
+    assert summary["m: synchronous write / trainer checkpoint"] == pytest.approx(4.0)
     assert summary["m: target checkpoint cost <= 5%"] == "met"
     assert summary["m: trainer / ddp step"] == pytest.approx(10.0 / 11.0)
 
@@ -136,3 +138,22 @@ def test_live_summary_from_rows() -> None:
 def test_unknown_model_is_rejected() -> None:
     result = CliRunner().invoke(command, ["--models", "vgg"])
     assert result.exit_code != 0 and "unknown model(s) vgg" in result.output
+
+
+def test_live_bench_refuses_an_unknown_model() -> None:
+    result = CliRunner().invoke(live.command, ["--models", "mlp,vgg"])
+    assert result.exit_code != 0 and "unknown model(s) vgg; allowed: resnet_mini, mlp, mlp_pipelined" in result.output
+
+
+@pytest.mark.engines
+def test_live_bench_measures_a_pipelined_run_with_its_live_timeline(tmp_path) -> None:
+    path = tmp_path / "live.json"
+    argv = ["-n", "2", "--models", "mlp_pipelined", "--steps", "4", "--rounds", "1", "--allreduce", "mpi", "--json", str(path)]
+    result = CliRunner().invoke(live.command, argv)
+    assert result.exit_code == 0, result.output
+    assert "mlp_pipelined: target live cost <= 2%:" in result.output
+    rows = {row["variant"]: row for row in json.loads(path.read_text())["rows"] if row["model"] == "mlp_pipelined"}
+    assert rows["live"]["pipeline_stages"] == 2 and rows["quiet"]["timeline_rows_received"] == 0
+    assert rows["live"]["rows_received"] == 4 + WARMUP_STEPS
+    assert rows["live"]["timeline_rows_received"] == 2 * (4 + WARMUP_STEPS)  # both ranks' every step reached the timeline
+    assert rows["live"]["timeline_redraws"] >= 1

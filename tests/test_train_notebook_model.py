@@ -1,5 +1,5 @@
-"""A model, loss and data defined in a notebook train on real engines under papermill, match one
-process, are recorded with their source, and a failure in them shows the notebook cell's line."""
+"""A model, loss and data defined in a notebook train on real engines under papermill, match torch
+DDP and one process, are recorded with their source, and a failure in them shows the notebook cell's line."""
 
 from __future__ import annotations
 
@@ -17,10 +17,14 @@ NOTEBOOK = Path(__file__).resolve().parent / "notebooks" / "own_model.ipynb"
 @pytest.mark.engines
 def test_notebook_defined_model_trains_and_its_error_shows_the_cell(tmp_path: Path) -> None:
     out = tmp_path / NOTEBOOK.name
-    papermill.execute_notebook(str(NOTEBOOK), str(out), kernel_name="python3", cwd=str(tmp_path), progress_bar=False)
+    papermill.execute_notebook(str(NOTEBOOK), str(out), kernel_name="python3", cwd=str(tmp_path), progress_bar=False,
+                               parameters={"tests_dir": str(NOTEBOOK.parents[1])})  # fmt: skip
     cells = nbformat.read(out, as_version=4).cells
     text = "\n".join(o.get("text", "") for c in cells if c.cell_type == "code" for o in c.get("outputs", []))
     assert "notebook model on 2 ranks vs one process: max difference" in text
+    # the same class under torch DDP (gloo, find_unused_parameters=True) on the same 2 mpiexec ranks
+    assert float(text.split("notebook model on 2 ranks vs torch DDP: max difference ")[1].split()[0]) < 2e-5
+    assert float(text.split("unused head moved by ")[1].split()[0]) == 0.0  # no gradient: weight decay leaves it alone too
     recorded = text.split("recorded sources: ")[1].splitlines()[0].split(", ")
     assert {"Net", "Sizes", "make_activation", "data_fn", "scaled_cross_entropy.<locals>.loss"} <= set(recorded), recorded
     failure = text.split("FAILURE TEXT START")[1].split("FAILURE TEXT END")[0]

@@ -14,6 +14,7 @@ from train_cases import CASES, ModelOutput, PooledClassifier, TinyGPT
 import rapydli as rd
 from rapydli.errors import ConfigError, RankFailure
 from rapydli.trainer import TrainConfig, Trainer
+from rapydli.trainer.checkpoint import checkpoint_path
 from rapydli.trainer.outputs import Objective, OutputError, interpret, resolve_metrics, target_parameter
 
 TESTS = Path(__file__).resolve().parent
@@ -104,13 +105,21 @@ def test_one_process_trainer_reads_outputs_and_reports_metrics_where_they_mean_s
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("names", [("cnn", "mlp_mse", "gpt", "model_output"), ("two_groups", "frozen", "rank0_branch")])
+@pytest.mark.parametrize(
+    "names", [("cnn", "mlp_mse", "gpt", "model_output"), ("two_groups", "frozen", "rank0_branch"), ("model_output_zero2", "frozen_zero2", "rank0_branch_zero2")]
+)
 def test_trainer_matches_ddp_and_one_process(run_mpi, names) -> None:
     code = f"import sys; sys.path.insert(0, {str(TESTS)!r})\nfrom train_cases import check_case\n"
     code += "".join(f"check_case({name!r})\n" for name in names)
     result = run_mpi(code, n=2, timeout=240)
     for name in names:
         assert f"{name}: ok" in result.stdout
+
+
+@pytest.mark.mpi
+def test_metrics_averaged_over_two_ranks_equal_one_process(run_mpi) -> None:
+    code = f"import sys; sys.path.insert(0, {str(TESTS)!r})\nfrom train_cases import check_metrics_averaged\ncheck_metrics_averaged()\n"
+    assert "metrics averaged: ok" in run_mpi(code, n=2, timeout=120).stdout
 
 
 # -- rd.train on real engines -------------------------------------------------------------------
@@ -123,13 +132,11 @@ def cluster():
 
 
 def _trained(tmp_path: Path, name: str) -> dict[str, torch.Tensor]:
-    from rapydli.trainer import checkpoint
-
-    return torch.load(checkpoint.checkpoint_path(str(tmp_path)), weights_only=False)["model"]
+    return torch.load(checkpoint_path(str(tmp_path)), weights_only=False)["model"]
 
 
 @pytest.mark.engines
-@pytest.mark.parametrize("name", ["gpt", "mlp_mse", "two_groups"])
+@pytest.mark.parametrize("name", ["gpt", "mlp_mse", "two_groups", "model_output"])
 def test_rd_train_gives_the_one_process_parameters(cluster, tmp_path, name) -> None:
     case = CASES[name]
     config = train_cases.config_of(case, checkpoint_dir=str(tmp_path), allreduce="mpi")
@@ -143,6 +150,14 @@ def test_rd_train_gives_the_one_process_parameters(cluster, tmp_path, name) -> N
     if name == "mlp_mse":
         evaluation = result.history[result.history["kind"] == "eval"].iloc[-1]
         assert evaluation["val_mae"] > 0 and "val_accuracy" not in result.history
+    if case.unchanged:  # the mapping's unused pooler: not moved, and never a gradient (AdamW made no state for it)
+        initial = train_cases.build(case)
+        for key in case.unchanged:
+            assert torch.equal(trained[key], initial.state_dict()[key]), key
+        order = [id(p) for g in train_cases.optimizer_for(case, initial, config).param_groups for p in g["params"]]
+        names = {id(p): key for key, p in initial.named_parameters()}
+        stepped = {names[order[i]] for i in torch.load(checkpoint_path(tmp_path), weights_only=False)["optimizer"]["state"]}
+        assert stepped == {key for key, _ in initial.named_parameters()} - set(case.unchanged)
 
 
 @pytest.mark.engines

@@ -59,6 +59,21 @@ def test_train_then_stop_ends_every_rank_and_the_cluster_stays_usable(cluster) -
 
 
 @pytest.mark.engines
+def test_the_panel_passes_loss_optimizer_and_metrics_to_its_runs(cluster) -> None:
+    from train_cases import PASSED, RegressionMLP, passed_through, regression
+
+    from rapydli.experiments.store import open_store
+
+    panel = HyperparameterPanel(RegressionMLP, regression, rd.TrainConfig(max_steps=4, batch_size=4, allreduce="mpi"), cluster=cluster, **PASSED)
+    panel.controls["lr"].value = 0.03
+    panel.train_button.click()
+    panel.wait(120)
+    (run,) = panel.runs
+    assert run["state"] == "finished" and run["val_accuracy"] is None, run  # regression: no accuracy
+    passed_through(open_store().final_metrics(run["run_id"]), panel.current_config().lr)
+
+
+@pytest.mark.engines
 def test_sweep_panel_runs_a_sweep_in_the_background_and_stops(cluster) -> None:
     config = rd.TrainConfig(max_steps=10, eval_every=5, batch_size=32, allreduce="mpi")
     panel = SweepPanel(models.mlp, datasets.digits, config, {"lr": rd.loguniform(1e-3, 1e-1)}, cluster, trials=2, pruner="none")

@@ -5,7 +5,8 @@ its engine tests. Each :class:`Case` is a model, data, a loss and an optimizer a
 would write them; :func:`check_case` runs on every rank: ``k`` steps of the
 :class:`~rapydli.trainer.Trainer` must give the same parameters as torch DDP (gloo,
 ``find_unused_parameters=True``) on the same shards and as one process on the
-concatenated batch (:func:`single_process`).
+concatenated batch (:func:`single_process`). :func:`ddp_state` runs that DDP reference on
+the engines of a cluster, for models defined in a notebook.
 """
 
 from __future__ import annotations
@@ -198,6 +199,26 @@ def adamw_decay(model: nn.Module) -> torch.optim.Optimizer:
     return torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=0.01, weight_decay=0.1)
 
 
+def half_rate_sgd(model: nn.Module, config: TrainConfig) -> torch.optim.Optimizer:
+    """SGD at half of ``config.lr`` (which a sweep varies): a run logs that rate, so it shows this optimizer was used."""
+    return torch.optim.SGD(model.parameters(), lr=config.lr / 2)
+
+
+#: What the sweep, scaling-study and panel tests pass through to their runs (with :class:`RegressionMLP`, :func:`regression`).
+PASSED = {"loss_fn": nn.MSELoss(), "optimizer_fn": half_rate_sgd, "metrics": ["mse", "mae"]}
+
+
+def passed_through(final: dict[str, float], lr: float) -> None:
+    """Assert that a run's final metrics show :data:`PASSED` was used (its config's ``lr`` given).
+
+    The validation loss is the mean squared error (the default cross-entropy on one output
+    is 0), both metrics were measured, and the logged rate is ``half_rate_sgd``'s.
+    """
+    assert final["val_mse"] > 0 and math.isclose(final["val_loss"], final["val_mse"], rel_tol=1e-5), final
+    assert final["val_mae"] > 0 and "val_accuracy" not in final, final
+    assert math.isclose(final["lr"], lr / 2, rel_tol=1e-9), final
+
+
 # -- data -------------------------------------------------------------------------------------
 
 
@@ -261,6 +282,11 @@ CASES: dict[str, Case] = {
                        optimizer_fn=two_groups, steps=4),
     "frozen": Case(FrozenFirst, features, _ce, {}, optimizer_fn=adamw_decay, unchanged=("fc1.weight", "fc1.bias")),
     "rank0_branch": Case(RankZeroBranch, features, _ce, {}, optimizer_fn=adamw_decay),
+    # the same three under ZeRO-2 (config.optimizer: AdamW, lr 0.01, weight decay 0.1), the branch with two micro-steps a step
+    "model_output_zero2": Case(PooledClassifier, sequences, lambda m, x, y: m(x, labels=y)["loss"], {"lr": 0.01, "weight_decay": 0.1, "zero": 2},
+                               unchanged=("pooler.weight", "pooler.bias")),
+    "frozen_zero2": Case(FrozenFirst, features, _ce, {"lr": 0.01, "weight_decay": 0.1, "zero": 2}, unchanged=("fc1.weight", "fc1.bias")),
+    "rank0_branch_zero2": Case(RankZeroBranch, features, _ce, {"lr": 0.01, "weight_decay": 0.1, "zero": 2, "batch_size": 2, "grad_accum": 2}),
 }  # fmt: skip
 
 
@@ -299,7 +325,7 @@ def single_process(name: str, size: int) -> nn.Module:
     for step in range(case.steps):
         _set_lr(optimizer, cfg, step)
         optimizer.zero_grad(set_to_none=True)
-        parts = [shard(train, r, size, step, cfg.batch_size) for r in range(size)]
+        parts = [shard(train, r, size, step, cfg.batch_size * cfg.grad_accum) for r in range(size)]
         if isinstance(model, RankZeroBranch):  # the branch sees rank 0's samples only
             outs = []
             for r, (x, _) in enumerate(parts):
@@ -311,6 +337,77 @@ def single_process(name: str, size: int) -> nn.Module:
         loss.backward()
         optimizer.step()
     return model
+
+
+def check_metrics_averaged() -> None:
+    """On every rank: the validation loss and metrics of the ranks' shards, averaged, equal one process's on the whole set.
+
+    11 validation samples: shards of 6 and 5, batches of 4 with a short last one, so a
+    mean of per-rank (or per-batch) means would differ; loss MSE, metrics by name and a
+    callable (a batch mean).
+    """
+    from mpi4py import MPI
+
+    from rapydli.trainer import Trainer
+
+    world = MPI.COMM_WORLD
+    train, _ = regression()
+    g = torch.Generator().manual_seed(7)
+    val = TensorDataset(torch.randn(11, 8, generator=g), torch.randn(11, 1, generator=g))
+    metrics = {"mse": "mse", "mae": "mae", "cubed": lambda out, y: ((out - y) ** 3).mean()}
+
+    def evaluation(comm: Any) -> dict[str, Any]:
+        torch.manual_seed(0)
+        trainer = Trainer(RegressionMLP(), None, train, val, TrainConfig(batch_size=4, max_steps=1), comm=comm,
+                          loss_fn=nn.MSELoss(), metrics=metrics)  # fmt: skip
+        row = trainer.evaluate()
+        trainer.close()
+        return row
+
+    averaged, single = evaluation(world), evaluation(MPI.COMM_SELF)
+    assert averaged["world_size"] == world.Get_size() and single["world_size"] == 1
+    torch.manual_seed(0)
+    with torch.no_grad():
+        error = RegressionMLP()(val.tensors[0]) - val.tensors[1]
+    expected = {"val_loss": (error**2).mean(), "val_mse": (error**2).mean(), "val_mae": error.abs().mean(), "val_cubed": (error**3).mean()}
+    for name, value in expected.items():
+        assert math.isclose(single[name], float(value), rel_tol=1e-5, abs_tol=1e-7), (name, single[name], float(value))
+        assert math.isclose(averaged[name], single[name], rel_tol=1e-6, abs_tol=1e-8), (name, averaged[name], single[name])
+    if world.Get_rank() == 0:
+        print("metrics averaged: ok")
+
+
+def ddp_state(
+    model_fn: Callable[[], nn.Module], data_fn: Callable[[], Any], loss_fn: Callable[..., torch.Tensor],
+    optimizer_fn: Callable[[nn.Module], torch.optim.Optimizer], steps: int, batch_size: int,
+) -> dict[str, torch.Tensor]:
+    """In a task on every rank of a cluster: ``steps`` steps of torch DDP (gloo, ``find_unused_parameters=True``).
+
+    The model is ``model_fn()`` after ``torch.manual_seed(0)``, each rank steps on its shards
+    of ``data_fn()``'s training set (as the Trainer's sampler cuts them); returns the
+    parameters and buffers it ends with.
+    """
+    import torch.distributed as dist
+
+    from rapydli.cluster.engine import context
+
+    ctx = context()
+    rank, size = ctx.rank, ctx.world_size
+    port = ctx.comm.bcast(socket.create_server(("127.0.0.1", 0)).getsockname()[1] if rank == 0 else None)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size)
+    try:
+        torch.manual_seed(0)
+        ddp = nn.parallel.DistributedDataParallel(model_fn(), find_unused_parameters=True)
+        optimizer = optimizer_fn(ddp.module)
+        train, _ = data_fn()
+        for step in range(steps):
+            optimizer.zero_grad(set_to_none=True)
+            inputs, targets = shard(train, rank, size, step, batch_size)
+            loss_fn(ddp(inputs), targets).backward()
+            optimizer.step()
+    finally:
+        dist.destroy_process_group()
+    return {key: value.detach().clone() for key, value in ddp.module.state_dict().items()}
 
 
 def check_case(name: str) -> None:
@@ -344,7 +441,7 @@ def check_case(name: str) -> None:
     for step in range(case.steps):
         _set_lr(optimizer, cfg, step)
         optimizer.zero_grad(set_to_none=True)
-        case.reference_loss(ddp, *shard(train, rank, size, step, cfg.batch_size)).backward()
+        case.reference_loss(ddp, *shard(train, rank, size, step, cfg.batch_size * cfg.grad_accum)).backward()
         optimizer.step()
     dist.destroy_process_group()
 

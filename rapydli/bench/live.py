@@ -1,12 +1,14 @@
-"""The live-metrics part of ``rapydli bench trainer``: what watching training costs it.
+"""``rapydli bench live`` (also the live part of ``rapydli bench trainer``): what watching training costs it.
 
 Starts a local cluster of ``n`` engines and runs the task that ``rd.train``, the widgets and
 sweeps run (:func:`rapydli.trainer.task.engine_task`) twice per round, interleaved:
 with its step rows streamed to a :class:`~rapydli.widgets.live.LivePlot` in this process
 (events on, as in a notebook) and with streaming off (``emit`` returns at once). The
-cost is the median over rounds of the ratio of their median step times (slowest rank)
-minus one; the issue's
-target is <= 2% of the step. Both variants poll ``should_stop`` once per step, as every
+``mlp_pipelined`` model trains in 2 pipeline stages (``microbatches=4``); its live variant
+also streams every rank's spans of each step to a
+:class:`~rapydli.widgets.timeline.LiveTimeline` that redraws the Gantt chart as
+``rd.train`` does. The cost is the median over rounds of the ratio of their median step
+times (slowest rank) minus one; the issue's target is <= 2% of the step. Both variants poll ``should_stop`` once per step, as every
 cluster task does, so it is timed separately, with ``emit`` and one publish, on the ranks;
 then the ranks emit a row every 10 ms and the client times how late each one arrives
 (target: within 1 s).
@@ -19,7 +21,10 @@ import statistics
 import time
 from typing import Any
 
+import click
+
 from rapydli.trainer.config import TrainConfig
+from rapydli.trainer.task import WARMUP_STEPS
 from rapydli.zoo import datasets, models
 
 MAX_LIVE_COST = 0.02
@@ -27,9 +32,11 @@ MAX_LAG_S = 1.0
 MICRO_CALLS = 2000
 LATENCY_EVENTS, STEP_S = 150, 0.01
 
-LIVE_MODELS = {
-    "resnet_mini": functools.partial(models.resnet_mini, in_channels=3),
-    "mlp": functools.partial(models.mlp, in_features=3 * 32 * 32, hidden=512, depth=2),
+#: Models by name: the model function and what its runs change in the ``TrainConfig``.
+LIVE_MODELS: dict[str, tuple[Any, dict[str, Any]]] = {
+    "resnet_mini": (functools.partial(models.resnet_mini, in_channels=3), {}),
+    "mlp": (functools.partial(models.mlp, in_features=3 * 32 * 32, hidden=512, depth=2), {}),
+    "mlp_pipelined": (functools.partial(models.mlp, in_features=3 * 32 * 32, hidden=512, depth=4), {"pipeline_stages": 2, "microbatches": 4}),
 }
 
 
@@ -67,28 +74,39 @@ def measure(n: int, names: list[str], steps: int, rounds: int, allreduce: str, b
     from rapydli.cluster import Cluster
     from rapydli.trainer.task import engine_task
     from rapydli.widgets.live import LivePlot
+    from rapydli.widgets.timeline import LiveTimeline
 
     rows: list[dict[str, Any]] = []
     with Cluster(n, threads=1) as cluster:
         for name in names:
-            config = TrainConfig(batch_size=32, lr=0.01, optimizer="sgd", allreduce=allreduce, bucket_mb=bucket_mb, max_steps=steps)
+            model_fn, changes = LIVE_MODELS[name]
+            config = TrainConfig(batch_size=32, lr=0.01, optimizer="sgd", allreduce=allreduce, bucket_mb=bucket_mb, max_steps=steps,
+                                 workers=n, **changes)  # fmt: skip
             data = functools.partial(datasets.synthetic_images, config.batch_size * n * steps + 64, size=32, val_fraction=0.01)
             times: dict[str, list[float]] = {"live": [], "quiet": []}
-            received = 0
+            received = timelines = redraws = 0
             for round_ in range(rounds):
                 for variant in list(times)[:: 1 if round_ % 2 == 0 else -1]:  # alternate who goes first
-                    plot = LivePlot(widget=False) if variant == "live" else None
-                    on_event = None if plot is None else functools.partial(_to_plot, plot)
-                    results = cluster.submit(engine_task, LIVE_MODELS[name], data, config.to_dict(), on_event=on_event).wait()
+                    displays: list[Any] = []
+                    if variant == "live":  # what rd.train shows in a notebook
+                        displays = [LivePlot(widget=False)] + ([LiveTimeline(widget=False)] if config.pipeline_stages > 1 else [])
+                    on_event = functools.partial(_to_displays, displays) if displays else None
+                    results = cluster.submit(engine_task, model_fn, data, config.to_dict(), on_event=on_event).wait()
                     times[variant].append(max(r["timing"]["step_time_s"] for r in results))
-                    if plot is not None:
-                        plot.flush()
-                        received += sum(1 for r in plot.rows if r.get("kind") == "train")
+                    for display in displays:
+                        display.close()
+                    if displays:
+                        received += sum(1 for r in displays[0].rows if r.get("kind") == "train")
+                        timelines += sum(display.received for display in displays[1:])
+                        redraws += sum(display.redraws for display in displays[1:])
             for variant, per_round in times.items():
-                rows.append({"model": name, "variant": variant, "ranks": n, "steps": steps, "step_ms": 1000 * statistics.median(per_round),
+                live = variant == "live"
+                rows.append({"model": name, "variant": variant, "ranks": n, "pipeline_stages": config.pipeline_stages, "steps": steps,
+                             "step_ms": 1000 * statistics.median(per_round),
                              "step_ms_min": 1000 * min(per_round), "step_ms_max": 1000 * max(per_round),
                              "round_ms": [1000 * t for t in per_round],
-                             "rows_received": received if variant == "live" else 0})  # fmt: skip
+                             "rows_received": received if live else 0, "timeline_rows_received": timelines if live else 0,
+                             "timeline_redraws": redraws if live else 0})  # fmt: skip
         lags: dict[int, list[float]] = {rank: [] for rank in range(n)}
         costs = cluster.submit(per_call_costs, MICRO_CALLS, on_event=functools.partial(_lag, lags)).wait()
     rows += [{"model": None, "variant": "per_call", "rank": rank, **cost, "lag_ms_median": 1000 * statistics.median(lags[rank]),
@@ -96,9 +114,12 @@ def measure(n: int, names: list[str], steps: int, rounds: int, allreduce: str, b
     return rows
 
 
-def _to_plot(plot: Any, rank: int, kind: str, payload: Any) -> None:
-    if kind == "metrics" or kind == "rank_timings":
-        plot(payload)
+def _to_displays(displays: list[Any], rank: int, kind: str, payload: Any) -> None:
+    """What :class:`~rapydli.experiments.job.TrainingJob` hands its callbacks."""
+    row = {"kind": "timeline", **payload} if kind == "timeline" else payload if kind in ("metrics", "rank_timings") else None
+    if row is not None:
+        for display in displays:
+            display(row)
 
 
 def _lag(lags: dict[int, list[float]], rank: int, kind: str, payload: Any) -> None:
@@ -119,6 +140,9 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         cost = statistics.median(live / quiet for live, quiet in zip(rounds["live"], rounds["quiet"])) - 1.0
         summary[f"{model}: live metrics cost (median over rounds of streamed / quiet step - 1)"] = cost
         summary[f"{model}: target live cost <= {MAX_LIVE_COST:.0%}"] = "met" if cost <= MAX_LIVE_COST else "not met"
+        live = next(row for row in rows if row["model"] == model and row["variant"] == "live")
+        if live.get("timeline_rows_received"):
+            summary[f"{model}: live timeline rows received, redraws"] = f"{live['timeline_rows_received']}, {live['timeline_redraws']}"
         if slowest:
             step_us = 1000 * step["quiet"]
             summary[f"{model}: emit + should_stop per step, share of step"] = (slowest["emit_us"] + slowest["should_stop_us"]) / step_us
@@ -127,3 +151,24 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     if slowest:
         summary[f"target: a row reaches the notebook within {MAX_LAG_S:g} s"] = "met" if slowest["lag_ms_max"] <= 1000 * MAX_LAG_S else "not met"
     return summary
+
+
+@click.command("live")
+@click.option("-n", "n", type=click.IntRange(min=1), default=2, show_default=True, help="Engines of the local cluster.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Write the rows and summary here.")
+@click.option("--models", default="mlp,mlp_pipelined", show_default=True, help=f"Comma-separated, from: {', '.join(LIVE_MODELS)}.")
+@click.option("--steps", type=click.IntRange(min=1), default=60, show_default=True, help="Measured steps per live/quiet run.")
+@click.option("--rounds", type=click.IntRange(min=1), default=5, show_default=True, help="Live/quiet pairs per model.")
+@click.option("--allreduce", default="auto", show_default=True, help="TrainConfig.allreduce of the runs.")
+@click.option("--bucket-mb", type=float, default=25.0, show_default=True, help="TrainConfig.bucket_mb of the runs.")
+def command(n: int, json_path: str | None, models: str, steps: int, rounds: int, allreduce: str, bucket_mb: float) -> None:
+    """What streaming the live plot (and a pipelined run's live timeline) costs a training step; row latency."""
+    from rapydli.bench.report import emit
+
+    names = [name.strip() for name in models.split(",") if name.strip()]
+    unknown = sorted(set(names) - set(LIVE_MODELS))
+    if unknown:
+        raise click.BadParameter(f"unknown model(s) {', '.join(unknown)}; allowed: {', '.join(LIVE_MODELS)}", param_hint="--models")
+    TrainConfig(allreduce=allreduce, bucket_mb=bucket_mb)  # a bad value is refused before the cluster starts
+    rows = measure(n, names, steps + WARMUP_STEPS, rounds, allreduce, bucket_mb)
+    emit("live", rows, summarize(rows), json_path)

@@ -9,7 +9,8 @@ Parts, one per launch (``--part``):
   spans on one clock (``perf_counter`` is the system-wide monotonic clock on Linux).
 * ``memory``: peak bytes autograd keeps for backward on each rank
   (:class:`rapydli.parallel.memory.ActivationMeter`) for GPipe, 1F1B and plain data
-  parallelism on the same MLP and global batch.
+  parallelism on the same MLP and global batch, p = the launch's ranks, and the theory of
+  each pipelined row (live micro-batches x one micro-batch's bytes on the rank's stage).
 * ``rapydli`` / ``torch``: step time of 1F1B on 2 ranks with the same split and ``m``,
   RaPyDLI's executor or ``torch.distributed.pipelining.Schedule1F1B`` over gloo.
 
@@ -63,8 +64,8 @@ class SleepingBlock(nn.Module):
         return _Sleep.apply(x * self.scale, self.seconds)
 
 
-def _loss(out: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    return F.cross_entropy(out, target), (out.argmax(-1) == target).sum()
+def _loss(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(out, target)
 
 
 def bubble_rows(world: Any, forward_ms: float, steps: int) -> list[dict[str, Any]]:
@@ -105,7 +106,14 @@ def mlp(depth: int = 8, width: int = 256) -> nn.Sequential:
 
 
 def memory_rows(world: Any, batch: int, microbatches: list[int]) -> list[dict[str, Any]]:
-    """Peak saved-activation bytes per rank: GPipe and 1F1B (p = world size) for each m, data parallel."""
+    """Peak saved-activation bytes per rank: GPipe and 1F1B (p = world size) for each m, data parallel.
+
+    Each pipelined row carries its theory: the micro-batches the schedule keeps alive on the
+    rank (:func:`rapydli.parallel.schedules.peak_live`) times the bytes one micro-batch of
+    ``batch / m`` samples holds on the rank's stage (measured alone, with m = 1). The
+    batch itself is not counted (it is there whatever the schedule); activations received
+    from the previous stage are.
+    """
     p, rank = world.Get_size(), world.Get_rank()
     x, y = torch.randn(batch, 64), torch.randint(0, 10, (batch,))
     rows: list[dict[str, Any]] = []
@@ -114,25 +122,29 @@ def memory_rows(world: Any, batch: int, microbatches: list[int]) -> list[dict[st
     bounds = split.balance([1.0] * len(split.pipeline_blocks(model)), p)
     stage, _ = split.stage_module(model, bounds, grid.stage)
     for m in microbatches:
+        single = PipelineExecutor(stage, grid.pipeline, "gpipe", 1, _loss)
+        with ActivationMeter([*stage.parameters(), x]) as meter:  # one micro-batch of batch / m samples, alone
+            single.train_step(x[: batch // m], y[: batch // m])
+        one = meter.peak
         for schedule in schedules.SCHEDULES:
             executor = PipelineExecutor(stage, grid.pipeline, schedule, m, _loss)
-            with ActivationMeter(stage.parameters()) as meter:
+            with ActivationMeter([*stage.parameters(), x]) as meter:
                 executor.train_step(x, y)
-            peaks = world.gather(meter.peak, root=0)
             live = schedules.peak_live(executor.actions)
-            lives = world.gather(live, root=0)
+            measured = world.gather((meter.peak, live, one), root=0)
             rows += [
-                {"part": "memory", "variant": schedule, "rank": r, "stages": p, "microbatches": m, "peak_activation_bytes": b, "live_microbatches": n}
-                for r, (b, n) in enumerate(zip(peaks or [], lives or []))
-            ]
+                {"part": "memory", "variant": schedule, "rank": r, "ranks": p, "stages": p, "microbatches": m, "peak_activation_bytes": b,
+                 "live_microbatches": n, "microbatch_bytes": o, "theory_bytes": n * o}
+                for r, (b, n, o) in enumerate(measured or [])
+            ]  # fmt: skip
     # data parallel: every rank the whole model on its share of the batch
     whole = mlp()
     mine = slice(rank * batch // p, (rank + 1) * batch // p)
-    with ActivationMeter(whole.parameters()) as meter:
-        _loss(whole(x[mine]), y[mine])[0].backward()
+    with ActivationMeter([*whole.parameters(), x]) as meter:
+        _loss(whole(x[mine]), y[mine]).backward()
     peaks = world.gather(meter.peak, root=0)
     rows += [
-        {"part": "memory", "variant": "data_parallel", "rank": r, "stages": 1, "microbatches": 1, "peak_activation_bytes": b}
+        {"part": "memory", "variant": "data_parallel", "rank": r, "ranks": p, "stages": 1, "microbatches": 1, "peak_activation_bytes": b}
         for r, b in enumerate(peaks or [])
     ]
     grid.free()
@@ -183,7 +195,8 @@ def throughput_rows(world: Any, peer: str, batch: int, m: int, steps: int) -> li
             times.append(time.perf_counter() - started)
     if peer == "torch":
         dist.destroy_process_group()
-    row = {"part": "throughput", "variant": peer, "stages": p, "microbatches": m, "batch": batch, "step_ms": statistics.median(times) * 1e3}
+    row = {"part": "throughput", "variant": peer, "stages": p, "microbatches": m, "batch": batch, "step_ms": statistics.median(times) * 1e3,
+           "torch": torch.__version__}  # fmt: skip
     return [row] if rank == 0 else []
 
 

@@ -35,8 +35,12 @@ from torch import nn
 from rapydli.comm import Communicator
 from rapydli.data.loaders import build_loader
 from rapydli.trainer.config import TrainConfig
-from rapydli.trainer.loop import Trainer, build_optimizer, loss_and_correct
+from rapydli.trainer.loop import Trainer, loss_and_correct
+from rapydli.trainer.optim import build_optimizer
 from rapydli.zoo import datasets, models
+
+#: Steps between checkpoints while the checkpoint cost is measured: each write has this many steps to overlap.
+CHECKPOINT_EVERY = 10
 
 MODELS: dict[str, tuple[Callable[[], nn.Module], Callable[..., Any]]] = {
     "resnet_mini": (lambda: models.resnet_mini(in_channels=3), lambda n: datasets.synthetic_images(n, size=32, val_fraction=0.01)),
@@ -97,11 +101,15 @@ def _trainer_round(model: nn.Module, train: Any, config: TrainConfig, comm: Comm
 
 
 def checkpoint_cost(name: str, steps: int, warmup: int, every: int, allreduce: str, world: MPI.Comm, directory: str) -> dict[str, Any]:
-    """What a checkpoint costs the step: the Trainer's save (a copy in memory; a thread writes) against a synchronous write.
+    """What checkpoints cost the steps: the save that blocks the step, and the writer thread's toll on the steps after it.
 
-    Runs ``warmup + steps`` steps checkpointing every ``every`` and times each
-    ``save_checkpoint`` on rank 0 (the slowest: it copies the state), then one blocking
-    :func:`rapydli.trainer.checkpoint.save_atomic` of the same state.
+    Runs ``warmup + steps`` steps checkpointing every ``every``. On rank 0 (it copies the
+    state and its thread writes it; the other ranks wait for it in the next allreduce) it
+    times each ``save_checkpoint`` (the copy in memory) and takes the write's span from the
+    :class:`~rapydli.trainer.checkpoint.CheckpointWriter`; the measured steps that overlap a
+    write are compared with the median of those that do not: their excess is what the
+    thread costs the training. Then one blocking
+    :func:`rapydli.trainer.checkpoint.save_atomic` of the same state, for comparison.
     """
     from rapydli.trainer import checkpoint as ckpt
 
@@ -120,15 +128,24 @@ def checkpoint_cost(name: str, steps: int, warmup: int, every: int, allreduce: s
 
     trainer.save_checkpoint = timed  # type: ignore[method-assign]
     rows = [r for r in trainer.fit() if r["kind"] == "train"][warmup:]
+    writes = trainer._writer.spans
     state = {"model": trainer.model.state_dict(), "optimizer": trainer.optimizer.state_dict()}
     trainer.close()
     started = time.perf_counter()
     ckpt.save_atomic(state, f"{directory}/sync-{world.Get_rank()}.pt")
     sync_s = time.perf_counter() - started
-    step_s = statistics.median(r["step_time_s"] for r in rows)
+
+    # each measured step's span, in the writer's clock; the writes that ran while measured steps did
+    spans = [(trainer._started + r["time_s"] - r["step_time_s"], trainer._started + r["time_s"], r["step_time_s"]) for r in rows]
+    during = [t for a, b, t in spans if any(w0 < b and w1 > a for w0, w1 in writes)]
+    clean_s = statistics.median([t for a, b, t in spans if not any(w0 < b and w1 > a for w0, w1 in writes)] or [t for *_, t in spans])
+    overlapped = [w for w in writes if any(w[0] < b and w[1] > a for a, b, _ in spans)]
+    thread_s = sum(t - clean_s for t in during) / len(overlapped) if overlapped else 0.0
     return {"model": name, "variant": "checkpoint", "ranks": world.Get_size(), "every": every, "saves": len(saves),
-            "step_ms": 1000 * step_s, "save_ms": 1000 * statistics.median(saves) if saves else None,
-            "sync_write_ms": 1000 * sync_s}  # fmt: skip
+            "step_ms": 1000 * clean_s, "save_ms": 1000 * statistics.median(saves) if saves else None,
+            "write_ms": 1000 * statistics.median(b - a for a, b in writes) if writes else None,
+            "steps_during_write": len(during), "step_ms_during_write": 1000 * statistics.median(during) if during else None,
+            "thread_ms": 1000 * thread_s, "sync_write_ms": 1000 * sync_s}  # fmt: skip
 
 
 def measure(
@@ -223,7 +240,8 @@ def main() -> None:
     for name in args.models.split(","):
         rows += measure(name, args.steps, args.warmup, args.rounds, args.allreduce, args.bucket_mb, world, args.autotune)
         if args.checkpoint_dir:
-            cost = checkpoint_cost(name, args.steps, args.warmup, 5, args.allreduce, world, f"{args.checkpoint_dir}/{name}")
+            cost = checkpoint_cost(name, max(args.steps, 4 * CHECKPOINT_EVERY), args.warmup, CHECKPOINT_EVERY, args.allreduce,
+                                   world, f"{args.checkpoint_dir}/{name}")  # fmt: skip
             rows += [cost] if world.Get_rank() == 0 else []
     dist.destroy_process_group()
     if world.Get_rank() == 0:

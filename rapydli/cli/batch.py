@@ -31,9 +31,12 @@ class BatchFailed(click.ClickException):
 @click.option("--dry-run", is_flag=True, help="Validate and list the items; run nothing.")
 @click.option("--hosts", default=None, help="Run items on these hosts over ssh (one at a time each), e.g. node1,node2.")
 @click.option("--ssh-command", default="ssh", show_default=True, help="With --hosts: the ssh program that reaches them.")
+@click.option("--launcher", default=None, help="Where items run: local (default), ssh or slurm (each item a Slurm job).")
+@click.option("--option", "-o", "options", multiple=True, metavar="KEY=VALUE",
+              help="A launcher option, e.g. -o partition=debug -o timelimit=00:30:00; a key given twice makes a list.")
 def batch(notebook: str, axes: tuple[str, ...], grid: tuple[str, ...], params_file: str | None, parallel: int, out: str,
           kernel: str | None, timeout: float | None, retry: int, force: bool, dry_run: bool,
-          hosts: str | None, ssh_command: str) -> None:  # fmt: skip
+          hosts: str | None, ssh_command: str, launcher: str | None, options: tuple[str, ...]) -> None:  # fmt: skip
     """Run NOTEBOOK once per point of a parameter grid with papermill.
 
     Grid axes are given with --grid KEY=V1,V2 or as plain KEY=V1,V2 arguments after the
@@ -41,13 +44,19 @@ def batch(notebook: str, axes: tuple[str, ...], grid: tuple[str, ...], params_fi
     against the default's type) before anything runs; without one, the parameters are injected at the top.
     A notebook with no kernel metadata runs with this environment's Python kernel. Items already finished with the
     same parameters and notebook source are skipped. Exit status 1 when an item failed.
+    With --launcher slurm each item is a Slurm job of one task (--parallel jobs in the queue at
+    once; Ctrl-C cancels them) that records into a store file of its own, merged when it ends.
 
     \b
-    Example:
+    Examples:
       rapydli batch notebooks/05-batch-experiments.ipynb --grid lr=0.1,0.01 workers=1,2 --parallel 2
+      rapydli batch nb.ipynb --grid lr=0.1,0.01 --launcher slurm -o partition=debug --parallel 4
     """
     from rapydli.experiments import batch as batch_mod
 
+    launcher_options = _launcher_options(options)
+    places_hosts = hosts.split(",") if hosts else None
+    batch_mod.item_places(launcher, launcher_options, places_hosts, ssh_command)  # refused before anything runs
     plan = batch_mod.plan_batch(notebook, [*grid, *axes], params_file=params_file, out=out, kernel=kernel,
                                 parallel=parallel, timeout=timeout, retry=retry)  # fmt: skip
     if dry_run:
@@ -55,8 +64,9 @@ def batch(notebook: str, axes: tuple[str, ...], grid: tuple[str, ...], params_fi
             click.echo(f"{item.key}  {item.output}  {item.parameters}")
         click.echo(f"{len(plan.items)} items; nothing run (--dry-run)")
         return
-    summary = batch_mod.run_plan(plan, parallel=parallel, kernel=kernel, timeout=timeout, retry=retry,
-                                 force=force, hosts=hosts.split(",") if hosts else None, ssh_command=ssh_command)  # fmt: skip
+    summary = batch_mod.run_plan(plan, parallel=parallel, kernel=kernel, timeout=timeout, retry=retry, force=force,
+                                 hosts=places_hosts, ssh_command=ssh_command, launcher=launcher,
+                                 launcher_options=launcher_options)  # fmt: skip
     shown = summary.drop(columns=["output", "run_id", "error"])
     click.echo(shown.to_string(index=False))
     click.echo(f"summary: {summary.attrs['summary']}\nreport:  {summary.attrs['report']}")
@@ -66,3 +76,18 @@ def batch(notebook: str, axes: tuple[str, ...], grid: tuple[str, ...], params_fi
             cell = "" if row["failing_cell"] is None or str(row["failing_cell"]) == "<NA>" else f" (cell {row['failing_cell']})"
             click.echo(f"failed {row['item']}{cell}: {row['error']}", err=True)
         raise BatchFailed(f"{failed} of {len(summary)} items failed")
+
+
+def _launcher_options(items: tuple[str, ...]) -> dict[str, object]:
+    """``-o KEY=VALUE`` options (values read as JSON when they parse); a key given again adds to a list."""
+    from rapydli.cli.cluster import parse_options
+
+    options: dict[str, object] = {}
+    for item in items:
+        ((key, value),) = parse_options((item,)).items()
+        if key in options:
+            previous = options[key]
+            options[key] = [*(previous if isinstance(previous, list) else [previous]), value]
+        else:
+            options[key] = value
+    return options

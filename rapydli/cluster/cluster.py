@@ -1,8 +1,12 @@
-"""``rd.Cluster``: ipyparallel MPI engines, one MPI rank each, started by a named launcher."""
+"""``rd.Cluster``: ipyparallel MPI engines, one MPI rank each, started by a named launcher.
+
+Here: starting, stopping, restarting, detaching and attaching a cluster, and its status;
+running code on its engines is :class:`rapydli.cluster.tasks.ClusterTasks`, a base of
+:class:`Cluster`.
+"""
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import os
@@ -11,7 +15,7 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import psutil
@@ -19,13 +23,12 @@ import psutil
 from rapydli.cluster import engine
 from rapydli.cluster.batchjob import BatchJob, batch_job
 from rapydli.cluster.controller_config import write_controller_config
-from rapydli.cluster.job import FOLLOW_S, DisplayHandler, EventHandler, Job, OutputHandler, print_output
 from rapydli.cluster.launchers import get_launcher, validate_options
 from rapydli.cluster.mpirun import rank_environment, threads_per_rank
 from rapydli.cluster.processes import CLUSTER_MARKER, alive, reap, reap_marked
 from rapydli.cluster.registry import remove_connection_files
-from rapydli.cluster.targets import parse_targets
-from rapydli.cluster.usercode import notebook_cells
+from rapydli.cluster.sshhosts import SessionWatch
+from rapydli.cluster.tasks import ClusterTasks
 from rapydli.errors import ClusterError, ConfigError, NotFoundError
 from rapydli.paths import subdir
 
@@ -53,7 +56,7 @@ def _hold(cluster: Cluster) -> None:
         _live.add(cluster)
 
 
-class Cluster:
+class Cluster(ClusterTasks):
     """A set of MPI engines the notebook drives; every engine is one MPI rank.
 
     Parameters
@@ -96,6 +99,7 @@ class Cluster:
         if self.launcher.check_size is not None:
             self.launcher.check_size(n, self.options)
         self.n = n
+        self._full = (n, dict(self.options))  # what a restart brings back: n and options may shrink after one (restart)
         self.threads = threads or self._default_threads(n)
         self.start_timeout = start_timeout
         self._ipp: Any = None
@@ -107,6 +111,7 @@ class Cluster:
         self._detached = False
         self._cluster_id: str | None = None  # kept across restarts, so attach ids stay valid
         self._batch: BatchJob | None = None  # the scheduler job holding the engines (slurm)
+        self._sessions: SessionWatch | None = None  # mpiexec's ssh session to each host (ssh)
         self._starter: threading.Thread | None = None  # a start(wait=False) under way
         self._start_error: BaseException | None = None
         self._cancel = threading.Event()  # set by stop(): a start under way gives up
@@ -185,6 +190,7 @@ class Cluster:
                 else:
                     _wait(self._client.wait_for_engines(self.n, timeout=self.start_timeout, block=False, widget=False, interactive=False))
                 self._configure_engines()
+                self._sessions = self._watch_sessions()
             except BaseException as exc:
                 # Ctrl-C included: a start cancelled half-way leaves engines ipyparallel no
                 # longer tracks; the teardown finds them by their marker
@@ -239,6 +245,13 @@ class Cluster:
         self._engine_of_rank = {info["rank"]: eid for eid, info in zip(ids, infos)}
         self._info = {info["rank"]: info for info in infos}
 
+    def _watch_sessions(self) -> SessionWatch | None:
+        """The ssh sessions to the engines' hosts (ssh launcher), watched while tasks run."""
+        if self.launcher.name != "ssh" or self._cluster_id is None:
+            return None
+        remote = sorted({info["host"] for info in self._info.values() if not _is_local(info)})
+        return SessionWatch.find(self._cluster_id, remote, self.options.get("ssh_command", "ssh"))
+
     def stop(self) -> None:
         """Stop every engine and the controller; no process is left behind.
 
@@ -261,10 +274,32 @@ class Cluster:
             self._teardown()
             self._state = "stopped"
 
-    def restart(self) -> Cluster:
-        """Replace the engines by fresh ones (same size, launcher, options and id)."""
+    def restart(self, min_engines: int | None = None) -> Cluster:
+        """Replace the engines by fresh ones (same launcher and id), as many as the cluster was made with.
+
+        A launcher that can tell which of its hosts are gone (``ssh``: those that do not
+        answer) is asked first. Their engines are left out when at least ``min_engines``
+        remain: the cluster then has fewer engines (``n``, ``options`` say which) until a
+        later restart brings them all back. Otherwise the restart fails at once, naming
+        the hosts, rather than waiting ``start_timeout`` for engines that cannot come.
+
+        Raises
+        ------
+        ClusterError
+            Fewer than ``min_engines`` (default: all) engines can start, or the start failed.
+        """
+        full, options = self._full
+        if min_engines is not None and (not isinstance(min_engines, int) or isinstance(min_engines, bool) or not 1 <= min_engines <= full):
+            raise ConfigError(f"min_engines={min_engines!r} is invalid: an integer in 1..{full}")
         with self._lock:
             self.stop()
+            n, left_out = full, dict[str, str]()
+            if self.launcher.reachable is not None:
+                n, options, left_out = self.launcher.reachable(full, dict(options))
+            if n < (min_engines or full):
+                why = "; ".join(f"{host}: {reason}" for host, reason in left_out.items())
+                raise ClusterError(f"only {n} of {full} engines can start ({why}); need {min_engines or full}")
+            self.n, self.options = n, options
             self.start()
             if self._detached:  # the attach record must name the new engines
                 self.detach()
@@ -309,11 +344,14 @@ class Cluster:
         if self._cluster_id is not None:  # nannies orphaned by killed engines, a half-started set, ...
             if reap_marked(self._cluster_id, grace=3.0 if wait else 0):
                 self._remove_connection_files()
+        lost = self._sessions.down if self._sessions is not None else {}
+        remote = {host: pids for host, pids in remote.items() if host not in lost}  # their processes cannot be reached
         if remote and self.launcher.name == "ssh":
             from rapydli.cluster.sshhosts import reap_remote
 
             reap_remote(remote, self.options.get("ssh_command", "ssh"))
         self._ipp = self._client = None
+        self._sessions = None
         self._engine_of_rank, self._info = {}, {}
 
     def abort(self) -> None:
@@ -465,142 +503,6 @@ class Cluster:
         if self._state != "running":
             raise ClusterError(f"the cluster is {self._state}: start() it first")
 
-    def view(self, targets: Sequence[int] | None = None) -> Any:
-        """An ipyparallel :class:`DirectView` on the engines of ``targets`` (ranks; default all)."""
-        self._require_running()
-        return self._client[self._engines(targets)]
-
-    def _engines(self, targets: Sequence[int] | None) -> list[int]:
-        ranks = list(range(self.n)) if targets is None else list(targets)
-        bad = [r for r in ranks if r not in self._engine_of_rank]
-        if bad:
-            raise ConfigError(f"targets {bad} are not ranks of this cluster: allowed 0..{self.n - 1}")
-        return [self._engine_of_rank[r] for r in ranks]
-
-    # -- running code --------------------------------------------------------------------
-
-    def push(self, namespace: dict[str, Any], targets: Sequence[int] | str | None = None) -> None:
-        """Define ``namespace``'s names on the engines (functions too, via cloudpickle)."""
-        self.view(parse_targets(targets, self.n)).push(namespace, block=True)
-
-    def submit(
-        self,
-        fn: Callable[..., Any],
-        *args: Any,
-        targets: Sequence[int] | str | None = None,
-        timeout: float | None = None,
-        on_event: EventHandler | None = None,
-        on_output: OutputHandler | None = print_output,
-        **kwargs: Any,
-    ) -> Job:
-        """Start ``fn(*args, **kwargs)`` on the ``targets`` ranks and return its :class:`Job`.
-
-        Inside ``fn``, :func:`rapydli.cluster.engine.context` gives the rank, the group's
-        size, a communicator over exactly the targets, and the device;
-        :func:`rapydli.cluster.events.emit` sends events to ``on_event(rank, kind, payload)``;
-        :func:`rapydli.cluster.engine.should_stop` tells whether ``Job.request_stop`` was
-        called. Jobs on disjoint targets run side by side.
-        """
-        ranks = parse_targets(targets, self.n)
-        sources = notebook_cells()
-        results = self._submit(ranks, lambda rank: (engine.run_task, fn, args, kwargs, ranks, on_event is not None, sources))
-        return self._job(results, timeout=timeout, on_output=on_output, on_event=on_event)
-
-    def run(
-        self,
-        fn: Callable[..., Any],
-        *args: Any,
-        targets: Sequence[int] | str | None = None,
-        timeout: float | None = None,
-        on_event: EventHandler | None = None,
-        on_output: OutputHandler | None = print_output,
-        **kwargs: Any,
-    ) -> list[Any]:
-        """Run ``fn(*args, **kwargs)`` on the ``targets`` ranks and return their results.
-
-        The blocking form of :meth:`submit`.
-
-        Raises
-        ------
-        RankFailure
-            A rank raised, died, or the timeout passed; the other ranks were interrupted.
-        """
-        __tracebackhide__ = True  # noqa: F841 - IPython shows the user's cell, not these frames
-        job = self.submit(fn, *args, targets=targets, timeout=timeout, on_event=on_event, on_output=on_output, **kwargs)
-        return job.wait()
-
-    def run_cell(
-        self,
-        code: str,
-        *,
-        targets: Sequence[int] | str | None = None,
-        timeout: float | None = None,
-        gather: bool = False,
-        on_output: OutputHandler | None = print_output,
-        on_display: DisplayHandler | None = None,
-    ) -> list[Any]:
-        """Execute notebook cell ``code`` on the ranks; values of the last expression per rank.
-
-        Only the first rank's value is sent back unless ``gather`` (values need not be picklable
-        on the other ranks).
-        """
-        __tracebackhide__ = True  # noqa: F841 - IPython shows the user's cell, not these frames
-        ranks = parse_targets(targets, self.n)
-        results = self._submit(ranks, lambda rank: (engine.run_cell, code, ranks, gather or rank == ranks[0]))
-        return self._job(results, timeout=timeout, on_output=on_output, on_display=on_display).wait()
-
-    def _checked(self, ranks: list[int]) -> list[int]:
-        self._require_running()
-        dead = sorted(set(ranks) - set(self.alive_ranks()))
-        if dead:
-            raise ClusterError(f"engines of ranks {dead} are dead: restart the cluster (`%rapydli restart`)")
-        return ranks
-
-    def _submit(self, ranks: list[int], call: Callable[[int], tuple[Any, ...]]) -> dict[int, Any]:
-        """Send ``fn(*args)`` (``call(rank)`` gives ``(fn, *args)``) to each rank's engine.
-
-        Interrupted half-way (Ctrl-C while the task is pickled and sent), the ranks that
-        already have the task are interrupted too: they would otherwise wait for the
-        others in their first collective, and run on after the notebook gave up.
-        """
-        results: dict[int, Any] = {}
-        try:
-            for rank in self._checked(ranks):
-                fn, *args = call(rank)
-                results[rank] = self._client[self._engine_of_rank[rank]].apply_async(fn, *args)
-        except BaseException:
-            if results:  # the others never get the task: the ranks that have it get FOLLOW_S, as after a rank ended
-                self._job(results, on_output=None, grace=FOLLOW_S).cancel()
-            raise
-        return results
-
-    def _job(self, results: dict[int, Any], **handlers: Any) -> Job:
-        # where each rank runs, taken now: an abort (which the job may call) forgets the engines
-        where = {rank: info["host"] for rank, info in self._info.items()}
-        hosts_down = functools.partial(self._hosts_down, where) if self.launcher.name == "ssh" else None
-        gone = self._batch.gone if self._batch is not None else None
-        return Job(results, interrupt=self._interrupt, stop=self._request_stop, abort=self.abort, hosts_down=hosts_down, gone=gone, **handlers)
-
-    def _hosts_down(self, where: dict[int, str], ranks: Sequence[int]) -> dict[int, tuple[str, str]]:
-        """``{rank: (host, why)}`` for the ``ranks`` whose host (in ``where``) no longer answers over ssh."""
-        from rapydli.cluster.sshhosts import unreachable_hosts
-
-        hosts = {rank: where[rank] for rank in ranks if rank in where}
-        down = unreachable_hosts(sorted(set(hosts.values())), self.options.get("ssh_command", "ssh"))
-        return {rank: (host, down[host]) for rank, host in hosts.items() if host in down}
-
-    def _signal(self, name: str, ranks: Sequence[int]) -> None:
-        try:
-            self._client.send_signal(name, targets=self._engines(ranks), block=False)
-        except Exception:  # noqa: BLE001 - a dead engine cannot be signalled; the abort follows
-            pass
-
-    def _interrupt(self, ranks: Sequence[int]) -> None:
-        self._signal("SIGINT", ranks)
-
-    def _request_stop(self, ranks: Sequence[int]) -> None:
-        self._signal(engine.STOP_SIGNAL.name, ranks)
-
     def __repr__(self) -> str:
         return f"<rapydli.Cluster n={self.n} launcher={self.launcher.name!r} state={self._state!r}>"
 
@@ -627,14 +529,16 @@ def _wait(future: Any, step: float = 0.1) -> Any:
     """``future.result()`` in short waits, so Ctrl-C (a SIGINT or ``interrupt_main``) ends it.
 
     A wait without a timeout blocks in a lock that only a real signal to this very thread
-    interrupts; ipyparallel's ``*_sync`` calls wait so.
+    interrupts; ipyparallel's ``*_sync`` calls wait so. A future that itself failed with a
+    ``TimeoutError`` (engines that did not register in time) raises it.
     """
     result = getattr(future, "get", None) or future.result  # an AsyncResult's own get(), else the Future's
     while True:
         try:
             return result(timeout=step)
         except TimeoutError:
-            continue
+            if future.done():  # perhaps not this short wait's timeout but the future's own error: its outcome, once
+                return result(timeout=step)
 
 
 def _where(info: dict[str, Any]) -> str:

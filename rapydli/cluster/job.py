@@ -11,7 +11,10 @@ sweeps:
 * a dead engine (segfault, ``os._exit``, OOM kill) ends the task at once;
 * a timeout, or Ctrl-C in the notebook, interrupts the same way;
 * the scheduler job holding the engines ending under them (time limit, ``scancel``, a
-  node failure) ends the task at once, naming the job and the ranks lost.
+  node failure) ends the task at once, naming the job and the ranks lost;
+* a host found lost while the task runs (``lost_hosts``: its link or the whole machine
+  gone, with its engines still registered) ends the task at once, naming its ranks and
+  the host.
 
 The outcome is one :class:`~rapydli.errors.RankFailure` naming the ranks, with their
 remote tracebacks, or ``KeyboardInterrupt`` re-raised after the engines stopped.
@@ -99,6 +102,9 @@ class Job:
         Given the ranks that died or were aborted, ``{rank: (host, why)}`` for those
         whose host is down: they are then the ones named (the others died because MPI tore
         the job down after losing them).
+    lost_hosts
+        Polled while ranks run: given the running ranks, ``{rank: (host, why)}`` for those
+        whose host is lost now; they are named and the MPI job is aborted at once.
     """
 
     def __init__(
@@ -115,6 +121,7 @@ class Job:
         grace: float = GRACE_S,
         hosts_down: Callable[[Sequence[int]], dict[int, tuple[str, str]]] | None = None,
         gone: Callable[[bool], str] | None = None,
+        lost_hosts: Callable[[Sequence[int]], dict[int, tuple[str, str]]] | None = None,
     ) -> None:
         self.ranks = {rank: _Rank(rank, ar) for rank, ar in results.items()}
         self._interrupt = interrupt
@@ -127,6 +134,7 @@ class Job:
         self.on_display = on_display
         self.grace = grace
         self.hosts_down = hosts_down
+        self.lost_hosts = lost_hosts
         self.aborted = False
         self.stop_requested = False
         self.finished = False
@@ -148,6 +156,7 @@ class Job:
         self._pump()
         self._collect()
         self._check_gone()
+        self._check_hosts()
         now = time.monotonic()
         if self._interrupted_at is None:
             self._reason = self._failure_reason(now - self._start)
@@ -275,6 +284,20 @@ class Job:
         self._interrupted_at = time.monotonic()
         self._abort()
 
+    def _check_hosts(self) -> None:
+        """Ranks on a host found lost are dead; the others cannot go on in their MPI job, which is aborted
+        (at once, also when a rank already failed for the loss: no grace for ranks that wait on a lost host)."""
+        if self.lost_hosts is None or not self._running():
+            return
+        down = self.lost_hosts([r.rank for r in self.ranks.values() if r.status in ("running", "dead")])
+        if not down:
+            return
+        self._mark_hosts_down(down)
+        self.hosts_down = None  # known already: not asked again when the failure is built
+        self._reason = "failed"
+        self._interrupted_at = self._interrupted_at or time.monotonic()
+        self._abort_job()
+
     def _failure_reason(self, elapsed: float) -> str:
         if any(r.status in ("error", "dead") for r in self.ranks.values()):
             return "failed"
@@ -395,8 +418,12 @@ class Job:
         if self.hosts_down is None or not lost:
             return
         down = self.hosts_down(lost)
-        if not down:
-            return
+        if down:
+            self._mark_hosts_down(down)
+        self.hosts_down = None  # asked once
+
+    def _mark_hosts_down(self, down: dict[int, tuple[str, str]]) -> None:
+        """The ranks of ``down`` died with their host; ranks that died besides were ended by MPI after them."""
         for r in self.ranks.values():
             if r.rank in down:
                 r.host_down, why = down[r.rank]
@@ -404,7 +431,6 @@ class Job:
             elif r.status == "dead":
                 r.status = "aborted"
                 r.error = f"ended by MPI after the loss of rank(s) {sorted(down)} ({r.error})"
-        self.hosts_down = None  # asked once
 
 
 def _where(r: _Rank) -> str:

@@ -63,6 +63,8 @@ class LauncherSpec:
     check: Callable[[dict[str, Any]], None] | None = None  # checks across options, after each one's own
     threads_option: str | None = None  # the option that sets each engine's cores, if any
     check_size: Callable[[int, Mapping[str, Any]], None] | None = None  # n against the options
+    # what can start now: (n, options) -> (engines, options, {host: why left out}); None: all n
+    reachable: Callable[[int, dict[str, Any]], tuple[int, dict[str, Any], dict[str, str]]] | None = None
     form: tuple[str, ...] = ()  # options a start form shows as fields, in order (the rest: key=value)
 
     def config(self, options: Mapping[str, Any], work_dir: str | None = None) -> dict[str, dict[str, Any]]:
@@ -142,6 +144,7 @@ LAUNCHERS = Registry(
                 },
                 listen_all=True,
                 check=sshhosts.check,
+                reachable=sshhosts.reachable_engines,
                 form=("hosts",),
             ),
             LauncherSpec(

@@ -17,6 +17,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import IO
 
@@ -61,16 +62,72 @@ def started_at(pid: int) -> float | None:
         return None
 
 
+class Spawned:
+    """A started program (here, or the ssh session of one on another host), waited for and ended as a whole.
+
+    The interface batch items are run through, shared with
+    :class:`rapydli.cluster.slurmprogram.SlurmProgram`: ``wait(timeout)`` (raises
+    :class:`subprocess.TimeoutExpired`), ``kill()`` (the whole process tree) and ``exit_text()``.
+    """
+
+    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+        self.proc = proc
+
+    @property
+    def returncode(self) -> int | None:
+        return self.proc.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        """Wait for the program to exit; its exit status."""
+        code = self.proc.wait(timeout=timeout)
+        self._close()
+        return code
+
+    def kill(self) -> None:
+        """End the program and everything it started (idempotent)."""
+        terminate_tree(self.proc.pid)
+        self.proc.wait()
+        self._close()
+
+    def exit_text(self) -> str:
+        return f"item process exited with {self.proc.returncode}"
+
+    def _close(self) -> None:
+        if self.proc.stdin is not None:  # an ssh session's lifeline (sshhosts.spawn_python): closing it ends it
+            self.proc.stdin.close()
+
+
 def reap(pids: Iterable[int], timeout: float = 5.0) -> None:
     """Wait up to ``timeout`` for processes ``pids`` to exit, then SIGKILL the rest."""
     procs = [proc for proc in map(alive, pids) if proc is not None]
-    _, left = psutil.wait_procs(procs, timeout=timeout)
+    left = _wait_exited(procs, timeout)
     for proc in left:
         try:
             proc.kill()
         except psutil.NoSuchProcess:
             pass
-    psutil.wait_procs(left, timeout=timeout)
+    _wait_exited(left, timeout)
+
+
+def _wait_exited(procs: list[psutil.Process], timeout: float) -> list[psutil.Process]:
+    """Wait up to ``timeout`` until ``procs`` have exited; those still running.
+
+    A zombie has exited: it waits only for its parent (init, for an orphan, in its own
+    time) to collect it. This process's own children are collected here.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        _, running = psutil.wait_procs(procs, timeout=0.05)  # collects this process's children
+        procs = [proc for proc in running if not _exited(proc)]
+        if not procs or time.monotonic() > deadline:
+            return procs
+
+
+def _exited(proc: psutil.Process) -> bool:
+    try:
+        return proc.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
 
 
 def terminate_tree(pid: int, grace: float = 3.0) -> None:

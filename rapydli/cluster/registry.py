@@ -27,8 +27,10 @@ from rapydli.paths import subdir
 
 log = logging.getLogger(__name__)
 
-#: ipyparallel engine-launcher class -> rapydli launcher name (clusters without a rapydli record).
-_LAUNCHER_OF = {"mpi": "local", "slurm": "slurm", "pbs": "pbs", "ssh": "ssh", "sshproxy": "ssh"}
+#: ipyparallel engine-launcher class (its entry-point name, or rapydli's class path) -> rapydli
+#: launcher name, for clusters without a rapydli record.
+_LAUNCHER_OF = {"mpi": "local", "slurm": "slurm", "pbs": "pbs", "ssh": "ssh", "sshproxy": "ssh",
+                "rapydli.cluster.slurm.SlurmEngines": "slurm"}  # fmt: skip
 
 
 def _profile() -> Path:

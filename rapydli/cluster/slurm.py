@@ -24,6 +24,7 @@ import re
 import shlex
 import subprocess
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -60,6 +61,19 @@ def sbatch_line(line: str) -> str:
     return f"#SBATCH {text}"
 
 
+#: The sbatch flag of each launcher option that is one ``#SBATCH`` directive.
+FLAGS = {
+    "nodes": "nodes", "ntasks_per_node": "ntasks-per-node", "cpus_per_task": "cpus-per-task",
+    "gpus_per_node": "gpus-per-node", "partition": "partition", "account": "account", "qos": "qos",
+    "timelimit": "time", "constraint": "constraint",
+}  # fmt: skip
+
+
+def directives(options: Mapping[str, Any]) -> list[str]:
+    """``#SBATCH --flag=value`` lines for the options of :data:`FLAGS` that are set (not 0 or empty)."""
+    return [f"#SBATCH --{FLAGS[key]}={value}" for key, value in options.items() if key in FLAGS and value]
+
+
 class SlurmEngines(SlurmEngineSetLauncher):
     """ipyparallel's Slurm engine launcher, writing RaPyDLI's batch script (one MPI world)."""
 
@@ -82,26 +96,13 @@ class SlurmEngines(SlurmEngineSetLauncher):
 
     def script(self, n: int) -> str:
         """The batch script that starts ``n`` engines."""
-        directives = [
-            f"--job-name=rapydli-{self.cluster_id}",
-            f"--ntasks={n}",
-            f"--output={self.output_file}",
-            "--export=ALL",
-        ]
-        for flag, value in (
-            ("nodes", self.nodes),
-            ("ntasks-per-node", self.ntasks_per_node),
-            ("cpus-per-task", self.cpus_per_task),
-            ("gpus-per-node", self.gpus_per_node),
-            ("partition", self.queue),
-            ("account", self.account),
-            ("qos", self.qos),
-            ("time", self.timelimit),
-            ("constraint", self.constraint),
-        ):
-            if value:
-                directives.append(f"--{flag}={value}")
-        lines = ["#!/bin/bash", *(f"#SBATCH {d}" for d in directives), *self.sbatch, *self.setup]
+        head = [f"--job-name=rapydli-{self.cluster_id}", f"--ntasks={n}", f"--output={self.output_file}", "--export=ALL"]
+        options = {
+            "nodes": self.nodes, "ntasks_per_node": self.ntasks_per_node, "cpus_per_task": self.cpus_per_task,
+            "gpus_per_node": self.gpus_per_node, "partition": self.queue, "account": self.account, "qos": self.qos,
+            "timelimit": self.timelimit, "constraint": self.constraint,
+        }  # fmt: skip
+        lines = ["#!/bin/bash", *(f"#SBATCH {d}" for d in head), *directives(options), *self.sbatch, *self.setup]
         program = shlex.join(self.program + self.program_args)
         if self.mpi == "mpiexec":
             lines.append(f'{shlex.quote(find_mpiexec())} -n "$SLURM_NTASKS" {program}')
@@ -142,6 +143,8 @@ class JobState:
         The nodes it runs on (Slurm's compact form, e.g. ``n[1-2]``), empty while pending.
     completing
         Its processes are being ended; it stays in the queue until they are.
+    exit_code
+        Slurm's ``ExitCode`` (``status:signal``, e.g. ``1:0``) once the job ended, else ``""``.
     """
 
     job_id: str
@@ -149,6 +152,7 @@ class JobState:
     reason: str = ""
     nodes: str = ""
     completing: bool = False
+    exit_code: str = ""
 
     @property
     def ended(self) -> bool:
@@ -177,7 +181,9 @@ def job_state(job_id: str) -> JobState:
     fields = dict(token.split("=", 1) for token in done.stdout.split() if "=" in token)
     nodes = fields.get("NodeList", "")
     state = fields["JobState"]
-    return JobState(job_id, state, fields.get("Reason", ""), "" if nodes == "(null)" else nodes, state == "COMPLETING")
+    ended = state in ENDED or state == "COMPLETING"
+    return JobState(job_id, state, fields.get("Reason", ""), "" if nodes == "(null)" else nodes, state == "COMPLETING",
+                     fields.get("ExitCode", "") if ended else "")  # fmt: skip
 
 
 _CANCELLED = re.compile(r"\*\*\* (?:JOB|STEP) \S+ ON \S+ CANCELLED AT \S+(?: DUE TO ([A-Z ]+))?")

@@ -137,6 +137,57 @@ def transport(value: str, config: Config) -> None:
         _pin_tcp_to_interface(config)
 
 
+def host_slots(options: Mapping[str, Any]) -> list[tuple[str, int]]:
+    """``(host, ranks)`` of the ``hosts`` or ``hostfile`` option, in Hydra's order (1 rank where none is given)."""
+    if "hosts" in options:
+        entries = host_names(options["hosts"])
+    else:
+        lines = (line.split("#", 1)[0].strip() for line in Path(options["hostfile"]).read_text().splitlines())
+        entries = [line for line in lines if line]
+    slots = []
+    for entry in entries:
+        name, _, count = entry.partition(":")
+        slots.append((name, int(count) if count.strip().isdigit() else 1))
+    return slots
+
+
+def reachable_engines(n: int, options: dict[str, Any]) -> tuple[int, dict[str, Any], dict[str, str]]:
+    """What the ``ssh`` launcher can start now: ``(engines, options, {host: why it is left out})``.
+
+    Hosts that do not answer ``ssh HOST true`` are left out with the ranks Hydra would have
+    placed there: rank ``r`` goes to the host of slot ``r mod slots``, each host's slots
+    (``name:ranks``) in turn, so ``-hosts h1,h2 -n 4`` puts ranks 0 and 2 on ``h1``. The
+    options returned name the hosts left (as ``hosts``, also for a ``hostfile``).
+
+    Examples
+    --------
+    >>> reachable_engines(4, {"hosts": ["h1", "h2"]})  # doctest: +SKIP
+    (2, {'hosts': ['h1']}, {'h2': 'no answer over ssh within 3 s'})
+    """
+    slots = host_slots(options)
+    down = unreachable_hosts(list(dict.fromkeys(host for host, _ in slots)), options.get("ssh_command", "ssh"))
+    if not down:
+        return n, options, {}
+    engines, hosts_left = leave_out(n, slots, set(down))
+    kept = {key: value for key, value in options.items() if key not in ("hosts", "hostfile")}
+    return engines, {**kept, "hosts": hosts_left}, down
+
+
+def leave_out(n: int, slots: list[tuple[str, int]], down: set[str]) -> tuple[int, list[str]]:
+    """``n`` ranks placed on ``slots`` as Hydra places them, less the ``down`` hosts: ``(ranks left, hosts option left)``.
+
+    Examples
+    --------
+    >>> leave_out(4, [("h1", 1), ("h2", 1)], {"h2"})
+    (2, ['h1'])
+    >>> leave_out(6, [("h1", 2), ("h2", 2), ("h3", 2)], {"h1"})
+    (4, ['h2:2', 'h3:2'])
+    """
+    placement = [host for host, count in slots for _ in range(count)]
+    engines = sum(placement[rank % len(placement)] not in down for rank in range(n))
+    return engines, [f"{host}:{count}" if count != 1 else host for host, count in slots if host not in down]
+
+
 def mpiexec_arguments(options: dict[str, Any]) -> tuple[list[str], dict[str, str]]:
     """``(mpiexec arguments, environment)`` for the ``ssh`` launcher's ``options``, for plain SPMD runs.
 
@@ -219,3 +270,76 @@ def unreachable_hosts(hosts: list[str], ssh: str = "ssh", timeout: float = 3.0) 
         if probe.returncode != 0:
             down[host] = f"ssh fails ({err.strip().splitlines()[-1] if err.strip() else f'exit {probe.returncode}'})"
     return down
+
+
+class SessionWatch:
+    """The ssh sessions ``mpiexec`` holds to each host, watched while the engines run.
+
+    Hydra reaches every host through one ssh session that lasts as long as the job. When
+    one ends while the engines run, its host is asked (``ssh HOST true``); a host that
+    does not answer is lost, and the ranks there are named at once instead of after
+    ipyparallel's heartbeat gives up on them (about 30 s). A session ends on a lost link
+    only when ssh notices it: ``ServerAliveInterval 2`` and ``ServerAliveCountMax 2`` in
+    the ssh configuration make that a few seconds.
+
+    Parameters
+    ----------
+    sessions
+        ``{host: pid}`` of each host's ssh session on this machine.
+    ssh
+        The ssh program that probes a host.
+    """
+
+    CHECK_S = 0.25  # at most one look at the sessions per this many seconds
+    PROBE_S = 1.0  # how long a host whose session ended has to answer
+
+    def __init__(self, sessions: dict[str, int], ssh: str = "ssh") -> None:
+        self.sessions = sessions
+        self.ssh = ssh
+        self.down: dict[str, str] = {}  # host -> why, for hosts found lost
+        self._asked: set[str] = set()
+        self._checked_at = 0.0
+
+    @classmethod
+    def find(cls, cluster_id: str, hosts: Sequence[str], ssh: str = "ssh") -> SessionWatch:
+        """The sessions to ``hosts`` among the processes of cluster ``cluster_id`` on this machine."""
+        from rapydli.cluster.processes import marked
+
+        names = {"ssh", os.path.basename(ssh)}
+        sessions: dict[str, int] = {}
+        for proc in marked(cluster_id):
+            try:
+                argv = proc.cmdline()
+            except Exception:  # noqa: BLE001 - a process that ended meanwhile
+                continue
+            if not any(os.path.basename(arg) in names for arg in argv[:2]):
+                continue
+            host = next((arg for arg in argv[1:] if arg in hosts), None)
+            if host is not None:
+                sessions.setdefault(host, proc.pid)
+        return cls(sessions, ssh)
+
+    def lost(self) -> dict[str, str]:
+        """``{host: why}`` for the hosts whose session ended and that do not answer."""
+        import time
+
+        import psutil
+
+        now = time.monotonic()
+        if now - self._checked_at < self.CHECK_S:
+            return dict(self.down)
+        self._checked_at = now
+        ended = []
+        for host, pid in self.sessions.items():
+            if host in self._asked:
+                continue
+            try:
+                alive = psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+            except psutil.NoSuchProcess:
+                alive = False
+            if not alive:
+                ended.append(host)
+        if ended:
+            self._asked.update(ended)
+            self.down.update(unreachable_hosts(ended, self.ssh, timeout=self.PROBE_S))
+        return dict(self.down)

@@ -3,7 +3,8 @@
 ``rd.batch("nb.ipynb", grid={"lr": [0.1, 0.01], "workers": [1, 2]}, parallel=2)`` (and
 ``rapydli batch``) expands the grid, checks every point against the notebook's
 ``parameters`` cell, then runs each point in its own process (at most ``parallel`` at
-once) with its own working directory. Results land in ``out``::
+once) with its own working directory: on this machine, on other hosts over ssh, or as a
+Slurm job each (``launcher=``, :mod:`rapydli.experiments.batchplaces`). Results land in ``out``::
 
     out/<notebook-stem>/<param-hash>.ipynb    executed notebook (rd.record values inside)
     out/<notebook-stem>/<param-hash>.json     the item's parameters, hashes and outcome
@@ -28,11 +29,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rapydli.cluster.processes import spawn_python, terminate_tree
 from rapydli.errors import ConfigError
 from rapydli.experiments import batchspec, storemerge
 from rapydli.experiments import store as store_mod
-from rapydli.experiments.batchhosts import HostPool
+from rapydli.experiments.batchplaces import ItemProcess, Places, places
 from rapydli.settings import BATCH_ITEM, STORE_PATH
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -68,6 +68,8 @@ def batch(
     progress: bool = True,
     hosts: Sequence[str] | None = None,
     ssh_command: str = "ssh",
+    launcher: str | None = None,
+    launcher_options: Mapping[str, Any] | None = None,
 ) -> pd.DataFrame:
     """Run a notebook once per parameter point with papermill; return the summary table.
 
@@ -84,14 +86,16 @@ def batch(
     points
         Explicit points (mappings), each combined with the grid.
     parallel
-        Items running at once (each in its own process).
+        Items running at once (each in its own process; with ``launcher="slurm"``, the
+        batch's jobs in the queue).
     out
         Output folder (see the module docstring).
     kernel
         Jupyter kernel name; default the notebook's own kernelspec, else this
         environment's Python kernel (a notebook with no kernel metadata).
     timeout
-        Seconds an item may run before it (and every process it started) is killed.
+        Seconds an item may run before it (and every process it started) is killed; a
+        Slurm job's time in the queue does not count.
     retry
         Times a failed item is run again before it counts as failed.
     force
@@ -101,6 +105,12 @@ def batch(
     hosts, ssh_command
         Run the items on these hosts, one at a time per host, reached with ``ssh_command``
         (see :mod:`rapydli.experiments.batchhosts`); ``out`` must be on a filesystem they share.
+        The same as ``launcher="ssh"`` with these two options.
+    launcher, launcher_options
+        Where items run (:mod:`rapydli.experiments.batchplaces`): ``"local"`` (default),
+        ``"ssh"`` or ``"slurm"`` (each item a Slurm job of one task; options such as
+        ``{"partition": "debug", "timelimit": "00:30:00", "setup": ["module load ..."]}``).
+        Items that run elsewhere record into store files of their own that the batch merges.
 
     Returns
     -------
@@ -124,7 +134,7 @@ def batch(
     plan = plan_batch(notebook, grid, params_file=params_file, points=points, out=out, kernel=kernel,
                       parallel=parallel, timeout=timeout, retry=retry)  # fmt: skip
     return run_plan(plan, parallel=parallel, kernel=kernel, timeout=timeout, retry=retry, force=force, progress=progress,
-                    hosts=hosts, ssh_command=ssh_command)  # fmt: skip
+                    hosts=hosts, ssh_command=ssh_command, launcher=launcher, launcher_options=launcher_options)  # fmt: skip
 
 
 @dataclass
@@ -224,11 +234,14 @@ def run_plan(
     progress: bool = True,
     hosts: Sequence[str] | None = None,
     ssh_command: str = "ssh",
+    launcher: str | None = None,
+    launcher_options: Mapping[str, Any] | None = None,
 ) -> pd.DataFrame:
     """Run a validated :class:`Plan`; write summary.csv and report.html; return the summary."""
     from rapydli.experiments import batchreport
 
     _check_options(parallel, timeout, retry, kernel)
+    places = item_places(launcher, launcher_options, hosts, ssh_command)
     pending = []
     for item in plan.items:
         previous = None if force else _finished_before(item, plan.notebook_hash)
@@ -236,7 +249,6 @@ def run_plan(
             item.outcome = {**previous, "resumed": True}
         else:
             pending.append(item)
-    pool = HostPool(hosts, ssh_command) if hosts is not None else None
     store = store_mod.open_store()
     batch_id = None
     if store is not None and pending:  # a re-run that skips every item adds no batch record
@@ -253,10 +265,11 @@ def run_plan(
                 "kernel": kernel,
                 "timeout": timeout,
                 "retry": retry,
+                "launcher": launcher or ("ssh" if hosts is not None else "local"),
             },
             parent=None,
         )
-    runner = _Runner(plan, store, batch_id, kernel=kernel, timeout=timeout, retry=retry, parallel=parallel, hosts=pool)
+    runner = _Runner(plan, store, batch_id, kernel=kernel, timeout=timeout, retry=retry, parallel=parallel, places=places)
     try:
         runner.run(pending, progress=progress)
     except BaseException:
@@ -279,15 +292,26 @@ def run_plan(
     return summary
 
 
+def item_places(launcher: str | None, options: Mapping[str, Any] | None, hosts: Sequence[str] | None,
+                ssh_command: str) -> Places:  # fmt: skip
+    """Where the items run: ``hosts`` is ``launcher="ssh"`` with ``hosts`` and ``ssh_command``."""
+    if hosts is None:
+        return places(launcher or "local", options)
+    if launcher not in (None, "ssh"):
+        raise ConfigError(f"hosts= runs items over ssh; it cannot be combined with launcher={launcher!r}")
+    return places("ssh", {"hosts": list(hosts), "ssh_command": ssh_command, **(options or {})})
+
+
 class _Runner:
-    """Runs items in child processes, at most ``parallel`` at once, with timeout and retries."""
+    """Runs items where ``places`` puts them, at most ``parallel`` at once, with timeout and retries."""
 
     def __init__(self, plan: Plan, store: Any, batch_id: str | None, *, kernel: str | None,
-                 timeout: float | None, retry: int, parallel: int, hosts: HostPool | None = None) -> None:  # fmt: skip
-        self.plan, self.store, self.batch_id, self.hosts = plan, store, batch_id, hosts
+                 timeout: float | None, retry: int, parallel: int, places: Places) -> None:  # fmt: skip
+        self.plan, self.store, self.batch_id, self.places = plan, store, batch_id, places
         self.kernel, self.timeout, self.retry, self.parallel = kernel, timeout, retry, parallel
-        self._procs: dict[str, subprocess.Popen] = {}
+        self._procs: dict[str, ItemProcess] = {}
         self._lock = threading.Lock()
+        self._killed = False  # kill_all() was called: no item starts any more
 
     def run(self, items: list[Item], *, progress: bool) -> None:
         if not items:
@@ -296,33 +320,37 @@ class _Runner:
 
         bar = tqdm(total=len(items), desc=f"batch {self.plan.notebook.stem}", unit="item", disable=not progress)
         failed = 0
-        with ThreadPoolExecutor(max_workers=self.parallel) as pool:
+        pool = ThreadPoolExecutor(max_workers=self.parallel)
+        try:
             futures = [pool.submit(self._run_item, item) for item in items]
             for future in as_completed(futures):
                 item = future.result()
                 failed += item.outcome["status"] != "finished"
                 bar.update(1)
                 bar.set_postfix(failed=failed)
-        bar.close()
+        except BaseException:  # Ctrl-C included: end the running items before waiting for their threads
+            self.kill_all()
+            raise
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+            bar.close()
 
     def _run_item(self, item: Item) -> Item:
         attempts = 0
         while True:
             attempts += 1
             outcome = self._attempt(item)
-            if outcome["status"] == "finished" or attempts > self.retry:
+            if outcome["status"] == "finished" or attempts > self.retry or self._killed:
                 break
         item.outcome = {**outcome, "attempts": attempts, "resumed": False}
         item.record.write_text(json.dumps(item.outcome, indent=1, default=str))
         return item
 
     def _attempt(self, item: Item) -> dict[str, Any]:
-        if self.hosts is None:
-            return self._attempt_on(item, None)
-        with self.hosts.host() as host:
-            return self._attempt_on(item, host)
+        with self.places.slot() as slot:
+            return self._attempt_on(item, slot)
 
-    def _attempt_on(self, item: Item, host: str | None) -> dict[str, Any]:
+    def _attempt_on(self, item: Item, slot: str | None) -> dict[str, Any]:
         item.cwd.mkdir(parents=True, exist_ok=True)
         run_id = None
         if self.store is not None:
@@ -358,32 +386,32 @@ class _Runner:
         spec_path = item.cwd / ".rapydli-spec.json"
         spec_path.write_text(json.dumps(spec))
         env = dict(os.environ)
-        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // self.parallel)))
+        if not self.places.remote:  # this machine's cores, shared by the items at once
+            env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // self.parallel)))
         env.pop(BATCH_ITEM, None)
         started = time.time()
-        log = (item.cwd / ".rapydli-item.log").open("w")
+        log_path = item.cwd / ".rapydli-item.log"
         args = ["-m", "rapydli.experiments.batch_item", str(spec_path)]
         job_store = None
-        if host is not None and self.hosts is not None:  # results come back through a store file of the item's own
-            if run_id:
-                job_store = storemerge.job_store(self.store, run_id, item.cwd / ".rapydli-runs.db")
-                env[STORE_PATH] = str(job_store)
-            proc = self.hosts.spawn(host, args, cwd=str(item.cwd), env=env, output=log)
-        else:
-            proc = spawn_python(args, cwd=item.cwd, env=env, output=log)
+        if self.places.remote and run_id:  # results come back through a store file of the item's own
+            job_store = storemerge.job_store(self.store, run_id, item.cwd / ".rapydli-runs.db")
+            env[STORE_PATH] = str(job_store)
         with self._lock:
-            self._procs[item.key] = proc
+            if self._killed:
+                proc = None
+            else:
+                proc = self.places.start(slot, args, name=f"{self.plan.notebook.stem}-{item.key}", cwd=item.cwd, env=env,
+                                         log=log_path, timeout=self.timeout)  # fmt: skip
+                self._procs[item.key] = proc
+        timed_out = False
         try:
-            proc.wait(timeout=self.timeout)
-            timed_out = False
-        except subprocess.TimeoutExpired:
-            terminate_tree(proc.pid)
-            proc.wait()
-            timed_out = True
+            if proc is not None:
+                try:
+                    proc.wait(timeout=self.timeout)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    timed_out = True
         finally:
-            log.close()
-            if proc.stdin is not None:
-                proc.stdin.close()
             with self._lock:
                 self._procs.pop(item.key, None)
             if job_store is not None and job_store.exists():
@@ -392,8 +420,16 @@ class _Runner:
         try:
             outcome.update(json.loads(result_path.read_text()))
         except (OSError, ValueError):
-            tail = (item.cwd / ".rapydli-item.log").read_text()[-2000:]
-            reason = f"timed out after {self.timeout:g} s" if timed_out else f"item process exited with {proc.returncode}"
+            try:
+                tail = log_path.read_text(errors="replace")[-2000:]
+            except OSError:  # a job cancelled in the queue never wrote one
+                tail = ""
+            if proc is None or self._killed:
+                reason = "the batch was interrupted"
+            elif timed_out:
+                reason = f"timed out after {self.timeout:g} s"
+            else:
+                reason = proc.exit_text()
             outcome.update(status="failed", error=f"{reason}\n{tail}".strip())
             if run_id:
                 self.store.finish_run(run_id, "failed", error=outcome["error"])
@@ -408,8 +444,12 @@ class _Runner:
         return outcome
 
     def kill_all(self) -> None:
+        """End every running item (at once) and start no more; returns once they are gone."""
         with self._lock:
+            self._killed = True
             procs = list(self._procs.values())
-        for proc in procs:
-            terminate_tree(proc.pid)
-
+        enders = [threading.Thread(target=proc.kill, name="rapydli-batch-kill") for proc in procs]
+        for ender in enders:
+            ender.start()
+        for ender in enders:
+            ender.join()

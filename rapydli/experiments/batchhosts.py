@@ -12,17 +12,19 @@ Ctrl-C, this process killed) the item's whole process group on the host is ended
 from __future__ import annotations
 
 import queue
-import subprocess
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import IO
+from pathlib import Path
 
+from rapydli.cluster.processes import Spawned
 from rapydli.cluster.sshhosts import spawn_python
 from rapydli.errors import ConfigError
 
 
 class HostPool:
-    """Hosts free to take an item; :meth:`host` lends one for the length of a ``with`` block."""
+    """Hosts free to take an item; :meth:`slot` lends one for the length of a ``with`` block."""
+
+    remote = True  # items record into a store file of their own
 
     def __init__(self, hosts: Sequence[str], ssh_command: str = "ssh") -> None:
         names = [h for item in hosts for h in str(item).split(",") if h]
@@ -35,13 +37,17 @@ class HostPool:
             self._free.put(name)
 
     @contextmanager
-    def host(self) -> Iterator[str]:
+    def slot(self) -> Iterator[str | None]:
         name = self._free.get()
         try:
             yield name
         finally:
             self._free.put(name)
 
-    def spawn(self, host: str, args: Sequence[str], *, cwd: str, env: Mapping[str, str], output: IO[str]) -> subprocess.Popen[bytes]:
-        """Start ``python args...`` on ``host`` in ``cwd`` (see :func:`rapydli.cluster.sshhosts.spawn_python`)."""
-        return spawn_python(host, args, ssh_command=self.ssh_command, cwd=cwd, env=env, output=output)
+    def start(self, slot: str | None, args: Sequence[str], *, name: str, cwd: Path, env: Mapping[str, str], log: Path,
+              timeout: float | None) -> Spawned:  # fmt: skip
+        """Start ``python args...`` on host ``slot`` in ``cwd`` (see :func:`rapydli.cluster.sshhosts.spawn_python`)."""
+        if slot is None:
+            raise ValueError("an item on hosts needs the host that slot() lent")
+        with log.open("w") as output:
+            return Spawned(spawn_python(slot, args, ssh_command=self.ssh_command, cwd=str(cwd), env=env, output=output))

@@ -9,6 +9,7 @@ both).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -62,19 +63,38 @@ def loss_figure(history: pd.DataFrame, title: str = "") -> Any:
     return figure
 
 
-def scaling_figure(points: list[dict[str, Any]], prediction: pd.DataFrame | None, mode: str = "weak", model: RingModel | None = None) -> Any:
-    """Speedup and efficiency against workers: measured, ideal (dotted) and predicted (dashed)."""
+#: Colours of the measured lines of a scaling study, one per pipeline stage count.
+_MEASURED = ("#1f77b4", "#2ca02c", "#9467bd", "#8c564b", "#e377c2")
+
+
+def scaling_figure(
+    points: list[dict[str, Any]],
+    prediction: pd.DataFrame | None,
+    mode: str = "weak",
+    model: RingModel | None = None,
+    stages: Sequence[int] = (1,),
+) -> Any:
+    """Speedup and efficiency against workers: measured, ideal (dotted) and predicted (dashed).
+
+    With several ``stages`` (pipeline stage counts a study varies) there is one measured
+    line per count, named ``"measured, p=<stages>"``; with one, it is ``"measured"``.
+    """
     from plotly.subplots import make_subplots
 
     base = make_subplots(rows=1, cols=2, subplot_titles=(f"speedup ({mode} scaling)", "efficiency"))
-    traces = (
-        ("measured", "lines+markers", {"color": "#1f77b4"}),
-        ("ideal", "lines", {"color": "grey", "dash": "dot"}),
-        ("predicted", "lines+markers", {"color": "#d62728", "dash": "dash"}),
-    )
+    traces = [
+        (f"measured, p={s}" if len(stages) > 1 else "measured", {"role": "measured", "stages": s}, "lines+markers",
+         {"color": _MEASURED[i % len(_MEASURED)]})
+        for i, s in enumerate(stages)
+    ]  # fmt: skip
+    traces += [
+        ("ideal", {"role": "ideal"}, "lines", {"color": "grey", "dash": "dot"}),
+        ("predicted", {"role": "predicted"}, "lines+markers", {"color": "#d62728", "dash": "dash"}),
+    ]
     for col in (1, 2):
-        for name, mode_, line in traces:
-            base.add_scatter(x=[], y=[], mode=mode_, name=name, legendgroup=name, showlegend=col == 1, row=1, col=col, line=line)
+        for name, meta, mode_, line in traces:
+            base.add_scatter(x=[], y=[], mode=mode_, name=name, legendgroup=name, showlegend=col == 1, row=1, col=col, line=line,
+                             meta={**meta, "column": "speedup" if col == 1 else "efficiency"})  # fmt: skip
     base.update_xaxes(title_text="workers")
     base.update_yaxes(title_text="speedup", row=1, col=1)
     base.update_yaxes(title_text="efficiency", row=1, col=2)
@@ -87,24 +107,29 @@ def scaling_figure(points: list[dict[str, Any]], prediction: pd.DataFrame | None
 
 
 def fill_scaling_figure(figure: Any, table: pd.DataFrame, prediction: pd.DataFrame | None, model: RingModel | None = None) -> None:
-    """Put measured points, the ideal line and the prediction into :func:`scaling_figure`'s figure."""
+    """Put measured points, the ideal line and the prediction into :func:`scaling_figure`'s figure.
+
+    ``table`` rows without a ``pipeline_stages`` column count as one stage.
+    """
     if not len(table):
         return
-    counts = list(table["workers"])
+    counts = sorted(set(table["workers"]))
     if prediction is not None:
         counts = sorted(set(counts) | set(prediction["workers"]))
     k0 = table["workers"].iloc[0]
+    stages = list(table["pipeline_stages"]) if "pipeline_stages" in table else [1] * len(table)
     with figure.batch_update():
-        measured_s, ideal_s, predicted_s, measured_e, ideal_e, predicted_e = figure.data
-        measured_s.x, measured_s.y = tuple(table["workers"]), tuple(table["speedup"])
-        measured_e.x, measured_e.y = tuple(table["workers"]), tuple(table["efficiency"])
-        ideal_s.x, ideal_s.y = tuple(counts), tuple(k / k0 for k in counts)
-        ideal_e.x, ideal_e.y = tuple(counts), tuple(1.0 for _ in counts)
-        if prediction is not None:
-            predicted_s.x, predicted_s.y = tuple(prediction["workers"]), tuple(prediction["speedup"])
-            predicted_e.x, predicted_e.y = tuple(prediction["workers"]), tuple(prediction["efficiency"])
-            if model is not None:
-                predicted_s.name = f"predicted ({model.describe()})"
+        for trace in figure.data:
+            role, column = trace.meta["role"], trace.meta["column"]
+            if role == "measured":
+                rows = table[[s == trace.meta["stages"] for s in stages]]
+                trace.x, trace.y = tuple(rows["workers"]), tuple(rows[column])
+            elif role == "ideal":
+                trace.x, trace.y = tuple(counts), tuple(k / k0 if column == "speedup" else 1.0 for k in counts)
+            elif prediction is not None:
+                trace.x, trace.y = tuple(prediction["workers"]), tuple(prediction[column])
+                if model is not None and column == "speedup":
+                    trace.name = f"predicted ({model.describe()})"
         if counts[-1] / counts[0] > 16:
             figure.update_xaxes(type="log")
 

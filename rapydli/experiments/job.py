@@ -60,8 +60,10 @@ class TrainingJob:
     targets
         Ranks of the cluster that run it (a communicator over exactly them).
     callbacks
-        Called with every metric row from rank 0, and every ``kind="rank"`` timing row of
-        the other ranks, as they arrive (in the polling thread).
+        Called with every metric row from rank 0, every ``kind="rank"`` timing row of the
+        other ranks and, in a pipelined run, every rank's ``kind="timeline"`` row of each
+        step (:class:`~rapydli.parallel.timeline.EmitTimeline`), as they arrive (in the
+        polling thread).
     progress
         Show a progress bar driven by rank 0's steps: ``True`` for ``tqdm.auto``'s, or a
         callable called like ``tqdm(total=, initial=, desc=, unit=)`` that returns the bar
@@ -91,6 +93,8 @@ class TrainingJob:
         The :class:`RankFailure` of a failed run (None otherwise).
     results
         Per-rank dicts returned by :func:`~rapydli.trainer.task.engine_task` once finished.
+    timelines
+        A pipelined run's latest ``timeline`` row of every rank, by rank.
     start_step
         The step rank 0 started from (above 0 when it resumed from a checkpoint), once known.
     """
@@ -164,7 +168,7 @@ class TrainingJob:
             }
             run_name = name or str(getattr(model, "__name__", "model"))
             self.run_id = self.store.create_run(kind, run_name, params, parent=parent, world_size=len(self.targets), seed=config.seed)
-            self.store.add_record(self.run_id, "hosts", "json", cluster.status().get("hosts", []))
+            self.store.add_record(self.run_id, "hosts", "json", hosts)  # where this run's ranks run
         try:
             ready(cluster)  # started, waited for or restarted as part of the run (rd.train's own cluster too)
             self.job = cluster.submit(
@@ -194,8 +198,10 @@ class TrainingJob:
             for callback in self.callbacks:
                 callback(dict(payload))
             return
-        if kind == "timeline":  # a pipelined run: the latest step's spans per rank
+        if kind == "timeline":  # a pipelined run: a step's spans on this rank (to the callbacks: the live timeline)
             self.timelines[rank] = payload
+            for callback in self.callbacks:
+                callback({"kind": "timeline", **payload})
             return
         if kind != "metrics":
             return

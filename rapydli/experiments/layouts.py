@@ -40,6 +40,8 @@ from rapydli.trainer.config import TrainConfig
 
 MAX_TENSOR_PARALLEL = 8
 MICROBATCHES_PER_STAGE = 4
+#: The ZeRO stages a layout may use.
+ZERO_STAGES = (0, 1, 2)
 #: The ``schedule`` of a layout without a pipeline.
 NO_SCHEDULE = "-"
 
@@ -113,12 +115,12 @@ def grids(ranks: int, global_batch: int, blocks: int, tensor_parallel: Sequence[
 
 
 def enumerate_layouts(
-    ranks: int, global_batch: int, blocks: int, tensor_parallel: Sequence[int] = (1,), zero: Sequence[int] = (0, 1, 2)
+    ranks: int, global_batch: int, blocks: int, tensor_parallel: Sequence[int] = (1,), zero: Sequence[int] = ZERO_STAGES
 ) -> list[Layout]:
     """Every layout of ``ranks`` ranks for a model of ``blocks`` pipeline blocks (see the module's description).
 
     ``tensor_parallel``: the degrees the model's tensor plan splits; ``zero``: the ZeRO
-    stages allowed (``TrainConfig.zero=2`` cannot clip gradients).
+    stages allowed.
     """
     layouts = []
     for dp, pp, tp in grids(ranks, global_batch, blocks, tensor_parallel):

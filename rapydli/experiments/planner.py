@@ -38,6 +38,7 @@ from rapydli.errors import ConfigError
 from rapydli.experiments.figures import plan_figure
 from rapydli.experiments.layouts import (
     MAX_TENSOR_PARALLEL,
+    ZERO_STAGES,
     Layout,
     candidate_sizes,
     divisors,
@@ -156,14 +157,14 @@ def _model_states(model_fn: Callable[[], Any]) -> tuple[float, int] | None:
     return float(parameters), blocks
 
 
-def _check_memory(model_fn: Callable[[], Any], ranks: int, global_batch: int, config: TrainConfig, limit: float, zero: tuple[int, ...]) -> None:
+def _check_memory(model_fn: Callable[[], Any], ranks: int, global_batch: int, config: TrainConfig, limit: float) -> None:
     """Refuse, before anything starts, a limit below what the model's states need in any layout."""
     states = _model_states(model_fn)
     if states is None:
         return
     parameters, blocks = states
     degrees = [t for t in divisors(ranks) if t <= MAX_TENSOR_PARALLEL]
-    need, grid = smallest_states(ranks, global_batch, blocks, parameters, optimizer_factor(config), zero, degrees)
+    need, grid = smallest_states(ranks, global_batch, blocks, parameters, optimizer_factor(config), ZERO_STAGES, degrees)
     if need > limit:
         raise ConfigError(
             f"memory_per_rank={limit:.4g} bytes is too small for every layout of ranks={ranks}: the smallest needs at least "
@@ -246,9 +247,8 @@ def plan_parallel(
     top = run_top if run_top is not None else (RUN_TOP if net is None else 0)
     if isinstance(run_layouts, str) or not all(isinstance(label, str) for label in run_layouts):
         raise ConfigError(f"run_layouts={run_layouts!r} is invalid: a list of layout labels such as 'dp2 pp1 tp1 m1 zero0'")
-    zero = (0, 1, 2) if cfg.grad_clip is None else (0, 1)
     if memory_per_rank is not None:
-        _check_memory(model, ranks, batch, cfg, float(memory_per_rank), zero)
+        _check_memory(model, ranks, batch, cfg, float(memory_per_rank))
 
     from rapydli.cluster import choose_cluster
 
@@ -261,7 +261,7 @@ def plan_parallel(
         if net is None:
             net = _measure_network(chosen, targets, cfg)
         degrees = [t for t in divisors(ranks) if t <= MAX_TENSOR_PARALLEL and profile.supports(t)]
-        layouts = enumerate_layouts(ranks, batch, len(profile.names), degrees, zero)
+        layouts = enumerate_layouts(ranks, batch, len(profile.names), degrees)
         predictions = sorted((predict(layout, profile, net, batch, cfg) for layout in layouts), key=lambda p: p.step_s)
         fits = [memory_per_rank is None or p.memory.peak <= memory_per_rank for p in predictions]
         if not any(fits):

@@ -32,8 +32,10 @@ if TYPE_CHECKING:  # pragma: no cover
     from rapydli.cluster import Cluster
 
 #: A client-side callback: called with each metrics row as it arrives: rank 0's rows
-#: (``row["kind"]`` is ``"train"`` or ``"eval"``; keys in :mod:`rapydli.trainer.callbacks`)
-#: and the other ranks' step timings (``"rank"``; keys in :mod:`rapydli.trainer.task`).
+#: (``row["kind"]`` is ``"train"`` or ``"eval"``; keys in :mod:`rapydli.trainer.callbacks`),
+#: the other ranks' step timings (``"rank"``; keys in :mod:`rapydli.trainer.task`), a
+#: pipelined run's spans of each step per rank (``"timeline"``; keys in
+#: :class:`rapydli.parallel.timeline.EmitTimeline`) and restarts (``"restart"``).
 MetricsCallback = Callable[[dict[str, Any]], None]
 
 
@@ -80,6 +82,7 @@ def run_training(
     progress: bool | Callable[..., Any] = True,
     name: str | None = None,
     restarts: int | None = None,
+    min_workers: int | None = None,
     loss_fn: Callable[..., Any] | None = None,
     optimizer_fn: Callable[..., Any] | None = None,
     metrics: Any = None,
@@ -127,6 +130,12 @@ def run_training(
         callbacks as a ``kind="restart"`` row. An exception raised in the user's code is
         never retried. Without ``config.checkpoint_dir`` a directory under
         ``$RAPYDLI_HOME/checkpoints`` is used (removed when the run finishes).
+    min_workers
+        A restart may go on with this many engines (at least) when the cluster cannot bring
+        all of them back (a host that no longer answers); default ``config.min_workers``
+        (``None``: all of them). The run then continues on fewer ranks as
+        ``config.on_resize`` says: ``"keep"`` the global batch (gradient accumulation) or
+        ``"scale"`` the learning rate.
 
     Returns
     -------
@@ -142,7 +151,9 @@ def run_training(
         A rank raised, or died with no restarts left; names the rank(s). The run is
         recorded as ``failed``.
     ClusterError
-        A restart could not bring the engines back; the last checkpoint is kept and named.
+        A restart could not bring the engines back; the last checkpoint is kept and named,
+        and the run is recorded as ``failed`` with this error (its ``restarts`` record
+        holds the attempt).
     KeyboardInterrupt
         Ctrl-C, at any phase (the cluster start, shipping the task, autotuning, training):
         every rank is interrupted (blocked ones aborted) and the run is recorded as
@@ -164,6 +175,8 @@ def run_training(
     left = cfg.max_restarts if restarts is None else restarts
     if not isinstance(left, int) or isinstance(left, bool) or left < 0:
         raise ConfigError(f"restarts={restarts!r} is invalid: an integer >= 0")
+    if min_workers is not None:
+        cfg = cfg.replace(min_workers=min_workers)
     scratch = None
     if left and cfg.checkpoint_dir is None:
         import uuid
@@ -174,6 +187,8 @@ def run_training(
         cfg = cfg.replace(checkpoint_dir=str(scratch))
     # the run starts the cluster it owns, so that Ctrl-C during the start is recorded on it
     with ensure_cluster(cluster, n=cfg.workers, start=False) as chosen:
+        if cfg.min_workers is not None and cfg.min_workers > chosen.n:
+            raise ConfigError(f"min_workers={cfg.min_workers} is invalid: the cluster has {chosen.n} engines, allowed 1..{chosen.n}")
         job = TrainingJob(
             chosen, model_fn, data_fn, cfg, range(chosen.n), callbacks=callbacks, name=run_name, progress=progress,
             loss_fn=loss_fn, optimizer_fn=optimizer_fn, metrics=metrics, keep_open=left > 0,
@@ -183,11 +198,16 @@ def run_training(
         while job.exception is not None and job.exception.died and left > 0:
             left -= 1
             restart = {"time": time.time(), "cause": str(job.exception).splitlines()[0], "ranks": job.exception.ranks}
-            targets = _restart(chosen, cfg, job.exception)
-            job = TrainingJob(
-                chosen, model_fn, data_fn, cfg.replace(resume=True), targets, callbacks=callbacks, name=run_name,
-                progress=progress, continues=job.run_id, keep_open=left > 0, loss_fn=loss_fn, optimizer_fn=optimizer_fn, metrics=metrics,
-            ).wait()  # fmt: skip
+            try:
+                targets = _restart(chosen, cfg, job.exception)
+                job = TrainingJob(
+                    chosen, model_fn, data_fn, cfg.replace(resume=True), targets, callbacks=callbacks, name=run_name,
+                    progress=progress, continues=job.run_id, keep_open=left > 0, loss_fn=loss_fn, optimizer_fn=optimizer_fn, metrics=metrics,
+                )  # fmt: skip
+            except BaseException as exc:
+                _record_failed_restart(job, [*restarted, {**restart, "error": str(exc)}], exc)
+                raise
+            job.wait()
             restarted.append({**restart, "resumed_from_step": job.start_step, "workers": len(targets)})
             _record_restarts(job, restarted, callbacks)
             history = [row for row in history if job.start_step is None or row["step"] <= job.start_step] + job.rows
@@ -206,20 +226,33 @@ def run_training(
 def _restart(cluster: Cluster, config: TrainConfig, failure: RankFailure) -> list[int]:
     """Bring the cluster's engines back after ``failure``; the ranks the run goes on with.
 
-    All of them, or, with ``config.min_workers``, as many as came back if that is enough.
+    All of them, or, with ``config.min_workers``, as many as the cluster can bring back
+    if that is enough (:meth:`rapydli.cluster.Cluster.restart`).
     """
     from rapydli.errors import ClusterError
 
     where = f"the last checkpoint is in {config.checkpoint_dir} (rd.train(..., TrainConfig(resume=True, ...)) continues it)"
+    size = cluster.n
     try:
-        cluster.restart()
+        cluster.restart(min_engines=config.min_workers)
     except ClusterError as exc:
         raise ClusterError(f"ranks {failure.ranks} died and the cluster could not be restarted: {exc}; {where}") from exc
     alive = cluster.alive_ranks()
-    needed = config.min_workers or cluster.n
+    needed = config.min_workers or size
     if len(alive) < needed:
-        raise ClusterError(f"only {len(alive)} of {cluster.n} engines came back after ranks {failure.ranks} died (need {needed}); {where}")
+        raise ClusterError(f"only {len(alive)} of {size} engines came back after ranks {failure.ranks} died (need {needed}); {where}")
     return alive
+
+
+def _record_failed_restart(job: Any, restarted: list[dict[str, Any]], error: BaseException) -> None:
+    """A restart that could not go on ends the run: ``failed`` (``interrupted`` on Ctrl-C) with the error, and the attempt recorded."""
+    if job.store is None or job.run_id is None:
+        return
+    job.store.add_record(job.run_id, "restarts", "json", restarted)
+    if isinstance(error, KeyboardInterrupt):
+        job.store.finish_run(job.run_id, "interrupted", "interrupted by the user while the cluster restarted")
+    else:
+        job.store.finish_run(job.run_id, "failed", f"{type(error).__name__}: {error}")
 
 
 def _record_restarts(job: Any, restarted: list[dict[str, Any]], callbacks: Sequence[MetricsCallback]) -> None:

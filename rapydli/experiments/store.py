@@ -6,8 +6,9 @@ batch items, the notebook, the REST server) write at once and lose nothing: ever
 one short ``BEGIN IMMEDIATE`` transaction. On a network filesystem the file is opened with a
 rollback journal instead (:mod:`rapydli.experiments.storefs`); work on other hosts writes its
 own file, merged by the owner (:mod:`rapydli.experiments.storemerge`).
-The schema carries a version number; :data:`MIGRATIONS` brings an older file up to date
-on open. ``RAPYDLI_STORE=off`` disables recording (:func:`open_store` returns ``None``).
+The schema carries a version number; the migrations of :mod:`rapydli.experiments.storeschema`
+bring an older file up to date on open. ``RAPYDLI_STORE=off`` disables recording
+(:func:`open_store` returns ``None``).
 
 A run records what is needed to compare and repeat it: kind, name, parent, parameters
 (JSON), seed, world size, status, error text, start/end/heartbeat times, host, pid, the
@@ -50,6 +51,7 @@ from rapydli.errors import ConfigError, NotFoundError, RapydliWarning, StoreErro
 from rapydli.experiments.annotations import RunAnnotations
 from rapydli.experiments.provenance import git_commit, versions
 from rapydli.experiments.storefs import journal_mode
+from rapydli.experiments.storeschema import MIGRATIONS, SCHEMA_VERSION
 from rapydli.paths import home
 from rapydli.settings import settings
 
@@ -61,70 +63,6 @@ STATUSES = ("running", "finished", "failed", "interrupted", "pruned")
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 _BUSY_TIMEOUT_MS = 60_000
 
-# Each entry moves the schema from version i to i + 1; append, never edit.
-MIGRATIONS: list[str] = [
-    """
-    CREATE TABLE runs (
-        id TEXT PRIMARY KEY,
-        kind TEXT NOT NULL,
-        name TEXT NOT NULL,
-        parent TEXT,
-        params TEXT NOT NULL,
-        status TEXT NOT NULL,
-        error TEXT,
-        seed INTEGER,
-        world_size INTEGER NOT NULL DEFAULT 1,
-        started REAL NOT NULL,
-        ended REAL,
-        heartbeat REAL NOT NULL,
-        host TEXT NOT NULL,
-        pid INTEGER NOT NULL,
-        pid_started REAL,
-        cwd TEXT,
-        git_commit TEXT,
-        versions TEXT NOT NULL
-    );
-    CREATE INDEX runs_kind ON runs(kind, started);
-    CREATE INDEX runs_status ON runs(status);
-    CREATE INDEX runs_parent ON runs(parent);
-    CREATE TABLE metrics (
-        seq INTEGER PRIMARY KEY AUTOINCREMENT,
-        run_id TEXT NOT NULL REFERENCES runs(id),
-        step INTEGER NOT NULL,
-        name TEXT NOT NULL,
-        value REAL,
-        time REAL NOT NULL
-    );
-    CREATE INDEX metrics_run ON metrics(run_id, seq);
-    CREATE TABLE artifacts (
-        run_id TEXT NOT NULL REFERENCES runs(id),
-        path TEXT NOT NULL,
-        kind TEXT NOT NULL,
-        time REAL NOT NULL,
-        PRIMARY KEY (run_id, path)
-    );
-    CREATE TABLE records (
-        run_id TEXT NOT NULL REFERENCES runs(id),
-        name TEXT NOT NULL,
-        type TEXT NOT NULL,
-        value TEXT NOT NULL,
-        time REAL NOT NULL,
-        PRIMARY KEY (run_id, name)
-    );
-    """,
-    # 2: a free-text note per run and any number of tags (rapydli.experiments.annotations)
-    """
-    ALTER TABLE runs ADD COLUMN note TEXT;
-    CREATE TABLE tags (
-        run_id TEXT NOT NULL REFERENCES runs(id),
-        tag TEXT NOT NULL,
-        time REAL NOT NULL,
-        PRIMARY KEY (run_id, tag)
-    );
-    CREATE INDEX tags_tag ON tags(tag)
-    """,
-]
-SCHEMA_VERSION = len(MIGRATIONS)
 
 
 def store_enabled() -> bool:

@@ -199,6 +199,14 @@ class Sweep:
         size = known.n if known is not None else max(self.config.workers, workers_per_trial * (parallel or 1))
         if workers_per_trial > size:
             raise ConfigError(f"workers_per_trial={workers_per_trial} is more than the cluster's {size} engines")
+        stages, tp = self.config.pipeline_stages, self.config.tensor_parallel
+        if workers_per_trial % (stages * tp):
+            layout = f"pipeline_stages={stages}" + (f" x tensor_parallel={tp}" if tp > 1 else "")
+            parts = "stages" + (" x tensor ranks" if tp > 1 else "")
+            raise ConfigError(
+                f"workers_per_trial={workers_per_trial} cannot run {layout}: "
+                f"a trial's ranks are its replicas x {parts}; use a multiple of {stages * tp}"
+            )
         parallel = size // workers_per_trial if parallel is None else parallel
         if not isinstance(parallel, int) or parallel < 1 or parallel * workers_per_trial > size:
             raise ConfigError(f"parallel={parallel!r} is invalid: 1..{size // workers_per_trial} groups of {workers_per_trial} fit in {size} engines")

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,7 +30,10 @@ from rapydli.errors import ConfigError, RapydliError
 from rapydli.parallel import schedules, wire
 from rapydli.parallel.timeline import Recorder
 
-LossFn = Callable[[Any, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+#: ``(last stage's outputs, targets) -> mean loss`` (a scalar tensor).
+LossFn = Callable[[Any, torch.Tensor], torch.Tensor]
+#: ``(last stage's outputs, targets) -> (sum, count)``, or ``None`` where it means nothing.
+MetricFn = Callable[[Any, torch.Tensor], "tuple[float, float] | None"]
 
 
 class StageFailure(RapydliError, RuntimeError):
@@ -58,7 +61,7 @@ class PipelineExecutor:
     microbatches
         Micro-batches per step.
     loss_fn
-        ``(outputs, targets) -> (mean loss, correct count)``; used on the last stage.
+        ``(outputs, targets) -> mean loss`` (a scalar tensor); used on the last stage.
     sync
         A :class:`~rapydli.comm.GradientSynchronizer` over this stage's data-parallel
         copies, or ``None``.
@@ -130,7 +133,7 @@ class PipelineExecutor:
                     with self.autocast():
                         out = self.module(x)
                         if self.last:
-                            loss, _ = self.loss_fn(out, tgt_chunks[mb])
+                            loss = self.loss_fn(out, tgt_chunks[mb])
                             micro[mb].loss = loss * (tgt_chunks[mb].numel() / total)
                             loss_sum += float(micro[mb].loss.detach())
                     micro[mb].outputs = out
@@ -174,31 +177,36 @@ class PipelineExecutor:
 
     # -- evaluation --------------------------------------------------------------------------
     @torch.no_grad()
-    def evaluate_batch(self, inputs: Any, targets: torch.Tensor) -> tuple[float, float, float]:
+    def evaluate_batch(self, inputs: Any, targets: torch.Tensor, metrics: Sequence[MetricFn] = ()) -> list[float]:
         """Forward one batch through the pipeline without gradients.
 
-        Returns ``(loss * targets, correct, targets)`` on the last stage, zeros elsewhere.
+        Returns ``[loss * targets, targets]`` followed by each metric's ``(sum, count)``
+        over the batch's micro-batches (a metric that returns ``None`` adds nothing) on the
+        last stage, zeros elsewhere.
         """
-        out_loss = correct = count = 0.0
+        totals = [0.0] * (2 + 2 * len(metrics))
         mbs = min(self.microbatches, len(targets))
         in_chunks = cut(inputs, mbs) if self.first else [None] * mbs
         tgt_chunks = cut(targets, mbs) if self.last else [None] * mbs
         sends: list[tuple[Any, Any]] = []
         for mb in range(mbs):
             x = in_chunks[mb] if self.first else wire.recv(self.comm, self.stage - 1, "activation", mb, self.device)
+            target = tgt_chunks[mb]  # None but on the last stage
             with self.autocast():
                 out = self.module(x)
-            if self.last:
-                target = tgt_chunks[mb]
-                assert target is not None
-                loss, right = self.loss_fn(out, target)
-                out_loss += float(loss) * target.numel()
-                correct += float(right)
-                count += target.numel()
-            else:
+                loss = self.loss_fn(out, target) if target is not None else None
+            if target is None or loss is None:
                 sends += wire.isend(self.comm, out, self.stage + 1, "activation", mb)
+                continue
+            totals[0] += float(loss) * target.numel()
+            totals[1] += target.numel()
+            for i, metric in enumerate(metrics, start=1):  # as the Trainer's evaluate: outside autocast
+                measured = metric(out, target)
+                if measured is not None:
+                    totals[2 * i] += float(measured[0])
+                    totals[2 * i + 1] += float(measured[1])
         wire.wait_all([request for request, _ in sends])
-        return out_loss, correct, count
+        return totals
 
 
 def cut(value: Any, microbatches: int) -> list[Any]:

@@ -6,6 +6,7 @@ meter while it lives; the holder goes when backward frees the graph. Tensors tha
 storage with the model's parameters (weights saved for backward) are not activations and
 are not counted; a storage saved twice is counted once while both are held.
 
+:func:`step_memory` measures one training step of a run's config on every rank with it.
 :func:`training_bytes` counts what a rank keeps between steps: the storage of its
 parameters, of its gradients (a synchronizer's buckets, ZeRO-2's slices and buckets in
 flight, or plain ``.grad`` tensors) and of its optimizer state, each storage once.
@@ -17,6 +18,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import torch
+from torch import nn
 
 if TYPE_CHECKING:
     from typing_extensions import Self  # typing.Self is Python >= 3.11; the project supports 3.10
@@ -41,7 +43,8 @@ class ActivationMeter:
     Parameters
     ----------
     parameters
-        The model's parameters (their storage is not counted).
+        Tensors whose storage is not counted: the model's parameters, and anything else
+        that is not an activation (e.g. the input batch, there whatever the schedule).
 
     Examples
     --------
@@ -92,6 +95,70 @@ class ActivationMeter:
 
     def __exit__(self, *exc: object) -> None:
         self._hooks.__exit__(*exc)
+
+
+def step_memory(model: nn.Module, config: Any, train_data: Any, world: Any = None, loss_fn: Any = None) -> dict[str, Any]:
+    """Peak activation bytes of one training step of ``config`` on this rank (collective over ``world``).
+
+    Call it on every rank of the run's world (e.g. with ``Cluster.run``). Pipelined
+    (``pipeline_stages > 1``): this rank's stage of ``config.pipeline_split`` runs one step
+    of the config's schedule and micro-batches through the pipeline, on its replica's first
+    ``batch_size`` samples (give the run's own split: ``"auto"`` measures and may choose
+    another). Otherwise: the whole model on this rank's first ``batch_size`` samples. The
+    input batch is not counted; the loss (``loss_fn``, else the model's outputs as
+    :class:`~rapydli.trainer.outputs.Objective` reads them) is.
+    A tensor-parallel config is a :class:`~rapydli.errors.ConfigError` (its layers' slices
+    are not measured here).
+
+    Returns
+    -------
+    dict
+        ``rank``, ``stage``, ``replica``, ``peak_activation_bytes`` and ``parameters`` (of
+        the part of the model this rank holds).
+    """
+    import contextlib
+
+    from torch.utils.data import default_collate
+
+    from rapydli.errors import ConfigError
+    from rapydli.trainer.outputs import Objective
+
+    if config.tensor_parallel > 1:
+        raise ConfigError(
+            f"step_memory measures data-parallel and pipelined configs; tensor_parallel={config.tensor_parallel} is not "
+            "measured (set tensor_parallel=1)"
+        )
+    if world is None:
+        from mpi4py import MPI
+
+        world = MPI.COMM_WORLD
+    objective = Objective(model, loss_fn)
+    pipeline = None
+    part, stage, replica = model, 0, world.Get_rank()
+    if config.pipeline_stages > 1:
+        from rapydli.parallel.training import PipelineTraining
+
+        pipeline = PipelineTraining(model, config, world, train_data, objective)
+        pipeline.attach(None, contextlib.nullcontext)
+        part, stage, replica = pipeline.module, pipeline.grid.stage, pipeline.grid.replica
+    first = replica * config.batch_size
+    inputs, targets = default_collate([train_data[i] for i in range(first, first + config.batch_size)])[:2]
+    try:
+        with ActivationMeter([*part.parameters(), inputs]) as meter:
+            if pipeline is not None:
+                pipeline.train_step(inputs, targets, 1.0)
+            else:
+                objective(model, inputs, targets)[0].backward()
+    finally:
+        if pipeline is not None:
+            pipeline.close()
+    return {
+        "rank": world.Get_rank(),
+        "stage": stage,
+        "replica": replica,
+        "peak_activation_bytes": meter.peak,
+        "parameters": sum(p.numel() for p in part.parameters()),
+    }
 
 
 def storage_bytes(tensors: Iterable[torch.Tensor | None]) -> int:

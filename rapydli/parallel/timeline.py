@@ -5,7 +5,9 @@ forward, backward, send/receive wait and allreduce wait of a step: two
 ``perf_counter`` calls and one tuple per action. :func:`figure` draws the spans of one
 step, one row per rank, coloured by kind, with the ideal schedule for the measured
 per-stage forward/backward times overlaid (:func:`rapydli.parallel.schedules.simulate`)
-and the measured bubble fraction beside the theoretical ``(p - 1) / (m + p - 1)``.
+and the measured bubble fraction beside the theoretical ``(p - 1) / (m + p - 1)``. The
+figure has one bar trace per kind, so a live display (:mod:`rapydli.widgets.timeline`)
+refills the same traces with each new step (:func:`empty_figure`, :func:`fill`).
 """
 
 from __future__ import annotations
@@ -73,7 +75,8 @@ class EmitTimeline:
     emit
         ``emit(kind, payload)``: the engine's event channel (``rapydli.cluster.events.emit``).
     layout
-        ``rank``, ``stage``, ``replica``, ``stages``, ``microbatches``, ``schedule`` of this rank.
+        ``rank``, ``stage``, ``replica``, ``stages``, ``microbatches``, ``schedule`` and
+        ``bounds`` of this rank; each event adds ``step`` and ``spans``.
     """
 
     def __init__(self, recorder: Recorder, emit: Callable[[str, Any], None], layout: dict[str, Any]) -> None:
@@ -91,7 +94,8 @@ def figure_from_events(events: dict[int, dict[str, Any]], replica: int = 0) -> A
     if not ranks:
         raise ValueError(f"no timeline of replica {replica}: the run was not pipelined or sent no step")
     first = ranks[0]
-    return figure([e["spans"] for e in ranks], first["schedule"], first["microbatches"], title=f"step {first['step']}, replica {replica}")
+    labels = [f"rank {e['rank']}" for e in ranks]
+    return figure([e["spans"] for e in ranks], first["schedule"], first["microbatches"], f"step {first['step']}, replica {replica}", labels)
 
 
 def bubble(spans_by_rank: Sequence[Sequence[tuple[str, int, float, float]]]) -> tuple[float, list[float]]:
@@ -123,69 +127,86 @@ def stage_times(spans_by_rank: Sequence[Sequence[tuple[str, int, float, float]]]
     return forward, backward
 
 
+def empty_figure(widget: bool = False) -> Any:
+    """A Gantt figure with no spans yet: one bar trace per kind of :data:`COLOURS` and one for the ideal schedule.
+
+    :func:`fill` puts a step into it; ``widget=True`` makes a ``FigureWidget`` (a live
+    display refills it in place, the traces stay the same).
+    """
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    for kind, colour in COLOURS.items():
+        fig.add_trace(go.Bar(x=[], base=[], y=[], orientation="h", marker_color=colour, name=kind, width=0.5, hoverinfo="text+x"))
+    ideal = {"color": "rgba(0,0,0,0)", "line": {"color": "black", "width": 1}}
+    fig.add_trace(go.Bar(x=[], base=[], y=[], orientation="h", marker=ideal, name="ideal", width=0.8, offset=-0.4, hoverinfo="text+x"))
+    fig.update_layout(barmode="overlay", xaxis_title="ms since the step began", yaxis={"autorange": "reversed", "categoryorder": "array"})
+    return go.FigureWidget(fig) if widget else fig
+
+
+def fill(
+    fig: Any,
+    spans_by_rank: Sequence[Sequence[tuple[str, int, float, float]]],
+    schedule: str,
+    microbatches: int,
+    title: str = "pipeline timeline",
+    labels: Sequence[str] | None = None,
+) -> None:
+    """Put one step into a figure made by :func:`empty_figure` (its traces are refilled in place).
+
+    ``labels`` name the rows (default ``"rank <stage>"``).
+    """
+    stages = len(spans_by_rank)
+    rows = list(labels) if labels is not None else [f"rank {rank}" for rank in range(stages)]
+    origin = min((s for spans in spans_by_rank for _, _, s, _ in spans), default=0.0)
+    bars: dict[str, tuple[list[float], list[float], list[str], list[str]]] = {kind: ([], [], [], []) for kind in (*COLOURS, "ideal")}
+    for row, spans in zip(rows, spans_by_rank):
+        for kind, mb, start, end in spans:
+            width, base, ys, text = bars.setdefault(kind, ([], [], [], []))
+            width.append((end - start) * 1e3)
+            base.append((start - origin) * 1e3)
+            ys.append(row)
+            text.append(f"{kind}({mb})" if mb >= 0 else kind)
+    forward, backward = stage_times(spans_by_rank)
+    ideal = schedules.simulate(schedules.build(schedule, stages, microbatches), forward, backward)
+    width, base, ys, text = bars["ideal"]
+    for row, ideal_spans in zip(rows, ideal.spans):
+        for action, start, end in ideal_spans:
+            if action.kind in schedules.COMPUTE:
+                width.append((end - start) * 1e3)
+                base.append(start * 1e3)
+                ys.append(row)
+                text.append(f"ideal {action}")
+    measured, _ = bubble(spans_by_rank)
+    theory = schedules.bubble_fraction(stages, microbatches)
+    expected = sum(ideal.idle_fraction(s) for s in range(stages)) / stages
+    with fig.batch_update():
+        for trace in fig.data:
+            width, base, ys, text = bars.get(trace.name, ([], [], [], []))
+            trace.x, trace.base, trace.y, trace.hovertext, trace.showlegend = width, base, ys, text, bool(width)
+        fig.layout.yaxis.categoryarray = rows
+        fig.layout.title.text = (
+            f"{title}: {schedule}, p={stages}, m={microbatches}; bubble measured {measured:.1%}, theory {theory:.1%}, "
+            f"ideal for measured stage times {expected:.1%}"
+        )
+
+
 def figure(
     spans_by_rank: Sequence[Sequence[tuple[str, int, float, float]]],
     schedule: str,
     microbatches: int,
     title: str = "pipeline timeline",
+    labels: Sequence[str] | None = None,
 ) -> Any:
     """A plotly Gantt chart of one step: one row per rank (= stage), ideal schedule overlaid.
 
     ``spans_by_rank[r]`` are rank ``r``'s ``(kind, microbatch, start, end)`` spans of the
     step (clocks may differ between ranks by their offsets; each rank's spans are taken
-    relative to the step's earliest start). Returns a ``plotly.graph_objects.Figure``.
+    relative to the step's earliest start). One bar trace per kind of span (named as the
+    kind) and one named ``"ideal"``; the title gives the measured bubble beside
+    ``(p - 1) / (m + p - 1)``; ``labels`` name the rows (default ``"rank <stage>"``).
+    Returns a ``plotly.graph_objects.Figure``.
     """
-    import plotly.graph_objects as go
-
-    stages = len(spans_by_rank)
-    origin = min((s for spans in spans_by_rank for _, _, s, _ in spans), default=0.0)
-    fig = go.Figure()
-    seen: set[str] = set()
-    for rank, spans in enumerate(spans_by_rank):
-        for kind, mb, start, end in spans:
-            fig.add_trace(
-                go.Bar(
-                    x=[(end - start) * 1e3],
-                    base=[(start - origin) * 1e3],
-                    y=[f"rank {rank}"],
-                    orientation="h",
-                    marker_color=COLOURS.get(kind, "#888"),
-                    name=kind,
-                    legendgroup=kind,
-                    showlegend=kind not in seen,
-                    hovertext=f"{kind}({mb})",
-                    width=0.5,
-                )
-            )
-            seen.add(kind)
-    forward, backward = stage_times(spans_by_rank)
-    ideal = schedules.simulate(schedules.build(schedule, stages, microbatches), forward, backward)
-    for rank, ideal_spans in enumerate(ideal.spans):
-        for action, start, end in ideal_spans:
-            if action.kind in schedules.COMPUTE:
-                fig.add_trace(
-                    go.Bar(
-                        x=[(end - start) * 1e3],
-                        base=[start * 1e3],
-                        y=[f"rank {rank}"],
-                        orientation="h",
-                        marker={"color": "rgba(0,0,0,0)", "line": {"color": "black", "width": 1}},
-                        name="ideal",
-                        legendgroup="ideal",
-                        showlegend="ideal" not in seen,
-                        hovertext=f"ideal {action}",
-                        width=0.8,
-                        offset=-0.4,
-                    )
-                )
-                seen.add("ideal")
-    measured, _ = bubble(spans_by_rank)
-    theory = schedules.bubble_fraction(stages, microbatches)
-    fig.update_layout(
-        title=f"{title}: {schedule}, p={stages}, m={microbatches}; bubble measured {measured:.1%}, theory {theory:.1%}, "
-        f"ideal for measured stage times {sum(ideal.idle_fraction(s) for s in range(stages)) / stages:.1%}",
-        barmode="overlay",
-        xaxis_title="ms since the step began",
-        yaxis={"autorange": "reversed"},
-    )
+    fig = empty_figure()
+    fill(fig, spans_by_rank, schedule, microbatches, title, labels)
     return fig

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -29,9 +29,12 @@ from torch.utils.data import Dataset, default_collate
 
 from rapydli.parallel import split
 from rapydli.parallel.config import split_names, tensor_plan
-from rapydli.parallel.executor import LossFn, PipelineExecutor
+from rapydli.parallel.executor import MetricFn, PipelineExecutor
 from rapydli.parallel.grid import ProcessGrid
 from rapydli.parallel.timeline import Recorder
+
+if TYPE_CHECKING:  # pragma: no cover
+    from rapydli.trainer.outputs import Objective
 
 
 class PipelineTraining:
@@ -49,8 +52,11 @@ class PipelineTraining:
     train_data
         The training set; rank 0 times the blocks on its first ``batch_size`` samples
         for ``pipeline_split="auto"``.
-    loss_fn
-        ``(outputs, targets) -> (mean loss, correct)``, run on the last stage.
+    objective
+        The run's :class:`~rapydli.trainer.outputs.Objective` (``loss_fn``, or the loss or
+        logits the model returns), made from the whole model; its ``loss`` runs on the last
+        stage's outputs. An objective that needs the model's own ``forward`` (it takes the
+        targets) is a :class:`ConfigError` here, before any rank measures or splits.
 
     Attributes
     ----------
@@ -65,7 +71,8 @@ class PipelineTraining:
         The spans of this rank's last steps (:mod:`rapydli.parallel.timeline`).
     """
 
-    def __init__(self, model: nn.Module, config: Any, world: Any, train_data: Dataset, loss_fn: LossFn) -> None:
+    def __init__(self, model: nn.Module, config: Any, world: Any, train_data: Dataset, objective: Objective) -> None:
+        objective.check_pipelined(model, config.pipeline_stages)
         self.config = config
         self.grid = ProcessGrid.create(world, config.pipeline_stages, config.tensor_parallel)
         sample = None
@@ -81,7 +88,7 @@ class PipelineTraining:
 
             shard_model(model, tensor_plan(config.tensor_plan), self.grid.tensor)
         self.module, self.names = split.stage_module(model, self.bounds, self.grid.stage)
-        self.loss_fn = loss_fn
+        self.loss_fn = objective.loss
         self.recorder = Recorder()
         self.executor: PipelineExecutor | None = None
 
@@ -139,18 +146,21 @@ class PipelineTraining:
         return self.executor.train_step(inputs, targets, scale)
 
     @torch.no_grad()
-    def evaluate(self, val_data: Dataset, batch_size: int, device: torch.device) -> torch.Tensor:
-        """``[loss sum, correct, targets]`` over ``val_data``, summed over every rank (collective)."""
+    def evaluate(self, val_data: Dataset, batch_size: int, device: torch.device, metrics: Sequence[MetricFn] = ()) -> torch.Tensor:
+        """``[loss sum, targets]`` and each metric's ``(sum, count)`` over ``val_data``, summed over every rank (collective).
+
+        Each replica's last stage measures its shard of ``val_data``; the other stages add zeros.
+        """
         from mpi4py import MPI
 
         assert self.executor is not None, "attach() first"
-        totals = torch.zeros(3, dtype=torch.float64)
+        totals = torch.zeros(2 + 2 * len(metrics), dtype=torch.float64)
         indices = range(self.grid.replica, len(val_data), self.grid.replicas)  # type: ignore[arg-type]
         self.module.eval()
         for start in range(0, len(indices), batch_size):
             batch = default_collate([val_data[i] for i in indices[start : start + batch_size]])
             inputs, targets = (t.to(device) if isinstance(t, torch.Tensor) else t for t in batch[:2])
-            totals += torch.tensor(self.executor.evaluate_batch(inputs, targets), dtype=torch.float64)
+            totals += torch.tensor(self.executor.evaluate_batch(inputs, targets, metrics), dtype=torch.float64)
         if self.grid.tensor_rank != 0:  # the tensor ranks of the last stage computed the same sums: count them once
             totals.zero_()
         self.grid.world.Allreduce(MPI.IN_PLACE, totals.numpy(), op=MPI.SUM)

@@ -19,11 +19,20 @@ state for ``1 / N`` of the elements and writes its update straight into the mode
 3. every bucket is allgathered in place (``MPI.Allgather``), which updates every rank's
    parameters.
 
+Parameters without a gradient are handled as DDP does with ``find_unused_parameters=True``.
+Stage 1 takes the synchronizer's gradients, which already are. Stage 2 marks each
+parameter whose gradient hook ran since :meth:`~ShardedOptimizer.zero_grad` (over every
+micro-step) and reduces the marks over the group once per step (one small
+``MPI.Allreduce``, ``MAX``): a parameter some ranks used is averaged with zeros from the
+others; the owned pieces of one no rank used get ``grad=None`` for that step, so the
+optimizer leaves them alone (no momentum, no weight decay).
+
 Bytes per rank with ``P`` fp32 parameters: ``4P`` of parameters, gradients ``4P``
 (stage 1, the synchronizer's buckets) or ``4P / N`` plus the buckets in flight
 (stage 2), optimizer state ``1 / N`` of the unsharded one (AdamW: ``8P / N``), plus at
 most ``N - 1`` elements of padding per bucket. Gradient clipping by global norm is the
-caller's, before :meth:`ShardedOptimizer.step` (stage 1 only).
+caller's, before :meth:`ShardedOptimizer.step`: at stage 2 over :meth:`~ShardedOptimizer.gradient_pieces`
+(:func:`rapydli.parallel.clip.clip_grad_norm_` sums their squares over the group).
 
 Examples
 --------
@@ -82,7 +91,8 @@ class _Bucket:
         self.grad_shard: torch.Tensor | None = None  # stage 2: the averaged gradient of this rank's slice
         self.grads: torch.Tensor | None = None  # stage 2: the bucket's local gradients until they are reduce-scattered
         self.missing = len(params)
-        self.ready = [False] * len(params)
+        self.ready = [False] * len(params)  # stage 2: got a gradient in this backward
+        self.used = [False] * len(params)  # stage 2: got a gradient on this rank since the last zero_grad
 
     def view(self, i: int) -> torch.Tensor:
         p = self.params[i]
@@ -97,17 +107,23 @@ class _Bucket:
                     view.copy_(p.data)
                     p.data = view
 
-    def give_grads(self, stage: int) -> None:
-        """Set each owned piece's ``.grad``: a view of the parameter's gradient (stage 1) or of ``grad_shard`` (stage 2)."""
+    def piece_grads(self) -> list[torch.Tensor | None]:
+        """Each owned piece's gradient: a view of ``grad_shard`` (stage 2) or of the parameter's gradient (stage 1, None without one)."""
+        grads: list[torch.Tensor | None] = []
         low = 0
-        for piece, (i, a, b) in zip(self.owned, self.pieces):
-            if stage == 2:
-                assert self.grad_shard is not None
-                piece.grad = self.grad_shard[low : low + b - a]
+        for i, a, b in self.pieces:
+            if self.grad_shard is not None:
+                grads.append(self.grad_shard[low : low + b - a])
                 low += b - a
             else:
                 grad = self.params[i].grad
-                piece.grad = None if grad is None else grad.reshape(-1)[a:b]
+                grads.append(None if grad is None else grad.reshape(-1)[a:b])
+        return grads
+
+    def give_grads(self, used: list[bool] | None = None) -> None:
+        """Set each owned piece's ``.grad`` to :meth:`piece_grads`, or to None where ``used`` says no rank used its parameter."""
+        for piece, (i, _, _), grad in zip(self.owned, self.pieces, self.piece_grads()):
+            piece.grad = grad if used is None or used[i] else None
 
 
 class ShardedOptimizer:
@@ -157,7 +173,6 @@ class ShardedOptimizer:
             self._communicator = Communicator(comm, algorithm="mpi")
             for bucket in self.buckets:
                 bucket.grad_shard = torch.zeros(bucket.shard, dtype=bucket.values.dtype, device=bucket.values.device)
-                bucket.give_grads(stage)
                 self._hooks += [p.register_post_accumulate_grad_hook(self._hook(bucket, i)) for i, p in enumerate(bucket.params)]
         self._pending: list[tuple[_Bucket, Any]] = []
         self._next = 0  # the bucket to reduce-scatter next in this backward
@@ -178,6 +193,7 @@ class ShardedOptimizer:
             start = bucket.offsets[i]
             bucket.grads[start : start + param.numel()].add_(param.grad.reshape(-1))  # type: ignore[union-attr]
             param.grad = None
+            bucket.used[i] = True
             if not bucket.ready[i]:
                 bucket.ready[i] = True
                 bucket.missing -= 1
@@ -245,17 +261,47 @@ class ShardedOptimizer:
         return self.stats
 
     # -- the step --------------------------------------------------------------------------
+    def gradient_pieces(self) -> list[tuple[nn.Parameter, torch.Tensor]]:
+        """The averaged gradient of each piece of this rank's slices that has one, with the model parameter it belongs to.
+
+        Views: scaling them in place (clipping) scales what :meth:`step` applies. At stage 2
+        call it after :meth:`wait`.
+        """
+        return [
+            (bucket.params[i], grad)
+            for bucket in self.buckets
+            for (i, _, _), grad in zip(bucket.pieces, bucket.piece_grads())
+            if grad is not None
+        ]
+
     def step(self) -> None:
-        """Update this rank's slices from their averaged gradients, then allgather every bucket."""
+        """Update this rank's slices from their averaged gradients, then allgather every bucket.
+
+        Stage 2: pieces of parameters no rank produced a gradient for since :meth:`zero_grad`
+        are skipped (collective: every rank of the group calls it).
+        """
         if self.stage == 2:
             if self._pending:
                 self.wait()
+            for bucket, used in zip(self.buckets, self._used_anywhere()):
+                bucket.give_grads(used)
         else:
             for bucket in self.buckets:
-                bucket.give_grads(self.stage)
+                bucket.give_grads()
         self.optimizer.step()
         for bucket in self.buckets:
             _allgather(self.comm, bucket.values)
+
+    def _used_anywhere(self) -> list[list[bool]]:
+        """Stage 2, per bucket: whether each parameter got a gradient on any rank of the group (one allreduce)."""
+        flags = torch.tensor([used for bucket in self.buckets for used in bucket.used], dtype=torch.uint8)
+        self.comm.Allreduce(MPI.IN_PLACE, flags.numpy(), op=MPI.MAX)
+        marks = flags.bool().tolist()
+        out, start = [], 0
+        for bucket in self.buckets:
+            out.append(marks[start : start + len(bucket.params)])
+            start += len(bucket.params)
+        return out
 
     def refresh(self) -> None:
         """Keep the parameters in the buckets after their data was replaced (a load that swapped tensors)."""
@@ -263,10 +309,11 @@ class ShardedOptimizer:
             bucket.attach()
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """Clear the model's gradients and this rank's gradient slices."""
+        """Clear the model's gradients, this rank's gradient slices and which parameters got one."""
         for bucket in self.buckets:
             if bucket.grad_shard is not None:
                 bucket.grad_shard.zero_()
+            bucket.used = [False] * len(bucket.params)
             for p in bucket.params:
                 if set_to_none:
                     p.grad = None

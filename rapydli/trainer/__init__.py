@@ -6,7 +6,8 @@
   engine runs for one run (builds model and data, hands the Trainer its ``should_stop`` and
   ``emit`` callables, returns per-rank summaries).
 * :mod:`rapydli.trainer.callbacks`, :mod:`~rapydli.trainer.checkpoint`,
-  :mod:`~rapydli.trainer.schedule`: what the loop calls.
+  :mod:`~rapydli.trainer.replicated`, :mod:`~rapydli.trainer.sharded`,
+  :mod:`~rapydli.trainer.optim`, :mod:`~rapydli.trainer.schedule`: what the loop calls.
 
 Nothing here starts a process or imports front-end code. Names are imported lazily so
 ``import rapydli.trainer`` is cheap.
@@ -22,7 +23,7 @@ _LAZY = {
     "FieldSpec": "rapydli.trainer.config",
     "fields_spec": "rapydli.trainer.config",
     "Trainer": "rapydli.trainer.loop",
-    "build_optimizer": "rapydli.trainer.loop",
+    "build_optimizer": "rapydli.trainer.optim",
 }
 __all__ = sorted(_LAZY)
 

@@ -20,6 +20,7 @@ import os
 import random
 import tempfile
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +81,12 @@ def save_atomic(state: dict[str, Any], path: str | os.PathLike[str]) -> Path:
 class CheckpointWriter:
     """Writes checkpoints with :func:`save_atomic` on a background thread, one at a time.
 
+    Attributes
+    ----------
+    spans
+        ``(start, end)`` of every finished write, in :func:`time.perf_counter` seconds: when
+        the thread was writing (``rapydli bench trainer`` sorts the steps by them).
+
     Examples
     --------
     >>> writer = CheckpointWriter()  # doctest: +SKIP
@@ -90,6 +97,7 @@ class CheckpointWriter:
     def __init__(self) -> None:
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
+        self.spans: list[tuple[float, float]] = []
 
     def submit(self, state: dict[str, Any], path: str | os.PathLike[str]) -> None:
         """Copy ``state`` now (tensors cloned) and write the copy in the background.
@@ -100,10 +108,12 @@ class CheckpointWriter:
         snapshot = copy.deepcopy(state)
 
         def write() -> None:
+            started = time.perf_counter()
             try:
                 save_atomic(snapshot, path)
             except BaseException as exc:  # noqa: BLE001 - raised in the training thread by wait()
                 self._error = exc
+            self.spans.append((started, time.perf_counter()))
 
         self._thread = threading.Thread(target=write, name="rapydli-checkpoint", daemon=True)
         self._thread.start()

@@ -170,11 +170,6 @@ class TrainConfig:
             check_pipeline(self)
         elif self.tensor_parallel > 1:
             check_grid(self)
-        if self.zero == 2 and self.grad_clip is not None:
-            raise ConfigError(
-                "TrainConfig.zero=2 keeps only this rank's slice of the averaged gradients, so grad_clip (a global norm) "
-                "cannot be applied: use zero=1 with grad_clip, or grad_clip=None"
-            )
 
     def global_batch(self, world_size: int) -> int:
         """Samples per optimizer step across all ranks."""

@@ -37,9 +37,10 @@ from torch.utils.data import Dataset
 
 from rapydli.errors import ConfigError
 from rapydli.trainer import checkpoint as ckpt
+from rapydli.trainer import replicated
 from rapydli.trainer.callbacks import Callback, dispatch
 from rapydli.trainer.config import TrainConfig
-from rapydli.trainer.optim import OptimizerFn, apply_schedule, make_optimizer
+from rapydli.trainer.optim import OptimizerFn, apply_schedule, make_optimizer, optimizer_over
 from rapydli.trainer.outputs import LossFn, MetricsArg, Objective, default_metrics, resolve_metrics
 from rapydli.trainer.progress import EpochPlan, resized_config
 
@@ -61,18 +62,6 @@ class SizedDataset(Protocol):
     def __getitem__(self, index: int) -> Any: ...
 
 
-def build_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.Optimizer:
-    """The optimizer ``config.optimizer`` names (AdamW uses ``momentum`` as beta1)."""
-    return optimizer_over(list(model.parameters()), config)
-
-
-def optimizer_over(params: list[nn.Parameter], config: TrainConfig) -> torch.optim.Optimizer:
-    """``config.optimizer`` over ``params`` (a ZeRO shard's slices, or a model's parameters)."""
-    if config.optimizer == "sgd":
-        return torch.optim.SGD(params, lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay)
-    return torch.optim.AdamW(params, lr=config.lr, betas=(config.momentum, 0.999), weight_decay=config.weight_decay)
-
-
 def loss_and_correct(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Mean cross-entropy over all positions, and the number of correct argmax predictions.
 
@@ -92,7 +81,7 @@ class Trainer:
         The model; every rank builds it, rank 0's parameters and buffers win.
     optimizer
         An optimizer over ``model``'s parameters, or ``None`` to build one with
-        ``optimizer_fn``, else ``config.optimizer`` (:func:`build_optimizer`). The lr
+        ``optimizer_fn``, else ``config.optimizer`` (:func:`~rapydli.trainer.optim.build_optimizer`). The lr
         schedule applies to every group from the rate it was built with
         (:mod:`rapydli.trainer.optim`).
     train_data, val_data
@@ -158,9 +147,11 @@ class Trainer:
         self.config = config
         self.mpi = _mpi_comm(comm)
         self.rank, self.world_size = self.mpi.Get_rank(), self.mpi.Get_size()
+        # the loss as the whole model's forward decides it (a pipeline's last stage computes it on its outputs)
+        self.objective = Objective(model, loss_fn)
         # pipelined: this rank trains its stage; tensor-parallel: its slices of the layers. Data (and gradients) are
         # shared with the same part's copies in the other replicas (the grid's data group)
-        self.pipeline = _pipeline(model, config, self.mpi, train_data)
+        self.pipeline = _pipeline(model, config, self.mpi, train_data, self.objective)
         self.grid = self.pipeline.grid if self.pipeline is not None else _tensor_grid(model, config, self.mpi)
         self.data_rank, self.data_size = (self.grid.replica, self.grid.replicas) if self.grid else (self.rank, self.world_size)
         self._owns_comm = comm is None or comm is self.mpi or self.grid is not None
@@ -178,7 +169,6 @@ class Trainer:
         self._writer = ckpt.CheckpointWriter()
         self.model = model
         self.device = next(model.parameters()).device
-        self.objective = Objective(model, loss_fn)
         resolved = resolve_metrics(metrics)
         self.metrics = default_metrics() if resolved is None else resolved
         self.optimizer: torch.optim.Optimizer | ShardedOptimizer = make_optimizer(model, config, optimizer_fn) if optimizer is None else optimizer
@@ -187,7 +177,7 @@ class Trainer:
         self.callbacks = tuple(callbacks)
         self.val_data = val_data
         # a checkpoint to resume from, and what it was written with (it may be another world size)
-        self._checkpoint, meta = self._read_checkpoint() if config.resume and not self._sharded else (None, None)
+        self._checkpoint, meta = replicated.read(self) if config.resume and not self._sharded else (None, None)
         self._lr_scale, resume_from = 1.0, None
         if meta is not None:
             config, self._lr_scale = resized_config(config, meta["world_size"], meta["grad_accum"], self.world_size)
@@ -239,7 +229,7 @@ class Trainer:
 
             sharded.resume(self)
         elif meta is not None:
-            self._resume(meta)
+            replicated.resume(self, meta)
 
     # -- the loop ---------------------------------------------------------------------------
     def fit(self) -> list[dict[str, Any]]:
@@ -295,12 +285,12 @@ class Trainer:
                     stats = self._gradients.wait()
                     comm_time, comm_wait, hidden = stats.comm_time, stats.wait_time, stats.hidden_fraction
 
-                # clip the global gradient norm (gradients are already averaged; stages and tensor shards add up to one norm)
+                # clip the global gradient norm (gradients are already averaged; stages, tensor shards and ZeRO-2 slices add up to one norm)
                 grad_norm = None
                 if cfg.grad_clip is not None:
                     from rapydli.parallel.clip import clip_grad_norm_
 
-                    grad_norm = clip_grad_norm_(self.model, cfg.grad_clip, self.grid)
+                    grad_norm = clip_grad_norm_(self.model, cfg.grad_clip, self.grid, self.optimizer if cfg.zero == 2 else None)
 
                 # optimizer step
                 self.optimizer.step()
@@ -389,12 +379,8 @@ class Trainer:
         names = ["loss", *self.metrics]
         totals = torch.zeros(2 * len(names), dtype=torch.float64)  # (sum, count) of the loss and of each metric
         indices = range(self.data_rank, len(self.val_data), self.data_size)  # disjoint shards, no padding (a replica's ranks share one)
-        if self.pipeline is not None:  # through the pipeline: the last stages' (loss, correct, count) sums, over every rank
-            loss_sum, correct, count = self.pipeline.evaluate(self.val_data, self.config.batch_size, self.device).tolist()
-            totals[0:2] = torch.tensor([loss_sum, count], dtype=torch.float64)
-            if "accuracy" in self.metrics:
-                at = 2 * (list(self.metrics).index("accuracy") + 1)
-                totals[at : at + 2] = torch.tensor([correct, count], dtype=torch.float64)
+        if self.pipeline is not None:  # through the pipeline: the last stages' sums, over every rank
+            totals = self.pipeline.evaluate(self.val_data, self.config.batch_size, self.device, list(self.metrics.values()))
             indices = range(0)
         for start in range(0, len(indices), self.config.batch_size):
             batch = [self.val_data[i] for i in indices[start : start + self.config.batch_size]]
@@ -439,60 +425,7 @@ class Trainer:
             from rapydli.trainer import sharded
 
             return sharded.save(self)
-        rng_states = self.mpi.gather(ckpt.rng_state(), root=0)
-        if self.rank != 0:
-            return None
-        epoch, position = self.plan.position(self.step, self.config.global_batch(self.world_size))
-        state = {
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": {"name": self.config.lr_schedule, "step": self.step, "total_steps": self.total_steps},
-            "sampler": {"epoch": epoch, "position": position, "seed": self.config.seed},
-            "step": self.step,
-            "world_size": self.world_size,
-            "grad_accum": self.config.grad_accum,
-            "rng": rng_states,
-            "config": self.config.to_dict(),
-        }
-        path = ckpt.checkpoint_path(self.config.checkpoint_dir)
-        self._writer.submit(state, path)
-        return path
-
-    def _read_checkpoint(self) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
-        """Rank 0's checkpoint state (None elsewhere) and, on every rank, what it was written with."""
-        path = ckpt.checkpoint_path(self.config.checkpoint_dir)  # type: ignore[arg-type]
-        if self.rank == 0:
-            ckpt.remove_partial_writes(path.parent)
-        state = ckpt.load(path) if self.rank == 0 and path.exists() else None
-        meta = None
-        if state is not None and state.get("layout") is not None:
-            from rapydli.trainer.sharded import describe
-
-            meta = {"refused": f"checkpoint {path} was written by {describe(state['layout'])}; this run has {self.world_size} ranks "
-                               "without pipeline stages, tensor shards or ZeRO: resume it with the layout it was written by"}  # fmt: skip
-        elif state is not None:
-            meta = {
-                "step": state["step"], "world_size": state["world_size"], "grad_accum": state["grad_accum"],
-                "epoch": state["sampler"]["epoch"], "position": state["sampler"]["position"],
-            }  # fmt: skip
-        meta = self.mpi.bcast(meta, root=0)
-        if meta is not None and "refused" in meta:
-            raise ConfigError(meta["refused"])
-        return state, meta
-
-    def _resume(self, meta: dict[str, Any]) -> None:
-        """Continue from the checkpoint read by :meth:`_read_checkpoint` (model, optimizer, RNG, step)."""
-        state, self._checkpoint = self._checkpoint, None
-        if self.rank == 0:
-            assert state is not None
-            self.model.load_state_dict(state["model"])
-            self.optimizer.load_state_dict(state["optimizer"])
-        if self.sync is not None:
-            self.sync.broadcast_parameters()
-        self._broadcast_optimizer_state()
-        rng_states = self.mpi.bcast(state["rng"] if state else None, root=0)
-        ckpt.set_rng_state(rng_states[self.rank % len(rng_states)])  # a rank the old run did not have takes a peer's
-        self.step = self._evaluated_at = self._saved_at = meta["step"]
+        return replicated.save(self)
 
     # -- helpers ----------------------------------------------------------------------------
     def _stop_requested(self) -> bool:
@@ -530,12 +463,6 @@ class Trainer:
         sync = GradientSynchronizer(self.model, self.comm, bucket_mb=self.config.bucket_mb, overlap=self.config.overlap)
         sync.broadcast_parameters()
         return sync
-
-    def _broadcast_optimizer_state(self) -> None:
-        if self.world_size > 1:
-            state = self.mpi.bcast(self.optimizer.state_dict() if self.rank == 0 else None, root=0)
-            if self.rank != 0:
-                self.optimizer.load_state_dict(state)
 
     def _average_buffers(self) -> None:
         if self.data_size == 1:
@@ -583,13 +510,13 @@ def _loader(dataset: Dataset, config: TrainConfig, rank: int, world_size: int, r
     )
 
 
-def _pipeline(model: nn.Module, config: TrainConfig, world: Any, train_data: Dataset) -> Any:
+def _pipeline(model: nn.Module, config: TrainConfig, world: Any, train_data: Dataset, objective: Objective) -> Any:
     """The :class:`rapydli.parallel.training.PipelineTraining` of a pipelined config, else None."""
     if config.pipeline_stages == 1:
         return None
     from rapydli.parallel.training import PipelineTraining
 
-    return PipelineTraining(model, config, world, train_data, loss_and_correct)
+    return PipelineTraining(model, config, world, train_data, objective)
 
 
 def _tensor_grid(model: nn.Module, config: TrainConfig, world: Any) -> Any:

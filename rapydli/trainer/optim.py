@@ -38,8 +38,6 @@ OptimizerFn = Callable[..., torch.optim.Optimizer]
 def make_optimizer(model: nn.Module, config: TrainConfig, optimizer_fn: OptimizerFn | None = None) -> torch.optim.Optimizer:
     """``optimizer_fn(model[, config])``, checked, or ``config.optimizer``; every group remembers its initial lr."""
     if optimizer_fn is None:
-        from rapydli.trainer.loop import build_optimizer
-
         optimizer = build_optimizer(model, config)
     else:
         check_optimizer_fn(optimizer_fn)
@@ -86,3 +84,15 @@ def apply_schedule(optimizer: Any, config: TrainConfig, step: int, total_steps: 
         group["lr"] = scale * lr_at(config.lr_schedule, step, total_steps, group.get("initial_lr", config.lr), config.warmup_steps)
         rates.append(group["lr"])
     return rates
+
+
+def build_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.Optimizer:
+    """The optimizer ``config.optimizer`` names (AdamW uses ``momentum`` as beta1)."""
+    return optimizer_over(list(model.parameters()), config)
+
+
+def optimizer_over(params: list[nn.Parameter], config: TrainConfig) -> torch.optim.Optimizer:
+    """``config.optimizer`` over ``params`` (a ZeRO shard's slices, or a model's parameters)."""
+    if config.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay)
+    return torch.optim.AdamW(params, lr=config.lr, betas=(config.momentum, 0.999), weight_decay=config.weight_decay)

@@ -156,15 +156,38 @@ class Objective:
             outputs = model(inputs, **{self.target_parameter: targets})
         else:
             outputs = model(inputs)
+        return self.loss(outputs, targets), outputs
+
+    def loss(self, outputs: Any, targets: torch.Tensor) -> torch.Tensor:
+        """The scalar loss of what the model returned for ``targets`` (rules 1-3 above).
+
+        A pipeline's last stage calls this on its outputs: the model's forward ran as
+        stages, so the loss is taken from what the last one returned.
+        """
         if self.loss_fn is not None:
             loss = self.loss_fn(outputs, targets)
             if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
                 raise ConfigError(f"loss_fn must return a scalar tensor, got {_shape_or_type(loss)}")
-            return loss.reshape(()), outputs
+            return loss.reshape(())
         found = interpret(outputs)
         if found.loss is not None:
-            return found.loss, outputs
-        return cross_entropy(found.logits, targets), outputs  # type: ignore[arg-type]
+            return found.loss
+        return cross_entropy(found.logits, targets)  # type: ignore[arg-type]
+
+    def check_pipelined(self, model: nn.Module, stages: int) -> None:
+        """Raise :class:`ConfigError` if this objective cannot be computed on a pipeline's last stage.
+
+        A model whose ``forward`` takes the targets (rule 2) computes its loss inside
+        ``forward``; a pipeline runs the model's blocks on separate ranks and never calls
+        that ``forward``, so the targets would never reach it.
+        """
+        if self.target_parameter is not None:
+            name = type(model).__name__
+            raise ConfigError(
+                f"{name}.forward takes {self.target_parameter!r} and computes its own loss, which pipeline_stages={stages} cannot run: "
+                f"the stages run {name}'s blocks on separate ranks and never call its forward. Pass loss_fn=fn, where "
+                "fn(outputs, targets) computes the loss from what the last block returns, or train with pipeline_stages=1"
+            )
 
 
 def _shape_or_type(value: Any) -> str:

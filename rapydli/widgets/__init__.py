@@ -1,4 +1,4 @@
-"""Notebook widgets: live training plots, the hyperparameter panel and the sweep panel.
+"""Notebook widgets: live training plots and pipeline timelines, the hyperparameter panel and the sweep panel.
 
 ``rd.widgets.HyperparameterPanel`` and ``rd.widgets.SweepPanel`` are imported lazily
 (ipywidgets and plotly load on first use).
@@ -13,6 +13,7 @@ _LAZY = {
     "HyperparameterPanel": "rapydli.widgets.panel",
     "SweepPanel": "rapydli.widgets.sweeppanel",
     "LivePlot": "rapydli.widgets.live",
+    "LiveTimeline": "rapydli.widgets.timeline",
     "SweepView": "rapydli.widgets.sweepview",
 }
 __all__ = sorted(_LAZY)
