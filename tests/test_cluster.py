@@ -257,3 +257,28 @@ def test_stop_request_ends_every_rank_at_the_same_step(cluster):
     values = job.wait()
     assert values[0] == values[1] < 10_000  # both ranks agreed on the step; neither left blocked
     assert cluster.running
+
+
+def test_ctrl_c_during_an_engines_first_torch_import_leaves_torch_usable():
+    """SIGINT while the first task imports torch is raised after the import, not inside it:
+    an import cut half-way breaks torch in that process for good ("Only a single
+    TORCH_LIBRARY ..."), so every later cell on the engine failed."""
+    script = """
+import os, signal, sys, threading, time
+from rapydli.cluster import engine
+
+def interrupt_half_way_through_the_import():
+    while "torch.nn" not in sys.modules:  # half-way through torch/__init__.py
+        time.sleep(0.001)
+    os.kill(os.getpid(), signal.SIGINT)
+
+threading.Thread(target=interrupt_half_way_through_the_import, daemon=True).start()
+try:
+    engine._import_torch()
+    print("not interrupted")
+except KeyboardInterrupt:
+    import torch
+    print("interrupted after the import;", float(torch.ones(2).sum()))
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == "interrupted after the import; 2.0", done.stderr

@@ -129,9 +129,30 @@ def _helper_pids() -> list[int]:
     return [child.pid for child in psutil.Process().children()]
 
 
-def _device(local_rank: int) -> Any:
-    import torch
+def _import_torch() -> Any:
+    """torch, imported with Ctrl-C held until the import is done.
 
+    An import cut half-way by SIGINT leaves torch unusable in this process for good
+    (every later import fails with "Only a single TORCH_LIBRARY can be used ..."), so a
+    Ctrl-C that arrives while the first task imports it is raised once the import ends.
+    """
+    if "torch" in sys.modules or threading.current_thread() is not threading.main_thread():
+        import torch
+
+        return torch
+    held: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: held.append(signum))
+    try:
+        import torch
+    finally:
+        signal.signal(signal.SIGINT, previous if previous is not None else signal.default_int_handler)
+    if held:
+        raise KeyboardInterrupt
+    return torch
+
+
+def _device(local_rank: int) -> Any:
+    torch = _import_torch()
     if torch.cuda.is_available():
         return torch.device("cuda", local_rank % torch.cuda.device_count())
     return torch.device("cpu")
