@@ -405,9 +405,14 @@ def ddp_state(
             inputs, targets = shard(train, rank, size, step, batch_size)
             loss_fn(ddp(inputs), targets).backward()
             optimizer.step()
+        state = {key: value.detach().clone() for key, value in ddp.module.state_dict().items()}
+        dist.barrier()  # no gloo work left whose callback needs the GIL
+        # DDP goes while the group is still registered: freed last, its Reducer's destructor
+        # joins gloo's threads while holding the GIL, and one of them waits for the GIL (a hang)
+        del ddp, optimizer
     finally:
         dist.destroy_process_group()
-    return {key: value.detach().clone() for key, value in ddp.module.state_dict().items()}
+    return state
 
 
 def check_case(name: str) -> None:
