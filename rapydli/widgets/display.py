@@ -9,6 +9,8 @@ other viewers).
 
 from __future__ import annotations
 
+import threading
+import time
 from typing import Any
 
 
@@ -88,3 +90,49 @@ def replace_with_figure(handle: Any, figure: Any) -> None:
     ids, so the handle is updated with :func:`figure_bundle` instead.
     """
     handle.update(figure_bundle(figure), raw=True)
+
+
+class LiveFigure:
+    """A figure redrawn from metrics rows at a bounded rate, shown live in a notebook.
+
+    Subclasses build ``self.figure`` (a ``FigureWidget`` when ``widget``) and implement
+    :meth:`flush`, which draws what arrived and counts ``redraws``.
+    """
+
+    caption = "(live plot: shown while the cell runs)"
+
+    def __init__(self, max_redraws_per_s: float, widget: bool | None) -> None:
+        self.widget = in_kernel() if widget is None else widget
+        self.figure: Any = None
+        self.min_interval = 1.0 / max_redraws_per_s
+        self.redraws = 0
+        self._last_draw = 0.0
+        self._handle: Any = None
+        self._lock = threading.Lock()
+
+    def flush(self) -> None:
+        """Draw what arrived since the last redraw."""
+        raise NotImplementedError
+
+    def tick(self) -> None:
+        """Redraw if the last redraw is at least ``1 / max_redraws_per_s`` old."""
+        if time.monotonic() - self._last_draw >= self.min_interval:
+            self.flush()
+
+    def show(self) -> None:
+        """Display the figure in the notebook (nothing outside a kernel)."""
+        if self.widget:
+            self._handle = display_live(self.figure, self.caption)
+
+    def static(self) -> Any:
+        """A plain ``go.Figure`` copy of the current figure."""
+        import plotly.graph_objects as go
+
+        return go.Figure(self.figure)
+
+    def close(self) -> None:
+        """Draw what is left; in a notebook, leave a static figure in the cell's output."""
+        self.flush()
+        if self._handle is not None:
+            replace_with_figure(self._handle, self.static())
+            self._handle = None

@@ -20,15 +20,14 @@ Examples
 
 from __future__ import annotations
 
-import threading
 import time
 from typing import Any
 
 from rapydli.experiments.figures import TRAINING_TRACES, training_figure
-from rapydli.widgets.display import display_live, in_kernel, replace_with_figure
+from rapydli.widgets.display import LiveFigure
 
 
-class LivePlot:
+class LivePlot(LiveFigure):
     """A metrics callback that draws loss, val loss, throughput and step/comm time live.
 
     Rows of ``kind="rank"`` (other ranks' step timings, from a
@@ -54,27 +53,17 @@ class LivePlot:
     """
 
     def __init__(self, title: str = "", max_redraws_per_s: float = 10.0, widget: bool | None = None) -> None:
-        self.widget = in_kernel() if widget is None else widget
+        super().__init__(max_redraws_per_s, widget)
         self.figure = _widget(training_figure(title)) if self.widget else training_figure(title)
-        self.min_interval = 1.0 / max_redraws_per_s
         self.rows: list[dict[str, Any]] = []
-        self.redraws = 0
         self.restarts: list[int] = []  # steps where the run resumed after ranks died (drawn as markers)
         self._drawn = 0
-        self._last_draw = 0.0
-        self._handle: Any = None
         self._rank_traces: dict[int, Any] = {}
-        self._lock = threading.Lock()
 
     def __call__(self, row: dict[str, Any]) -> None:
         with self._lock:
             self.rows.append(row)
         self.tick()
-
-    def tick(self) -> None:
-        """Draw pending rows if the last redraw is at least ``1 / max_redraws_per_s`` old."""
-        if time.monotonic() - self._last_draw >= self.min_interval:
-            self.flush()
 
     def flush(self) -> None:
         """Draw every pending row now (one batched redraw)."""
@@ -106,24 +95,6 @@ class LivePlot:
         """Rank ``rank``'s communication wait, next to rank 0's (it differs per rank)."""
         self.figure.add_scatter(x=[], y=[], mode="lines", name=f"comm wait rank {rank} (s)", line={"dash": "dot"}, row=1, col=3)
         self._rank_traces[rank] = self.figure.data[-1]
-
-    def show(self) -> None:
-        """Display the figure in the notebook (nothing outside a kernel)."""
-        if self.widget:
-            self._handle = display_live(self.figure)
-
-    def static(self) -> Any:
-        """A plain ``go.Figure`` copy of the current plot."""
-        import plotly.graph_objects as go
-
-        return go.Figure(self.figure)
-
-    def close(self) -> None:
-        """Draw what is left; in a notebook, leave a static figure in the cell's output."""
-        self.flush()
-        if self._handle is not None:
-            replace_with_figure(self._handle, self.static())
-            self._handle = None
 
 
 def _widget(figure: Any) -> Any:

@@ -26,18 +26,17 @@ Examples
 
 from __future__ import annotations
 
-import threading
 import time
 from typing import Any
 
 from rapydli.parallel.timeline import empty_figure, fill
-from rapydli.widgets.display import display_live, in_kernel, replace_with_figure
+from rapydli.widgets.display import LiveFigure
 
 #: Steps of each rank kept while waiting for the replica's other stages to report the same step.
 KEEP_STEPS = 16
 
 
-class LiveTimeline:
+class LiveTimeline(LiveFigure):
     """A metrics callback that draws the latest complete step of one replica as a Gantt chart.
 
     Parameters
@@ -61,19 +60,17 @@ class LiveTimeline:
         ``timeline`` rows received of this replica.
     """
 
+    caption = "(live pipeline timeline: shown while the run goes)"
+
     def __init__(self, replica: int = 0, max_redraws_per_s: float = 1.0, widget: bool | None = None) -> None:
-        self.widget = in_kernel() if widget is None else widget
+        super().__init__(max_redraws_per_s, widget)
         self.figure = empty_figure(self.widget)
         self.figure.update_layout(title="pipeline timeline: waiting for the first step", template="plotly_white", height=260)
         self.replica = replica
-        self.min_interval = 1.0 / max_redraws_per_s
         self.step: int | None = None
-        self.redraws = self.received = 0
+        self.received = 0
         self._recent: dict[int, dict[int, dict[str, Any]]] = {}  # stage -> step -> the stage's row of that step
         self._stages = 0
-        self._last_draw = 0.0
-        self._handle: Any = None
-        self._lock = threading.Lock()
 
     def __call__(self, row: dict[str, Any]) -> None:
         if row.get("kind") != "timeline" or row.get("replica") != self.replica:
@@ -86,11 +83,6 @@ class LiveTimeline:
                 del steps[old]
             self._stages = row["stages"]
         self.tick()
-
-    def tick(self) -> None:
-        """Draw the latest complete step if the last redraw is at least ``1 / max_redraws_per_s`` old."""
-        if time.monotonic() - self._last_draw >= self.min_interval:
-            self.flush()
 
     def flush(self) -> None:
         """Draw the latest step every stage of the replica has reported, if it is new."""
@@ -108,21 +100,3 @@ class LiveTimeline:
             self.step = step
             self.redraws += 1
             self._last_draw = time.monotonic()
-
-    def show(self) -> None:
-        """Display the figure in the notebook (nothing outside a kernel)."""
-        if self.widget:
-            self._handle = display_live(self.figure, "(live pipeline timeline: shown while the run goes)")
-
-    def static(self) -> Any:
-        """A plain ``go.Figure`` copy of the current chart."""
-        import plotly.graph_objects as go
-
-        return go.Figure(self.figure)
-
-    def close(self) -> None:
-        """Draw the last complete step; in a notebook, leave a static figure in the cell's output."""
-        self.flush()
-        if self._handle is not None:
-            replace_with_figure(self._handle, self.static())
-            self._handle = None
