@@ -38,17 +38,17 @@ _LAZY: dict[str, str] = {
     "scaling_study": "rapydli.notebook",
     "ScalingResult": "rapydli.experiments.scaling",
     "plan_parallel": "rapydli.notebook",
-    "ParallelPlan": "rapydli.experiments.planner",
+    "ParallelPlan": "rapydli.experiments.planning.planner",
     "sweep": "rapydli.notebook",
-    "SweepResult": "rapydli.experiments.sweep",
-    "loguniform": "rapydli.experiments.space",
-    "uniform": "rapydli.experiments.space",
-    "choice": "rapydli.experiments.space",
-    "intrange": "rapydli.experiments.space",
+    "SweepResult": "rapydli.experiments.sweep.sweep",
+    "loguniform": "rapydli.experiments.sweep.space",
+    "uniform": "rapydli.experiments.sweep.space",
+    "choice": "rapydli.experiments.sweep.space",
+    "intrange": "rapydli.experiments.sweep.space",
     "record": "rapydli.notebook",
-    "runs": "rapydli.experiments.runview",
-    "run": "rapydli.experiments.runview",
-    "batch": "rapydli.experiments.batch",
+    "runs": "rapydli.experiments.store.runview",
+    "run": "rapydli.experiments.store.runview",
+    "batch": "rapydli.experiments.batch.batch",
 }
 _SUBPACKAGES = {"widgets", "data", "comm", "autotune", "cluster", "experiments", "trainer", "zoo"}
 
@@ -96,12 +96,12 @@ def unload_ipython_extension(ipython: Any) -> None:
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from rapydli.cluster import Cluster
-    from rapydli.experiments.batch import batch
-    from rapydli.experiments.planner import ParallelPlan
+    from rapydli.experiments.batch.batch import batch
+    from rapydli.experiments.planning.planner import ParallelPlan
     from rapydli.experiments.run import RunResult
-    from rapydli.experiments.runview import run, runs
     from rapydli.experiments.scaling import ScalingResult
-    from rapydli.experiments.space import choice, intrange, loguniform, uniform
-    from rapydli.experiments.sweep import SweepResult
+    from rapydli.experiments.store.runview import run, runs
+    from rapydli.experiments.sweep.space import choice, intrange, loguniform, uniform
+    from rapydli.experiments.sweep.sweep import SweepResult
     from rapydli.notebook import plan_parallel, record, scaling_study, sweep, train
     from rapydli.trainer.config import TrainConfig

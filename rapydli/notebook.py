@@ -32,14 +32,14 @@ from rapydli.widgets.display import display_live, figure_bundle, in_kernel, repl
 
 if TYPE_CHECKING:  # pragma: no cover
     from rapydli.cluster import Cluster
-    from rapydli.experiments.network import Network
-    from rapydli.experiments.perfmodel import RingModel
-    from rapydli.experiments.planner import ParallelPlan
+    from rapydli.experiments.planning.network import Network
+    from rapydli.experiments.planning.perfmodel import RingModel
+    from rapydli.experiments.planning.planner import ParallelPlan
+    from rapydli.experiments.planning.profile import Profile
     from rapydli.experiments.run import MetricsCallback, RunResult
     from rapydli.experiments.scaling import ScalingResult
-    from rapydli.experiments.space import Dimension
-    from rapydli.experiments.sweep import SweepResult
-    from rapydli.parallel.profile import Profile
+    from rapydli.experiments.sweep.space import Dimension
+    from rapydli.experiments.sweep.sweep import SweepResult
     from rapydli.trainer.config import TrainConfig
 
 
@@ -104,8 +104,8 @@ def train(
     else a new local one of ``config.workers`` engines that is stopped afterwards.
     """
     __tracebackhide__ = True  # noqa: F841 - IPython shows the user's cell, not these frames
-    from rapydli.experiments.refs import resolve_callable
     from rapydli.experiments.run import run_training
+    from rapydli.experiments.store.refs import resolve_callable
 
     static_figures()
     shown: list[Any] = []
@@ -156,11 +156,11 @@ def sweep(
 ) -> SweepResult:
     """Search ``space`` with ``trials`` training runs, each a data-parallel job on its own engines.
 
-    :func:`rapydli.experiments.sweep.sweep` with a live table and figure of the trials
+    :func:`rapydli.experiments.sweep.sweep.sweep` with a live table and figure of the trials
     (default: inside a Jupyter kernel), left in the output as a static figure and table.
     Parameters, result and errors as there.
     """
-    from rapydli.experiments import sweep as sweeps
+    from rapydli.experiments.sweep import sweep as sweeps
 
     static_figures()
     view = None
@@ -250,7 +250,7 @@ def plan_parallel(
 ) -> ParallelPlan:
     """Which layout (data x pipeline x tensor parallel, micro-batches, schedule, ZeRO) to train with.
 
-    :func:`rapydli.experiments.planner.plan_parallel`: measures the model and the network
+    :func:`rapydli.experiments.planning.planner.plan_parallel`: measures the model and the network
     once, predicts every layout of ``ranks`` ranks, runs the fastest ``run_top`` and returns
     the table, a figure of predicted against measured and ``best``, a ``TrainConfig`` for
     ``rd.train``. Parameters, result and errors as there; in a kernel the figure is kept
@@ -263,7 +263,7 @@ def plan_parallel(
     >>> rd.plan_parallel(models.tiny_lm, datasets.synthetic_tokens, cfg, ranks=64, profile=plan.profile,
     ...                  network=RingModel(alpha=5e-6, beta=1 / 12.5e9))  # doctest: +SKIP
     """
-    from rapydli.experiments.planner import plan_parallel as plan
+    from rapydli.experiments.planning.planner import plan_parallel as plan
 
     static_figures()
     return plan(
@@ -290,7 +290,7 @@ def record(name: str, value: Any) -> None:
     >>> rd.record("history", result.history)  # doctest: +SKIP
     """
     from rapydli.errors import ConfigError
-    from rapydli.experiments.record import encode, store_record
+    from rapydli.experiments.store.record import encode, store_record
 
     if not isinstance(name, str) or not name.strip():
         raise ConfigError(f"rd.record: name must be a non-empty string; got {name!r}")
@@ -315,7 +315,7 @@ def _display(name: str, type_: str, encoded: Any) -> bool:
         return False
     from IPython.display import display
 
-    from rapydli.experiments.record import MIMETYPE
+    from rapydli.experiments.store.record import MIMETYPE
 
     summary = encoded if type_ == "scalar" else f"<{type_}>"
     payload = {"name": name, "type": type_, "value": encoded}

@@ -9,7 +9,7 @@ import nbformat
 import papermill
 from papermill.engines import papermill_engines
 
-from rapydli.experiments.kernels import RapydliEngine
+from rapydli.experiments.batch.jupyter_kernels import RapydliEngine
 
 # `make demo`'s engine (`papermill --engine rapydli`, an entry point of the installed package), also
 # where the package metadata predates it

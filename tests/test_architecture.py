@@ -93,7 +93,7 @@ def test_named_rules(importer: str, forbidden: tuple[str, ...]) -> None:
 def test_only_the_cluster_layer_starts_processes() -> None:
     """``subprocess`` and ``multiprocessing`` appear only where ARCHITECTURE.md allows them."""
     # batch and batchhosts name subprocess types; their processes are started by cluster.processes and cluster.sshhosts
-    allowed = ("rapydli.cluster", "rapydli.native", "rapydli.data.workers", "rapydli.experiments.batch", "rapydli.experiments.batchhosts")
+    allowed = ("rapydli.cluster", "rapydli.native", "rapydli.data.workers", "rapydli.experiments.batch.batch", "rapydli.experiments.batch.hosts")
     users = [
         name
         for name, path in modules()

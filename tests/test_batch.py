@@ -13,9 +13,9 @@ from click.testing import CliRunner
 import rapydli as rd
 from rapydli.cli import cli, main
 from rapydli.errors import ConfigError
-from rapydli.experiments import batchspec
-from rapydli.experiments import store as store_mod
-from rapydli.experiments.record import read_records
+from rapydli.experiments.batch import spec as batchspec
+from rapydli.experiments.store import runstore as store_mod
+from rapydli.experiments.store.record import read_records
 
 NOTEBOOKS = Path(__file__).resolve().parent / "notebooks"
 PARAMS_NB = NOTEBOOKS / "params.ipynb"
@@ -262,8 +262,8 @@ def test_an_executed_notebook_carries_its_figures_as_self_contained_html(home: P
 
 @pytest.mark.notebook
 def test_report_axes_and_a_skipped_rerun_adds_no_batch_record(home: Path, tmp_path: Path) -> None:
-    from rapydli.experiments import batchreport
-    from rapydli.experiments.batch import plan_batch
+    from rapydli.experiments.batch import report as batchreport
+    from rapydli.experiments.batch.batch import plan_batch
 
     grid = {"factor": [0.01, 0.1], "x": [1, 2]}
     first = rd.batch(PARAMS_NB, grid, out="out", parallel=2, progress=False)
@@ -282,7 +282,7 @@ def test_report_axes_and_a_skipped_rerun_adds_no_batch_record(home: Path, tmp_pa
 
 
 def test_axis_style_log_spaced_and_integer_grids() -> None:
-    from rapydli.experiments.batchreport import axis_style
+    from rapydli.experiments.batch.report import axis_style
 
     assert axis_style([0.1, 0.01]) == {"type": "log"}
     assert axis_style([1e-3, 1e-2, 1e-1])["type"] == "log"
@@ -294,8 +294,8 @@ def test_axis_style_log_spaced_and_integer_grids() -> None:
 
 
 def test_summary_survives_a_partial_notebook_of_a_killed_item(tmp_path: Path) -> None:
-    from rapydli.experiments import batch as batch_mod
-    from rapydli.experiments.batchreport import summary_table
+    from rapydli.experiments.batch import batch as batch_mod
+    from rapydli.experiments.batch.report import summary_table
 
     plan = batch_mod.plan_batch(PARAMS_NB, ["x=1"], out=tmp_path / "out")
     item = plan.items[0]

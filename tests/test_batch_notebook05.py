@@ -9,8 +9,8 @@ import pytest
 from processes import engine_pids
 
 from rapydli.cli import main
-from rapydli.experiments import store as store_mod
-from rapydli.experiments.record import read_records
+from rapydli.experiments.store import runstore as store_mod
+from rapydli.experiments.store.record import read_records
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "notebooks" / "05-batch-experiments.ipynb"

@@ -10,8 +10,8 @@ import pytest
 
 import rapydli as rd
 from rapydli.errors import ConfigError
-from rapydli.experiments.batchhosts import HostPool
-from rapydli.experiments.store import open_store
+from rapydli.experiments.batch.hosts import HostPool
+from rapydli.experiments.store.runstore import open_store
 from rapydli.settings import STORE_PATH
 
 NOTEBOOKS = Path(__file__).resolve().parent / "notebooks"

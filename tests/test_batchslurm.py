@@ -23,8 +23,8 @@ import pytest
 import rapydli as rd
 from rapydli.cluster.slurmprogram import check_item_options, item_script
 from rapydli.errors import ConfigError
-from rapydli.experiments.batchplaces import places
-from rapydli.experiments.store import open_store
+from rapydli.experiments.batch.places import places
+from rapydli.experiments.store.runstore import open_store
 from rapydli.settings import STORE_PATH
 
 NOTEBOOKS = Path(__file__).resolve().parent / "notebooks"

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from rapydli import settings
 from rapydli.cli import cli, main
-from rapydli.experiments import store as store_mod
+from rapydli.experiments.store import runstore as store_mod
 
 NOTEBOOKS = Path(__file__).resolve().parent / "notebooks"
 
@@ -132,7 +132,7 @@ def test_store_off_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, capsys: pyt
 
 @pytest.mark.notebook
 def test_repeat_a_batch_item_with_the_same_parameters(store: store_mod.RunStore, tmp_path: Path) -> None:
-    from rapydli.experiments.batch import batch
+    from rapydli.experiments.batch.batch import batch
 
     first = batch(NOTEBOOKS / "params.ipynb", {"x": [3], "label": ["zz"]}, out="out", progress=False)
     item = first.loc[0, "run_id"]

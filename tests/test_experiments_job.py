@@ -9,7 +9,7 @@ from interrupt_cases import DeafToStop
 
 import rapydli as rd
 from rapydli.experiments.job import TrainingJob
-from rapydli.experiments.store import open_store
+from rapydli.experiments.store.runstore import open_store
 
 pytestmark = pytest.mark.engines
 

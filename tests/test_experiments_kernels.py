@@ -33,5 +33,5 @@ def test_the_rapydli_engine_runs_an_encrypted_quiet_kernel(tmp_path: Path, capfd
 
 def test_make_demo_uses_the_registered_engine() -> None:
     entry_points = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"]["papermill.engine"]
-    assert entry_points["rapydli"] == "rapydli.experiments.kernels:RapydliEngine"
+    assert entry_points["rapydli"] == "rapydli.experiments.batch.jupyter_kernels:RapydliEngine"
     assert "papermill --engine rapydli" in (ROOT / "Makefile").read_text()

@@ -1,4 +1,4 @@
-"""rapydli.experiments.pruning: what Optuna's pruner compared, read back right after it pruned.
+"""rapydli.experiments.sweep.pruning: what Optuna's pruner compared, read back right after it pruned.
 
 Real Optuna studies and pruners, driven by the ask-and-tell calls a sweep makes
 (``report``, ``should_prune``, ``tell``); no cluster is needed for the pruner's side.
@@ -11,7 +11,7 @@ import math
 import optuna
 import pytest
 
-from rapydli.experiments.pruning import explain_prune
+from rapydli.experiments.sweep.pruning import explain_prune
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 

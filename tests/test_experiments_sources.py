@@ -1,4 +1,4 @@
-"""rapydli.experiments.sources: a recorded run's code, read for display without importing it."""
+"""rapydli.experiments.store.sources: a recorded run's code, read for display without importing it."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from rapydli.experiments.sources import module_source, run_sources
+from rapydli.experiments.store.sources import module_source, run_sources
 
 MODULE = '''"""A module that must not be imported to show its code."""
 raise RuntimeError("imported")

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from lab_browser import chromium, family_row, lab_env, lab_page, open_panel, require_chromium, running_lab, shot
 
-from rapydli.experiments.store import RunStore
+from rapydli.experiments.store.runstore import RunStore
 
 require_chromium()
 

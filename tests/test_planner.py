@@ -8,7 +8,7 @@ import rapydli as rd
 from rapydli.cluster import current
 from rapydli.comm.synchronizer import FIRST_BUCKET_BYTES
 from rapydli.errors import ConfigError
-from rapydli.experiments.layouts import (
+from rapydli.experiments.planning.layouts import (
     NO_SCHEDULE,
     Layout,
     candidate_sizes,
@@ -18,11 +18,11 @@ from rapydli.experiments.layouts import (
     zero_buffers,
     zero_states,
 )  # fmt: skip
-from rapydli.experiments.network import LinkModel, Network, fit_link
-from rapydli.experiments.perfmodel import RingModel
-from rapydli.experiments.stepmodel import exposed_allreduce, exposed_reduce_scatter, predict
+from rapydli.experiments.planning.network import LinkModel, Network, fit_link
+from rapydli.experiments.planning.perfmodel import RingModel
+from rapydli.experiments.planning.profile import BlockCost, Profile
+from rapydli.experiments.planning.stepmodel import exposed_allreduce, exposed_reduce_scatter, predict
 from rapydli.parallel import schedules
-from rapydli.parallel.profile import BlockCost, Profile
 from rapydli.zoo import datasets, models
 
 NET = Network(allreduce=RingModel(1e-4, 1e-9), collectives=RingModel(2e-4, 2e-9), p2p=LinkModel(3e-4, 3e-9))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rapydli.experiments import published
+from rapydli.experiments.planning import published
 
 # The published points, restated here with their sources so that an edit of the module's
 # table shows up as a failure:

@@ -7,7 +7,7 @@ import math
 import pytest
 
 import rapydli as rd
-from rapydli.experiments.planner import TOLERANCE
+from rapydli.experiments.planning.planner import TOLERANCE
 from rapydli.zoo import datasets, models
 
 PIPELINE = "dp1 pp2 tp1 m2 1f1b zero0"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from rapydli.experiments.provenance import NOT_A_REPOSITORY, git_commit
+from rapydli.experiments.store.provenance import NOT_A_REPOSITORY, git_commit
 
 
 def test_git_commit_inside_and_outside_a_checkout(tmp_path: Path) -> None:

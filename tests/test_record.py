@@ -15,9 +15,9 @@ import torch
 import rapydli as rd
 from rapydli import settings
 from rapydli.errors import ConfigError
-from rapydli.experiments import record as record_mod
-from rapydli.experiments import store as store_mod
-from rapydli.experiments.record import encode, read_records
+from rapydli.experiments.store import record as record_mod
+from rapydli.experiments.store import runstore as store_mod
+from rapydli.experiments.store.record import encode, read_records
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -6,7 +6,7 @@ import pytest
 
 import rapydli as rd
 from rapydli.errors import ConfigError
-from rapydli.experiments.perfmodel import RingModel, fit_ring, predict_step_time
+from rapydli.experiments.planning.perfmodel import RingModel, fit_ring, predict_step_time
 from rapydli.zoo import datasets, models
 
 
@@ -71,7 +71,7 @@ def test_scaling_table_figure_and_prediction() -> None:
 def test_loss_optimizer_and_metrics_reach_every_point() -> None:
     from train_cases import PASSED, RegressionMLP, passed_through, regression
 
-    from rapydli.experiments.store import open_store
+    from rapydli.experiments.store.runstore import open_store
 
     config = rd.TrainConfig(batch_size=4, lr=0.02, allreduce="mpi")
     with rd.Cluster(n=2) as cluster:
@@ -84,7 +84,7 @@ def test_loss_optimizer_and_metrics_reach_every_point() -> None:
 
 @pytest.mark.engines
 def test_scaling_varies_pipeline_stages_and_records_them() -> None:
-    from rapydli.experiments.store import open_store
+    from rapydli.experiments.store.runstore import open_store
 
     config = rd.TrainConfig(batch_size=32, microbatches=2, allreduce="mpi")
     with rd.Cluster(n=2) as cluster:

@@ -22,7 +22,7 @@ import tornado.httpclient
 from processes import engine_pids, wait_until_gone
 from pytest_jupyter.jupyter_server import *  # noqa: F403 - the fixtures jp_fetch needs, for this module only
 
-from rapydli.experiments.store import RunStore, open_store
+from rapydli.experiments.store.runstore import RunStore, open_store
 
 
 def on_server_loop(test: Callable[..., Coroutine[Any, Any, None]]) -> Callable[..., None]:

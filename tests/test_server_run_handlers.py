@@ -18,7 +18,7 @@ import test_server_handlers
 from pytest_jupyter.jupyter_server import *  # noqa: F403 - the jp_* fixtures
 
 from rapydli.cluster import Cluster
-from rapydli.experiments.store import RunStore
+from rapydli.experiments.store.runstore import RunStore
 
 # The REST fixtures and the event-loop wrapper of the handler tests, shared.
 api, store, jp_server_config = test_server_handlers.api, test_server_handlers.store, test_server_handlers.jp_server_config
@@ -40,7 +40,7 @@ def seed(store: RunStore, tmp_path: Path) -> dict[str, Any]:
         trial = store.create_run("trial", f"trial-{i}", {"trial": i, "params": {"lr": lr, "width": width}}, parent=ids["sweep"])
         store.log_metrics(trial, [(1, "val_loss", 1.0), (2, "val_loss", 1.0 - 5 * lr + 0.001 * width)])
         store.add_record(trial, "trial_state", "scalar", "PRUNED" if i == 4 else "COMPLETE")
-        if i == 4:  # as the sweep records it (rapydli.experiments.pruning)
+        if i == 4:  # as the sweep records it (rapydli.experiments.sweep.pruning)
             store.add_record(trial, "prune", "json", PRUNE)
         store.finish_run(trial)
         ids["trials"].append(trial)

@@ -14,8 +14,8 @@ import pytest
 import rapydli as rd
 from rapydli import settings
 from rapydli.errors import ConfigError, NotFoundError, StoreError
-from rapydli.experiments import store as store_mod
-from rapydli.experiments.store import RunStore, open_store
+from rapydli.experiments.store import runstore as store_mod
+from rapydli.experiments.store.runstore import RunStore, open_store
 
 
 @pytest.fixture
@@ -123,7 +123,7 @@ def test_parent_defaults_to_environment(store: RunStore, monkeypatch: pytest.Mon
 
 WRITER = """
 import sys
-from rapydli.experiments.store import RunStore
+from rapydli.experiments.store.runstore import RunStore
 store = RunStore(sys.argv[1])
 worker = int(sys.argv[2])
 run_id = store.create_run("trial", f"w{worker}", {"worker": worker})
@@ -158,7 +158,7 @@ def test_dead_process_is_marked_interrupted_on_open(tmp_path: Path) -> None:
     code = textwrap.dedent(
         f"""
         import os
-        from rapydli.experiments.store import RunStore
+        from rapydli.experiments.store.runstore import RunStore
         s = RunStore({str(path)!r})
         print(s.create_run("train", "dies", {{}}), flush=True)
         os._exit(9)

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from rapydli.errors import RapydliWarning
-from rapydli.experiments import storefs
-from rapydli.experiments.store import RunStore
+from rapydli.experiments.store import files as storefs
+from rapydli.experiments.store.runstore import RunStore
 
 MOUNTS = """\
 sysfs /sys sysfs rw 0 0

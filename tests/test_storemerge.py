@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rapydli.experiments import storemerge
-from rapydli.experiments.store import RunStore
+from rapydli.experiments.store import merge as storemerge
+from rapydli.experiments.store.runstore import RunStore
 
 
 def test_a_job_store_merges_once_however_often_merged(tmp_path: Path) -> None:

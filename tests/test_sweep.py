@@ -10,9 +10,9 @@ import pytest
 
 import rapydli as rd
 from rapydli.errors import ConfigError
-from rapydli.experiments.space import validate_space
-from rapydli.experiments.store import open_store
-from rapydli.experiments.sweep import Sweep
+from rapydli.experiments.store.runstore import open_store
+from rapydli.experiments.sweep.space import validate_space
+from rapydli.experiments.sweep.sweep import Sweep
 from rapydli.zoo import datasets, models
 
 

@@ -21,7 +21,7 @@ from processes import session_cluster_pids, wait_until_gone
 
 import rapydli as rd
 from rapydli.cluster import current
-from rapydli.experiments.store import open_store
+from rapydli.experiments.store.runstore import open_store
 from rapydli.zoo import datasets  # noqa: F401 - imported before any interrupt can land in the import
 
 pytestmark = pytest.mark.engines

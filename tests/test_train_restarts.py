@@ -18,7 +18,7 @@ from restart_cases import SAMPLES, LoggedData, StallingModel, served
 
 import rapydli as rd
 from rapydli.errors import ClusterError, RankFailure
-from rapydli.experiments.store import open_store
+from rapydli.experiments.store.runstore import open_store
 from rapydli.trainer import checkpoint as ckpt
 
 CONFIG = dict(epochs=1, max_steps=12, batch_size=16, lr=0.05, optimizer="sgd", momentum=0.9, eval_every=0,

@@ -8,8 +8,8 @@ import pytest
 
 import rapydli as rd
 from rapydli.errors import ConfigError, RankFailure
-from rapydli.experiments.refs import callable_ref, resolve_callable
-from rapydli.experiments.store import open_store
+from rapydli.experiments.store.refs import callable_ref, resolve_callable
+from rapydli.experiments.store.runstore import open_store
 from rapydli.zoo import models
 
 

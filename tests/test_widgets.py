@@ -62,7 +62,7 @@ def test_train_then_stop_ends_every_rank_and_the_cluster_stays_usable(cluster) -
 def test_the_panel_passes_loss_optimizer_and_metrics_to_its_runs(cluster) -> None:
     from train_cases import PASSED, RegressionMLP, passed_through, regression
 
-    from rapydli.experiments.store import open_store
+    from rapydli.experiments.store.runstore import open_store
 
     panel = HyperparameterPanel(RegressionMLP, regression, rd.TrainConfig(max_steps=4, batch_size=4, allreduce="mpi"), cluster=cluster, **PASSED)
     panel.controls["lr"].value = 0.03

@@ -40,7 +40,7 @@ MICROBATCHES = 4
 
 def layouts() -> dict[str, Any]:
     """The layouts benchmarked, by name."""
-    from rapydli.experiments.layouts import NO_SCHEDULE, Layout
+    from rapydli.experiments.planning.layouts import NO_SCHEDULE, Layout
 
     return {
         "dp": Layout(2, 1, 1, 1, NO_SCHEDULE, 0),
@@ -61,11 +61,11 @@ def _config() -> Any:
 def memory_rows(steps: int, timeout: float) -> list[dict[str, Any]]:
     """Measured bytes per rank and layout (mpirun worker) beside the formula and the planner's prediction."""
     from rapydli.cluster import mpirun
-    from rapydli.experiments.layouts import optimizer_factor, zero_states
-    from rapydli.experiments.network import Network
-    from rapydli.experiments.perfmodel import RingModel
-    from rapydli.experiments.profiling import local_profile
-    from rapydli.experiments.stepmodel import predict
+    from rapydli.experiments.planning.layouts import optimizer_factor, zero_states
+    from rapydli.experiments.planning.network import Network
+    from rapydli.experiments.planning.perfmodel import RingModel
+    from rapydli.experiments.planning.profiling import local_profile
+    from rapydli.experiments.planning.stepmodel import predict
 
     config = _config()
     chosen = layouts()
@@ -96,7 +96,7 @@ def memory_rows(steps: int, timeout: float) -> list[dict[str, Any]]:
 def time_rows(steps: int, rounds: int) -> list[dict[str, Any]]:
     """Each layout's measured and predicted step time on a 2-engine cluster, through the planner."""
     from rapydli.cluster import Cluster
-    from rapydli.experiments.planner import plan_parallel
+    from rapydli.experiments.planning.planner import plan_parallel
 
     config = _config()
     labels = {layout.label: name for name, layout in layouts().items()}
@@ -127,7 +127,7 @@ def time_rows(steps: int, rounds: int) -> list[dict[str, Any]]:
 
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Ratios and targets from the rows."""
-    from rapydli.experiments.planner import TOLERANCE
+    from rapydli.experiments.planning.planner import TOLERANCE
 
     summary: dict[str, Any] = {}
     memory = [r for r in rows if r["part"] == "memory"]

@@ -52,7 +52,7 @@ def batch(notebook: str, axes: tuple[str, ...], grid: tuple[str, ...], params_fi
       rapydli batch notebooks/05-batch-experiments.ipynb --grid lr=0.1,0.01 workers=1,2 --parallel 2
       rapydli batch nb.ipynb --grid lr=0.1,0.01 --launcher slurm -o partition=debug --parallel 4
     """
-    from rapydli.experiments import batch as batch_mod
+    from rapydli.experiments.batch import batch as batch_mod
 
     launcher_options = _launcher_options(options)
     places_hosts = hosts.split(",") if hosts else None

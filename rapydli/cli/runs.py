@@ -7,11 +7,11 @@ from typing import Any
 
 import click
 
-from rapydli.experiments.store import KINDS, STATUSES
+from rapydli.experiments.store.runstore import KINDS, STATUSES
 
 
 def _store() -> Any:
-    from rapydli.experiments.store import require_store
+    from rapydli.experiments.store.runstore import require_store
 
     return require_store()
 
@@ -34,7 +34,7 @@ def runs() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON array of the runs instead of a table.")
 def list_runs(kind: str | None, status: str | None, parent: str | None, limit: int, as_json: bool) -> None:
     """List runs, newest first."""
-    from rapydli.experiments.runview import iso_times
+    from rapydli.experiments.store.runview import iso_times
 
     store = _store()
     if parent is not None:
@@ -77,7 +77,7 @@ def show(run_id: str, as_json: bool) -> None:
 
     Code defined in a notebook (a model class, a loss) is shown with its recorded source.
     """
-    from rapydli.experiments.runview import iso_times
+    from rapydli.experiments.store.runview import iso_times
 
     store = _store()
     run = store.get_run(store.resolve(run_id))
@@ -133,7 +133,7 @@ def compare(run_ids: tuple[str, ...], all_params: bool) -> None:
     """Parameters that differ and final metrics, side by side, for two or more runs."""
     import pandas as pd
 
-    from rapydli.experiments.compare import compare_runs
+    from rapydli.experiments.store.compare import compare_runs
 
     store = _store()
     result = compare_runs(store, [store.resolve(r) for r in run_ids], all_params=all_params)
@@ -195,8 +195,8 @@ def note(run_id: str, text: str | None, clear: bool) -> None:
 @click.option("--parallel", "-j", type=int, default=None, help="Batch runs: items at once (default: the original's).")
 def repeat(run_id: str, out: str | None, parallel: int | None) -> None:
     """Re-run a recorded train run or batch (or batch item) with the same parameters and seed."""
-    from rapydli.experiments.repeat import repeat_run
-    from rapydli.experiments.store import require_store
+    from rapydli.experiments.store.repeat import repeat_run
+    from rapydli.experiments.store.runstore import require_store
 
     new_id = repeat_run(run_id, out=out, parallel=parallel)
     status = require_store().get_run(new_id)["status"]
@@ -215,8 +215,8 @@ def repeat(run_id: str, out: str | None, parallel: int | None) -> None:
 @click.option("--output", "-o", type=click.Path(dir_okay=False, writable=True), default="-", show_default=True)
 def export(run_ids: tuple[str, ...], kind: str | None, status: str | None, fmt: str, output: str) -> None:
     """Export runs (all, filtered, or the given ids) as JSON Lines or CSV."""
-    from rapydli.experiments.compare import flatten
-    from rapydli.experiments.runview import iso_times
+    from rapydli.experiments.store.compare import flatten
+    from rapydli.experiments.store.runview import iso_times
 
     store = _store()
     if run_ids:

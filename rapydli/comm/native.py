@@ -3,7 +3,7 @@
 The library is compiled on first use into ``$RAPYDLI_HOME/comm/`` under a hash of the
 source, the flags and the compiler, and loaded with ctypes (which releases the GIL for the
 call, so a rank's communication thread and its caller never wait on each other here).
-A call is described by a :class:`Plan`, filled once per (tensor, op) and passed by
+A call is described by a :class:`ReducePlan`, filled once per (tensor, op) and passed by
 pointer: one foreign call with one argument is the whole per-call cost on the Python side.
 """
 
@@ -39,7 +39,7 @@ DTYPE_CODES = {
 }
 
 
-class Plan(ctypes.Structure):
+class ReducePlan(ctypes.Structure):
     """One prepared allreduce: the ``plan_t`` of ``shm_reduce.c``."""
 
     _fields_ = [
@@ -67,6 +67,6 @@ def allreduce_function() -> Any:
     """``rd_shm_allreduce(plan_t *)``, compiled if needed (raises :class:`rapydli.native.CompileError`)."""
     library = ctypes.CDLL(str(compile_library(SOURCE, library_path(), FLAGS)))
     function = library.rd_shm_allreduce
-    function.argtypes = [ctypes.POINTER(Plan)]
+    function.argtypes = [ctypes.POINTER(ReducePlan)]
     function.restype = ctypes.c_int
     return function

@@ -254,13 +254,13 @@ class SharedMemoryAlgorithm(Algorithm):
             return None
         return _Slots([view[:_AREA_BYTES] for view in views]), _Slots([view[_AREA_BYTES:] for view in views])
 
-    def _plan(self, flat: torch.Tensor, op: str) -> native.Plan:
+    def _plan(self, flat: torch.Tensor, op: str) -> native.ReducePlan:
         if self.slots is None:
             raise ConfigError(
                 "the shm algorithm needs every rank on one node with /dev/shm and a C compiler; use 'auto', 'mpi' or 'ring'"
             )
         slots = self.slots[0]
-        return native.Plan(
+        return native.ReducePlan(
             slots.bases, ctypes.pointer(slots.seq), flat.data_ptr(), flat.numel(), SLOT_BYTES,
             self.size, self.rank, native.DTYPE_CODES[flat.dtype], native.OP_CODES[op], int(self.pace.polite),
         )  # fmt: skip

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
 
-    from rapydli.experiments.perfmodel import RingModel
+    from rapydli.experiments.planning.perfmodel import RingModel
 
 #: plotly's renderers for figures left in a saved notebook: its MIME type (JupyterLab
 #: draws it) plus self-contained HTML (``notebook``: plotly.js inlined in the first output,

@@ -25,8 +25,8 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from rapydli.errors import ConfigError, RankFailure
-from rapydli.experiments.refs import resolve_callable
-from rapydli.experiments.sources import code_params, describe
+from rapydli.experiments.store.refs import resolve_callable
+from rapydli.experiments.store.sources import code_params, describe
 from rapydli.parallel.grid import data_parallel_degree
 from rapydli.trainer.config import TrainConfig
 from rapydli.trainer.task import engine_task
@@ -121,7 +121,7 @@ class TrainingJob:
         metrics: Any = None,
     ) -> None:
         from rapydli.cluster.ensure import ready
-        from rapydli.experiments.store import open_store
+        from rapydli.experiments.store.runstore import open_store
         from rapydli.trainer.outputs import check_training_code
 
         model, data = resolve_callable(model_fn, "model_fn"), resolve_callable(data_fn, "data_fn")

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from rapydli.errors import ConfigError, RankFailure
-from rapydli.experiments.refs import resolve_callable
+from rapydli.experiments.store.refs import resolve_callable
 from rapydli.trainer.config import TrainConfig
 from rapydli.trainer.outputs import check_training_code
 

@@ -16,7 +16,7 @@ the replicas; speedup and efficiency are against the first point (fewest workers
 stages) and the ideal ``k / k0``, so pipelined and data-parallel points on the same
 workers compare directly.
 
-``predict=[4, 8, ...]`` extrapolates with :mod:`rapydli.experiments.perfmodel`: the
+``predict=[4, 8, ...]`` extrapolates with :mod:`rapydli.experiments.planning.perfmodel`: the
 measured compute time per step (of the largest measured count, which includes the
 contention of ranks sharing a node) plus a ring allreduce of the gradients with α, β
 fitted on this cluster (or given as ``network``). At every measured count the model
@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 from rapydli.errors import ConfigError
 from rapydli.experiments.figures import fill_scaling_figure, scaling_figure
 from rapydli.experiments.job import TrainingJob
-from rapydli.experiments.perfmodel import RingModel, measure_ring, predict_step_time
+from rapydli.experiments.planning.perfmodel import RingModel, measure_ring, predict_step_time
 from rapydli.trainer.config import TrainConfig
 from rapydli.trainer.task import WARMUP_STEPS
 
@@ -194,7 +194,7 @@ def scaling_study(
         )  # fmt: skip
 
     from rapydli.cluster import choose_cluster
-    from rapydli.experiments.store import open_store
+    from rapydli.experiments.store.runstore import open_store
 
     cluster, own = choose_cluster(cluster, n=counts[-1], need=counts[-1])
 

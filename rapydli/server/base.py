@@ -51,7 +51,7 @@ class BaseHandler(APIHandler):
         return self.settings["rapydli_clusters"]
 
     def store(self) -> Any:
-        from rapydli.experiments.store import require_store
+        from rapydli.experiments.store.runstore import require_store
 
         return require_store()
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, overload
 
 from rapydli.errors import ConfigError
-from rapydli.experiments.store import KINDS, STATUSES
+from rapydli.experiments.store.runstore import KINDS, STATUSES
 
 #: Run, sweep and cluster ids: letters, digits, ``_`` and ``-`` (never ``.`` or ``/``).
 ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
@@ -171,7 +171,7 @@ def parse_family_query(args: Mapping[str, str]) -> FamilyQuery:
     >>> parse_family_query({"q": "resnet", "sort": "name", "order": "asc"})
     FamilyQuery(kind=None, status=None, text='resnet', tag=None, sort='name', descending=False, limit=50, offset=0)
     """
-    from rapydli.experiments.annotations import FAMILY_SORTS, TAG_RE
+    from rapydli.experiments.store.annotations import FAMILY_SORTS, TAG_RE
 
     text = args.get("q") or None
     if text is not None and len(text) > 200:
@@ -193,7 +193,7 @@ def parse_family_query(args: Mapping[str, str]) -> FamilyQuery:
 
 def parse_compare_ids(args: Mapping[str, str]) -> list[str]:
     """The ``ids`` argument of ``GET compare``: 2-10 comma-separated, different run ids."""
-    from rapydli.experiments.compare import MAX_COMPARE
+    from rapydli.experiments.store.compare import MAX_COMPARE
 
     text = args.get("ids", "")
     ids = [check_id(part.strip(), "run id") for part in text.split(",") if part.strip()]
@@ -221,7 +221,7 @@ def parse_annotations(data: Mapping[str, Any]) -> Annotations:
     >>> parse_annotations({"tags": ["best"]})
     Annotations(tags=['best'], note=None, set_note=False)
     """
-    from rapydli.experiments.annotations import check_note, check_tags
+    from rapydli.experiments.store.annotations import check_note, check_tags
 
     unknown = sorted(set(data) - {"tags", "note"})
     if unknown:

@@ -73,12 +73,12 @@ class FamiliesHandler(BaseHandler):
 
 class RunHandler(BaseHandler):
     """One run with final metrics, tags, note, artifacts, records, hosts, children and
-    ``sources`` (its code: :func:`~rapydli.experiments.sources.run_sources`); ``PATCH`` sets
+    ``sources`` (its code: :func:`~rapydli.experiments.store.sources.run_sources`); ``PATCH`` sets
     its tags and/or note."""
 
     @tornado.web.authenticated
     async def get(self, run_id: str) -> None:
-        from rapydli.experiments.sources import run_sources
+        from rapydli.experiments.store.sources import run_sources
 
         store = self.store()
         run = _summary(store, store.get_run(check_id(run_id, "run id")))
@@ -159,7 +159,7 @@ class CompareHandler(BaseHandler):
 
     @tornado.web.authenticated
     async def get(self) -> None:
-        from rapydli.experiments.compare import compare_runs
+        from rapydli.experiments.store.compare import compare_runs
 
         ids = parse_compare_ids(_args(self))
         store = self.store()
@@ -201,7 +201,7 @@ class SweepHandler(BaseHandler):
 
     @tornado.web.authenticated
     async def get(self, sweep_id: str) -> None:
-        from rapydli.experiments.importance import param_importance
+        from rapydli.experiments.sweep.importance import param_importance
 
         store = self.store()
         sweep = store.get_run(check_id(sweep_id, "sweep id"))

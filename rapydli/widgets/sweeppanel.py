@@ -11,7 +11,7 @@ from rapydli.trainer.config import TrainConfig
 
 if TYPE_CHECKING:  # pragma: no cover
     from rapydli.cluster import Cluster
-    from rapydli.experiments.sweep import SweepResult
+    from rapydli.experiments.sweep.sweep import SweepResult
 
 
 class SweepPanel:
@@ -20,9 +20,9 @@ class SweepPanel:
     Parameters
     ----------
     model_fn, data_fn, config, space, cluster
-        As for :func:`rapydli.experiments.sweep.sweep`.
+        As for :func:`rapydli.experiments.sweep.sweep.sweep`.
     **options
-        Other :func:`~rapydli.experiments.sweep.sweep` arguments (``workers_per_trial``,
+        Other :func:`~rapydli.experiments.sweep.sweep.sweep` arguments (``workers_per_trial``,
         ``pruner``, ``metric``, ``sampler``, ``seed``, ``enqueue``, ...).
 
     Run starts the sweep in a background thread (the kernel stays free); Stop ends it
@@ -67,7 +67,7 @@ class SweepPanel:
 
     def run(self) -> bool:
         """Start the sweep (what Run does); False if the arguments are invalid (shown)."""
-        from rapydli.experiments.sweep import Sweep
+        from rapydli.experiments.sweep.sweep import Sweep
 
         if self.running:
             return False

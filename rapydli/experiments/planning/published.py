@@ -1,6 +1,6 @@
 """Published data-parallel speedups, and the planner's model of them from one device's throughput.
 
-The planner's data-parallel prediction (:func:`rapydli.experiments.stepmodel.exposed_allreduce`:
+The planner's data-parallel prediction (:func:`rapydli.experiments.planning.stepmodel.exposed_allreduce`:
 gradient buckets allreduced over a ring while backward goes on) is checked past this
 machine against scaling figures others measured. Given a published single-device
 throughput (samples/s at a per-device batch), the model's parameter count (fp32 gradients)
@@ -37,9 +37,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rapydli.experiments.network import Network
-from rapydli.experiments.perfmodel import RingModel
-from rapydli.experiments.stepmodel import exposed_allreduce
+from rapydli.experiments.planning.network import Network
+from rapydli.experiments.planning.perfmodel import RingModel
+from rapydli.experiments.planning.stepmodel import exposed_allreduce
 
 #: Within this relative error of the published speedup, a prediction is "within the model".
 TOLERANCE = 0.15

@@ -52,7 +52,7 @@ def compare_runs(store: Any, run_ids: Sequence[str], *, all_params: bool = False
     Parameters
     ----------
     store
-        A :class:`~rapydli.experiments.store.RunStore`.
+        A :class:`~rapydli.experiments.store.runstore.RunStore`.
     run_ids
         Two to :data:`MAX_COMPARE` full run ids, all different.
     all_params

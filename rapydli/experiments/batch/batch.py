@@ -4,7 +4,7 @@
 ``rapydli batch``) expands the grid, checks every point against the notebook's
 ``parameters`` cell, then runs each point in its own process (at most ``parallel`` at
 once) with its own working directory: on this machine, on other hosts over ssh, or as a
-Slurm job each (``launcher=``, :mod:`rapydli.experiments.batchplaces`). Results land in ``out``::
+Slurm job each (``launcher=``, :mod:`rapydli.experiments.batch.places`). Results land in ``out``::
 
     out/<notebook-stem>/<param-hash>.ipynb    executed notebook (rd.record values inside)
     out/<notebook-stem>/<param-hash>.json     the item's parameters, hashes and outcome
@@ -30,9 +30,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rapydli.errors import ConfigError
-from rapydli.experiments import batchspec, storemerge
-from rapydli.experiments import store as store_mod
-from rapydli.experiments.batchplaces import ItemProcess, Places, places
+from rapydli.experiments.batch import spec as batchspec
+from rapydli.experiments.batch.places import ItemProcess, Places, places
+from rapydli.experiments.store import merge as storemerge
+from rapydli.experiments.store import runstore as store_mod
 from rapydli.settings import BATCH_ITEM, STORE_PATH
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -104,10 +105,10 @@ def batch(
         Show a tqdm progress bar.
     hosts, ssh_command
         Run the items on these hosts, one at a time per host, reached with ``ssh_command``
-        (see :mod:`rapydli.experiments.batchhosts`); ``out`` must be on a filesystem they share.
+        (see :mod:`rapydli.experiments.batch.hosts`); ``out`` must be on a filesystem they share.
         The same as ``launcher="ssh"`` with these two options.
     launcher, launcher_options
-        Where items run (:mod:`rapydli.experiments.batchplaces`): ``"local"`` (default),
+        Where items run (:mod:`rapydli.experiments.batch.places`): ``"local"`` (default),
         ``"ssh"`` or ``"slurm"`` (each item a Slurm job of one task; options such as
         ``{"partition": "debug", "timelimit": "00:30:00", "setup": ["module load ..."]}``).
         Items that run elsewhere record into store files of their own that the batch merges.
@@ -138,7 +139,7 @@ def batch(
 
 
 @dataclass
-class Plan:
+class BatchPlan:
     """A validated batch: the notebook, its hash, the varied keys and the items."""
 
     notebook: Path
@@ -160,7 +161,7 @@ def plan_batch(
     parallel: int = 1,
     timeout: float | None = None,
     retry: int = 0,
-) -> Plan:
+) -> BatchPlan:
     """Expand and validate a batch without running anything (see :func:`batch`)."""
     _check_options(parallel, timeout, retry, kernel)
     path = Path(notebook).resolve()
@@ -192,7 +193,7 @@ def plan_batch(
         items.append(Item(point, key, folder / f"{key}.ipynb", folder / f"{key}.json", folder / key))
     keys = sorted({k for p in all_points for k in p})
     varied = [k for k in keys if len({json.dumps(p.get(k), sort_keys=True) for p in all_points}) > 1]
-    return Plan(path, batchspec.notebook_hash(path), Path(out).resolve(), varied, items, axes)
+    return BatchPlan(path, batchspec.notebook_hash(path), Path(out).resolve(), varied, items, axes)
 
 
 def _check_options(parallel: int, timeout: float | None, retry: int, kernel: str | None) -> None:
@@ -224,7 +225,7 @@ def _finished_before(item: Item, notebook_hash: str) -> dict[str, Any] | None:
 
 
 def run_plan(
-    plan: Plan,
+    plan: BatchPlan,
     *,
     parallel: int = 1,
     kernel: str | None = None,
@@ -237,8 +238,8 @@ def run_plan(
     launcher: str | None = None,
     launcher_options: Mapping[str, Any] | None = None,
 ) -> pd.DataFrame:
-    """Run a validated :class:`Plan`; write summary.csv and report.html; return the summary."""
-    from rapydli.experiments import batchreport
+    """Run a validated :class:`BatchPlan`; write summary.csv and report.html; return the summary."""
+    from rapydli.experiments.batch import report as batchreport
 
     _check_options(parallel, timeout, retry, kernel)
     places = item_places(launcher, launcher_options, hosts, ssh_command)
@@ -305,7 +306,7 @@ def item_places(launcher: str | None, options: Mapping[str, Any] | None, hosts: 
 class _Runner:
     """Runs items where ``places`` puts them, at most ``parallel`` at once, with timeout and retries."""
 
-    def __init__(self, plan: Plan, store: Any, batch_id: str | None, *, kernel: str | None,
+    def __init__(self, plan: BatchPlan, store: Any, batch_id: str | None, *, kernel: str | None,
                  timeout: float | None, retry: int, parallel: int, places: Places) -> None:  # fmt: skip
         self.plan, self.store, self.batch_id, self.places = plan, store, batch_id, places
         self.kernel, self.timeout, self.retry, self.parallel = kernel, timeout, retry, parallel
@@ -391,7 +392,7 @@ class _Runner:
         env.pop(BATCH_ITEM, None)
         started = time.time()
         log_path = item.cwd / ".rapydli-item.log"
-        args = ["-m", "rapydli.experiments.batch_item", str(spec_path)]
+        args = ["-m", "rapydli.experiments.batch.item", str(spec_path)]
         job_store = None
         if self.places.remote and run_id:  # results come back through a store file of the item's own
             job_store = storemerge.job_store(self.store, run_id, item.cwd / ".rapydli-runs.db")

@@ -3,7 +3,7 @@
 Each item runs on a free host (one item per host at a time), in the same working
 directory, which must be on a filesystem the hosts share (as home directories on a
 cluster are). Its results go to a store file of its own that this process merges into
-the run store when the item ends (:mod:`rapydli.experiments.storemerge`), so no two hosts
+the run store when the item ends (:mod:`rapydli.experiments.store.merge`), so no two hosts
 write one SQLite file. The ssh session is the item's lifeline: when it ends (timeout,
 Ctrl-C, this process killed) the item's whole process group on the host is ended too
 (:func:`rapydli.cluster.sshhosts.spawn_python`).

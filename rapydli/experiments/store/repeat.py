@@ -16,8 +16,8 @@ import sys
 from typing import Any
 
 from rapydli.errors import ConfigError
-from rapydli.experiments import batchspec
-from rapydli.experiments import store as store_mod
+from rapydli.experiments.batch import spec as batchspec
+from rapydli.experiments.store import runstore as store_mod
 
 REPEATABLE = ("train", "batch")
 
@@ -69,8 +69,8 @@ def _repeat_train(run: dict[str, Any], params: dict[str, Any]) -> str:
                           "that are not importable by name")  # fmt: skip
     if not isinstance(params.get("config"), dict):
         raise ConfigError(f"train run {run['id']} cannot be repeated: it has no recorded config")
-    from rapydli.experiments.refs import resolve_callable
     from rapydli.experiments.run import run_training
+    from rapydli.experiments.store.refs import resolve_callable
 
     resolved: dict[str, Any] = {key: resolve_callable(ref, key) for key, ref in code.items()}
     if metrics is not None:
@@ -83,7 +83,7 @@ def _repeat_train(run: dict[str, Any], params: dict[str, Any]) -> str:
 
 def _repeat_batch(run: dict[str, Any], params: dict[str, Any], *, out: str | None, parallel: int | None,
                   progress: bool) -> str:  # fmt: skip
-    from rapydli.experiments.batch import batch
+    from rapydli.experiments.batch.batch import batch
 
     notebook = params.get("notebook")
     if not isinstance(notebook, str):

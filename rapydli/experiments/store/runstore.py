@@ -4,9 +4,9 @@ One file, ``$RAPYDLI_HOME/runs.db`` (default ``~/.rapydli/runs.db``; ``RAPYDLI_S
 names another), in WAL mode with a busy timeout, so several processes of this host (engines,
 batch items, the notebook, the REST server) write at once and lose nothing: every write is
 one short ``BEGIN IMMEDIATE`` transaction. On a network filesystem the file is opened with a
-rollback journal instead (:mod:`rapydli.experiments.storefs`); work on other hosts writes its
-own file, merged by the owner (:mod:`rapydli.experiments.storemerge`).
-The schema carries a version number; the migrations of :mod:`rapydli.experiments.storeschema`
+rollback journal instead (:mod:`rapydli.experiments.store.files`); work on other hosts writes its
+own file, merged by the owner (:mod:`rapydli.experiments.store.merge`).
+The schema carries a version number; the migrations of :mod:`rapydli.experiments.store.schema`
 bring an older file up to date on open. ``RAPYDLI_STORE=off`` disables recording
 (:func:`open_store` returns ``None``).
 
@@ -48,10 +48,10 @@ from typing import Any
 
 from rapydli.cluster.processes import alive, started_at
 from rapydli.errors import ConfigError, NotFoundError, RapydliWarning, StoreError
-from rapydli.experiments.annotations import RunAnnotations
-from rapydli.experiments.provenance import git_commit, versions
-from rapydli.experiments.storefs import journal_mode
-from rapydli.experiments.storeschema import MIGRATIONS, SCHEMA_VERSION
+from rapydli.experiments.store.annotations import RunAnnotations
+from rapydli.experiments.store.files import journal_mode
+from rapydli.experiments.store.provenance import git_commit, versions
+from rapydli.experiments.store.schema import MIGRATIONS, SCHEMA_VERSION
 from rapydli.paths import home
 from rapydli.settings import settings
 

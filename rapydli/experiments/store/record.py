@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from rapydli.errors import ConfigError, RapydliError
-from rapydli.experiments import store as store_mod
+from rapydli.experiments.store import runstore as store_mod
 
 #: Mime type of the display output that carries a record.
 MIMETYPE = "application/vnd.rapydli.record+json"

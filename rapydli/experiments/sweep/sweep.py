@@ -5,7 +5,7 @@ trial's parameters, the trial trains on its own group of ``workers_per_trial`` e
 (an MPI communicator over just them), ``parallel`` groups run trials side by side, and
 every intermediate metric from a trial's rank 0 is reported to the pruner, which stops a
 trial on all of its ranks (``request_stop``: they end after the same step); why (the step,
-the value and the bar it missed, :mod:`rapydli.experiments.pruning`) is recorded with the
+the value and the bar it missed, :mod:`rapydli.experiments.sweep.pruning`) is recorded with the
 trial as its ``prune`` record. Samplers and pruners are Optuna's, looked up by name in :data:`SAMPLERS` and :data:`PRUNERS`.
 
 A trial that raises is recorded as ``FAIL`` with its error and the sweep goes on (the
@@ -33,8 +33,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from rapydli.errors import ConfigError, RapydliError
 from rapydli.experiments.job import STOP_GRACE_S, TrainingJob
-from rapydli.experiments.pruning import explain_prune
-from rapydli.experiments.space import Dimension, validate_space
+from rapydli.experiments.sweep.pruning import explain_prune
+from rapydli.experiments.sweep.space import Dimension, validate_space
 from rapydli.trainer.config import TrainConfig
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -137,7 +137,7 @@ class _Trial:
     reports: list[tuple[int, float]] = field(default_factory=list)
     error: str = ""
     pruned: bool = False
-    prune: dict[str, Any] | None = None  # why the pruner stopped it (rapydli.experiments.pruning)
+    prune: dict[str, Any] | None = None  # why the pruner stopped it (rapydli.experiments.sweep.pruning)
 
     @property
     def value(self) -> float | None:
@@ -239,7 +239,7 @@ class Sweep:
 
     def run(self) -> SweepResult:
         """Run every trial (``parallel`` at a time) and return the :class:`SweepResult`."""
-        from rapydli.experiments.store import open_store
+        from rapydli.experiments.store.runstore import open_store
 
         store = open_store()
         if store is not None:

@@ -22,7 +22,7 @@ from jupyter_client.manager import AsyncKernelManager
 from papermill.engines import NBClientEngine
 
 #: The dotted name papermill/nbclient take as ``kernel_manager_class``.
-KERNEL_MANAGER = "rapydli.experiments.kernels.EncryptedKernelManager"
+KERNEL_MANAGER = "rapydli.experiments.batch.jupyter_kernels.EncryptedKernelManager"
 
 
 class EncryptedKernelManager(AsyncKernelManager):

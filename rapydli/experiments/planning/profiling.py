@@ -2,7 +2,7 @@
 
 :func:`measure_profile` runs :func:`profile_task` on the engines that would train
 (all at once, so the measurement sees the contention of ranks sharing a node, as training
-does) and averages their :class:`~rapydli.parallel.profile.Profile`; :func:`local_profile`
+does) and averages their :class:`~rapydli.experiments.planning.profile.Profile`; :func:`local_profile`
 measures in this process, for a prediction that starts no cluster.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from rapydli.parallel.profile import Profile, profile_model
+from rapydli.experiments.planning.profile import Profile, profile_model
 from rapydli.trainer.config import TrainConfig
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -1,8 +1,8 @@
 """The run store's SQLite schema: the migrations that build it, one version at a time.
 
 :data:`MIGRATIONS` ``[i]`` moves a store from schema version ``i`` to ``i + 1``;
-:class:`~rapydli.experiments.store.RunStore` applies the ones a file lacks when it opens
-it, and :mod:`rapydli.experiments.storemerge` builds a job's store with all of them.
+:class:`~rapydli.experiments.store.runstore.RunStore` applies the ones a file lacks when it opens
+it, and :mod:`rapydli.experiments.store.merge` builds a job's store with all of them.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ MIGRATIONS: list[str] = [
         PRIMARY KEY (run_id, name)
     );
     """,
-    # 2: a free-text note per run and any number of tags (rapydli.experiments.annotations)
+    # 2: a free-text note per run and any number of tags (rapydli.experiments.store.annotations)
     """
     ALTER TABLE runs ADD COLUMN note TEXT;
     CREATE TABLE tags (

@@ -3,7 +3,7 @@
 =========  ==========================================================================
 ``local``  a process of its own on this machine (the default)
 ``ssh``    a process on another host, reached over ssh, one item per host at a time
-           (options ``hosts``, ``ssh_command``; :mod:`rapydli.experiments.batchhosts`)
+           (options ``hosts``, ``ssh_command``; :mod:`rapydli.experiments.batch.hosts`)
 ``slurm``  a Slurm job of its own, one task (options: the ``slurm`` launcher's
            ``partition``, ``account``, ``qos``, ``timelimit``, ``constraint``,
            ``cpus_per_task``, ``gpus_per_node``, ``sbatch``, ``setup``;
@@ -13,7 +13,7 @@
 The batch's ``parallel`` bounds the items at once everywhere: with ``slurm``, the jobs of
 the batch in the queue (pending or running). Items that run elsewhere (``remote``) record
 into a store file of their own that the batch merges into the run store when they end
-(:mod:`rapydli.experiments.storemerge`), so no two hosts write one SQLite file; their
+(:mod:`rapydli.experiments.store.merge`), so no two hosts write one SQLite file; their
 output folder must be on a filesystem this machine shares with them (as home directories
 on clusters are).
 """
@@ -28,7 +28,7 @@ from typing import Any, Protocol
 from rapydli.cluster.processes import Spawned, spawn_python
 from rapydli.cluster.slurmprogram import check_item_options, submit_python
 from rapydli.errors import ConfigError
-from rapydli.experiments.batchhosts import HostPool
+from rapydli.experiments.batch.hosts import HostPool
 
 
 class ItemProcess(Protocol):

@@ -1,5 +1,5 @@
 """``rd.runs()`` and ``rd.run(id)``: the run store as pandas tables (exported from
-:mod:`rapydli.experiments.store`)."""
+:mod:`rapydli.experiments.store.runstore`)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from rapydli.experiments import store as store_mod
+from rapydli.experiments.store import runstore as store_mod
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd

@@ -1,13 +1,13 @@
 """Predicting a layout's step time and peak memory per rank from a profile and a network.
 
-One step of a :class:`~rapydli.experiments.layouts.Layout`, as the Trainer runs it:
+One step of a :class:`~rapydli.experiments.planning.layouts.Layout`, as the Trainer runs it:
 
 1. **data**: every rank collates its batch (``pp > 1``: the replica's batch once;
    ``pp = 1``: each of the ``microbatches`` accumulation steps);
 2. **compute**: the stages' forward and backward of every micro-batch, played through the
    schedule by :func:`rapydli.parallel.schedules.simulate` (which gives the bubble): a
    stage's time per micro-batch is its blocks' measured times at the micro-batch size on one
-   of ``tp`` ranks (:class:`~rapydli.parallel.profile.Profile`) plus their tensor-parallel
+   of ``tp`` ranks (:class:`~rapydli.experiments.planning.profile.Profile`) plus their tensor-parallel
    allreduces (``collectives`` ring at ``tp`` ranks, blocking); a transfer between stages
    costs ``p2p`` of the largest boundary activation, and a receive that waited is noticed
    as late as measured (``LinkModel.delay_after``). Stages are cut where the measured
@@ -26,10 +26,10 @@ One step of a :class:`~rapydli.experiments.layouts.Layout`, as the Trainer runs 
    (``1 / dp`` with ZeRO), plus with ZeRO the allgather of the updated parameters (half a
    ``collectives`` ring; they live in the buckets, so nothing else is copied);
 5. **the loop**: the training loop's own time per step
-   (:attr:`~rapydli.parallel.profile.Profile.step_overhead_s`, measured on one rank).
+   (:attr:`~rapydli.experiments.planning.profile.Profile.step_overhead_s`, measured on one rank).
 
 The step is the slowest stage's. Peak memory per rank is the largest stage's
-:class:`~rapydli.experiments.layouts.Memory`.
+:class:`~rapydli.experiments.planning.layouts.Memory`.
 """
 
 from __future__ import annotations
@@ -38,10 +38,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from rapydli.comm.synchronizer import FIRST_BUCKET_BYTES
-from rapydli.experiments.layouts import Layout, Memory, optimizer_factor, zero_buffers, zero_states
-from rapydli.experiments.network import Network
+from rapydli.experiments.planning.layouts import Layout, Memory, optimizer_factor, zero_buffers, zero_states
+from rapydli.experiments.planning.network import Network
+from rapydli.experiments.planning.profile import BlockCost, Profile
 from rapydli.parallel import schedules, split
-from rapydli.parallel.profile import BlockCost, Profile
 from rapydli.trainer.config import TrainConfig
 
 

@@ -1,4 +1,4 @@
-"""Tags, notes and run families: the parts of :class:`~rapydli.experiments.store.RunStore`
+"""Tags, notes and run families: the parts of :class:`~rapydli.experiments.store.runstore.RunStore`
 that organise runs rather than record them.
 
 A *family* is a top-level run (no parent, or a parent no longer in the store) with its
@@ -70,7 +70,7 @@ def _like(text: str) -> str:
 
 
 class RunAnnotations:
-    """Tags, notes and families; mixed into :class:`~rapydli.experiments.store.RunStore`."""
+    """Tags, notes and families; mixed into :class:`~rapydli.experiments.store.runstore.RunStore`."""
 
     _read: Callable[..., list[sqlite3.Row]]
     _write: Callable[[Callable[[sqlite3.Connection], Any]], Any]

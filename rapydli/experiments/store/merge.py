@@ -19,14 +19,14 @@ from typing import TYPE_CHECKING
 from rapydli.errors import StoreError
 
 if TYPE_CHECKING:
-    from rapydli.experiments.store import RunStore
+    from rapydli.experiments.store.runstore import RunStore
 
 def job_store(store: RunStore, run_id: str, path: str | os.PathLike[str]) -> Path:
     """Create ``path`` as an empty store of the same schema holding a copy of run ``run_id``.
 
     The job's process opens it (``RAPYDLI_STORE_PATH=path``) and records its run there.
     """
-    from rapydli.experiments.store import MIGRATIONS, SCHEMA_VERSION
+    from rapydli.experiments.store.runstore import MIGRATIONS, SCHEMA_VERSION
 
     path = Path(path)
     for stale in (path, path.with_name(path.name + "-journal")):
@@ -56,7 +56,7 @@ def merge(store: RunStore, path: str | os.PathLike[str]) -> dict[str, int]:
 
     One transaction; safe to repeat. Returns the number of rows added or updated per table.
     """
-    from rapydli.experiments.store import SCHEMA_VERSION
+    from rapydli.experiments.store.runstore import SCHEMA_VERSION
 
     path = Path(path)
     if not path.exists():

@@ -26,7 +26,7 @@ from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
-from rapydli.experiments.refs import callable_ref
+from rapydli.experiments.store.refs import callable_ref
 
 #: Notebook-defined names followed from a function to what it uses (bounds the walk).
 MAX_SOURCES = 20

@@ -5,10 +5,10 @@ For ``ranks`` ranks and one global batch, the planner
 1. **measures once**: the model's blocks (forward and backward time, activation and
    parameter bytes, tensor-parallel allreduces) at the micro-batch sizes and
    tensor-parallel degrees the layouts use, on every engine that would train
-   (:mod:`rapydli.experiments.profiling`), and the network: gradient allreduce,
-   reduce-scatter/allgather and point-to-point α–β models (:mod:`rapydli.experiments.network`);
-2. **enumerates** every layout (:func:`rapydli.experiments.layouts.enumerate_layouts`),
-   **predicts** its step time and peak memory per rank (:mod:`rapydli.experiments.stepmodel`)
+   (:mod:`rapydli.experiments.planning.profiling`), and the network: gradient allreduce,
+   reduce-scatter/allgather and point-to-point α–β models (:mod:`rapydli.experiments.planning.network`);
+2. **enumerates** every layout (:func:`rapydli.experiments.planning.layouts.enumerate_layouts`),
+   **predicts** its step time and peak memory per rank (:mod:`rapydli.experiments.planning.stepmodel`)
    and drops those over ``memory_per_rank``;
 3. **runs** the ``run_top`` fastest predicted layouts for ``steps`` steps on the cluster and
    puts the measured step time (median after the warm-up) beside the prediction.
@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from rapydli.errors import ConfigError
 from rapydli.experiments.figures import plan_figure
-from rapydli.experiments.layouts import (
+from rapydli.experiments.planning.layouts import (
     MAX_TENSOR_PARALLEL,
     ZERO_STAGES,
     Layout,
@@ -47,11 +47,11 @@ from rapydli.experiments.layouts import (
     smallest_states,
     spread,
 )  # fmt: skip
-from rapydli.experiments.network import Network
-from rapydli.experiments.perfmodel import RingModel
-from rapydli.experiments.refs import resolve_callable
-from rapydli.experiments.stepmodel import Prediction, predict
-from rapydli.parallel.profile import Profile
+from rapydli.experiments.planning.network import Network
+from rapydli.experiments.planning.perfmodel import RingModel
+from rapydli.experiments.planning.profile import Profile
+from rapydli.experiments.planning.stepmodel import Prediction, predict
+from rapydli.experiments.store.refs import resolve_callable
 from rapydli.trainer.config import TrainConfig
 from rapydli.trainer.task import WARMUP_STEPS
 
@@ -98,7 +98,7 @@ class ParallelPlan:
     best_layout
         Its label.
     predictions
-        The :class:`~rapydli.experiments.stepmodel.Prediction` of every layout, in table order.
+        The :class:`~rapydli.experiments.planning.stepmodel.Prediction` of every layout, in table order.
     profile, network
         What the predictions used (``profile`` can be passed to another plan).
     validated
@@ -201,7 +201,7 @@ def plan_parallel(
     memory_per_rank
         Bytes a rank may hold; layouts predicted above it are dropped (``None``: no limit).
     network
-        A ``RingModel`` or :class:`~rapydli.experiments.network.Network` of the target
+        A ``RingModel`` or :class:`~rapydli.experiments.planning.network.Network` of the target
         machine; ``None``: measured on the cluster.
     run_top
         Layouts to run (the fastest predicted that fit); ``None``: 3 when
@@ -303,7 +303,7 @@ def plan_parallel(
 
 def _measure(cluster: Cluster | None, targets: list[int], model: Callable[[], Any], data: Callable[[], Any], config: TrainConfig, ranks: int,
              batch: int) -> Profile:  # fmt: skip
-    from rapydli.experiments.profiling import local_profile, measure_profile
+    from rapydli.experiments.planning.profiling import local_profile, measure_profile
 
     micro, data_sizes = (spread({min(size, MEASURED_SIZES) for size in sizes}) for sizes in candidate_sizes(ranks, batch))
     degrees = [t for t in divisors(ranks) if t <= MAX_TENSOR_PARALLEL]
@@ -313,7 +313,7 @@ def _measure(cluster: Cluster | None, targets: list[int], model: Callable[[], An
 
 
 def _measure_network(cluster: Cluster | None, targets: list[int], config: TrainConfig) -> Network:
-    from rapydli.experiments.network import measure_network
+    from rapydli.experiments.planning.network import measure_network
 
     if cluster is None or len(targets) < 2:
         return Network.from_ring(RingModel(alpha=0.0, beta=0.0, source="one rank: no communication"))

@@ -3,7 +3,7 @@
 A layout moves data three ways, each priced by its own model:
 
 * ``allreduce``: the data-parallel gradient allreduce (the run's ``TrainConfig.allreduce``
-  algorithm), a :class:`~rapydli.experiments.perfmodel.RingModel`;
+  algorithm), a :class:`~rapydli.experiments.planning.perfmodel.RingModel`;
 * ``collectives``: MPI's reduce-scatter and allgather (ZeRO) and the tensor-parallel
   allreduce, also a ring: a reduce-scatter or an allgather is half of
   ``RingModel.allreduce_time`` (``(n−1)·α + (n−1)/n · S · β``), fitted on timed
@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from rapydli.errors import ConfigError
-from rapydli.experiments.perfmodel import SIZES, RingModel, fit_ring, measure_ring
+from rapydli.experiments.planning.perfmodel import SIZES, RingModel, fit_ring, measure_ring
 
 if TYPE_CHECKING:  # pragma: no cover
     from rapydli.cluster import Cluster

@@ -4,7 +4,7 @@ SQLite's WAL mode keeps its index in shared memory beside the file; processes on
 different hosts cannot share it, so WAL over NFS, Lustre, GPFS and the like corrupts or
 loses writes. On such a filesystem the store uses the rollback journal instead (one
 writer at a time, through the filesystem's locks), and work that runs on other hosts
-writes its own store file that the owner merges (:mod:`rapydli.experiments.storemerge`),
+writes its own store file that the owner merges (:mod:`rapydli.experiments.store.merge`),
 so only one host writes the shared file. Clusters' home directories are usually such
 filesystems: setting ``RAPYDLI_HOME`` to local disk keeps WAL's concurrency.
 """

@@ -8,17 +8,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rapydli.errors import ConfigError
-from rapydli.experiments.record import read_records
+from rapydli.experiments.store.record import read_records
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
 
-    from rapydli.experiments.batch import Plan
+    from rapydli.experiments.batch.batch import BatchPlan
 
 FIXED_COLUMNS = ["status", "duration", "attempts", "resumed", "error", "failing_cell", "output", "run_id"]
 
 
-def summary_table(plan: Plan) -> pd.DataFrame:
+def summary_table(plan: BatchPlan) -> pd.DataFrame:
     """One row per item: item, parameters, status, duration, ..., then every recorded scalar."""
     import pandas as pd
 
@@ -58,7 +58,7 @@ def summary_table(plan: Plan) -> pd.DataFrame:
     return table
 
 
-def _metric_columns(summary: pd.DataFrame, plan: Plan) -> list[str]:
+def _metric_columns(summary: pd.DataFrame, plan: BatchPlan) -> list[str]:
     fixed = {"item", *FIXED_COLUMNS, *{k for item in plan.items for k in item.parameters}}
     out = []
     for column in summary.columns:
@@ -70,7 +70,7 @@ def _metric_columns(summary: pd.DataFrame, plan: Plan) -> list[str]:
     return out
 
 
-def figures(summary: pd.DataFrame, plan: Plan) -> list[Any]:
+def figures(summary: pd.DataFrame, plan: BatchPlan) -> list[Any]:
     """Each recorded metric (and duration) against each varied parameter; speedup when ``workers`` varies."""
     import plotly.graph_objects as go
 
@@ -95,7 +95,7 @@ def figures(summary: pd.DataFrame, plan: Plan) -> list[Any]:
     return figs
 
 
-def _speedup_figures(done: pd.DataFrame, plan: Plan, metrics: list[str]) -> list[Any]:
+def _speedup_figures(done: pd.DataFrame, plan: BatchPlan, metrics: list[str]) -> list[Any]:
     import plotly.graph_objects as go
 
     others = [p for p in plan.varied if p != "workers"]
@@ -166,7 +166,7 @@ def _sort_key(series: pd.Series) -> pd.Series:
     return series.map(lambda v: (0, v, "") if _numeric(v) else (1, 0, str(v)))
 
 
-def write_report(plan: Plan, summary: pd.DataFrame, path: Path) -> Path:
+def write_report(plan: BatchPlan, summary: pd.DataFrame, path: Path) -> Path:
     """Write a self-contained HTML page (plotly.js inlined) with the table and the figures."""
     figs = figures(summary, plan)
     parts = []

@@ -1,8 +1,8 @@
-"""One batch item, in its own process: ``python -m rapydli.experiments.batch_item SPEC.json``.
+"""One batch item, in its own process: ``python -m rapydli.experiments.batch.item SPEC.json``.
 
-The spec (written by :mod:`rapydli.experiments.batch`) names the notebook, its output,
+The spec (written by :mod:`rapydli.experiments.batch.batch`) names the notebook, its output,
 the parameters, the kernel (``None``: the notebook's, else this environment's Python
-kernel, see :func:`~rapydli.experiments.batchspec.kernel_for`), the working directory and
+kernel, see :func:`~rapydli.experiments.batch.spec.kernel_for`), the working directory and
 the item's run id. The notebook runs
 through papermill with that working directory; the kernel finds the item's run id in
 ``RAPYDLI_BATCH_ITEM`` (for ``rd.record``) and ``RAPYDLI_PARENT_RUN`` (so ``rd.train``
@@ -20,9 +20,9 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from rapydli.experiments import store as store_mod
-from rapydli.experiments.batchspec import kernel_for, read_notebook
+from rapydli.experiments.batch.spec import kernel_for, read_notebook
 from rapydli.experiments.figures import STATIC_RENDERERS
+from rapydli.experiments.store import runstore as store_mod
 from rapydli.settings import BATCH_ITEM, NOTEBOOK_DIR, PARENT_RUN
 
 

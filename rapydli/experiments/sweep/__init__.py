@@ -1,0 +1,1 @@
+"""Sweeps: the search space, trials as multi-rank jobs, pruning and why, parameter importance."""
