@@ -74,12 +74,15 @@ def test_no_module_imports_a_higher_layer() -> None:
         ("rapydli.experiments", ("rapydli.widgets", "rapydli.server", "rapydli.notebook", "IPython", "ipywidgets")),
         ("rapydli.trainer", ("rapydli.notebook", "rapydli.widgets", "rapydli.magics", "rapydli.experiments")),
         ("rapydli.trainer.loop", ("rapydli.cluster",)),
+        ("rapydli.parallel", ("rapydli.trainer", "rapydli.zoo")),
+        ("rapydli.objective", ("rapydli.trainer", "rapydli.parallel", "rapydli.zoo")),
         ("rapydli.widgets", ("rapydli.notebook",)),
     ],
 )
 def test_named_rules(importer: str, forbidden: tuple[str, ...]) -> None:
     """Experiments run headless; engine code imports no front end; the Trainer never asks the cluster;
-    the notebook front door uses the widgets, never the other way round."""
+    the notebook front door uses the widgets, never the other way round; ``parallel`` holds building
+    blocks below the Trainer and the reference models, and the objective sits below all of them."""
     hits = [
         f"{name} imports {imported}"
         for name, path in modules()

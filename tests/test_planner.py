@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 import rapydli as rd
 from rapydli.cluster import current
@@ -274,3 +275,57 @@ def test_a_receive_that_waited_is_noticed_late_as_measured() -> None:
     assert late.makespan > plain.makespan
     waited = [s for a, s, e in late.spans[1] if a.kind == "recv_activation" and e > s]
     assert waited and all(e - s >= 0.001 for a, s, e in late.spans[1] if a.kind == "recv_activation" and e > s)
+
+
+# -- the profiler measures through the run's objective ---------------------------------------
+
+
+class _OwnLoss(torch.nn.Module):
+    """nanoGPT's contract: ``forward(inputs, targets=None) -> (logits, loss)``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(16, 4)
+
+    def forward(self, inputs: torch.Tensor, targets: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        logits = self.layer(inputs)
+        return logits, (torch.nn.functional.cross_entropy(logits, targets) if targets is not None else None)
+
+
+def own_loss_model() -> torch.nn.Module:
+    return _OwnLoss()
+
+
+def own_loss_data() -> tuple[torch.utils.data.TensorDataset, torch.utils.data.TensorDataset]:
+    generator = torch.Generator().manual_seed(0)
+    inputs, targets = torch.randn(64, 16, generator=generator), torch.randint(0, 4, (64,), generator=generator)
+    return torch.utils.data.TensorDataset(inputs, targets), torch.utils.data.TensorDataset(inputs[:16], targets[:16])
+
+
+def test_a_model_returning_logits_and_loss_is_planned_as_rd_train_trains_it() -> None:
+    plan = rd.plan_parallel(own_loss_model, own_loss_data, rd.TrainConfig(batch_size=8), ranks=2, network=RingModel(5e-6, 1e-9))
+    assert current() is None and plan.profile.names == ["model"]
+    costs = plan.profile.blocks(1, 8)
+    assert costs[0].forward_s > 0 and costs[0].backward_s > 0 and plan.best is not None
+
+
+def test_the_profiler_scores_with_the_runs_loss_fn() -> None:
+    from rapydli.experiments.planning.profile import profile_model
+
+    calls = []
+
+    def loss_fn(outputs: dict[str, torch.Tensor], targets: torch.Tensor) -> torch.Tensor:
+        calls.append(outputs["scores"].shape)
+        return torch.nn.functional.mse_loss(outputs["scores"].sum(-1), targets)
+
+    class Scores(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = torch.nn.Linear(16, 4)
+
+        def forward(self, inputs: torch.Tensor) -> dict[str, torch.Tensor]:
+            return {"scores": self.layer(inputs)}  # neither logits nor a loss: only loss_fn can train it
+
+    sample = (torch.randn(8, 16), torch.randn(8))
+    profile = profile_model(Scores, sample, [4, 8], repeats=1, loss_fn=loss_fn)
+    assert profile.names == ["model"] and calls and {tuple(c) for c in calls} >= {(4, 4), (8, 4)}

@@ -54,7 +54,7 @@ class TrainingJob:
         As for ``rd.train`` (callables or ``"module:qualname"`` strings).
     loss_fn, optimizer_fn, metrics
         As for ``rd.train``: the loss, the optimizer and the validation metrics
-        (:mod:`rapydli.trainer.outputs`, :mod:`rapydli.trainer.optim`); checked here.
+        (:mod:`rapydli.objective`, :mod:`rapydli.trainer.optim`); checked here.
     config
         The run's :class:`TrainConfig` (already validated).
     targets

@@ -106,7 +106,7 @@ def step_memory(model: nn.Module, config: Any, train_data: Any, world: Any = Non
     ``batch_size`` samples (give the run's own split: ``"auto"`` measures and may choose
     another). Otherwise: the whole model on this rank's first ``batch_size`` samples. The
     input batch is not counted; the loss (``loss_fn``, else the model's outputs as
-    :class:`~rapydli.trainer.outputs.Objective` reads them) is.
+    :class:`~rapydli.objective.Objective` reads them) is.
     A tensor-parallel config is a :class:`~rapydli.errors.ConfigError` (its layers' slices
     are not measured here).
 
@@ -121,7 +121,7 @@ def step_memory(model: nn.Module, config: Any, train_data: Any, world: Any = Non
     from torch.utils.data import default_collate
 
     from rapydli.errors import ConfigError
-    from rapydli.trainer.outputs import Objective
+    from rapydli.objective import Objective
 
     if config.tensor_parallel > 1:
         raise ConfigError(

@@ -205,12 +205,13 @@ ELEMENTWISE = (nn.ReLU, nn.GELU, nn.SiLU, nn.Tanh, nn.Sigmoid, nn.LeakyReLU, nn.
 
 
 def plan_for(model: nn.Module) -> dict[str, str]:
-    """The built-in plan of a reference model.
+    """The built-in plan of a model, read from the model itself (``parallel`` knows no model class).
 
-    ``tiny_lm``: attention split by heads, each MLP column then row. An ``nn.Sequential``
-    MLP (the zoo's ``mlp``): consecutive linear layers with only elementwise modules
-    between them paired column then row; a linear layer left without a partner (the
-    classifier of an odd count) stays dense.
+    A model with a ``tensor_plan()`` method (the zoo's ``tiny_lm``: attention split by
+    heads, each MLP column then row) gives its own plan, as ``pipeline_blocks()`` gives its
+    pipeline blocks. An ``nn.Sequential`` MLP (the zoo's ``mlp``): consecutive linear
+    layers with only elementwise modules between them paired column then row; a linear
+    layer left without a partner (the classifier of an odd count) stays dense.
 
     Raises
     ------
@@ -218,10 +219,10 @@ def plan_for(model: nn.Module) -> dict[str, str]:
         The model has no built-in plan; the message says how to pass one.
     """
     from rapydli.parallel.split import pipeline_blocks
-    from rapydli.zoo.models import TinyLM
 
-    if isinstance(model, TinyLM):
-        return {"blocks.*.attn": "heads", "blocks.*.mlp.0": "column", "blocks.*.mlp.2": "row"}
+    own = getattr(model, "tensor_plan", None)
+    if callable(own):
+        return dict(own())
     plan: dict[str, str] = {}
     if isinstance(model, nn.Sequential):
         column: str | None = None

@@ -12,8 +12,8 @@ With ``tensor_parallel > 1`` the grid has a tensor dimension: once the split is 
 ranks (:func:`~rapydli.parallel.tensor.shard_model`) before this rank keeps its stage;
 activations pass between the stages at the same tensor rank.
 
-Checkpoints are the Trainer's sharded ones (:mod:`rapydli.trainer.sharded`); a resumed
-``"auto"`` split keeps the bounds its checkpoint recorded.
+Checkpoints are the Trainer's; a resumed ``"auto"`` split keeps the bounds its checkpoint
+recorded (the Trainer reads them and passes them as ``bounds``).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from rapydli.parallel.grid import ProcessGrid
 from rapydli.parallel.timeline import Recorder
 
 if TYPE_CHECKING:  # pragma: no cover
-    from rapydli.trainer.outputs import Objective
+    from rapydli.objective import Objective
 
 
 class PipelineTraining:
@@ -53,10 +53,13 @@ class PipelineTraining:
         The training set; rank 0 times the blocks on its first ``batch_size`` samples
         for ``pipeline_split="auto"``.
     objective
-        The run's :class:`~rapydli.trainer.outputs.Objective` (``loss_fn``, or the loss or
+        The run's :class:`~rapydli.objective.Objective` (``loss_fn``, or the loss or
         logits the model returns), made from the whole model; its ``loss`` runs on the last
         stage's outputs. An objective that needs the model's own ``forward`` (it takes the
         targets) is a :class:`ConfigError` here, before any rank measures or splits.
+    bounds
+        Where stages begin, to keep (a resumed run's recorded split), or ``None``: decided
+        from ``pipeline_split`` (measured on rank 0 for ``"auto"``).
 
     Attributes
     ----------
@@ -71,18 +74,19 @@ class PipelineTraining:
         The spans of this rank's last steps (:mod:`rapydli.parallel.timeline`).
     """
 
-    def __init__(self, model: nn.Module, config: Any, world: Any, train_data: Dataset, objective: Objective) -> None:
+    def __init__(
+        self, model: nn.Module, config: Any, world: Any, train_data: Dataset, objective: Objective, bounds: list[int] | None = None
+    ) -> None:
         objective.check_pipelined(model, config.pipeline_stages)
         self.config = config
         self.grid = ProcessGrid.create(world, config.pipeline_stages, config.tensor_parallel)
         sample = None
-        if world.Get_rank() == 0 and config.pipeline_split.strip() == "auto":
+        if world.Get_rank() == 0 and config.pipeline_split.strip() == "auto" and bounds is None:
             count = min(len(train_data), config.batch_size)  # type: ignore[arg-type]
             device = next(model.parameters()).device
             sample = default_collate([train_data[i] for i in range(count)])[0].to(device)
-        resumed = self._checkpoint_bounds(world) if config.resume and config.pipeline_split.strip() == "auto" else None
         # a resumed "auto" run keeps the split its checkpoint was written with
-        self.bounds = resumed or split.decide(model, split_names(config.pipeline_split), config.pipeline_stages, sample, world)
+        self.bounds = bounds or split.decide(model, split_names(config.pipeline_split), config.pipeline_stages, sample, world)
         if config.tensor_parallel > 1:  # every rank splits the dense model; this rank keeps its stage of it below
             from rapydli.parallel.tensor import shard_model
 
@@ -91,13 +95,6 @@ class PipelineTraining:
         self.loss_fn = objective.loss
         self.recorder = Recorder()
         self.executor: PipelineExecutor | None = None
-
-    def _checkpoint_bounds(self, world: Any) -> list[int] | None:
-        """The split recorded in ``checkpoint_dir``'s manifest (rank 0 reads, every rank gets it), or None."""
-        from rapydli.trainer.sharded import read_layout
-
-        shape = read_layout(self.config.checkpoint_dir, world)
-        return shape["bounds"] if shape is not None and shape["stages"] == self.grid.stages else None
 
     def attach(self, sync: Any, autocast: Callable[[], contextlib.AbstractContextManager[Any]]) -> None:
         """Build the executor, with the Trainer's synchronizer (or None) and autocast.

@@ -16,7 +16,7 @@ A callback is any object with one or more of these methods (each optional); the
 ``on_eval_end(metrics)`` after each evaluation, with :data:`EVAL_KEYS`:
     ``kind="eval"``, ``step``, ``epoch``, ``val_loss``, ``val_accuracy`` (averaged over
     all ranks' shards; accuracy only where it means something, and one ``val_<name>`` per
-    metric the run was given instead: :mod:`rapydli.trainer.outputs`), ``rank``,
+    metric the run was given instead: :mod:`rapydli.objective`), ``rank``,
     ``world_size``, ``time_s``.
 ``on_epoch_end(metrics)`` after each epoch, with :data:`EPOCH_KEYS`:
     ``epoch``, ``step``, ``train_loss`` (mean over the epoch's steps), ``val_loss``,

@@ -36,12 +36,12 @@ from torch.nn import functional as F
 from torch.utils.data import Dataset
 
 from rapydli.errors import ConfigError
+from rapydli.objective import LossFn, MetricsArg, Objective, default_metrics, resolve_metrics
 from rapydli.trainer import checkpoint as ckpt
 from rapydli.trainer import replicated
 from rapydli.trainer.callbacks import Callback, dispatch
 from rapydli.trainer.config import TrainConfig
 from rapydli.trainer.optim import OptimizerFn, apply_schedule, make_optimizer, optimizer_over
-from rapydli.trainer.outputs import LossFn, MetricsArg, Objective, default_metrics, resolve_metrics
 from rapydli.trainer.progress import EpochPlan, resized_config
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -105,7 +105,7 @@ class Trainer:
         agrees over the group). ``None``: never stop early.
     loss_fn
         ``loss_fn(outputs, targets) -> loss``; ``None``: the model's own loss, else
-        cross-entropy on its logits (the rules are in :mod:`rapydli.trainer.outputs`).
+        cross-entropy on its logits (the rules are in :mod:`rapydli.objective`).
     optimizer_fn
         ``optimizer_fn(model)`` or ``optimizer_fn(model, config)`` returning the optimizer
         (when ``optimizer`` is ``None``).
@@ -516,7 +516,17 @@ def _pipeline(model: nn.Module, config: TrainConfig, world: Any, train_data: Dat
         return None
     from rapydli.parallel.training import PipelineTraining
 
-    return PipelineTraining(model, config, world, train_data, objective)
+    return PipelineTraining(model, config, world, train_data, objective, bounds=_resumed_bounds(config, world))
+
+
+def _resumed_bounds(config: TrainConfig, world: Any) -> list[int] | None:
+    """The split a resumed ``"auto"`` pipeline keeps: the one its checkpoint recorded (same stage count), else None."""
+    if not config.resume or config.pipeline_split.strip() != "auto":
+        return None
+    from rapydli.trainer.sharded import read_layout
+
+    shape = read_layout(config.checkpoint_dir, world)  # type: ignore[arg-type]
+    return shape["bounds"] if shape is not None and shape["stages"] == config.pipeline_stages else None
 
 
 def _tensor_grid(model: nn.Module, config: TrainConfig, world: Any) -> Any:

@@ -156,6 +156,10 @@ class TinyLM(nn.Module):
         blocks = [(f"blocks.{i}", block) for i, block in enumerate(self.blocks)]
         return [("embed", _Call(self.embed, self.tok, self.pos)), *blocks, ("head", nn.Sequential(self.ln, self.head))]
 
+    def tensor_plan(self) -> dict[str, str]:
+        """How tensor parallelism splits it (:func:`rapydli.parallel.tensor.plan_for`): heads, then each MLP column then row."""
+        return {"blocks.*.attn": "heads", "blocks.*.mlp.0": "column", "blocks.*.mlp.2": "row"}
+
 
 class _Call(nn.Module):
     """A block that calls ``function`` and owns the modules it uses (their parameters move with it)."""

@@ -34,6 +34,7 @@ import torch
 from torch import nn
 
 from rapydli.errors import ConfigError
+from rapydli.objective import LossFn, Objective
 from rapydli.parallel.memory import ActivationMeter
 
 #: Timed repetitions of each measurement (after one untimed warm-up); the median is kept.
@@ -246,6 +247,7 @@ def profile_model(
     data_sizes: Sequence[int] = (),
     train_step: Callable[[int], float] | None = None,
     repeats: int = REPEATS,
+    loss_fn: LossFn | None = None,
 ) -> Profile:
     """Measure the model's blocks at each micro-batch size and tensor-parallel degree.
 
@@ -270,6 +272,11 @@ def profile_model(
     train_step
         ``train_step(batch)``: seconds of one step of real single-rank training at that batch
         (median after a warm-up); it gives :attr:`Profile.step_overhead_s` at the largest size.
+    loss_fn
+        The run's ``loss_fn`` (``None``: the model's own loss or cross-entropy on its logits):
+        the loss is the run's :class:`~rapydli.objective.Objective`, so whatever ``rd.train``
+        trains (a model returning ``(logits, loss)``, one whose ``forward`` takes the targets)
+        is measured the same way.
     """
     inputs, targets = sample
     measured: dict[tuple[int, int], list[BlockCost]] = {}
@@ -288,10 +295,11 @@ def profile_model(
                 unsupported[degree] = str(exc)
                 continue
         names, blocks = _blocks(model)
+        last = _LastBlock(model, loss_fn)
         for size in sorted(set(sizes)):
-            measured[(degree, size)] = _measure_blocks(blocks, inputs[:size], targets[:size], probe, repeats)
+            measured[(degree, size)] = _measure_blocks(blocks, inputs[:size], targets[:size], probe, repeats, last)
     model = build()
-    per_parameter, copy_per_parameter = _optimizer_times(model, inputs[: min(sizes)], targets[: min(sizes)], optimizer, repeats)
+    per_parameter, copy_per_parameter = _optimizer_times(model, inputs[: min(sizes)], targets[: min(sizes)], optimizer, repeats, loss_fn)
     size = max(sizes)
     data_s = {n: _collate_time(data, n, repeats) for n in sorted({*data_sizes, size})} if data is not None else {}
     profile = Profile(names, measured, unsupported, per_parameter, copy_per_parameter, data_s)
@@ -313,10 +321,21 @@ def _blocks(model: nn.Module) -> tuple[list[str], list[nn.Module]]:
     return [name for name, _ in pairs], [module for _, module in pairs]
 
 
-def _loss(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    from rapydli.trainer.loop import loss_and_correct
+class _LastBlock:
+    """The last block's forward and the loss, as the run computes them (its :class:`~rapydli.objective.Objective`).
 
-    return loss_and_correct(outputs, targets)[0]
+    The whole model (no pipeline blocks) runs through the objective, so a ``forward`` that
+    takes the targets gets them; a pipeline's last block is scored on its outputs, as a
+    pipeline's last stage does.
+    """
+
+    def __init__(self, model: nn.Module, loss_fn: LossFn | None) -> None:
+        self.model, self.objective = model, Objective(model, loss_fn)
+
+    def __call__(self, block: nn.Module, inputs: Any, targets: torch.Tensor) -> torch.Tensor:
+        if block is self.model:
+            return self.objective(block, inputs, targets)[0]
+        return self.objective.loss(block(inputs), targets)
 
 
 def _detached(value: Any) -> Any:
@@ -324,7 +343,9 @@ def _detached(value: Any) -> Any:
     return value.requires_grad_(True) if value.is_floating_point() else value
 
 
-def _measure_blocks(blocks: list[nn.Module], inputs: Any, targets: torch.Tensor, probe: ShardProbe | None, repeats: int) -> list[BlockCost]:
+def _measure_blocks(
+    blocks: list[nn.Module], inputs: Any, targets: torch.Tensor, probe: ShardProbe | None, repeats: int, last: _LastBlock
+) -> list[BlockCost]:
     """Forward through every block in order, then backward in reverse, as a pipeline's stages do; each block timed."""
     count = len(blocks)
     forward: list[list[float]] = [[] for _ in blocks]
@@ -338,9 +359,7 @@ def _measure_blocks(blocks: list[nn.Module], inputs: Any, targets: torch.Tensor,
         for j, block in enumerate(blocks):
             inp = _detached(x)
             started = time.perf_counter()
-            out = block(inp)
-            if j == count - 1:
-                out = _loss(out, targets)
+            out = last(block, inp, targets) if j == count - 1 else block(inp)
             forward[j].append(time.perf_counter() - started)
             ins.append(inp)
             outs.append(out)
@@ -366,8 +385,8 @@ def _measure_blocks(blocks: list[nn.Module], inputs: Any, targets: torch.Tensor,
         x = inputs
         for j, block in enumerate(blocks):
             before = meter.live
-            out = block(_detached(x))
-            held.append(_loss(out, targets) if j == count - 1 else out)
+            out = last(block, _detached(x), targets) if j == count - 1 else block(_detached(x))
+            held.append(out)
             saved.append(meter.live - before)
             x = out
         del held
@@ -384,16 +403,22 @@ def _measure_blocks(blocks: list[nn.Module], inputs: Any, targets: torch.Tensor,
 
 
 def _optimizer_times(
-    model: nn.Module, inputs: Any, targets: torch.Tensor, optimizer: Callable[[list[nn.Parameter]], torch.optim.Optimizer] | None, repeats: int
+    model: nn.Module,
+    inputs: Any,
+    targets: torch.Tensor,
+    optimizer: Callable[[list[nn.Parameter]], torch.optim.Optimizer] | None,
+    repeats: int,
+    loss_fn: LossFn | None = None,
 ) -> tuple[float, float]:
     """Seconds per parameter byte of an optimizer step, and of adding the gradients into a flat buffer."""
     params = [p for p in model.parameters() if p.requires_grad]
     count = sum(p.numel() for p in params)
     nbytes = sum(p.numel() * p.element_size() for p in params)
+    blocks, last = _blocks(model)[1], _LastBlock(model, loss_fn)
     x = inputs
-    for block in _blocks(model)[1]:
+    for block in blocks[:-1]:
         x = block(x)
-    _loss(x, targets).backward()
+    last(blocks[-1], x, targets).backward()
     step_s = 0.0
     if optimizer is not None:
         opt = optimizer(params)

@@ -30,7 +30,9 @@ def tensor_plan(config: TrainConfig) -> dict[str, str] | None:
 CALIBRATION_STEPS = 6
 
 
-def train_step_time(model_fn: Callable[[], Any], train: Any, config: TrainConfig, device: torch.device, comm: Any) -> Callable[[int], float]:
+def train_step_time(
+    model_fn: Callable[[], Any], train: Any, config: TrainConfig, device: torch.device, comm: Any, loss_fn: Any = None
+) -> Callable[[int], float]:
     """``time(batch)``: median seconds of a step of the real Trainer on ``comm`` (one rank) at that batch."""
 
     def time(batch: int) -> float:
@@ -47,7 +49,7 @@ def train_step_time(model_fn: Callable[[], Any], train: Any, config: TrainConfig
             checkpoint_dir=None, checkpoint_every=0, resume=False, pipeline_stages=1, microbatches=1, zero=0, workers=1, autotune=False,
         )  # fmt: skip
         torch.manual_seed(cfg.seed)
-        trainer = Trainer(model_fn().to(device), None, train, None, cfg, comm=comm)
+        trainer = Trainer(model_fn().to(device), None, train, None, cfg, comm=comm, loss_fn=loss_fn)
         try:
             history = trainer.fit()
         finally:
@@ -59,7 +61,7 @@ def train_step_time(model_fn: Callable[[], Any], train: Any, config: TrainConfig
 
 def _profile(
     model_fn: Callable[[], Any], data_fn: Callable[[], Any], config: TrainConfig, sizes: Sequence[int], tensor_parallel: Sequence[int],
-    data_sizes: Sequence[int], device: torch.device, comm: Any = None,
+    data_sizes: Sequence[int], device: torch.device, comm: Any = None, loss_fn: Any = None,
 ) -> Profile:  # fmt: skip
     import torch
     from torch.utils.data import default_collate
@@ -75,39 +77,44 @@ def _profile(
         torch.manual_seed(config.seed)
         return model_fn().to(device)
 
-    step = train_step_time(model_fn, train, config, device, comm) if comm is not None else None
+    step = train_step_time(model_fn, train, config, device, comm, loss_fn) if comm is not None else None
     return profile_model(
         build, sample, sizes, tensor_parallel, tensor_plan(config), lambda ps: optimizer_over(ps, config), train, data_sizes, step,
+        loss_fn=loss_fn,
     )  # fmt: skip
 
 
 def profile_task(model_fn: Callable[[], Any], data_fn: Callable[[], Any], config: dict[str, Any], sizes: Sequence[int],
-                 tensor_parallel: Sequence[int], data_sizes: Sequence[int]) -> Profile:  # fmt: skip
+                 tensor_parallel: Sequence[int], data_sizes: Sequence[int], loss_fn: Any = None) -> Profile:  # fmt: skip
     """Engine half of :func:`measure_profile`: this rank's measurement, on its device (the loop's overhead on one rank alone)."""
     from mpi4py import MPI
 
     from rapydli.cluster.engine import context
 
-    return _profile(model_fn, data_fn, TrainConfig.from_dict(config), sizes, tensor_parallel, data_sizes, context().device, MPI.COMM_SELF)
+    return _profile(
+        model_fn, data_fn, TrainConfig.from_dict(config), sizes, tensor_parallel, data_sizes, context().device, MPI.COMM_SELF, loss_fn
+    )
 
 
 def measure_profile(
     cluster: Cluster, targets: Sequence[int], model_fn: Callable[[], Any], data_fn: Callable[[], Any], config: TrainConfig,
-    sizes: Sequence[int], tensor_parallel: Sequence[int], data_sizes: Sequence[int],
+    sizes: Sequence[int], tensor_parallel: Sequence[int], data_sizes: Sequence[int], loss_fn: Any = None,
 ) -> Profile:  # fmt: skip
-    """Every target engine measures at once; their times are averaged."""
+    """Every target engine measures at once; their times are averaged (the loss is ``loss_fn``'s, as the run's)."""
     ranks = list(targets)
-    profiles = cluster.run(profile_task, model_fn, data_fn, config.to_dict(), list(sizes), list(tensor_parallel), list(data_sizes), targets=ranks)
+    profiles = cluster.run(
+        profile_task, model_fn, data_fn, config.to_dict(), list(sizes), list(tensor_parallel), list(data_sizes), loss_fn, targets=ranks
+    )
     return Profile.combine(profiles, source=f"{len(ranks)} engines")
 
 
 def local_profile(
     model_fn: Callable[[], Any], data_fn: Callable[[], Any], config: TrainConfig, sizes: Sequence[int], tensor_parallel: Sequence[int],
-    data_sizes: Sequence[int],
+    data_sizes: Sequence[int], loss_fn: Any = None,
 ) -> Profile:  # fmt: skip
     """Measure in this process (on the CPU, with this process's threads; the loop's overhead is not measured: no MPI here)."""
     import torch
 
-    profile = _profile(model_fn, data_fn, config, sizes, tensor_parallel, data_sizes, torch.device("cpu"))
+    profile = _profile(model_fn, data_fn, config, sizes, tensor_parallel, data_sizes, torch.device("cpu"), loss_fn=loss_fn)
     profile.source = "this process"
     return profile
