@@ -101,7 +101,9 @@ def train(
     ...          optimizer_fn=lambda m: torch.optim.AdamW(m.parameters(), lr=1e-3))  # doctest: +SKIP
 
     The cluster is ``cluster``, else the one running in this kernel (``%rapydli start``),
-    else a new local one of ``config.workers`` engines that is stopped afterwards.
+    else a new local one of ``config.workers`` engines (default: 2, or ``pipeline_stages x
+    tensor_parallel`` when more) that is stopped afterwards. The run uses every engine of its
+    cluster; a ``workers`` that differs from them is refused before anything runs.
     """
     __tracebackhide__ = True  # noqa: F841 - IPython shows the user's cell, not these frames
     from rapydli.experiments.run import run_training
@@ -247,6 +249,9 @@ def plan_parallel(
     global_batch: int | None = None,
     profile: Profile | None = None,
     run_layouts: Sequence[str] = (),
+    loss_fn: Callable[..., Any] | None = None,
+    optimizer_fn: Callable[..., Any] | None = None,
+    metrics: Any = None,
 ) -> ParallelPlan:
     """Which layout (data x pipeline x tensor parallel, micro-batches, schedule, ZeRO) to train with.
 
@@ -268,7 +273,7 @@ def plan_parallel(
     static_figures()
     return plan(
         model_fn, data_fn, config, ranks, memory_per_rank, network, run_top, steps, cluster, global_batch=global_batch, profile=profile,
-        run_layouts=run_layouts,
+        run_layouts=run_layouts, loss_fn=loss_fn, optimizer_fn=optimizer_fn, metrics=metrics,
     )  # fmt: skip
 
 

@@ -183,9 +183,9 @@ class Objective:
 
         A model whose ``forward`` takes the targets (rule 2) computes its loss inside
         ``forward``; a pipeline runs the model's blocks on separate ranks and never calls
-        that ``forward``, so the targets would never reach it.
+        that ``forward``, so the targets would never reach it. One stage (no pipeline) always can.
         """
-        if self.target_parameter is not None:
+        if self.target_parameter is not None and stages > 1:
             name = type(model).__name__
             raise ConfigError(
                 f"{name}.forward takes {self.target_parameter!r} and computes its own loss, which pipeline_stages={stages} cannot run: "

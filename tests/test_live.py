@@ -9,6 +9,7 @@ import pytest
 import rapydli as rd
 from rapydli.cluster import events
 from rapydli.experiments.job import TrainingJob
+from rapydli.experiments.spec import RunSpec
 from rapydli.widgets.live import LivePlot
 from rapydli.zoo import datasets, models
 
@@ -51,7 +52,7 @@ def test_metrics_arrive_before_training_ends() -> None:
             if row["kind"] == "train":
                 arrivals.append((time.monotonic(), row["step"]))
 
-        job = TrainingJob(cluster, paced_mlp, datasets.digits, config, [0, 1], callbacks=[follow])
+        job = TrainingJob(cluster, RunSpec.of(paced_mlp, datasets.digits), config, [0, 1], callbacks=[follow])
         job.wait()
         ended = time.monotonic()
     assert job.state == "finished"

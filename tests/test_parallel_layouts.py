@@ -71,7 +71,7 @@ def test_tensor_parallel_config_is_checked_before_anything_starts() -> None:
     from rapydli.trainer.config import TrainConfig
 
     with pytest.raises(ConfigError, match=r"TrainConfig.workers=2: 2 ranks cannot run pipeline_stages=2 x tensor_parallel=2: .* multiple of 4 \(4, 8, 12"):
-        TrainConfig(pipeline_stages=2, tensor_parallel=2)
+        TrainConfig(pipeline_stages=2, tensor_parallel=2, workers=2)
     with pytest.raises(ConfigError, match=r"TrainConfig.workers=3: 3 ranks cannot run tensor_parallel=2: .* multiple of tensor_parallel"):
         TrainConfig(tensor_parallel=2, workers=3)
     with pytest.raises(ConfigError, match="'diagonal' is not a style; allowed: column, row, heads"):
@@ -105,8 +105,8 @@ def test_rd_train_splits_tiny_lm_over_two_engines_and_refuses_what_cannot_run() 
 
     lm, tokens = "rapydli.zoo.models:tiny_lm", "rapydli.zoo.datasets:synthetic_tokens"
     with rd.Cluster(n=2) as cluster:
-        with pytest.raises(ConfigError, match="2 ranks cannot run tensor_parallel=3"):
-            rd.train(lm, tokens, rd.TrainConfig(max_steps=2, tensor_parallel=3, workers=3), cluster=cluster, progress=False)
+        with pytest.raises(ConfigError, match=r"the cluster has 2 ranks: tensor_parallel=3 needs a multiple of 3 \(3, 6, 9"):
+            rd.train(lm, tokens, rd.TrainConfig(max_steps=2, tensor_parallel=3), cluster=cluster, progress=False)
         with pytest.raises(RankFailure, match=r"no built-in tensor plan for ResNetMini: pass TrainConfig\(tensor_plan="):
             rd.train("rapydli.zoo.models:resnet_digits", "rapydli.zoo.datasets:digits", rd.TrainConfig(max_steps=2, tensor_parallel=2),
                      cluster=cluster, progress=False)  # fmt: skip

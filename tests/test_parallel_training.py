@@ -84,7 +84,9 @@ def paced_mlp() -> nn.Module:
 
 def test_a_world_that_does_not_divide_is_refused_before_anything_starts() -> None:
     with pytest.raises(ConfigError, match="TrainConfig.workers=2: 2 ranks cannot run pipeline_stages=4"):
-        rd.TrainConfig(pipeline_stages=4)
+        rd.TrainConfig(pipeline_stages=4, workers=2)
+    # without workers the ranks are checked when they are known (the cluster's); rd.train alone starts a fitting one
+    assert rd.TrainConfig(pipeline_stages=4).ranks_to_start() == 4 and rd.TrainConfig(pipeline_stages=3, tensor_parallel=2).ranks_to_start() == 6
     with pytest.raises(ConfigError, match="TrainConfig.microbatches=8 is larger than batch_size=4"):
         rd.TrainConfig(pipeline_stages=2, batch_size=4, microbatches=8)
     with pytest.raises(ConfigError, match="autotune=True cannot be combined with pipeline_stages=2"):
@@ -105,8 +107,8 @@ def test_a_model_that_computes_its_own_loss_from_targets_is_refused_pipelined() 
 
 @pytest.mark.engines
 def test_a_cluster_that_does_not_divide_is_refused_before_the_run_starts(cluster) -> None:
-    config = rd.TrainConfig(max_steps=2, pipeline_stages=4, workers=4)
-    with pytest.raises(ConfigError, match="2 ranks cannot run pipeline_stages=4"):
+    config = rd.TrainConfig(max_steps=2, pipeline_stages=4)
+    with pytest.raises(ConfigError, match=r"the cluster has 2 ranks: pipeline_stages=4 needs a multiple of 4 \(4, 8, 12, ...\)"):
         rd.train(deep_mlp, "rapydli.zoo.datasets:digits", config, cluster=cluster, progress=False)
 
 

@@ -11,7 +11,7 @@ from rapydli.comm.synchronizer import FIRST_BUCKET_BYTES
 from rapydli.errors import ConfigError
 from rapydli.experiments.planning.layouts import (
     NO_SCHEDULE,
-    Layout,
+    Candidate,
     candidate_sizes,
     enumerate_layouts,
     microbatch_choices,
@@ -75,20 +75,20 @@ def test_microbatch_choices_and_sizes_to_measure() -> None:
 
 def test_layout_config_sets_batch_pipeline_and_zero() -> None:
     base = rd.TrainConfig(batch_size=16, lr=0.01)
-    piped = Layout(1, 2, 1, 4, "gpipe", 0).config(base, 32, ["blocks.1"])
+    piped = Candidate.of(1, 2, 1, 4, "gpipe", 0).config(base, 32, ["blocks.1"])
     assert (piped.workers, piped.batch_size, piped.pipeline_stages, piped.microbatches, piped.pipeline_schedule) == (2, 32, 2, 4, "gpipe")
     assert piped.pipeline_split == "blocks.1" and piped.global_batch(1) == 32 and piped.lr == 0.01
-    accumulated = Layout(2, 1, 1, 2, NO_SCHEDULE, 1).config(base, 32)
+    accumulated = Candidate.of(2, 1, 1, 2, NO_SCHEDULE, 1).config(base, 32)
     assert (accumulated.batch_size, accumulated.grad_accum, accumulated.zero, accumulated.pipeline_stages) == (8, 2, 1, 1)
     assert accumulated.global_batch(2) == 32
 
 
 def test_every_layout_is_a_config_the_trainer_takes() -> None:
-    composed = Layout(1, 2, 2, 4, "1f1b", 0).config(ADAM, 16)
+    composed = Candidate.of(1, 2, 2, 4, "1f1b", 0).config(ADAM, 16)
     assert (composed.workers, composed.pipeline_stages, composed.tensor_parallel, composed.microbatches) == (4, 2, 2, 4)
-    sharded = Layout(2, 1, 2, 1, NO_SCHEDULE, 2).config(ADAM, 16)
+    sharded = Candidate.of(2, 1, 2, 1, NO_SCHEDULE, 2).config(ADAM, 16)
     assert (sharded.workers, sharded.tensor_parallel, sharded.zero, sharded.batch_size) == (4, 2, 2, 8)
-    assert Layout(2, 1, 1, 1, NO_SCHEDULE, 0).config(composed, 16).tensor_parallel == 1  # a base's degree is replaced
+    assert Candidate.of(2, 1, 1, 1, NO_SCHEDULE, 0).config(composed, 16).tensor_parallel == 1  # a base's degree is replaced
 
 
 # -- memory formulas ----------------------------------------------------------------------
@@ -132,18 +132,18 @@ def test_zero2_reduce_scatters_each_bucket_as_backward_completes_it() -> None:
 def test_data_parallel_prediction_adds_the_exposed_allreduce() -> None:
     blocks = [_block(0.01, 0.02, params=4000), _block(0.03, 0.04, params=8000)]
     profile = _profile({16: blocks, 8: blocks})
-    got = predict(Layout(2, 1, 1, 1, NO_SCHEDULE, 0), profile, NET, 32, ADAM)
+    got = predict(Candidate.of(2, 1, 1, 1, NO_SCHEDULE, 0), profile, NET, 32, ADAM)
     allreduce = NET.allreduce.allreduce_time(2, 12000 + 8)  # one bucket: both parameters and their used flags
     assert got.gradient_s == pytest.approx(allreduce)
     assert got.optimizer_s == pytest.approx(12000 * 1e-6)
     assert got.step_s == pytest.approx(0.02 + 0.10 + allreduce + 0.012)  # data(16) + compute + allreduce + optimizer
     assert got.memory.parameters == 12000 and got.memory.optimizer == 24000 and got.memory.activations == 200
     half_ring = NET.collectives.allreduce_time(2, 12000) / 2  # a reduce-scatter or an allgather
-    zero1 = predict(Layout(2, 1, 1, 1, NO_SCHEDULE, 1), profile, NET, 32, ADAM)
+    zero1 = predict(Candidate.of(2, 1, 1, 1, NO_SCHEDULE, 1), profile, NET, 32, ADAM)
     assert zero1.gradient_s == pytest.approx(allreduce)  # the synchronizer's allreduce as without ZeRO
     assert zero1.optimizer_s == pytest.approx(12000 * 1e-6 / 2 + half_ring)  # the step on half, then the allgather
     assert zero1.memory.optimizer == 12000 and zero1.memory.buffers == 0
-    zero2 = predict(Layout(2, 1, 1, 1, NO_SCHEDULE, 2), profile, NET, 32, ADAM)
+    zero2 = predict(Candidate.of(2, 1, 1, 1, NO_SCHEDULE, 2), profile, NET, 32, ADAM)
     assert zero2.gradient_s == pytest.approx(12000 * 1e-7 + half_ring)  # gradients added into the bucket, reduce-scattered as backward ends
     assert zero2.optimizer_s == pytest.approx(12000 * 1e-6 / 2 + half_ring)
     assert zero2.memory.gradients == 6000 and zero2.memory.optimizer == 12000 and zero2.memory.buffers == 12000 + 6000
@@ -153,7 +153,7 @@ def test_pipeline_prediction_is_the_schedule_simulated() -> None:
     blocks = [_block(0.01, 0.02, out=1000)] * 4
     profile = _profile({8: blocks, 4: blocks})
     for schedule in schedules.SCHEDULES:
-        got = predict(Layout(1, 2, 1, 4, schedule, 0), profile, NET, 32, ADAM)
+        got = predict(Candidate.of(1, 2, 1, 4, schedule, 0), profile, NET, 32, ADAM)
         transfer = NET.p2p.send_time(1000)
         expected = schedules.simulate(schedules.build(schedule, 2, 4), [0.02, 0.02], [0.04, 0.04], transfer)
         assert got.compute_s == pytest.approx(expected.makespan)
@@ -161,8 +161,8 @@ def test_pipeline_prediction_is_the_schedule_simulated() -> None:
         assert got.split == ["b2"]  # equal blocks: two per stage
         live = max(schedules.peak_live(a) for a in schedules.build(schedule, 2, 4))
         assert got.memory.activations == pytest.approx(live * (200 + 1000))  # two blocks' saved bytes + the stage output kept
-    gpipe = predict(Layout(1, 2, 1, 4, "gpipe", 0), profile, NET, 32, ADAM)
-    ofob = predict(Layout(1, 2, 1, 4, "1f1b", 0), profile, NET, 32, ADAM)
+    gpipe = predict(Candidate.of(1, 2, 1, 4, "gpipe", 0), profile, NET, 32, ADAM)
+    ofob = predict(Candidate.of(1, 2, 1, 4, "1f1b", 0), profile, NET, 32, ADAM)
     assert gpipe.memory.activations > ofob.memory.activations
 
 
@@ -170,7 +170,7 @@ def test_tensor_parallel_prediction_adds_its_allreduces_without_running() -> Non
     dense = [_block(0.01, 0.02, params=4000)]
     split = [_block(0.006, 0.012, params=2000, tp=(5000, 5000))]
     profile = _profile({16: dense}, tp={16: split})
-    got = predict(Layout(1, 1, 2, 1, NO_SCHEDULE, 0), profile, NET, 16, ADAM)
+    got = predict(Candidate.of(1, 1, 2, 1, NO_SCHEDULE, 0), profile, NET, 16, ADAM)
     tp = 2 * 2 * NET.collectives.allreduce_time(2, 5000)  # two allreduces forward, two backward
     assert got.compute_s == pytest.approx(0.018 + tp)
     assert got.memory.parameters == 2000 and got.gradient_s == 0.0

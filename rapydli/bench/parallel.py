@@ -40,15 +40,15 @@ MICROBATCHES = 4
 
 def layouts() -> dict[str, Any]:
     """The layouts benchmarked, by name."""
-    from rapydli.experiments.planning.layouts import NO_SCHEDULE, Layout
+    from rapydli.experiments.planning.layouts import NO_SCHEDULE, Candidate
 
     return {
-        "dp": Layout(2, 1, 1, 1, NO_SCHEDULE, 0),
-        "zero1": Layout(2, 1, 1, 1, NO_SCHEDULE, 1),
-        "zero2": Layout(2, 1, 1, 1, NO_SCHEDULE, 2),
-        "pp 1f1b": Layout(1, 2, 1, MICROBATCHES, "1f1b", 0),
-        "pp gpipe": Layout(1, 2, 1, MICROBATCHES, "gpipe", 0),
-        "tp": Layout(1, 1, 2, 1, NO_SCHEDULE, 0),
+        "dp": Candidate.of(2, 1, 1, 1, NO_SCHEDULE, 0),
+        "zero1": Candidate.of(2, 1, 1, 1, NO_SCHEDULE, 1),
+        "zero2": Candidate.of(2, 1, 1, 1, NO_SCHEDULE, 2),
+        "pp 1f1b": Candidate.of(1, 2, 1, MICROBATCHES, "1f1b", 0),
+        "pp gpipe": Candidate.of(1, 2, 1, MICROBATCHES, "gpipe", 0),
+        "tp": Candidate.of(1, 1, 2, 1, NO_SCHEDULE, 0),
     }
 
 

@@ -9,7 +9,7 @@ store like ``rd.train``'s.
 
 Examples
 --------
->>> job = TrainingJob(cluster, models.mlp, datasets.digits, TrainConfig(max_steps=20), targets=[0, 1])  # doctest: +SKIP
+>>> job = TrainingJob(cluster, RunSpec.of(models.mlp, datasets.digits), TrainConfig(max_steps=20), targets=[0, 1])  # doctest: +SKIP
 >>> while not job.poll(0.05):  # doctest: +SKIP
 ...     pass
 >>> job.state, job.final_metrics()["val_loss"]  # doctest: +SKIP
@@ -25,9 +25,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from rapydli.errors import ConfigError, RankFailure
-from rapydli.experiments.store.refs import resolve_callable
-from rapydli.experiments.store.sources import code_params, describe
-from rapydli.parallel.grid import data_parallel_degree
+from rapydli.parallel.layout import Layout
 from rapydli.trainer.config import TrainConfig
 from rapydli.trainer.task import engine_task
 
@@ -35,6 +33,7 @@ if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
 
     from rapydli.cluster import Cluster
+    from rapydli.experiments.spec import RunSpec
 
 #: A run asked to stop (``request_stop``) that has not ended this many seconds later is
 #: interrupted by :meth:`TrainingJob.poll` (SIGINT; ranks blocked in a collective are aborted),
@@ -50,13 +49,13 @@ class TrainingJob:
     cluster
         A :class:`rapydli.cluster.Cluster`; made usable here, as part of the run
         (:func:`rapydli.cluster.ensure.ready`: started, waited for, or restarted if its engines died).
-    model_fn, data_fn
-        As for ``rd.train`` (callables or ``"module:qualname"`` strings).
-    loss_fn, optimizer_fn, metrics
-        As for ``rd.train``: the loss, the optimizer and the validation metrics
-        (:mod:`rapydli.objective`, :mod:`rapydli.trainer.optim`); checked here.
+    spec
+        What to train (:class:`~rapydli.experiments.spec.RunSpec`: the model, the data, the
+        loss, the optimizer and the metrics, resolved and checked by the caller).
     config
-        The run's :class:`TrainConfig` (already validated).
+        The run's :class:`TrainConfig` (already validated). Its layout must fit the
+        targets (refused here, naming the ranks, before anything starts); the run is
+        recorded and runs with ``workers`` set to the number of targets.
     targets
         Ranks of the cluster that run it (a communicator over exactly them).
     callbacks
@@ -102,8 +101,7 @@ class TrainingJob:
     def __init__(
         self,
         cluster: Cluster,
-        model_fn: Callable[[], Any] | str,
-        data_fn: Callable[[], Any] | str,
+        spec: RunSpec,
         config: TrainConfig,
         targets: Sequence[int],
         *,
@@ -116,19 +114,15 @@ class TrainingJob:
         progress: bool | Callable[..., Any] = False,
         continues: str | None = None,
         keep_open: bool = False,
-        loss_fn: Callable[..., Any] | None = None,
-        optimizer_fn: Callable[..., Any] | None = None,
-        metrics: Any = None,
     ) -> None:
         from rapydli.cluster.ensure import ready
         from rapydli.experiments.store.runstore import open_store
-        from rapydli.trainer.outputs import check_training_code
 
-        model, data = resolve_callable(model_fn, "model_fn"), resolve_callable(data_fn, "data_fn")
-        if config.pipeline_stages > 1 or config.tensor_parallel > 1:  # refused before anything starts: ranks = replicas x stages x tensor
-            data_parallel_degree(len(targets), config.pipeline_stages, config.tensor_parallel)
-        check_training_code(loss_fn, optimizer_fn, metrics)
-        code = {"loss_fn": loss_fn, "optimizer_fn": optimizer_fn, "metrics": metrics}
+        # refused before anything starts: ranks = replicas x stages x tensor
+        where = "the cluster" if len(targets) == cluster.n else "this run's engine group"
+        self.layout = Layout.of(config, len(targets), where=where)
+        config = config.replace(workers=len(targets))  # what really runs is what is recorded
+        self.spec = spec
         self.config = config
         self.targets = list(targets)
         hosts = sorted({host for rank, host in cluster.status()["rank_hosts"].items() if rank in self.targets})
@@ -158,21 +152,22 @@ class TrainingJob:
         self.keep_open = keep_open
         self.start_step: int | None = None
         if self.store is not None and continues is None:
+            described = spec.params()
             params = {
-                "model_fn": model_fn if isinstance(model_fn, str) else describe(model),
-                "data_fn": data_fn if isinstance(data_fn, str) else describe(data),
+                "model_fn": described.pop("model_fn"),
+                "data_fn": described.pop("data_fn"),
                 "config": config.to_dict(),
                 "targets": self.targets,
-                **code_params(model, data, code),
+                **described,
                 **(extra_params or {}),
             }
-            run_name = name or str(getattr(model, "__name__", "model"))
+            run_name = name or spec.name
             self.run_id = self.store.create_run(kind, run_name, params, parent=parent, world_size=len(self.targets), seed=config.seed)
             self.store.add_record(self.run_id, "hosts", "json", hosts)  # where this run's ranks run
         try:
             ready(cluster)  # started, waited for or restarted as part of the run (rd.train's own cluster too)
             self.job = cluster.submit(
-                engine_task, model, data, config.to_dict(), targets=self.targets, on_event=self._on_event, **code
+                engine_task, spec.model_fn, spec.data_fn, config.to_dict(), targets=self.targets, on_event=self._on_event, **spec.code
             )
         except KeyboardInterrupt:
             __tracebackhide__ = True  # noqa: F841 - IPython shows the user's cell, not ipyparallel's frames

@@ -22,9 +22,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from rapydli.errors import ConfigError, RankFailure
-from rapydli.experiments.store.refs import resolve_callable
+from rapydli.experiments.spec import RunSpec
 from rapydli.trainer.config import TrainConfig
-from rapydli.trainer.outputs import check_training_code
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -101,7 +100,10 @@ def run_training(
         A :class:`TrainConfig` (or a dict of its fields); validated before anything starts.
     cluster
         The cluster to use; ``None`` uses the one running in this kernel, else starts one
-        of ``config.workers`` engines and stops it afterwards (:func:`rapydli.cluster.ensure_cluster`).
+        of ``config.ranks_to_start()`` engines and stops it afterwards (:func:`rapydli.cluster.ensure_cluster`).
+        The run uses every engine of the cluster: a ``config.workers`` that differs is a
+        :class:`ConfigError` (:func:`check_workers`), and so is a layout its engines do not
+        divide into (naming them).
     callbacks
         Client-side callables, each called with every metrics row as it arrives.
     progress
@@ -165,13 +167,11 @@ def run_training(
     from rapydli.experiments.job import TrainingJob
 
     cfg = config if isinstance(config, TrainConfig) else TrainConfig.from_dict(dict(config))
-    model = resolve_callable(model_fn, "model_fn")
-    resolve_callable(data_fn, "data_fn")
-    check_training_code(loss_fn, optimizer_fn, metrics)
+    spec = RunSpec.of(model_fn, data_fn, loss_fn, optimizer_fn, metrics)  # resolved and checked once, then passed whole
     for callback in callbacks:
         if not callable(callback):
             raise ConfigError(f"callbacks must be callables taking a metrics dict; got {callback!r}")
-    run_name = name or str(getattr(model, "__name__", "model"))
+    run_name = name or spec.name
     left = cfg.max_restarts if restarts is None else restarts
     if not isinstance(left, int) or isinstance(left, bool) or left < 0:
         raise ConfigError(f"restarts={restarts!r} is invalid: an integer >= 0")
@@ -186,13 +186,11 @@ def run_training(
         scratch = subdir("checkpoints") / uuid.uuid4().hex[:12]
         cfg = cfg.replace(checkpoint_dir=str(scratch))
     # the run starts the cluster it owns, so that Ctrl-C during the start is recorded on it
-    with ensure_cluster(cluster, n=cfg.workers, start=False) as chosen:
+    with ensure_cluster(cluster, n=cfg.ranks_to_start(), start=False) as chosen:
+        check_workers(cfg, chosen.n)
         if cfg.min_workers is not None and cfg.min_workers > chosen.n:
             raise ConfigError(f"min_workers={cfg.min_workers} is invalid: the cluster has {chosen.n} engines, allowed 1..{chosen.n}")
-        job = TrainingJob(
-            chosen, model_fn, data_fn, cfg, range(chosen.n), callbacks=callbacks, name=run_name, progress=progress,
-            loss_fn=loss_fn, optimizer_fn=optimizer_fn, metrics=metrics, keep_open=left > 0,
-        ).wait()
+        job = TrainingJob(chosen, spec, cfg, range(chosen.n), callbacks=callbacks, name=run_name, progress=progress, keep_open=left > 0).wait()
         history = list(job.rows)
         restarted: list[dict[str, Any]] = []
         while job.exception is not None and job.exception.died and left > 0:
@@ -201,8 +199,8 @@ def run_training(
             try:
                 targets = _restart(chosen, cfg, job.exception)
                 job = TrainingJob(
-                    chosen, model_fn, data_fn, cfg.replace(resume=True), targets, callbacks=callbacks, name=run_name,
-                    progress=progress, continues=job.run_id, keep_open=left > 0, loss_fn=loss_fn, optimizer_fn=optimizer_fn, metrics=metrics,
+                    chosen, spec, cfg.replace(resume=True), targets, callbacks=callbacks, name=run_name,
+                    progress=progress, continues=job.run_id, keep_open=left > 0,
                 )  # fmt: skip
             except BaseException as exc:
                 _record_failed_restart(job, [*restarted, {**restart, "error": str(exc)}], exc)
@@ -221,6 +219,21 @@ def run_training(
 
     frame = job.history if not restarted else pd.DataFrame(history)
     return RunResult(run_id=job.run_id, history=frame, figure=loss_figure(frame, title=run_name), timelines=job.timelines)
+
+
+def check_workers(config: TrainConfig, engines: int) -> None:
+    """Raise :class:`ConfigError` when ``config.workers`` is set and is not the ``engines`` the run would use.
+
+    ``rd.train`` runs on every engine of the cluster it uses; ``workers`` only sizes a
+    cluster it starts itself. A ``workers`` that differs from the cluster's engines is
+    refused before anything runs, rather than ignored (and recorded as if it had run).
+    """
+    if config.workers is not None and config.workers != engines:
+        raise ConfigError(
+            f"TrainConfig.workers={config.workers}, but the cluster this run uses has {engines} engines: rd.train runs on every "
+            f"engine of its cluster. Leave workers=None (the cluster decides), set workers={engines}, or pass cluster= one of "
+            f"{config.workers} engines (stop the running one first: cluster.stop() or %rapydli stop)"
+        )
 
 
 def _restart(cluster: Cluster, config: TrainConfig, failure: RankFailure) -> list[int]:

@@ -35,6 +35,8 @@ from rapydli.errors import ConfigError
 from rapydli.experiments.figures import fill_scaling_figure, scaling_figure
 from rapydli.experiments.job import TrainingJob
 from rapydli.experiments.planning.perfmodel import RingModel, measure_ring, predict_step_time
+from rapydli.experiments.spec import RunSpec
+from rapydli.parallel.layout import Layout
 from rapydli.trainer.config import TrainConfig
 from rapydli.trainer.task import WARMUP_STEPS
 
@@ -153,10 +155,8 @@ def scaling_study(
     >>> rd.scaling_study(model_fn, data_fn, rd.TrainConfig(microbatches=4), workers=[2, 4],
     ...                  pipeline_stages=[1, 2]).table  # doctest: +SKIP
     """
-    from rapydli.trainer.outputs import check_training_code
-
     cfg = config if isinstance(config, TrainConfig) else TrainConfig.from_dict(dict(config))
-    check_training_code(loss_fn, optimizer_fn, metrics)
+    spec = RunSpec.of(model_fn, data_fn, loss_fn, optimizer_fn, metrics)  # resolved and checked once, then passed whole
     counts = sorted(set(workers)) if isinstance(workers, Sequence) else []
     if not counts or any(not isinstance(k, int) or isinstance(k, bool) or k < 1 for k in counts):
         raise ConfigError(f"workers={workers!r} is invalid: a list of integers >= 1")
@@ -170,24 +170,26 @@ def scaling_study(
     stage_counts = _stage_counts(pipeline_stages, cfg)
     tp = cfg.tensor_parallel  # a replica's ranks: its stages x tensor_parallel
     of_tp = f" of {tp} tensor-parallel ranks each" if tp > 1 else ""
-    plan = [(k, p) for k in counts for p in stage_counts if k % (p * tp) == 0]
+    # each point's layout (its replicas: the arithmetic is the Layout's)
+    layouts = {(k, p): Layout(k, p, tp, cfg.zero) for k in counts for p in stage_counts if Layout.fits(k, p, tp)}
+    plan = list(layouts)
     notes = [f"pipeline_stages={p} skipped at workers={k}: {k} ranks do not divide into {p}-stage pipelines{of_tp}"
-             for k in counts for p in stage_counts if k % (p * tp)]  # fmt: skip
+             for k in counts for p in stage_counts if (k, p) not in layouts]  # fmt: skip
     unused = [p for p in stage_counts if all(q != p for _, q in plan)]
     if unused:
         multiple = f"{tp} x it" if tp > 1 else "it"
         raise ConfigError(f"pipeline_stages={unused} divide none of workers={counts}: each needs a worker count that is a multiple of {multiple}")
     if (predict_counts or network is not None) and 1 not in stage_counts:
         raise ConfigError("predict and network model data parallelism: add 1 to pipeline_stages (those points are predicted and checked)")
-    global_batch = cfg.batch_size * plan[0][0] // (plan[0][1] * tp)
-    if mode == "strong" and any(global_batch % (k // (p * tp)) for k, p in plan):
-        first = f"batch_size x {plan[0][0] // (plan[0][1] * tp)} replicas" if plan[0][1] * tp > 1 else f"batch_size x {counts[0]}"
-        replicas = sorted({k // (p * tp) for k, p in plan})
+    global_batch = cfg.batch_size * layouts[plan[0]].replicas
+    if mode == "strong" and any(global_batch % layout.replicas for layout in layouts.values()):
+        first = f"batch_size x {layouts[plan[0]].replicas} replicas" if plan[0][1] * tp > 1 else f"batch_size x {counts[0]}"
+        replicas = sorted({layout.replicas for layout in layouts.values()})
         raise ConfigError(f"mode='strong' splits the global batch {global_batch} ({first}); it must divide by every count in {replicas}")
     # every point's config, validated before anything starts (a batch too small for microbatches, ...)
     point_configs = {}
     for k, p in plan:
-        batch = cfg.batch_size if mode == "weak" else global_batch // (k // (p * tp))
+        batch = cfg.batch_size if mode == "weak" else global_batch // layouts[(k, p)].replicas
         point_configs[(k, p)] = cfg.replace(
             batch_size=batch, max_steps=steps, epochs=max(cfg.epochs, steps), eval_every=0, checkpoint_dir=None, resume=False,
             workers=k, pipeline_stages=p,
@@ -202,7 +204,7 @@ def scaling_study(
     run_id = None
     if store is not None:
         params = {"config": cfg.to_dict(), "workers": counts, "pipeline_stages": stage_counts, "mode": mode, "steps": steps, "predict": predict_counts}
-        run_id = store.create_run("scaling", getattr(model_fn, "__name__", str(model_fn)), params, world_size=counts[-1], seed=cfg.seed)
+        run_id = store.create_run("scaling", spec.model_ref or spec.name, params, world_size=counts[-1], seed=cfg.seed)
     figure = scaling_figure([], None, mode=mode, stages=stage_counts)
     points: list[dict[str, Any]] = []
     status, error = "failed", None
@@ -212,9 +214,8 @@ def scaling_study(
         for (k, p), point_cfg in point_configs.items():
             label = f"{k}-worker" + (f", {p}-stage" if p > 1 else "")
             job = TrainingJob(
-                cluster, model_fn, data_fn, point_cfg, list(range(k)), name=f"scaling-{k}" + (f"-stages{p}" if p > 1 else ""),
+                cluster, spec, point_cfg, list(range(k)), name=f"scaling-{k}" + (f"-stages{p}" if p > 1 else ""),
                 parent=run_id, extra_params={"scaling_workers": k, "scaling_pipeline_stages": p},
-                loss_fn=loss_fn, optimizer_fn=optimizer_fn, metrics=metrics,
             ).wait()  # fmt: skip
             if job.state != "finished":
                 raise ConfigError(f"the {label} point failed: {job.error}")
@@ -222,7 +223,7 @@ def scaling_study(
                 gradient_bytes = job.results[0]["gradient_bytes"]
             where = cluster.status()["rank_hosts"]
             hosts = ", ".join(sorted({where[r] for r in range(k) if r in where}))
-            points.append({**_point(k, p, k // (p * tp), point_cfg.batch_size, job.results), "hosts": hosts})
+            points.append({**_point(k, p, layouts[(k, p)].replicas, point_cfg.batch_size, job.results), "hosts": hosts})
             fill_scaling_figure(figure, _table(points, None, gradient_bytes), None)
             if on_point is not None:
                 on_point(figure)

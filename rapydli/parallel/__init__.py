@@ -1,5 +1,8 @@
 """rapydli.parallel: splitting training across ranks beyond data parallelism.
 
+``layout`` owns a run's degrees (data x pipeline x tensor, ZeRO stage): it validates them
+against the ranks that run, and hands the Trainer its part of the model and its gradient
+strategy (``gradients``: nothing, a synchronizer, or ZeRO's sharded optimizer).
 ``grid`` splits the ranks into data-parallel replicas x pipeline stages x tensor-parallel
 ranks, ``split`` cuts a model into stages at module boundaries, ``schedules`` holds GPipe
 and 1F1B as per-stage action lists, ``executor`` runs one stage's list with non-blocking

@@ -16,8 +16,9 @@ TENSOR_STYLES = ("column", "row", "heads")
 def check_pipeline(config: Any) -> None:
     """Raise :class:`ConfigError` if the pipeline fields of ``config`` cannot work together.
 
-    ``workers`` (the ranks ``rd.train`` starts) must be a multiple of
-    ``pipeline_stages x tensor_parallel``; ``microbatches`` at most ``batch_size``;
+    ``workers``, when given (the ranks ``rd.train`` starts without a cluster), must be a
+    multiple of ``pipeline_stages x tensor_parallel`` (the ranks that really run are checked
+    when they are known: :class:`~rapydli.parallel.layout.Layout`); ``microbatches`` at most ``batch_size``;
     ``autotune`` off; an explicit ``pipeline_split`` names ``pipeline_stages - 1`` points
     (which points a model has is checked when the model is split).
     """
@@ -42,7 +43,9 @@ def check_pipeline(config: Any) -> None:
 
 
 def check_grid(config: Any) -> None:
-    """Raise :class:`ConfigError` unless ``workers`` is a multiple of ``pipeline_stages x tensor_parallel``."""
+    """Raise :class:`ConfigError` unless ``workers`` (when given) is a multiple of ``pipeline_stages x tensor_parallel``."""
+    if config.workers is None:
+        return
     try:
         data_parallel_degree(config.workers, config.pipeline_stages, config.tensor_parallel)
     except ConfigError as exc:

@@ -148,7 +148,14 @@ class TrainConfig:
     cache_disk_mb: float = _spec(0.0, "clairvoyant loader: local-disk cache budget per rank (MB)", low=0.0, high=1e8)
     autotune: bool = _spec(False, "tune the model's convolutions once (rank 0) and use the plan on every rank")
     autotune_budget_s: float | None = _spec(60.0, "seconds rank 0 may spend tuning (None: no limit)", low=0.0, high=1e6, low_open=True, optional=True, log=True)
-    workers: int = _spec(2, "ranks rd.train starts when it is given no cluster", low=1, high=4096)
+    workers: int | None = _spec(
+        None,
+        "ranks rd.train starts when it is given no cluster (None: 2, or pipeline_stages x tensor_parallel when more); "
+        "with a cluster its engines are the ranks, and a workers that differs is refused",
+        low=1,
+        high=4096,
+        optional=True,
+    )
     pipeline_stages: int = _spec(1, "pipeline stages the model is split into (ranks = data-parallel degree x stages)", low=1, high=1024)
     microbatches: int = _spec(1, "micro-batches each pipeline step cuts a batch into", low=1, high=4096, log=True)
     pipeline_schedule: str = _spec("1f1b", "pipeline schedule", choices=PIPELINE_SCHEDULES)
@@ -170,6 +177,22 @@ class TrainConfig:
             check_pipeline(self)
         elif self.tensor_parallel > 1:
             check_grid(self)
+
+    def ranks_to_start(self) -> int:
+        """The engines ``rd.train`` starts when it is given no cluster.
+
+        ``workers``, or when it is ``None`` the smallest multiple of ``pipeline_stages x
+        tensor_parallel`` that is at least 2.
+
+        Examples
+        --------
+        >>> TrainConfig().ranks_to_start(), TrainConfig(pipeline_stages=3).ranks_to_start(), TrainConfig(workers=1).ranks_to_start()
+        (2, 3, 1)
+        """
+        if self.workers is not None:
+            return self.workers
+        per_replica = self.pipeline_stages * self.tensor_parallel
+        return per_replica * -(-2 // per_replica)
 
     def global_batch(self, world_size: int) -> int:
         """Samples per optimizer step across all ranks."""

@@ -1,14 +1,15 @@
-"""The data-parallel ``Trainer`` that runs on every rank.
+"""The ``Trainer`` that runs on every rank, for every layout.
 
-Each rank builds the same model (rank 0's weights are broadcast), reads its own seeded
-shard of the data through :func:`rapydli.data.loaders.build_loader`, and averages
-gradients with a :class:`rapydli.comm.GradientSynchronizer` whose bucket allreduces
-overlap backward. :meth:`Trainer.fit` is the loop, top to bottom in the order it runs.
-With ``pipeline_stages`` or ``tensor_parallel`` above 1 the ranks form a
-:class:`~rapydli.parallel.grid.ProcessGrid` and this rank trains its stage and its slices
-of the layers, reading its replica's shard; with ``zero`` the optimizer state is sharded
-over the replicas (:mod:`rapydli.parallel.zero`), and such runs checkpoint one part per
-rank (:mod:`rapydli.trainer.sharded`).
+Each rank builds the same model (rank 0's weights are broadcast) and reads its replica's
+seeded shard of the data through :func:`rapydli.data.loaders.build_loader`. The run's
+:class:`~rapydli.parallel.layout.Layout` (data x pipeline x tensor, ZeRO) hands the
+Trainer its part of the model (its pipeline stage, its slices of the layers: a
+:class:`~rapydli.parallel.layout.ModelPart`) and what makes its gradients global (a
+:class:`rapydli.comm.GradientSynchronizer` whose bucket allreduces overlap backward, or
+ZeRO's sharded optimizer: :mod:`rapydli.parallel.gradients`); the loss is the run's
+:class:`~rapydli.objective.Objective`. :meth:`Trainer.fit` is the loop, top to bottom in
+the order it runs. Runs whose state is spread over ranks checkpoint one part per rank
+(:mod:`rapydli.trainer.sharded`).
 
 Examples
 --------
@@ -37,6 +38,7 @@ from torch.utils.data import Dataset
 
 from rapydli.errors import ConfigError
 from rapydli.objective import LossFn, MetricsArg, Objective, default_metrics, resolve_metrics
+from rapydli.parallel.layout import Layout
 from rapydli.trainer import checkpoint as ckpt
 from rapydli.trainer import replicated
 from rapydli.trainer.callbacks import Callback, dispatch
@@ -73,7 +75,7 @@ def loss_and_correct(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch
 
 
 class Trainer:
-    """Data-parallel training of ``model`` on one rank; call :meth:`fit` on every rank.
+    """Training of ``model`` on one rank, in the layout its config names; call :meth:`fit` on every rank.
 
     Parameters
     ----------
@@ -115,6 +117,12 @@ class Trainer:
 
     Attributes
     ----------
+    layout
+        The run's :class:`~rapydli.parallel.layout.Layout` (degrees, ZeRO stage) over this world.
+    part
+        This rank's :class:`~rapydli.parallel.layout.ModelPart`; ``model`` is its module.
+    gradients
+        The gradient strategy (:mod:`rapydli.parallel.gradients`); ``optimizer`` is its optimizer.
     step
         Optimizer steps completed.
     history
@@ -149,25 +157,17 @@ class Trainer:
         self.rank, self.world_size = self.mpi.Get_rank(), self.mpi.Get_size()
         # the loss as the whole model's forward decides it (a pipeline's last stage computes it on its outputs)
         self.objective = Objective(model, loss_fn)
-        # pipelined: this rank trains its stage; tensor-parallel: its slices of the layers. Data (and gradients) are
-        # shared with the same part's copies in the other replicas (the grid's data group)
-        self.pipeline = _pipeline(model, config, self.mpi, train_data, self.objective)
-        self.grid = self.pipeline.grid if self.pipeline is not None else _tensor_grid(model, config, self.mpi)
-        self.data_rank, self.data_size = (self.grid.replica, self.grid.replicas) if self.grid else (self.rank, self.world_size)
-        self._owns_comm = comm is None or comm is self.mpi or self.grid is not None
-        self._sharded = self.grid is not None or config.zero > 0  # its checkpoints are per-rank parts (rapydli.trainer.sharded)
-        if self.pipeline is not None:
-            model = self.pipeline.module
-        if self.grid is not None:
-            comm = self.grid.data_communicator(config.allreduce)
-        elif self._owns_comm:
-            from rapydli.comm import Communicator
-
-            comm = Communicator(self.mpi, algorithm=config.allreduce) if self.world_size > 1 else None
-        self.comm = comm
+        self.objective.check_pipelined(model, config.pipeline_stages)
+        # the layout of the ranks (data x pipeline x tensor, ZeRO), checked against the world that runs
+        self.layout = Layout.of(config, self.world_size)
+        # this rank's part of the model (its stage, its slices of the layers) and the communicator of its data group
+        self.part = self.layout.model_part(model, config, self.mpi, train_data, self.objective, comm, _resumed_bounds(config, self.mpi))
+        self.pipeline, self.grid, self.comm = self.part.pipeline, self.part.grid, self.part.comm
+        self.data_rank, self.data_size = self.part.data_rank, self.part.data_size
+        self._sharded = self.layout.sharded  # its checkpoints are per-rank parts (rapydli.trainer.sharded)
         self._should_stop = should_stop
         self._writer = ckpt.CheckpointWriter()
-        self.model = model
+        self.model = model = self.part.model
         self.device = next(model.parameters()).device
         resolved = resolve_metrics(metrics)
         self.metrics = default_metrics() if resolved is None else resolved
@@ -200,22 +200,10 @@ class Trainer:
         self.autotune_plan: Any = None
         if config.autotune:
             self._autotune(train_data)
-        self.sync = self._synchronizer()
-        if config.zero:
-            if optimizer is not None or optimizer_fn is not None:
-                raise ConfigError(
-                    f"TrainConfig.zero={config.zero} shards the optimizer config.optimizer names: pass no optimizer or optimizer_fn"
-                )
-            from rapydli.parallel.zero import ShardedOptimizer
-
-            data_comm = self.grid.data if self.grid is not None else self.mpi
-            self.optimizer = ShardedOptimizer(
-                self.model.parameters(), lambda ps: optimizer_over(ps, config), data_comm, stage=config.zero, bucket_mb=config.bucket_mb
-            )
-            for group in self.optimizer.param_groups:
-                group.setdefault("initial_lr", group["lr"])
-        # what averages the gradients over the data-parallel group: the synchronizer, or ZeRO-2's reduce-scatters
-        self._gradients: Any = self.sync if self.sync is not None else self.optimizer if config.zero == 2 else None
+        # what makes the gradients global (a synchronizer, ZeRO's sharded optimizer, or nothing) and the optimizer it steps
+        rebuild = (lambda ps: optimizer_over(ps, config)) if optimizer is None and optimizer_fn is None else None
+        self.gradients = self.layout.gradients(self.part, self.optimizer, rebuild, config)
+        self.optimizer, self.sync = self.gradients.optimizer, self.gradients.sync
         if self.pipeline is not None:
             self.pipeline.attach(self.sync, self._autocast)
         self.step = 0
@@ -277,12 +265,12 @@ class Trainer:
                         inputs, targets = _to_device(next(batches), self.device)
                     data_time += time.perf_counter() - fetch
                     last = micro == cfg.grad_accum - 1
-                    with self.sync.no_sync() if not last and self.sync else contextlib.nullcontext():
+                    with self.gradients.no_sync() if not last else contextlib.nullcontext():
                         loss_sum += self._forward_backward(inputs, targets)
                     samples += len(inputs)
                 comm_time = comm_wait = hidden = 0.0
-                if self._gradients is not None:
-                    stats = self._gradients.wait()
+                stats = self.gradients.wait()
+                if stats is not None:
                     comm_time, comm_wait, hidden = stats.comm_time, stats.wait_time, stats.hidden_fraction
 
                 # clip the global gradient norm (gradients are already averaged; stages, tensor shards and ZeRO-2 slices add up to one norm)
@@ -290,14 +278,11 @@ class Trainer:
                 if cfg.grad_clip is not None:
                     from rapydli.parallel.clip import clip_grad_norm_
 
-                    grad_norm = clip_grad_norm_(self.model, cfg.grad_clip, self.grid, self.optimizer if cfg.zero == 2 else None)
+                    grad_norm = clip_grad_norm_(self.model, cfg.grad_clip, self.grid, self.gradients.sharded)
 
                 # optimizer step
                 self.optimizer.step()
-                if self.sync is not None:
-                    self.sync.zero_grad()  # the next backward's gradients are copied into the buckets
-                else:
-                    self.optimizer.zero_grad(set_to_none=True)
+                self.gradients.zero_grad()
                 self.step += 1
 
                 # log: metrics to the history and the callbacks
@@ -350,17 +335,9 @@ class Trainer:
     def close(self) -> None:
         """Finish a checkpoint still being written; remove the gradient hooks; release the communicator the trainer built."""
         self._writer.wait()
-        if self.sync is not None:
-            self.sync.close()
-        if self.config.zero:
-            self.optimizer.close()  # type: ignore[union-attr]
-        if self._owns_comm and self.comm is not None:
-            self.comm.close()
-            self.comm = None
-        if self.pipeline is not None:
-            self.pipeline.close()
-        elif self.grid is not None:
-            self.grid.free()
+        self.gradients.close()
+        self.part.close()
+        self.comm = None
 
     # -- evaluation -------------------------------------------------------------------------
     @torch.no_grad()
@@ -380,7 +357,7 @@ class Trainer:
         totals = torch.zeros(2 * len(names), dtype=torch.float64)  # (sum, count) of the loss and of each metric
         indices = range(self.data_rank, len(self.val_data), self.data_size)  # disjoint shards, no padding (a replica's ranks share one)
         if self.pipeline is not None:  # through the pipeline: the last stages' sums, over every rank
-            totals = self.pipeline.evaluate(self.val_data, self.config.batch_size, self.device, list(self.metrics.values()))
+            totals = self.pipeline.evaluate(self.val_data, self.config.batch_size, self.device, list(self.metrics.values()))  # type: ignore[arg-type]
             indices = range(0)
         for start in range(0, len(indices), self.config.batch_size):
             batch = [self.val_data[i] for i in indices[start : start + self.config.batch_size]]
@@ -451,19 +428,6 @@ class Trainer:
         apply_plan(self.model, plan)
         self.autotune_plan = plan
 
-    def _synchronizer(self) -> Any:
-        if self.data_size == 1:
-            return None
-        if self.config.zero == 2:  # no synchronizer: the optimizer reduce-scatters the gradients; parameters start as replica 0's
-            for tensor in (*self.model.parameters(), *self.model.buffers()):
-                self.comm.broadcast_(tensor.data, 0)
-            return None
-        from rapydli.comm import GradientSynchronizer
-
-        sync = GradientSynchronizer(self.model, self.comm, bucket_mb=self.config.bucket_mb, overlap=self.config.overlap)
-        sync.broadcast_parameters()
-        return sync
-
     def _average_buffers(self) -> None:
         if self.data_size == 1:
             return
@@ -510,15 +474,6 @@ def _loader(dataset: Dataset, config: TrainConfig, rank: int, world_size: int, r
     )
 
 
-def _pipeline(model: nn.Module, config: TrainConfig, world: Any, train_data: Dataset, objective: Objective) -> Any:
-    """The :class:`rapydli.parallel.training.PipelineTraining` of a pipelined config, else None."""
-    if config.pipeline_stages == 1:
-        return None
-    from rapydli.parallel.training import PipelineTraining
-
-    return PipelineTraining(model, config, world, train_data, objective, bounds=_resumed_bounds(config, world))
-
-
 def _resumed_bounds(config: TrainConfig, world: Any) -> list[int] | None:
     """The split a resumed ``"auto"`` pipeline keeps: the one its checkpoint recorded (same stage count), else None."""
     if not config.resume or config.pipeline_split.strip() != "auto":
@@ -527,19 +482,6 @@ def _resumed_bounds(config: TrainConfig, world: Any) -> list[int] | None:
 
     shape = read_layout(config.checkpoint_dir, world)  # type: ignore[arg-type]
     return shape["bounds"] if shape is not None and shape["stages"] == config.pipeline_stages else None
-
-
-def _tensor_grid(model: nn.Module, config: TrainConfig, world: Any) -> Any:
-    """With ``tensor_parallel > 1`` (no pipeline): the data x tensor grid, ``model`` split over its tensor group; else None."""
-    if config.tensor_parallel == 1:
-        return None
-    from rapydli.parallel.config import tensor_plan
-    from rapydli.parallel.grid import ProcessGrid
-    from rapydli.parallel.tensor import shard_model
-
-    grid = ProcessGrid.create(world, 1, config.tensor_parallel)
-    shard_model(model, tensor_plan(config.tensor_plan), grid.tensor)
-    return grid
 
 
 def _mpi_comm(comm: Any) -> Any:

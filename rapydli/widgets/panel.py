@@ -113,11 +113,9 @@ class HyperparameterPanel:
     ) -> None:
         import ipywidgets as widgets
 
-        from rapydli.trainer.outputs import check_training_code
+        from rapydli.experiments.spec import RunSpec
 
-        check_training_code(loss_fn, optimizer_fn, metrics)
-        self.model_fn, self.data_fn = model_fn, data_fn
-        self.code = {"loss_fn": loss_fn, "optimizer_fn": optimizer_fn, "metrics": metrics}
+        self.spec = RunSpec.of(model_fn, data_fn, loss_fn, optimizer_fn, metrics)  # resolved and checked once; every Train runs it
         self.config = config or TrainConfig()
         from rapydli.cluster import current
 
@@ -126,7 +124,7 @@ class HyperparameterPanel:
         self.specs = {spec.name: spec for spec in fields_spec() if spec.name in fields}
         values = self.config.to_dict()
         self.controls: dict[str, Any] = {name: control_for(spec, values[name]) for name, spec in self.specs.items()}
-        size = self.cluster.n if self.cluster is not None else self.config.workers
+        size = self.cluster.n if self.cluster is not None else self.config.ranks_to_start()
         self.controls["workers"] = widgets.IntSlider(value=size, min=1, max=size, description="workers", style={"description_width": "110px"})
         self.train_button = widgets.Button(description="Train", button_style="success", icon="play")
         self.stop_button = widgets.Button(description="Stop", button_style="danger", icon="stop", disabled=True)
@@ -167,13 +165,13 @@ class HyperparameterPanel:
             if self.cluster is None:
                 from rapydli.cluster import choose_cluster, ready
 
-                self.cluster, self._own_cluster = choose_cluster(None, n=self.config.workers, need=workers, start=False)
+                self.cluster, self._own_cluster = choose_cluster(None, n=self.config.ranks_to_start(), need=workers, start=False)
                 state = self.cluster.status()["state"]
                 verb = "starting" if self._own_cluster or state in ("stopped", "failed") else "using the running cluster of"
                 self._say(f"{verb} {self.cluster.n} engines ...")
                 ready(self.cluster, say=self._say)
             self.plot = self._fresh_plot()
-            self.job = TrainingJob(self.cluster, self.model_fn, self.data_fn, config, list(range(workers)), callbacks=[self.plot], name="panel", **self.code)
+            self.job = TrainingJob(self.cluster, self.spec, config, list(range(workers)), callbacks=[self.plot], name="panel")
         except RapydliError as exc:  # invalid combinations and cluster problems are shown, not raised
             self._say(str(exc), error=True)
             return None

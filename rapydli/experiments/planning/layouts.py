@@ -1,13 +1,14 @@
-"""Layouts of a training run over ``N`` ranks, and the memory each rank needs in one.
+"""The planner's candidate layouts of a training run over ``N`` ranks, and the memory each rank needs in one.
 
-A :class:`Layout` splits the ranks into ``dp`` data-parallel replicas of a pipeline of
-``pp`` stages whose every stage is split ``tp`` ways (``dp * pp * tp = N``), cuts each
-replica's batch into ``microbatches`` (pipeline micro-batches, or gradient accumulation
-when ``pp = 1``), runs a pipeline ``schedule`` and shards the optimizer state over the
-replicas with ZeRO stage ``zero``. The global batch is the same in every layout:
-each replica reads ``global_batch / dp`` samples per step.
+A :class:`Candidate` is a :class:`~rapydli.parallel.layout.Layout` (the one owner of the
+degrees: ``dp`` data-parallel replicas of a pipeline of ``pp`` stages whose every stage
+is split ``tp`` ways, ``dp * pp * tp = N``, and ZeRO stage ``zero`` over the replicas)
+with how a step runs in it: each replica's batch cut into ``microbatches`` (pipeline
+micro-batches, or gradient accumulation when ``pp = 1``) and a pipeline ``schedule``. The
+global batch is the same in every candidate: each replica reads ``global_batch / dp``
+samples per step.
 
-:func:`enumerate_layouts` lists every layout of ``N`` ranks a model allows: ``pp`` up to
+:func:`enumerate_layouts` lists every candidate of ``N`` ranks a model allows: ``pp`` up to
 its number of blocks, ``tp`` among the degrees its tensor plan splits (at most
 :data:`MAX_TENSOR_PARALLEL`, a node's GPUs, as Megatron-LM keeps tensor parallelism inside a
 node), micro-batches powers of two dividing the replica's batch, at most ``4 * pp``
@@ -35,6 +36,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from rapydli.parallel.layout import Layout
 from rapydli.parallel.schedules import SCHEDULES
 from rapydli.trainer.config import TrainConfig
 
@@ -46,21 +48,43 @@ ZERO_STAGES = (0, 1, 2)
 NO_SCHEDULE = "-"
 
 
-@dataclass(frozen=True, order=True)
-class Layout:
-    """One way to run a training on ``dp * pp * tp`` ranks (see the module's description)."""
+@dataclass(frozen=True)
+class Candidate:
+    """One way to run a training: a layout of the ranks, its micro-batches and its pipeline schedule (see the module's description)."""
 
-    dp: int
-    pp: int
-    tp: int
+    layout: Layout
     microbatches: int
     schedule: str
-    zero: int
+
+    @classmethod
+    def of(cls, dp: int, pp: int, tp: int, microbatches: int, schedule: str, zero: int) -> Candidate:
+        """The candidate of ``dp`` replicas x ``pp`` stages x ``tp`` tensor ranks with ZeRO stage ``zero``."""
+        return cls(Layout(dp * pp * tp, pp, tp, zero), microbatches, schedule)
+
+    @property
+    def dp(self) -> int:
+        """Data-parallel replicas."""
+        return self.layout.replicas
+
+    @property
+    def pp(self) -> int:
+        """Pipeline stages."""
+        return self.layout.pipeline
+
+    @property
+    def tp(self) -> int:
+        """Tensor-parallel degree."""
+        return self.layout.tensor
+
+    @property
+    def zero(self) -> int:
+        """ZeRO stage."""
+        return self.layout.zero
 
     @property
     def ranks(self) -> int:
         """``dp * pp * tp``."""
-        return self.dp * self.pp * self.tp
+        return self.layout.world_size
 
     @property
     def label(self) -> str:
@@ -108,7 +132,7 @@ def grids(ranks: int, global_batch: int, blocks: int, tensor_parallel: Sequence[
         if tp not in tensor_parallel or tp > MAX_TENSOR_PARALLEL:
             continue
         for pp in divisors(ranks // tp):
-            dp = ranks // tp // pp
+            dp = Layout(ranks, pp, tp).replicas
             if pp <= blocks and global_batch % dp == 0:
                 found.append((dp, pp, tp))
     return found
@@ -116,8 +140,8 @@ def grids(ranks: int, global_batch: int, blocks: int, tensor_parallel: Sequence[
 
 def enumerate_layouts(
     ranks: int, global_batch: int, blocks: int, tensor_parallel: Sequence[int] = (1,), zero: Sequence[int] = ZERO_STAGES
-) -> list[Layout]:
-    """Every layout of ``ranks`` ranks for a model of ``blocks`` pipeline blocks (see the module's description).
+) -> list[Candidate]:
+    """Every candidate of ``ranks`` ranks for a model of ``blocks`` pipeline blocks (see the module's description).
 
     ``tensor_parallel``: the degrees the model's tensor plan splits; ``zero``: the ZeRO
     stages allowed.
@@ -128,7 +152,7 @@ def enumerate_layouts(
         for m in microbatch_choices(batch, pp):
             for schedule in (SCHEDULES if pp > 1 else (NO_SCHEDULE,)):
                 for stage in (zero if dp > 1 else (0,)):
-                    layouts.append(Layout(dp, pp, tp, m, schedule, stage))
+                    layouts.append(Candidate.of(dp, pp, tp, m, schedule, stage))
     return layouts
 
 

@@ -39,7 +39,7 @@ from rapydli.experiments.figures import plan_figure
 from rapydli.experiments.planning.layouts import (
     MAX_TENSOR_PARALLEL,
     ZERO_STAGES,
-    Layout,
+    Candidate,
     candidate_sizes,
     divisors,
     enumerate_layouts,
@@ -51,7 +51,7 @@ from rapydli.experiments.planning.network import Network
 from rapydli.experiments.planning.perfmodel import RingModel
 from rapydli.experiments.planning.profile import Profile
 from rapydli.experiments.planning.stepmodel import Prediction, predict
-from rapydli.experiments.store.refs import resolve_callable
+from rapydli.experiments.spec import RunSpec
 from rapydli.trainer.config import TrainConfig
 from rapydli.trainer.task import WARMUP_STEPS
 
@@ -186,6 +186,9 @@ def plan_parallel(
     global_batch: int | None = None,
     profile: Profile | None = None,
     run_layouts: Sequence[str] = (),
+    loss_fn: Callable[..., Any] | None = None,
+    optimizer_fn: Callable[..., Any] | None = None,
+    metrics: Any = None,
 ) -> ParallelPlan:
     """Predict every layout of ``ranks`` ranks, run the fastest, and pick one.
 
@@ -221,6 +224,9 @@ def plan_parallel(
         Labels of layouts to run besides the ``run_top`` fastest (as the table writes them,
         ``"dp1 pp2 tp1 m4 gpipe zero0"``); an unknown label is a ``ConfigError`` naming the
         layouts there are.
+    loss_fn, optimizer_fn, metrics
+        As for ``rd.train``: the profile scores the model with the run's loss (its
+        :class:`~rapydli.objective.Objective`), and the layouts run train what ``rd.train`` would.
 
     Returns
     -------
@@ -243,12 +249,12 @@ def plan_parallel(
         raise ConfigError(f"profile={profile!r} is invalid: a Profile (plan.profile of an earlier plan) or None")
     net = _network(network)
     batch = _positive_int("global_batch", global_batch, 1) if global_batch is not None else cfg.global_batch(ranks)
-    model, data = resolve_callable(model_fn, "model_fn"), resolve_callable(data_fn, "data_fn")
+    spec = RunSpec.of(model_fn, data_fn, loss_fn, optimizer_fn, metrics)  # resolved and checked once, then passed whole
     top = run_top if run_top is not None else (RUN_TOP if net is None else 0)
     if isinstance(run_layouts, str) or not all(isinstance(label, str) for label in run_layouts):
         raise ConfigError(f"run_layouts={run_layouts!r} is invalid: a list of layout labels such as 'dp2 pp1 tp1 m1 zero0'")
     if memory_per_rank is not None:
-        _check_memory(model, ranks, batch, cfg, float(memory_per_rank))
+        _check_memory(spec.model_fn, ranks, batch, cfg, float(memory_per_rank))
 
     from rapydli.cluster import choose_cluster
 
@@ -257,7 +263,7 @@ def plan_parallel(
     targets = list(range(ranks))
     try:
         if profile is None:
-            profile = _measure(chosen, targets, model, data, cfg, ranks, batch)
+            profile = _measure(chosen, targets, spec, cfg, ranks, batch)
         if net is None:
             net = _measure_network(chosen, targets, cfg)
         degrees = [t for t in divisors(ranks) if t <= MAX_TENSOR_PARALLEL and profile.supports(t)]
@@ -272,7 +278,7 @@ def plan_parallel(
             )
         predictions = [p for _, p in sorted(zip(fits, predictions), key=lambda pair: (not pair[0], pair[1].step_s))]
         fits = sorted(fits, reverse=True)
-        measured: dict[Layout, float] = {}
+        measured: dict[Candidate, float] = {}
         notes: list[str] = [f"unsupported tensor_parallel={t}: {why}" for t, why in profile.unsupported.items() if ranks % t == 0]
         picks = [p for p, ok in zip(predictions, fits) if ok][:top]
         by_label = {p.layout.label: p for p in predictions}
@@ -283,7 +289,7 @@ def plan_parallel(
         picks += [by_label[label] for label in run_layouts if by_label[label] not in picks]
         for prediction in picks:
             assert chosen is not None
-            step, note = _run(chosen, targets, model, data, prediction, cfg, batch, steps)
+            step, note = _run(chosen, targets, spec, prediction, cfg, batch, steps)
             if step is not None:
                 measured[prediction.layout] = step
             if note:
@@ -301,15 +307,14 @@ def plan_parallel(
     )  # fmt: skip
 
 
-def _measure(cluster: Cluster | None, targets: list[int], model: Callable[[], Any], data: Callable[[], Any], config: TrainConfig, ranks: int,
-             batch: int) -> Profile:  # fmt: skip
+def _measure(cluster: Cluster | None, targets: list[int], spec: RunSpec, config: TrainConfig, ranks: int, batch: int) -> Profile:
     from rapydli.experiments.planning.profiling import local_profile, measure_profile
 
     micro, data_sizes = (spread({min(size, MEASURED_SIZES) for size in sizes}) for sizes in candidate_sizes(ranks, batch))
     degrees = [t for t in divisors(ranks) if t <= MAX_TENSOR_PARALLEL]
     if cluster is not None:
-        return measure_profile(cluster, targets, model, data, config, micro, degrees, data_sizes)
-    return local_profile(model, data, config, micro, degrees, data_sizes)
+        return measure_profile(cluster, targets, spec.model_fn, spec.data_fn, config, micro, degrees, data_sizes, spec.loss_fn)
+    return local_profile(spec.model_fn, spec.data_fn, config, micro, degrees, data_sizes, spec.loss_fn)
 
 
 def _measure_network(cluster: Cluster | None, targets: list[int], config: TrainConfig) -> Network:
@@ -320,8 +325,7 @@ def _measure_network(cluster: Cluster | None, targets: list[int], config: TrainC
     return measure_network(cluster, targets, algorithm=config.allreduce)
 
 
-def _run(cluster: Cluster, targets: list[int], model: Callable[[], Any], data: Callable[[], Any], prediction: Prediction, config: TrainConfig,
-         batch: int, steps: int) -> tuple[float | None, str]:  # fmt: skip
+def _run(cluster: Cluster, targets: list[int], spec: RunSpec, prediction: Prediction, config: TrainConfig, batch: int, steps: int) -> tuple[float | None, str]:
     """Train ``steps`` steps in the layout; its median step time after the warm-up (None and a note if it failed)."""
     from rapydli.experiments.job import TrainingJob
 
@@ -330,7 +334,7 @@ def _run(cluster: Cluster, targets: list[int], model: Callable[[], Any], data: C
         max_steps=steps, epochs=max(config.epochs, steps), eval_every=0, checkpoint_dir=None, checkpoint_every=0, resume=False
     )
     job = TrainingJob(
-        cluster, model, data, run_config, targets, name=f"plan {layout.label}",
+        cluster, spec, run_config, targets, name=f"plan {layout.label}",
         extra_params={"plan_layout": layout.label, "predicted_step_time_s": prediction.step_s},
     ).wait()  # fmt: skip
     if job.state != "finished" or not job.results or not job.results[0].get("timing"):
@@ -338,7 +342,7 @@ def _run(cluster: Cluster, targets: list[int], model: Callable[[], Any], data: C
     return float(job.results[0]["timing"]["step_time_s"]), ""
 
 
-def _table(predictions: list[Prediction], fits: list[bool], measured: dict[Layout, float], batch: int) -> pd.DataFrame:
+def _table(predictions: list[Prediction], fits: list[bool], measured: dict[Candidate, float], batch: int) -> pd.DataFrame:
     import pandas as pd
 
     rows = []
@@ -357,7 +361,7 @@ def _table(predictions: list[Prediction], fits: list[bool], measured: dict[Layou
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
-def _best(predictions: list[Prediction], measured: dict[Layout, float]) -> Prediction:
+def _best(predictions: list[Prediction], measured: dict[Candidate, float]) -> Prediction:
     """The fastest layout measured, else the fastest predicted (``predictions`` put those that fit first)."""
     if measured:
         fastest = min(measured, key=lambda layout: measured[layout])

@@ -1,6 +1,6 @@
 """Predicting a layout's step time and peak memory per rank from a profile and a network.
 
-One step of a :class:`~rapydli.experiments.planning.layouts.Layout`, as the Trainer runs it:
+One step of a :class:`~rapydli.experiments.planning.layouts.Candidate`, as the Trainer runs it:
 
 1. **data**: every rank collates its batch (``pp > 1``: the replica's batch once;
    ``pp = 1``: each of the ``microbatches`` accumulation steps);
@@ -38,7 +38,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from rapydli.comm.synchronizer import FIRST_BUCKET_BYTES
-from rapydli.experiments.planning.layouts import Layout, Memory, optimizer_factor, zero_buffers, zero_states
+from rapydli.experiments.planning.layouts import Candidate, Memory, optimizer_factor, zero_buffers, zero_states
 from rapydli.experiments.planning.network import Network
 from rapydli.experiments.planning.profile import BlockCost, Profile
 from rapydli.parallel import schedules, split
@@ -66,7 +66,7 @@ class Prediction:
         The blocks stages 2.. begin with (empty without a pipeline).
     """
 
-    layout: Layout
+    layout: Candidate
     step_s: float
     data_s: float
     compute_s: float
@@ -137,7 +137,7 @@ def stage_bounds(blocks: Sequence[BlockCost], stages: int) -> list[int]:
     return split.balance([b.forward_s + b.backward_s for b in blocks], stages)
 
 
-def predict(layout: Layout, profile: Profile, network: Network, global_batch: int, config: TrainConfig) -> Prediction:
+def predict(layout: Candidate, profile: Profile, network: Network, global_batch: int, config: TrainConfig) -> Prediction:
     """Step time and peak memory per rank of ``layout`` (see the module's description)."""
     micro = layout.microbatch(global_batch)
     blocks = profile.blocks(layout.tp, micro)

@@ -33,8 +33,10 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from rapydli.errors import ConfigError, RapydliError
 from rapydli.experiments.job import STOP_GRACE_S, TrainingJob
+from rapydli.experiments.spec import RunSpec
 from rapydli.experiments.sweep.pruning import explain_prune
 from rapydli.experiments.sweep.space import Dimension, validate_space
+from rapydli.parallel.layout import Layout
 from rapydli.trainer.config import TrainConfig
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -179,8 +181,6 @@ class Sweep:
     ) -> None:
         import optuna
 
-        from rapydli.trainer.outputs import check_training_code
-
         self.config = config if isinstance(config, TrainConfig) else TrainConfig.from_dict(dict(config))
         self.space = validate_space(space)
         if not isinstance(trials, int) or isinstance(trials, bool) or trials < 1:
@@ -196,11 +196,11 @@ class Sweep:
         from rapydli.cluster import current
 
         known = cluster if cluster is not None else current()
-        size = known.n if known is not None else max(self.config.workers, workers_per_trial * (parallel or 1))
+        size = known.n if known is not None else max(self.config.ranks_to_start(), workers_per_trial * (parallel or 1))
         if workers_per_trial > size:
             raise ConfigError(f"workers_per_trial={workers_per_trial} is more than the cluster's {size} engines")
         stages, tp = self.config.pipeline_stages, self.config.tensor_parallel
-        if workers_per_trial % (stages * tp):
+        if not Layout.fits(workers_per_trial, stages, tp):
             layout = f"pipeline_stages={stages}" + (f" x tensor_parallel={tp}" if tp > 1 else "")
             parts = "stages" + (" x tensor ranks" if tp > 1 else "")
             raise ConfigError(
@@ -214,9 +214,7 @@ class Sweep:
             unknown = set(params) - set(self.space)
             if unknown:
                 raise ConfigError(f"enqueue has parameters {sorted(unknown)} that are not in the space")
-        check_training_code(loss_fn, optimizer_fn, metrics)
-        self.model_fn, self.data_fn = model_fn, data_fn
-        self.code = {"loss_fn": loss_fn, "optimizer_fn": optimizer_fn, "metrics": metrics}
+        self.spec = RunSpec.of(model_fn, data_fn, loss_fn, optimizer_fn, metrics)  # resolved and checked once; every trial trains it
         self.trials, self.workers_per_trial, self.parallel = trials, workers_per_trial, parallel
         self.metric, self.direction, self.seed, self.name = metric, direction, seed, name
         self.cluster: Cluster | None = known
@@ -324,10 +322,10 @@ class Sweep:
         try:
             config = self.config.replace(**params)
             record.job = TrainingJob(
-                self.cluster, self.model_fn, self.data_fn, config, ranks,  # type: ignore[arg-type]
+                self.cluster, self.spec, config, ranks,  # type: ignore[arg-type]
                 callbacks=[partial(self._on_row, record)],
                 kind="trial", name=f"{self.name}-trial-{trial.number}", parent=self.run_id,
-                extra_params={"trial": trial.number, "params": params}, **self.code,
+                extra_params={"trial": trial.number, "params": params},
             )  # fmt: skip
         except RapydliError as exc:  # an invalid combination of parameters: the trial fails, the sweep goes on
             self._tell(record, "FAIL", str(exc))
@@ -508,7 +506,7 @@ def sweep(
         ``"tpe"``, ``"random"``, ``"grid"`` (``choice``/``intrange`` only) or an Optuna sampler.
     cluster
         The cluster; ``None``: the one running in this kernel, else a new one
-        (``workers_per_trial * parallel`` engines, at least ``config.workers``), stopped afterwards.
+        (``workers_per_trial * parallel`` engines, at least ``config.ranks_to_start()``), stopped afterwards.
     seed
         Seed of the sampler.
     enqueue

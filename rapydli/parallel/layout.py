@@ -1,0 +1,274 @@
+"""The layout of a run: how its ranks split into data x pipeline x tensor, and its ZeRO stage.
+
+:class:`Layout` is the one owner of a run's parallel degrees (in the spirit of
+torchtitan's ``ParallelDims``). It is built from the ``TrainConfig`` and the number of
+ranks that really run (:meth:`Layout.of`), refuses a world the degrees do not divide
+(naming the ranks it has), and answers what the rest asks: replicas, whether each kind of
+parallelism is on, the describing text, and where a rank sits. On the ranks it builds the
+process grid and hands the Trainer its part of the model (:meth:`Layout.model_part`) and
+the object that makes its gradients global (:meth:`Layout.gradients`), so the Trainer
+does not branch on the layout. The planner's candidates, scaling studies, sweeps and the
+client's checks before a run use the same object for the replica arithmetic.
+
+World rank ``r`` is tensor rank ``r % tensor`` of stage ``(r // tensor) % pipeline`` of
+replica ``r // (tensor * pipeline)`` (:class:`~rapydli.parallel.grid.ProcessGrid`).
+
+Examples
+--------
+>>> layout = Layout(world_size=4, pipeline=2, zero=1)
+>>> layout.replicas, layout.pp_enabled, layout.tp_enabled, layout.zero_enabled
+(2, True, False, True)
+>>> layout.describe()
+'4 ranks (data 2 x pipeline 2 x tensor 1, zero=1)'
+>>> Layout(world_size=4, pipeline=3, where="the cluster")
+Traceback (most recent call last):
+...
+rapydli.errors.ConfigError: the cluster has 4 ranks: pipeline_stages=3 needs a multiple of 3 (3, 6, 9, ...)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from rapydli.errors import ConfigError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from collections.abc import Callable
+
+    import torch
+    from torch import nn
+
+    from rapydli.objective import Objective
+    from rapydli.parallel.gradients import Gradients
+    from rapydli.parallel.grid import ProcessGrid
+    from rapydli.parallel.training import PipelineTraining
+
+
+@dataclass(frozen=True, order=True)
+class Layout:
+    """``world_size`` ranks as ``replicas`` x ``pipeline`` stages x ``tensor`` ranks, ZeRO stage ``zero``.
+
+    Parameters
+    ----------
+    world_size
+        Ranks that run (the cluster's engines, or the ranks ``mpiexec`` started).
+    pipeline, tensor
+        Pipeline stages and tensor-parallel degree (``TrainConfig.pipeline_stages`` and
+        ``tensor_parallel``).
+    zero
+        ZeRO stage (0: off; 1, 2: the optimizer state, and at 2 the gradients, sharded over
+        the replicas).
+    where
+        What has the ranks, for the refusal's text (``"the cluster"``, ``"workers_per_trial"``);
+        not part of the layout's identity.
+
+    Raises
+    ------
+    ConfigError
+        ``world_size`` is not a positive multiple of ``pipeline * tensor``; the message
+        names the ranks there are and the multiples that would work.
+    """
+
+    world_size: int
+    pipeline: int = 1
+    tensor: int = 1
+    zero: int = 0
+    where: str = field(default="this run", compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        per = self.pipeline * self.tensor
+        if self.pipeline < 1 or self.tensor < 1 or self.world_size < per or self.world_size % per:
+            named = {k: v for k, v in (("pipeline_stages", self.pipeline), ("tensor_parallel", self.tensor)) if v > 1} or {"pipeline_stages": 1}
+            degrees = " x ".join(f"{k}={v}" for k, v in named.items())
+            multiples = ", ".join(str(per * k) for k in (1, 2, 3))
+            raise ConfigError(f"{self.where} has {self.world_size} ranks: {degrees} needs a multiple of {per} ({multiples}, ...)")
+
+    @classmethod
+    def of(cls, config: Any, world_size: int, where: str = "this run") -> Layout:
+        """The layout of ``config`` (``pipeline_stages``, ``tensor_parallel``, ``zero``) on ``world_size`` ranks."""
+        return cls(world_size, config.pipeline_stages, config.tensor_parallel, config.zero, where)
+
+    @staticmethod
+    def fits(world_size: int, pipeline: int = 1, tensor: int = 1) -> bool:
+        """Whether ``world_size`` ranks divide into replicas of ``pipeline * tensor`` ranks."""
+        return pipeline >= 1 and tensor >= 1 and world_size >= pipeline * tensor and world_size % (pipeline * tensor) == 0
+
+    # -- what the rest asks ---------------------------------------------------------------
+    @property
+    def replicas(self) -> int:
+        """Data-parallel degree: copies of the model, each reading its own shard of the data."""
+        return self.world_size // (self.pipeline * self.tensor)
+
+    @property
+    def ranks_per_replica(self) -> int:
+        """``pipeline * tensor``."""
+        return self.pipeline * self.tensor
+
+    @property
+    def dp_enabled(self) -> bool:
+        """More than one replica (gradients are averaged over the data group)."""
+        return self.replicas > 1
+
+    @property
+    def pp_enabled(self) -> bool:
+        """The model is cut into pipeline stages."""
+        return self.pipeline > 1
+
+    @property
+    def tp_enabled(self) -> bool:
+        """Layers are split over tensor-parallel ranks."""
+        return self.tensor > 1
+
+    @property
+    def zero_enabled(self) -> bool:
+        """The optimizer state is sharded over the replicas."""
+        return self.zero > 0
+
+    @property
+    def sharded(self) -> bool:
+        """Some rank holds state no other rank holds (stages, tensor slices, ZeRO shards)."""
+        return self.pp_enabled or self.tp_enabled or self.zero_enabled
+
+    def describe(self) -> str:
+        """``"4 ranks (data 2 x pipeline 2 x tensor 1, zero=1)"``."""
+        return f"{self.world_size} ranks (data {self.replicas} x pipeline {self.pipeline} x tensor {self.tensor}, zero={self.zero})"
+
+    def coordinates(self, rank: int) -> tuple[int, int, int]:
+        """``(stage, tensor rank, replica)`` of world rank ``rank``."""
+        position, tensor_rank = divmod(rank, self.tensor)
+        replica, stage = divmod(position, self.pipeline)
+        return stage, tensor_rank, replica
+
+    def world_rank(self, stage: int, tensor_rank: int, replica: int) -> int:
+        """The world rank at ``(stage, tensor_rank, replica)``."""
+        return (replica * self.pipeline + stage) * self.tensor + tensor_rank
+
+    # -- on the ranks ---------------------------------------------------------------------
+    def grid(self, world: Any) -> ProcessGrid:
+        """Split ``world`` into the process grid (collective over ``world``)."""
+        from rapydli.parallel.grid import ProcessGrid
+
+        self._check_world(world)
+        return ProcessGrid.create(world, self.pipeline, self.tensor)
+
+    def model_part(
+        self,
+        model: nn.Module,
+        config: Any,
+        world: Any,
+        train_data: Any,
+        objective: Objective,
+        comm: Any = None,
+        bounds: list[int] | None = None,
+    ) -> ModelPart:
+        """This rank's part of ``model`` and the communicator of its data group (collective over ``world``).
+
+        Pipelined: the grid, the split (``bounds`` keeps a resumed split) and this rank's
+        stage, its layers split over the tensor group when ``tensor > 1``
+        (:class:`~rapydli.parallel.training.PipelineTraining`). Tensor-parallel only: the
+        grid and ``model``'s layers split over the tensor group (in place). Otherwise the
+        whole model. ``comm``: a :class:`~rapydli.comm.Communicator` to average gradients
+        over in a plain data-parallel run (used as it is), an mpi4py communicator or
+        ``None`` (a Communicator over ``world`` with ``config.allreduce`` is built, and owned).
+        """
+        self._check_world(world)
+        if self.pp_enabled:
+            from rapydli.parallel.training import PipelineTraining
+
+            pipeline = PipelineTraining(model, config, world, train_data, objective, bounds=bounds)
+            return ModelPart(self, pipeline.module, pipeline.grid, pipeline, pipeline.grid.data_communicator(config.allreduce), True)
+        if self.tp_enabled:
+            from rapydli.parallel.config import tensor_plan
+            from rapydli.parallel.tensor import shard_model
+
+            grid = self.grid(world)
+            shard_model(model, tensor_plan(config.tensor_plan), grid.tensor)
+            return ModelPart(self, model, grid, None, grid.data_communicator(config.allreduce), True)
+        if comm is None or comm is world:
+            from rapydli.comm import Communicator
+
+            return ModelPart(self, model, None, None, Communicator(world, algorithm=config.allreduce) if self.world_size > 1 else None, True)
+        return ModelPart(self, model, None, None, comm, False)
+
+    def gradients(
+        self,
+        part: ModelPart,
+        optimizer: torch.optim.Optimizer,
+        rebuild: Callable[[list[Any]], torch.optim.Optimizer] | None,
+        config: Any,
+    ) -> Gradients:
+        """What makes ``part``'s gradients global, and the optimizer that steps it.
+
+        One replica: nothing to average. Otherwise a
+        :class:`~rapydli.comm.GradientSynchronizer` over the data group (its bucket
+        allreduces overlap backward); with ZeRO the optimizer state is sharded over the
+        data group (:class:`~rapydli.parallel.zero.ShardedOptimizer`, built with
+        ``rebuild(params)`` over each shard), and at stage 2 the sharded optimizer
+        reduce-scatters the gradients itself. Rank 0's parameters (replica 0's) are copied
+        to the other replicas first.
+
+        Raises
+        ------
+        ConfigError
+            ZeRO with an optimizer that cannot be rebuilt over a shard (``rebuild`` is None).
+        """
+        from rapydli.parallel import gradients
+
+        return gradients.build(self, part, optimizer, rebuild, config)
+
+    def _check_world(self, world: Any) -> None:
+        size = world.Get_size()
+        if size != self.world_size:
+            raise ConfigError(f"this layout is of {self.world_size} ranks, the communicator has {size}")
+
+
+@dataclass
+class ModelPart:
+    """What a layout hands the Trainer: this rank's part of the model and its place in the grid.
+
+    Attributes
+    ----------
+    layout
+        The :class:`Layout` it belongs to.
+    model
+        This rank's part: a pipeline stage (an ``nn.Sequential`` sharing the model's
+        modules), the model with its layers split over the tensor group, or the model.
+    grid
+        The :class:`~rapydli.parallel.grid.ProcessGrid` (``None`` for plain data parallelism).
+    pipeline
+        The :class:`~rapydli.parallel.training.PipelineTraining` of a pipelined run, else ``None``.
+    comm
+        The :class:`~rapydli.comm.Communicator` over the data group (``None`` with one replica).
+    owns_comm
+        Whether :meth:`close` closes ``comm`` (it was built here).
+    data_rank, data_size
+        This rank's replica and the number of replicas (the data shard it reads).
+    """
+
+    layout: Layout
+    model: Any
+    grid: ProcessGrid | None
+    pipeline: PipelineTraining | None
+    comm: Any
+    owns_comm: bool
+
+    @property
+    def data_size(self) -> int:
+        return self.layout.replicas
+
+    @property
+    def data_rank(self) -> int:
+        if self.grid is not None:
+            return self.grid.replica
+        return self.comm.rank if self.comm is not None else 0
+
+    def close(self) -> None:
+        """Release what the layout built: the communicator it owns, the grid's communicators."""
+        if self.owns_comm and self.comm is not None:
+            self.comm.close()
+        self.comm = None
+        if self.pipeline is not None:
+            self.pipeline.close()
+        elif self.grid is not None:
+            self.grid.free()
