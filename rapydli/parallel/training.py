@@ -12,7 +12,7 @@ With ``tensor_parallel > 1`` the grid has a tensor dimension: once the split is 
 ranks (:func:`~rapydli.parallel.tensor.shard_model`) before this rank keeps its stage;
 activations pass between the stages at the same tensor rank.
 
-Checkpoints are the Trainer's sharded ones (:mod:`rapydli.trainer.sharded`); a resumed
+Checkpoints are the Trainer's (:mod:`rapydli.trainer.checkpoint`); a resumed
 ``"auto"`` split keeps the bounds its checkpoint recorded.
 """
 
@@ -94,7 +94,7 @@ class PipelineTraining:
 
     def _checkpoint_bounds(self, world: Any) -> list[int] | None:
         """The split recorded in ``checkpoint_dir``'s manifest (rank 0 reads, every rank gets it), or None."""
-        from rapydli.trainer.sharded import read_layout
+        from rapydli.trainer.checkpoint import read_layout
 
         shape = read_layout(self.config.checkpoint_dir, world)
         return shape["bounds"] if shape is not None and shape["stages"] == self.grid.stages else None

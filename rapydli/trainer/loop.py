@@ -7,8 +7,8 @@ overlap backward. :meth:`Trainer.fit` is the loop, top to bottom in the order it
 With ``pipeline_stages`` or ``tensor_parallel`` above 1 the ranks form a
 :class:`~rapydli.parallel.grid.ProcessGrid` and this rank trains its stage and its slices
 of the layers, reading its replica's shard; with ``zero`` the optimizer state is sharded
-over the replicas (:mod:`rapydli.parallel.zero`), and such runs checkpoint one part per
-rank (:mod:`rapydli.trainer.sharded`).
+over the replicas (:mod:`rapydli.parallel.zero`). Every layout checkpoints through one
+:class:`~rapydli.trainer.checkpoint.CheckpointManager`, and resumes under any other.
 
 Examples
 --------
@@ -36,11 +36,10 @@ from torch.nn import functional as F
 from torch.utils.data import Dataset
 
 from rapydli.errors import ConfigError
-from rapydli.trainer import checkpoint as ckpt
-from rapydli.trainer import replicated
 from rapydli.trainer.callbacks import Callback, dispatch
+from rapydli.trainer.checkpoint import CheckpointManager
 from rapydli.trainer.config import TrainConfig
-from rapydli.trainer.optim import OptimizerFn, apply_schedule, make_optimizer, optimizer_over
+from rapydli.trainer.optim import OptimizerFn, apply_schedule, make_optimizer
 from rapydli.trainer.outputs import LossFn, MetricsArg, Objective, default_metrics, resolve_metrics
 from rapydli.trainer.progress import EpochPlan, resized_config
 
@@ -155,7 +154,7 @@ class Trainer:
         self.grid = self.pipeline.grid if self.pipeline is not None else _tensor_grid(model, config, self.mpi)
         self.data_rank, self.data_size = (self.grid.replica, self.grid.replicas) if self.grid else (self.rank, self.world_size)
         self._owns_comm = comm is None or comm is self.mpi or self.grid is not None
-        self._sharded = self.grid is not None or config.zero > 0  # its checkpoints are per-rank parts (rapydli.trainer.sharded)
+        whole = model
         if self.pipeline is not None:
             model = self.pipeline.module
         if self.grid is not None:
@@ -166,7 +165,7 @@ class Trainer:
             comm = Communicator(self.mpi, algorithm=config.allreduce) if self.world_size > 1 else None
         self.comm = comm
         self._should_stop = should_stop
-        self._writer = ckpt.CheckpointWriter()
+        self.checkpoints = CheckpointManager(config.checkpoint_dir, self.mpi, whole, self._layout(), self._coordinates())
         self.model = model
         self.device = next(model.parameters()).device
         resolved = resolve_metrics(metrics)
@@ -176,14 +175,15 @@ class Trainer:
             group.setdefault("initial_lr", group["lr"])
         self.callbacks = tuple(callbacks)
         self.val_data = val_data
-        # a checkpoint to resume from, and what it was written with (it may be another world size)
-        self._checkpoint, meta = replicated.read(self) if config.resume and not self._sharded else (None, None)
+        # a checkpoint to resume from, and what it was written with (it may be another layout, another global batch)
+        resumed = self.checkpoints.read() if config.resume else None
         self._lr_scale, resume_from = 1.0, None
-        if meta is not None:
-            config, self._lr_scale = resized_config(config, meta["world_size"], meta["grad_accum"], self.world_size)
+        if resumed is not None:
+            if resumed.batch_size * resumed.grad_accum * resumed.data_size != config.global_batch(self.data_size):
+                config, self._lr_scale = resized_config(config, resumed.data_size, resumed.grad_accum, self.data_size)
             self.config = config
-            if meta["world_size"] != self.world_size:
-                resume_from = (meta["epoch"], meta["position"])
+            if resumed.data_size != self.data_size:
+                resume_from = (resumed.epoch, resumed.position)
         self.loader = _loader(train_data, config, self.data_rank, self.data_size, resume_from)
         self.steps_per_epoch = len(self.loader) // config.grad_accum
         if self.steps_per_epoch < 1:
@@ -195,23 +195,18 @@ class Trainer:
         if resume_from is not None:
             epoch, start = resume_from
             steps = self.loader.batches_in(epoch) // config.grad_accum
-            self.plan = EpochPlan(self.steps_per_epoch, config.epochs, meta["step"], epoch, start, steps)  # type: ignore[index]
+            self.plan = EpochPlan(self.steps_per_epoch, config.epochs, resumed.step, epoch, start, steps)  # type: ignore[union-attr]
         self.total_steps = self.plan.total(config.max_steps)
         self.autotune_plan: Any = None
         if config.autotune:
             self._autotune(train_data)
         self.sync = self._synchronizer()
-        if config.zero:
-            if optimizer is not None or optimizer_fn is not None:
-                raise ConfigError(
-                    f"TrainConfig.zero={config.zero} shards the optimizer config.optimizer names: pass no optimizer or optimizer_fn"
-                )
+        if config.zero:  # the optimizer (config's, optimizer_fn's or the one given) sharded group by group over the data group
             from rapydli.parallel.zero import ShardedOptimizer
 
             data_comm = self.grid.data if self.grid is not None else self.mpi
-            self.optimizer = ShardedOptimizer(
-                self.model.parameters(), lambda ps: optimizer_over(ps, config), data_comm, stage=config.zero, bucket_mb=config.bucket_mb
-            )
+            whole = self.optimizer
+            self.optimizer = ShardedOptimizer(self.model.parameters(), lambda ps: whole, data_comm, stage=config.zero, bucket_mb=config.bucket_mb)  # type: ignore[arg-type,return-value]
             for group in self.optimizer.param_groups:
                 group.setdefault("initial_lr", group["lr"])
         # what averages the gradients over the data-parallel group: the synchronizer, or ZeRO-2's reduce-scatters
@@ -224,12 +219,8 @@ class Trainer:
         self.history: list[dict[str, Any]] = []
         self.stopped_early = False
         self._started = time.perf_counter()
-        if self._sharded and config.resume:
-            from rapydli.trainer import sharded
-
-            sharded.resume(self)
-        elif meta is not None:
-            replicated.resume(self, meta)
+        if resumed is not None:  # every rank loads its pieces of the checkpoint, cut for this layout
+            self.step = self._evaluated_at = self._saved_at = self.checkpoints.load(self.model, self.optimizer)
 
     # -- the loop ---------------------------------------------------------------------------
     def fit(self) -> list[dict[str, Any]]:
@@ -241,9 +232,9 @@ class Trainer:
         try:
             self._train()
         except BaseException:
-            self._writer.wait(raise_error=False)  # the training error is the one to report
+            self.checkpoints.wait(raise_error=False)  # the training error is the one to report
             raise
-        self._writer.wait()
+        self.checkpoints.wait()
         return self.history
 
     def _train(self) -> None:
@@ -349,7 +340,7 @@ class Trainer:
 
     def close(self) -> None:
         """Finish a checkpoint still being written; remove the gradient hooks; release the communicator the trainer built."""
-        self._writer.wait()
+        self.checkpoints.close()
         if self.sync is not None:
             self.sync.close()
         if self.config.zero:
@@ -410,22 +401,33 @@ class Trainer:
 
     # -- checkpoints ------------------------------------------------------------------------
     def save_checkpoint(self) -> Path | None:
-        """Write the run's state (rank 0; every rank contributes its RNG state).
+        """Write the run's state: a part per rank that holds state of its own, then rank 0's manifest (:mod:`rapydli.trainer.checkpoint`).
 
-        The step waits for a copy of the state in memory only; a thread writes the file
+        The step waits for a copy of the state in memory only; threads write the files
         (atomically), and the next checkpoint, :meth:`fit`'s end and :meth:`close` wait for
-        it. Returns the checkpoint path on rank 0, ``None`` elsewhere or without
+        them. Returns the manifest's path on rank 0, ``None`` elsewhere or without
         ``checkpoint_dir``. Collective: call on every rank.
         """
         if self.config.checkpoint_dir is None:
             return None
         self._average_buffers()
         self._saved_at = self.step
-        if self._sharded:  # a part per rank that holds state of its own, then the manifest (written now, not in the background)
-            from rapydli.trainer import sharded
+        epoch, position = self.plan.position(self.step, self.config.global_batch(self.data_size))
+        progress = {"epoch": epoch, "position": position, "data_size": self.data_size, "grad_accum": self.config.grad_accum,
+                    "batch_size": self.config.batch_size, "total_steps": self.total_steps, "seed": self.config.seed,
+                    "lr_schedule": self.config.lr_schedule, "config": self.config.to_dict()}  # fmt: skip
+        return self.checkpoints.save(self.step, self.model, self.optimizer, progress)
 
-            return sharded.save(self)
-        return replicated.save(self)
+    def _layout(self) -> dict[str, Any]:
+        """How this run is spread over its ranks (what its checkpoints record)."""
+        grid = self.grid
+        return {"world_size": self.world_size, "replicas": self.data_size, "stages": grid.stages if grid else 1,
+                "tensor_parallel": grid.tensor_parallel if grid else 1, "zero": self.config.zero,
+                "bounds": self.pipeline.bounds if self.pipeline is not None else None}  # fmt: skip
+
+    def _coordinates(self) -> tuple[int, int, int]:
+        """This rank's ``(stage, tensor rank, replica)``."""
+        return (self.grid.stage, self.grid.tensor_rank, self.grid.replica) if self.grid is not None else (0, 0, self.rank)
 
     # -- helpers ----------------------------------------------------------------------------
     def _stop_requested(self) -> bool:
