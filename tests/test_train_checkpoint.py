@@ -142,3 +142,62 @@ def test_partial_writes_of_a_killed_process_are_removed(tmp_path) -> None:
     kept.write_bytes(b"x")
     ckpt.remove_partial_writes(tmp_path)
     assert not partial.exists() and kept.exists()
+
+
+# -- one checkpoint, any layout ----------------------------------------------------------------
+
+LAYOUTS = ["dp4", "dp2xpp2", "dp2xtp2", "pp2xtp2", "dp4-zero1", "dp2xtp2-zero2"]
+
+
+@pytest.mark.mpi
+def test_a_checkpoint_of_any_layout_resumes_under_any_other_as_an_uninterrupted_run(run_mpi, tmp_path) -> None:
+    """The 36 pairs of 6 layouts on 4 ranks (the MLP), and tiny_lm's head-split attention from dp2 x tp2 to 3 others; one launch."""
+    import json
+    from pathlib import Path
+
+    tests = Path(__file__).resolve().parent
+    lm = ["dp2xtp2-zero2", "dp4", "pp2xtp2"]
+    code = (
+        f"import sys; sys.path.insert(0, {str(tests)!r}); import cases_checkpoint_layouts as c\n"
+        f"c.main({str(tmp_path)!r}, 'mlp', {json.dumps(LAYOUTS)!r}, {json.dumps(LAYOUTS)!r})\n"
+        f"c.main({str(tmp_path)!r}, 'tiny_lm', {json.dumps(lm[:1])!r}, {json.dumps(lm)!r})\n"
+    )
+    result = run_mpi(code, n=4, timeout=580)
+    assert result.stderr.count("OK matrix") == 8
+    rows = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    wholes, pairs = [r for r in rows if "whole" in r], [r for r in rows if "from" in r]
+    assert len(wholes) == 6 + 3 and all(r["worst"] < 1e-12 for r in wholes), wholes  # every layout trains the same parameters
+    assert len(pairs) == 36 + 3
+    for pair in pairs:
+        assert pair["resumed"] == 3 and pair["step"] == 4, pair  # resumed after step 2, ran to 4
+        assert pair["worst"] < 1e-12, pair
+
+
+@pytest.mark.engines
+@pytest.mark.timeout(900)
+def test_result_model_and_rd_load_give_the_one_process_model_for_every_layout(tmp_path) -> None:
+    """rd.train on 4 engines under each layout: result.model() and rd.load(run_id).model() equal one process's model."""
+    import cases_checkpoint_layouts as cases
+    from mpi4py import MPI
+
+    import rapydli as rd
+    from rapydli.trainer import Trainer
+
+    train, val = cases.features()
+    one = Trainer(cases.mlp(), None, train, val, cases.config("dp4", "mlp", batch_size=8, workers=1, max_steps=3), comm=MPI.COMM_SELF,
+                  optimizer_fn=cases.two_groups)  # fmt: skip
+    one.fit()
+    one.close()
+    expected = one.model.state_dict()
+    with rd.Cluster(n=4) as cluster:
+        for name in LAYOUTS:
+            config = cases.config(name, "mlp", max_steps=3, checkpoint_dir=str(tmp_path / name))
+            result = rd.train("cases_checkpoint_layouts:mlp", "cases_checkpoint_layouts:features", config, cluster=cluster, progress=False,
+                              live=False, optimizer_fn=cases.two_groups)  # fmt: skip
+            for source, model in (("result", result.model()), ("rd.load", rd.load(result.run_id).model())):
+                assert type(model) is type(one.model)
+                state = model.state_dict()
+                assert state.keys() == expected.keys()
+                for key, value in expected.items():
+                    assert torch.allclose(state[key], value, atol=1e-5, rtol=0), (name, source, key, (state[key] - value).abs().max())
+            assert result.state_dict().keys() == expected.keys()

@@ -312,6 +312,23 @@ class CheckpointManager:
             self._comm.Free()
             self._comm = None
 
+    def gather_state(self, held: Any) -> dict[str, torch.Tensor] | None:
+        """The whole model's parameters and buffers (unsplit names, on the CPU) on rank 0, ``None`` elsewhere; collective.
+
+        Assembled from every stage's and tensor rank's pieces by the code that reads
+        checkpoints (:func:`rapydli.trainer.manifest.assemble`).
+        """
+        from rapydli.trainer import manifest
+
+        mine = manifest.entries(self.whole, held, None, model=True, split_only=self.tensor_rank > 0) if self.replica == 0 else []
+        gathered = self.world.gather(mine, root=0)
+        if self.rank != 0:
+            return None
+        found: dict[tuple[str, str], list[Any]] = {}
+        for entry in (e for part in gathered for e in part):
+            found.setdefault(entry.key, []).append(entry)
+        return {name: manifest.assemble(group) for (name, _), group in found.items()}
+
     # -- reading -------------------------------------------------------------------------
     def read(self) -> Resumed | None:
         """The manifest in ``directory`` (rank 0 reads, every rank gets it), or ``None`` when there is none; collective."""
@@ -448,3 +465,25 @@ def read_layout(directory: str | os.PathLike[str] | None, world: Any) -> dict[st
         if path.exists():
             layout = load(path).get("layout")
     return world.bcast(layout, root=0)
+
+
+def load_full_state(model: Any, state: dict[str, torch.Tensor]) -> Any:
+    """Load ``state`` (by the unsplit model's names, as :func:`read_state_dict` gives it) into ``model``; returns ``model``.
+
+    A tied tensor (one tensor under two names) is found under its first name.
+
+    Raises
+    ------
+    ConfigError
+        ``state`` lacks a tensor ``model`` has (another model).
+    """
+    first: dict[int, str] = {}
+    for name, tensor in (*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)):
+        first.setdefault(id(tensor), name)
+    alias = {name: first[id(tensor)] for name, tensor in (*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False))}
+    wanted = model.state_dict()
+    missing = [key for key in wanted if alias.get(key, key) not in state]
+    if missing:
+        raise ConfigError(f"the trained state has no {', '.join(missing[:5])}: it belongs to another model than {type(model).__name__}")
+    model.load_state_dict({key: state[alias.get(key, key)] for key in wanted})
+    return model

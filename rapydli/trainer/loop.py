@@ -205,8 +205,8 @@ class Trainer:
             from rapydli.parallel.zero import ShardedOptimizer
 
             data_comm = self.grid.data if self.grid is not None else self.mpi
-            whole = self.optimizer
-            self.optimizer = ShardedOptimizer(self.model.parameters(), lambda ps: whole, data_comm, stage=config.zero, bucket_mb=config.bucket_mb)  # type: ignore[arg-type,return-value]
+            built = self.optimizer
+            self.optimizer = ShardedOptimizer(self.model.parameters(), lambda ps: built, data_comm, stage=config.zero, bucket_mb=config.bucket_mb)
             for group in self.optimizer.param_groups:
                 group.setdefault("initial_lr", group["lr"])
         # what averages the gradients over the data-parallel group: the synchronizer, or ZeRO-2's reduce-scatters
@@ -417,6 +417,14 @@ class Trainer:
                     "batch_size": self.config.batch_size, "total_steps": self.total_steps, "seed": self.config.seed,
                     "lr_schedule": self.config.lr_schedule, "config": self.config.to_dict()}  # fmt: skip
         return self.checkpoints.save(self.step, self.model, self.optimizer, progress)
+
+    def full_state_dict(self) -> dict[str, torch.Tensor] | None:
+        """The whole model's state (gathered from the stages, tensor slices and ZeRO's buckets) on rank 0, ``None`` elsewhere.
+
+        Keys are the unsplit model's names, tensors on the CPU. Collective.
+        """
+        self._average_buffers()
+        return self.checkpoints.gather_state(self.model)
 
     def _layout(self) -> dict[str, Any]:
         """How this run is spread over its ranks (what its checkpoints record)."""

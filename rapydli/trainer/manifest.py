@@ -116,16 +116,17 @@ def placements(whole: nn.Module, held: nn.Module) -> dict[int, tuple[str, Placem
     for module in whole.modules():
         if isinstance(module, ColumnParallelLinear):
             size, rank, chunks = module.group.size, module.group.rank, module.chunks
-            for tensor in module.parameters(recurse=False):
-                rows = tensor.shape[0] // chunks  # this rank's rows of each chunk
+            for sliced in module.parameters(recurse=False):
+                rows = sliced.shape[0] // chunks  # this rank's rows of each chunk
                 block = rows * size
                 ranges = tuple((c * block + rank * rows, c * block + (rank + 1) * rows) for c in range(chunks))
-                split[id(tensor)] = (0, ranges, (tensor.shape[0] * size, *tensor.shape[1:]))
+                split[id(sliced)] = (0, ranges, (sliced.shape[0] * size, *sliced.shape[1:]))
         elif isinstance(module, RowParallelLinear):
             size, rank, columns = module.group.size, module.group.rank, module.weight.shape[1]
             split[id(module.weight)] = (1, ((rank * columns, (rank + 1) * columns),), (module.weight.shape[0], columns * size))
     out: dict[int, tuple[str, Placement]] = {}
-    for local_name, tensor in (*held.named_parameters(), *held.named_buffers()):
+    held_tensors: list[tuple[str, torch.Tensor]] = [*held.named_parameters(), *held.named_buffers()]
+    for local_name, tensor in held_tensors:
         name = names.get(id(tensor), local_name)
         if id(tensor) in split:
             dim, ranges, shape = split[id(tensor)]
@@ -156,7 +157,7 @@ def optimizer_slots(optimizer: Any, where: dict[int, tuple[str, Placement]]) -> 
 
 
 def entries(whole: nn.Module, held: nn.Module, optimizer: Any, *, model: bool, split_only: bool) -> list[Entry]:
-    """The entries this rank writes: its parameters and buffers (``model``) and its optimizer state.
+    """The entries this rank writes: its parameters and buffers (``model``) and its optimizer state (``optimizer``, or ``None``).
 
     ``split_only``: only tensors that are tensor-parallel slices (another tensor rank
     writes the whole ones).
@@ -169,13 +170,13 @@ def entries(whole: nn.Module, held: nn.Module, optimizer: Any, *, model: bool, s
             for tensor in tensors:
                 name, placement = where[id(tensor)]
                 if not split_only or placement.dim is not None:
-                    out.append(Entry(name, kind, placement, tensor.detach()))
-    for name, placement, param in optimizer_slots(optimizer, where):
+                    out.append(Entry(name, kind, placement, tensor.detach().cpu()))
+    for name, placement, param in optimizer_slots(optimizer, where) if optimizer is not None else ():
         if split_only and placement.dim is None:
             continue
         for state, value in inner.state.get(param, {}).items():
             if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape == param.shape:
-                out.append(Entry(name, f"optim.{state}", placement, value.detach()))
+                out.append(Entry(name, f"optim.{state}", placement, value.detach().cpu()))
             else:
                 out.append(Entry(name, f"optim.{state}", None, value))
     return out
