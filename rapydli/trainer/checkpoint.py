@@ -294,9 +294,14 @@ class CheckpointManager:
             errors = comm.bcast(errors, root=0)
             if errors:
                 raise RuntimeError(f"checkpoint of step {step} not written (the previous one in {directory} stays): " + "; ".join(errors))
-            for old in directory.glob(f"part-s{self.stage}-t{self.tensor_rank}-d{self.replica}-step*.pt"):
-                if old.name != name:  # the manifest names the new parts: this rank's older ones can go
-                    old.unlink(missing_ok=True)
+            prefix = f"part-s{self.stage}-t{self.tensor_rank}-d{self.replica}-step"
+            for old in directory.glob(f"{prefix}*.pt"):  # the manifest names the new parts: this rank's older ones can go
+                older = old.name[len(prefix) : -len(".pt")]
+                if old.name != name and older.isdigit() and int(older) < step and old.is_file():
+                    try:
+                        old.unlink(missing_ok=True)
+                    except OSError as exc:  # the checkpoint is complete: a part left behind costs space only
+                        log.warning("could not remove %s: %s", old, exc)
 
         self.writer.run(write, background=self._background)
         return checkpoint_path(directory) if self.rank == 0 else None
