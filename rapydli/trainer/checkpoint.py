@@ -332,7 +332,7 @@ class CheckpointManager:
         found: dict[tuple[str, str], list[Any]] = {}
         for entry in (e for part in gathered for e in part):
             found.setdefault(entry.key, []).append(entry)
-        return {name: manifest.assemble(group) for (name, _), group in found.items()}
+        return {name: manifest.assemble(group).clone() for (name, _), group in found.items()}
 
     # -- reading -------------------------------------------------------------------------
     def read(self) -> Resumed | None:
@@ -433,7 +433,7 @@ def _load_into(directory: Path, meta: dict[str, Any], whole: Any, held: Any, opt
         for field in fields.get(name, []):
             saved = value(name, field)
             if isinstance(saved, torch.Tensor) and found[name, field][0].placement is not None:
-                state[field[len("optim."):]] = placement.cut(saved).reshape(slot.shape).to(slot.device)
+                state[field[len("optim."):]] = placement.cut(saved).reshape(slot.shape).to(slot.device, copy=True)
             else:
                 state[field[len("optim."):]] = saved.clone() if isinstance(saved, torch.Tensor) else copy.deepcopy(saved)
         if state:
@@ -458,7 +458,7 @@ def read_state_dict(directory: str | os.PathLike[str]) -> tuple[dict[str, torch.
 
     meta = load(path)
     found = _read_entries(Path(directory), meta, None)
-    state = {name: manifest.assemble(entries) for (name, field), entries in found.items() if field in ("param", "buffer")}
+    state = {name: manifest.assemble(entries).clone() for (name, field), entries in found.items() if field in ("param", "buffer")}
     return state, int(meta["step"])
 
 

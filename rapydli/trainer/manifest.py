@@ -69,11 +69,17 @@ class Placement:
         return tuple(shape)
 
     def cut(self, full: torch.Tensor) -> torch.Tensor:
-        """The piece of ``full`` this placement names (a new tensor)."""
-        local = full if self.dim is None else torch.cat([full.narrow(self.dim, a, b - a) for a, b in self.ranges], self.dim)
+        """The piece of ``full`` this placement names (a view of ``full`` where it can be: copy it to keep it)."""
+        if self.dim is None:
+            local = full
+        elif len(self.ranges) == 1:
+            (a, b), = self.ranges
+            local = full.narrow(self.dim, a, b - a)
+        else:
+            local = torch.cat([full.narrow(self.dim, a, b - a) for a, b in self.ranges], self.dim)
         if self.flat is not None:
             local = local.reshape(-1)[self.flat[0] : self.flat[1]]
-        return local.clone()
+        return local
 
     def sharded(self, flat: tuple[int, int]) -> Placement:
         """This placement narrowed to elements ``flat`` of its slice (a ZeRO piece)."""
@@ -196,12 +202,14 @@ def assemble(found: Iterable[Entry]) -> Any:
         return whole[0].value
     first = found[0]
     assert first.placement is not None
+    if first.placement.dim is None and first.placement.flat is None:  # one entry holds it whole: no copy
+        return first.value
     shape = first.placement.shape
     slices: dict[tuple[Any, ...], list[Entry]] = {}
     for entry in found:
         assert entry.placement is not None
         slices.setdefault((entry.placement.dim, entry.placement.ranges), []).append(entry)
-    full = torch.empty(shape, dtype=first.value.dtype)
+    full = torch.empty(shape, dtype=first.value.dtype) if len(slices) > 1 or first.placement.dim is not None else torch.empty(0)
     covered = 0
     for (dim, ranges), pieces in slices.items():
         placement = pieces[0].placement
@@ -218,6 +226,8 @@ def assemble(found: Iterable[Entry]) -> Any:
             local = flat.reshape(local_shape)
         else:
             local = pieces[0].value.reshape(local_shape)
+        if dim is None and len(slices) == 1:  # the whole tensor already: no second copy
+            return local
         if dim is None:
             full.copy_(local)
         else:
