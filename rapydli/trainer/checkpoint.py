@@ -262,10 +262,11 @@ class CheckpointManager:
         from rapydli.trainer import manifest
 
         self.writer.wait()
-        model, optim = self.replica == 0, self.replica == 0 or self.layout["zero"] > 0
-        found = manifest.entries(self.whole, held, optimizer, model=model, split_only=self.tensor_rank > 0) if optim else []
-        if not model:
-            found = [e for e in found if e.field.startswith("optim.")]
+        # replica 0 writes its parameters and buffers and, without ZeRO, its optimizer state; with ZeRO every replica its shard;
+        # a tensor rank above 0 only what is split (tensor rank 0 writes the tensors every tensor rank holds whole)
+        writes_optimizer = self.replica == 0 or self.layout["zero"] > 0
+        found = manifest.entries(self.whole, held, optimizer if writes_optimizer else None, model=self.replica == 0,
+                                 split_only=self.tensor_rank > 0)  # fmt: skip
         name = part_name(self.stage, self.tensor_rank, self.replica, step) if found else ""
         keys = [(e.name, e.field) for e in found]
         rng = self.world.gather(rng_state(), root=0)
