@@ -124,6 +124,9 @@ class Trainer:
     autotune_plan
         With ``config.autotune``: the :class:`rapydli.autotune.Plan` rank 0 tuned and
         every rank applied (tuned convolutions share the original parameters).
+    checkpoints
+        The run's :class:`~rapydli.trainer.checkpoint.CheckpointManager` (every layout's
+        checkpoints, and the whole model gathered by :meth:`full_state_dict`).
     """
 
     def __init__(
