@@ -416,13 +416,18 @@ def _load_into(directory: Path, meta: dict[str, Any], whole: Any, held: Any, opt
             full[name, field] = manifest.assemble(found[name, field])
         return full[name, field]
 
+    def piece(name: str, field: str, placement: manifest.Placement) -> torch.Tensor:
+        """The tensor at ``placement``: as stored when a part holds exactly that piece (the same layout), else cut from the whole."""
+        same = next((e.value for e in found[name, field] if e.placement == placement), None)
+        return same if same is not None else placement.cut(value(name, field))
+
     with torch.no_grad():
         for kind, tensors in (("param", held.parameters()), ("buffer", held.buffers())):
             for tensor in tensors:
                 name, placement = where[id(tensor)]
                 if (name, kind) not in found:
                     raise ConfigError(f"it holds no {kind} {name!r} (the model this run trains has one): was it written by another model?")
-                tensor.copy_(placement.cut(value(name, kind)).reshape(tensor.shape))
+                tensor.copy_(piece(name, kind, placement).reshape(tensor.shape))
     inner = getattr(optimizer, "optimizer", optimizer)
     inner.state.clear()
     fields: dict[str, list[str]] = {}
@@ -432,10 +437,10 @@ def _load_into(directory: Path, meta: dict[str, Any], whole: Any, held: Any, opt
     for name, placement, slot in slots:
         state = {}
         for field in fields.get(name, []):
-            saved = value(name, field)
-            if isinstance(saved, torch.Tensor) and found[name, field][0].placement is not None:
-                state[field[len("optim."):]] = placement.cut(saved).reshape(slot.shape).to(slot.device, copy=True)
+            if found[name, field][0].placement is not None:
+                state[field[len("optim."):]] = piece(name, field, placement).reshape(slot.shape).to(slot.device, copy=True)
             else:
+                saved = value(name, field)
                 state[field[len("optim."):]] = saved.clone() if isinstance(saved, torch.Tensor) else copy.deepcopy(saved)
         if state:
             inner.state[slot] = state
