@@ -35,6 +35,7 @@ _LAZY: dict[str, str] = {
     "TrainConfig": "rapydli.trainer.config",
     "RunResult": "rapydli.experiments.run",
     "train": "rapydli.notebook",
+    "load": "rapydli.notebook",
     "scaling_study": "rapydli.notebook",
     "ScalingResult": "rapydli.experiments.scaling",
     "plan_parallel": "rapydli.notebook",

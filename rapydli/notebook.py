@@ -135,6 +135,23 @@ def train(
             display.close()
 
 
+def load(run_id: str, model_fn: Callable[[], Any] | str | None = None) -> Any:
+    """A recorded run with its trained model: ``rd.load(run_id).model()`` is the ``nn.Module`` its last checkpoint holds.
+
+    Returns a :class:`~rapydli.experiments.run.RunResult` (``model()``, ``state_dict()``,
+    ``history``) read from the run's ``checkpoint_dir``, whatever layout wrote it.
+    ``model_fn``: what builds the model, when the run recorded none that can be imported
+    (a function defined in a notebook). See :func:`rapydli.experiments.run.load_run`.
+
+    Examples
+    --------
+    >>> model = rd.load("3f2a9c").model().eval()  # doctest: +SKIP
+    """
+    from rapydli.experiments.run import load_run
+
+    return load_run(run_id, model_fn)
+
+
 def sweep(
     model_fn: Callable[[], Any] | str,
     data_fn: Callable[[], Any] | str,

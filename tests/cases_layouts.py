@@ -21,7 +21,6 @@ from torch import nn
 from torch.nn import functional as F
 from torch.utils.data import TensorDataset
 
-from rapydli.errors import ConfigError
 from rapydli.parallel.tensor import ColumnParallelLinear, RowParallelLinear
 from rapydli.trainer import TrainConfig, Trainer
 from rapydli.zoo import datasets, models
@@ -124,38 +123,6 @@ def run(name: str, layout: dict[str, Any], directory: str | None = None) -> dict
         "clipped": sum(n > config.grad_clip for n in ref_norms) if config.grad_clip else 0,
         "grad_norm": WORLD.allreduce(max((abs(a - b) for a, b in zip(norms, ref_norms, strict=True)), default=0.0), op=MPI.MAX),
     }
-
-
-def resume(cases_json: str, directory: str) -> None:
-    """For each ``[model, layout, other layout]``: cut at step 2 and resumed equals uninterrupted; another layout is refused."""
-    torch.set_num_threads(1)
-    messages = []
-    for index, (name, layout, other) in enumerate(json.loads(cases_json)):
-        model_fn, data_fn = MODELS[name]
-        train, val = data_fn()
-        config = TrainConfig(**{**BASE, **layout, "workers": WORLD.Get_size(), "max_steps": 4})
-        where = f"{directory}/case{index}"
-        whole = Trainer(model_fn(), None, train, val, config)
-        whole.fit()
-        whole.close()
-        cut = Trainer(model_fn(), None, train, val, config.replace(max_steps=2, checkpoint_dir=where))
-        cut.fit()
-        cut.close()
-        resumed = Trainer(model_fn(), None, train, val, config.replace(checkpoint_dir=where, resume=True))
-        assert resumed.step == 2, resumed.step
-        resumed.fit()
-        resumed.close()
-        worst = max(float((a - b).abs().max()) for a, b in zip(whole.model.parameters(), resumed.model.parameters(), strict=True))
-        assert worst < 1e-12, (name, layout, worst)
-        try:
-            Trainer(model_fn(), None, train, val, TrainConfig(**{**BASE, **other, "workers": WORLD.Get_size(), "checkpoint_dir": where, "resume": True}))
-        except ConfigError as exc:
-            messages.append(str(exc))
-        else:
-            raise AssertionError(f"a checkpoint of {layout} was resumed with {other}")
-    if WORLD.Get_rank() == 0:
-        print(json.dumps(messages), flush=True)
-    print("OK resume", WORLD.Get_rank(), file=sys.stderr)
 
 
 def main(cases_json: str) -> None:

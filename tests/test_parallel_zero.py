@@ -71,12 +71,9 @@ def _trainer_case(run_mpi, function: str, n: int, *args: object):
 
 
 @pytest.mark.mpi
-def test_a_zero_checkpoint_of_two_ranks_is_refused_on_one_and_on_three_naming_both(run_mpi, tmp_path: Path) -> None:
-    result = _trainer_case(run_mpi, "refusals", 3, str(tmp_path))
-    one, three = json.loads(result.stdout.strip().splitlines()[-1])
-    assert "written by 2 ranks (data 2 x pipeline 1 x tensor 1, zero=1); this run has 1 ranks (data 1 x pipeline 1 x tensor 1, zero=1)" in one
-    assert "written by 2 ranks (data 2 x pipeline 1 x tensor 1, zero=1); this run has 3 ranks (data 3 x pipeline 1 x tensor 1, zero=1)" in three
-    assert "resumes only on the same layout" in three
+def test_a_zero_checkpoint_of_two_ranks_resumes_on_one_and_on_three_as_the_uninterrupted_run(run_mpi, tmp_path: Path) -> None:
+    result = _trainer_case(run_mpi, "resized", 3, str(tmp_path))
+    assert result.stderr.count("OK resized") == 3
 
 
 @pytest.mark.mpi

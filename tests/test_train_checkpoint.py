@@ -142,3 +142,114 @@ def test_partial_writes_of_a_killed_process_are_removed(tmp_path) -> None:
     kept.write_bytes(b"x")
     ckpt.remove_partial_writes(tmp_path)
     assert not partial.exists() and kept.exists()
+
+
+# -- one checkpoint, any layout ----------------------------------------------------------------
+
+LAYOUTS = ["dp4", "dp2xpp2", "dp2xtp2", "pp2xtp2", "dp4-zero1", "dp2xtp2-zero2"]
+
+
+@pytest.mark.mpi
+def test_a_checkpoint_of_any_layout_resumes_under_any_other_as_an_uninterrupted_run(run_mpi, tmp_path) -> None:
+    """The 36 pairs of 6 layouts on 4 ranks (the MLP), and tiny_lm's head-split attention from dp2 x tp2 to 3 others; one launch."""
+    import json
+    from pathlib import Path
+
+    tests = Path(__file__).resolve().parent
+    lm = ["dp2xtp2-zero2", "dp4", "pp2xtp2"]
+    code = (
+        f"import sys; sys.path.insert(0, {str(tests)!r}); import cases_checkpoint_layouts as c\n"
+        f"c.main({str(tmp_path)!r}, 'mlp', {json.dumps(LAYOUTS)!r}, {json.dumps(LAYOUTS)!r})\n"
+        f"c.main({str(tmp_path)!r}, 'tiny_lm', {json.dumps(lm[:1])!r}, {json.dumps(lm)!r})\n"
+    )
+    result = run_mpi(code, n=4, timeout=580)
+    assert result.stderr.count("OK matrix") == 8
+    rows = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    wholes, pairs = [r for r in rows if "whole" in r], [r for r in rows if "from" in r]
+    assert len(wholes) == 6 + 3 and all(r["worst"] < 1e-12 for r in wholes), wholes  # every layout trains the same parameters
+    assert len(pairs) == 36 + 3
+    for pair in pairs:
+        assert pair["resumed"] == 3 and pair["step"] == 4, pair  # resumed after step 2, ran to 4
+        assert pair["worst"] < 1e-12, pair
+
+
+@pytest.mark.engines
+@pytest.mark.timeout(900)
+def test_result_model_and_rd_load_give_the_one_process_model_for_every_layout(tmp_path) -> None:
+    """rd.train on 4 engines under each layout: result.model() and rd.load(run_id).model() equal one process's model."""
+    import cases_checkpoint_layouts as cases
+    from mpi4py import MPI
+
+    import rapydli as rd
+    from rapydli.trainer import Trainer
+
+    train, val = cases.features()
+    one = Trainer(cases.mlp(), None, train, val, cases.config("dp4", "mlp", batch_size=8, workers=1, max_steps=3), comm=MPI.COMM_SELF,
+                  optimizer_fn=cases.two_groups)  # fmt: skip
+    one.fit()
+    one.close()
+    expected = one.model.state_dict()
+    with rd.Cluster(n=4) as cluster:
+        for name in LAYOUTS:
+            config = cases.config(name, "mlp", max_steps=3, checkpoint_dir=str(tmp_path / name))
+            result = rd.train("cases_checkpoint_layouts:mlp", "cases_checkpoint_layouts:features", config, cluster=cluster, progress=False,
+                              live=False, optimizer_fn=cases.two_groups)  # fmt: skip
+            for source, model in (("result", result.model()), ("rd.load", rd.load(result.run_id).model())):
+                assert type(model) is type(one.model)
+                state = model.state_dict()
+                assert state.keys() == expected.keys()
+                for key, value in expected.items():
+                    assert torch.allclose(state[key], value, atol=1e-5, rtol=0), (name, source, key, (state[key] - value).abs().max())
+            assert result.state_dict().keys() == expected.keys()
+
+
+def test_pieces_of_any_layout_assemble_to_the_full_tensor_and_cut_again() -> None:
+    """A fused qkv weight split over 2 tensor ranks (a range of each of q, k, v), each slice in 3 ZeRO pieces; another layout's cut."""
+    from rapydli.errors import ConfigError
+    from rapydli.trainer.manifest import Entry, Placement, assemble
+
+    full = torch.arange(12 * 5, dtype=torch.float64).reshape(12, 5)
+    entries = []
+    for rank in (0, 1):
+        ranges = tuple((c * 4 + rank * 2, c * 4 + rank * 2 + 2) for c in range(3))
+        whole_slice = Placement((12, 5), 0, ranges)
+        assert torch.equal(whole_slice.cut(full), torch.cat([full[a:b] for a, b in ranges]))
+        for flat in ((0, 11), (11, 22), (22, 30)):
+            piece = whole_slice.sharded(flat)
+            entries.append(Entry("qkv.weight", "optim.exp_avg", piece, piece.cut(full).clone()))
+    assert torch.equal(assemble(entries), full)
+    other = Placement((12, 5), 1, ((2, 4),), flat=(1, 7))  # a column slice's ZeRO piece: another layout
+    assert torch.equal(other.cut(assemble(entries)), full[:, 2:4].reshape(-1)[1:7])
+    with pytest.raises(ConfigError, match=r"holds 19 of the 30 elements of qkv.weight \(optim.exp_avg\): a part is missing"):
+        assemble(entries[1:])  # tensor rank 0's first piece is gone
+
+
+def test_a_half_written_checkpoint_is_never_read(tmp_path) -> None:
+    """Parts of step 4 on disk (one half written) and a manifest cut short: the resume reads step 2's complete checkpoint."""
+    from mpi4py import MPI
+    from torch import nn
+
+    from rapydli.trainer import TrainConfig, Trainer
+    from rapydli.zoo import datasets
+
+    def model() -> nn.Module:
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(16, 8), nn.Tanh(), nn.Linear(8, 4))
+
+    train, val = datasets.synthetic_features(num_samples=64, in_features=16, num_classes=4)
+    config = TrainConfig(batch_size=8, max_steps=4, eval_every=0, workers=1, checkpoint_dir=str(tmp_path))
+    whole = Trainer(model(), None, train, val, config.replace(checkpoint_dir=None), comm=MPI.COMM_SELF)
+    whole.fit()
+    whole.close()
+    cut = Trainer(model(), None, train, val, config.replace(max_steps=2), comm=MPI.COMM_SELF)
+    cut.fit()
+    cut.close()
+    (part,) = tmp_path.glob("part-*-step2.pt")
+    (tmp_path / part.name.replace("step2", "step4")).write_bytes(part.read_bytes()[:100])  # a part of step 4, half written
+    (tmp_path / ".checkpoint.pt.x1y2.tmp").write_bytes(ckpt.checkpoint_path(tmp_path).read_bytes()[:50])  # its manifest, cut short
+    resumed = Trainer(model(), None, train, val, config.replace(resume=True), comm=MPI.COMM_SELF)
+    assert resumed.step == 2 and not list(tmp_path.glob(".*.tmp"))
+    resumed.fit()
+    resumed.close()
+    assert max(float((a - b).detach().abs().max()) for a, b in zip(whole.model.parameters(), resumed.model.parameters(), strict=True)) < 1e-6
+    assert sorted(p.name for p in tmp_path.glob("part-*")) == [part.name.replace("step2", "step4")]  # step 4's, complete now

@@ -17,6 +17,8 @@ def test_distributed_training_notebook(tmp_path: Path) -> None:
     assert "final validation accuracy on 2 ranks" in text
     accuracy = float(text.split("final validation accuracy on 2 ranks: ")[1].split()[0])
     assert accuracy >= 0.95
+    right = int(text.split(" of 16 right; the run's validation accuracy")[0].split()[-1])  # result.model() evaluated here
+    assert right >= 12, right
     own = float(text.split("your own model on 2 ranks: validation accuracy ")[1].split()[0])
     assert own >= 0.9, own
     assert "class DigitsCNN(nn.Module):" in text  # the notebook source recorded with the run

@@ -128,7 +128,7 @@ def checkpoint_cost(name: str, steps: int, warmup: int, every: int, allreduce: s
 
     trainer.save_checkpoint = timed  # type: ignore[method-assign]
     rows = [r for r in trainer.fit() if r["kind"] == "train"][warmup:]
-    writes = trainer._writer.spans
+    writes = trainer.checkpoints.writer.spans
     state = {"model": trainer.model.state_dict(), "optimizer": trainer.optimizer.state_dict()}
     trainer.close()
     started = time.perf_counter()

@@ -53,12 +53,51 @@ class RunResult:
         A plotly figure of training and validation loss against step.
     timelines
         A pipelined run's latest ``timeline`` event of every rank (see :meth:`timeline`).
+
+    Examples
+    --------
+    >>> result = rd.train(model_fn, data_fn, rd.TrainConfig(pipeline_stages=2, workers=4))  # doctest: +SKIP
+    >>> model = result.model().eval()  # the trained nn.Module, whole, on the client  # doctest: +SKIP
+    >>> model(inputs).argmax(-1)  # doctest: +SKIP
     """
 
     run_id: str | None
     history: pd.DataFrame
     figure: Any
     timelines: dict[int, dict[str, Any]] = field(default_factory=dict)
+    state: dict[str, Any] | None = field(default=None, repr=False)
+    model_fn: Callable[[], Any] | None = field(default=None, repr=False)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The trained model's full state (parameters and buffers, CPU tensors), as ``model_fn()``'s ``state_dict`` names it.
+
+        Gathered on the engines from every pipeline stage, tensor slice and ZeRO bucket when
+        the run ended (or read from its checkpoint, for :func:`rapydli.load`).
+
+        Raises
+        ------
+        ConfigError
+            The run returned no model (it failed before training ended).
+        """
+        if self.state is None:
+            raise ConfigError(f"run {self.run_id} has no trained model: it ended before training did, and left no checkpoint")
+        return {name: tensor.clone() for name, tensor in self.state.items()}
+
+    def model(self) -> Any:
+        """The trained ``nn.Module`` on the client: ``model_fn()`` with :meth:`state_dict` loaded (a new one per call).
+
+        Raises
+        ------
+        ConfigError
+            The run returned no model, or ``model_fn`` is not known here (give it to
+            :func:`rapydli.load`).
+        """
+        from rapydli.trainer.checkpoint import load_full_state
+
+        if self.model_fn is None:
+            raise ConfigError(f"run {self.run_id}: the function that builds its model is not known here: rd.load(run_id, model_fn=...)")
+        state = self.state_dict()
+        return load_full_state(self.model_fn(), state)
 
     def timeline(self, replica: int = 0) -> Any:
         """A pipelined run's last step as a Gantt chart, ideal schedule and bubble (:mod:`rapydli.parallel.timeline`)."""
@@ -218,7 +257,50 @@ def run_training(
     import pandas as pd
 
     frame = job.history if not restarted else pd.DataFrame(history)
-    return RunResult(run_id=job.run_id, history=frame, figure=loss_figure(frame, title=run_name), timelines=job.timelines)
+    state = job.results[0].get("state") if job.results else None
+    return RunResult(run_id=job.run_id, history=frame, figure=loss_figure(frame, title=run_name), timelines=job.timelines,
+                     state=state, model_fn=spec.model_fn)  # fmt: skip
+
+
+def load_run(run_id: str, model_fn: Callable[[], Any] | str | None = None) -> RunResult:
+    """A recorded run with its trained model, read from its checkpoint (``rd.load``).
+
+    The model's state is assembled from the checkpoint's parts as a resume reads them
+    (:func:`rapydli.trainer.checkpoint.read_state_dict`), in this process; ``history`` is
+    the store's (one row per step, a column per metric) and ``figure`` is ``None``.
+
+    Parameters
+    ----------
+    run_id
+        The run's id in the store (or a unique prefix of it).
+    model_fn
+        What builds its model; ``None``: the ``"module:qualname"`` the run recorded (a
+        function defined in a notebook must be given again).
+
+    Raises
+    ------
+    ConfigError
+        The run wrote no checkpoint (its config had no ``checkpoint_dir``, or a restartable
+        run's scratch directory was removed when it finished), or its model function is not
+        importable and none was given.
+    """
+    from rapydli.experiments.store.refs import resolve_callable
+    from rapydli.experiments.store.runview import run as recorded_run
+    from rapydli.trainer.checkpoint import read_state_dict
+
+    record = recorded_run(run_id)
+    directory = record.params.get("config", {}).get("checkpoint_dir")
+    if directory is None:
+        raise ConfigError(f"run {record.info['id']} wrote no checkpoint (its TrainConfig had no checkpoint_dir): its model cannot be loaded")
+    state, _ = read_state_dict(directory)
+    recorded = record.params.get("model_fn")
+    builder = None
+    if model_fn is not None:
+        builder = resolve_callable(model_fn, "model_fn")
+    elif isinstance(recorded, str) and ":" in recorded and " " not in recorded:
+        builder = resolve_callable(recorded, "model_fn")
+    # the history as the store holds it (one row per step, a column per metric); no figure
+    return RunResult(run_id=record.info["id"], history=record.history(), figure=None, state=state, model_fn=builder)
 
 
 def check_workers(config: TrainConfig, engines: int) -> None:

@@ -18,12 +18,9 @@ The loop calls, every step: ``no_sync()`` around the micro-steps that only accum
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
-
-from rapydli.errors import ConfigError
 
 if TYPE_CHECKING:  # pragma: no cover
     from rapydli.comm.synchronizer import SyncStats
@@ -113,16 +110,10 @@ class _ShardedLocal(Gradients):
         self.optimizer.close()
 
 
-def build(
-    layout: Layout, part: ModelPart, optimizer: torch.optim.Optimizer, rebuild: Callable[[list[Any]], torch.optim.Optimizer] | None, config: Any
-) -> Gradients:
+def build(layout: Layout, part: ModelPart, optimizer: torch.optim.Optimizer, config: Any) -> Gradients:
     """The strategy of ``layout`` for ``part`` (see :meth:`rapydli.parallel.layout.Layout.gradients`)."""
     model, comm = part.model, part.comm if layout.dp_enabled else None  # one replica: nothing to average
     if layout.zero_enabled:
-        if rebuild is None:
-            raise ConfigError(
-                f"TrainConfig.zero={layout.zero} shards the optimizer config.optimizer names: pass no optimizer or optimizer_fn"
-            )
         from rapydli.parallel.zero import ShardedOptimizer
 
         data = part.grid.data if part.grid is not None else (comm.mpi_comm if comm is not None else None)
@@ -137,7 +128,7 @@ def build(
                     comm.broadcast_(tensor.data, 0)
         elif comm is not None:
             sync = _synchronizer(model, comm, config)
-        sharded = ShardedOptimizer(model.parameters(), rebuild, data, stage=layout.zero, bucket_mb=config.bucket_mb)
+        sharded = ShardedOptimizer(model.parameters(), lambda _: optimizer, data, stage=layout.zero, bucket_mb=config.bucket_mb)
         for group in sharded.param_groups:
             group.setdefault("initial_lr", group["lr"])
         if layout.zero == 2:

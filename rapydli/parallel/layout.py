@@ -34,7 +34,6 @@ from typing import TYPE_CHECKING, Any
 from rapydli.errors import ConfigError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from collections.abc import Callable
 
     import torch
     from torch import nn
@@ -191,31 +190,20 @@ class Layout:
             return ModelPart(self, model, None, None, Communicator(world, algorithm=config.allreduce) if self.world_size > 1 else None, True)
         return ModelPart(self, model, None, None, comm, False)
 
-    def gradients(
-        self,
-        part: ModelPart,
-        optimizer: torch.optim.Optimizer,
-        rebuild: Callable[[list[Any]], torch.optim.Optimizer] | None,
-        config: Any,
-    ) -> Gradients:
+    def gradients(self, part: ModelPart, optimizer: torch.optim.Optimizer, config: Any) -> Gradients:
         """What makes ``part``'s gradients global, and the optimizer that steps it.
 
         One replica: nothing to average. Otherwise a
         :class:`~rapydli.comm.GradientSynchronizer` over the data group (its bucket
-        allreduces overlap backward); with ZeRO the optimizer state is sharded over the
-        data group (:class:`~rapydli.parallel.zero.ShardedOptimizer`, built with
-        ``rebuild(params)`` over each shard), and at stage 2 the sharded optimizer
-        reduce-scatters the gradients itself. Rank 0's parameters (replica 0's) are copied
-        to the other replicas first.
-
-        Raises
-        ------
-        ConfigError
-            ZeRO with an optimizer that cannot be rebuilt over a shard (``rebuild`` is None).
+        allreduces overlap backward); with ZeRO ``optimizer``'s state is sharded over the
+        data group group by group, any parameter groups kept
+        (:class:`~rapydli.parallel.zero.ShardedOptimizer`), and at stage 2 the sharded
+        optimizer reduce-scatters the gradients itself. Rank 0's parameters (replica 0's)
+        are copied to the other replicas first.
         """
         from rapydli.parallel import gradients
 
-        return gradients.build(self, part, optimizer, rebuild, config)
+        return gradients.build(self, part, optimizer, config)
 
     def _check_world(self, world: Any) -> None:
         size = world.Get_size()

@@ -66,8 +66,9 @@ IN_FLIGHT = 2
 class _Bucket:
     """Parameters whose values live end to end in ``values``; this rank's slice and the pieces of it."""
 
-    def __init__(self, params: list[nn.Parameter], size: int, rank: int) -> None:
+    def __init__(self, params: list[nn.Parameter], size: int, rank: int, group: int = 0) -> None:
         self.params = params
+        self.group = group  # the index of the optimizer's parameter group the bucket's parameters belong to
         self.numel = sum(p.numel() for p in params)
         self.shard = -(-self.numel // size)  # elements per rank
         first = params[0]
@@ -135,8 +136,13 @@ class ShardedOptimizer:
         The model's parameters (the same on every rank). Their ``.data`` is moved into the
         optimizer's flat buckets.
     build
-        ``build(params) -> torch.optim.Optimizer``: the optimizer to run on this rank's slices
-        (``lambda ps: torch.optim.AdamW(ps, lr=...)``); one parameter group.
+        ``build(params) -> torch.optim.Optimizer``: the optimizer over the whole ``params``
+        (``lambda ps: torch.optim.AdamW(ps, lr=...)``), with any parameter groups (weight
+        decay for some, another rate for others: what an ``optimizer_fn`` returns). As
+        DeepSpeed does, each group is sharded on its own: its parameters are bucketed apart
+        from the other groups', and the optimizer is kept with its groups and
+        hyperparameters, each group now holding this rank's pieces of its buckets (a group
+        of which this rank owns nothing is empty here).
     comm
         The data-parallel group (mpi4py).
     stage
@@ -149,8 +155,9 @@ class ShardedOptimizer:
     Attributes
     ----------
     optimizer
-        The inner optimizer over this rank's slices; ``param_groups`` is its groups, so a
-        learning-rate schedule sets ``lr`` as for any optimizer.
+        The inner optimizer over this rank's slices (the one ``build`` returned, its groups
+        now over this rank's pieces); ``param_groups`` is its groups, so a learning-rate
+        schedule sets ``lr`` as for any optimizer.
     stats
         Stage 2: the :class:`~rapydli.comm.synchronizer.SyncStats` of the last :meth:`wait`.
     """
@@ -161,8 +168,20 @@ class ShardedOptimizer:
             raise ConfigError(f"zero={stage!r} is invalid: one of {', '.join(map(str, STAGES))}")
         self.comm, self.stage = comm, stage
         self.size, self.rank = comm.Get_size(), comm.Get_rank()
-        self.buckets = [_Bucket(group, self.size, self.rank) for group in _groups([p for p in params if p.requires_grad], bucket_mb)]
-        self.optimizer = build([piece for bucket in self.buckets for piece in bucket.owned])
+        params = list(params)
+        # the optimizer over the whole parameters, with its groups; each group is bucketed apart (a bucket never mixes two
+        # groups' hyperparameters), the buckets ordered as backward reaches them; then the groups hold this rank's pieces
+        self.optimizer = build(params)
+        order = {id(p): i for i, p in enumerate(params)}
+        self.buckets: list[_Bucket] = []
+        for index, group in enumerate(self.optimizer.param_groups):
+            trained = sorted((p for p in group["params"] if p.requires_grad), key=lambda p: order.get(id(p), -1))
+            for members in _groups(trained, bucket_mb):
+                self.buckets.append(_Bucket(members, self.size, self.rank, index))
+        self.buckets.sort(key=lambda b: -order.get(id(b.params[0]), -1))
+        for index, group in enumerate(self.optimizer.param_groups):
+            group["params"] = [piece for bucket in self.buckets if bucket.group == index for piece in bucket.owned]
+        self.optimizer.state.clear()
         self.param_groups = self.optimizer.param_groups
         self.stats = SyncStats()
         self._hooks: list[Any] = []

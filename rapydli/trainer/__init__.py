@@ -5,8 +5,8 @@
 * :mod:`rapydli.trainer.task`: :func:`~rapydli.trainer.task.engine_task`, what a cluster
   engine runs for one run (builds model and data, hands the Trainer its ``should_stop`` and
   ``emit`` callables, returns per-rank summaries).
-* :mod:`rapydli.trainer.callbacks`, :mod:`~rapydli.trainer.checkpoint`,
-  :mod:`~rapydli.trainer.replicated`, :mod:`~rapydli.trainer.sharded`,
+* :mod:`rapydli.trainer.callbacks`, :mod:`~rapydli.trainer.checkpoint` (with
+  :mod:`~rapydli.trainer.manifest`, the layout-free form of its tensors),
   :mod:`~rapydli.trainer.optim`, :mod:`~rapydli.trainer.schedule`: what the loop calls.
 
 Nothing here starts a process or imports front-end code. Names are imported lazily so

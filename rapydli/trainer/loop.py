@@ -8,8 +8,8 @@ Trainer its part of the model (its pipeline stage, its slices of the layers: a
 :class:`rapydli.comm.GradientSynchronizer` whose bucket allreduces overlap backward, or
 ZeRO's sharded optimizer: :mod:`rapydli.parallel.gradients`); the loss is the run's
 :class:`~rapydli.objective.Objective`. :meth:`Trainer.fit` is the loop, top to bottom in
-the order it runs. Runs whose state is spread over ranks checkpoint one part per rank
-(:mod:`rapydli.trainer.sharded`).
+the order it runs. Every layout checkpoints through one
+:class:`~rapydli.trainer.checkpoint.CheckpointManager`, and resumes under any other.
 
 Examples
 --------
@@ -39,11 +39,10 @@ from torch.utils.data import Dataset
 from rapydli.errors import ConfigError
 from rapydli.objective import LossFn, MetricsArg, Objective, default_metrics, resolve_metrics
 from rapydli.parallel.layout import Layout
-from rapydli.trainer import checkpoint as ckpt
-from rapydli.trainer import replicated
 from rapydli.trainer.callbacks import Callback, dispatch
+from rapydli.trainer.checkpoint import CheckpointManager
 from rapydli.trainer.config import TrainConfig
-from rapydli.trainer.optim import OptimizerFn, apply_schedule, make_optimizer, optimizer_over
+from rapydli.trainer.optim import OptimizerFn, apply_schedule, make_optimizer
 from rapydli.trainer.progress import EpochPlan, resized_config
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -133,6 +132,9 @@ class Trainer:
     autotune_plan
         With ``config.autotune``: the :class:`rapydli.autotune.Plan` rank 0 tuned and
         every rank applied (tuned convolutions share the original parameters).
+    checkpoints
+        The run's :class:`~rapydli.trainer.checkpoint.CheckpointManager` (every layout's
+        checkpoints, and the whole model gathered by :meth:`full_state_dict`).
     """
 
     def __init__(
@@ -161,13 +163,13 @@ class Trainer:
         # the layout of the ranks (data x pipeline x tensor, ZeRO), checked against the world that runs
         self.layout = Layout.of(config, self.world_size)
         # this rank's part of the model (its stage, its slices of the layers) and the communicator of its data group
+        whole = model  # the unsplit model (tensor-parallel layers already cut in place): what checkpoints name parameters by
         self.part = self.layout.model_part(model, config, self.mpi, train_data, self.objective, comm, _resumed_bounds(config, self.mpi))
         self.pipeline, self.grid, self.comm = self.part.pipeline, self.part.grid, self.part.comm
         self.data_rank, self.data_size = self.part.data_rank, self.part.data_size
-        self._sharded = self.layout.sharded  # its checkpoints are per-rank parts (rapydli.trainer.sharded)
         self._should_stop = should_stop
-        self._writer = ckpt.CheckpointWriter()
         self.model = model = self.part.model
+        self.checkpoints = CheckpointManager(config.checkpoint_dir, self.mpi, whole, self._layout(), self._coordinates())
         self.device = next(model.parameters()).device
         resolved = resolve_metrics(metrics)
         self.metrics = default_metrics() if resolved is None else resolved
@@ -176,14 +178,15 @@ class Trainer:
             group.setdefault("initial_lr", group["lr"])
         self.callbacks = tuple(callbacks)
         self.val_data = val_data
-        # a checkpoint to resume from, and what it was written with (it may be another world size)
-        self._checkpoint, meta = replicated.read(self) if config.resume and not self._sharded else (None, None)
+        # a checkpoint to resume from, and what it was written with (it may be another layout, another global batch)
+        resumed = self.checkpoints.read() if config.resume else None
         self._lr_scale, resume_from = 1.0, None
-        if meta is not None:
-            config, self._lr_scale = resized_config(config, meta["world_size"], meta["grad_accum"], self.world_size)
+        if resumed is not None:
+            if resumed.batch_size * resumed.grad_accum * resumed.data_size != config.global_batch(self.data_size):
+                config, self._lr_scale = resized_config(config, resumed.data_size, resumed.grad_accum, self.data_size)
             self.config = config
-            if meta["world_size"] != self.world_size:
-                resume_from = (meta["epoch"], meta["position"])
+            if resumed.data_size != self.data_size:
+                resume_from = (resumed.epoch, resumed.position)
         self.loader = _loader(train_data, config, self.data_rank, self.data_size, resume_from)
         self.steps_per_epoch = len(self.loader) // config.grad_accum
         if self.steps_per_epoch < 1:
@@ -195,14 +198,13 @@ class Trainer:
         if resume_from is not None:
             epoch, start = resume_from
             steps = self.loader.batches_in(epoch) // config.grad_accum
-            self.plan = EpochPlan(self.steps_per_epoch, config.epochs, meta["step"], epoch, start, steps)  # type: ignore[index]
+            self.plan = EpochPlan(self.steps_per_epoch, config.epochs, resumed.step, epoch, start, steps)  # type: ignore[union-attr]
         self.total_steps = self.plan.total(config.max_steps)
         self.autotune_plan: Any = None
         if config.autotune:
             self._autotune(train_data)
-        # what makes the gradients global (a synchronizer, ZeRO's sharded optimizer, or nothing) and the optimizer it steps
-        rebuild = (lambda ps: optimizer_over(ps, config)) if optimizer is None and optimizer_fn is None else None
-        self.gradients = self.layout.gradients(self.part, self.optimizer, rebuild, config)
+        # what makes the gradients global (a synchronizer, ZeRO's sharded optimizer over the optimizer's groups, or nothing)
+        self.gradients = self.layout.gradients(self.part, self.optimizer, config)
         self.optimizer, self.sync = self.gradients.optimizer, self.gradients.sync
         if self.pipeline is not None:
             self.pipeline.attach(self.sync, self._autocast)
@@ -212,12 +214,8 @@ class Trainer:
         self.history: list[dict[str, Any]] = []
         self.stopped_early = False
         self._started = time.perf_counter()
-        if self._sharded and config.resume:
-            from rapydli.trainer import sharded
-
-            sharded.resume(self)
-        elif meta is not None:
-            replicated.resume(self, meta)
+        if resumed is not None:  # every rank loads its pieces of the checkpoint, cut for this layout
+            self.step = self._evaluated_at = self._saved_at = self.checkpoints.load(self.model, self.optimizer)
 
     # -- the loop ---------------------------------------------------------------------------
     def fit(self) -> list[dict[str, Any]]:
@@ -229,9 +227,9 @@ class Trainer:
         try:
             self._train()
         except BaseException:
-            self._writer.wait(raise_error=False)  # the training error is the one to report
+            self.checkpoints.wait(raise_error=False)  # the training error is the one to report
             raise
-        self._writer.wait()
+        self.checkpoints.wait()
         return self.history
 
     def _train(self) -> None:
@@ -334,7 +332,7 @@ class Trainer:
 
     def close(self) -> None:
         """Finish a checkpoint still being written; remove the gradient hooks; release the communicator the trainer built."""
-        self._writer.wait()
+        self.checkpoints.close()
         self.gradients.close()
         self.part.close()
         self.comm = None
@@ -387,22 +385,41 @@ class Trainer:
 
     # -- checkpoints ------------------------------------------------------------------------
     def save_checkpoint(self) -> Path | None:
-        """Write the run's state (rank 0; every rank contributes its RNG state).
+        """Write the run's state: a part per rank that holds state of its own, then rank 0's manifest (:mod:`rapydli.trainer.checkpoint`).
 
-        The step waits for a copy of the state in memory only; a thread writes the file
+        The step waits for a copy of the state in memory only; threads write the files
         (atomically), and the next checkpoint, :meth:`fit`'s end and :meth:`close` wait for
-        it. Returns the checkpoint path on rank 0, ``None`` elsewhere or without
+        them. Returns the manifest's path on rank 0, ``None`` elsewhere or without
         ``checkpoint_dir``. Collective: call on every rank.
         """
         if self.config.checkpoint_dir is None:
             return None
         self._average_buffers()
         self._saved_at = self.step
-        if self._sharded:  # a part per rank that holds state of its own, then the manifest (written now, not in the background)
-            from rapydli.trainer import sharded
+        epoch, position = self.plan.position(self.step, self.config.global_batch(self.data_size))
+        progress = {"epoch": epoch, "position": position, "data_size": self.data_size, "grad_accum": self.config.grad_accum,
+                    "batch_size": self.config.batch_size, "total_steps": self.total_steps, "seed": self.config.seed,
+                    "lr_schedule": self.config.lr_schedule, "config": self.config.to_dict()}  # fmt: skip
+        return self.checkpoints.save(self.step, self.model, self.optimizer, progress)
 
-            return sharded.save(self)
-        return replicated.save(self)
+    def full_state_dict(self) -> dict[str, torch.Tensor] | None:
+        """The whole model's state (gathered from the stages, tensor slices and ZeRO's buckets) on rank 0, ``None`` elsewhere.
+
+        Keys are the unsplit model's names, tensors on the CPU. Collective.
+        """
+        self._average_buffers()
+        return self.checkpoints.gather_state(self.model)
+
+    def _layout(self) -> dict[str, Any]:
+        """How this run is spread over its ranks (what its checkpoints record)."""
+        grid = self.grid
+        return {"world_size": self.world_size, "replicas": self.data_size, "stages": grid.stages if grid else 1,
+                "tensor_parallel": grid.tensor_parallel if grid else 1, "zero": self.config.zero,
+                "bounds": self.pipeline.bounds if self.pipeline is not None else None}  # fmt: skip
+
+    def _coordinates(self) -> tuple[int, int, int]:
+        """This rank's ``(stage, tensor rank, replica)``."""
+        return (self.grid.stage, self.grid.tensor_rank, self.grid.replica) if self.grid is not None else (0, 0, self.rank)
 
     # -- helpers ----------------------------------------------------------------------------
     def _stop_requested(self) -> bool:
@@ -478,9 +495,9 @@ def _resumed_bounds(config: TrainConfig, world: Any) -> list[int] | None:
     """The split a resumed ``"auto"`` pipeline keeps: the one its checkpoint recorded (same stage count), else None."""
     if not config.resume or config.pipeline_split.strip() != "auto":
         return None
-    from rapydli.trainer.sharded import read_layout
+    from rapydli.trainer.checkpoint import read_layout
 
-    shape = read_layout(config.checkpoint_dir, world)  # type: ignore[arg-type]
+    shape = read_layout(config.checkpoint_dir, world)
     return shape["bounds"] if shape is not None and shape["stages"] == config.pipeline_stages else None
 
 

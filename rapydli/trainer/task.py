@@ -41,7 +41,8 @@ def engine_task(
     any collective (so a rank whose ``model_fn``/``data_fn`` raised is the only one named,
     and nobody is left blocked); runs the :class:`~rapydli.trainer.loop.Trainer`; rank 0
     emits its rows as events. Returns each rank's timing medians, whether the run was
-    stopped early, and rank 0's full history.
+    stopped early, and rank 0's full history and trained model's whole state (``"state"``,
+    :meth:`~rapydli.trainer.loop.Trainer.full_state_dict`).
     """
     import torch
 
@@ -76,11 +77,13 @@ def engine_task(
         if ctx.rank == 0:
             emit("start", {"total_steps": trainer.total_steps, "start_step": trainer.step, "world_size": ctx.world_size}, flush=True)
         history = trainer.fit()
+        state = trainer.full_state_dict()  # the trained model, whole, for result.model()
     finally:
         trainer.close()
     return {
         "rank": ctx.rank,
         "history": history if ctx.rank == 0 else [],
+        "state": state,
         "stopped_early": trainer.stopped_early,
         "timing": timing_summary(history),
         "parameters": sum(p.numel() for p in model.parameters()),

@@ -66,7 +66,7 @@ def _profile(
     import torch
     from torch.utils.data import default_collate
 
-    from rapydli.trainer.loop import optimizer_over
+    from rapydli.trainer.optim import optimizer_over
 
     train, _ = data_fn()
     count = max(sizes)
