@@ -79,12 +79,15 @@ def owners(model: nn.Module) -> dict[str, tuple[nn.Module, str]]:
 def worst_difference(trainer: Trainer, model: nn.Module, reference: nn.Module) -> float:
     """Largest difference between this rank's parameters and their slices of the one-process model's."""
     dense = dict(reference.named_parameters())
-    found = owners(model)
+    found, dense_owners = owners(model), owners(reference)
     worst = 0.0
     for name, local in dense_names(model, trainer.model).items():
         module, short = found[name]
         if isinstance(module, ColumnParallelLinear | RowParallelLinear):
-            expected = _shard_of(dense[name].detach(), local, module, short, _Group(trainer.grid.tensor_rank))  # type: ignore[arg-type]
+            whole = dense[name].detach()
+            if type(dense_owners[name][0]).__name__ == "Conv1D" and short == "weight":  # stored (in, out); the split layer keeps (out, in)
+                whole = whole.t()
+            expected = _shard_of(whole, local, module, short, _Group(trainer.grid.tensor_rank))  # type: ignore[arg-type]
         else:
             expected = dense[name].detach()
         worst = max(worst, float((expected - local.detach()).abs().max()))

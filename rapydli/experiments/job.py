@@ -128,6 +128,10 @@ class TrainingJob:
         if config.pipeline_stages > 1 or config.tensor_parallel > 1:  # refused before anything starts: ranks = replicas x stages x tensor
             data_parallel_degree(len(targets), config.pipeline_stages, config.tensor_parallel)
         check_training_code(loss_fn, optimizer_fn, metrics)
+        if config.pipeline_stages > 1 or config.tensor_parallel > 1:  # the layout against the model (built shape-only): own loss, split, ties, plan
+            from rapydli.parallel.preflight import check_layout
+
+            check_layout(model, config, loss_fn)
         code = {"loss_fn": loss_fn, "optimizer_fn": optimizer_fn, "metrics": metrics}
         self.config = config
         self.targets = list(targets)

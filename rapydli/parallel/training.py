@@ -99,7 +99,7 @@ class PipelineTraining:
         if config.tensor_parallel > 1:
             from rapydli.parallel.tensor import plan_for
 
-            plan = tensor_plan(config.tensor_plan) or plan_for(model)
+            plan = tensor_plan(config.tensor_plan) or plan_for(model, config.tensor_parallel)
         check_honoured(self.shared, model, config.zero, plan)
         if plan is not None:  # every rank splits the dense model; this rank keeps its stage of it below
             from rapydli.parallel.tensor import shard_model
