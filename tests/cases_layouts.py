@@ -55,12 +55,25 @@ def features() -> tuple[TensorDataset, TensorDataset]:
     return (TensorDataset(train.tensors[0].double(), train.tensors[1]), TensorDataset(val.tensors[0].double(), val.tensors[1]))
 
 
+def bn_cnn() -> nn.Module:
+    """A CNN with BatchNorm (its running statistics decide the validation loss)."""
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 4))
+
+
+def images() -> tuple[TensorDataset, TensorDataset]:
+    g = torch.Generator().manual_seed(6)
+    x, y = torch.randn(96, 1, 6, 6, generator=g, dtype=torch.float64), torch.randint(0, 4, (96,), generator=g)
+    return TensorDataset(x[:80], y[:80]), TensorDataset(x[80:], y[80:])
+
+
 #: name -> (model_fn, data_fn, loss_fn or None for the default (exact_loss where not pipelined))
 MODELS: dict[str, tuple[Any, Any, Any]] = {
     "tiny_lm": (tiny_lm, tokens, None),
     "mlp": (mlp, features, None),
     "gpt2": (gpt2, tokens, lm_loss),  # HF GPT-2's shapes: Conv1D, fused c_attn, wte tied to lm_head, forward(input_ids, labels)
     "llama": (llama, tokens, lm_loss),  # RMSNorm, rotary, GQA 4 query / 2 key-value heads, SwiGLU, untied head
+    "bn_cnn": (bn_cnn, images, exact_loss),
 }
 BASE = {"batch_size": 4, "max_steps": 3, "lr": 0.01, "optimizer": "adamw", "weight_decay": 0.1, "eval_every": 2,
         "allreduce": "mpi", "bucket_mb": 0.001, "seed": 0}  # fmt: skip

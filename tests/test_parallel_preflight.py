@@ -60,3 +60,13 @@ def test_the_model_is_built_shape_only_and_a_model_fn_the_meta_device_cannot_run
 
     assert meta_model(loads_weights) is None
     check_layout(loads_weights, rd.TrainConfig(max_steps=1, tensor_parallel=2, workers=2))  # not checkable here: no error
+
+
+def test_batch_norm_cut_into_micro_batches_is_refused() -> None:
+    def cnn() -> nn.Module:
+        return nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 4))
+
+    with pytest.raises(ConfigError, match=r"Sequential has BatchNorm \('1'\): with pipeline_stages=2 and microbatches=2 it would normalise each "
+                       r"micro-batch .* Set microbatches=1, or use GroupNorm / LayerNorm"):  # fmt: skip
+        check_layout(cnn, rd.TrainConfig(**{**PIPELINED, "pipeline_split": "3"}))
+    check_layout(cnn, rd.TrainConfig(**{**PIPELINED, "microbatches": 1, "pipeline_split": "3"}))  # the replica's whole batch: as data parallelism

@@ -37,7 +37,8 @@ def check_layout(model_fn: Callable[[], Any], config: Any, loss_fn: Any = None) 
     """Raise :class:`ConfigError` if ``config``'s pipeline or tensor layout cannot train ``model_fn``'s model.
 
     Checks, in order: a model that takes its targets in ``forward`` with no ``loss_fn``
-    under ``pipeline_stages > 1`` (the message names the ``loss_fn`` to pass); the model
+    under ``pipeline_stages > 1`` (the message names the ``loss_fn`` to pass); BatchNorm
+    with micro-batches (:func:`check_batch_norm`); the model
     can be split and an explicit ``pipeline_split`` names its blocks; parameters shared
     across those stages can stay one parameter (:func:`~rapydli.parallel.shared.check_honoured`);
     the tensor plan (given, or the built-in one) splits the model. Does nothing for a
@@ -50,6 +51,7 @@ def check_layout(model_fn: Callable[[], Any], config: Any, loss_fn: Any = None) 
         return
     if config.pipeline_stages > 1:
         check_own_loss(model, config.pipeline_stages, loss_fn)
+        check_batch_norm(model, config.pipeline_stages, config.microbatches)
     plan = None
     if config.tensor_parallel > 1:
         from rapydli.parallel.config import tensor_plan
@@ -87,3 +89,25 @@ def check_own_loss(model: nn.Module, stages: int, loss_fn: Any) -> None:
         "rd.train(..., loss_fn=lambda logits, targets: torch.nn.functional.cross_entropy(logits.flatten(0, -2), targets.flatten())), "
         "or train with pipeline_stages=1"
     )
+
+
+def check_batch_norm(model: nn.Module, stages: int, microbatches: int) -> None:
+    """Raise :class:`ConfigError` for BatchNorm in a pipeline that cuts the batch into micro-batches.
+
+    A pipeline runs each micro-batch through the stages separately, so BatchNorm would
+    normalise over ``batch_size / microbatches`` samples where data parallelism (and one
+    process) normalises over the replica's batch. With ``microbatches=1`` it sees the
+    replica's batch, and its statistics are averaged over the replicas as without a
+    pipeline; tensor parallelism keeps norms whole on every tensor rank, which see the
+    same activations.
+    """
+    if microbatches == 1:
+        return
+    norms = [name for name, m in model.named_modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    if norms:
+        more = f" and {len(norms) - 1} more" if len(norms) > 1 else ""
+        raise ConfigError(
+            f"{type(model).__name__} has BatchNorm ({norms[0]!r}{more}): with pipeline_stages={stages} and microbatches={microbatches} it "
+            f"would normalise each micro-batch (batch_size / {microbatches} samples), not the replica's batch as data parallelism does. "
+            "Set microbatches=1, or use GroupNorm / LayerNorm"
+        )

@@ -35,6 +35,7 @@ from rapydli.parallel import split
 from rapydli.parallel.config import split_names, tensor_plan
 from rapydli.parallel.executor import MetricFn, PipelineExecutor
 from rapydli.parallel.grid import ProcessGrid
+from rapydli.parallel.preflight import check_batch_norm
 from rapydli.parallel.shared import SharedGradients, check_honoured, find_shared
 from rapydli.parallel.timeline import Recorder
 
@@ -83,6 +84,7 @@ class PipelineTraining:
 
     def __init__(self, model: nn.Module, config: Any, world: Any, train_data: Dataset, objective: Objective) -> None:
         objective.check_pipelined(model, config.pipeline_stages)
+        check_batch_norm(model, config.pipeline_stages, config.microbatches)
         self.config = config
         self.grid = ProcessGrid.create(world, config.pipeline_stages, config.tensor_parallel)
         sample = None
