@@ -87,4 +87,7 @@ def test_a_plan_that_cannot_split_a_module_names_it_its_shape_and_the_allowed_st
         check_plan(train_cases.TinyGPT(), {"blocks.*.attn": "heads"}, 2)
     with pytest.raises(ConfigError, match=r"transformer.h.0.mlp.c_fc: out_features=64 does not split over tensor_parallel=3"):
         check_plan(gpt2(), {"transformer.h.*.mlp.c_fc": "column"}, 3)
+    with pytest.raises(ConfigError, match=r"tensor plan 'lm_head' would split lm_head.weight, which is tied to transformer.wte.weight"):
+        check_plan(gpt2(), {"lm_head": "column"}, 2)
+    check_plan(gpt2(tie=False), {"lm_head": "column"}, 2)
     check_plan(gpt2(), {"transformer.h.*.attn": "heads", "transformer.h.*.mlp.c_fc": "column", "transformer.h.*.mlp.c_proj": "row"}, 2)

@@ -87,11 +87,13 @@ def check_plan(model: nn.Module, plan: Mapping[str, str], size: int) -> None:
 
     Everything :func:`~rapydli.parallel.tensor.parallelize` refuses (unknown style,
     pattern naming no module, a module of the wrong kind, features or heads that do not
-    divide), found on a shape-only copy; and a ``"heads"`` module whose forward runs
+    divide), found on a shape-only copy; a module holding a parameter tied to another
+    module's (the split would untie them); and a ``"heads"`` module whose forward runs
     dense but not with its heads split.
     """
     shadow = meta_copy(model)
     modules = dict(shadow.named_modules())
+    _check_ties(shadow, plan)
     heads = [n for pattern, style in plan.items() if style == "heads" for n in modules if n and fnmatch.fnmatchcase(n, pattern)]
     widths = {n: _width(modules[n]) for n in heads}
     dense_runs = {n: w is not None and _runs(modules[n], w) for n, w in widths.items()}
@@ -105,6 +107,24 @@ def check_plan(model: nn.Module, plan: Mapping[str, str], size: int) -> None:
                 "its input (x.size()) instead of from its head count. Leave it out of the plan (dense), or compute widths from "
                 "the head attributes (n_head * head_dim)"
             )
+
+
+def _check_ties(model: nn.Module, plan: Mapping[str, str]) -> None:
+    """Refuse a plan that splits a module holding a parameter another module shares (tied weights would come untied)."""
+    names: dict[int, list[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(p), []).append(name)
+    for module_name, module in model.named_modules():
+        if not module_name or not any(fnmatch.fnmatchcase(module_name, pattern) for pattern in plan):
+            continue
+        for p in module.parameters():
+            tied = [n for n in names[id(p)] if not n.startswith(module_name + ".")]
+            if tied:
+                mine = next(n for n in names[id(p)] if n.startswith(module_name + "."))
+                raise ConfigError(
+                    f"tensor plan {module_name!r} would split {mine}, which is tied to {', '.join(tied)} (one parameter): each would "
+                    f"train its own tensor. Leave {module_name!r} out of the plan (it stays whole on every tensor rank)"
+                )
 
 
 def plan_for(model: nn.Module, size: int = 2) -> dict[str, str]:
