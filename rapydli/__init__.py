@@ -50,6 +50,8 @@ _LAZY: dict[str, str] = {
     "runs": "rapydli.experiments.store.runview",
     "run": "rapydli.experiments.store.runview",
     "batch": "rapydli.experiments.batch.batch",
+    "verify_layout": "rapydli.experiments.verify",
+    "LayoutCheck": "rapydli.experiments.verify",
 }
 _SUBPACKAGES = {"widgets", "data", "comm", "autotune", "cluster", "experiments", "trainer", "zoo"}
 
@@ -104,5 +106,6 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from rapydli.experiments.store.runview import run, runs
     from rapydli.experiments.sweep.space import choice, intrange, loguniform, uniform
     from rapydli.experiments.sweep.sweep import SweepResult
+    from rapydli.experiments.verify import LayoutCheck, verify_layout
     from rapydli.notebook import plan_parallel, record, scaling_study, sweep, train
     from rapydli.trainer.config import TrainConfig

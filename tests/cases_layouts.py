@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 from cases_tensor import _shard_of
+from hf_models import gpt2, llama, lm_loss
 from mpi4py import MPI
 from torch import nn
 from torch.nn import functional as F
@@ -53,7 +54,26 @@ def features() -> tuple[TensorDataset, TensorDataset]:
     return (TensorDataset(train.tensors[0].double(), train.tensors[1]), TensorDataset(val.tensors[0].double(), val.tensors[1]))
 
 
-MODELS = {"tiny_lm": (tiny_lm, tokens), "mlp": (mlp, features)}
+def bn_cnn() -> nn.Module:
+    """A CNN with BatchNorm (its running statistics decide the validation loss)."""
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 4))
+
+
+def images() -> tuple[TensorDataset, TensorDataset]:
+    g = torch.Generator().manual_seed(6)
+    x, y = torch.randn(96, 1, 6, 6, generator=g, dtype=torch.float64), torch.randint(0, 4, (96,), generator=g)
+    return TensorDataset(x[:80], y[:80]), TensorDataset(x[80:], y[80:])
+
+
+#: name -> (model_fn, data_fn, loss_fn or None for the default (exact_loss where not pipelined))
+MODELS: dict[str, tuple[Any, Any, Any]] = {
+    "tiny_lm": (tiny_lm, tokens, None),
+    "mlp": (mlp, features, None),
+    "gpt2": (gpt2, tokens, lm_loss),  # HF GPT-2's shapes: Conv1D, fused c_attn, wte tied to lm_head, forward(input_ids, labels)
+    "llama": (llama, tokens, lm_loss),  # RMSNorm, rotary, GQA 4 query / 2 key-value heads, SwiGLU, untied head
+    "bn_cnn": (bn_cnn, images, exact_loss),
+}
 BASE = {"batch_size": 4, "max_steps": 3, "lr": 0.01, "optimizer": "adamw", "weight_decay": 0.1, "eval_every": 2,
         "allreduce": "mpi", "bucket_mb": 0.001, "seed": 0}  # fmt: skip
 
@@ -71,12 +91,15 @@ def owners(model: nn.Module) -> dict[str, tuple[nn.Module, str]]:
 def worst_difference(trainer: Trainer, model: nn.Module, reference: nn.Module) -> float:
     """Largest difference between this rank's parameters and their slices of the one-process model's."""
     dense = dict(reference.named_parameters())
-    found = owners(model)
+    found, dense_owners = owners(model), owners(reference)
     worst = 0.0
     for name, local in dense_names(model, trainer.model).items():
         module, short = found[name]
         if isinstance(module, ColumnParallelLinear | RowParallelLinear):
-            expected = _shard_of(dense[name].detach(), local, module, short, _Group(trainer.grid.tensor_rank))  # type: ignore[arg-type]
+            whole = dense[name].detach()
+            if type(dense_owners[name][0]).__name__ == "Conv1D" and short == "weight":  # stored (in, out); the split layer keeps (out, in)
+                whole = whole.t()
+            expected = _shard_of(whole, local, module, short, _Group(trainer.grid.tensor_rank))  # type: ignore[arg-type]
         else:
             expected = dense[name].detach()
         worst = max(worst, float((expected - local.detach()).abs().max()))
@@ -90,14 +113,37 @@ class _Group:
         self.rank = rank
 
 
+class TiedCopies:
+    """A callback: after every step, every rank's copy of each tied parameter must be bit-equal to every other's (collective)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        seen: dict[int, list[str]] = {}
+        for n, p in model.named_parameters(remove_duplicate=False):
+            seen.setdefault(id(p), []).append(n)
+        self.tied = {pid: names for pid, names in seen.items() if len(names) > 1}
+        self.params = {id(p): p for p in model.parameters()}
+        self.held: set[int] = set()
+        self.checked = 0
+
+    def on_step_end(self, row: dict[str, Any]) -> None:
+        for pid in sorted(self.tied, key=lambda i: self.tied[i][0]):
+            mine = self.params[pid].detach().clone() if pid in self.held else None
+            copies = [c for c in WORLD.allgather(mine) if c is not None]
+            assert len(copies) >= 1 and all(torch.equal(copies[0], c) for c in copies), (self.tied[pid], row["step"])
+            self.checked += len(copies)
+
+
 def run(name: str, layout: dict[str, Any], directory: str | None = None) -> dict[str, Any]:
     """Train ``name`` on ``layout`` (TrainConfig fields) and in one process; return the differences."""
-    model_fn, data_fn = MODELS[name]
+    model_fn, data_fn, own_loss = MODELS[name]
     train, val = data_fn()
-    loss = exact_loss if layout.get("pipeline_stages", 1) == 1 else None  # a pipeline's last stage computes the default loss
+    loss = own_loss or (exact_loss if layout.get("pipeline_stages", 1) == 1 else None)  # a pipeline's last stage computes the default loss
     config = TrainConfig(**{**BASE, **layout, "workers": WORLD.Get_size()})
     model = model_fn()
+    tied = TiedCopies(model)
     trainer = Trainer(model, None, train, val, config, loss_fn=loss)
+    tied.held = {id(p) for p in trainer.model.parameters()}
+    trainer.callbacks += (tied,)
     history = trainer.fit()
     trainer.close()
     replicas = trainer.data_size
@@ -119,6 +165,8 @@ def run(name: str, layout: dict[str, Any], directory: str | None = None) -> dict
         "loss": max(abs(a - b) for a, b in zip(losses, ref_losses, strict=True)),
         "val_loss": max(abs(a - b) for a, b in zip(vals, ref_vals, strict=True)),
         "evals": len(vals),
+        "tied_checked": WORLD.allreduce(tied.checked),  # copies of tied parameters compared after the steps
+        "shared": [item.describe()["names"] for item in trainer.pipeline.shared] if trainer.pipeline is not None else [],
         # with grad_clip: steps the one-process norm was clipped in, and how far every rank's norm is from it
         "clipped": sum(n > config.grad_clip for n in ref_norms) if config.grad_clip else 0,
         "grad_norm": WORLD.allreduce(max((abs(a - b) for a, b in zip(norms, ref_norms, strict=True)), default=0.0), op=MPI.MAX),

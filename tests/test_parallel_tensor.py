@@ -38,7 +38,56 @@ def test_bad_plans_name_what_is_wrong() -> None:
         parallelize(model, {"0": "diagonal"}, group)
     with pytest.raises(ConfigError, match="names no module of the model; its linear layers are 0, 2"):
         parallelize(model, {"blocks.*": "column"}, group)
-    with pytest.raises(ConfigError, match="'column' needs an nn.Linear, not a ReLU"):
+    with pytest.raises(ConfigError, match=r"'1': 'column' cannot split a ReLU; allowed: 'column' / 'row' for a linear layer \(nn.Linear"):
         parallelize(model, {"1": "column"}, group)
     with pytest.raises(ConfigError, match="is not an attention module"):
         parallelize(model, {"0": "heads"}, group)
+
+
+def test_built_in_plans_read_gpt2_llama_and_nanogpt_by_structure() -> None:
+    import sys
+
+    sys.path.insert(0, str(TESTS))
+    import train_cases
+    from hf_models import gpt2, llama
+
+    from rapydli.parallel.tensor import plan_for
+
+    assert plan_for(gpt2()) == {"transformer.h.*.attn": "heads", "transformer.h.*.mlp.c_fc": "column", "transformer.h.*.mlp.c_proj": "row"}
+    assert plan_for(llama()) == {
+        "model.layers.*.self_attn": "heads",  # 4 query and 2 key/value heads: 2 query heads and the key/value head they read per rank
+        "model.layers.*.mlp.gate_proj": "column",
+        "model.layers.*.mlp.up_proj": "column",
+        "model.layers.*.mlp.down_proj": "row",
+    }
+    assert plan_for(llama(), size=4) == {  # 2 key/value heads cannot split over 4 ranks: attention stays dense
+        "model.layers.*.mlp.gate_proj": "column", "model.layers.*.mlp.up_proj": "column", "model.layers.*.mlp.down_proj": "row",
+    }  # fmt: skip
+    # nanoGPT's attention reads its width from x.size(): it stays dense, its MLP is split
+    assert plan_for(train_cases.TinyGPT(n_layer=2)) == {"blocks.*.mlp.0": "column", "blocks.*.mlp.2": "row"}
+
+
+def test_a_plan_that_cannot_split_a_module_names_it_its_shape_and_the_allowed_styles() -> None:
+    import sys
+
+    sys.path.insert(0, str(TESTS))
+    import train_cases
+    from hf_models import gpt2, llama
+
+    from rapydli.parallel.tensor_plans import check_plan
+
+    with pytest.raises(ConfigError, match=r"'model.layers.0.self_attn' \(LlamaAttention: 4 query heads, 2 key/value heads, q_proj weight \(16, 16\)\): "
+                       r"2 key/value heads do not split over tensor_parallel=4 into whole heads"):  # fmt: skip
+        check_plan(llama(), {"model.layers.*.self_attn": "heads"}, 4)
+    with pytest.raises(ConfigError, match=r"'model.norm': 'column' cannot split a LlamaRMSNorm \(weight \(16,\)\); allowed: 'column' / 'row' for a linear"):
+        check_plan(llama(), {"model.norm": "column"}, 2)
+    with pytest.raises(ConfigError, match=r"'transformer.h.0.ln_1': 'heads' cannot split a LayerNorm, which is not an attention module; allowed"):
+        check_plan(gpt2(), {"transformer.h.0.ln_1": "heads"}, 2)
+    with pytest.raises(ConfigError, match=r"'blocks.0.attn': 'heads' cannot split this CausalSelfAttention \(input width 16\)"):
+        check_plan(train_cases.TinyGPT(), {"blocks.*.attn": "heads"}, 2)
+    with pytest.raises(ConfigError, match=r"transformer.h.0.mlp.c_fc: out_features=64 does not split over tensor_parallel=3"):
+        check_plan(gpt2(), {"transformer.h.*.mlp.c_fc": "column"}, 3)
+    with pytest.raises(ConfigError, match=r"tensor plan 'lm_head' would split lm_head.weight, which is tied to transformer.wte.weight"):
+        check_plan(gpt2(), {"lm_head": "column"}, 2)
+    check_plan(gpt2(tie=False), {"lm_head": "column"}, 2)
+    check_plan(gpt2(), {"transformer.h.*.attn": "heads", "transformer.h.*.mlp.c_fc": "column", "transformer.h.*.mlp.c_proj": "row"}, 2)

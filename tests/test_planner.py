@@ -329,3 +329,27 @@ def test_the_profiler_scores_with_the_runs_loss_fn() -> None:
     sample = (torch.randn(8, 16), torch.randn(8))
     profile = profile_model(Scores, sample, [4, 8], repeats=1, loss_fn=loss_fn)
     assert profile.names == ["model"] and calls and {tuple(c) for c in calls} >= {(4, 4), (8, 4)}
+
+
+def test_the_planner_reads_a_gpt2_with_tied_weights_and_its_tensor_plan() -> None:
+    """HF GPT-2's shapes: tp layouts come from the config's tensor_plan, the tied weight counts once, zero=2 across stages is left out."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import train_cases
+    from hf_models import gpt2
+
+    from rapydli.experiments.planning.profiling import tensor_plan
+
+    plan_text = {"transformer.h.*.attn": "heads", "transformer.h.*.mlp.c_fc": "column", "transformer.h.*.mlp.c_proj": "row"}
+    config = rd.TrainConfig(batch_size=4, tensor_plan=plan_text)
+    assert tensor_plan(config) == plan_text  # the config keeps it as JSON text; the planner reads it
+    plan = rd.plan_parallel(gpt2, train_cases.tokens, config, ranks=4, network=RingModel(5e-6, 1e-9))
+    table = plan.table
+    assert {1, 2, 4} <= set(table["tp"]) and not plan.profile.unsupported
+    parameters = sum(p.numel() * p.element_size() for p in gpt2().parameters())  # the tied weight once
+    dense = table[(table["tp"] == 1) & (table["pp"] == 1)]
+    assert (abs(dense["params_mib"] * 2**20 - parameters) < 1).all(), (dense["params_mib"] * 2**20, parameters)
+    assert table[(table["pp"] > 1) & (table["zero"] == 2)].empty
+    assert any("transformer.wte.weight (also lm_head.weight) is shared by pipeline stages 0, 1" in note for note in plan.notes), plan.notes

@@ -123,6 +123,10 @@ class TrainingJob:
         self.layout = Layout.of(config, len(targets), where=where)
         config = config.replace(workers=len(targets))  # what really runs is what is recorded
         self.spec = spec
+        if self.layout.pp_enabled or self.layout.tp_enabled:  # the layout against the model (built shape-only): own loss, split, ties, plan
+            from rapydli.parallel.preflight import check_layout
+
+            check_layout(spec.model_fn, config, spec.loss_fn)
         self.config = config
         self.targets = list(targets)
         hosts = sorted({host for rank, host in cluster.status()["rank_hosts"].items() if rank in self.targets})

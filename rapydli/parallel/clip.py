@@ -3,7 +3,8 @@
 The norm is that of the whole model's gradient: every rank adds the squares of the
 gradients it holds, each element counted once: a tensor-parallel shard on every tensor
 rank (each holds a different part), a parameter every tensor rank holds whole (norms,
-embeddings, a row-parallel bias) only on tensor rank 0. Without ZeRO-2 the ranks of a
+embeddings, a row-parallel bias) only on tensor rank 0, and a parameter several stages
+hold (tied embeddings, :mod:`rapydli.parallel.shared`) only on the first of them. Without ZeRO-2 the ranks of a
 replica (``grid.model``) sum their squares; the replicas hold the same averaged gradients,
 so they compute the same norm without talking. With ZeRO-2 a rank holds only its slices
 of the averaged gradients (:meth:`~rapydli.parallel.zero.ShardedOptimizer.gradient_pieces`),
@@ -40,7 +41,8 @@ def clip_grad_norm_(model: nn.Module, max_norm: float, grid: Any = None, zero: A
         grads = [(p, p.grad) for p in model.parameters() if p.grad is not None]
         group = grid.model
     sharded = sharded_parameters(model)
-    counted = [g for p, g in grads if grid is None or id(p) in sharded or grid.tensor_rank == 0]
+    elsewhere: frozenset[int] = getattr(model, "counted_elsewhere", frozenset())  # a pipeline Stage's copies of an earlier stage's parameters
+    counted = [g for p, g in grads if (grid is None or id(p) in sharded or grid.tensor_rank == 0) and id(p) not in elsewhere]
     local = sum(float(g.detach().double().pow(2).sum()) for g in counted)
     total = math.sqrt(group.allreduce(local))
     factor = max_norm / (total + 1e-6)

@@ -207,7 +207,20 @@ def decide(model: nn.Module, split: str | Sequence[str], stages: int, sample: An
     return bounds
 
 
-def stage_module(model: nn.Module, bounds: Sequence[int], stage: int) -> tuple[nn.Sequential, list[str]]:
-    """Stage ``stage``'s blocks as one ``nn.Sequential`` (sharing the model's modules) and their names."""
+class Stage(nn.Sequential):
+    """One stage's blocks, run in order (an ``nn.Sequential`` sharing the model's modules).
+
+    Attributes
+    ----------
+    counted_elsewhere
+        ``id``s of this stage's parameters that an earlier stage also holds (tied weights,
+        :mod:`rapydli.parallel.shared`): a global gradient norm counts them there, once.
+    """
+
+    counted_elsewhere: frozenset[int] = frozenset()
+
+
+def stage_module(model: nn.Module, bounds: Sequence[int], stage: int) -> tuple[Stage, list[str]]:
+    """Stage ``stage``'s blocks as one :class:`Stage` (sharing the model's modules) and their names."""
     blocks = pipeline_blocks(model)[bounds[stage] : bounds[stage + 1]]
-    return nn.Sequential(*(module for _, module in blocks)), [name for name, _ in blocks]
+    return Stage(*(module for _, module in blocks)), [name for name, _ in blocks]

@@ -12,6 +12,10 @@ With ``tensor_parallel > 1`` the grid has a tensor dimension: once the split is 
 ranks (:func:`~rapydli.parallel.tensor.shard_model`) before this rank keeps its stage;
 activations pass between the stages at the same tensor rank.
 
+A parameter that blocks of several stages hold (tied input and output embeddings) stays
+one parameter: :mod:`rapydli.parallel.shared` sums its gradient over those stages, or
+refuses the layout before training when that cannot be done.
+
 Checkpoints are the Trainer's; a resumed ``"auto"`` split keeps the bounds its checkpoint
 recorded (the Trainer reads them and passes them as ``bounds``).
 """
@@ -31,6 +35,8 @@ from rapydli.parallel import split
 from rapydli.parallel.config import split_names, tensor_plan
 from rapydli.parallel.executor import MetricFn, PipelineExecutor
 from rapydli.parallel.grid import ProcessGrid
+from rapydli.parallel.preflight import check_batch_norm
+from rapydli.parallel.shared import SharedGradients, check_honoured, find_shared
 from rapydli.parallel.timeline import Recorder
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -68,8 +74,13 @@ class PipelineTraining:
     bounds
         Block indices where stages begin (and the end).
     module, names
-        This rank's stage (an ``nn.Sequential`` sharing the model's modules) and its
-        block names.
+        This rank's stage (a :class:`~rapydli.parallel.split.Stage` sharing the model's
+        modules) and its block names.
+    shared
+        The parameters more than one stage holds (:func:`~rapydli.parallel.shared.find_shared`),
+        found on the dense model before it is split; their gradients are summed over
+        those stages (:meth:`sum_shared_gradients`) and they are listed in the timeline's
+        layout.
     recorder
         The spans of this rank's last steps (:mod:`rapydli.parallel.timeline`).
     """
@@ -78,6 +89,7 @@ class PipelineTraining:
         self, model: nn.Module, config: Any, world: Any, train_data: Dataset, objective: Objective, bounds: list[int] | None = None
     ) -> None:
         objective.check_pipelined(model, config.pipeline_stages)
+        check_batch_norm(model, config.pipeline_stages, config.microbatches)
         self.config = config
         self.grid = ProcessGrid.create(world, config.pipeline_stages, config.tensor_parallel)
         sample = None
@@ -87,11 +99,22 @@ class PipelineTraining:
             sample = default_collate([train_data[i] for i in range(count)])[0].to(device)
         # a resumed "auto" run keeps the split its checkpoint was written with
         self.bounds = bounds or split.decide(model, split_names(config.pipeline_split), config.pipeline_stages, sample, world)
-        if config.tensor_parallel > 1:  # every rank splits the dense model; this rank keeps its stage of it below
+        # parameters several stages hold (tied embeddings) stay one parameter, or the run is refused here, before training
+        self.shared = find_shared(model, self.bounds)
+        plan = None
+        if config.tensor_parallel > 1:
+            from rapydli.parallel.tensor import plan_for
+
+            plan = tensor_plan(config.tensor_plan) or plan_for(model, config.tensor_parallel)
+        check_honoured(self.shared, model, config.zero, plan)
+        if plan is not None:  # every rank splits the dense model; this rank keeps its stage of it below
             from rapydli.parallel.tensor import shard_model
 
-            shard_model(model, tensor_plan(config.tensor_plan), self.grid.tensor)
+            shard_model(model, plan, self.grid.tensor)
         self.module, self.names = split.stage_module(model, self.bounds, self.grid.stage)
+        self.shared_gradients = SharedGradients(self.shared, self.module, self.grid.pipeline)
+        self.shared_gradients.broadcast()
+        self.module.counted_elsewhere = frozenset(self.shared_gradients.counted_elsewhere)
         self.loss_fn = objective.loss
         self.recorder = Recorder()
         self.executor: PipelineExecutor | None = None
@@ -134,8 +157,13 @@ class PipelineTraining:
             "microbatches": self.config.microbatches,
             "schedule": self.config.pipeline_schedule,
             "bounds": self.bounds,
+            "shared": [item.describe() for item in self.shared],
         }
         return EmitTimeline(self.recorder, emit, layout)
+
+    def sum_shared_gradients(self) -> None:
+        """Sum the gradients of parameters several stages hold over those stages (after the data-parallel average, before clipping)."""
+        self.shared_gradients.sum_gradients()
 
     def train_step(self, inputs: Any, targets: torch.Tensor, scale: float) -> float:
         """Forward + backward of one batch through the pipeline; the batch's mean loss on every rank."""
@@ -165,4 +193,5 @@ class PipelineTraining:
 
     def close(self) -> None:
         """Release the grid's communicators."""
+        self.shared_gradients.free()
         self.grid.free()

@@ -270,6 +270,8 @@ class Trainer:
                 stats = self.gradients.wait()
                 if stats is not None:
                     comm_time, comm_wait, hidden = stats.comm_time, stats.wait_time, stats.hidden_fraction
+                if self.pipeline is not None:  # parameters several stages hold (tied embeddings): one gradient, summed over them
+                    self.pipeline.sum_shared_gradients()
 
                 # clip the global gradient norm (gradients are already averaged; stages, tensor shards and ZeRO-2 slices add up to one norm)
                 grad_norm = None

@@ -269,6 +269,7 @@ def plan_parallel(
         degrees = [t for t in divisors(ranks) if t <= MAX_TENSOR_PARALLEL and profile.supports(t)]
         layouts = enumerate_layouts(ranks, batch, len(profile.names), degrees)
         predictions = sorted((predict(layout, profile, net, batch, cfg) for layout in layouts), key=lambda p: p.step_s)
+        predictions, refused = _honoured(spec.model_fn, predictions, cfg)  # tied weights across stages: no zero=2 (rapydli.parallel.shared)
         fits = [memory_per_rank is None or p.memory.peak <= memory_per_rank for p in predictions]
         if not any(fits):
             smallest = min(predictions, key=lambda p: p.memory.peak)
@@ -279,7 +280,7 @@ def plan_parallel(
         predictions = [p for _, p in sorted(zip(fits, predictions), key=lambda pair: (not pair[0], pair[1].step_s))]
         fits = sorted(fits, reverse=True)
         measured: dict[Candidate, float] = {}
-        notes: list[str] = [f"unsupported tensor_parallel={t}: {why}" for t, why in profile.unsupported.items() if ranks % t == 0]
+        notes: list[str] = [f"unsupported tensor_parallel={t}: {why}" for t, why in profile.unsupported.items() if ranks % t == 0] + refused
         picks = [p for p, ok in zip(predictions, fits) if ok][:top]
         by_label = {p.layout.label: p for p in predictions}
         unknown = [label for label in run_layouts if label not in by_label]
@@ -359,6 +360,37 @@ def _table(predictions: list[Prediction], fits: list[bool], measured: dict[Candi
             "split": ",".join(prediction.split),
         })  # fmt: skip
     return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def _honoured(model_fn: Callable[[], Any], predictions: list[Prediction], config: TrainConfig) -> tuple[list[Prediction], list[str]]:
+    """The predictions whose layout keeps every parameter shared across its stages one parameter, and a note per refused kind.
+
+    The model is built on the meta device (:func:`rapydli.parallel.preflight.meta_model`);
+    one that cannot be keeps every prediction (its ranks refuse what they cannot run).
+    """
+    from rapydli.parallel import split
+    from rapydli.parallel.preflight import meta_model
+    from rapydli.parallel.shared import check_honoured, find_shared
+
+    model = meta_model(model_fn)
+    if model is None:
+        return predictions, []
+    kept: list[Prediction] = []
+    notes: dict[str, str] = {}
+    for prediction in predictions:
+        layout = prediction.layout
+        try:
+            bounds = split.boundaries(model, list(prediction.split), layout.pp) if layout.pp > 1 else None
+        except ConfigError:  # a profile of other block names (given): nothing to check here
+            bounds = None
+        try:
+            if bounds is not None:
+                check_honoured(find_shared(model, bounds), model, layout.zero, None)
+        except ConfigError as exc:
+            notes.setdefault(f"zero={layout.zero}", f"layouts with pipeline stages and zero={layout.zero} left out: {exc}")
+            continue
+        kept.append(prediction)
+    return kept, list(notes.values())
 
 
 def _best(predictions: list[Prediction], measured: dict[Candidate, float]) -> Prediction:

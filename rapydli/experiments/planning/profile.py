@@ -54,7 +54,8 @@ class BlockCost:
     output_bytes
         Bytes of the block's output (sent to the next stage; its gradient comes back).
     parameter_bytes
-        Bytes of each of the block's parameters on this rank, in registration order.
+        Bytes of each of the block's parameters on this rank, in registration order; a
+        parameter an earlier block also uses (tied embeddings) is left out here.
     tp_forward_bytes, tp_backward_bytes
         Bytes of each tensor-parallel allreduce the block makes forward and backward.
     """
@@ -290,7 +291,7 @@ def profile_model(
 
             probe = ShardProbe(degree)
             try:
-                parallelize(model, plan if plan is not None else plan_for(model), probe)  # type: ignore[arg-type]
+                parallelize(model, plan if plan is not None else plan_for(model, degree), probe)  # type: ignore[arg-type]
             except ConfigError as exc:
                 unsupported[degree] = str(exc)
                 continue
@@ -392,10 +393,17 @@ def _measure_blocks(
         del held
     if probe is not None:
         probe.take("forward")
+    counted: set[int] = set()  # a parameter several blocks use (tied embeddings) counts once, in its first block
+
+    def once(block: nn.Module) -> tuple[int, ...]:
+        sizes = tuple(p.numel() * p.element_size() for p in block.parameters() if p.requires_grad and id(p) not in counted)
+        counted.update(id(p) for p in block.parameters())
+        return sizes
+
     return [
         BlockCost(
             forward_s=statistics.median(forward[j][1:]), backward_s=statistics.median(backward[j][1:]), saved_bytes=saved[j],
-            output_bytes=output_bytes[j], parameter_bytes=tuple(p.numel() * p.element_size() for p in block.parameters() if p.requires_grad),
+            output_bytes=output_bytes[j], parameter_bytes=once(block),
             tp_forward_bytes=tp_forward[j], tp_backward_bytes=tp_backward[j],
         )
         for j, block in enumerate(blocks)

@@ -21,9 +21,10 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 def tensor_plan(config: TrainConfig) -> dict[str, str] | None:
-    """The config's tensor plan when it names one (a dict), else ``None`` (the model's built-in plan)."""
-    plan = getattr(config, "tensor_plan", None)
-    return dict(plan) if isinstance(plan, dict) else None
+    """The config's tensor plan when it names one (a dict; the config keeps it as JSON text), else ``None`` (the model's built-in plan)."""
+    from rapydli.parallel.config import tensor_plan as stored_plan
+
+    return stored_plan(config.tensor_plan)
 
 
 #: Steps of single-rank training timed for the loop's overhead (after the Trainer's warm-up steps).

@@ -1,0 +1,113 @@
+"""Checks of a layout against the model, on the client, before any engine works.
+
+A pipelined or tensor-parallel config can be wrong for a model in ways the config alone
+does not show: the model computes its own loss inside ``forward`` (a pipeline never calls
+that ``forward``), its split points do not exist, a tied weight cannot stay one
+parameter, a tensor plan names no module or cannot split one. The ranks find each of
+these too, but after the cluster started and once per rank; :func:`check_layout` builds
+the model once on PyTorch's ``meta`` device (shapes only, no memory, no arithmetic) and
+raises the same :class:`~rapydli.errors.ConfigError` here, once.
+
+A ``model_fn`` that cannot build on the meta device (it loads weights, moves the model
+to a device itself, reads data) is not checked here; the ranks check it as before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from rapydli.errors import ConfigError
+
+
+def meta_model(model_fn: Callable[[], Any]) -> nn.Module | None:
+    """``model_fn()`` built on the meta device (the caller's random state untouched), or ``None`` if it cannot be."""
+    try:
+        with torch.random.fork_rng(devices=[]), torch.device("meta"):
+            model = model_fn()
+    except Exception:  # noqa: BLE001 - any model_fn the meta device cannot run is checked on the ranks instead
+        return None
+    return model if isinstance(model, nn.Module) else None
+
+
+def check_layout(model_fn: Callable[[], Any], config: Any, loss_fn: Any = None) -> None:
+    """Raise :class:`ConfigError` if ``config``'s pipeline or tensor layout cannot train ``model_fn``'s model.
+
+    Checks, in order: a model that takes its targets in ``forward`` with no ``loss_fn``
+    under ``pipeline_stages > 1`` (the message names the ``loss_fn`` to pass); BatchNorm
+    with micro-batches (:func:`check_batch_norm`); the model
+    can be split and an explicit ``pipeline_split`` names its blocks; parameters shared
+    across those stages can stay one parameter (:func:`~rapydli.parallel.shared.check_honoured`);
+    the tensor plan (given, or the built-in one) splits the model. Does nothing for a
+    data-parallel config or a model that cannot be built on the meta device.
+    """
+    if config.pipeline_stages == 1 and config.tensor_parallel == 1:
+        return
+    model = meta_model(model_fn)
+    if model is None:
+        return
+    if config.pipeline_stages > 1:
+        check_own_loss(model, config.pipeline_stages, loss_fn)
+        check_batch_norm(model, config.pipeline_stages, config.microbatches)
+    plan = None
+    if config.tensor_parallel > 1:
+        from rapydli.parallel.config import tensor_plan
+        from rapydli.parallel.tensor_plans import check_plan, plan_for
+
+        plan = tensor_plan(config.tensor_plan) or plan_for(model, config.tensor_parallel)
+        check_plan(model, plan, config.tensor_parallel)
+    if config.pipeline_stages > 1:
+        from rapydli.parallel import split
+        from rapydli.parallel.config import split_names
+        from rapydli.parallel.shared import check_honoured, find_shared
+
+        split.pipeline_blocks(model)  # a model that cannot be split says so
+        points = split_names(config.pipeline_split)
+        if points != "auto":
+            bounds = split.boundaries(model, points, config.pipeline_stages)
+            check_honoured(find_shared(model, bounds), model, config.zero, plan)
+
+
+def check_own_loss(model: nn.Module, stages: int, loss_fn: Any) -> None:
+    """Raise :class:`ConfigError` for a model that computes its own loss from its targets, pipelined without ``loss_fn``.
+
+    The stages run the model's blocks on separate ranks and never call its ``forward``,
+    so the loss written there cannot run; the message gives the one-line fix.
+    """
+    from rapydli.trainer.outputs import target_parameter
+
+    name = target_parameter(model) if loss_fn is None else None
+    if name is None:
+        return
+    kind = type(model).__name__
+    raise ConfigError(
+        f"{kind}.forward takes {name!r} and computes its own loss, which pipeline_stages={stages} cannot run: the stages run "
+        f"{kind}'s blocks on separate ranks and never call its forward. Pass the loss the last block's output needs, e.g. "
+        "rd.train(..., loss_fn=lambda logits, targets: torch.nn.functional.cross_entropy(logits.flatten(0, -2), targets.flatten())), "
+        "or train with pipeline_stages=1"
+    )
+
+
+def check_batch_norm(model: nn.Module, stages: int, microbatches: int) -> None:
+    """Raise :class:`ConfigError` for BatchNorm in a pipeline that cuts the batch into micro-batches.
+
+    A pipeline runs each micro-batch through the stages separately, so BatchNorm would
+    normalise over ``batch_size / microbatches`` samples where data parallelism (and one
+    process) normalises over the replica's batch. With ``microbatches=1`` it sees the
+    replica's batch, and its statistics are averaged over the replicas as without a
+    pipeline; tensor parallelism keeps norms whole on every tensor rank, which see the
+    same activations.
+    """
+    if microbatches == 1:
+        return
+    norms = [name for name, m in model.named_modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    if norms:
+        more = f" and {len(norms) - 1} more" if len(norms) > 1 else ""
+        raise ConfigError(
+            f"{type(model).__name__} has BatchNorm ({norms[0]!r}{more}): with pipeline_stages={stages} and microbatches={microbatches} it "
+            f"would normalise each micro-batch (batch_size / {microbatches} samples), not the replica's batch as data parallelism does. "
+            "Set microbatches=1, or use GroupNorm / LayerNorm"
+        )

@@ -1,0 +1,224 @@
+"""Which layers of a model to split, and whether a plan can split them: built-in plans by structure, checked on shapes.
+
+:func:`plan_for` reads a model's structure, not its class, so the shapes people bring
+need no hand-written plan:
+
+* attention modules :func:`~rapydli.parallel.tensor.attention_layout` recognises, fused
+  (nanoGPT's and GPT-2's ``c_attn``/``c_proj``, ``qkv``/``proj``) or separate with
+  grouped-query attention (Llama's ``q_proj``/``k_proj``/``v_proj``/``o_proj``): ``"heads"``;
+* MLPs by their layers' names: ``c_fc``/``c_proj`` (GPT-2), ``fc1``/``fc2``: column then
+  row; SwiGLU ``gate_proj``/``up_proj``/``down_proj`` (Llama) and ``w1``/``w3``/``w2``:
+  gate and up column, down row;
+* inside any ``nn.Sequential``: consecutive linear layers with only elementwise modules
+  between them, column then row.
+
+The MLP rules trust the names (``c_proj(act(c_fc(x)))``, ``down(act(gate(x)) * up(x))``);
+embeddings, norms and the LM head stay whole (replicated), so tied embeddings stay tied.
+Names that differ only in layer indices become one glob (``"transformer.h.*.attn"``).
+
+:func:`check_plan` applies a plan to a shape-only copy of the model (PyTorch's ``meta``
+device: no memory, no arithmetic) with the group's size, and runs each split attention
+module once: a module whose ``forward`` cannot run on whole heads per rank (nanoGPT's
+``CausalSelfAttention`` reads its width from its input, ``x.size()``, and splits by it) is
+refused before training, naming the module, its shape and what to do. :func:`plan_for`
+leaves such modules dense.
+"""
+
+from __future__ import annotations
+
+import copy
+import fnmatch
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from rapydli.errors import ConfigError
+from rapydli.parallel.tensor import TensorGroup, attention_layout, linear_weight, parallelize
+
+#: Modules that act elementwise: a column-parallel layer's split output may pass through them to a row-parallel one.
+ELEMENTWISE = (nn.ReLU, nn.GELU, nn.SiLU, nn.Tanh, nn.Sigmoid, nn.LeakyReLU, nn.ELU, nn.Dropout, nn.Identity)
+#: MLP layer names: (column-parallel layers, row-parallel layer).
+MLP_LAYOUTS = ((("c_fc",), "c_proj"), (("gate_proj", "up_proj"), "down_proj"), (("w1", "w3"), "w2"), (("fc1",), "fc2"))
+
+
+class _ShapeGroup(TensorGroup):
+    """A group of ``size`` ranks seen from rank 0, on shape-only tensors: its sums are the tensor itself."""
+
+    def __init__(self, size: int) -> None:
+        self.comm, self.rank, self.size = None, 0, size
+        self.allreduces = {"forward": 0, "backward": 0}
+
+    def allreduce(self, tensor: torch.Tensor, direction: str) -> torch.Tensor:
+        return tensor
+
+
+def meta_copy(model: nn.Module) -> nn.Module:
+    """A copy of ``model`` whose parameters and buffers are on the meta device (tied ones stay tied); the weights are not copied."""
+    memo: dict[int, Any] = {}
+    for p in model.parameters():
+        memo[id(p)] = nn.Parameter(torch.empty_like(p, device="meta"), requires_grad=p.requires_grad)
+    for b in model.buffers():
+        memo[id(b)] = torch.empty_like(b, device="meta")
+    return copy.deepcopy(model, memo)
+
+
+def _width(module: nn.Module) -> tuple[int, torch.dtype] | None:
+    """The input width and dtype of an attention module (its q/k/v projection's), or ``None``."""
+    layout = attention_layout(module)
+    if layout is None:
+        return None
+    weight = linear_weight(getattr(module, layout[0][0]))[0]  # type: ignore[index]
+    return int(weight.shape[1]), weight.dtype
+
+
+def _runs(module: nn.Module, width: tuple[int, torch.dtype]) -> bool:
+    """Whether ``module`` runs forward on a (2, 2, width) shape-only input."""
+    try:
+        module(torch.empty(2, 2, width[0], dtype=width[1], device="meta"))
+    except Exception:  # noqa: BLE001 - any failure means: this forward cannot run so
+        return False
+    return True
+
+
+def check_plan(model: nn.Module, plan: Mapping[str, str], size: int) -> None:
+    """Raise :class:`ConfigError` if ``plan`` cannot split ``model`` over ``size`` tensor ranks.
+
+    Everything :func:`~rapydli.parallel.tensor.parallelize` refuses (unknown style,
+    pattern naming no module, a module of the wrong kind, features or heads that do not
+    divide), found on a shape-only copy; a module holding a parameter tied to another
+    module's (the split would untie them); and a ``"heads"`` module whose forward runs
+    dense but not with its heads split.
+    """
+    shadow = meta_copy(model)
+    modules = dict(shadow.named_modules())
+    _check_ties(shadow, plan)
+    heads = [n for pattern, style in plan.items() if style == "heads" for n in modules if n and fnmatch.fnmatchcase(n, pattern)]
+    widths = {n: _width(modules[n]) for n in heads}
+    dense_runs = {n: w is not None and _runs(modules[n], w) for n, w in widths.items()}
+    parallelize(shadow, plan, _ShapeGroup(size))
+    for name in heads:
+        if dense_runs[name] and not _runs(modules[name], widths[name]):  # type: ignore[arg-type]
+            module = modules[name]
+            raise ConfigError(
+                f"tensor plan {name!r}: 'heads' cannot split this {type(module).__name__} (input width {widths[name][0]}): "  # type: ignore[index]
+                f"its forward fails with its heads split over tensor_parallel={size}, as when it reads its width from "
+                "its input (x.size()) instead of from its head count. Leave it out of the plan (dense), or compute widths from "
+                "the head attributes (n_head * head_dim)"
+            )
+
+
+def _check_ties(model: nn.Module, plan: Mapping[str, str]) -> None:
+    """Refuse a plan that splits a module holding a parameter another module shares (tied weights would come untied)."""
+    names: dict[int, list[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(p), []).append(name)
+    for module_name, module in model.named_modules():
+        if not module_name or not any(fnmatch.fnmatchcase(module_name, pattern) for pattern in plan):
+            continue
+        for p in module.parameters():
+            tied = [n for n in names[id(p)] if not n.startswith(module_name + ".")]
+            if tied:
+                mine = next(n for n in names[id(p)] if n.startswith(module_name + "."))
+                raise ConfigError(
+                    f"tensor plan {module_name!r} would split {mine}, which is tied to {', '.join(tied)} (one parameter): each would "
+                    f"train its own tensor. Leave {module_name!r} out of the plan (it stays whole on every tensor rank)"
+                )
+
+
+def plan_for(model: nn.Module, size: int = 2) -> dict[str, str]:
+    """The built-in plan of ``model`` for ``size`` tensor ranks, read from its structure (rules in the module docstring).
+
+    Attention modules whose heads do not divide by ``size``, or whose forward cannot run
+    split (:func:`check_plan`), and layers whose features do not divide, stay dense.
+
+    Raises
+    ------
+    ConfigError
+        Nothing in the model can be split; the message says how to pass a plan.
+    """
+    own = getattr(model, "tensor_plan", None)
+    if callable(own):  # a model may give its own plan (the zoo's tiny_lm does), as pipeline_blocks() gives its blocks
+        return dict(own())
+    exact: dict[str, str] = {}
+    shadow = meta_copy(model)
+    for name, module in shadow.named_modules():
+        if any(name == n or name.startswith(n + ".") for n in exact if n):
+            continue  # inside a module already planned
+        if attention_layout(module) is not None and name:
+            if _splits(shadow, {name: "heads"}, size):
+                exact[name] = "heads"
+            continue
+        found = _mlp(module, name, size)
+        if found:
+            exact.update(found)
+            continue
+        if isinstance(module, nn.Sequential):
+            exact.update(_sequential_pairs(module, name, size))
+    if exact:
+        return _globbed(model, exact)
+    linears = [n for n, m in model.named_modules() if linear_weight(m) is not None]
+    raise ConfigError(
+        f"no built-in tensor plan for {type(model).__name__}: pass TrainConfig(tensor_plan={{module glob: 'column' | 'row' | 'heads'}}), "
+        f"a column layer followed by a row layer; its linear layers are {', '.join(linears) or 'none'}"
+    )
+
+
+def _splits(shadow: nn.Module, plan: dict[str, str], size: int) -> bool:
+    try:
+        check_plan(shadow, plan, size)
+    except ConfigError:
+        return False
+    return True
+
+
+def _divides(module: nn.Module, size: int, dim: int) -> bool:
+    found = linear_weight(module)
+    return found is not None and found[0].shape[dim] % size == 0
+
+
+def _mlp(module: nn.Module, name: str, size: int) -> dict[str, str]:
+    prefix = f"{name}." if name else ""
+    for columns, row in MLP_LAYOUTS:
+        layers = [getattr(module, n, None) for n in (*columns, row)]
+        if all(isinstance(m, nn.Module) and linear_weight(m) is not None for m in layers):
+            if all(_divides(getattr(module, c), size, 0) for c in columns) and _divides(getattr(module, row), size, 1):
+                return {**{prefix + c: "column" for c in columns}, prefix + row: "row"}
+            return {}
+    return {}
+
+
+def _sequential_pairs(sequential: nn.Sequential, name: str, size: int) -> dict[str, str]:
+    """Consecutive linear layers of ``sequential`` with only elementwise modules between them: column then row."""
+    from rapydli.parallel.split import _expand
+
+    prefix = f"{name}." if name else ""
+    plan: dict[str, str] = {}
+    column: str | None = None
+    for child, block in _expand(sequential, ""):
+        if linear_weight(block) is not None:
+            if column is None:
+                column = child if _divides(block, size, 0) else None
+            else:
+                if _divides(block, size, 1):
+                    plan[prefix + column], plan[prefix + child] = "column", "row"
+                column = None
+        elif not isinstance(block, ELEMENTWISE):
+            column = None
+    return plan
+
+
+def _globbed(model: nn.Module, exact: dict[str, str]) -> dict[str, str]:
+    """``exact`` with layer indices turned into ``*`` where the glob names only modules planned the same way."""
+    names = [n for n, _ in model.named_modules() if n]
+    plan: dict[str, str] = {}
+    for name, style in exact.items():
+        parts = name.split(".")
+        for i, part in enumerate(parts):
+            if part.isdigit():
+                pattern = ".".join([*parts[:i], "*", *parts[i + 1 :]])
+                if all(exact.get(n) == style for n in names if fnmatch.fnmatchcase(n, pattern)):
+                    parts[i] = "*"
+        plan[".".join(parts)] = style
+    return plan

@@ -1,0 +1,258 @@
+"""Small models written the way the codebases users bring write them (Hugging Face GPT-2, Llama).
+
+Not imported from ``transformers``: these are short copies of the shapes that matter to
+the parallel layouts (module names, fused or separate projections, ``Conv1D``'s transposed
+weight, tied or untied embeddings, ``forward(input_ids, labels=None)`` returning a
+``ModelOutput``-like mapping), each with the ``pipeline_blocks()`` a user adds to pipeline it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+from train_cases import ModelOutput
+
+
+def lm_loss(outputs: object, targets: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy of the logits (a tensor, or a ModelOutput's ``logits``) in their own precision."""
+    logits = outputs if isinstance(outputs, torch.Tensor) else outputs["logits"]  # type: ignore[index]
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+# -- GPT-2 (transformers.models.gpt2) -----------------------------------------------------------
+
+
+class Conv1D(nn.Module):
+    """Hugging Face's ``Conv1D``: a linear layer whose weight is stored ``(in, out)``: ``y = x @ W + b``."""
+
+    def __init__(self, nf: int, nx: int) -> None:
+        super().__init__()
+        self.nf = nf
+        self.weight = nn.Parameter(torch.randn(nx, nf) * 0.02)
+        self.bias = nn.Parameter(torch.zeros(nf))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.addmm(self.bias, x.reshape(-1, x.shape[-1]), self.weight).view(*x.shape[:-1], self.nf)
+
+
+class GPT2Attention(nn.Module):
+    def __init__(self, n_embd: int, n_head: int) -> None:
+        super().__init__()
+        self.embed_dim, self.num_heads, self.head_dim = n_embd, n_head, n_embd // n_head
+        self.split_size = n_embd
+        self.c_attn = Conv1D(3 * n_embd, n_embd)
+        self.c_proj = Conv1D(n_embd, n_embd)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        b, t, _ = hidden.shape
+        q, k, v = self.c_attn(hidden).split(self.split_size, dim=2)
+        q, k, v = (z.view(b, t, -1, self.head_dim).transpose(1, 2) for z in (q, k, v))
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.c_proj(out.transpose(1, 2).reshape(b, t, -1))
+
+
+class GPT2MLP(nn.Module):
+    def __init__(self, n_embd: int) -> None:
+        super().__init__()
+        self.c_fc = Conv1D(4 * n_embd, n_embd)
+        self.c_proj = Conv1D(n_embd, 4 * n_embd)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.c_proj(F.gelu(self.c_fc(x), approximate="tanh"))
+
+
+class GPT2Block(nn.Module):
+    def __init__(self, n_embd: int, n_head: int) -> None:
+        super().__init__()
+        self.ln_1, self.ln_2 = nn.LayerNorm(n_embd), nn.LayerNorm(n_embd)
+        self.attn = GPT2Attention(n_embd, n_head)
+        self.mlp = GPT2MLP(n_embd)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT2Model(nn.Module):
+    def __init__(self, vocab: int, positions: int, n_embd: int, n_head: int, n_layer: int) -> None:
+        super().__init__()
+        self.wte = nn.Embedding(vocab, n_embd)
+        self.wpe = nn.Embedding(positions, n_embd)
+        self.h = nn.ModuleList(GPT2Block(n_embd, n_head) for _ in range(n_layer))
+        self.ln_f = nn.LayerNorm(n_embd)
+
+
+class _Embeddings(nn.Module):
+    """Stage 0's first block: token plus position embeddings (shares the model's modules)."""
+
+    def __init__(self, wte: nn.Embedding, wpe: nn.Embedding) -> None:
+        super().__init__()
+        self.wte, self.wpe = wte, wpe
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.wte(input_ids) + self.wpe(torch.arange(input_ids.shape[1], device=input_ids.device))
+
+
+class _Head(nn.Module):
+    """The last block: final norm and the LM head (returns the logits)."""
+
+    def __init__(self, ln_f: nn.LayerNorm, lm_head: nn.Linear) -> None:
+        super().__init__()
+        self.ln_f, self.lm_head = ln_f, lm_head
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(self.ln_f(x))
+
+
+class GPT2LMHeadModel(nn.Module):
+    """``transformer.{wte, wpe, h, ln_f}`` and ``lm_head`` tied to ``wte``; ``forward(input_ids, labels=None) -> ModelOutput``."""
+
+    def __init__(self, vocab: int = 32, positions: int = 8, n_embd: int = 16, n_head: int = 4, n_layer: int = 2, tie: bool = True) -> None:
+        super().__init__()
+        self.transformer = GPT2Model(vocab, positions, n_embd, n_head, n_layer)
+        self.lm_head = nn.Linear(n_embd, vocab, bias=False)
+        if tie:
+            self.lm_head.weight = self.transformer.wte.weight
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None) -> ModelOutput:
+        t = self.transformer
+        x = t.wte(input_ids) + t.wpe(torch.arange(input_ids.shape[1], device=input_ids.device))
+        for block in t.h:
+            x = block(x)
+        logits = self.lm_head(t.ln_f(x))
+        loss = lm_loss(logits, labels) if labels is not None else None
+        return ModelOutput(loss=loss, logits=logits)
+
+    def pipeline_blocks(self) -> list[tuple[str, nn.Module]]:
+        t = self.transformer
+        blocks: list[tuple[str, nn.Module]] = [("embed", _Embeddings(t.wte, t.wpe))]
+        blocks += [(f"h.{i}", block) for i, block in enumerate(t.h)]
+        return blocks + [("head", _Head(t.ln_f, self.lm_head))]
+
+
+def gpt2(tie: bool = True) -> GPT2LMHeadModel:
+    torch.manual_seed(0)
+    return GPT2LMHeadModel(tie=tie)
+
+
+# -- Llama (transformers.models.llama) ------------------------------------------------------------
+
+
+class LlamaRMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.weight * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def rotary(x: torch.Tensor, base: float = 10000.0) -> torch.Tensor:
+    """Rotary position embedding of ``(B, heads, T, head_dim)``."""
+    t, dim = x.shape[-2], x.shape[-1]
+    inv = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=x.dtype, device=x.device) / dim))
+    freqs = torch.outer(torch.arange(t, dtype=x.dtype, device=x.device), inv)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return x * emb.cos() + _rotate_half(x) * emb.sin()
+
+
+class LlamaAttention(nn.Module):
+    """Separate q/k/v/o projections, grouped-query attention (fewer key/value heads)."""
+
+    def __init__(self, hidden: int, heads: int, kv_heads: int) -> None:
+        super().__init__()
+        self.head_dim = hidden // heads
+        self.num_heads, self.num_key_value_heads = heads, kv_heads
+        self.q_proj = nn.Linear(hidden, heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(hidden, kv_heads * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(hidden, kv_heads * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(heads * self.head_dim, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        q = self.q_proj(x).view(b, t, -1, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(b, t, -1, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, -1, self.head_dim).transpose(1, 2)
+        q, k = rotary(q), rotary(k)
+        groups = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+        att = (q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim)
+        att = att.masked_fill(torch.ones(t, t, dtype=torch.bool, device=x.device).triu(1), float("-inf")).softmax(-1)
+        return self.o_proj((att @ v).transpose(1, 2).reshape(b, t, -1))
+
+
+class LlamaMLP(nn.Module):
+    """SwiGLU: ``down(silu(gate(x)) * up(x))``."""
+
+    def __init__(self, hidden: int, intermediate: int) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.up_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, hidden: int, heads: int, kv_heads: int, intermediate: int) -> None:
+        super().__init__()
+        self.input_layernorm, self.post_attention_layernorm = LlamaRMSNorm(hidden), LlamaRMSNorm(hidden)
+        self.self_attn = LlamaAttention(hidden, heads, kv_heads)
+        self.mlp = LlamaMLP(hidden, intermediate)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x))
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, vocab: int, hidden: int, heads: int, kv_heads: int, intermediate: int, layers: int) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(vocab, hidden)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(hidden, heads, kv_heads, intermediate) for _ in range(layers))
+        self.norm = LlamaRMSNorm(hidden)
+
+
+class _LlamaHead(nn.Module):
+    def __init__(self, norm: LlamaRMSNorm, lm_head: nn.Linear) -> None:
+        super().__init__()
+        self.norm, self.lm_head = norm, lm_head
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(self.norm(x))
+
+
+class LlamaForCausalLM(nn.Module):
+    """``model.{embed_tokens, layers, norm}`` and an untied ``lm_head``; ``forward(input_ids, labels=None) -> ModelOutput``."""
+
+    def __init__(self, vocab: int = 32, hidden: int = 16, heads: int = 4, kv_heads: int = 2, intermediate: int = 24, layers: int = 2) -> None:
+        super().__init__()
+        self.model = LlamaModel(vocab, hidden, heads, kv_heads, intermediate, layers)
+        self.lm_head = nn.Linear(hidden, vocab, bias=False)
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None) -> ModelOutput:
+        x = self.model.embed_tokens(input_ids)
+        for layer in self.model.layers:
+            x = layer(x)
+        logits = self.lm_head(self.model.norm(x))
+        return ModelOutput(loss=lm_loss(logits, labels) if labels is not None else None, logits=logits)
+
+    def pipeline_blocks(self) -> list[tuple[str, nn.Module]]:
+        blocks: list[tuple[str, nn.Module]] = [("embed_tokens", self.model.embed_tokens)]
+        blocks += [(f"layers.{i}", layer) for i, layer in enumerate(self.model.layers)]
+        return blocks + [("head", _LlamaHead(self.model.norm, self.lm_head))]
+
+
+def llama() -> LlamaForCausalLM:
+    torch.manual_seed(0)
+    return LlamaForCausalLM()
