@@ -229,7 +229,7 @@ def scaling_study(
         loss_fn=loss_fn, optimizer_fn=optimizer_fn, metrics=metrics,
     )  # fmt: skip
     if handle is not None:
-        replace_with_figure(handle, result.figure)
+        replace_with_figure(handle, result.figure, widget=widget)
     return result
 
 
