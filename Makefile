@@ -10,11 +10,12 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.rapydli-installed
+TEST_STAMP := $(VENV)/.rapydli-test-installed
 # Keep tool caches inside the checkout so nothing lands in the home directory.
 export YARN_CACHE_FOLDER := $(CURDIR)/build/yarn-cache
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: demo test check install bench clean
+.PHONY: demo test check install install-test bench clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -24,13 +25,21 @@ $(PY):
 LAB_SOURCES := $(wildcard extensions/rapydli-lab/src/*.ts extensions/rapydli-lab/style/*) \
 	extensions/rapydli-lab/package.json extensions/rapydli-lab/yarn.lock
 
+# `make demo` installs what the demo runs on (the runtime and the MPICH wheel); `make test`
+# adds the test extra (triton, playwright, pytest, ruff, mypy) on top.
 $(STAMP): pyproject.toml $(LAB_SOURCES) | $(PY)
 	$(PIP) install -q --upgrade pip
 	$(PIP) show -q torch >/dev/null 2>&1 || $(PIP) install -q "$(TORCH_SPEC)" || $(PIP) install -q torch --index-url https://download.pytorch.org/whl/cpu
+	$(PIP) install -q -e '.[mpich]'
+	touch $@
+
+$(TEST_STAMP): $(STAMP)
 	$(PIP) install -q -e '.[mpich,test]'
 	touch $@
 
 install: $(STAMP)
+
+install-test: $(TEST_STAMP)
 
 demo: install
 	mkdir -p outputs
@@ -39,7 +48,7 @@ demo: install
 	@echo "Executed notebook: $(CURDIR)/outputs/01-quickstart.ipynb"
 
 # Lint (ruff: pyflakes, bugbear, import order) and types (mypy) before the tests.
-check: install
+check: install-test
 	$(VENV)/bin/ruff check rapydli tests
 	$(VENV)/bin/mypy
 

@@ -25,6 +25,7 @@ from rapydli.errors import (
     RankFailure,
     RapydliError,
     StoreError,
+    UserCodeError,
 )
 
 __version__ = "0.1.0"
@@ -63,6 +64,7 @@ __all__ = [
     "RankFailure",
     "RapydliError",
     "StoreError",
+    "UserCodeError",
     "__version__",
     "load_ipython_extension",
     *sorted(_LAZY),

@@ -18,6 +18,13 @@ class ConfigError(RapydliError, ValueError):
     """
 
 
+class UserCodeError(ConfigError, TypeError):
+    """A function of the user's (``data_fn``, ``model_fn``, ...) returned what RaPyDLI cannot use.
+
+    The message names the function, what it returned and what is expected instead.
+    """
+
+
 class ClusterError(RapydliError):
     """A cluster could not be started, reached, or is in the wrong state."""
 

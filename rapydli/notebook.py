@@ -28,6 +28,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from rapydli.errors import RankFailure
 from rapydli.widgets.display import display_live, figure_bundle, in_kernel, replace_with_figure, static_figures
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -130,6 +131,13 @@ def train(
             model_fn, data_fn, config, cluster, callbacks=callbacks, progress=bar, name=name, restarts=restarts,
             min_workers=min_workers, loss_fn=loss_fn, optimizer_fn=optimizer_fn, metrics=metrics,
         )  # fmt: skip
+    except RankFailure as failure:
+        from rapydli.trainer.usercheck import same_mistake
+
+        mistake = same_mistake(failure)  # the same mistake in the user's code on every rank: said once
+        if mistake is None:
+            raise
+        raise mistake from None
     finally:
         for display in shown:
             display.close()
@@ -248,7 +256,7 @@ def scaling_study(
         loss_fn=loss_fn, optimizer_fn=optimizer_fn, metrics=metrics,
     )  # fmt: skip
     if handle is not None:
-        replace_with_figure(handle, result.figure)
+        replace_with_figure(handle, result.figure, widget=widget)
     return result
 
 

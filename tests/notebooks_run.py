@@ -28,6 +28,8 @@ class Executed:
 
     def __init__(self, path: Path) -> None:
         nb = nbformat.read(path, as_version=4)
+        self.nb = nb
+        self.size = path.stat().st_size  # bytes of the saved notebook
         cells = nb.cells
         self.outputs: list[dict[str, Any]] = [o for c in cells if c.cell_type == "code" for o in c.get("outputs", [])]
         self.text = "\n".join(o.get("text", "") for o in self.outputs)
@@ -35,6 +37,14 @@ class Executed:
         states = nb.metadata.get("widgets", {}).get(WIDGET_STATE, {}).get("state", {})
         self.widget_texts = [s["state"]["value"] for s in states.values()
                              if s.get("model_name") == "HTMLModel" and s["state"].get("value")]
+
+
+    def html_figures(self) -> int:
+        """How many plotly figures nbconvert's HTML of the notebook draws (a viewer without JupyterLab)."""
+        from nbconvert import HTMLExporter
+
+        page, _ = HTMLExporter().from_notebook_node(self.nb)
+        return min(page.count('class="plotly-graph-div"'), page.count("Plotly.newPlot("))
 
 
 def execute(name: str, out_dir: Path, **parameters: Any) -> Executed:

@@ -28,6 +28,7 @@ def test_autotune_notebook_runs(tmp_path: Path) -> None:
     assert "autotune: " in text  # the tuning's one-line summary
     figures = executed.figures
     assert len(figures) == 4  # time vs parameters, best per candidate, where the tuning time went, training step
+    assert executed.html_figures() == 4  # also drawn outside JupyterLab (nbconvert's HTML)
     # the progress bar as the notebook saved it: the model's 20 layers done, configurations timed, best speedup
     bar = [html.unescape(t).replace("\u2007", " ") for t in executed.widget_texts]  # tqdm pads with figure spaces
     counts = [m for t in bar if (m := re.search(r"(\d+)/(\d+) \[.*timed (\d+), best (\d+\.\d+x|-)\]", t))]

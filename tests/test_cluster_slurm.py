@@ -236,3 +236,23 @@ def test_why_a_completing_job_ended_is_read_from_slurmstepd(line, cause):
     from rapydli.cluster.slurm import ending_cause
 
     assert ending_cause(f"engine log\n{line}\nmore") == cause
+
+
+def test_slurm_not_configured_shows_sbatch_error_only(tmp_path, monkeypatch, capfd):
+    """Slurm's programs present but no usable slurm.conf: sbatch's own error and one ClusterError, and no
+    `scancel` for a job that was never submitted (it used to add its own fatal lines, after a minute of retries)."""
+    from local_slurm import SlurmUnavailable, ensure_packages
+
+    try:
+        ensure_packages()
+    except SlurmUnavailable as exc:
+        pytest.skip(f"no Slurm programs: {exc}")
+    conf = tmp_path / "slurm.conf"
+    conf.write_text("")  # as on a login node whose admin has not set Slurm up: no ClusterName, no controller
+    monkeypatch.setenv("SLURM_CONF", str(conf))
+    with pytest.raises(ClusterError, match="sbatch"):
+        Cluster(n=1, launcher="slurm", start_timeout=30).start()
+    printed = capfd.readouterr()
+    text = printed.out + printed.err
+    assert "sbatch: fatal" in text or "sbatch: error" in text, text
+    assert "scancel" not in text and "Traceback" not in text, text

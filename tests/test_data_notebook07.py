@@ -17,5 +17,6 @@ def test_data_loading_notebook_runs(tmp_path: Path) -> None:
     assert "plan (samples per tier): {'ram': 100, 'disk': 0, 'storage': 300}" in text
     figures = executed.figures
     assert len(figures) == 2
+    assert executed.html_figures() == 2  # also drawn outside JupyterLab (nbconvert's HTML), not only plotly's MIME type
     hits = figures[0]["data"]["application/vnd.plotly.v1+json"]["data"]
     assert {trace["name"] for trace in hits} == {"ram", "disk", "storage"}

@@ -65,7 +65,7 @@ def made() -> list[Recorder]:
 
 
 def factory(made: list[Recorder], release: threading.Event, fail: bool = False):
-    def make(n: int, launcher: str, options: Mapping[str, Any]) -> Recorder:
+    def make(n: int, launcher: str, options: Mapping[str, Any], cluster_id: str) -> Recorder:
         made.append(Recorder(n, release, fail))
         return made[-1]
 
@@ -141,3 +141,32 @@ def test_stop_without_waiting_answers_at_once_and_the_entry_shows_stopping(made:
     assert not made or made[0].calls == ["start", "stop"]  # cancelled before or after the cluster was made
     with pytest.raises(NotFoundError):
         manager.stop("c-unknown", wait=False)
+
+
+@pytest.mark.engines
+def test_the_panel_and_the_cli_name_a_cluster_alike() -> None:
+    """A cluster the server starts (the lab panel's) runs under its entry's id: `rapydli cluster status`
+    lists that id and `rapydli cluster stop <id>` stops it; the server then no longer lists it."""
+    import subprocess
+    import sys
+
+    from rapydli.cluster.registry import running_clusters
+
+    manager = ClusterManager()
+    try:
+        cluster_id = manager.start(1, "local", {})["id"]
+        deadline = time.monotonic() + 120
+        while manager.describe(cluster_id)["state"] == "starting" and time.monotonic() < deadline:
+            time.sleep(0.1)
+        shown = manager.describe(cluster_id)
+        assert shown["state"] == "running" and shown["attach_id"] == cluster_id, shown
+        assert [c["id"] for c in manager.list()] == [cluster_id]  # listed once, under the one id
+        assert cluster_id in [c["id"] for c in running_clusters()]
+        rapydli = [sys.executable, "-m", "rapydli", "cluster"]
+        status = subprocess.run([*rapydli, "status"], capture_output=True, text=True, timeout=60)
+        assert cluster_id in status.stdout, status.stdout
+        stopped = subprocess.run([*rapydli, "stop", cluster_id], capture_output=True, text=True, timeout=60)
+        assert stopped.returncode == 0 and f"stopped {cluster_id}" in stopped.stdout, stopped.stderr
+        assert cluster_id not in [c["id"] for c in manager.list()]
+    finally:
+        manager.stop_all()

@@ -12,7 +12,7 @@ from torch import nn
 from train_cases import CASES, ModelOutput, PooledClassifier, TinyGPT
 
 import rapydli as rd
-from rapydli.errors import ConfigError, RankFailure
+from rapydli.errors import ConfigError, RankFailure, UserCodeError
 from rapydli.trainer import TrainConfig, Trainer
 from rapydli.trainer.checkpoint import checkpoint_path, read_state_dict
 from rapydli.trainer.outputs import Objective, OutputError, interpret, resolve_metrics, target_parameter
@@ -158,17 +158,43 @@ def test_rd_train_gives_the_one_process_parameters(cluster, tmp_path, name) -> N
 
 @pytest.mark.engines
 def test_rd_train_error_names_the_output_type_and_the_user_frame_first(cluster) -> None:
-    with pytest.raises(RankFailure) as caught:
+    # the same mistake on every rank: one short OutputError, not a RankFailure with each rank's traceback
+    with pytest.raises(OutputError) as caught:
         rd.train(train_cases.Unreadable, train_cases.features, TrainConfig(max_steps=1, batch_size=4), cluster=cluster,
                  progress=False, live=False)  # fmt: skip
     text = str(caught.value)
     assert "train_cases.Features" in text and "pass loss_fn=" in text, text
+    assert "rank 1" not in text and "full traceback" not in text and len(text.splitlines()) < 20, text
+    assert caught.value.__suppress_context__  # the RankFailure it replaces is not chained
     with pytest.raises(RankFailure) as caught:
         rd.train(train_cases.Failing, train_cases.features, TrainConfig(max_steps=1, batch_size=4), cluster=cluster,
                  progress=False, live=False)  # fmt: skip
     text = str(caught.value)
     assert text.index("in your code") < text.index("train_cases.py") < text.index("full traceback:"), text
     assert "raise ValueError(\"this layer is broken\")" in text.split("full traceback:")[0]
+
+
+@pytest.mark.engines
+def test_a_data_fn_returning_one_dataset_is_named_once(cluster) -> None:
+    with pytest.raises(UserCodeError) as caught:
+        rd.train(train_cases.NormedMLP, train_cases.features_only, TrainConfig(max_steps=1, batch_size=4), cluster=cluster,
+                 progress=False, live=False)  # fmt: skip
+    text = str(caught.value)
+    assert text.startswith("data_fn train_cases:features_only returned a TensorDataset of ") and "(train, val)" in text, text
+    assert "too many values to unpack" not in text and "rank" not in text and len(text.splitlines()) < 10, text
+
+
+def test_check_data_names_what_was_returned() -> None:
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from rapydli.trainer.usercheck import check_data
+
+    data = TensorDataset(torch.zeros(3, 2))
+    assert check_data((data, None), "f") == (data, None)
+    with pytest.raises(UserCodeError, match=r"^data_fn f returned a tuple of 3 items; it must return \(train, val\)"):
+        check_data((data, data, data), "f")
+    with pytest.raises(UserCodeError, match=r"DataLoader of 2 samples as its train set \(a DataLoader: return its \.dataset"):
+        check_data((DataLoader(data, batch_size=2), None), "f")
 
 
 @pytest.mark.engines

@@ -250,6 +250,11 @@ def features() -> tuple[TensorDataset, None]:
     return TensorDataset(torch.randn(SAMPLES, 8, generator=g), torch.randint(0, 4, (SAMPLES,), generator=g)), None
 
 
+def features_only() -> TensorDataset:
+    """A mistake: one dataset where ``(train, val)`` is expected."""
+    return features()[0]
+
+
 # -- cases ------------------------------------------------------------------------------------
 
 

@@ -7,6 +7,7 @@ with ``rd.Cluster.attach(ID)``; ``stop ID`` (or ``--all``) shuts them down.
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import click
 import pandas as pd
@@ -17,9 +18,9 @@ from rapydli.cluster.registry import stop_cluster
 from rapydli.paths import subdir
 
 
-def parse_options(items: tuple[str, ...]) -> dict[str, object]:
+def parse_options(items: tuple[str, ...]) -> dict[str, Any]:
     """Launcher options given as ``key=value`` (values read as JSON when they parse)."""
-    options: dict[str, object] = {}
+    options: dict[str, Any] = {}
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key:

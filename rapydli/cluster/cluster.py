@@ -26,7 +26,7 @@ from rapydli.cluster.controller_config import write_controller_config
 from rapydli.cluster.launchers import get_launcher, validate_options
 from rapydli.cluster.mpirun import rank_environment, threads_per_rank
 from rapydli.cluster.processes import CLUSTER_MARKER, alive, reap, reap_marked
-from rapydli.cluster.registry import remove_connection_files
+from rapydli.cluster.registry import new_cluster_id, remove_connection_files
 from rapydli.cluster.sshhosts import SessionWatch
 from rapydli.cluster.tasks import ClusterTasks
 from rapydli.errors import ClusterError, ConfigError, NotFoundError
@@ -71,6 +71,9 @@ class Cluster(ClusterTasks):
         cores // n, at least 1, so ranks on one machine do not oversubscribe it.
     start_timeout
         Seconds to wait for all engines to register.
+    cluster_id
+        The id it runs under (ipyparallel's, :meth:`attach`'s, the one ``rapydli cluster``
+        and the lab panel show); default a new one (:func:`new_cluster_id`) at the first start.
     **launcher_options
         Options of the launcher, validated against its allow-list.
 
@@ -88,6 +91,7 @@ class Cluster(ClusterTasks):
         *,
         threads: int | None = None,
         start_timeout: float = 120.0,
+        cluster_id: str | None = None,
         **launcher_options: Any,
     ) -> None:
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
@@ -109,7 +113,9 @@ class Cluster(ClusterTasks):
         self._state = "stopped"
         self._started_at = 0.0
         self._detached = False
-        self._cluster_id: str | None = None  # kept across restarts, so attach ids stay valid
+        if cluster_id is not None:
+            _check_id(cluster_id)
+        self._cluster_id: str | None = cluster_id  # kept across restarts, so attach ids stay valid
         self._batch: BatchJob | None = None  # the scheduler job holding the engines (slurm)
         self._sessions: SessionWatch | None = None  # mpiexec's ssh session to each host (ssh)
         self._starter: threading.Thread | None = None  # a start(wait=False) under way
@@ -158,7 +164,7 @@ class Cluster(ClusterTasks):
             self._state = "starting"
             if threading.current_thread() is not self._starter:
                 _hold(self)
-            self._cluster_id = self._cluster_id or _new_cluster_id()
+            self._cluster_id = self._cluster_id or new_cluster_id()
             write_controller_config(subdir("ipython"))  # its log without ipykernel 7's iopub_welcome errors
             config = Config(self.launcher.config(self.options, work_dir=str(subdir("ipython"))))
             launcher_env = dict(config.BaseLauncher.get("environment", {}))
@@ -507,22 +513,18 @@ class Cluster(ClusterTasks):
         return f"<rapydli.Cluster n={self.n} launcher={self.launcher.name!r} state={self._state!r}>"
 
 
-def _detached_record(cluster_id: str) -> dict[str, Any]:
-    if not cluster_id.replace("-", "").isalnum():
+def _check_id(cluster_id: str) -> None:
+    if not isinstance(cluster_id, str) or not cluster_id.replace("-", "").isalnum():
         raise ConfigError(f"cluster id {cluster_id!r} is invalid: letters, digits and '-' only")
+
+
+def _detached_record(cluster_id: str) -> dict[str, Any]:
+    _check_id(cluster_id)
     path = subdir("clusters") / f"{cluster_id}.json"
     if not path.exists():
         known = ", ".join(p.stem for p in subdir("clusters").glob("*.json")) or "none"
         raise NotFoundError(f"no detached cluster {cluster_id!r}: known are {known}")
     return json.loads(path.read_text())
-
-
-def _new_cluster_id() -> str:
-    """An id in ipyparallel's own format (``<unix time>-<4 letters>``)."""
-    import secrets
-    import string
-
-    return f"{int(time.time())}-{''.join(secrets.choice(string.ascii_lowercase) for _ in range(4))}"
 
 
 def _wait(future: Any, step: float = 0.1) -> Any:

@@ -14,7 +14,10 @@ from __future__ import annotations
 
 import json
 import logging
+import secrets
 import socket
+import string
+import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -31,6 +34,16 @@ log = logging.getLogger(__name__)
 #: launcher name, for clusters without a rapydli record.
 _LAUNCHER_OF = {"mpi": "local", "slurm": "slurm", "pbs": "pbs", "ssh": "ssh", "sshproxy": "ssh",
                 "rapydli.cluster.slurm.SlurmEngines": "slurm"}  # fmt: skip
+
+
+def new_cluster_id() -> str:
+    """A new cluster id, in ipyparallel's own format (``<unix time>-<4 letters>``).
+
+    One id names a cluster everywhere: ipyparallel's files, :meth:`Cluster.attach
+    <rapydli.cluster.Cluster.attach>`, ``rapydli cluster status|stop``, the lab panel and the
+    REST API (a cluster the Jupyter server starts runs under its entry's id).
+    """
+    return f"{int(time.time())}-{''.join(secrets.choice(string.ascii_lowercase) for _ in range(4))}"
 
 
 def _profile() -> Path:

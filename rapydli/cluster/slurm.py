@@ -111,10 +111,18 @@ class SlurmEngines(SlurmEngineSetLauncher):
         return "\n".join(lines) + "\n"
 
     def stop(self) -> str:
-        """``scancel`` the job; a job that already ended is stopped too (scancel then fails)."""
+        """``scancel`` the job; a job that already ended is stopped too (scancel then fails).
+
+        Without a job (``sbatch`` failed, e.g. Slurm is not configured here) nothing is
+        cancelled: sbatch's error is the one the user sees, not scancel's about a job that
+        never existed.
+        """
+        if not self.job_id:
+            self.notify_stop({"job_id": None, "output": ""})
+            return ""
         try:
             return super().stop()
-        except subprocess.CalledProcessError as exc:
+        except (subprocess.CalledProcessError, OSError) as exc:  # OSError: no scancel on this machine
             self.notify_stop({"job_id": self.job_id, "output": str(exc)})
             return ""
 

@@ -17,10 +17,10 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from rapydli.experiments.planning.perfmodel import RingModel
 
-#: plotly's renderers for figures left in a saved notebook: its MIME type (JupyterLab
-#: draws it) plus self-contained HTML (``notebook``: plotly.js inlined in the first output,
-#: once per kernel, and every later figure uses it), read by nbconvert and other viewers.
-STATIC_RENDERERS = "plotly_mimetype+notebook"
+#: plotly's renderers for figures left in a saved notebook: its MIME type (JupyterLab and
+#: VS Code draw it) plus HTML that loads plotly.js from plotly's CDN (``notebook_connected``),
+#: read by nbconvert and other viewers; no copy of plotly.js (4.9 MB) goes into the notebook.
+STATIC_RENDERERS = "plotly_mimetype+notebook_connected"
 
 
 #: The live training figure's traces: (trace name, row kind, x key, y key, subplot column).

@@ -15,15 +15,15 @@ started outlives it.
 from __future__ import annotations
 
 import atexit
+import functools
 import logging
 import threading
 import time
-import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from rapydli.cluster.registry import running_clusters, stop_cluster
+from rapydli.cluster.registry import new_cluster_id, running_clusters, stop_cluster
 from rapydli.errors import ClusterError, NotFoundError, RapydliError
 
 log = logging.getLogger(__name__)
@@ -33,10 +33,10 @@ log = logging.getLogger(__name__)
 STATES = ("starting", "running", "degraded", "restarting", "stopping", "failed")
 
 
-def _default_factory(n: int, launcher: str, options: Mapping[str, Any]) -> Any:
+def _default_factory(n: int, launcher: str, options: Mapping[str, Any], cluster_id: str) -> Any:
     from rapydli.cluster import Cluster
 
-    return Cluster(n=n, launcher=launcher, **options)
+    return Cluster(n=n, launcher=launcher, cluster_id=cluster_id, **options)
 
 
 def cluster_status(cluster: Any) -> dict[str, Any]:
@@ -61,6 +61,7 @@ class ManagedCluster:
     error: str | None = None
     attach_id: str | None = None
     created: float = field(default_factory=time.time)
+    listed: bool = False  # seen among the running clusters' files (so gone from them: stopped from outside)
     cluster: Any = None
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     thread: threading.Thread | None = field(default=None, repr=False)
@@ -99,12 +100,14 @@ class ClusterManager:
     Parameters
     ----------
     factory
-        ``factory(n, launcher, options)`` returns an unstarted cluster object with
+        ``factory(n, launcher, options, cluster_id)`` returns an unstarted cluster object,
+        running under ``cluster_id`` (the entry's id: what the panel, ``rapydli cluster`` and
+        ``rd.Cluster.attach`` name it), with
         ``start(wait=False)``, ``wait_started()``, ``stop()`` (which cancels a start under
         way), ``restart()`` and ``status()``; default :class:`rapydli.cluster.Cluster`.
     """
 
-    def __init__(self, factory: Callable[[int, str, Mapping[str, Any]], Any] | None = None) -> None:
+    def __init__(self, factory: Callable[[int, str, Mapping[str, Any], str], Any] | None = None) -> None:
         self._factory = factory or _default_factory
         self._clusters: dict[str, ManagedCluster] = {}
         self._others: dict[str, dict[str, Any]] = {}  # other clusters being stopped or restarted
@@ -113,7 +116,7 @@ class ClusterManager:
 
     def start(self, n: int, launcher: str, options: Mapping[str, Any]) -> dict[str, Any]:
         """Create a cluster entry in state ``starting`` and start it in a background thread."""
-        entry = ManagedCluster(id=f"c{uuid.uuid4().hex[:10]}", n=n, launcher=launcher, options=dict(options))
+        entry = ManagedCluster(id=new_cluster_id(), n=n, launcher=launcher, options=dict(options))
         with self._lock:
             self._clusters[entry.id] = entry
         entry.thread = threading.Thread(target=self._start, args=(entry,), name=f"rapydli-start-{entry.id}", daemon=True)
@@ -127,7 +130,7 @@ class ClusterManager:
             if entry.state == "stopping":
                 return
             try:
-                entry.cluster = self._factory(entry.n, entry.launcher, entry.options)
+                entry.cluster = self._factory(entry.n, entry.launcher, entry.options, entry.id)
                 entry.cluster.start(wait=False)
             except Exception as exc:  # noqa: BLE001 - any failure is reported as the entry's error
                 self._failed(entry, exc)
@@ -179,6 +182,8 @@ class ClusterManager:
     def list(self) -> list[dict[str, Any]]:
         """Every cluster, oldest first: this server's (:meth:`ManagedCluster.describe`) and every
         other running one of the user (``origin`` ``detached`` or ``kernel``)."""
+        found_running = running_clusters()
+        self._forget_stopped_elsewhere({c["id"] for c in found_running})
         with self._lock:
             entries = sorted(self._clusters.values(), key=lambda e: e.created)
             others = dict(self._others)
@@ -188,12 +193,24 @@ class ClusterManager:
             cluster_status(e.cluster).get("cluster_id") for e in entries if e.cluster is not None
         }
         seen = {}
-        for found in running_clusters():
+        for found in found_running:
             if found["id"] not in published:
                 seen[found["id"]] = _describe_other(found)
         for cluster_id, pending in others.items():  # stopping, restarting or failed: what the row shows
             seen[cluster_id] = {**seen.get(cluster_id, pending), "state": pending["state"], "error": pending["error"]}
         return own + sorted(seen.values(), key=lambda c: c["created"])
+
+    def _forget_stopped_elsewhere(self, running_ids: set[str]) -> None:
+        """Drop this server's running clusters that were stopped from outside (``rapydli cluster
+        stop ID``): their controller is gone; the client left behind is closed in the background."""
+        with self._lock:
+            for entry in self._clusters.values():
+                entry.listed = entry.listed or entry.id in running_ids
+            gone = [e for e in self._clusters.values() if e.listed and e.state in ("running", "degraded") and e.id not in running_ids]
+            for entry in gone:
+                del self._clusters[entry.id]
+        for entry in gone:
+            self._in_background(f"rapydli-forget-{entry.id}", functools.partial(self._stop_quietly, entry))
 
     def describe(self, cluster_id: str) -> dict[str, Any]:
         """One cluster as :meth:`list` shows it; NotFoundError if none runs under that id."""
@@ -238,7 +255,7 @@ class ClusterManager:
                 except Exception as exc:  # noqa: BLE001 - reported as the entry's error
                     entry.state, entry.error = "failed", f"{type(exc).__name__}: {exc}"
                     return
-                self._publish(entry)  # fresh engines under a new id
+                self._publish(entry)  # fresh engines, the same id
                 entry.state, entry.error = "running", None
 
         entry.thread = self._in_background(f"rapydli-restart-{cluster_id}", restart)

@@ -49,6 +49,7 @@ def engine_task(
     from rapydli.cluster import engine
     from rapydli.cluster.events import emit
     from rapydli.trainer.loop import Trainer
+    from rapydli.trainer.usercheck import check_data, name_of
 
     ctx = engine.context()
     cfg = TrainConfig.from_dict(config)
@@ -56,7 +57,7 @@ def engine_task(
     try:
         torch.manual_seed(cfg.seed)
         model = model_fn().to(ctx.device)
-        train_data, val_data = data_fn()
+        train_data, val_data = check_data(data_fn(), name_of(data_fn))  # a wrong return named, not unpacked
     except Exception as exc:  # noqa: BLE001 - re-raised below, after the agreement
         error = exc
     failed = ctx.comm.allgather(error is not None)

@@ -3,8 +3,11 @@
 The mechanics under the front door's live-display policy (:mod:`rapydli.notebook`) and
 the widgets: whether this is a kernel, displaying a widget with a text fallback and
 replacing it by a static figure when it is done, and making every plotly figure also
-carry self-contained HTML, so a saved notebook reads outside JupyterLab (nbconvert,
-other viewers).
+carry HTML beside plotly's JSON, so a saved notebook reads outside JupyterLab (nbconvert,
+VS Code, other viewers) and stays small: the HTML loads plotly.js from plotly's CDN
+(:data:`~rapydli.experiments.figures.STATIC_RENDERERS`), a live widget is closed once its
+static figure replaces it, and headless runs save only the state of widgets still shown
+(:func:`shown_widget_state`).
 """
 
 from __future__ import annotations
@@ -51,9 +54,10 @@ def static_figures() -> None:
     Switches plotly's default renderer to
     :data:`~rapydli.experiments.figures.STATIC_RENDERERS` when it is plotly's own
     kernel default (``plotly_mimetype``); a renderer the user chose (or ``PLOTLY_RENDERER``)
-    is kept. Then plotly.js goes into the running cell's output, once per kernel, now:
-    before any live display, whose final figure (drawn later in an earlier output) needs
-    it loaded first. Nothing happens outside a kernel.
+    is kept. Then plotly's set-up (a few hundred bytes that load plotly.js from its CDN)
+    goes into the running cell's output, once per kernel, now: before any live display,
+    whose final figure (drawn later in an earlier output) needs it first. Nothing happens
+    outside a kernel.
     """
     if not in_kernel():
         return
@@ -69,8 +73,8 @@ def static_figures() -> None:
 def figure_bundle(figure: Any) -> dict[str, Any]:
     """The MIME bundle a plotly figure (or its dict) leaves in a notebook's output.
 
-    After :func:`static_figures`: plotly's JSON and self-contained HTML (the first figure
-    of the kernel also puts plotly.js into the running cell's output).
+    After :func:`static_figures`: plotly's JSON and HTML that draws the figure with
+    plotly.js from its CDN (no copy of plotly.js in the notebook).
     """
     import plotly.graph_objects as go
     import plotly.io as pio
@@ -83,13 +87,62 @@ def figure_bundle(figure: Any) -> dict[str, Any]:
     return bundle or pio.renderers["plotly_mimetype"].to_mimebundle(fig_dict)
 
 
-def replace_with_figure(handle: Any, figure: Any) -> None:
+def replace_with_figure(handle: Any, figure: Any, widget: Any = None) -> None:
     """Replace a live display with a static plotly figure (kept in a saved notebook, e.g. by papermill).
 
     Plotly figures display themselves through ``_ipython_display_``, which ignores display
-    ids, so the handle is updated with :func:`figure_bundle` instead.
+    ids, so the handle is updated with :func:`figure_bundle` instead. ``widget``, the live
+    widget the display showed, is closed then: JupyterLab forgets its model, so a saved
+    notebook does not carry its state (a ``FigureWidget``'s holds ~5 MB of JavaScript).
     """
     handle.update(figure_bundle(figure), raw=True)
+    if widget is not None:
+        widget.close()
+
+
+#: Where a widget's state names another widget (``"IPY_MODEL_<model id>"``).
+_MODEL_REF = "IPY_MODEL_"
+
+
+def shown_widget_state(nb: Any) -> None:
+    """Keep in ``nb``'s saved widget state only the widgets its outputs still show.
+
+    A headless run (nbclient, papermill) saves the state of every widget a kernel ever
+    opened, also of those closed since (nbclient ignores ``comm_close``): a live plot
+    replaced by its static figure would still carry its ~5 MB. What a viewer needs is the
+    state of each widget an output displays and of the widgets those name
+    (``IPY_MODEL_<id>``, e.g. the parts of a progress bar); the rest is dropped.
+    """
+    meta = nb.get("metadata", {}).get("widgets", {})
+    saved = meta.get("application/vnd.jupyter.widget-state+json", {})
+    states = saved.get("state")
+    if not states:
+        return
+    wanted = [
+        out["data"]["application/vnd.jupyter.widget-view+json"].get("model_id")
+        for cell in nb.get("cells", [])
+        for out in cell.get("outputs", [])
+        if "application/vnd.jupyter.widget-view+json" in out.get("data", {})
+    ]
+    keep: set[str] = set()
+    while wanted:
+        model_id = wanted.pop()
+        if model_id in keep or model_id not in states:
+            continue
+        keep.add(model_id)
+        wanted.extend(_refs(states[model_id]))
+    saved["state"] = {k: v for k, v in states.items() if k in keep}
+
+
+def _refs(value: Any) -> list[str]:
+    """The model ids ``value`` (a widget's state, nested) names."""
+    if isinstance(value, str):
+        return [value[len(_MODEL_REF) :]] if value.startswith(_MODEL_REF) else []
+    if isinstance(value, dict):
+        return [ref for item in value.values() for ref in _refs(item)]
+    if isinstance(value, list):
+        return [ref for item in value for ref in _refs(item)]
+    return []
 
 
 class LiveFigure:
@@ -131,8 +184,12 @@ class LiveFigure:
         return go.Figure(self.figure)
 
     def close(self) -> None:
-        """Draw what is left; in a notebook, leave a static figure in the cell's output."""
+        """Draw what is left; in a notebook, leave a static figure in the cell's output.
+
+        The widget is closed then and ``figure`` becomes the static ``go.Figure``.
+        """
         self.flush()
         if self._handle is not None:
-            replace_with_figure(self._handle, self.static())
-            self._handle = None
+            static = self.static()
+            replace_with_figure(self._handle, static, widget=self.figure)
+            self.figure, self._handle = static, None

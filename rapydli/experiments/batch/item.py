@@ -38,8 +38,8 @@ def run_item(spec: dict[str, Any]) -> dict[str, Any]:
     extra_path = spec["notebook_dir"]
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (extra_path, os.environ.get("PYTHONPATH")) if p)
     os.environ[NOTEBOOK_DIR] = extra_path
-    # figures in the executed notebook also carry self-contained HTML (plotly.js inlined once),
-    # so it reads outside JupyterLab; a renderer the user set is kept
+    # figures in the executed notebook also carry HTML (plotly.js from its CDN), so it reads
+    # outside JupyterLab; a renderer the user set is kept
     os.environ.setdefault("PLOTLY_RENDERER", STATIC_RENDERERS)
     Path(spec["cwd"]).mkdir(parents=True, exist_ok=True)
     started = time.time()
@@ -55,6 +55,7 @@ def run_item(spec: dict[str, Any]) -> dict[str, Any]:
             cwd=spec["cwd"],
             progress_bar=False,
             log_output=False,
+            engine_name="rapydli",  # encrypted kernels; the saved notebook keeps only the widgets it shows
         )
     except PapermillExecutionError as exc:
         result.update(

@@ -4,8 +4,12 @@ A kernel that jupyter_client starts over TCP without CurveZMQ keys warns on its 
 ("Kernel is running over TCP without encryption ...") and is indeed open to anyone on
 the machine who can reach its ports. :class:`EncryptedKernelManager` provisions the
 keys (``transport_encryption="required"``, when pyzmq has CurveZMQ), so the kernel runs
-encrypted and says nothing. :class:`RapydliEngine` is papermill's own engine with that
-manager; it is registered as papermill engine ``rapydli`` (``papermill --engine rapydli``).
+encrypted and says nothing; its kernels draw plotly figures with
+:data:`~rapydli.experiments.figures.STATIC_RENDERERS` (``PLOTLY_RENDERER``, unless set),
+so every figure of the executed notebook shows outside JupyterLab too.
+:class:`RapydliEngine` is papermill's own engine with that manager, saving only the state
+of the widgets the notebook still shows; it is registered as papermill engine ``rapydli``
+(``papermill --engine rapydli``).
 
 Examples
 --------
@@ -15,6 +19,7 @@ Examples
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import zmq
@@ -33,11 +38,27 @@ class EncryptedKernelManager(AsyncKernelManager):
         if zmq.has("curve"):
             self.transport_encryption = "required"
 
+    async def start_kernel(self, **kw: Any) -> None:  # type: ignore[override]
+        """Start the kernel with plotly's renderers for saved notebooks (a renderer set in ``env`` is kept)."""
+        from rapydli.experiments.figures import STATIC_RENDERERS
+
+        env = dict(kw.pop("env", None) or os.environ)
+        env.setdefault("PLOTLY_RENDERER", STATIC_RENDERERS)
+        await super().start_kernel(env=env, **kw)
+
 
 class RapydliEngine(NBClientEngine):
-    """papermill's nbclient engine, with kernels started by :class:`EncryptedKernelManager`."""
+    """papermill's nbclient engine, with kernels started by :class:`EncryptedKernelManager`; the
+    executed notebook keeps the state of the widgets it shows only
+    (:func:`~rapydli.widgets.display.shown_widget_state`: a live plot closed into a static
+    figure leaves nothing)."""
 
     @classmethod
     def execute_managed_notebook(cls, nb_man: Any, kernel_name: str, **kwargs: Any) -> Any:
+        from rapydli.widgets.display import shown_widget_state
+
         kwargs.setdefault("kernel_manager_class", KERNEL_MANAGER)
-        return super().execute_managed_notebook(nb_man, kernel_name, **kwargs)
+        try:
+            return super().execute_managed_notebook(nb_man, kernel_name, **kwargs)
+        finally:  # also for a failed run: papermill saves the notebook after this returns
+            shown_widget_state(nb_man.nb)
