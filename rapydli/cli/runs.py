@@ -78,6 +78,7 @@ def show(run_id: str, as_json: bool) -> None:
     Code defined in a notebook (a model class, a loss) is shown with its recorded source.
     """
     from rapydli.experiments.store.runview import iso_times
+    from rapydli.experiments.trackers.sync import links
 
     store = _store()
     run = store.get_run(store.resolve(run_id))
@@ -99,6 +100,8 @@ def show(run_id: str, as_json: bool) -> None:
     tags = store.tags(run["id"])
     if tags:
         click.echo("  tags        " + " ".join(tags))
+    for tracker, link in links(store, run["id"]).items():  # the run in MLflow, TensorBoard, W&B
+        click.echo(f"  {tracker:<11} {link.get('url') or link.get('logdir') or link.get('id')}")
     if run["note"]:
         click.echo("  note        " + run["note"].strip().replace("\n", "\n              "))
     click.echo("  versions    " + ", ".join(f"{k} {v}" for k, v in sorted(run["versions"].items()) if v))
@@ -115,7 +118,7 @@ def show(run_id: str, as_json: bool) -> None:
         click.echo("final metrics:")
         for key, value in sorted(final.items()):
             click.echo(f"  {key} = {value}")
-    others = {k: v["type"] for k, v in store.records(run["id"]).items() if v["type"] != "scalar"}
+    others = {k: v["type"] for k, v in store.records(run["id"]).items() if v["type"] != "scalar" and not k.startswith("tracker.")}
     if others:
         click.echo("records: " + ", ".join(f"{k} ({t})" for k, t in others.items()))
     if artifacts:

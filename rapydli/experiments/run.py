@@ -86,6 +86,7 @@ def run_training(
     loss_fn: Callable[..., Any] | None = None,
     optimizer_fn: Callable[..., Any] | None = None,
     metrics: Any = None,
+    trackers: Sequence[str] | str | None = None,
 ) -> RunResult:
     """Train ``model_fn()`` on ``data_fn()`` data-parallel on every engine of a cluster.
 
@@ -136,6 +137,10 @@ def run_training(
         (``None``: all of them). The run then continues on fewer ranks as
         ``config.on_resize`` says: ``"keep"`` the global batch (gradient accumulation) or
         ``"scale"`` the learning rate.
+    trackers
+        Experiment trackers the client also logs the run to (``["mlflow", "tensorboard",
+        "wandb"]``), added to ``config.trackers`` and ``RAPYDLI_TRACKERS``
+        (:mod:`rapydli.experiments.trackers`).
 
     Returns
     -------
@@ -165,6 +170,8 @@ def run_training(
     from rapydli.experiments.job import TrainingJob
 
     cfg = config if isinstance(config, TrainConfig) else TrainConfig.from_dict(dict(config))
+    if trackers:
+        cfg = cfg.replace(trackers=",".join(filter(None, [cfg.trackers, *([trackers] if isinstance(trackers, str) else trackers)])))
     model = resolve_callable(model_fn, "model_fn")
     resolve_callable(data_fn, "data_fn")
     check_training_code(loss_fn, optimizer_fn, metrics)

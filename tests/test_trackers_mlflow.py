@@ -1,0 +1,122 @@
+"""The ``mlflow`` tracker against a real ``mlflow server`` (SQLite backend) on 127.0.0.1, with real engines."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+import rapydli as rd
+from rapydli.cli import main as cli_main
+from rapydli.errors import RapydliWarning
+from rapydli.experiments.store.runstore import open_store
+from rapydli.experiments.trackers.sync import links
+
+mlflow = pytest.importorskip("mlflow", reason="the mlflow extra is not installed (pip install 'rapydli[mlflow]')")
+
+pytestmark = pytest.mark.engines
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory: pytest.TempPathFactory):
+    """A real MLflow tracking server with a SQLite backend, stopped after the module."""
+    where = tmp_path_factory.mktemp("mlflow")
+    port = _free_port()
+    command = [str(Path(sys.executable).with_name("mlflow")), "server", "--backend-store-uri", f"sqlite:///{where}/mlflow.db",
+               "--artifacts-destination", str(where / "artifacts"), "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]  # fmt: skip
+    log = open(where / "server.log", "wb")  # noqa: SIM115 - closed below
+    server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=where, start_new_session=True)
+    uri = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 300
+    while True:
+        try:
+            with urllib.request.urlopen(f"{uri}/health", timeout=2):
+                break
+        except OSError:
+            assert server.poll() is None, (where / "server.log").read_text()
+            assert time.monotonic() < deadline, "mlflow server did not answer in 300 s:\n" + (where / "server.log").read_text()
+            time.sleep(0.5)
+    yield uri
+    os.killpg(server.pid, signal.SIGTERM)  # the mlflow command and its uvicorn worker
+    try:
+        server.wait(30)
+    except subprocess.TimeoutExpired:
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait()
+    log.close()
+
+
+@pytest.fixture
+def tracking(mlflow_server: str, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server)
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "rapydli-tests")
+    return mlflow.MlflowClient(mlflow_server)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with rd.Cluster(n=2) as started:
+        yield started
+
+
+def _mlflow_runs(client, run_id: str) -> list:
+    experiment = client.get_experiment_by_name("rapydli-tests")
+    return client.search_runs([experiment.experiment_id], filter_string=f"tags.`rapydli.run_id` = '{run_id}'")
+
+
+def test_a_run_on_two_ranks_is_one_mlflow_run_with_every_metric_at_every_step(cluster, tracking, capsys) -> None:
+    config = rd.TrainConfig(max_steps=12, batch_size=16, eval_every=4, lr=0.05, allreduce="mpi")
+    result = rd.train("rapydli.zoo.models:mlp", "rapydli.zoo.datasets:digits", config, cluster, trackers=["mlflow"], progress=False, live=False)
+    store = open_store()
+    (found,) = _mlflow_runs(tracking, result.run_id)  # one tracker run per RaPyDLI run, not one per rank
+    assert links(store, result.run_id)["mlflow"]["id"] == found.info.run_id
+    assert found.info.status == "FINISHED"
+    assert found.data.params["config.lr"] == "0.05" and found.data.params["config.max_steps"] == "12"
+    assert found.data.tags["rapydli.kind"] == "train" and found.data.tags["rapydli.rank1.host"] == socket.gethostname()
+    stored = store.metrics(result.run_id)
+    for name, key in (("loss", "loss"), ("val_loss", "val_loss"), ("step_time_s@rank1", "system/rank1/step_time_s")):
+        expected = [(m["step"], m["value"]) for m in stored if m["name"] == name]
+        got = sorted((m.step, m.value) for m in tracking.get_metric_history(found.info.run_id, key))
+        assert expected and got == sorted(expected), name
+    assert [m.step for m in tracking.get_metric_history(found.info.run_id, "loss")] == list(range(1, 13))
+    artifacts = {a.path for a in tracking.list_artifacts(found.info.run_id, "figures")}
+    assert artifacts == {"figures/loss.html"}
+    capsys.readouterr()
+    assert cli_main(["runs", "show", result.run_id]) == 0
+    assert links(store, result.run_id)["mlflow"]["url"] in capsys.readouterr().out
+
+
+def test_an_unreachable_tracker_is_reported_once_and_the_run_is_complete(cluster, monkeypatch) -> None:
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{_free_port()}")  # nothing listens there
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    config = rd.TrainConfig(max_steps=6, batch_size=16, allreduce="mpi", trackers="mlflow")
+    with pytest.warns(RapydliWarning, match=r"not logged to 'mlflow': .*rapydli runs export --to mlflow") as caught:
+        result = rd.train("rapydli.zoo.models:mlp", "rapydli.zoo.datasets:digits", config, cluster, progress=False, live=False)
+    assert len([w for w in caught if issubclass(w.category, RapydliWarning)]) == 1
+    store = open_store()
+    assert store.get_run(result.run_id)["status"] == "finished"
+    assert [m["step"] for m in store.metrics(result.run_id) if m["name"] == "loss"] == list(range(1, 7))
+    assert "mlflow" not in links(store, result.run_id)
+
+
+def test_a_tracker_that_is_not_installed_is_reported_before_the_run_trains(cluster, monkeypatch) -> None:
+    from rapydli.experiments.trackers.mlflow import MlflowTracker
+
+    monkeypatch.setattr(MlflowTracker, "module", "mlflow_not_installed_here")
+    with pytest.warns(RapydliWarning, match=r"needs the mlflow_not_installed_here package.*pip install 'rapydli\[mlflow\]'"):
+        result = rd.train("rapydli.zoo.models:mlp", "rapydli.zoo.datasets:digits", rd.TrainConfig(max_steps=2, allreduce="mpi"), cluster,
+                          trackers="mlflow", progress=False, live=False)  # fmt: skip
+    assert open_store().get_run(result.run_id)["status"] == "finished"
