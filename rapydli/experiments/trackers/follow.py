@@ -1,7 +1,7 @@
 """Live logging: the client's run feeds its trackers from a thread, never from the training's path.
 
 :class:`RunTrackers` is what a :class:`~rapydli.experiments.job.TrainingJob` holds: made
-when the run is recorded, closed when it ends. Its thread wakes every
+when the run is recorded, closed when it ends. A thread per tracker wakes every
 :data:`INTERVAL_S` (and at once on :meth:`~RunTrackers.close`) and pushes what the run
 store gained to every tracker (:class:`~rapydli.experiments.trackers.sync.RunSync`), so
 the metrics path of the run (ranks -> client -> store) does no tracker work at all, and
@@ -17,6 +17,7 @@ and the other trackers go on. :meth:`~RunTrackers.close` waits at most
 from __future__ import annotations
 
 import threading
+import time
 import warnings
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
@@ -32,11 +33,11 @@ if TYPE_CHECKING:  # pragma: no cover
 #: Seconds between two pushes of a running run to its trackers.
 INTERVAL_S = 1.0
 #: Seconds :meth:`RunTrackers.close` waits for the last push before it reports the tracker as too slow.
-CLOSE_WAIT_S = 30.0
+CLOSE_WAIT_S = 60.0
 
 
 class RunTrackers:
-    """The trackers one running RaPyDLI run is logged to, fed from the store by one thread.
+    """The trackers one running RaPyDLI run is logged to, fed from the store by one thread per tracker.
 
     Parameters
     ----------
@@ -68,36 +69,32 @@ class RunTrackers:
         self.report()  # a missing package is said now, before the run trains
         self._wake = threading.Event()
         self._closing = False
-        self._thread = threading.Thread(target=self._loop, name=f"rapydli-trackers-{run_id}", daemon=True)
-        if self.syncs:
-            self._thread.start()
+        self._threads = [
+            threading.Thread(target=self._loop, args=(sync,), name=f"rapydli-{sync.tracker.name}-{run_id}", daemon=True) for sync in self.syncs
+        ]  # one per tracker: a slow one never holds the others back
+        for thread in self._threads:
+            thread.start()
 
-    def _loop(self) -> None:
-        while True:
-            self._wake.wait(self.interval_s)
-            final = self._closing
-            self._wake.clear()
-            for sync in list(self.syncs):
-                try:
-                    sync.push(final=final)
-                except Exception as exc:  # never the run's problem: drop this tracker, report it once
-                    self.syncs.remove(sync)
-                    self.problems.setdefault(sync.tracker.name, f"{type(exc).__name__}: {exc}")
-                    _close_quietly(sync.tracker)
-            if final:
-                for sync in self.syncs:
-                    _close_quietly(sync.tracker)
-                return
+    def _loop(self, sync: RunSync) -> None:
+        final = False
+        try:
+            while not final:
+                final = self._closing or self._wake.wait(self.interval_s)
+                sync.push(final=final)
+        except Exception as exc:  # never the run's problem: drop this tracker, report it once
+            self.problems.setdefault(sync.tracker.name, f"{type(exc).__name__}: {exc}")
+        finally:
+            _close_quietly(sync.tracker)
 
     def close(self, wait_s: float = CLOSE_WAIT_S) -> None:
-        """Push what is left (artifacts and status once the run has ended), stop the thread, report problems once."""
-        if self._thread.is_alive():
-            self._closing = True
-            self._wake.set()
-            self._thread.join(wait_s)
-            if self._thread.is_alive():
-                for sync in self.syncs:
-                    self.problems.setdefault(sync.tracker.name, f"it did not take the run's last updates within {wait_s:g} s")
+        """Push what is left (artifacts and status once the run has ended), stop the threads (at most ``wait_s``), report problems once."""
+        self._closing = True
+        self._wake.set()
+        deadline = time.monotonic() + wait_s
+        for thread, sync in zip(self._threads, self.syncs):
+            thread.join(max(0.0, deadline - time.monotonic()))
+            if thread.is_alive():
+                self.problems.setdefault(sync.tracker.name, f"it did not take the run's last updates within {wait_s:g} s")
         self.report()
 
     def report(self) -> None:
