@@ -52,7 +52,7 @@ def mlflow_server(tmp_path_factory: pytest.TempPathFactory):
     yield uri
     os.killpg(server.pid, signal.SIGTERM)  # the mlflow command and its uvicorn worker
     try:
-        server.wait(30)
+        server.wait(10)
     except subprocess.TimeoutExpired:
         os.killpg(server.pid, signal.SIGKILL)
         server.wait()
@@ -120,3 +120,38 @@ def test_a_tracker_that_is_not_installed_is_reported_before_the_run_trains(clust
         result = rd.train("rapydli.zoo.models:mlp", "rapydli.zoo.datasets:digits", rd.TrainConfig(max_steps=2, allreduce="mpi"), cluster,
                           trackers="mlflow", progress=False, live=False)  # fmt: skip
     assert open_store().get_run(result.run_id)["status"] == "finished"
+
+
+def test_a_sweep_is_a_parent_mlflow_run_with_one_nested_run_per_two_rank_trial(cluster, tracking) -> None:
+    config = rd.TrainConfig(max_steps=4, batch_size=16, eval_every=2, allreduce="mpi", trackers="mlflow")
+    result = rd.sweep("rapydli.zoo.models:mlp", "rapydli.zoo.datasets:digits", config, {"lr": rd.loguniform(1e-3, 1e-1)}, trials=4,
+                      workers_per_trial=2, pruner="none", cluster=cluster, live=False)  # fmt: skip
+    store = open_store()
+    (sweep_run,) = store.list_runs(kind="sweep", limit=1)[0]  # this sweep: the newest
+    (parent,) = _mlflow_runs(tracking, sweep_run["id"])
+    assert parent.info.status == "FINISHED" and parent.data.tags["rapydli.kind"] == "sweep"
+    trials, _ = store.list_runs(parent=sweep_run["id"])
+    assert len(trials) == 4 == len(result.table)
+    experiment = tracking.get_experiment_by_name("rapydli-tests")
+    nested = tracking.search_runs([experiment.experiment_id], filter_string=f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'")
+    assert sorted(r.data.tags["rapydli.run_id"] for r in nested) == sorted(t["id"] for t in trials)
+    for run in nested:
+        stored = [m["step"] for m in store.metrics(run.data.tags["rapydli.run_id"]) if m["name"] == "loss"]
+        assert [m.step for m in tracking.get_metric_history(run.info.run_id, "loss")] == stored == [1, 2, 3, 4]
+        assert run.info.status == "FINISHED" and float(run.data.params["config.lr"]) > 0
+
+
+def test_exporting_a_recorded_run_twice_updates_one_mlflow_run(cluster, tracking, capsys) -> None:
+    config = rd.TrainConfig(max_steps=5, batch_size=16, allreduce="mpi")
+    result = rd.train("rapydli.zoo.models:mlp", "rapydli.zoo.datasets:digits", config, cluster, progress=False, live=False)
+    store = open_store()
+    assert _mlflow_runs(tracking, result.run_id) == []  # not logged live
+    outputs = []
+    for _ in range(2):
+        assert cli_main(["runs", "export", "--to", "mlflow", result.run_id]) == 0
+        outputs.append(capsys.readouterr().out)
+    (found,) = _mlflow_runs(tracking, result.run_id)
+    assert outputs[0] == outputs[1] and found.info.run_id in outputs[0]
+    assert found.info.status == "FINISHED"
+    expected = [m["step"] for m in store.metrics(result.run_id) if m["name"] == "loss"]
+    assert [m.step for m in tracking.get_metric_history(found.info.run_id, "loss")] == expected == [1, 2, 3, 4, 5]

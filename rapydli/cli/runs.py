@@ -8,6 +8,7 @@ from typing import Any
 import click
 
 from rapydli.experiments.store.runstore import KINDS, STATUSES
+from rapydli.registry import TRACKERS
 
 
 def _store() -> Any:
@@ -216,8 +217,10 @@ def repeat(run_id: str, out: str | None, parallel: int | None) -> None:
               help="jsonl: one run per line with metrics, records, artifacts; csv: one row per run, "
                    "params.* and final metrics as columns.")  # fmt: skip
 @click.option("--output", "-o", type=click.Path(dir_okay=False, writable=True), default="-", show_default=True)
-def export(run_ids: tuple[str, ...], kind: str | None, status: str | None, fmt: str, output: str) -> None:
-    """Export runs (all, filtered, or the given ids) as JSON Lines or CSV."""
+@click.option("--to", "tracker", type=click.Choice(TRACKERS.names()), default=None,
+              help="Log the runs to this experiment tracker instead (again: updates the same tracker runs).")  # fmt: skip
+def export(run_ids: tuple[str, ...], kind: str | None, status: str | None, fmt: str, output: str, tracker: str | None) -> None:
+    """Export runs (all, filtered, or the given ids) as JSON Lines or CSV, or --to a tracker (MLflow, TensorBoard, W&B)."""
     from rapydli.experiments.store.compare import flatten
     from rapydli.experiments.store.runview import iso_times
 
@@ -226,6 +229,12 @@ def export(run_ids: tuple[str, ...], kind: str | None, status: str | None, fmt: 
         runs_ = [store.get_run(store.resolve(r)) for r in run_ids]
     else:
         runs_, _ = store.list_runs(kind=kind, status=status)
+    if tracker is not None:
+        from rapydli.experiments.trackers.export import export_runs
+
+        for link in export_runs(store, [run["id"] for run in reversed(runs_)], tracker):  # oldest first: parents before children
+            click.echo(f"{link['run_id']} -> {tracker} {link.get('url') or link.get('logdir') or link.get('id')}")
+        return
     with click.open_file(output, "w") as stream:
         if fmt == "jsonl":
             for run in runs_:

@@ -39,7 +39,9 @@ BATCH_ROWS = 5000
 MAX_PARAM = 500
 
 _RANK_METRIC = re.compile(r"^(?P<name>.+)@rank(?P<rank>\d+)$")
-_parents_lock = threading.Lock()  # two trials of one sweep must not both create the sweep's tracker run
+# Tracker runs are opened one at a time in a process: two trials of one sweep (or a trial and
+# its sweep) must not both create the sweep's tracker run.
+_opening = threading.RLock()
 
 
 def link_name(tracker: str) -> str:
@@ -111,11 +113,12 @@ class RunSync:
 
     def _open(self, run: dict[str, Any]) -> None:
         name = link_name(self.tracker.name)
-        earlier = self.store.records(self.run_id).get(name, {}).get("value")
-        parent = _parent_link(self.store, run["parent"], type(self.tracker)) if run["parent"] else None
-        self.link = self.tracker.open(run, earlier, parent)
-        if self.link != earlier:
-            self.store.add_record(self.run_id, name, "json", self.link)
+        with _opening:
+            earlier = self.store.records(self.run_id).get(name, {}).get("value")
+            parent = _parent_link(self.store, run["parent"], type(self.tracker)) if run["parent"] else None
+            self.link = self.tracker.open(run, earlier, parent)
+            if self.link != earlier:
+                self.store.add_record(self.run_id, name, "json", self.link)
         self.tracker.log_params(flat_params(run["params"]))
         self.tracker.set_tags(run_tags(self.store, run))
 
@@ -138,7 +141,7 @@ def _parent_link(store: RunStore, parent_id: str, kind: type[Tracker]) -> dict[s
     """The link of the parent's tracker run, made (with the parent's parameters and tags) if it has none yet."""
     from rapydli.errors import NotFoundError
 
-    with _parents_lock:
+    with _opening:
         try:
             store.get_run(parent_id)
         except NotFoundError:
