@@ -73,3 +73,21 @@ def test_a_run_writes_tensorboard_events_and_an_offline_wandb_run_with_every_sca
         assert [s for s, _ in got] == [s for s, _ in expected], name
         assert [v for _, v in got] == pytest.approx([v for _, v in expected]), name
     assert wandb_config(run_file)["config.max_steps"] == "10"
+
+
+def test_exporting_a_recorded_run_to_tensorboard_twice_leaves_one_copy(tmp_path, monkeypatch, capsys) -> None:
+    pytest.importorskip("tensorboard", reason="the tensorboard extra is not installed")
+    from rapydli.cli import main as cli_main
+
+    monkeypatch.setenv("RAPYDLI_TENSORBOARD_DIR", str(tmp_path))
+    store = open_store()
+    run_id = store.create_run("train", "recorded", {"config": {"lr": 0.1}}, world_size=2)
+    store.log_metrics(run_id, [(step, "loss", 1.0 / step) for step in range(1, 6)] + [(step, "step_time_s@rank1", 0.01) for step in range(1, 6)])
+    store.finish_run(run_id)
+    for _ in range(2):
+        assert cli_main(["runs", "export", "--to", "tensorboard", run_id]) == 0
+    logdir = links(store, run_id)["tensorboard"]["logdir"]
+    assert capsys.readouterr().out.count(f"{run_id} -> tensorboard {logdir}") == 2
+    assert len(glob.glob(f"{logdir}/events.out.tfevents.*")) == 1
+    scalars = tensorboard_scalars(logdir)
+    assert [s for s, _ in scalars["loss"]] == [1, 2, 3, 4, 5] and [s for s, _ in scalars["system/rank1/step_time_s"]] == [1, 2, 3, 4, 5]
