@@ -30,33 +30,45 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-@pytest.fixture(scope="module")
-def mlflow_server(tmp_path_factory: pytest.TempPathFactory):
-    """A real MLflow tracking server with a SQLite backend, stopped after the module."""
-    where = tmp_path_factory.mktemp("mlflow")
+def _start_server(where: Path) -> tuple[subprocess.Popen, str]:
+    """A real MLflow tracking server with a SQLite backend on 127.0.0.1, in a process group of its own, once it answers."""
     port = _free_port()
     command = [str(Path(sys.executable).with_name("mlflow")), "server", "--backend-store-uri", f"sqlite:///{where}/mlflow.db",
                "--artifacts-destination", str(where / "artifacts"), "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]  # fmt: skip
-    log = open(where / "server.log", "wb")  # noqa: SIM115 - closed below
-    server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=where, start_new_session=True)
+    with open(where / "server.log", "wb") as log:
+        server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=where, start_new_session=True)
     uri = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 300
     while True:
         try:
             with urllib.request.urlopen(f"{uri}/health", timeout=2):
-                break
+                return server, uri
         except OSError:
             assert server.poll() is None, (where / "server.log").read_text()
             assert time.monotonic() < deadline, "mlflow server did not answer in 300 s:\n" + (where / "server.log").read_text()
             time.sleep(0.5)
+
+
+def _stop_server(server: subprocess.Popen) -> None:
+    """Stop the server's process group (the mlflow command and its uvicorn worker)."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(server.pid, sig)
+        except ProcessLookupError:
+            break
+        try:
+            server.wait(10)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+    server.wait()
+
+
+@pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory: pytest.TempPathFactory):
+    server, uri = _start_server(tmp_path_factory.mktemp("mlflow"))
     yield uri
-    os.killpg(server.pid, signal.SIGTERM)  # the mlflow command and its uvicorn worker
-    try:
-        server.wait(10)
-    except subprocess.TimeoutExpired:
-        os.killpg(server.pid, signal.SIGKILL)
-        server.wait()
-    log.close()
+    _stop_server(server)
 
 
 @pytest.fixture
@@ -155,3 +167,34 @@ def test_exporting_a_recorded_run_twice_updates_one_mlflow_run(cluster, tracking
     assert found.info.status == "FINISHED"
     expected = [m["step"] for m in store.metrics(result.run_id) if m["name"] == "loss"]
     assert [m.step for m in tracking.get_metric_history(found.info.run_id, "loss")] == expected == [1, 2, 3, 4, 5]
+
+
+@pytest.mark.timeout(600)  # a server of its own: its start is most of the time
+def test_a_tracker_server_that_dies_mid_run_is_one_warning_and_the_run_is_complete(cluster, tmp_path, monkeypatch) -> None:
+    server, uri = _start_server(tmp_path)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")  # MLflow's own retries would only delay the warning
+    store = open_store()
+    killed: list[int] = []
+
+    def kill_once_logging(row: dict) -> None:  # in the client's polling thread, while the ranks train on
+        if killed or row.get("kind") != "train":
+            return
+        run_id = store.list_runs(kind="train", limit=1)[0][0]["id"]
+        deadline = time.monotonic() + 120
+        while "mlflow" not in links(store, run_id) and time.monotonic() < deadline:
+            time.sleep(0.1)  # until the MLflow run exists: the server then dies mid-run
+        _stop_server(server)
+        killed.append(row["step"])
+
+    config = rd.TrainConfig(max_steps=40, batch_size=16, eval_every=10, allreduce="mpi", trackers="mlflow")
+    try:
+        with pytest.warns(RapydliWarning, match=r"not logged to 'mlflow'") as caught:
+            result = rd.train("rapydli.zoo.models:mlp", "rapydli.zoo.datasets:digits", config, cluster, callbacks=[kill_once_logging],
+                              progress=False, live=False)  # fmt: skip
+    finally:
+        _stop_server(server)
+    assert killed and len([w for w in caught if issubclass(w.category, RapydliWarning)]) == 1
+    assert store.get_run(result.run_id)["status"] == "finished"
+    assert [m["step"] for m in store.metrics(result.run_id) if m["name"] == "loss"] == list(range(1, 41))
+    assert "mlflow" in links(store, result.run_id)  # the MLflow run it had: `rapydli runs export` catches it up
