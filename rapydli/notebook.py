@@ -75,6 +75,7 @@ def train(
     loss_fn: Callable[..., Any] | None = None,
     optimizer_fn: Callable[..., Any] | None = None,
     metrics: Any = None,
+    trackers: Sequence[str] | str | None = None,
 ) -> RunResult:
     """Train ``model_fn()`` on ``data_fn()`` data-parallel on every engine of a cluster.
 
@@ -90,6 +91,9 @@ def train(
     with ``loss``/``logits``, or compute its loss from ``forward(inputs, targets)``;
     ``loss_fn(outputs, targets)`` covers anything else; ``optimizer_fn(model)`` builds the
     optimizer; ``metrics`` names what is measured on the validation set.
+
+    ``trackers=["mlflow", "tensorboard", "wandb"]`` also logs the run to those trackers, from
+    this process (never the ranks): :mod:`rapydli.experiments.trackers`.
 
     With ``restarts=N`` the run goes on by itself after engines die (restarted cluster,
     last checkpoint); ``min_workers=`` lets it go on with fewer engines when not all of
@@ -129,7 +133,7 @@ def train(
         bar = progress_bar if progress else False
         return run_training(
             model_fn, data_fn, config, cluster, callbacks=callbacks, progress=bar, name=name, restarts=restarts,
-            min_workers=min_workers, loss_fn=loss_fn, optimizer_fn=optimizer_fn, metrics=metrics,
+            min_workers=min_workers, loss_fn=loss_fn, optimizer_fn=optimizer_fn, metrics=metrics, trackers=trackers,
         )  # fmt: skip
     except RankFailure as failure:
         from rapydli.trainer.usercheck import same_mistake

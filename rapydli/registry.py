@@ -97,3 +97,51 @@ class Registry:
         self._loaded_entry_points = True
         for entry in metadata.entry_points(group=self.group or ""):
             self._factories.setdefault(entry.name, entry.value)
+
+
+#: The experiment trackers a run can be logged to (:mod:`rapydli.experiments.trackers`), open to
+#: the ``rapydli.trackers`` entry-point group. Named in this base module because
+#: ``TrainConfig.trackers`` and ``RAPYDLI_TRACKERS`` (below the experiments layer) are checked
+#: against it; naming a tracker imports nothing.
+TRACKERS = Registry(
+    "tracker",
+    {
+        "mlflow": "rapydli.experiments.trackers.mlflow:MlflowTracker",
+        "tensorboard": "rapydli.experiments.trackers.tensorboard:TensorBoardTracker",
+        "wandb": "rapydli.experiments.trackers.wandb:WandbTracker",
+    },
+    group="rapydli.trackers",
+)
+
+
+def tracker_names(value: object, where: str) -> tuple[str, ...]:
+    """The tracker names of ``value`` (a list, a comma-separated text, ``None`` or ``""``), checked.
+
+    ``where`` names the setting in the error (``"TrainConfig.trackers"``).
+
+    Examples
+    --------
+    >>> tracker_names("mlflow, tensorboard", "RAPYDLI_TRACKERS")
+    ('mlflow', 'tensorboard')
+    >>> tracker_names(["mlfow"], "TrainConfig.trackers")
+    Traceback (most recent call last):
+    ...
+    rapydli.errors.ConfigError: TrainConfig.trackers=['mlfow'] is invalid: 'mlfow' is not a tracker: allowed are 'mlflow', 'tensorboard', 'wandb'
+    """
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        items: list[object] = [part.strip() for part in value.split(",") if part.strip()]
+    elif isinstance(value, (list, tuple)):
+        items = list(value)
+    else:
+        raise ConfigError(f"{where}={value!r} is invalid: a list of tracker names or a comma-separated text")
+    names: list[str] = []
+    for item in items:
+        try:
+            name = TRACKERS.check(item) if isinstance(item, str) else TRACKERS.check(repr(item))
+        except ConfigError as exc:
+            raise ConfigError(f"{where}={value!r} is invalid: {exc}") from None
+        if name not in names:
+            names.append(name)
+    return tuple(names)

@@ -19,6 +19,10 @@ of being ignored.
 ``RAPYDLI_NOTEBOOK_DIR``       set by ``rapydli batch``: the notebook's own directory
 ``RAPYDLI_STORE_PATH``         the run store file of this process (default ``$RAPYDLI_HOME/runs.db``;
                                a batch item on another host writes its own, merged by the owner)
+``RAPYDLI_TRACKERS``           trackers every run of this process is also logged to, comma-separated
+                               (``mlflow,tensorboard``; added to ``TrainConfig.trackers``): for batches
+``RAPYDLI_TENSORBOARD_DIR``    where the ``tensorboard`` tracker writes event files (default
+                               ``$RAPYDLI_HOME/tensorboard``)
 =============================  ==========================================================
 """
 
@@ -31,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rapydli.errors import ConfigError
+from rapydli.registry import tracker_names
 
 HOME = "RAPYDLI_HOME"
 STORE = "RAPYDLI_STORE"
@@ -41,6 +46,8 @@ BATCH_ITEM = "RAPYDLI_BATCH_ITEM"
 PARENT_RUN = "RAPYDLI_PARENT_RUN"
 NOTEBOOK_DIR = "RAPYDLI_NOTEBOOK_DIR"
 STORE_PATH = "RAPYDLI_STORE_PATH"
+TRACKERS = "RAPYDLI_TRACKERS"
+TENSORBOARD_DIR = "RAPYDLI_TENSORBOARD_DIR"
 
 _TRUE = {"1", "on", "true", "yes"}
 _FALSE = {"0", "off", "false", "no"}
@@ -59,6 +66,8 @@ class Settings:
     parent_run: str | None
     notebook_dir: str | None
     store_path: Path | None
+    trackers: tuple[str, ...] = ()
+    tensorboard_dir: Path | None = None
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] = os.environ) -> Settings:
@@ -83,6 +92,8 @@ class Settings:
             parent_run=environ.get(PARENT_RUN) or None,
             notebook_dir=environ.get(NOTEBOOK_DIR) or None,
             store_path=Path(environ[STORE_PATH]).expanduser() if environ.get(STORE_PATH) else None,
+            trackers=tracker_names(environ.get(TRACKERS, ""), TRACKERS),
+            tensorboard_dir=Path(environ[TENSORBOARD_DIR]).expanduser() if environ.get(TENSORBOARD_DIR) else None,
         )
 
 

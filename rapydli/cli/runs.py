@@ -8,6 +8,7 @@ from typing import Any
 import click
 
 from rapydli.experiments.store.runstore import KINDS, STATUSES
+from rapydli.registry import TRACKERS
 
 
 def _store() -> Any:
@@ -78,6 +79,7 @@ def show(run_id: str, as_json: bool) -> None:
     Code defined in a notebook (a model class, a loss) is shown with its recorded source.
     """
     from rapydli.experiments.store.runview import iso_times
+    from rapydli.experiments.trackers.sync import links
 
     store = _store()
     run = store.get_run(store.resolve(run_id))
@@ -99,6 +101,8 @@ def show(run_id: str, as_json: bool) -> None:
     tags = store.tags(run["id"])
     if tags:
         click.echo("  tags        " + " ".join(tags))
+    for tracker, link in links(store, run["id"]).items():  # the run in MLflow, TensorBoard, W&B
+        click.echo(f"  {tracker:<11} {link.get('url') or link.get('logdir') or link.get('id')}")
     if run["note"]:
         click.echo("  note        " + run["note"].strip().replace("\n", "\n              "))
     click.echo("  versions    " + ", ".join(f"{k} {v}" for k, v in sorted(run["versions"].items()) if v))
@@ -115,7 +119,7 @@ def show(run_id: str, as_json: bool) -> None:
         click.echo("final metrics:")
         for key, value in sorted(final.items()):
             click.echo(f"  {key} = {value}")
-    others = {k: v["type"] for k, v in store.records(run["id"]).items() if v["type"] != "scalar"}
+    others = {k: v["type"] for k, v in store.records(run["id"]).items() if v["type"] != "scalar" and not k.startswith("tracker.")}
     if others:
         click.echo("records: " + ", ".join(f"{k} ({t})" for k, t in others.items()))
     if artifacts:
@@ -213,8 +217,10 @@ def repeat(run_id: str, out: str | None, parallel: int | None) -> None:
               help="jsonl: one run per line with metrics, records, artifacts; csv: one row per run, "
                    "params.* and final metrics as columns.")  # fmt: skip
 @click.option("--output", "-o", type=click.Path(dir_okay=False, writable=True), default="-", show_default=True)
-def export(run_ids: tuple[str, ...], kind: str | None, status: str | None, fmt: str, output: str) -> None:
-    """Export runs (all, filtered, or the given ids) as JSON Lines or CSV."""
+@click.option("--to", "tracker", type=click.Choice(TRACKERS.names()), default=None,
+              help="Log the runs to this experiment tracker instead (again: updates the same tracker runs).")  # fmt: skip
+def export(run_ids: tuple[str, ...], kind: str | None, status: str | None, fmt: str, output: str, tracker: str | None) -> None:
+    """Export runs (all, filtered, or the given ids) as JSON Lines or CSV, or --to a tracker (MLflow, TensorBoard, W&B)."""
     from rapydli.experiments.store.compare import flatten
     from rapydli.experiments.store.runview import iso_times
 
@@ -223,6 +229,12 @@ def export(run_ids: tuple[str, ...], kind: str | None, status: str | None, fmt: 
         runs_ = [store.get_run(store.resolve(r)) for r in run_ids]
     else:
         runs_, _ = store.list_runs(kind=kind, status=status)
+    if tracker is not None:
+        from rapydli.experiments.trackers.export import export_runs
+
+        for link in export_runs(store, [run["id"] for run in reversed(runs_)], tracker):  # oldest first: parents before children
+            click.echo(f"{link['run_id']} -> {tracker} {link.get('url') or link.get('logdir') or link.get('id')}")
+        return
     with click.open_file(output, "w") as stream:
         if fmt == "jsonl":
             for run in runs_:

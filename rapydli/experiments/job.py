@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from rapydli.errors import ConfigError, RankFailure
+from rapydli.experiments.trackers.follow import RunTrackers, follow
 from rapydli.parallel.layout import Layout
 from rapydli.trainer.config import TrainConfig
 from rapydli.trainer.task import engine_task
@@ -129,7 +130,8 @@ class TrainingJob:
             check_layout(spec.model_fn, config, spec.loss_fn)
         self.config = config
         self.targets = list(targets)
-        hosts = sorted({host for rank, host in cluster.status()["rank_hosts"].items() if rank in self.targets})
+        rank_hosts = cluster.status()["rank_hosts"]
+        hosts = sorted({host for rank, host in rank_hosts.items() if rank in self.targets})
         if config.allreduce == "shm" and len(hosts) > 1:
             raise ConfigError(
                 f"TrainConfig.allreduce='shm' needs every rank on one node; these ranks run on {', '.join(hosts)}: "
@@ -155,6 +157,7 @@ class TrainingJob:
         self.run_id: str | None = continues
         self.keep_open = keep_open
         self.start_step: int | None = None
+        self.trackers: RunTrackers | None = None
         if self.store is not None and continues is None:
             described = spec.params()
             params = {
@@ -168,10 +171,12 @@ class TrainingJob:
             run_name = name or spec.name
             self.run_id = self.store.create_run(kind, run_name, params, parent=parent, world_size=len(self.targets), seed=config.seed)
             self.store.add_record(self.run_id, "hosts", "json", hosts)  # where this run's ranks run
+            self.store.add_record(self.run_id, "rank_hosts", "json", [rank_hosts.get(t) for t in self.targets])  # by job rank
+        self.trackers = follow(self.store, self.run_id, config.trackers) if record else None  # the client logs to MLflow & co. from the store
         try:
             ready(cluster)  # started, waited for or restarted as part of the run (rd.train's own cluster too)
             self.job = cluster.submit(
-                engine_task, spec.model_fn, spec.data_fn, config.to_dict(), targets=self.targets, on_event=self._on_event, **spec.code
+                engine_task, spec.model_fn, spec.data_fn, {**config.to_dict(), "trackers": ""}, targets=self.targets, on_event=self._on_event, **spec.code
             )
         except KeyboardInterrupt:
             __tracebackhide__ = True  # noqa: F841 - IPython shows the user's cell, not ipyparallel's frames
@@ -293,6 +298,8 @@ class TrainingJob:
             if state != "failed" and self._stop_status is not None:
                 status = self._stop_status
             self.store.finish_run(self.run_id, status, error or ("stopped on request" if status == "interrupted" else None))
+        if self.trackers is not None:
+            self.trackers.close()
 
     # -- what it produced ---------------------------------------------------------------------
     @property

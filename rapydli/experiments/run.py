@@ -124,6 +124,7 @@ def run_training(
     loss_fn: Callable[..., Any] | None = None,
     optimizer_fn: Callable[..., Any] | None = None,
     metrics: Any = None,
+    trackers: Sequence[str] | str | None = None,
 ) -> RunResult:
     """Train ``model_fn()`` on ``data_fn()`` data-parallel on every engine of a cluster.
 
@@ -177,6 +178,10 @@ def run_training(
         (``None``: all of them). The run then continues on fewer ranks as
         ``config.on_resize`` says: ``"keep"`` the global batch (gradient accumulation) or
         ``"scale"`` the learning rate.
+    trackers
+        Experiment trackers the client also logs the run to (``["mlflow", "tensorboard",
+        "wandb"]``), added to ``config.trackers`` and ``RAPYDLI_TRACKERS``
+        (:mod:`rapydli.experiments.trackers`).
 
     Returns
     -------
@@ -206,6 +211,8 @@ def run_training(
     from rapydli.experiments.job import TrainingJob
 
     cfg = config if isinstance(config, TrainConfig) else TrainConfig.from_dict(dict(config))
+    if trackers:
+        cfg = cfg.replace(trackers=",".join(filter(None, [cfg.trackers, *([trackers] if isinstance(trackers, str) else trackers)])))
     spec = RunSpec.of(model_fn, data_fn, loss_fn, optimizer_fn, metrics)  # resolved and checked once, then passed whole
     for callback in callbacks:
         if not callable(callback):

@@ -30,7 +30,7 @@ from rapydli.data.kinds import LOADERS
 from rapydli.errors import ConfigError
 from rapydli.parallel.config import check_grid, check_pipeline, tensor_plan_text
 from rapydli.parallel.schedules import SCHEDULES as PIPELINE_SCHEDULES
-from rapydli.registry import Registry
+from rapydli.registry import Registry, tracker_names
 
 
 @dataclass(frozen=True)
@@ -164,10 +164,14 @@ class TrainConfig:
     tensor_plan: str | None = _spec(
         None, "how layers are split: None / 'auto' (the model's built-in plan), or {module glob: 'column' | 'row' | 'heads'} (dict or JSON)", optional=True
     )
+    trackers: str = _spec(
+        "", "experiment trackers the client also logs the run to, comma-separated ('mlflow,tensorboard'; a list works too; '' none)"
+    )
 
     def __post_init__(self) -> None:
         if isinstance(self.pipeline_split, list | tuple) and all(isinstance(n, str) for n in self.pipeline_split):
             self.pipeline_split = ",".join(self.pipeline_split)  # ["blocks.2", "blocks.4"] is "blocks.2,blocks.4"
+        self.trackers = ",".join(tracker_names(self.trackers, "TrainConfig.trackers"))  # checked against rapydli.registry.TRACKERS
         self.tensor_plan = tensor_plan_text(self.tensor_plan)  # a dict is kept as its JSON text (the run store and the CLI carry text)
         for spec in fields_spec():
             setattr(self, spec.name, _validated(spec, getattr(self, spec.name)))

@@ -238,10 +238,12 @@ class Sweep:
     def run(self) -> SweepResult:
         """Run every trial (``parallel`` at a time) and return the :class:`SweepResult`."""
         from rapydli.experiments.store.runstore import open_store
+        from rapydli.experiments.trackers.follow import follow
 
         store = open_store()
         if store is not None:
             self.run_id = store.create_run("sweep", self.name, self._params(), world_size=self._size, seed=self.seed)
+        trackers = follow(store, self.run_id, self.config.trackers)  # the parent of the trials' tracker runs
         from rapydli.cluster import choose_cluster
 
         self.cluster, self._own_cluster = choose_cluster(self.cluster, n=self._size, need=self.workers_per_trial * self.parallel)
@@ -268,6 +270,8 @@ class Sweep:
                     store.add_record(self.run_id, "best_trial", "scalar", result.best_trial)
                 store.add_record(self.run_id, "trials", "table", result.table.drop(columns=["error"]).to_dict("records"))
                 store.finish_run(self.run_id, status, error)
+            if trackers is not None:
+                trackers.close()
             if self.view is not None:
                 self.view.update(result.table, force=True)
         return result

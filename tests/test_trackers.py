@@ -1,0 +1,93 @@
+"""Trackers: choosing them (TrainConfig, RAPYDLI_TRACKERS, rd.train), and TensorBoard and W&B (offline) fed by real runs."""
+
+from __future__ import annotations
+
+import glob
+
+import pytest
+from trackers_files import tensorboard_scalars, wandb_config, wandb_history
+
+import rapydli as rd
+from rapydli.errors import ConfigError
+from rapydli.experiments.store.runstore import open_store
+from rapydli.experiments.trackers.sync import flat_params, links, metric_key
+from rapydli.registry import TRACKERS
+from rapydli.settings import settings
+from rapydli.trainer.config import fields_spec
+
+
+def test_trackers_are_chosen_by_registered_name_everywhere(monkeypatch: pytest.MonkeyPatch) -> None:
+    config = rd.TrainConfig(trackers=["mlflow", "tensorboard", "mlflow"])
+    assert config.trackers == "mlflow,tensorboard"
+    assert rd.TrainConfig.from_dict(config.to_dict()) == config
+    assert rd.TrainConfig(trackers="wandb, tensorboard").trackers == "wandb,tensorboard"
+    with pytest.raises(ConfigError, match=r"TrainConfig.trackers=\['mlfow'\] is invalid: 'mlfow' is not a tracker: allowed are 'mlflow', 'tensorb"):
+        rd.TrainConfig(trackers=["mlfow"])
+    monkeypatch.setenv("RAPYDLI_TRACKERS", "tensorboard,wandb")
+    assert settings().trackers == ("tensorboard", "wandb")
+    monkeypatch.setenv("RAPYDLI_TRACKERS", "neptune")
+    with pytest.raises(ConfigError, match="RAPYDLI_TRACKERS='neptune' is invalid: 'neptune' is not a tracker"):
+        settings()
+    TRACKERS.register("mine", "rapydli.experiments.trackers.tensorboard:TensorBoardTracker")
+    try:
+        assert rd.TrainConfig(trackers="mine").trackers == "mine"  # a registered tracker is selectable
+    finally:
+        TRACKERS.unregister("mine")
+    assert {spec.name: spec.type for spec in fields_spec()}["trackers"] == "str"
+
+
+def test_stored_names_become_tracker_keys_and_flat_params() -> None:
+    assert metric_key("step_time_s@rank3") == "system/rank3/step_time_s"
+    assert metric_key("val_loss") == "val_loss"
+    flat = flat_params({"config": {"lr": 0.1, "trackers": ""}, "targets": [0, 1], "sources": {"Net": "class Net: ..."}})
+    assert flat == {"config.lr": "0.1", "config.trackers": "", "targets": "[0, 1]"}
+
+
+@pytest.mark.engines
+def test_a_run_writes_tensorboard_events_and_an_offline_wandb_run_with_every_scalar(tmp_path, monkeypatch) -> None:
+    pytest.importorskip("tensorboard", reason="the tensorboard extra is not installed")
+    pytest.importorskip("wandb", reason="the wandb extra is not installed")
+    monkeypatch.setenv("RAPYDLI_TENSORBOARD_DIR", str(tmp_path / "tb"))
+    monkeypatch.setenv("WANDB_MODE", "offline")  # never the network
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("RAPYDLI_TRACKERS", "wandb")  # as a batch sets it: added to the config's
+    config = rd.TrainConfig(max_steps=10, batch_size=16, eval_every=5, allreduce="mpi", workers=2, trackers="tensorboard")
+    result = rd.train("rapydli.zoo.models:mlp", "rapydli.zoo.datasets:digits", config, progress=False, live=False)
+    store = open_store()
+    stored = store.metrics(result.run_id)
+    assert set(links(store, result.run_id)) == {"tensorboard", "wandb"}
+
+    scalars = tensorboard_scalars(links(store, result.run_id)["tensorboard"]["logdir"])
+    for name in ("loss", "val_loss", "step_time_s@rank1", "step_time_s"):
+        expected = sorted((m["step"], m["value"]) for m in stored if m["name"] == name)
+        got = sorted(scalars[metric_key(name)])
+        assert [s for s, _ in got] == [s for s, _ in expected], name
+        assert [v for _, v in got] == pytest.approx([v for _, v in expected], rel=1e-6), name
+    assert [s for s, _ in scalars["loss"]] == list(range(1, 11))
+
+    (run_file,) = glob.glob(str(tmp_path / "wandb" / f"offline-run-*-{result.run_id}" / f"run-{result.run_id}.wandb"))
+    history = wandb_history(run_file)
+    for name in ("loss", "val_loss", "step_time_s@rank1"):
+        expected = sorted((m["step"], m["value"]) for m in stored if m["name"] == name)
+        got = sorted((row["step"], row[metric_key(name)]) for row in history if metric_key(name) in row)
+        assert [s for s, _ in got] == [s for s, _ in expected], name
+        assert [v for _, v in got] == pytest.approx([v for _, v in expected]), name
+    assert wandb_config(run_file)["config.max_steps"] == "10"
+
+
+def test_exporting_a_recorded_run_to_tensorboard_twice_leaves_one_copy(tmp_path, monkeypatch, capsys) -> None:
+    pytest.importorskip("tensorboard", reason="the tensorboard extra is not installed")
+    from rapydli.cli import main as cli_main
+
+    monkeypatch.setenv("RAPYDLI_TENSORBOARD_DIR", str(tmp_path))
+    store = open_store()
+    run_id = store.create_run("train", "recorded", {"config": {"lr": 0.1}}, world_size=2)
+    store.log_metrics(run_id, [(step, "loss", 1.0 / step) for step in range(1, 6)] + [(step, "step_time_s@rank1", 0.01) for step in range(1, 6)])
+    store.finish_run(run_id)
+    for _ in range(2):
+        assert cli_main(["runs", "export", "--to", "tensorboard", run_id]) == 0
+    logdir = links(store, run_id)["tensorboard"]["logdir"]
+    assert capsys.readouterr().out.count(f"{run_id} -> tensorboard {logdir}") == 2
+    assert len(glob.glob(f"{logdir}/events.out.tfevents.*")) == 1
+    scalars = tensorboard_scalars(logdir)
+    assert [s for s, _ in scalars["loss"]] == [1, 2, 3, 4, 5] and [s for s, _ in scalars["system/rank1/step_time_s"]] == [1, 2, 3, 4, 5]

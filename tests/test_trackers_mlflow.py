@@ -1,0 +1,200 @@
+"""The ``mlflow`` tracker against a real ``mlflow server`` (SQLite backend) on 127.0.0.1, with real engines."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+import rapydli as rd
+from rapydli.cli import main as cli_main
+from rapydli.errors import RapydliWarning
+from rapydli.experiments.store.runstore import open_store
+from rapydli.experiments.trackers.sync import links
+
+mlflow = pytest.importorskip("mlflow", reason="the mlflow extra is not installed (pip install 'rapydli[mlflow]')")
+
+pytestmark = pytest.mark.engines
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _start_server(where: Path) -> tuple[subprocess.Popen, str]:
+    """A real MLflow tracking server with a SQLite backend on 127.0.0.1, in a process group of its own, once it answers."""
+    port = _free_port()
+    command = [str(Path(sys.executable).with_name("mlflow")), "server", "--backend-store-uri", f"sqlite:///{where}/mlflow.db",
+               "--artifacts-destination", str(where / "artifacts"), "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]  # fmt: skip
+    with open(where / "server.log", "wb") as log:
+        server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=where, start_new_session=True)
+    uri = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 300
+    while True:
+        try:
+            with urllib.request.urlopen(f"{uri}/health", timeout=2):
+                return server, uri
+        except OSError:
+            assert server.poll() is None, (where / "server.log").read_text()
+            assert time.monotonic() < deadline, "mlflow server did not answer in 300 s:\n" + (where / "server.log").read_text()
+            time.sleep(0.5)
+
+
+def _stop_server(server: subprocess.Popen) -> None:
+    """Stop the server's process group (the mlflow command and its uvicorn worker)."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(server.pid, sig)
+        except ProcessLookupError:
+            break
+        try:
+            server.wait(10)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+    server.wait()
+
+
+@pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory: pytest.TempPathFactory):
+    server, uri = _start_server(tmp_path_factory.mktemp("mlflow"))
+    yield uri
+    _stop_server(server)
+
+
+@pytest.fixture
+def tracking(mlflow_server: str, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server)
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "rapydli-tests")
+    return mlflow.MlflowClient(mlflow_server)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with rd.Cluster(n=2) as started:
+        yield started
+
+
+def _mlflow_runs(client, run_id: str) -> list:
+    experiment = client.get_experiment_by_name("rapydli-tests")
+    return client.search_runs([experiment.experiment_id], filter_string=f"tags.`rapydli.run_id` = '{run_id}'")
+
+
+def test_a_run_on_two_ranks_is_one_mlflow_run_with_every_metric_at_every_step(cluster, tracking, capsys) -> None:
+    config = rd.TrainConfig(max_steps=12, batch_size=16, eval_every=4, lr=0.05, allreduce="mpi")
+    result = rd.train("rapydli.zoo.models:mlp", "rapydli.zoo.datasets:digits", config, cluster, trackers=["mlflow"], progress=False, live=False)
+    store = open_store()
+    (found,) = _mlflow_runs(tracking, result.run_id)  # one tracker run per RaPyDLI run, not one per rank
+    assert links(store, result.run_id)["mlflow"]["id"] == found.info.run_id
+    assert found.info.status == "FINISHED"
+    assert found.data.params["config.lr"] == "0.05" and found.data.params["config.max_steps"] == "12"
+    assert found.data.tags["rapydli.kind"] == "train" and found.data.tags["rapydli.rank1.host"] == socket.gethostname()
+    stored = store.metrics(result.run_id)
+    for name, key in (("loss", "loss"), ("val_loss", "val_loss"), ("step_time_s@rank1", "system/rank1/step_time_s")):
+        expected = [(m["step"], m["value"]) for m in stored if m["name"] == name]
+        got = sorted((m.step, m.value) for m in tracking.get_metric_history(found.info.run_id, key))
+        assert expected and got == sorted(expected), name
+    assert [m.step for m in tracking.get_metric_history(found.info.run_id, "loss")] == list(range(1, 13))
+    artifacts = {a.path for a in tracking.list_artifacts(found.info.run_id, "figures")}
+    assert artifacts == {"figures/loss.html"}
+    capsys.readouterr()
+    assert cli_main(["runs", "show", result.run_id]) == 0
+    assert links(store, result.run_id)["mlflow"]["url"] in capsys.readouterr().out
+
+
+def test_an_unreachable_tracker_is_reported_once_and_the_run_is_complete(cluster, monkeypatch) -> None:
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{_free_port()}")  # nothing listens there
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    config = rd.TrainConfig(max_steps=6, batch_size=16, allreduce="mpi", trackers="mlflow")
+    with pytest.warns(RapydliWarning, match=r"not logged to 'mlflow': .*rapydli runs export --to mlflow") as caught:
+        result = rd.train("rapydli.zoo.models:mlp", "rapydli.zoo.datasets:digits", config, cluster, progress=False, live=False)
+    assert len([w for w in caught if issubclass(w.category, RapydliWarning)]) == 1
+    store = open_store()
+    assert store.get_run(result.run_id)["status"] == "finished"
+    assert [m["step"] for m in store.metrics(result.run_id) if m["name"] == "loss"] == list(range(1, 7))
+    assert "mlflow" not in links(store, result.run_id)
+
+
+def test_a_tracker_that_is_not_installed_is_reported_before_the_run_trains(cluster, monkeypatch) -> None:
+    from rapydli.experiments.trackers.mlflow import MlflowTracker
+
+    monkeypatch.setattr(MlflowTracker, "module", "mlflow_not_installed_here")
+    with pytest.warns(RapydliWarning, match=r"needs the mlflow_not_installed_here package.*pip install 'rapydli\[mlflow\]'"):
+        result = rd.train("rapydli.zoo.models:mlp", "rapydli.zoo.datasets:digits", rd.TrainConfig(max_steps=2, allreduce="mpi"), cluster,
+                          trackers="mlflow", progress=False, live=False)  # fmt: skip
+    assert open_store().get_run(result.run_id)["status"] == "finished"
+
+
+def test_a_sweep_is_a_parent_mlflow_run_with_one_nested_run_per_two_rank_trial(cluster, tracking) -> None:
+    config = rd.TrainConfig(max_steps=4, batch_size=16, eval_every=2, allreduce="mpi", trackers="mlflow")
+    result = rd.sweep("rapydli.zoo.models:mlp", "rapydli.zoo.datasets:digits", config, {"lr": rd.loguniform(1e-3, 1e-1)}, trials=4,
+                      workers_per_trial=2, pruner="none", cluster=cluster, live=False)  # fmt: skip
+    store = open_store()
+    (sweep_run,) = store.list_runs(kind="sweep", limit=1)[0]  # this sweep: the newest
+    (parent,) = _mlflow_runs(tracking, sweep_run["id"])
+    assert parent.info.status == "FINISHED" and parent.data.tags["rapydli.kind"] == "sweep"
+    trials, _ = store.list_runs(parent=sweep_run["id"])
+    assert len(trials) == 4 == len(result.table)
+    experiment = tracking.get_experiment_by_name("rapydli-tests")
+    nested = tracking.search_runs([experiment.experiment_id], filter_string=f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'")
+    assert sorted(r.data.tags["rapydli.run_id"] for r in nested) == sorted(t["id"] for t in trials)
+    for run in nested:
+        stored = [m["step"] for m in store.metrics(run.data.tags["rapydli.run_id"]) if m["name"] == "loss"]
+        assert [m.step for m in tracking.get_metric_history(run.info.run_id, "loss")] == stored == [1, 2, 3, 4]
+        assert run.info.status == "FINISHED" and float(run.data.params["config.lr"]) > 0
+
+
+def test_exporting_a_recorded_run_twice_updates_one_mlflow_run(cluster, tracking, capsys) -> None:
+    config = rd.TrainConfig(max_steps=5, batch_size=16, allreduce="mpi")
+    result = rd.train("rapydli.zoo.models:mlp", "rapydli.zoo.datasets:digits", config, cluster, progress=False, live=False)
+    store = open_store()
+    assert _mlflow_runs(tracking, result.run_id) == []  # not logged live
+    outputs = []
+    for _ in range(2):
+        assert cli_main(["runs", "export", "--to", "mlflow", result.run_id]) == 0
+        outputs.append(capsys.readouterr().out)
+    (found,) = _mlflow_runs(tracking, result.run_id)
+    assert outputs[0] == outputs[1] and found.info.run_id in outputs[0]
+    assert found.info.status == "FINISHED"
+    expected = [m["step"] for m in store.metrics(result.run_id) if m["name"] == "loss"]
+    assert [m.step for m in tracking.get_metric_history(found.info.run_id, "loss")] == expected == [1, 2, 3, 4, 5]
+
+
+@pytest.mark.timeout(600)  # a server of its own: its start is most of the time
+def test_a_tracker_server_that_dies_mid_run_is_one_warning_and_the_run_is_complete(cluster, tmp_path, monkeypatch) -> None:
+    server, uri = _start_server(tmp_path)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")  # MLflow's own retries would only delay the warning
+    store = open_store()
+    killed: list[int] = []
+
+    def kill_once_logging(row: dict) -> None:  # in the client's polling thread, while the ranks train on
+        if killed or row.get("kind") != "train":
+            return
+        run_id = store.list_runs(kind="train", limit=1)[0][0]["id"]
+        deadline = time.monotonic() + 120
+        while "mlflow" not in links(store, run_id) and time.monotonic() < deadline:
+            time.sleep(0.1)  # until the MLflow run exists: the server then dies mid-run
+        _stop_server(server)
+        killed.append(row["step"])
+
+    config = rd.TrainConfig(max_steps=40, batch_size=16, eval_every=10, allreduce="mpi", trackers="mlflow")
+    try:
+        with pytest.warns(RapydliWarning, match=r"not logged to 'mlflow'") as caught:
+            result = rd.train("rapydli.zoo.models:mlp", "rapydli.zoo.datasets:digits", config, cluster, callbacks=[kill_once_logging],
+                              progress=False, live=False)  # fmt: skip
+    finally:
+        _stop_server(server)
+    assert killed and len([w for w in caught if issubclass(w.category, RapydliWarning)]) == 1
+    assert store.get_run(result.run_id)["status"] == "finished"
+    assert [m["step"] for m in store.metrics(result.run_id) if m["name"] == "loss"] == list(range(1, 41))
+    assert "mlflow" in links(store, result.run_id)  # the MLflow run it had: `rapydli runs export` catches it up

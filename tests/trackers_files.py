@@ -1,0 +1,73 @@
+"""Reading what trackers wrote, with their own code: TensorBoard's event reader and W&B's record protobufs."""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+from typing import Any
+
+_BLOCK = 32768  # W&B's .wandb file is a LevelDB log of Record protobufs, after a 7-byte header
+_HEADER = 7
+
+
+def tensorboard_scalars(logdir: str | Path) -> dict[str, list[tuple[int, float]]]:
+    """Every scalar in ``logdir``'s event files, by tag, as ``(step, value)``, read with TensorBoard's EventAccumulator."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(logdir), size_guidance={"scalars": 0, "tensors": 0})
+    acc.Reload()
+    scalars = {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+    for tag in acc.Tags().get("tensors", []):  # torch's SummaryWriter may write scalars as tensors
+        if tag not in scalars and not tag.endswith("/text_summary"):
+            from tensorboard.util import tensor_util
+
+            values = [(e.step, float(tensor_util.make_ndarray(e.tensor_proto))) for e in acc.Tensors(tag) if e.tensor_proto.dtype != 7]
+            if values:
+                scalars[tag] = values
+    return scalars
+
+
+def wandb_records(path: str | Path) -> list[Any]:
+    """The ``Record`` protobufs of a W&B run file (``run-<id>.wandb``), decoded with W&B's own message classes."""
+    from wandb.proto import wandb_internal_pb2
+
+    data = Path(path).read_bytes()
+    assert data[:4] == b":W&B", f"{path} is not a W&B run file"
+    pos, chunks, pending = _HEADER, [], b""
+    while pos + _HEADER <= len(data):
+        left = _BLOCK - pos % _BLOCK
+        if left < _HEADER:  # a block's tail too short for a header is padding
+            pos += left
+            continue
+        _crc, length, kind = struct.unpack("<IHB", data[pos : pos + _HEADER])
+        chunk = data[pos + _HEADER : pos + _HEADER + length]
+        pos += _HEADER + length
+        if kind == 1:
+            chunks.append(chunk)
+        elif kind == 2:
+            pending = chunk
+        elif kind == 3:
+            pending += chunk
+        elif kind == 4:
+            chunks.append(pending + chunk)
+    return [wandb_internal_pb2.Record.FromString(chunk) for chunk in chunks]
+
+
+def wandb_history(path: str | Path) -> list[dict[str, Any]]:
+    """The history rows (``run.log`` calls) of a W&B run file, values decoded."""
+    rows = []
+    for record in wandb_records(path):
+        if record.WhichOneof("record_type") == "history":
+            rows.append({item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item})
+    return rows
+
+
+def wandb_config(path: str | Path) -> dict[str, Any]:
+    """The run's config (parameters) as the W&B run file holds it."""
+    config: dict[str, Any] = {}
+    for record in wandb_records(path):
+        if record.WhichOneof("record_type") == "config":
+            for item in record.config.update:
+                config[item.key or "/".join(item.nested_key)] = json.loads(item.value_json)
+    return config
