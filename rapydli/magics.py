@@ -1,4 +1,4 @@
-"""IPython magics: ``%rapydli start|stop|status|restart`` and ``%%distributed``.
+"""IPython magics: ``%rapydli start|stop|status|restart|where`` and ``%%distributed``.
 
 ``%load_ext rapydli`` registers them. They are thin: parsing and display here, clusters
 and failure handling in :mod:`rapydli.cluster`.
@@ -133,14 +133,19 @@ class RapydliMagics(Magics):
 
     @line_magic
     @magic_arguments()
-    @argument("action", choices=["start", "stop", "status", "restart"], help="what to do with the cluster")
+    @argument("action", choices=["start", "stop", "status", "restart", "where"], help="what to do with the cluster")
     @argument("-n", type=int, default=None, help="number of engines (MPI ranks) for start")
     @argument("--launcher", default="local", help=f"how the engines start: {', '.join(LAUNCHERS)}")
     @argument("--timeout", type=float, default=None, help="seconds to wait for the engines (a queued job is cancelled)")
     @argument("--no-wait", action="store_true", help="return once submitted; %%distributed waits for the engines")
+    @argument("--all-threads", action="store_true", help="where: every thread of every rank, not only the task's")
     @argument("options", nargs="*", help="launcher options as key=value")
     def rapydli(self, line: str) -> Any:
-        """Manage the notebook's MPI cluster: ``%rapydli start [-n N] [--launcher L] [--timeout S] [--no-wait] [key=value ...]``."""
+        """Manage the notebook's MPI cluster: ``%rapydli start [-n N] [--launcher L] [--timeout S] [--no-wait] [key=value ...]``.
+
+        ``%rapydli where [--all-threads]`` prints the Python stack of every rank, grouped
+        where ranks agree (:meth:`Cluster.where`), also while they are blocked in MPI.
+        """
         args = _parse(self.rapydli, line)
         if args.n is not None and args.n < 1:
             raise UsageError(f"-n {args.n} is invalid: must be >= 1")
@@ -161,6 +166,9 @@ class RapydliMagics(Magics):
             cluster.stop()
             self._cluster = None
             print("[rapydli] cluster stopped")
+            return None
+        if args.action == "where":
+            print(cluster.where().text(all_threads=args.all_threads))
             return None
         if args.action == "restart":
             print(f"[rapydli] restarting {cluster.n} engines ...", flush=True)

@@ -9,13 +9,15 @@ cluster through ``Cluster.abort`` when a job must.
 from __future__ import annotations
 
 import functools
+import struct
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from rapydli.cluster import engine
+from rapydli.cluster import engine, trace
 from rapydli.cluster.job import FOLLOW_S, DisplayHandler, EventHandler, Job, OutputHandler, print_output
 from rapydli.cluster.targets import parse_targets
 from rapydli.cluster.usercode import notebook_cells
+from rapydli.cluster.where import WHERE_SIGNAL, WITHIN_S, Where, collect, read_local, read_ssh
 from rapydli.errors import ClusterError, ConfigError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -123,8 +125,55 @@ class ClusterTasks:
         """
         __tracebackhide__ = True  # noqa: F841 - IPython shows the user's cell, not these frames
         ranks = parse_targets(targets, self.n)
+        self._cell_lines = code.splitlines()  # shown by where() for "<distributed cell>" frames
         results = self._submit(ranks, lambda rank: (engine.run_cell, code, ranks, gather or rank == ranks[0]))
         return self._job(results, timeout=timeout, on_output=on_output, on_display=on_display).wait()
+
+    def where(self, targets: Sequence[int] | str | None = None, within: float = WITHIN_S) -> Where:
+        """The Python stack of every thread of the ``targets`` ranks (default all), and their collective traces.
+
+        Asked from outside the engines (a signal to each engine process, whose handler
+        writes the stacks to a file), so ranks blocked in MPI, in C code or in a long cell
+        answer too, within ``within`` seconds. ``str()`` of the result groups the ranks
+        that stand on the same line of their task; a rank that did not answer says so.
+
+        Examples
+        --------
+        >>> print(cluster.where())  # doctest: +SKIP
+        rank 0: comm.Barrier()  <module> (<distributed cell>:4)
+        rank 1: time.sleep(30)  <module> (<distributed cell>:3)
+        """
+        self._require_running()
+        ranks = parse_targets(targets, self.n)
+        infos = {rank: self._info[rank] for rank in ranks if "stacks_file" in self._info.get(rank, {})}
+        read = read_ssh(self.options.get("ssh_command", "ssh")) if self.launcher.name == "ssh" else read_local
+        stacks = collect(infos, self._signal_where, read, within)
+        traces = {}
+        for rank, info in infos.items():
+            try:
+                traces[rank] = trace.read(read(info["host"], info["trace_file"], 0))
+            except (ValueError, struct.error):  # no file there (yet), or one cut short
+                pass
+        return Where(stacks, traces, {"<distributed cell>": getattr(self, "_cell_lines", [])})
+
+    def _signal_where(self, ranks: Sequence[int]) -> None:
+        """Deliver the stack-dump signal: straight to local engine processes, through the engines' nannies elsewhere."""
+        import os
+        import socket
+
+        local = socket.gethostname()
+        remote = []
+        for rank in ranks:
+            info = self._info[rank]
+            if info["host"] == local:
+                try:
+                    os.kill(info["pid"], WHERE_SIGNAL)
+                except ProcessLookupError:
+                    pass
+            else:
+                remote.append(rank)
+        if remote:
+            self._signal(WHERE_SIGNAL.name, remote)
 
     def _checked(self, ranks: list[int]) -> list[int]:
         self._require_running()
