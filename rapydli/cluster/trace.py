@@ -39,12 +39,12 @@ from typing import Any
 MAGIC = b"RDTRACE1"
 CAPACITY = 256
 _HEADER = struct.Struct("<8sIiQd")  # magic, capacity, rank, count (records begun), last activity (wall time)
-_RECORD = struct.Struct("<Q12s24sQ8sidd")  # seq, kind, group, bytes, dtype, peer, start, end
-_COUNT_AT = 16  # byte offset of ``count`` in the header
+_RECORD = struct.Struct("<Q16s24sQ8sidd")  # seq, kind, group, bytes, dtype, peer, start, end
+_TAIL_AT = 16  # byte offset of ``count`` and the last activity time in the header
+_TAIL = struct.Struct("<Qd")
 _ACTIVE_AT = 24  # byte offset of the last activity time
 _END_AT = _RECORD.size - 8  # byte offset of ``end`` in a record
 _SIZE = _HEADER.size + CAPACITY * _RECORD.size
-_COUNT = struct.Struct("<Q")
 _TIME = struct.Struct("<d")
 
 
@@ -123,20 +123,25 @@ class _Recorder:
         _HEADER.pack_into(self.map, 0, MAGIC, CAPACITY, rank, 0, 0.0)
         self.count = 0
         self.seqs: dict[str, int] = {}
+        self.names: dict[str, bytes] = {}  # kinds, groups, dtypes as stored
         self.lock = threading.Lock()
 
-    def begin(self, kind: str, group: str, nbytes: int, dtype: str, peer: int) -> int:
+    def begin(self, kind: str, group: str, nbytes: int, dtype: str, peer: int, channel: str) -> int:
+        names = self.names
+        kind_b, group_b, dtype_b = names.get(kind) or self._name(kind), names.get(group) or self._name(group), names.get(dtype) or self._name(dtype)
         now = time.time()
         with self.lock:
             index = self.count
-            seq = self.seqs.get(group, 0)
-            self.seqs[group] = seq + 1
-            _RECORD.pack_into(self.map, _HEADER.size + (index % CAPACITY) * _RECORD.size,
-                              seq, kind.encode()[:12], group.encode()[:24], nbytes, dtype.encode()[:8], peer, now, 0.0)  # fmt: skip
             self.count = index + 1
-            _COUNT.pack_into(self.map, _COUNT_AT, self.count)  # after the record: a reader never sees it half-written
-            _TIME.pack_into(self.map, _ACTIVE_AT, now)
+            seq = self.seqs.get(channel, 0)
+            self.seqs[channel] = seq + 1
+            _RECORD.pack_into(self.map, _HEADER.size + (index % CAPACITY) * _RECORD.size, seq, kind_b, group_b, nbytes, dtype_b, peer, now, 0.0)
+            _TAIL.pack_into(self.map, _TAIL_AT, index + 1, now)  # after the record: a reader never sees it half-written
         return index
+
+    def _name(self, text: str) -> bytes:
+        self.names[text] = encoded = text.encode()[:24]
+        return encoded
 
     def end(self, index: int) -> None:
         now = time.time()
@@ -162,11 +167,21 @@ def open_trace(directory: str | os.PathLike[str], rank: int) -> str:
     return str(_recorder[0].path)
 
 
-def begin(kind: str, group: str, nbytes: int = 0, dtype: str = "", peer: int = -1) -> int:
-    """Record that an operation starts; returns the token :func:`end` takes (-1 when not recording)."""
+def begin(kind: str, group: str, nbytes: int = 0, dtype: str = "", peer: int = -1, channel: str = "") -> int:
+    """Record that an operation starts; returns the token :func:`end` takes (-1 when not recording).
+
+    Operations are numbered per ``channel`` (default: the group): collectives count per
+    group, and a point-to-point operation passes its own channel (:func:`p2p_channel`),
+    so the n-th send from rank a to rank b has the number of b's n-th receive from a.
+    """
     if not _recorder:
         return -1
-    return _recorder[0].begin(kind, group, nbytes, dtype, peer)
+    return _recorder[0].begin(kind, group, nbytes, dtype, peer, channel or group)
+
+
+def p2p_channel(group: str, source: int, dest: int) -> str:
+    """The numbering channel of messages from ``source`` to ``dest`` (ranks within ``group``)."""
+    return f"{group}:{source}>{dest}"
 
 
 def end(token: int) -> None:
@@ -180,8 +195,19 @@ def recording() -> bool:
     return bool(_recorder)
 
 
+_labels: dict[tuple[int, int], str] = {}
+
+
 def group_label(mpi_comm: Any) -> str:
     """A name for ``mpi_comm``'s group that every member computes alike: ``world`` or ``ranks 0,2``."""
+    key = (mpi_comm.py2f(), mpi_comm.Get_size())
+    label = _labels.get(key)
+    if label is None:
+        label = _labels[key] = _label(mpi_comm)
+    return label
+
+
+def _label(mpi_comm: Any) -> str:
     from mpi4py import MPI
 
     world = MPI.COMM_WORLD
