@@ -59,12 +59,12 @@ def test_where_names_a_rank_in_a_barrier_and_a_sleeping_rank(cluster, tmp_path):
         def both_in_place():
             where = cluster.where()
             text = str(where)
-            return where if "comm.Barrier()" in text and "time.sleep(0.05)" in text else None
+            return where if "comm.Barrier()" in text and "time.sleep(0.05)" in text else None  # both in place
 
         where = _wait_for(both_in_place)
         text = str(where)
-        assert "ranks 0, 2: comm.Barrier()  <module> (<distributed cell>:5)" in text
-        assert "rank 1: time.sleep(0.05)  <module> (<distributed cell>:4)" in text
+        assert "ranks 0, 2: <module> (<distributed cell>:5): comm.Barrier()" in text
+        assert "rank 1: <module> (<distributed cell>:4): time.sleep(0.05)" in text
         assert "rank 0 thread" in where.text(all_threads=True)  # the engines' other threads, on request
     finally:
         flag.touch()
@@ -82,9 +82,9 @@ def test_magic_where_prints_the_grouped_stacks(cluster, ipython_shell, tmp_path)
         def grouped():
             with capture_output() as captured:
                 shell.run_line_magic("rapydli", "where")  # the cluster running in this kernel
-            return captured.stdout if "ranks 0, 2: comm.Barrier()" in captured.stdout else None
+            return captured.stdout if "ranks 0, 2: <module> (<distributed cell>:5): comm.Barrier()" in captured.stdout else None
 
-        assert "rank 1: time.sleep(0.05)" in _wait_for(grouped)
+        assert "rank 1: <module> (<distributed cell>:4): time.sleep(0.05)" in _wait_for(grouped)
     finally:
         flag.touch()
         thread.join(60)
@@ -105,6 +105,6 @@ def test_parse_reads_a_faulthandler_dump_and_groups_ranks():
     where = Where({r: RankStacks(r, "h", threads) for r in (0, 1, 2, 4)}, sources={"<distributed cell>": ["a", "comm.Barrier()"]})
     where.ranks[3] = RankStacks(3, "h", [ThreadStack("0x1", (), False)])
     assert where.text().splitlines() == [
-        "ranks 0-2, 4: comm.Barrier()  <module> (<distributed cell>:2)",
+        "ranks 0-2, 4: <module> (<distributed cell>:2): comm.Barrier()",
         "rank 3: idle (no task running)",
     ]

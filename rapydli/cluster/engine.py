@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rapydli.cluster import events, where
+from rapydli.cluster import events, trace, where
 from rapydli.cluster.usercode import pickle_classes_by_value, register_cells
 
 __all__ = ["pickle_classes_by_value"]  # shipped to engines from here by Cluster._configure_engines
@@ -190,6 +190,7 @@ def _enter(targets: Sequence[int], stream_events: bool) -> RankContext:
         world_rank=MPI.COMM_WORLD.Get_rank(),
     )
     _current.append(ctx)
+    trace.new_task()
     events.enable(stream_events)
     signal.signal(STOP_SIGNAL, _on_stop_signal)
     return ctx

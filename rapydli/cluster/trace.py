@@ -190,6 +190,13 @@ def end(token: int) -> None:
         _recorder[0].end(token)
 
 
+def new_task() -> None:
+    """Number operations from 0 again: each task's n-th collective on a group is ``#n`` on every rank."""
+    if _recorder:
+        with _recorder[0].lock:
+            _recorder[0].seqs.clear()
+
+
 def recording() -> bool:
     """True when this process records its operations (an engine of a RaPyDLI cluster)."""
     return bool(_recorder)

@@ -80,8 +80,14 @@ class ThreadStack:
     task: bool
 
     def shown(self) -> tuple[Frame, ...]:
-        """The frames worth showing: the machinery around the task left out."""
-        return tuple(f for f in self.frames if not any(m in f.file for m in _MACHINERY))
+        """The frames worth showing: those of the task (innermost first), the machinery around it left out."""
+        shown = []
+        for frame in self.frames:
+            if _TASK.search(frame.file) and frame.function in ("run_task", "run_cell"):
+                break  # the task's own frames end here; the engine's follow
+            if not any(m in frame.file for m in _MACHINERY):
+                shown.append(frame)
+        return tuple(shown)
 
 
 @dataclass
@@ -119,7 +125,7 @@ class Where:
         lines = []
         for ranks in groups.values():
             stacks = self.ranks[ranks[0]]
-            lines.append(f"{_ranks(ranks)}: {self._describe(stacks)}")
+            lines.append(f"{format_ranks(ranks)}: {self._describe(stacks)}")
             waiting = {r: self.traces[r].waiting for r in ranks if r in self.traces}
             waits = {w.describe() for w in waiting.values() if w is not None}
             if len(waits) == 1:
@@ -131,6 +137,11 @@ class Where:
                         chain = " <- ".join(f.where() for f in thread.frames[:8]) or "(no Python frame)"
                         lines.append(f"  rank {rank} thread {thread.ident}: {chain}")
         return "\n".join(lines)
+
+    def describe(self, rank: int) -> str:
+        """Where ``rank``'s task stands: its source line and call chain (as in :meth:`text`)."""
+        stacks = self.ranks.get(rank)
+        return self._describe(stacks) if stacks is not None else "not asked"
 
     def __str__(self) -> str:
         return self.text()
@@ -153,9 +164,15 @@ class Where:
         frames = task.shown()
         if not frames:
             return "in the engine, outside the task"
-        code = self._source(frames[0])
-        chain = " <- ".join(f.where() for f in frames[:8]) + (" <- ..." if len(frames) > 8 else "")
-        return f"{code + '  ' if code else ''}{'in ' if not code else ''}{chain}"
+        # library frames by their public names, innermost first, down to the user's frame and its line
+        user = next((f for f in frames if not _library(f.file)), frames[-1])
+        names: list[str] = []
+        for frame in frames[: frames.index(user)]:
+            if not frame.function.startswith(("_", "<")) and (not names or names[-1] != frame.function):
+                names.append(frame.function)
+        code = self._source(user)
+        chain = f"in {' <- '.join(names)} <- " if names else ""
+        return f"{chain}{user.where()}{': ' + code if code else ''}"
 
     def _source(self, frame: Frame) -> str:
         lines = self.sources.get(frame.file)
@@ -254,6 +271,11 @@ def _length(read: Reader, info: dict[str, Any]) -> int:
     return len(read(info["host"], info["stacks_file"], 0))
 
 
+def _library(path: str) -> bool:
+    """True for a file of RaPyDLI, an installed package or Python itself (not the user's code)."""
+    return any(m in path for m in ("/rapydli/", "/site-packages/", "/dist-packages/", "/lib/python3", "<frozen"))
+
+
 def _short(path: str) -> str:
     """``rapydli/comm/x.py`` for a file of a package, the name alone for other long paths."""
     for marker in ("/site-packages/", "/dist-packages/"):
@@ -261,10 +283,10 @@ def _short(path: str) -> str:
             return path.split(marker, 1)[1]
     if "/rapydli/" in path:
         return "rapydli/" + path.rsplit("/rapydli/", 1)[1]
-    return path if path.startswith("<") or len(path) < 40 else os.path.basename(path)
+    return path if path.startswith("<") else os.path.basename(path)
 
 
-def _ranks(ranks: Iterable[int]) -> str:
+def format_ranks(ranks: Iterable[int]) -> str:
     """``rank 3`` or ``ranks 0-2, 5``."""
     ordered = sorted(ranks)
     runs: list[list[int]] = []
