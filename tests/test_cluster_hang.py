@@ -56,3 +56,28 @@ def test_bad_hang_options_are_refused_before_anything_runs(cluster):
     with pytest.raises(ConfigError, match="hang_timeout_s=0 is invalid"):
         cluster.run(hang_cases.late, "/", hang_timeout_s=0)
     assert not threading.active_count() == 0
+
+
+SKIPPED_CELL = """\
+import torch
+from rapydli.comm import Communicator
+c = Communicator(comm, algorithm="mpi")
+if rank == 0:
+    c.barrier()
+c.allreduce_(torch.ones(2, dtype=torch.float64))
+"""
+
+
+def test_distributed_cell_with_a_collective_inside_an_if_is_diagnosed(cluster, ipython_shell):
+    from IPython.utils.capture import capture_output
+
+    ready(cluster)
+    with capture_output() as captured, pytest.raises(RankFailure) as failure:
+        ipython_shell.run_cell_magic("distributed", "--hang-timeout 3 --on-hang abort", SKIPPED_CELL)
+    message = str(failure.value)
+    assert "mismatched collectives on world: rank 0 is in barrier #0 on world; rank 1 is in allreduce #0 on world, 16 B float64" in message
+    assert "rank 0: in barrier <- <module> (<distributed cell>:5): c.barrier()" in message
+    assert "rank 1: in allreduce_ <- <module> (<distributed cell>:6): c.allreduce_(torch.ones(2, dtype=torch.float64))" in message
+    assert "[rapydli] aborting the task (on_hang='abort')" in captured.stderr
+    with pytest.raises(Exception, match="--hang-timeout -1 is invalid"):
+        ipython_shell.run_cell_magic("distributed", "--hang-timeout -1", "1")

@@ -85,7 +85,8 @@ class Record:
     def describe(self) -> str:
         """``allreduce #57 on world, 4 MiB float32`` (and the peer of a send/receive)."""
         peer = f" {'to' if self.kind == 'send' else 'from'} rank {self.peer}" if self.peer >= 0 else ""
-        return f"{self.kind} #{self.seq} on {self.group}{peer}, {_size(self.nbytes)} {self.dtype}".rstrip()
+        size = f"{_size(self.nbytes)} {self.dtype}".strip()
+        return f"{self.kind} #{self.seq} on {self.group}{peer}" + (f", {size}" if size else "")
 
 
 @dataclass(frozen=True)
