@@ -30,3 +30,11 @@ def late(flag: str) -> int:
             time.sleep(0.05)
     comm.allreduce_(torch.ones(4))
     return context().rank
+
+
+def receive_both() -> None:
+    """Each of 2 pipeline stages waits for the other's activation: a send/receive deadlock."""
+    from rapydli.parallel import wire
+
+    ctx = context()
+    wire.recv(ctx.comm, 1 - ctx.rank, "activation", 0, torch.device("cpu"))

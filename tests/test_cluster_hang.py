@@ -81,3 +81,14 @@ def test_distributed_cell_with_a_collective_inside_an_if_is_diagnosed(cluster, i
     assert "[rapydli] aborting the task (on_hang='abort')" in captured.stderr
     with pytest.raises(Exception, match="--hang-timeout -1 is invalid"):
         ipython_shell.run_cell_magic("distributed", "--hang-timeout -1", "1")
+
+
+def test_a_send_receive_deadlock_is_named(cluster):
+    ready(cluster)
+    with pytest.raises(RankFailure) as failure:
+        cluster.run(hang_cases.receive_both, hang_timeout_s=3, on_hang="abort", on_output=None)
+    assert (
+        "deadlocked send/receive pair: rank 0 waits to receive from rank 1 (recv #0 on world from rank 1), "
+        "and rank 1 waits to receive from rank 0 (recv #0 on world from rank 0)"
+    ) in str(failure.value)
+    ready(cluster)
