@@ -38,3 +38,20 @@ def receive_both() -> None:
 
     ctx = context()
     wire.recv(ctx.comm, 1 - ctx.rank, "activation", 0, torch.device("cpu"))
+
+
+class LateRank(torch.nn.Module):
+    """``models.mlp()`` whose third forward on rank 1 sleeps ten minutes: rank 0 then waits for it in the gradient allreduce."""
+
+    def __init__(self) -> None:
+        from rapydli.zoo import models
+
+        super().__init__()
+        self.net = models.mlp()
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        if self.calls == 3 and context().rank == 1:
+            time.sleep(600)
+        return self.net(x)
