@@ -91,6 +91,33 @@ def test_magic_where_prints_the_grouped_stacks(cluster, ipython_shell, tmp_path)
     assert outcome[0][0] == 0
 
 
+@pytest.mark.hosts
+def test_where_reaches_ranks_on_other_hosts(hosts, tmp_path):
+    """Two hosts over ssh: the signal goes through the engines' nannies, the dumps come back over ssh."""
+    import nshosts
+
+    options = {"hosts": ["h1", "h2"], "ssh_command": hosts.ssh, "interface": nshosts.BRIDGE, "transport": "tcp"}
+    with Cluster(n=2, launcher="ssh", **options) as remote:
+        flag = tmp_path / "go"
+        thread, outcome = _blocked_cell(remote, flag)
+        try:
+
+            def both_in_place():
+                where = remote.where()
+                text = str(where)
+                return where if "comm.Barrier()" in text and "time.sleep(0.05)" in text else None
+
+            where = _wait_for(both_in_place)
+            assert "rank 0: <module> (<distributed cell>:5): comm.Barrier()" in str(where)
+            assert "rank 1: <module> (<distributed cell>:4): time.sleep(0.05)" in str(where)
+            assert [where.ranks[r].host for r in (0, 1)] == ["h1", "h2"]
+        finally:
+            flag.touch()
+            thread.join(60)
+        assert outcome[0][0] == 0
+    assert not wait_until_gone()
+
+
 def test_parse_reads_a_faulthandler_dump_and_groups_ranks():
     dump = (
         "Thread 0x00007f01 (most recent call first):\n"
