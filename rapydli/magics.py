@@ -1,4 +1,4 @@
-"""IPython magics: ``%rapydli start|stop|status|restart`` and ``%%distributed``.
+"""IPython magics: ``%rapydli start|stop|status|restart|where`` and ``%%distributed``.
 
 ``%load_ext rapydli`` registers them. They are thin: parsing and display here, clusters
 and failure handling in :mod:`rapydli.cluster`.
@@ -18,6 +18,7 @@ from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
 from rapydli.cluster import Cluster, choose_cluster, current, parse_targets, ready
+from rapydli.cluster.hang import ACTIONS as HANG_ACTIONS
 from rapydli.cluster.job import print_output
 from rapydli.cluster.launchers import LAUNCHERS
 from rapydli.errors import ConfigError
@@ -133,14 +134,19 @@ class RapydliMagics(Magics):
 
     @line_magic
     @magic_arguments()
-    @argument("action", choices=["start", "stop", "status", "restart"], help="what to do with the cluster")
+    @argument("action", choices=["start", "stop", "status", "restart", "where"], help="what to do with the cluster")
     @argument("-n", type=int, default=None, help="number of engines (MPI ranks) for start")
     @argument("--launcher", default="local", help=f"how the engines start: {', '.join(LAUNCHERS)}")
     @argument("--timeout", type=float, default=None, help="seconds to wait for the engines (a queued job is cancelled)")
     @argument("--no-wait", action="store_true", help="return once submitted; %%distributed waits for the engines")
+    @argument("--all-threads", action="store_true", help="where: every thread of every rank, not only the task's")
     @argument("options", nargs="*", help="launcher options as key=value")
     def rapydli(self, line: str) -> Any:
-        """Manage the notebook's MPI cluster: ``%rapydli start [-n N] [--launcher L] [--timeout S] [--no-wait] [key=value ...]``."""
+        """Manage the notebook's MPI cluster: ``%rapydli start [-n N] [--launcher L] [--timeout S] [--no-wait] [key=value ...]``.
+
+        ``%rapydli where [--all-threads]`` prints the Python stack of every rank, grouped
+        where ranks agree (:meth:`Cluster.where`), also while they are blocked in MPI.
+        """
         args = _parse(self.rapydli, line)
         if args.n is not None and args.n < 1:
             raise UsageError(f"-n {args.n} is invalid: must be >= 1")
@@ -162,6 +168,9 @@ class RapydliMagics(Magics):
             self._cluster = None
             print("[rapydli] cluster stopped")
             return None
+        if args.action == "where":
+            print(cluster.where().text(all_threads=args.all_threads))
+            return None
         if args.action == "restart":
             print(f"[rapydli] restarting {cluster.n} engines ...", flush=True)
             cluster.restart()
@@ -177,6 +186,8 @@ class RapydliMagics(Magics):
     @argument("--push", default=None, help="comma-separated notebook variables to send first")
     @argument("--gather", action="store_true", help="return a list of every rank's value")
     @argument("--no-stream", action="store_true", help="print output when the cell ends, grouped by rank")
+    @argument("--hang-timeout", type=float, default=None, help="seconds no rank progresses before the cell counts as hung (default 60)")
+    @argument("--on-hang", choices=list(HANG_ACTIONS), default="wait", help="when the cell hangs: print the diagnosis and keep waiting, or abort")
     def distributed(self, line: str, cell: str) -> Any:
         """Run the cell on every MPI rank with ``rank``, ``world_size``, ``world_rank``, ``comm``, ``device`` defined.
 
@@ -188,7 +199,9 @@ class RapydliMagics(Magics):
         Output is streamed with a ``[rank r]`` prefix (``r`` is the ``world_rank``); rich
         output is shown from the first rank only; the value is the first rank's last expression (a list by rank with
         ``--gather``). An exception or a dead engine on any rank interrupts the others and
-        raises one :class:`~rapydli.errors.RankFailure` naming the rank.
+        raises one :class:`~rapydli.errors.RankFailure` naming the rank. When no rank
+        progresses for ``--hang-timeout`` seconds while one waits in a collective, the cell
+        prints which rank waits for what (``--on-hang abort`` then ends it).
         """
         __tracebackhide__ = True  # noqa: F841 - IPython shows the user's cell, not these frames
         args = _parse(self.distributed, line)
@@ -196,6 +209,8 @@ class RapydliMagics(Magics):
             raise UsageError(f"--timeout {args.timeout:g} is invalid: must be > 0 seconds")
         if args.n is not None and args.n < 1:
             raise UsageError(f"-n {args.n} is invalid: must be >= 1")
+        if args.hang_timeout is not None and args.hang_timeout <= 0:
+            raise UsageError(f"--hang-timeout {args.hang_timeout:g} is invalid: must be > 0 seconds")
         pushed = self._pushed(args.push)
         cluster = self._ensure(args.n)
         try:
@@ -217,6 +232,8 @@ class RapydliMagics(Magics):
                 gather=args.gather,
                 on_output=hold if args.no_stream else print_output,
                 on_display=_display,
+                hang_timeout_s=args.hang_timeout,
+                on_hang=args.on_hang,
             )
         finally:
             for (rank, stream), lines in sorted(buffered.items()):

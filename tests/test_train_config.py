@@ -107,3 +107,11 @@ def test_a_misspelt_keyword_names_the_closest_field() -> None:
         TrainConfig(lrr=0.1)
     with pytest.raises(ConfigError, match=r"no field 'bach_size': did you mean 'batch_size'\?"):
         TrainConfig.from_dict({"bach_size": 8})
+
+
+def test_hang_options_are_validated():
+    assert (TrainConfig().hang_timeout_s, TrainConfig().on_hang) == (None, "wait")
+    with pytest.raises(ConfigError, match="on_hang"):
+        TrainConfig(on_hang="kill")
+    with pytest.raises(ConfigError, match="hang_timeout_s"):
+        TrainConfig(hang_timeout_s=0)

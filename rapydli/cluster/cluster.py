@@ -16,6 +16,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -356,6 +357,10 @@ class Cluster(ClusterTasks):
             from rapydli.cluster.sshhosts import reap_remote
 
             reap_remote(remote, self.options.get("ssh_command", "ssh"))
+        for info in self._info.values():  # the engines' stack dumps and traces (where())
+            for name in ("stacks_file", "trace_file"):
+                if _is_local(info) and name in info:
+                    Path(info[name]).unlink(missing_ok=True)
         self._ipp = self._client = None
         self._sessions = None
         self._engine_of_rank, self._info = {}, {}

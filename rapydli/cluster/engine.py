@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rapydli.cluster import events
+from rapydli.cluster import events, trace, where
 from rapydli.cluster.usercode import pickle_classes_by_value, register_cells
 
 __all__ = ["pickle_classes_by_value"]  # shipped to engines from here by Cluster._configure_engines
@@ -110,6 +110,9 @@ def setup(threads: int, paths: Sequence[str] = ()) -> dict[str, Any]:
     local_rank = local.Get_rank()
     local.Free()
     _local_rank[0] = local_rank
+    from rapydli.paths import subdir
+
+    flight = where.install(subdir("flight"), world.Get_rank())  # stacks on a signal, the collective trace
     return {
         "rank": world.Get_rank(),
         "size": world.Get_size(),
@@ -119,6 +122,7 @@ def setup(threads: int, paths: Sequence[str] = ()) -> dict[str, Any]:
         "helper_pids": _helper_pids(),
         "local_rank": local_rank,
         "threads": threads,
+        **flight,
     }
 
 
@@ -186,6 +190,7 @@ def _enter(targets: Sequence[int], stream_events: bool) -> RankContext:
         world_rank=MPI.COMM_WORLD.Get_rank(),
     )
     _current.append(ctx)
+    trace.new_task()
     events.enable(stream_events)
     signal.signal(STOP_SIGNAL, _on_stop_signal)
     return ctx

@@ -14,7 +14,10 @@ sweeps:
   node failure) ends the task at once, naming the job and the ranks lost;
 * a host found lost while the task runs (``lost_hosts``: its link or the whole machine
   gone, with its engines still registered) ends the task at once, naming its ranks and
-  the host.
+  the host;
+* no rank progressing for the hang timeout (``hang``: a :class:`~rapydli.cluster.hang.HangWatch`)
+  prints one diagnosis (which rank waits in which collective, which never arrived), then
+  the task goes on waiting or is interrupted, as the watch's ``action`` says.
 
 The outcome is one :class:`~rapydli.errors.RankFailure` naming the ranks, with their
 remote tracebacks, or ``KeyboardInterrupt`` re-raised after the engines stopped.
@@ -38,6 +41,8 @@ from rapydli.errors import RankFailure
 
 if TYPE_CHECKING:
     from ipyparallel.client.asyncresult import AsyncResult
+
+    from rapydli.cluster.hang import HangWatch
 
 OutputHandler = Callable[[int, str, str], None]  # (rank, "stdout" | "stderr", line)
 EventHandler = Callable[[int, str, Any], None]  # (rank, kind, payload)
@@ -105,6 +110,9 @@ class Job:
     lost_hosts
         Polled while ranks run: given the running ranks, ``{rank: (host, why)}`` for those
         whose host is lost now; they are named and the MPI job is aborted at once.
+    hang
+        Polled while ranks run: the diagnosis of a hang (printed, sent as a ``"hang"``
+        event, and in the failure when its action is ``"abort"``).
     """
 
     def __init__(
@@ -122,6 +130,7 @@ class Job:
         hosts_down: Callable[[Sequence[int]], dict[int, tuple[str, str]]] | None = None,
         gone: Callable[[bool], str] | None = None,
         lost_hosts: Callable[[Sequence[int]], dict[int, tuple[str, str]]] | None = None,
+        hang: HangWatch | None = None,
     ) -> None:
         self.ranks = {rank: _Rank(rank, ar) for rank, ar in results.items()}
         self._interrupt = interrupt
@@ -135,6 +144,7 @@ class Job:
         self.grace = grace
         self.hosts_down = hosts_down
         self.lost_hosts = lost_hosts
+        self.hang = hang
         self.aborted = False
         self.stop_requested = False
         self.finished = False
@@ -157,6 +167,7 @@ class Job:
         self._collect()
         self._check_gone()
         self._check_hosts()
+        self._check_hang()
         now = time.monotonic()
         if self._interrupted_at is None:
             self._reason = self._failure_reason(now - self._start)
@@ -298,6 +309,22 @@ class Job:
         self._interrupted_at = self._interrupted_at or time.monotonic()
         self._abort_job()
 
+    def _check_hang(self) -> None:
+        """No rank progressed for the hang timeout: say why; interrupt the task if the watch's action is abort."""
+        if self.hang is None or self._interrupted_at is not None or self._reason:
+            return
+        diagnosis = self.hang.check([r.rank for r in self._running()])
+        if not diagnosis:
+            return
+        then = "aborting the task (on_hang='abort')" if self.hang.action == "abort" else "still waiting (on_hang='wait'; Ctrl-C ends it)"
+        if self.on_output is not None:
+            print(f"[rapydli] hang: {diagnosis}\n[rapydli] {then}", file=sys.stderr, flush=True)
+        if self.on_event is not None:
+            self.on_event(self._first, "hang", {"diagnosis": diagnosis, "action": self.hang.action})
+        if self.hang.action == "abort":
+            self._reason = "hung"
+            self.interrupt()
+
     def _failure_reason(self, elapsed: float) -> str:
         if any(r.status in ("error", "dead") for r in self.ranks.values()):
             return "failed"
@@ -353,6 +380,8 @@ class Job:
             if self.on_event is not None:
                 fresh_events, r.events_seen = events.new_events(r.result.data or {}, r.events_seen)
                 for kind, payload in fresh_events:
+                    if self.hang is not None:
+                        self.hang.event(r.rank == self._first, kind)
                     self.on_event(r.rank, kind, payload)
             if self.on_display is not None and r.rank == self._first:
                 outputs = r.result.outputs or []
@@ -399,6 +428,8 @@ class Job:
         names = ", ".join(str(r.rank) for r in sorted(culprits, key=lambda r: r.rank))
         plural = "s" if len(culprits) > 1 else ""
         lines = [f"{'rank' + plural} {names} {_verb(culprits, reason)}"]
+        if reason == "hung" and self.hang is not None:
+            lines[0] = f"the task hung and was interrupted: {self.hang.diagnosis}\ninterrupted: {lines[0]}"
         down = sorted({r.host_down for r in culprits if r.host_down})
         if down:
             lines[0] += f": host{'s' if len(down) > 1 else ''} {', '.join(down)} down"
@@ -441,6 +472,8 @@ def _where(r: _Rank) -> str:
 
 
 def _verb(culprits: list[_Rank], reason: str) -> str:
+    if reason == "hung":
+        return "were still waiting" if len(culprits) > 1 else "was still waiting"
     if reason.startswith("timed out") or any(r.status == "lost" for r in culprits):
         return f"lost: {reason}" if not reason.startswith("timed out") else reason
     if all(r.status == "dead" for r in culprits):

@@ -9,13 +9,16 @@ cluster through ``Cluster.abort`` when a job must.
 from __future__ import annotations
 
 import functools
+import struct
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from rapydli.cluster import engine
+from rapydli.cluster import engine, trace
+from rapydli.cluster.hang import ACTIONS, HangWatch
 from rapydli.cluster.job import FOLLOW_S, DisplayHandler, EventHandler, Job, OutputHandler, print_output
 from rapydli.cluster.targets import parse_targets
 from rapydli.cluster.usercode import notebook_cells
+from rapydli.cluster.where import WHERE_SIGNAL, WITHIN_S, Where, collect, read_local, read_ssh
 from rapydli.errors import ClusterError, ConfigError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -68,6 +71,8 @@ class ClusterTasks:
         timeout: float | None = None,
         on_event: EventHandler | None = None,
         on_output: OutputHandler | None = print_output,
+        hang_timeout_s: float | None = None,
+        on_hang: str = "wait",
         **kwargs: Any,
     ) -> Job:
         """Start ``fn(*args, **kwargs)`` on the ``targets`` ranks and return its :class:`Job`.
@@ -77,11 +82,17 @@ class ClusterTasks:
         :func:`rapydli.cluster.events.emit` sends events to ``on_event(rank, kind, payload)``;
         :func:`rapydli.cluster.engine.should_stop` tells whether ``Job.request_stop`` was
         called. Jobs on disjoint targets run side by side.
+
+        When no rank progresses for ``hang_timeout_s`` seconds (None: 5x the median step,
+        at least 60 s) while one waits in a collective, the job prints a diagnosis
+        (:mod:`rapydli.cluster.hang`) and, with ``on_hang="abort"``, interrupts the ranks
+        (``"wait"``: it keeps waiting).
         """
         ranks = parse_targets(targets, self.n)
+        hang = self._hang_watch(ranks, hang_timeout_s, on_hang)
         sources = notebook_cells()
         results = self._submit(ranks, lambda rank: (engine.run_task, fn, args, kwargs, ranks, on_event is not None, sources))
-        return self._job(results, timeout=timeout, on_output=on_output, on_event=on_event)
+        return self._job(results, timeout=timeout, on_output=on_output, on_event=on_event, hang=hang)
 
     def run(
         self,
@@ -91,6 +102,8 @@ class ClusterTasks:
         timeout: float | None = None,
         on_event: EventHandler | None = None,
         on_output: OutputHandler | None = print_output,
+        hang_timeout_s: float | None = None,
+        on_hang: str = "wait",
         **kwargs: Any,
     ) -> list[Any]:
         """Run ``fn(*args, **kwargs)`` on the ``targets`` ranks and return their results.
@@ -103,7 +116,8 @@ class ClusterTasks:
             A rank raised, died, or the timeout passed; the other ranks were interrupted.
         """
         __tracebackhide__ = True  # noqa: F841 - IPython shows the user's cell, not these frames
-        job = self.submit(fn, *args, targets=targets, timeout=timeout, on_event=on_event, on_output=on_output, **kwargs)
+        job = self.submit(fn, *args, targets=targets, timeout=timeout, on_event=on_event, on_output=on_output,
+                          hang_timeout_s=hang_timeout_s, on_hang=on_hang, **kwargs)  # fmt: skip
         return job.wait()
 
     def run_cell(
@@ -115,6 +129,8 @@ class ClusterTasks:
         gather: bool = False,
         on_output: OutputHandler | None = print_output,
         on_display: DisplayHandler | None = None,
+        hang_timeout_s: float | None = None,
+        on_hang: str = "wait",
     ) -> list[Any]:
         """Execute notebook cell ``code`` on the ranks; values of the last expression per rank.
 
@@ -123,8 +139,71 @@ class ClusterTasks:
         """
         __tracebackhide__ = True  # noqa: F841 - IPython shows the user's cell, not these frames
         ranks = parse_targets(targets, self.n)
+        hang = self._hang_watch(ranks, hang_timeout_s, on_hang)
+        self._cell_lines = code.splitlines()  # shown by where() for "<distributed cell>" frames
         results = self._submit(ranks, lambda rank: (engine.run_cell, code, ranks, gather or rank == ranks[0]))
-        return self._job(results, timeout=timeout, on_output=on_output, on_display=on_display).wait()
+        return self._job(results, timeout=timeout, on_output=on_output, on_display=on_display, hang=hang).wait()
+
+    def where(self, targets: Sequence[int] | str | None = None, within: float = WITHIN_S) -> Where:
+        """The Python stack of every thread of the ``targets`` ranks (default all), and their collective traces.
+
+        Asked from outside the engines (a signal to each engine process, whose handler
+        writes the stacks to a file), so ranks blocked in MPI, in C code or in a long cell
+        answer too, within ``within`` seconds. ``str()`` of the result groups the ranks
+        that stand on the same line of their task; a rank that did not answer says so.
+
+        Examples
+        --------
+        >>> print(cluster.where())  # doctest: +SKIP
+        rank 0: comm.Barrier()  <module> (<distributed cell>:4)
+        rank 1: time.sleep(30)  <module> (<distributed cell>:3)
+        """
+        self._require_running()
+        ranks = parse_targets(targets, self.n)
+        infos = {rank: self._info[rank] for rank in ranks if "stacks_file" in self._info.get(rank, {})}
+        read = read_ssh(self.options.get("ssh_command", "ssh")) if self.launcher.name == "ssh" else read_local
+        stacks = collect(infos, self._signal_where, read, within)
+        return Where(stacks, self._traces(ranks), {"<distributed cell>": getattr(self, "_cell_lines", [])})
+
+    def _hang_watch(self, ranks: list[int], timeout_s: float | None, action: str) -> HangWatch:
+        """The hang detection of a task on ``ranks`` (bad options: :class:`ConfigError`, before anything runs)."""
+        if action not in ACTIONS:
+            raise ConfigError(f"on_hang={action!r} is invalid: one of {', '.join(map(repr, ACTIONS))}")
+        if timeout_s is not None and not timeout_s > 0:
+            raise ConfigError(f"hang_timeout_s={timeout_s!r} is invalid: seconds > 0, or None for 5x the median step (at least 60 s)")
+        return HangWatch(self._traces, lambda asked: self.where(asked), timeout_s, action, self.n)
+
+    def _traces(self, ranks: Sequence[int]) -> dict[int, trace.Trace]:
+        """The collective traces of ``ranks`` as they stand now (ranks without one left out)."""
+        read = read_ssh(self.options.get("ssh_command", "ssh")) if self.launcher.name == "ssh" else read_local
+        traces = {}
+        for rank in ranks:
+            info = self._info.get(rank, {})
+            if "trace_file" in info:
+                try:
+                    traces[rank] = trace.read(read(info["host"], info["trace_file"], 0))
+                except (ValueError, struct.error):  # no file there (yet), or one cut short
+                    pass
+        return traces
+
+    def _signal_where(self, ranks: Sequence[int]) -> None:
+        """Deliver the stack-dump signal: straight to local engine processes, through the engines' nannies elsewhere."""
+        import os
+        import socket
+
+        local = socket.gethostname()
+        remote = []
+        for rank in ranks:
+            info = self._info[rank]
+            if info["host"] == local:
+                try:
+                    os.kill(info["pid"], WHERE_SIGNAL)
+                except ProcessLookupError:
+                    pass
+            else:
+                remote.append(rank)
+        if remote:
+            self._signal(WHERE_SIGNAL.name, remote)
 
     def _checked(self, ranks: list[int]) -> list[int]:
         self._require_running()

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from rapydli.cluster import trace
 from rapydli.comm.base import Algorithm, check_algorithm, create_algorithm
 from rapydli.comm.handle import (
     CommThread,
@@ -85,6 +86,8 @@ class Communicator:
         #: for avg afterwards): the fast path of a repeated ``allreduce_`` on the same buffer
         self._plans: dict[tuple[int, str, str], tuple[weakref.ref, int, int, Callable[[], object], bool]] = {}
         self._get(algorithm)
+        #: the group's name in the collective trace (:mod:`rapydli.cluster.trace`)
+        self._group: str = trace.group_label(self.mpi_comm)
 
     # -- properties -----------------------------------------------------------------
 
@@ -119,14 +122,8 @@ class Communicator:
             Override the communicator's default algorithm for this call.
         """
         plan = self._plans.get((id(tensor), op, self.algorithm if algorithm is None else algorithm))
-        if (
-            plan is not None
-            and plan[0]() is tensor
-            and tensor.data_ptr() == plan[1]
-            and tensor.numel() == plan[2]
-            and tensor.is_contiguous()
-        ):
-            plan[3]()  # the same memory as last time: MPI straight away, nothing re-checked or converted
+        if plan is not None and plan[0]() is tensor and tensor.data_ptr() == plan[1] and tensor.numel() == plan[2] and tensor.is_contiguous():
+            self._traced("allreduce", tensor, plan[3])  # the same memory as last time: nothing re-checked or converted
             if plan[4]:
                 finish_avg(tensor, self.world_size)
             return tensor
@@ -134,7 +131,7 @@ class Communicator:
             return self.iallreduce_(tensor, op, algorithm).wait()
         flat, name, op = self._prepare(tensor, op, algorithm)
         algo = self._get(name)[0]
-        self._run(algo, flat, op)
+        self._traced("allreduce", flat, lambda: self._run(algo, flat, op))
         if not flat.is_cuda:
             self._remember(tensor, flat, op, self.algorithm if algorithm is None else algorithm, algo)
         return tensor
@@ -156,9 +153,9 @@ class Communicator:
             return handle
         if self._thread is None:
             start = time.perf_counter()
-            self._run(main, flat, op)
+            self._traced("allreduce", flat, lambda: self._run(main, flat, op))
             return CompletedHandle(tensor, chosen, start, time.perf_counter())
-        return self._thread.submit(ThreadHandle(tensor, chosen, lambda: self._run(asynchronous, flat, op)))
+        return self._thread.submit(ThreadHandle(tensor, chosen, lambda: self._traced("allreduce", flat, lambda: self._run(asynchronous, flat, op))))
 
     def ireduce_scatter_(self, tensor: torch.Tensor, out: torch.Tensor, op: str = "sum") -> Handle:
         """Start ``MPI.Reduce_scatter_block``: ``out`` gets this rank's block of the ranks' reduced ``tensor``.
@@ -180,6 +177,13 @@ class Communicator:
         comm = self._async_comm if self._thread is not None else self.mpi_comm
 
         def work() -> None:
+            token = trace.begin("reduce_scatter", self._group, tensor.numel() * tensor.element_size(), _dtype(tensor))
+            try:
+                scatter()
+            finally:
+                trace.end(token)
+
+        def scatter() -> None:
             source = tensor.detach().cpu()
             target = out if out.device.type == "cpu" else torch.empty_like(out, device="cpu")
             comm.Reduce_scatter_block(source.numpy(), target.numpy(), op=MPI.SUM)
@@ -203,10 +207,10 @@ class Communicator:
         if flat.device.type not in algo.device_types:
             algo = self._get("mpi")[0] if flat.device.type == "cpu" else algo
         if flat.device.type in algo.device_types:
-            self._call(lambda: algo.broadcast_(flat, root))
+            self._traced("broadcast", flat, lambda: self._call(lambda: algo.broadcast_(flat, root)))
         else:  # device tensor, host algorithm: stage through host memory
             host = flat.cpu()
-            self._call(lambda: algo.broadcast_(host, root))
+            self._traced("broadcast", flat, lambda: self._call(lambda: algo.broadcast_(host, root)))
             flat.copy_(host)
         return tensor
 
@@ -223,7 +227,11 @@ class Communicator:
 
     def barrier(self) -> None:
         """Block until every rank has called ``barrier()``."""
-        self._call(self.mpi_comm.Barrier)
+        token = trace.begin("barrier", self._group)
+        try:
+            self._call(self.mpi_comm.Barrier)
+        finally:
+            trace.end(token)
 
     def tune(self, max_bytes: int | None = None, force: bool = True) -> AutoTable:
         """Measure ``mpi``, ``ring`` and ``shm`` for ``auto`` and cache it (collective); returns the table."""
@@ -297,6 +305,17 @@ class Communicator:
         if op == "avg" and not algo.averages_for(flat):
             finish_avg(flat, self.world_size)
 
+    def _traced(self, kind: str, tensor: torch.Tensor, call: Callable[[], object]) -> None:
+        """``call()``, recorded in the collective trace as a ``kind`` of ``tensor``."""
+        if not trace.recording():
+            call()
+            return
+        token = trace.begin(kind, self._group, tensor.numel() * tensor.element_size(), _dtype(tensor))
+        try:
+            call()
+        finally:
+            trace.end(token)
+
     def _call(self, function) -> None:
         """Run an MPI call here, or on the communication thread under ``THREAD_SERIALIZED``."""
         if self.progress == "serialized" and self._thread is not None:
@@ -306,6 +325,16 @@ class Communicator:
 
 
 _OPS = frozenset(OPS)
+
+
+_DTYPES: dict[torch.dtype, str] = {}
+
+
+def _dtype(tensor: torch.Tensor) -> str:
+    name = _DTYPES.get(tensor.dtype)
+    if name is None:
+        name = _DTYPES[tensor.dtype] = str(tensor.dtype).removeprefix("torch.")
+    return name
 
 
 def _nccl_usable() -> bool:

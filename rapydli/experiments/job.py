@@ -176,8 +176,9 @@ class TrainingJob:
         try:
             ready(cluster)  # started, waited for or restarted as part of the run (rd.train's own cluster too)
             self.job = cluster.submit(
-                engine_task, spec.model_fn, spec.data_fn, {**config.to_dict(), "trackers": ""}, targets=self.targets, on_event=self._on_event, **spec.code
-            )
+                engine_task, spec.model_fn, spec.data_fn, {**config.to_dict(), "trackers": ""}, targets=self.targets, on_event=self._on_event,
+                hang_timeout_s=config.hang_timeout_s, on_hang=config.on_hang, **spec.code,
+            )  # fmt: skip
         except KeyboardInterrupt:
             __tracebackhide__ = True  # noqa: F841 - IPython shows the user's cell, not ipyparallel's frames
             self._finish("stopped", "interrupted by the user while the run was being set up")
@@ -187,6 +188,10 @@ class TrainingJob:
             raise
 
     def _on_event(self, rank: int, kind: str, payload: Any) -> None:
+        if kind == "hang":  # the Job printed the diagnosis; the store keeps it with the run
+            if self.store is not None and self.run_id is not None:
+                self.store.add_record(self.run_id, "hang", "json", payload)
+            return
         if kind == "start":
             self.start_step = payload["start_step"]
         if kind == "start" and self.progress:

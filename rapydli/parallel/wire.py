@@ -19,6 +19,8 @@ from typing import Any
 import torch
 from mpi4py import MPI
 
+from rapydli.cluster import trace
+
 #: Tests before the first sleep while waiting, and the sleeps' first and longest length (s).
 SPINS, FIRST_SLEEP, LONGEST_SLEEP = 200, 20e-6, 500e-6
 
@@ -46,11 +48,32 @@ def isend(comm: Any, payload: Any, dest: int, kind: str, microbatch: int) -> lis
         if t is not None and t.numel():
             buffer = _flat_bytes(t.cpu())
             pending.append((comm.Isend([buffer, MPI.BYTE], dest=dest, tag=tag(kind, microbatch, True)), buffer))
+    _trace("send", comm, comm.Get_rank(), dest, sum(t.numel() * t.element_size() for t in items if t is not None))
     return pending
 
 
 def recv(comm: Any, source: int, kind: str, microbatch: int, device: torch.device) -> Any:
     """Receive what :func:`isend` sent (waiting politely); float tensors of activations require grad."""
+    token = _trace("recv", comm, source, comm.Get_rank(), 0)
+    try:
+        return _recv(comm, source, kind, microbatch, device)
+    finally:
+        trace.end(token)
+
+
+def _trace(kind: str, comm: Any, source: int, dest: int, nbytes: int) -> int:
+    """Record a send (posted, so ended at once) or the start of a receive in the collective trace."""
+    if not trace.recording():
+        return -1
+    group = trace.group_label(comm)
+    peer = dest if kind == "send" else source
+    token = trace.begin(kind, group, nbytes, "", peer, trace.p2p_channel(group, source, dest))
+    if kind == "send":
+        trace.end(token)
+    return token
+
+
+def _recv(comm: Any, source: int, kind: str, microbatch: int, device: torch.device) -> Any:
     packed, specs = wait(comm.irecv(source=source, tag=tag(kind, microbatch, False)))
     items: list[torch.Tensor | None] = []
     requests = []

@@ -25,6 +25,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from rapydli.cluster.hang import ACTIONS as HANG_ACTIONS
 from rapydli.comm.registry import ALGORITHMS
 from rapydli.data.kinds import LOADERS
 from rapydli.errors import ConfigError
@@ -167,6 +168,11 @@ class TrainConfig:
     trackers: str = _spec(
         "", "experiment trackers the client also logs the run to, comma-separated ('mlflow,tensorboard'; a list works too; '' none)"
     )
+    hang_timeout_s: float | None = _spec(
+        None, "seconds no rank progresses before the run counts as hung (None: 5x the median step, at least 60 s)",
+        low=0.0, high=1e6, low_open=True, optional=True, log=True,
+    )  # fmt: skip
+    on_hang: str = _spec("wait", "when the run hangs: print the diagnosis and keep waiting, or abort the run", choices=HANG_ACTIONS)
 
     def __post_init__(self) -> None:
         if isinstance(self.pipeline_split, list | tuple) and all(isinstance(n, str) for n in self.pipeline_split):
