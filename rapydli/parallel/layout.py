@@ -28,6 +28,7 @@ rapydli.errors.ConfigError: the cluster has 4 ranks: pipeline_stages=3 needs a m
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -197,6 +198,7 @@ class Layout:
         optimizer: torch.optim.Optimizer,
         rebuild: Callable[[list[Any]], torch.optim.Optimizer] | None,
         config: Any,
+        autocast: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
     ) -> Gradients:
         """What makes ``part``'s gradients global, and the optimizer that steps it.
 
@@ -206,7 +208,8 @@ class Layout:
         data group (:class:`~rapydli.parallel.zero.ShardedOptimizer`, built with
         ``rebuild(params)`` over each shard), and at stage 2 the sharded optimizer
         reduce-scatters the gradients itself. Rank 0's parameters (replica 0's) are copied
-        to the other replicas first.
+        to the other replicas first. A pipelined part's executor is built here, with the
+        synchronizer and ``autocast`` (the Trainer's mixed-precision context).
 
         Raises
         ------
@@ -215,7 +218,10 @@ class Layout:
         """
         from rapydli.parallel import gradients
 
-        return gradients.build(self, part, optimizer, rebuild, config)
+        strategy = gradients.build(self, part, optimizer, rebuild, config)
+        if part.pipeline is not None:
+            part.pipeline.attach(strategy.sync, autocast or contextlib.nullcontext)
+        return strategy
 
     def _check_world(self, world: Any) -> None:
         size = world.Get_size()

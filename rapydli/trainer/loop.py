@@ -202,10 +202,8 @@ class Trainer:
             self._autotune(train_data)
         # what makes the gradients global (a synchronizer, ZeRO's sharded optimizer, or nothing) and the optimizer it steps
         rebuild = (lambda ps: optimizer_over(ps, config)) if optimizer is None and optimizer_fn is None else None
-        self.gradients = self.layout.gradients(self.part, self.optimizer, rebuild, config)
+        self.gradients = self.layout.gradients(self.part, self.optimizer, rebuild, config, self._autocast)
         self.optimizer, self.sync = self.gradients.optimizer, self.gradients.sync
-        if self.pipeline is not None:
-            self.pipeline.attach(self.sync, self._autocast)
         self.step = 0
         self.epoch = 0
         self._evaluated_at = self._saved_at = 0  # the step of the last evaluation / checkpoint
