@@ -28,6 +28,7 @@ rapydli.errors.ConfigError: the cluster has 4 ranks: pipeline_stages=3 needs a m
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -190,7 +191,9 @@ class Layout:
             return ModelPart(self, model, None, None, Communicator(world, algorithm=config.allreduce) if self.world_size > 1 else None, True)
         return ModelPart(self, model, None, None, comm, False)
 
-    def gradients(self, part: ModelPart, optimizer: torch.optim.Optimizer, config: Any) -> Gradients:
+    def gradients(
+        self, part: ModelPart, optimizer: torch.optim.Optimizer, config: Any, autocast: Callable[[], contextlib.AbstractContextManager[Any]] | None = None
+    ) -> Gradients:
         """What makes ``part``'s gradients global, and the optimizer that steps it.
 
         One replica: nothing to average. Otherwise a
@@ -199,11 +202,15 @@ class Layout:
         data group group by group, any parameter groups kept
         (:class:`~rapydli.parallel.zero.ShardedOptimizer`), and at stage 2 the sharded
         optimizer reduce-scatters the gradients itself. Rank 0's parameters (replica 0's)
-        are copied to the other replicas first.
+        are copied to the other replicas first. A pipelined part's executor is built here,
+        with the synchronizer and ``autocast`` (the Trainer's mixed-precision context).
         """
         from rapydli.parallel import gradients
 
-        return gradients.build(self, part, optimizer, config)
+        strategy = gradients.build(self, part, optimizer, config)
+        if part.pipeline is not None:
+            part.pipeline.attach(strategy.sync, autocast or contextlib.nullcontext)
+        return strategy
 
     def _check_world(self, world: Any) -> None:
         size = world.Get_size()

@@ -204,10 +204,8 @@ class Trainer:
         if config.autotune:
             self._autotune(train_data)
         # what makes the gradients global (a synchronizer, ZeRO's sharded optimizer over the optimizer's groups, or nothing)
-        self.gradients = self.layout.gradients(self.part, self.optimizer, config)
+        self.gradients = self.layout.gradients(self.part, self.optimizer, config, self._autocast)
         self.optimizer, self.sync = self.gradients.optimizer, self.gradients.sync
-        if self.pipeline is not None:
-            self.pipeline.attach(self.sync, self._autocast)
         self.step = 0
         self.epoch = 0
         self._evaluated_at = self._saved_at = 0  # the step of the last evaluation / checkpoint
