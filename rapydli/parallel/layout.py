@@ -29,6 +29,7 @@ rapydli.errors.ConfigError: the cluster has 4 ranks: pipeline_stages=3 needs a m
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
