@@ -11,8 +11,9 @@ an output of the running cell, so the executed notebook carries it.
 A saved notebook is read outside JupyterLab too (nbconvert to HTML, other viewers), where
 neither widgets nor plotly's own MIME type are drawn. So once the front door is used in a
 kernel (``%load_ext rapydli``, ``rd.train``, ...), every plotly figure shown there also
-carries self-contained HTML, with plotly.js inlined once per kernel
-(:func:`rapydli.widgets.display.static_figures`), and the progress bar's saved text is its final state
+carries HTML that loads plotly.js from plotly's CDN
+(:func:`rapydli.widgets.display.static_figures`), a live figure is closed once its static
+copy replaces it (no widget state saved), and the progress bar's saved text is its final state
 (:class:`rapydli.widgets.progress.NotebookProgress`).
 
 Examples

@@ -85,3 +85,32 @@ def test_saved_progress_bar_shows_its_final_state(executed: nbformat.NotebookNod
     assert len(bars) == 1
     text = bars[0]["data"]["text/plain"]
     assert "100%" in text and "40/40" in text, text
+
+
+@pytest.mark.notebook
+@pytest.mark.browser
+def test_every_figure_is_drawn_in_a_browser_from_nbconvert_html(executed: nbformat.NotebookNode, tmp_path) -> None:
+    """nbconvert's HTML of the executed notebook, opened in Chromium: every figure is drawn (an SVG in its
+    div). plotly's CDN is answered with the plotly.js of the installed plotly (no network in tests)."""
+    from pathlib import Path
+
+    import plotly
+    from lab_browser import chromium, require_chromium
+    from nbconvert import HTMLExporter
+
+    require_chromium()
+    page_html, _ = HTMLExporter().from_notebook_node(executed)
+    (tmp_path / "nb.html").write_text(page_html)
+    plotly_js = (Path(plotly.__file__).parent / "package_data" / "plotly.min.js").read_bytes()
+    with chromium(tmp_path / "chromium") as browser:
+        context = browser.new_context(viewport={"width": 1200, "height": 900})
+        context.route("https://cdn.plot.ly/**", lambda route: route.fulfill(body=plotly_js, content_type="application/javascript"))
+        offline = lambda url: url.startswith("http") and not url.startswith("https://cdn.plot.ly/")  # noqa: E731
+        context.route(offline, lambda route: route.abort())  # mathjax, require.js: not needed, not reached
+        tab = context.new_page()
+        tab.set_default_timeout(300_000)  # a busy machine: Chromium parses plotly.js once per figure
+        tab.goto((tmp_path / "nb.html").as_uri(), wait_until="domcontentloaded")
+        tab.wait_for_function("[...document.querySelectorAll('.plotly-graph-div')].every(d => d.querySelector('.main-svg'))")
+        drawn = tab.evaluate("[...document.querySelectorAll('.plotly-graph-div')].map(d => d.querySelector('.main-svg') !== null)")
+        context.close()
+    assert drawn == [True, True, True], drawn
