@@ -140,7 +140,7 @@ def test_rd_train_gives_the_one_process_parameters(cluster, tmp_path, name) -> N
     result = rd.train(case.model_fn, case.data_fn, config, cluster=cluster, progress=False, live=False,
                       loss_fn=case.loss_fn, optimizer_fn=case.optimizer_fn, metrics=metrics)  # fmt: skip
     trained = result.state_dict()  # the trained model, gathered on the engines
-    assert set(trained) == set(read_state_dict(tmp_path)[0])  # and its last checkpoint: the same tensors
+    assert set(read_state_dict(tmp_path)[0]) <= set(trained)  # its last checkpoint: the same tensors (a tied one under its first name)
     single = train_cases.single_process(name, 2).state_dict()
     for key, value in single.items():
         assert torch.allclose(trained[key], value, atol=train_cases.TOL, rtol=0), (key, (trained[key] - value).abs().max())

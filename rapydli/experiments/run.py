@@ -71,7 +71,8 @@ class RunResult:
     def state_dict(self) -> dict[str, Any]:
         """The trained model's full state (parameters and buffers, CPU tensors), as ``model_fn()``'s ``state_dict`` names it.
 
-        Gathered on the engines from every pipeline stage, tensor slice and ZeRO bucket when
+        Without a known ``model_fn``: by the names the engines gave them (a tied tensor
+        under its first name only). Gathered on the engines from every pipeline stage, tensor slice and ZeRO bucket when
         the run ended (or read from its checkpoint, for :func:`rapydli.load`).
 
         Raises
@@ -79,9 +80,14 @@ class RunResult:
         ConfigError
             The run returned no model (it failed before training ended).
         """
+        if self.model_fn is not None:  # every name model_fn()'s state_dict has (a tied weight under each of its names)
+            return {name: tensor.detach().clone() for name, tensor in self.model().state_dict().items()}
+        return {name: tensor.clone() for name, tensor in self._trained().items()}
+
+    def _trained(self) -> dict[str, Any]:
         if self.state is None:
             raise ConfigError(f"run {self.run_id} has no trained model: it ended before training did, and left no checkpoint")
-        return {name: tensor.clone() for name, tensor in self.state.items()}
+        return self.state
 
     def model(self) -> Any:
         """The trained ``nn.Module`` on the client: ``model_fn()`` with :meth:`state_dict` loaded (a new one per call).
@@ -96,8 +102,7 @@ class RunResult:
 
         if self.model_fn is None:
             raise ConfigError(f"run {self.run_id}: the function that builds its model is not known here: rd.load(run_id, model_fn=...)")
-        state = self.state_dict()
-        return load_full_state(self.model_fn(), state)
+        return load_full_state(self.model_fn(), self._trained())
 
     def timeline(self, replica: int = 0) -> Any:
         """A pipelined run's last step as a Gantt chart, ideal schedule and bubble (:mod:`rapydli.parallel.timeline`)."""
