@@ -43,6 +43,16 @@ class Spread:
             return cls(math.nan, math.nan, math.nan, 0)
         return cls(statistics.median(kept), min(kept), max(kept), len(kept))
 
+    @classmethod
+    def quartiles(cls, samples: Sequence[float]) -> Spread:
+        """The median and interquartile range of ``samples`` (per-step times of one run, where a
+        single stalled step should not set the range)."""
+        kept = sorted(float(s) for s in samples if math.isfinite(s))
+        if len(kept) < 4:
+            return cls.of(kept)
+        q1, median, q3 = statistics.quantiles(kept, n=4)
+        return cls(median, q1, q3, len(kept))
+
     @property
     def relative_width(self) -> float:
         """``(high - low) / median``: how far the repeats disagree (0 for one measurement)."""
