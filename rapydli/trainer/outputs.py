@@ -127,9 +127,16 @@ def target_parameter(model: nn.Module) -> str | None:
     return next((name for name in TARGET_PARAMETERS if name in parameters), None)
 
 
+def at_least_float32(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` in its own floating precision, or float32 if lower (half precision, integers):
+    a loss or metric of a float64 model is computed in float64."""
+    return tensor if tensor.dtype in (torch.float32, torch.float64) else tensor.float()
+
+
 def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy over every position (``(B, C)`` or ``(B, T, V)`` logits)."""
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
+    """Mean cross-entropy over every position (``(B, C)`` or ``(B, T, V)`` logits), in the
+    logits' precision or float32 if lower (:func:`at_least_float32`)."""
+    return F.cross_entropy(at_least_float32(logits.reshape(-1, logits.shape[-1])), targets.reshape(-1))
 
 
 class Objective:
@@ -224,18 +231,20 @@ def _regression_outputs(outputs: Any, targets: torch.Tensor) -> torch.Tensor:
     prediction = outputs if isinstance(outputs, torch.Tensor) else interpret(outputs).logits
     if prediction is None:
         raise ConfigError("the mse/mae metrics need a model that returns its predictions (a tensor)")
-    return prediction.float().reshape(targets.shape)
+    return at_least_float32(prediction).reshape(targets.shape)
 
 
 def mse(outputs: Any, targets: torch.Tensor) -> tuple[float, float]:
-    """``(sum of squared errors, elements)``."""
-    error = _regression_outputs(outputs, targets) - targets.float()
+    """``(sum of squared errors, elements)``, in the predictions' precision or float32 if lower."""
+    prediction = _regression_outputs(outputs, targets)
+    error = prediction - targets.to(prediction.dtype)
     return float((error**2).sum()), float(targets.numel())
 
 
 def mae(outputs: Any, targets: torch.Tensor) -> tuple[float, float]:
-    """``(sum of absolute errors, elements)``."""
-    error = _regression_outputs(outputs, targets) - targets.float()
+    """``(sum of absolute errors, elements)``, in the predictions' precision or float32 if lower."""
+    prediction = _regression_outputs(outputs, targets)
+    error = prediction - targets.to(prediction.dtype)
     return float(error.abs().sum()), float(targets.numel())
 
 
@@ -308,3 +317,17 @@ def check_training_code(loss_fn: Any = None, optimizer_fn: Any = None, metrics: 
     if optimizer_fn is not None:
         check_optimizer_fn(optimizer_fn)
     resolve_metrics(metrics)
+
+
+def global_mean(comm: Any, weighted_sum: float, samples: int) -> float:
+    """The mean over every data-parallel rank's samples of a per-sample quantity (a step's loss):
+    ``sum(weighted_sum) / sum(samples)`` over ``comm`` (one allreduce of two float64; ``comm``
+    None or of size 1: this rank's mean), as one process with the whole global batch reports it."""
+    import numpy as np
+
+    totals = np.array([weighted_sum, float(samples)], dtype=np.float64)
+    if comm is not None and comm.Get_size() > 1:
+        from mpi4py import MPI
+
+        comm.Allreduce(MPI.IN_PLACE, totals, op=MPI.SUM)
+    return float(totals[0] / totals[1]) if totals[1] else float("nan")

@@ -128,14 +128,15 @@ class EmitMetrics:
 
 
 class EmitRankTimings:
-    """On ranks other than 0: send each step's timings (they differ per rank) as ``rank_timings`` events."""
+    """On ranks other than 0: send each step's timings and own loss (``rank_loss``: its share of the
+    batch; they differ per rank) as ``rank_timings`` events."""
 
     def __init__(self, rank: int, emit: Emit) -> None:
         self.rank, self.emit = rank, emit
 
     def on_step_end(self, row: dict[str, Any]) -> None:
         if self.rank != 0:
-            self.emit("rank_timings", {"kind": "rank", "rank": self.rank, **{k: row[k] for k in ("step", *TIMING_KEYS)}})
+            self.emit("rank_timings", {"kind": "rank", "rank": self.rank, **{k: row[k] for k in ("step", *TIMING_KEYS, "rank_loss") if k in row}})
 
 
 def timing_summary(history: Sequence[dict[str, Any]], warmup: int = WARMUP_STEPS) -> dict[str, float]:
