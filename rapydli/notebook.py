@@ -227,6 +227,7 @@ def scaling_study(
     loss_fn: Callable[..., Any] | None = None,
     optimizer_fn: Callable[..., Any] | None = None,
     metrics: Any = None,
+    repeats: int = 3,
 ) -> ScalingResult:
     """Train at each worker count (and pipeline stage count) and measure throughput, compute and communication time.
 
@@ -258,7 +259,7 @@ def scaling_study(
 
     result = study(
         model_fn, data_fn, config, workers, mode, steps, predict, cluster, pipeline_stages=pipeline_stages, network=network, on_point=on_point,
-        loss_fn=loss_fn, optimizer_fn=optimizer_fn, metrics=metrics,
+        loss_fn=loss_fn, optimizer_fn=optimizer_fn, metrics=metrics, repeats=repeats,
     )  # fmt: skip
     if handle is not None:
         replace_with_figure(handle, result.figure, widget=widget)

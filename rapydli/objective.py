@@ -131,9 +131,16 @@ def target_parameter(model: nn.Module) -> str | None:
     return next((name for name in TARGET_PARAMETERS if name in parameters), None)
 
 
+def at_least_float32(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` in its own floating precision, or float32 if lower (half precision, integers):
+    a loss or metric of a float64 model is computed in float64."""
+    return tensor if tensor.dtype in (torch.float32, torch.float64) else tensor.float()
+
+
 def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy over every position (``(B, C)`` or ``(B, T, V)`` logits)."""
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
+    """Mean cross-entropy over every position (``(B, C)`` or ``(B, T, V)`` logits), in the
+    logits' precision or float32 if lower (:func:`at_least_float32`)."""
+    return F.cross_entropy(at_least_float32(logits.reshape(-1, logits.shape[-1])), targets.reshape(-1))
 
 
 class Objective:
@@ -228,18 +235,20 @@ def _regression_outputs(outputs: Any, targets: torch.Tensor) -> torch.Tensor:
     prediction = outputs if isinstance(outputs, torch.Tensor) else interpret(outputs).logits
     if prediction is None:
         raise ConfigError("the mse/mae metrics need a model that returns its predictions (a tensor)")
-    return prediction.float().reshape(targets.shape)
+    return at_least_float32(prediction).reshape(targets.shape)
 
 
 def mse(outputs: Any, targets: torch.Tensor) -> tuple[float, float]:
-    """``(sum of squared errors, elements)``."""
-    error = _regression_outputs(outputs, targets) - targets.float()
+    """``(sum of squared errors, elements)``, in the predictions' precision or float32 if lower."""
+    prediction = _regression_outputs(outputs, targets)
+    error = prediction - targets.to(prediction.dtype)
     return float((error**2).sum()), float(targets.numel())
 
 
 def mae(outputs: Any, targets: torch.Tensor) -> tuple[float, float]:
-    """``(sum of absolute errors, elements)``."""
-    error = _regression_outputs(outputs, targets) - targets.float()
+    """``(sum of absolute errors, elements)``, in the predictions' precision or float32 if lower."""
+    prediction = _regression_outputs(outputs, targets)
+    error = prediction - targets.to(prediction.dtype)
     return float(error.abs().sum()), float(targets.numel())
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import math
 import sqlite3
 import time
 from dataclasses import replace
@@ -292,3 +293,50 @@ def test_train_config_autotune_budget() -> None:
     with pytest.raises(ConfigError, match="budget_s must be a positive number"):
         autotune_model(every_kind_of_conv(), torch.randn(1, 3, 16, 16), budget_s=-1, progress=False)
 
+
+
+# ---------------------------------------------------------------- measurements carry their spread
+
+
+def _result(shape: ConvShape, default: list[float], tuned: list[float]):
+    from rapydli.autotune.conv import TuneResult
+
+    def measured(candidate: str, times: list[float]) -> Measurement:
+        median = sorted(times)[len(times) // 2]
+        return Measurement(Config.of(candidate), "ok", median=median, times=times, passes={"forward": median})
+
+    measurements = [measured("torch_nchw", default), measured("torch_channels_last", tuned)]
+    return TuneResult(Problem(shape, "inference"), measurements[1], None, measurements, None, None)  # type: ignore[arg-type]
+
+
+def test_a_layer_speedup_is_reported_only_where_its_range_excludes_1_and_a_share_above_1_is_flagged() -> None:
+    from rapydli.autotune.budget import _row
+
+    shape = ConvShape(2, 3, 16, 16, 8, 3, 3, pad=1)
+    clear = _row(1, shape, ["c1"], _result(shape, [0.010, 0.011, 0.012], [0.005, 0.0052, 0.0055]), 11.0, 20.0, 2, False)
+    assert clear["speedup"] == pytest.approx(0.011 / 0.0052) and clear["speedup_low"] > 1 and not clear["flag"]
+    noisy = _row(1, shape, ["c1"], _result(shape, [0.010, 0.011, 0.030], [0.004, 0.0105, 0.012]), 11.0, 20.0, 2, False)
+    assert noisy["speedup"] is None and noisy["speedup_low"] < 1 < noisy["speedup_high"]  # no claim the repeats contradict
+    # the library default timed at 96 ms for a step of 43 ms: not a share of 2.2, a disturbed measurement
+    artefact = _row(1, shape, ["c1"], _result(shape, [0.096, 0.097, 0.098], [0.0014, 0.0014, 0.0015]), 96.0, 43.0, 2, False)
+    assert math.isnan(artefact["share"]) and "share 2.23 > 1 is a measurement artefact" in artefact["flag"]
+    assert "cores" in artefact["flag"]
+
+
+def test_autotune_beside_a_cpu_hog_claims_no_speedup_its_repetitions_contradict(tmp_path, one_thread) -> None:
+    import subprocess
+    import sys
+
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        model, x = every_kind_of_conv(), torch.randn(2, 3, 16, 16)
+        _, report = autotune_model(model, x, budget_s=20, cache=Cache(tmp_path / "hog.db"), progress=False, **TINY)
+    finally:
+        hog.kill()
+        hog.wait()
+    for row in report.layers.to_dict("records"):
+        assert not row["share"] > 1, row  # never a result ...
+        if isinstance(row.get("flag"), str) and row["flag"]:  # ... but named, with the load
+            assert math.isnan(row["share"]) and "cores" in row["flag"]
+        if row["speedup"] is not None and not math.isnan(row["speedup"]) and row["speedup"] != 1.0:
+            assert row["speedup_low"] > 1 or row["speedup_high"] < 1, row

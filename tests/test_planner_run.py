@@ -16,10 +16,18 @@ TENSOR = "dp1 pp1 tp2 m1 zero0"
 
 @pytest.mark.engines
 def test_plan_on_two_engines_runs_the_fastest_and_picks_one() -> None:
+    import subprocess
+    import sys
+
     before = len(rd.runs(kind="train"))
-    with rd.Cluster(n=2) as cluster:
-        plan = rd.plan_parallel(models.tiny_lm, datasets.synthetic_tokens, rd.TrainConfig(batch_size=8), ranks=2, run_top=2, steps=5,
-                                cluster=cluster, run_layouts=[PIPELINE, TENSOR])  # fmt: skip
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])  # a busy machine: the verdict must say when it cannot tell
+    try:
+        with rd.Cluster(n=2) as cluster:
+            plan = rd.plan_parallel(models.tiny_lm, datasets.synthetic_tokens, rd.TrainConfig(batch_size=8), ranks=2, run_top=2, steps=8,
+                                    cluster=cluster, run_layouts=[PIPELINE, TENSOR])  # fmt: skip
+    finally:
+        hog.kill()
+        hog.wait()
     table = plan.table
     assert plan.profile.source == "2 engines" and plan.profile.names == ["embed", "blocks.0", "blocks.1", "head"]
     assert plan.network.allreduce.allreduce_time(2, 1 << 20) > 0 and plan.network.p2p.send_time(1 << 20) > 0  # fitted (alpha may fit 0 on a busy machine)
@@ -27,7 +35,12 @@ def test_plan_on_two_engines_runs_the_fastest_and_picks_one() -> None:
     fastest = list(table[table["fits"]]["layout"].iloc[:2])
     assert sorted(ran["layout"]) == sorted({*fastest, PIPELINE, TENSOR})  # the 2 fastest predicted, and those asked for
     assert all(math.isfinite(e) for e in ran["error"]) and (ran["measured_step_s"] > 0).all()
-    assert plan.validated == bool((ran["error"].abs() <= TOLERANCE).all())  # reported either way: no timing asserted
+    assert ((ran["measured_low_s"] <= ran["measured_step_s"]) & (ran["measured_step_s"] <= ran["measured_high_s"])).all()
+    widths = (ran["measured_high_s"] - ran["measured_low_s"]) / ran["measured_step_s"]
+    # reported either way, no timing asserted; too unsteady to check to TOLERANCE: not validated, and why
+    assert plan.validated == bool((ran["error"].abs() <= TOLERANCE).all() and (widths <= TOLERANCE).all())
+    noisy = [note for note in plan.notes if note.startswith("not validated")]
+    assert len(noisy) == int((widths > TOLERANCE).sum()) and all("cores" in note for note in noisy)
     best = ran.loc[ran["measured_step_s"].idxmin()]
     assert plan.best_layout == best["layout"] and plan.best is not None and plan.best.workers == 2
     assert (plan.best.pipeline_stages, plan.best.tensor_parallel, plan.best.zero) == (best["pp"], best["tp"], best["zero"])

@@ -39,10 +39,9 @@ def seed(store: RunStore, tmp_path: Path) -> dict[str, Any]:
         lr, width = 0.01 * (i + 1), 16 * (1 + i % 3)
         trial = store.create_run("trial", f"trial-{i}", {"trial": i, "params": {"lr": lr, "width": width}}, parent=ids["sweep"])
         store.log_metrics(trial, [(1, "val_loss", 1.0), (2, "val_loss", 1.0 - 5 * lr + 0.001 * width)])
-        store.add_record(trial, "trial_state", "scalar", "PRUNED" if i == 4 else "COMPLETE")
-        if i == 4:  # as the sweep records it (rapydli.experiments.sweep.pruning)
+        if i == 4:  # as the sweep records it (rapydli.experiments.sweep.pruning, .lifecycle): why, and the status once
             store.add_record(trial, "prune", "json", PRUNE)
-        store.finish_run(trial)
+        store.finish_run(trial, "pruned" if i == 4 else "finished")
         ids["trials"].append(trial)
     store.finish_run(ids["sweep"])
     ids["batch"] = store.create_run("batch", "grid", {"notebook": "nb.ipynb"})

@@ -84,7 +84,7 @@ def test_sweep_runs_two_at_a_time_prunes_a_bad_trial_and_survives_a_failing_one(
     a, b = children[0], children[1]
     assert a["started"] < b["ended"] and b["started"] < a["ended"]  # trials 0 and 1 ran at the same time
     assert children[3]["status"] == "pruned" and children[2]["status"] == "failed"
-    assert store.records(children[3]["id"])["trial_state"]["value"] == "PRUNED"
+    assert "trial_state" not in store.records(children[3]["id"])  # the state is recorded once: the run's status
     decision = store.records(children[3]["id"])["prune"]["value"]  # why: the report it was pruned at, and the bar
     assert decision["pruner"] == "SuccessiveHalvingPruner" and decision["metric"] == "val_loss" and decision["step"] == table.loc[3, "steps"]
     assert decision["value"] is None or decision["value"] == pytest.approx(table.loc[3, "value"])
@@ -176,3 +176,94 @@ def test_loss_optimizer_and_metrics_reach_every_trial(cluster) -> None:
         final = open_store().final_metrics(trial["run_id"])
         passed_through(final, trial["lr"])
         assert trial["value"] == pytest.approx(final["val_mae"])  # the user's metric is what the sweep optimised
+
+
+def _views(run_id: str, metric: str = "val_loss") -> dict[str, str]:
+    """A trial's state as each front end shows it: the store, ``rapydli runs show``, the REST routes."""
+    from click.testing import CliRunner
+
+    from rapydli.cli import cli
+    from rapydli.experiments.sweep.lifecycle import state_of
+    from rapydli.server.run_handlers import _trial
+
+    store = open_store()
+    run = store.get_run(run_id)
+    shown = CliRunner().invoke(cli, ["runs", "show", run_id], catch_exceptions=False).output.splitlines()[0]
+    return {"store": state_of(run["status"]), "cli": state_of(shown.rsplit("[", 1)[1].rstrip("]")), "rest": _trial(store, run, metric)["state"]}
+
+
+def _last_steps(run_id: str) -> dict[str, int]:
+    """The last step each rank trained, from the store (rank 0's loss; the others' step timings)."""
+    last: dict[str, int] = {}
+    for row in open_store().metrics(run_id):
+        if row["name"] == "loss" or row["name"].startswith("step_time_s@rank"):
+            key = row["name"].partition("@")[2] or "rank0"
+            last[key] = max(last.get(key, 0), row["step"])
+    return last
+
+
+@pytest.mark.engines
+def test_a_pruned_trial_stops_on_all_its_ranks_within_a_step_and_every_view_says_pruned(cluster) -> None:
+    import optuna
+
+    config = rd.TrainConfig(max_steps=30, epochs=2, eval_every=5, batch_size=32, allreduce="mpi")
+    # the first trial is pruned at its first report (step 5); the second runs to the end
+    pruner = optuna.pruners.ThresholdPruner(upper=5.0)
+    result = rd.sweep(models.mlp, datasets.digits, config, {"lr": rd.loguniform(1e-3, 10.0)}, trials=2, workers_per_trial=2,
+                      cluster=cluster, pruner=pruner, enqueue=[{"lr": 8.0}, {"lr": 0.05}], live=False)  # fmt: skip
+    table = result.table.set_index("trial")
+    assert list(table["state"]) == ["PRUNED", "COMPLETE"], table[["state", "error"]].to_string()
+    pruned, complete = table.loc[0, "run_id"], table.loc[1, "run_id"]
+    decision = open_store().records(pruned)["prune"]["value"]["step"]
+    assert decision == 5
+    last = _last_steps(pruned)
+    assert set(last) == {"rank0", "rank1"} and all(step <= decision + 1 for step in last.values()), last
+    assert _last_steps(complete) == {"rank0": 30, "rank1": 30}
+    assert _views(pruned) == {"store": "PRUNED", "cli": "PRUNED", "rest": "PRUNED"}
+    assert _views(complete) == {"store": "COMPLETE", "cli": "COMPLETE", "rest": "COMPLETE"}
+    assert result.best_trial == 1 and result.best_params == {"lr": pytest.approx(0.05)}
+
+
+@pytest.mark.engines
+def test_a_grid_sweep_runs_its_whole_grid_with_pruned_and_failed_points_and_ends_normally(cluster) -> None:
+    import optuna
+
+    config = rd.TrainConfig(max_steps=10, eval_every=5, batch_size=32, allreduce="mpi")
+    space = {"lr": rd.choice([0.05, 8.0]), "grad_accum": rd.choice([1, 1000])}  # grad_accum 1000 raises on the ranks
+    result = rd.sweep(models.mlp, datasets.digits, config, space, trials=10, workers_per_trial=2, cluster=cluster,
+                      sampler="grid", pruner=optuna.pruners.ThresholdPruner(upper=5.0), live=False)  # fmt: skip
+    table = result.table
+    points = {(row.lr, row.grad_accum): row.state for row in table.itertuples()}
+    assert len(table) == 4 and points == {(0.05, 1): "COMPLETE", (8.0, 1): "PRUNED", (0.05, 1000): "FAIL", (8.0, 1000): "FAIL"}, points
+    assert open_store().get_run(result.run_id)["status"] == "finished"
+    assert result.best_params == {"lr": 0.05, "grad_accum": 1}
+
+
+class _StopWhenSecondTrains:
+    """A sweep view that stops the sweep (the panel's Stop) once the second trial has reported."""
+
+    def __init__(self) -> None:
+        self.runner: Sweep | None = None
+
+    def update(self, table, force: bool = False) -> None:
+        if self.runner is not None and len(table) == 2 and table["steps"].iloc[1] > 0:
+            self.runner.stop()
+
+
+@pytest.mark.engines
+def test_a_stopped_sweep_records_true_states_and_its_best_is_a_complete_trial(cluster) -> None:
+    view = _StopWhenSecondTrains()
+    config = rd.TrainConfig(max_steps=20, eval_every=2, batch_size=32, allreduce="mpi")
+    runner = Sweep(models.mlp, datasets.digits, config, {"max_steps": rd.choice([20, 5000])}, trials=3, workers_per_trial=2,
+                   cluster=cluster, view=view, pruner="none", enqueue=[{"max_steps": 20}, {"max_steps": 5000}])  # fmt: skip
+    view.runner = runner
+    result = runner.run()
+    table = result.table.set_index("trial")
+    assert list(table["state"]) == ["COMPLETE", "FAIL"], table[["state", "error"]].to_string()
+    assert "stopped with the sweep" in table.loc[1, "error"]
+    assert _views(table.loc[0, "run_id"])["store"] == "COMPLETE"
+    assert _views(table.loc[1, "run_id"]) == {"store": "FAIL", "cli": "FAIL", "rest": "FAIL"}
+    stopped = open_store().get_run(table.loc[1, "run_id"])  # recorded once, as the sweep told Optuna (not "interrupted")
+    assert stopped["status"] == "failed" and "stopped with the sweep" in stopped["error"]
+    assert result.best_trial == 0 and result.best_params == {"max_steps": 20}
+    assert open_store().get_run(result.run_id)["status"] == "finished"

@@ -225,3 +225,38 @@ def test_a_distributed_cell_error_shows_the_cell_line(cluster) -> None:
 
 def _build_and_count(cls: type) -> int:
     return sum(p.numel() for p in cls().parameters())
+
+
+# -- the recorded loss: the global batch's, in the model's precision ----------------------------
+
+
+def test_the_default_loss_and_metrics_keep_float64_and_upcast_half_precision() -> None:
+    from rapydli.trainer.outputs import cross_entropy, mae, mse
+
+    logits, targets = torch.randn(6, 4, dtype=torch.float64), torch.randint(0, 4, (6,))
+    assert cross_entropy(logits, targets).dtype == torch.float64
+    assert cross_entropy(logits.half(), targets).dtype == torch.float32
+    assert cross_entropy(logits.bfloat16(), targets).dtype == torch.float32
+    exact = float(torch.nn.functional.cross_entropy(logits, targets))
+    assert float(cross_entropy(logits, targets)) == exact  # no float32 rounding on the way
+    prediction = torch.randn(5, dtype=torch.float64)
+    truth = prediction + 1e-12
+    assert mse(prediction, truth)[0] == pytest.approx(5e-24, rel=1e-3) and mae(prediction, truth)[0] == pytest.approx(5e-12, rel=1e-3)
+
+
+@pytest.mark.mpi
+def test_every_layout_records_the_loss_of_the_global_batch_as_one_process_does(run_mpi) -> None:
+    import json
+
+    result = run_mpi(f"import sys; sys.path.insert(0, {str(TESTS)!r}); import cases_global_loss; cases_global_loss.main()", n=4, timeout=400)
+    assert result.stderr.count("OK global loss") == 4
+    ranks = json.loads(next(line for line in result.stdout.splitlines() if line.startswith("[")))
+    one = ranks[0]["one process"]
+    assert len(one["loss"]) == 5 and len(one["val_loss"]) >= 1
+    for rank, layouts in enumerate(ranks):
+        for name in ("dp4 x 8", "pp2 x dp2 x 16", "tp2 x dp2 x 16"):
+            got = layouts[name]
+            assert got["loss"] == pytest.approx(one["loss"], abs=1e-10, rel=0), (rank, name)  # every step, every rank
+            assert got["val_loss"] == pytest.approx(one["val_loss"], abs=1e-12, rel=0), (rank, name)
+    own = [ranks[r]["dp4 x 8"]["rank_loss"][0] for r in range(4)]  # each rank's own share of the first batch
+    assert len(set(own)) == 4 and sum(own) / 4 == pytest.approx(one["loss"][0], abs=1e-12)

@@ -71,8 +71,13 @@ class LayerTuning:
     rows
         One dict per unique shape, in rank order: ``rank``, ``layers`` (count), ``names``,
         ``shape``, ``share`` (of the model step), ``default_ms`` and ``tuned_ms`` (per layer),
-        ``speedup``, ``evaluated`` (generated configurations measured now), ``cached``
-        (read from the cache), ``status`` (``"tuned"`` or ``"skipped: budget"``).
+        ``speedup`` (only where the range of the repetitions supports it: ``speedup_low``
+        and ``speedup_high`` both above or both below 1, or the tuned choice is the default
+        itself; else None), ``speedup_low``/``speedup_high`` (the range the timed
+        repetitions allow), ``evaluated`` (generated configurations measured now), ``cached``
+        (read from the cache), ``status`` (``"tuned"`` or ``"skipped: budget"``) and ``flag``
+        (a share of the step above 1, which is impossible: the layer was timed slower than
+        the whole step, a measurement disturbed by other work; the ``share`` is then NaN).
     seconds
         Wall seconds per phase: ``profile`` (the model step), ``compile``, ``validate``,
         ``time`` (the measurements' own phases, summed over engines), ``search`` (all of
@@ -268,16 +273,47 @@ def _tune_layers(model: nn.Module, x: torch.Tensor, found: Sequence[tuple[str, C
     return LayerTuning(results, rows, seconds, skipped, step_ms, sum(taken.values()))
 
 
+def _split_range(split: Any) -> tuple[float, float]:
+    """``(low, high)`` ms of a layer's time: its median scaled by how far its measurements' timed
+    repetitions ran from their medians (fastest and slowest)."""
+    low = high = 1.0
+    for m in split.passes.values():
+        if m.median and m.times:
+            low, high = min(low, min(m.times) / m.median), max(high, max(m.times) / m.median)
+    return split.seconds * 1e3 * low, split.seconds * 1e3 * high
+
+
+def _speedup(result: TuneResult) -> tuple[float | None, float, float]:
+    """The tuned layer's speedup over the library default, when the repetitions' ranges support one
+    (else None), and the range ``(low, high)`` they allow."""
+    default, tuned = result.best_split(lambda c: c.candidate == DEFAULT), result.best_split(lambda c: True)
+    if default is None or tuned is None or not default.seconds or not tuned.seconds:
+        return None, math.nan, math.nan
+    if {m.config for m in tuned.passes.values()} == {m.config for m in default.passes.values()}:
+        return 1.0, 1.0, 1.0  # the default itself: no claim
+    (d_low, d_high), (t_low, t_high) = _split_range(default), _split_range(tuned)
+    low, high = d_low / t_high, d_high / t_low
+    return (default.seconds / tuned.seconds if low > 1 or high < 1 else None), low, high
+
+
 def _row(rank: int, shape: ConvShape, names: list[str], result: TuneResult, weight: float, step_ms: float,
          measured_now: int, budgeted: bool) -> dict[str, Any]:
     """The table row of one tuned (or budget-skipped) shape (see :class:`LayerTuning`)."""
+    from rapydli.experiments.spread import load_text, machine_load
+
     evaluated = sum(1 for m in result.measurements if _kind(m.config) == "generated" and m.status != "missing")
     default_ms, tuned_ms = _default_ms(result), _tuned_ms(result)
+    share, flag = (weight / step_ms if step_ms else 0.0), ""
+    if share > 1:  # the layers of this shape timed slower than the whole step they are part of
+        flag = (f"share {share:.2f} > 1 is a measurement artefact: these layers were timed at {weight:.3g} ms, the whole step "
+                f"at {step_ms:.3g} ms ({load_text(machine_load())}); tune on a quieter machine or with fewer threads")
+        share = math.nan
+    speedup, low, high = _speedup(result)
     return {"rank": rank, "layers": len(names), "names": ", ".join(names), "shape": shape.text,
-            "share": weight / step_ms if step_ms else 0.0, "default_ms": default_ms or math.nan,
-            "tuned_ms": tuned_ms or math.nan, "speedup": default_ms / tuned_ms if default_ms and tuned_ms else None,
+            "share": share, "default_ms": default_ms or math.nan,
+            "tuned_ms": tuned_ms or math.nan, "speedup": speedup, "speedup_low": low, "speedup_high": high,
             "evaluated": evaluated, "measured_now": measured_now,
-            "status": "tuned" if evaluated or not budgeted else "skipped: budget"}
+            "status": "tuned" if evaluated or not budgeted else "skipped: budget", "flag": flag}
 
 
 def _transfer(shape: ConvShape, results: Mapping[ConvShape, TuneResult], done: Sequence[ConvShape]) -> dict[str, Any]:

@@ -52,6 +52,13 @@ _current: list[RankContext] = []
 _local_rank: list[int] = [0]  # set once by setup(); Split_type is collective over all ranks
 _stop = threading.Event()
 STOP_SIGNAL = signal.SIGUSR1
+_go_on = threading.Event()
+#: The client's answer "go on" to a report the task waits on (:func:`await_verdict`); a stop
+#: request (``STOP_SIGNAL``) is the other answer. SIGWINCH: ignored by default, so one that
+#: arrives before the handler is installed does no harm, and SIGUSR2 is the stack dump's
+#: (:data:`rapydli.cluster.where.WHERE_SIGNAL`).
+GO_ON_SIGNAL = signal.SIGWINCH
+VERDICT_POLL_S = 0.005
 
 
 def stop_requested() -> bool:
@@ -77,6 +84,29 @@ def should_stop(comm: Any = None) -> bool:
 
 def _on_stop_signal(signum: int, frame: Any) -> None:
     _stop.set()
+
+
+def _on_go_on_signal(signum: int, frame: Any) -> None:
+    _go_on.set()
+
+
+def expect_verdict() -> None:
+    """Forget an earlier "go on": call it before sending the report :func:`await_verdict` waits on."""
+    _go_on.clear()
+
+
+def await_verdict() -> bool:
+    """Block until the client answered the last report: True to stop (``Job.request_stop``), False to go on.
+
+    Used where the client decides on a report before the run may go on (a sweep's pruner
+    on a trial's validation row): the ranks then stop within one step of the decision. The
+    wait ends with the stop request or with the client's "go on" (``Job.go_on``); Ctrl-C
+    (``Job.interrupt``) ends it with ``KeyboardInterrupt`` like any step.
+    """
+    while not (_go_on.is_set() or _stop.is_set()):
+        _go_on.wait(VERDICT_POLL_S)
+    _go_on.clear()
+    return _stop.is_set()
 
 
 def context() -> RankContext:
@@ -105,6 +135,7 @@ def setup(threads: int, paths: Sequence[str] = ()) -> dict[str, Any]:
     # a stop request may arrive before a task is fully under way (its first one imports torch):
     # the handler is in place from the start and the request is kept until the task ends
     signal.signal(STOP_SIGNAL, _on_stop_signal)
+    signal.signal(GO_ON_SIGNAL, _on_go_on_signal)
     world = MPI.COMM_WORLD
     local = world.Split_type(MPI.COMM_TYPE_SHARED)
     local_rank = local.Get_rank()
@@ -193,6 +224,7 @@ def _enter(targets: Sequence[int], stream_events: bool) -> RankContext:
     trace.new_task()
     events.enable(stream_events)
     signal.signal(STOP_SIGNAL, _on_stop_signal)
+    signal.signal(GO_ON_SIGNAL, _on_go_on_signal)
     return ctx
 
 
@@ -201,6 +233,7 @@ def _leave() -> None:
     events.enable(False)
     _current.pop()
     _stop.clear()
+    _go_on.clear()
 
 
 def run_task(

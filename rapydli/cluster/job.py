@@ -94,6 +94,9 @@ class Job:
         ``{rank: AsyncResult}`` for the ranks running the task.
     interrupt, stop
         Send SIGINT / the stop request to the given ranks.
+    go_on
+        Send "go on" to the given ranks (the answer to a report they wait on,
+        :func:`rapydli.cluster.engine.await_verdict`); None where the cluster cannot.
     abort
         Called to abort the MPI job when interrupted ranks do not stop (they are blocked).
     gone
@@ -122,6 +125,7 @@ class Job:
         interrupt: Callable[[Sequence[int]], None],
         stop: Callable[[Sequence[int]], None],
         abort: Callable[[], None],
+        go_on: Callable[[Sequence[int]], None] | None = None,
         timeout: float | None = None,
         on_output: OutputHandler | None = print_output,
         on_event: EventHandler | None = None,
@@ -135,6 +139,7 @@ class Job:
         self.ranks = {rank: _Rank(rank, ar) for rank, ar in results.items()}
         self._interrupt = interrupt
         self._stop = stop
+        self._go_on = go_on
         self._abort = abort
         self._gone = gone
         self.timeout = timeout
@@ -241,6 +246,13 @@ class Job:
         running = [r.rank for r in self._running()]
         if running:
             self._stop(running)
+
+    def go_on(self, ranks: Sequence[int]) -> None:
+        """Tell ``ranks`` (those still running) to go on past the report they wait on
+        (:func:`rapydli.cluster.engine.await_verdict`)."""
+        running = [r.rank for r in self._running() if r.rank in ranks]
+        if running and self._go_on is not None:
+            self._go_on(running)
 
     def interrupt(self) -> None:
         """Interrupt the running ranks now (SIGINT); blocked ones are aborted after the grace."""

@@ -236,7 +236,7 @@ class ClusterTasks:
         hosts_down = functools.partial(self._hosts_down, where) if self.launcher.name == "ssh" else None
         gone = self._batch.gone if self._batch is not None else None
         lost = functools.partial(self._hosts_lost, self._sessions, where) if self._sessions is not None else None
-        return Job(results, interrupt=self._interrupt, stop=self._request_stop, abort=self.abort, hosts_down=hosts_down, gone=gone,
+        return Job(results, interrupt=self._interrupt, stop=self._request_stop, go_on=self._go_on, abort=self.abort, hosts_down=hosts_down, gone=gone,
                    lost_hosts=lost, **handlers)  # fmt: skip
 
     @staticmethod
@@ -264,3 +264,6 @@ class ClusterTasks:
 
     def _request_stop(self, ranks: Sequence[int]) -> None:
         self._signal(engine.STOP_SIGNAL.name, ranks)
+
+    def _go_on(self, ranks: Sequence[int]) -> None:
+        self._signal(engine.GO_ON_SIGNAL.name, ranks)

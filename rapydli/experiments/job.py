@@ -74,6 +74,13 @@ class TrainingJob:
     continues
         The id of a run this job continues (a restart after a rank died): its metrics go to
         that run instead of a new one.
+    await_verdict
+        A metric name (a sweep's): after each row carrying it, rank 0 waits until the
+        callbacks have seen the row; then the job answers "go on" unless a callback asked to
+        stop (:meth:`request_stop`), so every rank stops within one step of that decision.
+    end_status
+        False when the owner records how the run ended (a sweep records its trial's state,
+        :mod:`rapydli.experiments.sweep.lifecycle`); True: the job records it.
     keep_open
         When the job fails because its ranks died, leave its run ``running`` in the store
         (the caller restarts it with ``continues=``) instead of recording it failed.
@@ -115,6 +122,8 @@ class TrainingJob:
         progress: bool | Callable[..., Any] = False,
         continues: str | None = None,
         keep_open: bool = False,
+        await_verdict: str | None = None,
+        end_status: bool = True,
     ) -> None:
         from rapydli.cluster.ensure import ready
         from rapydli.experiments.store.runstore import open_store
@@ -156,6 +165,7 @@ class TrainingJob:
         self.store = open_store() if record else None
         self.run_id: str | None = continues
         self.keep_open = keep_open
+        self.await_verdict, self.end_status = await_verdict, end_status
         self.start_step: int | None = None
         self.trackers: RunTrackers | None = None
         if self.store is not None and continues is None:
@@ -177,7 +187,7 @@ class TrainingJob:
             ready(cluster)  # started, waited for or restarted as part of the run (rd.train's own cluster too)
             self.job = cluster.submit(
                 engine_task, spec.model_fn, spec.data_fn, {**config.to_dict(), "trackers": ""}, targets=self.targets, on_event=self._on_event,
-                hang_timeout_s=config.hang_timeout_s, on_hang=config.on_hang, **spec.code,
+                hang_timeout_s=config.hang_timeout_s, on_hang=config.on_hang, await_verdict=await_verdict, **spec.code,
             )  # fmt: skip
         except KeyboardInterrupt:
             __tracebackhide__ = True  # noqa: F841 - IPython shows the user's cell, not ipyparallel's frames
@@ -222,6 +232,9 @@ class TrainingJob:
             self.store.log_metrics(self.run_id, _metric_rows(payload))
         for callback in self.callbacks:
             callback(dict(payload))
+        value = payload.get(self.await_verdict) if self.await_verdict is not None else None
+        if isinstance(value, (int, float)) and self.stop_requested_at is None:  # rank 0 waits for this answer
+            self.job.go_on(self.targets[:1])
 
     # -- driving ----------------------------------------------------------------------------
     def poll(self, wait_s: float = 0.0) -> bool:
@@ -298,7 +311,7 @@ class TrainingJob:
         if self._bar is not None:
             self._bar.close()
         died = self.exception is not None and self.exception.died
-        if self.store is not None and self.run_id is not None and not (self.keep_open and died):
+        if self.store is not None and self.run_id is not None and (self.end_status or not hasattr(self, "job")) and not (self.keep_open and died):
             status = {"finished": "finished", "stopped": "interrupted", "failed": "failed"}[state]
             if state != "failed" and self._stop_status is not None:
                 status = self._stop_status

@@ -8,6 +8,15 @@ batch (the global batch grows with ``k``); ``strong`` keeps the global batch of 
 smallest count and splits it. Speedup is the throughput ratio to the smallest count
 (``samples/s``), efficiency the speedup over the ideal ``k / k0``.
 
+Every point is measured ``repeats`` times in interleaved rounds (each round measures every
+point once, so load that comes and goes hits them alike); a point's timings are the
+medians of its rounds, its speedup the median of the per-round ratios to the first point
+of the same round, with the range the rounds span (``speedup_low``, ``speedup_high``,
+:mod:`rapydli.experiments.spread`). ``speedup_verdict`` says whether that range is above
+or below 1 or spans it (then no conclusion). An efficiency above 1 (more than the ideal)
+is not a result but an artefact of the load on the machine: it is left out of the table
+(NaN) and ``flag`` names it with the load seen.
+
 ``pipeline_stages=[1, 2, ...]`` measures every worker count at every stage count that
 divides it (``k / p`` data-parallel replicas of a ``p``-stage pipeline, ``k / (p t)`` with
 ``tensor_parallel=t``; the others are skipped and named in ``notes``). A replica then plays the part a rank plays above: weak
@@ -36,6 +45,7 @@ from rapydli.experiments.figures import fill_scaling_figure, scaling_figure
 from rapydli.experiments.job import TrainingJob
 from rapydli.experiments.planning.perfmodel import RingModel, measure_ring, predict_step_time
 from rapydli.experiments.spec import RunSpec
+from rapydli.experiments.spread import Spread, busy, load_text, machine_load
 from rapydli.parallel.layout import Layout
 from rapydli.trainer.config import TrainConfig
 from rapydli.trainer.task import WARMUP_STEPS
@@ -50,7 +60,10 @@ COLUMNS = [
     "workers", "pipeline_stages", "replicas", "hosts", "global_batch", "samples_per_s", "speedup", "ideal_speedup", "efficiency",
     "step_time_s",
     "compute_time_s", "comm_time_s", "comm_wait_s", "comm_fraction", "predicted_step_time_s", "prediction_error",
+    "repeats", "step_time_low_s", "step_time_high_s", "speedup_low", "speedup_high", "speedup_verdict", "load", "flag",
 ]  # fmt: skip
+#: Timing fields of a point whose median over the rounds the table shows.
+TIMED = ("samples_per_s", "step_time_s", "compute_time_s", "comm_time_s", "comm_wait_s", "comm_fraction")
 
 
 @dataclass
@@ -67,7 +80,12 @@ class ScalingResult:
         ``compute_time_s``, ``comm_time_s`` (gradient allreduce time),
         ``comm_wait_s`` (time the step waited for it), ``comm_fraction``
         (``comm_wait_s / step_time_s``), and with a model ``predicted_step_time_s`` and
-        ``prediction_error`` (relative; one-stage points only).
+        ``prediction_error`` (relative; one-stage points only); the spread: ``repeats``
+        (rounds measured), ``step_time_low_s``/``step_time_high_s`` and
+        ``speedup_low``/``speedup_high`` (the range of the rounds), ``speedup_verdict``
+        (``above 1``, ``below 1`` or why no conclusion), ``load`` (the highest load seen
+        while it was measured) and ``flag`` (an efficiency above 1: its value, the load,
+        what to do; the ``efficiency`` column is then NaN).
     figure
         Speedup and efficiency against workers: measured (a line per stage count),
         ideal, and predicted (dashed).
@@ -77,11 +95,13 @@ class ScalingResult:
     model
         The :class:`RingModel` used, or ``None``.
     validated
-        Whether every predicted point is within 20% of its measurement (``None`` without a model).
+        Whether every predicted point is within 20% of its measurement, and every measured
+        point's rounds agree within 20% (``None`` without a model); why not in ``notes``.
     run_id
         The ``scaling`` run in the store.
     notes
-        What the study left out and why (worker counts a stage count does not divide).
+        What the study left out and why (worker counts a stage count does not divide), and
+        every measurement flag (efficiency above 1, rounds too far apart to validate).
     """
 
     table: pd.DataFrame
@@ -113,6 +133,7 @@ def scaling_study(
     loss_fn: Callable[..., Any] | None = None,
     optimizer_fn: Callable[..., Any] | None = None,
     metrics: Any = None,
+    repeats: int = 3,
 ) -> ScalingResult:
     """Train at each worker count and measure throughput, compute and communication time.
 
@@ -145,6 +166,8 @@ def scaling_study(
         point and at the end; the notebook front door redraws its live plot with it.
     loss_fn, optimizer_fn, metrics
         As for ``rd.train``.
+    repeats
+        Interleaved rounds: every point is measured this many times (its spread).
 
     Returns
     -------
@@ -164,6 +187,8 @@ def scaling_study(
         raise ConfigError(f"mode={mode!r} is invalid: 'weak' or 'strong'")
     if not isinstance(steps, int) or steps <= WARMUP_STEPS:
         raise ConfigError(f"steps={steps!r} is invalid: an integer > {WARMUP_STEPS} (the first {WARMUP_STEPS} are warm-up)")
+    if not isinstance(repeats, int) or isinstance(repeats, bool) or repeats < 1:
+        raise ConfigError(f"repeats={repeats!r} is invalid: an integer >= 1 (interleaved rounds of every point)")
     predict_counts = sorted(set(predict or ()))
     if any(not isinstance(k, int) or k < 1 for k in predict_counts):
         raise ConfigError(f"predict={predict!r} is invalid: a list of integers >= 1")
@@ -203,30 +228,35 @@ def scaling_study(
     store = open_store()
     run_id = None
     if store is not None:
-        params = {"config": cfg.to_dict(), "workers": counts, "pipeline_stages": stage_counts, "mode": mode, "steps": steps, "predict": predict_counts}
+        params = {"config": cfg.to_dict(), "workers": counts, "pipeline_stages": stage_counts, "mode": mode, "steps": steps, "predict": predict_counts,
+                  "repeats": repeats}  # fmt: skip
         run_id = store.create_run("scaling", spec.model_ref or spec.name, params, world_size=counts[-1], seed=cfg.seed)
     figure = scaling_figure([], None, mode=mode, stages=stage_counts)
+    rounds: dict[tuple[int, int], list[dict[str, Any]]] = {}
     points: list[dict[str, Any]] = []
     status, error = "failed", None
     model: RingModel | None = network
     try:
         gradient_bytes = 0.0
-        for (k, p), point_cfg in point_configs.items():
-            label = f"{k}-worker" + (f", {p}-stage" if p > 1 else "")
-            job = TrainingJob(
-                cluster, spec, point_cfg, list(range(k)), name=f"scaling-{k}" + (f"-stages{p}" if p > 1 else ""),
-                parent=run_id, extra_params={"scaling_workers": k, "scaling_pipeline_stages": p},
-            ).wait()  # fmt: skip
-            if job.state != "finished":
-                raise ConfigError(f"the {label} point failed: {job.error}")
-            if p == 1:
-                gradient_bytes = job.results[0]["gradient_bytes"]
-            where = cluster.status()["rank_hosts"]
-            hosts = ", ".join(sorted({where[r] for r in range(k) if r in where}))
-            points.append({**_point(k, p, layouts[(k, p)].replicas, point_cfg.batch_size, job.results), "hosts": hosts})
-            fill_scaling_figure(figure, _table(points, None, gradient_bytes), None)
-            if on_point is not None:
-                on_point(figure)
+        for repeat in range(repeats):  # interleaved: every point once per round
+            for (k, p), point_cfg in point_configs.items():
+                label = f"{k}-worker" + (f", {p}-stage" if p > 1 else "")
+                job = TrainingJob(
+                    cluster, spec, point_cfg, list(range(k)), name=f"scaling-{k}" + (f"-stages{p}" if p > 1 else ""),
+                    parent=run_id, extra_params={"scaling_workers": k, "scaling_pipeline_stages": p, "repeat": repeat},
+                ).wait()  # fmt: skip
+                if job.state != "finished":
+                    raise ConfigError(f"the {label} point failed: {job.error}")
+                if p == 1:
+                    gradient_bytes = job.results[0]["gradient_bytes"]
+                where = cluster.status()["rank_hosts"]
+                hosts = ", ".join(sorted({where[r] for r in range(k) if r in where}))
+                point = {**_point(k, p, layouts[(k, p)].replicas, point_cfg.batch_size, job.results), "hosts": hosts, "load": machine_load()}
+                rounds.setdefault((k, p), []).append(point)
+                points = summarise(rounds)
+                fill_scaling_figure(figure, _table(points, None, gradient_bytes), None)
+                if on_point is not None:
+                    on_point(figure)
         if predict_counts or network is not None:
             if model is None:
                 model = measure_ring(cluster, algorithm=cfg.allreduce)
@@ -244,14 +274,20 @@ def scaling_study(
             if status == "finished":
                 names = ("samples_per_s", "speedup", "efficiency", "comm_fraction")
                 rows = table.to_dict("records")  # by worker count; a pipelined point's as e.g. speedup@stages2
-                store.log_metrics(run_id, [(int(r["workers"]), _metric_name(name, r), r[name]) for r in rows for name in names])
+                store.log_metrics(run_id, [(int(r["workers"]), _metric_name(name, r), r[name]) for r in rows for name in names if r[name] == r[name]])
                 store.add_record(run_id, "table", "table", table.to_dict("records"))
                 if model is not None:
                     store.add_record(run_id, "model", "json", {"alpha": model.alpha, "beta": model.beta, "source": model.source})
             store.finish_run(run_id, status, error)
+    notes += [f"workers={r['workers']}" + (f", pipeline_stages={r['pipeline_stages']}" if r["pipeline_stages"] > 1 else "") + f": {r['flag']}"
+              for r in table.to_dict("records") if r["flag"]]  # fmt: skip
     validated = None
     if model is not None:
-        validated = bool((table["prediction_error"].dropna().abs() <= TOLERANCE).all())
+        noisy = [r for r in table.to_dict("records") if r["pipeline_stages"] == 1 and _step_spread(r).relative_width > TOLERANCE]
+        validated = bool((table["prediction_error"].dropna().abs() <= TOLERANCE).all()) and not noisy
+        notes += [f"not validated: the step time of workers={r['workers']} varied {_step_spread(r).relative_width:.0%} between rounds "
+                  f"({r['load']}), more than the {TOLERANCE:.0%} a prediction is checked to; repeat on a quieter machine or with more steps"
+                  for r in noisy]  # fmt: skip
     static = scaling_figure(table.to_dict("records"), prediction, mode=mode, model=model, stages=stage_counts)
     if on_point is not None:
         on_point(static)
@@ -291,15 +327,58 @@ def _point(k: int, stages: int, replicas: int, batch_size: int, results: list[di
     }  # fmt: skip
 
 
+def summarise(rounds: Mapping[tuple[int, int], list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """One point per ``(workers, stages)`` from its rounds (in measuring order; the first is the
+    base): the median of every timing, the step time's range, and the speedup as the median of
+    each round's throughput ratio to the base's in the same round, with its range
+    (``speedup_rounds``: those ratios; rounds the base has not measured yet are left out)."""
+    if not rounds:
+        return []
+    base = next(iter(rounds.values()))
+    points = []
+    for measured in rounds.values():
+        first = measured[0]
+        step = Spread.of([m["step_time_s"] for m in measured])
+        ratios = [m["samples_per_s"] / b["samples_per_s"] for m, b in zip(measured, base)]
+        loads = [m["load"] for m in measured if "load" in m]
+        point = {key: first[key] for key in first if key not in TIMED and key != "load"}
+        point.update({key: Spread.of([m[key] for m in measured]).median for key in TIMED})
+        point.update({"repeats": len(measured), "step_time_low_s": step.low, "step_time_high_s": step.high, "speedup_rounds": ratios,
+                      "load": load_text(max(loads, key=lambda x: x["load_1m"])) if loads else "",
+                      "busy": any(busy(x) for x in loads)})  # fmt: skip
+        points.append(point)
+    return points
+
+
+def _step_spread(row: Mapping[str, Any]) -> Spread:
+    return Spread(row["step_time_s"], row["step_time_low_s"], row["step_time_high_s"], int(row["repeats"]))
+
+
+def _flag(efficiency: float, ideal: float, load: str) -> str:
+    """Why an efficiency above 1 is not a result (``""`` when it is not above 1)."""
+    if ideal <= 1 or not efficiency > 1.0:
+        return ""
+    where = f" ({load})" if load else ""
+    return (f"efficiency {efficiency:.2f} > 1 is a measurement artefact, not a result: the base point was slowed by other work "
+            f"on the machine{where}; repeat on a quieter machine, with more steps or more repeats")  # fmt: skip
+
+
 def _table(points: list[dict[str, Any]], model: RingModel | None, gradient_bytes: float, mode: str = "weak") -> pd.DataFrame:
     import pandas as pd
 
     rows = []
     for p in points:
         base = points[0]
-        speedup = p["samples_per_s"] / base["samples_per_s"]
         ideal = p["workers"] / base["workers"]
-        row = {**p, "speedup": speedup, "ideal_speedup": ideal, "efficiency": speedup / ideal, "predicted_step_time_s": None, "prediction_error": None}
+        rounds = Spread.of(p.get("speedup_rounds") or [p["samples_per_s"] / base["samples_per_s"]])
+        speedup = rounds.median
+        flag = _flag(speedup / ideal, ideal, p.get("load", ""))
+        row = {
+            **{k: v for k, v in p.items() if k not in ("speedup_rounds", "busy")}, "speedup": speedup, "ideal_speedup": ideal,
+            "efficiency": float("nan") if flag else speedup / ideal, "predicted_step_time_s": None, "prediction_error": None,
+            "speedup_low": rounds.low, "speedup_high": rounds.high, "flag": flag,
+            "speedup_verdict": "" if p is base else rounds.verdict() if rounds.n > 1 else "one measurement: no conclusion (repeats=1)",
+        }  # fmt: skip
         if model is not None and p["pipeline_stages"] == 1:  # the ring model is of data parallelism
             predicted = predict_step_time(model, p["workers"], _compute(points, p["workers"], mode), gradient_bytes)
             row["predicted_step_time_s"] = predicted

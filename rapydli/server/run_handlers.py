@@ -176,10 +176,13 @@ class CompareHandler(BaseHandler):
 
 
 def _trial_state(records: dict[str, Any], status: str) -> dict[str, Any]:
-    """A trial's ``state`` as its sweep told Optuna (COMPLETE, PRUNED, FAIL; else its run status)
-    and ``prune``: the pruner's decision (step, value, the bar it missed, ``text``) or None."""
-    state, prune = records.get("trial_state"), records.get("prune")
-    return {"state": state["value"] if state else status, "prune": prune["value"] if prune else None}
+    """A trial's ``state`` as its sweep told Optuna (RUNNING, COMPLETE, PRUNED, FAIL: read from its
+    run status, :mod:`rapydli.experiments.sweep.lifecycle`) and ``prune``: the pruner's decision
+    (step, value, the bar it missed, ``text``) or None."""
+    from rapydli.experiments.sweep.lifecycle import state_of
+
+    prune = records.get("prune")
+    return {"state": state_of(status), "prune": prune["value"] if prune else None}
 
 
 def _trial(store: Any, trial: dict[str, Any], metric: str | None) -> dict[str, Any]:

@@ -43,6 +43,7 @@ from rapydli.trainer.callbacks import Callback, dispatch
 from rapydli.trainer.checkpoint import CheckpointManager
 from rapydli.trainer.config import TrainConfig
 from rapydli.trainer.optim import OptimizerFn, apply_schedule, make_optimizer
+from rapydli.trainer.outputs import global_mean
 from rapydli.trainer.progress import EpochPlan, resized_config
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -254,7 +255,7 @@ class Trainer:
                 # forward + backward over grad_accum micro-batches; only the last one syncs
                 started = time.perf_counter()
                 self.model.train()
-                loss_sum, samples, data_time = 0.0, 0, 0.0
+                loss_sum, weighted, samples, data_time = 0.0, 0.0, 0, 0.0
                 for micro in range(cfg.grad_accum):
                     fetch = time.perf_counter()
                     with torch.random.fork_rng(devices=[]):  # loaders draw seeds; keep the model's RNG stream theirs alone
@@ -262,8 +263,8 @@ class Trainer:
                     data_time += time.perf_counter() - fetch
                     last = micro == cfg.grad_accum - 1
                     with self.gradients.no_sync() if not last else contextlib.nullcontext():
-                        loss_sum += self._forward_backward(inputs, targets)
-                    samples += len(inputs)
+                        micro_loss = self._forward_backward(inputs, targets)
+                    loss_sum, weighted, samples = loss_sum + micro_loss, weighted + micro_loss * len(inputs), samples + len(inputs)
                 comm_time = comm_wait = hidden = 0.0
                 stats = self.gradients.wait()
                 if stats is not None:
@@ -283,13 +284,15 @@ class Trainer:
                 self.gradients.zero_grad()
                 self.step += 1
 
-                # log: metrics to the history and the callbacks
+                # log: metrics to the history and the callbacks; the loss is the global batch's (over the data-parallel ranks)
                 step_time = time.perf_counter() - started
+                data_group = self.grid.data if self.grid is not None else self.mpi
                 row = {
                     "kind": "train",
                     "step": self.step,
                     "epoch": epoch,
-                    "loss": loss_sum / cfg.grad_accum,
+                    "loss": global_mean(data_group, weighted, samples),
+                    "rank_loss": loss_sum / cfg.grad_accum,
                     "lr": lr,
                     "samples_per_s": samples * self.data_size / step_time,
                     "step_time_s": step_time,

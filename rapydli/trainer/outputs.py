@@ -44,6 +44,7 @@ __all__ = [
     "cross_entropy",
     "default_metrics",
     "describe_unusable",
+    "global_mean",
     "interpret",
     "mae",
     "mse",
@@ -64,3 +65,17 @@ def check_training_code(loss_fn: Any = None, optimizer_fn: Any = None, metrics: 
     if optimizer_fn is not None:
         check_optimizer_fn(optimizer_fn)
     resolve_metrics(metrics)
+
+
+def global_mean(comm: Any, weighted_sum: float, samples: int) -> float:
+    """The mean over every data-parallel rank's samples of a per-sample quantity (a step's loss):
+    ``sum(weighted_sum) / sum(samples)`` over ``comm`` (one allreduce of two float64; ``comm``
+    None or of size 1: this rank's mean), as one process with the whole global batch reports it."""
+    import numpy as np
+
+    totals = np.array([weighted_sum, float(samples)], dtype=np.float64)
+    if comm is not None and comm.Get_size() > 1:
+        from mpi4py import MPI
+
+        comm.Allreduce(MPI.IN_PLACE, totals, op=MPI.SUM)
+    return float(totals[0] / totals[1]) if totals[1] else float("nan")

@@ -31,11 +31,15 @@ def engine_task(
     loss_fn: Callable[..., Any] | None = None,
     optimizer_fn: Callable[..., Any] | None = None,
     metrics: Any = None,
+    await_verdict: str | None = None,
 ) -> dict[str, Any]:
     """Run one training run on this rank of the group (every rank of it calls this).
 
     ``loss_fn``, ``optimizer_fn`` and ``metrics`` go to the
-    :class:`~rapydli.trainer.loop.Trainer` as they are.
+    :class:`~rapydli.trainer.loop.Trainer` as they are. With ``await_verdict`` (a metric
+    name, e.g. a sweep's ``val_loss``), rank 0 waits after each row carrying that metric
+    until the notebook answers it (go on, or stop: :func:`rapydli.cluster.engine.await_verdict`),
+    so a decision on a report (a pruner's) stops every rank within one step of it.
 
     Builds model and data, then the ranks agree that every one of them succeeded before
     any collective (so a rank whose ``model_fn``/``data_fn`` raised is the only one named,
@@ -68,7 +72,7 @@ def engine_task(
     trainer = Trainer(
         model, None, train_data, val_data, cfg,
         comm=ctx.comm,
-        callbacks=[EmitMetrics(ctx.rank, emit), EmitRankTimings(ctx.rank, emit)],
+        callbacks=[EmitMetrics(ctx.rank, emit, await_verdict), EmitRankTimings(ctx.rank, emit)],
         should_stop=lambda: engine.should_stop(ctx.comm),
         loss_fn=loss_fn, optimizer_fn=optimizer_fn, metrics=metrics,
     )  # fmt: skip
@@ -97,15 +101,25 @@ class EmitMetrics:
 
     Emits ``("metrics", row)`` for every train and eval row and ``("epoch", row)`` at
     each epoch end. Evaluation rows are sent at once (a pruner decides on them); step rows
-    may be coalesced. Other ranks emit nothing.
+    may be coalesced. Other ranks emit nothing. With ``await_verdict`` (a metric name), a
+    row carrying that metric is sent at once and rank 0 waits for the notebook's answer
+    (:func:`rapydli.cluster.engine.await_verdict`) before the run goes on.
     """
 
-    def __init__(self, rank: int, emit: Emit) -> None:
-        self.rank, self.emit = rank, emit
+    def __init__(self, rank: int, emit: Emit, await_verdict: str | None = None) -> None:
+        self.rank, self.emit, self.await_verdict = rank, emit, await_verdict
 
     def _emit(self, kind: str, row: dict[str, Any], flush: bool = False) -> None:
-        if self.rank == 0:
+        if self.rank != 0:
+            return
+        if kind != "metrics" or self.await_verdict is None or not isinstance(row.get(self.await_verdict), (int, float)):
             self.emit(kind, row, flush=flush)
+            return
+        from rapydli.cluster import engine
+
+        engine.expect_verdict()  # before sending: an answer that comes back at once is this row's
+        self.emit(kind, row, flush=True)
+        engine.await_verdict()  # a stop is seen by every rank at the step's stop check
 
     def on_step_end(self, metrics: dict[str, Any]) -> None:
         self._emit("metrics", metrics)
@@ -118,14 +132,15 @@ class EmitMetrics:
 
 
 class EmitRankTimings:
-    """On ranks other than 0: send each step's timings (they differ per rank) as ``rank_timings`` events."""
+    """On ranks other than 0: send each step's timings and own loss (``rank_loss``: its share of the
+    batch; they differ per rank) as ``rank_timings`` events."""
 
     def __init__(self, rank: int, emit: Emit) -> None:
         self.rank, self.emit = rank, emit
 
     def on_step_end(self, row: dict[str, Any]) -> None:
         if self.rank != 0:
-            self.emit("rank_timings", {"kind": "rank", "rank": self.rank, **{k: row[k] for k in ("step", *TIMING_KEYS)}})
+            self.emit("rank_timings", {"kind": "rank", "rank": self.rank, **{k: row[k] for k in ("step", *TIMING_KEYS, "rank_loss") if k in row}})
 
 
 def timing_summary(history: Sequence[dict[str, Any]], warmup: int = WARMUP_STEPS) -> dict[str, float]:

@@ -52,6 +52,7 @@ from rapydli.experiments.planning.perfmodel import RingModel
 from rapydli.experiments.planning.profile import Profile
 from rapydli.experiments.planning.stepmodel import Prediction, predict
 from rapydli.experiments.spec import RunSpec
+from rapydli.experiments.spread import Spread, load_text, machine_load
 from rapydli.trainer.config import TrainConfig
 from rapydli.trainer.task import WARMUP_STEPS
 
@@ -68,7 +69,8 @@ RUN_TOP = 3
 MEASURED_SIZES = 64
 MIB = float(1 << 20)
 COLUMNS = [
-    "layout", "dp", "pp", "tp", "microbatches", "schedule", "zero", "fits", "predicted_step_s", "measured_step_s", "error",
+    "layout", "dp", "pp", "tp", "microbatches", "schedule", "zero", "fits", "predicted_step_s", "measured_step_s", "measured_low_s",
+    "measured_high_s", "error",
     "samples_per_s", "bubble", "gradient_s", "optimizer_s", "params_mib", "grads_mib", "optimizer_mib", "activations_mib", "buffers_mib",
     "peak_mib", "split",
 ]  # fmt: skip
@@ -84,7 +86,8 @@ class ParallelPlan:
         One row per layout, the fastest predicted first (those over ``memory_per_rank``
         last): ``layout``, ``dp``, ``pp``, ``tp``, ``microbatches``, ``schedule``, ``zero``,
         ``fits`` (memory), the
-        ``predicted_step_s`` and, for the layouts run, ``measured_step_s`` and ``error``
+        ``predicted_step_s`` and, for the layouts run, ``measured_step_s`` (the median step),
+        ``measured_low_s``/``measured_high_s`` (the interquartile range of its steps) and ``error``
         (relative), ``samples_per_s`` (predicted), the prediction's parts (``bubble``,
         ``gradient_s``, ``optimizer_s``), the peak per rank in MiB by kind (``params_mib``,
         ``grads_mib``, ``optimizer_mib``, ``activations_mib``, ``buffers_mib``, ``peak_mib``)
@@ -102,9 +105,12 @@ class ParallelPlan:
     profile, network
         What the predictions used (``profile`` can be passed to another plan).
     validated
-        Whether every layout run is within 20 % of its prediction (``None`` when none ran).
+        Whether every layout run is within 20 % of its prediction and measured steadily
+        enough to tell (its steps' interquartile range within 20 % of their median); False
+        with the reason in ``notes`` when too noisy (``None`` when none ran).
     notes
-        What was left out and why (layouts that failed to run, degrees not measured).
+        What was left out and why (layouts that failed to run, degrees not measured, a
+        measurement too noisy to validate, with the load seen).
     """
 
     table: pd.DataFrame
@@ -280,6 +286,7 @@ def plan_parallel(
         predictions = [p for _, p in sorted(zip(fits, predictions), key=lambda pair: (not pair[0], pair[1].step_s))]
         fits = sorted(fits, reverse=True)
         measured: dict[Candidate, float] = {}
+        spreads: dict[Candidate, Spread] = {}
         notes: list[str] = [f"unsupported tensor_parallel={t}: {why}" for t, why in profile.unsupported.items() if ranks % t == 0] + refused
         picks = [p for p, ok in zip(predictions, fits) if ok][:top]
         by_label = {p.layout.label: p for p in predictions}
@@ -290,17 +297,25 @@ def plan_parallel(
         picks += [by_label[label] for label in run_layouts if by_label[label] not in picks]
         for prediction in picks:
             assert chosen is not None
-            step, note = _run(chosen, targets, spec, prediction, cfg, batch, steps)
+            step, note, spread = _run(chosen, targets, spec, prediction, cfg, batch, steps)
             if step is not None:
                 measured[prediction.layout] = step
+                spreads[prediction.layout] = spread
             if note:
                 notes.append(note)
     finally:
         if own and chosen is not None:
             chosen.stop()
-    table = _table(predictions, fits, measured, batch)
+    table = _table(predictions, fits, measured, batch, spreads)
     errors = [abs(e) for e in table["error"] if not math.isnan(e)]
     validated = all(e <= TOLERANCE for e in errors) if errors else None
+    noisy = {layout.label: spread for layout, spread in spreads.items() if spread.relative_width > TOLERANCE}
+    if noisy:  # the measurement is too unsteady to check a prediction to TOLERANCE: no verdict either way is earned
+        validated = False
+        load = load_text(machine_load())
+        notes += [f"not validated: {label}'s step times varied {spread.relative_width:.0%} (interquartile, {spread.n} steps; {load}), "
+                  f"more than the {TOLERANCE:.0%} a prediction is checked to; run more steps or on a quieter machine"
+                  for label, spread in noisy.items()]  # fmt: skip
     best = _best(predictions, measured)
     return ParallelPlan(
         table=table, figure=plan_figure(table, ranks, TOLERANCE), best=best.layout.config(cfg, batch, best.split), best_layout=best.layout.label,
@@ -326,8 +341,10 @@ def _measure_network(cluster: Cluster | None, targets: list[int], config: TrainC
     return measure_network(cluster, targets, algorithm=config.allreduce)
 
 
-def _run(cluster: Cluster, targets: list[int], spec: RunSpec, prediction: Prediction, config: TrainConfig, batch: int, steps: int) -> tuple[float | None, str]:
-    """Train ``steps`` steps in the layout; its median step time after the warm-up (None and a note if it failed)."""
+def _run(cluster: Cluster, targets: list[int], spec: RunSpec, prediction: Prediction, config: TrainConfig, batch: int,
+         steps: int) -> tuple[float | None, str, Spread]:  # fmt: skip
+    """Train ``steps`` steps in the layout; its median step time after the warm-up (None and a note if it failed)
+    and the median and interquartile range of those steps' times."""
     from rapydli.experiments.job import TrainingJob
 
     layout = prediction.layout
@@ -339,21 +356,25 @@ def _run(cluster: Cluster, targets: list[int], spec: RunSpec, prediction: Predic
         extra_params={"plan_layout": layout.label, "predicted_step_time_s": prediction.step_s},
     ).wait()  # fmt: skip
     if job.state != "finished" or not job.results or not job.results[0].get("timing"):
-        return None, f"{layout.label} did not run: {job.error or job.state}"
-    return float(job.results[0]["timing"]["step_time_s"]), ""
+        return None, f"{layout.label} did not run: {job.error or job.state}", Spread.of([])
+    times = [r["step_time_s"] for r in job.results[0].get("history", []) if r.get("kind") == "train"][WARMUP_STEPS:]
+    return float(job.results[0]["timing"]["step_time_s"]), "", Spread.quartiles(times)
 
 
-def _table(predictions: list[Prediction], fits: list[bool], measured: dict[Candidate, float], batch: int) -> pd.DataFrame:
+def _table(predictions: list[Prediction], fits: list[bool], measured: dict[Candidate, float], batch: int,
+           spreads: dict[Candidate, Spread] | None = None) -> pd.DataFrame:
     import pandas as pd
 
     rows = []
     for prediction, ok in zip(predictions, fits):
         layout, memory = prediction.layout, prediction.memory
         step = measured.get(layout, math.nan)
+        spread = (spreads or {}).get(layout, Spread.of([]))
         rows.append({
             "layout": layout.label, "dp": layout.dp, "pp": layout.pp, "tp": layout.tp, "microbatches": layout.microbatches,
             "schedule": layout.schedule, "zero": layout.zero, "fits": ok, "predicted_step_s": prediction.step_s,
-            "measured_step_s": step, "error": (prediction.step_s - step) / step, "samples_per_s": batch / prediction.step_s,
+            "measured_step_s": step, "measured_low_s": spread.low, "measured_high_s": spread.high,
+            "error": (prediction.step_s - step) / step, "samples_per_s": batch / prediction.step_s,
             "bubble": prediction.bubble, "gradient_s": prediction.gradient_s, "optimizer_s": prediction.optimizer_s,
             "params_mib": memory.parameters / MIB, "grads_mib": memory.gradients / MIB, "optimizer_mib": memory.optimizer / MIB,
             "activations_mib": memory.activations / MIB, "buffers_mib": memory.buffers / MIB, "peak_mib": memory.peak / MIB,

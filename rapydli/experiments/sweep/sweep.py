@@ -3,12 +3,16 @@
 The notebook runs Optuna's ask-and-tell loop (design flow 3): the sampler proposes a
 trial's parameters, the trial trains on its own group of ``workers_per_trial`` engines
 (an MPI communicator over just them), ``parallel`` groups run trials side by side, and
-every intermediate metric from a trial's rank 0 is reported to the pruner, which stops a
-trial on all of its ranks (``request_stop``: they end after the same step); why (the step,
+every intermediate metric from a trial's rank 0 is reported to the pruner before the trial
+goes on (its ranks wait for the answer), and a pruned trial stops on all of its ranks
+within one step of the decision (``request_stop``: they end after the same step); why (the step,
 the value and the bar it missed, :mod:`rapydli.experiments.sweep.pruning`) is recorded with the
 trial as its ``prune`` record. Samplers and pruners are Optuna's, looked up by name in :data:`SAMPLERS` and :data:`PRUNERS`.
 
-A trial that raises is recorded as ``FAIL`` with its error and the sweep goes on (the
+A trial has one lifecycle (:mod:`rapydli.experiments.sweep.lifecycle`: Optuna's RUNNING,
+COMPLETE, PRUNED, FAIL), told to Optuna and recorded once as its run's status in the store.
+A sampler that declares the search done (Optuna's ``GridSampler`` once its grid is used up)
+ends the sweep normally. A trial that raises is recorded as ``FAIL`` with its error and the sweep goes on (the
 cluster is restarted if its engines died; trials that were running beside it are recorded
 as ``FAIL`` too and run again with the same parameters, since MPI takes a job's other
 ranks down when one dies); Ctrl-C stops the running trials within a
@@ -34,6 +38,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from rapydli.errors import ConfigError, RapydliError
 from rapydli.experiments.job import STOP_GRACE_S, TrainingJob
 from rapydli.experiments.spec import RunSpec
+from rapydli.experiments.sweep.lifecycle import STORE_STATUS, optuna_state
 from rapydli.experiments.sweep.pruning import explain_prune
 from rapydli.experiments.sweep.space import Dimension, validate_space
 from rapydli.parallel.layout import Layout
@@ -227,6 +232,7 @@ class Sweep:
             self.study.enqueue_trial(dict(params))
         self.records: list[_Trial] = []
         self._retried = 0  # trials ended by another trial's dead engine, run again
+        self.exhausted = False  # the sampler declared the search done (a grid used up)
         self._stop = threading.Event()
         self.run_id: str | None = None
 
@@ -282,13 +288,13 @@ class Sweep:
         while True:
             busy = [r.ranks for r in self.records if r.state == "RUNNING"]
             free = [g for g in groups if g not in busy] if self._cluster_healthy(busy) else []
-            while free and self._started() < self.trials and not self._stop.is_set():
+            while free and self._started() < self.trials and not self._stop.is_set() and not self.exhausted:
                 ranks = free.pop(0)
                 if self._start(ranks).state != "RUNNING":
                     free.append(ranks)
             running = [r for r in self.records if r.state == "RUNNING"]
             if not running:
-                if self._stop.is_set() or self._started() >= self.trials:
+                if self._stop.is_set() or self._started() >= self.trials or self.exhausted:
                     return
                 continue
             if self._stop.is_set():
@@ -327,7 +333,7 @@ class Sweep:
             config = self.config.replace(**params)
             record.job = TrainingJob(
                 self.cluster, self.spec, config, ranks,  # type: ignore[arg-type]
-                callbacks=[partial(self._on_row, record)],
+                callbacks=[partial(self._on_row, record)], await_verdict=self.metric, end_status=False,
                 kind="trial", name=f"{self.name}-trial-{trial.number}", parent=self.run_id,
                 extra_params={"trial": trial.number, "params": params},
             )  # fmt: skip
@@ -353,28 +359,40 @@ class Sweep:
     def _advance(self, record: _Trial, wait_s: float) -> None:
         job = record.job
         assert job is not None
-        if not job.poll(wait_s):
-            return
+        if job.poll(wait_s):
+            self._settle(record)
+
+    def _settle(self, record: _Trial, stopped: str = "stopped before its last step") -> None:
+        """Tell how an ended trial's job ended: FAIL, PRUNED, COMPLETE (all its steps, a finite value)."""
+        job = record.job
+        assert job is not None
         if job.state == "failed":
             self._tell(record, "FAIL", job.error)
         elif record.pruned:
             self._tell(record, "PRUNED")
+        elif job.state == "stopped":  # ended early, not by the pruner: its value is not a finished trial's
+            steps = record.reports[-1][0] if record.reports else 0
+            self._tell(record, "FAIL", f"{stopped} (its last report at step {steps})")
         elif record.value is None or not math.isfinite(record.value):
             self._tell(record, "FAIL", f"the trial reported no finite {self.metric!r} (metrics seen: {sorted(job.final_metrics())})")
         else:
             self._tell(record, "COMPLETE")
 
     def _tell(self, record: _Trial, state: str, error: str = "") -> None:
-        import optuna
-
+        """Tell Optuna the trial's state and record it, once, as its run's status (with why it was pruned)."""
         record.state, record.error = state, error
-        states = {"COMPLETE": optuna.trial.TrialState.COMPLETE, "PRUNED": optuna.trial.TrialState.PRUNED, "FAIL": optuna.trial.TrialState.FAIL}
         value = record.value if state == "COMPLETE" else None
-        self.study.tell(record.trial, value, state=states[state])
-        if record.job is not None and record.job.store is not None and record.job.run_id is not None:
-            record.job.store.add_record(record.job.run_id, "trial_state", "scalar", state)
+        try:
+            self.study.tell(record.trial, value, state=optuna_state(state))
+        except RuntimeError as exc:  # the sampler called study.stop() (a grid used up): Optuna has stored the state first
+            if "Study.stop" not in str(exc):
+                raise
+            self.exhausted = True
+        job = record.job
+        if job is not None and job.store is not None and job.run_id is not None:
             if state == "PRUNED" and record.prune is not None:
-                record.job.store.add_record(record.job.run_id, "prune", "json", record.prune)
+                job.store.add_record(job.run_id, "prune", "json", record.prune)
+            job.store.finish_run(job.run_id, STORE_STATUS[state], error or None)
 
     def _after_failure(self, record: _Trial) -> None:
         """When a failed trial took its engines down, end the others and restart the cluster."""
@@ -384,7 +402,8 @@ class Sweep:
         self.cluster.restart()
 
     def _stop_running(self, interrupted: bool, reason: str = "stopped with the sweep", retry: bool = False) -> None:
-        """Stop every running trial (stop request; SIGINT after a while) and record them as failed.
+        """Stop every running trial (stop request; SIGINT after a while) and record how each ended
+        (pruned, complete if it had done its last step, else failed with ``reason``).
 
         With ``retry``, each is enqueued again with its parameters (it failed through no fault of its own).
         """
@@ -395,8 +414,8 @@ class Sweep:
             for record in running:
                 record.job.poll(POLL_S)  # type: ignore[union-attr]
         for record in running:
-            if record.pruned and not retry:  # the pruner had stopped it already
-                self._tell(record, "PRUNED")
+            if not retry:  # pruned, completed meanwhile, or stopped before its last step
+                self._settle(record, stopped=reason)
                 continue
             self._tell(record, "FAIL", reason)
             if retry:
