@@ -78,6 +78,8 @@ class SweepView:
             import plotly.graph_objects as go
             from IPython.display import HTML, display
 
-            replace_with_figure(self._handle, go.Figure(self.figure))
+            replace_with_figure(self._handle, go.Figure(self.figure), widget=self.box)
+            if hasattr(self.figure, "close"):  # the FigureWidget inside the box: its ~5 MB of state goes with it
+                self.figure.close()
             display(HTML(self.table.to_html(index=False)))
             self._handle = None
