@@ -299,7 +299,7 @@ def _speedup(result: TuneResult) -> tuple[float | None, float, float]:
 def _row(rank: int, shape: ConvShape, names: list[str], result: TuneResult, weight: float, step_ms: float,
          measured_now: int, budgeted: bool) -> dict[str, Any]:
     """The table row of one tuned (or budget-skipped) shape (see :class:`LayerTuning`)."""
-    from rapydli.experiments.spread import load_text, machine_load
+    from rapydli.spread import load_text, machine_load
 
     evaluated = sum(1 for m in result.measurements if _kind(m.config) == "generated" and m.status != "missing")
     default_ms, tuned_ms = _default_ms(result), _tuned_ms(result)

@@ -12,7 +12,7 @@ Every point is measured ``repeats`` times in interleaved rounds (each round meas
 point once, so load that comes and goes hits them alike); a point's timings are the
 medians of its rounds, its speedup the median of the per-round ratios to the first point
 of the same round, with the range the rounds span (``speedup_low``, ``speedup_high``,
-:mod:`rapydli.experiments.spread`). ``speedup_verdict`` says whether that range is above
+:mod:`rapydli.spread`). ``speedup_verdict`` says whether that range is above
 or below 1 or spans it (then no conclusion). An efficiency above 1 (more than the ideal)
 is not a result but an artefact of the load on the machine: it is left out of the table
 (NaN) and ``flag`` names it with the load seen.
@@ -45,8 +45,8 @@ from rapydli.experiments.figures import fill_scaling_figure, scaling_figure
 from rapydli.experiments.job import TrainingJob
 from rapydli.experiments.planning.perfmodel import RingModel, measure_ring, predict_step_time
 from rapydli.experiments.spec import RunSpec
-from rapydli.experiments.spread import Spread, busy, load_text, machine_load
 from rapydli.parallel.layout import Layout
+from rapydli.spread import Spread, busy, load_text, machine_load
 from rapydli.trainer.config import TrainConfig
 from rapydli.trainer.task import WARMUP_STEPS
 

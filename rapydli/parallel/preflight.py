@@ -77,7 +77,7 @@ def check_own_loss(model: nn.Module, stages: int, loss_fn: Any) -> None:
     The stages run the model's blocks on separate ranks and never call its ``forward``,
     so the loss written there cannot run; the message gives the one-line fix.
     """
-    from rapydli.trainer.outputs import target_parameter
+    from rapydli.objective import target_parameter
 
     name = target_parameter(model) if loss_fn is None else None
     if name is None:

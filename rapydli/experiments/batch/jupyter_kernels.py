@@ -50,12 +50,12 @@ class EncryptedKernelManager(AsyncKernelManager):
 class RapydliEngine(NBClientEngine):
     """papermill's nbclient engine, with kernels started by :class:`EncryptedKernelManager`; the
     executed notebook keeps the state of the widgets it shows only
-    (:func:`~rapydli.widgets.display.shown_widget_state`: a live plot closed into a static
+    (:func:`~rapydli.experiments.batch.saved_widgets.shown_widget_state`: a live plot closed into a static
     figure leaves nothing)."""
 
     @classmethod
     def execute_managed_notebook(cls, nb_man: Any, kernel_name: str, **kwargs: Any) -> Any:
-        from rapydli.widgets.display import shown_widget_state
+        from rapydli.experiments.batch.saved_widgets import shown_widget_state
 
         kwargs.setdefault("kernel_manager_class", KERNEL_MANAGER)
         try:

@@ -52,7 +52,7 @@ from rapydli.experiments.planning.perfmodel import RingModel
 from rapydli.experiments.planning.profile import Profile
 from rapydli.experiments.planning.stepmodel import Prediction, predict
 from rapydli.experiments.spec import RunSpec
-from rapydli.experiments.spread import Spread, load_text, machine_load
+from rapydli.spread import Spread, load_text, machine_load
 from rapydli.trainer.config import TrainConfig
 from rapydli.trainer.task import WARMUP_STEPS
 
