@@ -96,12 +96,13 @@ def test_a_send_receive_deadlock_is_named(cluster):
 
 def test_a_training_run_that_hangs_is_aborted_and_the_diagnosis_stored(cluster):
     from rapydli.experiments.job import TrainingJob
+    from rapydli.experiments.spec import RunSpec
     from rapydli.experiments.store.runstore import open_store
     from rapydli.trainer.config import TrainConfig
 
     ready(cluster)
     config = TrainConfig(max_steps=20, batch_size=16, allreduce="mpi", hang_timeout_s=3, on_hang="abort")
-    job = TrainingJob(cluster, hang_cases.LateRank, "rapydli.zoo.datasets:digits", config, [0, 1])
+    job = TrainingJob(cluster, RunSpec.of(hang_cases.LateRank, "rapydli.zoo.datasets:digits"), config, [0, 1])
     job.wait()
     assert job.state == "failed"
     assert "rank 1 never arrived at allreduce #" in job.error and "where rank 0 waits" in job.error
