@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -126,6 +127,7 @@ def test_batch_end_to_end_failing_item_and_resume(home: Path, tmp_path: Path, ca
     assert main(argv) == 1  # one item failed: non-zero exit, the other went on
     captured = capsys.readouterr()
     assert "1 of 2 items failed" in captured.err and "(cell 3 of the notebook, counted from 0)" in captured.err  # nb.cells[3] raises, not the injected cell
+    assert "duration" in captured.out and not re.search(r"\d\.\d{5}", captured.out)  # the table's floats are rounded
 
     summary = pd.read_csv(tmp_path / "out" / "summary.csv")
     assert list(summary.columns[:3]) == ["item", "x", "status"]
