@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -125,13 +126,14 @@ def test_batch_end_to_end_failing_item_and_resume(home: Path, tmp_path: Path, ca
     argv = ["batch", str(PARAMS_NB), "--grid", "x=2,-1", "--out", "out", "--parallel", "2"]
     assert main(argv) == 1  # one item failed: non-zero exit, the other went on
     captured = capsys.readouterr()
-    assert "1 of 2 items failed" in captured.err and "(cell 4)" in captured.err
+    assert "1 of 2 items failed" in captured.err and "(cell 3 of the notebook, counted from 0)" in captured.err  # nb.cells[3] raises, not the injected cell
+    assert "duration" in captured.out and not re.search(r"\d\.\d{5}", captured.out)  # the table's floats are rounded
 
     summary = pd.read_csv(tmp_path / "out" / "summary.csv")
     assert list(summary.columns[:3]) == ["item", "x", "status"]
     rows = summary.set_index("x")
     assert rows.loc[2, "status"] == "finished" and rows.loc[2, "y"] == 4.0
-    assert rows.loc[-1, "status"] == "failed" and rows.loc[-1, "failing_cell"] == 4
+    assert rows.loc[-1, "status"] == "failed" and rows.loc[-1, "failing_cell"] == 3
     assert "ValueError: x must be positive" in rows.loc[-1, "error"]
     assert (summary["duration"] > 0).all()
 
@@ -157,7 +159,7 @@ def test_batch_end_to_end_failing_item_and_resume(home: Path, tmp_path: Path, ca
     assert total == 2
     by_x = {r["params"]["parameters"]["x"]: r for r in items}
     assert by_x[2]["status"] == "finished" and store.records(by_x[2]["id"])["y"]["value"] == 4.0
-    assert by_x[-1]["status"] == "failed" and by_x[-1]["error"].startswith("cell 4: ValueError")
+    assert by_x[-1]["status"] == "failed" and by_x[-1]["error"].startswith("cell 3: ValueError")
     assert store.artifacts(by_x[2]["id"])[0]["path"] == str(out_nb)
 
     # resume: the finished item is skipped, the failed one runs again

@@ -74,7 +74,7 @@ def test_compare_shows_differences_and_metrics(two_runs: tuple[str, str]) -> Non
     assert "parameters that differ:" in out and "config.lr" in out and "config.epochs" not in out
     lines = {line.split()[0]: line.split()[1:] for line in out.splitlines() if line.strip()}
     assert lines["config.lr"] == ["0.1", "0.01"]
-    assert lines["loss"] == ["0.5", "0.8"] and lines["val_accuracy"] == ["0.9", "0.7"]
+    assert lines["loss"] == ["(last)", "0.5", "0.8"] and lines["val_accuracy"] == ["(eval)", "0.9", "0.7"]
     assert "config.epochs" in invoke("runs", "compare", a, b, "--all-params")
 
 

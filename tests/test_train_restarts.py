@@ -75,6 +75,7 @@ def test_an_engine_killed_mid_run_restarts_and_ends_where_an_uninterrupted_run_e
     (restart,) = open_store().records(result.run_id)["restarts"]["value"]
     assert restart["ranks"] == [1] and "died" in restart["cause"] and restart["resumed_from_step"] == 4
     assert [r["step"] for r in rows if r["kind"] == "restart"] == [4]  # the live plot's marker
+    assert [shape.x0 for shape in result.figure.layout.shapes] == [4]  # the returned figure marks it too
 
     reference = rd.TrainConfig(**CONFIG, checkpoint_dir=str(tmp_path / "whole"))
     rd.train(killing_model(marker, at_call=7), "rapydli.zoo.datasets:digits", reference, cluster=cluster, progress=False, live=False)

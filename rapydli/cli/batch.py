@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import click
 
+from rapydli.cli.fmt import fmt_value
+
 
 class BatchFailed(click.ClickException):
     """Some items failed: the summary was written, the exit status is 1."""
@@ -68,12 +70,12 @@ def batch(notebook: str, axes: tuple[str, ...], grid: tuple[str, ...], params_fi
                                  hosts=places_hosts, ssh_command=ssh_command, launcher=launcher,
                                  launcher_options=launcher_options)  # fmt: skip
     shown = summary.drop(columns=["output", "run_id", "error"])
-    click.echo(shown.to_string(index=False))
+    click.echo(shown.to_string(index=False, float_format=fmt_value))  # floats rounded (summary.csv keeps every digit)
     click.echo(f"summary: {summary.attrs['summary']}\nreport:  {summary.attrs['report']}")
     failed = summary.attrs["failed"]
     if failed:
         for _, row in summary[summary["status"] != "finished"].iterrows():
-            cell = "" if row["failing_cell"] is None or str(row["failing_cell"]) == "<NA>" else f" (cell {row['failing_cell']})"
+            cell = "" if row["failing_cell"] is None or str(row["failing_cell"]) == "<NA>" else f" (cell {row['failing_cell']} of the notebook, counted from 0)"
             click.echo(f"failed {row['item']}{cell}: {row['error']}", err=True)
         raise BatchFailed(f"{failed} of {len(summary)} items failed")
 

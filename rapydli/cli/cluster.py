@@ -42,9 +42,9 @@ def cluster() -> None:
 @click.option("--launcher", default="local", show_default=True, help=f"how the engines start: {', '.join(LAUNCHERS)}")
 @click.option("--threads", type=int, default=None, help="threads per engine (default cores // n)")
 @click.option("--timeout", type=float, default=120.0, show_default=True, help="seconds to wait for the engines (a queued job is cancelled)")
-@click.argument("options", nargs=-1)
+@click.argument("options", nargs=-1, metavar="[KEY=VALUE]...")
 def start(n: int, launcher: str, threads: int | None, timeout: float, options: tuple[str, ...]) -> None:
-    """Start N engines and leave them running; OPTIONS are launcher options as key=value."""
+    """Start N engines and leave them running; KEY=VALUE pairs are launcher options (values read as JSON when they parse)."""
     started = Cluster(n=n, launcher=launcher, threads=threads, start_timeout=timeout, **parse_options(options))
     click.echo(f"starting {n} engines ({launcher}) ...", err=True)
 
@@ -107,10 +107,14 @@ def status() -> None:
 @click.argument("cluster_ids", nargs=-1)
 @click.option("--all", "stop_all", is_flag=True, help="stop every cluster started here")
 def stop(cluster_ids: tuple[str, ...], stop_all: bool) -> None:
-    """Stop the clusters CLUSTER_IDS (or --all)."""
+    """Stop the clusters CLUSTER_IDS (or --all), all at once: each stop mostly waits for processes to end."""
+    from concurrent.futures import ThreadPoolExecutor
+
     ids = [r["id"] for r in Cluster.detached()] if stop_all else list(cluster_ids)
     if not ids:
         raise click.UsageError("name a cluster id (see `rapydli cluster status`) or pass --all")
-    for cluster_id in ids:
-        stop_cluster(cluster_id)
+    with ThreadPoolExecutor(max_workers=min(len(ids), 16)) as pool:
+        futures = {cluster_id: pool.submit(stop_cluster, cluster_id) for cluster_id in ids}
+    for cluster_id, future in futures.items():  # in the order given; the first error is raised after all were tried
+        future.result()
         click.echo(f"stopped {cluster_id}")

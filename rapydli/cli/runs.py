@@ -7,6 +7,7 @@ from typing import Any
 
 import click
 
+from rapydli.cli.fmt import fmt_value
 from rapydli.experiments.store.runstore import KINDS, STATUSES
 from rapydli.registry import TRACKERS
 
@@ -18,8 +19,36 @@ def _store() -> Any:
 
 
 def _short(value: Any, width: int = 60) -> str:
-    text = value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)
+    text = fmt_value(value)
     return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def _flat_params(params: dict[str, Any]) -> dict[str, Any]:
+    """A run's parameters as dotted keys, without the recorded sources; ``config.lr`` reads ``lr``."""
+    from rapydli.experiments.store.compare import flatten
+
+    inner = params.get("parameters", params.get("config"))
+    shown = {k: v for k, v in params.items() if k not in ("sources", "parameters", "config")}
+    flat = flatten(shown)
+    if isinstance(inner, dict):
+        flat.update(flatten(inner))
+    return {k: v for k, v in flat.items() if k}
+
+
+def differing_params(rows: list[dict[str, Any]]) -> dict[str, str]:
+    """``{run_id: "key=value ..."}``: the parameters that differ between the listed runs of the same kind.
+
+    A run alone of its kind (or among runs that all have the same parameters) gets ``""``.
+    """
+    from rapydli.experiments.store.compare import param_diff
+
+    out: dict[str, str] = {}
+    for kind in {r["kind"] for r in rows}:
+        flats = {r["id"]: _flat_params(r["params"]) for r in rows if r["kind"] == kind}
+        keys = param_diff(flats) if len(flats) > 1 else []
+        for run_id, flat in flats.items():
+            out[run_id] = " ".join(f"{k}={fmt_value(flat[k]) if k in flat else '-'}" for k in keys)
+    return out
 
 
 @click.group()
@@ -49,6 +78,7 @@ def list_runs(kind: str | None, status: str | None, parent: str | None, limit: i
         return
     import pandas as pd
 
+    differ = differing_params(rows)
     table = pd.DataFrame(
         [
             {
@@ -60,7 +90,7 @@ def list_runs(kind: str | None, status: str | None, parent: str | None, limit: i
                 "duration": "" if r["duration"] is None else f"{r['duration']:.1f}s",
                 "ranks": r["world_size"],
                 "parent": r["parent"] or "",
-                "params": _short(r["params"].get("parameters", r["params"].get("config", r["params"])), 50),
+                "params that differ": _short(differ[r["id"]], 60),
             }
             for r in rows
         ]
@@ -108,17 +138,19 @@ def show(run_id: str, as_json: bool) -> None:
     click.echo("  versions    " + ", ".join(f"{k} {v}" for k, v in sorted(run["versions"].items()) if v))
     if run["error"]:
         click.echo("  error       " + run["error"].strip().replace("\n", "\n              "))
-    click.echo("parameters:")
-    for key, value in sorted(run["params"].items()):
-        if key != "sources":
-            click.echo(f"  {key} = {_short(value, 100)}")
+    from rapydli.experiments.store.compare import flatten
+
+    click.echo("parameters:")  # all of them, nested ones as dotted keys (config.lr), nothing cut short
+    for key, value in sorted(flatten({k: v for k, v in run["params"].items() if k != "sources"}).items()):
+        if key:
+            click.echo(f"  {key} = {fmt_value(value)}")
     for name, source in (run["params"].get("sources") or {}).items():  # code defined in the notebook
         click.echo(f"source of {name} (defined in the notebook):")
         click.echo("    " + source.rstrip().replace("\n", "\n    "))
     if final:
         click.echo("final metrics:")
         for key, value in sorted(final.items()):
-            click.echo(f"  {key} = {value}")
+            click.echo(f"  {key} = {fmt_value(value)}")
     others = {k: v["type"] for k, v in store.records(run["id"]).items() if v["type"] != "scalar" and not k.startswith("tracker.")}
     if others:
         click.echo("records: " + ", ".join(f"{k} ({t})" for k, t in others.items()))
@@ -152,10 +184,14 @@ def compare(run_ids: tuple[str, ...], all_params: bool) -> None:
     else:
         click.echo("parameters: identical")
     if result["metrics"]:
+        from rapydli.experiments.store.compare import SUMMARY_KINDS
+
         finals = {run["id"]: run["final"] for run in result["runs"]}
-        table = pd.DataFrame({header[i]: [finals[i].get(n) for n in result["metrics"]] for i in ids}, index=result["metrics"])
-        click.echo("final metrics:")
-        click.echo(table.to_string(na_rep="-"))
+        kinds = {name: kind for run in result["runs"] for name, kind in run["final_kinds"].items()}
+        table = pd.DataFrame({header[i]: [fmt_value(finals[i].get(n)) for n in result["metrics"]] for i in ids},
+                             index=[f"{n} ({kinds[n]})" for n in result["metrics"]])  # fmt: skip
+        click.echo("final metrics (" + "; ".join(f"{k}: {text}" for k, text in SUMMARY_KINDS.items()) + "):")
+        click.echo(table.to_string())
     else:
         click.echo("final metrics: none recorded")
 

@@ -9,7 +9,7 @@ both).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -47,8 +47,13 @@ def training_figure(title: str = "") -> Any:
     return figure
 
 
-def loss_figure(history: pd.DataFrame, title: str = "") -> Any:
-    """A plotly figure: training loss per step and validation loss per evaluation."""
+def loss_figure(history: pd.DataFrame, title: str = "", restarts: Sequence[Mapping[str, Any]] = ()) -> Any:
+    """A plotly figure: training loss per step and validation loss per evaluation.
+
+    ``history`` is the run's across its attempts (a restarted run's steps before the restart
+    too). Each of ``restarts`` (the run's ``restarts`` record: ``resumed_from_step``, ``cause``)
+    is marked by a dashed vertical line at the step it resumed from, labelled "restart".
+    """
     import plotly.graph_objects as go
 
     figure = go.Figure()
@@ -59,6 +64,10 @@ def loss_figure(history: pd.DataFrame, title: str = "") -> Any:
             figure.add_scatter(x=steps["step"], y=steps["loss"], mode="lines", name="train loss")
         if len(evals):
             figure.add_scatter(x=evals["step"], y=evals["val_loss"], mode="lines+markers", name="val loss")
+    for restart in restarts:
+        step = restart.get("resumed_from_step") or 0
+        figure.add_vline(x=step, line_dash="dash", line_color="#d62728", annotation_text="restart",
+                         annotation_hovertext=str(restart.get("cause", "")))  # fmt: skip
     figure.update_layout(title=title, xaxis_title="step", yaxis_title="cross-entropy", template="plotly_white")
     return figure
 

@@ -270,7 +270,7 @@ def run_training(
 
     frame = job.history if not restarted else pd.DataFrame(history)
     state = job.results[0].get("state") if job.results else None
-    return RunResult(run_id=job.run_id, history=frame, figure=loss_figure(frame, title=run_name), timelines=job.timelines,
+    return RunResult(run_id=job.run_id, history=frame, figure=loss_figure(frame, title=run_name, restarts=restarted), timelines=job.timelines,
                      state=state, model_fn=spec.model_fn)  # fmt: skip
 
 

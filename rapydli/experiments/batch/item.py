@@ -26,8 +26,26 @@ from rapydli.experiments.store import runstore as store_mod
 from rapydli.settings import BATCH_ITEM, NOTEBOOK_DIR, PARENT_RUN
 
 
+def source_cell_index(executed: str | Path, index: int) -> int:
+    """Where the executed notebook's cell ``index`` is in the source notebook (``nb.cells[i]``, from 0).
+
+    Papermill's injected parameters cell is not in the source notebook, so it is not counted;
+    an executed notebook that cannot be read leaves ``index``.
+    """
+    try:
+        cells = read_notebook(executed).cells[:index]
+    except Exception:  # noqa: BLE001 - papermill could not save it: the best index there is
+        return index
+    return index - sum("injected-parameters" in cell.get("metadata", {}).get("tags", []) for cell in cells)
+
+
 def run_item(spec: dict[str, Any]) -> dict[str, Any]:
-    """Execute the notebook of ``spec``; return ``{status, error, failing_cell, duration}``."""
+    """Execute the notebook of ``spec``; return ``{status, error, failing_cell, duration}``.
+
+    ``failing_cell`` has ``index`` (the cell's index in the source notebook, from 0, markdown
+    cells counted; see :func:`source_cell_index`) and ``executed_index`` (in the executed
+    notebook, which also has papermill's injected parameters cell).
+    """
     import papermill
     from papermill.exceptions import PapermillExecutionError
 
@@ -61,7 +79,8 @@ def run_item(spec: dict[str, Any]) -> dict[str, Any]:
         result.update(
             status="failed",
             error=f"{exc.ename}: {exc.evalue}",
-            failing_cell={"index": exc.cell_index, "execution_count": exc.exec_count, "source": exc.source},
+            failing_cell={"index": source_cell_index(spec["output"], exc.cell_index), "executed_index": exc.cell_index,
+                          "execution_count": exc.exec_count, "source": exc.source},  # fmt: skip
         )
     except Exception as exc:  # kernel died, could not start, bad output path...: the item failed
         result.update(status="failed", error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc())

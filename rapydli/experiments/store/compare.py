@@ -46,6 +46,41 @@ def param_diff(flat_params: Mapping[str, Mapping[str, Any]]) -> list[str]:
     return [k for k in keys if len({_text(flat[k]) if k in flat else "\0missing" for flat in flat_params.values()}) > 1]
 
 
+#: How :func:`run_summary` reads each metric, by kind (``rapydli runs compare`` prints it).
+SUMMARY_KINDS = {
+    "eval": "last evaluation",
+    "mean": "run mean: samples over step time",
+    "last": "last logged value",
+}
+
+
+def run_summary(store: Any, run_id: str) -> tuple[dict[str, float], dict[str, str]]:
+    """A run's final metrics as a run's, not as its last step's.
+
+    Validation metrics (``val_*``) are the last evaluation's; ``samples_per_s`` is the run's
+    mean throughput: every training step's samples (its ``samples_per_s`` times its
+    ``step_time_s``) over the sum of the step times; other metrics and scalar records are
+    their last value (as :meth:`RunStore.final_metrics`).
+
+    Returns
+    -------
+    tuple
+        ``({name: value}, {name: kind})`` with kinds the keys of :data:`SUMMARY_KINDS`.
+    """
+    final = dict(store.final_metrics(run_id))
+    kinds = {name: "eval" if name.startswith("val_") else "last" for name in final}
+    per_step: dict[int, dict[str, float]] = {}
+    for row in store.metrics(run_id):  # a training step logs samples_per_s then step_time_s; take the first of each per step
+        if row["name"] in ("samples_per_s", "step_time_s"):
+            per_step.setdefault(row["step"], {}).setdefault(row["name"], row["value"])
+    steps = [v for v in per_step.values() if "samples_per_s" in v and v.get("step_time_s", 0) > 0]
+    total_time = sum(v["step_time_s"] for v in steps)
+    if steps and total_time > 0:
+        final["samples_per_s"] = sum(v["samples_per_s"] * v["step_time_s"] for v in steps) / total_time
+        kinds["samples_per_s"] = "mean"
+    return final, kinds
+
+
 def compare_runs(store: Any, run_ids: Sequence[str], *, all_params: bool = False) -> dict[str, Any]:
     """What ``rapydli runs compare`` prints, as data.
 
@@ -61,7 +96,8 @@ def compare_runs(store: Any, run_ids: Sequence[str], *, all_params: bool = False
     Returns
     -------
     dict
-        ``runs`` (each run's dict with ``final``), ``params`` (shown dotted keys),
+        ``runs`` (each run's dict with ``final``, from :func:`run_summary`, and
+        ``final_kinds``: how each was read), ``params`` (shown dotted keys),
         ``values`` (``{run_id: {key: value}}``, a key missing from a run absent),
         ``differ`` (the keys that differ), ``metrics`` (sorted names of final metrics).
     """
@@ -76,7 +112,7 @@ def compare_runs(store: Any, run_ids: Sequence[str], *, all_params: bool = False
     flat: dict[str, dict[str, Any]] = {}
     for run_id in ids:
         run = store.get_run(run_id)
-        run["final"] = store.final_metrics(run_id)
+        run["final"], run["final_kinds"] = run_summary(store, run_id)
         runs.append(run)
         flat[run_id] = flatten(run["params"])
     differ = param_diff(flat)
