@@ -91,8 +91,7 @@ def seed(store: RunStore) -> dict[str, str]:
     for i, lr in enumerate((0.1, 0.01)):
         trial = store.create_run("trial", f"trial-{i}", {"epochs": 1, "trial": i, "params": {"lr": lr}}, parent=ids["sweep"])
         store.log_metrics(trial, [(1, "val_loss", 1.0 - lr)])
-        store.add_record(trial, "trial_state", "scalar", "COMPLETE" if i == 0 else "PRUNED")
-        store.finish_run(trial)
+        store.finish_run(trial, "finished" if i == 0 else "pruned")  # a trial's state is its run's status
     return ids
 
 

@@ -228,8 +228,9 @@ class TrainingJob:
         if payload.get("kind") == "train" and self._bar is not None:
             self._bar.update(payload["step"] - self._bar.n)
             self._bar.set_postfix(loss=f"{payload['loss']:.4g}", refresh=False)
-        if self.store is not None and self.run_id is not None:
-            self.store.log_metrics(self.run_id, _metric_rows(payload))
+        if self.store is not None and self.run_id is not None:  # a rank's own loss is a per-rank series even on rank 0
+            rank = payload.get("rank", 0)
+            self.store.log_metrics(self.run_id, [(s, f"{n}@rank{rank}" if n in _RANK_OWN else n, v) for s, n, v in _metric_rows(payload)])
         for callback in self.callbacks:
             callback(dict(payload))
         value = payload.get(self.await_verdict) if self.await_verdict is not None else None
@@ -348,6 +349,9 @@ class TrainingJob:
 
 
 _NUMERIC_SKIP = {"kind", "step", "rank", "world_size", "epoch", "time_s"}
+#: Metrics of one rank's share of the batch: stored as ``name@rankK`` for every rank, rank 0 too, so the
+#: plain names (what the panel, compare and the trackers plot) are the run's, the global batch's.
+_RANK_OWN = {"rank_loss"}
 
 
 def _metric_rows(row: dict[str, Any]) -> list[tuple[int, str, float]]:
