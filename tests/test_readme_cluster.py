@@ -156,7 +156,7 @@ def test_a_sweep_runs_its_2_rank_trials_side_by_side_across_the_hosts(readme_hos
 @pytest.mark.engines
 def test_a_scaling_study_records_the_hosts(readme_hosts) -> None:
     result = rd.scaling_study(models.mlp, datasets.digits, rd.TrainConfig(batch_size=32, allreduce="mpi"), workers=[1, 2, 4],
-                              steps=5, cluster=current(), live=False)  # fmt: skip
+                              steps=5, repeats=1, cluster=current(), live=False)  # fmt: skip
     assert list(result.table["workers"]) == [1, 2, 4]
     assert list(result.table["hosts"]) == ["h1", "h1, h2", "h1, h2"]
     recorded = rd.run(result.run_id).records["table"]

@@ -95,6 +95,8 @@ class HangWatch:
         now = self._clock()
         if not running or now - self._checked_at < CHECK_S:
             return ""
+        if now - self._progress_at < self.timeout() / 2:  # events came lately: progress is known without reading traces
+            return ""  # (a trace on another host costs an ssh per rank)
         self._checked_at = now
         traces = self._traces(running)
         state = {rank: (t.count, t.active) for rank, t in traces.items()}
