@@ -70,7 +70,7 @@ def features() -> tuple[Any, Any]:
 def train(name: str, model: str, **fields: Any) -> Trainer:
     from cases_layouts import MODELS  # float64 by default from here on (imported by the rank-side code only)
 
-    model_fn, data_fn = MODELS[model]
+    model_fn, data_fn = MODELS[model][:2]
     train_data, val = data_fn()
     trainer = Trainer(model_fn(), None, train_data, val, config(name, model, **fields), optimizer_fn=two_groups)
     trainer.fit()

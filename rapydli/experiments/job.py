@@ -317,8 +317,14 @@ class TrainingJob:
             if state != "failed" and self._stop_status is not None:
                 status = self._stop_status
             self.store.finish_run(self.run_id, status, error or ("stopped on request" if status == "interrupted" else None))
+        if self.end_status or not hasattr(self, "job"):  # else the owner writes the status, then calls close_trackers()
+            self.close_trackers()
+
+    def close_trackers(self) -> None:
+        """Let the trackers log the run as the store now has it (its final status too) and close them; idempotent."""
         if self.trackers is not None:
             self.trackers.close()
+            self.trackers = None
 
     # -- what it produced ---------------------------------------------------------------------
     @property

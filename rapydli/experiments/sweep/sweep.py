@@ -393,6 +393,8 @@ class Sweep:
             if state == "PRUNED" and record.prune is not None:
                 job.store.add_record(job.run_id, "prune", "json", record.prune)
             job.store.finish_run(job.run_id, STORE_STATUS[state], error or None)
+        if job is not None:
+            job.close_trackers()  # after the status: the trial's tracker run ends as the trial did
 
     def _after_failure(self, record: _Trial) -> None:
         """When a failed trial took its engines down, end the others and restart the cluster."""
