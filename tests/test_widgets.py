@@ -85,6 +85,7 @@ def test_sweep_panel_runs_a_sweep_in_the_background_and_stops(cluster) -> None:
     panel.run_button.click()
     assert panel.running and panel.stop_button.disabled is False
     result = panel.wait(120)
+    assert result is not None, f"the sweep did not end in 120 s: {panel.message.value}"
     assert list(result.table["state"]) == ["COMPLETE", "COMPLETE"] and "done" in panel.message.value
     assert len(panel.view.table) == 2 and panel.view.redraws >= 2  # the live view followed the trials
     assert panel.run_button.disabled is False

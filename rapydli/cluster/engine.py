@@ -13,6 +13,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -59,6 +60,8 @@ _go_on = threading.Event()
 #: (:data:`rapydli.cluster.where.WHERE_SIGNAL`).
 GO_ON_SIGNAL = signal.SIGWINCH
 VERDICT_POLL_S = 0.005
+#: How long rank 0 waits on a verdict before it reminds the client (the answer's signal was lost).
+VERDICT_REMIND_S = 2.0
 
 
 def stop_requested() -> bool:
@@ -95,16 +98,22 @@ def expect_verdict() -> None:
     _go_on.clear()
 
 
-def await_verdict() -> bool:
+def await_verdict(remind: Callable[[], None] | None = None) -> bool:
     """Block until the client answered the last report: True to stop (``Job.request_stop``), False to go on.
 
     Used where the client decides on a report before the run may go on (a sweep's pruner
     on a trial's validation row): the ranks then stop within one step of the decision. The
     wait ends with the stop request or with the client's "go on" (``Job.go_on``); Ctrl-C
-    (``Job.interrupt``) ends it with ``KeyboardInterrupt`` like any step.
+    (``Job.interrupt``) ends it with ``KeyboardInterrupt`` like any step. ``remind`` is
+    called every ``VERDICT_REMIND_S`` the wait lasts: it re-sends the question, so an answer
+    whose signal was lost on the way is sent again rather than the run waiting forever.
     """
+    reminded = time.monotonic()
     while not (_go_on.is_set() or _stop.is_set()):
         _go_on.wait(VERDICT_POLL_S)
+        if remind is not None and time.monotonic() - reminded >= VERDICT_REMIND_S and not (_go_on.is_set() or _stop.is_set()):
+            remind()
+            reminded = time.monotonic()
     _go_on.clear()
     return _stop.is_set()
 

@@ -166,6 +166,7 @@ class TrainingJob:
         self.run_id: str | None = continues
         self.keep_open = keep_open
         self.await_verdict, self.end_status = await_verdict, end_status
+        self._verdict_step: Any = None  # the step of the last row rank 0 was told to go on past
         self.start_step: int | None = None
         self.trackers: RunTrackers | None = None
         if self.store is not None and continues is None:
@@ -202,6 +203,10 @@ class TrainingJob:
             if self.store is not None and self.run_id is not None:
                 self.store.add_record(self.run_id, "hang", "json", payload)
             return
+        if kind == "awaiting":  # rank 0 still waits on the row it reported: the answer was lost, send it again
+            if self._verdict_step == payload.get("step") and self.stop_requested_at is None:
+                self.job.go_on(self.targets[:1])
+            return
         if kind == "start":
             self.start_step = payload["start_step"]
         if kind == "start" and self.progress:
@@ -235,6 +240,7 @@ class TrainingJob:
             callback(dict(payload))
         value = payload.get(self.await_verdict) if self.await_verdict is not None else None
         if isinstance(value, (int, float)) and self.stop_requested_at is None:  # rank 0 waits for this answer
+            self._verdict_step = payload.get("step")
             self.job.go_on(self.targets[:1])
 
     # -- driving ----------------------------------------------------------------------------
