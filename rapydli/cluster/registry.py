@@ -24,7 +24,7 @@ from typing import Any
 
 import psutil
 
-from rapydli.cluster.processes import alive, reap, reap_marked
+from rapydli.cluster.processes import alive, reap, reap_marked, terminate_trees
 from rapydli.errors import NotFoundError
 from rapydli.paths import subdir
 
@@ -149,7 +149,9 @@ def stop_cluster(cluster_id: str, timeout: float = 10.0) -> None:
 
     The one way to stop a cluster from outside (``rapydli cluster stop``, the Jupyter
     server's other clusters), without attaching to it, so a cluster with dead engines stops
-    as fast as a healthy one: ipyparallel stops the controller and the engine launchers,
+    as fast as a healthy one. A local cluster's controller, engine launchers and engines
+    are all sent SIGTERM at once (and SIGKILL ``timeout`` s later); on other launchers
+    ipyparallel stops the controller and the engine launchers,
     the batch job (if any) is cancelled and waited out of the queue, engines still alive
     ``timeout`` seconds later and every other process carrying the cluster's marker
     (:func:`~rapydli.cluster.processes.reap_marked`: nannies, a half-started set) are
@@ -167,7 +169,15 @@ def stop_cluster(cluster_id: str, timeout: float = 10.0) -> None:
     if cluster_id not in running and cluster_id not in _records():
         raise NotFoundError(f"no running cluster {cluster_id!r}: running are {', '.join(sorted(running)) or 'none'}")
     found = running.get(cluster_id)
-    if found is not None:
+    if found is not None and found["launcher"] == "local":  # every process is here: end them all at once
+        try:
+            cluster = ipp.Cluster.from_file(profile_dir=str(_profile()), cluster_id=cluster_id, log_level=logging.ERROR)
+            launchers = [cluster.controller, *cluster.engines.values()]
+            pids = [launcher.pid for launcher in launchers if launcher is not None]
+        except Exception:  # noqa: BLE001 - no cluster file left: the engines and marked processes still go
+            pids = []
+        terminate_trees([*pids, *found["engine_pids"]], grace=timeout)
+    elif found is not None:
         try:
             cluster = ipp.Cluster.from_file(profile_dir=str(_profile()), cluster_id=cluster_id, log_level=logging.ERROR)
             cluster.stop_cluster_sync()
