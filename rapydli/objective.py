@@ -178,9 +178,17 @@ class Objective:
         if self.loss_fn is not None:
             loss = self.loss_fn(outputs, targets)
             if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
-                raise ConfigError(f"loss_fn must return a scalar tensor, got {_shape_or_type(loss)}")
+                raise OutputError(f"loss_fn {_name_of(self.loss_fn)} returned {_shape_or_type(loss)}; it must return the scalar "
+                                  "loss of the batch (reduce it, e.g. `.mean()`)")  # fmt: skip
             return loss.reshape(())
+        if self.target_parameter is not None and isinstance(outputs, torch.Tensor) and outputs.numel() != 1:
+            raise OutputError(f"forward was given {self.target_parameter!r} and returned {_shape_or_type(outputs)}: a model that "
+                              "takes the targets must return the scalar loss (reduce it, e.g. `.mean()`), or a mapping "
+                              "/ tuple holding it")  # fmt: skip
         found = interpret(outputs)
+        if found.loss is not None and found.loss.numel() != 1:
+            raise OutputError(f"the model returned a loss of shape {tuple(found.loss.shape)}: the loss must be a scalar "
+                              "(reduce it, e.g. `.mean()`)")  # fmt: skip
         if found.loss is not None:
             return found.loss
         return cross_entropy(found.logits, targets)  # type: ignore[arg-type]
@@ -199,6 +207,10 @@ class Objective:
                 f"the stages run {name}'s blocks on separate ranks and never call its forward. Pass loss_fn=fn, where "
                 "fn(outputs, targets) computes the loss from what the last block returns, or train with pipeline_stages=1"
             )
+
+
+def _name_of(fn: Any) -> str:
+    return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or type(fn).__name__
 
 
 def _shape_or_type(value: Any) -> str:

@@ -184,6 +184,35 @@ def test_a_data_fn_returning_one_dataset_is_named_once(cluster) -> None:
     assert "too many values to unpack" not in text and "rank" not in text and len(text.splitlines()) < 10, text
 
 
+def test_a_loss_that_is_not_a_scalar_is_named_with_its_shape() -> None:
+    model, x, y = train_cases.NormedMLP(), torch.zeros(3, 8), torch.zeros(3, dtype=torch.long)
+    with pytest.raises(OutputError, match=r"^loss_fn per_sample_loss returned a tensor of shape \(3,\); it must return the scalar"):
+        Objective(model, train_cases.per_sample_loss)(model, x, y)
+
+    class OwnLoss(nn.Module):  # computes its loss from the labels, per sample
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(8, 4)
+
+        def forward(self, x: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+            return nn.functional.cross_entropy(self.fc(x), labels, reduction="none")
+
+    own = OwnLoss()
+    with pytest.raises(OutputError, match=r"^forward was given 'labels' and returned a tensor of shape \(3,\)"):
+        Objective(own)(own, x, y)
+    with pytest.raises(OutputError, match=r"^the model returned a loss of shape \(3,\): the loss must be a scalar"):
+        Objective(model).loss({"loss": torch.zeros(3), "logits": torch.zeros(3, 4)}, y)
+
+
+@pytest.mark.engines
+def test_a_per_sample_loss_fn_is_named_once(cluster) -> None:
+    with pytest.raises(OutputError) as caught:
+        rd.train(train_cases.NormedMLP, train_cases.features, TrainConfig(max_steps=1, batch_size=4), cluster=cluster,
+                 loss_fn=train_cases.per_sample_loss, progress=False, live=False)  # fmt: skip
+    text = str(caught.value)
+    assert text.startswith("loss_fn per_sample_loss returned a tensor of shape (4,)") and "rank 1" not in text, text
+
+
 def test_check_data_names_what_was_returned() -> None:
     from torch.utils.data import DataLoader, TensorDataset
 

@@ -183,6 +183,11 @@ class Unreadable(NormedMLP):
         return Features(super().forward(x))
 
 
+def per_sample_loss(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """A mistake: the loss of every sample where the batch's scalar loss is expected."""
+    return nn.functional.cross_entropy(outputs, targets, reduction="none")
+
+
 class Failing(NormedMLP):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         raise ValueError("this layer is broken")
