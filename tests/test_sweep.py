@@ -71,6 +71,7 @@ def test_sweep_runs_two_at_a_time_prunes_a_bad_trial_and_survives_a_failing_one(
     # successive halving may also prune the worse of the two good trials (they meet at the same rungs)
     assert "COMPLETE" in set(table.loc[[0, 1], "state"]) and set(table.loc[[0, 1], "state"]) <= {"COMPLETE", "PRUNED"}
     assert table.loc[2, "state"] == "FAIL" and "grad_accum" in table.loc[2, "error"]
+    assert "full traceback" not in table.loc[2, "error"] and len(table.loc[2, "error"].splitlines()) < 10  # said once, short
     assert table.loc[3, "state"] == "PRUNED" and table.loc[3, "steps"] < 25
     complete = table[table["state"] == "COMPLETE"]
     assert result.best_params == {"lr": pytest.approx(complete.loc[complete["value"].idxmin(), "lr"]), "grad_accum": 1}

@@ -29,6 +29,7 @@ from rapydli.experiments.trackers.follow import RunTrackers, follow
 from rapydli.parallel.layout import Layout
 from rapydli.trainer.config import TrainConfig
 from rapydli.trainer.task import engine_task
+from rapydli.trainer.usercheck import same_mistake
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -267,8 +268,8 @@ class TrainingJob:
                 if self._escalated and all(r.status in ("ok", "interrupted", "aborted") for r in self.job.ranks.values()):
                     self._finish("stopped", f"did not stop when asked; interrupted: {self.job.interrupt_summary().removeprefix('Ctrl-C: ')}")
                 else:
-                    self.exception = exc
-                    self._finish("failed", str(exc))
+                    self.exception = exc  # the same mistake in the user's code on every rank is recorded once
+                    self._finish("failed", str(same_mistake(exc) or exc))
             else:
                 stopped = any(r.get("stopped_early") for r in self.results)
                 self._finish("stopped" if stopped else "finished")

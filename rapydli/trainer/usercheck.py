@@ -23,10 +23,10 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from rapydli.errors import RankFailure, RapydliError, UserCodeError
+from rapydli.errors import ConfigError, RankFailure, RapydliError, UserCodeError
 
 #: The errors that name a mistake in the user's code: the same on every rank, so shown once.
-USER_MISTAKES = ("UserCodeError", "OutputError")
+USER_MISTAKES = ("UserCodeError", "OutputError", "ConfigError")
 
 
 def describe(value: Any) -> str:
@@ -95,7 +95,8 @@ def same_mistake(failure: RankFailure) -> RapydliError | None:
     first = failure.failures[min(failure.failures)]
     frames = _user_frames(first)
     text = message + (f"\n\n{frames}" if frames else "")
-    return OutputError(text) if ename == "OutputError" else UserCodeError(text)
+    kinds: dict[str, type[RapydliError]] = {"OutputError": OutputError, "ConfigError": ConfigError, "UserCodeError": UserCodeError}
+    return kinds[ename](text)
 
 
 def _user_frames(text: str) -> str:
