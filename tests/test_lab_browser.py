@@ -50,7 +50,7 @@ def seed(store: RunStore) -> dict[str, str]:
     """What real runs cannot show on demand: a run that is still live, and a scaling study."""
     ids = {}
     ids["live"] = store.create_run("train", "cnn-live", {"lr": 0.01}, seed=1, world_size=2)
-    store.log_metrics(ids["live"], [(s, "loss", 2.0 / s) for s in range(1, 6)])
+    store.log_metrics(ids["live"], [(s, "loss", 2.0 / s) for s in (1, 2, 3, 6)])  # 4 and 5 died with an engine
     ids["scaling"] = store.create_run("scaling", "weak-scaling", {"workers": [1, 2, 4], "mode": "weak"})
     store.add_record(ids["scaling"], "scaling", "table", [
         {"workers": 1, "throughput": 100.0}, {"workers": 2, "throughput": 190.0}, {"workers": 4, "throughput": 340.0},
@@ -389,9 +389,14 @@ def test_live_run_and_scaling_views(page: Page, lab: dict[str, Any]) -> None:
     family_row(open_panel(page), live).locator(".rapydli-RunName").click()
     view = page.get_by_role("region", name=f"Run {live}")
     loss = view.locator('[data-plot="loss"]')
-    expect(loss.locator(".scatterlayer .point")).to_have_count(5)
-    lab["store"].log_metrics(live, [(s, "loss", 2.0 / s) for s in range(6, 11)])
+    expect(loss.locator(".scatterlayer .point")).to_have_count(4)
+    # it restarts from its checkpoint of step 5: the rows its engines never sent come from there, then it goes on
+    lab["store"].log_metrics(live, [(s, "loss", 2.0 / s) for s in (4, 5)])
+    lab["store"].add_record(live, "restarts", "json", [{"resumed_from_step": 5, "cause": "rank 1 died", "ranks": [1]}])
+    lab["store"].log_metrics(live, [(s, "loss", 2.0 / s) for s in range(7, 11)])
     expect(loss.locator(".scatterlayer .point")).to_have_count(10)
+    expect(loss.locator(".shapelayer path")).to_have_count(1)  # the restart, marked while the run goes on
+    assert loss.evaluate("el => Array.from(el.data[0].x)") == [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]  # in step order
     lab["store"].finish_run(live)
     expect(view).to_have_attribute("data-status", "finished")
     expect(view.get_by_role("table", name="Run")).to_contain_text("finished")

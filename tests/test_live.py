@@ -84,3 +84,25 @@ def test_a_restart_row_draws_a_marker_where_the_run_resumed() -> None:
     plot({"kind": "restart", "step": 4, "cause": "rank 1 died", "ranks": [1]})
     plot.close()
     assert plot.restarts == [4] and [shape.x0 for shape in plot.figure.layout.shapes] == [4]
+
+
+def test_a_restarted_run_keeps_every_step_once_in_order() -> None:
+    from rapydli.widgets.live import LivePlot
+
+    def row(step: int) -> dict:
+        return {"kind": "train", "step": step, "loss": 10.0 - step, "samples_per_s": 1.0, "step_time_s": 0.1, "comm_time_s": 0.01,
+                "comm_wait_s": 0.0}  # fmt: skip
+
+    for batched in (False, True):  # rows drawn as they come, or all in one redraw
+        plot = LivePlot(title="restarts", widget=False, max_redraws_per_s=1e9 if not batched else 1e-9)
+        for step in (1, 5, 6):  # the first attempt: steps 2-4 died in its engine's buffer, 5-6 are done again after the restart
+            plot(row(step))
+        for step in (2, 3, 4):  # recovered from the checkpoint of step 4
+            plot(row(step))
+        plot({"kind": "restart", "step": 4, "cause": "rank 1 died", "ranks": [1]})
+        for step in (5, 6, 7):
+            plot(row(step))
+        plot.close()
+        loss = plot.figure.data[0]
+        assert list(loss.x) == [1, 2, 3, 4, 5, 6, 7] and list(loss.y) == [9.0, 8.0, 7.0, 6.0, 5.0, 4.0, 3.0], batched
+        assert plot.restarts == [4]

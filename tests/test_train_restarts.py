@@ -5,6 +5,7 @@ checkpoint and ends with the parameters of the same run uninterrupted (where it 
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections import Counter
@@ -58,17 +59,33 @@ def killing_model(marker: Path, at_call: int):
 
 @pytest.mark.engines
 @pytest.mark.timeout(600)
-def test_an_engine_killed_mid_run_restarts_and_ends_where_an_uninterrupted_run_ends(cluster, tmp_path: Path) -> None:
+def test_an_engine_killed_mid_run_restarts_and_ends_where_an_uninterrupted_run_ends(cluster, tmp_path: Path, monkeypatch) -> None:
+    import tqdm
+
+    import rapydli.notebook
+
+    bars: list[tqdm.tqdm] = []
+    closed: list[int] = []
+
+    class Bar(tqdm.tqdm):  # a red bar is one closed before its total: the restart must go on with it, not close it
+        def close(self) -> None:
+            if not self.disable:
+                closed.append(self.n)
+            super().close()
+
+    monkeypatch.setattr(rapydli.notebook, "progress_bar", lambda **kw: bars.append(Bar(**kw, disable=False, file=open(os.devnull, "w"))) or bars[-1])
     marker = tmp_path / "killed"
     rows: list[dict] = []
     config = rd.TrainConfig(**CONFIG, checkpoint_dir=str(tmp_path / "cut"))
     result = rd.train(killing_model(marker, at_call=7), "rapydli.zoo.datasets:digits", config, cluster=cluster,
-                      restarts=1, callbacks=[rows.append], progress=False, live=False)  # fmt: skip
+                      restarts=1, callbacks=[rows.append], progress=True, live=False)  # fmt: skip
     assert marker.exists()  # rank 1 really died
-    # the resumed run's steps all arrive; the first attempt's rows may die with its engines (they stream
-    # in batches), so only its steps up to the checkpoint that arrived are kept
+    # every step is in the history once, in order: those the first attempt's dying engines never sent
+    # come from the checkpoint the run resumed from
     steps = result.history[result.history["kind"] == "train"]["step"].tolist()
-    assert steps == sorted(set(steps)) and set(range(5, 13)) <= set(steps) and steps[-1] == 12
+    assert steps == list(range(1, 13)), steps
+    assert {r["step"] for r in rows if r["kind"] == "train"} == set(range(1, 13))  # the callbacks got them too
+    assert len(bars) == 1 and closed == [12]  # one bar, gone on with after the restart, closed once at its end
 
     run = open_store().get_run(result.run_id)
     assert run["status"] == "finished"

@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import TYPE_CHECKING, Any
 
 from rapydli.errors import ConfigError, RankFailure
@@ -84,7 +84,14 @@ class TrainingJob:
         :mod:`rapydli.experiments.sweep.lifecycle`); True: the job records it.
     keep_open
         When the job fails because its ranks died, leave its run ``running`` in the store
-        (the caller restarts it with ``continues=``) instead of recording it failed.
+        (the caller restarts it with ``continues=``) instead of recording it failed; its
+        progress bar is left open too, for the restart to go on with (:attr:`progress_bar`).
+    delivered
+        With ``continues``: ``(kind, step)`` of the rows the earlier attempts delivered.
+        The checkpoint's rows that are not among them (rows a dying engine never sent)
+        are recorded and passed to the callbacks when this job starts (:attr:`recovered_rows`).
+    bar
+        With ``continues``: the earlier attempt's progress bar, which this job goes on with.
 
     Attributes
     ----------
@@ -105,6 +112,11 @@ class TrainingJob:
         A pipelined run's latest ``timeline`` row of every rank, by rank.
     start_step
         The step rank 0 started from (above 0 when it resumed from a checkpoint), once known.
+    recovered_rows
+        Rows of the steps before ``start_step`` that the earlier attempts never delivered,
+        read from the checkpoint this job resumed from.
+    progress_bar
+        The progress bar (``None`` before the run starts or without ``progress``).
     """
 
     def __init__(
@@ -125,6 +137,8 @@ class TrainingJob:
         keep_open: bool = False,
         await_verdict: str | None = None,
         end_status: bool = True,
+        delivered: Collection[tuple[Any, int]] = (),
+        bar: Any = None,
     ) -> None:
         from rapydli.cluster.ensure import ready
         from rapydli.experiments.store.runstore import open_store
@@ -156,7 +170,9 @@ class TrainingJob:
         self.error = ""
         self.exception: RankFailure | None = None
         self.progress = progress
-        self._bar: Any = None
+        self._bar: Any = bar
+        self._delivered = set(delivered)
+        self.recovered_rows: list[dict[str, Any]] = []
         self.stop_requested_at: float | None = None
         self._interrupt_at: float | None = None  # when an unanswered stop request escalates
         self._escalated = False
@@ -165,6 +181,7 @@ class TrainingJob:
         self.ended: float | None = None
         self.store = open_store() if record else None
         self.run_id: str | None = continues
+        self.continues = continues
         self.keep_open = keep_open
         self.await_verdict, self.end_status = await_verdict, end_status
         self._verdict_step: Any = None  # the step of the last row rank 0 was told to go on past
@@ -210,6 +227,12 @@ class TrainingJob:
             return
         if kind == "start":
             self.start_step = payload["start_step"]
+            self._recover(payload.get("history", []))
+        if kind == "start" and self._bar is not None:  # a restart goes on with the bar of the attempt that died
+            self._bar.reset(total=payload["total_steps"])
+            self._bar.update(payload["start_step"])
+            self._bar.set_description(f"train (restarted at step {payload['start_step']})")
+            return
         if kind == "start" and self.progress:
             from tqdm.auto import tqdm
 
@@ -234,15 +257,32 @@ class TrainingJob:
         if payload.get("kind") == "train" and self._bar is not None:
             self._bar.update(payload["step"] - self._bar.n)
             self._bar.set_postfix(loss=f"{payload['loss']:.4g}", refresh=False)
-        if self.store is not None and self.run_id is not None:  # a rank's own loss is a per-rank series even on rank 0
-            rank = payload.get("rank", 0)
-            self.store.log_metrics(self.run_id, [(s, f"{n}@rank{rank}" if n in _RANK_OWN else n, v) for s, n, v in _metric_rows(payload)])
+        self._store_row(payload)
         for callback in self.callbacks:
             callback(dict(payload))
         value = payload.get(self.await_verdict) if self.await_verdict is not None else None
         if isinstance(value, (int, float)) and self.stop_requested_at is None:  # rank 0 waits for this answer
             self._verdict_step = payload.get("step")
             self.job.go_on(self.targets[:1])
+
+    def _recover(self, history: list[dict[str, Any]]) -> None:
+        """Record and pass on the checkpoint's rows the earlier attempts never delivered (only when continuing a run)."""
+        if self.continues is None:
+            return
+        self.recovered_rows = [row for row in history if (row.get("kind"), row.get("step")) not in self._delivered]
+        for row in self.recovered_rows:
+            self._store_row(row)
+            for callback in self.callbacks:
+                callback(dict(row))
+
+    def _store_row(self, row: dict[str, Any]) -> None:
+        if self.store is not None and self.run_id is not None:  # a rank's own loss is a per-rank series even on rank 0
+            rank = row.get("rank", 0)
+            self.store.log_metrics(self.run_id, [(s, f"{n}@rank{rank}" if n in _RANK_OWN else n, v) for s, n, v in _metric_rows(row)])
+
+    @property
+    def progress_bar(self) -> Any:
+        return self._bar
 
     # -- driving ----------------------------------------------------------------------------
     def poll(self, wait_s: float = 0.0) -> bool:
@@ -275,8 +315,8 @@ class TrainingJob:
                 self._finish("stopped" if stopped else "finished")
         return self.state != "running"
 
-    def wait(self, poll_s: float = 0.05) -> TrainingJob:
-        """Poll until the run ends; returns ``self``.
+    def wait(self, poll_s: float = 0.05, until: Callable[[TrainingJob], bool] | None = None) -> TrainingJob:
+        """Poll until the run ends (or, with ``until``, until ``until(self)`` is True); returns ``self``.
 
         Ctrl-C interrupts every rank (blocked ones are aborted), records the run as
         interrupted, and re-raises ``KeyboardInterrupt``.
@@ -284,7 +324,8 @@ class TrainingJob:
         __tracebackhide__ = True  # noqa: F841 - IPython shows the user's cell, not these frames
         try:
             while not self.poll(poll_s):
-                pass
+                if until is not None and until(self):
+                    break
         except KeyboardInterrupt:
             self.job.cancel()
             self._finish("stopped", "interrupted by the user")
@@ -316,9 +357,9 @@ class TrainingJob:
 
     def _finish(self, state: str, error: str = "") -> None:
         self.state, self.error, self.ended = state, error, time.monotonic()
-        if self._bar is not None:
-            self._bar.close()
         died = self.exception is not None and self.exception.died
+        if self._bar is not None and not (self.keep_open and died):  # a run that will restart keeps its bar going
+            self._bar.close()
         if self.store is not None and self.run_id is not None and (self.end_status or not hasattr(self, "job")) and not (self.keep_open and died):
             status = {"finished": "finished", "stopped": "interrupted", "failed": "failed"}[state]
             if state != "failed" and self._stop_status is not None:

@@ -249,17 +249,22 @@ def run_training(
             restart = {"time": time.time(), "cause": str(job.exception).splitlines()[0], "ranks": job.exception.ranks}
             try:
                 targets = _restart(chosen, cfg, job.exception)
+                delivered = [(row.get("kind"), row["step"]) for row in history]
                 job = TrainingJob(
-                    chosen, spec, cfg.replace(resume=True), targets, callbacks=callbacks, name=run_name,
-                    progress=progress, continues=job.run_id, keep_open=left > 0,
+                    chosen, spec, cfg.replace(resume=True), targets, callbacks=callbacks, name=run_name, progress=progress,
+                    continues=job.run_id, keep_open=left > 0, delivered=delivered, bar=job.progress_bar,
                 )  # fmt: skip
             except BaseException as exc:
+                if job.progress_bar is not None:  # no restart: the bar ends where the run did
+                    job.progress_bar.close()
                 _record_failed_restart(job, [*restarted, {**restart, "error": str(exc)}], exc)
                 raise
-            job.wait()
+            job.wait(until=lambda resumed: resumed.start_step is not None)  # marked as soon as it resumed, not when it ends
             restarted.append({**restart, "resumed_from_step": job.start_step, "workers": len(targets)})
             _record_restarts(job, restarted, callbacks)
-            history = [row for row in history if job.start_step is None or row["step"] <= job.start_step] + job.rows
+            job.wait()
+            before = [row for row in history if job.start_step is None or row["step"] <= job.start_step] + job.recovered_rows
+            history = sorted(before, key=lambda row: row["step"]) + job.rows
     if job.exception is not None:
         raise job.exception
     if scratch is not None:

@@ -29,6 +29,7 @@ slice of it. :func:`read_state_dict` assembles the whole model's state the same 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 import os
 import random
@@ -190,6 +191,9 @@ class Resumed:
         Its data-parallel replicas, micro-steps per step and per-replica batch.
     layout
         The layout it was written by (:func:`describe` says it in words).
+    history
+        Rank 0's metric rows up to ``step`` (every attempt's): a run resumed after its
+        engines died sends the ones the notebook never received.
     """
 
     step: int
@@ -199,6 +203,7 @@ class Resumed:
     grad_accum: int
     batch_size: int
     layout: dict[str, Any]
+    history: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
 
 def describe(layout: dict[str, Any]) -> str:
@@ -350,7 +355,8 @@ class CheckpointManager:
             return None
         progress = self._manifest["progress"]
         return Resumed(self._manifest["step"], progress["epoch"], progress["position"], progress["data_size"],
-                       progress["grad_accum"], progress["batch_size"], self._manifest["layout"])  # fmt: skip
+                       progress["grad_accum"], progress["batch_size"], self._manifest["layout"],
+                       [row for row in progress.get("history", []) if row.get("step", 0) <= self._manifest["step"]])  # fmt: skip
 
     def load(self, held: Any, optimizer: Any) -> int:
         """Load the checkpoint :meth:`read` found into ``held`` and ``optimizer`` (cut for this rank's layout); its step.

@@ -211,6 +211,8 @@ class Trainer:
         self.epoch = 0
         self._evaluated_at = self._saved_at = 0  # the step of the last evaluation / checkpoint
         self.history: list[dict[str, Any]] = []
+        #: rank 0's rows of the attempts before the checkpoint this run resumed from (``[]`` when it did not)
+        self.resumed_history: list[dict[str, Any]] = resumed.history if resumed is not None else []
         self.stopped_early = False
         self._started = time.perf_counter()
         if resumed is not None:  # every rank loads its pieces of the checkpoint, cut for this layout
@@ -402,7 +404,8 @@ class Trainer:
         epoch, position = self.plan.position(self.step, self.config.global_batch(self.data_size))
         progress = {"epoch": epoch, "position": position, "data_size": self.data_size, "grad_accum": self.config.grad_accum,
                     "batch_size": self.config.batch_size, "total_steps": self.total_steps, "seed": self.config.seed,
-                    "lr_schedule": self.config.lr_schedule, "config": self.config.to_dict()}  # fmt: skip
+                    "lr_schedule": self.config.lr_schedule, "config": self.config.to_dict(),
+                    "history": self.resumed_history + self.history if self.rank == 0 else []}  # fmt: skip
         return self.checkpoints.save(self.step, self.model, self.optimizer, progress)
 
     def full_state_dict(self) -> dict[str, torch.Tensor] | None:

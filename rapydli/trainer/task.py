@@ -80,7 +80,8 @@ def engine_task(
         trainer.callbacks += (trainer.pipeline.timeline_callback(emit),)
     try:
         if ctx.rank == 0:
-            emit("start", {"total_steps": trainer.total_steps, "start_step": trainer.step, "world_size": ctx.world_size}, flush=True)
+            emit("start", {"total_steps": trainer.total_steps, "start_step": trainer.step, "world_size": ctx.world_size,
+                           "history": trainer.resumed_history}, flush=True)  # fmt: skip
         history = trainer.fit()
         state = trainer.full_state_dict()  # the trained model, whole, for result.model()
     finally:

@@ -73,23 +73,44 @@ class LivePlot(LiveFigure):
             rows, self._drawn = self.rows[self._drawn :], len(self.rows)
             for rank in sorted({r["rank"] for r in rows if r.get("kind") == "rank"} - set(self._rank_traces)):
                 self._add_rank_trace(rank)
-            columns = []
-            for trace, (_, kind, xkey, ykey, _) in zip(self.figure.data, TRAINING_TRACES):
-                fresh = [(r[xkey], r[ykey]) for r in rows if r.get("kind") == kind and r.get(ykey) is not None]
-                columns.append((trace, fresh))
-            for rank, trace in self._rank_traces.items():
-                columns.append((trace, [(r["step"], r["comm_wait_s"]) for r in rows if r.get("kind") == "rank" and r["rank"] == rank]))
+            # the points worked out on copies first: within batch_update a trace reads as it was before the batch
+            traces = [*self.figure.data]
+            points = [list(zip(trace.x or (), trace.y or ())) for trace in traces]
+            restarts = []
+            segment: list[dict[str, Any]] = []
+            for row in rows:  # in order: a restart drops the steps after the one it resumed from (they are done again)
+                if row.get("kind") != "restart":
+                    segment.append(row)
+                    continue
+                self._append(segment, points)
+                segment = []
+                restarts.append(row["step"])
+                points = [[(x, y) for x, y in trace_points if x <= row["step"]] for trace_points in points]
+            self._append(segment, points)
             with self.figure.batch_update():
-                for trace, fresh in columns:
-                    if fresh:
-                        trace.x = (*(trace.x or ()), *(x for x, _ in fresh))
-                        trace.y = (*(trace.y or ()), *(y for _, y in fresh))
-                for restart in (r for r in rows if r.get("kind") == "restart"):  # a marker where the run resumed
-                    self.restarts.append(restart["step"])
-                    self.figure.add_shape(type="line", x0=restart["step"], x1=restart["step"], xref="x", y0=0, y1=1, yref="y domain",
+                for trace, before, after in zip(traces, [list(zip(t.x or (), t.y or ())) for t in traces], points):
+                    if after != before:
+                        trace.x, trace.y = tuple(x for x, _ in after), tuple(y for _, y in after)
+                for step in restarts:
+                    self.restarts.append(step)
+                    self.figure.add_shape(type="line", x0=step, x1=step, xref="x", y0=0, y1=1, yref="y domain",
                                           line={"dash": "dash", "color": "#d62728"})  # fmt: skip
             self.redraws += 1
             self._last_draw = time.monotonic()
+
+    def _append(self, rows: list[dict[str, Any]], points: list[list[tuple[Any, Any]]]) -> None:
+        """Add ``rows``' points to ``points`` (one list per trace of the figure), in step order
+        (a restart's recovered rows are earlier steps than those drawn)."""
+        keys: list[tuple[str, str, str, int | None]] = [(kind, xkey, ykey, None) for _, kind, xkey, ykey, _ in TRAINING_TRACES]
+        keys += [("rank", "step", "comm_wait_s", rank) for rank in self._rank_traces]
+        for trace_points, (kind, xkey, ykey, rank) in zip(points, keys):
+            fresh = [(r[xkey], r[ykey]) for r in rows
+                     if r.get("kind") == kind and r.get(ykey) is not None and (rank is None or r["rank"] == rank)]  # fmt: skip
+            if fresh and trace_points and fresh[0][0] < trace_points[-1][0]:
+                trace_points.extend(fresh)
+                trace_points.sort(key=lambda point: point[0])
+            else:
+                trace_points.extend(fresh)
 
     def _add_rank_trace(self, rank: int) -> None:
         """Rank ``rank``'s communication wait, next to rank 0's (it differs per rank)."""

@@ -69,7 +69,7 @@ export function smooth(values: (number | null)[], weight: number): (number | nul
   });
 }
 
-/** Metric series by name: steps and values, in logging order. */
+/** Metric series by name: steps and values, in step order (rows of one step in logging order). */
 export class MetricSeries {
   readonly series = new Map<string, { x: number[]; y: (number | null)[] }>();
 
@@ -80,8 +80,13 @@ export class MetricSeries {
         s = { x: [], y: [] };
         this.series.set(row.name, s);
       }
-      s.x.push(row.step);
-      s.y.push(row.value);
+      // in step order: a restarted run records the steps its dying engines never sent later, from its checkpoint
+      let at = s.x.length;
+      while (at > 0 && s.x[at - 1] > row.step) {
+        at--;
+      }
+      s.x.splice(at, 0, row.step);
+      s.y.splice(at, 0, row.value);
     }
   }
 

@@ -107,7 +107,15 @@ export class RunView extends Widget {
       const ended = this._status === 'running' && reply.status !== 'running';
       this._status = reply.status;
       this.node.dataset.status = reply.status;
-      if (reply.metrics.length > 0 || this._drawn === false) {
+      let restarted = false;
+      if (reply.status === 'running' && this._run && Date.now() - this._detailAt > DETAIL_EVERY_MS) {
+        // a restart is recorded while the run goes on: its record is read again every few seconds
+        this._detailAt = Date.now();
+        const before = this._run.records?.restarts?.value?.length ?? 0;
+        this._run = await requestAPI<IRunDetail>(`runs/${encodeURIComponent(this.runId)}`);
+        restarted = (this._run.records?.restarts?.value?.length ?? 0) !== before;
+      }
+      if (reply.metrics.length > 0 || this._drawn === false || restarted) {
         await this._drawMetrics();
       }
       if (ended || (this._status !== 'running' && this._timer !== null)) {
@@ -115,6 +123,7 @@ export class RunView extends Widget {
         this._run = await requestAPI<IRunDetail>(`runs/${encodeURIComponent(this.runId)}`);
         this._renderHeader();
         await this._renderExtra();
+        await this._drawMetrics(); // with the records it ended with (its restarts)
       }
       this._error.hidden = true;
     } catch (error) {
@@ -145,6 +154,9 @@ export class RunView extends Widget {
         const lay = layout(group.title, 'step', group.yTitle);
         if (group.range) {
           lay.yaxis.range = group.range;
+        }
+        if (group.id === 'loss') {
+          lay.shapes = restartLines(this._run?.records?.restarts?.value);
         }
         await draw(this._plotDiv(group.id, `${group.title} plot`), traces, lay);
       }
@@ -252,6 +264,7 @@ export class RunView extends Widget {
   private _cursor = -1;
   private _busy = false;
   private _drawn = false;
+  private _detailAt = Date.now();
   private _timer: number | null = null;
   private _series = new MetricSeries();
   private _header: HTMLElement;
@@ -260,4 +273,22 @@ export class RunView extends Widget {
   private _plotDivs = new Map<string, HTMLElement>();
   private _extra: HTMLElement;
   private _details: HTMLElement;
+}
+
+/** How often a running run's records (its restarts) are read again. */
+const DETAIL_EVERY_MS = 5000;
+
+/** Dashed red lines at the steps a restarted run resumed from (its `restarts` record), labelled "restart". */
+function restartLines(restarts: { resumed_from_step?: number | null; cause?: string }[] | undefined): any[] {
+  return (restarts ?? []).map(restart => ({
+    type: 'line',
+    x0: restart.resumed_from_step ?? 0,
+    x1: restart.resumed_from_step ?? 0,
+    xref: 'x',
+    y0: 0,
+    y1: 1,
+    yref: 'paper',
+    line: { dash: 'dash', color: '#d62728' },
+    name: 'restart'
+  }));
 }
