@@ -47,9 +47,17 @@ class Executed:
         return min(page.count('class="plotly-graph-div"'), page.count("Plotly.newPlot("))
 
 
+#: The most an executed tour notebook may weigh: small enough to commit, open on GitHub and attach
+#: to a paper (a live plot's saved widget state alone was ~5 MB of JavaScript).
+TOUR_NOTEBOOK_BYTES = 3_000_000
+
+
 def execute(name: str, out_dir: Path, **parameters: Any) -> Executed:
-    """Run ``notebooks/<name>`` into ``out_dir`` with ``parameters`` (working directory: ``notebooks/``)."""
+    """Run ``notebooks/<name>`` into ``out_dir`` with ``parameters`` (working directory: ``notebooks/``);
+    every executed tour notebook is checked to be under :data:`TOUR_NOTEBOOK_BYTES`."""
     out = out_dir / name
     papermill.execute_notebook(str(NOTEBOOKS / name), str(out), parameters=parameters, kernel_name="python3",
                                cwd=str(NOTEBOOKS), progress_bar=False, engine_name="rapydli")  # fmt: skip
-    return Executed(out)
+    executed = Executed(out)
+    assert executed.size < TOUR_NOTEBOOK_BYTES, f"{name} executed is {executed.size / 1e6:.1f} MB"
+    return executed

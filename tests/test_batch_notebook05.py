@@ -47,6 +47,7 @@ def test_readme_batch_over_notebook_05(tmp_path: Path, monkeypatch: pytest.Monke
         assert train["params"]["model_fn"] == "rapydli.zoo.models:mlp"
         assert train["params"]["config"]["lr"] == row.lr
         assert read_records(row.output)["throughput"] == pytest.approx(row.throughput)
+        assert Path(row.output).stat().st_size < 1_000_000  # an item's executed notebook travels too
 
     # re-running the same command runs nothing again
     assert main(argv) == 0

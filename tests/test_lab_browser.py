@@ -417,3 +417,13 @@ def test_commands_are_in_the_palette(page: Page) -> None:
     page.keyboard.press("Escape")
 
 
+
+
+def test_one_cluster_panel(page: Page) -> None:
+    # ipyparallel's own cluster panel (installed with ipyparallel) is disabled by RaPyDLI's page config: ours lists the same clusters
+    disabled = page.evaluate("() => JSON.parse(document.getElementById('jupyter-config-data').textContent).disabledExtensions")
+    assert "ipyparallel-labextension" in disabled, disabled
+    tabs = page.locator(".jp-SideBar .lm-TabBar-tab")
+    expect(page.locator('.jp-SideBar .lm-TabBar-tab[data-id="rapydli-panel"]')).to_have_count(1)
+    titles = [t.lower() for t in tabs.evaluate_all("els => els.map(e => (e.title || '') + ' ' + (e.dataset.id || ''))")]
+    assert not any("parallel" in t or "ipp" in t for t in titles), titles
