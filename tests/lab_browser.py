@@ -95,7 +95,8 @@ def running_lab(base: Path, env: dict[str, str]) -> Iterator[dict[str, Any]]:
             time.sleep(0.5)
     print(f"\nscreenshots: {shots}")
     try:
-        yield {"url": url, "token": TOKEN, "proc": psutil.Process(proc.pid), "env": env, "shots": shots, "root": root_dir}
+        yield {"url": url, "token": TOKEN, "proc": psutil.Process(proc.pid), "env": env, "shots": shots, "root": root_dir,
+               "log": base / "lab.log"}  # fmt: skip
     finally:
         os.killpg(proc.pid, signal.SIGTERM)  # the server stops its clusters on shutdown
         try:

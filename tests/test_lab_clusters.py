@@ -191,6 +191,8 @@ def test_start_restart_and_stop_a_cluster_from_the_panel(page: Page, lab: dict[s
     expect(clusters).to_contain_text("running")
     expect(page.locator(".rapydli-StatusItem")).to_have_text("RaPyDLI: 2 engines")
     assert len(engine_pids(lab["proc"].pid) - before) >= 2
+    logged = lab["log"].read_text()  # the Lab terminal: the controller's and engines' logs stay in their files
+    assert "[IPController" not in logged and "[IPEngine" not in logged, logged[-2000:]
     shot(page, lab, "cluster-running")
 
     # A notebook attaches to the panel's cluster through the inserted cells and runs on it.

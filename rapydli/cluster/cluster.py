@@ -8,7 +8,6 @@ running code on its engines is :class:`rapydli.cluster.tasks.ClusterTasks`, a ba
 from __future__ import annotations
 
 import json
-import logging
 import os
 import signal
 import sys
@@ -27,7 +26,7 @@ from rapydli.cluster.controller_config import write_controller_config
 from rapydli.cluster.launchers import get_launcher, validate_options
 from rapydli.cluster.mpirun import rank_environment, threads_per_rank
 from rapydli.cluster.processes import CLUSTER_MARKER, alive, reap, reap_marked
-from rapydli.cluster.registry import new_cluster_id, remove_connection_files
+from rapydli.cluster.registry import ipp_log, new_cluster_id, remove_connection_files
 from rapydli.cluster.sshhosts import SessionWatch
 from rapydli.cluster.tasks import ClusterTasks
 from rapydli.errors import ClusterError, ConfigError, NotFoundError
@@ -182,7 +181,7 @@ class Cluster(ClusterTasks):
                 controller=self.launcher.controller,
                 n=self.n,
                 config=config,
-                log_level=logging.ERROR,  # failures reach the user as ClusterError/RankFailure instead
+                log=ipp_log(self._cluster_id),  # errors only, and never the Jupyter server's log
                 engine_timeout=int(self.start_timeout),
                 profile_dir=str(subdir("ipython")),
                 cluster_id=self._cluster_id,
@@ -427,7 +426,7 @@ class Cluster(ClusterTasks):
         record = _detached_record(cluster_id)
         cluster = cls(record["n"], record["launcher"], threads=record["threads"], start_timeout=timeout, **record["options"])
         try:
-            cluster._ipp = ipp.Cluster.from_file(profile_dir=record["profile_dir"], cluster_id=cluster_id, log_level=logging.ERROR)
+            cluster._ipp = ipp.Cluster.from_file(profile_dir=record["profile_dir"], cluster_id=cluster_id, log=ipp_log(cluster_id))
             cluster._ipp.shutdown_atexit = False
             cluster._detached = True  # stays up when this process exits, unless stopped
             cluster._batch = batch_job(cluster.launcher, cluster._ipp)  # watched, and cancelled on stop

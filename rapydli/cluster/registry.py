@@ -46,6 +46,19 @@ def new_cluster_id() -> str:
     return f"{int(time.time())}-{''.join(secrets.choice(string.ascii_lowercase) for _ in range(4))}"
 
 
+def ipp_log(cluster_id: str) -> logging.Logger:
+    """The logger ipyparallel logs cluster ``cluster_id`` to: errors only, RaPyDLI's own.
+
+    Without it, ipyparallel logs to the running ``Application``'s logger where there is
+    one (the Jupyter server's, whose logger passes DEBUG), and then streams the
+    controller's and engines' log files into it: ~150 lines in the Lab terminal per start.
+    The processes' logs stay in their files (``ipython/log/`` under ``RAPYDLI_HOME``).
+    """
+    log = logging.getLogger(f"rapydli.ipyparallel.{cluster_id}")
+    log.setLevel(logging.ERROR)  # failures reach the user as ClusterError/RankFailure instead
+    return log
+
+
 def _profile() -> Path:
     return subdir("ipython")
 
@@ -171,7 +184,7 @@ def stop_cluster(cluster_id: str, timeout: float = 10.0) -> None:
     found = running.get(cluster_id)
     if found is not None and found["launcher"] == "local":  # every process is here: end them all at once
         try:
-            cluster = ipp.Cluster.from_file(profile_dir=str(_profile()), cluster_id=cluster_id, log_level=logging.ERROR)
+            cluster = ipp.Cluster.from_file(profile_dir=str(_profile()), cluster_id=cluster_id, log=ipp_log(cluster_id))
             launchers = [cluster.controller, *cluster.engines.values()]
             pids = [launcher.pid for launcher in launchers if launcher is not None]
         except Exception:  # noqa: BLE001 - no cluster file left: the engines and marked processes still go
@@ -179,7 +192,7 @@ def stop_cluster(cluster_id: str, timeout: float = 10.0) -> None:
         terminate_trees([*pids, *found["engine_pids"]], grace=timeout)
     elif found is not None:
         try:
-            cluster = ipp.Cluster.from_file(profile_dir=str(_profile()), cluster_id=cluster_id, log_level=logging.ERROR)
+            cluster = ipp.Cluster.from_file(profile_dir=str(_profile()), cluster_id=cluster_id, log=ipp_log(cluster_id))
             cluster.stop_cluster_sync()
         except Exception as exc:  # noqa: BLE001 - stop what can be stopped; the processes are reaped below
             log.warning("cluster %s: ipyparallel could not stop it cleanly: %s", cluster_id, exc)
