@@ -39,9 +39,10 @@ FAMILIES = 6 + ARCHIVED  # 2 train, sweep, batch, live, scaling, and the archive
 
 
 def seed_archive(store: RunStore) -> None:
-    """Store rows, no training: finished runs named ``archive-NN`` with a final loss."""
+    """Store rows, no training: finished runs named ``... archive-NN`` with a final loss (long names
+    that differ only at their end, as a sweep's or a planner's do)."""
     for i in range(ARCHIVED):
-        run_id = store.create_run("train", f"archive-{i:02d}", {"lr": 0.001 * (i + 1)}, seed=i)
+        run_id = store.create_run("train", f"plan dp2 pp1 tp1 zero1 archive-{i:02d}", {"lr": 0.001 * (i + 1)}, seed=i)
         store.log_metrics(run_id, [(1, "loss", 1.0 / (i + 1))])
         store.finish_run(run_id)
 
@@ -128,6 +129,14 @@ def test_runs_are_families_with_filters_and_no_mid_word_wrapping(page: Page, lab
         })"""
     )
     assert lines and max(lines) == 1, (width, lines)
+    # names cut at the default width still tell runs apart: their ends always show, whole
+    tails = runs.locator(".rapydli-NameTail").evaluate_all(
+        "els => els.map(e => [e.textContent, e.scrollWidth <= e.clientWidth, e.getBoundingClientRect().right])"
+    )
+    right = panel.evaluate("el => el.getBoundingClientRect().right")
+    archived = [text for text, _, _ in tails if text.startswith("archive-")]
+    assert len(archived) > 3 and len(set(archived)) == len(archived), tails
+    assert all(whole and end <= right for _, whole, end in tails), (right, tails)
     shot(page, lab, "panel-families")
     shot(page, lab, "panel-only", panel)
 

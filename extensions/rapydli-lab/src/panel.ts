@@ -312,7 +312,13 @@ export class RapydliPanel extends Widget {
       nameLine.append(toggle);
     }
     nameLine.append(statusBadge(status));
-    nameLine.append(h('span', { className: 'rapydli-RunName rapydli-Ellipsis', text: run.name, attrs: { title: run.name } }));
+    const [head, tail] = splitName(run.name);
+    nameLine.append(
+      h('span', { className: 'rapydli-RunName', attrs: { title: run.name } }, [
+        h('span', { className: 'rapydli-NameHead rapydli-Ellipsis', text: head }),
+        h('span', { className: 'rapydli-NameTail', text: tail })
+      ])
+    );
     if (!child && run.n_children > 0) {
       nameLine.append(h('span', { className: 'rapydli-Count rapydli-Nowrap', text: `${run.n_children} ${CHILDREN_NOUN[run.kind] ?? 'runs'}` }));
     }
@@ -349,4 +355,24 @@ export class RapydliPanel extends Widget {
   private _clusters: HTMLElement;
   private _runs: HTMLElement;
   private _compare: HTMLButtonElement;
+}
+
+/** How many characters of a long run name's end always show (the rest is cut with an ellipsis). */
+const NAME_TAIL = 12;
+
+/**
+ * A run name as [head, tail]: the head is cut with an ellipsis when the panel is narrow, the
+ * tail always shows. Names that differ only at the end ("plan dp2 pp1 tp1 zero1", "... zero2")
+ * stay apart at the default sidebar width. The tail starts at a word where one is near.
+ */
+export function splitName(name: string): [string, string] {
+  if (name.length <= NAME_TAIL + 4) {
+    return ['', name];
+  }
+  let at = name.length - NAME_TAIL;
+  const space = name.lastIndexOf(' ', at + 4);
+  if (space > at - 6 && space > 0) {
+    at = space + 1;
+  }
+  return [name.slice(0, at), name.slice(at)];
 }
