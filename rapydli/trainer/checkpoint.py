@@ -45,6 +45,7 @@ import numpy as np
 import torch
 
 from rapydli.errors import ConfigError
+from rapydli.paths import private_dir
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +77,7 @@ def save_atomic(state: dict[str, Any], path: str | os.PathLike[str]) -> Path:
     file at ``path`` (if any) is untouched, and the error propagates.
     """
     target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
+    private_dir(target.parent)  # a new checkpoint directory is the user's only; mkstemp's files are 0600
     handle, temp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
         with os.fdopen(handle, "wb") as stream:

@@ -34,6 +34,7 @@ from rapydli.experiments.batch import spec as batchspec
 from rapydli.experiments.batch.places import ItemProcess, Places, places
 from rapydli.experiments.store import merge as storemerge
 from rapydli.experiments.store import runstore as store_mod
+from rapydli.paths import private_dir
 from rapydli.settings import BATCH_ITEM, STORE_PATH
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -250,6 +251,7 @@ def run_plan(
             item.outcome = {**previous, "resumed": True}
         else:
             pending.append(item)
+    private_dir(plan.out)  # the executed notebooks hold the items' outputs: the user's only, when new
     store = store_mod.open_store()
     batch_id = None
     if store is not None and pending:  # a re-run that skips every item adds no batch record
