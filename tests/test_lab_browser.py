@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 #: Plain finished runs seeded before the others (so they are the oldest): with the 6 families
 #: below they fill more than one page of the panel's run list (25 a page).
 ARCHIVED = 30
-FAMILIES = 6 + ARCHIVED  # 2 train, sweep, batch, live, scaling, and the archived ones
+FAMILIES = 7 + ARCHIVED  # 2 train, sweep, batch, live, scaling, a one-trial sweep, and the archived ones
 
 
 def seed_archive(store: RunStore) -> None:
@@ -57,6 +57,11 @@ def seed(store: RunStore) -> dict[str, str]:
         {"workers": 1, "throughput": 100.0}, {"workers": 2, "throughput": 190.0}, {"workers": 4, "throughput": 340.0},
     ])  # fmt: skip
     store.finish_run(ids["scaling"])
+    ids["one_trial"] = store.create_run("sweep", "one-trial-sweep", {"metric": "val_loss", "direction": "minimize"})
+    trial = store.create_run("trial", "one-trial-sweep-trial-0", {"params": {"lr": 0.01}}, parent=ids["one_trial"])
+    store.log_metrics(trial, [(10, "val_loss", 0.42)])
+    store.finish_run(trial)
+    store.finish_run(ids["one_trial"])
     return ids
 
 
@@ -144,7 +149,7 @@ def test_runs_are_families_with_filters_and_no_mid_word_wrapping(page: Page, lab
     expect(runs.locator("tr.rapydli-Family")).to_have_count(1)  # the batch: it and one item failed
     panel.get_by_role("combobox", name="Filter by status").select_option("")
     panel.get_by_role("combobox", name="Filter by kind").select_option("trial")
-    expect(runs.locator("tr.rapydli-Family")).to_have_count(1)
+    expect(runs.locator("tr.rapydli-Family")).to_have_count(2)  # the two sweeps
     expect(family_row(runs, ids["sweep"])).to_be_visible()
     panel.get_by_role("combobox", name="Filter by kind").select_option("")
     panel.get_by_role("searchbox", name="Search runs").fill("mlp_dig")
@@ -280,6 +285,16 @@ def test_sweep_view_shows_the_pruned_trial(page: Page, lab: dict[str, Any]) -> N
     expect(view).to_contain_text("parameter importance needs 5 completed trials")
     view.get_by_role("heading", name=re.compile("Trials")).scroll_into_view_if_needed()
     shot(page, lab, "sweep-view")
+
+
+def test_best_so_far_of_one_complete_trial_is_legible(page: Page, lab: dict[str, Any]) -> None:
+    family_row(open_panel(page).get_by_role("table", name="Run list"), lab["ids"]["one_trial"]).locator(".rapydli-RunName").click()
+    view = page.get_by_role("region", name=f"Run {lab['ids']['one_trial']}")
+    best = view.locator('[data-plot="best-so-far"]')
+    expect(best.locator(".scatterlayer .point")).to_have_count(1)
+    expect(best).to_contain_text("1 complete trial")
+    layout = best.evaluate("el => ({x: el.layout.xaxis.tickvals, y: el.layout.yaxis.range})")
+    assert layout["x"] == [0] and layout["y"][0] < 0.42 < layout["y"][1], layout  # one tick at trial 0, the value in view
 
 
 def test_find_a_sweep_see_why_trials_were_pruned_compare_the_best_two_and_tag_the_winner(page: Page, lab: dict[str, Any]) -> None:

@@ -144,10 +144,22 @@ export async function sweepSection(sweepId: string, commands: CommandRegistry, p
   if (history.x.length) {
     const div = plotDiv('best-so-far', 'Best so far plot');
     grid.append(div);
+    const lay = logIfWide(layout('Best so far', 'trial', metric), history.y);
+    lay.xaxis.dtick = 1; // trial numbers
+    if (history.x.length === 1) {
+      // one complete trial: Plotly would put its dot alone on axes from -1 to 1
+      const [x, v] = [history.x[0], history.y[0]];
+      const pad = Math.abs(v) * 0.1 || 1;
+      lay.xaxis.range = [x - 0.5, x + 0.5];
+      lay.xaxis.tickvals = [x];
+      lay.yaxis.type = 'linear';
+      lay.yaxis.range = [v - pad, v + pad];
+      lay.title = { text: 'Best so far (1 complete trial)' };
+    }
     plots.add(div, [
       { type: 'scatter', mode: 'markers', name: metric, x: history.x, y: history.y },
       { type: 'scatter', mode: 'lines', name: 'best so far', x: history.x, y: history.best, line: { shape: 'hv' } }
-    ], logIfWide(layout('Best so far', 'trial', metric), history.y));
+    ], lay);
   }
   // Intermediate values: each trial's reports; pruned ones dashed.
   const curves = trials.filter(t => t.intermediate.length > 0);
