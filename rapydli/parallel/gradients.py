@@ -9,7 +9,10 @@ Three strategies behind one small interface (:class:`Gradients`), chosen once by
   it steps is a :class:`~rapydli.parallel.zero.ShardedOptimizer` that keeps ``1 / N`` of
   the state;
 * :class:`ReduceScattered`: ZeRO-2, where the sharded optimizer reduce-scatters each
-  bucket during backward and keeps only its slices' averaged gradients.
+  bucket during backward and keeps only its slices' averaged gradients; and ZeRO-3,
+  where the optimizer (:class:`~rapydli.parallel.zero3.FullyShardedOptimizer`) also keeps
+  only its slices of the parameters and gathers each block's around its forward and
+  backward.
 
 The loop calls, every step: ``no_sync()`` around the micro-steps that only accumulate,
 ``wait()`` after the last backward, the optimizer's ``step()``, then ``zero_grad()``.
@@ -37,7 +40,7 @@ class Gradients:
     sync
         The :class:`~rapydli.comm.GradientSynchronizer`, or ``None``.
     sharded
-        At ZeRO-2 the :class:`~rapydli.parallel.zero.ShardedOptimizer` that holds this
+        At ZeRO-2 and 3 the :class:`~rapydli.parallel.zero.ShardedOptimizer` that holds this
         rank's slices of the gradients (global-norm clipping reads them), else ``None``.
     """
 
@@ -90,7 +93,7 @@ class Synchronized(Gradients):
 
 
 class ReduceScattered(Gradients):
-    """ZeRO-2: the sharded optimizer reduce-scatters each bucket as backward completes it."""
+    """ZeRO-2 and 3: the sharded optimizer reduce-scatters each bucket as backward completes it."""
 
     def __init__(self, optimizer: Any) -> None:
         super().__init__(optimizer)
@@ -122,16 +125,22 @@ def build(layout: Layout, part: ModelPart, optimizer: torch.optim.Optimizer, con
 
             data = MPI.COMM_SELF
         sync = None
-        if layout.zero == 2:  # no synchronizer: parameters start as replica 0's, the optimizer reduce-scatters the gradients
+        if layout.zero >= 2:  # no synchronizer: parameters start as replica 0's, the optimizer reduce-scatters the gradients
             if comm is not None:
                 for tensor in (*model.parameters(), *model.buffers()):
                     comm.broadcast_(tensor.data, 0)
         elif comm is not None:
             sync = _synchronizer(model, comm, config)
-        sharded = ShardedOptimizer(model.parameters(), lambda _: optimizer, data, stage=layout.zero, bucket_mb=config.bucket_mb)
+        sharded: ShardedOptimizer
+        if layout.zero == 3:
+            from rapydli.parallel.zero3 import FullyShardedOptimizer
+
+            sharded = FullyShardedOptimizer(model, lambda _: optimizer, data, bucket_mb=config.bucket_mb)
+        else:
+            sharded = ShardedOptimizer(model.parameters(), lambda _: optimizer, data, stage=layout.zero, bucket_mb=config.bucket_mb)
         for group in sharded.param_groups:
             group.setdefault("initial_lr", group["lr"])
-        if layout.zero == 2:
+        if layout.zero >= 2:
             return ReduceScattered(sharded)
         return Synchronized(sharded, sync) if sync is not None else _ShardedLocal(sharded)
     if comm is None:

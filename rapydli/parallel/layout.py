@@ -58,8 +58,9 @@ class Layout:
         Pipeline stages and tensor-parallel degree (``TrainConfig.pipeline_stages`` and
         ``tensor_parallel``).
     zero
-        ZeRO stage (0: off; 1, 2: the optimizer state, and at 2 the gradients, sharded over
-        the replicas).
+        ZeRO stage (0: off; 1, 2, 3: the optimizer state, at 2 the gradients too, at 3 the
+        parameters too, sharded over the replicas; 3 only without pipeline and tensor
+        parallelism).
     where
         What has the ranks, for the refusal's text (``"the cluster"``, ``"workers_per_trial"``);
         not part of the layout's identity.
@@ -68,7 +69,8 @@ class Layout:
     ------
     ConfigError
         ``world_size`` is not a positive multiple of ``pipeline * tensor``; the message
-        names the ranks there are and the multiples that would work.
+        names the ranks there are and the multiples that would work. ``zero=3`` with
+        ``pipeline`` or ``tensor`` above 1.
     """
 
     world_size: int
@@ -78,6 +80,9 @@ class Layout:
     where: str = field(default="this run", compare=False, repr=False)
 
     def __post_init__(self) -> None:
+        from rapydli.parallel.config import check_zero
+
+        check_zero(self.zero, self.pipeline, self.tensor)
         per = self.pipeline * self.tensor
         if self.pipeline < 1 or self.tensor < 1 or self.world_size < per or self.world_size % per:
             named = {k: v for k, v in (("pipeline_stages", self.pipeline), ("tensor_parallel", self.tensor)) if v > 1} or {"pipeline_stages": 1}

@@ -1,0 +1,156 @@
+"""Rank-side code of tests/test_parallel_zero3.py: ``TrainConfig(zero=3)`` on every rank equals one process.
+
+float64 (``cases_layouts`` sets it), the models of the hybrid-parallelism tests: GPT-2-style
+(``wte`` tied to ``lm_head``, fused QKV ``Conv1D``, the loss from ``labels``), Llama-style
+(GQA, SwiGLU, untied head) and BERT-style (a pooler computed under ``no_grad``: never a
+gradient), each with an ``optimizer_fn`` of two parameter groups. The one-process
+reference trains on the global batch (``batch_size x replicas``) with ``comm=COMM_SELF``.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+import cases_layouts  # noqa: F401 - float64 by default from here on
+import torch
+from cases_checkpoint_layouts import two_groups
+from hf_models import gpt2, llama
+from mpi4py import MPI
+from torch import nn
+from train_cases import PooledClassifier, sequences, tokens
+
+from rapydli.parallel.zero3 import FullyShardedOptimizer
+from rapydli.trainer import TrainConfig, Trainer
+
+WORLD = MPI.COMM_WORLD
+
+
+def bert() -> nn.Module:
+    torch.manual_seed(0)
+    return PooledClassifier()
+
+
+def lm_tokens() -> tuple[Any, Any]:
+    from cases_layouts import tokens as layout_tokens
+
+    return layout_tokens()
+
+
+def bert_data() -> tuple[Any, Any]:
+    train, _ = sequences()
+    return train, None
+
+
+#: name -> (model_fn, data_fn): every loss is the model's own, from ``labels``
+MODELS: dict[str, tuple[Any, Any]] = {"gpt2": (gpt2, lm_tokens), "llama": (llama, lm_tokens), "bert": (bert, bert_data)}
+BASE = {"batch_size": 4, "max_steps": 3, "lr": 0.01, "optimizer": "adamw", "eval_every": 2, "allreduce": "mpi", "seed": 0}
+
+_ = tokens  # train_cases' tokens are TinyGPT's: the hf models read cases_layouts'
+
+
+def whole_state(trainer: Trainer) -> dict[str, torch.Tensor]:
+    """The trained model gathered on rank 0, broadcast to every rank."""
+    return WORLD.bcast(trainer.full_state_dict(), root=0)
+
+
+def worst(state: dict[str, torch.Tensor], reference: dict[str, torch.Tensor]) -> float:
+    """Largest difference over the tensors both hold (a gathered state names a tied tensor once, a module's state_dict twice)."""
+    keys = state.keys() & reference.keys()
+    assert keys and len(keys) == min(len(state), len(reference)), (sorted(state), sorted(reference))
+    return max(float((state[key] - reference[key]).abs().max()) for key in keys)
+
+
+def one_process(name: str, fields: dict[str, Any], replicas: int) -> tuple[dict[str, torch.Tensor], list[dict[str, Any]]]:
+    model_fn, data_fn = MODELS[name]
+    train, val = data_fn()
+    fields = {**BASE, **fields}
+    config = TrainConfig(**{**fields, "batch_size": fields["batch_size"] * replicas, "zero": 0, "workers": 1})
+    trainer = Trainer(model_fn(), None, train, val, config, comm=MPI.COMM_SELF, optimizer_fn=two_groups)
+    history = trainer.fit()
+    trainer.close()
+    return {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}, history
+
+
+def equivalence(cases_json: str) -> None:
+    """Each ``[model, TrainConfig fields]`` under zero=3 on this world equals one process; rank 0 prints one JSON line per case."""
+    torch.set_num_threads(1)
+    for name, fields in json.loads(cases_json):
+        model_fn, data_fn = MODELS[name]
+        train, val = data_fn()
+        initial = model_fn().state_dict()
+        config = TrainConfig(**{**BASE, **fields}, zero=3, workers=WORLD.Get_size())
+        trainer = Trainer(model_fn(), None, train, val, config, optimizer_fn=two_groups)
+        optimizer = trainer.optimizer
+        assert isinstance(optimizer, FullyShardedOptimizer)
+        history = trainer.fit()
+        # between steps this rank keeps 1/N of the trained parameters: every one of them is its placeholder
+        trained = [p for p in trainer.model.parameters() if p.requires_grad]
+        whole = sum(p.numel() for p in trained)
+        placeholders = all(p.untyped_storage().nbytes() == p.element_size() and bool(p.isnan().all()) for p in trained)
+        kept = sum(b.local.numel() for b in optimizer.buckets)  # type: ignore[attr-defined]
+        state = whole_state(trainer)
+        trainer.close()
+        reference, expected = one_process(name, fields, trainer.data_size)
+        losses = [WORLD.allreduce(r["loss"]) / WORLD.Get_size() for r in history if r["kind"] == "train"]
+        ref_losses = [r["loss"] for r in expected if r["kind"] == "train"]
+        vals = [r["val_loss"] for r in history if r["kind"] == "eval" and "val_loss" in r]
+        ref_vals = [r["val_loss"] for r in expected if r["kind"] == "eval" and "val_loss" in r]
+        row = {
+            "model": name,
+            "fields": fields,
+            "worst": worst(state, reference),
+            "loss": max(abs(a - b) for a, b in zip(losses, ref_losses, strict=True)),
+            "val_loss": max((abs(a - b) for a, b in zip(vals, ref_vals, strict=True)), default=0.0),
+            "evals": len(vals),
+            "placeholders": WORLD.allreduce(int(placeholders), op=MPI.MIN),
+            "kept": WORLD.allgather(kept),
+            "whole": whole,
+            "units": [u.name for u in optimizer.units],
+            "prefetched": optimizer.prefetched,
+            "grad_norm": max((abs(a["grad_norm"] - b["grad_norm"]) for a, b in zip(history, expected, strict=True)
+                              if a["kind"] == "train" and a["grad_norm"] is not None), default=None),
+            "pooler_moved": bool(any(not torch.equal(state[k], initial[k]) for k in state if k.startswith("pooler"))),
+        }
+        if WORLD.Get_rank() == 0:
+            print(json.dumps(row), flush=True)
+    print("OK zero3", WORLD.Get_rank(), file=sys.stderr)
+
+
+def resumed(directory: str) -> None:
+    """A zero=3 checkpoint of step 2 (GPT-2-style, tied) resumes under zero=3, zero=2 and in one process as the uninterrupted run.
+
+    Needs 2 ranks. Rank 0 prints one JSON line per target.
+    """
+    torch.set_num_threads(1)
+    model_fn, data_fn = MODELS["gpt2"]
+    train, val = data_fn()
+    config = TrainConfig(**{**BASE, "max_steps": 4, "eval_every": 0}, zero=3, workers=2)
+    root = Path(directory)
+    whole = Trainer(model_fn(), None, train, val, config, optimizer_fn=two_groups)
+    whole.fit()
+    expected = whole_state(whole)
+    whole.close()
+    cut = Trainer(model_fn(), None, train, val, config.replace(max_steps=2, checkpoint_dir=str(root / "cut")), optimizer_fn=two_groups)
+    cut.fit()
+    cut.close()
+    if WORLD.Get_rank() == 0:
+        for target in ("zero3", "zero2", "one"):
+            shutil.copytree(root / "cut", root / target)
+    WORLD.Barrier()
+    for target, comm, fields in (("zero3", WORLD, {}), ("zero2", WORLD, {"zero": 2}),
+                                 ("one", MPI.COMM_SELF, {"zero": 0, "workers": 1, "batch_size": 2 * BASE["batch_size"]})):  # fmt: skip
+        if comm is MPI.COMM_SELF and WORLD.Get_rank() != 0:
+            continue
+        again = Trainer(model_fn(), None, train, val, config.replace(checkpoint_dir=str(root / target), resume=True, **fields), comm=comm,
+                        optimizer_fn=two_groups)  # fmt: skip
+        step = again.step
+        again.fit()
+        state = again.full_state_dict() if comm is WORLD else again.model.state_dict()
+        again.close()
+        if WORLD.Get_rank() == 0:
+            print(json.dumps({"target": target, "step": step, "worst": worst(state, expected)}), flush=True)
+    print("OK resumed", WORLD.Get_rank(), file=sys.stderr)
