@@ -154,3 +154,23 @@ def resumed(directory: str) -> None:
         if WORLD.Get_rank() == 0:
             print(json.dumps({"target": target, "step": step, "worst": worst(state, expected)}), flush=True)
     print("OK resumed", WORLD.Get_rank(), file=sys.stderr)
+
+
+def recomputed() -> None:
+    """zero=3 with activation checkpointing (dropout on) gives bit-equal parameters to zero=3 without it; rank 0 prints one JSON line."""
+    from recompute_models import dropout_net, features
+
+    torch.set_num_threads(1)
+    train, val = features()
+    states, calls = {}, {}
+    for spec in (None, "blocks", "every_k:2"):
+        config = TrainConfig(**{**BASE, "max_steps": 3}, zero=3, activation_checkpointing=spec, workers=WORLD.Get_size())
+        trainer = Trainer(dropout_net(), None, train, val, config)
+        trainer.fit()
+        states[spec] = whole_state(trainer)
+        calls[spec] = [block.calls for block in trainer.model.blocks]  # type: ignore[union-attr]
+        trainer.close()
+    equal = {str(spec): all(torch.equal(states[spec][k], states[None][k]) for k in states[None]) for spec in states}
+    if WORLD.Get_rank() == 0:
+        print(json.dumps({"equal": equal, "calls": {str(k): v for k, v in calls.items()}}), flush=True)
+    print("OK recomputed", WORLD.Get_rank(), file=sys.stderr)

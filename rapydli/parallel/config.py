@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -53,6 +54,29 @@ def check_zero(zero: int, pipeline: int, tensor: int) -> None:
             f"TrainConfig.zero=3 runs on data parallelism alone (pipeline_stages=1, tensor_parallel=1), got pipeline_stages={pipeline}, "
             f"tensor_parallel={tensor}: with pipeline or tensor parallelism use zero=0, 1 or 2"
         )
+
+
+_EVERY = re.compile(r"every_k:([0-9]+)")
+
+
+def checkpoint_interval(value: str | None) -> int | None:
+    """Every how many blocks one is recomputed (1 for ``"blocks"``), or ``None`` for no recomputation.
+
+    Raises
+    ------
+    ConfigError
+        ``value`` is not ``None``, ``"blocks"`` or ``"every_k:N"`` with ``N >= 1``.
+    """
+    if value is None:
+        return None
+    if value == "blocks":
+        return 1
+    found = _EVERY.fullmatch(value) if isinstance(value, str) else None
+    if found is None or int(found.group(1)) < 1:
+        raise ConfigError(
+            f"TrainConfig.activation_checkpointing={value!r} is invalid: must be None, 'blocks' or 'every_k:N' with N a positive integer"
+        )
+    return int(found.group(1))
 
 
 def check_grid(config: Any) -> None:

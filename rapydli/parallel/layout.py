@@ -177,8 +177,19 @@ class Layout:
         whole model. ``comm``: a :class:`~rapydli.comm.Communicator` to average gradients
         over in a plain data-parallel run (used as it is), an mpi4py communicator or
         ``None`` (a Communicator over ``world`` with ``config.allreduce`` is built, and owned).
+        With ``config.activation_checkpointing`` the blocks it names recompute their
+        activations in backward (:mod:`rapydli.parallel.recompute`).
         """
         self._check_world(world)
+        part = self._part(model, config, world, train_data, objective, comm, bounds)
+        if config.activation_checkpointing is not None:  # the blocks are the whole model's: stages and split layers share them
+            from rapydli.parallel.recompute import checkpoint_blocks
+
+            checkpoint_blocks(model, config.activation_checkpointing)
+        return part
+
+    def _part(self, model: nn.Module, config: Any, world: Any, train_data: Any, objective: Objective, comm: Any,
+              bounds: list[int] | None) -> ModelPart:  # fmt: skip
         if self.pp_enabled:
             from rapydli.parallel.training import PipelineTraining
 
