@@ -18,11 +18,12 @@ from typing import Any
 import cases_layouts  # noqa: F401 - float64 by default from here on
 import torch
 from cases_checkpoint_layouts import two_groups
-from hf_models import gpt2, llama
+from hf_models import gpt2, llama, lm_loss
 from mpi4py import MPI
 from torch import nn
 from train_cases import PooledClassifier, sequences, tokens
 
+from rapydli.parallel.recompute import _recomputed_forward
 from rapydli.parallel.zero3 import FullyShardedOptimizer
 from rapydli.trainer import TrainConfig, Trainer
 
@@ -57,19 +58,32 @@ def whole_state(trainer: Trainer) -> dict[str, torch.Tensor]:
     return WORLD.bcast(trainer.full_state_dict(), root=0)
 
 
-def worst(state: dict[str, torch.Tensor], reference: dict[str, torch.Tensor]) -> float:
-    """Largest difference over the tensors both hold (a gathered state names a tied tensor once, a module's state_dict twice)."""
+def worst(state: dict[str, torch.Tensor], reference: dict[str, torch.Tensor], transposed: frozenset[str] = frozenset()) -> float:
+    """Largest difference over the tensors both hold (a gathered state names a tied tensor once, a module's state_dict twice).
+
+    ``transposed``: names ``state`` holds transposed (a tensor-parallel Conv1D keeps its weight ``(out, in)``, as in cases_layouts).
+    """
     keys = state.keys() & reference.keys()
     assert keys and len(keys) == min(len(state), len(reference)), (sorted(state), sorted(reference))
-    return max(float((state[key] - reference[key]).abs().max()) for key in keys)
+    return max(float(((state[key].t() if key in transposed else state[key]) - reference[key]).abs().max()) for key in keys)
+
+
+def conv1d_weights(model: nn.Module) -> frozenset[str]:
+    return frozenset(f"{name}.weight" for name, module in model.named_modules() if type(module).__name__ == "Conv1D")
+
+
+def loss_of(fields: dict[str, Any]) -> Any:
+    """A pipeline's last stage computes the loss from the logits (lm_loss); otherwise the model's own, from ``labels``."""
+    return lm_loss if fields.get("pipeline_stages", 1) > 1 else None
 
 
 def one_process(name: str, fields: dict[str, Any], replicas: int) -> tuple[dict[str, torch.Tensor], list[dict[str, Any]]]:
     model_fn, data_fn = MODELS[name]
     train, val = data_fn()
     fields = {**BASE, **fields}
-    config = TrainConfig(**{**fields, "batch_size": fields["batch_size"] * replicas, "zero": 0, "workers": 1})
-    trainer = Trainer(model_fn(), None, train, val, config, comm=MPI.COMM_SELF, optimizer_fn=two_groups)
+    config = TrainConfig(**{**fields, "batch_size": fields["batch_size"] * replicas, "zero": 0, "workers": 1, "tensor_parallel": 1,
+                            "pipeline_stages": 1, "microbatches": 1, "pipeline_split": "auto"})  # fmt: skip
+    trainer = Trainer(model_fn(), None, train, val, config, comm=MPI.COMM_SELF, optimizer_fn=two_groups, loss_fn=loss_of(fields))
     history = trainer.fit()
     trainer.close()
     return {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}, history
@@ -83,7 +97,8 @@ def equivalence(cases_json: str) -> None:
         train, val = data_fn()
         initial = model_fn().state_dict()
         config = TrainConfig(**{**BASE, **fields}, zero=3, workers=WORLD.Get_size())
-        trainer = Trainer(model_fn(), None, train, val, config, optimizer_fn=two_groups)
+        model = model_fn()
+        trainer = Trainer(model, None, train, val, config, optimizer_fn=two_groups, loss_fn=loss_of(fields))
         optimizer = trainer.optimizer
         assert isinstance(optimizer, FullyShardedOptimizer)
         history = trainer.fit()
@@ -102,14 +117,16 @@ def equivalence(cases_json: str) -> None:
         row = {
             "model": name,
             "fields": fields,
-            "worst": worst(state, reference),
+            "worst": worst(state, reference, conv1d_weights(model_fn()) if config.tensor_parallel > 1 else frozenset()),
             "loss": max(abs(a - b) for a, b in zip(losses, ref_losses, strict=True)),
             "val_loss": max((abs(a - b) for a, b in zip(vals, ref_vals, strict=True)), default=0.0),
             "evals": len(vals),
             "placeholders": WORLD.allreduce(int(placeholders), op=MPI.MIN),
             "kept": WORLD.allgather(kept),
-            "whole": whole,
+            "whole": WORLD.allgather(whole),  # this rank's trained elements (its stage's, its tensor slices)
+            "replicas": trainer.data_size,
             "units": [u.name for u in optimizer.units],
+            "recomputed": sum(getattr(m.forward, "__func__", None) is _recomputed_forward for m in model.modules()),
             "prefetched": optimizer.prefetched,
             "grad_norm": max((abs(a["grad_norm"] - b["grad_norm"]) for a, b in zip(history, expected, strict=True)
                               if a["kind"] == "train" and a["grad_norm"] is not None), default=None),

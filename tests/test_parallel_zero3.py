@@ -1,4 +1,4 @@
-"""ZeRO-3 (fully sharded parameters) through TrainConfig on real MPI ranks: one process's parameters, 1/N of them kept.
+"""ZeRO-3 (fully sharded parameters) through TrainConfig on real MPI ranks: one process's parameters, 1/N of them kept; offload.
 
 The rank-side code is ``cases_zero3``; the models are the hybrid-parallelism tests' (GPT-2-,
 Llama- and BERT-style, float64).
@@ -22,26 +22,33 @@ def _run(run_mpi, n: int, call: str) -> tuple[list[dict], str]:
     return [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")], result.stderr
 
 
-CASES = [
+TWO_RANKS = [
     ["gpt2", {"grad_clip": 0.05}],  # tied wte / lm_head in the root unit, fused QKV Conv1D, the loss from labels; clipped over the slices
     ["llama", {"grad_accum": 2, "batch_size": 2}],  # an embedding block of its own, GQA, SwiGLU; two micro-steps a step
     ["bert", {}],  # the pooler is called under no_grad: it never has a gradient and must not move (weight decay included)
 ]
+FOUR_RANKS = [
+    ["gpt2", {}],  # dp4
+    ["gpt2", {"tensor_parallel": 2, "grad_clip": 0.05, "activation_checkpointing": "blocks"}],  # dp2 x tp2: slices of the split layers sharded
+    ["llama", {"pipeline_stages": 2, "microbatches": 2, "pipeline_split": "layers.1", "grad_clip": 0.05,
+               "activation_checkpointing": "every_k:2"}],  # dp2 x pp2: each stage's blocks sharded over its replicas
+]  # fmt: skip
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("ranks", [2, 4])
-def test_zero3_trains_what_one_process_trains_and_keeps_a_slice_of_every_parameter(run_mpi, ranks: int) -> None:
-    cases = CASES if ranks == 2 else CASES[:1]
+@pytest.mark.parametrize(("ranks", "cases"), [(2, TWO_RANKS), (4, FOUR_RANKS)], ids=["2-ranks", "4-ranks"])
+def test_zero3_trains_what_one_process_trains_and_keeps_a_slice_of_every_parameter(run_mpi, ranks: int, cases: list) -> None:
     rows, stderr = _run(run_mpi, ranks, f"equivalence({json.dumps(cases)!r})")
     assert stderr.count("OK zero3") == ranks
-    assert [row["model"] for row in rows] == [name for name, _ in cases]
+    assert [[row["model"], row["fields"]] for row in rows] == cases
     for row in rows:
         assert row["worst"] < 1e-10 and row["loss"] < 1e-10 and row["val_loss"] < 1e-10, row
         assert row["placeholders"] == 1, row  # between steps no rank holds a whole trained parameter
-        assert len(row["kept"]) == ranks and all(row["whole"] / ranks <= kept < row["whole"] / ranks + 8 * ranks for kept in row["kept"]), row
+        n = row["replicas"]
+        assert all(whole / n <= kept < whole / n + 8 * n for kept, whole in zip(row["kept"], row["whole"], strict=True)), row
         assert row["prefetched"] > 0, row  # the next block's gather started ahead of its use
         assert not row["pooler_moved"], row
+        assert row["recomputed"] == (2 if "activation_checkpointing" in row["fields"] else 0), row  # h.0 and h.1; embed_tokens and layers.1
         if "grad_clip" in row["fields"]:
             assert row["grad_norm"] is not None and row["grad_norm"] < 1e-10, row
     assert rows[0]["units"] == ["h.0", "h.1", ""]  # GPT-2's blocks; its embeddings, final norm and tied head are the root
@@ -59,16 +66,42 @@ def test_a_zero3_checkpoint_resumes_under_zero3_zero2_and_in_one_process(run_mpi
     assert sorted(p.name for p in (tmp_path / "cut").iterdir()) == ["checkpoint.pt", "part-s0-t0-d0-step2.pt", "part-s0-t0-d1-step2.pt"]
 
 
-def test_zero3_with_pipeline_or_tensor_parallelism_is_refused_before_anything_starts() -> None:
-    from rapydli.parallel.layout import Layout
+def test_weights_tied_across_pipeline_stages_are_refused_before_anything_starts() -> None:
+    import sys
+
+    sys.path.insert(0, str(TESTS))
+    from hf_models import gpt2, lm_loss
+
+    from rapydli.parallel.preflight import check_layout
     from rapydli.trainer.config import TrainConfig
 
-    with pytest.raises(ConfigError, match=r"TrainConfig.zero=3 runs on data parallelism alone .* pipeline_stages=2, tensor_parallel=1: .* zero=0, 1 or 2"):
-        TrainConfig(zero=3, pipeline_stages=2)
-    with pytest.raises(ConfigError, match=r"zero=3 runs on data parallelism alone .* tensor_parallel=2"):
-        TrainConfig(zero=3, tensor_parallel=2)
-    with pytest.raises(ConfigError, match=r"zero=3 runs on data parallelism alone"):
-        Layout(world_size=4, tensor=2, zero=3)
+    config = TrainConfig(zero=3, pipeline_stages=2, pipeline_split="h.1", workers=4)
+    with pytest.raises(ConfigError, match=r"transformer.wte.weight \(also lm_head.weight\) is shared by pipeline stages 0, 1 .* zero=3 cannot"):
+        check_layout(gpt2, config, loss_fn=lm_loss)
+    check_layout(gpt2, config.replace(zero=1), loss_fn=lm_loss)
     with pytest.raises(ConfigError, match=r"TrainConfig.zero=4 is invalid: must be an integer in \[0, 3\]"):
         TrainConfig(zero=4)
-    assert TrainConfig(zero=3).zero == 3 and Layout(world_size=2, zero=3).sharded
+
+
+def test_offload_optimizer_needs_zero_and_is_a_no_op_on_cpu_ranks() -> None:
+    import sys
+
+    import torch
+    from mpi4py import MPI
+
+    sys.path.insert(0, str(TESTS))
+    from recompute_models import dropout_net, features
+
+    from rapydli.trainer import TrainConfig, Trainer
+
+    with pytest.raises(ConfigError, match=r"TrainConfig.offload_optimizer=True needs zero=1, 2 or 3 .* got zero=0"):
+        TrainConfig(offload_optimizer=True)
+    train, val = features()
+    states = []
+    for offload in (False, True):
+        config = TrainConfig(batch_size=8, max_steps=2, seed=0, zero=1, offload_optimizer=offload, workers=1)
+        trainer = Trainer(dropout_net(), None, train, val, config, comm=MPI.COMM_SELF)
+        trainer.fit()
+        trainer.close()
+        states.append(trainer.model.state_dict())
+    assert all(torch.equal(states[0][k], states[1][k]) for k in states[0])

@@ -43,19 +43,6 @@ def check_pipeline(config: Any) -> None:
         )
 
 
-def check_zero(zero: int, pipeline: int, tensor: int) -> None:
-    """Raise :class:`ConfigError` if ZeRO stage ``zero`` cannot run with ``pipeline`` stages and ``tensor`` ranks.
-
-    ZeRO-3 shards parameters over the data-parallel ranks of a plain data-parallel run
-    only; stages 0 to 2 compose with pipeline and tensor parallelism.
-    """
-    if zero == 3 and (pipeline > 1 or tensor > 1):
-        raise ConfigError(
-            f"TrainConfig.zero=3 runs on data parallelism alone (pipeline_stages=1, tensor_parallel=1), got pipeline_stages={pipeline}, "
-            f"tensor_parallel={tensor}: with pipeline or tensor parallelism use zero=0, 1 or 2"
-        )
-
-
 _EVERY = re.compile(r"every_k:([0-9]+)")
 
 

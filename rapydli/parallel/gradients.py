@@ -14,6 +14,9 @@ Three strategies behind one small interface (:class:`Gradients`), chosen once by
   only its slices of the parameters and gathers each block's around its forward and
   backward.
 
+``TrainConfig.offload_optimizer`` is accepted on CPU ranks, where the optimizer state is in
+host memory already (a no-op), and refused on GPU ranks (not implemented).
+
 The loop calls, every step: ``no_sync()`` around the micro-steps that only accumulate,
 ``wait()`` after the last backward, the optimizer's ``step()``, then ``zero_grad()``.
 """
@@ -24,6 +27,8 @@ import contextlib
 from typing import TYPE_CHECKING, Any
 
 import torch
+
+from rapydli.errors import ConfigError
 
 if TYPE_CHECKING:  # pragma: no cover
     from rapydli.comm.synchronizer import SyncStats
@@ -116,6 +121,12 @@ class _ShardedLocal(Gradients):
 def build(layout: Layout, part: ModelPart, optimizer: torch.optim.Optimizer, config: Any) -> Gradients:
     """The strategy of ``layout`` for ``part`` (see :meth:`rapydli.parallel.layout.Layout.gradients`)."""
     model, comm = part.model, part.comm if layout.dp_enabled else None  # one replica: nothing to average
+    device = next(model.parameters()).device
+    if getattr(config, "offload_optimizer", False) and device.type != "cpu":  # on CPU ranks the state is in host memory already
+        raise ConfigError(
+            f"TrainConfig.offload_optimizer=True on {device.type} ranks is not implemented yet (on CPU ranks it is a no-op): "
+            "train with offload_optimizer=False"
+        )
     if layout.zero_enabled:
         from rapydli.parallel.zero import ShardedOptimizer
 
@@ -128,7 +139,10 @@ def build(layout: Layout, part: ModelPart, optimizer: torch.optim.Optimizer, con
         if layout.zero >= 2:  # no synchronizer: parameters start as replica 0's, the optimizer reduce-scatters the gradients
             if comm is not None:
                 for tensor in (*model.parameters(), *model.buffers()):
-                    comm.broadcast_(tensor.data, 0)
+                    values = tensor.data.contiguous()  # a split Conv1D keeps a transposed view
+                    comm.broadcast_(values, 0)
+                    if values is not tensor.data:
+                        tensor.data.copy_(values)
         elif comm is not None:
             sync = _synchronizer(model, comm, config)
         sharded: ShardedOptimizer

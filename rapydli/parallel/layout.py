@@ -59,8 +59,7 @@ class Layout:
         ``tensor_parallel``).
     zero
         ZeRO stage (0: off; 1, 2, 3: the optimizer state, at 2 the gradients too, at 3 the
-        parameters too, sharded over the replicas; 3 only without pipeline and tensor
-        parallelism).
+        parameters too, sharded over the replicas).
     where
         What has the ranks, for the refusal's text (``"the cluster"``, ``"workers_per_trial"``);
         not part of the layout's identity.
@@ -69,8 +68,7 @@ class Layout:
     ------
     ConfigError
         ``world_size`` is not a positive multiple of ``pipeline * tensor``; the message
-        names the ranks there are and the multiples that would work. ``zero=3`` with
-        ``pipeline`` or ``tensor`` above 1.
+        names the ranks there are and the multiples that would work.
     """
 
     world_size: int
@@ -80,9 +78,6 @@ class Layout:
     where: str = field(default="this run", compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        from rapydli.parallel.config import check_zero
-
-        check_zero(self.zero, self.pipeline, self.tensor)
         per = self.pipeline * self.tensor
         if self.pipeline < 1 or self.tensor < 1 or self.world_size < per or self.world_size % per:
             named = {k: v for k, v in (("pipeline_stages", self.pipeline), ("tensor_parallel", self.tensor)) if v > 1} or {"pipeline_stages": 1}

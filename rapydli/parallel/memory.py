@@ -176,7 +176,7 @@ def training_bytes(model: torch.nn.Module, optimizer: Any, sync: Any = None) -> 
 
     Call it after a backward (plain ``.grad`` tensors exist then). ``optimizer`` is a
     ``torch.optim.Optimizer`` or a :class:`~rapydli.parallel.zero.ShardedOptimizer`
-    (at ZeRO-3 the parameters are the slices it keeps between steps);
+    (at ZeRO-3 the parameters are its slices plus the most whole blocks it gathered at once);
     ``sync`` the :class:`~rapydli.comm.GradientSynchronizer` whose buckets hold the
     gradients, if there is one.
     """

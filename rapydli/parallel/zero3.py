@@ -38,6 +38,13 @@ loss) are handled as at stage 2, as DDP does with ``find_unused_parameters=True`
 frozen parameters (``requires_grad=False``) are not sharded: every rank keeps them whole.
 ``bucket_mb`` does not apply: a unit's parameters of one group form one bucket.
 
+Composes with the other layouts through :class:`~rapydli.parallel.layout.Layout`: with
+tensor parallelism each tensor rank's slices of the split layers are sharded over its data
+group; with a pipeline the module is the rank's stage (an ``nn.Sequential`` of the blocks
+it runs, each a unit) sharded over the stage's replicas, every micro-batch's backward
+gathering and freeing the blocks again (weights tied across stages are refused before
+anything starts, as at stage 2: :func:`~rapydli.parallel.shared.check_honoured`).
+
 Bytes per rank with ``P`` fp32 parameters: ``4P / N`` of parameters between steps plus
 the whole parameters of at most three units during forward and backward (the current
 one, the prefetched one, the root), ``4P / N`` of gradient slices plus the buckets being
@@ -115,8 +122,9 @@ class FullyShardedOptimizer(ShardedOptimizer):
     Parameters
     ----------
     model
-        The module this rank trains (the same on every rank). Its trained parameters'
-        ``.data`` is moved into the buckets' slices; hooks gather them around each block.
+        The module this rank trains (the same on every rank of ``comm``: the model, its
+        tensor-parallel split, or a pipeline stage). Its trained parameters' ``.data`` is
+        moved into the buckets' slices; hooks gather them around each block.
     build
         ``build(params) -> torch.optim.Optimizer`` over ``model``'s parameters, with any
         parameter groups (each group is sharded on its own, as at stages 1 and 2).
@@ -131,9 +139,11 @@ class FullyShardedOptimizer(ShardedOptimizer):
     units
         The units, the root last (``name`` ``""``).
     gathers
-        Allgathers started so far (blocking and prefetched).
+        Units gathered so far (each an allgather per bucket, blocking or prefetched).
     prefetched
         Of those, the ones started ahead of their unit's use.
+    peak_gathered_bytes
+        The most bytes of whole (gathered) buckets held at once so far.
     """
 
     def __init__(self, model: nn.Module, build: Callable[[list[nn.Parameter]], torch.optim.Optimizer], comm: Any,
@@ -147,6 +157,8 @@ class FullyShardedOptimizer(ShardedOptimizer):
         self._module_hooks: list[Any] = []
         self._backward_queued = False
         self.gathers = self.prefetched = 0
+        self._gathered_bytes = 0
+        self.peak_gathered_bytes = 0  # the most bytes of whole buckets this optimizer held at once
         super().__init__(model.parameters(), build, comm, stage=3, bucket_mb=bucket_mb)
         self._hook_modules()
 
@@ -228,6 +240,8 @@ class FullyShardedOptimizer(ShardedOptimizer):
             unit.pending.append((bucket, request, whole, host))
         unit.gathered = True
         self.gathers += 1
+        self._gathered_bytes += sum(b.padded * b.dtype.itemsize for b in unit.buckets)
+        self.peak_gathered_bytes = max(self.peak_gathered_bytes, self._gathered_bytes)
 
     def _prefetch(self, unit: _Unit, step: int) -> None:
         """Start gathering the unit ``step`` places after ``unit`` in the recorded forward order, if it is not whole yet."""
@@ -243,6 +257,8 @@ class FullyShardedOptimizer(ShardedOptimizer):
     def _free(self, unit: _Unit) -> None:
         if unit.pending:
             self._gather(unit)  # a prefetch never used: finish it (its peers did) before dropping it
+        if unit.gathered:
+            self._gathered_bytes -= sum(b.padded * b.dtype.itemsize for b in unit.buckets)
         for bucket in unit.buckets:
             bucket.free()
         unit.gathered = False
@@ -330,10 +346,14 @@ class FullyShardedOptimizer(ShardedOptimizer):
         return frozenset(id(p) for unit in self.units for p in unit.params)
 
     def parameter_bytes(self) -> int:
-        """Bytes of parameters this rank keeps between steps: its slices, and the frozen parameters it keeps whole."""
+        """Bytes of parameters this rank holds at its peak: its slices, the frozen parameters it keeps whole, and :attr:`peak_gathered_bytes`.
+
+        Not counted: a whole buffer autograd still holds after its unit was freed (a
+        block that saved a view of a parameter, not the parameter, for its backward).
+        """
         sharded = self.sharded_ids()
         local = sum(b.local.numel() * b.local.element_size() for b in self.buckets)  # type: ignore[attr-defined]
-        return local + sum(p.numel() * p.element_size() for p in self.model.parameters() if id(p) not in sharded)
+        return local + self.peak_gathered_bytes + sum(p.numel() * p.element_size() for p in self.model.parameters() if id(p) not in sharded)
 
     def close(self) -> None:
         """Remove the hooks, stop the communication thread, release the gathers' communicator.

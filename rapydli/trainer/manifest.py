@@ -185,7 +185,7 @@ def entries(whole: nn.Module, held: nn.Module, optimizer: Any, *, model: bool, s
     if sharded:
         pieces = {id(piece): param for param, piece in optimizer.parameter_pieces()}
         for name, placement, piece in optimizer_slots(optimizer, where):
-            if id(piece) in pieces:
+            if id(piece) in pieces and (not split_only or placement.dim is not None):
                 out.append(Entry(name, "param", placement, piece.detach().cpu()))
     for name, placement, param in optimizer_slots(optimizer, where) if optimizer is not None and state else ():
         if split_only and placement.dim is None:
