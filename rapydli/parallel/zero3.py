@@ -361,11 +361,11 @@ class FullyShardedOptimizer(ShardedOptimizer):
         The parameters stay sharded: their ``.data`` is the placeholder (gather the whole
         model first, with :meth:`~rapydli.trainer.loop.Trainer.full_state_dict`).
         """
+        if self._module_hooks:
+            self._after_step()  # a prefetch still under way is finished (every rank of the group has the same one)
         for hook in self._module_hooks:
             hook.remove()
         self._module_hooks = []
-        for unit in self.units:
-            unit.pending = []
         super().close()
         if self._gather_comm != MPI.COMM_NULL:
             self._gather_comm.Free()
