@@ -108,6 +108,8 @@ def equivalence(cases_json: str) -> None:
         placeholders = all(p.untyped_storage().nbytes() == p.element_size() and bool(p.isnan().all()) for p in trained)
         kept = sum(b.local.numel() for b in optimizer.buckets)  # type: ignore[attr-defined]
         state = whole_state(trainer)
+        optimizer.unshard()  # every rank's module whole again (what rd.verify_layout compares)
+        held = {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
         trainer.close()
         reference, expected = one_process(name, fields, trainer.data_size)
         losses = [WORLD.allreduce(r["loss"]) / WORLD.Get_size() for r in history if r["kind"] == "train"]
@@ -118,6 +120,7 @@ def equivalence(cases_json: str) -> None:
             "model": name,
             "fields": fields,
             "worst": worst(state, reference, conv1d_weights(model_fn()) if config.tensor_parallel > 1 else frozenset()),
+            "unsharded": WORLD.allreduce(worst(held, reference), op=MPI.MAX) if config.tensor_parallel == config.pipeline_stages == 1 else 0.0,
             "loss": max(abs(a - b) for a, b in zip(losses, ref_losses, strict=True)),
             "val_loss": max((abs(a - b) for a, b in zip(vals, ref_vals, strict=True)), default=0.0),
             "evals": len(vals),

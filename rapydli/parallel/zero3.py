@@ -29,7 +29,8 @@ A step, on every rank of the data group:
 A freed parameter's ``.data`` is a one-element NaN broadcast to its shape: its shape,
 dtype and device stay, its memory is gone, and a use outside its block's forward (or
 after :meth:`FullyShardedOptimizer.close`) gives NaN, not an old value. Use
-:meth:`~rapydli.trainer.loop.Trainer.full_state_dict` for the whole model.
+:meth:`~rapydli.trainer.loop.Trainer.full_state_dict` for the whole model, or
+:meth:`FullyShardedOptimizer.unshard` to make the module whole on every rank.
 
 Rules, as FSDP's: every rank of the group calls the same blocks in the same order (a
 block only some ranks call would leave the others waiting in its gather); parameters
@@ -156,6 +157,7 @@ class FullyShardedOptimizer(ShardedOptimizer):
         self._order: list[_Unit] = []  # units in the order the first forward gathered them
         self._module_hooks: list[Any] = []
         self._backward_queued = False
+        self._whole = False
         self.gathers = self.prefetched = 0
         self._gathered_bytes = 0
         self.peak_gathered_bytes = 0  # the most bytes of whole buckets this optimizer held at once
@@ -331,6 +333,26 @@ class FullyShardedOptimizer(ShardedOptimizer):
             if unit.gathered:
                 self._free(unit)
 
+    def step(self) -> None:
+        """Update this rank's slices (see :meth:`ShardedOptimizer.step`); nothing is gathered after it."""
+        if self._whole:
+            raise RuntimeError("this ZeRO-3 optimizer was unsharded (unshard()): the model is whole and no longer trained in slices")
+        super().step()
+
+    def unshard(self) -> None:
+        """Gather every unit for good and remove the hooks: the module holds its whole parameters again (collective).
+
+        For a check or an export after training (it takes the whole model's memory on
+        every rank); the optimizer is not stepped after it.
+        """
+        self._after_step()
+        for unit in self.units:
+            self._gather(unit)
+        for hook in self._module_hooks:
+            hook.remove()
+        self._module_hooks = []
+        self._whole = True
+
     def refresh(self) -> None:
         """Drop what is gathered: a load wrote into this rank's slices (the pieces), which the next forward gathers."""
         self._after_step()
@@ -359,7 +381,8 @@ class FullyShardedOptimizer(ShardedOptimizer):
         """Remove the hooks, stop the communication thread, release the gathers' communicator.
 
         The parameters stay sharded: their ``.data`` is the placeholder (gather the whole
-        model first, with :meth:`~rapydli.trainer.loop.Trainer.full_state_dict`).
+        model first, with :meth:`~rapydli.trainer.loop.Trainer.full_state_dict` on rank 0
+        or :meth:`unshard` on every rank).
         """
         if self._module_hooks:
             self._after_step()  # a prefetch still under way is finished (every rank of the group has the same one)
