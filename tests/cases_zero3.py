@@ -194,3 +194,36 @@ def recomputed() -> None:
     if WORLD.Get_rank() == 0:
         print(json.dumps({"equal": equal, "calls": {str(k): v for k, v in calls.items()}}), flush=True)
     print("OK recomputed", WORLD.Get_rank(), file=sys.stderr)
+
+
+class RankBranch(nn.Module):
+    """Rank 0 alone calls ``branch`` (a block the size of ``head``): ZeRO-3 ranks would gather different blocks."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.trunk, self.branch, self.head = nn.Linear(8, 4), nn.Linear(4, 4), nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.trunk(x)
+        if WORLD.Get_rank() == 0:
+            out = out + self.branch(out)
+        return self.head(out)
+
+
+def diverging() -> None:
+    """A block only rank 0 calls is refused on every rank in the first step, naming what each rank gathered."""
+    from recompute_models import features
+
+    from rapydli.errors import ConfigError
+
+    train, val = features()
+    trainer = Trainer(RankBranch(), None, train, val, TrainConfig(**{**BASE, "max_steps": 2}, zero=3, workers=WORLD.Get_size()))
+    try:
+        trainer.fit()
+    except ConfigError as exc:
+        assert "zero=3: the ranks gathered different blocks at the same point (rank 0: branch, rank 1: head)" in str(exc), exc
+        assert "train this model with zero=2" in str(exc), exc
+    else:
+        raise AssertionError("ranks calling different blocks trained under zero=3")
+    print("OK diverging", WORLD.Get_rank(), file=sys.stderr)

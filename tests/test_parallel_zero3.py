@@ -105,3 +105,9 @@ def test_offload_optimizer_needs_zero_and_is_a_no_op_on_cpu_ranks() -> None:
         trainer.close()
         states.append(trainer.model.state_dict())
     assert all(torch.equal(states[0][k], states[1][k]) for k in states[0])
+
+
+@pytest.mark.mpi
+def test_ranks_that_call_different_blocks_are_refused_with_one_error(run_mpi) -> None:
+    _, stderr = _run(run_mpi, 2, "diverging()")
+    assert stderr.count("OK diverging") == 2

@@ -32,8 +32,10 @@ after :meth:`FullyShardedOptimizer.close`) gives NaN, not an old value. Use
 :meth:`~rapydli.trainer.loop.Trainer.full_state_dict` for the whole model, or
 :meth:`FullyShardedOptimizer.unshard` to make the module whole on every rank.
 
-Rules, as FSDP's: every rank of the group calls the same blocks in the same order (a
-block only some ranks call would leave the others waiting in its gather); parameters
+Rules, as FSDP's: every rank of the group calls the same blocks in the same order, and
+the same blocks reach the loss (a block only some ranks call would leave the others
+waiting in its gather; in the first step the ranks compare each gather and refuse such a
+model with one error); parameters
 without a gradient (a pooler called under ``no_grad``, a branch some ranks skip in the
 loss) are handled as at stage 2, as DDP does with ``find_unused_parameters=True``;
 frozen parameters (``requires_grad=False``) are not sharded: every rank keeps them whole.
@@ -71,6 +73,7 @@ import torch
 from mpi4py import MPI
 from torch import nn
 
+from rapydli.errors import ConfigError
 from rapydli.parallel.zero import ShardedOptimizer, _Bucket
 
 
@@ -158,6 +161,7 @@ class FullyShardedOptimizer(ShardedOptimizer):
         self._module_hooks: list[Any] = []
         self._backward_queued = False
         self._whole = False
+        self._checking = True  # until the first step: the ranks compare the units they gather
         self.gathers = self.prefetched = 0
         self._gathered_bytes = 0
         self.peak_gathered_bytes = 0  # the most bytes of whole buckets this optimizer held at once
@@ -233,7 +237,21 @@ class FullyShardedOptimizer(ShardedOptimizer):
             self._order.append(unit)
 
     def _start(self, unit: _Unit) -> None:
-        """Start the allgather of every bucket of ``unit`` (collective)."""
+        """Start the allgather of every bucket of ``unit`` (collective).
+
+        Until the first step is done the ranks first compare which unit each gathers (one
+        small allgather), so a model whose ranks call different blocks fails with one
+        error instead of exchanging the wrong slices or waiting forever.
+        """
+        if self._checking:
+            wanted = self._gather_comm.allgather(unit.name)
+            if len(set(wanted)) > 1:
+                named = ", ".join(f"rank {r}: {name or 'the root'}" for r, name in enumerate(wanted))
+                raise ConfigError(
+                    f"zero=3: the ranks gathered different blocks at the same point ({named}): every rank of the data-parallel group "
+                    "must call the same blocks in the same order (a block only some ranks call cannot be fully sharded); train this "
+                    "model with zero=2"
+                )
         for bucket in unit.buckets:
             whole = torch.empty(bucket.padded, dtype=bucket.dtype, device=bucket.device)
             host = whole if whole.device.type == "cpu" else torch.empty(bucket.padded, dtype=bucket.dtype)
@@ -338,6 +356,7 @@ class FullyShardedOptimizer(ShardedOptimizer):
         if self._whole:
             raise RuntimeError("this ZeRO-3 optimizer was unsharded (unshard()): the model is whole and no longer trained in slices")
         super().step()
+        self._checking = False
 
     def unshard(self) -> None:
         """Gather every unit for good and remove the hooks: the module holds its whole parameters again (collective).
