@@ -143,7 +143,8 @@ def equivalence(cases_json: str) -> None:
 def resumed(directory: str) -> None:
     """A zero=3 checkpoint of step 2 (GPT-2-style, tied) resumes under zero=3, zero=2 and in one process as the uninterrupted run.
 
-    Needs 2 ranks. Rank 0 prints one JSON line per target.
+    And a zero=2 checkpoint of step 2 resumes under zero=3 (each rank cuts its pieces from
+    the assembled parameters). Needs 2 ranks. Rank 0 prints one JSON line per target.
     """
     torch.set_num_threads(1)
     model_fn, data_fn = MODELS["gpt2"]
@@ -173,6 +174,17 @@ def resumed(directory: str) -> None:
         again.close()
         if WORLD.Get_rank() == 0:
             print(json.dumps({"target": target, "step": step, "worst": worst(state, expected)}), flush=True)
+    zero2 = config.replace(zero=2, max_steps=2, checkpoint_dir=str(root / "from-zero2"))
+    first = Trainer(model_fn(), None, train, val, zero2, optimizer_fn=two_groups)
+    first.fit()
+    first.close()
+    again = Trainer(model_fn(), None, train, val, config.replace(checkpoint_dir=str(root / "from-zero2"), resume=True), optimizer_fn=two_groups)
+    step = again.step
+    again.fit()
+    state = again.full_state_dict()
+    again.close()
+    if WORLD.Get_rank() == 0:
+        print(json.dumps({"target": "zero2-to-zero3", "step": step, "worst": worst(state, expected)}), flush=True)
     print("OK resumed", WORLD.Get_rank(), file=sys.stderr)
 
 

@@ -57,10 +57,10 @@ def test_zero3_trains_what_one_process_trains_and_keeps_a_slice_of_every_paramet
 
 
 @pytest.mark.mpi
-def test_a_zero3_checkpoint_resumes_under_zero3_zero2_and_in_one_process(run_mpi, tmp_path: Path) -> None:
+def test_a_zero3_checkpoint_resumes_under_zero3_zero2_and_in_one_process_and_zero2_under_zero3(run_mpi, tmp_path: Path) -> None:
     rows, stderr = _run(run_mpi, 2, f"resumed({str(tmp_path)!r})")
     assert stderr.count("OK resumed") == 2
-    assert [row["target"] for row in rows] == ["zero3", "zero2", "one"]
+    assert [row["target"] for row in rows] == ["zero3", "zero2", "one", "zero2-to-zero3"]
     for row in rows:
         assert row["step"] == 2 and row["worst"] < 1e-10, row
     assert sorted(p.name for p in (tmp_path / "cut").iterdir()) == ["checkpoint.pt", "part-s0-t0-d0-step2.pt", "part-s0-t0-d1-step2.pt"]
