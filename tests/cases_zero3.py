@@ -209,28 +209,43 @@ def recomputed() -> None:
 
 
 class RankBranch(nn.Module):
-    """Rank 0 alone calls ``branch`` (a block the size of ``head``): ZeRO-3 ranks would gather different blocks."""
+    """Rank 0 alone calls ``branch`` (a block the size of ``head``), or with ``in_loss`` all call it and rank 0 alone adds it to the loss."""
 
-    def __init__(self) -> None:
+    def __init__(self, in_loss: bool = False) -> None:
         super().__init__()
         torch.manual_seed(0)
-        self.trunk, self.branch, self.head = nn.Linear(8, 4), nn.Linear(4, 4), nn.Linear(4, 4)
+        self.trunk, self.head, self.branch = nn.Linear(8, 4), nn.Linear(4, 4), nn.Linear(4, 4)
+        self.in_loss = in_loss
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.trunk(x)
+        if self.in_loss:
+            extra = self.branch(out)
+            return self.head(out) + (extra if WORLD.Get_rank() == 0 else 0.0)
         if WORLD.Get_rank() == 0:
             out = out + self.branch(out)
         return self.head(out)
 
 
 def diverging() -> None:
-    """A block only rank 0 calls is refused on every rank in the first step, naming what each rank gathered."""
+    """A block every rank calls but only rank 0's loss uses trains as under zero=2 (DDP's rules); one only rank 0 calls is refused.
+
+    The refusal comes on every rank in the first step, naming what each rank gathered.
+    """
     from recompute_models import features
 
     from rapydli.errors import ConfigError
 
     train, val = features()
-    trainer = Trainer(RankBranch(), None, train, val, TrainConfig(**{**BASE, "max_steps": 2}, zero=3, workers=WORLD.Get_size()))
+    config = TrainConfig(**{**BASE, "max_steps": 2, "eval_every": 0}, zero=3, workers=WORLD.Get_size())
+    states = []
+    for stage in (2, 3):  # the branch's gradient exists on rank 0 only: averaged with rank 1's zeros
+        trainer = Trainer(RankBranch(in_loss=True), None, train, val, config.replace(zero=stage))
+        trainer.fit()
+        states.append(whole_state(trainer))
+        trainer.close()
+    assert worst(states[1], states[0]) < 1e-12 and not torch.equal(states[1]["branch.weight"], RankBranch().branch.weight), states
+    trainer = Trainer(RankBranch(), None, train, val, config)
     try:
         trainer.fit()
     except ConfigError as exc:

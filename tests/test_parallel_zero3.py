@@ -108,6 +108,6 @@ def test_offload_optimizer_needs_zero_and_is_a_no_op_on_cpu_ranks() -> None:
 
 
 @pytest.mark.mpi
-def test_ranks_that_call_different_blocks_are_refused_with_one_error(run_mpi) -> None:
+def test_a_block_only_some_ranks_use_in_the_loss_trains_and_one_only_some_call_is_refused(run_mpi) -> None:
     _, stderr = _run(run_mpi, 2, "diverging()")
     assert stderr.count("OK diverging") == 2

@@ -32,10 +32,10 @@ after :meth:`FullyShardedOptimizer.close`) gives NaN, not an old value. Use
 :meth:`~rapydli.trainer.loop.Trainer.full_state_dict` for the whole model, or
 :meth:`FullyShardedOptimizer.unshard` to make the module whole on every rank.
 
-Rules, as FSDP's: every rank of the group calls the same blocks in the same order, and
-the same blocks reach the loss (a block only some ranks call would leave the others
-waiting in its gather; in the first step the ranks compare each gather and refuse such a
-model with one error); parameters
+Rules, as FSDP's: every rank of the group calls the same blocks in the same order (a
+block only some ranks call would leave the others waiting in its gather, or exchange the
+wrong slices; in the first step the ranks compare every gather, and the end of each
+backward, and refuse such a model with one error); parameters
 without a gradient (a pooler called under ``no_grad``, a branch some ranks skip in the
 loss) are handled as at stage 2, as DDP does with ``find_unused_parameters=True``;
 frozen parameters (``requires_grad=False``) are not sharded: every rank keeps them whole.
@@ -159,7 +159,6 @@ class FullyShardedOptimizer(ShardedOptimizer):
         self._gather_comm = comm.Dup()
         self._order: list[_Unit] = []  # units in the order the first forward gathered them
         self._module_hooks: list[Any] = []
-        self._backward_queued = False
         self._whole = False
         self._checking = True  # until the first step: the ranks compare the units they gather
         self.gathers = self.prefetched = 0
@@ -244,14 +243,7 @@ class FullyShardedOptimizer(ShardedOptimizer):
         error instead of exchanging the wrong slices or waiting forever.
         """
         if self._checking:
-            wanted = self._gather_comm.allgather(unit.name)
-            if len(set(wanted)) > 1:
-                named = ", ".join(f"rank {r}: {name or 'the root'}" for r, name in enumerate(wanted))
-                raise ConfigError(
-                    f"zero=3: the ranks gathered different blocks at the same point ({named}): every rank of the data-parallel group "
-                    "must call the same blocks in the same order (a block only some ranks call cannot be fully sharded); train this "
-                    "model with zero=2"
-                )
+            self._agree(unit.name or "the root")
         for bucket in unit.buckets:
             whole = torch.empty(bucket.padded, dtype=bucket.dtype, device=bucket.device)
             host = whole if whole.device.type == "cpu" else torch.empty(bucket.padded, dtype=bucket.dtype)
@@ -262,6 +254,17 @@ class FullyShardedOptimizer(ShardedOptimizer):
         self.gathers += 1
         self._gathered_bytes += sum(b.padded * b.dtype.itemsize for b in unit.buckets)
         self.peak_gathered_bytes = max(self.peak_gathered_bytes, self._gathered_bytes)
+
+    def _agree(self, what: str) -> None:
+        """Raise :class:`ConfigError` on every rank unless every rank of the group is at ``what`` (a block's gather, or the end of backward)."""
+        wanted = self._gather_comm.allgather(what)
+        if len(set(wanted)) > 1:
+            named = ", ".join(f"rank {r}: {name}" for r, name in enumerate(wanted))
+            raise ConfigError(
+                f"zero=3: the ranks gathered different blocks at the same point ({named}): every rank of the data-parallel group "
+                "must call the same blocks in the same order (a block only some ranks call cannot be fully sharded); train this "
+                "model with zero=2"
+            )
 
     def _prefetch(self, unit: _Unit, step: int) -> None:
         """Start gathering the unit ``step`` places after ``unit`` in the recorded forward order, if it is not whole yet."""
@@ -333,16 +336,19 @@ class FullyShardedOptimizer(ShardedOptimizer):
         return hook
 
     def _queue_end(self) -> None:
-        if not self._backward_queued:
-            torch.autograd.Variable._execution_engine.queue_callback(self._after_backward)
-            self._backward_queued = True
+        if not self._queued:  # the stage-2 hooks queue the same callback: one per backward
+            torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
+            self._queued = True
 
-    def _after_backward(self) -> None:
+    def _end_of_backward(self) -> None:
+        """Launch the buckets left (stage 2's end of backward), then free what is gathered."""
+        super()._end_of_backward()
+        if self._checking:  # a rank with a gather left in this backward learns it here, not in a later collective
+            self._agree("the end of backward")
         for unit in self.units:
             if unit.gathered:
                 self._free(unit)
             unit.got, unit.done = 0, False
-        self._backward_queued = False
 
     # -- the step and the rest -------------------------------------------------------------
     def _after_step(self) -> None:
