@@ -170,13 +170,14 @@ def crash_between_parts(directory: str) -> None:
 
 
 def memory(out: str) -> None:
-    """Bytes per rank of parameters, gradients and AdamW state for zero=0, 1, 2 (after two steps) of a 16-layer MLP.
+    """Bytes per rank of parameters, gradients and AdamW state for zero=0, 1, 2, 3 (after two steps) of a 32-layer MLP.
 
-    Buckets of one layer each (0.07 MB): ZeRO-2 holds at most three whole buckets besides its gradient slices.
+    Buckets of one layer each (0.07 MB; at ZeRO-3 each layer is a block): ZeRO-2 and 3 hold at most three whole buckets
+    besides their gradient slices, ZeRO-3 at most two whole layers besides its parameter slices.
     """
     train, val = data()
     rows: dict = {}
-    for stage in (0, 1, 2):
+    for stage in (0, 1, 2, 3):
         config = TrainConfig(**{**BASE, "max_steps": 2, "optimizer": "adamw", "bucket_mb": 0.07}, zero=stage)
         trainer = Trainer(model(hidden=128, depth=31), None, train, val, config)
         trainer.fit()

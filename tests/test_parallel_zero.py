@@ -89,9 +89,11 @@ def test_bytes_per_rank_approach_the_zero_formulas(run_mpi, tmp_path: Path) -> N
     n = 2
     for row in json.loads(out.read_text()):
         psi = row["parameters"]
-        formulas = {"zero0": 16 * psi, "zero1": 8 * psi + 8 * psi / n, "zero2": 4 * psi + 12 * psi / n}  # fp32 AdamW
+        formulas = {"zero0": 16 * psi, "zero1": 8 * psi + 8 * psi / n, "zero2": 4 * psi + 12 * psi / n, "zero3": 16 * psi / n}  # fp32 AdamW
         for layout, expected in formulas.items():
             measured = sum(row[layout].values())
             assert measured == pytest.approx(expected, rel=0.10), (layout, row[layout], expected)
         assert row["zero1"]["optimizer_state"] == pytest.approx(8 * psi / n, rel=0.05)
         assert row["zero2"]["grads"] < 1.25 * 4 * psi / n  # its slice, and at most three whole buckets (one layer each) in flight
+        layer = 4 * (128 * 128 + 128)  # bytes of one hidden layer, a block of its own at ZeRO-3
+        assert 4 * psi / n <= row["zero3"]["params"] <= 4 * psi / n + 2 * layer + 4 * 32 * n  # its slices, two whole layers at once

@@ -91,6 +91,9 @@ def verify_task(model_fn: Callable[[], Any], data_fn: Callable[[], Any], config:
         trainer = Trainer(model, None, train, None, cfg, comm=ctx.comm, loss_fn=loss_fn)
         try:
             trainer.fit()
+            unshard = getattr(trainer.optimizer, "unshard", None)
+            if unshard is not None:  # ZeRO-3: the parameters this rank holds, whole again, to compare
+                unshard()
         finally:
             trainer.close()
         replicas = trainer.data_size

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -40,6 +41,29 @@ def check_pipeline(config: Any) -> None:
             f"TrainConfig.pipeline_split={config.pipeline_split!r} names {len(points)} split point(s); "
             f"pipeline_stages={stages} needs {stages - 1} (or 'auto')"
         )
+
+
+_EVERY = re.compile(r"every_k:([0-9]+)")
+
+
+def checkpoint_interval(value: str | None) -> int | None:
+    """Every how many blocks one is recomputed (1 for ``"blocks"``), or ``None`` for no recomputation.
+
+    Raises
+    ------
+    ConfigError
+        ``value`` is not ``None``, ``"blocks"`` or ``"every_k:N"`` with ``N >= 1``.
+    """
+    if value is None:
+        return None
+    if value == "blocks":
+        return 1
+    found = _EVERY.fullmatch(value) if isinstance(value, str) else None
+    if found is None or int(found.group(1)) < 1:
+        raise ConfigError(
+            f"TrainConfig.activation_checkpointing={value!r} is invalid: must be None, 'blocks' or 'every_k:N' with N a positive integer"
+        )
+    return int(found.group(1))
 
 
 def check_grid(config: Any) -> None:

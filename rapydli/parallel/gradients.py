@@ -9,7 +9,13 @@ Three strategies behind one small interface (:class:`Gradients`), chosen once by
   it steps is a :class:`~rapydli.parallel.zero.ShardedOptimizer` that keeps ``1 / N`` of
   the state;
 * :class:`ReduceScattered`: ZeRO-2, where the sharded optimizer reduce-scatters each
-  bucket during backward and keeps only its slices' averaged gradients.
+  bucket during backward and keeps only its slices' averaged gradients; and ZeRO-3,
+  where the optimizer (:class:`~rapydli.parallel.zero3.FullyShardedOptimizer`) also keeps
+  only its slices of the parameters and gathers each block's around its forward and
+  backward.
+
+``TrainConfig.offload_optimizer`` is accepted on CPU ranks, where the optimizer state is in
+host memory already (a no-op), and refused on GPU ranks (not implemented).
 
 The loop calls, every step: ``no_sync()`` around the micro-steps that only accumulate,
 ``wait()`` after the last backward, the optimizer's ``step()``, then ``zero_grad()``.
@@ -21,6 +27,8 @@ import contextlib
 from typing import TYPE_CHECKING, Any
 
 import torch
+
+from rapydli.errors import ConfigError
 
 if TYPE_CHECKING:  # pragma: no cover
     from rapydli.comm.synchronizer import SyncStats
@@ -37,7 +45,7 @@ class Gradients:
     sync
         The :class:`~rapydli.comm.GradientSynchronizer`, or ``None``.
     sharded
-        At ZeRO-2 the :class:`~rapydli.parallel.zero.ShardedOptimizer` that holds this
+        At ZeRO-2 and 3 the :class:`~rapydli.parallel.zero.ShardedOptimizer` that holds this
         rank's slices of the gradients (global-norm clipping reads them), else ``None``.
     """
 
@@ -90,7 +98,7 @@ class Synchronized(Gradients):
 
 
 class ReduceScattered(Gradients):
-    """ZeRO-2: the sharded optimizer reduce-scatters each bucket as backward completes it."""
+    """ZeRO-2 and 3: the sharded optimizer reduce-scatters each bucket as backward completes it."""
 
     def __init__(self, optimizer: Any) -> None:
         super().__init__(optimizer)
@@ -113,6 +121,12 @@ class _ShardedLocal(Gradients):
 def build(layout: Layout, part: ModelPart, optimizer: torch.optim.Optimizer, config: Any) -> Gradients:
     """The strategy of ``layout`` for ``part`` (see :meth:`rapydli.parallel.layout.Layout.gradients`)."""
     model, comm = part.model, part.comm if layout.dp_enabled else None  # one replica: nothing to average
+    device = next(model.parameters()).device
+    if getattr(config, "offload_optimizer", False) and device.type != "cpu":  # on CPU ranks the state is in host memory already
+        raise ConfigError(
+            f"TrainConfig.offload_optimizer=True on {device.type} ranks is not implemented yet (on CPU ranks it is a no-op): "
+            "train with offload_optimizer=False"
+        )
     if layout.zero_enabled:
         from rapydli.parallel.zero import ShardedOptimizer
 
@@ -122,16 +136,25 @@ def build(layout: Layout, part: ModelPart, optimizer: torch.optim.Optimizer, con
 
             data = MPI.COMM_SELF
         sync = None
-        if layout.zero == 2:  # no synchronizer: parameters start as replica 0's, the optimizer reduce-scatters the gradients
+        if layout.zero >= 2:  # no synchronizer: parameters start as replica 0's, the optimizer reduce-scatters the gradients
             if comm is not None:
                 for tensor in (*model.parameters(), *model.buffers()):
-                    comm.broadcast_(tensor.data, 0)
+                    values = tensor.data.contiguous()  # a split Conv1D keeps a transposed view
+                    comm.broadcast_(values, 0)
+                    if values is not tensor.data:
+                        tensor.data.copy_(values)
         elif comm is not None:
             sync = _synchronizer(model, comm, config)
-        sharded = ShardedOptimizer(model.parameters(), lambda _: optimizer, data, stage=layout.zero, bucket_mb=config.bucket_mb)
+        sharded: ShardedOptimizer
+        if layout.zero == 3:
+            from rapydli.parallel.zero3 import FullyShardedOptimizer
+
+            sharded = FullyShardedOptimizer(model, lambda _: optimizer, data, bucket_mb=config.bucket_mb)
+        else:
+            sharded = ShardedOptimizer(model.parameters(), lambda _: optimizer, data, stage=layout.zero, bucket_mb=config.bucket_mb)
         for group in sharded.param_groups:
             group.setdefault("initial_lr", group["lr"])
-        if layout.zero == 2:
+        if layout.zero >= 2:
             return ReduceScattered(sharded)
         return Synchronized(sharded, sync) if sync is not None else _ShardedLocal(sharded)
     if comm is None:

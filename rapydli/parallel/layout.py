@@ -58,8 +58,8 @@ class Layout:
         Pipeline stages and tensor-parallel degree (``TrainConfig.pipeline_stages`` and
         ``tensor_parallel``).
     zero
-        ZeRO stage (0: off; 1, 2: the optimizer state, and at 2 the gradients, sharded over
-        the replicas).
+        ZeRO stage (0: off; 1, 2, 3: the optimizer state, at 2 the gradients too, at 3 the
+        parameters too, sharded over the replicas).
     where
         What has the ranks, for the refusal's text (``"the cluster"``, ``"workers_per_trial"``);
         not part of the layout's identity.
@@ -172,8 +172,19 @@ class Layout:
         whole model. ``comm``: a :class:`~rapydli.comm.Communicator` to average gradients
         over in a plain data-parallel run (used as it is), an mpi4py communicator or
         ``None`` (a Communicator over ``world`` with ``config.allreduce`` is built, and owned).
+        With ``config.activation_checkpointing`` the blocks it names recompute their
+        activations in backward (:mod:`rapydli.parallel.recompute`).
         """
         self._check_world(world)
+        part = self._part(model, config, world, train_data, objective, comm, bounds)
+        if config.activation_checkpointing is not None:  # the blocks are the whole model's: stages and split layers share them
+            from rapydli.parallel.recompute import checkpoint_blocks
+
+            checkpoint_blocks(model, config.activation_checkpointing)
+        return part
+
+    def _part(self, model: nn.Module, config: Any, world: Any, train_data: Any, objective: Objective, comm: Any,
+              bounds: list[int] | None) -> ModelPart:  # fmt: skip
         if self.pp_enabled:
             from rapydli.parallel.training import PipelineTraining
 

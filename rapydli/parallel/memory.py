@@ -175,7 +175,8 @@ def training_bytes(model: torch.nn.Module, optimizer: Any, sync: Any = None) -> 
     """``{"params", "grads", "optimizer_state"}``: bytes this rank holds for training ``model``.
 
     Call it after a backward (plain ``.grad`` tensors exist then). ``optimizer`` is a
-    ``torch.optim.Optimizer`` or a :class:`~rapydli.parallel.zero.ShardedOptimizer`;
+    ``torch.optim.Optimizer`` or a :class:`~rapydli.parallel.zero.ShardedOptimizer`
+    (at ZeRO-3 the parameters are its slices plus the most whole blocks it gathered at once);
     ``sync`` the :class:`~rapydli.comm.GradientSynchronizer` whose buckets hold the
     gradients, if there is one.
     """
@@ -184,10 +185,11 @@ def training_bytes(model: torch.nn.Module, optimizer: Any, sync: Any = None) -> 
     params = list(model.parameters())
     if sync is not None:
         grads = sync.buffer_bytes()
-    elif isinstance(optimizer, ShardedOptimizer) and optimizer.stage == 2:
+    elif isinstance(optimizer, ShardedOptimizer) and optimizer.stage >= 2:
         grads = optimizer.gradient_bytes()
     else:
         grads = storage_bytes(p.grad for p in params)
     inner = optimizer.optimizer if isinstance(optimizer, ShardedOptimizer) else optimizer
     state = storage_bytes(value for entry in inner.state.values() for value in entry.values() if isinstance(value, torch.Tensor))
-    return {"params": storage_bytes(params), "grads": grads, "optimizer_state": state}
+    kept = optimizer.parameter_bytes() if hasattr(optimizer, "parameter_bytes") else storage_bytes(params)  # ZeRO-3: its slices
+    return {"params": kept, "grads": grads, "optimizer_state": state}

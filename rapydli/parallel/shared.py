@@ -95,17 +95,17 @@ def find_shared(model: nn.Module, bounds: Sequence[int]) -> list[SharedParameter
 def check_honoured(shared: Sequence[SharedParameter], model: nn.Module, zero: int, plan: Mapping[str, str] | None) -> None:
     """Raise :class:`ConfigError` if a shared parameter cannot stay one parameter in this layout.
 
-    ZeRO-2 averages gradients into per-stage slices of a flat buffer, where the copies on
-    two stages cannot be summed; a tensor plan that splits a module holding the parameter
+    ZeRO-2 and 3 average gradients into per-stage slices of a flat buffer, where the copies
+    on two stages cannot be summed; a tensor plan that splits a module holding the parameter
     would give each stage a different tensor. ``plan`` is the tensor plan in use (``None``:
     no tensor parallelism).
     """
     for item in shared:
         where = f"{item.names[0]} (also {', '.join(item.names[1:])})" if len(item.names) > 1 else item.names[0]
         stages = ", ".join(map(str, item.stages))
-        if zero == 2:
+        if zero >= 2:
             raise ConfigError(
-                f"parameter {where} is shared by pipeline stages {stages} (tied weights), which zero=2 cannot keep one parameter: "
+                f"parameter {where} is shared by pipeline stages {stages} (tied weights), which zero={zero} cannot keep one parameter: "
                 "its gradient lives in per-stage slices; use zero=1 or 0, or untie it in the model"
             )
         if plan is None:

@@ -224,3 +224,34 @@ def stage_module(model: nn.Module, bounds: Sequence[int], stage: int) -> tuple[S
     """Stage ``stage``'s blocks as one :class:`Stage` (sharing the model's modules) and their names."""
     blocks = pipeline_blocks(model)[bounds[stage] : bounds[stage + 1]]
     return Stage(*(module for _, module in blocks)), [name for name, _ in blocks]
+
+
+def model_blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The blocks ``model``'s forward calls, in order: what ZeRO-3 gathers and activation checkpointing recomputes one at a time.
+
+    The modules of :func:`pipeline_blocks` that are ``model``'s own submodules (a
+    ``pipeline_blocks()`` may wrap some of the model's modules in new ones, such as an
+    embedding stage, which the model's own forward never calls). A model that has no
+    ``pipeline_blocks()`` and is not an ``nn.Sequential``: its children that hold
+    parameters, the items of a ``ModuleList`` or ``ModuleDict`` child counting one by one.
+
+    Examples
+    --------
+    >>> from torch import nn
+    >>> class Net(nn.Module):
+    ...     def __init__(self):
+    ...         super().__init__()
+    ...         self.embed, self.layers, self.act = nn.Embedding(4, 2), nn.ModuleList([nn.Linear(2, 2), nn.Linear(2, 2)]), nn.ReLU()
+    >>> [name for name, _ in model_blocks(Net())]
+    ['embed', 'layers.0', 'layers.1']
+    """
+    own = {id(m) for m in model.modules() if m is not model}
+    if callable(getattr(model, "pipeline_blocks", None)) or isinstance(model, nn.Sequential):
+        return [(name, block) for name, block in pipeline_blocks(model) if id(block) in own]
+    blocks: list[tuple[str, nn.Module]] = []
+    for name, child in model.named_children():
+        items = list(child.named_children()) if isinstance(child, nn.ModuleList | nn.ModuleDict) else [("", child)]
+        for item, module in items:
+            if any(True for _ in module.parameters()):
+                blocks.append((f"{name}.{item}" if item else name, module))
+    return blocks

@@ -59,6 +59,9 @@ from rapydli.errors import ConfigError
 
 STAGES = (1, 2)
 
+#: Stages a subclass may run (3: :class:`~rapydli.parallel.zero3.FullyShardedOptimizer`).
+_ALL_STAGES = (1, 2, 3)
+
 #: Stage 2: gradient buckets being reduce-scattered at once; launching one more first waits for the oldest.
 IN_FLIGHT = 2
 
@@ -71,8 +74,10 @@ class _Bucket:
         self.group = group  # the index of the optimizer's parameter group the bucket's parameters belong to
         self.numel = sum(p.numel() for p in params)
         self.shard = -(-self.numel // size)  # elements per rank
+        self.padded = self.shard * size  # elements of the whole bucket, padding included
         first = params[0]
-        self.values = torch.zeros(self.shard * size, dtype=first.dtype, device=first.device)
+        self.dtype, self.device = first.dtype, first.device
+        self.values = torch.zeros(self.padded, dtype=first.dtype, device=first.device)
         self.offsets: list[int] = []
         offset = 0
         with torch.no_grad():
@@ -164,7 +169,7 @@ class ShardedOptimizer:
 
     def __init__(self, params: Iterable[nn.Parameter], build: Callable[[list[nn.Parameter]], torch.optim.Optimizer], comm: Any,
                  stage: int = 1, bucket_mb: float = 25.0) -> None:  # fmt: skip
-        if stage not in STAGES:
+        if stage not in (_ALL_STAGES if type(self) is not ShardedOptimizer else STAGES):
             raise ConfigError(f"zero={stage!r} is invalid: one of {', '.join(map(str, STAGES))}")
         self.comm, self.stage = comm, stage
         self.size, self.rank = comm.Get_size(), comm.Get_rank()
@@ -172,13 +177,7 @@ class ShardedOptimizer:
         # the optimizer over the whole parameters, with its groups; each group is bucketed apart (a bucket never mixes two
         # groups' hyperparameters), the buckets ordered as backward reaches them; then the groups hold this rank's pieces
         self.optimizer = build(params)
-        order = {id(p): i for i, p in enumerate(params)}
-        self.buckets: list[_Bucket] = []
-        for index, group in enumerate(self.optimizer.param_groups):
-            trained = sorted((p for p in group["params"] if p.requires_grad), key=lambda p: order.get(id(p), -1))
-            for members in _groups(trained, bucket_mb):
-                self.buckets.append(_Bucket(members, self.size, self.rank, index))
-        self.buckets.sort(key=lambda b: -order.get(id(b.params[0]), -1))
+        self.buckets: list[_Bucket] = self._buckets(params, bucket_mb)
         for index, group in enumerate(self.optimizer.param_groups):
             group["params"] = [piece for bucket in self.buckets if bucket.group == index for piece in bucket.owned]
         self.optimizer.state.clear()
@@ -186,12 +185,12 @@ class ShardedOptimizer:
         self.stats = SyncStats()
         self._hooks: list[Any] = []
         self._communicator: Any = None
-        if stage == 2:
+        if stage >= 2:
             from rapydli.comm import Communicator
 
             self._communicator = Communicator(comm, algorithm="mpi")
             for bucket in self.buckets:
-                bucket.grad_shard = torch.zeros(bucket.shard, dtype=bucket.values.dtype, device=bucket.values.device)
+                bucket.grad_shard = torch.zeros(bucket.shard, dtype=bucket.dtype, device=bucket.device)
                 self._hooks += [p.register_post_accumulate_grad_hook(self._hook(bucket, i)) for i, p in enumerate(bucket.params)]
         self._pending: list[tuple[_Bucket, Any]] = []
         self._next = 0  # the bucket to reduce-scatter next in this backward
@@ -200,6 +199,17 @@ class ShardedOptimizer:
         self._waited = 0.0
         self._in_flight_bytes = 0
         self.peak_gradient_buffer_bytes = 0  # stage 2: the most bytes of whole buckets alive at once
+
+    def _buckets(self, params: list[nn.Parameter], bucket_mb: float) -> list[_Bucket]:
+        """Each group's trained parameters in buckets of about ``bucket_mb``, ordered as backward completes them."""
+        order = {id(p): i for i, p in enumerate(params)}
+        buckets = []
+        for index, group in enumerate(self.optimizer.param_groups):
+            trained = sorted((p for p in group["params"] if p.requires_grad), key=lambda p: order.get(id(p), -1))
+            for members in _groups(trained, bucket_mb):
+                buckets.append(_Bucket(members, self.size, self.rank, index))
+        buckets.sort(key=lambda b: -order.get(id(b.params[0]), -1))
+        return buckets
 
     # -- stage 2: reduce-scatter during backward --------------------------------------------
     def _hook(self, bucket: _Bucket, i: int) -> Callable[[torch.Tensor], None]:
@@ -222,15 +232,15 @@ class ShardedOptimizer:
         return hook
 
     def _new_grads(self, bucket: _Bucket) -> torch.Tensor:
-        self._in_flight_bytes += bucket.values.numel() * bucket.values.element_size()
+        self._in_flight_bytes += _nbytes(bucket)
         self.peak_gradient_buffer_bytes = max(self.peak_gradient_buffer_bytes, self._in_flight_bytes)
-        return torch.zeros_like(bucket.values)
+        return torch.zeros(bucket.padded, dtype=bucket.dtype, device=bucket.device)
 
     def _launch(self, bucket: _Bucket) -> None:
         """Start the bucket's reduce-scatter (its parameters without a gradient count as zero)."""
         if bucket.grads is None:
             bucket.grads = self._new_grads(bucket)
-        out = torch.empty(bucket.shard, dtype=bucket.values.dtype, device=bucket.values.device)
+        out = torch.empty(bucket.shard, dtype=bucket.dtype, device=bucket.device)
         self._pending.append((bucket, self._communicator.ireduce_scatter_(bucket.grads, out, op="avg")))
         bucket.grads = None  # the handle's work holds it until the reduce-scatter has run
         self._next += 1
@@ -244,8 +254,8 @@ class ShardedOptimizer:
         self._waited += time.perf_counter() - started
         assert bucket.grad_shard is not None
         bucket.grad_shard.add_(out)
-        self._in_flight_bytes -= bucket.values.numel() * bucket.values.element_size()
-        self._handles.append((handle, bucket.values.numel() * bucket.values.element_size()))
+        self._in_flight_bytes -= _nbytes(bucket)
+        self._handles.append((handle, _nbytes(bucket)))
 
     def _end_of_backward(self) -> None:
         while self._next < len(self.buckets):
@@ -299,7 +309,7 @@ class ShardedOptimizer:
         Stage 2: pieces of parameters no rank produced a gradient for since :meth:`zero_grad`
         are skipped (collective: every rank of the group calls it).
         """
-        if self.stage == 2:
+        if self.stage >= 2:
             if self._pending:
                 self.wait()
             for bucket, used in zip(self.buckets, self._used_anywhere()):
@@ -308,6 +318,10 @@ class ShardedOptimizer:
             for bucket in self.buckets:
                 bucket.give_grads()
         self.optimizer.step()
+        self._after_step()
+
+    def _after_step(self) -> None:
+        """Every rank's updated slices into every rank's buckets (stages 1 and 2 keep the whole parameters)."""
         for bucket in self.buckets:
             _allgather(self.comm, bucket.values)
 
@@ -384,6 +398,11 @@ class ShardedOptimizer:
 
     def _layout(self) -> list[int]:
         return [b - a for bucket in self.buckets for _, a, b in bucket.pieces]
+
+
+def _nbytes(bucket: _Bucket) -> int:
+    """Bytes of the bucket whole (its padding included)."""
+    return bucket.padded * bucket.dtype.itemsize
 
 
 def _groups(params: list[nn.Parameter], bucket_mb: float) -> list[list[nn.Parameter]]:

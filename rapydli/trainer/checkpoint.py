@@ -324,15 +324,19 @@ class CheckpointManager:
             self._comm.Free()
             self._comm = None
 
-    def gather_state(self, held: Any) -> dict[str, torch.Tensor] | None:
+    def gather_state(self, held: Any, optimizer: Any = None) -> dict[str, torch.Tensor] | None:
         """The whole model's parameters and buffers (unsplit names, on the CPU) on rank 0, ``None`` elsewhere; collective.
 
         Assembled from every stage's and tensor rank's pieces by the code that reads
-        checkpoints (:func:`rapydli.trainer.manifest.assemble`).
+        checkpoints (:func:`rapydli.trainer.manifest.assemble`). ``optimizer``: the
+        run's, needed at ZeRO-3 (every replica holds pieces of the parameters).
         """
         from rapydli.trainer import manifest
 
-        mine = manifest.entries(self.whole, held, None, model=True, split_only=self.tensor_rank > 0) if self.replica == 0 else []
+        if hasattr(optimizer, "parameter_pieces"):  # ZeRO-3: every replica its pieces, replica 0 the buffers and frozen parameters too
+            mine = manifest.entries(self.whole, held, optimizer, model=self.replica == 0, split_only=self.tensor_rank > 0, state=False)
+        else:
+            mine = manifest.entries(self.whole, held, None, model=True, split_only=self.tensor_rank > 0) if self.replica == 0 else []
         gathered = self.world.gather(mine, root=0)
         if self.rank != 0:
             return None
@@ -428,13 +432,21 @@ def _load_into(directory: Path, meta: dict[str, Any], whole: Any, held: Any, opt
         same = next((e.value for e in found[name, field] if e.placement == placement), None)
         return same if same is not None else placement.cut(value(name, field))
 
+    sharded = optimizer.sharded_ids() if hasattr(optimizer, "sharded_ids") else frozenset()  # ZeRO-3: loaded into its pieces
     with torch.no_grad():
         for kind, tensors in (("param", held.parameters()), ("buffer", held.buffers())):
             for tensor in tensors:
                 name, placement = where[id(tensor)]
                 if (name, kind) not in found:
                     raise ConfigError(f"it holds no {kind} {name!r} (the model this run trains has one): was it written by another model?")
-                tensor.copy_(piece(name, kind, placement).reshape(tensor.shape))
+                if id(tensor) not in sharded:
+                    tensor.copy_(piece(name, kind, placement).reshape(tensor.shape))
+        if sharded:
+            pieces = {id(p) for _, p in optimizer.parameter_pieces()}
+            for name, placement, slot in slots:
+                if id(slot) in pieces:
+                    slot.copy_(piece(name, "param", placement).reshape(slot.shape))
+            optimizer.refresh()
     inner = getattr(optimizer, "optimizer", optimizer)
     inner.state.clear()
     fields: dict[str, list[str]] = {}

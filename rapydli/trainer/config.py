@@ -29,7 +29,7 @@ from rapydli.cluster.hang import ACTIONS as HANG_ACTIONS
 from rapydli.comm.registry import ALGORITHMS
 from rapydli.data.kinds import LOADERS
 from rapydli.errors import ConfigError
-from rapydli.parallel.config import check_grid, check_pipeline, tensor_plan_text
+from rapydli.parallel.config import check_grid, check_pipeline, checkpoint_interval, tensor_plan_text
 from rapydli.parallel.schedules import SCHEDULES as PIPELINE_SCHEDULES
 from rapydli.registry import Registry, tracker_names
 
@@ -137,7 +137,15 @@ class TrainConfig:
     checkpoint_dir: str | None = _spec(None, "directory for checkpoints (None: no checkpoints)", optional=True)
     checkpoint_every: int = _spec(0, "checkpoint every N steps (0: at epoch ends only)", low=0, high=10**9)
     resume: bool = _spec(False, "continue from the checkpoint in checkpoint_dir if there is one")
-    zero: int = _spec(0, "shard optimizer state over the data-parallel ranks: 0 off, 1 (ZeRO-1), 2 (gradients reduce-scattered too)", low=0, high=2)
+    zero: int = _spec(
+        0, "shard over the data-parallel ranks: 0 off, 1 the optimizer state (ZeRO-1), 2 the gradients too, 3 the parameters too", low=0, high=3
+    )
+    offload_optimizer: bool = _spec(
+        False, "keep the sharded optimizer state in host memory (zero>=1): a no-op on CPU ranks, where it already is; GPU ranks refuse it"
+    )
+    activation_checkpointing: str | None = _spec(
+        None, "recompute activations in backward: None (keep them), 'blocks' (every block) or 'every_k:N' (blocks 0, N, 2N, ...)", optional=True
+    )
     on_resize: str = _spec(
         "keep", "resuming on another number of ranks: keep the global batch (grad_accum) or scale the lr", choices=("keep", "scale")
     )
@@ -183,6 +191,9 @@ class TrainConfig:
             setattr(self, spec.name, _validated(spec, getattr(self, spec.name)))
         if self.resume and self.checkpoint_dir is None:
             raise ConfigError("TrainConfig.resume=True needs TrainConfig.checkpoint_dir (a directory path), got None")
+        checkpoint_interval(self.activation_checkpointing)
+        if self.offload_optimizer and self.zero == 0:
+            raise ConfigError("TrainConfig.offload_optimizer=True needs zero=1, 2 or 3 (it offloads the sharded optimizer state), got zero=0")
         if self.pipeline_stages > 1:
             check_pipeline(self)
         elif self.tensor_parallel > 1:

@@ -414,7 +414,7 @@ class Trainer:
         Keys are the unsplit model's names, tensors on the CPU. Collective.
         """
         self._average_buffers()
-        return self.checkpoints.gather_state(self.model)
+        return self.checkpoints.gather_state(self.model, self.optimizer)
 
     def _layout(self) -> dict[str, Any]:
         """How this run is spread over its ranks (what its checkpoints record)."""

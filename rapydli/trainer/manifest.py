@@ -162,22 +162,32 @@ def optimizer_slots(optimizer: Any, where: dict[int, tuple[str, Placement]]) -> 
             yield name, placement, param
 
 
-def entries(whole: nn.Module, held: nn.Module, optimizer: Any, *, model: bool, split_only: bool) -> list[Entry]:
+def entries(whole: nn.Module, held: nn.Module, optimizer: Any, *, model: bool, split_only: bool, state: bool = True) -> list[Entry]:
     """The entries this rank writes: its parameters and buffers (``model``) and its optimizer state (``optimizer``, or ``None``).
 
     ``split_only``: only tensors that are tensor-parallel slices (another tensor rank
-    writes the whole ones).
+    writes the whole ones). With a ZeRO-3 ``optimizer``
+    (:class:`~rapydli.parallel.zero3.FullyShardedOptimizer`) every rank writes the pieces
+    of the parameters it keeps (``"param"`` entries placed like its optimizer state), and
+    ``model`` only the rest (buffers, frozen parameters). ``state=False``: no optimizer
+    state (the model's pieces only).
     """
     where = placements(whole, held)
     inner = getattr(optimizer, "optimizer", optimizer)
+    sharded = optimizer.sharded_ids() if hasattr(optimizer, "sharded_ids") else frozenset()
     out: list[Entry] = []
     if model:
         for kind, tensors in (("param", held.parameters()), ("buffer", held.buffers())):
             for tensor in tensors:
                 name, placement = where[id(tensor)]
-                if not split_only or placement.dim is not None:
+                if (not split_only or placement.dim is not None) and id(tensor) not in sharded:
                     out.append(Entry(name, kind, placement, tensor.detach().cpu()))
-    for name, placement, param in optimizer_slots(optimizer, where) if optimizer is not None else ():
+    if sharded:
+        pieces = {id(piece): param for param, piece in optimizer.parameter_pieces()}
+        for name, placement, piece in optimizer_slots(optimizer, where):
+            if id(piece) in pieces and (not split_only or placement.dim is not None):
+                out.append(Entry(name, "param", placement, piece.detach().cpu()))
+    for name, placement, param in optimizer_slots(optimizer, where) if optimizer is not None and state else ():
         if split_only and placement.dim is None:
             continue
         for state, value in inner.state.get(param, {}).items():

@@ -1,0 +1,256 @@
+"""Rank-side code of tests/test_parallel_zero3.py: ``TrainConfig(zero=3)`` on every rank equals one process.
+
+float64 (``cases_layouts`` sets it), the models of the hybrid-parallelism tests: GPT-2-style
+(``wte`` tied to ``lm_head``, fused QKV ``Conv1D``, the loss from ``labels``), Llama-style
+(GQA, SwiGLU, untied head) and BERT-style (a pooler computed under ``no_grad``: never a
+gradient), each with an ``optimizer_fn`` of two parameter groups. The one-process
+reference trains on the global batch (``batch_size x replicas``) with ``comm=COMM_SELF``.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+import cases_layouts  # noqa: F401 - float64 by default from here on
+import torch
+from cases_checkpoint_layouts import two_groups
+from hf_models import gpt2, llama, lm_loss
+from mpi4py import MPI
+from torch import nn
+from train_cases import PooledClassifier, sequences, tokens
+
+from rapydli.parallel.recompute import _recomputed_forward
+from rapydli.parallel.zero3 import FullyShardedOptimizer
+from rapydli.trainer import TrainConfig, Trainer
+
+WORLD = MPI.COMM_WORLD
+
+
+def bert() -> nn.Module:
+    torch.manual_seed(0)
+    return PooledClassifier()
+
+
+def lm_tokens() -> tuple[Any, Any]:
+    from cases_layouts import tokens as layout_tokens
+
+    return layout_tokens()
+
+
+def bert_data() -> tuple[Any, Any]:
+    train, _ = sequences()
+    return train, None
+
+
+#: name -> (model_fn, data_fn): every loss is the model's own, from ``labels``
+MODELS: dict[str, tuple[Any, Any]] = {"gpt2": (gpt2, lm_tokens), "llama": (llama, lm_tokens), "bert": (bert, bert_data)}
+BASE = {"batch_size": 4, "max_steps": 3, "lr": 0.01, "optimizer": "adamw", "eval_every": 2, "allreduce": "mpi", "seed": 0}
+
+_ = tokens  # train_cases' tokens are TinyGPT's: the hf models read cases_layouts'
+
+
+def whole_state(trainer: Trainer) -> dict[str, torch.Tensor]:
+    """The trained model gathered on rank 0, broadcast to every rank."""
+    return WORLD.bcast(trainer.full_state_dict(), root=0)
+
+
+def worst(state: dict[str, torch.Tensor], reference: dict[str, torch.Tensor], transposed: frozenset[str] = frozenset()) -> float:
+    """Largest difference over the tensors both hold (a gathered state names a tied tensor once, a module's state_dict twice).
+
+    ``transposed``: names ``state`` holds transposed (a tensor-parallel Conv1D keeps its weight ``(out, in)``, as in cases_layouts).
+    """
+    keys = state.keys() & reference.keys()
+    assert keys and len(keys) == min(len(state), len(reference)), (sorted(state), sorted(reference))
+    return max(float(((state[key].t() if key in transposed else state[key]) - reference[key]).abs().max()) for key in keys)
+
+
+def conv1d_weights(model: nn.Module) -> frozenset[str]:
+    return frozenset(f"{name}.weight" for name, module in model.named_modules() if type(module).__name__ == "Conv1D")
+
+
+def loss_of(fields: dict[str, Any]) -> Any:
+    """A pipeline's last stage computes the loss from the logits (lm_loss); otherwise the model's own, from ``labels``."""
+    return lm_loss if fields.get("pipeline_stages", 1) > 1 else None
+
+
+def one_process(name: str, fields: dict[str, Any], replicas: int) -> tuple[dict[str, torch.Tensor], list[dict[str, Any]]]:
+    model_fn, data_fn = MODELS[name]
+    train, val = data_fn()
+    fields = {**BASE, **fields}
+    config = TrainConfig(**{**fields, "batch_size": fields["batch_size"] * replicas, "zero": 0, "workers": 1, "tensor_parallel": 1,
+                            "pipeline_stages": 1, "microbatches": 1, "pipeline_split": "auto"})  # fmt: skip
+    trainer = Trainer(model_fn(), None, train, val, config, comm=MPI.COMM_SELF, optimizer_fn=two_groups, loss_fn=loss_of(fields))
+    history = trainer.fit()
+    trainer.close()
+    return {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}, history
+
+
+def equivalence(cases_json: str) -> None:
+    """Each ``[model, TrainConfig fields]`` under zero=3 on this world equals one process; rank 0 prints one JSON line per case."""
+    torch.set_num_threads(1)
+    for name, fields in json.loads(cases_json):
+        model_fn, data_fn = MODELS[name]
+        train, val = data_fn()
+        initial = model_fn().state_dict()
+        config = TrainConfig(**{**BASE, **fields}, zero=3, workers=WORLD.Get_size())
+        model = model_fn()
+        trainer = Trainer(model, None, train, val, config, optimizer_fn=two_groups, loss_fn=loss_of(fields))
+        optimizer = trainer.optimizer
+        assert isinstance(optimizer, FullyShardedOptimizer)
+        history = trainer.fit()
+        # between steps this rank keeps 1/N of the trained parameters: every one of them is its placeholder
+        trained = [p for p in trainer.model.parameters() if p.requires_grad]
+        whole = sum(p.numel() for p in trained)
+        placeholders = all(p.untyped_storage().nbytes() == p.element_size() and bool(p.isnan().all()) for p in trained)
+        kept = sum(b.local.numel() for b in optimizer.buckets)  # type: ignore[attr-defined]
+        state = whole_state(trainer)
+        optimizer.unshard()  # every rank's module whole again (what rd.verify_layout compares)
+        held = {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
+        trainer.close()
+        reference, expected = one_process(name, fields, trainer.data_size)
+        losses = [WORLD.allreduce(r["loss"]) / WORLD.Get_size() for r in history if r["kind"] == "train"]
+        ref_losses = [r["loss"] for r in expected if r["kind"] == "train"]
+        vals = [r["val_loss"] for r in history if r["kind"] == "eval" and "val_loss" in r]
+        ref_vals = [r["val_loss"] for r in expected if r["kind"] == "eval" and "val_loss" in r]
+        row = {
+            "model": name,
+            "fields": fields,
+            "worst": worst(state, reference, conv1d_weights(model_fn()) if config.tensor_parallel > 1 else frozenset()),
+            "unsharded": WORLD.allreduce(worst(held, reference), op=MPI.MAX) if config.tensor_parallel == config.pipeline_stages == 1 else 0.0,
+            "loss": max(abs(a - b) for a, b in zip(losses, ref_losses, strict=True)),
+            "val_loss": max((abs(a - b) for a, b in zip(vals, ref_vals, strict=True)), default=0.0),
+            "evals": len(vals),
+            "placeholders": WORLD.allreduce(int(placeholders), op=MPI.MIN),
+            "kept": WORLD.allgather(kept),
+            "whole": WORLD.allgather(whole),  # this rank's trained elements (its stage's, its tensor slices)
+            "replicas": trainer.data_size,
+            "units": [u.name for u in optimizer.units],
+            "recomputed": sum(getattr(m.forward, "__func__", None) is _recomputed_forward for m in model.modules()),
+            "prefetched": optimizer.prefetched,
+            "grad_norm": max((abs(a["grad_norm"] - b["grad_norm"]) for a, b in zip(history, expected, strict=True)
+                              if a["kind"] == "train" and a["grad_norm"] is not None), default=None),
+            "pooler_moved": bool(any(not torch.equal(state[k], initial[k]) for k in state if k.startswith("pooler"))),
+        }
+        if WORLD.Get_rank() == 0:
+            print(json.dumps(row), flush=True)
+    print("OK zero3", WORLD.Get_rank(), file=sys.stderr)
+
+
+def resumed(directory: str) -> None:
+    """A zero=3 checkpoint of step 2 (GPT-2-style, tied) resumes under zero=3, zero=2 and in one process as the uninterrupted run.
+
+    And a zero=2 checkpoint of step 2 resumes under zero=3 (each rank cuts its pieces from
+    the assembled parameters). Needs 2 ranks. Rank 0 prints one JSON line per target.
+    """
+    torch.set_num_threads(1)
+    model_fn, data_fn = MODELS["gpt2"]
+    train, val = data_fn()
+    config = TrainConfig(**{**BASE, "max_steps": 4, "eval_every": 0}, zero=3, workers=2)
+    root = Path(directory)
+    whole = Trainer(model_fn(), None, train, val, config, optimizer_fn=two_groups)
+    whole.fit()
+    expected = whole_state(whole)
+    whole.close()
+    cut = Trainer(model_fn(), None, train, val, config.replace(max_steps=2, checkpoint_dir=str(root / "cut")), optimizer_fn=two_groups)
+    cut.fit()
+    cut.close()
+    if WORLD.Get_rank() == 0:
+        for target in ("zero3", "zero2", "one"):
+            shutil.copytree(root / "cut", root / target)
+    WORLD.Barrier()
+    for target, comm, fields in (("zero3", WORLD, {}), ("zero2", WORLD, {"zero": 2}),
+                                 ("one", MPI.COMM_SELF, {"zero": 0, "workers": 1, "batch_size": 2 * BASE["batch_size"]})):  # fmt: skip
+        if comm is MPI.COMM_SELF and WORLD.Get_rank() != 0:
+            continue
+        again = Trainer(model_fn(), None, train, val, config.replace(checkpoint_dir=str(root / target), resume=True, **fields), comm=comm,
+                        optimizer_fn=two_groups)  # fmt: skip
+        step = again.step
+        again.fit()
+        state = again.full_state_dict() if comm is WORLD else again.model.state_dict()
+        again.close()
+        if WORLD.Get_rank() == 0:
+            print(json.dumps({"target": target, "step": step, "worst": worst(state, expected)}), flush=True)
+    zero2 = config.replace(zero=2, max_steps=2, checkpoint_dir=str(root / "from-zero2"))
+    first = Trainer(model_fn(), None, train, val, zero2, optimizer_fn=two_groups)
+    first.fit()
+    first.close()
+    again = Trainer(model_fn(), None, train, val, config.replace(checkpoint_dir=str(root / "from-zero2"), resume=True), optimizer_fn=two_groups)
+    step = again.step
+    again.fit()
+    state = again.full_state_dict()
+    again.close()
+    if WORLD.Get_rank() == 0:
+        print(json.dumps({"target": "zero2-to-zero3", "step": step, "worst": worst(state, expected)}), flush=True)
+    print("OK resumed", WORLD.Get_rank(), file=sys.stderr)
+
+
+def recomputed() -> None:
+    """zero=3 with activation checkpointing (dropout on) gives bit-equal parameters to zero=3 without it; rank 0 prints one JSON line."""
+    from recompute_models import dropout_net, features
+
+    torch.set_num_threads(1)
+    train, val = features()
+    states, calls = {}, {}
+    for spec in (None, "blocks", "every_k:2"):
+        config = TrainConfig(**{**BASE, "max_steps": 3}, zero=3, activation_checkpointing=spec, workers=WORLD.Get_size())
+        trainer = Trainer(dropout_net(), None, train, val, config)
+        trainer.fit()
+        states[spec] = whole_state(trainer)
+        calls[spec] = [block.calls for block in trainer.model.blocks]  # type: ignore[union-attr]
+        trainer.close()
+    equal = {str(spec): all(torch.equal(states[spec][k], states[None][k]) for k in states[None]) for spec in states}
+    if WORLD.Get_rank() == 0:
+        print(json.dumps({"equal": equal, "calls": {str(k): v for k, v in calls.items()}}), flush=True)
+    print("OK recomputed", WORLD.Get_rank(), file=sys.stderr)
+
+
+class RankBranch(nn.Module):
+    """Rank 0 alone calls ``branch`` (a block the size of ``head``), or with ``in_loss`` all call it and rank 0 alone adds it to the loss."""
+
+    def __init__(self, in_loss: bool = False) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.trunk, self.head, self.branch = nn.Linear(8, 4), nn.Linear(4, 4), nn.Linear(4, 4)
+        self.in_loss = in_loss
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.trunk(x)
+        if self.in_loss:
+            extra = self.branch(out)
+            return self.head(out) + (extra if WORLD.Get_rank() == 0 else 0.0)
+        if WORLD.Get_rank() == 0:
+            out = out + self.branch(out)
+        return self.head(out)
+
+
+def diverging() -> None:
+    """A block every rank calls but only rank 0's loss uses trains as under zero=2 (DDP's rules); one only rank 0 calls is refused.
+
+    The refusal comes on every rank in the first step, naming what each rank gathered.
+    """
+    from recompute_models import features
+
+    from rapydli.errors import ConfigError
+
+    train, val = features()
+    config = TrainConfig(**{**BASE, "max_steps": 2, "eval_every": 0}, zero=3, workers=WORLD.Get_size())
+    states = []
+    for stage in (2, 3):  # the branch's gradient exists on rank 0 only: averaged with rank 1's zeros
+        trainer = Trainer(RankBranch(in_loss=True), None, train, val, config.replace(zero=stage))
+        trainer.fit()
+        states.append(whole_state(trainer))
+        trainer.close()
+    assert worst(states[1], states[0]) < 1e-12 and not torch.equal(states[1]["branch.weight"], RankBranch().branch.weight), states
+    trainer = Trainer(RankBranch(), None, train, val, config)
+    try:
+        trainer.fit()
+    except ConfigError as exc:
+        assert "zero=3: the ranks gathered different blocks at the same point (rank 0: branch, rank 1: head)" in str(exc), exc
+        assert "train this model with zero=2" in str(exc), exc
+    else:
+        raise AssertionError("ranks calling different blocks trained under zero=3")
+    print("OK diverging", WORLD.Get_rank(), file=sys.stderr)

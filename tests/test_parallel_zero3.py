@@ -1,0 +1,113 @@
+"""ZeRO-3 (fully sharded parameters) through TrainConfig on real MPI ranks: one process's parameters, 1/N of them kept; offload.
+
+The rank-side code is ``cases_zero3``; the models are the hybrid-parallelism tests' (GPT-2-,
+Llama- and BERT-style, float64).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rapydli.errors import ConfigError
+
+TESTS = Path(__file__).resolve().parent
+
+
+def _run(run_mpi, n: int, call: str) -> tuple[list[dict], str]:
+    code = f"import sys; sys.path.insert(0, {str(TESTS)!r}); import cases_zero3; cases_zero3.{call}"
+    result = run_mpi(code, n=n, timeout=300)
+    return [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")], result.stderr
+
+
+TWO_RANKS = [
+    ["gpt2", {"grad_clip": 0.05}],  # tied wte / lm_head in the root unit, fused QKV Conv1D, the loss from labels; clipped over the slices
+    ["llama", {"grad_accum": 2, "batch_size": 2}],  # an embedding block of its own, GQA, SwiGLU; two micro-steps a step
+    ["bert", {}],  # the pooler is called under no_grad: it never has a gradient and must not move (weight decay included)
+]
+FOUR_RANKS = [
+    ["gpt2", {}],  # dp4
+    ["gpt2", {"tensor_parallel": 2, "grad_clip": 0.05, "activation_checkpointing": "blocks"}],  # dp2 x tp2: slices of the split layers sharded
+    ["llama", {"pipeline_stages": 2, "microbatches": 2, "pipeline_split": "layers.1", "grad_clip": 0.05,
+               "activation_checkpointing": "every_k:2"}],  # dp2 x pp2: each stage's blocks sharded over its replicas
+]  # fmt: skip
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize(("ranks", "cases"), [(2, TWO_RANKS), (4, FOUR_RANKS)], ids=["2-ranks", "4-ranks"])
+def test_zero3_trains_what_one_process_trains_and_keeps_a_slice_of_every_parameter(run_mpi, ranks: int, cases: list) -> None:
+    rows, stderr = _run(run_mpi, ranks, f"equivalence({json.dumps(cases)!r})")
+    assert stderr.count("OK zero3") == ranks
+    assert [[row["model"], row["fields"]] for row in rows] == cases
+    for row in rows:
+        assert row["worst"] < 1e-10 and row["loss"] < 1e-10 and row["val_loss"] < 1e-10 and row["unsharded"] < 1e-10, row
+        assert row["placeholders"] == 1, row  # between steps no rank holds a whole trained parameter
+        n = row["replicas"]
+        assert all(whole / n <= kept < whole / n + 8 * n for kept, whole in zip(row["kept"], row["whole"], strict=True)), row
+        assert row["prefetched"] > 0, row  # the next block's gather started ahead of its use
+        assert not row["pooler_moved"], row
+        assert row["recomputed"] == (2 if "activation_checkpointing" in row["fields"] else 0), row  # h.0 and h.1; embed_tokens and layers.1
+        if "grad_clip" in row["fields"]:
+            assert row["grad_norm"] is not None and row["grad_norm"] < 1e-10, row
+    assert rows[0]["units"] == ["h.0", "h.1", ""]  # GPT-2's blocks; its embeddings, final norm and tied head are the root
+    if ranks == 2:
+        assert rows[1]["units"] == ["embed_tokens", "layers.0", "layers.1", ""] and rows[2]["units"] == ["encoder", "pooler", "classifier"]
+
+
+@pytest.mark.mpi
+def test_a_zero3_checkpoint_resumes_under_zero3_zero2_and_in_one_process_and_zero2_under_zero3(run_mpi, tmp_path: Path) -> None:
+    rows, stderr = _run(run_mpi, 2, f"resumed({str(tmp_path)!r})")
+    assert stderr.count("OK resumed") == 2
+    assert [row["target"] for row in rows] == ["zero3", "zero2", "one", "zero2-to-zero3"]
+    for row in rows:
+        assert row["step"] == 2 and row["worst"] < 1e-10, row
+    assert sorted(p.name for p in (tmp_path / "cut").iterdir()) == ["checkpoint.pt", "part-s0-t0-d0-step2.pt", "part-s0-t0-d1-step2.pt"]
+
+
+def test_weights_tied_across_pipeline_stages_are_refused_before_anything_starts() -> None:
+    import sys
+
+    sys.path.insert(0, str(TESTS))
+    from hf_models import gpt2, lm_loss
+
+    from rapydli.parallel.preflight import check_layout
+    from rapydli.trainer.config import TrainConfig
+
+    config = TrainConfig(zero=3, pipeline_stages=2, pipeline_split="h.1", workers=4)
+    with pytest.raises(ConfigError, match=r"transformer.wte.weight \(also lm_head.weight\) is shared by pipeline stages 0, 1 .* zero=3 cannot"):
+        check_layout(gpt2, config, loss_fn=lm_loss)
+    check_layout(gpt2, config.replace(zero=1), loss_fn=lm_loss)
+    with pytest.raises(ConfigError, match=r"TrainConfig.zero=4 is invalid: must be an integer in \[0, 3\]"):
+        TrainConfig(zero=4)
+
+
+def test_offload_optimizer_needs_zero_and_is_a_no_op_on_cpu_ranks() -> None:
+    import sys
+
+    import torch
+    from mpi4py import MPI
+
+    sys.path.insert(0, str(TESTS))
+    from recompute_models import dropout_net, features
+
+    from rapydli.trainer import TrainConfig, Trainer
+
+    with pytest.raises(ConfigError, match=r"TrainConfig.offload_optimizer=True needs zero=1, 2 or 3 .* got zero=0"):
+        TrainConfig(offload_optimizer=True)
+    train, val = features()
+    states = []
+    for offload in (False, True):
+        config = TrainConfig(batch_size=8, max_steps=2, seed=0, zero=1, offload_optimizer=offload, workers=1)
+        trainer = Trainer(dropout_net(), None, train, val, config, comm=MPI.COMM_SELF)
+        trainer.fit()
+        trainer.close()
+        states.append(trainer.model.state_dict())
+    assert all(torch.equal(states[0][k], states[1][k]) for k in states[0])
+
+
+@pytest.mark.mpi
+def test_a_block_only_some_ranks_use_in_the_loss_trains_and_one_only_some_call_is_refused(run_mpi) -> None:
+    _, stderr = _run(run_mpi, 2, "diverging()")
+    assert stderr.count("OK diverging") == 2
