@@ -111,17 +111,21 @@ def test_a_run_on_two_ranks_is_one_mlflow_run_with_every_metric_at_every_step(cl
     assert links(store, result.run_id)["mlflow"]["url"] in capsys.readouterr().out
 
 
-def test_an_unreachable_tracker_is_reported_once_and_the_run_is_complete(cluster, monkeypatch) -> None:
+def test_an_unreachable_tracker_is_one_warning_for_a_whole_sweep_and_its_runs_are_complete(cluster, monkeypatch) -> None:
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{_free_port()}")  # nothing listens there
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
-    config = rd.TrainConfig(max_steps=6, batch_size=16, allreduce="mpi", trackers="mlflow")
+    config = rd.TrainConfig(max_steps=3, batch_size=16, allreduce="mpi", trackers="mlflow")
     with pytest.warns(RapydliWarning, match=r"not logged to 'mlflow': .*rapydli runs export --to mlflow") as caught:
-        result = rd.train("rapydli.zoo.models:mlp", "rapydli.zoo.datasets:digits", config, cluster, progress=False, live=False)
-    assert len([w for w in caught if issubclass(w.category, RapydliWarning)]) == 1
+        rd.sweep("rapydli.zoo.models:mlp", "rapydli.zoo.datasets:digits", config, {"lr": rd.loguniform(1e-3, 1e-1)}, trials=3,
+                 workers_per_trial=1, pruner="none", cluster=cluster, live=False)  # fmt: skip
+    assert len([w for w in caught if issubclass(w.category, RapydliWarning)]) == 1  # one for the sweep, not one per trial
     store = open_store()
-    assert store.get_run(result.run_id)["status"] == "finished"
-    assert [m["step"] for m in store.metrics(result.run_id) if m["name"] == "loss"] == list(range(1, 7))
-    assert "mlflow" not in links(store, result.run_id)
+    sweep_run = store.list_runs(kind="sweep", limit=1)[0][0]
+    trials, _ = store.list_runs(parent=sweep_run["id"])
+    assert sweep_run["status"] == "finished" and len(trials) == 3 and "mlflow" not in links(store, sweep_run["id"])
+    for trial in trials:
+        assert trial["status"] == "finished" and "mlflow" not in links(store, trial["id"])
+        assert [m["step"] for m in store.metrics(trial["id"]) if m["name"] == "loss"] == [1, 2, 3]
 
 
 def test_a_tracker_that_is_not_installed_is_reported_before_the_run_trains(cluster, monkeypatch) -> None:
