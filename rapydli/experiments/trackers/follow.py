@@ -68,11 +68,13 @@ class RunTrackers:
         self.interval_s = interval_s
         self.problems: dict[str, str] = {}  # tracker name -> why it was dropped (reported once, on close)
         self.syncs: list[RunSync] = []
-        self.family = False  # a child's problem was reported here
+        self.family = False  # runs under this one are followed too (its warnings speak for them)
         parent_id = store.get_run(run_id)["parent"]
         with _followed_lock:
             self.parent = _followed.get(parent_id) if parent_id else None
             _followed[run_id] = self
+        if self.parent is not None:
+            self.parent.family = True
         for name in names:
             if self.parent is not None and name in self.parent.problems:
                 continue  # the parent dropped it (and reports it)
@@ -141,17 +143,16 @@ class RunTrackers:
         if self.parent is not None:
             for name, why in list(self.problems.items()):
                 self.parent.problems.setdefault(name, why)
-                self.parent.family = True
             self.parent.report()
             return
         for name, why in list(self.problems.items()):
             if name not in self._reported:
                 self._reported.add(name)
                 which = f"run {self.run_id} and the runs under it are" if self.family else f"run {self.run_id} is"
-                runs = f"{self.run_id} and its children's ids" if self.family else self.run_id
+                runs = f"RUN...` of {self.run_id} and the ids under it" if self.family else f"{self.run_id}`"
                 warnings.warn(
                     f"{which} not logged to {name!r}: {why}. The store is complete; "
-                    f"`rapydli runs export --to {name} {runs}` logs them once the tracker is back",
+                    f"`rapydli runs export --to {name} {runs} logs {'them' if self.family else 'it'} once the tracker is back",
                     RapydliWarning,
                     stacklevel=3,
                 )
