@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 
@@ -76,18 +77,24 @@ def test_scaling_table_figure_and_prediction() -> None:
 
 
 @pytest.mark.engines
-def test_loss_optimizer_and_metrics_reach_every_point() -> None:
+def test_loss_optimizer_and_metrics_reach_every_point(tmp_path, monkeypatch) -> None:
+    from trackers_files import tensorboard_texts
     from train_cases import PASSED, RegressionMLP, passed_through, regression
 
     from rapydli.experiments.store.runstore import open_store
+    from rapydli.experiments.trackers.sync import links
 
-    config = rd.TrainConfig(batch_size=4, lr=0.02, allreduce="mpi")
+    monkeypatch.setenv("RAPYDLI_TENSORBOARD_DIR", str(tmp_path))
+    config = rd.TrainConfig(batch_size=4, lr=0.02, allreduce="mpi", trackers="tensorboard")
     with rd.Cluster(n=2) as cluster:
         result = rd.scaling_study(RegressionMLP, regression, config, workers=[1, 2], steps=4, cluster=cluster, live=False, repeats=1, **PASSED)
     points, _ = open_store().list_runs(parent=result.run_id)
     assert sorted(p["name"] for p in points) == ["scaling-1", "scaling-2"]
     for point in points:
         passed_through(open_store().final_metrics(point["id"]), 0.02)
+    study = Path(links(open_store(), result.run_id)["tensorboard"]["logdir"])  # the study's tracker run, its points inside it
+    assert sorted(Path(links(open_store(), p["id"])["tensorboard"]["logdir"]).parent for p in points) == [study, study]
+    assert "* rapydli.status: finished" in tensorboard_texts(study, "tags")[-1]
 
 
 @pytest.mark.engines

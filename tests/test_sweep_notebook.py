@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -17,5 +18,7 @@ def test_hyperparameters_and_sweeps_notebook(tmp_path: Path) -> None:
     assert "TrainConfig.momentum=1.0 is invalid" in text  # shown by the panel, not raised
     assert "stopped after" in text and "every rank stopped early: True" in text
     assert "'PRUNED'" in text and "best parameters: {'lr': 0.01" in text
+    logdir = Path(re.search(r"tensorboard --logdir (\S+)", text)[1])  # the sweep in TensorBoard: a folder per trial
+    assert len([trial for trial in logdir.iterdir() if list(trial.glob("events.out.tfevents.*"))]) == 4
     figures = executed.figures
     assert len(figures) >= 4  # live training plot (as a static figure), panel plot, sweep, sweep panel

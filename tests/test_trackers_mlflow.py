@@ -111,17 +111,21 @@ def test_a_run_on_two_ranks_is_one_mlflow_run_with_every_metric_at_every_step(cl
     assert links(store, result.run_id)["mlflow"]["url"] in capsys.readouterr().out
 
 
-def test_an_unreachable_tracker_is_reported_once_and_the_run_is_complete(cluster, monkeypatch) -> None:
+def test_an_unreachable_tracker_is_one_warning_for_a_whole_sweep_and_its_runs_are_complete(cluster, monkeypatch) -> None:
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{_free_port()}")  # nothing listens there
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
-    config = rd.TrainConfig(max_steps=6, batch_size=16, allreduce="mpi", trackers="mlflow")
+    config = rd.TrainConfig(max_steps=3, batch_size=16, allreduce="mpi", trackers="mlflow")
     with pytest.warns(RapydliWarning, match=r"not logged to 'mlflow': .*rapydli runs export --to mlflow") as caught:
-        result = rd.train("rapydli.zoo.models:mlp", "rapydli.zoo.datasets:digits", config, cluster, progress=False, live=False)
-    assert len([w for w in caught if issubclass(w.category, RapydliWarning)]) == 1
+        rd.sweep("rapydli.zoo.models:mlp", "rapydli.zoo.datasets:digits", config, {"lr": rd.loguniform(1e-3, 1e-1)}, trials=3,
+                 workers_per_trial=1, pruner="none", cluster=cluster, live=False)  # fmt: skip
+    assert len([w for w in caught if issubclass(w.category, RapydliWarning)]) == 1  # one for the sweep, not one per trial
     store = open_store()
-    assert store.get_run(result.run_id)["status"] == "finished"
-    assert [m["step"] for m in store.metrics(result.run_id) if m["name"] == "loss"] == list(range(1, 7))
-    assert "mlflow" not in links(store, result.run_id)
+    sweep_run = store.list_runs(kind="sweep", limit=1)[0][0]
+    trials, _ = store.list_runs(parent=sweep_run["id"])
+    assert sweep_run["status"] == "finished" and len(trials) == 3 and "mlflow" not in links(store, sweep_run["id"])
+    for trial in trials:
+        assert trial["status"] == "finished" and "mlflow" not in links(store, trial["id"])
+        assert [m["step"] for m in store.metrics(trial["id"]) if m["name"] == "loss"] == [1, 2, 3]
 
 
 def test_a_tracker_that_is_not_installed_is_reported_before_the_run_trains(cluster, monkeypatch) -> None:
@@ -198,3 +202,40 @@ def test_a_tracker_server_that_dies_mid_run_is_one_warning_and_the_run_is_comple
     assert store.get_run(result.run_id)["status"] == "finished"
     assert [m["step"] for m in store.metrics(result.run_id) if m["name"] == "loss"] == list(range(1, 41))
     assert "mlflow" in links(store, result.run_id)  # the MLflow run it had: `rapydli runs export` catches it up
+
+
+_ITEM_TRAINS = """\
+from rapydli.experiments.store.runstore import open_store
+from rapydli.experiments.trackers.follow import follow
+store = open_store()
+inner = store.create_run("train", f"inner-{x}", {"x": x})  # under the item (RAPYDLI_PARENT_RUN), as rd.train's run is
+followed = follow(store, inner)  # RAPYDLI_TRACKERS, from the batch
+store.log_metrics(inner, [(1, "loss", float(x))])
+store.finish_run(inner)
+followed.close()
+"""
+
+
+def test_a_batch_is_one_parent_mlflow_run_with_one_child_per_parallel_item(tracking, tmp_path, monkeypatch) -> None:
+    import nbformat
+
+    notebook = nbformat.v4.new_notebook()
+    notebook.cells = [nbformat.v4.new_code_cell("x = 1", metadata={"tags": ["parameters"]}), nbformat.v4.new_code_cell(_ITEM_TRAINS)]
+    nbformat.write(notebook, tmp_path / "items.ipynb")
+    monkeypatch.chdir(tmp_path)
+    assert cli_main(["batch", "items.ipynb", "--grid", "x=1,2", "--parallel", "2", "--trackers", "mlflow", "--out", "out"]) == 0
+    store = open_store()
+    batch_id = next(run["id"] for run in store.list_runs(kind="batch", limit=10)[0] if run["parent"] is None)  # the newest batch
+    (parent,) = _mlflow_runs(tracking, batch_id)  # made once, though both items started at once
+    experiment = tracking.get_experiment_by_name("rapydli-tests")
+
+    def children(run) -> list:
+        return tracking.search_runs([experiment.experiment_id], filter_string=f"tags.`mlflow.parentRunId` = '{run.info.run_id}'")
+
+    items = children(parent)
+    assert parent.info.status == "FINISHED" and len(items) == 2
+    assert sorted(r.data.tags["rapydli.run_id"] for r in items) == sorted(r["id"] for r in store.list_runs(parent=batch_id)[0])
+    for item in items:
+        assert item.info.status == "FINISHED" and len(_mlflow_runs(tracking, item.data.tags["rapydli.run_id"])) == 1
+        (inner,) = children(item)  # the notebook's run, nested under its item's in the item's own process
+        assert inner.info.status == "FINISHED" and inner.data.params["x"] == item.data.params["parameters.x"]

@@ -125,12 +125,16 @@ def test_live_summary_from_rows() -> None:
     rows = [
         {"model": "m", "variant": "live", "step_ms": 10.1, "round_ms": [10.1, 12.2, 9.0]},
         {"model": "m", "variant": "quiet", "step_ms": 10.0, "round_ms": [10.0, 12.0, 10.0]},
+        {"model": "m", "variant": "tracked", "step_ms": 10.2, "round_ms": [10.2, 12.2, 9.45]},
         {"model": None, "variant": "per_call", "rank": 0, "emit_us": 2.0, "publish_us": 50.0, "should_stop_us": 18.0,
          "lag_ms_median": 120.0, "lag_ms_max": 1200.0},
     ]  # fmt: skip
     summary = live.summarize(rows)
     assert summary["m: live metrics cost (median over rounds of streamed / quiet step - 1)"] == pytest.approx(0.01)
     assert summary["m: target live cost <= 2%"] == "met"
+    assert summary["m: tracker cost (median over rounds of tracked / live step - 1)"] == pytest.approx(10.2 / 10.1 - 1)  # paired with live
+    assert summary["m: tracker cost range over rounds"] == "+0.00% to +5.00%"
+    assert summary["m: target tracker cost <= 2%"] == "unclear (the range spans the target)"
     assert summary["m: emit + should_stop per step, share of step"] == pytest.approx(20e-6 / 10e-3)
     assert summary["target: a row reaches the notebook within 1 s"] == "not met"
 
@@ -151,9 +155,9 @@ def test_live_bench_measures_a_pipelined_run_with_its_live_timeline(tmp_path) ->
     argv = ["-n", "2", "--models", "mlp_pipelined", "--steps", "4", "--rounds", "1", "--allreduce", "mpi", "--json", str(path)]
     result = CliRunner().invoke(live.command, argv)
     assert result.exit_code == 0, result.output
-    assert "mlp_pipelined: target live cost <= 2%:" in result.output
+    assert "mlp_pipelined: target live cost <= 2%:" in result.output and "mlp_pipelined: tracker cost range over rounds:" in result.output
     rows = {row["variant"]: row for row in json.loads(path.read_text())["rows"] if row["model"] == "mlp_pipelined"}
-    assert rows["live"]["pipeline_stages"] == 2 and rows["quiet"]["timeline_rows_received"] == 0
+    assert rows["live"]["pipeline_stages"] == 2 and rows["quiet"]["timeline_rows_received"] == 0 and rows["tracked"]["step_ms"] > 0
     assert rows["live"]["rows_received"] == 4 + WARMUP_STEPS
     assert rows["live"]["timeline_rows_received"] == 2 * (4 + WARMUP_STEPS)  # both ranks' every step reached the timeline
     assert rows["live"]["timeline_redraws"] >= 1

@@ -16,10 +16,12 @@ import nshosts
 import pytest
 import torch
 from restart_cases import SAMPLES, LoggedData, StallingModel, served
+from trackers_files import tensorboard_scalars, tensorboard_texts
 
 import rapydli as rd
 from rapydli.errors import ClusterError, RankFailure
 from rapydli.experiments.store.runstore import open_store
+from rapydli.experiments.trackers.sync import links
 from rapydli.trainer import checkpoint as ckpt
 
 CONFIG = dict(epochs=1, max_steps=12, batch_size=16, lr=0.05, optimizer="sgd", momentum=0.9, eval_every=0,
@@ -76,7 +78,8 @@ def test_an_engine_killed_mid_run_restarts_and_ends_where_an_uninterrupted_run_e
     monkeypatch.setattr(rapydli.notebook, "progress_bar", lambda **kw: bars.append(Bar(**kw, disable=False, file=open(os.devnull, "w"))) or bars[-1])
     marker = tmp_path / "killed"
     rows: list[dict] = []
-    config = rd.TrainConfig(**CONFIG, checkpoint_dir=str(tmp_path / "cut"))
+    monkeypatch.setenv("RAPYDLI_TENSORBOARD_DIR", str(tmp_path / "tb"))
+    config = rd.TrainConfig(**CONFIG, checkpoint_dir=str(tmp_path / "cut"), trackers="tensorboard")
     result = rd.train(killing_model(marker, at_call=7), "rapydli.zoo.datasets:digits", config, cluster=cluster,
                       restarts=1, callbacks=[rows.append], progress=True, live=False)  # fmt: skip
     assert marker.exists()  # rank 1 really died
@@ -93,6 +96,9 @@ def test_an_engine_killed_mid_run_restarts_and_ends_where_an_uninterrupted_run_e
     assert restart["ranks"] == [1] and "died" in restart["cause"] and restart["resumed_from_step"] == 4
     assert [r["step"] for r in rows if r["kind"] == "restart"] == [4]  # the live plot's marker
     assert [shape.x0 for shape in result.figure.layout.shapes] == [4]  # the returned figure marks it too
+    tracked = links(open_store(), result.run_id)["tensorboard"]["logdir"]  # the tracker's run goes on too, and says it restarted
+    assert "* rapydli.restarts: 1\n* rapydli.resumed_from_step: 4" in tensorboard_texts(tracked, "tags")[-1]
+    assert sorted({step for step, _ in tensorboard_scalars(tracked)["loss"]}) == list(range(1, 13))
 
     reference = rd.TrainConfig(**CONFIG, checkpoint_dir=str(tmp_path / "whole"))
     rd.train(killing_model(marker, at_call=7), "rapydli.zoo.datasets:digits", reference, cluster=cluster, progress=False, live=False)

@@ -28,6 +28,15 @@ def tensorboard_scalars(logdir: str | Path) -> dict[str, list[tuple[int, float]]
     return scalars
 
 
+def tensorboard_texts(logdir: str | Path, tag: str) -> list[str]:
+    """Every text written under ``tag`` (``"tags"``) in ``logdir``'s event files, oldest first, read with EventAccumulator."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(logdir), size_guidance={"tensors": 0})
+    acc.Reload()
+    return [event.tensor_proto.string_val[0].decode() for event in acc.Tensors(f"{tag}/text_summary")]
+
+
 def wandb_records(path: str | Path) -> list[Any]:
     """The ``Record`` protobufs of a W&B run file (``run-<id>.wandb``), decoded with W&B's own message classes."""
     from wandb.proto import wandb_internal_pb2

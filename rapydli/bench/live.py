@@ -12,13 +12,23 @@ times (slowest rank) minus one; the issue's target is <= 2% of the step. Both va
 cluster task does, so it is timed separately, with ``emit`` and one publish, on the ranks;
 then the ranks emit a row every 10 ms and the client times how late each one arrives
 (target: within 1 s).
+
+With ``--trackers tensorboard`` (the default; ``''`` for none) each round also runs a third,
+``tracked`` variant: the live displays as above, plus the rows written to a run store in a
+scratch home as ``rd.train`` writes them, followed by those experiment trackers
+(:class:`~rapydli.experiments.trackers.follow.RunTrackers`, its thread pushing every
+second). The tracker cost is the median over rounds of tracked / live step - 1 (so it also
+holds the store's writes), with its range over rounds; the target is the live metrics' 2%.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import statistics
+import tempfile
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import click
@@ -69,8 +79,10 @@ def per_call_costs(calls: int) -> dict[str, float]:
     return {"emit_us": 1e6 * emit_s, "publish_us": 1e6 * statistics.median(publishes), "should_stop_us": 1e6 * stop_s}
 
 
-def measure(n: int, names: list[str], steps: int, rounds: int, allreduce: str, bucket_mb: float) -> list[dict[str, Any]]:
-    """Rows ``{model, variant: live|quiet, step_ms, ...}`` and one ``per_call`` row per rank."""
+def measure(
+    n: int, names: list[str], steps: int, rounds: int, allreduce: str, bucket_mb: float, trackers: tuple[str, ...] = ()
+) -> list[dict[str, Any]]:
+    """Rows ``{model, variant: live|quiet|tracked, step_ms, ...}`` and one ``per_call`` row per rank (``tracked`` with ``trackers``)."""
     from rapydli.cluster import Cluster
     from rapydli.trainer.task import engine_task
     from rapydli.widgets.live import LivePlot
@@ -83,19 +95,23 @@ def measure(n: int, names: list[str], steps: int, rounds: int, allreduce: str, b
             config = TrainConfig(batch_size=32, lr=0.01, optimizer="sgd", allreduce=allreduce, bucket_mb=bucket_mb, max_steps=steps,
                                  workers=n, **changes)  # fmt: skip
             data = functools.partial(datasets.synthetic_images, config.batch_size * n * steps + 64, size=32, val_fraction=0.01)
-            times: dict[str, list[float]] = {"live": [], "quiet": []}
+            times: dict[str, list[float]] = {"live": [], "quiet": [], **({"tracked": []} if trackers else {})}
             received = timelines = redraws = 0
             for round_ in range(rounds):
                 for variant in list(times)[:: 1 if round_ % 2 == 0 else -1]:  # alternate who goes first
                     displays: list[Any] = []
-                    if variant == "live":  # what rd.train shows in a notebook
+                    if variant != "quiet":  # what rd.train shows in a notebook
                         displays = [LivePlot(widget=False)] + ([LiveTimeline(widget=False)] if config.pipeline_stages > 1 else [])
                     on_event = functools.partial(_to_displays, displays) if displays else None
-                    results = cluster.submit(engine_task, model_fn, data, config.to_dict(), on_event=on_event).wait()
+                    if variant == "tracked":
+                        with _tracked(on_event, trackers, name) as tracked_event:
+                            results = cluster.submit(engine_task, model_fn, data, config.to_dict(), on_event=tracked_event).wait()
+                    else:
+                        results = cluster.submit(engine_task, model_fn, data, config.to_dict(), on_event=on_event).wait()
                     times[variant].append(max(r["timing"]["step_time_s"] for r in results))
                     for display in displays:
                         display.close()
-                    if displays:
+                    if variant == "live":
                         received += sum(1 for r in displays[0].rows if r.get("kind") == "train")
                         timelines += sum(display.received for display in displays[1:])
                         redraws += sum(display.redraws for display in displays[1:])
@@ -112,6 +128,36 @@ def measure(n: int, names: list[str], steps: int, rounds: int, allreduce: str, b
     rows += [{"model": None, "variant": "per_call", "rank": rank, **cost, "lag_ms_median": 1000 * statistics.median(lags[rank]),
               "lag_ms_max": 1000 * max(lags[rank])} for rank, cost in enumerate(costs)]  # fmt: skip
     return rows
+
+
+@contextlib.contextmanager
+def _tracked(on_event: Any, trackers: tuple[str, ...], name: str) -> Iterator[Any]:
+    """``on_event`` that also writes the rows to a scratch run store followed by ``trackers``, as ``rd.train`` does."""
+    from rapydli.experiments.store.runstore import RunStore
+    from rapydli.experiments.trackers.follow import RunTrackers
+    from rapydli.settings import home_at
+
+    with tempfile.TemporaryDirectory(prefix="rapydli-bench-") as scratch, home_at(scratch):  # the trackers' files go there too
+        store = RunStore(f"{scratch}/runs.db")
+        run_id = store.create_run("train", f"bench-live-{name}", {"model": name})
+        followed = RunTrackers(store, run_id, trackers)
+
+        def stored(rank: int, kind: str, payload: Any) -> None:
+            if kind in ("metrics", "rank_timings"):
+                suffix = f"@rank{payload['rank']}" if kind == "rank_timings" else ""
+                store.log_metrics(run_id, [(payload["step"], f"{key}{suffix}", value) for key, value in payload.items()
+                                           if key not in _NOT_METRICS and isinstance(value, (int, float)) and not isinstance(value, bool)])  # fmt: skip
+            on_event(rank, kind, payload)
+
+        try:
+            yield stored
+        finally:
+            store.finish_run(run_id)
+            followed.close()
+            store.close()
+
+
+_NOT_METRICS = {"kind", "step", "rank", "world_size", "epoch", "time_s"}
 
 
 def _to_displays(displays: list[Any], rank: int, kind: str, payload: Any) -> None:
@@ -140,6 +186,14 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         cost = statistics.median(live / quiet for live, quiet in zip(rounds["live"], rounds["quiet"])) - 1.0
         summary[f"{model}: live metrics cost (median over rounds of streamed / quiet step - 1)"] = cost
         summary[f"{model}: target live cost <= {MAX_LIVE_COST:.0%}"] = "met" if cost <= MAX_LIVE_COST else "not met"
+        if "tracked" in rounds:  # paired with the live run of the same round: what the store and the trackers add
+            ratios = [tracked / live - 1.0 for tracked, live in zip(rounds["tracked"], rounds["live"])]
+            tracker_cost = statistics.median(ratios)
+            summary[f"{model}: tracker cost (median over rounds of tracked / live step - 1)"] = tracker_cost
+            summary[f"{model}: tracker cost range over rounds"] = f"{min(ratios):+.2%} to {max(ratios):+.2%}"
+            summary[f"{model}: target tracker cost <= {MAX_LIVE_COST:.0%}"] = (
+                "met" if max(ratios) <= MAX_LIVE_COST else "not met" if min(ratios) > MAX_LIVE_COST else "unclear (the range spans the target)"
+            )
         live = next(row for row in rows if row["model"] == model and row["variant"] == "live")
         if live.get("timeline_rows_received"):
             summary[f"{model}: live timeline rows received, redraws"] = f"{live['timeline_rows_received']}, {live['timeline_redraws']}"
@@ -161,7 +215,9 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
 @click.option("--rounds", type=click.IntRange(min=1), default=5, show_default=True, help="Live/quiet pairs per model.")
 @click.option("--allreduce", default="auto", show_default=True, help="TrainConfig.allreduce of the runs.")
 @click.option("--bucket-mb", type=float, default=25.0, show_default=True, help="TrainConfig.bucket_mb of the runs.")
-def command(n: int, json_path: str | None, models: str, steps: int, rounds: int, allreduce: str, bucket_mb: float) -> None:
+@click.option("--trackers", default="tensorboard", show_default=True,
+              help="Experiment trackers of the 'tracked' variant, comma-separated ('' for none; see the README's Trackers).")
+def command(n: int, json_path: str | None, models: str, steps: int, rounds: int, allreduce: str, bucket_mb: float, trackers: str) -> None:
     """What streaming the live plot (and a pipelined run's live timeline) costs a training step; row latency."""
     from rapydli.bench.report import emit
 
@@ -169,6 +225,6 @@ def command(n: int, json_path: str | None, models: str, steps: int, rounds: int,
     unknown = sorted(set(names) - set(LIVE_MODELS))
     if unknown:
         raise click.BadParameter(f"unknown model(s) {', '.join(unknown)}; allowed: {', '.join(LIVE_MODELS)}", param_hint="--models")
-    TrainConfig(allreduce=allreduce, bucket_mb=bucket_mb)  # a bad value is refused before the cluster starts
-    rows = measure(n, names, steps + WARMUP_STEPS, rounds, allreduce, bucket_mb)
+    chosen = TrainConfig(allreduce=allreduce, bucket_mb=bucket_mb, trackers=trackers).trackers  # a bad value is refused before the cluster starts
+    rows = measure(n, names, steps + WARMUP_STEPS, rounds, allreduce, bucket_mb, tuple(filter(None, chosen.split(","))))
     emit("live", rows, summarize(rows), json_path)

@@ -36,9 +36,11 @@ class BatchFailed(click.ClickException):
 @click.option("--launcher", default=None, help="Where items run: local (default), ssh or slurm (each item a Slurm job).")
 @click.option("--option", "-o", "options", multiple=True, metavar="KEY=VALUE",
               help="A launcher option, e.g. -o partition=debug -o timelimit=00:30:00; a key given twice makes a list.")
+@click.option("--trackers", default="", metavar="NAME,...",
+              help="Also log the batch to these experiment trackers (mlflow, tensorboard, wandb): a parent run, one child per item.")
 def batch(notebook: str, axes: tuple[str, ...], grid: tuple[str, ...], params_file: str | None, parallel: int, out: str,
           kernel: str | None, timeout: float | None, retry: int, force: bool, dry_run: bool,
-          hosts: str | None, ssh_command: str, launcher: str | None, options: tuple[str, ...]) -> None:  # fmt: skip
+          hosts: str | None, ssh_command: str, launcher: str | None, options: tuple[str, ...], trackers: str) -> None:  # fmt: skip
     """Run NOTEBOOK once per point of a parameter grid with papermill.
 
     Grid axes are given with --grid KEY=V1,V2 or as plain KEY=V1,V2 arguments after the
@@ -53,9 +55,12 @@ def batch(notebook: str, axes: tuple[str, ...], grid: tuple[str, ...], params_fi
     Examples:
       rapydli batch notebooks/05-batch-experiments.ipynb --grid lr=0.1,0.01 workers=1,2 --parallel 2
       rapydli batch nb.ipynb --grid lr=0.1,0.01 --launcher slurm -o partition=debug --parallel 4
+      rapydli batch nb.ipynb --grid lr=0.1,0.01 --trackers mlflow --parallel 2
     """
     from rapydli.experiments.batch import batch as batch_mod
+    from rapydli.registry import tracker_names
 
+    tracker_names(trackers, "--trackers")  # refused before anything runs
     launcher_options = _launcher_options(options)
     places_hosts = hosts.split(",") if hosts else None
     batch_mod.item_places(launcher, launcher_options, places_hosts, ssh_command)  # refused before anything runs
@@ -68,7 +73,7 @@ def batch(notebook: str, axes: tuple[str, ...], grid: tuple[str, ...], params_fi
         return
     summary = batch_mod.run_plan(plan, parallel=parallel, kernel=kernel, timeout=timeout, retry=retry, force=force,
                                  hosts=places_hosts, ssh_command=ssh_command, launcher=launcher,
-                                 launcher_options=launcher_options)  # fmt: skip
+                                 launcher_options=launcher_options, trackers=trackers)  # fmt: skip
     shown = summary.drop(columns=["output", "run_id", "error"])
     click.echo(shown.to_string(index=False, float_format=fmt_value))  # floats rounded (summary.csv keeps every digit)
     click.echo(f"summary: {summary.attrs['summary']}\nreport:  {summary.attrs['report']}")

@@ -231,6 +231,11 @@ def scaling_study(
         params = {"config": cfg.to_dict(), "workers": counts, "pipeline_stages": stage_counts, "mode": mode, "steps": steps, "predict": predict_counts,
                   "repeats": repeats}  # fmt: skip
         run_id = store.create_run("scaling", spec.model_ref or spec.name, params, world_size=counts[-1], seed=cfg.seed)
+    from rapydli.experiments.trackers.follow import follow
+
+    trackers = follow(store, run_id, cfg.trackers)  # the parent of the points' tracker runs
+    if trackers is not None:
+        trackers.wait_open()  # made once, before the first point's
     figure = scaling_figure([], None, mode=mode, stages=stage_counts)
     rounds: dict[tuple[int, int], list[dict[str, Any]]] = {}
     points: list[dict[str, Any]] = []
@@ -279,6 +284,8 @@ def scaling_study(
                 if model is not None:
                     store.add_record(run_id, "model", "json", {"alpha": model.alpha, "beta": model.beta, "source": model.source})
             store.finish_run(run_id, status, error)
+        if trackers is not None:  # after the status: the study's tracker run ends as it did
+            trackers.close()
     notes += [f"workers={r['workers']}" + (f", pipeline_stages={r['pipeline_stages']}" if r["pipeline_stages"] > 1 else "") + f": {r['flag']}"
               for r in table.to_dict("records") if r["flag"]]  # fmt: skip
     validated = None

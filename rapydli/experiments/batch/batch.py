@@ -35,10 +35,12 @@ from rapydli.experiments.batch.places import ItemProcess, Places, places
 from rapydli.experiments.store import merge as storemerge
 from rapydli.experiments.store import runstore as store_mod
 from rapydli.paths import private_dir
-from rapydli.settings import BATCH_ITEM, STORE_PATH
+from rapydli.settings import BATCH_ITEM, STORE_PATH, TRACKERS
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
+
+    from rapydli.experiments.trackers.follow import RunTrackers
 
 DEFAULT_OUT = "batch-results"
 
@@ -72,6 +74,7 @@ def batch(
     ssh_command: str = "ssh",
     launcher: str | None = None,
     launcher_options: Mapping[str, Any] | None = None,
+    trackers: Sequence[str] | str | None = None,
 ) -> pd.DataFrame:
     """Run a notebook once per parameter point with papermill; return the summary table.
 
@@ -113,6 +116,12 @@ def batch(
         ``"ssh"`` or ``"slurm"`` (each item a Slurm job of one task; options such as
         ``{"partition": "debug", "timelimit": "00:30:00", "setup": ["module load ..."]}``).
         Items that run elsewhere record into store files of their own that the batch merges.
+    trackers
+        Experiment trackers (``["mlflow", "tensorboard"]``) the batch is logged to, with
+        ``RAPYDLI_TRACKERS``: the batch is a parent tracker run, each item a child run
+        under it, and the runs an item's notebook trains (``rd.train``) children of the
+        item's (the items get ``RAPYDLI_TRACKERS``). This process makes each tracker run
+        before the runs under it start and ends it once its run has ended.
 
     Returns
     -------
@@ -136,7 +145,8 @@ def batch(
     plan = plan_batch(notebook, grid, params_file=params_file, points=points, out=out, kernel=kernel,
                       parallel=parallel, timeout=timeout, retry=retry)  # fmt: skip
     return run_plan(plan, parallel=parallel, kernel=kernel, timeout=timeout, retry=retry, force=force, progress=progress,
-                    hosts=hosts, ssh_command=ssh_command, launcher=launcher, launcher_options=launcher_options)  # fmt: skip
+                    hosts=hosts, ssh_command=ssh_command, launcher=launcher, launcher_options=launcher_options,
+                    trackers=trackers)  # fmt: skip
 
 
 @dataclass
@@ -238,11 +248,15 @@ def run_plan(
     ssh_command: str = "ssh",
     launcher: str | None = None,
     launcher_options: Mapping[str, Any] | None = None,
+    trackers: Sequence[str] | str | None = None,
 ) -> pd.DataFrame:
     """Run a validated :class:`BatchPlan`; write summary.csv and report.html; return the summary."""
     from rapydli.experiments.batch import report as batchreport
+    from rapydli.registry import tracker_names
+    from rapydli.settings import settings
 
     _check_options(parallel, timeout, retry, kernel)
+    names = tuple(dict.fromkeys([*tracker_names(trackers, "trackers"), *settings().trackers]))  # refused before anything runs
     places = item_places(launcher, launcher_options, hosts, ssh_command)
     pending = []
     for item in plan.items:
@@ -272,13 +286,16 @@ def run_plan(
             },
             parent=None,
         )
-    runner = _Runner(plan, store, batch_id, kernel=kernel, timeout=timeout, retry=retry, parallel=parallel, places=places)
+    followed = _follow(store, batch_id, names)  # the batch's tracker run, made before any item's
+    runner = _Runner(plan, store, batch_id, kernel=kernel, timeout=timeout, retry=retry, parallel=parallel, places=places, trackers=names)
     try:
         runner.run(pending, progress=progress)
     except BaseException:
         runner.kill_all()
         if store is not None and batch_id:
             store.finish_run(batch_id, "interrupted", error="the batch was interrupted")
+        if followed is not None:
+            followed.close()
         raise
     summary = batchreport.summary_table(plan)
     plan.out.mkdir(parents=True, exist_ok=True)
@@ -292,7 +309,20 @@ def run_plan(
         store.add_artifact(batch_id, report_path, "report")
         store.finish_run(batch_id, "failed" if failed else "finished",
                          error=f"{failed} of {len(plan.items)} items failed" if failed else None)  # fmt: skip
+    if followed is not None:  # after the status: the batch's tracker run ends as the batch did
+        followed.close()
     return summary
+
+
+def _follow(store: Any, run_id: str | None, names: Sequence[str]) -> RunTrackers | None:
+    """The trackers of a batch's or item's run, once its tracker runs exist (its children then nest under them)."""
+    if not names or store is None or run_id is None:
+        return None
+    from rapydli.experiments.trackers.follow import RunTrackers
+
+    followed = RunTrackers(store, run_id, names)
+    followed.wait_open()
+    return followed
 
 
 def item_places(launcher: str | None, options: Mapping[str, Any] | None, hosts: Sequence[str] | None,
@@ -309,8 +339,8 @@ class _Runner:
     """Runs items where ``places`` puts them, at most ``parallel`` at once, with timeout and retries."""
 
     def __init__(self, plan: BatchPlan, store: Any, batch_id: str | None, *, kernel: str | None,
-                 timeout: float | None, retry: int, parallel: int, places: Places) -> None:  # fmt: skip
-        self.plan, self.store, self.batch_id, self.places = plan, store, batch_id, places
+                 timeout: float | None, retry: int, parallel: int, places: Places, trackers: Sequence[str] = ()) -> None:  # fmt: skip
+        self.plan, self.store, self.batch_id, self.places, self.trackers = plan, store, batch_id, places, tuple(trackers)
         self.kernel, self.timeout, self.retry, self.parallel = kernel, timeout, retry, parallel
         self._procs: dict[str, ItemProcess] = {}
         self._lock = threading.Lock()
@@ -374,6 +404,14 @@ class _Runner:
                 seed=item.parameters.get("seed") if isinstance(item.parameters.get("seed"), int) else None,
                 world_size=item.parameters.get("workers") if isinstance(item.parameters.get("workers"), int) else 1,
             )
+        followed = _follow(self.store, run_id, self.trackers)  # the item's tracker run, under the batch's, before its notebook runs
+        try:
+            return self._execute(item, slot, run_id)
+        finally:
+            if followed is not None:  # the item's status is in the store now
+                followed.close()
+
+    def _execute(self, item: Item, slot: str | None, run_id: str | None) -> dict[str, Any]:
         result_path = item.cwd / ".rapydli-result.json"
         result_path.unlink(missing_ok=True)
         spec = {
@@ -392,6 +430,8 @@ class _Runner:
         if not self.places.remote:  # this machine's cores, shared by the items at once
             env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // self.parallel)))
         env.pop(BATCH_ITEM, None)
+        if self.trackers:  # the notebook's rd.train runs: children of the item's tracker run
+            env[TRACKERS] = ",".join(self.trackers)
         started = time.time()
         log_path = item.cwd / ".rapydli-item.log"
         args = ["-m", "rapydli.experiments.batch.item", str(spec_path)]

@@ -250,6 +250,8 @@ class Sweep:
         if store is not None:
             self.run_id = store.create_run("sweep", self.name, self._params(), world_size=self._size, seed=self.seed)
         trackers = follow(store, self.run_id, self.config.trackers)  # the parent of the trials' tracker runs
+        if trackers is not None:
+            trackers.wait_open()  # made once, before the first trial's
         from rapydli.cluster import choose_cluster
 
         self.cluster, self._own_cluster = choose_cluster(self.cluster, n=self._size, need=self.workers_per_trial * self.parallel)

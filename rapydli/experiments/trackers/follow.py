@@ -12,6 +12,12 @@ rest of the run and reported once, as one :class:`~rapydli.errors.RapydliWarning
 it, the reason and how to catch up later (``rapydli runs export``); the run, its store
 and the other trackers go on. :meth:`~RunTrackers.close` waits at most
 :data:`CLOSE_WAIT_S` for the last push.
+
+A run whose parent (a sweep, a scaling study, a batch or its item) is followed in this
+process is one family with it: a tracker the parent dropped is not tried for the child,
+and a tracker the child drops is the parent's to report, so a sweep of many trials with an
+unreachable server warns once. A parent calls :meth:`~RunTrackers.wait_open` before its
+children start, so its tracker run exists once, before theirs.
 """
 
 from __future__ import annotations
@@ -34,6 +40,12 @@ if TYPE_CHECKING:  # pragma: no cover
 INTERVAL_S = 1.0
 #: Seconds :meth:`RunTrackers.close` waits for the last push before it reports the tracker as too slow.
 CLOSE_WAIT_S = 60.0
+#: Seconds :meth:`RunTrackers.wait_open` waits for a parent's tracker runs before its children start anyway.
+OPEN_WAIT_S = 30.0
+
+# The RunTrackers of the runs followed in this process now, by run id: a child finds its parent's here.
+_followed: dict[str, RunTrackers] = {}
+_followed_lock = threading.Lock()
 
 
 class RunTrackers:
@@ -56,7 +68,16 @@ class RunTrackers:
         self.interval_s = interval_s
         self.problems: dict[str, str] = {}  # tracker name -> why it was dropped (reported once, on close)
         self.syncs: list[RunSync] = []
+        self.family = False  # runs under this one are followed too (its warnings speak for them)
+        parent_id = store.get_run(run_id)["parent"]
+        with _followed_lock:
+            self.parent = _followed.get(parent_id) if parent_id else None
+            _followed[run_id] = self
+        if self.parent is not None:
+            self.parent.family = True
         for name in names:
+            if self.parent is not None and name in self.parent.problems:
+                continue  # the parent dropped it (and reports it)
             try:
                 kind: type[Tracker] = TRACKERS.load(name)
                 kind.require()
@@ -69,22 +90,36 @@ class RunTrackers:
         self.report()  # a missing package is said now, before the run trains
         self._wake = threading.Event()
         self._closing = False
+        self._opened = [threading.Event() for _ in self.syncs]
         self._threads = [
-            threading.Thread(target=self._loop, args=(sync,), name=f"rapydli-{sync.tracker.name}-{run_id}", daemon=True) for sync in self.syncs
+            threading.Thread(target=self._loop, args=(sync, opened), name=f"rapydli-{sync.tracker.name}-{run_id}", daemon=True)
+            for sync, opened in zip(self.syncs, self._opened)
         ]  # one per tracker: a slow one never holds the others back
         for thread in self._threads:
             thread.start()
 
-    def _loop(self, sync: RunSync) -> None:
+    def _loop(self, sync: RunSync, opened: threading.Event) -> None:
         final = False
         try:
+            sync.push()  # at once: the tracker run exists before the run's children start
+            opened.set()
             while not final:
                 final = self._closing or self._wake.wait(self.interval_s)
                 sync.push(final=final)
         except Exception as exc:  # never the run's problem: drop this tracker, report it once
             self.problems.setdefault(sync.tracker.name, f"{type(exc).__name__}: {exc}")
         finally:
+            opened.set()
             _close_quietly(sync.tracker)
+
+    def wait_open(self, wait_s: float = OPEN_WAIT_S) -> None:
+        """Wait (at most ``wait_s``) until every tracker run of this run is made, or its tracker dropped.
+
+        A parent calls it before it starts its children, so they nest under one parent run.
+        """
+        deadline = time.monotonic() + wait_s
+        for opened in self._opened:
+            opened.wait(max(0.0, deadline - time.monotonic()))
 
     def close(self, wait_s: float = CLOSE_WAIT_S) -> None:
         """Push what is left (artifacts and status once the run has ended), stop the threads (at most ``wait_s``), report problems once."""
@@ -95,16 +130,29 @@ class RunTrackers:
             thread.join(max(0.0, deadline - time.monotonic()))
             if thread.is_alive():
                 self.problems.setdefault(sync.tracker.name, f"it did not take the run's last updates within {wait_s:g} s")
+        with _followed_lock:
+            if _followed.get(self.run_id) is self:
+                del _followed[self.run_id]
         self.report()
 
     def report(self) -> None:
-        """Warn once per tracker that was dropped (in the caller's thread, so the notebook cell shows it)."""
-        for name, why in self.problems.items():
+        """Warn once per tracker that was dropped (in the caller's thread, so the notebook cell shows it).
+
+        A child's problems go to its parent, which warns once for the whole family.
+        """
+        if self.parent is not None:
+            for name, why in list(self.problems.items()):
+                self.parent.problems.setdefault(name, why)
+            self.parent.report()
+            return
+        for name, why in list(self.problems.items()):
             if name not in self._reported:
                 self._reported.add(name)
+                which = f"run {self.run_id} and the runs under it are" if self.family else f"run {self.run_id} is"
+                runs = f"RUN...` of {self.run_id} and the ids under it" if self.family else f"{self.run_id}`"
                 warnings.warn(
-                    f"run {self.run_id} is not logged to {name!r}: {why}. The run and its store are complete; "
-                    f"`rapydli runs export --to {name} {self.run_id}` logs it once the tracker is back",
+                    f"{which} not logged to {name!r}: {why}. The store is complete; "
+                    f"`rapydli runs export --to {name} {runs} logs {'them' if self.family else 'it'} once the tracker is back",
                     RapydliWarning,
                     stacklevel=3,
                 )

@@ -12,7 +12,9 @@ What a tracker receives, from the store:
 
 * parameters: the run's recorded parameters, flattened (``config.lr``, ``model_fn``);
 * tags: ``rapydli.run_id``, ``rapydli.kind``, ``rapydli.status``, ``rapydli.host``,
-  ``rapydli.git_commit``, the run's hosts by rank (``rapydli.rank1.host``) and its own tags;
+  ``rapydli.git_commit``, the run's hosts by rank (``rapydli.rank1.host``), its restarts
+  (``rapydli.restarts``, ``rapydli.resumed_from_step``, and ``rapydli.restart1``... with
+  the step, ranks and cause of each; set as soon as the store records one) and its own tags;
 * metrics: every metric row at its step; a per-rank timing (``step_time_s@rank1`` in the
   store) as the system metric ``system/rank1/step_time_s``; scalar records at the last step;
 * artifacts: the loss figure, the source of code defined in the notebook, the final
@@ -94,6 +96,7 @@ class RunSync:
         self.cursor = -1  # the last metric row (seq) handed on
         self.finished = False
         self.last_step = 0
+        self.restarts = 0  # restarts the tracker's tags show
 
     def push(self, final: bool = False) -> None:
         """Hand on what the store gained since the last push; an ended run (or ``final``) also gets its artifacts and status."""
@@ -108,6 +111,10 @@ class RunSync:
                 self.tracker.log_metrics(points)
             self.cursor = batch[-1]["seq"]
             self.last_step = max(self.last_step, *(r["step"] for r in batch))
+        restarts = len(self.store.records(self.run_id).get("restarts", {}).get("value") or []) if run["kind"] == "train" else 0
+        if restarts != self.restarts:  # a restart reaches the tracker as it resumes
+            self.restarts = restarts
+            self.tracker.set_tags(run_tags(self.store, run))
         if (final or run["status"] != "running") and not self.finished:
             self._finish(run)
 
@@ -176,8 +183,30 @@ def run_tags(store: RunStore, run: Mapping[str, Any]) -> dict[str, str]:
         hosts = records["hosts"]["value"] * int(run["world_size"])
     for rank, host in enumerate(hosts):
         tags[f"rapydli.rank{rank}.host"] = str(host)
+    tags.update(restart_tags(records.get("restarts", {}).get("value") or []))
     for tag in store.tags(run["id"]):
         tags[tag] = ""
+    return tags
+
+
+def restart_tags(restarts: list[dict[str, Any]]) -> dict[str, str]:
+    """Tags of a run's ``restarts`` record: how many, the step the last resumed from, and each one in words.
+
+    >>> restart_tags([{"cause": "rank 1 died", "ranks": [1], "resumed_from_step": 20, "workers": 2}])
+    {'rapydli.restarts': '1', 'rapydli.resumed_from_step': '20', 'rapydli.restart1': 'resumed from step 20 on 2 ranks after: rank 1 died'}
+    """
+    if not restarts:
+        return {}
+    tags = {"rapydli.restarts": str(len(restarts))}
+    resumed = [r["resumed_from_step"] for r in restarts if r.get("resumed_from_step") is not None]
+    if resumed:
+        tags["rapydli.resumed_from_step"] = str(resumed[-1])
+    for number, restart in enumerate(restarts, 1):
+        if restart.get("error"):
+            text = f"could not restart after: {restart.get('cause')}: {restart['error']}"
+        else:
+            text = f"resumed from step {restart.get('resumed_from_step')} on {restart.get('workers')} ranks after: {restart.get('cause')}"
+        tags[f"rapydli.restart{number}"] = text[:5000]
     return tags
 
 
