@@ -100,6 +100,49 @@ def replace_with_figure(handle: Any, figure: Any, widget: Any = None) -> None:
         widget.close()
 
 
+class FigureSlot:
+    """Where a panel shows its figure: a live ``FigureWidget`` while a run draws on it, then a
+    static copy (:meth:`settle`), whose widget is closed.
+
+    A panel outlives its runs, so its figure cannot be replaced in the cell's output as a
+    live plot's is; the slot is an ``Output`` widget inside the panel whose content is
+    swapped instead. A saved notebook then keeps a light static figure (plotly's JSON and
+    HTML that loads plotly.js from its CDN), not the widget's ~5 MB of JavaScript.
+    Create it in the cell that displays the panel (it sets up the static figures there).
+    """
+
+    def __init__(self) -> None:
+        import ipywidgets as widgets
+
+        static_figures()
+        self.output = widgets.Output()
+        self._live: Any = None
+
+    def show_live(self, figure_widget: Any) -> None:
+        """Show ``figure_widget`` (a ``FigureWidget`` a run draws on) in the slot."""
+        self._close_live()
+        self._live = figure_widget
+        view = {"model_id": figure_widget.model_id, "version_major": 2, "version_minor": 0}
+        self.output.outputs = ({"output_type": "display_data", "metadata": {},
+                                "data": {"application/vnd.jupyter.widget-view+json": view, "text/plain": "(live plot)"}},)  # fmt: skip
+
+    def settle(self) -> Any:
+        """Show a static copy of the live figure and close its widget; the static ``go.Figure`` (None if none was live)."""
+        import plotly.graph_objects as go
+
+        if self._live is None:
+            return None
+        static = go.Figure(self._live)
+        self.output.outputs = ({"output_type": "display_data", "metadata": {}, "data": figure_bundle(static)},)
+        self._close_live()
+        return static
+
+    def _close_live(self) -> None:
+        if self._live is not None:
+            self._live.close()
+            self._live = None
+
+
 class LiveFigure:
     """A figure redrawn from metrics rows at a bounded rate, shown live in a notebook.
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from rapydli.errors import RapydliError
 from rapydli.experiments.job import STOP_GRACE_S
 from rapydli.trainer.config import FieldSpec, TrainConfig, fields_spec
-from rapydli.widgets.display import in_kernel
+from rapydli.widgets.display import FigureSlot, in_kernel
 from rapydli.widgets.live import LivePlot
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -139,7 +139,9 @@ class HyperparameterPanel:
         self._thread: threading.Thread | None = None
         grid = widgets.GridBox(list(self.controls.values()), layout=widgets.Layout(grid_template_columns="repeat(3, 330px)"))
         buttons = widgets.HBox([self.train_button, self.stop_button])
-        self.widget = widgets.VBox([grid, buttons, self.message, self.plot.figure, self.table])
+        self.figure_slot = FigureSlot()  # the live plot while a run goes on, a static one after
+        self.figure_slot.show_live(self.plot.figure)
+        self.widget = widgets.VBox([grid, buttons, self.message, self.figure_slot.output, self.table])
 
     def _ipython_display_(self) -> None:  # pragma: no cover - notebook display
         from IPython.display import display
@@ -213,6 +215,7 @@ class HyperparameterPanel:
         except Exception as exc:  # noqa: BLE001 - shown in the panel; the thread must not die silently
             self._say(f"{type(exc).__name__}: {exc}", error=True)
         self.plot.flush()
+        self.plot.figure = self.figure_slot.settle() or self.plot.figure  # static now: the widget's state is not saved
         final = job.final_metrics()
         changed = {k: v for k, v in config.to_dict().items() if k in self.specs}
         self.runs.append({
@@ -230,9 +233,7 @@ class HyperparameterPanel:
     # -- display ------------------------------------------------------------------------------
     def _fresh_plot(self) -> LivePlot:
         plot = LivePlot(title=f"run {len(self.runs) + 1}", widget=True)
-        children = list(self.widget.children)
-        children[3] = plot.figure
-        self.widget.children = tuple(children)
+        self.figure_slot.show_live(plot.figure)
         return plot
 
     def _render_table(self) -> None:

@@ -79,6 +79,7 @@ class SweepPanel:
         except RapydliError as exc:
             self.message.value = f"<pre style='color:#b00020'>{exc}</pre>"
             return False
+        self.view.live_again()
         self.message.value = "running ..."
         self.run_button.disabled, self.stop_button.disabled = True, False
         self._thread = threading.Thread(target=self._run, name="rapydli-sweep", daemon=True)

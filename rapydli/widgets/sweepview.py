@@ -12,7 +12,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from rapydli.experiments.figures import fill_sweep_figure, sweep_figure
-from rapydli.widgets.display import display_live, in_kernel, replace_with_figure
+from rapydli.widgets.display import FigureSlot, display_live, in_kernel, replace_with_figure
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -48,11 +48,22 @@ class SweepView:
         self._handle: Any = None
         self.html: Any = None
         self.box: Any = None
+        self.slot: FigureSlot | None = None
         if self.widget:
             import ipywidgets as widgets
 
             self.html = widgets.HTML()
-            self.box = widgets.VBox([self.figure, self.html])
+            self.slot = FigureSlot()  # the live figure while the sweep runs, a static one after
+            self.slot.show_live(self.figure)
+            self.box = widgets.VBox([self.slot.output, self.html])
+
+    def live_again(self) -> None:
+        """Draw the next sweep on a fresh live figure (after :meth:`close` left a static one)."""
+        if self.slot is not None and not hasattr(self.figure, "model_id"):
+            import plotly.graph_objects as go
+
+            self.figure = go.FigureWidget(sweep_figure(self.table.iloc[0:0], self.metric, self.params, title="sweep"))
+            self.slot.show_live(self.figure)
 
     def update(self, table: pd.DataFrame, force: bool = False) -> None:
         """Take the latest table; redraw if the last redraw is old enough (or ``force``)."""
@@ -74,12 +85,11 @@ class SweepView:
     def close(self) -> None:
         """Final redraw; in a notebook, leave the static figure (and table) in the output."""
         self.update(self.table, force=True)
+        if self.slot is not None:  # the FigureWidget goes (its ~5 MB of state with it); a static copy stays in the box
+            self.figure = self.slot.settle() or self.figure
         if self._handle is not None:
-            import plotly.graph_objects as go
             from IPython.display import HTML, display
 
-            replace_with_figure(self._handle, go.Figure(self.figure), widget=self.box)
-            if hasattr(self.figure, "close"):  # the FigureWidget inside the box: its ~5 MB of state goes with it
-                self.figure.close()
+            replace_with_figure(self._handle, self.figure, widget=self.box)
             display(HTML(self.table.to_html(index=False)))
             self._handle = None
