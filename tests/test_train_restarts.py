@@ -34,14 +34,17 @@ def cluster():
         yield started
 
 
-def killing_model(marker: Path, at_call: int):
-    """A model_fn whose rank 1 dies (``os._exit``) in its ``at_call``-th forward, once (a marker file remembers)."""
+def killing_model(marker: Path, at_call: int, after_checkpoint: Path | None = None):
+    """A model_fn whose rank 1 dies (``os._exit``) in its ``at_call``-th forward, once (a marker file remembers);
+    with ``after_checkpoint``, only once a checkpoint is on disk there (written in the background, it may lag)."""
 
     def model_fn():
         import os
         import pathlib
+        import time
 
         from rapydli.cluster.engine import context
+        from rapydli.trainer.checkpoint import checkpoint_path
         from rapydli.zoo import models
 
         model = models.mlp()
@@ -50,6 +53,8 @@ def killing_model(marker: Path, at_call: int):
         def die(module, args):
             calls[0] += 1
             if context().rank == 1 and calls[0] == at_call and not pathlib.Path(marker).exists():
+                while after_checkpoint is not None and not checkpoint_path(after_checkpoint).exists():
+                    time.sleep(0.05)
                 pathlib.Path(marker).write_text("killed")
                 os._exit(1)
 
@@ -80,7 +85,7 @@ def test_an_engine_killed_mid_run_restarts_and_ends_where_an_uninterrupted_run_e
     rows: list[dict] = []
     monkeypatch.setenv("RAPYDLI_TENSORBOARD_DIR", str(tmp_path / "tb"))
     config = rd.TrainConfig(**CONFIG, checkpoint_dir=str(tmp_path / "cut"), trackers="tensorboard")
-    result = rd.train(killing_model(marker, at_call=7), "rapydli.zoo.datasets:digits", config, cluster=cluster,
+    result = rd.train(killing_model(marker, at_call=7, after_checkpoint=tmp_path / "cut"), "rapydli.zoo.datasets:digits", config, cluster=cluster,
                       restarts=1, callbacks=[rows.append], progress=True, live=False)  # fmt: skip
     assert marker.exists()  # rank 1 really died
     # every step is in the history once, in order: those the first attempt's dying engines never sent
