@@ -304,7 +304,7 @@ def test_find_a_sweep_see_why_trials_were_pruned_compare_the_best_two_and_tag_th
     runs = panel.get_by_role("table", name="Run list")
     # find the sweep, and which of its trials were pruned and why
     panel.get_by_role("combobox", name="Filter by kind").select_option("sweep")
-    expect(runs.locator("tr.rapydli-Family")).to_have_count(1)
+    expect(runs.locator("tr.rapydli-Family")).to_have_count(2)  # it and the one-trial sweep
     sweep = family_row(runs, ids["sweep"])
     if sweep.get_by_role("button", name=re.compile("^Expand")).count():
         sweep.get_by_role("button", name=re.compile("^Expand")).click()
