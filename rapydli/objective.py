@@ -165,6 +165,10 @@ class Objective:
         """``(loss, outputs)`` of one batch."""
         if self.target_parameter is not None:
             outputs = model(inputs, **{self.target_parameter: targets})
+            if isinstance(outputs, torch.Tensor) and outputs.numel() != 1:
+                raise OutputError(f"forward was given {self.target_parameter!r} and returned {_shape_or_type(outputs)}: a model that "
+                                  "takes the targets must return the scalar loss (reduce it, e.g. `.mean()`), or a mapping "
+                                  "/ tuple holding it")  # fmt: skip
         else:
             outputs = model(inputs)
         return self.loss(outputs, targets), outputs
@@ -181,10 +185,6 @@ class Objective:
                 raise OutputError(f"loss_fn {_name_of(self.loss_fn)} returned {_shape_or_type(loss)}; it must return the scalar "
                                   "loss of the batch (reduce it, e.g. `.mean()`)")  # fmt: skip
             return loss.reshape(())
-        if self.target_parameter is not None and isinstance(outputs, torch.Tensor) and outputs.numel() != 1:
-            raise OutputError(f"forward was given {self.target_parameter!r} and returned {_shape_or_type(outputs)}: a model that "
-                              "takes the targets must return the scalar loss (reduce it, e.g. `.mean()`), or a mapping "
-                              "/ tuple holding it")  # fmt: skip
         found = interpret(outputs)
         if found.loss is not None and found.loss.numel() != 1:
             raise OutputError(f"the model returned a loss of shape {tuple(found.loss.shape)}: the loss must be a scalar "
