@@ -16,7 +16,8 @@ from rapydli.parallel import wire
 
 
 def record_some(directory: str) -> None:
-    """Every traced kind once or twice on 2 ranks; each rank prints its trace file's path."""
+    """Every traced kind once or twice on 2 ranks; rank 0 prints each rank's trace file path, a line
+    each (two ranks printing at once could share a line of mpiexec's output)."""
     world = MPI.COMM_WORLD
     rank = world.Get_rank()
     path = trace.open_trace(directory, rank)
@@ -36,7 +37,10 @@ def record_some(directory: str) -> None:
     else:
         wire.recv(world, 0, "activation", 0, torch.device("cpu"))
     comm.close()
-    print(json.dumps({"rank": rank, "path": path}), flush=True)
+    paths = world.gather(path, root=0)  # raw mpi4py: not traced
+    if rank == 0:
+        for each, written in enumerate(paths):
+            print(json.dumps({"rank": each, "path": written}), flush=True)
 
 
 def overhead(repeats: int = 7, calls: int = 2000) -> None:
