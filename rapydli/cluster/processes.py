@@ -153,7 +153,7 @@ def terminate_trees(pids: Iterable[int], grace: float = 3.0) -> None:
             proc.send_signal(signal.SIGTERM)
         except psutil.NoSuchProcess:
             pass
-    reap(procs, timeout=grace)
+    reap(list(procs), timeout=grace)
 
 
 def marked(

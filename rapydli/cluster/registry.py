@@ -182,18 +182,19 @@ def stop_cluster(cluster_id: str, timeout: float = 10.0) -> None:
     if cluster_id not in running and cluster_id not in _records():
         raise NotFoundError(f"no running cluster {cluster_id!r}: running are {', '.join(sorted(running)) or 'none'}")
     found = running.get(cluster_id)
-    if found is not None and found["launcher"] == "local":  # every process is here: end them all at once
+    cluster = None
+    if found is not None:
         try:
             cluster = ipp.Cluster.from_file(profile_dir=str(_profile()), cluster_id=cluster_id, log=ipp_log(cluster_id))
-            launchers = [cluster.controller, *cluster.engines.values()]
-            pids = [launcher.pid for launcher in launchers if launcher is not None]
-        except Exception:  # noqa: BLE001 - no cluster file left: the engines and marked processes still go
-            pids = []
-        terminate_trees([*pids, *found["engine_pids"]], grace=timeout)
+        except Exception as exc:  # noqa: BLE001 - no cluster file left: the engines and marked processes still go
+            log.warning("cluster %s: ipyparallel could not read it: %s", cluster_id, exc)
+    if found is not None and found["launcher"] == "local":  # every process is here: end them all at once
+        launchers = [cluster.controller, *cluster.engines.values()] if cluster is not None else []
+        terminate_trees([*(launcher.pid for launcher in launchers if launcher is not None), *found["engine_pids"]], grace=timeout)
     elif found is not None:
         try:
-            cluster = ipp.Cluster.from_file(profile_dir=str(_profile()), cluster_id=cluster_id, log=ipp_log(cluster_id))
-            cluster.stop_cluster_sync()
+            if cluster is not None:
+                cluster.stop_cluster_sync()
         except Exception as exc:  # noqa: BLE001 - stop what can be stopped; the processes are reaped below
             log.warning("cluster %s: ipyparallel could not stop it cleanly: %s", cluster_id, exc)
         if found["job"] is not None and found["launcher"] == "slurm":

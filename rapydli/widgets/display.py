@@ -118,6 +118,11 @@ class FigureSlot:
         self.output = widgets.Output()
         self._live: Any = None
 
+    @property
+    def live(self) -> bool:
+        """Whether a live ``FigureWidget`` is shown (else a static figure, or nothing yet)."""
+        return self._live is not None
+
     def show_live(self, figure_widget: Any) -> None:
         """Show ``figure_widget`` (a ``FigureWidget`` a run draws on) in the slot."""
         self._close_live()

@@ -75,7 +75,8 @@ class LivePlot(LiveFigure):
                 self._add_rank_trace(rank)
             # the points worked out on copies first: within batch_update a trace reads as it was before the batch
             traces = [*self.figure.data]
-            points = [list(zip(trace.x or (), trace.y or ())) for trace in traces]
+            drawn = [list(zip(trace.x or (), trace.y or ())) for trace in traces]
+            points = [list(trace_points) for trace_points in drawn]
             restarts = []
             segment: list[dict[str, Any]] = []
             for row in rows:  # in order: a restart drops the steps after the one it resumed from (they are done again)
@@ -88,7 +89,7 @@ class LivePlot(LiveFigure):
                 points = [[(x, y) for x, y in trace_points if x <= row["step"]] for trace_points in points]
             self._append(segment, points)
             with self.figure.batch_update():
-                for trace, before, after in zip(traces, [list(zip(t.x or (), t.y or ())) for t in traces], points):
+                for trace, before, after in zip(traces, drawn, points):
                     if after != before:
                         trace.x, trace.y = tuple(x for x, _ in after), tuple(y for _, y in after)
                 for step in restarts:

@@ -59,7 +59,7 @@ class SweepView:
 
     def live_again(self) -> None:
         """Draw the next sweep on a fresh live figure (after :meth:`close` left a static one)."""
-        if self.slot is not None and not hasattr(self.figure, "model_id"):
+        if self.slot is not None and not self.slot.live:
             import plotly.graph_objects as go
 
             self.figure = go.FigureWidget(sweep_figure(self.table.iloc[0:0], self.metric, self.params, title="sweep"))
