@@ -53,6 +53,10 @@ class Spread:
         q1, median, q3 = statistics.quantiles(kept, n=4)
         return cls(median, q1, q3, len(kept))
 
+    def minus(self, amount: float) -> Spread:
+        """The spread of every measurement less ``amount`` (a ratio's spread as an overhead: ``minus(1.0)``)."""
+        return Spread(self.median - amount, self.low - amount, self.high - amount, self.n)
+
     @property
     def relative_width(self) -> float:
         """``(high - low) / median``: how far the repeats disagree (0 for one measurement)."""
@@ -82,3 +86,46 @@ def load_text(load: dict[str, float]) -> str:
 def busy(load: dict[str, float]) -> bool:
     """Whether other work competed for the cores (more runnable processes than cores)."""
     return load["load_1m"] > load["cores"]
+
+
+def paired(numerator: Sequence[float], denominator: Sequence[float]) -> Spread:
+    """The spread of ``numerator[i] / denominator[i]``: two variants timed in the same interleaved rounds.
+
+    Pairing within a round cancels what a shared machine does between rounds (a burst of
+    load slows both); the ratio of two medians would not.
+
+    >>> paired([8.0, 8.8, 8.1], [10.0, 11.0, 9.0]).median
+    0.8
+    """
+    return Spread.of([a / b for a, b in zip(numerator, denominator, strict=True) if b])
+
+
+def target(spread: Spread, limit: float, *, at_most: bool = True, percent: bool = False) -> str:
+    """Whether a measured ``spread`` meets a target ``<= limit`` (``at_most``) or ``>= limit``.
+
+    ``"met"`` or ``"not met"`` only when every round agrees; otherwise ``"unclear (the
+    rounds span ...)"``: the machine was too noisy to conclude, and the answer says so.
+
+    >>> target(Spread.of([0.80, 0.82, 0.84]), 0.85)
+    'met'
+    >>> target(Spread.of([0.80, 0.90]), 0.85)
+    'unclear (the rounds span 0.8 to 0.9 around the target 0.85: repeat with more rounds on a quieter machine)'
+    """
+    if spread.n == 0:
+        return "not measured"
+    inside, outside = (spread.high <= limit, spread.low > limit) if at_most else (spread.low >= limit, spread.high < limit)
+    if inside:
+        return "met"
+    if outside:
+        return "not met"
+    number = "{:+.2%}".format if percent else "{:.3g}".format
+    return (f"unclear (the rounds span {number(spread.low)} to {number(spread.high)} around the target {number(limit)}: "
+            "repeat with more rounds on a quieter machine)")  # fmt: skip
+
+
+def rounds_text(spread: Spread, percent: bool = False) -> str:
+    """``"0.78 to 0.86 over 3 rounds"`` (or ``"+1.20% to +3.50% over 5 rounds"``): the interval printed beside a median."""
+    if spread.n == 0:
+        return "not measured"
+    low, high = (f"{spread.low:+.2%}", f"{spread.high:+.2%}") if percent else (f"{spread.low:.3g}", f"{spread.high:.3g}")
+    return f"{low} to {high} over {spread.n} round{'s' if spread.n != 1 else ''}"

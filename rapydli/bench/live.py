@@ -33,6 +33,7 @@ from typing import Any
 
 import click
 
+from rapydli.spread import paired, rounds_text, target
 from rapydli.trainer.config import TrainConfig
 from rapydli.trainer.task import WARMUP_STEPS
 from rapydli.zoo import datasets, models
@@ -183,17 +184,15 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         step = {row["variant"]: row["step_ms"] for row in rows if row["model"] == model}
         rounds = {row["variant"]: row["round_ms"] for row in rows if row["model"] == model}
         # paired by round (the two ran back to back), so slow drifts of a shared machine cancel
-        cost = statistics.median(live / quiet for live, quiet in zip(rounds["live"], rounds["quiet"])) - 1.0
-        summary[f"{model}: live metrics cost (median over rounds of streamed / quiet step - 1)"] = cost
-        summary[f"{model}: target live cost <= {MAX_LIVE_COST:.0%}"] = "met" if cost <= MAX_LIVE_COST else "not met"
+        cost = paired(rounds["live"], rounds["quiet"])
+        summary[f"{model}: live metrics cost (median over rounds of streamed / quiet step - 1)"] = cost.median - 1.0
+        summary[f"{model}: live metrics cost range over rounds"] = rounds_text(cost.minus(1.0), percent=True)
+        summary[f"{model}: target live cost <= {MAX_LIVE_COST:.0%}"] = target(cost.minus(1.0), MAX_LIVE_COST, percent=True)
         if "tracked" in rounds:  # paired with the live run of the same round: what the store and the trackers add
-            ratios = [tracked / live - 1.0 for tracked, live in zip(rounds["tracked"], rounds["live"])]
-            tracker_cost = statistics.median(ratios)
-            summary[f"{model}: tracker cost (median over rounds of tracked / live step - 1)"] = tracker_cost
-            summary[f"{model}: tracker cost range over rounds"] = f"{min(ratios):+.2%} to {max(ratios):+.2%}"
-            summary[f"{model}: target tracker cost <= {MAX_LIVE_COST:.0%}"] = (
-                "met" if max(ratios) <= MAX_LIVE_COST else "not met" if min(ratios) > MAX_LIVE_COST else "unclear (the range spans the target)"
-            )
+            tracked = paired(rounds["tracked"], rounds["live"])
+            summary[f"{model}: tracker cost (median over rounds of tracked / live step - 1)"] = tracked.median - 1.0
+            summary[f"{model}: tracker cost range over rounds"] = rounds_text(tracked.minus(1.0), percent=True)
+            summary[f"{model}: target tracker cost <= {MAX_LIVE_COST:.0%}"] = target(tracked.minus(1.0), MAX_LIVE_COST, percent=True)
         live = next(row for row in rows if row["model"] == model and row["variant"] == "live")
         if live.get("timeline_rows_received"):
             summary[f"{model}: live timeline rows received, redraws"] = f"{live['timeline_rows_received']}, {live['timeline_redraws']}"

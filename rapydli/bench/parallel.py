@@ -32,6 +32,7 @@ import click
 from rapydli.bench.parallel_worker import bench_data, bench_model
 from rapydli.bench.report import emit
 from rapydli.errors import ClusterError
+from rapydli.spread import Spread, paired, rounds_text, target
 
 MEMORY_TOLERANCE = 0.10
 GLOBAL_BATCH = 16
@@ -118,9 +119,9 @@ def time_rows(steps: int, rounds: int) -> list[dict[str, Any]]:
         step = statistics.median(measured[label])
         rows.append({"part": "time", "variant": name, "layout": label, "measured_step_ms": 1e3 * step, "predicted_step_ms": 1e3 * row["predicted_step_s"],
                      "error": (row["predicted_step_s"] - step) / step, "rounds_ms": [round(1e3 * s, 3) for s in measured[label]]})  # fmt: skip
-    base = next(r for r in rows if r["variant"] == "dp")["measured_step_ms"]
+    base = next(r for r in rows if r["variant"] == "dp")["rounds_ms"]
     for row in rows:
-        row["vs_dp"] = row["measured_step_ms"] / base
+        row["vs_dp"] = paired(row["rounds_ms"], base).median  # the layouts ran in the same rounds
     rows.append({"part": "network", "variant": plan.network.describe()})
     return rows
 
@@ -141,10 +142,17 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
             (r["activations_vs_predicted"] for r in mine), key=lambda v: abs(v - 1))
         met = abs(worst["states_vs_formula"] - 1) <= MEMORY_TOLERANCE
         summary[f"memory {name}: target within {MEMORY_TOLERANCE:.0%} of the formula"] = "met" if met else "not met"
-    for row in (r for r in rows if r["part"] == "time"):
+    timed = [r for r in rows if r["part"] == "time"]
+    dp_rounds = next((r.get("rounds_ms") or [r["measured_step_ms"]] for r in timed if r["variant"] == "dp"), None)
+    for row in timed:
+        own: list[float] = row.get("rounds_ms") or [row["measured_step_ms"]]  # every layout ran once in each round
         summary[f"step {row['variant']}: step / dp step"] = row["vs_dp"]
+        if dp_rounds is not None and len(dp_rounds) == len(own):
+            summary[f"step {row['variant']}: step / dp step, range"] = rounds_text(paired(own, dp_rounds))
+        errors = Spread.of([abs(row["predicted_step_ms"] - step) / step for step in own]) if "predicted_step_ms" in row else Spread.of([abs(row["error"])])
         summary[f"step {row['variant']}: planner error"] = row["error"]
-        summary[f"step {row['variant']}: target predicted within {TOLERANCE:.0%}"] = "met" if abs(row["error"]) <= TOLERANCE else "not met"
+        summary[f"step {row['variant']}: planner error (absolute), range"] = rounds_text(errors, percent=True)
+        summary[f"step {row['variant']}: target predicted within {TOLERANCE:.0%}"] = target(errors, TOLERANCE, percent=True)
     return summary
 
 

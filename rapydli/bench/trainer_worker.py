@@ -203,6 +203,7 @@ def measure(
                 "step_ms": 1000 * statistics.median(per_round),
                 "step_ms_min": 1000 * min(per_round),
                 "step_ms_max": 1000 * max(per_round),
+                "rounds_ms": [1000 * seconds for seconds in per_round],
                 "samples_per_s": config.batch_size * size / statistics.median(per_round),
             }
         )
