@@ -231,7 +231,9 @@ def test_any_model_every_kind_of_convolution_is_tuned_and_training_is_unchanged(
     model, x = every_kind_of_conv(), torch.randn(2, 3, 16, 16)
     tuned, report = autotune_model(model, x, budget_s=20, cache=Cache(tmp_path / "m.db"), progress=False, **TINY)
     convs = {name: m for name, m in tuned.named_modules() if isinstance(m, nn.Conv2d)}
-    assert all(isinstance(m, TunedConv2d) for m in convs.values()) and len(convs) == 7
+    assert {name for name, m in convs.items() if isinstance(m, TunedConv2d)} == {
+        name for name, choice in report.plan.layers.items() if not choice.is_library_default}  # the library default is left plain
+    assert len(convs) == 7 and set(report.plan.layers) == set(convs)
     shapes = {name: choice.shape for name, choice in report.plan.layers.items()}
     assert (shapes["6"].groups, shapes["7"].groups, shapes["8"].dilation) == (4, 16, 2)
     assert_same(model, tuned, x)

@@ -77,7 +77,10 @@ def test_hooks_find_every_conv_in_order_with_its_input_shape() -> None:
 
 def test_autotune_model_keeps_outputs_and_gradients(tuned) -> None:
     model, x, tuned_model, report = tuned
-    assert sum(isinstance(m, TunedConv2d) for m in tuned_model.modules()) == 4
+    wrapped = {name for name, m in tuned_model.named_modules() if isinstance(m, TunedConv2d)}
+    # a layer planned on the library default stays the plain nn.Conv2d: no wrapper cost
+    assert wrapped == {name for name, choice in report.plan.layers.items() if not choice.is_library_default}
+    assert len(report.plan.layers) == 4 and all(type(tuned_model.get_submodule(n)) is nn.Conv2d for n in set(report.plan.layers) - wrapped)
     assert not any(isinstance(m, TunedConv2d) for m in model.modules())  # the original is untouched
     assert model.state_dict().keys() == tuned_model.state_dict().keys()
     assert_same(model, tuned_model, x)

@@ -53,6 +53,11 @@ class LayerChoice:
         forward = Config(self.candidate, self.params)
         return {"forward": forward, "data_grad": self.data_grad or forward, "weight_grad": self.weight_grad or forward}
 
+    @property
+    def is_library_default(self) -> bool:
+        """Whether every pass runs the library default (``F.conv2d``, NCHW): the layer stays a plain ``nn.Conv2d``."""
+        return set(self.configs.values()) == {Config("torch_nchw")}
+
     def __str__(self) -> str:
         configs = self.configs
         if len(set(configs.values())) == 1:
@@ -354,8 +359,7 @@ def _plan(model: nn.Module, example_input: torch.Tensor, mode: str, engines: Any
 
 def is_library_default(plan: Plan) -> bool:
     """Whether every layer of ``plan`` runs the library default (``F.conv2d``, NCHW) in all its passes."""
-    default = Config("torch_nchw")
-    return plan.chosen == "library_nchw" or all(set(c.configs.values()) == {default} for c in plan.layers.values())
+    return plan.chosen == "library_nchw" or all(c.is_library_default for c in plan.layers.values())
 
 
 def _other(config: Config, forward: Config) -> Config | None:
@@ -365,8 +369,13 @@ def _other(config: Config, forward: Config) -> Config | None:
 def apply_plan(model: nn.Module, plan: Plan) -> nn.Module:
     """Swap every planned ``nn.Conv2d`` of ``model`` for a :class:`TunedConv2d`, in place.
 
-    The same plan gives the same model on every rank. Returns ``model``.
+    A layer planned on the library default in every pass stays the plain ``nn.Conv2d`` it
+    is (no wrapper, so "the model keeps the library" costs nothing), and a plan whose
+    whole-model check chose the library (``chosen == "library_nchw"``) leaves the model
+    as it is. The same plan gives the same model on every rank. Returns ``model``.
     """
+    if plan.chosen == "library_nchw":
+        return model
     for name, choice in plan.layers.items():
         try:
             conv = model.get_submodule(name)
@@ -374,6 +383,8 @@ def apply_plan(model: nn.Module, plan: Plan) -> nn.Module:
             raise ConfigError(f"plan names layer {name!r}, which this model does not have") from exc
         if not isinstance(conv, nn.Conv2d):
             raise ConfigError(f"plan layer {name!r} is a {type(conv).__name__}, not an nn.Conv2d")
+        if choice.is_library_default:
+            continue
         tuned = TunedConv2d.from_conv(conv, choice)
         parent_name, _, attr = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
