@@ -10,6 +10,7 @@ import rapydli as rd
 from rapydli.errors import ConfigError, RankFailure
 from rapydli.experiments.store.refs import callable_ref, resolve_callable
 from rapydli.experiments.store.runstore import open_store
+from rapydli.trainer.task import TRAINER_SETUP
 from rapydli.zoo import models
 
 
@@ -60,6 +61,10 @@ def test_train_returns_history_and_records_the_run(cluster) -> None:
     # rank 1's own step timings are stored beside rank 0's, and the hosts the run ran on
     assert {m["name"] for m in logged} >= {"step_time_s@rank1", "comm_wait_s@rank1"}
     assert store.records(result.run_id)["hosts"]["value"] == [socket.gethostname()]
+    # where the time before step 1 went, phase by phase, in the order they ran
+    setup = dict(store.records(result.run_id)["setup_s"]["value"])
+    assert list(setup) == ["engines ready", "code shipped, task started", "model and data", TRAINER_SETUP]
+    assert all(seconds >= 0 for seconds in setup.values())
 
 
 @pytest.mark.engines

@@ -108,7 +108,7 @@ def show(run_id: str, as_json: bool) -> None:
 
     Code defined in a notebook (a model class, a loss) is shown with its recorded source.
     """
-    from rapydli.experiments.store.runview import iso_times
+    from rapydli.experiments.store.runview import iso_times, setup_text
     from rapydli.experiments.trackers.sync import links
 
     store = _store()
@@ -138,6 +138,9 @@ def show(run_id: str, as_json: bool) -> None:
     click.echo("  versions    " + ", ".join(f"{k} {v}" for k, v in sorted(run["versions"].items()) if v))
     if run["error"]:
         click.echo("  error       " + run["error"].strip().replace("\n", "\n              "))
+    records = store.records(run["id"])
+    if "setup_s" in records:  # where the time before the first step went
+        click.echo("  set-up      " + setup_text(dict(records["setup_s"]["value"])))
     from rapydli.experiments.store.compare import flatten
 
     click.echo("parameters:")  # all of them, nested ones as dotted keys (config.lr), nothing cut short
@@ -151,7 +154,7 @@ def show(run_id: str, as_json: bool) -> None:
         click.echo("final metrics:")
         for key, value in sorted(final.items()):
             click.echo(f"  {key} = {fmt_value(value)}")
-    others = {k: v["type"] for k, v in store.records(run["id"]).items() if v["type"] != "scalar" and not k.startswith("tracker.")}
+    others = {k: v["type"] for k, v in records.items() if v["type"] != "scalar" and not k.startswith(("tracker.", "setup_s"))}
     if others:
         click.echo("records: " + ", ".join(f"{k} ({t})" for k, t in others.items()))
     if artifacts:

@@ -117,6 +117,11 @@ class TrainingJob:
         read from the checkpoint this job resumed from.
     progress_bar
         The progress bar (``None`` before the run starts or without ``progress``).
+    setup_s
+        Seconds before the first step, by phase in the order they ran (engines ready, code
+        shipped and task started, model and data, the Trainer's set-up); complete once the
+        run started; also the run's ``setup_s`` record (``[phase, seconds]`` pairs) and, with
+        ``progress``, a line above the bar.
     """
 
     def __init__(
@@ -186,6 +191,8 @@ class TrainingJob:
         self.await_verdict, self.end_status = await_verdict, end_status
         self._verdict_step: Any = None  # the step of the last row rank 0 was told to go on past
         self.start_step: int | None = None
+        self.setup_s: dict[str, float] = {}
+        self._submitted = time.monotonic()
         self.trackers: RunTrackers | None = None
         if self.store is not None and continues is None:
             described = spec.params()
@@ -203,7 +210,15 @@ class TrainingJob:
             self.store.add_record(self.run_id, "rank_hosts", "json", [rank_hosts.get(t) for t in self.targets])  # by job rank
         self.trackers = follow(self.store, self.run_id, config.trackers) if record else None  # the client logs to MLflow & co. from the store
         try:
+            began = time.monotonic()
             ready(cluster)  # started, waited for or restarted as part of the run (rd.train's own cluster too)
+            self.setup_s["engines ready"] = time.monotonic() - began
+            if progress:  # the ranks now build model and Trainer: say so before the bar appears
+                from tqdm.auto import tqdm
+
+                tqdm.write(f"set-up: engines ready ({self.setup_s['engines ready']:.1f} s); "
+                           f"building the model and the Trainer on {len(self.targets)} ranks ...")  # fmt: skip
+            self._submitted = time.monotonic()
             self.job = cluster.submit(
                 engine_task, spec.model_fn, spec.data_fn, {**config.to_dict(), "trackers": ""}, targets=self.targets, on_event=self._on_event,
                 hang_timeout_s=config.hang_timeout_s, on_hang=config.on_hang, await_verdict=await_verdict, **spec.code,
@@ -228,6 +243,7 @@ class TrainingJob:
         if kind == "start":
             self.start_step = payload["start_step"]
             self._recover(payload.get("history", []))
+            self._set_up(payload.get("setup_s", {}))
         if kind == "start" and self._bar is not None:  # a restart goes on with the bar of the attempt that died
             self._bar.reset(total=payload["total_steps"])
             self._bar.update(payload["start_step"])
@@ -264,6 +280,19 @@ class TrainingJob:
         if isinstance(value, (int, float)) and self.stop_requested_at is None:  # rank 0 waits for this answer
             self._verdict_step = payload.get("step")
             self.job.go_on(self.targets[:1])
+
+    def _set_up(self, on_rank0: dict[str, float]) -> None:
+        """Record where the time before the first step went, and print it above the bar (the bar's rate is training's alone)."""
+        shipped = time.monotonic() - self._submitted - sum(on_rank0.values())
+        self.setup_s.update({"code shipped, task started": max(0.0, shipped), **on_rank0})
+        if self.store is not None and self.run_id is not None:
+            self.store.add_record(self.run_id, "setup_s", "json", list(self.setup_s.items()))  # pairs: the store sorts a mapping's keys
+        if self.progress:
+            from tqdm.auto import tqdm
+
+            from rapydli.experiments.store.runview import setup_text
+
+            tqdm.write(setup_text(self.setup_s))
 
     def _recover(self, history: list[dict[str, Any]]) -> None:
         """Record and pass on the checkpoint's rows the earlier attempts never delivered (only when continuing a run)."""

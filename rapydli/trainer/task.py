@@ -12,6 +12,7 @@ that ``emit`` rows to the notebook. The Trainer itself knows nothing of clusters
 from __future__ import annotations
 
 import statistics
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -19,6 +20,9 @@ from rapydli.trainer.config import TrainConfig
 
 WARMUP_STEPS = 2  # steps left out of per-rank timing summaries (first-touch, allocator warm-up)
 TIMING_KEYS = ("step_time_s", "data_time_s", "comm_time_s", "comm_wait_s")
+#: The set-up phase of building the Trainer: its layout and groups, the allreduce choice
+#: (``auto`` measures the algorithms unless cached), native compilation and autotune.
+TRAINER_SETUP = "trainer (layout, allreduce choice, compilation, autotune)"
 
 #: ``emit(kind, payload, flush=False)``: sends one event to the notebook (a no-op outside a task).
 Emit = Callable[..., None]
@@ -58,6 +62,7 @@ def engine_task(
     ctx = engine.context()
     cfg = TrainConfig.from_dict(config)
     error: BaseException | None = None
+    began = time.perf_counter()
     try:
         torch.manual_seed(cfg.seed)
         model = model_fn().to(ctx.device)
@@ -69,6 +74,7 @@ def engine_task(
         raise error
     if any(failed):
         return {"rank": ctx.rank, "history": [], "stopped_early": False, "timing": {}}
+    built = time.perf_counter()
     trainer = Trainer(
         model, None, train_data, val_data, cfg,
         comm=ctx.comm,
@@ -78,10 +84,12 @@ def engine_task(
     )  # fmt: skip
     if trainer.pipeline is not None:  # every rank's spans of each step, for result.timeline()
         trainer.callbacks += (trainer.pipeline.timeline_callback(emit),)
+    # rank 0's set-up before its first step, by phase (the client adds the engines' and the shipping's)
+    setup_s = {"model and data": built - began, TRAINER_SETUP: time.perf_counter() - built}
     try:
         if ctx.rank == 0:
             emit("start", {"total_steps": trainer.total_steps, "start_step": trainer.step, "world_size": ctx.world_size,
-                           "history": trainer.resumed_history}, flush=True)  # fmt: skip
+                           "history": trainer.resumed_history, "setup_s": setup_s}, flush=True)  # fmt: skip
         history = trainer.fit()
         state = trainer.full_state_dict()  # the trained model, whole, for result.model()
     finally:

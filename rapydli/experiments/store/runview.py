@@ -14,6 +14,16 @@ if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
 
 
+def setup_text(setup_s: Mapping[str, float]) -> str:
+    """A run's ``setup_s`` record as one line, phases in the order they ran.
+
+    >>> setup_text({"engines ready": 1.25, "model and data": 0.5})
+    'set-up 1.8 s before the first step: engines ready 1.2 s, model and data 0.5 s'
+    """
+    phases = ", ".join(f"{phase} {seconds:.1f} s" for phase, seconds in setup_s.items())
+    return f"set-up {sum(setup_s.values()):.1f} s before the first step: {phases}"
+
+
 def _iso(ts: float | None) -> str | None:
     if ts is None:
         return None
