@@ -26,6 +26,11 @@ def test_autotune_notebook_runs(tmp_path: Path) -> None:
     assert "outputs and input gradients match" in text
     assert "speedup" in text and "skipped by the budget:" in text and "(budget 10 s): profile" in text
     assert "autotune: " in text  # the tuning's one-line summary
+    # the step speedup with its rounds, and a conclusion those rounds support (no "faster" inside a spread over 1)
+    low, high = map(float, re.search(r"speedup \d+\.\d+x \((\S+) to (\S+) over 7 rounds, load", text).groups())
+    conclusion = ("the tuned model is faster in every round" if low > 1 else "the tuned model is slower in every round" if high < 1
+                  else "no difference shown: the speedup is not distinguishable from 1")  # fmt: skip
+    assert conclusion in text, text[-2000:]
     figures = executed.figures
     assert len(figures) == 4  # time vs parameters, best per candidate, where the tuning time went, training step
     assert executed.html_figures() == 4  # also drawn outside JupyterLab (nbconvert's HTML)

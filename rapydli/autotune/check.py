@@ -85,13 +85,13 @@ def _one_step(model: nn.Module, x: torch.Tensor, mode: str) -> float:
     return time.perf_counter() - start
 
 
-def compare_steps(models: Mapping[str, nn.Module], x: torch.Tensor, mode: str, reps: int = 3,
-                  deadline: float | None = None) -> dict[str, float]:
-    """Fastest ms of one forward (+ backward in train mode) of each model, timed in interleaved rounds.
+def step_rounds(models: Mapping[str, nn.Module], x: torch.Tensor, mode: str, reps: int = 3,
+                deadline: float | None = None) -> dict[str, list[float]]:
+    """Ms of one forward (+ backward in train mode) of each model in each of ``reps`` interleaved rounds.
 
     Interleaving (A, B, C, A, B, C, ...) after two warm-up rounds keeps a drifting machine load
-    from favouring whichever model happens to be timed last; the minimum over rounds is the
-    least disturbed step on a shared machine. With a ``deadline`` (``time.monotonic()``) there
+    from favouring whichever model happens to be timed last, and pairs the models round by
+    round (:func:`rapydli.spread.paired`). With a ``deadline`` (``time.monotonic()``) there
     is one warm-up round, and no round after the first timed one starts unless a round as long
     as the last one ends before it.
     """
@@ -102,11 +102,18 @@ def compare_steps(models: Mapping[str, nn.Module], x: torch.Tensor, mode: str, r
             _one_step(model, x, mode)
     times: dict[str, list[float]] = {name: [] for name in models}
     for round_ in range(reps):
-        if round_ and deadline is not None and time.monotonic() + sum(t[-1] for t in times.values()) > deadline:
+        if round_ and deadline is not None and time.monotonic() + sum(t[-1] for t in times.values()) / 1e3 > deadline:
             break
         for name, model in models.items():
-            times[name].append(_one_step(model, x, mode))
-    return {name: min(t) * 1e3 for name, t in times.items()}
+            times[name].append(_one_step(model, x, mode) * 1e3)
+    return times
+
+
+def compare_steps(models: Mapping[str, nn.Module], x: torch.Tensor, mode: str, reps: int = 3,
+                  deadline: float | None = None) -> dict[str, float]:
+    """Fastest ms of one forward (+ backward in train mode) of each model over interleaved rounds
+    (:func:`step_rounds`): the least disturbed step on a shared machine."""
+    return {name: min(t) for name, t in step_rounds(models, x, mode, reps, deadline).items()}
 
 
 def model_step_ms(model: nn.Module, x: torch.Tensor, mode: str, reps: int = 3, deadline: float | None = None) -> float:
