@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,12 @@ from notebooks_run import PLOTLY, execute
 def test_hybrid_parallelism_notebook(tmp_path: Path) -> None:
     executed = execute("08-hybrid-parallelism.ipynb", tmp_path)
     assert "bubble measured" in executed.text and "theory 20.0%" in executed.text  # (p - 1) / (m + p - 1), p=2, m=4
+    # the gap between measured and theory split into the stages' imbalance and the rest, from this step's numbers
+    text = executed.text
+    imbalance = float(re.search(r"accounts for ([+-]\d+\.\d)%", text).group(1))
+    rest = float(re.search(r"everything else between the stages: ([+-]\d+\.\d)%", text).group(1))
+    measured = float(re.search(r"bubble measured (\d+\.\d)%", text).group(1))
+    assert abs(20.0 + imbalance + rest - measured) <= 0.15, text  # the parts add up to what was measured (rounding)
     titles = [figure["data"][PLOTLY]["layout"].get("title", {}).get("text", "") for figure in executed.figures]
     # the live plot, the live timeline (left as a static figure: its last step), result.timeline()
     assert len(titles) == 3, titles
