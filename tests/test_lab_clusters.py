@@ -139,6 +139,15 @@ def test_a_cli_started_cluster_is_listed_restarted_and_stopped_from_the_panel(pa
     expect(page.locator(".rapydli-StatusItem")).to_have_text("RaPyDLI: 2 engines")
     shot(page, lab, "cluster-cli", panel)
 
+    # where every rank stands, asked from the record of a cluster this server did not start
+    row.get_by_role("button", name=f"Where cluster {cluster_id} stands").click()
+    dialog = page.get_by_role("dialog")
+    expect(dialog).to_contain_text(f"Where cluster {cluster_id} stands")
+    expect(dialog.locator(".rapydli-WhereText")).to_have_text("ranks 0, 1: idle (no task running)")
+    expect(dialog.get_by_role("table", name="Ranks").locator("tbody tr")).to_have_count(2)
+    dialog.get_by_role("button", name="Close").click()
+    expect(dialog).to_have_count(0)
+
     row.get_by_role("button", name=f"Restart cluster {cluster_id}").click()
     expect(row).to_have_attribute("data-state", "restarting", timeout=5_000)  # the row answers at once
     expect(row).to_have_attribute("data-state", "running", timeout=180_000)

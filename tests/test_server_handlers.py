@@ -264,6 +264,11 @@ async def test_start_status_stop_a_real_cluster(api, store: RunStore) -> None:
     assert running["attach_id"] in [record["id"] for record in Cluster.detached()]
     code, listed = await api("clusters")
     assert [c["id"] for c in listed["clusters"]] == [entry["id"]]
+    # where every rank stands, asked from outside the engines: both idle here
+    code, where = await api("clusters", entry["id"], "where")
+    assert code == 200 and [r["rank"] for r in where["ranks"]] == [0, 1], where
+    assert all(r["error"] is None and r["where"] == "idle (no task running)" for r in where["ranks"]), where
+    assert where["text"] == "ranks 0, 1: idle (no task running)"
     code, stopped = await api("clusters", entry["id"], method="DELETE")
     assert code == 202 and stopped["state"] == "stopping"  # answered at once; stopped in the background
     await wait_gone(api, entry["id"])

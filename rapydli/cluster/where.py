@@ -304,3 +304,32 @@ def format_ranks(ranks: Iterable[int]) -> str:
             runs.append([rank])
     text = ", ".join(f"{run[0]}-{run[-1]}" if len(run) > 2 else ", ".join(map(str, run)) for run in runs)
     return f"{'ranks' if len(ordered) > 1 else 'rank'} {text}"
+
+
+def where_of_record(record: dict[str, Any], within: float = WITHIN_S) -> Where:
+    """:class:`Where` of a detached cluster from its record alone (``rapydli cluster start``, the panel's).
+
+    No client is connected, so nothing waits on the engines: the ones on this machine get
+    the signal straight away and their dumps are read here. A rank on another host cannot be
+    signalled without the cluster's client, and says so (``cluster.where()`` in the
+    notebook that holds the cluster asks it through the engines' nannies).
+    """
+    import socket
+
+    local = socket.gethostname()
+    engines = {int(rank): info for rank, info in record.get("engines", {}).items() if "stacks_file" in info}
+    here = {rank: info for rank, info in engines.items() if info.get("host") == local}
+
+    def send(ranks: Sequence[int]) -> None:
+        for rank in ranks:
+            try:
+                os.kill(here[rank]["pid"], WHERE_SIGNAL)
+            except ProcessLookupError:
+                pass
+
+    stacks = collect(here, send, read_local, within) if here else {}
+    for rank, info in engines.items():
+        if rank not in here:
+            stacks[rank] = RankStacks(rank, info.get("host", "?"), error=f"on host {info.get('host')}: ask from the notebook "
+                                      "that attached the cluster (cluster.where(), %rapydli where)")  # fmt: skip
+    return Where(dict(sorted(stacks.items())))

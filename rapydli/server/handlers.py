@@ -83,6 +83,15 @@ class ClusterRestartHandler(BaseHandler):
         self.reply(await IOLoop.current().run_in_executor(None, self.manager.restart, cluster_id), status=202)
 
 
+class ClusterWhereHandler(BaseHandler):
+    """Where every rank of a cluster stands: each rank's stack, asked from outside the engines (answers within seconds)."""
+
+    @tornado.web.authenticated
+    async def get(self, cluster_id: str) -> None:
+        check_id(cluster_id, "cluster id")
+        self.reply(await IOLoop.current().run_in_executor(None, self.manager.where, cluster_id))
+
+
 _ID = r"([^/]+)"
 ROUTES: list[tuple[str, type[BaseHandler]]] = [
     ("version", VersionHandler),
@@ -90,6 +99,7 @@ ROUTES: list[tuple[str, type[BaseHandler]]] = [
     ("clusters", ClustersHandler),
     (f"clusters/{_ID}", ClusterHandler),
     (f"clusters/{_ID}/restart", ClusterRestartHandler),
+    (f"clusters/{_ID}/where", ClusterWhereHandler),
     *RUN_ROUTES,
 ]
 

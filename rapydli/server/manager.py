@@ -223,6 +223,37 @@ class ClusterManager:
                 return cluster
         raise NotFoundError(f"no cluster {cluster_id!r}: not started by this server and not running elsewhere")
 
+    def where(self, cluster_id: str) -> dict[str, Any]:
+        """Where every rank of a running cluster stands (:meth:`rapydli.cluster.Cluster.where`).
+
+        Returns ``{"id", "text", "ranks"}``: ``text`` groups the ranks standing on the same
+        line; ``ranks`` has each rank's ``rank``, ``host``, ``where`` (its line and call chain)
+        and ``error`` (why it did not answer). This server's clusters are asked through their
+        client, a detached one (``rapydli cluster start``) from its record; a cluster a
+        kernel holds is asked there (:class:`ClusterError`, naming how).
+        """
+        from rapydli.cluster.where import where_of_record
+
+        with self._lock:
+            entry = self._clusters.get(cluster_id)
+        if entry is not None:
+            if entry.state not in ("running", "degraded") or entry.cluster is None:
+                raise ClusterError(f"cluster {cluster_id} is {entry.state}: only a running cluster's engines can be asked")
+            found = entry.cluster.where()
+        else:
+            other = self._other(cluster_id)
+            if other["origin"] == "kernel":
+                raise ClusterError(f"cluster {cluster_id} is held by a kernel: run `%rapydli where` (or cluster.where()) in that notebook")
+            from rapydli.cluster import Cluster
+
+            record = next((r for r in Cluster.detached() if r["id"] == cluster_id), None)
+            if record is None:
+                raise NotFoundError(f"no record of cluster {cluster_id!r} (it is not running detached)")
+            found = where_of_record(record)
+        ranks = [{"rank": rank, "host": stacks.host, "where": "" if stacks.error else found.describe(rank), "error": stacks.error or None}
+                 for rank, stacks in found.ranks.items()]  # fmt: skip
+        return {"id": cluster_id, "text": found.text(), "ranks": ranks}
+
     def _other(self, cluster_id: str) -> dict[str, Any]:
         for found in running_clusters():
             if found["id"] == cluster_id:

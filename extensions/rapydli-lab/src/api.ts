@@ -71,6 +71,14 @@ export interface IBatchJob {
   nodes: string;
 }
 
+/** Where every rank of a cluster stands (`GET clusters/<id>/where`). */
+export interface IWhereReply {
+  id: string;
+  /** The ranks grouped by the line they stand on, as `%rapydli where` prints them. */
+  text: string;
+  ranks: { rank: number; host: string; where: string; error: string | null }[];
+}
+
 export interface IClustersReply {
   clusters: ICluster[];
 }

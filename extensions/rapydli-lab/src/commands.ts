@@ -5,6 +5,7 @@ export const CommandIDs = {
   startCluster: 'rapydli:start-cluster',
   restartCluster: 'rapydli:restart-cluster',
   stopCluster: 'rapydli:stop-cluster',
+  whereCluster: 'rapydli:where-cluster',
   insertDistributedCell: 'rapydli:insert-distributed-cell',
   openRun: 'rapydli:open-run',
   openCompare: 'rapydli:open-compare'

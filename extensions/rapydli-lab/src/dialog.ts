@@ -1,7 +1,7 @@
 import { Dialog, showDialog } from '@jupyterlab/apputils';
 import { Widget } from '@lumino/widgets';
 
-import { ILauncher } from './api';
+import { ILauncher, IWhereReply } from './api';
 import { h } from './format';
 
 export interface IStartRequest {
@@ -137,4 +137,26 @@ export async function askStartCluster(launchers: ILauncher[]): Promise<IStartReq
     buttons: [Dialog.cancelButton(), Dialog.okButton({ label: 'Start' })]
   });
   return result.button.accept ? result.value : null;
+}
+
+/** Show where every rank of a cluster stands: the grouped summary, then each rank on its host. */
+export async function showWhere(reply: IWhereReply): Promise<void> {
+  const body = new Widget();
+  body.addClass('rapydli-Where');
+  body.node.setAttribute('aria-label', `Where the ranks of cluster ${reply.id} stand`);
+  const rows = reply.ranks.map(r =>
+    h('tr', {}, [
+      h('td', { text: String(r.rank) }),
+      h('td', { text: r.host }),
+      h('td', { className: r.error ? 'rapydli-Error' : '', text: r.error ?? r.where })
+    ])
+  );
+  body.node.append(
+    h('pre', { className: 'rapydli-WhereText', text: reply.text || 'no rank answered' }),
+    h('table', { className: 'rapydli-Table', attrs: { 'aria-label': 'Ranks' } }, [
+      h('thead', {}, [h('tr', {}, ['rank', 'host', 'where'].map(t => h('th', { text: t })))]),
+      h('tbody', {}, rows)
+    ])
+  );
+  await showDialog({ title: `Where cluster ${reply.id} stands`, body, buttons: [Dialog.okButton({ label: 'Close' })] });
 }

@@ -11,7 +11,7 @@ import { Widget } from '@lumino/widgets';
 
 import { CommandIDs } from './commands';
 import { CompareView } from './compareview';
-import { askStartCluster } from './dialog';
+import { askStartCluster, showWhere } from './dialog';
 import { RapydliModel } from './model';
 import { RapydliPanel } from './panel';
 import { RunView } from './runview';
@@ -131,6 +131,19 @@ const plugin: JupyterFrontEndPlugin<void> = {
         return id ? model.stopCluster(id) : null;
       }
     });
+    commands.addCommand(CommandIDs.whereCluster, {
+      label: args => (args['id'] ? `Where cluster ${args['id']} stands` : 'RaPyDLI: Where Do the Ranks Stand'),
+      caption: 'The stack of every rank, asked from outside the engines (also while they hang)',
+      isEnabled: args => Boolean(args['id']) || model.clusters.length > 0,
+      execute: async args => {
+        const id = (args['id'] as string) ?? model.clusters[0]?.id;
+        const reply = id ? await model.whereCluster(id) : null;
+        if (reply) {
+          await showWhere(reply);
+        }
+        return reply;
+      }
+    });
     commands.addCommand(CommandIDs.insertDistributedCell, {
       label: 'RaPyDLI: Insert %%distributed Cell',
       caption: 'Insert a %load_ext (and attach) cell and a %%distributed cell into the active notebook',
@@ -200,6 +213,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
         CommandIDs.startCluster,
         CommandIDs.restartCluster,
         CommandIDs.stopCluster,
+        CommandIDs.whereCluster,
         CommandIDs.insertDistributedCell
       ]) {
         palette.addItem({ command, category: 'RaPyDLI' });

@@ -6,6 +6,7 @@ import {
   IFamiliesReply,
   IFamily,
   ILauncher,
+  IWhereReply,
   requestAPI
 } from './api';
 
@@ -153,6 +154,18 @@ export class RapydliModel {
 
   async restartCluster(id: string): Promise<ICluster | null> {
     return this._act(() => requestAPI<ICluster>(`clusters/${encodeURIComponent(id)}/restart`, { method: 'POST' }));
+  }
+
+  /** Where every rank of a cluster stands (null, with the panel's error set, when it cannot be asked). */
+  async whereCluster(id: string): Promise<IWhereReply | null> {
+    try {
+      const reply = await requestAPI<IWhereReply>(`clusters/${encodeURIComponent(id)}/where`);
+      this.actionError = null;
+      return reply;
+    } catch (error) {
+      this.setError(error);
+      return null;
+    }
   }
 
   /** Ask the server to stop a cluster: it answers at once and the row shows "stopping". */

@@ -178,7 +178,12 @@ export class RapydliPanel extends Widget {
         restart.title = 'Held by a kernel: restart it there';
       }
       stop.disabled = cluster.state === 'stopping';
-      item.append(h('div', { className: 'rapydli-Toolbar' }, [restart, stop]));
+      const where = this._button('Where', CommandIDs.whereCluster, { id: cluster.id }, `Where cluster ${cluster.id} stands`);
+      where.disabled = !['running', 'degraded'].includes(cluster.state) || cluster.origin === 'kernel';
+      if (cluster.origin === 'kernel') {
+        where.title = 'Held by a kernel: run %rapydli where there';
+      }
+      item.append(h('div', { className: 'rapydli-Toolbar' }, [restart, stop, where]));
       list.append(item);
     }
     section.append(list);
