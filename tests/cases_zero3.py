@@ -254,3 +254,39 @@ def diverging() -> None:
     else:
         raise AssertionError("ranks calling different blocks trained under zero=3")
     print("OK diverging", WORLD.Get_rank(), file=sys.stderr)
+
+
+def memory_limit() -> None:
+    """A 32-layer MLP whose fp32 AdamW training state (16 bytes a parameter) is 3x ``memory_per_rank`` trains under zero=3 on 4 ranks.
+
+    The front door's prediction (:func:`rapydli.experiments.planning.fit.check_fits`) lets it
+    through; each rank's measured peak of parameters, gradients and optimizer state (its
+    slices, the whole blocks it gathered at once, the gradient buckets in flight) stays under
+    the limit. Rank 0 prints one JSON line.
+    """
+    from cases_zero_trainer import data, model
+
+    from rapydli.experiments.planning.fit import check_fits
+    from rapydli.parallel.memory import training_bytes
+
+    torch.set_num_threads(1)
+    torch.set_default_dtype(torch.float32)  # the 16-bytes-a-parameter of the ZeRO paper is fp32's
+
+    def build() -> nn.Module:
+        return model(hidden=128, depth=31)
+
+    psi = sum(p.numel() for p in build().parameters())
+    limit = 16 * psi / 3
+    train, val = data()
+    config = TrainConfig(batch_size=8, max_steps=2, lr=0.01, optimizer="adamw", allreduce="mpi", eval_every=0, zero=3, memory_per_rank=limit,
+                         workers=WORLD.Get_size())  # fmt: skip
+    predicted = check_fits(build, config, WORLD.Get_size())
+    assert predicted is not None
+    trainer = Trainer(build(), None, train, val, config)
+    trainer.fit()
+    measured = training_bytes(trainer.model, trainer.optimizer, trainer.sync)
+    trainer.close()
+    peaks = WORLD.gather(sum(measured.values()), root=0)
+    if WORLD.Get_rank() == 0:
+        print(json.dumps({"psi": psi, "limit": limit, "peaks": peaks, "predicted": predicted.peak, "measured": measured}), flush=True)
+    print("OK limit", WORLD.Get_rank(), file=sys.stderr)

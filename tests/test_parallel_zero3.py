@@ -111,3 +111,47 @@ def test_offload_optimizer_needs_zero_and_is_a_no_op_on_cpu_ranks() -> None:
 def test_a_block_only_some_ranks_use_in_the_loss_trains_and_one_only_some_call_is_refused(run_mpi) -> None:
     _, stderr = _run(run_mpi, 2, "diverging()")
     assert stderr.count("OK diverging") == 2
+
+
+def _mlp() -> object:
+    import sys
+
+    sys.path.insert(0, str(TESTS))
+    from cases_zero_trainer import model
+
+    return model(hidden=128, depth=31)
+
+
+def _mlp_data() -> object:
+    import sys
+
+    sys.path.insert(0, str(TESTS))
+    from cases_zero_trainer import data
+
+    return data()
+
+
+@pytest.mark.mpi
+def test_a_model_three_times_memory_per_rank_trains_on_four_ranks_with_zero3_and_zero2_is_refused_before_starting(run_mpi) -> None:
+    import rapydli as rd
+    from rapydli.cluster import current
+
+    psi = sum(p.numel() for p in _mlp().parameters())  # type: ignore[attr-defined]
+    limit = 16 * psi / 3  # fp32 AdamW: 16 bytes a parameter (parameters, gradients, two moments)
+    config = rd.TrainConfig(batch_size=8, max_steps=2, zero=2, workers=4, memory_per_rank=limit)
+    for zero in (2, 1, 0):
+        with pytest.raises(ConfigError) as refused:
+            rd.train(_mlp, _mlp_data, config.replace(zero=zero))
+        assert current() is None  # refused before any process started
+        message = str(refused.value)
+        assert f"memory_per_rank={limit / 1e6:.4g} MB is too small for 4 ranks (data 4 x pipeline 1 x tensor 1, zero={zero})" in message
+        assert "What would fit: zero=3 on these 4 ranks" in message and "activation_checkpointing='blocks'" in message, message
+    with pytest.raises(ConfigError, match=r"What would fit: zero=3 on (5|6|7|8) ranks or more") as more:
+        rd.train(_mlp, _mlp_data, config.replace(zero=3, memory_per_rank=0.85 * limit))  # 16 psi / 4 and the blocks in flight: over
+    assert "zero=3): a rank is predicted to hold" in str(more.value) and current() is None
+    rows, stderr = _run(run_mpi, 4, "memory_limit()")
+    assert stderr.count("OK limit") == 4
+    row = rows[0]
+    assert row["psi"] == psi and row["limit"] == pytest.approx(limit)
+    assert all(0 < peak < limit for peak in row["peaks"]), row  # parameters + gradients + optimizer state, measured on every rank
+    assert max(row["peaks"]) <= row["predicted"] < limit, row  # the prediction bounds what was measured

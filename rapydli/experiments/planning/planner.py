@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 from rapydli.errors import ConfigError
 from rapydli.experiments.figures import plan_figure
 from rapydli.experiments.planning.layouts import (
+    CHECKPOINTING,
     MAX_TENSOR_PARALLEL,
     ZERO_STAGES,
     Candidate,
@@ -53,7 +54,7 @@ from rapydli.experiments.planning.profile import Profile
 from rapydli.experiments.planning.stepmodel import Prediction, predict
 from rapydli.experiments.spec import RunSpec
 from rapydli.spread import Spread, load_text, machine_load
-from rapydli.trainer.config import TrainConfig
+from rapydli.trainer.config import TrainConfig, byte_size
 from rapydli.trainer.task import WARMUP_STEPS
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -69,7 +70,7 @@ RUN_TOP = 3
 MEASURED_SIZES = 64
 MIB = float(1 << 20)
 COLUMNS = [
-    "layout", "dp", "pp", "tp", "microbatches", "schedule", "zero", "fits", "predicted_step_s", "measured_step_s", "measured_low_s",
+    "layout", "dp", "pp", "tp", "microbatches", "schedule", "zero", "checkpointing", "fits", "predicted_step_s", "measured_step_s", "measured_low_s",
     "measured_high_s", "error",
     "samples_per_s", "bubble", "gradient_s", "optimizer_s", "params_mib", "grads_mib", "optimizer_mib", "activations_mib", "buffers_mib",
     "peak_mib", "split",
@@ -85,7 +86,7 @@ class ParallelPlan:
     table
         One row per layout, the fastest predicted first (those over ``memory_per_rank``
         last): ``layout``, ``dp``, ``pp``, ``tp``, ``microbatches``, ``schedule``, ``zero``,
-        ``fits`` (memory), the
+        ``checkpointing`` (the ``activation_checkpointing`` it trains with), ``fits`` (memory), the
         ``predicted_step_s`` and, for the layouts run, ``measured_step_s`` (the median step),
         ``measured_low_s``/``measured_high_s`` (the interquartile range of its steps) and ``error``
         (relative), ``samples_per_s`` (predicted), the prediction's parts (``bubble``,
@@ -126,7 +127,7 @@ class ParallelPlan:
     notes: list[str] = field(default_factory=list)
 
     def _repr_html_(self) -> str:  # pragma: no cover - notebook display
-        shown = self.table.head(12).drop(columns=["dp", "pp", "tp", "microbatches", "schedule", "zero"])
+        shown = self.table.head(12).drop(columns=["dp", "pp", "tp", "microbatches", "schedule", "zero", "checkpointing"])
         return f"<b>ParallelPlan</b> {self.ranks} ranks, best: {self.best_layout}, validated={self.validated}<br>{shown.to_html(index=False)}"
 
 
@@ -183,7 +184,7 @@ def plan_parallel(
     data_fn: Callable[[], Any] | str,
     config: TrainConfig | Mapping[str, Any],
     ranks: int = 2,
-    memory_per_rank: float | None = None,
+    memory_per_rank: float | str | None = None,
     network: Network | RingModel | None = None,
     run_top: int | None = None,
     steps: int = 12,
@@ -208,7 +209,10 @@ def plan_parallel(
     ranks
         Ranks to plan for (``dp * pp * tp``).
     memory_per_rank
-        Bytes a rank may hold; layouts predicted above it are dropped (``None``: no limit).
+        Bytes a rank may hold (a number, or text with a unit: ``"200MB"``, ``"1.5GiB"``); layouts
+        predicted above it are put last with ``fits`` False, and the pick is one that fits
+        (``None``: ``config.memory_per_rank``, which is ``None`` for no limit). Every layout is
+        predicted with and without activation checkpointing, and with ZeRO 0 to 3.
     network
         A ``RingModel`` or :class:`~rapydli.experiments.planning.network.Network` of the target
         machine; ``None``: measured on the cluster.
@@ -249,8 +253,13 @@ def plan_parallel(
     _positive_int("steps", steps, WARMUP_STEPS + 1)
     if run_top is not None:
         _positive_int("run_top", run_top, 0)
-    if memory_per_rank is not None and (isinstance(memory_per_rank, bool) or not isinstance(memory_per_rank, int | float) or not memory_per_rank > 0):
-        raise ConfigError(f"memory_per_rank={memory_per_rank!r} is invalid: bytes per rank > 0, or None (no limit)")
+    limit: float | None
+    if memory_per_rank is None:
+        limit = cfg.memory_per_rank
+    elif isinstance(memory_per_rank, str) or (isinstance(memory_per_rank, int | float) and not isinstance(memory_per_rank, bool)):
+        limit = byte_size(memory_per_rank)
+    else:
+        raise ConfigError(f"memory_per_rank={memory_per_rank!r} is invalid: bytes per rank > 0 ('200MB' or a number), or None (no limit)")
     if profile is not None and not isinstance(profile, Profile):
         raise ConfigError(f"profile={profile!r} is invalid: a Profile (plan.profile of an earlier plan) or None")
     net = _network(network)
@@ -259,8 +268,8 @@ def plan_parallel(
     top = run_top if run_top is not None else (RUN_TOP if net is None else 0)
     if isinstance(run_layouts, str) or not all(isinstance(label, str) for label in run_layouts):
         raise ConfigError(f"run_layouts={run_layouts!r} is invalid: a list of layout labels such as 'dp2 pp1 tp1 m1 zero0'")
-    if memory_per_rank is not None:
-        _check_memory(spec.model_fn, ranks, batch, cfg, float(memory_per_rank))
+    if limit is not None:
+        _check_memory(spec.model_fn, ranks, batch, cfg, limit)
 
     from rapydli.cluster import choose_cluster
 
@@ -273,14 +282,14 @@ def plan_parallel(
         if net is None:
             net = _measure_network(chosen, targets, cfg)
         degrees = [t for t in divisors(ranks) if t <= MAX_TENSOR_PARALLEL and profile.supports(t)]
-        layouts = enumerate_layouts(ranks, batch, len(profile.names), degrees)
+        layouts = enumerate_layouts(ranks, batch, len(profile.names), degrees, checkpointing=CHECKPOINTING)
         predictions = sorted((predict(layout, profile, net, batch, cfg) for layout in layouts), key=lambda p: p.step_s)
         predictions, refused = _honoured(spec.model_fn, predictions, cfg)  # tied weights across stages: no zero=2 (rapydli.parallel.shared)
-        fits = [memory_per_rank is None or p.memory.peak <= memory_per_rank for p in predictions]
+        fits = [limit is None or p.memory.peak <= limit for p in predictions]
         if not any(fits):
             smallest = min(predictions, key=lambda p: p.memory.peak)
             raise ConfigError(
-                f"memory_per_rank={float(memory_per_rank or 0):.4g} bytes is too small for every layout of ranks={ranks}: the smallest "
+                f"memory_per_rank={float(limit or 0):.4g} bytes is too small for every layout of ranks={ranks}: the smallest "
                 f"peak is {smallest.memory.peak / MIB:.3g} MiB per rank ({smallest.layout.label})"
             )
         predictions = [p for _, p in sorted(zip(fits, predictions), key=lambda pair: (not pair[0], pair[1].step_s))]
@@ -372,7 +381,7 @@ def _table(predictions: list[Prediction], fits: list[bool], measured: dict[Candi
         spread = (spreads or {}).get(layout, Spread.of([]))
         rows.append({
             "layout": layout.label, "dp": layout.dp, "pp": layout.pp, "tp": layout.tp, "microbatches": layout.microbatches,
-            "schedule": layout.schedule, "zero": layout.zero, "fits": ok, "predicted_step_s": prediction.step_s,
+            "schedule": layout.schedule, "zero": layout.zero, "checkpointing": layout.checkpointing, "fits": ok, "predicted_step_s": prediction.step_s,
             "measured_step_s": step, "measured_low_s": spread.low, "measured_high_s": spread.high,
             "error": (prediction.step_s - step) / step, "samples_per_s": batch / prediction.step_s,
             "bubble": prediction.bubble, "gradient_s": prediction.gradient_s, "optimizer_s": prediction.optimizer_s,
