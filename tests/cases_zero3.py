@@ -290,3 +290,35 @@ def memory_limit() -> None:
     if WORLD.Get_rank() == 0:
         print(json.dumps({"psi": psi, "limit": limit, "peaks": peaks, "predicted": predicted.peak, "measured": measured}), flush=True)
     print("OK limit", WORLD.Get_rank(), file=sys.stderr)
+
+
+def batchnorm() -> None:
+    """A ResNet-style model with BatchNorm in every block under zero=3, with and without checkpointing, equals zero=0 on this world.
+
+    BatchNorm normalises each rank's batch (as DDP does: not one process's global batch), so
+    the reference is data parallelism without ZeRO on the same ranks; the running statistics
+    (buffers, kept whole on every rank) and the validation loss they give must agree too.
+    Rank 0 prints one JSON line.
+    """
+    from recompute_models import images, resnet
+
+    torch.set_num_threads(1)
+    train, val = images()
+    runs = {}
+    for zero, spec in ((0, None), (3, None), (3, "blocks")):
+        config = TrainConfig(**{**BASE, "max_steps": 3, "eval_every": 3, "batch_size": 8}, zero=zero, activation_checkpointing=spec,
+                             workers=WORLD.Get_size())  # fmt: skip
+        trainer = Trainer(resnet(), None, train, val, config)
+        history = trainer.fit()
+        runs[f"zero{zero} {spec}"] = (whole_state(trainer), [r["val_loss"] for r in history if r["kind"] == "eval"])
+        trainer.close()
+    reference, ref_losses = runs.pop("zero0 None")
+    row = {
+        name: {"worst": worst(state, reference), "val_loss": max(abs(a - b) for a, b in zip(losses, ref_losses, strict=True)),
+               "buffers": sorted(k for k in state if "running" in k) == sorted(k for k in reference if "running" in k),
+               "tracked": int(state["blocks.0.bn1.num_batches_tracked"])}
+        for name, (state, losses) in runs.items()
+    }  # fmt: skip
+    if WORLD.Get_rank() == 0:
+        print(json.dumps(row), flush=True)
+    print("OK batchnorm", WORLD.Get_rank(), file=sys.stderr)
