@@ -419,3 +419,19 @@ def test_a_tight_memory_per_rank_keeps_only_zero3_and_checkpointing_layouts() ->
     assert tight.best_layout == fits["layout"].iloc[0]
     same = rd.plan_parallel(models.tiny_lm, datasets.synthetic_tokens, ADAM, ranks=4, network=network, profile=profile, memory_per_rank=f"{limit}B")
     assert list(same.table["fits"]) == list(tight.table["fits"])  # the argument, with a unit, as the config's field
+
+
+def test_every_layout_the_planner_fits_is_one_rd_train_lets_through() -> None:
+    from rapydli.experiments.planning.fit import check_fits
+
+    config = rd.TrainConfig(batch_size=2)
+    free = rd.plan_parallel(models.mlp, datasets.synthetic_features, config, ranks=4, network=RingModel(5e-6, 1e-9))
+    limit = float(free.table["peak_mib"].median() * 2**20)
+    plan = rd.plan_parallel(models.mlp, datasets.synthetic_features, config, ranks=4, network=RingModel(5e-6, 1e-9), profile=free.profile,
+                            memory_per_rank=limit)  # fmt: skip
+    assert 0 < plan.table["fits"].sum() < len(plan.table)
+    for prediction, fits in zip(plan.predictions, plan.table["fits"]):
+        chosen = prediction.layout.config(config.replace(memory_per_rank=limit), plan.global_batch, prediction.split)
+        if fits:
+            assert check_fits(models.mlp, chosen, 4) is not None, prediction.layout.label
+    assert plan.best.memory_per_rank == limit and check_fits(models.mlp, plan.best, 4) is not None

@@ -110,6 +110,35 @@ def predict_states(model: nn.Module, config: TrainConfig, world_size: int) -> Me
     return _memory(share, Layout.of(config, world_size), config)
 
 
+class StatesPredictor:
+    """:func:`predict_states` for many configs of one model: the model is built on the meta device once per pipeline and tensor split.
+
+    ``None`` from :meth:`of` when the model cannot be built on the meta device.
+    """
+
+    def __init__(self, model_fn: Callable[[], Any]) -> None:
+        self.model_fn = model_fn
+        self._shares: dict[tuple[Any, ...], RankShare] = {}
+
+    @classmethod
+    def of(cls, model_fn: Callable[[], Any]) -> StatesPredictor | None:
+        """A predictor of ``model_fn``'s model, or ``None`` if it cannot be built on the meta device."""
+        from rapydli.parallel.preflight import meta_model
+
+        return cls(model_fn) if meta_model(model_fn) is not None else None
+
+    def __call__(self, config: TrainConfig, world_size: int) -> Memory:
+        """What the largest rank of ``config`` on ``world_size`` ranks holds, activations left out."""
+        from rapydli.parallel.preflight import meta_model
+
+        key = (config.pipeline_stages, config.pipeline_split, config.tensor_parallel, config.tensor_plan)
+        if key not in self._shares:
+            model = meta_model(self.model_fn)
+            assert model is not None
+            self._shares[key] = rank_share(model, config)
+        return _memory(self._shares[key], Layout.of(config, world_size), config)
+
+
 def _memory(share: RankShare, layout: Layout, config: TrainConfig) -> Memory:
     dp, zero = layout.replicas, layout.zero
     states = zero_states(share.trained, dp, zero, optimizer_factor(config))

@@ -211,8 +211,10 @@ def plan_parallel(
     memory_per_rank
         Bytes a rank may hold (a number, or text with a unit: ``"200MB"``, ``"1.5GiB"``); layouts
         predicted above it are put last with ``fits`` False, and the pick is one that fits
-        (``None``: ``config.memory_per_rank``, which is ``None`` for no limit). Every layout is
-        predicted with and without activation checkpointing, and with ZeRO 0 to 3.
+        (``None``: ``config.memory_per_rank``, which is ``None`` for no limit). A layout fits
+        when its predicted peak is within it and ``rd.train`` would let its config through
+        (:func:`~rapydli.experiments.planning.fit.check_fits`); ``plan.best`` carries the limit.
+        Every layout is predicted with and without activation checkpointing, and with ZeRO 0 to 3.
     network
         A ``RingModel`` or :class:`~rapydli.experiments.planning.network.Network` of the target
         machine; ``None``: measured on the cluster.
@@ -260,6 +262,7 @@ def plan_parallel(
         limit = byte_size(memory_per_rank)
     else:
         raise ConfigError(f"memory_per_rank={memory_per_rank!r} is invalid: bytes per rank > 0 ('200MB' or a number), or None (no limit)")
+    cfg = cfg.replace(memory_per_rank=limit)  # the pick, and every layout run, carry the limit rd.train enforces
     if profile is not None and not isinstance(profile, Profile):
         raise ConfigError(f"profile={profile!r} is invalid: a Profile (plan.profile of an earlier plan) or None")
     net = _network(network)
@@ -286,6 +289,8 @@ def plan_parallel(
         predictions = sorted((predict(layout, profile, net, batch, cfg) for layout in layouts), key=lambda p: p.step_s)
         predictions, refused = _honoured(spec.model_fn, predictions, cfg)  # tied weights across stages: no zero=2 (rapydli.parallel.shared)
         fits = [limit is None or p.memory.peak <= limit for p in predictions]
+        if limit is not None:  # and the front door's prediction (rd.train checks it): a layout it would refuse does not fit either
+            fits = [ok and not over for ok, over in zip(fits, _refused_at_the_door(spec.model_fn, predictions, cfg, batch, limit))]
         if not any(fits):
             smallest = min(predictions, key=lambda p: p.memory.peak)
             raise ConfigError(
@@ -390,6 +395,30 @@ def _table(predictions: list[Prediction], fits: list[bool], measured: dict[Candi
             "split": ",".join(prediction.split),
         })  # fmt: skip
     return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def _refused_at_the_door(model_fn: Callable[[], Any], predictions: list[Prediction], config: TrainConfig, batch: int,
+                         limit: float) -> list[bool]:  # fmt: skip
+    """Whether ``rd.train`` would refuse each layout's config for ``limit`` (:func:`rapydli.experiments.planning.fit.check_fits`).
+
+    The profile's blocks and the model's differ a little (the root ZeRO-3 keeps gathered,
+    ``pipeline_split="auto"`` balanced by time here and by bytes there), so a layout the
+    profile fits can be over the front door's count of its model states.
+    """
+    from rapydli.experiments.planning.fit import StatesPredictor
+
+    predictor = StatesPredictor.of(model_fn)
+    if predictor is None:
+        return [False] * len(predictions)
+    refused = []
+    for prediction in predictions:
+        try:
+            states = predictor(prediction.layout.config(config, batch, prediction.split), prediction.layout.ranks)
+        except ConfigError:  # a profile of other block names (given): the profile's prediction stands
+            refused.append(False)
+            continue
+        refused.append(states.peak > limit)
+    return refused
 
 
 def _honoured(model_fn: Callable[[], Any], predictions: list[Prediction], config: TrainConfig) -> tuple[list[Prediction], list[str]]:
