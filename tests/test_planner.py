@@ -119,6 +119,7 @@ def test_zero_formulas_in_fp32(n: int) -> None:
     gathered_blocks = 2 * p / 10 + (3 * p / 10 + p / 10)
     buckets = 3 * p / 10 + 2 * p / 10 + 2 * p / 10  # the three largest units, the root among them
     assert zero_buffers(p, n, 3, bucket, units, root=2 * p / 10) == pytest.approx(gathered_blocks + buckets * (1 + 1 / n))
+    assert zero_buffers(p, 1, 3, bucket, units, root=2 * p / 10) == pytest.approx(gathered_blocks + 2 * buckets)  # one replica gathers copies too
 
 
 # -- prediction ---------------------------------------------------------------------------

@@ -248,11 +248,11 @@ def zero_buffers(parameter_bytes: float, dp: int, zero: int, bucket_bytes: float
     units' whole buckets as stage 2's do, and while a block runs its parameters are
     whole, with the next block's prefetched and the root kept gathered from the
     beginning of forward to the end of backward: ``root`` plus the largest sum of two
-    neighbouring units.
+    neighbouring units (with one replica too: the gathered buffers are copies of its slices).
     """
     from rapydli.parallel.zero import IN_FLIGHT
 
-    if zero < 2 or dp == 1:
+    if zero < 2 or (zero == 2 and dp == 1):
         return 0.0
     if zero == 2:
         in_flight = min(parameter_bytes, (IN_FLIGHT + 1) * bucket_bytes)
