@@ -7,10 +7,12 @@ For ``ranks`` ranks and one global batch, the planner
    tensor-parallel degrees the layouts use, on every engine that would train
    (:mod:`rapydli.experiments.planning.profiling`), and the network: gradient allreduce,
    reduce-scatter/allgather and point-to-point α–β models (:mod:`rapydli.experiments.planning.network`);
-2. **enumerates** every layout (:func:`rapydli.experiments.planning.layouts.enumerate_layouts`),
+2. **enumerates** every layout (:func:`rapydli.experiments.planning.layouts.enumerate_layouts`:
+   ZeRO 0 to 3, each with and without activation checkpointing),
    **predicts** its step time and peak memory per rank (:mod:`rapydli.experiments.planning.stepmodel`)
-   and drops those over ``memory_per_rank``;
-3. **runs** the ``run_top`` fastest predicted layouts for ``steps`` steps on the cluster and
+   and marks those over ``memory_per_rank`` (or that ``rd.train`` would refuse for it:
+   :mod:`rapydli.experiments.planning.fit`) as not fitting, listed last;
+3. **runs** the ``run_top`` fastest predicted layouts that fit for ``steps`` steps on the cluster and
    puts the measured step time (median after the warm-up) beside the prediction.
 
 A given ``network`` describes a machine one does not have: nothing is run by default
