@@ -113,12 +113,13 @@ def predict_states(model: nn.Module, config: TrainConfig, world_size: int) -> Me
 class StatesPredictor:
     """:func:`predict_states` for many configs of one model: the model is built on the meta device once per pipeline and tensor split.
 
-    ``None`` from :meth:`of` when the model cannot be built on the meta device.
+    ``None`` from :meth:`of` when the model cannot be built on the meta device; a split the
+    model does not have raises its :class:`ConfigError` (once per split).
     """
 
     def __init__(self, model_fn: Callable[[], Any]) -> None:
         self.model_fn = model_fn
-        self._shares: dict[tuple[Any, ...], RankShare] = {}
+        self._shares: dict[tuple[Any, ...], RankShare | ConfigError] = {}
 
     @classmethod
     def of(cls, model_fn: Callable[[], Any]) -> StatesPredictor | None:
@@ -135,8 +136,14 @@ class StatesPredictor:
         if key not in self._shares:
             model = meta_model(self.model_fn)
             assert model is not None
-            self._shares[key] = rank_share(model, config)
-        return _memory(self._shares[key], Layout.of(config, world_size), config)
+            try:
+                self._shares[key] = rank_share(model, config)
+            except ConfigError as exc:  # remembered too: the model is not built again for the same split
+                self._shares[key] = exc
+        share = self._shares[key]
+        if isinstance(share, ConfigError):
+            raise share
+        return _memory(share, Layout.of(config, world_size), config)
 
 
 def _memory(share: RankShare, layout: Layout, config: TrainConfig) -> Memory:
