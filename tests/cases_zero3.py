@@ -254,3 +254,71 @@ def diverging() -> None:
     else:
         raise AssertionError("ranks calling different blocks trained under zero=3")
     print("OK diverging", WORLD.Get_rank(), file=sys.stderr)
+
+
+def memory_limit() -> None:
+    """A 32-layer MLP whose fp32 AdamW training state (16 bytes a parameter) is 3x ``memory_per_rank`` trains under zero=3 on 4 ranks.
+
+    The front door's prediction (:func:`rapydli.experiments.planning.fit.check_fits`) lets it
+    through; each rank's measured peak of parameters, gradients and optimizer state (its
+    slices, the whole blocks it gathered at once, the gradient buckets in flight) stays under
+    the limit. Rank 0 prints one JSON line.
+    """
+    from cases_zero_trainer import data, model
+
+    from rapydli.experiments.planning.fit import check_fits
+    from rapydli.parallel.memory import training_bytes
+
+    torch.set_num_threads(1)
+    torch.set_default_dtype(torch.float32)  # the 16-bytes-a-parameter of the ZeRO paper is fp32's
+
+    def build() -> nn.Module:
+        return model(hidden=128, depth=31)
+
+    psi = sum(p.numel() for p in build().parameters())
+    limit = 16 * psi / 3
+    train, val = data()
+    config = TrainConfig(batch_size=8, max_steps=2, lr=0.01, optimizer="adamw", allreduce="mpi", eval_every=0, zero=3, memory_per_rank=limit,
+                         workers=WORLD.Get_size())  # fmt: skip
+    predicted = check_fits(build, config, WORLD.Get_size())
+    assert predicted is not None
+    trainer = Trainer(build(), None, train, val, config)
+    trainer.fit()
+    measured = training_bytes(trainer.model, trainer.optimizer, trainer.sync)
+    trainer.close()
+    peaks = WORLD.gather(sum(measured.values()), root=0)
+    if WORLD.Get_rank() == 0:
+        print(json.dumps({"psi": psi, "limit": limit, "peaks": peaks, "predicted": predicted.peak, "measured": measured}), flush=True)
+    print("OK limit", WORLD.Get_rank(), file=sys.stderr)
+
+
+def batchnorm() -> None:
+    """A ResNet-style model with BatchNorm in every block under zero=3, with and without checkpointing, equals zero=0 on this world.
+
+    BatchNorm normalises each rank's batch (as DDP does: not one process's global batch), so
+    the reference is data parallelism without ZeRO on the same ranks; the running statistics
+    (buffers, kept whole on every rank) and the validation loss they give must agree too.
+    Rank 0 prints one JSON line.
+    """
+    from recompute_models import images, resnet
+
+    torch.set_num_threads(1)
+    train, val = images()
+    runs = {}
+    for zero, spec in ((0, None), (3, None), (3, "blocks")):
+        config = TrainConfig(**{**BASE, "max_steps": 3, "eval_every": 3, "batch_size": 8}, zero=zero, activation_checkpointing=spec,
+                             workers=WORLD.Get_size())  # fmt: skip
+        trainer = Trainer(resnet(), None, train, val, config)
+        history = trainer.fit()
+        runs[f"zero{zero} {spec}"] = (whole_state(trainer), [r["val_loss"] for r in history if r["kind"] == "eval"])
+        trainer.close()
+    reference, ref_losses = runs.pop("zero0 None")
+    row = {
+        name: {"worst": worst(state, reference), "val_loss": max(abs(a - b) for a, b in zip(losses, ref_losses, strict=True)),
+               "buffers": sorted(k for k in state if "running" in k) == sorted(k for k in reference if "running" in k),
+               "tracked": int(state["blocks.0.bn1.num_batches_tracked"])}
+        for name, (state, losses) in runs.items()
+    }  # fmt: skip
+    if WORLD.Get_rank() == 0:
+        print(json.dumps(row), flush=True)
+    print("OK batchnorm", WORLD.Get_rank(), file=sys.stderr)

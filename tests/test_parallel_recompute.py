@@ -40,6 +40,27 @@ def test_recomputed_blocks_train_bit_equal_parameters_with_dropout_on() -> None:
         assert spec_calls == [3 + evals + 3 * (i in recomputed) for i in range(4)], (spec, spec_calls)  # evaluation is not recomputed
 
 
+def test_recomputed_batch_norm_updates_its_running_statistics_once() -> None:
+    """A ResNet-style model: the recomputation normalises by the batch again but leaves the running statistics as the forward left them."""
+    from mpi4py import MPI
+    from recompute_models import images, resnet
+
+    from rapydli.trainer import TrainConfig, Trainer
+
+    train, val = images()
+    states, losses = [], []
+    for spec in (None, "blocks"):
+        config = TrainConfig(batch_size=8, max_steps=3, lr=0.01, eval_every=3, seed=0, activation_checkpointing=spec, workers=1)
+        trainer = Trainer(resnet(), None, train, val, config, comm=MPI.COMM_SELF)
+        history = trainer.fit()
+        trainer.close()
+        states.append(trainer.model.state_dict())
+        losses.append([row["val_loss"] for row in history if row["kind"] == "eval"])
+    kept, recomputed = states
+    assert int(recomputed["blocks.0.bn1.num_batches_tracked"]) == 3  # one update a step, not two
+    assert all(torch.equal(recomputed[k], kept[k]) for k in kept) and losses[0] == losses[1] and losses[0]
+
+
 def test_bad_values_are_refused_by_the_config() -> None:
     from rapydli.trainer.config import TrainConfig
 

@@ -26,13 +26,19 @@ TWO_RANKS = [
     ["gpt2", {"grad_clip": 0.05}],  # tied wte / lm_head in the root unit, fused QKV Conv1D, the loss from labels; clipped over the slices
     ["llama", {"grad_accum": 2, "batch_size": 2}],  # an embedding block of its own, GQA, SwiGLU; two micro-steps a step
     ["bert", {}],  # the pooler is called under no_grad: it never has a gradient and must not move (weight decay included)
+    ["bert", {"activation_checkpointing": "blocks"}],  # the same, every block recomputed (the pooler's no_grad forward is not)
 ]
 FOUR_RANKS = [
-    ["gpt2", {}],  # dp4
+    ["gpt2", {"activation_checkpointing": "blocks"}],  # dp4
     ["gpt2", {"tensor_parallel": 2, "grad_clip": 0.05, "activation_checkpointing": "blocks"}],  # dp2 x tp2: slices of the split layers sharded
+    ["llama", {"tensor_parallel": 2}],  # dp2 x tp2 without checkpointing: GQA's heads split
     ["llama", {"pipeline_stages": 2, "microbatches": 2, "pipeline_split": "layers.1", "grad_clip": 0.05,
                "activation_checkpointing": "every_k:2"}],  # dp2 x pp2: each stage's blocks sharded over its replicas
+    ["llama", {"pipeline_stages": 2, "microbatches": 2, "pipeline_split": "layers.1"}],  # dp2 x pp2 without checkpointing
 ]  # fmt: skip
+#: Blocks each checkpointing spec recomputes: GPT-2's h.0 and h.1; Llama's embed_tokens, layers.0 and layers.1 (every_k:2: embed_tokens and
+#: layers.1); BERT-style's encoder, pooler and classifier.
+RECOMPUTED = {("gpt2", "blocks"): 2, ("llama", "every_k:2"): 2, ("bert", "blocks"): 3}
 
 
 @pytest.mark.mpi
@@ -48,7 +54,7 @@ def test_zero3_trains_what_one_process_trains_and_keeps_a_slice_of_every_paramet
         assert all(whole / n <= kept < whole / n + 8 * n for kept, whole in zip(row["kept"], row["whole"], strict=True)), row
         assert row["prefetched"] > 0, row  # the next block's gather started ahead of its use
         assert not row["pooler_moved"], row
-        assert row["recomputed"] == (2 if "activation_checkpointing" in row["fields"] else 0), row  # h.0 and h.1; embed_tokens and layers.1
+        assert row["recomputed"] == RECOMPUTED.get((row["model"], row["fields"].get("activation_checkpointing")), 0), row
         if "grad_clip" in row["fields"]:
             assert row["grad_norm"] is not None and row["grad_norm"] < 1e-10, row
     assert rows[0]["units"] == ["h.0", "h.1", ""]  # GPT-2's blocks; its embeddings, final norm and tied head are the root
@@ -108,6 +114,54 @@ def test_offload_optimizer_needs_zero_and_is_a_no_op_on_cpu_ranks() -> None:
 
 
 @pytest.mark.mpi
-def test_a_block_only_some_ranks_use_in_the_loss_trains_and_one_only_some_call_is_refused(run_mpi) -> None:
-    _, stderr = _run(run_mpi, 2, "diverging()")
-    assert stderr.count("OK diverging") == 2
+def test_a_block_only_some_ranks_use_trains_one_only_some_call_is_refused_and_batch_norm_trains_as_data_parallel(run_mpi) -> None:
+    """One launch of 2 ranks: the rules of blocks some ranks skip, and a ResNet-style model with BatchNorm (zero=3, checkpointing on and off)."""
+    rows, stderr = _run(run_mpi, 2, "diverging(); cases_zero3.batchnorm()")
+    assert stderr.count("OK diverging") == 2 and stderr.count("OK batchnorm") == 2
+    assert set(rows[0]) == {"zero3 None", "zero3 blocks"}
+    for name, row in rows[0].items():  # parameters, running statistics and the validation loss they give: as zero=0
+        assert row["worst"] < 1e-10 and row["val_loss"] < 1e-10 and row["buffers"] and row["tracked"] == 3, (name, row)
+
+
+def _mlp() -> object:
+    import sys
+
+    sys.path.insert(0, str(TESTS))
+    from cases_zero_trainer import model
+
+    return model(hidden=128, depth=31)
+
+
+def _mlp_data() -> object:
+    import sys
+
+    sys.path.insert(0, str(TESTS))
+    from cases_zero_trainer import data
+
+    return data()
+
+
+@pytest.mark.mpi
+def test_a_model_three_times_memory_per_rank_trains_on_four_ranks_with_zero3_and_zero2_is_refused_before_starting(run_mpi) -> None:
+    import rapydli as rd
+    from rapydli.cluster import current
+
+    psi = sum(p.numel() for p in _mlp().parameters())  # type: ignore[attr-defined]
+    limit = 16 * psi / 3  # fp32 AdamW: 16 bytes a parameter (parameters, gradients, two moments)
+    config = rd.TrainConfig(batch_size=8, max_steps=2, zero=2, workers=4, memory_per_rank=limit)
+    for zero in (2, 1, 0):
+        with pytest.raises(ConfigError) as refused:
+            rd.train(_mlp, _mlp_data, config.replace(zero=zero))
+        assert current() is None  # refused before any process started
+        message = str(refused.value)
+        assert f"memory_per_rank={limit / 1e6:.4g} MB is too small for 4 ranks (data 4 x pipeline 1 x tensor 1, zero={zero})" in message
+        assert "What would fit: zero=3 on these 4 ranks" in message and "activation_checkpointing='blocks'" in message, message
+    with pytest.raises(ConfigError, match=r"What would fit: zero=3 on (5|6|7|8) ranks or more") as more:
+        rd.train(_mlp, _mlp_data, config.replace(zero=3, memory_per_rank=0.85 * limit))  # 16 psi / 4 and the blocks in flight: over
+    assert "zero=3): a rank is predicted to hold" in str(more.value) and current() is None
+    rows, stderr = _run(run_mpi, 4, "memory_limit()")
+    assert stderr.count("OK limit") == 4
+    row = rows[0]
+    assert row["psi"] == psi and row["limit"] == pytest.approx(limit)
+    assert all(0 < peak < limit for peak in row["peaks"]), row  # parameters + gradients + optimizer state, measured on every rank
+    assert max(row["peaks"]) <= row["predicted"] < limit, row  # the prediction bounds what was measured

@@ -10,6 +10,7 @@ from rapydli.cluster import current
 from rapydli.comm.synchronizer import FIRST_BUCKET_BYTES
 from rapydli.errors import ConfigError
 from rapydli.experiments.planning.layouts import (
+    CHECKPOINTING,
     NO_SCHEDULE,
     Candidate,
     candidate_sizes,
@@ -22,7 +23,7 @@ from rapydli.experiments.planning.layouts import (
 from rapydli.experiments.planning.network import LinkModel, Network, fit_link
 from rapydli.experiments.planning.perfmodel import RingModel
 from rapydli.experiments.planning.profile import BlockCost, Profile
-from rapydli.experiments.planning.stepmodel import exposed_allreduce, exposed_reduce_scatter, predict
+from rapydli.experiments.planning.stepmodel import exposed_allreduce, exposed_reduce_scatter, gathered, predict
 from rapydli.parallel import schedules
 from rapydli.zoo import datasets, models
 
@@ -46,10 +47,12 @@ def _profile(blocks_per_size: dict[int, list[BlockCost]], tp: dict[int, list[Blo
 
 def test_two_ranks_enumerate_every_layout_once() -> None:
     layouts = enumerate_layouts(2, 32, blocks=4, tensor_parallel=(1, 2))
-    assert len(layouts) == len(set(layouts)) == 9 + 8 + 3  # dp2: m 1,2,4 x zero 0,1,2; pp2: m 1,2,4,8 x 2 schedules; tp2: m 1,2,4
-    assert all(layout.ranks == 2 for layout in layouts)
+    assert len(layouts) == len(set(layouts)) == 12 + 8 + 3  # dp2: m 1,2,4 x zero 0-3; pp2: m 1,2,4,8 x 2 schedules; tp2: m 1,2,4
+    assert all(layout.ranks == 2 and layout.checkpointing is None for layout in layouts)
     assert {(x.dp, x.pp, x.tp) for x in layouts} == {(2, 1, 1), (1, 2, 1), (1, 1, 2)}
-    assert all(x.zero == 0 for x in layouts if x.dp == 1) and {x.zero for x in layouts if x.dp == 2} == {0, 1, 2}
+    assert all(x.zero == 0 for x in layouts if x.dp == 1) and {x.zero for x in layouts if x.dp == 2} == {0, 1, 2, 3}
+    both = enumerate_layouts(2, 32, blocks=4, tensor_parallel=(1, 2), checkpointing=CHECKPOINTING)
+    assert len(both) == len(set(both)) == 2 * len(layouts) and {x.checkpointing for x in both} == {None, "blocks"}
     assert {x.schedule for x in layouts if x.pp == 2} == set(schedules.SCHEDULES)
     assert all(x.schedule == NO_SCHEDULE for x in layouts if x.pp == 1)
     assert all(32 // x.dp % x.microbatches == 0 for x in layouts)
@@ -81,6 +84,10 @@ def test_layout_config_sets_batch_pipeline_and_zero() -> None:
     accumulated = Candidate.of(2, 1, 1, 2, NO_SCHEDULE, 1).config(base, 32)
     assert (accumulated.batch_size, accumulated.grad_accum, accumulated.zero, accumulated.pipeline_stages) == (8, 2, 1, 1)
     assert accumulated.global_batch(2) == 32
+    recomputed = Candidate.of(2, 1, 1, 1, NO_SCHEDULE, 3, "blocks")
+    assert recomputed.label == "dp2 pp1 tp1 m1 zero3 recompute"
+    assert (recomputed.config(base, 32).zero, recomputed.config(base, 32).activation_checkpointing) == (3, "blocks")
+    assert Candidate.of(2, 1, 1, 2, NO_SCHEDULE, 1).config(recomputed.config(base, 32), 32).activation_checkpointing is None  # replaced
 
 
 def test_every_layout_is_a_config_the_trainer_takes() -> None:
@@ -101,11 +108,18 @@ def test_zero_formulas_in_fp32(n: int) -> None:
     assert sum(zero_states(p, n, 0, 2)) == 16 * psi  # 4 params + 4 grads + 8 Adam
     assert sum(zero_states(p, n, 1, 2)) == pytest.approx(8 * psi + 8 * psi / n)
     assert sum(zero_states(p, n, 2, 2)) == pytest.approx(4 * psi + 12 * psi / n)
+    assert sum(zero_states(p, n, 3, 2)) == pytest.approx(16 * psi / n)  # parameters sharded too
     assert sum(zero_states(p, n, 0, 1)) == 12 * psi  # SGD with momentum: one buffer
     bucket = 25.0 * (1 << 20)
     assert zero_buffers(p, n, 0, bucket) == zero_buffers(p, n, 1, bucket) == zero_buffers(p, 1, 2, bucket) == 0  # parameters live in the buckets
     assert zero_buffers(p, n, 2, bucket) == pytest.approx(p + p / n)  # ZeRO-2: whole gradient buckets and their outputs, at most the model's
     assert zero_buffers(p, n, 2, p / 10) == pytest.approx(3 * p / 10 * (1 + 1 / n))  # two in flight and one filling
+    # ZeRO-3: the root and two neighbouring blocks whole (the one running, the one prefetched), and three blocks' gradient buckets
+    units = [p / 10, 2 * p / 10, p / 10, 3 * p / 10, p / 10]  # the root holds the other 2/10
+    gathered_blocks = 2 * p / 10 + (3 * p / 10 + p / 10)
+    buckets = 3 * p / 10 + 2 * p / 10 + 2 * p / 10  # the three largest units, the root among them
+    assert zero_buffers(p, n, 3, bucket, units, root=2 * p / 10) == pytest.approx(gathered_blocks + buckets * (1 + 1 / n))
+    assert zero_buffers(p, 1, 3, bucket, units, root=2 * p / 10) == pytest.approx(gathered_blocks + 2 * buckets)  # one replica gathers copies too
 
 
 # -- prediction ---------------------------------------------------------------------------
@@ -147,6 +161,38 @@ def test_data_parallel_prediction_adds_the_exposed_allreduce() -> None:
     assert zero2.gradient_s == pytest.approx(12000 * 1e-7 + half_ring)  # gradients added into the bucket, reduce-scattered as backward ends
     assert zero2.optimizer_s == pytest.approx(12000 * 1e-6 / 2 + half_ring)
     assert zero2.memory.gradients == 6000 and zero2.memory.optimizer == 12000 and zero2.memory.buffers == 12000 + 6000
+
+
+def test_zero3_gathers_each_block_before_forward_and_backward_prefetching_the_next() -> None:
+    assert gathered([0.01, 0.03, 0.02], [0.5, 0.2, 0.01]) == pytest.approx([0.5 + 0.2, 0.03, 0.02])  # the first gather waited for
+    slow = Network(allreduce=NET.allreduce, collectives=RingModel(2e-4, 2e-6), p2p=NET.p2p)  # gathers as long as the compute
+    blocks = [_block(0.01, 0.02, params=4000), _block(0.03, 0.04, params=8000)]
+    profile = _profile({16: blocks, 8: blocks})
+    got = predict(Candidate.of(2, 1, 1, 1, NO_SCHEDULE, 3), profile, slow, 32, ADAM)
+    g0, g1 = (slow.collectives.allreduce_time(2, n) / 2 for n in (4000, 8000))  # an allgather is half a ring
+    forward = g0 + max(0.01, g1) + 0.03
+    backward = g1 + max(0.04, g0) + 0.02  # block 1 first, block 0's gather during its backward
+    assert got.compute_s == pytest.approx(forward + backward)
+    first = forward + g1 + max(0.04, g0)  # block 1's gradients are complete: its bucket is reduce-scattered during block 0's backward
+    rs0, rs1 = (slow.collectives.allreduce_time(2, n) / 2 for n in (4000, 8000))
+    end = forward + backward
+    assert got.gradient_s == pytest.approx(12000 * 1e-7 + max(first + rs1, end) + rs0 - end)
+    assert got.optimizer_s == pytest.approx(12000 * 1e-6 / 2)  # the step on its slice; nothing gathered after it
+    assert (got.memory.parameters, got.memory.gradients, got.memory.optimizer) == (6000, 6000, 12000)
+    assert got.memory.buffers == pytest.approx(zero_buffers(12000, 2, 3, 0, [4000, 8000]))  # == 12000 gathered + 12000 * 1.5 buckets
+    assert got.step_s == pytest.approx(0.02 + end + got.gradient_s + got.optimizer_s)
+
+
+def test_checkpointing_keeps_block_inputs_and_one_blocks_activations_and_adds_a_forward() -> None:
+    blocks = [_block(0.01, 0.02, saved=1000, out=50), _block(0.03, 0.04, saved=3000, out=70), _block(0.01, 0.02, saved=2000, out=60)]
+    profile = _profile({16: blocks, 8: blocks})
+    kept = predict(Candidate.of(2, 1, 1, 1, NO_SCHEDULE, 0), profile, NET, 32, ADAM)
+    recomputed = predict(Candidate.of(2, 1, 1, 1, NO_SCHEDULE, 0, "blocks"), profile, NET, 32, ADAM)
+    assert kept.memory.activations == 6000
+    assert recomputed.memory.activations == 50 + 70 + 3000  # the second and third blocks' inputs, the largest block recomputed
+    assert recomputed.compute_s == pytest.approx(kept.compute_s + 0.05)  # one more forward of every block
+    piped = predict(Candidate.of(1, 3, 1, 4, "gpipe", 0, "blocks"), profile, NET, 32, ADAM)  # one block a stage, four micro-batches alive
+    assert piped.stage_memory[0].activations == 4 * 50 + 1000 and piped.stage_memory[2].activations == 2000
 
 
 def test_pipeline_prediction_is_the_schedule_simulated() -> None:
@@ -350,6 +396,50 @@ def test_the_planner_reads_a_gpt2_with_tied_weights_and_its_tensor_plan() -> Non
     assert {1, 2, 4} <= set(table["tp"]) and not plan.profile.unsupported
     parameters = sum(p.numel() * p.element_size() for p in gpt2().parameters())  # the tied weight once
     dense = table[(table["tp"] == 1) & (table["pp"] == 1)]
-    assert (abs(dense["params_mib"] * 2**20 - parameters) < 1).all(), (dense["params_mib"] * 2**20, parameters)
+    held = parameters / dense["dp"].where(dense["zero"] == 3, 1)  # ZeRO-3 keeps 1/dp of them
+    assert (abs(dense["params_mib"] * 2**20 - held) < 1).all(), (dense["params_mib"] * 2**20, parameters)
     assert table[(table["pp"] > 1) & (table["zero"] == 2)].empty
     assert any("transformer.wte.weight (also lm_head.weight) is shared by pipeline stages 0, 1" in note for note in plan.notes), plan.notes
+
+
+def test_a_tight_memory_per_rank_keeps_only_zero3_and_checkpointing_layouts() -> None:
+    blocks = [_block(0.002, 0.004, params=1_000_000, saved=4_000_000, out=1000)] * 8
+    profile = _profile({1: blocks, 8: blocks, 16: blocks})
+    network = RingModel(5e-6, 1e-9)
+    free = rd.plan_parallel(models.tiny_lm, datasets.synthetic_tokens, ADAM, ranks=4, network=network, profile=profile)
+    table = free.table
+    assert set(table["zero"]) == {0, 1, 2, 3} and set(table["checkpointing"].fillna("-")) == {"-", "blocks"}
+    plain = table[(table["zero"] < 3) & table["checkpointing"].isna()]
+    limit = 0.99 * plain["peak_mib"].min() * 2**20
+    tight = rd.plan_parallel(models.tiny_lm, datasets.synthetic_tokens, ADAM.replace(memory_per_rank=limit), ranks=4, network=network,
+                             profile=profile)  # fmt: skip
+    fits = tight.table[tight.table["fits"]]
+    assert len(fits) > 0 and ((fits["zero"] == 3) | (fits["checkpointing"] == "blocks")).all()
+    assert (fits["zero"] == 3).any() and (fits["checkpointing"] == "blocks").any()
+    assert tight.best.zero == 3 or tight.best.activation_checkpointing == "blocks"
+    assert tight.best_layout == fits["layout"].iloc[0]
+    same = rd.plan_parallel(models.tiny_lm, datasets.synthetic_tokens, ADAM, ranks=4, network=network, profile=profile, memory_per_rank=f"{limit}B")
+    assert list(same.table["fits"]) == list(tight.table["fits"])  # the argument, with a unit, as the config's field
+
+
+def test_every_layout_the_planner_fits_is_one_rd_train_lets_through() -> None:
+    from rapydli.experiments.planning.fit import check_fits
+
+    config = rd.TrainConfig(batch_size=2)
+    blocks = [(name, sum(4 * p.numel() for p in block.parameters())) for name, block in models.mlp().named_children()]
+    costs = [_block(0.001, 0.002, params=nbytes, saved=20_000) for _, nbytes in blocks]
+    profile = Profile([name for name, _ in blocks], {(1, size): costs for size in (1, 2, 8)}, optimizer_s_per_byte=1e-9)
+    free = rd.plan_parallel(models.mlp, datasets.synthetic_features, config, ranks=4, network=RingModel(5e-6, 1e-9), profile=profile)
+    limit = float(free.table["peak_mib"].median() * 2**20)
+    plan = rd.plan_parallel(models.mlp, datasets.synthetic_features, config, ranks=4, network=RingModel(5e-6, 1e-9), profile=profile,
+                            memory_per_rank=limit)  # fmt: skip
+    assert 0 < plan.table["fits"].sum() < len(plan.table)
+    checked = set()  # the model states do not depend on micro-batches, schedule or checkpointing: each grid, split and stage once
+    for prediction, fits in zip(plan.predictions, plan.table["fits"]):
+        layout = prediction.layout
+        key = (layout.dp, layout.pp, layout.tp, layout.zero, tuple(prediction.split))
+        if fits and key not in checked:
+            checked.add(key)
+            chosen = layout.config(config.replace(memory_per_rank=limit), plan.global_batch, prediction.split)
+            assert check_fits(models.mlp, chosen, 4) is not None, layout.label
+    assert plan.best.memory_per_rank == limit and check_fits(models.mlp, plan.best, 4) is not None

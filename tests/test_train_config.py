@@ -115,3 +115,31 @@ def test_hang_options_are_validated():
         TrainConfig(on_hang="kill")
     with pytest.raises(ConfigError, match="hang_timeout_s"):
         TrainConfig(hang_timeout_s=0)
+
+
+def test_memory_per_rank_takes_bytes_or_text_with_a_unit_and_keeps_bytes() -> None:
+    assert TrainConfig(memory_per_rank="200MB").memory_per_rank == 200e6
+    assert TrainConfig(memory_per_rank="1.5 GiB").memory_per_rank == 1.5 * 2**30
+    assert TrainConfig(memory_per_rank="512kib").memory_per_rank == 512 * 1024 and TrainConfig(memory_per_rank=4096).memory_per_rank == 4096.0
+    kept = TrainConfig(memory_per_rank="2GB")
+    assert TrainConfig.from_dict(kept.to_dict()) == kept and TrainConfig().memory_per_rank is None
+    for bad in ("200XB", "MB", "0MB", "-1GB", "2 G B"):
+        with pytest.raises(ConfigError, match=rf"TrainConfig.memory_per_rank='{bad}' is invalid: bytes > 0: a number, or text with a unit"):
+            TrainConfig(memory_per_rank=bad)
+    with pytest.raises(ConfigError, match=r"TrainConfig.memory_per_rank=0 is invalid: must be in \(0, "):
+        TrainConfig(memory_per_rank=0)
+
+
+def test_a_memory_limit_on_a_model_the_meta_device_cannot_build_is_not_checked_and_says_so() -> None:
+    import torch
+
+    from rapydli.experiments.planning.fit import check_fits
+
+    def loads_weights() -> torch.nn.Module:
+        model = torch.nn.Linear(4, 4)
+        assert model.weight.abs().max().item() < 1  # reading a value: a meta tensor has none
+        return model
+
+    with pytest.warns(UserWarning, match=r"memory_per_rank=1 MB was not checked: the model cannot be built on the meta device"):
+        assert check_fits(loads_weights, TrainConfig(memory_per_rank="1MB"), 2) is None
+    assert check_fits(loads_weights, TrainConfig(), 2) is None  # no limit: nothing to check

@@ -157,6 +157,10 @@ class TrainingJob:
             from rapydli.parallel.preflight import check_layout
 
             check_layout(spec.model_fn, config, spec.loss_fn)
+        if config.memory_per_rank is not None:  # the model states each rank would hold, predicted on the meta device
+            from rapydli.experiments.planning.fit import check_fits
+
+            check_fits(spec.model_fn, config, len(targets))
         self.config = config
         self.targets = list(targets)
         rank_hosts = cluster.status()["rank_hosts"]

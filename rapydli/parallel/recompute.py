@@ -12,9 +12,11 @@
 
 A chosen block's forward runs under :func:`torch.utils.checkpoint.checkpoint` with
 ``use_reentrant=False`` and ``preserve_rng_state=True``: the recomputation draws the same
-random numbers as the first forward (dropout masks are the same), so gradients and
-parameters are bit-equal to not recomputing. Under ``torch.no_grad`` (evaluation) the block
-runs as it is. Composes with every layout: pipeline stages share the model's blocks,
+random numbers as the first forward (dropout masks are the same), and BatchNorm layers in
+the block normalise with the batch's statistics again without updating their running
+statistics a second time (their running statistics are put back as they were after the recomputation),
+so gradients, parameters and buffers are bit-equal to not recomputing. Under
+``torch.no_grad`` (evaluation) the block runs as it is. Composes with every layout: pipeline stages share the model's blocks,
 tensor-parallel layers are replaced inside them, and ZeRO-3 gathers a block before its
 backward (which is when it is recomputed).
 
@@ -31,7 +33,10 @@ rapydli.errors.ConfigError: TrainConfig.activation_checkpointing='every_k:0' is 
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import types
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -63,5 +68,23 @@ def _recomputed_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
     forward = type(self).forward
     if not torch.is_grad_enabled():
         return forward(self, *args, **kwargs)
-    return checkpoint(forward, self, *args, use_reentrant=False, preserve_rng_state=True, **kwargs)
+    contexts = functools.partial(_contexts, self)
+    return checkpoint(forward, self, *args, use_reentrant=False, preserve_rng_state=True, context_fn=contexts, **kwargs)
 
+
+def _contexts(module: nn.Module) -> tuple[contextlib.AbstractContextManager[None], contextlib.AbstractContextManager[None]]:
+    """What the first forward runs in (nothing) and what the recomputation runs in (running statistics left alone)."""
+    return contextlib.nullcontext(), _statistics_kept(module)
+
+
+@contextlib.contextmanager
+def _statistics_kept(module: nn.Module) -> Iterator[None]:
+    """BatchNorm layers of ``module`` keep the running statistics they had (the first forward updated them already)."""
+    norms = [m for m in module.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats]
+    kept = [[b.clone() for b in (m.running_mean, m.running_var, m.num_batches_tracked) if b is not None] for m in norms]
+    try:
+        yield
+    finally:
+        for norm, saved in zip(norms, kept):
+            for buffer, value in zip([b for b in (norm.running_mean, norm.running_var, norm.num_batches_tracked) if b is not None], saved):
+                buffer.copy_(value)

@@ -22,6 +22,7 @@ import dataclasses
 import difflib
 import math
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -146,6 +147,10 @@ class TrainConfig:
     activation_checkpointing: str | None = _spec(
         None, "recompute activations in backward: None (keep them), 'blocks' (every block) or 'every_k:N' (blocks 0, N, 2N, ...)", optional=True
     )
+    memory_per_rank: float | None = _spec(
+        None, "bytes a rank may hold for training ('200MB', '1.5GiB' or a number of bytes): a layout predicted over it is refused "
+        "before the run starts (None: no limit)", low=0.0, high=1e15, low_open=True, optional=True, log=True,
+    )  # fmt: skip
     on_resize: str = _spec(
         "keep", "resuming on another number of ranks: keep the global batch (grad_accum) or scale the lr", choices=("keep", "scale")
     )
@@ -187,6 +192,8 @@ class TrainConfig:
             self.pipeline_split = ",".join(self.pipeline_split)  # ["blocks.2", "blocks.4"] is "blocks.2,blocks.4"
         self.trackers = ",".join(tracker_names(self.trackers, "TrainConfig.trackers"))  # checked against rapydli.registry.TRACKERS
         self.tensor_plan = tensor_plan_text(self.tensor_plan)  # a dict is kept as its JSON text (the run store and the CLI carry text)
+        if isinstance(self.memory_per_rank, str):  # "200MB" is kept as its bytes
+            self.memory_per_rank = byte_size(self.memory_per_rank, "TrainConfig.memory_per_rank")
         for spec in fields_spec():
             setattr(self, spec.name, _validated(spec, getattr(self, spec.name)))
         if self.resume and self.checkpoint_dir is None:
@@ -237,6 +244,38 @@ class TrainConfig:
         """See :func:`fields_spec`."""
         return fields_spec()
 
+
+
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+_SIZE = re.compile(r"\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([a-z]*)\s*", re.IGNORECASE)
+
+
+def byte_size(value: Any, name: str = "memory_per_rank") -> float:
+    """Bytes that ``value`` names: a number of bytes, or text with a unit (``"200MB"``, ``"1.5 GiB"``).
+
+    Units: ``B``, ``KB``/``MB``/``GB``/``TB`` (powers of 1000) and ``KiB``/``MiB``/``GiB``/``TiB``
+    (powers of 1024), in any case. Anything else, or a size not above 0, is a
+    :class:`ConfigError` naming ``name``.
+
+    Examples
+    --------
+    >>> byte_size("200MB"), byte_size("1.5 GiB"), byte_size(4096)
+    (200000000.0, 1610612736.0, 4096.0)
+    """
+    usage = "bytes > 0: a number, or text with a unit such as '200MB' or '1.5GiB' (B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)"
+    if isinstance(value, str):
+        found = _SIZE.fullmatch(value)
+        unit = found.group(2).lower() if found else None
+        if found is None or unit not in _UNITS:
+            raise ConfigError(f"{name}={value!r} is invalid: {usage}")
+        size = float(found.group(1)) * _UNITS[unit]
+    elif isinstance(value, int | float) and not isinstance(value, bool):
+        size = float(value)
+    else:
+        raise ConfigError(f"{name}={value!r} is invalid: {usage}")
+    if not math.isfinite(size) or size <= 0:
+        raise ConfigError(f"{name}={value!r} is invalid: {usage}")
+    return size
 
 
 def _check_keywords(init: Any) -> Any:

@@ -4,16 +4,18 @@ A :class:`Candidate` is a :class:`~rapydli.parallel.layout.Layout` (the one owne
 degrees: ``dp`` data-parallel replicas of a pipeline of ``pp`` stages whose every stage
 is split ``tp`` ways, ``dp * pp * tp = N``, and ZeRO stage ``zero`` over the replicas)
 with how a step runs in it: each replica's batch cut into ``microbatches`` (pipeline
-micro-batches, or gradient accumulation when ``pp = 1``) and a pipeline ``schedule``. The
-global batch is the same in every candidate: each replica reads ``global_batch / dp``
-samples per step.
+micro-batches, or gradient accumulation when ``pp = 1``), a pipeline ``schedule``, and
+whether every block recomputes its activations in backward (``checkpointing``, the
+config's ``activation_checkpointing="blocks"``). The global batch is the same in every
+candidate: each replica reads ``global_batch / dp`` samples per step.
 
 :func:`enumerate_layouts` lists every candidate of ``N`` ranks a model allows: ``pp`` up to
 its number of blocks, ``tp`` among the degrees its tensor plan splits (at most
 :data:`MAX_TENSOR_PARALLEL`, a node's GPUs, as Megatron-LM keeps tensor parallelism inside a
 node), micro-batches powers of two dividing the replica's batch, at most ``4 * pp``
-(:data:`MICROBATCHES_PER_STAGE`; 4 without a pipeline), both schedules where ``pp > 1``
-and ZeRO 0, 1 and 2 where ``dp > 1``.
+(:data:`MICROBATCHES_PER_STAGE`; 4 without a pipeline), both schedules where ``pp > 1``,
+ZeRO 0, 1, 2 and 3 where ``dp > 1``, each with and without activation checkpointing
+(:data:`CHECKPOINTING`).
 
 Memory per rank (fp32, bytes; ``P`` = bytes of the parameters a rank holds, ``k`` = 2
 optimizer values per parameter for AdamW, 1 for SGD with momentum, 0 without), as the ZeRO
@@ -23,11 +25,14 @@ becomes ``(4 + 4 + 4k)ψ`` in fp32):
 * ZeRO 0: parameters ``P`` + gradients ``P`` + optimizer ``k·P`` (16ψ for Adam);
 * ZeRO 1: ``P + P + k·P/dp`` (optimizer state sharded: 8ψ + 8ψ/N);
 * ZeRO 2: ``P + P/dp + k·P/dp`` (gradients sharded too: 4ψ + 12ψ/N);
+* ZeRO 3: ``P/dp + P/dp + k·P/dp`` (parameters sharded too: 16ψ/N);
 
 plus activations (the bytes autograd keeps for backward, times the micro-batches a stage
-holds at once: :func:`rapydli.parallel.schedules.peak_live`) and ``buffers``: what this
-implementation keeps beyond the formula (:func:`zero_buffers`, and the parameters of the
-other pipeline stages: every rank builds the whole model).
+holds at once: :func:`rapydli.parallel.schedules.peak_live`; with checkpointing only each
+block's input, plus one block's activations while it is recomputed) and ``buffers``: what
+this implementation keeps beyond the formula (:func:`zero_buffers`: ZeRO-2's and 3's whole
+gradient buckets in flight, ZeRO-3's gathered blocks; and the parameters of the other
+pipeline stages: every rank builds the whole model).
 """
 
 from __future__ import annotations
@@ -43,7 +48,9 @@ from rapydli.trainer.config import TrainConfig
 MAX_TENSOR_PARALLEL = 8
 MICROBATCHES_PER_STAGE = 4
 #: The ZeRO stages a layout may use.
-ZERO_STAGES = (0, 1, 2)
+ZERO_STAGES = (0, 1, 2, 3)
+#: The ``activation_checkpointing`` values a layout may use: none, or every block recomputed.
+CHECKPOINTING: tuple[str | None, ...] = (None, "blocks")
 #: The ``schedule`` of a layout without a pipeline.
 NO_SCHEDULE = "-"
 
@@ -55,11 +62,15 @@ class Candidate:
     layout: Layout
     microbatches: int
     schedule: str
+    checkpointing: str | None = None
 
     @classmethod
-    def of(cls, dp: int, pp: int, tp: int, microbatches: int, schedule: str, zero: int) -> Candidate:
-        """The candidate of ``dp`` replicas x ``pp`` stages x ``tp`` tensor ranks with ZeRO stage ``zero``."""
-        return cls(Layout(dp * pp * tp, pp, tp, zero), microbatches, schedule)
+    def of(cls, dp: int, pp: int, tp: int, microbatches: int, schedule: str, zero: int, checkpointing: str | None = None) -> Candidate:
+        """The candidate of ``dp`` replicas x ``pp`` stages x ``tp`` tensor ranks with ZeRO stage ``zero``.
+
+        ``checkpointing``: the ``activation_checkpointing`` it trains with (``None`` or ``"blocks"``).
+        """
+        return cls(Layout(dp * pp * tp, pp, tp, zero), microbatches, schedule, checkpointing)
 
     @property
     def dp(self) -> int:
@@ -88,9 +99,10 @@ class Candidate:
 
     @property
     def label(self) -> str:
-        """``dp2 pp1 tp1 m1 zero0`` (and the schedule of a pipeline)."""
+        """``dp2 pp1 tp1 m1 zero0`` (and the schedule of a pipeline; ``recompute`` with activation checkpointing)."""
         schedule = f" {self.schedule}" if self.pp > 1 else ""
-        return f"dp{self.dp} pp{self.pp} tp{self.tp} m{self.microbatches}{schedule} zero{self.zero}"
+        recompute = "" if self.checkpointing is None else " recompute" if self.checkpointing == "blocks" else f" recompute:{self.checkpointing}"
+        return f"dp{self.dp} pp{self.pp} tp{self.tp} m{self.microbatches}{schedule} zero{self.zero}{recompute}"
 
     def replica_batch(self, global_batch: int) -> int:
         """Samples each replica reads per step."""
@@ -101,11 +113,12 @@ class Candidate:
         return global_batch // self.dp // self.microbatches
 
     def config(self, base: TrainConfig, global_batch: int, split: Sequence[str] = ()) -> TrainConfig:
-        """``base`` set up for this layout: workers, per-replica batch, pipeline, tensor parallelism and ZeRO.
+        """``base`` set up for this layout: workers, per-replica batch, pipeline, tensor parallelism, ZeRO and checkpointing.
 
         ``split`` names the block each stage after the first begins with (``pipeline_split``).
         """
-        changes: dict[str, Any] = {"workers": self.ranks, "zero": self.zero, "tensor_parallel": self.tp}
+        changes: dict[str, Any] = {"workers": self.ranks, "zero": self.zero, "tensor_parallel": self.tp,
+                                   "activation_checkpointing": self.checkpointing}  # fmt: skip
         if self.pp > 1:
             changes.update(batch_size=self.replica_batch(global_batch), grad_accum=1, pipeline_stages=self.pp, microbatches=self.microbatches,
                            pipeline_schedule=self.schedule, pipeline_split=",".join(split) if split else "auto")  # fmt: skip
@@ -139,12 +152,14 @@ def grids(ranks: int, global_batch: int, blocks: int, tensor_parallel: Sequence[
 
 
 def enumerate_layouts(
-    ranks: int, global_batch: int, blocks: int, tensor_parallel: Sequence[int] = (1,), zero: Sequence[int] = ZERO_STAGES
-) -> list[Candidate]:
+    ranks: int, global_batch: int, blocks: int, tensor_parallel: Sequence[int] = (1,), zero: Sequence[int] = ZERO_STAGES,
+    checkpointing: Sequence[str | None] = (None,),
+) -> list[Candidate]:  # fmt: skip
     """Every candidate of ``ranks`` ranks for a model of ``blocks`` pipeline blocks (see the module's description).
 
     ``tensor_parallel``: the degrees the model's tensor plan splits; ``zero``: the ZeRO
-    stages allowed.
+    stages allowed; ``checkpointing``: the ``activation_checkpointing`` values to try
+    (:data:`CHECKPOINTING` for both).
     """
     layouts = []
     for dp, pp, tp in grids(ranks, global_batch, blocks, tensor_parallel):
@@ -152,7 +167,8 @@ def enumerate_layouts(
         for m in microbatch_choices(batch, pp):
             for schedule in (SCHEDULES if pp > 1 else (NO_SCHEDULE,)):
                 for stage in (zero if dp > 1 else (0,)):
-                    layouts.append(Candidate.of(dp, pp, tp, m, schedule, stage))
+                    for recompute in checkpointing:
+                        layouts.append(Candidate.of(dp, pp, tp, m, schedule, stage, recompute))
     return layouts
 
 
@@ -209,13 +225,15 @@ class Memory:
 
 def zero_states(parameter_bytes: float, dp: int, zero: int, factor: int) -> tuple[float, float, float]:
     """``(parameters, gradients, optimizer)`` bytes per rank by the fp32 ZeRO formulas."""
+    parameters = parameter_bytes / dp if zero >= 3 else parameter_bytes
     gradients = parameter_bytes / dp if zero >= 2 else parameter_bytes
     optimizer = factor * parameter_bytes / (dp if zero >= 1 else 1)
-    return parameter_bytes, gradients, optimizer
+    return parameters, gradients, optimizer
 
 
-def zero_buffers(parameter_bytes: float, dp: int, zero: int, bucket_bytes: float) -> float:
-    """Bytes this implementation keeps beyond the formula (:class:`rapydli.parallel.zero.ShardedOptimizer`).
+def zero_buffers(parameter_bytes: float, dp: int, zero: int, bucket_bytes: float, units: Sequence[float] = (), root: float = 0.0) -> float:
+    """Bytes this implementation keeps beyond the formula (:class:`rapydli.parallel.zero.ShardedOptimizer`,
+    :class:`rapydli.parallel.zero3.FullyShardedOptimizer`).
 
     The parameters live in the optimizer's buckets and stage 1's gradients in the
     synchronizer's, so neither is a copy; stage 2 adds each gradient into a whole bucket
@@ -223,13 +241,26 @@ def zero_buffers(parameter_bytes: float, dp: int, zero: int, bucket_bytes: float
     :data:`~rapydli.parallel.zero.IN_FLIGHT` buckets in flight and one filling (at most
     ``P``, where the formula counts ``P / dp``), each with its reduce-scatter's output
     (``1 / dp`` of it).
+
+    Stage 3's buckets are its units: ``units`` the bytes of each block's parameters in
+    forward order, ``root`` those no block holds (embeddings, final norm, head; empty:
+    one unit of everything). Its gradients go through the largest ``IN_FLIGHT + 1``
+    units' whole buckets as stage 2's do, and while a block runs its parameters are
+    whole, with the next block's prefetched and the root kept gathered from the
+    beginning of forward to the end of backward: ``root`` plus the largest sum of two
+    neighbouring units (with one replica too: the gathered buffers are copies of its slices).
     """
     from rapydli.parallel.zero import IN_FLIGHT
 
-    if zero < 2 or dp == 1:
+    if zero < 2 or (zero == 2 and dp == 1):
         return 0.0
-    in_flight = min(parameter_bytes, (IN_FLIGHT + 1) * bucket_bytes)
-    return in_flight + in_flight / dp
+    if zero == 2:
+        in_flight = min(parameter_bytes, (IN_FLIGHT + 1) * bucket_bytes)
+        return in_flight + in_flight / dp
+    blocks = list(units) or [parameter_bytes - root]
+    gathered = root + max([a + b for a, b in zip(blocks, blocks[1:])] or blocks)
+    in_flight = sum(sorted([*blocks, root], reverse=True)[: IN_FLIGHT + 1])
+    return gathered + in_flight + in_flight / dp
 
 
 def smallest_states(

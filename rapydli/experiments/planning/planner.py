@@ -7,10 +7,12 @@ For ``ranks`` ranks and one global batch, the planner
    tensor-parallel degrees the layouts use, on every engine that would train
    (:mod:`rapydli.experiments.planning.profiling`), and the network: gradient allreduce,
    reduce-scatter/allgather and point-to-point α–β models (:mod:`rapydli.experiments.planning.network`);
-2. **enumerates** every layout (:func:`rapydli.experiments.planning.layouts.enumerate_layouts`),
+2. **enumerates** every layout (:func:`rapydli.experiments.planning.layouts.enumerate_layouts`:
+   ZeRO 0 to 3, each with and without activation checkpointing),
    **predicts** its step time and peak memory per rank (:mod:`rapydli.experiments.planning.stepmodel`)
-   and drops those over ``memory_per_rank``;
-3. **runs** the ``run_top`` fastest predicted layouts for ``steps`` steps on the cluster and
+   and marks those over ``memory_per_rank`` (or that ``rd.train`` would refuse for it:
+   :mod:`rapydli.experiments.planning.fit`) as not fitting, listed last;
+3. **runs** the ``run_top`` fastest predicted layouts that fit for ``steps`` steps on the cluster and
    puts the measured step time (median after the warm-up) beside the prediction.
 
 A given ``network`` describes a machine one does not have: nothing is run by default
@@ -37,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 from rapydli.errors import ConfigError
 from rapydli.experiments.figures import plan_figure
 from rapydli.experiments.planning.layouts import (
+    CHECKPOINTING,
     MAX_TENSOR_PARALLEL,
     ZERO_STAGES,
     Candidate,
@@ -53,7 +56,7 @@ from rapydli.experiments.planning.profile import Profile
 from rapydli.experiments.planning.stepmodel import Prediction, predict
 from rapydli.experiments.spec import RunSpec
 from rapydli.spread import Spread, load_text, machine_load
-from rapydli.trainer.config import TrainConfig
+from rapydli.trainer.config import TrainConfig, byte_size
 from rapydli.trainer.task import WARMUP_STEPS
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -69,7 +72,7 @@ RUN_TOP = 3
 MEASURED_SIZES = 64
 MIB = float(1 << 20)
 COLUMNS = [
-    "layout", "dp", "pp", "tp", "microbatches", "schedule", "zero", "fits", "predicted_step_s", "measured_step_s", "measured_low_s",
+    "layout", "dp", "pp", "tp", "microbatches", "schedule", "zero", "checkpointing", "fits", "predicted_step_s", "measured_step_s", "measured_low_s",
     "measured_high_s", "error",
     "samples_per_s", "bubble", "gradient_s", "optimizer_s", "params_mib", "grads_mib", "optimizer_mib", "activations_mib", "buffers_mib",
     "peak_mib", "split",
@@ -85,7 +88,7 @@ class ParallelPlan:
     table
         One row per layout, the fastest predicted first (those over ``memory_per_rank``
         last): ``layout``, ``dp``, ``pp``, ``tp``, ``microbatches``, ``schedule``, ``zero``,
-        ``fits`` (memory), the
+        ``checkpointing`` (the ``activation_checkpointing`` it trains with), ``fits`` (memory), the
         ``predicted_step_s`` and, for the layouts run, ``measured_step_s`` (the median step),
         ``measured_low_s``/``measured_high_s`` (the interquartile range of its steps) and ``error``
         (relative), ``samples_per_s`` (predicted), the prediction's parts (``bubble``,
@@ -126,7 +129,7 @@ class ParallelPlan:
     notes: list[str] = field(default_factory=list)
 
     def _repr_html_(self) -> str:  # pragma: no cover - notebook display
-        shown = self.table.head(12).drop(columns=["dp", "pp", "tp", "microbatches", "schedule", "zero"])
+        shown = self.table.head(12).drop(columns=["dp", "pp", "tp", "microbatches", "schedule", "zero", "checkpointing"])
         return f"<b>ParallelPlan</b> {self.ranks} ranks, best: {self.best_layout}, validated={self.validated}<br>{shown.to_html(index=False)}"
 
 
@@ -183,7 +186,7 @@ def plan_parallel(
     data_fn: Callable[[], Any] | str,
     config: TrainConfig | Mapping[str, Any],
     ranks: int = 2,
-    memory_per_rank: float | None = None,
+    memory_per_rank: float | str | None = None,
     network: Network | RingModel | None = None,
     run_top: int | None = None,
     steps: int = 12,
@@ -208,7 +211,12 @@ def plan_parallel(
     ranks
         Ranks to plan for (``dp * pp * tp``).
     memory_per_rank
-        Bytes a rank may hold; layouts predicted above it are dropped (``None``: no limit).
+        Bytes a rank may hold (a number, or text with a unit: ``"200MB"``, ``"1.5GiB"``); layouts
+        predicted above it are put last with ``fits`` False, and the pick is one that fits
+        (``None``: ``config.memory_per_rank``, which is ``None`` for no limit). A layout fits
+        when its predicted peak is within it and ``rd.train`` would let its config through
+        (:func:`~rapydli.experiments.planning.fit.check_fits`); ``plan.best`` carries the limit.
+        Every layout is predicted with and without activation checkpointing, and with ZeRO 0 to 3.
     network
         A ``RingModel`` or :class:`~rapydli.experiments.planning.network.Network` of the target
         machine; ``None``: measured on the cluster.
@@ -249,8 +257,14 @@ def plan_parallel(
     _positive_int("steps", steps, WARMUP_STEPS + 1)
     if run_top is not None:
         _positive_int("run_top", run_top, 0)
-    if memory_per_rank is not None and (isinstance(memory_per_rank, bool) or not isinstance(memory_per_rank, int | float) or not memory_per_rank > 0):
-        raise ConfigError(f"memory_per_rank={memory_per_rank!r} is invalid: bytes per rank > 0, or None (no limit)")
+    limit: float | None
+    if memory_per_rank is None:
+        limit = cfg.memory_per_rank
+    elif isinstance(memory_per_rank, str) or (isinstance(memory_per_rank, int | float) and not isinstance(memory_per_rank, bool)):
+        limit = byte_size(memory_per_rank)
+    else:
+        raise ConfigError(f"memory_per_rank={memory_per_rank!r} is invalid: bytes per rank > 0 ('200MB' or a number), or None (no limit)")
+    cfg = cfg.replace(memory_per_rank=limit)  # the pick, and every layout run, carry the limit rd.train enforces
     if profile is not None and not isinstance(profile, Profile):
         raise ConfigError(f"profile={profile!r} is invalid: a Profile (plan.profile of an earlier plan) or None")
     net = _network(network)
@@ -259,8 +273,8 @@ def plan_parallel(
     top = run_top if run_top is not None else (RUN_TOP if net is None else 0)
     if isinstance(run_layouts, str) or not all(isinstance(label, str) for label in run_layouts):
         raise ConfigError(f"run_layouts={run_layouts!r} is invalid: a list of layout labels such as 'dp2 pp1 tp1 m1 zero0'")
-    if memory_per_rank is not None:
-        _check_memory(spec.model_fn, ranks, batch, cfg, float(memory_per_rank))
+    if limit is not None:
+        _check_memory(spec.model_fn, ranks, batch, cfg, limit)
 
     from rapydli.cluster import choose_cluster
 
@@ -273,14 +287,16 @@ def plan_parallel(
         if net is None:
             net = _measure_network(chosen, targets, cfg)
         degrees = [t for t in divisors(ranks) if t <= MAX_TENSOR_PARALLEL and profile.supports(t)]
-        layouts = enumerate_layouts(ranks, batch, len(profile.names), degrees)
+        layouts = enumerate_layouts(ranks, batch, len(profile.names), degrees, checkpointing=CHECKPOINTING)
         predictions = sorted((predict(layout, profile, net, batch, cfg) for layout in layouts), key=lambda p: p.step_s)
         predictions, refused = _honoured(spec.model_fn, predictions, cfg)  # tied weights across stages: no zero=2 (rapydli.parallel.shared)
-        fits = [memory_per_rank is None or p.memory.peak <= memory_per_rank for p in predictions]
+        fits = [limit is None or p.memory.peak <= limit for p in predictions]
+        if limit is not None:  # and the front door's prediction (rd.train checks it): a layout it would refuse does not fit either
+            fits = [ok and not over for ok, over in zip(fits, _refused_at_the_door(spec.model_fn, predictions, cfg, batch, limit))]
         if not any(fits):
             smallest = min(predictions, key=lambda p: p.memory.peak)
             raise ConfigError(
-                f"memory_per_rank={float(memory_per_rank or 0):.4g} bytes is too small for every layout of ranks={ranks}: the smallest "
+                f"memory_per_rank={float(limit or 0):.4g} bytes is too small for every layout of ranks={ranks}: the smallest "
                 f"peak is {smallest.memory.peak / MIB:.3g} MiB per rank ({smallest.layout.label})"
             )
         predictions = [p for _, p in sorted(zip(fits, predictions), key=lambda pair: (not pair[0], pair[1].step_s))]
@@ -372,7 +388,7 @@ def _table(predictions: list[Prediction], fits: list[bool], measured: dict[Candi
         spread = (spreads or {}).get(layout, Spread.of([]))
         rows.append({
             "layout": layout.label, "dp": layout.dp, "pp": layout.pp, "tp": layout.tp, "microbatches": layout.microbatches,
-            "schedule": layout.schedule, "zero": layout.zero, "fits": ok, "predicted_step_s": prediction.step_s,
+            "schedule": layout.schedule, "zero": layout.zero, "checkpointing": layout.checkpointing, "fits": ok, "predicted_step_s": prediction.step_s,
             "measured_step_s": step, "measured_low_s": spread.low, "measured_high_s": spread.high,
             "error": (prediction.step_s - step) / step, "samples_per_s": batch / prediction.step_s,
             "bubble": prediction.bubble, "gradient_s": prediction.gradient_s, "optimizer_s": prediction.optimizer_s,
@@ -381,6 +397,30 @@ def _table(predictions: list[Prediction], fits: list[bool], measured: dict[Candi
             "split": ",".join(prediction.split),
         })  # fmt: skip
     return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def _refused_at_the_door(model_fn: Callable[[], Any], predictions: list[Prediction], config: TrainConfig, batch: int,
+                         limit: float) -> list[bool]:  # fmt: skip
+    """Whether ``rd.train`` would refuse each layout's config for ``limit`` (:func:`rapydli.experiments.planning.fit.check_fits`).
+
+    The profile's blocks and the model's differ a little (the root ZeRO-3 keeps gathered,
+    ``pipeline_split="auto"`` balanced by time here and by bytes there), so a layout the
+    profile fits can be over the front door's count of its model states.
+    """
+    from rapydli.experiments.planning.fit import StatesPredictor
+
+    predictor = StatesPredictor.of(model_fn)
+    if predictor is None:
+        return [False] * len(predictions)
+    refused = []
+    for prediction in predictions:
+        try:
+            states = predictor(prediction.layout.config(config, batch, prediction.split), prediction.layout.ranks)
+        except ConfigError:  # a profile of other block names (given): the profile's prediction stands
+            refused.append(False)
+            continue
+        refused.append(states.peak > limit)
+    return refused
 
 
 def _honoured(model_fn: Callable[[], Any], predictions: list[Prediction], config: TrainConfig) -> tuple[list[Prediction], list[str]]:

@@ -12,24 +12,35 @@ One step of a :class:`~rapydli.experiments.planning.layouts.Candidate`, as the T
    costs ``p2p`` of the largest boundary activation, and a receive that waited is noticed
    as late as measured (``LinkModel.delay_after``). Stages are cut where the measured
    times balance (:func:`rapydli.parallel.split.balance`), as ``pipeline_split="auto"``
-   does, and the layout's config names those cuts;
+   does, and the layout's config names those cuts. With activation checkpointing a
+   block's backward runs its forward again first (one more forward per block, its
+   tensor-parallel allreduces included). With ZeRO 3 every block's parameters are
+   allgathered (half a ``collectives`` ring at ``dp`` ranks of its bytes) before its
+   forward and again before its backward, the next block's gather running during the
+   current block's compute (:func:`gathered`: only what a gather takes beyond the
+   compute it overlaps is added, and the first gather of each pass);
 3. **gradients** (``dp > 1``): ZeRO 0 and 1, the synchronizer's buckets (reverse
    parameter order, the first at most 1 MiB, then ``bucket_mb``) each start their
    allreduce (``allreduce`` ring at ``dp`` ranks) when backward has produced all their
    gradients, during the stage's last backward, one after another; ZeRO 2, the
    :class:`~rapydli.parallel.zero.ShardedOptimizer`'s buckets (reverse order, ``bucket_mb``)
    each reduce-scattered (half a ``collectives`` ring) as backward completes it, after its
-   gradients are added into the bucket (a copy of the stage's parameter bytes). Only what
-   runs past the end of backward counts (with ``overlap=False``, all of it: ZeRO 2 always
-   overlaps). Gradients are taken as ready when their block's backward ends;
+   gradients are added into the bucket (a copy of the stage's parameter bytes); ZeRO 3
+   the same with one bucket per block. Only what runs past the end of backward counts
+   (with ``overlap=False``, all of it: ZeRO 2 and 3 always overlap). Gradients are taken
+   as ready when their block's backward ends;
 4. **optimizer**: the step's measured time per parameter byte on the rank's share
-   (``1 / dp`` with ZeRO), plus with ZeRO the allgather of the updated parameters (half a
-   ``collectives`` ring; they live in the buckets, so nothing else is copied);
+   (``1 / dp`` with ZeRO), plus with ZeRO 1 and 2 the allgather of the updated parameters
+   (half a ``collectives`` ring; they live in the buckets, so nothing else is copied);
+   ZeRO 3 gathers nothing after the step (the next forward does);
 5. **the loop**: the training loop's own time per step
    (:attr:`~rapydli.experiments.planning.profile.Profile.step_overhead_s`, measured on one rank).
 
 The step is the slowest stage's. Peak memory per rank is the largest stage's
-:class:`~rapydli.experiments.planning.layouts.Memory`.
+:class:`~rapydli.experiments.planning.layouts.Memory`. The profile's blocks stand for the
+units ZeRO-3 gathers and the blocks checkpointing recomputes (a model's pipeline blocks
+and :func:`rapydli.parallel.split.model_blocks` are the same modules but for the wrappers
+a ``pipeline_blocks()`` may add around embeddings and head).
 """
 
 from __future__ import annotations
@@ -113,10 +124,11 @@ def exposed_allreduce(
 
 
 def exposed_reduce_scatter(parameters: Sequence[tuple[float, int]], backward_end: float, network: Network, dp: int, bucket_bytes: float) -> float:
-    """Seconds ZeRO 2's reduce-scatters run past ``backward_end`` (``parameters`` as for :func:`exposed_allreduce`).
+    """Seconds ZeRO 2's (or 3's) reduce-scatters run past ``backward_end`` (``parameters`` as for :func:`exposed_allreduce`).
 
     Buckets are filled as :class:`rapydli.parallel.zero.ShardedOptimizer` fills them (no
-    small first bucket) and reduce-scattered one after another from the moment each is complete.
+    small first bucket) and reduce-scattered one after another from the moment each is
+    complete; ``bucket_bytes=0``: every entry is a bucket of its own (ZeRO 3's blocks).
     """
     if dp <= 1 or not parameters:
         return 0.0
@@ -124,6 +136,18 @@ def exposed_reduce_scatter(parameters: Sequence[tuple[float, int]], backward_end
     for bucket in _bucketed(parameters, bucket_bytes, bucket_bytes):
         clock = max(clock, max(r for r, _ in bucket)) + network.collectives.allreduce_time(dp, sum(n for _, n in bucket)) / 2
     return max(0.0, clock - backward_end)
+
+
+def gathered(computes: Sequence[float], gathers: Sequence[float]) -> list[float]:
+    """Each block's time in one pass (forward, or backward in its order) with ZeRO-3's prefetched gathers.
+
+    ``computes[i]``: block ``i``'s compute in the order the pass runs the blocks;
+    ``gathers[i]``: the allgather of its parameters. The first block waits for its own
+    gather; every block's compute runs while the next block's gather does, and takes the
+    longer of the two.
+    """
+    following = [*gathers[1:], 0.0]
+    return [max(c, g) + (gathers[0] if i == 0 else 0.0) for i, (c, g) in enumerate(zip(computes, following))]
 
 
 def _tp_time(network: Network, tp: int, calls: Sequence[int]) -> float:
@@ -143,42 +167,51 @@ def predict(layout: Candidate, profile: Profile, network: Network, global_batch:
     blocks = profile.blocks(layout.tp, micro)
     bounds = stage_bounds(blocks, layout.pp)
     stages = [blocks[bounds[s] : bounds[s + 1]] for s in range(layout.pp)]
-    forward = [sum(b.forward_s + _tp_time(network, layout.tp, b.tp_forward_bytes) for b in stage) for stage in stages]
-    backward = [sum(b.backward_s + _tp_time(network, layout.tp, b.tp_backward_bytes) for b in stage) for stage in stages]
+    sharded = layout.zero >= 3 and layout.dp > 1
+    recompute = layout.checkpointing is not None
+    block_forward, block_backward = [], []  # per stage, per block (forward order) seconds of one micro-batch
+    for stage in stages:
+        fwd = [b.forward_s + _tp_time(network, layout.tp, b.tp_forward_bytes) for b in stage]
+        bwd = [b.backward_s + _tp_time(network, layout.tp, b.tp_backward_bytes) + (f if recompute else 0.0) for b, f in zip(stage, fwd)]
+        if sharded:
+            gathers = [network.collectives.allreduce_time(layout.dp, b.parameters_bytes) / 2 for b in stage]
+            fwd = gathered(fwd, gathers)
+            bwd = gathered(bwd[::-1], gathers[::-1])[::-1]
+        block_forward.append(fwd)
+        block_backward.append(bwd)
+    forward, backward = [sum(f) for f in block_forward], [sum(b) for b in block_backward]
     transfer = max((network.p2p.send_time(stage[-1].output_bytes) for stage in stages[:-1]), default=0.0)
     plan = schedules.build(layout.schedule if layout.pp > 1 else "1f1b", layout.pp, layout.microbatches)
     timeline = schedules.simulate(plan, forward, backward, transfer, network.p2p.delay_after)
     data = profile.data_time(layout.replica_batch(global_batch)) if layout.pp > 1 else layout.microbatches * profile.data_time(micro)
     factor = optimizer_factor(config)
+    bucket_bytes = config.bucket_mb * (1 << 20)
     finish, gradient_parts, optimizer_parts, memories = [], [], [], []
     for s, stage in enumerate(stages):
         spans = timeline.spans[s]
         end = spans[-1][2]
         last_backward = max(start for action, start, _ in spans if action.kind == "backward")
         parameter_bytes = sum(b.parameters_bytes for b in stage)
-        ready, produced = [], last_backward
-        for block in reversed(stage):
-            produced += block.backward_s + _tp_time(network, layout.tp, block.tp_backward_bytes)
+        ready, produced, units = [], last_backward, []
+        for block, seconds in zip(reversed(stage), reversed(block_backward[s])):
+            produced += seconds
             ready += [(produced, nbytes) for nbytes in reversed(block.parameter_bytes)]
-        bucket_bytes = config.bucket_mb * (1 << 20)
-        if layout.zero == 2:
-            copies = profile.gradient_copy_s_per_byte * parameter_bytes if layout.dp > 1 else 0.0
+            units.append((produced, block.parameters_bytes))
+        copies = profile.gradient_copy_s_per_byte * parameter_bytes if layout.dp > 1 else 0.0
+        if layout.zero == 3:  # one bucket per block
+            gradient = copies + exposed_reduce_scatter(units, end, network, layout.dp, 0.0)
+        elif layout.zero == 2:
             gradient = copies + exposed_reduce_scatter(ready, end, network, layout.dp, bucket_bytes)
         else:
             gradient = exposed_allreduce(ready, end, network, layout.dp, bucket_bytes, config.overlap)
         optimizer = profile.optimizer_s_per_byte * parameter_bytes / (layout.dp if layout.zero else 1)
-        if layout.zero and layout.dp > 1:
+        if layout.zero in (1, 2) and layout.dp > 1:
             optimizer += network.collectives.allreduce_time(layout.dp, parameter_bytes) / 2
         finish.append(end + gradient + optimizer)
         gradient_parts.append(gradient)
         optimizer_parts.append(optimizer)
-        live = schedules.peak_live(plan[s]) if layout.pp > 1 else 1
-        held_outputs = stage[-1].output_bytes if s < layout.pp - 1 else 0
-        activations = live * (sum(b.saved_bytes for b in stage) + held_outputs)
-        # every rank builds the whole model; a pipeline stage trains its blocks and keeps the others' parameters
-        others = sum(b.parameters_bytes for b in blocks) - parameter_bytes
-        buffers = zero_buffers(parameter_bytes, layout.dp, layout.zero, bucket_bytes) + others
-        memories.append(Memory(*zero_states(parameter_bytes, layout.dp, layout.zero, factor), activations, buffers))
+        memories.append(Memory(*zero_states(parameter_bytes, layout.dp, layout.zero, factor), stage_activations(stage, layout, plan[s], s),
+                               _buffers(blocks, stage, layout, bucket_bytes)))  # fmt: skip
     slowest = max(range(layout.pp), key=lambda s: finish[s])
     bubble = timeline.idle_fraction(slowest) if layout.pp > 1 else 0.0
     return Prediction(
@@ -186,3 +219,28 @@ def predict(layout: Candidate, profile: Profile, network: Network, global_batch:
         gradient_s=gradient_parts[slowest], optimizer_s=optimizer_parts[slowest], memory=max(memories, key=lambda m: m.peak),
         stage_memory=memories, split=[profile.names[i] for i in bounds[1:-1]],
     )  # fmt: skip
+
+
+def stage_activations(stage: Sequence[BlockCost], layout: Candidate, actions: Sequence[schedules.Action], index: int) -> float:
+    """Bytes of activations stage ``index`` holds at its peak.
+
+    Without checkpointing: every block's saved bytes, plus the stage's output kept for the
+    gradient that comes back (not on the last stage), times the micro-batches the
+    schedule keeps alive at once. With checkpointing: each block keeps only its input
+    (the previous block's output) and the stage its output, times the live micro-batches,
+    plus the saved bytes of one block (the largest) while its backward recomputes it.
+    """
+    live = schedules.peak_live(actions) if layout.pp > 1 else 1
+    held_outputs = stage[-1].output_bytes if index < layout.pp - 1 else 0
+    if layout.checkpointing is None:
+        return live * (sum(b.saved_bytes for b in stage) + held_outputs)
+    inputs = sum(b.output_bytes for b in stage[:-1])
+    return live * (inputs + held_outputs) + max(b.saved_bytes for b in stage)
+
+
+def _buffers(blocks: Sequence[BlockCost], stage: Sequence[BlockCost], layout: Candidate, bucket_bytes: float) -> float:
+    """ZeRO's buffers beyond the formula, and the other stages' parameters (every rank builds the whole model)."""
+    parameter_bytes = sum(b.parameters_bytes for b in stage)
+    others = sum(b.parameters_bytes for b in blocks) - parameter_bytes
+    units = [float(b.parameters_bytes) for b in stage]
+    return zero_buffers(parameter_bytes, layout.dp, layout.zero, bucket_bytes, units) + others
