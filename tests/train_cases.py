@@ -183,6 +183,19 @@ class Unreadable(NormedMLP):
         return Features(super().forward(x))
 
 
+class SlowOnRank1(NormedMLP):
+    """A NormedMLP whose forward takes 40 ms longer on rank 1: a straggler (a slow core or node) made deterministic."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        import time
+
+        from rapydli.cluster import engine
+
+        if engine.context().rank == 1:
+            time.sleep(0.04)
+        return super().forward(x)
+
+
 def per_sample_loss(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """A mistake: the loss of every sample where the batch's scalar loss is expected."""
     return nn.functional.cross_entropy(outputs, targets, reduction="none")

@@ -141,6 +141,8 @@ def show(run_id: str, as_json: bool) -> None:
     records = store.records(run["id"])
     if "setup_s" in records:  # where the time before the first step went
         click.echo("  set-up      " + setup_text(dict(records["setup_s"]["value"])))
+    for straggler in records.get("stragglers", {}).get("value", []):  # a rank the others waited for
+        click.echo("  straggler   " + straggler["text"])
     from rapydli.experiments.store.compare import flatten
 
     click.echo("parameters:")  # all of them, nested ones as dotted keys (config.lr), nothing cut short
@@ -154,7 +156,7 @@ def show(run_id: str, as_json: bool) -> None:
         click.echo("final metrics:")
         for key, value in sorted(final.items()):
             click.echo(f"  {key} = {fmt_value(value)}")
-    others = {k: v["type"] for k, v in records.items() if v["type"] != "scalar" and not k.startswith(("tracker.", "setup_s"))}
+    others = {k: v["type"] for k, v in records.items() if v["type"] != "scalar" and not k.startswith(("tracker.", "setup_s", "stragglers"))}
     if others:
         click.echo("records: " + ", ".join(f"{k} ({t})" for k, t in others.items()))
     if artifacts:

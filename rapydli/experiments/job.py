@@ -25,6 +25,7 @@ from collections.abc import Callable, Collection, Sequence
 from typing import TYPE_CHECKING, Any
 
 from rapydli.errors import ConfigError, RankFailure
+from rapydli.experiments.stragglers import StragglerWatch
 from rapydli.experiments.trackers.follow import RunTrackers, follow
 from rapydli.parallel.layout import Layout
 from rapydli.trainer.config import TrainConfig
@@ -117,6 +118,10 @@ class TrainingJob:
         read from the checkpoint this job resumed from.
     progress_bar
         The progress bar (``None`` before the run starts or without ``progress``).
+    stragglers
+        The :class:`~rapydli.experiments.stragglers.StragglerWatch` of a data-parallel run
+        (``None`` with pipeline stages or tensor slices): ``stragglers.found`` lists the ranks
+        found persistently slower, also the run's ``stragglers`` record.
     setup_s
         Seconds before the first step, by phase in the order they ran (engines ready, code
         shipped and task started, model and data, the Trainer's set-up); complete once the
@@ -171,6 +176,9 @@ class TrainingJob:
                 "use 'auto', 'mpi' or 'ring'"
             )
         self.callbacks = tuple(callbacks)
+        # a rank slower than the others, by its step timings (data-parallel ranks only: stages and slices differ by design)
+        same_work = not (self.layout.pp_enabled or self.layout.tp_enabled)
+        self.stragglers = StragglerWatch(len(self.targets), {i: rank_hosts.get(t, "?") for i, t in enumerate(self.targets)}) if same_work else None
         self.rows: list[dict[str, Any]] = []
         self.rank_rows: list[dict[str, Any]] = []
         self.results: list[dict[str, Any]] = []
@@ -261,6 +269,7 @@ class TrainingJob:
             return
         if kind == "rank_timings":  # other ranks' step timings: to the callbacks and the store, not the history
             self.rank_rows.append(payload)
+            self._watch_stragglers(payload)
             if self.store is not None and self.run_id is not None:  # stored as e.g. step_time_s@rank1
                 self.store.log_metrics(self.run_id, [(s, f"{n}@rank{payload['rank']}", v) for s, n, v in _metric_rows(payload)])
             for callback in self.callbacks:
@@ -274,6 +283,7 @@ class TrainingJob:
         if kind != "metrics":
             return
         self.rows.append(payload)
+        self._watch_stragglers(payload)
         if payload.get("kind") == "train" and self._bar is not None:
             self._bar.update(payload["step"] - self._bar.n)
             self._bar.set_postfix(loss=f"{payload['loss']:.4g}", refresh=False)
@@ -284,6 +294,18 @@ class TrainingJob:
         if isinstance(value, (int, float)) and self.stop_requested_at is None:  # rank 0 waits for this answer
             self._verdict_step = payload.get("step")
             self.job.go_on(self.targets[:1])
+
+    def _watch_stragglers(self, row: dict[str, Any]) -> None:
+        """Feed a timing row to the straggler watch; a rank found slower is recorded and, with ``progress``, said once."""
+        found = self.stragglers.add(row) if self.stragglers is not None else None
+        if found is None:
+            return
+        if self.store is not None and self.run_id is not None:
+            self.store.add_record(self.run_id, "stragglers", "json", [s.as_dict() for s in self.stragglers.found])  # type: ignore[union-attr]
+        if self.progress:
+            from tqdm.auto import tqdm
+
+            tqdm.write(found.text())
 
     def _set_up(self, on_rank0: dict[str, float]) -> None:
         """Record where the time before the first step went, and print it above the bar (the bar's rate is training's alone)."""
