@@ -24,5 +24,10 @@ def test_distributed_training_notebook(tmp_path: Path) -> None:
     assert "class DigitsCNN(nn.Module):" in text  # the notebook source recorded with the run
     survived = text.split("engine killed: ")[1].splitlines()[0]  # a run whose rank 1 died finished by itself
     assert survived.startswith("True; run finished after 12 steps; restarted once (rank") and "resumed from step 3" in survived
+    # a hang made on purpose, diagnosed from outside the blocked engines: the ranks, the operations and the notebook's line
+    assert "the task hung and was interrupted: no rank progressed for" in text
+    assert "mismatched collectives on world: rank 0 is in allreduce #0 on world" in text and "rank 1 is in broadcast #0 on world" in text
+    assert "rank 1: in broadcast_ <- mismatched" in text and "comm.broadcast_(t, root=0)" in text
+    assert "after the abort, the ranks answer again: [0, 1]" in text
     figures = executed.figures
     assert figures, "the loss curve was not saved in the executed notebook"
