@@ -20,11 +20,10 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-if __name__ == "__main__":  # this process only executes one notebook:
-    # nbformat imports jsonschema, which imports rfc3987_syntax when it is installed (jupyter-events
-    # pulls it in) for its IRI format checks; that import compiles a grammar, 3-5 s of CPU per item.
-    # Notebook validation checks no formats, so the item process goes without it.
-    sys.modules.setdefault("rfc3987_syntax", None)  # type: ignore[arg-type]  # None: "not importable"
+from rapydli.experiments.batch.headless import skip_unused_imports
+
+if __name__ == "__main__":  # this process only executes one notebook: 3-5 s of CPU less (see headless)
+    skip_unused_imports()
 
 from rapydli.experiments.batch.spec import kernel_for, read_notebook
 from rapydli.experiments.figures import STATIC_RENDERERS

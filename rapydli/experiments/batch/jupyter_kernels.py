@@ -39,12 +39,15 @@ class EncryptedKernelManager(AsyncKernelManager):
             self.transport_encryption = "required"
 
     async def start_kernel(self, **kw: Any) -> None:  # type: ignore[override]
-        """Start the kernel with plotly's renderers for saved notebooks (a renderer set in ``env`` is kept)."""
+        """Start the kernel with plotly's renderers for saved notebooks (a renderer set in ``env`` is kept),
+        without the imports a headless kernel never uses (:mod:`rapydli.experiments.batch.headless`)."""
+        from rapydli.experiments.batch.headless import KERNEL_ARGUMENTS
         from rapydli.experiments.figures import STATIC_RENDERERS
 
         env = dict(kw.pop("env", None) or os.environ)
         env.setdefault("PLOTLY_RENDERER", STATIC_RENDERERS)
-        await super().start_kernel(env=env, **kw)
+        extra = [*(kw.pop("extra_arguments", None) or []), *KERNEL_ARGUMENTS]  # a headless kernel: 3-5 s less at its first figure
+        await super().start_kernel(env=env, extra_arguments=extra, **kw)
 
 
 class RapydliEngine(NBClientEngine):
