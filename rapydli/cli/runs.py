@@ -256,7 +256,10 @@ def repeat(run_id: str, out: str | None, parallel: int | None) -> None:
 @click.option("--to", "tracker", type=click.Choice(TRACKERS.names()), default=None,
               help="Log the runs to this experiment tracker instead (again: updates the same tracker runs).")  # fmt: skip
 def export(run_ids: tuple[str, ...], kind: str | None, status: str | None, fmt: str, output: str, tracker: str | None) -> None:
-    """Export runs (all, filtered, or the given ids) as JSON Lines or CSV, or --to a tracker (MLflow, TensorBoard, W&B)."""
+    """Export runs (all, filtered, or the given ids) as JSON Lines or CSV, or --to a tracker (MLflow, TensorBoard, W&B).
+
+    To a tracker, a sweep, batch or scaling study goes with its children, nested under it.
+    """
     from rapydli.experiments.store.compare import flatten
     from rapydli.experiments.store.runview import iso_times
 
