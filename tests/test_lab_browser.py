@@ -36,6 +36,9 @@ ROOT = Path(__file__).resolve().parents[1]
 #: below they fill more than one page of the panel's run list (25 a page).
 ARCHIVED = 30
 FAMILIES = 7 + ARCHIVED  # 2 train, sweep, batch, live, scaling, a one-trial sweep, and the archived ones
+#: The scaling study's tracker runs (seeded links: no tracker runs).
+MLFLOW_URL = "http://127.0.0.1:5000/#/experiments/1/runs/a81c"
+TENSORBOARD_DIR = "/tmp/tensorboard/weak-scaling"
 
 
 def seed_archive(store: RunStore) -> None:
@@ -56,6 +59,8 @@ def seed(store: RunStore) -> dict[str, str]:
     store.add_record(ids["scaling"], "scaling", "table", [
         {"workers": 1, "throughput": 100.0}, {"workers": 2, "throughput": 190.0}, {"workers": 4, "throughput": 340.0},
     ])  # fmt: skip
+    store.add_record(ids["scaling"], "tracker.mlflow", "json", {"id": "a81c", "url": MLFLOW_URL})  # as the trackers link it
+    store.add_record(ids["scaling"], "tracker.tensorboard", "json", {"id": ids["scaling"], "logdir": TENSORBOARD_DIR})
     store.finish_run(ids["scaling"])
     ids["one_trial"] = store.create_run("sweep", "one-trial-sweep", {"metric": "val_loss", "direction": "minimize"})
     trial = store.create_run("trial", "one-trial-sweep-trial-0", {"params": {"lr": 0.01}}, parent=ids["one_trial"])
@@ -430,6 +435,13 @@ def test_live_run_and_scaling_views(page: Page, lab: dict[str, Any]) -> None:
     scaling = view.locator('[data-plot="scaling"]')
     expect(scaling.locator(".scatterlayer .trace")).to_have_count(3)  # speedup, ideal, efficiency
     expect(scaling).to_contain_text("efficiency")
+    trackers = view.get_by_role("region", name="Trackers")  # the study in MLflow (a link, to a new tab) and TensorBoard (its folder)
+    mlflow = trackers.get_by_role("link", name="Open in mlflow")
+    expect(mlflow).to_have_attribute("href", MLFLOW_URL)
+    expect(mlflow).to_have_attribute("target", "_blank")
+    expect(trackers.locator('li[data-tracker="tensorboard"]')).to_have_text(f"tensorboard: {TENSORBOARD_DIR}")
+    expect(trackers.get_by_role("link")).to_have_count(1)
+    shot(page, lab, "trackers", trackers)
 
 
 def test_commands_are_in_the_palette(page: Page) -> None:

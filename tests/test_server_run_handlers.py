@@ -130,6 +130,28 @@ async def test_a_run_shows_its_code_as_sources(api, store: RunStore, tmp_path: P
 
 
 @on_server_loop
+async def test_a_run_shows_its_tracker_runs_as_links_and_folders(api, store: RunStore, tmp_path: Path) -> None:
+    run_id = store.create_run("train", "tracked", {"config": {"lr": 0.1}})  # links as the trackers record them (trackers.sync)
+    mlflow_url = "http://127.0.0.1:5000/#/experiments/1/runs/a81c"
+    store.add_record(run_id, "tracker.mlflow", "json", {"id": "a81c", "experiment_id": "1", "tracking_uri": "http://127.0.0.1:5000", "url": mlflow_url})
+    store.add_record(run_id, "tracker.tensorboard", "json", {"id": run_id, "logdir": str(tmp_path / "tb" / f"tracked-{run_id}")})
+    store.add_record(run_id, "tracker.wandb", "json", {"id": run_id, "project": "rapydli", "group": None, "dir": str(tmp_path / "wandb"), "url": None})
+    store.finish_run(run_id)
+    code, run = await api("runs", run_id)
+    assert code == 200 and run["trackers"] == [
+        {"tracker": "mlflow", "id": "a81c", "url": mlflow_url, "path": None},
+        {"tracker": "tensorboard", "id": run_id, "url": None, "path": str(tmp_path / "tb" / f"tracked-{run_id}")},
+        {"tracker": "wandb", "id": run_id, "url": None, "path": str(tmp_path / "wandb")},  # offline: its folder
+    ]
+    store.add_record(run_id, "tracker.mlflow", "json", {"id": "a81c", "url": "javascript:alert(1)"})  # never a link
+    code, run = await api("runs", run_id)
+    assert run["trackers"][0] == {"tracker": "mlflow", "id": "a81c", "url": None, "path": None}
+    other = store.create_run("train", "untracked", {})
+    code, run = await api("runs", other)
+    assert code == 200 and run["trackers"] == []
+
+
+@on_server_loop
 async def test_compare_diffs_params_and_overlays_curves(api, store: RunStore, tmp_path: Path) -> None:
     ids = seed(store, tmp_path)
     code, data = await api("compare", params={"ids": f"{ids['a']},{ids['b']}"})

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import glob
+from pathlib import Path
 
 import pytest
-from trackers_files import tensorboard_scalars, wandb_config, wandb_history
+from trackers_files import items_notebook, tensorboard_scalars, tensorboard_texts, wandb_config, wandb_history, wandb_run
 
 import rapydli as rd
 from rapydli.errors import ConfigError
@@ -91,3 +92,75 @@ def test_exporting_a_recorded_run_to_tensorboard_twice_leaves_one_copy(tmp_path,
     assert len(glob.glob(f"{logdir}/events.out.tfevents.*")) == 1
     scalars = tensorboard_scalars(logdir)
     assert [s for s, _ in scalars["loss"]] == [1, 2, 3, 4, 5] and [s for s, _ in scalars["system/rank1/step_time_s"]] == [1, 2, 3, 4, 5]
+
+
+def test_exporting_a_recorded_batch_to_tensorboard_nests_its_items_and_their_runs_once(tmp_path, monkeypatch, capsys) -> None:
+    pytest.importorskip("tensorboard", reason="the tensorboard extra is not installed")
+    from rapydli.cli import main as cli_main
+
+    monkeypatch.setenv("RAPYDLI_TENSORBOARD_DIR", str(tmp_path))
+    store = open_store()  # a recorded batch, never logged: two items, each with the run its notebook trained
+    batch = store.create_run("batch", "grid", {"notebook": "grid.ipynb"})
+    inner: dict[str, str] = {}
+    for x in (1, 2):
+        item = store.create_run("batch", f"grid/item{x}", {"parameters": {"x": x}}, parent=batch)
+        store.add_record(item, "score", "scalar", x * 0.5)
+        inner[item] = store.create_run("train", f"inner-{x}", {"x": x}, parent=item)
+        store.log_metrics(inner[item], [(step, "loss", x / step) for step in (1, 2)])
+        store.finish_run(inner[item])
+        store.finish_run(item)
+    store.finish_run(batch)
+    for _ in range(2):
+        assert cli_main(["runs", "export", "--to", "tensorboard", batch]) == 0
+    order = [line.split()[0] for line in capsys.readouterr().out.splitlines()]
+    assert order == [batch, *[run for item in inner for run in (item, inner[item])]] * 2  # each after its parent
+    batch_dir = Path(links(store, batch)["tensorboard"]["logdir"])
+    assert batch_dir.parent == tmp_path and "batch" in "".join(tensorboard_texts(batch_dir, "tags"))
+    for x, item in enumerate(inner, 1):
+        item_dir, run_dir = (Path(links(store, run)["tensorboard"]["logdir"]) for run in (item, inner[item]))
+        assert item_dir.parent == batch_dir and run_dir.parent == item_dir  # one folder each, inside its parent's
+        for folder in (batch_dir, item_dir, run_dir):
+            assert len(glob.glob(f"{folder}/events.out.tfevents.*")) == 1, folder  # the second export rewrote, not added
+        assert tensorboard_scalars(item_dir)["score"] == [(0, pytest.approx(x * 0.5))]
+        assert tensorboard_scalars(run_dir)["loss"] == [(1, pytest.approx(x)), (2, pytest.approx(x / 2))]
+
+
+@pytest.mark.notebook
+def test_a_batch_logged_to_tensorboard_and_offline_wandb_is_a_parent_with_one_child_per_item(tmp_path, monkeypatch) -> None:
+    pytest.importorskip("tensorboard", reason="the tensorboard extra is not installed")
+    pytest.importorskip("wandb", reason="the wandb extra is not installed")
+    from rapydli.cli import main as cli_main
+
+    monkeypatch.setenv("RAPYDLI_TENSORBOARD_DIR", str(tmp_path / "tb"))
+    monkeypatch.setenv("WANDB_MODE", "offline")  # never the network
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    items_notebook(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    assert cli_main(["batch", "items.ipynb", "--grid", "x=1,2", "--parallel", "2", "--trackers", "tensorboard,wandb", "--out", "out"]) == 0
+    store = open_store()
+    batch = next(run["id"] for run in store.list_runs(kind="batch", limit=10)[0] if run["parent"] is None)  # the newest batch
+    items = [run["id"] for run in store.list_runs(parent=batch)[0]]
+    inner = {item: store.list_runs(parent=item)[0][0] for item in items}  # the run each item's notebook recorded
+    assert len(items) == 2 and sorted(run["params"]["x"] for run in inner.values()) == [1, 2]
+
+    batch_dir = Path(links(store, batch)["tensorboard"]["logdir"])  # TensorBoard: folders inside the parent's
+    assert batch_dir.parent == tmp_path / "tb" and f"rapydli.run_id: {batch}" in tensorboard_texts(batch_dir, "tags")[-1]
+    for item in items:
+        item_dir, run_dir = (Path(links(store, run)["tensorboard"]["logdir"]) for run in (item, inner[item]["id"]))
+        assert item_dir.parent == batch_dir and run_dir.parent == item_dir
+        assert f"rapydli.run_id: {item}" in tensorboard_texts(item_dir, "tags")[-1]
+        assert tensorboard_scalars(run_dir)["loss"] == [(1, pytest.approx(inner[item]["params"]["x"]))]
+
+    def wandb_file(run_id: str) -> str:  # W&B: one offline run per RaPyDLI run, all in the batch's group
+        (found,) = glob.glob(str(tmp_path / "wandb" / f"offline-run-*-{run_id}" / f"run-{run_id}.wandb"))
+        return found
+
+    def group_and_type(run_id: str) -> tuple[str, str]:
+        run = wandb_run(wandb_file(run_id))
+        return run.run_group, run.job_type
+
+    assert group_and_type(batch) == (batch, "batch")
+    for item in items:
+        assert group_and_type(item) == (batch, "batch") and group_and_type(inner[item]["id"]) == (batch, "train")
+        history = wandb_history(wandb_file(inner[item]["id"]))
+        assert [(row["step"], row["loss"]) for row in history if "loss" in row] == [(1, pytest.approx(inner[item]["params"]["x"]))]

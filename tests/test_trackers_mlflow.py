@@ -12,6 +12,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from trackers_files import items_notebook
 
 import rapydli as rd
 from rapydli.cli import main as cli_main
@@ -173,6 +174,35 @@ def test_exporting_a_recorded_run_twice_updates_one_mlflow_run(cluster, tracking
     assert [m.step for m in tracking.get_metric_history(found.info.run_id, "loss")] == expected == [1, 2, 3, 4, 5]
 
 
+def test_exporting_a_recorded_sweep_twice_updates_one_parent_run_and_its_nested_trials(tracking, capsys) -> None:
+    store = open_store()  # a recorded sweep, never logged: store rows only
+    sweep_id = store.create_run("sweep", "recorded-sweep", {"metric": "loss", "direction": "minimize"})
+    trials = []
+    for i in range(2):
+        trial = store.create_run("trial", f"recorded-sweep-trial-{i}", {"params": {"lr": 0.01 * (i + 1)}}, parent=sweep_id)
+        store.log_metrics(trial, [(step, "loss", (i + 1) / step) for step in (1, 2, 3)])
+        store.finish_run(trial)
+        trials.append(trial)
+    store.finish_run(sweep_id)
+    outputs = []
+    for _ in range(2):
+        assert cli_main(["runs", "export", "--to", "mlflow", sweep_id]) == 0  # the parent alone is named
+        outputs.append(capsys.readouterr().out)
+    assert outputs[0] == outputs[1] and [line.split()[0] for line in outputs[0].splitlines()] == [sweep_id, *trials]
+    (parent,) = _mlflow_runs(tracking, sweep_id)
+    assert parent.info.status == "FINISHED" and parent.data.tags["rapydli.kind"] == "sweep"
+    experiment = tracking.get_experiment_by_name("rapydli-tests")
+    nested = tracking.search_runs([experiment.experiment_id], filter_string=f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'")
+    assert sorted(r.data.tags["rapydli.run_id"] for r in nested) == sorted(trials)
+    for run in nested:
+        trial = run.data.tags["rapydli.run_id"]
+        assert [r.info.run_id for r in _mlflow_runs(tracking, trial)] == [run.info.run_id]  # one, after two exports
+        assert links(store, trial)["mlflow"]["id"] == run.info.run_id and run.info.status == "FINISHED"
+        expected = [(m["step"], m["value"]) for m in store.metrics(trial) if m["name"] == "loss"]
+        assert sorted((m.step, m.value) for m in tracking.get_metric_history(run.info.run_id, "loss")) == expected
+        assert len(expected) == 3 and float(run.data.params["params.lr"]) > 0
+
+
 @pytest.mark.timeout(600)  # a server of its own: its start is most of the time
 def test_a_tracker_server_that_dies_mid_run_is_one_warning_and_the_run_is_complete(cluster, tmp_path, monkeypatch) -> None:
     server, uri = _start_server(tmp_path)
@@ -204,24 +234,8 @@ def test_a_tracker_server_that_dies_mid_run_is_one_warning_and_the_run_is_comple
     assert "mlflow" in links(store, result.run_id)  # the MLflow run it had: `rapydli runs export` catches it up
 
 
-_ITEM_TRAINS = """\
-from rapydli.experiments.store.runstore import open_store
-from rapydli.experiments.trackers.follow import follow
-store = open_store()
-inner = store.create_run("train", f"inner-{x}", {"x": x})  # under the item (RAPYDLI_PARENT_RUN), as rd.train's run is
-followed = follow(store, inner)  # RAPYDLI_TRACKERS, from the batch
-store.log_metrics(inner, [(1, "loss", float(x))])
-store.finish_run(inner)
-followed.close()
-"""
-
-
 def test_a_batch_is_one_parent_mlflow_run_with_one_child_per_parallel_item(tracking, tmp_path, monkeypatch) -> None:
-    import nbformat
-
-    notebook = nbformat.v4.new_notebook()
-    notebook.cells = [nbformat.v4.new_code_cell("x = 1", metadata={"tags": ["parameters"]}), nbformat.v4.new_code_cell(_ITEM_TRAINS)]
-    nbformat.write(notebook, tmp_path / "items.ipynb")
+    items_notebook(tmp_path)
     monkeypatch.chdir(tmp_path)
     assert cli_main(["batch", "items.ipynb", "--grid", "x=1,2", "--parallel", "2", "--trackers", "mlflow", "--out", "out"]) == 0
     store = open_store()

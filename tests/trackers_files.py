@@ -1,4 +1,5 @@
-"""Reading what trackers wrote, with their own code: TensorBoard's event reader and W&B's record protobufs."""
+"""Reading what trackers wrote, with their own code (TensorBoard's event reader and W&B's record
+protobufs), and the small batch notebook the tracker tests run."""
 
 from __future__ import annotations
 
@@ -9,6 +10,28 @@ from typing import Any
 
 _BLOCK = 32768  # W&B's .wandb file is a LevelDB log of Record protobufs, after a 7-byte header
 _HEADER = 7
+
+
+_ITEM_TRAINS = """\
+from rapydli.experiments.store.runstore import open_store
+from rapydli.experiments.trackers.follow import follow
+store = open_store()
+inner = store.create_run("train", f"inner-{x}", {"x": x})  # under the item (RAPYDLI_PARENT_RUN), as rd.train's run is
+followed = follow(store, inner)  # RAPYDLI_TRACKERS, from the batch
+store.log_metrics(inner, [(1, "loss", float(x))])
+store.finish_run(inner)
+followed.close()
+"""
+
+
+def items_notebook(folder: Path) -> Path:
+    """``folder/items.ipynb``: parameter ``x``; it records a run ``inner-<x>`` with one loss and logs it to the batch's trackers."""
+    import nbformat
+
+    notebook = nbformat.v4.new_notebook()
+    notebook.cells = [nbformat.v4.new_code_cell("x = 1", metadata={"tags": ["parameters"]}), nbformat.v4.new_code_cell(_ITEM_TRAINS)]
+    nbformat.write(notebook, folder / "items.ipynb")
+    return folder / "items.ipynb"
 
 
 def tensorboard_scalars(logdir: str | Path) -> dict[str, list[tuple[int, float]]]:
@@ -70,6 +93,13 @@ def wandb_history(path: str | Path) -> list[dict[str, Any]]:
         if record.WhichOneof("record_type") == "history":
             rows.append({item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item})
     return rows
+
+
+def wandb_run(path: str | Path) -> Any:
+    """The run's ``RunRecord`` (its id, group, job type...) as the W&B run file holds it last."""
+    runs = [record.run for record in wandb_records(path) if record.WhichOneof("record_type") == "run"]
+    assert runs, f"{path} holds no run record"
+    return runs[-1]
 
 
 def wandb_config(path: str | Path) -> dict[str, Any]:

@@ -109,7 +109,7 @@ def show(run_id: str, as_json: bool) -> None:
     Code defined in a notebook (a model class, a loss) is shown with its recorded source.
     """
     from rapydli.experiments.store.runview import iso_times, setup_text
-    from rapydli.experiments.trackers.sync import links
+    from rapydli.experiments.trackers.sync import link_rows
 
     store = _store()
     run = store.get_run(store.resolve(run_id))
@@ -131,8 +131,8 @@ def show(run_id: str, as_json: bool) -> None:
     tags = store.tags(run["id"])
     if tags:
         click.echo("  tags        " + " ".join(tags))
-    for tracker, link in links(store, run["id"]).items():  # the run in MLflow, TensorBoard, W&B
-        click.echo(f"  {tracker:<11} {link.get('url') or link.get('logdir') or link.get('id')}")
+    for link in link_rows(store, run["id"]):  # the run in MLflow, TensorBoard, W&B
+        click.echo(f"  {link['tracker']:<11} {link['url'] or link['path'] or link['id']}")
     if run["note"]:
         click.echo("  note        " + run["note"].strip().replace("\n", "\n              "))
     click.echo("  versions    " + ", ".join(f"{k} {v}" for k, v in sorted(run["versions"].items()) if v))
@@ -261,7 +261,10 @@ def repeat(run_id: str, out: str | None, parallel: int | None) -> None:
 @click.option("--to", "tracker", type=click.Choice(TRACKERS.names()), default=None,
               help="Log the runs to this experiment tracker instead (again: updates the same tracker runs).")  # fmt: skip
 def export(run_ids: tuple[str, ...], kind: str | None, status: str | None, fmt: str, output: str, tracker: str | None) -> None:
-    """Export runs (all, filtered, or the given ids) as JSON Lines or CSV, or --to a tracker (MLflow, TensorBoard, W&B)."""
+    """Export runs (all, filtered, or the given ids) as JSON Lines or CSV, or --to a tracker (MLflow, TensorBoard, W&B).
+
+    To a tracker, a sweep, batch or scaling study goes with its children, nested under it.
+    """
     from rapydli.experiments.store.compare import flatten
     from rapydli.experiments.store.runview import iso_times
 

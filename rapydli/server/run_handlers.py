@@ -72,13 +72,15 @@ class FamiliesHandler(BaseHandler):
 
 
 class RunHandler(BaseHandler):
-    """One run with final metrics, tags, note, artifacts, records, hosts, children and
-    ``sources`` (its code: :func:`~rapydli.experiments.store.sources.run_sources`); ``PATCH`` sets
-    its tags and/or note."""
+    """One run with final metrics, tags, note, artifacts, records, hosts, children,
+    ``sources`` (its code: :func:`~rapydli.experiments.store.sources.run_sources`) and
+    ``trackers`` (its tracker runs: :func:`~rapydli.experiments.trackers.sync.link_rows`);
+    ``PATCH`` sets its tags and/or note."""
 
     @tornado.web.authenticated
     async def get(self, run_id: str) -> None:
         from rapydli.experiments.store.sources import run_sources
+        from rapydli.experiments.trackers.sync import link_rows
 
         store = self.store()
         run = _summary(store, store.get_run(check_id(run_id, "run id")))
@@ -87,6 +89,7 @@ class RunHandler(BaseHandler):
         run["records"] = store.records(run_id)
         hosts = run["records"].get("hosts", {}).get("value")
         run["hosts"] = hosts if isinstance(hosts, list) and hosts else [run["host"]]
+        run["trackers"] = link_rows(store, run_id)
         children, _ = store.list_runs(parent=run_id, limit=MAX_CHILDREN)
         run["children"] = [_summary(store, child) for child in children]
         params = run["params"] if isinstance(run["params"], dict) else {}

@@ -128,12 +128,21 @@ export interface ISource {
   line?: number;
 }
 
+/** A run's tracker run: its MLflow or online W&B page (`url`), or its folder on disk (`path`: TensorBoard's log dir, an offline W&B run). */
+export interface ITrackerLink {
+  tracker: string;
+  id: string;
+  url: string | null;
+  path: string | null;
+}
+
 export interface IRunDetail extends IRun {
   hosts: string[];
   artifacts: IArtifact[];
   records: Record<string, { type: string; value: any }>;
   children: IRun[];
   sources: ISource[];
+  trackers: ITrackerLink[];
 }
 
 export interface IRunsReply {

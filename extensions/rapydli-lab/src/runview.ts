@@ -1,7 +1,7 @@
 import { CommandRegistry } from '@lumino/commands';
 import { Widget } from '@lumino/widgets';
 
-import { IMetricsReply, IRunDetail, requestAPI } from './api';
+import { IMetricsReply, IRunDetail, ITrackerLink, requestAPI } from './api';
 import { artifactList, batchSection } from './batchview';
 import { formatDuration, formatNumber, h, shortId } from './format';
 import { annotationsEditor, kvTable, paramsTable } from './params';
@@ -27,7 +27,8 @@ export function runTitle(run: { kind: string; name: string; id: string }): strin
  * The run view in the main area: tags and note, run facts (hosts included), parameters
  * (nested config expanded; the recorded code is not a parameter), the run's source (its
  * notebook code and the module functions it names), one plot per unit (loss; throughput; times in ms; fractions
- * 0-1; learning rate; any other metric alone), per-rank timings where recorded, artifacts;
+ * 0-1; learning rate; any other metric alone), per-rank timings where recorded, the run in
+ * its trackers (MLflow, TensorBoard, W&B), artifacts;
  * for scaling runs the speedup/efficiency plot, for sweeps the sweep view, for batches the
  * items table. Polls `metrics?since=` while the run is running and stops when it ends.
  */
@@ -208,6 +209,7 @@ export class RunView extends Widget {
         paramsTable(params),
         kvTable('Final metrics', Object.entries(run.final ?? {}).filter(([k]) => !k.includes('@rank')).map(([k, v]) => [k, formatNumber(v)]))
       ]),
+      ...(run.trackers?.length ? [trackerList(run.trackers)] : []),
       ...(source ? [source] : []),
       artifactList(this.commands, run.id, run.artifacts)
     );
@@ -273,6 +275,21 @@ export class RunView extends Widget {
   private _plotDivs = new Map<string, HTMLElement>();
   private _extra: HTMLElement;
   private _details: HTMLElement;
+}
+
+/**
+ * The run in its trackers: a link that opens the tracker's page in a new tab (MLflow, online
+ * W&B), or the folder to point the tracker at (TensorBoard's log dir, an offline W&B run).
+ */
+function trackerList(trackers: ITrackerLink[]): HTMLElement {
+  const list = h('ul');
+  for (const link of trackers) {
+    const where = link.url
+      ? h('a', { text: link.url, attrs: { href: link.url, target: '_blank', rel: 'noopener noreferrer', 'aria-label': `Open in ${link.tracker}` } })
+      : h('code', { text: link.path ?? link.id });
+    list.append(h('li', { attrs: { 'data-tracker': link.tracker } }, [h('span', { text: `${link.tracker}: ` }), where]));
+  }
+  return h('section', { className: 'rapydli-Trackers', attrs: { 'aria-label': 'Trackers' } }, [h('h2', { text: 'Trackers' }), list]);
 }
 
 /** How often a running run's records (its restarts) are read again. */

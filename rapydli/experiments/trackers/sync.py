@@ -56,6 +56,21 @@ def links(store: RunStore, run_id: str) -> dict[str, dict[str, Any]]:
     return {name.removeprefix("tracker."): rec["value"] for name, rec in store.records(run_id).items() if name.startswith("tracker.")}
 
 
+def link_rows(store: RunStore, run_id: str) -> list[dict[str, str | None]]:
+    """The run's tracker runs as the panel and ``rapydli runs show`` give them, by tracker name.
+
+    Each row has ``tracker``, ``id`` (the tracker's run id), ``url`` (an ``http(s)`` address:
+    MLflow's run page, an online W&B run; else None) and ``path`` (where it is on disk:
+    TensorBoard's log dir, an offline W&B run's folder; else None).
+    """
+    rows: list[dict[str, str | None]] = []
+    for name, link in sorted(links(store, run_id).items()):
+        url = link.get("url") if isinstance(link.get("url"), str) and link["url"].startswith(("http://", "https://")) else None
+        path = link.get("logdir") or (link.get("dir") if url is None else None)
+        rows.append({"tracker": name, "id": str(link.get("id", "")), "url": url, "path": str(path) if path else None})
+    return rows
+
+
 def metric_key(name: str) -> str:
     """The tracker's key of a stored metric: ``step_time_s@rank1`` is ``system/rank1/step_time_s``."""
     match = _RANK_METRIC.match(name)

@@ -1,8 +1,10 @@
 """The ``tensorboard`` tracker: one log directory of event files per RaPyDLI run.
 
 Runs go under ``RAPYDLI_TENSORBOARD_DIR`` (default ``$RAPYDLI_HOME/tensorboard``), as
-``<name>-<run id>``; a sweep's trials are folders inside the sweep's, so ``tensorboard
---logdir`` shows them as one family. Scalars are written with PyTorch's
+``<name>-<run id>`` (a ``/`` in the name, as in a batch item's ``<notebook>/<parameter
+hash>``, is ``_``); a sweep's trials, a batch's items and a scaling study's points are
+folders inside their parent's, so ``tensorboard --logdir`` shows them as one family.
+Scalars are written with PyTorch's
 ``SummaryWriter`` at the store's step and wall time; parameters, tags, recorded sources
 and the checkpoint location are text summaries; the loss figure is an HTML file beside
 the events. A sync starts from the store's first row, so it rewrites the run's event
@@ -11,6 +13,7 @@ files instead of adding a second copy (a second export replaces the first).
 
 from __future__ import annotations
 
+import re
 import shutil
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -25,6 +28,16 @@ def tensorboard_root() -> Path:
     from rapydli.settings import settings
 
     return settings().tensorboard_dir or home() / "tensorboard"
+
+
+def folder_name(run: Mapping[str, Any]) -> str:
+    """The run's folder in its parent's (or the root): ``<name>-<run id>``, one folder deep whatever the name.
+
+    >>> folder_name({"name": "grid/9c0d1e2f", "id": "3f2a9c81d0b4"})
+    'grid_9c0d1e2f-3f2a9c81d0b4'
+    """
+    name = re.sub(r"[/\\]+", "_", str(run["name"])).lstrip(".")
+    return f"{name}-{run['id']}"
 
 
 class TensorBoardTracker(Tracker):
@@ -45,7 +58,7 @@ class TensorBoardTracker(Tracker):
             self.logdir = Path(link["logdir"])
         else:
             base = Path(parent["logdir"]) if parent and parent.get("logdir") else tensorboard_root()
-            self.logdir = base / f"{run['name']}-{run['id']}"
+            self.logdir = base / folder_name(run)
         self.logdir.mkdir(parents=True, exist_ok=True)
         for old in self.logdir.glob("events.out.tfevents.*"):  # the store is the truth: rewrite, never add a copy
             old.unlink()
