@@ -17,6 +17,16 @@ from rapydli.settings import settings
 from rapydli.trainer.config import fields_spec
 
 
+@pytest.fixture
+def offline_trackers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """TensorBoard into ``tmp_path/tb`` and W&B offline into ``tmp_path`` (skipped without their extras)."""
+    pytest.importorskip("tensorboard", reason="the tensorboard extra is not installed")
+    pytest.importorskip("wandb", reason="the wandb extra is not installed")
+    monkeypatch.setenv("RAPYDLI_TENSORBOARD_DIR", str(tmp_path / "tb"))
+    monkeypatch.setenv("WANDB_MODE", "offline")  # never the network
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+
+
 def test_trackers_are_chosen_by_registered_name_everywhere(monkeypatch: pytest.MonkeyPatch) -> None:
     config = rd.TrainConfig(trackers=["mlflow", "tensorboard", "mlflow"])
     assert config.trackers == "mlflow,tensorboard"
@@ -45,12 +55,7 @@ def test_stored_names_become_tracker_keys_and_flat_params() -> None:
 
 
 @pytest.mark.engines
-def test_a_run_writes_tensorboard_events_and_an_offline_wandb_run_with_every_scalar(tmp_path, monkeypatch) -> None:
-    pytest.importorskip("tensorboard", reason="the tensorboard extra is not installed")
-    pytest.importorskip("wandb", reason="the wandb extra is not installed")
-    monkeypatch.setenv("RAPYDLI_TENSORBOARD_DIR", str(tmp_path / "tb"))
-    monkeypatch.setenv("WANDB_MODE", "offline")  # never the network
-    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+def test_a_run_writes_tensorboard_events_and_an_offline_wandb_run_with_every_scalar(tmp_path, monkeypatch, offline_trackers) -> None:
     monkeypatch.setenv("RAPYDLI_TRACKERS", "wandb")  # as a batch sets it: added to the config's
     config = rd.TrainConfig(max_steps=10, batch_size=16, eval_every=5, allreduce="mpi", workers=2, trackers="tensorboard")
     result = rd.train("rapydli.zoo.models:mlp", "rapydli.zoo.datasets:digits", config, progress=False, live=False)
@@ -126,14 +131,9 @@ def test_exporting_a_recorded_batch_to_tensorboard_nests_its_items_and_their_run
 
 
 @pytest.mark.notebook
-def test_a_batch_logged_to_tensorboard_and_offline_wandb_is_a_parent_with_one_child_per_item(tmp_path, monkeypatch) -> None:
-    pytest.importorskip("tensorboard", reason="the tensorboard extra is not installed")
-    pytest.importorskip("wandb", reason="the wandb extra is not installed")
+def test_a_batch_logged_to_tensorboard_and_offline_wandb_is_a_parent_with_one_child_per_item(tmp_path, monkeypatch, offline_trackers) -> None:
     from rapydli.cli import main as cli_main
 
-    monkeypatch.setenv("RAPYDLI_TENSORBOARD_DIR", str(tmp_path / "tb"))
-    monkeypatch.setenv("WANDB_MODE", "offline")  # never the network
-    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
     items_notebook(tmp_path)
     monkeypatch.chdir(tmp_path)
     assert cli_main(["batch", "items.ipynb", "--grid", "x=1,2", "--parallel", "2", "--trackers", "tensorboard,wandb", "--out", "out"]) == 0

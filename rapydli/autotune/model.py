@@ -370,12 +370,11 @@ def apply_plan(model: nn.Module, plan: Plan) -> nn.Module:
     """Swap every planned ``nn.Conv2d`` of ``model`` for a :class:`TunedConv2d`, in place.
 
     A layer planned on the library default in every pass stays the plain ``nn.Conv2d`` it
-    is (no wrapper, so "the model keeps the library" costs nothing), and a plan whose
-    whole-model check chose the library (``chosen == "library_nchw"``) leaves the model
-    as it is. The same plan gives the same model on every rank. Returns ``model``.
+    is (no wrapper, so "the model keeps the library" costs nothing); a plan whose
+    whole-model check chose the library (``chosen == "library_nchw"``) has only such
+    layers, so it leaves the model as it is. The same plan gives the same model on every
+    rank. Returns ``model``.
     """
-    if plan.chosen == "library_nchw":
-        return model
     for name, choice in plan.layers.items():
         try:
             conv = model.get_submodule(name)
