@@ -237,13 +237,16 @@ def test_jobs_on_disjoint_ranks_run_side_by_side_and_stop_cleanly(cluster):
     while not (steps.get(0, 0) >= 1 and steps.get(1, 0) >= 1) and time.monotonic() < deadline:  # both under way
         left.poll(0.05)
         right.poll(0.05)
-    while not (left.poll(0.05) and right.poll(0.05)):
-        if not left.stop_requested:
-            left.request_stop()
-        if not right.stop_requested and left.finished:
-            right.request_stop()
-    stopped_left, stopped_right = left.result()[0], right.result()[0]
-    assert 0 < stopped_left <= stopped_right < 10_000, (stopped_left, stopped_right, steps)
+    left.request_stop()
+    while not left.poll(0.05):
+        right.poll(0.05)
+    right_when_left_ended = steps[1]
+    deadline = time.monotonic() + 60
+    while steps[1] <= right_when_left_ended and time.monotonic() < deadline:  # the right job goes on alone
+        right.poll(0.05)
+    right.request_stop()
+    stopped_left, stopped_right = left.result()[0], right.wait()[0]
+    assert 0 < stopped_left < 10_000 and right_when_left_ended < stopped_right < 10_000, (stopped_left, stopped_right, steps)
     assert cluster.running
 
 

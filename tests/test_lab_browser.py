@@ -158,8 +158,10 @@ def test_runs_are_families_with_filters_and_no_mid_word_wrapping(page: Page, lab
     expect(family_row(runs, ids["sweep"])).to_be_visible()
     panel.get_by_role("combobox", name="Filter by kind").select_option("")
     panel.get_by_role("searchbox", name="Search runs").fill("mlp_dig")
+    expect(family_row(runs, ids["sweep"])).to_have_count(0)  # the search applied (the kind filter showed 2 rows too)
     expect(runs.locator("tr.rapydli-Family")).to_have_count(2)
     panel.get_by_role("searchbox", name="Search runs").fill("")
+    expect(family_row(runs, ids["sweep"])).to_be_visible()  # the cleared search applied: the next test starts unfiltered
     expect(panel.locator(".rapydli-Pager")).to_contain_text(f"of {FAMILIES} runs")
 
 
@@ -407,6 +409,7 @@ def test_tags_and_note_round_trip(page: Page, lab: dict[str, Any]) -> None:
     open_panel(page).get_by_role("searchbox", name="Search runs").fill("winner")
     expect(runs.locator("tr.rapydli-Family")).to_have_count(1)
     open_panel(page).get_by_role("searchbox", name="Search runs").fill("")
+    expect(family_row(runs, ids["train_a"])).to_be_visible()  # the cleared search applied
     shot(page, lab, "tagged")
     store.set_tags(ids["train_b"], [])  # the store is the truth: the panel follows it
     expect(family_row(runs, ids["train_b"]).locator(".rapydli-Tag")).to_have_count(0)

@@ -163,7 +163,7 @@ def test_a_restart_that_cannot_bring_the_engines_back_fails_the_run_and_keeps_th
     cluster.start_timeout = 1  # fresh engines cannot register this fast: the restart's start fails
     try:
         with pytest.raises(ClusterError) as info:
-            rd.train(killing_model(tmp_path / "killed", at_call=7), "rapydli.zoo.datasets:digits", config, cluster=cluster,
+            rd.train(killing_model(tmp_path / "killed", at_call=7, after_checkpoint=directory), "rapydli.zoo.datasets:digits", config, cluster=cluster,
                      restarts=1, progress=False, live=False)  # fmt: skip
     finally:
         cluster.start_timeout = 120

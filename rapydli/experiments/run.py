@@ -343,7 +343,7 @@ def _restart(cluster: Cluster, config: TrainConfig, failure: RankFailure) -> lis
     """
     from rapydli.errors import ClusterError
 
-    where = f"the last checkpoint is in {config.checkpoint_dir} (rd.train(..., TrainConfig(resume=True, ...)) continues it)"
+    where = _last_checkpoint_text(config)
     size = cluster.n
     try:
         cluster.restart(min_engines=config.min_workers)
@@ -354,6 +354,18 @@ def _restart(cluster: Cluster, config: TrainConfig, failure: RankFailure) -> lis
     if len(alive) < needed:
         raise ClusterError(f"only {len(alive)} of {size} engines came back after ranks {failure.ranks} died (need {needed}); {where}")
     return alive
+
+
+def _last_checkpoint_text(config: TrainConfig) -> str:
+    """Where a run that cannot go on can be continued from: its last complete checkpoint, or that it has none."""
+    from rapydli.trainer import checkpoint as ckpt
+
+    if config.checkpoint_dir is None:
+        return "the run kept no checkpoint (TrainConfig.checkpoint_dir was not set)"
+    path = ckpt.checkpoint_path(config.checkpoint_dir)
+    if not path.exists():
+        return f"no checkpoint was complete in {config.checkpoint_dir} before the ranks died"
+    return f"the last checkpoint is in {config.checkpoint_dir} (rd.train(..., TrainConfig(resume=True, ...)) continues it)"
 
 
 def _record_failed_restart(job: Any, restarted: list[dict[str, Any]], error: BaseException) -> None:

@@ -69,9 +69,13 @@ export class RapydliModel {
     }
   }
 
-  /** Change filters or order; back to the first page. */
+  /** Change filters or order; back to the first page (a filter that changes nothing keeps the page). */
   setFilter(filter: Partial<IRunFilter>): void {
-    this.filter = { ...this.filter, ...filter };
+    const next = { ...this.filter, ...filter };
+    if ((Object.keys(next) as (keyof IRunFilter)[]).every(key => next[key] === this.filter[key])) {
+      return;
+    }
+    this.filter = next;
     this.offset = 0;
     void this.refresh();
   }
