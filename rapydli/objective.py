@@ -139,7 +139,15 @@ def at_least_float32(tensor: torch.Tensor) -> torch.Tensor:
 
 def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Mean cross-entropy over every position (``(B, C)`` or ``(B, T, V)`` logits), in the
-    logits' precision or float32 if lower (:func:`at_least_float32`)."""
+    logits' precision or float32 if lower (:func:`at_least_float32`).
+
+    Logits a vocabulary-split LM head gathered, unchanged since, are scored from each
+    tensor rank's own rows (:class:`rapydli.parallel.tensor.VocabShard`): the same loss,
+    without a softmax over the whole vocabulary on every rank.
+    """
+    shard = getattr(logits, "vocab_parallel", None)
+    if shard is not None and shard.unchanged(logits):
+        return shard.cross_entropy(targets)
     return F.cross_entropy(at_least_float32(logits.reshape(-1, logits.shape[-1])), targets.reshape(-1))
 
 

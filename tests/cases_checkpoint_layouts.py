@@ -35,6 +35,9 @@ LAYOUTS: dict[str, tuple[dict[str, Any], int]] = {
     "pp2xtp2": ({"pipeline_stages": 2, "tensor_parallel": 2, "pipeline_split": "3", "microbatches": 2}, 1),
     "dp4-zero1": ({"zero": 1}, 4),
     "dp2xtp2-zero2": ({"tensor_parallel": 2, "zero": 2}, 2),
+    # GPT-2's built-in plan with its tied embedding and head split by vocabulary rows
+    "dp2xtp2-vocab": ({"tensor_parallel": 2, "tensor_plan": "gpt2-vocab"}, 2),
+    "pp2xtp2-vocab": ({"pipeline_stages": 2, "tensor_parallel": 2, "pipeline_split": "3", "microbatches": 2, "tensor_plan": "gpt2-vocab"}, 1),
 }
 BASE = {"lr": 0.01, "optimizer": "adamw", "eval_every": 0, "allreduce": "mpi", "bucket_mb": 0.0005, "seed": 0, "workers": 4}
 
@@ -47,13 +50,17 @@ def two_groups(model: nn.Module) -> torch.optim.Optimizer:
 
 
 #: where each model's pipeline splits
-SPLITS = {"mlp": "3", "tiny_lm": "blocks.1"}
+SPLITS = {"mlp": "3", "tiny_lm": "blocks.1", "gpt2": "h.1"}
 
 
 def config(name: str, model: str, **fields: Any) -> TrainConfig:
     layout, replicas = LAYOUTS[name]
     if "pipeline_split" in layout:
         layout = {**layout, "pipeline_split": SPLITS[model]}
+    if layout.get("tensor_plan") == "gpt2-vocab":
+        from test_parallel_layouts import GPT2_VOCAB
+
+        layout = {**layout, "tensor_plan": GPT2_VOCAB}
     return TrainConfig(**{**BASE, **layout, "batch_size": GLOBAL_BATCH // replicas, **fields})
 
 
@@ -70,9 +77,9 @@ def features() -> tuple[Any, Any]:
 def train(name: str, model: str, **fields: Any) -> Trainer:
     from cases_layouts import MODELS  # float64 by default from here on (imported by the rank-side code only)
 
-    model_fn, data_fn = MODELS[model][:2]
+    model_fn, data_fn, loss_fn = MODELS[model]
     train_data, val = data_fn()
-    trainer = Trainer(model_fn(), None, train_data, val, config(name, model, **fields), optimizer_fn=two_groups)
+    trainer = Trainer(model_fn(), None, train_data, val, config(name, model, **fields), optimizer_fn=two_groups, loss_fn=loss_fn)
     trainer.fit()
     trainer.close()
     return trainer
@@ -87,7 +94,8 @@ def copy_checkpoint(source: Path, target: Path) -> None:
 def main(directory: str, model: str, sources_json: str, targets_json: str) -> None:
     """For each source layout: cut at step 2, resume under each target layout to step 4, compare with its run of 4 steps.
 
-    ``model``: ``"mlp"`` or ``"tiny_lm"`` (attention split by heads: fused ``qkv`` slices).
+    ``model``: ``"mlp"``, ``"tiny_lm"`` (attention split by heads: fused ``qkv`` slices) or
+    ``"gpt2"`` (with the ``-vocab`` layouts: its tied embedding and head split by vocabulary rows).
     Rank 0 prints one JSON line per pair: ``{"from", "to", "step", "resumed", "worst"}``.
     """
     torch.set_default_dtype(torch.float64)

@@ -22,7 +22,7 @@ from torch import nn
 from torch.nn import functional as F
 from torch.utils.data import TensorDataset
 
-from rapydli.parallel.tensor import ColumnParallelLinear, RowParallelLinear
+from rapydli.parallel.tensor import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding, VocabShard
 from rapydli.trainer import TrainConfig, Trainer
 from rapydli.zoo import datasets, models
 
@@ -73,6 +73,7 @@ MODELS: dict[str, tuple[Any, Any, Any]] = {
     "gpt2": (gpt2, tokens, lm_loss),  # HF GPT-2's shapes: Conv1D, fused c_attn, wte tied to lm_head, forward(input_ids, labels)
     "llama": (llama, tokens, lm_loss),  # RMSNorm, rotary, GQA 4 query / 2 key-value heads, SwiGLU, untied head
     "bn_cnn": (bn_cnn, images, exact_loss),
+    "tiny_lm_default_loss": (tiny_lm, tokens, "default"),  # the trainer's own cross-entropy (float64 here), vocabulary-parallel when split
 }
 BASE = {"batch_size": 4, "max_steps": 3, "lr": 0.01, "optimizer": "adamw", "weight_decay": 0.1, "eval_every": 2,
         "allreduce": "mpi", "bucket_mb": 0.001, "seed": 0}  # fmt: skip
@@ -95,7 +96,7 @@ def worst_difference(trainer: Trainer, model: nn.Module, reference: nn.Module) -
     worst = 0.0
     for name, local in dense_names(model, trainer.model).items():
         module, short = found[name]
-        if isinstance(module, ColumnParallelLinear | RowParallelLinear):
+        if isinstance(module, ColumnParallelLinear | RowParallelLinear | VocabParallelEmbedding):
             whole = dense[name].detach()
             if type(dense_owners[name][0]).__name__ == "Conv1D" and short == "weight":  # stored (in, out); the split layer keeps (out, in)
                 whole = whole.t()
@@ -114,22 +115,36 @@ class _Group:
 
 
 class TiedCopies:
-    """A callback: after every step, every rank's copy of each tied parameter must be bit-equal to every other's (collective)."""
+    """A callback: after every step, every rank's copy of each tied parameter must be bit-equal to every other's (collective).
+
+    The ties are read from the whole model as the layout split it (a vocabulary-split
+    embedding and head share the new parameter); copies are compared between the ranks
+    of the same tensor rank (each keeps its rows).
+    """
 
     def __init__(self, model: nn.Module) -> None:
-        seen: dict[int, list[str]] = {}
-        for n, p in model.named_parameters(remove_duplicate=False):
-            seen.setdefault(id(p), []).append(n)
-        self.tied = {pid: names for pid, names in seen.items() if len(names) > 1}
-        self.params = {id(p): p for p in model.parameters()}
+        self.model = model
+        self.tied: dict[int, list[str]] | None = None
+        self.params: dict[int, nn.Parameter] = {}
         self.held: set[int] = set()
+        self.tensor_rank = 0
         self.checked = 0
 
     def on_step_end(self, row: dict[str, Any]) -> None:
-        for pid in sorted(self.tied, key=lambda i: self.tied[i][0]):
-            mine = self.params[pid].detach().clone() if pid in self.held else None
+        if self.tied is None:
+            seen: dict[int, list[str]] = {}
+            for n, p in self.model.named_parameters(remove_duplicate=False):
+                seen.setdefault(id(p), []).append(n)
+            self.tied = {pid: names for pid, names in seen.items() if len(names) > 1}
+            self.params = {id(p): p for p in self.model.parameters()}
+        tied = self.tied
+        for pid in sorted(tied, key=lambda i: tied[i][0]):
+            mine = (self.tensor_rank, self.params[pid].detach().clone()) if pid in self.held else None
             copies = [c for c in WORLD.allgather(mine) if c is not None]
-            assert len(copies) >= 1 and all(torch.equal(copies[0], c) for c in copies), (self.tied[pid], row["step"])
+            assert len(copies) >= 1, (tied[pid], row["step"])
+            for rank, copy in copies:
+                first = next(c for r, c in copies if r == rank)
+                assert torch.equal(first, copy), (tied[pid], row["step"], rank)
             self.checked += len(copies)
 
 
@@ -137,14 +152,26 @@ def run(name: str, layout: dict[str, Any], directory: str | None = None) -> dict
     """Train ``name`` on ``layout`` (TrainConfig fields) and in one process; return the differences."""
     model_fn, data_fn, own_loss = MODELS[name]
     train, val = data_fn()
-    loss = own_loss or (exact_loss if layout.get("pipeline_stages", 1) == 1 else None)  # a pipeline's last stage computes the default loss
+    # a pipeline's last stage computes the default loss
+    loss = None if own_loss == "default" else own_loss or (exact_loss if layout.get("pipeline_stages", 1) == 1 else None)
     config = TrainConfig(**{**BASE, **layout, "workers": WORLD.Get_size()})
     model = model_fn()
     tied = TiedCopies(model)
+    vocab_losses = [0]
+    scored = VocabShard.cross_entropy
+
+    def counted(self: VocabShard, targets: torch.Tensor) -> torch.Tensor:  # the default loss took the vocabulary-parallel path
+        vocab_losses[0] += 1
+        return scored(self, targets)
+
+    VocabShard.cross_entropy = counted  # type: ignore[method-assign]
     trainer = Trainer(model, None, train, val, config, loss_fn=loss)
-    tied.held = {id(p) for p in trainer.model.parameters()}
+    tied.held, tied.tensor_rank = {id(p) for p in trainer.model.parameters()}, trainer.grid.tensor_rank
     trainer.callbacks += (tied,)
-    history = trainer.fit()
+    try:
+        history = trainer.fit()
+    finally:
+        VocabShard.cross_entropy = scored  # type: ignore[method-assign]
     trainer.close()
     replicas = trainer.data_size
     single = config.replace(batch_size=config.batch_size * replicas, pipeline_stages=1, tensor_parallel=1, zero=0,
@@ -166,7 +193,9 @@ def run(name: str, layout: dict[str, Any], directory: str | None = None) -> dict
         "val_loss": max(abs(a - b) for a, b in zip(vals, ref_vals, strict=True)),
         "evals": len(vals),
         "tied_checked": WORLD.allreduce(tied.checked),  # copies of tied parameters compared after the steps
+        "vocab_losses": WORLD.allreduce(vocab_losses[0]),  # losses computed from the ranks' vocabulary rows
         "shared": [item.describe()["names"] for item in trainer.pipeline.shared] if trainer.pipeline is not None else [],
+        "split": sorted({type(m).__name__ for m in model.modules() if type(m).__name__.endswith(("ParallelLinear", "Embedding", "Head"))}),
         # with grad_clip: steps the one-process norm was clipped in, and how far every rank's norm is from it
         "clipped": sum(n > config.grad_clip for n in ref_norms) if config.grad_clip else 0,
         "grad_norm": WORLD.allreduce(max((abs(a - b) for a, b in zip(norms, ref_norms, strict=True)), default=0.0), op=MPI.MAX),

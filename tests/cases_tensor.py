@@ -8,7 +8,7 @@ import torch
 from mpi4py import MPI
 from torch import nn
 
-from rapydli.parallel.tensor import ColumnParallelLinear, RowParallelLinear, TensorGroup, parallelize, plan_for
+from rapydli.parallel.tensor import ColumnParallelLinear, RowParallelLinear, TensorGroup, VocabParallelEmbedding, parallelize, plan_for
 from rapydli.zoo.models import TransformerBlock, tiny_lm
 
 torch.set_default_dtype(torch.float64)
@@ -16,7 +16,7 @@ torch.set_default_dtype(torch.float64)
 
 def _shard_of(dense: torch.Tensor, local: nn.Parameter, module: nn.Module, name: str, group: TensorGroup) -> torch.Tensor:
     """The slice of a dense tensor that ``local`` (a parameter of ``module``) holds on this rank."""
-    if isinstance(module, ColumnParallelLinear):
+    if isinstance(module, ColumnParallelLinear | VocabParallelEmbedding):
         chunks = module.chunks
         rows = local.shape[0] // chunks
         block = dense.shape[0] // chunks
@@ -91,3 +91,49 @@ def training_equivalence(steps: int = 4) -> None:
             optimizer.step()
     compare(dense, parallel, group, grads=False, tol=1e-10)
     print("OK training", group.rank)
+
+
+def vocabulary_equivalence() -> None:
+    """A tied embedding and head split by vocabulary rows (with a padding token): logits, loss and gradients equal the dense ones."""
+    from rapydli.objective import cross_entropy
+    from rapydli.parallel.tensor import VocabParallelEmbedding, VocabParallelHead
+
+    torch.manual_seed(0)
+
+    class Tied(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.emb = nn.Embedding(10, 6, padding_idx=7)
+            self.mix = nn.Linear(6, 6)
+            self.head = nn.Linear(6, 10, bias=False)
+            self.head.weight = self.emb.weight
+
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            return self.head(torch.tanh(self.mix(self.emb(ids))))
+
+    dense = Tied()
+    group = TensorGroup(MPI.COMM_WORLD)
+    parallel = parallelize(copy.deepcopy(dense), {"emb": "vocab", "head": "vocab"}, group)
+    assert isinstance(parallel.emb, VocabParallelEmbedding) and isinstance(parallel.head, VocabParallelHead)
+    assert parallel.emb.weight is parallel.head.weight  # still one parameter
+    ids = torch.tensor([[0, 7, 9, 4], [5, 1, 7, 2]])
+    targets = torch.tensor([[1, 2, 3, 4], [9, 8, -100, 6]])  # -100 is ignored, as F.cross_entropy ignores it
+    for score in ("the model's own loss code", "the default loss"):
+        outputs = []
+        for model in (dense, parallel):
+            model.zero_grad()
+            logits = model(ids)
+            if score == "the default loss":  # vocabulary-parallel on the split head's logits
+                loss = cross_entropy(logits, targets)
+                assert (getattr(logits, "vocab_parallel", None) is not None) == (model is parallel)
+            else:
+                loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 10), targets.reshape(-1))
+            loss.backward()
+            outputs.append((logits.detach(), loss.detach()))
+        assert (outputs[0][0] - outputs[1][0]).abs().max() < 1e-12 and abs(float(outputs[0][1] - outputs[1][1])) < 1e-12, score
+        compare(dense, parallel, group, grads=False, tol=1e-12)
+        compare(dense, parallel, group, grads=True, tol=1e-12)
+    logits = parallel(ids)
+    logits.mul_(2.0)  # changed in place after the head: the default loss must score what it holds now
+    assert abs(float(cross_entropy(logits, targets) - torch.nn.functional.cross_entropy(logits.reshape(-1, 10), targets.reshape(-1)))) < 1e-12
+    print("OK vocabulary", group.rank)

@@ -17,12 +17,22 @@ from rapydli.errors import ConfigError
 
 TESTS = Path(__file__).resolve().parent
 
+#: Built-in plans with the vocabulary split too: GPT-2's embedding and head are one (tied) parameter, Llama's two.
+GPT2_VOCAB = {"transformer.h.*.attn": "heads", "transformer.h.*.mlp.c_fc": "column", "transformer.h.*.mlp.c_proj": "row",
+              "transformer.wte": "vocab", "lm_head": "vocab"}  # fmt: skip
+LLAMA_VOCAB = {"model.layers.*.self_attn": "heads", "model.layers.*.mlp.gate_proj": "column", "model.layers.*.mlp.up_proj": "column",
+               "model.layers.*.mlp.down_proj": "row", "model.embed_tokens": "vocab", "lm_head": "vocab"}  # fmt: skip
+TINY_VOCAB = {"blocks.*.attn": "heads", "blocks.*.mlp.0": "column", "blocks.*.mlp.2": "row", "tok": "vocab", "head": "vocab"}
+
 TWO_RANKS = [
     ["tiny_lm", {"tensor_parallel": 2, "grad_clip": 0.05}],
     ["mlp", {"tensor_parallel": 2}],
     ["gpt2", {"tensor_parallel": 2, "grad_clip": 0.05}],  # built-in plan: Conv1D c_attn split by heads, c_fc/c_proj
     ["llama", {"tensor_parallel": 2, "grad_clip": 0.05}],  # built-in plan: GQA q/k/v/o by heads (4 q, 2 kv), SwiGLU
     ["bn_cnn", {"pipeline_stages": 2, "microbatches": 1, "pipeline_split": "3"}],  # BatchNorm sees the whole batch, as in one process
+    ["gpt2", {"tensor_parallel": 2, "tensor_plan": GPT2_VOCAB, "grad_clip": 0.05}],  # the tied embedding and head split by vocabulary rows
+    ["llama", {"tensor_parallel": 2, "tensor_plan": LLAMA_VOCAB}],
+    ["tiny_lm_default_loss", {"tensor_parallel": 2, "tensor_plan": TINY_VOCAB, "grad_clip": 0.05}],  # vocabulary-parallel cross-entropy
 ]
 FOUR_RANKS = [
     ["tiny_lm", {"tensor_parallel": 2, "grad_clip": 0.05}],  # dp2 x tp2
@@ -36,6 +46,8 @@ FOUR_RANKS = [
     ["llama", {"tensor_parallel": 2}],  # dp2 x tp2
     ["gpt2", {"pipeline_stages": 2, "tensor_parallel": 2, "microbatches": 2, "pipeline_split": "h.1", "grad_clip": 0.05}],  # tied across stages
     ["llama", {"pipeline_stages": 2, "tensor_parallel": 2, "microbatches": 2, "pipeline_split": "layers.1", "grad_clip": 0.05}],
+    ["gpt2", {"pipeline_stages": 2, "tensor_parallel": 2, "microbatches": 2, "pipeline_split": "h.1", "tensor_plan": GPT2_VOCAB}],  # tied rows across stages
+    ["tiny_lm_default_loss", {"pipeline_stages": 2, "tensor_parallel": 2, "microbatches": 2, "pipeline_split": "blocks.1", "tensor_plan": TINY_VOCAB}],
 ]
 
 
@@ -58,6 +70,12 @@ def test_every_layout_trains_what_one_process_trains_on_the_global_batch(run_mpi
         tolerance = 1e-6 if "pipeline_stages" in result["case"] and not result["case"].startswith(("gpt2", "llama", "bn_cnn")) else 1e-10
         assert result["loss"] < tolerance and result["val_loss"] < tolerance, result
         assert result["evals"] >= 2, result
+        if result["case"].startswith("gpt2"):  # its embedding and head stayed one parameter, equal wherever it is held
+            assert result["tied_checked"] > 0, result
+        if "'vocab'" in result["case"]:  # the vocabulary was split, not left dense
+            assert {"VocabParallelEmbedding", "VocabParallelHead"} <= set(result["split"]), result
+        if result["case"].startswith("tiny_lm_default_loss"):  # the trainer's cross-entropy was computed from each rank's rows
+            assert result["vocab_losses"] > 0, result
         if "grad_clip" in result["case"]:  # clipping was at work, by the same global norm as in one process
             assert result["clipped"] >= 2 and result["grad_norm"] < 1e-10, result
 

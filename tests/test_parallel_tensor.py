@@ -91,3 +91,29 @@ def test_a_plan_that_cannot_split_a_module_names_it_its_shape_and_the_allowed_st
         check_plan(gpt2(), {"lm_head": "column"}, 2)
     check_plan(gpt2(tie=False), {"lm_head": "column"}, 2)
     check_plan(gpt2(), {"transformer.h.*.attn": "heads", "transformer.h.*.mlp.c_fc": "column", "transformer.h.*.mlp.c_proj": "row"}, 2)
+
+
+def test_vocabulary_splits_are_checked_before_training() -> None:
+    import sys
+
+    sys.path.insert(0, str(TESTS))
+    from hf_models import gpt2
+
+    from rapydli.parallel.tensor_plans import check_plan
+
+    with pytest.raises(ConfigError, match=r"'lm_head' would split lm_head.weight, which is tied to transformer.wte.weight .* give both 'vocab'"):
+        check_plan(gpt2(), {"lm_head": "vocab"}, 2)  # the head alone: the tie would come apart
+    with pytest.raises(ConfigError, match=r"'transformer.wte' would split transformer.wte.weight, which is tied to lm_head.weight"):
+        check_plan(gpt2(), {"transformer.wte": "vocab", "lm_head": "column"}, 2)
+    with pytest.raises(ConfigError, match=r"transformer.wte: vocabulary size=32 does not split over tensor_parallel=3"):
+        check_plan(gpt2(tie=False), {"transformer.wte": "vocab"}, 3)
+    with pytest.raises(ConfigError, match=r"'transformer.ln_f': 'vocab' cannot split a LayerNorm \(weight \(16,\)\); allowed: .*'vocab' for an nn.Embedding"):
+        check_plan(gpt2(tie=False), {"transformer.ln_f": "vocab"}, 2)
+    with pytest.raises(ConfigError, match=r"'emb': 'vocab' cannot split an nn.Embedding with max_norm"):
+        check_plan(nn.ModuleDict({"emb": nn.Embedding(8, 4, max_norm=1.0)}), {"emb": "vocab"}, 2)
+    check_plan(gpt2(), {"transformer.wte": "vocab", "lm_head": "vocab"}, 2)  # tied, both split by the same rows
+
+
+@pytest.mark.mpi
+def test_a_vocabulary_split_embedding_and_head_equal_the_dense_ones(run_mpi) -> None:
+    assert _case(run_mpi, "vocabulary_equivalence").count("OK vocabulary") == 2

@@ -151,23 +151,26 @@ LAYOUTS = ["dp4", "dp2xpp2", "dp2xtp2", "pp2xtp2", "dp4-zero1", "dp2xtp2-zero2"]
 
 @pytest.mark.mpi
 def test_a_checkpoint_of_any_layout_resumes_under_any_other_as_an_uninterrupted_run(run_mpi, tmp_path) -> None:
-    """The 36 pairs of 6 layouts on 4 ranks (the MLP), and tiny_lm's head-split attention from dp2 x tp2 to 3 others; one launch."""
+    """The 36 pairs of 6 layouts on 4 ranks (the MLP), tiny_lm's head-split attention from dp2 x tp2 to 3 others, and GPT-2's
+    tied embedding and head split by vocabulary rows from dp2 x tp2 to 3 others (pipelined too); one launch."""
     import json
     from pathlib import Path
 
     tests = Path(__file__).resolve().parent
     lm = ["dp2xtp2-zero2", "dp4", "pp2xtp2"]
+    gpt2 = ["dp2xtp2-vocab", "dp4", "pp2xtp2-vocab"]
     code = (
         f"import sys; sys.path.insert(0, {str(tests)!r}); import cases_checkpoint_layouts as c\n"
         f"c.main({str(tmp_path)!r}, 'mlp', {json.dumps(LAYOUTS)!r}, {json.dumps(LAYOUTS)!r})\n"
         f"c.main({str(tmp_path)!r}, 'tiny_lm', {json.dumps(lm[:1])!r}, {json.dumps(lm)!r})\n"
+        f"c.main({str(tmp_path)!r}, 'gpt2', {json.dumps(gpt2[:1])!r}, {json.dumps(gpt2)!r})\n"
     )
     result = run_mpi(code, n=4, timeout=580)
-    assert result.stderr.count("OK matrix") == 8
+    assert result.stderr.count("OK matrix") == 12
     rows = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
     wholes, pairs = [r for r in rows if "whole" in r], [r for r in rows if "from" in r]
-    assert len(wholes) == 6 + 3 and all(r["worst"] < 1e-12 for r in wholes), wholes  # every layout trains the same parameters
-    assert len(pairs) == 36 + 3
+    assert len(wholes) == 6 + 3 + 3 and all(r["worst"] < 1e-12 for r in wholes), wholes  # every layout trains the same parameters
+    assert len(pairs) == 36 + 3 + 3
     for pair in pairs:
         assert pair["resumed"] == 3 and pair["step"] == 4, pair  # resumed after step 2, ran to 4
         assert pair["worst"] < 1e-12, pair

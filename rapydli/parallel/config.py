@@ -11,7 +11,7 @@ from rapydli.errors import ConfigError
 from rapydli.parallel.grid import data_parallel_degree
 
 #: How a tensor plan splits a module (:func:`rapydli.parallel.tensor.parallelize`).
-TENSOR_STYLES = ("column", "row", "heads")
+TENSOR_STYLES = ("column", "row", "heads", "vocab")
 
 
 def check_pipeline(config: Any) -> None:

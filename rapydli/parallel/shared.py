@@ -14,7 +14,8 @@ model is split; :class:`SharedGradients` holds one communicator per set of stage
 share something (a sub-communicator of the pipeline) and sums the gradients.
 :func:`check_honoured` refuses what cannot be honoured (ZeRO-2, whose gradients are
 slices of a flat buffer that differs per stage; a tensor plan that splits the shared
-parameter's module), naming the parameter and the stages.
+parameter's module, unless every module holding it is split by vocabulary rows, so each
+stage keeps the same rows), naming the parameter and the stages.
 
 Examples
 --------
@@ -111,20 +112,21 @@ def check_honoured(shared: Sequence[SharedParameter], model: nn.Module, zero: in
         if plan is None:
             continue
         split = _modules_splitting(model, item.parameter, plan)
-        if split:
+        if split and not all(style == "vocab" for _, style in split):
             raise ConfigError(
                 f"parameter {where} is shared by pipeline stages {stages} (tied weights), and the tensor plan splits "
-                f"{', '.join(split)} which holds it: the stages would train different tensors. Leave that module out of tensor_plan"
+                f"{', '.join(name for name, _ in split)} which holds it: the stages would train different tensors. Leave that "
+                "module out of tensor_plan, or, for a tied embedding and LM head, give both 'vocab' (every stage keeps the same rows)"
             )
 
 
-def _modules_splitting(model: nn.Module, parameter: nn.Parameter, plan: Mapping[str, str]) -> list[str]:
-    """Modules the plan names that hold ``parameter``."""
+def _modules_splitting(model: nn.Module, parameter: nn.Parameter, plan: Mapping[str, str]) -> list[tuple[str, str]]:
+    """``(name, style)`` of the modules the plan names that hold ``parameter``."""
     found = []
     for name, module in model.named_modules():
-        if name and any(fnmatch.fnmatchcase(name, pattern) for pattern in plan):
-            if any(p is parameter for p in module.parameters()):
-                found.append(name)
+        style = next((s for pattern, s in plan.items() if fnmatch.fnmatchcase(name, pattern)), None) if name else None
+        if style is not None and any(p is parameter for p in module.parameters()):
+            found.append((name, style))
     return found
 
 

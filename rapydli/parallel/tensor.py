@@ -10,13 +10,18 @@ split) costs one allreduce forward and one backward.
 
 :func:`parallelize` swaps the layers of a dense model in place, in the spirit of torch's
 ``parallelize_module``: a plan maps module names (glob patterns) to ``"column"``,
-``"row"`` or ``"heads"``. A linear layer is an ``nn.Linear`` or Hugging Face's ``Conv1D``
+``"row"``, ``"heads"`` or ``"vocab"``. A linear layer is an ``nn.Linear`` or Hugging Face's ``Conv1D``
 (weight stored ``(in, out)``; :func:`linear_weight`). ``"heads"`` splits an attention
 module into whole heads per rank: a fused ``qkv``/``c_attn`` projection per head (q, k
 and v blocks each), or separate ``q_proj``/``k_proj``/``v_proj`` with grouped-query
 attention (each rank keeps ``heads / size`` query heads and the ``kv_heads / size``
 key/value heads they read), the output projection row-parallel, and the module's head
-counts (and ``split_size``) divided. Each rank keeps its slice of the dense weights, so a
+counts (and ``split_size``) divided. ``"vocab"`` splits the vocabulary: an ``nn.Embedding``
+(:class:`VocabParallelEmbedding`: each rank looks up the tokens of its rows, the partial
+embeddings are summed) or the LM head (:class:`VocabParallelHead`: each rank computes the
+logits of its rows, gathered whole for the loss). An embedding and a head that share
+one weight (tied) stay one parameter when both are ``"vocab"``: each rank keeps the same
+rows of it. Each rank keeps its slice of the dense weights, so a
 parallelized model computes what the dense one does. Built-in plans by model structure
 and the shape-only check of a plan are in :mod:`rapydli.parallel.tensor_plans`.
 
@@ -73,6 +78,25 @@ class TensorGroup:
         self.comm.Allreduce(MPI.IN_PLACE, summed.numpy(), op=MPI.SUM)
         return summed.to(tensor.device)
 
+    def maximum(self, tensor: torch.Tensor) -> torch.Tensor:
+        """The elementwise maximum of ``tensor`` over the group (a new tensor), counted as forward."""
+        self.allreduces["forward"] += 1
+        if self.size == 1:
+            return tensor
+        host = tensor.detach().contiguous().cpu().clone()
+        self.comm.Allreduce(MPI.IN_PLACE, host.numpy(), op=MPI.MAX)
+        return host.to(tensor.device)
+
+    def gather_last(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Every rank's ``tensor`` concatenated along the last dimension, in rank order (a new tensor), counted as forward."""
+        self.allreduces["forward"] += 1
+        if self.size == 1:
+            return tensor
+        local = tensor.detach().contiguous().cpu()
+        gathered = torch.empty((self.size, *local.shape), dtype=local.dtype)
+        self.comm.Allgather(local.numpy(), gathered.numpy())
+        return torch.cat(gathered.unbind(0), dim=-1).to(tensor.device)
+
 
 class _CopyToGroup(torch.autograd.Function):
     """``f``: identity forward; the input gradient is summed over the group backward."""
@@ -124,8 +148,12 @@ class ColumnParallelLinear(nn.Module):
 
     ``chunks`` > 1 splits each of that many equal blocks of the output features (a fused
     ``qkv`` projection: every rank keeps its heads of q, of k and of v). The weight is
-    kept ``(out, in)`` whatever the dense layer stored.
+    kept ``(out, in)`` whatever the dense layer stored; ``dense_transposed`` says the dense
+    layer stored it ``(in, out)`` (a ``Conv1D``), which checkpoints keep.
     """
+
+    #: The dense layer stored its weight ``(in, out)`` (Hugging Face's ``Conv1D``).
+    dense_transposed = False
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, group: TensorGroup, chunks: int = 1) -> None:
         super().__init__()
@@ -141,14 +169,19 @@ class ColumnParallelLinear(nn.Module):
         rows = _split(block, group.size, f"{name or 'the layer'}: out_features")
         index = torch.cat([torch.arange(c * block + group.rank * rows, c * block + (group.rank + 1) * rows) for c in range(chunks)])
         kept = bias.detach()[index].clone() if bias is not None else None
-        return cls(weight.detach()[index].clone(), kept, group, chunks)
+        split = cls(weight.detach()[index].clone(), kept, group, chunks)
+        split.dense_transposed = not isinstance(linear, nn.Linear)
+        return split
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(_CopyToGroup.apply(x, self.group), self.weight, self.bias)
 
 
 class RowParallelLinear(nn.Module):
-    """``y = sum over ranks of x[..., shard] @ W[:, shard].T``, plus the (whole) bias once."""
+    """``y = sum over ranks of x[..., shard] @ W[:, shard].T``, plus the (whole) bias once; ``dense_transposed`` as for a column layer."""
+
+    #: The dense layer stored its weight ``(in, out)`` (Hugging Face's ``Conv1D``).
+    dense_transposed = False
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, group: TensorGroup) -> None:
         super().__init__()
@@ -162,18 +195,193 @@ class RowParallelLinear(nn.Module):
         weight, bias = _dense(linear, name, "row")
         columns = _split(weight.shape[1], group.size, f"{name or 'the layer'}: in_features")
         kept = weight.detach()[:, group.rank * columns : (group.rank + 1) * columns].clone()
-        return cls(kept, bias.detach().clone() if bias is not None else None, group)
+        split = cls(kept, bias.detach().clone() if bias is not None else None, group)
+        split.dense_transposed = not isinstance(linear, nn.Linear)
+        return split
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = _ReduceFromGroup.apply(F.linear(x, self.weight), self.group)
         return y + self.bias if self.bias is not None else y
 
 
+class _GatherFromGroup(torch.autograd.Function):
+    """The ranks' slices concatenated along the last dimension forward; this rank's slice of the gradient backward."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, group: TensorGroup) -> torch.Tensor:
+        ctx.group, ctx.width = group, x.shape[-1]
+        return group.gather_last(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        start = ctx.group.rank * ctx.width
+        return grad[..., start : start + ctx.width].contiguous(), None
+
+
+def _vocabulary_rows(vocab: int, group: TensorGroup, name: str) -> tuple[int, int]:
+    """``(first, end)``: the vocabulary rows this rank keeps."""
+    rows = _split(vocab, group.size, f"{name or 'the layer'}: vocabulary size")
+    return group.rank * rows, (group.rank + 1) * rows
+
+
+def _kept_rows(weight: torch.Tensor, first: int, end: int, kept: dict[int, nn.Parameter] | None) -> nn.Parameter:
+    """This rank's rows of ``weight`` as a parameter; one parameter per dense weight (``kept`` remembers it, so tied modules share it)."""
+    if kept is not None and id(weight) in kept:
+        return kept[id(weight)]
+    sliced = nn.Parameter(weight.detach()[first:end].clone(), requires_grad=weight.requires_grad)
+    if kept is not None:
+        kept[id(weight)] = sliced
+    return sliced
+
+
+class _VocabParallelCrossEntropy(torch.autograd.Function):
+    """Mean cross-entropy of logits split by vocabulary rows; each rank holds ``(N, rows)`` of them, from row ``first``.
+
+    Forward: the row maximum over the group, then the sum of exponentials and the target's
+    logit summed over it (two allreduces, of ``N`` and ``2N`` numbers); backward: this rank's
+    rows of ``softmax - onehot``, without communication. Targets equal to ``-100`` are
+    ignored, as ``F.cross_entropy`` ignores them.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, local: torch.Tensor, targets: torch.Tensor, group: TensorGroup, first: int) -> torch.Tensor:
+        rows = local.shape[-1]
+        peak = group.maximum(local.detach().amax(-1))
+        shifted = local.detach() - peak.unsqueeze(-1)
+        exp = shifted.exp()
+        mine = (targets >= first) & (targets < first + rows)
+        picked = shifted.gather(-1, (targets - first).clamp(0, rows - 1).unsqueeze(-1)).squeeze(-1) * mine
+        both = group.allreduce(torch.stack([exp.sum(-1), picked]), "forward")
+        valid = targets != -100
+        count = int(valid.sum())
+        losses = (both[0].log() - both[1]) * valid
+        ctx.save_for_backward(exp / both[0].unsqueeze(-1), targets, mine, valid)
+        ctx.first, ctx.count = first, count
+        return losses.sum() / max(count, 1) if count else losses.sum() * float("nan")
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
+        softmax, targets, mine, valid = ctx.saved_tensors
+        rows = softmax.shape[-1]
+        local = softmax.clone()
+        index = (targets - ctx.first).clamp(0, rows - 1).unsqueeze(-1)
+        local.scatter_add_(-1, index, -mine.to(local.dtype).unsqueeze(-1))
+        return local * (valid.to(local.dtype).unsqueeze(-1) * grad / max(ctx.count, 1)), None, None, None
+
+
+class VocabShard:
+    """What a :class:`VocabParallelHead`'s gathered logits carry (as ``logits.vocab_parallel``): this rank's logits and rows.
+
+    :meth:`cross_entropy` is the mean cross-entropy of the whole logits, computed from
+    this rank's rows (:class:`_VocabParallelCrossEntropy`): the default loss of
+    :mod:`rapydli.objective` uses it when the model returns the head's logits unchanged.
+    """
+
+    def __init__(self, local: torch.Tensor, gathered: torch.Tensor, group: TensorGroup, first: int) -> None:
+        self.local, self.group, self.first = local, group, first
+        self._version = gathered._version
+
+    def unchanged(self, logits: torch.Tensor) -> bool:
+        """Whether ``logits`` (the gathered tensor carrying this) was not modified in place since the head made it."""
+        return logits._version == self._version
+
+    def cross_entropy(self, targets: torch.Tensor) -> torch.Tensor:
+        """Mean cross-entropy over every position of the whole logits for ``targets`` (collective over the group)."""
+        local = self.local if self.local.dtype in (torch.float32, torch.float64) else self.local.float()
+        flat = local.reshape(-1, local.shape[-1])
+        return _VocabParallelCrossEntropy.apply(flat, targets.reshape(-1).to(flat.device), self.group, self.first)
+
+
+class VocabParallelEmbedding(nn.Module):
+    """An ``nn.Embedding`` whose vocabulary rows are split: this rank keeps rows ``[first, end)``.
+
+    Forward, each rank looks up the tokens in its rows (zero for the others) and the
+    group sums the partial embeddings (one allreduce); backward, each rank's rows get
+    their gradient without communication. ``chunks`` is 1: the weight keeps one block of
+    rows, as a :class:`ColumnParallelLinear`'s does.
+    """
+
+    chunks = 1
+
+    def __init__(self, weight: nn.Parameter, first: int, vocab: int, group: TensorGroup, padding_idx: int | None = None) -> None:
+        super().__init__()
+        self.group, self.first, self.vocab = group, first, vocab
+        self.weight = weight
+        self.padding_idx = padding_idx
+
+    @classmethod
+    def from_dense(cls, embedding: nn.Module, group: TensorGroup, name: str = "", kept: dict[int, nn.Parameter] | None = None) -> VocabParallelEmbedding:
+        """This rank's rows of ``embedding``'s weight (an ``nn.Embedding`` without ``max_norm``)."""
+        if not isinstance(embedding, nn.Embedding):
+            raise ConfigError(f"tensor plan {name!r}: 'vocab' cannot split a {type(embedding).__name__}; allowed: {ALLOWED}")
+        if embedding.max_norm is not None or embedding.sparse:
+            raise ConfigError(
+                f"tensor plan {name!r}: 'vocab' cannot split an nn.Embedding with max_norm or sparse=True (it renormalises or "
+                "updates rows in place); leave it out of the plan (dense)"
+            )
+        vocab = embedding.weight.shape[0]
+        first, end = _vocabulary_rows(vocab, group, name)
+        padding = embedding.padding_idx
+        local_padding = padding - first if padding is not None and first <= padding < end else None
+        return cls(_kept_rows(embedding.weight, first, end, kept), first, vocab, group, local_padding)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        rows = self.weight.shape[0]
+        local = ids - self.first
+        outside = (local < 0) | (local >= rows)
+        looked_up = F.embedding(local.masked_fill(outside, 0), self.weight, self.padding_idx)
+        return _ReduceFromGroup.apply(looked_up.masked_fill(outside.unsqueeze(-1), 0.0), self.group)
+
+    def extra_repr(self) -> str:
+        return f"rows {self.first}..{self.first + self.weight.shape[0]} of {self.vocab}, {self.weight.shape[1]} wide"
+
+
+class VocabParallelHead(ColumnParallelLinear):
+    """An LM head (a linear layer onto the vocabulary) whose rows are split: the logits of this rank's rows, gathered whole.
+
+    The head's input passes through ``f`` (its gradient summed over the group backward);
+    each rank computes the logits of its vocabulary rows, and the group gathers them
+    along the last dimension (one allgather forward; backward, each rank takes its
+    slice of the gradient), so the model's own loss code sees the whole logits. The
+    gathered logits carry a :class:`VocabShard` (``logits.vocab_parallel``): when the model
+    returns them unchanged and the run's loss is the default cross-entropy, the loss is
+    computed from each rank's rows (vocabulary-parallel) and nothing flows back through
+    the gather.
+    """
+
+    first = 0
+
+    @classmethod
+    def from_vocabulary(cls, linear: nn.Module, group: TensorGroup, name: str = "", kept: dict[int, nn.Parameter] | None = None) -> VocabParallelHead:
+        """This rank's rows of ``linear``'s weight (and bias); a weight tied to a split embedding stays that one parameter."""
+        weight, bias = _dense(linear, name, "vocab")
+        first, end = _vocabulary_rows(weight.shape[0], group, name)
+        if isinstance(linear, nn.Linear):
+            sliced = _kept_rows(linear.weight, first, end, kept)
+        else:  # Conv1D keeps (in, out): its rows are a copy, never tied
+            sliced = nn.Parameter(weight.detach()[first:end].clone())
+        head = cls(sliced.detach(), None, group)
+        head.weight, head.dense_transposed = sliced, not isinstance(linear, nn.Linear)
+        head.bias = nn.Parameter(bias.detach()[first:end].clone()) if bias is not None else None
+        head.first = first
+        return head
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        local = super().forward(x)
+        gathered = _GatherFromGroup.apply(local, self.group)
+        gathered.vocab_parallel = VocabShard(local, gathered, self.group, self.first)
+        return gathered
+
+
+#: Modules whose parameters keep one block of rows per chunk on each rank (``module.chunks`` blocks; the bias too).
+ROW_BLOCKS = (ColumnParallelLinear, VocabParallelEmbedding)
+
+
 #: What each style splits, for messages.
 ALLOWED = (
     "'column' / 'row' for a linear layer (nn.Linear, Hugging Face's Conv1D); 'heads' for an attention module with a "
     "fused qkv / c_attn and proj / c_proj, or q_proj, k_proj, v_proj, o_proj (wq, wk, wv, wo), and a head count "
-    "attribute (heads, n_head, num_heads)"
+    "attribute (heads, n_head, num_heads); 'vocab' for an nn.Embedding or an LM head (a linear layer onto the vocabulary)"
 )
 #: Attention layouts ``heads`` splits: fused (one q/k/v projection, output projection) or separate (q, k, v, output).
 FUSED_ATTENTION = (("qkv", "proj"), ("c_attn", "c_proj"))
@@ -250,9 +458,10 @@ def parallelize(model: nn.Module, plan: Mapping[str, str], group: TensorGroup) -
     model
         A dense model; every rank of the group passes the same weights.
     plan
-        ``{module name or glob: "column" | "row" | "heads"}``; a ``"column"`` or ``"row"``
+        ``{module name or glob: "column" | "row" | "heads" | "vocab"}``; a ``"column"`` or ``"row"``
         module must be a linear layer (:func:`linear_weight`), a ``"heads"`` module an
-        attention module (:func:`attention_layout`).
+        attention module (:func:`attention_layout`), a ``"vocab"`` module an
+        ``nn.Embedding`` or a linear LM head.
     group
         The tensor-parallel group.
 
@@ -264,6 +473,7 @@ def parallelize(model: nn.Module, plan: Mapping[str, str], group: TensorGroup) -
         module, its shape and the allowed styles.
     """
     modules = dict(model.named_modules())
+    kept: dict[int, nn.Parameter] = {}  # dense weight -> this rank's rows: a tied embedding and head keep one parameter
     for pattern, style in plan.items():
         if style not in STYLES:
             raise ConfigError(f"tensor plan {pattern!r}: {style!r} is not a style; allowed: {', '.join(STYLES)}")
@@ -276,8 +486,12 @@ def parallelize(model: nn.Module, plan: Mapping[str, str], group: TensorGroup) -
             if style == "heads":
                 _split_attention(module, group, name)
                 continue
-            if style == "column":
-                replacement: nn.Module = ColumnParallelLinear.from_dense(module, group, name=name)
+            if style == "vocab" and isinstance(module, nn.Embedding):
+                replacement: nn.Module = VocabParallelEmbedding.from_dense(module, group, name=name, kept=kept)
+            elif style == "vocab":
+                replacement = VocabParallelHead.from_vocabulary(module, group, name=name, kept=kept)
+            elif style == "column":
+                replacement = ColumnParallelLinear.from_dense(module, group, name=name)
             else:
                 replacement = RowParallelLinear.from_dense(module, group, name=name)
             parent_name, _, child = name.rpartition(".")
@@ -289,7 +503,7 @@ def sharded_parameters(model: nn.Module) -> set[int]:
     """``id``s of the parameters that hold a different slice on each tensor rank (the others are replicated)."""
     ids: set[int] = set()
     for module in model.modules():
-        if isinstance(module, ColumnParallelLinear):
+        if isinstance(module, ROW_BLOCKS):
             ids.update(id(p) for p in module.parameters(recurse=False))
         elif isinstance(module, RowParallelLinear):
             ids.add(id(module.weight))

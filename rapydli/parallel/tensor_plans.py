@@ -13,7 +13,9 @@ need no hand-written plan:
   between them, column then row.
 
 The MLP rules trust the names (``c_proj(act(c_fc(x)))``, ``down(act(gate(x)) * up(x))``);
-embeddings, norms and the LM head stay whole (replicated), so tied embeddings stay tied.
+embeddings, norms and the LM head stay whole (replicated), so tied embeddings stay tied;
+a plan may split them by vocabulary rows (``{"transformer.wte": "vocab", "lm_head": "vocab"}``),
+tied or not.
 Names that differ only in layer indices become one glob (``"transformer.h.*.attn"``).
 
 :func:`check_plan` applies a plan to a shape-only copy of the model (PyTorch's ``meta``
@@ -52,6 +54,12 @@ class _ShapeGroup(TensorGroup):
 
     def allreduce(self, tensor: torch.Tensor, direction: str) -> torch.Tensor:
         return tensor
+
+    def maximum(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor
+
+    def gather_last(self, tensor: torch.Tensor) -> torch.Tensor:
+        return torch.cat([tensor] * self.size, dim=-1)
 
 
 def meta_copy(model: nn.Module) -> nn.Module:
@@ -109,21 +117,33 @@ def check_plan(model: nn.Module, plan: Mapping[str, str], size: int) -> None:
             )
 
 
+def _style_of(module_name: str, plan: Mapping[str, str]) -> str | None:
+    """The style the plan gives ``module_name`` (its first matching pattern), or ``None``."""
+    return next((style for pattern, style in plan.items() if fnmatch.fnmatchcase(module_name, pattern)), None)
+
+
 def _check_ties(model: nn.Module, plan: Mapping[str, str]) -> None:
-    """Refuse a plan that splits a module holding a parameter another module shares (tied weights would come untied)."""
+    """Refuse a plan that splits a module holding a parameter another module shares (tied weights would come untied).
+
+    An embedding and an LM head tied to it may both be ``"vocab"``: each rank keeps the
+    same rows of the one weight, which stays one parameter.
+    """
     names: dict[int, list[str]] = {}
     for name, p in model.named_parameters(remove_duplicate=False):
         names.setdefault(id(p), []).append(name)
     for module_name, module in model.named_modules():
-        if not module_name or not any(fnmatch.fnmatchcase(module_name, pattern) for pattern in plan):
+        style = _style_of(module_name, plan) if module_name else None
+        if style is None:
             continue
-        for p in module.parameters():
+        for p in module.parameters(recurse=False) if style == "vocab" else module.parameters():
             tied = [n for n in names[id(p)] if not n.startswith(module_name + ".")]
-            if tied:
+            owners = [n.rpartition(".")[0] for n in tied]
+            if tied and not (style == "vocab" and all(_style_of(o, plan) == "vocab" for o in owners)):
                 mine = next(n for n in names[id(p)] if n.startswith(module_name + "."))
                 raise ConfigError(
                     f"tensor plan {module_name!r} would split {mine}, which is tied to {', '.join(tied)} (one parameter): each would "
-                    f"train its own tensor. Leave {module_name!r} out of the plan (it stays whole on every tensor rank)"
+                    f"train its own tensor. Leave {module_name!r} out of the plan (it stays whole on every tensor rank), or, for a "
+                    f"tied embedding and LM head, give both 'vocab' (each rank keeps the same rows of the one weight)"
                 )
 
 

@@ -111,6 +111,7 @@ class PipelineTraining:
             from rapydli.parallel.tensor import shard_model
 
             shard_model(model, plan, self.grid.tensor)
+            self.shared = find_shared(model, self.bounds)  # a tied weight split by vocabulary rows is the new (split) parameter
         self.module, self.names = split.stage_module(model, self.bounds, self.grid.stage)
         self.shared_gradients = SharedGradients(self.shared, self.module, self.grid.pipeline)
         self.shared_gradients.broadcast()

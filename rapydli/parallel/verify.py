@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from rapydli.parallel.tensor import ColumnParallelLinear, RowParallelLinear, linear_weight
+from rapydli.parallel.tensor import ROW_BLOCKS, RowParallelLinear, linear_weight
 
 
 def dense_slice(dense: torch.Tensor, dense_module: nn.Module, module: nn.Module, name: str, local: torch.Tensor, tensor_rank: int) -> torch.Tensor:
@@ -21,11 +21,11 @@ def dense_slice(dense: torch.Tensor, dense_module: nn.Module, module: nn.Module,
     ``dense_module`` is the one-process module that owns ``dense`` (a ``Conv1D`` weight is
     stored ``(in, out)``; the split layer keeps ``(out, in)``).
     """
-    if not isinstance(module, ColumnParallelLinear | RowParallelLinear):
+    if not isinstance(module, (*ROW_BLOCKS, RowParallelLinear)):
         return dense
     if name == "weight" and linear_weight(dense_module) is not None and not isinstance(dense_module, nn.Linear):
         dense = dense.t()
-    if isinstance(module, ColumnParallelLinear):
+    if isinstance(module, ROW_BLOCKS):
         rows, block = local.shape[0] // module.chunks, dense.shape[0] // module.chunks
         index = torch.cat([torch.arange(c * block + tensor_rank * rows, c * block + (tensor_rank + 1) * rows) for c in range(module.chunks)])
         return dense[index]

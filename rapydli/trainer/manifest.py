@@ -52,12 +52,17 @@ class Placement:
     flat
         ZeRO: the local tensor is elements ``[a, b)`` of the (tensor-parallel) slice above,
         flattened; ``None``: the whole slice.
+    transposed
+        The rank holds the slice transposed (before ``flat``): a split layer keeps its
+        weight ``(out, in)``, while the full model's Hugging Face ``Conv1D`` stores
+        ``(in, out)``. The full tensor is always in the full model's own orientation.
     """
 
     shape: tuple[int, ...]
     dim: int | None = None
     ranges: tuple[tuple[int, int], ...] = ()
     flat: tuple[int, int] | None = None
+    transposed: bool = False
 
     @property
     def slice_shape(self) -> tuple[int, ...]:
@@ -68,6 +73,12 @@ class Placement:
         shape[self.dim] = sum(b - a for a, b in self.ranges)
         return tuple(shape)
 
+    @property
+    def local_shape(self) -> tuple[int, ...]:
+        """The shape of the tensor the rank holds, before ``flat`` (the slice, transposed where ``transposed``)."""
+        shape = self.slice_shape
+        return (shape[1], shape[0]) if self.transposed else shape
+
     def cut(self, full: torch.Tensor) -> torch.Tensor:
         """The piece of ``full`` this placement names (a view of ``full`` where it can be: copy it to keep it)."""
         if self.dim is None:
@@ -77,13 +88,15 @@ class Placement:
             local = full.narrow(self.dim, a, b - a)
         else:
             local = torch.cat([full.narrow(self.dim, a, b - a) for a, b in self.ranges], self.dim)
+        if self.transposed:
+            local = local.t()
         if self.flat is not None:
             local = local.reshape(-1)[self.flat[0] : self.flat[1]]
         return local
 
     def sharded(self, flat: tuple[int, int]) -> Placement:
         """This placement narrowed to elements ``flat`` of its slice (a ZeRO piece)."""
-        return Placement(self.shape, self.dim, self.ranges, flat)
+        return Placement(self.shape, self.dim, self.ranges, flat, self.transposed)
 
 
 @dataclass
@@ -113,30 +126,38 @@ def placements(whole: nn.Module, held: nn.Module) -> dict[int, tuple[str, Placem
     its names are the unsplit model's); ``held`` is what this rank trains of it (itself,
     or its pipeline stage, which shares its modules).
     """
-    from rapydli.parallel.tensor import ColumnParallelLinear, RowParallelLinear
+    from rapydli.parallel.tensor import ROW_BLOCKS, RowParallelLinear
 
     names: dict[int, str] = {}
     for n, t in (*whole.named_parameters(remove_duplicate=False), *whole.named_buffers(remove_duplicate=False)):
         names.setdefault(id(t), n)  # a tied tensor goes by its first name, as state_dict's first entry
-    split: dict[int, tuple[int, tuple[tuple[int, int], ...], tuple[int, ...]]] = {}
+    split: dict[int, Placement] = {}
     for module in whole.modules():
-        if isinstance(module, ColumnParallelLinear):
+        transposed = getattr(module, "dense_transposed", False)  # split from a Conv1D, which stores (in, out)
+        if isinstance(module, ROW_BLOCKS):
             size, rank, chunks = module.group.size, module.group.rank, module.chunks
-            for sliced in module.parameters(recurse=False):
+            for short, sliced in module.named_parameters(recurse=False):
                 rows = sliced.shape[0] // chunks  # this rank's rows of each chunk
                 block = rows * size
                 ranges = tuple((c * block + rank * rows, c * block + (rank + 1) * rows) for c in range(chunks))
-                split[id(sliced)] = (0, ranges, (sliced.shape[0] * size, *sliced.shape[1:]))
+                shape = (sliced.shape[0] * size, *sliced.shape[1:])
+                if transposed and short == "weight":
+                    split[id(sliced)] = Placement((shape[1], shape[0]), 1, ranges, transposed=True)
+                else:
+                    split[id(sliced)] = Placement(shape, 0, ranges)
         elif isinstance(module, RowParallelLinear):
             size, rank, columns = module.group.size, module.group.rank, module.weight.shape[1]
-            split[id(module.weight)] = (1, ((rank * columns, (rank + 1) * columns),), (module.weight.shape[0], columns * size))
+            ranges = ((rank * columns, (rank + 1) * columns),)
+            if transposed:
+                split[id(module.weight)] = Placement((columns * size, module.weight.shape[0]), 0, ranges, transposed=True)
+            else:
+                split[id(module.weight)] = Placement((module.weight.shape[0], columns * size), 1, ranges)
     out: dict[int, tuple[str, Placement]] = {}
     held_tensors: list[tuple[str, torch.Tensor]] = [*held.named_parameters(), *held.named_buffers()]
     for local_name, tensor in held_tensors:
         name = names.get(id(tensor), local_name)
         if id(tensor) in split:
-            dim, ranges, shape = split[id(tensor)]
-            out[id(tensor)] = (name, Placement(shape, dim, ranges))
+            out[id(tensor)] = (name, split[id(tensor)])
         else:
             out[id(tensor)] = (name, Placement(tuple(tensor.shape)))
     return out
@@ -224,7 +245,7 @@ def assemble(found: Iterable[Entry]) -> Any:
     for (dim, ranges), pieces in slices.items():
         placement = pieces[0].placement
         assert placement is not None
-        local_shape = placement.slice_shape
+        local_shape = placement.local_shape
         if any(p.placement.flat is not None for p in pieces):  # type: ignore[union-attr]
             flat = torch.empty(math.prod(local_shape), dtype=first.value.dtype)
             spans = {p.placement.flat: p.value for p in pieces}  # type: ignore[union-attr]
@@ -236,6 +257,8 @@ def assemble(found: Iterable[Entry]) -> Any:
             local = flat.reshape(local_shape)
         else:
             local = pieces[0].value.reshape(local_shape)
+        if placement.transposed:
+            local = local.t()
         if dim is None and len(slices) == 1:  # the whole tensor already: no second copy
             return local
         if dim is None:

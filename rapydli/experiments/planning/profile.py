@@ -231,6 +231,23 @@ class ShardProbe:
         self.log[direction].append(tensor.numel() * tensor.element_size())
         return tensor.detach().clone()
 
+    def maximum(self, tensor: torch.Tensor) -> torch.Tensor:
+        """``tensor`` itself (a vocabulary-parallel loss's row maxima); counts the call and its bytes as forward."""
+        self.allreduces["forward"] += 1
+        self.log["forward"].append(tensor.numel() * tensor.element_size())
+        return tensor.detach().clone()
+
+    def gather_last(self, tensor: torch.Tensor) -> torch.Tensor:
+        """``size`` copies of ``tensor`` along the last dimension (the gathered shape); counts it as forward traffic.
+
+        An allgather of ``B`` bytes moves half what a ring allreduce of ``B`` bytes does, so it is
+        recorded as an allreduce of ``B / 2`` (the network model prices allreduces).
+        """
+        gathered = torch.cat([tensor.detach()] * self.size, dim=-1)
+        self.allreduces["forward"] += 1
+        self.log["forward"].append(gathered.numel() * gathered.element_size() // 2)
+        return gathered
+
     def take(self, direction: str) -> tuple[int, ...]:
         """The bytes recorded under ``direction`` since the last take."""
         taken, self.log[direction] = tuple(self.log[direction]), []
@@ -264,7 +281,7 @@ def profile_model(
         Degrees to measure (1 is always measured); a degree the plan cannot split is
         recorded in :attr:`Profile.unsupported` with the reason.
     plan
-        The tensor plan (``{module glob: "column" | "row" | "heads"}``); ``None``: the
+        The tensor plan (``{module glob: "column" | "row" | "heads" | "vocab"}``); ``None``: the
         model's built-in plan (:func:`rapydli.parallel.tensor.plan_for`).
     optimizer
         Builds the run's optimizer over a list of parameters (its step is timed).
