@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 from cases_tensor import _shard_of
-from hf_models import gpt2, llama, lm_loss
+from hf_models import bert, gpt2, llama, lm_loss
 from mpi4py import MPI
 from torch import nn
 from torch.nn import functional as F
@@ -73,6 +73,7 @@ MODELS: dict[str, tuple[Any, Any, Any]] = {
     "gpt2": (gpt2, tokens, lm_loss),  # HF GPT-2's shapes: Conv1D, fused c_attn, wte tied to lm_head, forward(input_ids, labels)
     "llama": (llama, tokens, lm_loss),  # RMSNorm, rotary, GQA 4 query / 2 key-value heads, SwiGLU, untied head
     "bn_cnn": (bn_cnn, images, exact_loss),
+    "bert": (bert, tokens, lm_loss),  # BERT's shapes: attention.self q/k/v + attention.output.dense, intermediate/output, unused pooler
     "tiny_lm_default_loss": (tiny_lm, tokens, "default"),  # the trainer's own cross-entropy (float64 here), vocabulary-parallel when split
 }
 BASE = {"batch_size": 4, "max_steps": 3, "lr": 0.01, "optimizer": "adamw", "weight_decay": 0.1, "eval_every": 2,
@@ -166,7 +167,7 @@ def run(name: str, layout: dict[str, Any], directory: str | None = None) -> dict
 
     VocabShard.cross_entropy = counted  # type: ignore[method-assign]
     trainer = Trainer(model, None, train, val, config, loss_fn=loss)
-    tied.held, tied.tensor_rank = {id(p) for p in trainer.model.parameters()}, trainer.grid.tensor_rank
+    tied.held, tied.tensor_rank = {id(p) for p in trainer.model.parameters()}, trainer.grid.tensor_rank if trainer.grid is not None else 0
     trainer.callbacks += (tied,)
     try:
         history = trainer.fit()

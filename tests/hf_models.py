@@ -256,3 +256,139 @@ class LlamaForCausalLM(nn.Module):
 def llama() -> LlamaForCausalLM:
     torch.manual_seed(0)
     return LlamaForCausalLM()
+
+
+# -- BERT (transformers.models.bert) ---------------------------------------------------------------
+
+
+class BertEmbeddings(nn.Module):
+    def __init__(self, vocab: int, positions: int, hidden: int) -> None:
+        super().__init__()
+        self.word_embeddings = nn.Embedding(vocab, hidden)
+        self.position_embeddings = nn.Embedding(positions, hidden)
+        self.LayerNorm = nn.LayerNorm(hidden, eps=1e-12)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(input_ids.shape[1], device=input_ids.device)
+        return self.LayerNorm(self.word_embeddings(input_ids) + self.position_embeddings(positions))
+
+
+class BertSelfAttention(nn.Module):
+    """query / key / value with the heads' context as output (the output projection is the sibling ``BertSelfOutput``)."""
+
+    def __init__(self, hidden: int, heads: int) -> None:
+        super().__init__()
+        self.num_attention_heads, self.attention_head_size = heads, hidden // heads
+        self.all_head_size = heads * self.attention_head_size
+        self.query, self.key, self.value = nn.Linear(hidden, self.all_head_size), nn.Linear(hidden, self.all_head_size), nn.Linear(hidden, self.all_head_size)
+
+    def transpose_for_scores(self, x: torch.Tensor) -> torch.Tensor:
+        return x.view(*x.shape[:-1], self.num_attention_heads, self.attention_head_size).permute(0, 2, 1, 3)
+
+    def forward(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor]:
+        q, k, v = (self.transpose_for_scores(p(hidden_states)) for p in (self.query, self.key, self.value))
+        probs = ((q @ k.transpose(-1, -2)) / math.sqrt(self.attention_head_size)).softmax(-1)
+        context = (probs @ v).permute(0, 2, 1, 3).contiguous()
+        return (context.view(*context.shape[:-2], self.all_head_size),)  # a tuple, as Hugging Face's
+
+
+class BertSelfOutput(nn.Module):
+    def __init__(self, hidden: int) -> None:
+        super().__init__()
+        self.dense, self.LayerNorm = nn.Linear(hidden, hidden), nn.LayerNorm(hidden, eps=1e-12)
+
+    def forward(self, hidden_states: torch.Tensor, input_tensor: torch.Tensor) -> torch.Tensor:
+        return self.LayerNorm(self.dense(hidden_states) + input_tensor)
+
+
+class BertAttention(nn.Module):
+    def __init__(self, hidden: int, heads: int) -> None:
+        super().__init__()
+        self.self, self.output = BertSelfAttention(hidden, heads), BertSelfOutput(hidden)
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.output(self.self(hidden_states)[0], hidden_states)
+
+
+class BertIntermediate(nn.Module):
+    def __init__(self, hidden: int, intermediate: int) -> None:
+        super().__init__()
+        self.dense = nn.Linear(hidden, intermediate)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.gelu(self.dense(x))
+
+
+class BertOutput(BertSelfOutput):
+    def __init__(self, intermediate: int, hidden: int) -> None:
+        nn.Module.__init__(self)
+        self.dense, self.LayerNorm = nn.Linear(intermediate, hidden), nn.LayerNorm(hidden, eps=1e-12)
+
+
+class BertLayer(nn.Module):
+    def __init__(self, hidden: int, heads: int, intermediate: int) -> None:
+        super().__init__()
+        self.attention = BertAttention(hidden, heads)
+        self.intermediate, self.output = BertIntermediate(hidden, intermediate), BertOutput(intermediate, hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        attended = self.attention(x)
+        return self.output(self.intermediate(attended), attended)
+
+
+class BertPooler(nn.Module):
+    def __init__(self, hidden: int) -> None:
+        super().__init__()
+        self.dense = nn.Linear(hidden, hidden)
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.dense(hidden_states[:, 0]))
+
+
+class BertModel(nn.Module):
+    def __init__(self, vocab: int, positions: int, hidden: int, heads: int, intermediate: int, layers: int) -> None:
+        super().__init__()
+        self.embeddings = BertEmbeddings(vocab, positions, hidden)
+        self.encoder = nn.ModuleDict({"layer": nn.ModuleList(BertLayer(hidden, heads, intermediate) for _ in range(layers))})
+        self.pooler = BertPooler(hidden)
+
+
+class _BertClassifierHead(nn.Module):
+    def __init__(self, classifier: nn.Linear) -> None:
+        super().__init__()
+        self.classifier = classifier
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(x)
+
+
+class BertForTokenClassification(nn.Module):
+    """``bert.{embeddings, encoder.layer, pooler}`` and a token ``classifier``; ``forward(input_ids, labels=None) -> ModelOutput``.
+
+    The pooler's output is returned but no loss reads it: its parameters never get a
+    gradient (Hugging Face's ``BertModel`` always computes it).
+    """
+
+    def __init__(self, vocab: int = 32, positions: int = 8, hidden: int = 16, heads: int = 4, intermediate: int = 32, layers: int = 2,
+                 labels: int = 32) -> None:  # fmt: skip
+        super().__init__()
+        self.bert = BertModel(vocab, positions, hidden, heads, intermediate, layers)
+        self.classifier = nn.Linear(hidden, labels)
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None) -> ModelOutput:
+        x = self.bert.embeddings(input_ids)
+        for layer in self.bert.encoder["layer"]:
+            x = layer(x)
+        pooled = self.bert.pooler(x)
+        logits = self.classifier(x)
+        return ModelOutput(loss=lm_loss(logits, labels) if labels is not None else None, logits=logits, pooler_output=pooled)
+
+    def pipeline_blocks(self) -> list[tuple[str, nn.Module]]:
+        blocks: list[tuple[str, nn.Module]] = [("embeddings", self.bert.embeddings)]
+        blocks += [(f"layer.{i}", layer) for i, layer in enumerate(self.bert.encoder["layer"])]
+        return blocks + [("head", _BertClassifierHead(self.classifier))]
+
+
+def bert() -> BertForTokenClassification:
+    torch.manual_seed(0)
+    return BertForTokenClassification()

@@ -117,3 +117,20 @@ def test_vocabulary_splits_are_checked_before_training() -> None:
 @pytest.mark.mpi
 def test_a_vocabulary_split_embedding_and_head_equal_the_dense_ones(run_mpi) -> None:
     assert _case(run_mpi, "vocabulary_equivalence").count("OK vocabulary") == 2
+
+
+def test_bert_is_read_by_structure_and_a_module_named_twice_differently_is_refused() -> None:
+    import sys
+
+    sys.path.insert(0, str(TESTS))
+    from hf_models import bert
+
+    from rapydli.parallel.tensor import plan_for
+    from rapydli.parallel.tensor_plans import check_plan
+
+    plan = plan_for(bert())  # attention.self ends at the heads' context: its sibling output.dense is the row layer
+    assert plan == {"bert.encoder.layer.*.intermediate.dense": "column", "bert.encoder.layer.*.output.dense": "row",
+                    "bert.encoder.layer.*.attention.self": "heads", "bert.encoder.layer.*.attention.output.dense": "row"}  # fmt: skip
+    with pytest.raises(ConfigError, match=r"'bert.encoder.layer.\*.attention.output.dense' gives 'bert.encoder.layer.0.attention.output.dense' "
+                       r"'column', but 'bert.encoder.layer.\*.output.dense' gives it 'row'"):  # fmt: skip
+        check_plan(bert(), {"bert.encoder.layer.*.output.dense": "row", "bert.encoder.layer.*.attention.output.dense": "column"}, 2)

@@ -380,16 +380,20 @@ ROW_BLOCKS = (ColumnParallelLinear, VocabParallelEmbedding)
 #: What each style splits, for messages.
 ALLOWED = (
     "'column' / 'row' for a linear layer (nn.Linear, Hugging Face's Conv1D); 'heads' for an attention module with a "
-    "fused qkv / c_attn and proj / c_proj, or q_proj, k_proj, v_proj, o_proj (wq, wk, wv, wo), and a head count "
-    "attribute (heads, n_head, num_heads); 'vocab' for an nn.Embedding or an LM head (a linear layer onto the vocabulary)"
+    "fused qkv / c_attn and proj / c_proj, or q_proj, k_proj, v_proj, o_proj (wq, wk, wv, wo), or BERT's query, key, value "
+    "(its attention.output.dense then 'row'), and a head count attribute (heads, n_head, num_heads, num_attention_heads); "
+    "'vocab' for an nn.Embedding or an LM head (a linear layer onto the vocabulary)"
 )
 #: Attention layouts ``heads`` splits: fused (one q/k/v projection, output projection) or separate (q, k, v, output).
 FUSED_ATTENTION = (("qkv", "proj"), ("c_attn", "c_proj"))
 SEPARATE_ATTENTION = (("q_proj", "k_proj", "v_proj", "o_proj"), ("wq", "wk", "wv", "wo"))
+#: Attention modules that end at the heads' context, their output projection a sibling's (BERT's ``attention.self``, whose
+#: ``attention.output.dense`` a plan splits row-parallel).
+CONTEXT_ATTENTION = (("query", "key", "value"),)
 #: Attributes holding an attention module's query-head and key/value-head counts, and widths its forward splits by (all divided by the group's size).
 HEAD_COUNTS = ("heads", "n_head", "num_heads", "n_heads", "num_attention_heads")
 KV_HEAD_COUNTS = ("num_key_value_heads", "n_kv_heads", "kv_heads", "n_kv_head")
-SPLIT_WIDTHS = ("split_size",)
+SPLIT_WIDTHS = ("split_size", "all_head_size")
 
 
 def _dense(module: nn.Module, name: str, style: str) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -405,8 +409,12 @@ def _is_linear(module: Any) -> bool:
     return isinstance(module, nn.Module) and linear_weight(module) is not None
 
 
-def attention_layout(module: nn.Module) -> tuple[tuple[str, ...], str] | None:
-    """``((q/k/v projection names...), output projection name)`` of an attention module ``heads`` can split, else ``None``."""
+def attention_layout(module: nn.Module) -> tuple[tuple[str, ...], str | None] | None:
+    """``((q/k/v projection names...), output projection name)`` of an attention module ``heads`` can split, else ``None``.
+
+    The output projection is ``None`` for a module that returns the heads' context
+    (:data:`CONTEXT_ATTENTION`): its output stays split, for a row-parallel layer after it.
+    """
     if not any(isinstance(getattr(module, a, None), int) for a in HEAD_COUNTS):
         return None
     for qkv, proj in FUSED_ATTENTION:
@@ -415,6 +423,9 @@ def attention_layout(module: nn.Module) -> tuple[tuple[str, ...], str] | None:
     for names in SEPARATE_ATTENTION:
         if all(_is_linear(getattr(module, n, None)) for n in names):
             return names[:3], names[3]
+    for context in CONTEXT_ATTENTION:
+        if all(_is_linear(getattr(module, n, None)) for n in context):
+            return context, None
     return None
 
 
@@ -444,7 +455,8 @@ def _split_attention(module: nn.Module, group: TensorGroup, name: str) -> None:
     else:
         for projection in projections:
             setattr(module, projection, ColumnParallelLinear.from_dense(getattr(module, projection), group, name=f"{name}.{projection}"))
-    setattr(module, proj, RowParallelLinear.from_dense(getattr(module, proj), group, name=f"{name}.{proj}"))
+    if proj is not None:  # else the module returns its heads' context, split: a row-parallel layer after it sums it
+        setattr(module, proj, RowParallelLinear.from_dense(getattr(module, proj), group, name=f"{name}.{proj}"))
     widths = [a for a in SPLIT_WIDTHS if isinstance(getattr(module, a, None), int)]
     for attr in (heads_attr, *([kv_attr] if kv_attr else []), *widths):
         setattr(module, attr, getattr(module, attr) // group.size)
@@ -474,6 +486,7 @@ def parallelize(model: nn.Module, plan: Mapping[str, str], group: TensorGroup) -
     """
     modules = dict(model.named_modules())
     kept: dict[int, nn.Parameter] = {}  # dense weight -> this rank's rows: a tied embedding and head keep one parameter
+    planned: dict[str, tuple[str, str]] = {}  # module name -> (the pattern that split it, its style)
     for pattern, style in plan.items():
         if style not in STYLES:
             raise ConfigError(f"tensor plan {pattern!r}: {style!r} is not a style; allowed: {', '.join(STYLES)}")
@@ -482,6 +495,11 @@ def parallelize(model: nn.Module, plan: Mapping[str, str], group: TensorGroup) -
             linears = [n for n, m in modules.items() if _is_linear(m)]
             raise ConfigError(f"tensor plan {pattern!r} names no module of the model; its linear layers are {', '.join(linears)}")
         for name in names:
+            if name in planned:  # named again by a broader glob: once is enough, twice differently is a mistake
+                if planned[name][1] != style:
+                    raise ConfigError(f"tensor plan {pattern!r} gives {name!r} {style!r}, but {planned[name][0]!r} gives it {planned[name][1]!r}")
+                continue
+            planned[name] = (pattern, style)
             module = modules[name]
             if style == "heads":
                 _split_attention(module, group, name)

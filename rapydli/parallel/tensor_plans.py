@@ -6,9 +6,12 @@ need no hand-written plan:
 * attention modules :func:`~rapydli.parallel.tensor.attention_layout` recognises, fused
   (nanoGPT's and GPT-2's ``c_attn``/``c_proj``, ``qkv``/``proj``) or separate with
   grouped-query attention (Llama's ``q_proj``/``k_proj``/``v_proj``/``o_proj``): ``"heads"``;
-* MLPs by their layers' names: ``c_fc``/``c_proj`` (GPT-2), ``fc1``/``fc2``: column then
-  row; SwiGLU ``gate_proj``/``up_proj``/``down_proj`` (Llama) and ``w1``/``w3``/``w2``:
-  gate and up column, down row;
+* BERT's ``attention.self`` (``query``/``key``/``value``, returning the heads' context):
+  ``"heads"``, with its sibling ``attention.output.dense`` ``"row"``;
+* MLPs by their layers' names: ``c_fc``/``c_proj`` (GPT-2), ``fc1``/``fc2``,
+  ``intermediate.dense``/``output.dense`` (BERT): column then row; SwiGLU
+  ``gate_proj``/``up_proj``/``down_proj`` (Llama) and ``w1``/``w3``/``w2``: gate and up
+  column, down row;
 * inside any ``nn.Sequential``: consecutive linear layers with only elementwise modules
   between them, column then row.
 
@@ -42,7 +45,10 @@ from rapydli.parallel.tensor import TensorGroup, attention_layout, linear_weight
 #: Modules that act elementwise: a column-parallel layer's split output may pass through them to a row-parallel one.
 ELEMENTWISE = (nn.ReLU, nn.GELU, nn.SiLU, nn.Tanh, nn.Sigmoid, nn.LeakyReLU, nn.ELU, nn.Dropout, nn.Identity)
 #: MLP layer names: (column-parallel layers, row-parallel layer).
-MLP_LAYOUTS = ((("c_fc",), "c_proj"), (("gate_proj", "up_proj"), "down_proj"), (("w1", "w3"), "w2"), (("fc1",), "fc2"))
+MLP_LAYOUTS = ((("c_fc",), "c_proj"), (("gate_proj", "up_proj"), "down_proj"), (("w1", "w3"), "w2"), (("fc1",), "fc2"),
+               (("intermediate.dense",), "output.dense"))  # fmt: skip
+#: Where an attention module that ends at its heads' context (BERT's ``attention.self``) finds its output projection: the parent's.
+CONTEXT_OUTPUT = "output.dense"
 
 
 class _ShapeGroup(TensorGroup):
@@ -166,8 +172,13 @@ def plan_for(model: nn.Module, size: int = 2) -> dict[str, str]:
     for name, module in shadow.named_modules():
         if any(name == n or name.startswith(n + ".") for n in exact if n):
             continue  # inside a module already planned
-        if attention_layout(module) is not None and name:
-            if _splits(shadow, {name: "heads"}, size):
+        layout = attention_layout(module)
+        if layout is not None and name:
+            if layout[1] is None:  # BERT: the context goes to the parent's output.dense, split row-parallel with it
+                output = f"{name.rpartition('.')[0]}.{CONTEXT_OUTPUT}".lstrip(".")
+                if _is_module(shadow, output) and _splits(shadow, {name: "heads", output: "row"}, size):
+                    exact.update({name: "heads", output: "row"})
+            elif _splits(shadow, {name: "heads"}, size):
                 exact[name] = "heads"
             continue
         found = _mlp(module, name, size)
@@ -183,6 +194,14 @@ def plan_for(model: nn.Module, size: int = 2) -> dict[str, str]:
         f"no built-in tensor plan for {type(model).__name__}: pass TrainConfig(tensor_plan={{module glob: 'column' | 'row' | 'heads'}}), "
         f"a column layer followed by a row layer; its linear layers are {', '.join(linears) or 'none'}"
     )
+
+
+def _is_module(model: nn.Module, name: str) -> bool:
+    try:
+        model.get_submodule(name)
+    except AttributeError:
+        return False
+    return True
 
 
 def _splits(shadow: nn.Module, plan: dict[str, str], size: int) -> bool:
@@ -201,9 +220,9 @@ def _divides(module: nn.Module, size: int, dim: int) -> bool:
 def _mlp(module: nn.Module, name: str, size: int) -> dict[str, str]:
     prefix = f"{name}." if name else ""
     for columns, row in MLP_LAYOUTS:
-        layers = [getattr(module, n, None) for n in (*columns, row)]
+        layers = [module.get_submodule(n) if _is_module(module, n) else None for n in (*columns, row)]
         if all(isinstance(m, nn.Module) and linear_weight(m) is not None for m in layers):
-            if all(_divides(getattr(module, c), size, 0) for c in columns) and _divides(getattr(module, row), size, 1):
+            if all(_divides(m, size, 0) for m in layers[:-1]) and _divides(layers[-1], size, 1):  # type: ignore[arg-type]
                 return {**{prefix + c: "column" for c in columns}, prefix + row: "row"}
             return {}
     return {}
