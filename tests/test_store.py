@@ -208,3 +208,22 @@ def test_store_off(monkeypatch: pytest.MonkeyPatch) -> None:
     assert open_store() is None
     with pytest.raises(StoreError, match="disabled"):
         rd.runs()
+
+
+def test_a_write_interrupted_inside_its_transaction_does_not_block_the_next(store: RunStore) -> None:
+    """Ctrl-C can land between a write's BEGIN and its COMMIT (it did in CI, right after BEGIN IMMEDIATE): every later
+    write then failed with 'cannot start a transaction within a transaction' and the run could not be recorded interrupted."""
+    run_id = store.create_run("train", "cut", {"lr": 0.1})
+    store._conn.execute("BEGIN IMMEDIATE")  # as a write left it when the interrupt came before its COMMIT or ROLLBACK
+    store._conn.execute("UPDATE runs SET name = 'half-written' WHERE id = ?", (run_id,))
+    store.finish_run(run_id, status="interrupted")
+    assert store.get_run(run_id)["status"] == "interrupted" and store.get_run(run_id)["name"] == "cut"  # the cut write is gone
+
+    def interrupted(conn: object) -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        store._write(interrupted)
+    assert not store._conn.in_transaction
+    store.log_metrics(run_id, [(1, "loss", 0.5)])
+    assert [row["value"] for row in store.metrics(run_id)] == [0.5]

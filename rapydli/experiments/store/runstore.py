@@ -143,9 +143,16 @@ class RunStore(RunAnnotations):
 
     # -- plumbing -------------------------------------------------------------------
     def _write(self, fn: Callable[[sqlite3.Connection], Any]) -> Any:
-        """Run ``fn(conn)`` in one BEGIN IMMEDIATE transaction (retried while the file is locked)."""
+        """Run ``fn(conn)`` in one BEGIN IMMEDIATE transaction (retried while the file is locked).
+
+        A write cut short between its BEGIN and its COMMIT (a Ctrl-C lands anywhere in the
+        notebook's thread) is rolled back here or by the next write: its caller saw it fail,
+        and the connection never stays inside a transaction that blocks every later write.
+        """
         deadline = time.monotonic() + _BUSY_TIMEOUT_MS / 1000
         with self._lock:
+            if self._conn.in_transaction:  # an earlier write interrupted before its COMMIT or ROLLBACK ran
+                self._conn.execute("ROLLBACK")
             while True:
                 try:
                     self._conn.execute("BEGIN IMMEDIATE")
@@ -156,10 +163,11 @@ class RunStore(RunAnnotations):
                     raise StoreError(f"run store {self.path}: {exc}") from exc
                 try:
                     result = fn(self._conn)
+                    self._conn.execute("COMMIT")
                 except BaseException:
-                    self._conn.execute("ROLLBACK")
+                    if self._conn.in_transaction:
+                        self._conn.execute("ROLLBACK")
                     raise
-                self._conn.execute("COMMIT")
                 return result
 
     def _read(self, sql: str, args: Iterable[Any] = ()) -> list[sqlite3.Row]:
