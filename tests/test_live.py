@@ -106,3 +106,23 @@ def test_a_restarted_run_keeps_every_step_once_in_order() -> None:
         loss = plot.figure.data[0]
         assert list(loss.x) == [1, 2, 3, 4, 5, 6, 7] and list(loss.y) == [9.0, 8.0, 7.0, 6.0, 5.0, 4.0, 3.0], batched
         assert plot.restarts == [4]
+
+
+def test_the_throughput_band_spans_the_middle_half_of_the_last_steps() -> None:
+    from rapydli.experiments.figures import THROUGHPUT_WINDOW
+
+    plot = LivePlot(widget=False)
+    speeds = [100.0, 110.0, 90.0, 105.0, 400.0, 95.0, 100.0, 102.0, 98.0, 101.0, 99.0, 103.0]  # one step stands out
+    for step, speed in enumerate(speeds, start=1):
+        plot({**_row(step), "samples_per_s": speed})
+    plot.close()
+    traces = {trace.name: trace for trace in plot.figure.data}
+    low, high = traces["samples/s lower quartile"], traces[f"samples/s, middle half of the last {THROUGHPUT_WINDOW} steps"]
+    assert list(low.x) == list(high.x) == list(range(4, len(speeds) + 1))  # from the fourth step on
+    last = speeds[-THROUGHPUT_WINDOW:]
+    import statistics
+
+    q1, _, q3 = statistics.quantiles(last, n=4, method="inclusive")
+    assert (low.y[-1], high.y[-1]) == (q1, q3) and 95.0 < q1 < q3 < 110.0  # the outlier does not widen the band
+    assert list(traces["samples/s"].y) == speeds
+    assert high.fill == "tonexty"

@@ -10,15 +10,18 @@ by (``$RAPYDLI_HOME/comm/``).
 
 Targets (issue 3): ``ring`` busbw >= 0.9x MPI native (``mpi4py``) at >= 1 MB; ``auto``
 >= 0.95x the best of the others at every size; judged on the median time and, as
-second views for a shared machine, on the fastest rep (``@min``) and on the median of
-the ratios within each rep (``@paired``).
+second views for a shared machine, on the fastest rep (``@min``) and on the ratios within
+each rep (``@paired``: their median, and their middle half as the interval; a target is
+met or not only where the middle half of the reps is on one side of it, else unclear).
 """
 
 from __future__ import annotations
 
 import json
+import statistics
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,25 +42,71 @@ def _ratios(cells: dict[str, dict[str, Any]], key: str) -> tuple[float | None, f
     return ring, auto
 
 
-def _paired(cells: dict[str, dict[str, Any]]) -> tuple[float | None, float | None]:
-    """(ring / mpi4py, auto / best of the others) as the median of the ratios within each rep.
+@dataclass(frozen=True)
+class RepRatios:
+    """The ratios of two algorithms' times within each rep: their median and the middle half (lower to upper quartile)."""
+
+    median: float
+    q1: float
+    q3: float
+
+    @classmethod
+    def of(cls, ratios: list[float]) -> RepRatios:
+        if len(ratios) < 2:
+            return cls(ratios[0], ratios[0], ratios[0])
+        q1, median, q3 = statistics.quantiles(ratios, n=4, method="inclusive")
+        return cls(median, q1, q3)
+
+    def text(self) -> str:
+        """``"0.93 to 1.02"``: the middle half of the reps' ratios."""
+        return f"{self.q1:.3g} to {self.q3:.3g}"
+
+    def verdict(self, limit: float) -> str:
+        """``met`` (the middle half at or above ``limit``), ``not met`` (below it) or ``unclear`` (it spans ``limit``)."""
+        return "met" if self.q1 >= limit else "not met" if self.q3 < limit else "unclear"
+
+
+def _paired(cells: dict[str, dict[str, Any]]) -> tuple[RepRatios | None, RepRatios | None]:
+    """(ring / mpi4py, auto / best of the others) from the ratios within each rep.
 
     The reps of one size interleave every algorithm, so a rep's ratio compares calls made
-    milliseconds apart; the median of those ratios is not moved by the machine getting
-    slower or faster between reps, which the ratio of two medians is. "Best" is the other
-    algorithm with the lowest median time.
+    milliseconds apart; their median is not moved by the machine getting slower or faster
+    between reps, which the ratio of two medians is, and their quartiles say how much the
+    reps agree. "Best" is the other algorithm with the lowest median time.
     """
 
-    def median_ratio(faster: str, slower: str) -> float:
-        ratios = sorted(b / a for a, b in zip(cells[faster]["rep_times_us"], cells[slower]["rep_times_us"]))
-        middle = len(ratios) // 2
-        return ratios[middle] if len(ratios) % 2 else (ratios[middle - 1] + ratios[middle]) / 2
+    def rep_ratios(faster: str, slower: str) -> RepRatios:
+        return RepRatios.of([b / a for a, b in zip(cells[faster]["rep_times_us"], cells[slower]["rep_times_us"], strict=True)])
 
-    ring = median_ratio("ring", "mpi4py") if "ring" in cells and "mpi4py" in cells else None
+    ring = rep_ratios("ring", "mpi4py") if "ring" in cells and "mpi4py" in cells else None
     others = [name for name in cells if name != "auto"]
     best = min(others, key=lambda name: cells[name]["time_us"]) if others else None
-    auto = median_ratio("auto", best) if "auto" in cells and best is not None else None
+    auto = rep_ratios("auto", best) if "auto" in cells and best is not None else None
     return ring, auto
+
+
+def _paired_targets(ring: list[RepRatios], auto: list[RepRatios]) -> dict[str, Any]:
+    """The targets on the reps' ratios: met or not where the middle half of the reps is on one side, unclear where it spans the target."""
+    summary: dict[str, Any] = {}
+    for name, ratios, limit, where in (("ring", ring, RING_TARGET, "MPI native at >= 1 MB"), ("auto", auto, AUTO_TARGET, "best of the others at every size")):
+        key = f"target {name} >= {limit}x {where} (paired)"
+        if not ratios:
+            summary[key] = "not measured (raise --max-bytes to >= 1 MiB)" if name == "ring" else "not measured"
+            continue
+        verdicts = [r.verdict(limit) for r in ratios]
+        missed, unclear = verdicts.count("not met"), verdicts.count("unclear")
+        if not missed and not unclear:
+            summary[key] = "met"
+        elif missed:
+            summary[key] = f"not met at {missed} of {len(ratios)} sizes" + (f", unclear at {unclear}" if unclear else "")
+        else:
+            summary[key] = (f"unclear at {unclear} of {len(ratios)} sizes (the middle half of the reps spans {limit}x: "
+                            "repeat on a quieter machine)")  # fmt: skip
+        worst = min(ratios, key=lambda r: r.median)
+        summary[f"{name} / {'MPI native' if name == 'ring' else 'best of the others'}, worst size, reps' median and middle half (paired)"] = (
+            f"{worst.median:.3g} ({worst.text()})"
+        )
+    return summary
 
 
 def _targets(label: str, ring: list[float], auto: list[float]) -> dict[str, Any]:
@@ -89,17 +138,26 @@ def summarize(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[st
     for row in rows:
         by_size.setdefault(row["bytes"], {})[row["algorithm"]] = row
     table = []
-    collected: dict[str, tuple[list[float], list[float]]] = {"median": ([], []), "min": ([], []), "paired": ([], [])}
+    collected: dict[str, tuple[list[float], list[float]]] = {"median": ([], []), "min": ([], [])}
+    paired_ratios: tuple[list[RepRatios], list[RepRatios]] = ([], [])
     for nbytes, cells in sorted(by_size.items()):
         wide: dict[str, Any] = {"bytes": nbytes}
         for name, cell in cells.items():
             wide[f"{name}_us"] = cell["time_us"]
         for name, cell in cells.items():
             wide[f"{name}_busbw"] = cell["busbw_GBps"]
-        for label, key, suffix in (("median", "busbw_GBps", ""), ("min", "min_busbw_GBps", "@min"), ("paired", "rep_times_us", "@paired")):
+        if all("rep_times_us" in cell for cell in cells.values()):
+            ring_reps, auto_reps = _paired(cells)
+            for name, found, kept, large in (("ring/mpi4py", ring_reps, paired_ratios[0], nbytes >= RING_FROM_BYTES),
+                                             ("auto/best", auto_reps, paired_ratios[1], True)):  # fmt: skip
+                if found is not None:
+                    wide[f"{name}@paired"], wide[f"{name}@paired middle half"] = found.median, found.text()
+                    if large:
+                        kept.append(found)
+        for label, key, suffix in (("median", "busbw_GBps", ""), ("min", "min_busbw_GBps", "@min")):
             if not all(key in cell for cell in cells.values()):
                 continue
-            ring, auto = _paired(cells) if label == "paired" else _ratios(cells, key)
+            ring, auto = _ratios(cells, key)
             if ring is not None:
                 wide[f"ring/mpi4py{suffix}"] = ring
                 if nbytes >= RING_FROM_BYTES:
@@ -114,6 +172,8 @@ def summarize(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[st
     for label, (rings, autos) in collected.items():
         if rings or autos or label == "median":
             summary.update(_targets(label, rings, autos))
+    if paired_ratios[0] or paired_ratios[1]:
+        summary.update(_paired_targets(*paired_ratios))
     return table, summary
 
 

@@ -24,10 +24,16 @@ STATIC_RENDERERS = "plotly_mimetype+notebook_connected"
 
 
 #: The live training figure's traces: (trace name, row kind, x key, y key, subplot column).
+#: Steps whose throughput the live plot's band summarises (the lower and upper quartile of the last this many).
+THROUGHPUT_WINDOW = 10
+
 TRAINING_TRACES = (
     ("train loss", "train", "step", "loss", 1),
     ("val loss", "eval", "step", "val_loss", 1),
     ("samples/s", "train", "step", "samples_per_s", 2),
+    # the middle half of the last THROUGHPUT_WINDOW steps' throughput: a band from the lower to the upper quartile
+    ("samples/s lower quartile", "train", "step", "samples_per_s_q1", 2),
+    (f"samples/s, middle half of the last {THROUGHPUT_WINDOW} steps", "train", "step", "samples_per_s_q3", 2),
     ("step time (s)", "train", "step", "step_time_s", 3),
     ("comm time (s)", "train", "step", "comm_time_s", 3),
     ("comm wait (s)", "train", "step", "comm_wait_s", 3),
@@ -35,13 +41,20 @@ TRAINING_TRACES = (
 
 
 def training_figure(title: str = "") -> Any:
-    """An empty three-panel figure of a training run (loss, throughput, step/comm time), one trace per :data:`TRAINING_TRACES` entry."""
+    """An empty three-panel figure of a training run (loss, throughput, step/comm time), one trace per :data:`TRAINING_TRACES` entry.
+
+    The throughput panel has a band around the line: the lower and upper quartile of the
+    last :data:`THROUGHPUT_WINDOW` steps' throughput, so a step that stands out and the
+    spread of the steady state are told apart.
+    """
     from plotly.subplots import make_subplots
 
     figure = make_subplots(rows=1, cols=3, subplot_titles=("loss", "throughput (samples/s)", "time per step (s)"))
-    for name, kind, _, _, col in TRAINING_TRACES:
+    band: dict[str, dict[str, Any]] = {"samples_per_s_q1": {"line": {"width": 0}, "showlegend": False, "hoverinfo": "skip"},
+            "samples_per_s_q3": {"line": {"width": 0}, "fill": "tonexty", "fillcolor": "rgba(255, 127, 14, 0.2)"}}  # fmt: skip
+    for name, kind, _, ykey, col in TRAINING_TRACES:
         mode = "lines+markers" if kind == "eval" else "lines"
-        figure.add_scatter(x=[], y=[], mode=mode, name=name, row=1, col=col)
+        figure.add_scatter(x=[], y=[], mode=mode, name=name, row=1, col=col, **band.get(ykey, {}))
     figure.update_layout(title=title, template="plotly_white", height=320, margin={"t": 60, "b": 40})
     figure.update_xaxes(title_text="step")
     return figure

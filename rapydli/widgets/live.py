@@ -20,15 +20,20 @@ Examples
 
 from __future__ import annotations
 
+import statistics
 import time
+from collections import deque
 from typing import Any
 
-from rapydli.experiments.figures import TRAINING_TRACES, training_figure
+from rapydli.experiments.figures import THROUGHPUT_WINDOW, TRAINING_TRACES, training_figure
 from rapydli.widgets.display import LiveFigure
 
 
 class LivePlot(LiveFigure):
     """A metrics callback that draws loss, val loss, throughput and step/comm time live.
+
+    Around the throughput line, a band spans the lower to the upper quartile of the last
+    :data:`~rapydli.experiments.figures.THROUGHPUT_WINDOW` steps (from the fourth step on).
 
     Rows of ``kind="rank"`` (other ranks' step timings, from a
     :class:`~rapydli.experiments.job.TrainingJob`) add one "comm wait" line per rank.
@@ -59,6 +64,7 @@ class LivePlot(LiveFigure):
         self.restarts: list[int] = []  # steps where the run resumed after ranks died (drawn as markers)
         self._drawn = 0
         self._rank_traces: dict[int, Any] = {}
+        self._throughput: deque[float] = deque(maxlen=THROUGHPUT_WINDOW)  # the last steps' samples/s, for the band
 
     def __call__(self, row: dict[str, Any]) -> None:
         with self._lock:
@@ -81,10 +87,11 @@ class LivePlot(LiveFigure):
             segment: list[dict[str, Any]] = []
             for row in rows:  # in order: a restart drops the steps after the one it resumed from (they are done again)
                 if row.get("kind") != "restart":
-                    segment.append(row)
+                    segment.append(self._with_band(row))
                     continue
                 self._append(segment, points)
                 segment = []
+                self._throughput.clear()  # the steps redone are a new window
                 restarts.append(row["step"])
                 points = [[(x, y) for x, y in trace_points if x <= row["step"]] for trace_points in points]
             self._append(segment, points)
@@ -98,6 +105,16 @@ class LivePlot(LiveFigure):
                                           line={"dash": "dash", "color": "#d62728"})  # fmt: skip
             self.redraws += 1
             self._last_draw = time.monotonic()
+
+    def _with_band(self, row: dict[str, Any]) -> dict[str, Any]:
+        """``row``, a training step's with the quartiles of the last steps' throughput added (a copy; from 4 steps on)."""
+        if row.get("kind") != "train" or row.get("samples_per_s") is None:
+            return row
+        self._throughput.append(float(row["samples_per_s"]))
+        if len(self._throughput) < 4:
+            return row
+        q1, _, q3 = statistics.quantiles(self._throughput, n=4, method="inclusive")
+        return {**row, "samples_per_s_q1": q1, "samples_per_s_q3": q3}
 
     def _append(self, rows: list[dict[str, Any]], points: list[list[tuple[Any, Any]]]) -> None:
         """Add ``rows``' points to ``points`` (one list per trace of the figure), in step order
