@@ -71,20 +71,18 @@ class TensorGroup:
 
     def allreduce(self, tensor: torch.Tensor, direction: str) -> torch.Tensor:
         """The sum of ``tensor`` over the group (a new tensor), counted under ``direction``."""
-        self.allreduces[direction] += 1
-        if self.size == 1:
-            return tensor
-        summed = tensor.detach().contiguous().cpu().clone()
-        self.comm.Allreduce(MPI.IN_PLACE, summed.numpy(), op=MPI.SUM)
-        return summed.to(tensor.device)
+        return self._reduce(tensor, direction, MPI.SUM)
 
     def maximum(self, tensor: torch.Tensor) -> torch.Tensor:
         """The elementwise maximum of ``tensor`` over the group (a new tensor), counted as forward."""
-        self.allreduces["forward"] += 1
+        return self._reduce(tensor, "forward", MPI.MAX)
+
+    def _reduce(self, tensor: torch.Tensor, direction: str, op: Any) -> torch.Tensor:
+        self.allreduces[direction] += 1
         if self.size == 1:
             return tensor
         host = tensor.detach().contiguous().cpu().clone()
-        self.comm.Allreduce(MPI.IN_PLACE, host.numpy(), op=MPI.MAX)
+        self.comm.Allreduce(MPI.IN_PLACE, host.numpy(), op=op)
         return host.to(tensor.device)
 
     def gather_last(self, tensor: torch.Tensor) -> torch.Tensor:
