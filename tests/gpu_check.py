@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 WHEELS = Path(os.environ.get("RAPYDLI_GPU_CHECK_WHEELS", ROOT / ".whl"))  # another folder: a rehearsal without them
 SITE = Path("/tmp/site")
 TEST_FILES = ("tests/test_gpu.py", "tests/test_comm.py", "tests/test_autotune_candidates.py")
-TESTS_LIMIT_S, BENCH_LIMIT_S = 280, 120
+TESTS_LIMIT_S, BENCH_LIMIT_S = 240, 150
 CARRY_LIMIT_BYTES = 64 * 2**20
 
 

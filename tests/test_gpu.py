@@ -160,13 +160,16 @@ def test_the_triton_candidate_is_tuned_against_cudnn_on_the_background_layers(la
     from rapydli.bench.conv import layer_shape
 
     shape = layer_shape(layer, 1.0)
-    result = tune_conv2d(shape, "cuda", "train", candidates=["torch_nchw", "torch_channels_last", "triton_igemm"],
+    mode = "train" if layer == BACKGROUND_LAYERS[0] else "inference"  # every kernel on one layer, the forward on the rest
+    result = tune_conv2d(shape, "cuda", mode, candidates=["torch_nchw", "torch_channels_last", "triton_igemm"],
                          preset="small", cache=False, repetitions=3)
     found = [(str(m.config), m.status, m.message) for m in result.measurements]
     statuses = {(m.config.candidate, m.status) for m in result.measurements}
     # validated against float64 and timed on the GPU ("slow": abandoned after one timed run, far behind the best)
     assert statuses & {("triton_igemm", "ok"), ("triton_igemm", "slow")} and ("torch_nchw", "ok") in statuses, found
     assert not any(m.status in ("invalid", "error") for m in result.measurements), found
+    # float32 and TF32 tiles (torch lets cuDNN use TF32 by default), both validated against float64
+    assert {m.config.param_dict["precision"] for m in result.measurements if m.config.candidate == "triton_igemm"} == {"ieee", "tf32"}
     assert all(m.median > 0 for m in result.measurements if m.status == "ok")
 
 

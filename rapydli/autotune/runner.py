@@ -172,6 +172,11 @@ def _timed(problem: Problem, inst: Any) -> dict[str, list[float]]:
     come from farther than L2, after the other layers evicted them; timed hot, memory-bound
     passes (1x1 convolutions, weight gradients) looked up to 1.5x faster than they ran in
     the model.
+
+    On a GPU one timed run is as many back-to-back calls as fill :data:`GPU_RUN_S` (after
+    at least :data:`GPU_WARMUP` untimed ones: cuDNN's algorithm search, the clocks
+    ramping up), divided by their number: a single call of a 0.1 ms kernel, timed between
+    synchronizations, measures the launch and the synchronization as much as the kernel.
     """
     import torch
 
@@ -186,25 +191,41 @@ def _timed(problem: Problem, inst: Any) -> dict[str, list[float]]:
     if problem.mode == "train":
         passes.update(data_grad=lambda: inst.data_grad(x, w, gy), weight_grad=lambda: inst.weight_grad(x, w, gy))
 
+    gpu = problem.device.startswith("cuda")
     with torch.no_grad(), pinned(None, problem.threads):
-        for _ in range(problem.warmup):
+        for _ in range(max(problem.warmup, GPU_WARMUP) if gpu else problem.warmup):
             for run in passes.values():
                 run()
         sync()
+        calls = {name: _calls_filling(run, sync) if gpu else 1 for name, run in passes.items()}
         times: dict[str, list[float]] = {name: [] for name in passes}
         while len(times["forward"]) < problem.repetitions:
             for name, run in passes.items():
                 if flush is not None:
                     flush.add_(1.0)
                 start = time.perf_counter()
-                run()
+                for _ in range(calls[name]):
+                    run()
                 sync()
-                times[name].append(time.perf_counter() - start)
+                times[name].append((time.perf_counter() - start) / calls[name])
             if len(times["forward"]) == 1 and _abandoned(problem, times):
                 break
             if len(times["forward"]) >= 3 and sum(map(sum, times.values())) > problem.time_budget:
                 break
     return times
+
+
+#: On a GPU: untimed calls before timing, and the least length of one timed run (seconds).
+GPU_WARMUP, GPU_RUN_S, GPU_MAX_CALLS = 3, 2e-3, 200
+
+
+def _calls_filling(run: Callable[[], Any], sync: Callable[[], Any]) -> int:
+    """How many back-to-back calls of ``run`` take about :data:`GPU_RUN_S` (1 to :data:`GPU_MAX_CALLS`)."""
+    start = time.perf_counter()
+    run()
+    sync()
+    once = time.perf_counter() - start
+    return max(1, min(GPU_MAX_CALLS, math.ceil(GPU_RUN_S / max(once, 1e-9))))
 
 
 def _abandoned(problem: Problem, times: Mapping[str, list[float]]) -> bool:

@@ -111,7 +111,8 @@ def layer_rows(names: tuple[str, ...], gflop: float, preset: str, rounds: int, c
         with torch.no_grad():
             ms = interleaved(variants, rounds, calls)
         gflops = {k: Spread.of([shape.flops / (t / 1e3) / 1e9 for t in v]) for k, v in ms.items()}
-        row: dict[str, Any] = {"layer": name, "shape": shape.text, "tuned_choice": str(chosen)}
+        row: dict[str, Any] = {"layer": name, "shape": shape.text, "tuned_choice": str(chosen),
+                               "triton_choice": str(triton.config) if triton is not None else None}
         for k, spread in gflops.items():
             row[f"{k}_gflops"] = spread.median
             row[f"{k}_gflops_range"] = f"{spread.low:.4g}-{spread.high:.4g}"
@@ -171,7 +172,7 @@ def step_rows(batch: int, width: int, rounds: int, calls: int, device: str = "cu
     return rows
 
 
-def run(gflop: float = 20.0, preset: str = "small", rounds: int = 7, calls: int = 10, batch: int = 256, width: int = 64,
+def run(gflop: float = 20.0, preset: str = "small", rounds: int = 7, calls: int = 30, batch: int = 256, width: int = 64,
         layers: tuple[str, ...] = BACKGROUND, device: str = "cuda") -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Both parts; returns the rows and the summary (see the module docstring).
 
