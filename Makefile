@@ -15,7 +15,7 @@ TEST_STAMP := $(VENV)/.rapydli-test-installed
 export YARN_CACHE_FOLDER := $(CURDIR)/build/yarn-cache
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: demo test check install install-test bench clean
+.PHONY: demo test check install install-test bench clean gpu-wheels gpu-check
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -66,5 +66,21 @@ bench: install
 	$(VENV)/bin/rapydli bench parallel --json bench-results/parallel.json
 	$(VENV)/bin/rapydli bench live -n 2 --json bench-results/live.json
 
+# The GPU check (README, "Development"): `make gpu-wheels` here downloads what the GPU
+# machine's image lacks (the MPICH wheel with mpiexec and libmpi, mpi4py for its Python
+# 3.12) into .whl/; `make gpu-check OUT=dir` there runs the GPU tests and `rapydli bench
+# gpu` with the image's python3 and writes dir/summary.json; DRY_RUN=1 lists what would
+# be carried and run.
+GPU_WHEELS ?= mpich==5.0.2 mpi4py==4.1.2
+GPU_PLATFORMS := $(foreach p,manylinux_2_28_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64 manylinux1_x86_64 manylinux_2_5_x86_64,--platform $(p))
+OUT ?= gpu-check-out
+
+gpu-wheels: | $(PY)
+	mkdir -p .whl
+	$(PIP) download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp $(GPU_PLATFORMS) -d .whl $(GPU_WHEELS)
+
+gpu-check:
+	python3 tests/gpu_check.py --out "$(OUT)" $(if $(DRY_RUN),--dry-run,)
+
 clean:
-	rm -rf outputs build bench-results .pytest_cache
+	rm -rf outputs build bench-results .pytest_cache gpu-check-out

@@ -7,8 +7,9 @@ GEMM whose operand tiles are gathered from the tensors on the fly (no im2col buf
 * data gradient: GX[(n,ih,iw), c] = sum_{(r,s,k)} GY[n, (ih+PH-r)/SH, (iw+PW-s)/SW, k] W[k,r,s,c]
 * weight grad:   GW[k, (r,s,c)]   = sum_{(n,oh,ow)} GY[(n,oh,ow), k] X[n, oh*SH-PH+r, ow*SW-PW+s, c]
 
-Tuning parameters: BLOCK_M, BLOCK_N, BLOCK_K (tile sizes), and ``num_warps`` /
-``num_stages`` given at launch. Loaded from this file by ``rapydli/autotune/triton_conv.py``;
+Tuning parameters: BLOCK_M, BLOCK_N, BLOCK_K (tile sizes), PRECISION (``tl.dot``'s input
+precision: ``"ieee"`` float32, or ``"tf32"`` on tensor cores, offered where torch lets cuDNN
+compute float32 convolutions in TF32), and ``num_warps`` / ``num_stages`` given at launch. Loaded from this file by ``rapydli/autotune/triton_conv.py``;
 it runs on a GPU, or on the CPU under ``TRITON_INTERPRET=1`` for correctness tests.
 """
 
@@ -18,7 +19,8 @@ import triton.language as tl
 
 @triton.jit
 def conv_fwd_kernel(x, w, y, N, C, H, W, K, R, S, SH, SW, PH, PW, OH, OW,
-                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                    PRECISION: tl.constexpr = "ieee"):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     M = N * OH * OW
@@ -42,14 +44,15 @@ def conv_fwd_kernel(x, w, y, N, C, H, W, K, R, S, SH, SW, PH, PW, OH, OW,
         a = tl.load(x + ((n[:, None] * H + ih) * W + iw) * C + c[None, :], mask=mask_a, other=0.0)
         mask_b = (offs_k[:, None] < RSC) & (offs_n[None, :] < K)
         b = tl.load(w + offs_n[None, :] * RSC + offs_k[:, None], mask=mask_b, other=0.0)
-        acc += tl.dot(a, b, input_precision="ieee")
+        acc += tl.dot(a, b, input_precision=PRECISION)
     mask_y = (offs_m[:, None] < M) & (offs_n[None, :] < K)
     tl.store(y + offs_m[:, None] * K + offs_n[None, :], acc, mask=mask_y)
 
 
 @triton.jit
 def conv_bwd_data_kernel(gy, w, gx, N, C, H, W, K, R, S, SH, SW, PH, PW, OH, OW,
-                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                    PRECISION: tl.constexpr = "ieee"):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     M = N * H * W
@@ -76,14 +79,15 @@ def conv_bwd_data_kernel(gy, w, gx, N, C, H, W, K, R, S, SH, SW, PH, PW, OH, OW,
         a = tl.load(gy + ((n[:, None] * OH + oh) * OW + ow) * K + k[None, :], mask=mask_a, other=0.0)
         mask_b = (offs_k[:, None] < RSK) & (offs_n[None, :] < C)
         b = tl.load(w + ((k[:, None] * R + r[:, None]) * S + s[:, None]) * C + offs_n[None, :], mask=mask_b, other=0.0)
-        acc += tl.dot(a, b, input_precision="ieee")
+        acc += tl.dot(a, b, input_precision=PRECISION)
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < C)
     tl.store(gx + offs_m[:, None] * C + offs_n[None, :], acc, mask=mask)
 
 
 @triton.jit
 def conv_bwd_weight_kernel(x, gy, gw, N, C, H, W, K, R, S, SH, SW, PH, PW, OH, OW,
-                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                    PRECISION: tl.constexpr = "ieee"):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     M = N * OH * OW
@@ -107,6 +111,6 @@ def conv_bwd_weight_kernel(x, gy, gw, N, C, H, W, K, R, S, SH, SW, PH, PW, OH, O
         iw = ow[:, None] * SW - PW + s[None, :]
         mask_b = (offs_m[:, None] < M) & (offs_j[None, :] < RSC) & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
         b = tl.load(x + ((n[:, None] * H + ih) * W + iw) * C + c[None, :], mask=mask_b, other=0.0)
-        acc += tl.dot(a, b, input_precision="ieee")
+        acc += tl.dot(a, b, input_precision=PRECISION)
     mask = (offs_k[:, None] < K) & (offs_j[None, :] < RSC)
     tl.store(gw + offs_k[:, None] * RSC + offs_j[None, :], acc, mask=mask)

@@ -98,13 +98,13 @@ def worst_difference(trainer: Trainer, model: nn.Module, reference: nn.Module) -
     for name, local in dense_names(model, trainer.model).items():
         module, short = found[name]
         if isinstance(module, ColumnParallelLinear | RowParallelLinear | VocabParallelEmbedding):
-            whole = dense[name].detach()
+            whole = dense[name].detach().cpu()
             if type(dense_owners[name][0]).__name__ == "Conv1D" and short == "weight":  # stored (in, out); the split layer keeps (out, in)
                 whole = whole.t()
             expected = _shard_of(whole, local, module, short, _Group(trainer.grid.tensor_rank))  # type: ignore[arg-type]
         else:
             expected = dense[name].detach()
-        worst = max(worst, float((expected - local.detach()).abs().max()))
+        worst = max(worst, float((expected.cpu() - local.detach().cpu()).abs().max()))
     return worst
 
 
@@ -140,7 +140,7 @@ class TiedCopies:
             self.params = {id(p): p for p in self.model.parameters()}
         tied = self.tied
         for pid in sorted(tied, key=lambda i: tied[i][0]):
-            mine = (self.tensor_rank, self.params[pid].detach().clone()) if pid in self.held else None
+            mine = (self.tensor_rank, self.params[pid].detach().cpu().clone()) if pid in self.held else None
             copies = [c for c in WORLD.allgather(mine) if c is not None]
             assert len(copies) >= 1, (tied[pid], row["step"])
             for rank, copy in copies:
@@ -149,9 +149,10 @@ class TiedCopies:
             self.checked += len(copies)
 
 
-def run(name: str, layout: dict[str, Any], directory: str | None = None) -> dict[str, Any]:
-    """Train ``name`` on ``layout`` (TrainConfig fields) and in one process; return the differences."""
+def run(name: str, layout: dict[str, Any], directory: str | None = None, device: str = "cpu") -> dict[str, Any]:
+    """Train ``name`` on ``layout`` (TrainConfig fields) and in one process, both on ``device``; return the differences."""
     model_fn, data_fn, own_loss = MODELS[name]
+    model_fn = _on(model_fn, device)
     train, val = data_fn()
     # a pipeline's last stage computes the default loss
     loss = None if own_loss == "default" else own_loss or (exact_loss if layout.get("pipeline_stages", 1) == 1 else None)
@@ -203,11 +204,16 @@ def run(name: str, layout: dict[str, Any], directory: str | None = None) -> dict
     }
 
 
-def main(cases_json: str) -> None:
-    """Run each ``[model, layout]`` of the JSON list; rank 0 prints one JSON line per case."""
+def _on(model_fn: Any, device: str) -> Any:
+    """``model_fn`` building its model on ``device`` (the GPU tests share one GPU between the ranks)."""
+    return model_fn if device == "cpu" else lambda: model_fn().to(device)
+
+
+def main(cases_json: str, device: str = "cpu") -> None:
+    """Run each ``[model, layout]`` of the JSON list on ``device``; rank 0 prints one JSON line per case."""
     torch.set_num_threads(1)
     for name, layout in json.loads(cases_json):
-        result = run(name, layout)
+        result = run(name, layout, device=device)
         if WORLD.Get_rank() == 0:
             print(json.dumps(result), flush=True)
     print("OK layouts", WORLD.Get_rank(), file=sys.stderr)

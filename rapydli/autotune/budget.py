@@ -225,14 +225,15 @@ def _tune_layers(model: nn.Module, x: torch.Tensor, found: Sequence[tuple[str, C
 
     common = {k: v for k, v in options.items() if k in ("repetitions", "warmup", "threads", "preset")}
     threads = options.get("threads") or torch.get_num_threads()
-    fingerprint = cache_fingerprint(query("cpu", threads))
+    device = "cuda" if x.is_cuda else "cpu"  # layers are tuned where the example input (and the model) live
+    fingerprint = cache_fingerprint(query(device, threads))
     search_started = time.perf_counter()
     results: dict[ConvShape, TuneResult] = {}
     for shape in names:
         stored = cache.get(fingerprint, Problem(shape, mode).key, Config.of(DEFAULT))
         if stored is None and not admit(None)([Config.of(DEFAULT)]):
             break  # the budget holds no more profiles: the shapes left stay as they are
-        results[shape] = tune_conv2d(shape, "cpu", mode, engines, strategy="exhaustive", candidates=[DEFAULT],
+        results[shape] = tune_conv2d(shape, device, mode, engines, strategy="exhaustive", candidates=[DEFAULT],
                                      cache=cache, on_result=on_result, **common)
     weight = {shape: len(names[shape]) * (_default_ms(r) or 0.0) for shape, r in results.items()}
     ranked = sorted(results, key=lambda s: -weight[s])
@@ -255,7 +256,7 @@ def _tune_layers(model: nn.Module, x: torch.Tensor, found: Sequence[tuple[str, C
             if strategy == "model_based" and engines is not None:
                 transfer["batch"] = PARALLEL_BATCH
             strategy_opts = {**transfer, **user_opts}
-            results[shape] = tune_conv2d(shape, "cpu", mode, engines, strategy=strategy, options=strategy_opts,
+            results[shape] = tune_conv2d(shape, device, mode, engines, strategy=strategy, options=strategy_opts,
                                          cache=cache, admit=admit(slice_end),
                                          on_result=functools.partial(on_result, shape=shape), **options)
         rows.append(_row(rank, shape, names[shape], results[shape], weight[shape], step_ms, taken.get(shape, 0),

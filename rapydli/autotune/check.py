@@ -75,6 +75,9 @@ def _library_unless_faster(plan: Plan, results: Mapping[ConvShape, TuneResult], 
 
 
 def _one_step(model: nn.Module, x: torch.Tensor, mode: str) -> float:
+    """Seconds of one step; on a GPU the kernels it queued are waited for before and after."""
+    sync = torch.cuda.synchronize if x.is_cuda else (lambda: None)
+    sync()
     start = time.perf_counter()
     if mode == "train":
         model.zero_grad(set_to_none=True)
@@ -82,6 +85,7 @@ def _one_step(model: nn.Module, x: torch.Tensor, mode: str) -> float:
     else:
         with torch.no_grad():
             model(x)
+    sync()
     return time.perf_counter() - start
 
 

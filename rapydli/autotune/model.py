@@ -106,11 +106,14 @@ class Plan:
 class TunedConv2d(nn.Conv2d):
     """An ``nn.Conv2d`` that runs its planned candidate; same parameters and state-dict keys.
 
-    Falls back to ``F.conv2d`` for inputs a generated kernel does not take (not float32, not CPU).
+    Falls back to ``F.conv2d`` for inputs a generated kernel does not take: not float32
+    (bf16 autocast), or on a device its candidate does not run on (the C kernels run on the
+    CPU, the Triton kernel on a GPU).
     """
 
     choice: LayerChoice
-    generated: bool  # a pass runs a generated kernel (float32 CPU tensors only)
+    generated: bool  # a pass runs a generated kernel (float32 only, on the devices of its candidate)
+    devices: frozenset[str]  # the device types every planned pass runs on
     _inst: Instance | None  # built on first use
 
     @classmethod
@@ -123,6 +126,7 @@ class TunedConv2d(nn.Conv2d):
         tuned._modules = dict(conv._modules)
         tuned.choice = choice
         tuned.generated = any(get(c.candidate).kind != "library" for c in choice.configs.values())
+        tuned.devices = frozenset.intersection(*(frozenset(get(c.candidate).devices) for c in choice.configs.values()))
         tuned._inst = None
         fmt = torch.channels_last if choice.layout == "nhwc" else torch.contiguous_format
         with torch.no_grad():  # keep the weight in the layout its kernel reads: no per-step copy
@@ -144,7 +148,7 @@ class TunedConv2d(nn.Conv2d):
         return self._inst
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.generated and (x.dtype != torch.float32 or x.device.type != "cpu" or self.weight.dtype != torch.float32):
+        if self.generated and (x.dtype != torch.float32 or x.device.type not in self.devices or self.weight.dtype != torch.float32):
             return self._conv_forward(x, self.weight, self.bias)
         y = conv_apply(self.instance(), x, self.weight)
         if self.bias is not None:
@@ -314,7 +318,7 @@ def _plan(model: nn.Module, example_input: torch.Tensor, mode: str, engines: Any
         cache = tune_options["cache"] = Cache()
     key = None
     if cache is not False:
-        info = query("cpu", tune_options.get("threads") or torch.get_num_threads())
+        info = query("cuda" if example_input.is_cuda else "cpu", tune_options.get("threads") or torch.get_num_threads())
         key = plans.plan_key(cache_fingerprint(info), model, example_input, mode, verify, budget_s, tune_options)
         stored = cache.get_plan(key)
         if stored is not None:

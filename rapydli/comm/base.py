@@ -113,3 +113,15 @@ def check_algorithm(name: str) -> str:
 def create_algorithm(name: str, comm: MPI.Comm) -> Algorithm:
     """Instantiate the algorithm registered as ``name`` over ``comm`` (collective for some)."""
     return ALGORITHMS.load(check_algorithm(name))(comm)
+
+
+def node_rank(comm: MPI.Comm) -> tuple[int, int]:
+    """``(rank among the ranks of comm on this node, how many there are)`` (collective)."""
+    from mpi4py import MPI
+
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    try:
+        return node.Get_rank(), node.Get_size()
+    finally:
+        node.Free()
+

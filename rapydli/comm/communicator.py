@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from rapydli.cluster import trace
-from rapydli.comm.base import Algorithm, check_algorithm, create_algorithm
+from rapydli.comm.base import Algorithm, check_algorithm, create_algorithm, node_rank
 from rapydli.comm.handle import (
     CommThread,
     CompletedHandle,
@@ -85,6 +85,8 @@ class Communicator:
         #: (id(tensor), op, algorithm) -> (weak reference, data_ptr, numel, prepared call, divide
         #: for avg afterwards): the fast path of a repeated ``allreduce_`` on the same buffer
         self._plans: dict[tuple[int, str, str], tuple[weakref.ref, int, int, Callable[[], object], bool]] = {}
+        #: ranks of this communicator on this node: ``auto`` sends CUDA tensors to ``nccl`` only when each has a GPU of its own
+        self.node_size: int = node_rank(self.mpi_comm)[1]
         self._get(algorithm)
         #: the group's name in the collective trace (:mod:`rapydli.cluster.trace`)
         self._group: str = trace.group_label(self.mpi_comm)
@@ -265,7 +267,7 @@ class Communicator:
             check_algorithm(name)
         flat = flat_view(tensor)
         if flat.is_cuda:
-            if name == "auto" and _nccl_usable():
+            if name == "auto" and self._nccl_usable():
                 name = "nccl"
         elif name == "auto" and (shared := self._shared) is not None and shared.views(flat) is not None:
             name = "shm"  # a host_buffer(): reduced through the memory the ranks share
@@ -281,6 +283,12 @@ class Communicator:
         key, plans = (id(tensor), op, name), self._plans
         reference = weakref.ref(tensor, lambda _: plans.pop(key, None))
         plans[key] = (reference, flat.data_ptr(), flat.numel(), call, op == "avg" and not algo.averages_for(flat))
+
+    def _nccl_usable(self) -> bool:
+        import torch.distributed as dist
+
+        return (torch.cuda.is_available() and dist.is_available() and dist.is_nccl_available()
+                and self.node_size <= torch.cuda.device_count())
 
     def _get(self, name: str) -> tuple[Algorithm, Algorithm]:
         """(algorithm over the main communicator, the same over the asynchronous one); built once."""
@@ -337,7 +345,4 @@ def _dtype(tensor: torch.Tensor) -> str:
     return name
 
 
-def _nccl_usable() -> bool:
-    import torch.distributed as dist
 
-    return torch.cuda.is_available() and dist.is_available() and dist.is_nccl_available()

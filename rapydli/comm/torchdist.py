@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from rapydli.comm.base import Algorithm
+from rapydli.comm.base import Algorithm, node_rank
 from rapydli.comm.handle import Handle, WorkHandle
 from rapydli.errors import ConfigError
 
@@ -135,6 +135,13 @@ class NcclAlgorithm(TorchDistAlgorithm):
 
         if not (torch.cuda.is_available() and dist.is_nccl_available()):
             raise ConfigError("algorithm='nccl' needs CUDA GPUs and a torch build with NCCL; use 'mpi' or 'ring'")
+        local_rank, local_size = node_rank(comm)
+        if local_size > torch.cuda.device_count():
+            raise ConfigError(
+                f"algorithm='nccl' needs a GPU of its own for every rank, but {local_size} ranks on this node share "
+                f"{torch.cuda.device_count()} GPU(s) (NCCL refuses two ranks on one GPU); use 'auto', 'mpi' or 'ring', "
+                "which stage CUDA tensors through host memory"
+            )
         if not torch.cuda.is_initialized():
-            torch.cuda.set_device(comm.Get_rank() % torch.cuda.device_count())
+            torch.cuda.set_device(local_rank)
         super().__init__(comm)

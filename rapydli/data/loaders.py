@@ -158,6 +158,7 @@ def build_loader(
     cache_disk_mb: float = 0.0,
     disk_dir: str | None = None,
     resume_from: tuple[int, int] | None = None,
+    pin_memory: bool = False,
 ) -> Loader:
     """Build this rank's loader of ``kind`` over a map-style ``dataset``.
 
@@ -185,6 +186,10 @@ def build_loader(
         ``(epoch, start)``: that epoch begins at position ``start`` of its global order,
         re-sharded over ``world_size`` ranks (a run resumed on another number of ranks;
         ``"default"`` only).
+    pin_memory
+        Yield every batch's tensors in page-locked (pinned) host memory, so a
+        ``.to("cuda", non_blocking=True)`` copy runs asynchronously (the Trainer asks for
+        it when the model is on a GPU). Any kind, registered ones too (:class:`PinnedLoader`).
 
     Returns
     -------
@@ -209,7 +214,7 @@ def build_loader(
         raise ConfigError(f"num_workers={num_workers} is invalid: must be >= 0")
     if cache_ram_mb < 0 or cache_disk_mb < 0:
         raise ConfigError(f"cache_ram_mb={cache_ram_mb}, cache_disk_mb={cache_disk_mb}: budgets must be >= 0")
-    return LOADERS.load(kind)(
+    loader = LOADERS.load(kind)(
         dataset,
         batch_size=batch_size,
         rank=rank,
@@ -223,6 +228,51 @@ def build_loader(
         disk_dir=disk_dir,
         resume_from=resume_from,
     )
+    return PinnedLoader(loader) if pin_memory else loader
+
+
+class PinnedLoader:
+    """A :class:`Loader` whose batches are copied into page-locked (pinned) host memory.
+
+    Every tensor of a batch (nested in tuples, lists and dicts) is pinned as the batch is
+    yielded; everything else about the pass (its length, epochs, statistics) is the
+    wrapped loader's. Pinning needs a CUDA driver: on a machine without one, batches pass
+    through unchanged.
+    """
+
+    def __init__(self, loader: Loader) -> None:
+        self.loader = loader
+        self.pinning = torch.cuda.is_available()
+
+    def __iter__(self) -> Iterator[Any]:
+        for batch in self.loader:
+            yield pinned(batch) if self.pinning else batch
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def set_epoch(self, epoch: int, skip_batches: int = 0) -> None:
+        self.loader.set_epoch(epoch, skip_batches)
+
+    def batches_in(self, epoch: int) -> int:
+        return self.loader.batches_in(epoch)
+
+    def stats(self) -> dict[str, Any]:
+        return self.loader.stats()
+
+    def __getattr__(self, name: str) -> Any:  # close(), kind and whatever else the wrapped loader offers
+        return getattr(self.__dict__["loader"], name)
+
+
+def pinned(batch: Any) -> Any:
+    """``batch`` with every tensor in it (in tuples, lists and dicts) copied to pinned host memory."""
+    if isinstance(batch, torch.Tensor):
+        return batch if batch.is_pinned() else batch.pin_memory()
+    if isinstance(batch, tuple | list):
+        return type(batch)(pinned(item) for item in batch)
+    if isinstance(batch, dict):
+        return {key: pinned(value) for key, value in batch.items()}
+    return batch
 
 
 def _check_positive(**values: int) -> None:

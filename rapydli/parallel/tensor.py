@@ -81,9 +81,11 @@ class TensorGroup:
         self.allreduces[direction] += 1
         if self.size == 1:
             return tensor
-        host = tensor.detach().contiguous().cpu().clone()
+        # float16/bfloat16 (autocast's activations) have no MPI type: reduced in float32, then rounded once
+        wide = tensor.dtype in (torch.float16, torch.bfloat16)
+        host = tensor.detach().contiguous().to("cpu", torch.float32 if wide else tensor.dtype, copy=True)
         self.comm.Allreduce(MPI.IN_PLACE, host.numpy(), op=op)
-        return host.to(tensor.device)
+        return host.to(tensor.device, tensor.dtype)
 
     def gather_last(self, tensor: torch.Tensor) -> torch.Tensor:
         """Every rank's ``tensor`` concatenated along the last dimension, in rank order (a new tensor), counted as forward."""
@@ -92,8 +94,13 @@ class TensorGroup:
             return tensor
         local = tensor.detach().contiguous().cpu()
         gathered = torch.empty((self.size, *local.shape), dtype=local.dtype)
-        self.comm.Allgather(local.numpy(), gathered.numpy())
+        self.comm.Allgather([_bytes(local), MPI.BYTE], [_bytes(gathered), MPI.BYTE])  # as bytes: any dtype, bfloat16 too
         return torch.cat(gathered.unbind(0), dim=-1).to(tensor.device)
+
+
+def _bytes(tensor: torch.Tensor) -> Any:
+    """The bytes of a contiguous CPU tensor as a numpy array sharing its memory."""
+    return tensor.reshape(-1).view(torch.uint8).numpy()
 
 
 class _CopyToGroup(torch.autograd.Function):

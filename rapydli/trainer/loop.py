@@ -188,7 +188,7 @@ class Trainer:
             self.config = config
             if resumed.data_size != self.data_size:
                 resume_from = (resumed.epoch, resumed.position)
-        self.loader = _loader(train_data, config, self.data_rank, self.data_size, resume_from)
+        self.loader = _loader(train_data, config, self.data_rank, self.data_size, resume_from, pin_memory=self.device.type == "cuda")
         self.steps_per_epoch = len(self.loader) // config.grad_accum
         if self.steps_per_epoch < 1:
             raise ConfigError(
@@ -475,7 +475,8 @@ def _to_device(batch: Any, device: torch.device) -> tuple[Any, ...]:
     return tuple(item.to(device, non_blocking=True) if isinstance(item, torch.Tensor) else item for item in batch)
 
 
-def _loader(dataset: Dataset, config: TrainConfig, rank: int, world_size: int, resume_from: tuple[int, int] | None) -> Any:
+def _loader(dataset: Dataset, config: TrainConfig, rank: int, world_size: int, resume_from: tuple[int, int] | None,
+            pin_memory: bool = False) -> Any:
     from rapydli.data.loaders import build_loader
 
     disk_dir = None
@@ -494,6 +495,7 @@ def _loader(dataset: Dataset, config: TrainConfig, rank: int, world_size: int, r
         cache_disk_mb=config.cache_disk_mb,
         disk_dir=disk_dir,
         resume_from=resume_from,
+        pin_memory=pin_memory,
     )
 
 
