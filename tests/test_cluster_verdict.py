@@ -25,3 +25,46 @@ def test_an_answer_already_in_needs_no_reminder() -> None:
     engine.expect_verdict()
     engine._go_on.set()
     assert engine.await_verdict(remind=lambda: pytest.fail("reminded although the answer was in")) is False
+
+
+class _Answers:
+    """The cluster Job's side of a verdict: the ranks told to go on, in order."""
+
+    def __init__(self) -> None:
+        self.go_on_calls: list[list[int]] = []
+
+    def go_on(self, ranks: list[int]) -> None:
+        self.go_on_calls.append(list(ranks))
+
+
+def _training_job(decided: list[dict]) -> tuple[object, _Answers]:
+    """A TrainingJob's event handling alone, for a trial whose pruner reads ``val_loss``."""
+    from rapydli.experiments.job import TrainingJob
+
+    job = TrainingJob.__new__(TrainingJob)
+    answers = _Answers()
+    job.__dict__.update(rows=[], stop_requested_at=None, _verdict_step=None, await_verdict="val_loss", targets=[0, 1],
+                        job=answers, callbacks=[decided.append], store=None, run_id=None, _bar=None, stragglers=None, progress=False)
+    return job, answers
+
+
+def test_a_lost_report_is_decided_on_from_the_reminder_that_carries_it() -> None:
+    decided: list[dict] = []
+    job, answers = _training_job(decided)
+    row = {"kind": "eval", "step": 5, "val_loss": 0.7}
+    job._on_event(0, "awaiting", {"step": 5, "row": row})  # the metrics event never came: the reminder brings the row
+    assert [r["step"] for r in decided] == [5] and answers.go_on_calls == [[0]]
+    job._on_event(0, "awaiting", {"step": 5, "row": row})  # decided already: only the answer is sent again
+    assert [r["step"] for r in decided] == [5] and answers.go_on_calls == [[0], [0]]
+
+
+def test_a_lost_answer_is_sent_again_without_deciding_twice() -> None:
+    decided: list[dict] = []
+    job, answers = _training_job(decided)
+    row = {"kind": "eval", "step": 10, "val_loss": 0.5}
+    job._on_event(0, "metrics", row)
+    job._on_event(0, "awaiting", {"step": 10, "row": row})
+    assert len(decided) == 1 and answers.go_on_calls == [[0], [0]]
+    job.stop_requested_at = 1.0  # pruned: a stop is the answer, no "go on"
+    job._on_event(0, "awaiting", {"step": 10, "row": row})
+    assert answers.go_on_calls == [[0], [0]]

@@ -187,7 +187,16 @@ class ClusterTasks:
         return traces
 
     def _signal_where(self, ranks: Sequence[int]) -> None:
-        """Deliver the stack-dump signal: straight to local engine processes, through the engines' nannies elsewhere."""
+        """Deliver the stack-dump signal."""
+        self._deliver(WHERE_SIGNAL, ranks)
+
+    def _deliver(self, signum: Any, ranks: Sequence[int]) -> None:
+        """Deliver one of the signals the engines' tasks handle: straight to engine processes on this host,
+        through the engines' nannies (the controller) elsewhere.
+
+        The direct path does not depend on the controller relaying the message: a rank waiting on
+        a verdict or a stack dump gets it at once.
+        """
         import os
         import socket
 
@@ -197,13 +206,13 @@ class ClusterTasks:
             info = self._info[rank]
             if info["host"] == local:
                 try:
-                    os.kill(info["pid"], WHERE_SIGNAL)
+                    os.kill(info["pid"], signum)
                 except ProcessLookupError:
                     pass
             else:
                 remote.append(rank)
         if remote:
-            self._signal(WHERE_SIGNAL.name, remote)
+            self._signal(signum.name, remote)
 
     def _checked(self, ranks: list[int]) -> list[int]:
         self._require_running()
@@ -263,7 +272,7 @@ class ClusterTasks:
         self._signal("SIGINT", ranks)
 
     def _request_stop(self, ranks: Sequence[int]) -> None:
-        self._signal(engine.STOP_SIGNAL.name, ranks)
+        self._deliver(engine.STOP_SIGNAL, ranks)
 
     def _go_on(self, ranks: Sequence[int]) -> None:
-        self._signal(engine.GO_ON_SIGNAL.name, ranks)
+        self._deliver(engine.GO_ON_SIGNAL, ranks)

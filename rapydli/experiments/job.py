@@ -248,9 +248,13 @@ class TrainingJob:
             if self.store is not None and self.run_id is not None:
                 self.store.add_record(self.run_id, "hang", "json", payload)
             return
-        if kind == "awaiting":  # rank 0 still waits on the row it reported: the answer was lost, send it again
-            if self._verdict_step == payload.get("step") and self.stop_requested_at is None:
-                self.job.go_on(self.targets[:1])
+        if kind == "awaiting":  # rank 0 still waits on the row it reported: the answer, or the report itself, was lost
+            if self.stop_requested_at is None:
+                row = payload.get("row")
+                if row is not None and self._verdict_step != payload.get("step") and not self._received(row):
+                    self._on_event(rank, "metrics", row)  # the report never arrived (rank 0 sent it first): decide on it now
+                else:
+                    self.job.go_on(self.targets[:1])
             return
         if kind == "start":
             self.start_step = payload["start_step"]
@@ -294,6 +298,10 @@ class TrainingJob:
         if isinstance(value, (int, float)) and self.stop_requested_at is None:  # rank 0 waits for this answer
             self._verdict_step = payload.get("step")
             self.job.go_on(self.targets[:1])
+
+    def _received(self, row: dict[str, Any]) -> bool:
+        """Whether a row of ``row``'s kind and step already came in."""
+        return any(r.get("kind") == row.get("kind") and r.get("step") == row.get("step") for r in self.rows)
 
     def _watch_stragglers(self, row: dict[str, Any]) -> None:
         """Feed a timing row to the straggler watch; a rank found slower is recorded and, with ``progress``, said once."""

@@ -129,7 +129,8 @@ class EmitMetrics:
         engine.expect_verdict()  # before sending: an answer that comes back at once is this row's
         self.emit(kind, row, flush=True)
         # a stop is seen by every rank at the step's stop check; a lost answer is asked for again
-        engine.await_verdict(remind=lambda: self.emit("awaiting", {"step": row.get("step")}, flush=True))
+        # the reminder carries the row, so a client that never received the report can still decide on it
+        engine.await_verdict(remind=lambda: self.emit("awaiting", {"step": row.get("step"), "row": row}, flush=True))
 
     def on_step_end(self, metrics: dict[str, Any]) -> None:
         self._emit("metrics", metrics)
