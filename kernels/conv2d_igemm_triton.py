@@ -9,8 +9,9 @@ GEMM whose operand tiles are gathered from the tensors on the fly (no im2col buf
 
 Tuning parameters: BLOCK_M, BLOCK_N, BLOCK_K (tile sizes), PRECISION (``tl.dot``'s input
 precision: ``"ieee"`` float32, or ``"tf32"`` on tensor cores, offered where torch lets cuDNN
-compute float32 convolutions in TF32), and ``num_warps`` / ``num_stages`` given at launch. Loaded from this file by ``rapydli/autotune/triton_conv.py``;
-it runs on a GPU, or on the CPU under ``TRITON_INTERPRET=1`` for correctness tests.
+compute float32 convolutions in TF32), and ``num_warps`` / ``num_stages`` given at launch.
+Loaded from this file by ``rapydli/autotune/triton_conv.py``; it runs on a GPU, or on the
+CPU under ``TRITON_INTERPRET=1`` for correctness tests.
 """
 
 import triton
@@ -52,7 +53,7 @@ def conv_fwd_kernel(x, w, y, N, C, H, W, K, R, S, SH, SW, PH, PW, OH, OW,
 @triton.jit
 def conv_bwd_data_kernel(gy, w, gx, N, C, H, W, K, R, S, SH, SW, PH, PW, OH, OW,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                    PRECISION: tl.constexpr = "ieee"):
+                         PRECISION: tl.constexpr = "ieee"):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     M = N * H * W
@@ -87,7 +88,7 @@ def conv_bwd_data_kernel(gy, w, gx, N, C, H, W, K, R, S, SH, SW, PH, PW, OH, OW,
 @triton.jit
 def conv_bwd_weight_kernel(x, gy, gw, N, C, H, W, K, R, S, SH, SW, PH, PW, OH, OW,
                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                    PRECISION: tl.constexpr = "ieee"):
+                           PRECISION: tl.constexpr = "ieee"):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     M = N * OH * OW
