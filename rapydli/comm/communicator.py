@@ -343,6 +343,3 @@ def _dtype(tensor: torch.Tensor) -> str:
     if name is None:
         name = _DTYPES[tensor.dtype] = str(tensor.dtype).removeprefix("torch.")
     return name
-
-
-

@@ -251,7 +251,7 @@ class TrainingJob:
         if kind == "awaiting":  # rank 0 still waits on the row it reported: the answer, or the report itself, was lost
             if self.stop_requested_at is None:
                 row = payload.get("row")
-                if row is not None and self._verdict_step != payload.get("step") and not self._received(row):
+                if row is not None and not self._received(row):
                     self._on_event(rank, "metrics", row)  # the report never arrived (rank 0 sent it first): decide on it now
                 else:
                     self.job.go_on(self.targets[:1])
