@@ -92,3 +92,27 @@ def test_grid_world_size_must_be_a_multiple_of_stages() -> None:
         data_parallel_degree(3, 2)
     with pytest.raises(ConfigError, match="1 ranks cannot run pipeline_stages=2"):
         data_parallel_degree(1, 2)
+
+
+def test_every_stage_holds_parameters_however_the_blocks_were_timed() -> None:
+    # the digits MLP begins with a Flatten: timed slow by a busy machine, "auto" once gave it a stage of its own,
+    # and that stage's rank failed with StopIteration (no parameters) in the middle of a sweep
+    from rapydli.parallel.preflight import check_layout
+    from rapydli.trainer.config import TrainConfig
+    from rapydli.zoo.models import mlp
+
+    model = mlp()
+    holds = split.holds_parameters(model)
+    assert holds == [False, True, False, True, False, True]
+    assert split.balance([9.0, 1.0, 0.1, 1.0, 0.1, 1.0], 2) == [0, 1, 6]  # unconstrained: Flatten alone
+    assert split.balance([9.0, 1.0, 0.1, 1.0, 0.1, 1.0], 2, holds) == [0, 2, 6]
+    for stages in (2, 3):
+        bounds = split.balance([9.0, 0.1, 9.0, 0.1, 9.0, 0.1], stages, holds)
+        assert all(any(holds[a:b]) for a, b in zip(bounds, bounds[1:])), bounds
+    with pytest.raises(ConfigError, match=r"only 3 of the model's 6 blocks hold parameters: pipeline_stages=4 needs one per stage"):
+        split.balance([1.0] * 6, 4, holds)
+    with pytest.raises(ConfigError, match=r"pipeline stage 1 would hold only blocks without parameters \(2\)"):
+        split.boundaries(model, ["2", "3"], 3)
+    # refused on the client, once, before anything starts
+    with pytest.raises(ConfigError, match="only 3 of the model's 6 blocks hold parameters"):
+        check_layout(mlp, TrainConfig(pipeline_stages=4, workers=4))

@@ -32,7 +32,7 @@ ADAM = rd.TrainConfig(batch_size=8, optimizer="adamw")
 
 
 def _block(forward: float, backward: float, params: int = 1000, saved: int = 100, out: int = 10, tp: tuple[int, ...] = ()) -> BlockCost:
-    return BlockCost(forward, backward, saved, out, (params,), tp, tp)
+    return BlockCost(forward, backward, saved, out, (params,) if params else (), tp, tp, holds_parameters=params > 0)
 
 
 def _profile(blocks_per_size: dict[int, list[BlockCost]], tp: dict[int, list[BlockCost]] | None = None) -> Profile:

@@ -69,6 +69,9 @@ def check_layout(model_fn: Callable[[], Any], config: Any, loss_fn: Any = None) 
         if points != "auto":
             bounds = split.boundaries(model, points, config.pipeline_stages)
             check_honoured(find_shared(model, bounds), model, config.zero, plan)
+        else:  # balanced on the engines; whether every stage can hold parameters is known here
+            holds = split.holds_parameters(model)
+            split.balance([1.0] * len(holds), config.pipeline_stages, holds)
 
 
 def check_own_loss(model: nn.Module, stages: int, loss_fn: Any) -> None:

@@ -28,7 +28,6 @@ Examples
 
 from __future__ import annotations
 
-import statistics
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -38,7 +37,7 @@ from torch import nn
 
 from rapydli.errors import ConfigError
 
-#: Forward+backward repetitions per block when measuring for ``"auto"`` (median kept).
+#: Forward+backward repetitions per block when measuring for ``"auto"`` (the fastest kept).
 MEASURE_REPEATS = 3
 
 
@@ -106,6 +105,7 @@ def boundaries(model: nn.Module, points: Sequence[str], stages: int) -> list[int
         if index <= cuts[-1]:
             raise ConfigError(f"pipeline_split points must be in forward order with a block between them; {point!r} comes too early in {list(points)}")
         cuts.append(index)
+    _check_stages_hold_parameters(model, cuts + [len(names)])
     return cuts + [len(names)]
 
 
@@ -118,7 +118,9 @@ def _check_blocks(names: Sequence[str], stages: int) -> None:
 
 
 def measure(model: nn.Module, sample: Any, repeats: int = MEASURE_REPEATS) -> list[float]:
-    """Median seconds of forward + backward of every block on ``sample`` (the model's input)."""
+    """Seconds of forward + backward of every block on ``sample`` (the model's input): the fastest of
+    ``repeats``, the least disturbed by other work on a shared machine (a median of 3 is not,
+    when 2 of them were preempted)."""
     blocks = [module for _, module in pipeline_blocks(model)]
     costs = []
     x = sample
@@ -132,7 +134,7 @@ def measure(model: nn.Module, sample: Any, repeats: int = MEASURE_REPEATS) -> li
             if outs:
                 torch.autograd.backward(outs, [torch.ones_like(t) for t in outs])
             times.append(time.perf_counter() - started)
-        costs.append(statistics.median(times))
+        costs.append(min(times))
         with torch.no_grad():
             x = block(_detached(x, grad=False))
     block_grads = [p for b in blocks for p in b.parameters()]
@@ -157,17 +159,27 @@ def _detached(value: Any, grad: bool = True) -> Any:
     return tuple(one(t) for t in value) if isinstance(value, tuple) else one(value)
 
 
-def balance(costs: Sequence[float], stages: int) -> list[int]:
+def balance(costs: Sequence[float], stages: int, holds: Sequence[bool] | None = None) -> list[int]:
     """Contiguous split of ``costs`` into ``stages`` non-empty parts minimising the largest part.
 
+    With ``holds`` (a flag per block: it has parameters), every part holds at least one
+    flagged block: a stage without parameters trains nothing and only adds a hop.
     Returns the boundaries ``[0, b1, ..., len(costs)]`` (dynamic programming, exact).
+
+    >>> balance([1.0, 9.0, 1.0, 1.0], stages=2, holds=[False, False, True, True])
+    [0, 3, 4]
     """
     n = len(costs)
     if n < stages:
         raise ConfigError(f"{n} block(s) cannot be balanced over pipeline_stages={stages}")
-    prefix = [0.0]
-    for c in costs:
+    flags = [True] * n if holds is None else list(holds)
+    if sum(flags) < stages:
+        raise ConfigError(f"only {sum(flags)} of the model's {n} blocks hold parameters: pipeline_stages={stages} "
+                          "needs one per stage (a stage without parameters trains nothing)")
+    prefix, held = [0.0], [0]
+    for c, flag in zip(costs, flags, strict=True):
         prefix.append(prefix[-1] + c)
+        held.append(held[-1] + flag)
     inf = float("inf")
     best = [[inf] * (n + 1) for _ in range(stages + 1)]  # best[k][i]: first i blocks in k stages
     cut = [[0] * (n + 1) for _ in range(stages + 1)]
@@ -175,6 +187,8 @@ def balance(costs: Sequence[float], stages: int) -> list[int]:
     for k in range(1, stages + 1):
         for i in range(k, n + 1):
             for j in range(k - 1, i):
+                if held[i] == held[j]:
+                    continue  # blocks j..i would be a stage without parameters
                 value = max(best[k - 1][j], prefix[i] - prefix[j])
                 if value < best[k][i]:
                     best[k][i], cut[k][i] = value, j
@@ -182,6 +196,22 @@ def balance(costs: Sequence[float], stages: int) -> list[int]:
     for k in range(stages, 0, -1):
         bounds.append(cut[k][bounds[-1]])
     return bounds[::-1]
+
+
+def holds_parameters(model: nn.Module) -> list[bool]:
+    """Whether each of ``model``'s blocks (:func:`pipeline_blocks`) has parameters of its own."""
+    return [any(True for _ in module.parameters()) for _, module in pipeline_blocks(model)]
+
+
+def _check_stages_hold_parameters(model: nn.Module, bounds: Sequence[int]) -> None:
+    """Refuse a split with a stage that has no parameters, naming it and its blocks."""
+    blocks, holds = pipeline_blocks(model), holds_parameters(model)
+    for stage, (start, end) in enumerate(zip(bounds, bounds[1:])):
+        if not any(holds[start:end]):
+            names = ", ".join(name for name, _ in blocks[start:end])
+            raise ConfigError(f"pipeline stage {stage} would hold only blocks without parameters ({names}): a stage "
+                              "that trains nothing only adds a hop; move its split point so that it holds a block "
+                              "with parameters")
 
 
 def decide(model: nn.Module, split: str | Sequence[str], stages: int, sample: Any, world: Any) -> list[int]:
@@ -196,7 +226,7 @@ def decide(model: nn.Module, split: str | Sequence[str], stages: int, sample: An
             if split == "auto":
                 names = [name for name, _ in pipeline_blocks(model)]
                 _check_blocks(names, stages)
-                bounds = balance(measure(model, sample), stages)
+                bounds = balance(measure(model, sample), stages, holds_parameters(model))
             else:
                 bounds = boundaries(model, list(split), stages)
         except ConfigError as exc:

@@ -95,7 +95,10 @@ def rank_share(model: nn.Module, config: TrainConfig) -> RankShare:
         seen: set[int] = set()
         blocks = [_bytes(block.parameters(), seen) for _, block in split.pipeline_blocks(model)]
         points = split_names(config.pipeline_split)
-        bounds = split.boundaries(model, points, config.pipeline_stages) if points != "auto" else split.balance(blocks, config.pipeline_stages)
+        if points == "auto":
+            bounds = split.balance(blocks, config.pipeline_stages, split.holds_parameters(model))
+        else:
+            bounds = split.boundaries(model, points, config.pipeline_stages)
         stages = [blocks[bounds[s] : bounds[s + 1]] for s in range(config.pipeline_stages)]
         largest = max(stages, key=sum)
         return RankShare(sum(largest), tuple(largest), 0.0, every - sum(largest) + frozen)

@@ -148,10 +148,11 @@ def _network(network: Network | RingModel | None) -> Network | None:
 
 
 def _model_states(model_fn: Callable[[], Any]) -> tuple[float, int] | None:
-    """Parameter bytes and pipeline blocks of the model, built on the meta device (no memory); None if it cannot be."""
+    """Parameter bytes and the pipeline blocks that hold parameters (the most stages it splits into) of the
+    model, built on the meta device (no memory); None if it cannot be."""
     import torch
 
-    from rapydli.parallel.split import pipeline_blocks
+    from rapydli.parallel.split import holds_parameters
 
     try:
         with torch.device("meta"):
@@ -160,7 +161,7 @@ def _model_states(model_fn: Callable[[], Any]) -> tuple[float, int] | None:
     except Exception:  # noqa: BLE001 - a model that cannot be built on the meta device is checked once measured
         return None
     try:
-        blocks = len(pipeline_blocks(model))
+        blocks = max(1, sum(holds_parameters(model)))
     except ConfigError:
         blocks = 1
     return float(parameters), blocks
@@ -287,7 +288,7 @@ def plan_parallel(
         if net is None:
             net = _measure_network(chosen, targets, cfg)
         degrees = [t for t in divisors(ranks) if t <= MAX_TENSOR_PARALLEL and profile.supports(t)]
-        layouts = enumerate_layouts(ranks, batch, len(profile.names), degrees, checkpointing=CHECKPOINTING)
+        layouts = enumerate_layouts(ranks, batch, profile.stage_blocks, degrees, checkpointing=CHECKPOINTING)
         predictions = sorted((predict(layout, profile, net, batch, cfg) for layout in layouts), key=lambda p: p.step_s)
         predictions, refused = _honoured(spec.model_fn, predictions, cfg)  # tied weights across stages: no zero=2 (rapydli.parallel.shared)
         fits = [limit is None or p.memory.peak <= limit for p in predictions]

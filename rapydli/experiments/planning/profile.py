@@ -58,6 +58,9 @@ class BlockCost:
         parameter an earlier block also uses (tied embeddings) is left out here.
     tp_forward_bytes, tp_backward_bytes
         Bytes of each tensor-parallel allreduce the block makes forward and backward.
+    holds_parameters
+        Whether the block has parameters (tied ones included): ``pipeline_split="auto"`` gives
+        every stage one (:func:`rapydli.parallel.split.balance`).
     """
 
     forward_s: float
@@ -67,6 +70,7 @@ class BlockCost:
     parameter_bytes: tuple[int, ...]
     tp_forward_bytes: tuple[int, ...] = ()
     tp_backward_bytes: tuple[int, ...] = ()
+    holds_parameters: bool = True
 
     @property
     def parameters_bytes(self) -> int:
@@ -110,6 +114,11 @@ class Profile:
     data_s: dict[int, float] = field(default_factory=dict)
     step_overhead_s: float = 0.0
     source: str = ""
+
+    @property
+    def stage_blocks(self) -> int:
+        """Blocks that hold parameters: the most pipeline stages the model splits into (a stage needs one)."""
+        return sum(b.holds_parameters for b in next(iter(self.measured.values()), []))
 
     @property
     def degrees(self) -> list[int]:
@@ -193,6 +202,7 @@ def _interpolate(a: BlockCost, b: BlockCost, size_a: int, size_b: int, size: int
         forward_s=_line(a.forward_s, b.forward_s, size_a, size_b, size), backward_s=_line(a.backward_s, b.backward_s, size_a, size_b, size),
         saved_bytes=round(b.saved_bytes * scale), output_bytes=round(b.output_bytes * scale), parameter_bytes=b.parameter_bytes,
         tp_forward_bytes=tuple(round(x * scale) for x in b.tp_forward_bytes), tp_backward_bytes=tuple(round(x * scale) for x in b.tp_backward_bytes),
+        holds_parameters=b.holds_parameters,
     )  # fmt: skip
 
 
@@ -207,7 +217,7 @@ def _split_model(a: BlockCost, b: BlockCost, t_a: int, t_b: int, t: int) -> Bloc
     return BlockCost(
         forward_s=at(a.forward_s, b.forward_s), backward_s=at(a.backward_s, b.backward_s),
         saved_bytes=round(at(a.saved_bytes, b.saved_bytes)), output_bytes=b.output_bytes, parameter_bytes=params,
-        tp_forward_bytes=b.tp_forward_bytes, tp_backward_bytes=b.tp_backward_bytes,
+        tp_forward_bytes=b.tp_forward_bytes, tp_backward_bytes=b.tp_backward_bytes, holds_parameters=b.holds_parameters,
     )  # fmt: skip
 
 
@@ -422,6 +432,7 @@ def _measure_blocks(
             forward_s=statistics.median(forward[j][1:]), backward_s=statistics.median(backward[j][1:]), saved_bytes=saved[j],
             output_bytes=output_bytes[j], parameter_bytes=once(block),
             tp_forward_bytes=tp_forward[j], tp_backward_bytes=tp_backward[j],
+            holds_parameters=any(True for _ in block.parameters()),
         )
         for j, block in enumerate(blocks)
     ]  # fmt: skip

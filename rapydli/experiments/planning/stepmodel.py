@@ -158,7 +158,7 @@ def stage_bounds(blocks: Sequence[BlockCost], stages: int) -> list[int]:
     """Where stages begin: the measured forward + backward times balanced (as ``pipeline_split="auto"``)."""
     if stages == 1:
         return [0, len(blocks)]
-    return split.balance([b.forward_s + b.backward_s for b in blocks], stages)
+    return split.balance([b.forward_s + b.backward_s for b in blocks], stages, [b.holds_parameters for b in blocks])
 
 
 def predict(layout: Candidate, profile: Profile, network: Network, global_batch: int, config: TrainConfig) -> Prediction:
