@@ -323,6 +323,12 @@ def test_a_layer_speedup_is_reported_only_where_its_range_excludes_1_and_a_share
     artefact = _row(1, shape, ["c1"], _result(shape, [0.096, 0.097, 0.098], [0.0014, 0.0014, 0.0015]), 96.0, 43.0, 2, False)
     assert math.isnan(artefact["share"]) and "share 2.23 > 1 is a measurement artefact" in artefact["flag"]
     assert "cores" in artefact["flag"]
+    # a library default still disturbed after being timed again: its clear-looking range claims nothing
+    disturbed = _result(shape, [0.010, 0.011, 0.012], [0.005, 0.0052, 0.0055])
+    disturbed.measurements[0].disturbed, disturbed.measurements[0].retimed = "its repeats span 10 to 30 ms", 2
+    row = _row(1, shape, ["c1"], disturbed, 11.0, 20.0, 2, False)
+    assert row["speedup"] is None and "other work disturbed the timing of torch_nchw" in row["flag"]
+    assert "timed 3 times" in row["flag"] and "cores" in row["flag"]
 
 
 def test_autotune_beside_a_cpu_hog_claims_no_speedup_its_repetitions_contradict(tmp_path, one_thread) -> None:
@@ -342,3 +348,19 @@ def test_autotune_beside_a_cpu_hog_claims_no_speedup_its_repetitions_contradict(
             assert math.isnan(row["share"]) and "cores" in row["flag"]
         if row["speedup"] is not None and not math.isnan(row["speedup"]) and row["speedup"] != 1.0:
             assert row["speedup_low"] > 1 or row["speedup_high"] < 1, row
+
+
+def test_the_summary_claims_a_whole_model_speedup_only_where_every_round_shows_one() -> None:
+    from rapydli.autotune.model import _summary
+
+    def plan(low: float, high: float, rounds: int) -> Plan:
+        layers = {"c1": LayerChoice(ConvShape(2, 3, 8, 8, 4, 3, 3, pad=1), "torch_channels_last", (), "nhwc", 1.0)}
+        return Plan(layers, "train", "cpu-x", {"measured_library_nchw": 10.0, "measured_planned": 8.0,
+                                               "speedup_low": low, "speedup_high": high, "speedup_rounds": rounds})
+
+    clear = _summary(plan(1.2, 1.3, 5), 3.0, None, [], False)
+    assert "step 10.0 -> 8.0 ms (1.25x, rounds 1.20 to 1.30, planned)" in clear
+    noisy = _summary(plan(0.9, 1.4, 5), 3.0, None, [], False)
+    assert "not shown faster than the library default (the rounds span 0.90x to 1.40x" in noisy and "1.25x" not in noisy
+    assert "load" in noisy and "cores" in noisy
+    assert "one timed round" in _summary(plan(1.25, 1.25, 1), 3.0, None, [], False)

@@ -88,9 +88,11 @@ def test_autotune_model_keeps_outputs_and_gradients(tuned) -> None:
     required = {"planned", "all_nchw", "all_nhwc", "default", "measured_planned", "measured_library_nchw",
                 "measured_library_nhwc"}
     # the check also times the whole-model plan and, when it differs, the plan with the small gains put back on the library
-    assert required <= set(report.estimates_ms) and set(report.estimates_ms) - required <= {"measured_planned_whole", "measured_planned_1.25x"}
+    assert required <= set(report.estimates_ms) and set(report.estimates_ms) - required <= {"measured_planned_whole", "measured_planned_1.25x",
+                                                                                    "speedup_low", "speedup_high", "speedup_rounds"}
     # the whole-model plan kept is the fastest measured one
     measured = {k: v for k, v in report.estimates_ms.items() if k.startswith("measured_")}
+    assert report.estimates_ms["speedup_rounds"] >= 2  # the speedup's interval: the library's step over the chosen one's
     assert report.plan.chosen == min(measured, key=measured.get).removeprefix("measured_")
     assert report.estimates_ms["planned"] <= min(report.estimates_ms["all_nchw"], report.estimates_ms["all_nhwc"]) + 1e-9
 

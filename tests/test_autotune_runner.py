@@ -304,3 +304,63 @@ def test_seats_give_each_timing_its_own_cores() -> None:
     assert [s.time_cores for s in seats([("a", [0, 1])], 4)] == [frozenset({0, 1})]  # fewer cores than threads
     with pytest.raises(Exception, match="threads must be >= 1"):
         seats(two_on_two, 0)
+
+
+# ---------------------------------------------------------------- timings disturbed by other work
+
+
+def _timings(monkeypatch, *runs: list[float]) -> list[int]:
+    """Make the runner's timings return ``runs`` in turn (forward pass only): contention cannot be
+    produced on demand, so the timer is replaced; the instance is still built and validated."""
+    from rapydli.autotune import runner
+
+    calls: list[int] = []
+
+    def timed(problem, inst):
+        calls.append(1)
+        return {"forward": list(runs[len(calls) - 1])}
+
+    monkeypatch.setattr(runner, "_timed", timed)
+    return calls
+
+
+def test_a_timing_with_disturbed_repeats_is_taken_again_and_the_steady_one_kept(monkeypatch, tmp_path) -> None:
+    problem = Problem(SHAPE, "inference", repetitions=3)
+    calls = _timings(monkeypatch, [1e-3, 1e-3, 3e-3], [1.1e-3, 1.0e-3, 1.05e-3])
+    m = measure(problem, Config.of("torch_nchw"))
+    assert len(calls) == 2 and m.retimed == 1 and not m.disturbed
+    assert m.times == [1.1e-3, 1.0e-3, 1.05e-3] and m.median == 1.05e-3
+    cache = Cache(tmp_path / "c.db")
+    cache.put("fp", problem.key, m)
+    assert cache.get("fp", problem.key, m.config) is not None  # a steady timing is kept
+
+
+def test_a_timing_disturbed_every_time_says_so_keeps_the_fastest_and_is_not_cached(monkeypatch, tmp_path) -> None:
+    from rapydli.autotune.runner import RETIMES
+
+    problem = Problem(SHAPE, "inference", repetitions=3)
+    calls = _timings(monkeypatch, [2e-3, 2e-3, 9e-3], [1e-3, 1e-3, 4e-3], [3e-3, 3e-3, 7e-3])
+    m = measure(problem, Config.of("torch_nchw"))
+    assert len(calls) == 1 + RETIMES and m.retimed == RETIMES
+    assert m.times == [1e-3, 1e-3, 4e-3] and "repeats span 1 to 4 ms" in m.disturbed
+    cache = Cache(tmp_path / "c.db")
+    cache.put("fp", problem.key, m)
+    assert cache.get("fp", problem.key, m.config) is None  # a quieter run measures it again
+
+
+def test_a_library_call_far_above_its_roofline_is_disturbed_a_generated_kernel_is_not(monkeypatch) -> None:
+    from rapydli.autotune.conv import build_space
+    from rapydli.autotune.device import query
+    from rapydli.autotune.runner import ROOFLINE_FACTOR, roofline_s
+
+    problem = Problem(SHAPE, "inference", repetitions=3, threads=1)
+    floor = roofline_s(problem, 1)
+    assert floor is not None and floor > 0
+    steady_but_slow = [2 * ROOFLINE_FACTOR * floor] * 3  # e.g. two threads spinning over two busy cores
+    _timings(monkeypatch, steady_but_slow, steady_but_slow, steady_but_slow)
+    library = measure(problem, Config.of("torch_nchw"))
+    assert library.retimed == 2 and "the least its arithmetic and memory traffic allow" in library.disturbed
+    _timings(monkeypatch, steady_but_slow)
+    config = build_space(problem, query("cpu", 1), candidates=["c_direct"], preset="tiny").configs[0]
+    generated = measure(problem, config)
+    assert generated.ok and generated.retimed == 0 and not generated.disturbed

@@ -77,7 +77,8 @@ class LayerTuning:
         repetitions allow), ``evaluated`` (generated configurations measured now), ``cached``
         (read from the cache), ``status`` (``"tuned"`` or ``"skipped: budget"``) and ``flag``
         (a share of the step above 1, which is impossible: the layer was timed slower than
-        the whole step, a measurement disturbed by other work; the ``share`` is then NaN).
+        the whole step, a measurement disturbed by other work; the ``share`` is then NaN;
+        or a timing still disturbed after being taken again: the ``speedup`` is then None).
     seconds
         Wall seconds per phase: ``profile`` (the model step), ``compile``, ``validate``,
         ``time`` (the measurements' own phases, summed over engines), ``search`` (all of
@@ -294,7 +295,16 @@ def _speedup(result: TuneResult) -> tuple[float | None, float, float]:
         return 1.0, 1.0, 1.0  # the default itself: no claim
     (d_low, d_high), (t_low, t_high) = _split_range(default), _split_range(tuned)
     low, high = d_low / t_high, d_high / t_low
+    if _disturbed(default) or _disturbed(tuned):
+        return None, low, high  # timed again, and still disturbed by other work: no claim
     return (default.seconds / tuned.seconds if low > 1 or high < 1 else None), low, high
+
+
+def _disturbed(split: Any) -> list[str]:
+    """How the measurements a layer's time is made of were still disturbed by other work after
+    being timed again (see :func:`~rapydli.autotune.runner.disturbance`)."""
+    return [f"{m.config.candidate} ({m.disturbed}, timed {m.retimed + 1} times)"
+            for m in {id(m): m for m in split.passes.values()}.values() if m.disturbed]
 
 
 def _row(rank: int, shape: ConvShape, names: list[str], result: TuneResult, weight: float, step_ms: float,
@@ -310,6 +320,12 @@ def _row(rank: int, shape: ConvShape, names: list[str], result: TuneResult, weig
                 f"at {step_ms:.3g} ms ({load_text(machine_load())}); tune on a quieter machine or with fewer threads")
         share = math.nan
     speedup, low, high = _speedup(result)
+    disturbed = [text for split in (result.best_split(lambda c: c.candidate == DEFAULT), result.best_split(lambda c: True))
+                 if split is not None for text in _disturbed(split)]
+    if disturbed:
+        flag = "; ".join(filter(None, [flag, (f"other work disturbed the timing of {', '.join(dict.fromkeys(disturbed))} "
+                                              f"({load_text(machine_load())}): no speedup is claimed; tune on a quieter "
+                                              "machine or with fewer threads")]))
     return {"rank": rank, "layers": len(names), "names": ", ".join(names), "shape": shape.text,
             "share": share, "default_ms": default_ms or math.nan,
             "tuned_ms": tuned_ms or math.nan, "speedup": speedup, "speedup_low": low, "speedup_high": high,

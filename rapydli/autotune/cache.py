@@ -91,8 +91,9 @@ class Cache:
         return None if row is None else _measurement(config, row)
 
     def put(self, fingerprint: str, problem: str, m: Measurement) -> None:
-        """Store (or replace) one measurement; ``missing`` ones are not stored."""
-        if m.status == "missing":
+        """Store (or replace) one measurement; ``missing`` ones, and timings still disturbed by other work
+        (``m.disturbed``: a quieter run should measure them again), are not stored."""
+        if m.status == "missing" or m.disturbed:
             return
         with self._connect() as db:
             db.execute(

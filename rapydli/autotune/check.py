@@ -20,6 +20,7 @@ from torch import nn
 from rapydli.autotune.conv import TuneResult
 from rapydli.autotune.model import LayerChoice, Plan, apply_plan, in_layout
 from rapydli.autotune.problem import ConvShape
+from rapydli.spread import paired
 
 LIBRARY_OF_LAYOUT = {"nchw": "torch_nchw", "nhwc": "torch_channels_last"}
 
@@ -165,10 +166,13 @@ def verified(model: nn.Module, x: torch.Tensor, plan: Plan, results: Mapping[Con
     options.update(extra)
     twins = {name: next(n for n, o in options.items() if o.layers == p.layers) for name, p in options.items()}
     timed = {name: apply_plan(copy.deepcopy(model), p) for name, p in options.items() if twins[name] == name}
-    measured = compare_steps(timed, x, plan.mode, reps=reps, deadline=deadline)
-    measured = {name: measured[twins[name]] for name in options}  # a plan equal to an earlier one is timed once
+    rounds = step_rounds(timed, x, plan.mode, reps=reps, deadline=deadline)
+    measured = {name: min(rounds[twins[name]]) for name in options}  # a plan equal to an earlier one is timed once
     chosen = min(measured, key=lambda name: measured[name])
     best = options[chosen]
-    best.estimates_ms = {**plan.estimates_ms, **{f"measured_{k}": v for k, v in measured.items()}}
+    # the library default's step over the chosen plan's, round by round: the speedup's interval
+    ratio = paired(rounds[twins["library_nchw"]], rounds[twins[chosen]])
+    best.estimates_ms = {**plan.estimates_ms, **{f"measured_{k}": v for k, v in measured.items()},
+                         "speedup_low": ratio.low, "speedup_high": ratio.high, "speedup_rounds": float(ratio.n)}
     best.chosen = chosen
     return best

@@ -12,6 +12,7 @@ applied identically on every rank::
 from __future__ import annotations
 
 import copy
+import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -26,6 +27,7 @@ from rapydli.autotune.conv import TuneResult
 from rapydli.autotune.problem import LAYOUTS, ConvShape
 from rapydli.autotune.search import MODES, Config
 from rapydli.errors import ConfigError
+from rapydli.spread import load_text, machine_load
 
 
 @dataclass(frozen=True)
@@ -83,7 +85,10 @@ class Plan:
         plan was verified, ``measured_planned``, ``measured_library_nchw``,
         ``measured_library_nhwc`` (and ``measured_planned_whole`` when the plan splits passes,
         ``measured_planned_1.1x`` / ``measured_planned_1.25x`` when it has layers less than
-        that much faster than the library): whole-model step times of those plans.
+        that much faster than the library): whole-model step times of those plans (the
+        fastest of the interleaved rounds), with ``speedup_low``/``speedup_high``, the range of
+        the library default's step over the chosen plan's round by round, and ``speedup_rounds``.
+        A speedup is claimed only where every round shows one.
     chosen
         Which of those whole-model plans won (``"planned"`` unless a library plan, the plan
         without per-pass splits, ``"planned_whole"``, or one with its small gains put back on the
@@ -454,6 +459,11 @@ class AutotuneReport:
     step_ms: float | None = None
 
 
+def _rounds_text(low: float, high: float, rounds: float) -> str:
+    """``"the rounds span 0.95x to 1.10x"`` or ``"one timed round"``."""
+    return "one timed round" if rounds < 2 else f"the rounds span {low:.2f}x to {high:.2f}x"
+
+
 def _summary(plan: Plan, seconds: float, budget_s: float | None, skipped: list[str], from_cache: bool) -> str:
     """The one line a tuning ends with."""
     spent = f"{seconds:.1f} s" + (f" of a {budget_s:g} s budget" if budget_s is not None else "")
@@ -466,7 +476,16 @@ def _summary(plan: Plan, seconds: float, budget_s: float | None, skipped: list[s
         return f"autotune: nothing faster than the library default (F.conv2d, NCHW) was found; " \
                f"the model keeps it ({spent}{budget})"
     if base and chosen:
-        return f"autotune: step {base:.1f} -> {chosen:.1f} ms ({base / chosen:.2f}x, {plan.chosen}) ({spent}{budget})"
+        low, high, rounds = (measured.get(k, math.nan) for k in ("speedup_low", "speedup_high", "speedup_rounds"))
+        if plan.chosen == "library_nchw" or math.isnan(low):
+            interval = ""
+        elif low > 1 and rounds >= 2:
+            interval = f", rounds {low:.2f} to {high:.2f}"
+        else:  # the rounds do not show the chosen plan faster: say so, not a speedup
+            return (f"autotune: step {base:.1f} -> {chosen:.1f} ms with {plan.chosen}, not shown faster than the "
+                    f"library default ({_rounds_text(low, high, rounds)}: the machine was too noisy or the "
+                    f"difference too small; {load_text(machine_load())}) ({spent}{budget})")
+        return f"autotune: step {base:.1f} -> {chosen:.1f} ms ({base / chosen:.2f}x{interval}, {plan.chosen}) ({spent}{budget})"
     return f"autotune: planned ({plan.chosen}), not verified ({spent}{budget})"
 
 

@@ -4,7 +4,8 @@
   generated kernel) and validates it against ``F.conv2d`` in float64 on a small input
   (forward, and in train mode both gradients; a wrong result is rejected and never
   timed), then :func:`time_checked` times it (warm-up, repetitions, median and variance
-  kept) with ``problem.threads`` threads.
+  kept) with ``problem.threads`` threads, and times it again when other work disturbed
+  the timing (:func:`disturbance`).
 * :class:`SequentialRunner` measures in this process.
 * :class:`ParallelRunner` spreads the work over a cluster's engines in two phases:
   every engine builds and validates configurations (one core each: compiling is
@@ -55,6 +56,10 @@ class Measurement:
     ``"data_grad"`` and ``"weight_grad"``), so a layer can take each pass from another
     configuration. ``seconds`` holds the wall time spent on it per phase (see :data:`PHASES`;
     empty for a measurement read from the cache).
+    ``retimed`` counts the times it was timed again because its timing looked disturbed by
+    other work (see :func:`disturbance`); ``disturbed`` says how the timing kept is still
+    disturbed after them ("" when it is not): such a timing supports no conclusion and is
+    not cached.
     """
 
     config: Config
@@ -68,6 +73,8 @@ class Measurement:
     cached: bool = False
     passes: dict[str, float] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)
+    retimed: int = 0
+    disturbed: str = ""
 
     @property
     def ok(self) -> bool:
@@ -263,24 +270,92 @@ def check(problem: Problem, config: Config) -> Measurement:
 
 
 def time_checked(problem: Problem, checked: Measurement) -> Measurement:
-    """Time a ``"validated"`` measurement with ``problem.threads`` threads; other statuses pass through."""
+    """Time a ``"validated"`` measurement with ``problem.threads`` threads; other statuses pass through.
+
+    A timing that looks disturbed by other work (:func:`disturbance`) is taken again, up to
+    :data:`RETIMES` more times, and the first undisturbed one is kept; when every one is
+    disturbed, the fastest is kept and ``disturbed`` says why.
+    """
     if checked.status != "validated":
         return checked
     started = time.perf_counter()
+    tries: list[tuple[dict[str, list[float]], str]] = []
     try:
-        per_pass = _timed(problem, _instance(problem, checked.config))
+        inst = _instance(problem, checked.config)
+        while len(tries) <= RETIMES and (not tries or tries[-1][1]):
+            per_pass = _timed(problem, inst)
+            runs = [sum(run) for run in zip(*per_pass.values())]
+            if len(runs) == 1 and _abandoned(problem, per_pass):
+                tries.append((per_pass, ""))  # abandoned: slow whatever disturbed it
+                break
+            tries.append((per_pass, disturbance(problem, checked.config, runs)))
     except Exception:  # noqa: BLE001 - reported with its traceback
         return replace(checked, status="error", message=traceback.format_exc()[-2000:])
+    per_pass, disturbed = tries[-1] if not tries[-1][1] else min(
+        tries, key=lambda t: statistics.median(sum(run) for run in zip(*t[0].values())))
     seconds = {**checked.seconds, "time": time.perf_counter() - started}
     times = [sum(run) for run in zip(*per_pass.values())]
+    common: dict[str, Any] = {"seconds": seconds, "times": times, "retimed": len(tries) - 1, "disturbed": disturbed}
     if len(times) == 1 and _abandoned(problem, per_pass):
         assert problem.abandon_s is not None  # _abandoned is False without a limit
-        return replace(checked, status="slow", median=times[0], variance=0.0, times=times, seconds=seconds,
+        return replace(checked, status="slow", median=times[0], variance=0.0, **common,
                        message=f"abandoned after one timed run: {times[0] * 1e3:.3g} ms > {problem.abandon_s * 1e3:.3g} ms",
                        passes={name: t[0] for name, t in per_pass.items()})
-    return replace(checked, status="ok", median=statistics.median(times), seconds=seconds,
-                   variance=statistics.pvariance(times) if len(times) > 1 else 0.0, times=times,
+    return replace(checked, status="ok", median=statistics.median(times), **common,
+                   variance=statistics.pvariance(times) if len(times) > 1 else 0.0,
                    passes={name: statistics.median(t) for name, t in per_pass.items()})
+
+
+#: Contention (another process took a core while a configuration was timed): a timing whose
+#: slowest run took over CONTENDED_SPREAD times its fastest, or a library call over
+#: ROOFLINE_FACTOR times the least time its arithmetic and memory traffic allow, is timed again,
+#: up to RETIMES more times. The roofline's floor assumes the device's estimated peak, a
+#: bandwidth of MEMORY_BYTES_PER_S per thread and CALL_OVERHEAD_S per pass (a tiny layer's
+#: dispatch), so an undisturbed library call stays well under it.
+CONTENDED_SPREAD, ROOFLINE_FACTOR, RETIMES = 1.5, 100.0, 2
+MEMORY_BYTES_PER_S, CALL_OVERHEAD_S = 5e9, 50e-6
+
+
+def roofline_s(problem: Problem, threads: int) -> float | None:
+    """The least seconds one run of ``problem`` can take on this CPU with ``threads`` threads (None on a GPU
+    or where the peak is unknown): its FLOPs at the estimated peak plus its tensors' bytes at
+    :data:`MEMORY_BYTES_PER_S` per thread, plus :data:`CALL_OVERHEAD_S` per pass."""
+    from rapydli.autotune.device import query
+
+    if problem.device != "cpu":
+        return None
+    peak = query("cpu", threads).peak_gflops
+    if not peak:
+        return None
+    s = problem.shape
+    passes = 3 if problem.mode == "train" else 1
+    flops = s.train_flops() if problem.mode == "train" else s.flops
+    elements = s.n * s.c * s.h * s.w + math.prod(s.weight_shape) + s.n * s.k * math.prod(s.out_hw)
+    return flops / (peak * 1e9) + passes * (4 * elements / (MEMORY_BYTES_PER_S * threads) + CALL_OVERHEAD_S)
+
+
+def disturbance(problem: Problem, config: Config, runs: Sequence[float]) -> str:
+    """How a timing's ``runs`` (seconds) look disturbed by other work, or "" when they do not.
+
+    Unstable repeats (the slowest over :data:`CONTENDED_SPREAD` times the fastest), or a library
+    call far above its roofline (:func:`roofline_s`; a generated kernel may be that slow on its own).
+    """
+    from rapydli.autotune.candidates import get
+
+    if len(runs) >= 3 and min(runs) > 0 and max(runs) / min(runs) > CONTENDED_SPREAD:
+        return f"its repeats span {min(runs) * 1e3:.3g} to {max(runs) * 1e3:.3g} ms"
+    floor = roofline_s(problem, problem.threads or _torch_threads()) if get(config.candidate).kind == "library" else None
+    median = statistics.median(runs) if runs else 0.0
+    if floor and median > ROOFLINE_FACTOR * floor:
+        return (f"{median * 1e3:.3g} ms is {median / floor:.0f}x the least its arithmetic and memory traffic allow "
+                f"({floor * 1e3:.3g} ms)")
+    return ""
+
+
+def _torch_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
 
 
 def measure(problem: Problem, config: Config) -> Measurement:
