@@ -39,8 +39,12 @@ def test_plan_on_two_engines_runs_the_fastest_and_picks_one() -> None:
     widths = (ran["measured_high_s"] - ran["measured_low_s"]) / ran["measured_step_s"]
     # reported either way, no timing asserted; too unsteady to check to TOLERANCE: not validated, and why
     assert plan.validated == bool((ran["error"].abs() <= TOLERANCE).all() and (widths <= TOLERANCE).all())
-    noisy = [note for note in plan.notes if note.startswith("not validated")]
+    noisy = [note for note in plan.notes if note.startswith("not validated") and "step times varied" in note]
     assert len(noisy) == int((widths > TOLERANCE).sum()) and all("cores" in note for note in noisy)
+    # steady steps that missed beside the hog: not the model's fault, and the note says so with the load
+    busy = [note for note in plan.notes if note.startswith("not validated: the machine was busy")]
+    assert len(busy) <= 1 and all("cores" in note and "repeat on a quieter machine" in note for note in busy)
+    assert not busy or (plan.validated is False and not noisy)
     best = ran.loc[ran["measured_step_s"].idxmin()]
     assert plan.best_layout == best["layout"] and plan.best is not None and plan.best.workers == 2
     assert (plan.best.pipeline_stages, plan.best.tensor_parallel, plan.best.zero) == (best["pp"], best["tp"], best["zero"])

@@ -13,7 +13,9 @@ from rapydli.autotune.search import Problem
 
 
 def table(problem: Problem, measurements: Sequence[Measurement], device: DeviceInfo) -> pd.DataFrame:
-    """One row per measured configuration: candidate, parameters, status, time, GFLOP/s, % of peak."""
+    """One row per measured configuration: candidate, parameters, status, time, GFLOP/s, % of peak, and
+    how often it was timed again because other work disturbed the timing (``retimed``; ``disturbed``
+    says how the timing kept still is, "" when it is not)."""
     flops = problem.shape.train_flops() if problem.mode == "train" else problem.shape.flops
     peak = device.peak_gflops
     rows: list[dict[str, Any]] = []
@@ -33,6 +35,8 @@ def table(problem: Problem, measurements: Sequence[Measurement], device: DeviceI
             "rel_error": m.error,
             "cached": m.cached,
             "engine": m.engine,
+            "retimed": m.retimed,
+            "disturbed": m.disturbed,
         })
     frame = pd.DataFrame(rows)
     return frame.sort_values("median_ms", na_position="last", kind="stable").reset_index(drop=True)

@@ -261,7 +261,7 @@ def _tune_layers(model: nn.Module, x: torch.Tensor, found: Sequence[tuple[str, C
                                          cache=cache, admit=admit(slice_end),
                                          on_result=functools.partial(on_result, shape=shape), **options)
         rows.append(_row(rank, shape, names[shape], results[shape], weight[shape], step_ms, taken.get(shape, 0),
-                         budgeted=deadline is not None))
+                         budgeted=deadline is not None, attempted=deadline is None or slice_end is not None))
         if rows[-1]["status"] != "tuned":
             skipped.extend(names[shape])
         progress.layer_done(len(names[shape]), rows[-1]["speedup"], rows[-1])
@@ -308,11 +308,17 @@ def _disturbed(split: Any) -> list[str]:
 
 
 def _row(rank: int, shape: ConvShape, names: list[str], result: TuneResult, weight: float, step_ms: float,
-         measured_now: int, budgeted: bool) -> dict[str, Any]:
-    """The table row of one tuned (or budget-skipped) shape (see :class:`LayerTuning`)."""
+         measured_now: int, budgeted: bool, attempted: bool = True) -> dict[str, Any]:
+    """The table row of one tuned (or budget-skipped) shape (see :class:`LayerTuning`).
+
+    With a budget, a shape is ``"skipped: budget"`` when no generated configuration was evaluated
+    because its slice of the budget was too short (not ``attempted``) or the budget refused
+    them (``"missing"``); one with no generated candidate to try (only the library's) was tuned.
+    """
     from rapydli.spread import load_text, machine_load
 
     evaluated = sum(1 for m in result.measurements if _kind(m.config) == "generated" and m.status != "missing")
+    refused = any(m.status == "missing" for m in result.measurements)
     default_ms, tuned_ms = _default_ms(result), _tuned_ms(result)
     share, flag = (weight / step_ms if step_ms else 0.0), ""
     if share > 1:  # the layers of this shape timed slower than the whole step they are part of
@@ -330,7 +336,8 @@ def _row(rank: int, shape: ConvShape, names: list[str], result: TuneResult, weig
             "share": share, "default_ms": default_ms or math.nan,
             "tuned_ms": tuned_ms or math.nan, "speedup": speedup, "speedup_low": low, "speedup_high": high,
             "evaluated": evaluated, "measured_now": measured_now,
-            "status": "tuned" if evaluated or not budgeted else "skipped: budget", "flag": flag}
+            "status": "skipped: budget" if budgeted and not evaluated and (not attempted or refused) else "tuned",
+            "flag": flag}
 
 
 def _transfer(shape: ConvShape, results: Mapping[ConvShape, TuneResult], done: Sequence[ConvShape]) -> dict[str, Any]:

@@ -464,7 +464,8 @@ def _rounds_text(low: float, high: float, rounds: float) -> str:
     return "one timed round" if rounds < 2 else f"the rounds span {low:.2f}x to {high:.2f}x"
 
 
-def _summary(plan: Plan, seconds: float, budget_s: float | None, skipped: list[str], from_cache: bool) -> str:
+def _summary(plan: Plan, seconds: float, budget_s: float | None, skipped: list[str], from_cache: bool,
+             step_ms: float | None = None) -> str:
     """The one line a tuning ends with."""
     spent = f"{seconds:.1f} s" + (f" of a {budget_s:g} s budget" if budget_s is not None else "")
     if from_cache:
@@ -472,6 +473,10 @@ def _summary(plan: Plan, seconds: float, budget_s: float | None, skipped: list[s
     budget = f"; {len(skipped)} layer(s) skipped by the budget" if skipped else ""
     measured = plan.estimates_ms
     base, chosen = measured.get("measured_library_nchw"), measured.get(f"measured_{plan.chosen}")
+    if skipped and len(set(skipped)) >= len(plan.layers):  # nothing was tried: no finding either way
+        step = f"the untuned step took {step_ms:.0f} ms, " if step_ms else ""
+        return (f"autotune: the budget left no time to tune any layer ({step}{load_text(machine_load())}; a larger "
+                f"budget_s or a quieter machine); the model keeps the library default ({spent})")
     if is_library_default(plan):
         return f"autotune: nothing faster than the library default (F.conv2d, NCHW) was found; " \
                f"the model keeps it ({spent}{budget})"
@@ -523,7 +528,7 @@ def autotune_model(model: nn.Module, example_input: torch.Tensor, mode: str = "t
         time_s["search_other"] = max(0.0, time_s["search"] - measuring)
         time_s["other"] = max(0.0, seconds - time_s["profile"] - time_s["search"] - time_s.get("check", 0.0))
     skipped = tuning.skipped if tuning is not None else []
-    summary = _summary(plan, seconds, budget_s, skipped, tuning is None)
+    summary = _summary(plan, seconds, budget_s, skipped, tuning is None, tuning.step_ms if tuning is not None else None)
     if progress:
         print(summary)
     return tuned, AutotuneReport(plan, report_table(plan), dict(plan.estimates_ms),

@@ -55,7 +55,7 @@ from rapydli.experiments.planning.perfmodel import RingModel
 from rapydli.experiments.planning.profile import Profile
 from rapydli.experiments.planning.stepmodel import Prediction, predict
 from rapydli.experiments.spec import RunSpec
-from rapydli.spread import Spread, load_text, machine_load
+from rapydli.spread import Spread, busy, load_text, machine_load
 from rapydli.trainer.config import TrainConfig, byte_size
 from rapydli.trainer.task import WARMUP_STEPS
 
@@ -110,7 +110,9 @@ class ParallelPlan:
     validated
         Whether every layout run is within 20 % of its prediction and measured steadily
         enough to tell (its steps' interquartile range within 20 % of their median); False
-        with the reason in ``notes`` when too noisy (``None`` when none ran).
+        with the reason in ``notes`` when too noisy, or when a prediction missed on a busy
+        machine (more runnable processes than cores: the miss may be the load's) (``None``
+        when none ran).
     notes
         What was left out and why (layouts that failed to run, degrees not measured, a
         measurement too noisy to validate, with the load seen).
@@ -333,6 +335,10 @@ def plan_parallel(
         notes += [f"not validated: {label}'s step times varied {spread.relative_width:.0%} (interquartile, {spread.n} steps; {load}), "
                   f"more than the {TOLERANCE:.0%} a prediction is checked to; run more steps or on a quieter machine"
                   for label, spread in noisy.items()]  # fmt: skip
+    elif validated is False and busy(load_now := machine_load()):  # steady steps, but shared with other work
+        notes.append(f"not validated: the machine was busy ({load_text(load_now)}): the runs competed with other work, which "
+                     "the model's measurements may have met otherwise; a prediction missed here does not show the model "
+                     "wrong: repeat on a quieter machine")
     best = _best(predictions, measured)
     return ParallelPlan(
         table=table, figure=plan_figure(table, ranks, TOLERANCE), best=best.layout.config(cfg, batch, best.split), best_layout=best.layout.label,
