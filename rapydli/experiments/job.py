@@ -168,17 +168,11 @@ class TrainingJob:
             check_fits(spec.model_fn, config, len(targets))
         self.config = config
         self.targets = list(targets)
-        rank_hosts = cluster.status()["rank_hosts"]
-        hosts = sorted({host for rank, host in rank_hosts.items() if rank in self.targets})
-        if config.allreduce == "shm" and len(hosts) > 1:
-            raise ConfigError(
-                f"TrainConfig.allreduce='shm' needs every rank on one node; these ranks run on {', '.join(hosts)}: "
-                "use 'auto', 'mpi' or 'ring'"
-            )
         self.callbacks = tuple(callbacks)
         # a rank slower than the others, by its step timings (data-parallel ranks only: stages and slices differ by design)
         same_work = not (self.layout.pp_enabled or self.layout.tp_enabled)
-        self.stragglers = StragglerWatch(len(self.targets), {i: rank_hosts.get(t, "?") for i, t in enumerate(self.targets)}) if same_work else None
+        self.stragglers = StragglerWatch(len(self.targets), {}) if same_work else None
+        hosts, rank_hosts = self._place(cluster)  # known now unless the cluster starts as part of the run
         self.rows: list[dict[str, Any]] = []
         self.rank_rows: list[dict[str, Any]] = []
         self.results: list[dict[str, Any]] = []
@@ -225,6 +219,11 @@ class TrainingJob:
             began = time.monotonic()
             ready(cluster)  # started, waited for or restarted as part of the run (rd.train's own cluster too)
             self.setup_s["engines ready"] = time.monotonic() - began
+            if any(t not in rank_hosts for t in self.targets):  # engines that came up just now: where they run
+                hosts, rank_hosts = self._place(cluster)
+                if self.store is not None and self.run_id is not None and continues is None:
+                    self.store.add_record(self.run_id, "hosts", "json", hosts)
+                    self.store.add_record(self.run_id, "rank_hosts", "json", [rank_hosts.get(t) for t in self.targets])
             if progress:  # the ranks now build model and Trainer: say so before the bar appears
                 from tqdm.auto import tqdm
 
@@ -242,6 +241,24 @@ class TrainingJob:
         except BaseException as exc:
             self._finish("failed", f"{type(exc).__name__}: {exc}")
             raise
+
+    def _place(self, cluster: Any) -> tuple[list[str], dict[int, str]]:
+        """Where the run's ranks run, as far as the cluster knows now: the sorted hosts and rank -> host.
+
+        Refuses ``allreduce="shm"`` over more than one host, and names each rank's host in the
+        straggler report. A cluster that starts as part of the run knows its hosts only once
+        its engines are ready, so this runs again then.
+        """
+        rank_hosts = cluster.status()["rank_hosts"]
+        hosts = sorted({host for rank, host in rank_hosts.items() if rank in self.targets})
+        if self.config.allreduce == "shm" and len(hosts) > 1:
+            raise ConfigError(
+                f"TrainConfig.allreduce='shm' needs every rank on one node; these ranks run on {', '.join(hosts)}: "
+                "use 'auto', 'mpi' or 'ring'"
+            )
+        if self.stragglers is not None:
+            self.stragglers.hosts = {i: rank_hosts.get(t, "?") for i, t in enumerate(self.targets)}
+        return hosts, rank_hosts
 
     def _on_event(self, rank: int, kind: str, payload: Any) -> None:
         if kind == "hang":  # the Job printed the diagnosis; the store keeps it with the run
