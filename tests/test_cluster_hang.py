@@ -102,9 +102,12 @@ def test_a_training_run_that_hangs_is_aborted_and_the_diagnosis_stored(cluster):
 
     ready(cluster)
     config = TrainConfig(max_steps=20, batch_size=16, allreduce="mpi", hang_timeout_s=3, on_hang="abort")
-    job = TrainingJob(cluster, RunSpec.of(hang_cases.LateRank, "rapydli.zoo.datasets:digits"), config, [0, 1])
+    rows: list[dict] = []
+    job = TrainingJob(cluster, RunSpec.of(hang_cases.LateRank, "rapydli.zoo.datasets:digits"), config, [0, 1], callbacks=[rows.append])
     job.wait()
     assert job.state == "failed"
+    hangs = [row for row in rows if row["kind"] == "hang"]  # the live plot draws it (tests/test_live.py)
+    assert len(hangs) == 1 and "rank 1 never arrived at allreduce #" in hangs[0]["diagnosis"] and hangs[0]["action"] == "abort"
     assert "rank 1 never arrived at allreduce #" in job.error and "where rank 0 waits" in job.error
     assert "rank 1 is at: forward (hang_cases.py:" in job.error and "time.sleep(600)" in job.error
     stored = open_store().records(job.run_id)["hang"]

@@ -126,3 +126,26 @@ def test_the_throughput_band_spans_the_middle_half_of_the_last_steps() -> None:
     assert (low.y[-1], high.y[-1]) == (q1, q3) and 95.0 < q1 < q3 < 110.0  # the outlier does not widen the band
     assert list(traces["samples/s"].y) == speeds
     assert high.fill == "tonexty"
+
+
+def test_a_straggler_and_a_hang_are_marked_on_the_live_plot() -> None:
+    from rapydli.widgets.live import RED, LivePlot
+
+    plot = LivePlot(title="marks", widget=False)
+    for step in (1, 2, 3):
+        plot({"kind": "train", "step": step, "loss": 1.0, "samples_per_s": 100.0, "step_time_s": 0.05, "comm_time_s": 0.01,
+              "comm_wait_s": 0.03})  # fmt: skip
+        plot({"kind": "rank", "rank": 1, "step": step, "step_time_s": 0.05, "comm_wait_s": 0.0})
+    text = "rank 1 (host n2) is a straggler: busy 50 ms per step against 20 ms on the other ranks (median of the last 3 steps)"
+    plot({"kind": "straggler", "rank": 1, "host": "n2", "text": text})
+    diagnosis = "rank 1 never arrived at allreduce #9 on world, where rank 0 waits (4 MiB float32)\nrank 1 is at: forward"
+    plot({"kind": "hang", "step": 3, "diagnosis": diagnosis, "action": "wait"})
+    plot.close()
+    rank1 = next(t for t in plot.figure.data if (t.name or "").startswith("comm wait rank 1"))
+    assert rank1.name.endswith("straggler") and rank1.line.color == RED and len(rank1.y) == 3
+    notes = {a.text: a.hovertext for a in plot.figure.layout.annotations if a.text}
+    assert any(t.startswith("rank 1 (host n2) is a straggler") for t in notes)
+    hang = next(t for t in notes if t.startswith("hang: "))
+    assert hang == "hang: rank 1 never arrived at allreduce #9 on world, where rank 0 waits (4 MiB float32)" and notes[hang] == diagnosis
+    assert any(s.x0 == 3 and s.line.color == RED for s in plot.figure.layout.shapes)
+    assert [n["kind"] for n in plot.notices] == ["straggler", "hang"]

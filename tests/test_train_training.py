@@ -11,6 +11,7 @@ from rapydli.errors import ConfigError, RankFailure
 from rapydli.experiments.store.refs import callable_ref, resolve_callable
 from rapydli.experiments.store.runstore import open_store
 from rapydli.trainer.task import TRAINER_SETUP
+from rapydli.widgets.live import LivePlot
 from rapydli.zoo import models
 
 
@@ -94,10 +95,16 @@ def test_a_rank_slower_than_the_others_is_named_with_its_host() -> None:
     # a cluster whose engines come up as part of the run (`%rapydli start --no-wait`): its hosts were "?" in the
     # straggler report and empty in the run's records, read before the engines were ready
     starting = rd.Cluster(n=2).start(wait=False)
+    plot = LivePlot(widget=False)
     try:
-        result = rd.train(train_cases.SlowOnRank1, train_cases.features, config, cluster=starting, progress=False, live=False)
+        result = rd.train(train_cases.SlowOnRank1, train_cases.features, config, cluster=starting, progress=False, live=False,
+                          callbacks=[plot])  # fmt: skip
     finally:
         starting.stop()
+    plot.close()  # the live plot marks the rank: its comm-wait line, and the report over the step-time panel
+    assert [n["rank"] for n in plot.notices if n["kind"] == "straggler"] == [1]
+    assert any((a.text or "").startswith(f"rank 1 (host {socket.gethostname()}) is a straggler") for a in plot.figure.layout.annotations)
+    assert any((t.name or "") == "comm wait rank 1 (s), straggler" for t in plot.figure.data)
     records = open_store().records(result.run_id)
     assert records["rank_hosts"]["value"] == [socket.gethostname()] * 2 and records["hosts"]["value"] == [socket.gethostname()]
     found = records["stragglers"]["value"]

@@ -65,7 +65,9 @@ class TrainingJob:
         Called with every metric row from rank 0, every ``kind="rank"`` timing row of the
         other ranks and, in a pipelined run, every rank's ``kind="timeline"`` row of each
         step (:class:`~rapydli.parallel.timeline.EmitTimeline`), as they arrive (in the
-        polling thread).
+        polling thread); and with a ``kind="straggler"`` row (``rank``, ``host``, ``text``,
+        ...) when a rank is found persistently slower, a ``kind="hang"`` row (``step``,
+        ``diagnosis``, ``action``) when no rank progressed for the hang timeout.
     progress
         Show a progress bar driven by rank 0's steps: ``True`` for ``tqdm.auto``'s, or a
         callable called like ``tqdm(total=, initial=, desc=, unit=)`` that returns the bar
@@ -261,9 +263,12 @@ class TrainingJob:
         return hosts, rank_hosts
 
     def _on_event(self, rank: int, kind: str, payload: Any) -> None:
-        if kind == "hang":  # the Job printed the diagnosis; the store keeps it with the run
+        if kind == "hang":  # the Job printed the diagnosis; the store keeps it with the run, the live plot shows it
             if self.store is not None and self.run_id is not None:
                 self.store.add_record(self.run_id, "hang", "json", payload)
+            steps = [row["step"] for row in self.rows if row.get("kind") == "train"]
+            for callback in self.callbacks:
+                callback({"kind": "hang", "step": steps[-1] if steps else 0, **payload})
             return
         if kind == "awaiting":  # rank 0 still waits on the row it reported: the answer, or the report itself, was lost
             if self.stop_requested_at is None:
@@ -327,6 +332,8 @@ class TrainingJob:
             return
         if self.store is not None and self.run_id is not None:
             self.store.add_record(self.run_id, "stragglers", "json", [s.as_dict() for s in self.stragglers.found])  # type: ignore[union-attr]
+        for callback in self.callbacks:  # the live plot marks the rank
+            callback({"kind": "straggler", **found.as_dict()})
         if self.progress:
             from tqdm.auto import tqdm
 

@@ -37,6 +37,10 @@ class LivePlot(LiveFigure):
 
     Rows of ``kind="rank"`` (other ranks' step timings, from a
     :class:`~rapydli.experiments.job.TrainingJob`) add one "comm wait" line per rank.
+    A ``kind="straggler"`` row marks the slow rank: its comm-wait line drawn bold and red
+    (renamed "... straggler"), and its one-line report over the step-time panel. A
+    ``kind="hang"`` row draws a red line at the last step and the diagnosis's first line
+    above the figure (the whole diagnosis on hover).
 
     Parameters
     ----------
@@ -65,6 +69,7 @@ class LivePlot(LiveFigure):
         self._drawn = 0
         self._rank_traces: dict[int, Any] = {}
         self._throughput: deque[float] = deque(maxlen=THROUGHPUT_WINDOW)  # the last steps' samples/s, for the band
+        self.notices: list[dict[str, Any]] = []  # the straggler and hang rows drawn, in order
 
     def __call__(self, row: dict[str, Any]) -> None:
         with self._lock:
@@ -103,6 +108,8 @@ class LivePlot(LiveFigure):
                     self.restarts.append(step)
                     self.figure.add_shape(type="line", x0=step, x1=step, xref="x", y0=0, y1=1, yref="y domain",
                                           line={"dash": "dash", "color": "#d62728"})  # fmt: skip
+            for notice in (r for r in rows if r.get("kind") in NOTICES):  # not batched: plotly's batch_update
+                self._notice(notice)  # keeps only the last of several annotations added within one
             self.redraws += 1
             self._last_draw = time.monotonic()
 
@@ -130,10 +137,40 @@ class LivePlot(LiveFigure):
             else:
                 trace_points.extend(fresh)
 
+    def _notice(self, row: dict[str, Any]) -> None:
+        """Draw a straggler or a hang (see the class docstring)."""
+        self.notices.append(row)
+        if row["kind"] == "straggler":
+            trace = self._rank_traces.get(row["rank"])
+            if trace is not None:
+                trace.line = {"color": RED, "width": 3}
+                trace.name = f"comm wait rank {row['rank']} (s), straggler"
+            stragglers = sum(1 for n in self.notices if n["kind"] == "straggler")
+            self.figure.add_annotation(text=_short(row["text"], 90), hovertext=row["text"], xref="x3 domain", yref="y3 domain",
+                                       x=0, y=1 - 0.1 * stragglers, xanchor="left", showarrow=False,
+                                       font={"color": RED, "size": 11})  # fmt: skip
+            return
+        first = str(row.get("diagnosis", "")).strip().splitlines()[0] if row.get("diagnosis") else "no rank progresses"
+        self.figure.add_shape(type="line", x0=row["step"], x1=row["step"], xref="x", y0=0, y1=1, yref="y domain",
+                              line={"dash": "dot", "color": RED, "width": 3})  # fmt: skip
+        self.figure.add_annotation(text=f"hang: {_short(first, 140)}", hovertext=str(row.get("diagnosis", "")), xref="paper",
+                                   yref="paper", x=0, y=1.2, xanchor="left", showarrow=False, font={"color": RED, "size": 12})  # fmt: skip
+        self.figure.update_layout(margin={"t": 100})  # room for it below the title
+
     def _add_rank_trace(self, rank: int) -> None:
         """Rank ``rank``'s communication wait, next to rank 0's (it differs per rank)."""
         self.figure.add_scatter(x=[], y=[], mode="lines", name=f"comm wait rank {rank} (s)", line={"dash": "dot"}, row=1, col=3)
         self._rank_traces[rank] = self.figure.data[-1]
+
+
+#: Rows drawn as marks on the figure rather than as points (see :class:`LivePlot`).
+NOTICES = ("straggler", "hang")
+RED = "#d62728"
+
+
+def _short(text: str, limit: int) -> str:
+    """``text`` cut to ``limit`` characters (an ellipsis marks the cut)."""
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _widget(figure: Any) -> Any:
