@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 #: Plain finished runs seeded before the others (so they are the oldest): with the 6 families
 #: below they fill more than one page of the panel's run list (25 a page).
 ARCHIVED = 30
-FAMILIES = 7 + ARCHIVED  # 2 train, sweep, batch, live, scaling, a one-trial sweep, and the archived ones
+FAMILIES = 8 + ARCHIVED  # 2 train, sweep, batch, live, scaling, a one-trial sweep, a straggling run, and the archived ones
 #: The scaling study's tracker runs (seeded links: no tracker runs).
 MLFLOW_URL = "http://127.0.0.1:5000/#/experiments/1/runs/a81c"
 TENSORBOARD_DIR = "/tmp/tensorboard/weak-scaling"
@@ -67,7 +67,20 @@ def seed(store: RunStore) -> dict[str, str]:
     store.log_metrics(trial, [(10, "val_loss", 0.42)])
     store.finish_run(trial)
     store.finish_run(ids["one_trial"])
+    # a run whose rank 1 straggled, then hung for a while (on_hang="wait"), and finished (the job records both as found)
+    ids["straggling"] = store.create_run("train", "straggling", {"lr": 0.01}, seed=2, world_size=2)
+    store.log_metrics(ids["straggling"], [(s, name, value) for s in range(1, 11) for name, value in (
+        ("loss", 1.0 / s), ("step_time_s", 0.05), ("comm_wait_s", 0.03), ("step_time_s@rank1", 0.05), ("comm_wait_s@rank1", 0.0))])  # fmt: skip
+    store.add_record(ids["straggling"], "stragglers", "json", [{"rank": 1, "host": "n2", "busy_s": 0.05, "others_s": 0.02, "step": 10,
+                     "steps": 10, "text": STRAGGLER_TEXT}])  # fmt: skip
+    store.add_record(ids["straggling"], "hang", "json", {"diagnosis": HANG_TEXT, "action": "wait"})
+    store.finish_run(ids["straggling"])
     return ids
+
+
+STRAGGLER_TEXT = ("rank 1 (host n2) is a straggler: busy 50 ms per step against 20 ms on the other ranks (median of the last 10 "
+                  "steps); the others wait for it in the allreduce")
+HANG_TEXT = "rank 1 never arrived at allreduce #11 on world, where rank 0 waits (4 MiB float32)"
 
 
 def make_real_runs(env: dict[str, str], root_dir: Path) -> dict[str, Any]:
@@ -259,6 +272,19 @@ def test_run_view_has_params_unit_plots_ranks_hosts_and_distinct_titles(page: Pa
     expect(code).to_be_visible()
     source.scroll_into_view_if_needed()
     shot(page, lab, "run-source")
+
+
+def test_run_view_names_the_straggler_marks_its_rank_and_shows_the_hang(page: Page, lab: dict[str, Any]) -> None:
+    runs = open_panel(page).get_by_role("table", name="Run list")
+    family_row(runs, lab["ids"]["straggling"]).locator(".rapydli-RunName").click()
+    view = page.get_by_role("region", name=f"Run {lab['ids']['straggling']}")
+    expect(view.get_by_label("Straggler")).to_have_text(STRAGGLER_TEXT)
+    expect(view.get_by_label("Hang diagnosis")).to_have_text(f"hang: {HANG_TEXT}")
+    for plot in ("rank-step_time_s", "rank-comm_wait_s"):
+        expect(view.locator(f'[data-plot="{plot}"]')).to_contain_text("rank 1 (straggler)")
+    colour = view.locator('[data-plot="rank-step_time_s"] .scatterlayer .trace').nth(1).locator("path.js-line")
+    assert "214, 39, 40" in colour.evaluate("el => getComputedStyle(el).stroke")  # #d62728: it stands out
+    shot(page, lab, "run-straggler")
 
 
 def test_sweep_view_shows_the_pruned_trial(page: Page, lab: dict[str, Any]) -> None:

@@ -113,8 +113,13 @@ export class RunView extends Widget {
         // a restart is recorded while the run goes on: its record is read again every few seconds
         this._detailAt = Date.now();
         const before = this._run.records?.restarts?.value?.length ?? 0;
+        const found = stragglersOf(this._run).length + (this._run.records?.hang ? 1 : 0);
         this._run = await requestAPI<IRunDetail>(`runs/${encodeURIComponent(this.runId)}`);
         restarted = (this._run.records?.restarts?.value?.length ?? 0) !== before;
+        if (stragglersOf(this._run).length + (this._run.records?.hang ? 1 : 0) !== found) {
+          this._renderHeader(); // a straggler or a hang found while it runs: said at once
+          restarted = true; // and the per-rank plots redrawn with it marked
+        }
       }
       if (reply.metrics.length > 0 || this._drawn === false || restarted) {
         await this._drawMetrics();
@@ -165,8 +170,18 @@ export class RunView extends Widget {
     for (const name of this._series.names().filter(n => metricGroup(n) === '')) {
       await draw(this._plotDiv(`metric-${name}`, `${name} plot`), [this._series.single(name)], layout(name, 'step', name));
     }
+    const slow = new Set(stragglersOf(this._run).map(s => s.rank));
     for (const [base, traces] of this._series.perRank()) {
       const title = `Per rank: ${base.replace(/_s$/, '')} (ms)`;
+      for (const trace of traces) {
+        const rank = /^rank (\d+)$/.exec(trace.name);
+        if (rank && slow.has(Number(rank[1]))) {
+          // the straggler stands out: bold and red, named so
+          trace.name = `rank ${rank[1]} (straggler)`;
+          trace.line = { color: STRAGGLER_COLOR, width: 3 };
+          trace.marker = { ...trace.marker, color: STRAGGLER_COLOR };
+        }
+      }
       await draw(this._plotDiv(`rank-${base}`, `${title} plot`), traces, layout(title, 'step', 'ms'));
     }
     this._drawn = true;
@@ -198,6 +213,12 @@ export class RunView extends Widget {
       h('span', { text: ' ' }),
       parent ? parentLink : h('span'),
       run.error ? h('pre', { className: 'rapydli-Error', text: run.error }) : h('span'),
+      ...stragglersOf(run).map(s =>
+        h('p', { className: 'rapydli-Straggler', text: s.text ?? `rank ${s.rank} is a straggler`, attrs: { 'aria-label': 'Straggler' } })
+      ),
+      ...(run.records?.hang?.value?.diagnosis
+        ? [h('pre', { className: 'rapydli-Error', text: `hang: ${run.records.hang.value.diagnosis}`, attrs: { 'aria-label': 'Hang diagnosis' } })]
+        : []),
       annotationsEditor(run.id, run.tags ?? [], run.note ?? null)
     );
     const params = { ...(run.params ?? {}) };
@@ -292,8 +313,16 @@ function trackerList(trackers: ITrackerLink[]): HTMLElement {
   return h('section', { className: 'rapydli-Trackers', attrs: { 'aria-label': 'Trackers' } }, [h('h2', { text: 'Trackers' }), list]);
 }
 
-/** How often a running run's records (its restarts) are read again. */
+/** How often a running run's records (its restarts, stragglers, a hang) are read again. */
 const DETAIL_EVERY_MS = 5000;
+
+const STRAGGLER_COLOR = '#d62728';
+
+/** The ranks a run found persistently slower than the others (its `stragglers` record). */
+function stragglersOf(run: IRunDetail | null | undefined): { rank: number; host?: string; text?: string }[] {
+  const value = run?.records?.stragglers?.value;
+  return Array.isArray(value) ? value : [];
+}
 
 /** Dashed red lines at the steps a restarted run resumed from (its `restarts` record), labelled "restart". */
 function restartLines(restarts: { resumed_from_step?: number | null; cause?: string }[] | undefined): any[] {
