@@ -443,3 +443,17 @@ def test_every_layout_the_planner_fits_is_one_rd_train_lets_through() -> None:
             chosen = layout.config(config.replace(memory_per_rank=limit), plan.global_batch, prediction.split)
             assert check_fits(models.mlp, chosen, 4) is not None, layout.label
     assert plan.best.memory_per_rank == limit and check_fits(models.mlp, plan.best, 4) is not None
+
+
+def test_a_miss_on_a_busy_machine_or_on_unsteady_steps_earns_no_verdict() -> None:
+    from rapydli.experiments.planning.planner import verdict
+    from rapydli.spread import Spread
+
+    steady, quiet, busy = Spread(0.05, 0.049, 0.051, 10), {"load_1m": 1.5, "cores": 2.0}, {"load_1m": 3.2, "cores": 2.0}
+    assert verdict([], {}, quiet) == (None, [])
+    assert verdict([0.05, -0.1], {"dp2": steady}, busy) == (True, [])  # within 20 %: validated, however busy
+    assert verdict([-0.4], {"dp2": steady}, quiet) == (False, [])  # a steady miss on a quiet machine: the model missed
+    validated, notes = verdict([-0.4], {"dp2": steady}, busy)  # the same miss beside other work: no verdict
+    assert validated is False and len(notes) == 1 and notes[0].startswith("not validated: the machine was busy (load 3.2 on 2 cores)")
+    validated, notes = verdict([-0.1], {"dp2": Spread(0.05, 0.03, 0.06, 10)}, quiet)  # steps varied 60 %
+    assert validated is False and notes[0].startswith("not validated: dp2's step times varied 60% (interquartile, 10 steps; load 1.5")

@@ -295,16 +295,15 @@ def _speedup(result: TuneResult) -> tuple[float | None, float, float]:
         return 1.0, 1.0, 1.0  # the default itself: no claim
     (d_low, d_high), (t_low, t_high) = _split_range(default), _split_range(tuned)
     low, high = d_low / t_high, d_high / t_low
-    if _disturbed(default) or _disturbed(tuned):
-        return None, low, high  # timed again, and still disturbed by other work: no claim
     return (default.seconds / tuned.seconds if low > 1 or high < 1 else None), low, high
 
 
-def _disturbed(split: Any) -> list[str]:
-    """How the measurements a layer's time is made of were still disturbed by other work after
-    being timed again (see :func:`~rapydli.autotune.runner.disturbance`)."""
-    return [f"{m.config.candidate} ({m.disturbed}, timed {m.retimed + 1} times)"
-            for m in {id(m): m for m in split.passes.values()}.values() if m.disturbed]
+def _disturbed(result: TuneResult) -> list[str]:
+    """How the measurements the default's and the tuned layer's times are made of were still disturbed
+    by other work after being timed again (see :func:`~rapydli.autotune.runner.disturbance`)."""
+    splits = [result.best_split(lambda c: c.candidate == DEFAULT), result.best_split(lambda c: True)]
+    measured = {id(m): m for split in splits if split is not None for m in split.passes.values()}
+    return [f"{m.config.candidate} ({m.disturbed}, timed {m.retimed + 1} times)" for m in measured.values() if m.disturbed]
 
 
 def _row(rank: int, shape: ConvShape, names: list[str], result: TuneResult, weight: float, step_ms: float,
@@ -326,10 +325,10 @@ def _row(rank: int, shape: ConvShape, names: list[str], result: TuneResult, weig
                 f"at {step_ms:.3g} ms ({load_text(machine_load())}); tune on a quieter machine or with fewer threads")
         share = math.nan
     speedup, low, high = _speedup(result)
-    disturbed = [text for split in (result.best_split(lambda c: c.candidate == DEFAULT), result.best_split(lambda c: True))
-                 if split is not None for text in _disturbed(split)]
-    if disturbed:
-        flag = "; ".join(filter(None, [flag, (f"other work disturbed the timing of {', '.join(dict.fromkeys(disturbed))} "
+    disturbed = _disturbed(result)
+    if disturbed:  # timed again, and still disturbed by other work: no claim
+        speedup = None
+        flag = "; ".join(filter(None, [flag, (f"other work disturbed the timing of {', '.join(disturbed)} "
                                               f"({load_text(machine_load())}): no speedup is claimed; tune on a quieter "
                                               "machine or with fewer threads")]))
     return {"rank": rank, "layers": len(names), "names": ", ".join(names), "shape": shape.text,

@@ -70,8 +70,7 @@ def check_layout(model_fn: Callable[[], Any], config: Any, loss_fn: Any = None) 
             bounds = split.boundaries(model, points, config.pipeline_stages)
             check_honoured(find_shared(model, bounds), model, config.zero, plan)
         else:  # balanced on the engines; whether every stage can hold parameters is known here
-            holds = split.holds_parameters(model)
-            split.balance([1.0] * len(holds), config.pipeline_stages, holds)
+            split.check_stage_count(split.holds_parameters(model), config.pipeline_stages)
 
 
 def check_own_loss(model: nn.Module, stages: int, loss_fn: Any) -> None:

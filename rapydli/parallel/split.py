@@ -173,9 +173,7 @@ def balance(costs: Sequence[float], stages: int, holds: Sequence[bool] | None = 
     if n < stages:
         raise ConfigError(f"{n} block(s) cannot be balanced over pipeline_stages={stages}")
     flags = [True] * n if holds is None else list(holds)
-    if sum(flags) < stages:
-        raise ConfigError(f"only {sum(flags)} of the model's {n} blocks hold parameters: pipeline_stages={stages} "
-                          "needs one per stage (a stage without parameters trains nothing)")
+    check_stage_count(flags, stages)
     prefix, held = [0.0], [0]
     for c, flag in zip(costs, flags, strict=True):
         prefix.append(prefix[-1] + c)
@@ -196,6 +194,13 @@ def balance(costs: Sequence[float], stages: int, holds: Sequence[bool] | None = 
     for k in range(stages, 0, -1):
         bounds.append(cut[k][bounds[-1]])
     return bounds[::-1]
+
+
+def check_stage_count(holds: Sequence[bool], stages: int) -> None:
+    """Refuse more ``stages`` than blocks that hold parameters (``holds``: a flag per block)."""
+    if sum(holds) < stages:
+        raise ConfigError(f"only {sum(holds)} of the model's {len(holds)} blocks hold parameters: pipeline_stages={stages} "
+                          "needs one per stage (a stage without parameters trains nothing)")
 
 
 def holds_parameters(model: nn.Module) -> list[bool]:

@@ -326,19 +326,9 @@ def plan_parallel(
         if own and chosen is not None:
             chosen.stop()
     table = _table(predictions, fits, measured, batch, spreads)
-    errors = [abs(e) for e in table["error"] if not math.isnan(e)]
-    validated = all(e <= TOLERANCE for e in errors) if errors else None
-    noisy = {layout.label: spread for layout, spread in spreads.items() if spread.relative_width > TOLERANCE}
-    if noisy:  # the measurement is too unsteady to check a prediction to TOLERANCE: no verdict either way is earned
-        validated = False
-        load = load_text(machine_load())
-        notes += [f"not validated: {label}'s step times varied {spread.relative_width:.0%} (interquartile, {spread.n} steps; {load}), "
-                  f"more than the {TOLERANCE:.0%} a prediction is checked to; run more steps or on a quieter machine"
-                  for label, spread in noisy.items()]  # fmt: skip
-    elif validated is False and busy(load_now := machine_load()):  # steady steps, but shared with other work
-        notes.append(f"not validated: the machine was busy ({load_text(load_now)}): the runs competed with other work, which "
-                     "the model's measurements may have met otherwise; a prediction missed here does not show the model "
-                     "wrong: repeat on a quieter machine")
+    validated, said = verdict([e for e in table["error"] if not math.isnan(e)], {layout.label: s for layout, s in spreads.items()},
+                              machine_load())  # fmt: skip
+    notes += said
     best = _best(predictions, measured)
     return ParallelPlan(
         table=table, figure=plan_figure(table, ranks, TOLERANCE), best=best.layout.config(cfg, batch, best.split), best_layout=best.layout.label,
@@ -382,6 +372,26 @@ def _run(cluster: Cluster, targets: list[int], spec: RunSpec, prediction: Predic
         return None, f"{layout.label} did not run: {job.error or job.state}", Spread.of([])
     times = [r["step_time_s"] for r in job.results[0].get("history", []) if r.get("kind") == "train"][WARMUP_STEPS:]
     return float(job.results[0]["timing"]["step_time_s"]), "", Spread.quartiles(times)
+
+
+def verdict(errors: Sequence[float], spreads: Mapping[str, Spread], load: dict[str, float]) -> tuple[bool | None, list[str]]:
+    """Whether the layouts run validate the predictions (``errors``: relative, per layout run), and the notes why not.
+
+    None when nothing ran. A layout whose steps varied more than :data:`TOLERANCE`
+    (``spreads``, by label) earns no verdict either way; nor does a miss while the machine
+    was ``load``-ed beyond its cores (the runs competed with other work).
+    """
+    validated = all(abs(e) <= TOLERANCE for e in errors) if errors else None
+    noisy = {label: spread for label, spread in spreads.items() if spread.relative_width > TOLERANCE}
+    if noisy:  # the measurement is too unsteady to check a prediction to TOLERANCE: no verdict either way is earned
+        return False, [f"not validated: {label}'s step times varied {spread.relative_width:.0%} (interquartile, {spread.n} steps; "
+                       f"{load_text(load)}), more than the {TOLERANCE:.0%} a prediction is checked to; run more steps or on a "
+                       "quieter machine" for label, spread in noisy.items()]  # fmt: skip
+    if validated is False and busy(load):  # steady steps, but shared with other work
+        return False, [f"not validated: the machine was busy ({load_text(load)}): the runs competed with other work, which "
+                       "the model's measurements may have met otherwise; a prediction missed here does not show the model "
+                       "wrong: repeat on a quieter machine"]  # fmt: skip
+    return validated, []
 
 
 def _table(predictions: list[Prediction], fits: list[bool], measured: dict[Candidate, float], batch: int,
