@@ -20,6 +20,9 @@ if TYPE_CHECKING:
     from rapydli.comm.waiting import Pace
 
 
+_NOTHING = torch.empty(0)
+
+
 class Handle:
     """An allreduce in flight; :meth:`wait` returns the reduced tensor.
 
@@ -50,6 +53,12 @@ class Handle:
         """True once the result is in ``tensor``; never blocks."""
         raise NotImplementedError
 
+    def timing(self) -> Handle:
+        """What is kept of a completed handle for its statistics: its times, not its tensor."""
+        kept = Handle(_NOTHING, self.algorithm)
+        kept.started, kept.finished = self.started, self.finished
+        return kept
+
     def wait(self, timeout: float | None = None) -> torch.Tensor:
         """Block until complete and return ``tensor``; re-raise a failure of the collective."""
         raise NotImplementedError
@@ -67,6 +76,10 @@ class CompletedHandle(Handle):
 
     def wait(self, timeout: float | None = None) -> torch.Tensor:
         return self.tensor
+
+
+def _done() -> None:
+    """The work of a handle that has run."""
 
 
 class ThreadHandle(Handle):
@@ -88,6 +101,7 @@ class ThreadHandle(Handle):
         except BaseException as error:  # handed to the waiting thread, re-raised there
             self._error = error
         finally:
+            self.work = _done  # the closure holds the work's buffers (a whole gradient bucket): a kept handle must not
             self.finished = time.perf_counter()
             self._done.set()
 

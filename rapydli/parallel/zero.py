@@ -255,7 +255,7 @@ class ShardedOptimizer:
         assert bucket.grad_shard is not None
         bucket.grad_shard.add_(out)
         self._in_flight_bytes -= _nbytes(bucket)
-        self._handles.append((handle, _nbytes(bucket)))
+        self._handles.append((handle.timing(), _nbytes(bucket)))  # its times: holding its output would keep every bucket's
 
     def _end_of_backward(self) -> None:
         while self._next < len(self.buckets):

@@ -77,6 +77,15 @@ from rapydli.errors import ConfigError
 from rapydli.parallel.zero import ShardedOptimizer, _Bucket
 
 
+def _unpinned(flat: torch.Tensor) -> Any:
+    """A numpy array over ``flat``'s memory by address (``flat.numpy()`` would make its storage impossible to resize and free)."""
+    import numpy as np
+
+    dtype = torch.empty(0, dtype=flat.dtype).numpy().dtype
+    memory: Any = MPI.buffer.fromaddress(flat.data_ptr(), flat.numel() * flat.element_size())
+    return np.frombuffer(memory, dtype=dtype)
+
+
 class _Shard(_Bucket):
     """A bucket of which this rank keeps only its slice (``local``); ``values`` exists while the bucket is gathered."""
 
@@ -89,8 +98,18 @@ class _Shard(_Bucket):
         self.local = self.values[low : low + self.shard].clone()
         self.owned = [nn.Parameter(self.local[self.offsets[i] + a - low : self.offsets[i] + b - low]) for i, a, b in self.pieces]
         self.placeholder = torch.full((1,), float("nan"), dtype=self.dtype, device=self.device)
+        #: the whole bucket's buffer, gathered into again each time: its storage is emptied when the bucket is freed, so the
+        #: weights autograd saved in forward (views of it) hold no memory until backward gathers the same storage again
+        self.full = self.values
         self.values: torch.Tensor | None = None  # type: ignore[assignment]
         self.free()
+
+    def allocate(self) -> torch.Tensor:
+        """The whole buffer, its storage allocated again (its values are what the next gather writes)."""
+        storage = self.full.untyped_storage()
+        if storage.nbytes() == 0:
+            storage.resize_(self.padded * self.full.element_size())
+        return self.full
 
     def attach(self) -> None:
         """Point every parameter's data at its place in ``values`` (the gathered buffer)."""
@@ -100,10 +119,11 @@ class _Shard(_Bucket):
             p.data = self.values[self.offsets[i] : self.offsets[i] + p.numel()].view(self.shapes[i])
 
     def free(self) -> None:
-        """Drop the whole buffer: every parameter's data becomes the placeholder."""
+        """Drop the whole buffer: every parameter's data becomes the placeholder, the buffer's storage is emptied."""
         self.values = None
         for p, shape in zip(self.params, self.shapes):
             p.data = self.placeholder.expand(shape)
+        self.full.untyped_storage().resize_(0)
 
 
 class _Unit:
@@ -226,8 +246,8 @@ class FullyShardedOptimizer(ShardedOptimizer):
             self._start(unit)
         for bucket, request, whole, host in unit.pending:
             request.Wait()
-            if host is not whole:
-                whole.copy_(host)
+            if host is not whole:  # a storage copy: the saved views' version counter must not move (autograd would refuse them)
+                whole.untyped_storage().copy_(host.untyped_storage())
             bucket.values = whole
             bucket.attach()
         unit.pending = []
@@ -245,10 +265,10 @@ class FullyShardedOptimizer(ShardedOptimizer):
         if self._checking:
             self._agree(unit.name or "the root")
         for bucket in unit.buckets:
-            whole = torch.empty(bucket.padded, dtype=bucket.dtype, device=bucket.device)
+            whole = bucket.allocate()
             host = whole if whole.device.type == "cpu" else torch.empty(bucket.padded, dtype=bucket.dtype)
             local = bucket.local if bucket.local.device.type == "cpu" else bucket.local.cpu()
-            request = self._gather_comm.Iallgather(local.numpy(), host.numpy())
+            request = self._gather_comm.Iallgather(local.numpy(), _unpinned(host))
             unit.pending.append((bucket, request, whole, host))
         unit.gathered = True
         self.gathers += 1
