@@ -26,6 +26,7 @@ from train_cases import PooledClassifier, sequences, tokens
 from rapydli.parallel.recompute import _recomputed_forward
 from rapydli.parallel.zero3 import FullyShardedOptimizer
 from rapydli.trainer import TrainConfig, Trainer
+from rapydli.trainer.task import build_model
 
 WORLD = MPI.COMM_WORLD
 
@@ -93,7 +94,7 @@ def equivalence(cases_json: str) -> None:
         train, val = data_fn()
         initial = model_fn().state_dict()
         config = TrainConfig(**{**BASE, **fields}, zero=3, workers=WORLD.Get_size())
-        model = model_fn()
+        model, built = build_model(model_fn, config, WORLD.Get_size(), "cpu")  # as rd.train builds it: recorded on the meta device
         trainer = Trainer(model, None, train, val, config, optimizer_fn=two_groups, loss_fn=loss_of(fields))
         optimizer = trainer.optimizer
         assert isinstance(optimizer, FullyShardedOptimizer)
@@ -115,6 +116,7 @@ def equivalence(cases_json: str) -> None:
         row = {
             "model": name,
             "fields": fields,
+            "built": built,
             "worst": worst(state, reference),
             "unsharded": WORLD.allreduce(worst(held, reference), op=MPI.MAX) if config.tensor_parallel == config.pipeline_stages == 1 else 0.0,
             "loss": max(abs(a - b) for a, b in zip(losses, ref_losses, strict=True)),

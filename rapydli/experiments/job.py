@@ -282,6 +282,7 @@ class TrainingJob:
             self.start_step = payload["start_step"]
             self._recover(payload.get("history", []))
             self._set_up(payload.get("setup_s", {}))
+            self._model_built(payload.get("model_built"))
         if kind == "start" and self._bar is not None:  # a restart goes on with the bar of the attempt that died
             self._bar.reset(total=payload["total_steps"])
             self._bar.update(payload["start_step"])
@@ -351,6 +352,17 @@ class TrainingJob:
             from rapydli.experiments.store.runview import setup_text
 
             tqdm.write(setup_text(self.setup_s))
+
+    def _model_built(self, built: str | None) -> None:
+        """Record how the ranks made the model (``"whole"``, ``"deferred"``, or ``"whole: <why it could not be recorded>"``); say the last."""
+        if built is None:
+            return
+        if self.store is not None and self.run_id is not None:
+            self.store.add_record(self.run_id, "model_built", "json", built)
+        if built.startswith("whole: "):
+            from tqdm.auto import tqdm
+
+            tqdm.write(f"the layout splits the model, but every rank built it whole: {built.removeprefix('whole: ')}")
 
     def _recover(self, history: list[dict[str, Any]]) -> None:
         """Record and pass on the checkpoint's rows the earlier attempts never delivered (only when continuing a run)."""

@@ -128,6 +128,7 @@ def build(layout: Layout, part: ModelPart, optimizer: torch.optim.Optimizer, con
             "train with offload_optimizer=False"
         )
     if layout.zero_enabled:
+        from rapydli.parallel import deferred
         from rapydli.parallel.zero import ShardedOptimizer
 
         data = part.grid.data if part.grid is not None else (comm.mpi_comm if comm is not None else None)
@@ -139,6 +140,8 @@ def build(layout: Layout, part: ModelPart, optimizer: torch.optim.Optimizer, con
         if layout.zero >= 2:  # no synchronizer: parameters start as replica 0's, the optimizer reduce-scatters the gradients
             if comm is not None:
                 for tensor in (*model.parameters(), *model.buffers()):
+                    if deferred.is_lazy(tensor):  # never built whole: every replica computes the same values from the recording
+                        continue
                     values = tensor.data.contiguous()  # a split Conv1D keeps a transposed view
                     comm.broadcast_(values, 0)
                     if values is not tensor.data:

@@ -131,6 +131,17 @@ class Layout:
         """Some rank holds state no other rank holds (stages, tensor slices, ZeRO shards)."""
         return self.pp_enabled or self.tp_enabled or self.zero_enabled
 
+    def builds_deferred(self, config: Any) -> bool:
+        """Whether ``model_fn`` is recorded on the meta device rather than built whole (:mod:`rapydli.parallel.deferred`).
+
+        When the model is split: fully sharded (``zero=3``), cut into stages whose split is
+        named (``pipeline_split="auto"`` times the whole model's blocks on rank 0, so it is
+        built whole), or its layers split over tensor ranks. Each rank then makes only its
+        stage, its slices and its shards, with the values of the whole model.
+        """
+        auto_split = self.pp_enabled and str(config.pipeline_split).strip() == "auto"
+        return (self.zero == 3 or self.pp_enabled or self.tp_enabled) and not auto_split
+
     def describe(self) -> str:
         """``"4 ranks (data 2 x pipeline 2 x tensor 1, zero=1)"``."""
         return f"{self.world_size} ranks (data {self.replicas} x pipeline {self.pipeline} x tensor {self.tensor}, zero={self.zero})"
@@ -176,7 +187,13 @@ class Layout:
         activations in backward (:mod:`rapydli.parallel.recompute`).
         """
         self._check_world(world)
-        part = self._part(model, config, world, train_data, objective, comm, bounds)
+        from rapydli.parallel.deferred import recording_of
+
+        recording = recording_of(model)
+        with recording if recording is not None else contextlib.nullcontext():  # slices cut from the meta model are recorded too
+            part = self._part(model, config, world, train_data, objective, comm, bounds)
+        if recording is not None:  # this rank's part only, a tensor at a time; fully sharded: each when its unit is sharded
+            recording.materialize(part.model, lazy=self.zero == 3)
         if config.activation_checkpointing is not None:  # the blocks are the whole model's: stages and split layers share them
             from rapydli.parallel.recompute import checkpoint_blocks
 

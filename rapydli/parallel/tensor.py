@@ -537,7 +537,8 @@ def shard_model(model: nn.Module, plan: Mapping[str, str] | None, comm: Any) -> 
     """Split ``model`` over the tensor-parallel communicator ``comm`` (in place); returns it.
 
     The dense parameters and buffers of the group's rank 0 are broadcast first, so every
-    rank cuts its slice from the same weights. ``plan`` ``None``: :func:`plan_for`. The
+    rank cuts its slice from the same weights (a model recorded on the meta device has
+    none to send: each rank's slices are computed from the recording, the same everywhere). ``plan`` ``None``: :func:`plan_for`. The
     plan is first tried on a shape-only copy (:func:`~rapydli.parallel.tensor_plans.check_plan`),
     so a module it cannot split is refused before any weight moves.
     """
@@ -548,6 +549,8 @@ def shard_model(model: nn.Module, plan: Mapping[str, str] | None, comm: Any) -> 
     check_plan(model, plan, size)
     with torch.no_grad():
         for tensor in (*model.parameters(), *model.buffers()):
+            if tensor.is_meta:  # recorded, never built whole: every rank computes the same values (rapydli.parallel.deferred)
+                continue
             host = tensor.detach().cpu().contiguous()
             comm.Bcast(host.numpy(), root=0)
             tensor.copy_(host)

@@ -56,6 +56,7 @@ from torch import nn
 
 from rapydli.comm.synchronizer import SyncStats
 from rapydli.errors import ConfigError
+from rapydli.parallel import deferred
 
 STAGES = (1, 2)
 
@@ -82,7 +83,10 @@ class _Bucket:
         offset = 0
         with torch.no_grad():
             for p in params:
-                self.values[offset : offset + p.numel()].copy_(p.detach().reshape(-1))
+                self.values[offset : offset + p.numel()].copy_(deferred.value(p).reshape(-1))  # a model never built whole: made now
+                if deferred.is_lazy(p):
+                    p.data = self.values[offset : offset + p.numel()].view(p.shape)
+                    deferred.forget(p)
                 self.offsets.append(offset)
                 offset += p.numel()
         self.attach()

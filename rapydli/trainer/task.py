@@ -65,7 +65,7 @@ def engine_task(
     began = time.perf_counter()
     try:
         torch.manual_seed(cfg.seed)
-        model = model_fn().to(ctx.device)
+        model, built = build_model(model_fn, cfg, ctx.world_size, ctx.device)
         train_data, val_data = check_data(data_fn(), name_of(data_fn))  # a wrong return named, not unpacked
     except Exception as exc:  # noqa: BLE001 - re-raised below, after the agreement
         error = exc
@@ -74,7 +74,7 @@ def engine_task(
         raise error
     if any(failed):
         return {"rank": ctx.rank, "history": [], "stopped_early": False, "timing": {}}
-    built = time.perf_counter()
+    made = time.perf_counter()
     trainer = Trainer(
         model, None, train_data, val_data, cfg,
         comm=ctx.comm,
@@ -85,11 +85,11 @@ def engine_task(
     if trainer.pipeline is not None:  # every rank's spans of each step, for result.timeline()
         trainer.callbacks += (trainer.pipeline.timeline_callback(emit),)
     # rank 0's set-up before its first step, by phase (the client adds the engines' and the shipping's)
-    setup_s = {"model and data": built - began, TRAINER_SETUP: time.perf_counter() - built}
+    setup_s = {"model and data": made - began, TRAINER_SETUP: time.perf_counter() - made}
     try:
         if ctx.rank == 0:
             emit("start", {"total_steps": trainer.total_steps, "start_step": trainer.step, "world_size": ctx.world_size,
-                           "history": trainer.resumed_history, "setup_s": setup_s}, flush=True)  # fmt: skip
+                           "history": trainer.resumed_history, "setup_s": setup_s, "model_built": built}, flush=True)  # fmt: skip
         history = trainer.fit()
         state = trainer.full_state_dict()  # the trained model, whole, for result.model()
     finally:
@@ -103,6 +103,25 @@ def engine_task(
         "parameters": sum(p.numel() for p in model.parameters()),
         "gradient_bytes": sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad),
     }
+
+
+def build_model(model_fn: Callable[[], Any], config: TrainConfig, world_size: int, device: Any) -> tuple[Any, str]:
+    """``model_fn()``'s model on this rank, and how it was made: ``"whole"``, ``"deferred"``, or why not deferred.
+
+    When the layout splits the model (:meth:`~rapydli.parallel.layout.Layout.builds_deferred`)
+    it is recorded on the meta device, and the layout makes only this rank's part
+    (:mod:`rapydli.parallel.deferred`); a ``model_fn`` the recording cannot replay is built
+    whole, and the reason returned.
+    """
+    from rapydli.parallel.deferred import Unrecordable, record
+    from rapydli.parallel.layout import Layout
+
+    if not Layout.of(config, world_size).builds_deferred(config):
+        return model_fn().to(device), "whole"
+    try:
+        return record(model_fn, device)[0], "deferred"
+    except Unrecordable as exc:
+        return model_fn().to(device), f"whole: {exc}"
 
 
 class EmitMetrics:

@@ -11,8 +11,9 @@ run's tensor plan on a :class:`~rapydli.experiments.planning.profile.ShardProbe`
 (:func:`~rapydli.experiments.planning.layouts.zero_states`,
 :func:`~rapydli.experiments.planning.layouts.zero_buffers`): parameters, gradients and
 optimizer state by ZeRO stage, the buffers this implementation keeps beyond them, the
-other pipeline stages' parameters (every rank builds the whole model) and frozen
-parameters. Activations are not counted here (they need a batch run through the model:
+other pipeline stages' parameters when the split is ``"auto"`` (measured on the whole
+model, so every rank builds it whole; a named split is recorded on the meta device and a
+rank makes only its stage: :mod:`rapydli.parallel.deferred`) and frozen parameters. Activations are not counted here (they need a batch run through the model:
 ``rd.plan_parallel`` measures them), so a config that passes can still run out of memory
 in its activations; ``activation_checkpointing`` keeps those small.
 
@@ -56,8 +57,8 @@ class RankShare:
     root
         Bytes of those no block holds (ZeRO-3's root unit; 0 for a pipeline stage).
     others
-        Parameters it holds but does not train: the other stages' (every rank builds the
-        whole model) and frozen ones.
+        Parameters it holds but does not train: the other stages' (with ``pipeline_split="auto"``,
+        where every rank builds the whole model) and frozen ones.
     """
 
     trained: float
@@ -101,7 +102,10 @@ def rank_share(model: nn.Module, config: TrainConfig) -> RankShare:
             bounds = split.boundaries(model, points, config.pipeline_stages)
         stages = [blocks[bounds[s] : bounds[s + 1]] for s in range(config.pipeline_stages)]
         largest = max(stages, key=sum)
-        return RankShare(sum(largest), tuple(largest), 0.0, every - sum(largest) + frozen)
+        # a named split is recorded on the meta device and each rank makes only its stage (rapydli.parallel.deferred);
+        # "auto" times the whole model's blocks, so every rank builds it whole and keeps the other stages' parameters
+        others = every - sum(largest) if points == "auto" else 0.0
+        return RankShare(sum(largest), tuple(largest), 0.0, others + frozen)
     seen = set()
     units = tuple(b for b in (_bytes(block.parameters(), seen) for _, block in split.model_blocks(model)) if b)
     return RankShare(every, units, every - sum(units), frozen)
