@@ -27,8 +27,8 @@ Examples
 --------
 >>> import torch
 >>> from torch import nn
->>> torch.manual_seed(0); whole = nn.Linear(4, 3)
->>> torch.manual_seed(0); model, recording = record(lambda: nn.Linear(4, 3))
+>>> _ = torch.manual_seed(0); whole = nn.Linear(4, 3)
+>>> _ = torch.manual_seed(0); model, recording = record(lambda: nn.Linear(4, 3))
 >>> model.weight.is_meta
 True
 >>> torch.equal(recording.value(model.weight), whole.weight.detach())
