@@ -83,9 +83,10 @@ class _Op:
 
 
 _aten = torch.ops.aten
-#: In-place operations that write every element of their first argument whatever it held.
+#: Operations that allocate or alias a tensor without giving it values: a parameter only these touched was never initialised.
 _ALLOCATIONS = {_aten.empty.memory_format, _aten.empty_strided.default, _aten.empty_like.default, _aten.new_empty.default,
                 _aten.new_empty_strided.default, _aten.detach.default, _aten.alias.default, _aten.view.default}  # fmt: skip
+#: In-place operations that write every element of their first argument whatever it held.
 _OVERWRITES = {_aten.zero_.default, _aten.fill_.Scalar, _aten.fill_.Tensor, _aten.copy_.default}
 
 
