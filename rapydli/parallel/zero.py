@@ -193,8 +193,7 @@ class ShardedOptimizer:
             from rapydli.comm import Communicator
 
             self._communicator = Communicator(comm, algorithm="mpi")
-            for bucket in self.buckets:
-                bucket.grad_shard = torch.zeros(bucket.shard, dtype=bucket.dtype, device=bucket.device)
+            for bucket in self.buckets:  # grad_shard: made by the step's first reduce-scatter of the bucket, dropped by zero_grad
                 self._hooks += [p.register_post_accumulate_grad_hook(self._hook(bucket, i)) for i, p in enumerate(bucket.params)]
         self._pending: list[tuple[_Bucket, Any]] = []
         self._next = 0  # the bucket to reduce-scatter next in this backward
@@ -256,8 +255,10 @@ class ShardedOptimizer:
         started = time.perf_counter()
         out = handle.wait()
         self._waited += time.perf_counter() - started
-        assert bucket.grad_shard is not None
-        bucket.grad_shard.add_(out)
+        if bucket.grad_shard is None:  # the step's first reduce-scatter of it: its output is the slice's gradient
+            bucket.grad_shard = out
+        else:
+            bucket.grad_shard.add_(out)
         self._in_flight_bytes -= _nbytes(bucket)
         self._handles.append((handle.timing(), _nbytes(bucket)))  # its times: holding its output would keep every bucket's
 
@@ -348,8 +349,9 @@ class ShardedOptimizer:
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Clear the model's gradients, this rank's gradient slices and which parameters got one."""
         for bucket in self.buckets:
-            if bucket.grad_shard is not None:
-                bucket.grad_shard.zero_()
+            bucket.grad_shard = None  # freed between steps, as FSDP2 frees its sharded gradients
+            for piece in bucket.owned:
+                piece.grad = None
             bucket.used = [False] * len(bucket.params)
             for p in bucket.params:
                 if set_to_none:
@@ -377,10 +379,14 @@ class ShardedOptimizer:
         )
 
     def gradient_bytes(self) -> int:
-        """Stage 2: bytes of this rank's gradient slices plus the most whole buckets alive at once; stage 1: 0 (the synchronizer's)."""
+        """Stage 2 and 3: bytes of this rank's gradient slices plus the most whole buckets alive at once; stage 1: 0 (the synchronizer's).
+
+        The slices exist from a step's first reduce-scatter to :meth:`zero_grad` (freed between
+        steps, as FSDP2 frees them): counted at that peak, whether or not they exist now.
+        """
         if self.stage == 1:
             return 0
-        shards = sum(b.grad_shard.numel() * b.grad_shard.element_size() for b in self.buckets if b.grad_shard is not None)
+        shards = sum(b.shard * b.dtype.itemsize for b in self.buckets)
         return shards + self.peak_gradient_buffer_bytes
 
     def state_dict(self) -> dict[str, Any]:
