@@ -1,4 +1,4 @@
-"""``rapydli bench pipeline``: its summary, and the memory part on 2 real ranks (bytes, not timings)."""
+"""``rapydli bench pipeline`` and ``rapydli bench parallel --zero 3``: their summaries, and parts on real ranks (bytes and losses, not timings)."""
 
 from __future__ import annotations
 
@@ -56,3 +56,70 @@ def test_memory_part_gpipe_grows_with_m_1f1b_with_p(tmp_path: Path) -> None:
 def test_memory_ranks_are_checked_before_anything_starts() -> None:
     result = CliRunner().invoke(command, ["--parts", "memory", "--memory-ranks", "2,3"])
     assert result.exit_code != 0 and "integers >= 2 that divide the batch" in result.output
+
+
+# -- rapydli bench parallel --zero 3: ZeRO-3 against PyTorch's FSDP2 ------------------------------
+
+
+def _zero3_row(impl: str, checkpointing: bool, round_: int, step_ms: float, peak_mib: float, losses: list[float]) -> dict:
+    return {"part": "zero3", "impl": impl, "ranks": 2, "checkpointing": checkpointing, "round": round_, "step_ms": step_ms, "peak_mib": peak_mib,
+            "activation_mib": 4.0 if checkpointing else 20.0, "losses": losses, "load_1m": 1.0, "other_cores": 0.0}  # fmt: skip
+
+
+def test_zero3_summary_pairs_rounds_and_says_when_the_rounds_disagree() -> None:
+    from rapydli.bench.parallel import zero3_summary
+
+    same, other = [5.0, 4.9], [5.0, 4.8]
+    rows = [
+        _zero3_row("rapydli", False, 0, 90.0, 100.0, same), _zero3_row("fsdp2", False, 0, 100.0, 120.0, same),
+        _zero3_row("rapydli", False, 1, 120.0, 100.0, same), _zero3_row("fsdp2", False, 1, 100.0, 120.0, same),
+        _zero3_row("rapydli", True, 0, 120.0, 80.0, same), _zero3_row("fsdp2", True, 0, 130.0, 90.0, other),
+        _zero3_row("rapydli", True, 1, 150.0, 80.0, same), _zero3_row("fsdp2", True, 1, 160.0, 90.0, other),
+    ]  # fmt: skip
+    summary = zero3_summary(rows)
+    assert summary["zero3 2 ranks: step time rapydli / FSDP2"] == pytest.approx(1.05)  # the median of 0.9 and 1.2
+    assert summary["zero3 2 ranks: target step time rapydli <= FSDP2"].startswith("too noisy to tell")
+    assert summary["zero3 2 ranks: peak memory per rank rapydli / FSDP2"] == pytest.approx(100 / 120)
+    assert summary["zero3 2 ranks: target peak memory per rank rapydli <= FSDP2"] == "met"
+    assert summary["zero3 2 ranks, checkpointing: target step time rapydli <= FSDP2"] == "met"
+    assert summary["zero3 2 ranks, rapydli: activation checkpointing step time overhead (with / without - 1)"].startswith("+29.2%")  # 1.33, 1.25
+    assert summary["zero3 2 ranks, rapydli: activation checkpointing saving in activations (without / with)"].startswith("5x")
+    assert summary["zero3 2 ranks: losses rapydli vs FSDP2, the same 2 steps"].startswith("DIFFERENT")  # checkpointed FSDP2's second loss
+
+
+@pytest.mark.mpi
+def test_zero3_part_runs_both_sides_and_they_compute_the_same_losses(tmp_path: Path) -> None:
+    """The tiny size on 2 real ranks, one round: every variant ran, both shard per block, and the losses agree (no timing is checked)."""
+    from rapydli.bench.parallel import command as parallel_command
+    from rapydli.bench.zero3_worker import SIZES
+
+    out = tmp_path / "zero3.json"
+    args = ["--zero", "3", "--size", "tiny", "--ranks", "2", "--rounds", "1", "--steps", "3", "--json", str(out)]
+    result = CliRunner().invoke(parallel_command, args, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    payload = json.loads(out.read_text())
+    rows, summary = payload["rows"], payload["summary"]
+    assert sorted((r["impl"], r["checkpointing"]) for r in rows) == [("fsdp2", False), ("fsdp2", True), ("rapydli", False), ("rapydli", True)]
+    units = SIZES["tiny"].n_layer + 1  # a unit per block and the root, on both sides
+    for row in rows:
+        assert row["ranks"] == 2 and row["units"] == units and len(row["peak_mib_per_rank"]) == 2
+        assert len(row["losses"]) == 3 and row["step_ms"] > 0 and row["peak_mib"] > 0 and row["activation_mib"] > 0
+    by = {(r["impl"], r["checkpointing"]): r for r in rows}
+    for checkpointing in (False, True):  # the same model, seed, batches and AdamW: the same losses, step by step
+        assert by["rapydli", checkpointing]["losses"] == pytest.approx(by["fsdp2", checkpointing]["losses"], rel=1e-5)
+        assert by["rapydli", checkpointing]["activation_mib"] == pytest.approx(by["fsdp2", checkpointing]["activation_mib"], rel=0.05)
+    for impl in ("rapydli", "fsdp2"):  # checkpointing every block keeps less for backward
+        assert by[impl, True]["activation_mib"] < by[impl, False]["activation_mib"] / 2
+    assert summary["zero3 2 ranks: losses rapydli vs FSDP2, the same 3 steps"].startswith("equal")
+    for key in ("zero3 2 ranks: target step time rapydli <= FSDP2", "zero3 2 ranks: target peak memory per rank rapydli <= FSDP2",
+                "zero3 2 ranks, checkpointing: step time rapydli / FSDP2, range", "zero3 load: cores other processes used during each launch",
+                "zero3 2 ranks, FSDP2: activation checkpointing saving in activations (without / with)", "zero3 model"):  # fmt: skip
+        assert key in summary, key
+    assert "FSDP2 (fully_shard) of torch" in summary["zero3 training"]
+
+
+def test_zero3_ranks_must_divide_the_global_batch() -> None:
+    from rapydli.bench.parallel import command as parallel_command
+
+    result = CliRunner().invoke(parallel_command, ["--zero", "3", "--size", "tiny", "--ranks", "2,3"])
+    assert result.exit_code != 0 and "must divide by each" in result.output

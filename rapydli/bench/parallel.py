@@ -16,14 +16,35 @@ tensor parallelism.
   (``--rounds`` rounds, alternated; the median of each layout's medians), each against
   plain data parallelism (ratio ``step / dp step``), and the planner's prediction error.
   Target: predicted within 20 % of measured.
+
+``rapydli bench parallel --zero 3`` runs this instead: ZeRO-3 (``TrainConfig(zero=3)``)
+against PyTorch's FSDP2 (``fully_shard`` over gloo) on a GPT-2-style model
+(:data:`rapydli.bench.zero3_worker.SIZES`: ``--size gpt2-63m``, 63.0 M parameters, 4
+sequences of 64 tokens a step; ``--size tiny`` for tests), on 2 and 4 ranks
+(``--ranks``), each with and without activation checkpointing of every block. Every
+variant trains ``--steps`` steps (the first is warm-up) in fresh processes
+(:mod:`rapydli.bench.zero3_worker` says what is measured and how the peer is set up); a
+round launches every variant once, rapydli and FSDP2 back to back (which goes first
+alternates from round to round), and ratios are paired within a round
+(:func:`rapydli.spread.paired`). Printed per rank count: the step time rapydli / FSDP2
+(a launch's: the slowest rank's median step after the warm-up; target <= 1.0: rapydli at
+least as fast) and the peak resident memory per rank (worst rank) rapydli / FSDP2 (target
+<= 1.0), each with the range of the rounds and a verdict
+only where every round agrees; what activation checkpointing costs in step time and saves
+in activations and in peak memory, for both; whether both sides computed the same losses;
+and the load: the 1-minute load average before each launch, and the cores other
+processes used while it ran.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import resource
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -31,12 +52,16 @@ import click
 
 from rapydli.bench.parallel_worker import bench_data, bench_model
 from rapydli.bench.report import emit
+from rapydli.bench.zero3_worker import SIZES
 from rapydli.errors import ClusterError
-from rapydli.spread import Spread, paired, rounds_text, target
+from rapydli.spread import Spread, machine_load, paired, rounds_text, target
 
 MEMORY_TOLERANCE = 0.10
 GLOBAL_BATCH = 16
 MICROBATCHES = 4
+#: Zero-3 part: steps of each launch that are warm-up (not timed), and the relative difference two losses may have and be equal.
+ZERO3_WARMUP, LOSS_TOLERANCE = 1, 1e-4
+MIB = 2**20
 
 
 def layouts() -> dict[str, Any]:
@@ -156,14 +181,166 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return summary
 
 
+def _cpu_seconds() -> tuple[float, float]:
+    """CPU seconds this machine has been busy since boot (``/proc/stat``), and those of this process's finished children."""
+    with open("/proc/stat") as stream:
+        ticks = [int(v) for v in stream.readline().split()[1:9]]  # user nice system idle iowait irq softirq steal
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK"), children.ru_utime + children.ru_stime
+
+
+def zero3_launch(impl: str, size: str, n: int, steps: int, checkpointing: bool, timeout: float) -> dict[str, Any]:
+    """One variant on ``n`` fresh ranks (:mod:`rapydli.bench.zero3_worker`): one row, and the load around it."""
+    from rapydli.cluster import mpirun
+
+    load = machine_load()["load_1m"]
+    with tempfile.TemporaryDirectory(prefix="rapydli-bench-zero3-") as tmp:
+        out = Path(tmp) / "rows.json"
+        argv = [sys.executable, "-m", "rapydli.bench.zero3_worker", "--impl", impl, "--size", size, "--steps", str(steps), "--out", str(out)]
+        busy, ours = _cpu_seconds()
+        started = time.perf_counter()
+        result = mpirun.run([*argv, *(["--checkpointing"] if checkpointing else [])], n=n, threads=1, timeout=timeout)
+        wall = time.perf_counter() - started
+        if result.returncode != 0 or not out.exists():
+            raise ClusterError(f"the zero-3 benchmark's {impl} launch on {n} ranks failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
+        ranks = json.loads(out.read_text())
+    busy_after, ours_after = _cpu_seconds()
+    first = ranks[0]
+    return {"part": "zero3", "impl": impl, "ranks": n, "checkpointing": checkpointing,
+            "step_ms": 1e3 * max(statistics.median(r["step_s"][ZERO3_WARMUP:]) for r in ranks),  # the slowest rank's
+            "peak_mib": max(r["peak_bytes"] for r in ranks) / MIB, "after_mib": max(r["after_bytes"] for r in ranks) / MIB,
+            "activation_mib": max(r["activation_bytes"] for r in ranks) / MIB, "final_loss": first["loss"][-1], "units": first["units"],
+            "load_1m": load, "other_cores": max(0.0, (busy_after - busy) - (ours_after - ours)) / wall, "wall_s": wall,
+            "losses": first["loss"], "peak_mib_per_rank": [round(r["peak_bytes"] / MIB, 1) for r in ranks]}  # fmt: skip
+
+
+def zero3_rows(size: str, ranks: list[int], steps: int, rounds: int, timeout: float) -> list[dict[str, Any]]:
+    """Every variant once a round, rapydli and FSDP2 back to back (the first alternating between rounds)."""
+    from rapydli.bench.zero3_worker import IMPLEMENTATIONS
+
+    rows = []
+    for round_ in range(rounds):
+        for n in ranks:
+            for checkpointing in (False, True):
+                for impl in IMPLEMENTATIONS[:: 1 if round_ % 2 == 0 else -1]:
+                    row = {"round": round_, **zero3_launch(impl, size, n, steps, checkpointing, timeout)}
+                    click.echo(f"round {round_ + 1}/{rounds}, {n} ranks, {impl}{', checkpointing' if checkpointing else ''}: step "
+                               f"{row['step_ms']:.0f} ms, peak {row['peak_mib']:.0f} MiB a rank ({row['wall_s']:.0f} s)", err=True)  # fmt: skip
+                    rows.append(row)
+    return rows
+
+
+def _rounds(rows: list[dict[str, Any]], key: str, **match: Any) -> dict[int, float]:
+    """``key`` of the rows that match, by round."""
+    return {r["round"]: r[key] for r in rows if all(r[k] == v for k, v in match.items())}
+
+
+def _pair(rows: list[dict[str, Any]], key: str, top: dict[str, Any], bottom: dict[str, Any]) -> Spread:
+    """``key`` of ``top``'s rows over ``bottom``'s, paired within each round both ran in."""
+    a, b = _rounds(rows, key, **top), _rounds(rows, key, **bottom)
+    both = sorted(set(a) & set(b))
+    return paired([a[r] for r in both], [b[r] for r in both])
+
+
+def _verdict(spread: Spread) -> str:
+    """:func:`rapydli.spread.target` at ``<= 1.0``, saying "too noisy" where the rounds straddle it."""
+    found = target(spread, 1.0)
+    return f"too noisy to tell: {found}" if found.startswith("unclear") else found
+
+
+def zero3_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Ratios rapydli / FSDP2, what checkpointing costs and saves, the losses compared, the load."""
+    summary: dict[str, Any] = {}
+    mine = [r for r in rows if r["part"] == "zero3"]
+    for n in sorted({r["ranks"] for r in mine}):
+        at = [r for r in mine if r["ranks"] == n]
+        for checkpointing in (False, True):
+            label = f"zero3 {n} ranks{', checkpointing' if checkpointing else ''}"
+            for key, what in (("step_ms", "step time"), ("peak_mib", "peak memory per rank")):
+                ratio = _pair(at, key, {"impl": "rapydli", "checkpointing": checkpointing}, {"impl": "fsdp2", "checkpointing": checkpointing})
+                summary[f"{label}: {what} rapydli / FSDP2"] = ratio.median
+                summary[f"{label}: {what} rapydli / FSDP2, range"] = rounds_text(ratio)
+                summary[f"{label}: target {what} rapydli <= FSDP2"] = _verdict(ratio)
+        for impl in ("rapydli", "fsdp2"):
+            label = f"zero3 {n} ranks, {'FSDP2' if impl == 'fsdp2' else impl}: activation checkpointing"
+            on, off = {"impl": impl, "checkpointing": True}, {"impl": impl, "checkpointing": False}
+            overhead = _pair(at, "step_ms", on, off).minus(1.0)
+            summary[f"{label} step time overhead (with / without - 1)"] = f"{overhead.median:+.1%} ({rounds_text(overhead, percent=True)})"
+            for key, what in (("activation_mib", "activations"), ("peak_mib", "peak memory")):
+                saving = _pair(at, key, off, on)
+                summary[f"{label} saving in {what} (without / with)"] = f"{saving.median:.3g}x ({rounds_text(saving)})"
+        worst = 0.0
+        for r in at:
+            if r["impl"] == "rapydli":
+                peer = [p for p in at if p["impl"] == "fsdp2" and p["round"] == r["round"] and p["checkpointing"] == r["checkpointing"]]
+                for p in peer:
+                    worst = max([worst, *(abs(a - b) / abs(b) for a, b in zip(r["losses"], p["losses"], strict=True))])
+        steps = len(at[0]["losses"])
+        summary[f"zero3 {n} ranks: losses rapydli vs FSDP2, the same {steps} steps"] = (
+            f"{'equal' if worst <= LOSS_TOLERANCE else 'DIFFERENT'} (largest relative difference {worst:.2g}; tolerance {LOSS_TOLERANCE:g})")
+    if mine:
+        loads, others = Spread.of([r["load_1m"] for r in mine]), Spread.of([r["other_cores"] for r in mine])
+        cores = int(machine_load()["cores"])
+        summary["zero3 load: 1-minute load average before each launch"] = f"median {loads.median:.2f} ({loads.low:.2f} to {loads.high:.2f}) on {cores} cores"
+        summary["zero3 load: cores other processes used during each launch"] = (
+            f"median {others.median:.2f} ({others.low:.2f} to {others.high:.2f}) of {cores}"
+            + ("; the machine was shared: timings drifted with the other work" if others.high > 0.25 else ""))
+    return summary
+
+
+def zero3_context(size: str, steps: int) -> dict[str, Any]:
+    """What the zero-3 part trained, for the summary."""
+    import torch
+
+    from rapydli.bench.zero3_worker import LR, SIZES
+
+    chosen = SIZES[size]
+    return {"zero3 model": f"{size}: GPT-2-style, {chosen.n_layer} blocks of width {chosen.n_embd}, vocabulary {chosen.vocab}, "
+                           f"{chosen.parameters / 1e6:.1f} M parameters (fp32), tied embeddings",
+            "zero3 training": f"global batch {chosen.global_batch} x {chosen.positions} tokens, AdamW lr {LR:g}, {steps} steps a launch "
+                              f"({ZERO3_WARMUP} warm-up), one thread a rank; peer: FSDP2 (fully_shard) of torch {torch.__version__} over gloo"}  # fmt: skip
+
+
+def _rank_counts(text: str) -> list[int]:
+    try:
+        counts = [int(p) for p in text.split(",") if p.strip()]
+    except ValueError:
+        counts = []
+    if not counts or any(n < 2 for n in counts):
+        raise click.BadParameter(f"{text!r}: comma-separated rank counts, each >= 2", param_hint="--ranks")
+    return counts
+
+
 @click.command("parallel")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Write the rows and summary here.")
 @click.option("--parts", default="memory,time", show_default=True, help="Comma-separated: memory, time.")
-@click.option("--steps", type=click.IntRange(min=3), default=12, show_default=True, help="Steps per layout run (2 are warm-up).")
-@click.option("--rounds", type=click.IntRange(min=1), default=3, show_default=True, help="Alternated rounds of the step-time part.")
-@click.option("--timeout", type=float, default=600.0, show_default=True, help="Seconds before the memory launch is killed.")
-def command(json_path: str | None, parts: str, steps: int, rounds: int, timeout: float) -> None:
-    """Memory per rank of dp / ZeRO-1 / ZeRO-2 / pipeline / tensor parallel vs the ZeRO formulas; step times vs dp; planner error."""
+@click.option("--steps", type=click.IntRange(min=2), default=None,
+              help="Steps per layout run (2 are warm-up; default 12); with --zero 3, per launch (1 is warm-up; default 3).")
+@click.option("--rounds", type=click.IntRange(min=1), default=3, show_default=True,
+              help="Alternated rounds of the step-time part (with --zero 3: of every launch).")
+@click.option("--timeout", type=float, default=600.0, show_default=True,
+              help="Seconds before the memory launch (with --zero 3: each launch) is killed.")
+@click.option("--zero", type=click.Choice(["3"]), default=None,
+              help="Instead of the parts: ZeRO-3 against PyTorch's FSDP2, with and without activation checkpointing.")
+@click.option("--ranks", default="2,4", show_default=True, help="With --zero 3: comma-separated rank counts.")
+@click.option("--size", type=click.Choice(sorted(SIZES)), default="gpt2-63m", show_default=True, help="With --zero 3: the model and batch (tiny: for tests).")
+def command(json_path: str | None, parts: str, steps: int | None, rounds: int, timeout: float, zero: str | None, ranks: str, size: str) -> None:
+    """Memory per rank of dp / ZeRO-1 / ZeRO-2 / pipeline / tensor parallel vs the ZeRO formulas; step times vs dp; planner error.
+
+    With ``--zero 3``: ZeRO-3 against PyTorch's FSDP2 on a GPT-2-style model, step time and peak memory per rank, with and without activation checkpointing.
+    """
+    if zero is not None:
+        counts = _rank_counts(ranks)
+        chosen = SIZES[size]
+        if any(chosen.global_batch % n for n in counts):
+            raise click.BadParameter(f"{ranks!r}: the global batch of --size {size} ({chosen.global_batch}) must divide by each", param_hint="--ranks")
+        steps = 3 if steps is None else steps
+        launched = zero3_rows(size, counts, steps, rounds, timeout)
+        emit("parallel --zero 3", launched, {**zero3_context(size, steps), **zero3_summary(launched)}, json_path)
+        return
+    steps = 12 if steps is None else steps
+    if steps < 3:
+        raise click.BadParameter(f"{steps}: the layouts' runs need at least 3 (2 are warm-up)", param_hint="--steps")
     wanted = [p.strip() for p in parts.split(",") if p.strip()]
     unknown = sorted(set(wanted) - {"memory", "time"})
     if unknown:

@@ -210,3 +210,116 @@ class ResNet18Like(nn.Module):
 def resnet18_like(num_classes: int = 10, in_channels: int = 3, width: int = 64) -> nn.Module:
     """Build :class:`ResNet18Like` (``width=16`` for a quick, small variant of the same shape)."""
     return ResNet18Like(num_classes, in_channels, width)
+
+
+class GPT2Attention(nn.Module):
+    """GPT-2's attention: one fused ``c_attn`` projection to q, k, v, causal attention, ``c_proj`` back."""
+
+    def __init__(self, n_embd: int, n_head: int) -> None:
+        super().__init__()
+        self.n_head = n_head
+        self.c_attn = nn.Linear(n_embd, 3 * n_embd)
+        self.c_proj = nn.Linear(n_embd, n_embd)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, length, width = x.shape
+        q, k, v = self.c_attn(x).split(width, dim=2)
+        q, k, v = (t.view(batch, length, self.n_head, width // self.n_head).transpose(1, 2) for t in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.c_proj(y.transpose(1, 2).reshape(batch, length, width))
+
+
+class GPT2MLP(nn.Module):
+    """GPT-2's MLP: ``c_fc`` to 4x the width, tanh-approximated GELU, ``c_proj`` back."""
+
+    def __init__(self, n_embd: int) -> None:
+        super().__init__()
+        self.c_fc = nn.Linear(n_embd, 4 * n_embd)
+        self.c_proj = nn.Linear(4 * n_embd, n_embd)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.c_proj(F.gelu(self.c_fc(x), approximate="tanh"))
+
+
+class GPT2Block(nn.Module):
+    """GPT-2's pre-norm block: ``x + attn(ln_1(x))``, then ``x + mlp(ln_2(x))``."""
+
+    def __init__(self, n_embd: int, n_head: int) -> None:
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(n_embd)
+        self.attn = GPT2Attention(n_embd, n_head)
+        self.ln_2 = nn.LayerNorm(n_embd)
+        self.mlp = GPT2MLP(n_embd)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT2Transformer(nn.Module):
+    """GPT-2's ``transformer``: token and position embeddings ``wte`` and ``wpe``, the blocks ``h``, the final norm ``ln_f``."""
+
+    def __init__(self, blocks: list[GPT2Block], vocab: int, positions: int, n_embd: int) -> None:
+        super().__init__()
+        self.wte = nn.Embedding(vocab, n_embd)
+        self.wpe = nn.Embedding(positions, n_embd)
+        self.h = nn.ModuleList(blocks)
+        self.ln_f = nn.LayerNorm(n_embd)
+
+
+class GPT2Style(nn.Module):
+    """A GPT-2-shaped causal LM with Hugging Face's module names: tokens ``(B, T)`` -> logits ``(B, T, vocab)``.
+
+    ``transformer.{wte, wpe, h, ln_f}`` and an ``lm_head`` tied to ``wte`` (one parameter);
+    the blocks are the ``transformer.h`` ``ModuleList``, which ZeRO-3 shards and activation
+    checkpointing recomputes one by one (:func:`rapydli.parallel.split.model_blocks`); the
+    embeddings, ``ln_f`` and the tied head are the rest. GPT-2's initialisation (normal,
+    std 0.02; the residual projections' scaled by ``1 / sqrt(2 n_layer)``); no dropout.
+    Parameters: ``12 n_layer n_embd^2 + 13 n_layer n_embd + (vocab + positions + 2) n_embd``.
+    """
+
+    def __init__(self, vocab: int = 8192, positions: int = 64, n_embd: int = 768, n_head: int = 12, n_layer: int = 8) -> None:
+        super().__init__()
+        blocks = [GPT2Block(n_embd, n_head) for _ in range(n_layer)]
+        self.transformer = GPT2Transformer(blocks, vocab, positions, n_embd)
+        self.lm_head = nn.Linear(n_embd, vocab, bias=False)
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, std=0.02)
+            if isinstance(module, nn.Linear) and module.bias is not None:
+                nn.init.zeros_(module.bias)
+        for block in blocks:
+            for projection in (block.attn.c_proj, block.mlp.c_proj):
+                nn.init.normal_(projection.weight, std=0.02 / math.sqrt(2 * n_layer))
+        self.lm_head.weight = self.transformer.wte.weight
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        x = self.embed(input_ids)
+        for block in self.transformer.h:
+            x = block(x)
+        return self.head(x)
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Token plus position embeddings ``(B, T, n_embd)``."""
+        positions = torch.arange(input_ids.shape[1], device=input_ids.device)
+        return self.transformer.wte(input_ids) + self.transformer.wpe(positions)
+
+    def head(self, x: torch.Tensor) -> torch.Tensor:
+        """Final norm and the tied LM head: the logits."""
+        return self.lm_head(self.transformer.ln_f(x))
+
+    def pipeline_blocks(self) -> list[tuple[str, nn.Module]]:
+        """The forward as a chain of blocks (:mod:`rapydli.parallel.split`): embeddings, ``h.0`` ... ``h.N-1``, head."""
+        t = self.transformer
+        blocks = [(f"h.{i}", block) for i, block in enumerate(t.h)]
+        return [("embed", _Call(self.embed, t.wte, t.wpe)), *blocks, ("head", _Call(self.head, t.ln_f, self.lm_head))]
+
+
+def gpt2_style(vocab: int = 8192, positions: int = 64, n_embd: int = 768, n_head: int = 12, n_layer: int = 8) -> nn.Module:
+    """Build :class:`GPT2Style` (the defaults: 63.0 M parameters, the tied embedding counted once).
+
+    >>> model = gpt2_style(vocab=64, positions=16, n_embd=32, n_head=4, n_layer=2)
+    >>> model(torch.zeros(2, 16, dtype=torch.long)).shape, model.lm_head.weight is model.transformer.wte.weight
+    (torch.Size([2, 16, 64]), True)
+    """
+    return GPT2Style(vocab, positions, n_embd, n_head, n_layer)
