@@ -10,7 +10,7 @@ a user-defined MPI operation (:func:`mpi_op`).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -141,6 +141,17 @@ def address_buffer(flat: torch.Tensor) -> list[object]:
 
     memory = MPI.buffer.fromaddress(flat.data_ptr(), flat.numel() * flat.element_size())
     return [memory, flat.numel(), mpi_datatype(flat.dtype)]
+
+
+def address_array(flat: torch.Tensor) -> Any:
+    """A numpy array over ``flat``'s memory by address (``flat.numpy()`` would make its storage impossible to resize).
+
+    Only valid while that memory is ``flat``'s; mpi4py reads its count and type from the array.
+    """
+    from mpi4py import MPI
+
+    memory: Any = MPI.buffer.fromaddress(flat.data_ptr(), flat.numel() * flat.element_size())
+    return np.frombuffer(memory, dtype=torch.empty(0, dtype=flat.dtype).numpy().dtype)
 
 
 def reduce_into(target: torch.Tensor, source: torch.Tensor, op: str) -> None:

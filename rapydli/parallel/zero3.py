@@ -73,17 +73,9 @@ import torch
 from mpi4py import MPI
 from torch import nn
 
+from rapydli.comm.tensors import address_array
 from rapydli.errors import ConfigError
 from rapydli.parallel.zero import ShardedOptimizer, _Bucket
-
-
-def _unpinned(flat: torch.Tensor) -> Any:
-    """A numpy array over ``flat``'s memory by address (``flat.numpy()`` would make its storage impossible to resize and free)."""
-    import numpy as np
-
-    dtype = torch.empty(0, dtype=flat.dtype).numpy().dtype
-    memory: Any = MPI.buffer.fromaddress(flat.data_ptr(), flat.numel() * flat.element_size())
-    return np.frombuffer(memory, dtype=dtype)
 
 
 class _Shard(_Bucket):
@@ -268,7 +260,7 @@ class FullyShardedOptimizer(ShardedOptimizer):
             whole = bucket.allocate()
             host = whole if whole.device.type == "cpu" else torch.empty(bucket.padded, dtype=bucket.dtype)
             local = bucket.local if bucket.local.device.type == "cpu" else bucket.local.cpu()
-            request = self._gather_comm.Iallgather(local.numpy(), _unpinned(host))
+            request = self._gather_comm.Iallgather(local.numpy(), address_array(host))
             unit.pending.append((bucket, request, whole, host))
         unit.gathered = True
         self.gathers += 1

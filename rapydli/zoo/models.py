@@ -101,12 +101,20 @@ class CausalSelfAttention(nn.Module):
         self.proj = nn.Linear(dim, dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        batch, length, _ = x.shape
-        q, k, v = self.qkv(x).chunk(3, dim=2)  # each (batch, length, heads * head_dim); fewer heads when tensor-parallel
-        head_dim = q.shape[-1] // self.heads
-        q, k, v = (t.view(batch, length, self.heads, head_dim).transpose(1, 2) for t in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.proj(y.transpose(1, 2).reshape(batch, length, self.heads * head_dim))
+        return self.proj(causal_attention(self.qkv(x), self.heads))
+
+
+def causal_attention(fused: torch.Tensor, heads: int) -> torch.Tensor:
+    """Causal attention over a fused q/k/v projection ``(batch, length, 3 * heads * head_dim)``: ``(batch, length, heads * head_dim)``.
+
+    The width is read from ``fused`` (fewer heads' worth when the projection is split over tensor ranks).
+    """
+    batch, length, _ = fused.shape
+    q, k, v = fused.chunk(3, dim=2)
+    head_dim = q.shape[-1] // heads
+    q, k, v = (t.view(batch, length, heads, head_dim).transpose(1, 2) for t in (q, k, v))
+    y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    return y.transpose(1, 2).reshape(batch, length, heads * head_dim)
 
 
 class TransformerBlock(nn.Module):
@@ -222,11 +230,7 @@ class GPT2Attention(nn.Module):
         self.c_proj = nn.Linear(n_embd, n_embd)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        batch, length, width = x.shape
-        q, k, v = self.c_attn(x).split(width, dim=2)
-        q, k, v = (t.view(batch, length, self.n_head, width // self.n_head).transpose(1, 2) for t in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.c_proj(y.transpose(1, 2).reshape(batch, length, width))
+        return self.c_proj(causal_attention(self.c_attn(x), self.n_head))
 
 
 class GPT2MLP(nn.Module):
