@@ -201,19 +201,24 @@ class Objective:
             return found.loss
         return cross_entropy(found.logits, targets)  # type: ignore[arg-type]
 
-    def check_pipelined(self, model: nn.Module, stages: int) -> None:
+    def check_pipelined(self, model: nn.Module, stages: int, traced: bool = False) -> None:
         """Raise :class:`ConfigError` if this objective cannot be computed on a pipeline's last stage.
 
         A model whose ``forward`` takes the targets (rule 2) computes its loss inside
-        ``forward``; a pipeline runs the model's blocks on separate ranks and never calls
-        that ``forward``, so the targets would never reach it. One stage (no pipeline) always can.
+        ``forward``. Its blocks read by tracing that ``forward`` (``traced``:
+        :mod:`rapydli.parallel.traced`) keep the loss in the last block, which the last
+        stage gives the targets; blocks the model lists itself (``pipeline_blocks()``, an
+        ``nn.Sequential``) never run that ``forward``, so the targets would never reach
+        it. One stage (no pipeline) always can.
         """
-        if self.target_parameter is not None and stages > 1:
+        if self.target_parameter is not None and stages > 1 and not traced:
             name = type(model).__name__
             raise ConfigError(
                 f"{name}.forward takes {self.target_parameter!r} and computes its own loss, which pipeline_stages={stages} cannot run: "
-                f"the stages run {name}'s blocks on separate ranks and never call its forward. Pass loss_fn=fn, where "
-                "fn(outputs, targets) computes the loss from what the last block returns, or train with pipeline_stages=1"
+                f"the stages run the blocks {name}.pipeline_blocks() lists on separate ranks and never call its forward. Pass the "
+                "loss the last block's output needs, e.g. rd.train(..., loss_fn=lambda logits, targets: "
+                "torch.nn.functional.cross_entropy(logits.flatten(0, -2), targets.flatten())), remove pipeline_blocks() so that "
+                "the blocks are read from forward (its loss included), or train with pipeline_stages=1"
             )
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 from cases_tensor import _shard_of
-from hf_models import bert, gpt2, llama, lm_loss
+from hf_models import GPT2LMHeadModel, LlamaForCausalLM, as_written, bert, gpt2, llama, lm_loss
 from mpi4py import MPI
 from torch import nn
 from torch.nn import functional as F
@@ -60,6 +60,23 @@ def bn_cnn() -> nn.Module:
     return nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 4))
 
 
+def gpt2_as_written() -> nn.Module:
+    torch.manual_seed(0)
+    return as_written(GPT2LMHeadModel)()
+
+
+def llama_as_written() -> nn.Module:
+    torch.manual_seed(0)
+    return as_written(LlamaForCausalLM)()
+
+
+def nanogpt() -> nn.Module:
+    from train_cases import TinyGPT
+
+    torch.manual_seed(0)
+    return TinyGPT(vocab=32, n_layer=2)
+
+
 def images() -> tuple[TensorDataset, TensorDataset]:
     g = torch.Generator().manual_seed(6)
     x, y = torch.randn(96, 1, 6, 6, generator=g, dtype=torch.float64), torch.randint(0, 4, (96,), generator=g)
@@ -75,6 +92,10 @@ MODELS: dict[str, tuple[Any, Any, Any]] = {
     "bn_cnn": (bn_cnn, images, exact_loss),
     "bert": (bert, tokens, lm_loss),  # BERT's shapes: attention.self q/k/v + attention.output.dense, intermediate/output, unused pooler
     "tiny_lm_default_loss": (tiny_lm, tokens, "default"),  # the trainer's own cross-entropy (float64 here), vocabulary-parallel when split
+    # as their codebases write them, no pipeline_blocks(): pipelined by tracing forward, which computes the loss from the labels
+    "gpt2_as_written": (gpt2_as_written, tokens, "own"),
+    "llama_as_written": (llama_as_written, tokens, "own"),
+    "nanogpt": (nanogpt, tokens, "own"),  # forward(idx, targets=None) -> (logits, loss), wte tied to lm_head
 }
 BASE = {"batch_size": 4, "max_steps": 3, "lr": 0.01, "optimizer": "adamw", "weight_decay": 0.1, "eval_every": 2,
         "allreduce": "mpi", "bucket_mb": 0.001, "seed": 0}  # fmt: skip
@@ -155,7 +176,7 @@ def run(name: str, layout: dict[str, Any], directory: str | None = None, device:
     model_fn = _on(model_fn, device)
     train, val = data_fn()
     # a pipeline's last stage computes the default loss
-    loss = None if own_loss == "default" else own_loss or (exact_loss if layout.get("pipeline_stages", 1) == 1 else None)
+    loss = None if own_loss in ("default", "own") else own_loss or (exact_loss if layout.get("pipeline_stages", 1) == 1 else None)
     config = TrainConfig(**{**BASE, **layout, "workers": WORLD.Get_size()})
     model = model_fn()
     tied = TiedCopies(model)

@@ -3,7 +3,8 @@
 Not imported from ``transformers``: these are short copies of the shapes that matter to
 the parallel layouts (module names, fused or separate projections, ``Conv1D``'s transposed
 weight, tied or untied embeddings, ``forward(input_ids, labels=None)`` returning a
-``ModelOutput``-like mapping), each with the ``pipeline_blocks()`` a user adds to pipeline it.
+``ModelOutput``-like mapping), each with the ``pipeline_blocks()`` a user may add to pipeline it;
+:func:`as_written` gives each class without it, as its codebase has it (pipelined by tracing).
 """
 
 from __future__ import annotations
@@ -13,13 +14,23 @@ import math
 import torch
 from torch import nn
 from torch.nn import functional as F
-from train_cases import ModelOutput
+from train_cases import Block, ModelOutput
 
 
 def lm_loss(outputs: object, targets: torch.Tensor) -> torch.Tensor:
     """Mean cross-entropy of the logits (a tensor, or a ModelOutput's ``logits``) in their own precision."""
     logits = outputs if isinstance(outputs, torch.Tensor) else outputs["logits"]  # type: ignore[index]
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+    return token_loss(logits, targets)
+
+
+def token_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """What the models' ``forward`` computes from ``labels``, as Hugging Face's ``CrossEntropyLoss`` over the flattened tokens."""
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
+
+
+def as_written(cls: type[nn.Module]) -> type[nn.Module]:
+    """``cls`` as its codebase writes it: without the ``pipeline_blocks()`` added here (same name, same modules)."""
+    return type(cls.__name__, (cls,), {"pipeline_blocks": None, "__module__": cls.__module__})
 
 
 # -- GPT-2 (transformers.models.gpt2) -----------------------------------------------------------
@@ -123,7 +134,7 @@ class GPT2LMHeadModel(nn.Module):
         for block in t.h:
             x = block(x)
         logits = self.lm_head(t.ln_f(x))
-        loss = lm_loss(logits, labels) if labels is not None else None
+        loss = token_loss(logits, labels) if labels is not None else None
         return ModelOutput(loss=loss, logits=logits)
 
     def pipeline_blocks(self) -> list[tuple[str, nn.Module]]:
@@ -136,6 +147,40 @@ class GPT2LMHeadModel(nn.Module):
 def gpt2(tie: bool = True) -> GPT2LMHeadModel:
     torch.manual_seed(0)
     return GPT2LMHeadModel(tie=tie)
+
+
+# -- nanoGPT (karpathy/nanoGPT, model.py) -- defined outside the test modules, whose asserts pytest rewrites
+
+
+class NanoGPT(nn.Module):
+    """nanoGPT's ``GPT`` as its model.py writes it: a ModuleDict ``transformer``, ``idx.size()``, the length assert,
+    and without targets only the last position's logits."""
+
+    def __init__(self, vocab: int = 32, block_size: int = 8, n_embd: int = 16, n_layer: int = 2) -> None:
+        super().__init__()
+        self.block_size = block_size
+        self.transformer = nn.ModuleDict({
+            "wte": nn.Embedding(vocab, n_embd), "wpe": nn.Embedding(block_size, n_embd), "drop": nn.Dropout(0.1),
+            "h": nn.ModuleList(Block(n_embd, 2, block_size) for _ in range(n_layer)), "ln_f": nn.LayerNorm(n_embd),
+        })  # fmt: skip
+        self.lm_head = nn.Linear(n_embd, vocab, bias=False)
+        self.transformer.wte.weight = self.lm_head.weight
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        b, t = idx.size()
+        assert t <= self.block_size, f"Cannot forward sequence of length {t}, block size is only {self.block_size}"
+        pos = torch.arange(0, t, dtype=torch.long, device=idx.device)
+        x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
+        for block in self.transformer.h:
+            x = block(x)
+        x = self.transformer.ln_f(x)
+        if targets is not None:
+            logits = self.lm_head(x)
+            loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
+        else:
+            logits = self.lm_head(x[:, [-1], :])
+            loss = None
+        return logits, loss
 
 
 # -- Llama (transformers.models.llama) ------------------------------------------------------------
@@ -245,7 +290,7 @@ class LlamaForCausalLM(nn.Module):
         for layer in self.model.layers:
             x = layer(x)
         logits = self.lm_head(self.model.norm(x))
-        return ModelOutput(loss=lm_loss(logits, labels) if labels is not None else None, logits=logits)
+        return ModelOutput(loss=token_loss(logits, labels) if labels is not None else None, logits=logits)
 
     def pipeline_blocks(self) -> list[tuple[str, nn.Module]]:
         blocks: list[tuple[str, nn.Module]] = [("embed_tokens", self.model.embed_tokens)]
@@ -381,7 +426,7 @@ class BertForTokenClassification(nn.Module):
             x = layer(x)
         pooled = self.bert.pooler(x)
         logits = self.classifier(x)
-        return ModelOutput(loss=lm_loss(logits, labels) if labels is not None else None, logits=logits, pooler_output=pooled)
+        return ModelOutput(loss=token_loss(logits, labels) if labels is not None else None, logits=logits, pooler_output=pooled)
 
     def pipeline_blocks(self) -> list[tuple[str, nn.Module]]:
         blocks: list[tuple[str, nn.Module]] = [("embeddings", self.bert.embeddings)]

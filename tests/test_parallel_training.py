@@ -96,13 +96,20 @@ def test_a_world_that_does_not_divide_is_refused_before_anything_starts() -> Non
     assert rd.TrainConfig(pipeline_stages=2, pipeline_split=["blocks.2"]).pipeline_split == "blocks.2"
 
 
-def test_a_model_that_computes_its_own_loss_from_targets_is_refused_pipelined() -> None:
-    """Its forward takes the targets; the stages never call that forward: a ConfigError before the grid or the split."""
+def test_a_model_that_computes_its_own_loss_and_lists_its_blocks_is_refused_pipelined() -> None:
+    """Its forward takes the targets; the blocks it lists never call that forward: a ConfigError before the grid or the split.
+
+    The same model without ``pipeline_blocks()`` is traced, its loss kept in the last block
+    (``test_parallel_layouts`` trains it pipelined).
+    """
+    from hf_models import gpt2
+
     train, _ = train_cases.tokens()
     config = rd.TrainConfig(max_steps=1, batch_size=4, pipeline_stages=2, microbatches=2)
-    with pytest.raises(ConfigError, match="TinyGPT.forward takes 'targets' and computes its own loss, which pipeline_stages=2 cannot run") as info:
-        Trainer(train_cases.TinyGPT(), None, train, None, config)
-    assert "Pass loss_fn=fn" in str(info.value) and "pipeline_stages=1" in str(info.value)
+    with pytest.raises(ConfigError, match="GPT2LMHeadModel.forward takes 'labels' and computes its own loss, which pipeline_stages=2 cannot run") as info:
+        Trainer(gpt2(), None, train, None, config)
+    assert "loss_fn=lambda logits, targets" in str(info.value) and "remove pipeline_blocks()" in str(info.value)
+    assert "pipeline_stages=1" in str(info.value)
 
 
 @pytest.mark.engines

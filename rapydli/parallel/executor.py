@@ -93,6 +93,8 @@ class PipelineExecutor:
         self.recorder = recorder if recorder is not None else Recorder(enabled=False)
         self.autocast = autocast
         self.device = next(module.parameters()).device
+        #: the last stage of a traced model that computes its own loss: called ``module(x, targets)``
+        self.takes_targets = self.last and bool(getattr(module, "takes_targets", False))
         self.current: schedules.Action | None = None
         self.steps = 0
 
@@ -131,7 +133,7 @@ class PipelineExecutor:
                 elif action.kind == "forward":
                     x = in_chunks[mb] if self.first else micro[mb].inputs
                     with self.autocast():
-                        out = self.module(x)
+                        out = self.module(x, tgt_chunks[mb]) if self.takes_targets else self.module(x)
                         if self.last:
                             loss = self.loss_fn(out, tgt_chunks[mb])
                             micro[mb].loss = loss * (tgt_chunks[mb].numel() / total)
@@ -193,7 +195,7 @@ class PipelineExecutor:
             x = in_chunks[mb] if self.first else wire.recv(self.comm, self.stage - 1, "activation", mb, self.device)
             target = tgt_chunks[mb]  # None but on the last stage
             with self.autocast():
-                out = self.module(x)
+                out = self.module(x, target) if self.takes_targets else self.module(x)
                 loss = self.loss_fn(out, target) if target is not None else None
             if target is None or loss is None:
                 sends += wire.isend(self.comm, out, self.stage + 1, "activation", mb)

@@ -60,11 +60,12 @@ def check_layout(model_fn: Callable[[], Any], config: Any, loss_fn: Any = None) 
         plan = tensor_plan(config.tensor_plan) or plan_for(model, config.tensor_parallel)
         check_plan(model, plan, config.tensor_parallel)
     if config.pipeline_stages > 1:
+        from rapydli.objective import target_parameter
         from rapydli.parallel import split
         from rapydli.parallel.config import split_names
         from rapydli.parallel.shared import check_honoured, find_shared
 
-        split.pipeline_blocks(model)  # a model that cannot be split says so
+        split.pipeline_blocks(model, target_parameter(model) if loss_fn is None else None)  # a model that cannot be split says so
         points = split_names(config.pipeline_split)
         if points != "auto":
             bounds = split.boundaries(model, points, config.pipeline_stages)
@@ -74,23 +75,17 @@ def check_layout(model_fn: Callable[[], Any], config: Any, loss_fn: Any = None) 
 
 
 def check_own_loss(model: nn.Module, stages: int, loss_fn: Any) -> None:
-    """Raise :class:`ConfigError` for a model that computes its own loss from its targets, pipelined without ``loss_fn``.
+    """Raise :class:`ConfigError` for a model that computes its own loss from its targets, pipelined where it cannot be.
 
-    The stages run the model's blocks on separate ranks and never call its ``forward``,
-    so the loss written there cannot run; the message gives the one-line fix.
+    A model that lists its blocks (``pipeline_blocks()``) never runs its ``forward`` in a
+    pipeline, so the loss written there cannot run; the message gives the one-line fix
+    (:meth:`rapydli.objective.Objective.check_pipelined`). A traced model keeps its loss
+    in its last block.
     """
-    from rapydli.objective import target_parameter
+    from rapydli.objective import Objective
+    from rapydli.parallel.split import lists_blocks
 
-    name = target_parameter(model) if loss_fn is None else None
-    if name is None:
-        return
-    kind = type(model).__name__
-    raise ConfigError(
-        f"{kind}.forward takes {name!r} and computes its own loss, which pipeline_stages={stages} cannot run: the stages run "
-        f"{kind}'s blocks on separate ranks and never call its forward. Pass the loss the last block's output needs, e.g. "
-        "rd.train(..., loss_fn=lambda logits, targets: torch.nn.functional.cross_entropy(logits.flatten(0, -2), targets.flatten())), "
-        "or train with pipeline_stages=1"
-    )
+    Objective(model, loss_fn).check_pipelined(model, stages, traced=not lists_blocks(model))
 
 
 def check_batch_norm(model: nn.Module, stages: int, microbatches: int) -> None:

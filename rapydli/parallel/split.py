@@ -6,7 +6,10 @@ A model is a sequence of *blocks*, run one after the other:
   (``"blocks.2"`` is item 2 of the item ``blocks``);
 * or what the model's own ``pipeline_blocks()`` method returns: ``(name, module)`` pairs
   whose composition is the model's forward (for models whose forward is not a plain
-  chain, such as :class:`rapydli.zoo.models.TinyLM`).
+  chain, such as :class:`rapydli.zoo.models.TinyLM`);
+* or, for any other model, the blocks read from its traced ``forward``
+  (:mod:`rapydli.parallel.traced`: a GPT-2, Llama or nanoGPT as written needs nothing
+  added), checked once against the model's own forward on a sample (:func:`decide`).
 
 A split point names the block a new stage begins with: a block's name, or the name of
 a container whose first block it is (``"blocks"`` = ``"blocks.0"``). ``"auto"`` times
@@ -41,17 +44,26 @@ from rapydli.errors import ConfigError
 MEASURE_REPEATS = 3
 
 
-def pipeline_blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """The model's blocks in the order its forward runs them, with their names."""
+def pipeline_blocks(model: nn.Module, targets: str | None = None) -> list[tuple[str, nn.Module]]:
+    """The model's blocks in the order its forward runs them, with their names.
+
+    ``targets``: for a traced model that computes its own loss, the ``forward`` parameter
+    it takes the targets by; its last block then takes ``(x, targets)``
+    (:func:`rapydli.parallel.traced.traced_blocks`). Ignored for a model that lists its blocks.
+    """
     own = getattr(model, "pipeline_blocks", None)
     if callable(own):
         return [(str(name), module) for name, module in own()]
     if isinstance(model, nn.Sequential):
         return _expand(model, "")
-    raise ConfigError(
-        f"{type(model).__name__} cannot be split into pipeline stages: it is not an nn.Sequential and has "
-        "no pipeline_blocks() method returning its (name, module) blocks in forward order"
-    )
+    from rapydli.parallel.traced import traced_blocks
+
+    return traced_blocks(model, targets)
+
+
+def lists_blocks(model: nn.Module) -> bool:
+    """Whether ``model`` gives its blocks itself (an ``nn.Sequential``, or a ``pipeline_blocks()`` method) rather than being traced."""
+    return callable(getattr(model, "pipeline_blocks", None)) or isinstance(model, nn.Sequential)
 
 
 def _expand(sequential: nn.Sequential, prefix: str) -> list[tuple[str, nn.Module]]:
@@ -219,15 +231,23 @@ def _check_stages_hold_parameters(model: nn.Module, bounds: Sequence[int]) -> No
                               "with parameters")
 
 
-def decide(model: nn.Module, split: str | Sequence[str], stages: int, sample: Any, world: Any) -> list[int]:
+def decide(model: nn.Module, split: str | Sequence[str], stages: int, sample: Any, world: Any,
+           labels: Any = None, targets: str | None = None) -> list[int]:  # fmt: skip
     """Stage boundaries every rank uses: checked (or measured, for ``"auto"``) on rank 0, broadcast.
 
     Collective over ``world``. An invalid split raises the same :class:`ConfigError` on
-    every rank.
+    every rank. A traced model's blocks are first run against its own forward on
+    ``sample`` (and ``labels``, passed by the keyword ``targets`` when the model computes its
+    own loss): blocks that compute something else are refused
+    (:func:`rapydli.parallel.traced.check_faithful`).
     """
     bounds, error = None, None
     if world.Get_rank() == 0:
         try:
+            if sample is not None and not lists_blocks(model):
+                from rapydli.parallel.traced import check_faithful
+
+                check_faithful(model, sample, labels, targets)
             if split == "auto":
                 names = [name for name, _ in pipeline_blocks(model)]
                 _check_blocks(names, stages)
@@ -245,6 +265,9 @@ def decide(model: nn.Module, split: str | Sequence[str], stages: int, sample: An
 class Stage(nn.Sequential):
     """One stage's blocks, run in order (an ``nn.Sequential`` sharing the model's modules).
 
+    The last stage of a traced model that computes its own loss is called
+    ``stage(x, targets)``: its last block takes them (:attr:`takes_targets`).
+
     Attributes
     ----------
     counted_elsewhere
@@ -254,10 +277,23 @@ class Stage(nn.Sequential):
 
     counted_elsewhere: frozenset[int] = frozenset()
 
+    def forward(self, x: Any, targets: Any = None) -> Any:
+        for block in self:
+            x = block(x, targets) if getattr(block, "takes_targets", False) else block(x)
+        return x
 
-def stage_module(model: nn.Module, bounds: Sequence[int], stage: int) -> tuple[Stage, list[str]]:
-    """Stage ``stage``'s blocks as one :class:`Stage` (sharing the model's modules) and their names."""
-    blocks = pipeline_blocks(model)[bounds[stage] : bounds[stage + 1]]
+    @property
+    def takes_targets(self) -> bool:
+        """Whether a block of this stage takes the targets (the model's own loss, traced)."""
+        return any(getattr(block, "takes_targets", False) for block in self)
+
+
+def stage_module(model: nn.Module, bounds: Sequence[int], stage: int, targets: str | None = None) -> tuple[Stage, list[str]]:
+    """Stage ``stage``'s blocks as one :class:`Stage` (sharing the model's modules) and their names.
+
+    ``targets``: as for :func:`pipeline_blocks`.
+    """
+    blocks = pipeline_blocks(model, targets)[bounds[stage] : bounds[stage + 1]]
     return Stage(*(module for _, module in blocks)), [name for name, _ in blocks]
 
 
@@ -281,7 +317,7 @@ def model_blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
     ['embed', 'layers.0', 'layers.1']
     """
     own = {id(m) for m in model.modules() if m is not model}
-    if callable(getattr(model, "pipeline_blocks", None)) or isinstance(model, nn.Sequential):
+    if lists_blocks(model):
         return [(name, block) for name, block in pipeline_blocks(model) if id(block) in own]
     blocks: list[tuple[str, nn.Module]] = []
     for name, child in model.named_children():

@@ -61,8 +61,9 @@ class PipelineTraining:
     objective
         The run's :class:`~rapydli.objective.Objective` (``loss_fn``, or the loss or
         logits the model returns), made from the whole model; its ``loss`` runs on the last
-        stage's outputs. An objective that needs the model's own ``forward`` (it takes the
-        targets) is a :class:`ConfigError` here, before any rank measures or splits.
+        stage's outputs; a traced model that computes its own loss gets the targets in its
+        last block (:mod:`rapydli.parallel.traced`). The Trainer has checked that the
+        objective can run pipelined (:meth:`~rapydli.objective.Objective.check_pipelined`).
     bounds
         Where stages begin, to keep (a resumed run's recorded split), or ``None``: decided
         from ``pipeline_split`` (measured on rank 0 for ``"auto"``).
@@ -88,17 +89,19 @@ class PipelineTraining:
     def __init__(
         self, model: nn.Module, config: Any, world: Any, train_data: Dataset, objective: Objective, bounds: list[int] | None = None
     ) -> None:
-        objective.check_pipelined(model, config.pipeline_stages)
+        targets = objective.target_parameter  # a traced model's own loss: its last block takes the targets by this name
         check_batch_norm(model, config.pipeline_stages, config.microbatches)
         self.config = config
         self.grid = ProcessGrid.create(world, config.pipeline_stages, config.tensor_parallel)
-        sample = None
-        if world.Get_rank() == 0 and config.pipeline_split.strip() == "auto" and bounds is None:
+        sample = labels = None
+        # "auto" measures the blocks on a sample; a traced model's blocks are checked against its forward on one
+        if world.Get_rank() == 0 and (config.pipeline_split.strip() == "auto" or not split.lists_blocks(model)) and bounds is None:
             count = min(len(train_data), config.batch_size)  # type: ignore[arg-type]
             device = next(model.parameters()).device
-            sample = default_collate([train_data[i] for i in range(count)])[0].to(device)
+            sample, labels = (part.to(device) for part in default_collate([train_data[i] for i in range(count)])[:2])
         # a resumed "auto" run keeps the split its checkpoint was written with
-        self.bounds = bounds or split.decide(model, split_names(config.pipeline_split), config.pipeline_stages, sample, world)
+        self.bounds = bounds or split.decide(model, split_names(config.pipeline_split), config.pipeline_stages, sample, world,
+                                             labels, targets)  # fmt: skip
         # parameters several stages hold (tied embeddings) stay one parameter, or the run is refused here, before training
         self.shared = find_shared(model, self.bounds)
         plan = None
@@ -112,7 +115,7 @@ class PipelineTraining:
 
             shard_model(model, plan, self.grid.tensor)
             self.shared = find_shared(model, self.bounds)  # a tied weight split by vocabulary rows is the new (split) parameter
-        self.module, self.names = split.stage_module(model, self.bounds, self.grid.stage)
+        self.module, self.names = split.stage_module(model, self.bounds, self.grid.stage, targets)
         self.shared_gradients = SharedGradients(self.shared, self.module, self.grid.pipeline)
         self.shared_gradients.broadcast()
         self.module.counted_elsewhere = frozenset(self.shared_gradients.counted_elsewhere)

@@ -38,6 +38,7 @@ from torch.utils.data import Dataset
 
 from rapydli.errors import ConfigError
 from rapydli.objective import LossFn, MetricsArg, Objective, default_metrics, resolve_metrics
+from rapydli.parallel import split
 from rapydli.parallel.layout import Layout
 from rapydli.trainer.callbacks import Callback, dispatch
 from rapydli.trainer.checkpoint import CheckpointManager
@@ -160,7 +161,7 @@ class Trainer:
         self.rank, self.world_size = self.mpi.Get_rank(), self.mpi.Get_size()
         # the loss as the whole model's forward decides it (a pipeline's last stage computes it on its outputs)
         self.objective = Objective(model, loss_fn)
-        self.objective.check_pipelined(model, config.pipeline_stages)
+        self.objective.check_pipelined(model, config.pipeline_stages, traced=not split.lists_blocks(model))
         # the layout of the ranks (data x pipeline x tensor, ZeRO), checked against the world that runs
         self.layout = Layout.of(config, self.world_size)
         # this rank's part of the model (its stage, its slices of the layers) and the communicator of its data group

@@ -322,8 +322,8 @@ def profile_model(
             except ConfigError as exc:
                 unsupported[degree] = str(exc)
                 continue
-        names, blocks = _blocks(model)
         last = _LastBlock(model, loss_fn)
+        names, blocks = _blocks(model, last.objective.target_parameter)
         for size in sorted(set(sizes)):
             measured[(degree, size)] = _measure_blocks(blocks, inputs[:size], targets[:size], probe, repeats, last)
     model = build()
@@ -339,11 +339,12 @@ def profile_model(
     return profile
 
 
-def _blocks(model: nn.Module) -> tuple[list[str], list[nn.Module]]:
+def _blocks(model: nn.Module, targets: str | None) -> tuple[list[str], list[nn.Module]]:
+    """The pipeline blocks (a traced model's last block taking the targets by ``targets``), or the whole model as one."""
     from rapydli.parallel.split import pipeline_blocks
 
     try:
-        pairs = pipeline_blocks(model)
+        pairs = pipeline_blocks(model, targets)
     except ConfigError:
         pairs = [("model", model)]
     return [name for name, _ in pairs], [module for _, module in pairs]
@@ -353,8 +354,8 @@ class _LastBlock:
     """The last block's forward and the loss, as the run computes them (its :class:`~rapydli.objective.Objective`).
 
     The whole model (no pipeline blocks) runs through the objective, so a ``forward`` that
-    takes the targets gets them; a pipeline's last block is scored on its outputs, as a
-    pipeline's last stage does.
+    takes the targets gets them, as does a traced last block that computes the model's own
+    loss; a pipeline's last block is scored on its outputs, as a pipeline's last stage does.
     """
 
     def __init__(self, model: nn.Module, loss_fn: LossFn | None) -> None:
@@ -363,7 +364,8 @@ class _LastBlock:
     def __call__(self, block: nn.Module, inputs: Any, targets: torch.Tensor) -> torch.Tensor:
         if block is self.model:
             return self.objective(block, inputs, targets)[0]
-        return self.objective.loss(block(inputs), targets)
+        outputs = block(inputs, targets) if getattr(block, "takes_targets", False) else block(inputs)
+        return self.objective.loss(outputs, targets)
 
 
 def _detached(value: Any) -> Any:
@@ -450,7 +452,8 @@ def _optimizer_times(
     params = [p for p in model.parameters() if p.requires_grad]
     count = sum(p.numel() for p in params)
     nbytes = sum(p.numel() * p.element_size() for p in params)
-    blocks, last = _blocks(model)[1], _LastBlock(model, loss_fn)
+    last = _LastBlock(model, loss_fn)
+    blocks = _blocks(model, last.objective.target_parameter)[1]
     x = inputs
     for block in blocks[:-1]:
         x = block(x)
