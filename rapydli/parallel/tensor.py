@@ -41,6 +41,7 @@ Trainer calls :func:`shard_model` with the tensor-parallel communicator of its
 from __future__ import annotations
 
 import fnmatch
+import weakref
 from collections.abc import Mapping
 from typing import Any
 
@@ -68,6 +69,7 @@ class TensorGroup:
         self.comm = comm
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         self.allreduces = {"forward": 0, "backward": 0}
+        self._entered: tuple[Any, ...] | None = None  # the column layers' shared input (:func:`_entering`)
 
     def allreduce(self, tensor: torch.Tensor, direction: str) -> torch.Tensor:
         """The sum of ``tensor`` over the group (a new tensor), counted under ``direction``."""
@@ -114,6 +116,24 @@ class _CopyToGroup(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
         return ctx.group.allreduce(grad, "backward"), None
+
+
+def _entering(x: torch.Tensor, group: Any) -> torch.Tensor:
+    """``x`` entering column-parallel layers (``f``), once per input: layers that read the same tensor share one copy.
+
+    q, k and v projections (and SwiGLU's gate and up) all read the same ``x``: with one
+    ``f`` each, backward would allreduce each one's partial input gradient; sharing one,
+    autograd sums the three first and ``f`` allreduces once, as Megatron-LM's single ``f``
+    before a fused projection does. The copy is reused only for the same tensor object at
+    the same version and gradient mode, and forgotten when a row-parallel layer runs (the
+    end of the attention or MLP that read it).
+    """
+    last = getattr(group, "_entered", None)
+    if last is not None and last[0]() is x and last[1] == (x._version, torch.is_grad_enabled()):
+        return last[2]
+    copied = _CopyToGroup.apply(x, group)
+    group._entered = (weakref.ref(x), (x._version, torch.is_grad_enabled()), copied)
+    return copied
 
 
 class _ReduceFromGroup(torch.autograd.Function):
@@ -179,7 +199,7 @@ class ColumnParallelLinear(nn.Module):
         return split
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(_CopyToGroup.apply(x, self.group), self.weight, self.bias)
+        return F.linear(_entering(x, self.group), self.weight, self.bias)
 
 
 class RowParallelLinear(nn.Module):
@@ -205,6 +225,7 @@ class RowParallelLinear(nn.Module):
         return split
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.group._entered = None  # the column layers' shared input is behind us (:func:`_entering`)
         y = _ReduceFromGroup.apply(F.linear(x, self.weight), self.group)
         return y + self.bias if self.bias is not None else y
 

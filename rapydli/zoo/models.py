@@ -327,3 +327,121 @@ def gpt2_style(vocab: int = 8192, positions: int = 64, n_embd: int = 768, n_head
     (torch.Size([2, 16, 64]), True)
     """
     return GPT2Style(vocab, positions, n_embd, n_head, n_layer)
+
+
+class RMSNorm(nn.Module):
+    """Llama's norm: ``weight * x / sqrt(mean(x^2) + eps)``, no bias, no mean subtracted."""
+
+    def __init__(self, dim: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.weight * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+
+
+def rotary(x: torch.Tensor, base: float = 10000.0) -> torch.Tensor:
+    """Rotary position embedding of ``(batch, heads, length, head_dim)`` (the halves rotated, as Hugging Face's Llama)."""
+    length, dim = x.shape[-2], x.shape[-1]
+    inverse = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=x.dtype, device=x.device) / dim))
+    angles = torch.outer(torch.arange(length, dtype=x.dtype, device=x.device), inverse)
+    angles = torch.cat((angles, angles), dim=-1)
+    half = dim // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * angles.cos() + rotated * angles.sin()
+
+
+class LlamaAttention(nn.Module):
+    """Separate ``q_proj``/``k_proj``/``v_proj``/``o_proj``, rotary, grouped-query attention (fewer key/value heads).
+
+    The head counts are read from the projections' widths (``head_dim`` is fixed), so the
+    module runs unchanged on a tensor rank holding whole heads of each.
+    """
+
+    def __init__(self, hidden: int, heads: int, kv_heads: int) -> None:
+        super().__init__()
+        self.head_dim = hidden // heads
+        self.num_heads, self.num_key_value_heads = heads, kv_heads  # Hugging Face's names (what a tensor plan reads)
+        self.q_proj = nn.Linear(hidden, heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(hidden, kv_heads * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(hidden, kv_heads * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(heads * self.head_dim, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, length, _ = x.shape
+        q, k, v = (p(x).view(batch, length, -1, self.head_dim).transpose(1, 2) for p in (self.q_proj, self.k_proj, self.v_proj))
+        q, k = rotary(q), rotary(k)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        return self.o_proj(y.transpose(1, 2).reshape(batch, length, -1))
+
+
+class LlamaMLP(nn.Module):
+    """SwiGLU: ``down_proj(silu(gate_proj(x)) * up_proj(x))``."""
+
+    def __init__(self, hidden: int, intermediate: int) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.up_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class LlamaDecoderLayer(nn.Module):
+    """Pre-norm: ``x + self_attn(input_layernorm(x))``, then ``x + mlp(post_attention_layernorm(x))``."""
+
+    def __init__(self, hidden: int, heads: int, kv_heads: int, intermediate: int) -> None:
+        super().__init__()
+        self.input_layernorm, self.post_attention_layernorm = RMSNorm(hidden), RMSNorm(hidden)
+        self.self_attn = LlamaAttention(hidden, heads, kv_heads)
+        self.mlp = LlamaMLP(hidden, intermediate)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x))
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaBody(nn.Module):
+    """Llama's ``model``: ``embed_tokens``, the ``layers``, the final ``norm``."""
+
+    def __init__(self, vocab: int, hidden: int, heads: int, kv_heads: int, intermediate: int, layers: int) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(vocab, hidden)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(hidden, heads, kv_heads, intermediate) for _ in range(layers))
+        self.norm = RMSNorm(hidden)
+
+
+class LlamaStyle(nn.Module):
+    """A Llama-shaped causal LM with Hugging Face's module names: tokens ``(B, T)`` -> logits ``(B, T, vocab)``.
+
+    ``model.{embed_tokens, layers, norm}`` and an untied ``lm_head``; RMSNorm, rotary
+    embeddings, grouped-query attention, SwiGLU. No ``pipeline_blocks()``: a pipeline reads
+    its blocks from ``forward`` (:mod:`rapydli.parallel.traced`). Weights normal with std
+    0.02, as Llama's ``initializer_range``.
+    """
+
+    def __init__(self, vocab: int = 8192, hidden: int = 512, heads: int = 8, kv_heads: int = 4, intermediate: int = 1376, layers: int = 8) -> None:
+        super().__init__()
+        self.model = LlamaBody(vocab, hidden, heads, kv_heads, intermediate, layers)
+        self.lm_head = nn.Linear(hidden, vocab, bias=False)
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, std=0.02)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        x = self.model.embed_tokens(input_ids)
+        for layer in self.model.layers:
+            x = layer(x)
+        return self.lm_head(self.model.norm(x))
+
+
+def llama_style(vocab: int = 8192, hidden: int = 512, heads: int = 8, kv_heads: int = 4, intermediate: int = 1376, layers: int = 8) -> nn.Module:
+    """Build :class:`LlamaStyle`.
+
+    >>> model = llama_style(vocab=64, hidden=32, heads=4, kv_heads=2, intermediate=48, layers=2)
+    >>> model(torch.zeros(2, 16, dtype=torch.long)).shape
+    torch.Size([2, 16, 64])
+    """
+    return LlamaStyle(vocab, hidden, heads, kv_heads, intermediate, layers)
