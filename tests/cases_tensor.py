@@ -9,7 +9,7 @@ from mpi4py import MPI
 from torch import nn
 
 from rapydli.parallel.tensor import ColumnParallelLinear, RowParallelLinear, TensorGroup, VocabParallelEmbedding, parallelize, plan_for
-from rapydli.zoo.models import TransformerBlock, tiny_lm
+from rapydli.zoo.models import LlamaDecoderLayer, TransformerBlock, tiny_lm
 
 torch.set_default_dtype(torch.float64)
 
@@ -47,14 +47,17 @@ def compare(dense: nn.Module, parallel: nn.Module, group: TensorGroup, grads: bo
 
 
 def block_equivalence() -> None:
-    """An MLP block and an attention block: outputs and gradients equal the dense ones; one allreduce per block per direction."""
+    """An MLP block, an attention block and a Llama layer (separate q/k/v with GQA, SwiGLU): outputs and gradients equal the
+    dense ones; one allreduce per block per direction, however many column layers read the block's input."""
     group = TensorGroup(MPI.COMM_WORLD)
     torch.manual_seed(0)
     mlp = nn.Sequential(nn.Linear(8, 32), nn.GELU(), nn.Linear(32, 8))
     block = TransformerBlock(dim=16, heads=4)
+    llama = LlamaDecoderLayer(hidden=16, heads=4, kv_heads=2, intermediate=32)  # q, k, v (and gate, up) read one input: one f each
     for dense, plan, width, counts in (
         (mlp, {"0": "column", "2": "row"}, 8, 1),
         (block, {"attn": "heads", "mlp.0": "column", "mlp.2": "row"}, 16, 2),
+        (llama, {"self_attn": "heads", "mlp.gate_proj": "column", "mlp.up_proj": "column", "mlp.down_proj": "row"}, 16, 2),
     ):
         torch.manual_seed(1)
         x = torch.randn(3, 5, width)
