@@ -1,4 +1,4 @@
-"""``rapydli bench pipeline`` and ``rapydli bench parallel --zero 3``: their summaries, and parts on real ranks (bytes and losses, not timings)."""
+"""``rapydli bench pipeline``, ``parallel --zero 3`` and ``parallel --peers``: their summaries, and parts on real ranks (bytes and losses, not timings)."""
 
 from __future__ import annotations
 
@@ -123,3 +123,39 @@ def test_zero3_ranks_must_divide_the_global_batch() -> None:
 
     result = CliRunner().invoke(parallel_command, ["--zero", "3", "--size", "tiny", "--ranks", "2,3"])
     assert result.exit_code != 0 and "must divide by each" in result.output
+
+
+# -- rapydli bench parallel --peers: tensor parallelism and the pipeline against PyTorch's own ------------------------------
+
+
+@pytest.mark.mpi
+def test_peers_part_runs_both_sides_of_every_model_and_layout_and_they_compute_the_same_losses(tmp_path: Path) -> None:
+    """The tiny size on 2 real ranks, one round: each (model, layout) ran on both sides and the losses agree (no timing is checked)."""
+    from rapydli.bench.parallel import command as parallel_command
+
+    out = tmp_path / "peers.json"
+    args = ["--peers", "--size", "tiny", "--rounds", "1", "--steps", "3", "--json", str(out)]
+    result = CliRunner().invoke(parallel_command, args, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    payload = json.loads(out.read_text())
+    rows, summary = payload["rows"], payload["summary"]
+    pairs = [(model, layout) for model in ("gpt2", "llama") for layout in ("tp2", "pp2")]
+    assert sorted((r["model"], r["layout"], r["impl"]) for r in rows) == sorted((*pair, impl) for pair in pairs for impl in ("rapydli", "torch"))
+    by = {(r["model"], r["layout"], r["impl"]): r for r in rows}
+    for model, layout in pairs:
+        ours, theirs = by[model, layout, "rapydli"], by[model, layout, "torch"]
+        assert len(ours["losses"]) == len(theirs["losses"]) == 3 and len(ours["step_ms_per_rank"]) == 2
+        compared = 3 if layout == "tp2" else 1  # torch's pipeline trains GPT-2's tied embedding as two copies: the first step only
+        assert ours["losses"][:compared] == pytest.approx(theirs["losses"][:compared], rel=1e-5), (model, layout)
+        what = "the same 3 steps" if layout == "tp2" else "the first step"
+        assert summary[f"peers {model} {layout}: losses rapydli vs torch, {what}"].startswith("equal"), (model, layout)
+        assert f"peers {model} {layout}: target rapydli at least as fast (torch / rapydli >= 1)" in summary
+    assert by["llama", "pp2", "rapydli"]["losses"] == pytest.approx(by["llama", "pp2", "torch"]["losses"], rel=1e-5)  # nothing tied: every step
+    assert "peers load: cores other processes used during each launch" in summary and "Schedule1F1B" in summary["peers peer"]
+
+
+def test_peers_size_must_be_one_of_the_peers_sizes() -> None:
+    from rapydli.bench.parallel import command as parallel_command
+
+    result = CliRunner().invoke(parallel_command, ["--peers", "--size", "gpt2-63m"])
+    assert result.exit_code != 0 and "with --peers, one of bench, tiny" in result.output

@@ -34,6 +34,22 @@ only where every round agrees; what activation checkpointing costs in step time 
 in activations and in peak memory, for both; whether both sides computed the same losses;
 and the load: the 1-minute load average before each launch, and the cores other
 processes used while it ran.
+
+``rapydli bench parallel --peers`` runs this instead: RaPyDLI's 2-way tensor parallelism
+(``tp2``) and its 2-stage 1F1B pipeline of 4 micro-batches (``pp2``) against PyTorch's own
+(``parallelize_module`` with ``ColwiseParallel``/``RowwiseParallel`` on a gloo mesh;
+``torch.distributed.pipelining``'s ``Schedule1F1B``), on a GPT-2-style and a Llama-style
+model (:data:`rapydli.bench.peers_worker.SHAPES`: ``--size bench``, 3.7 and 4.0 M
+parameters, 4 sequences of 64 tokens a step; ``--size tiny`` for tests), on 2 ranks of one
+thread. Every variant trains ``--steps`` steps (the first 2 are warm-up) in fresh
+processes (:mod:`rapydli.bench.peers_worker` says what is measured and how the peer is set
+up); a round launches every (model, layout) once, rapydli and torch back to back (which
+goes first alternates from round to round). Printed per model and layout: the step time
+torch / rapydli (a launch's: the slowest rank's median step after the warm-up; target
+>= 1.0: rapydli at least as fast), paired within rounds, with the range of the rounds and
+a verdict only where every round agrees; whether both sides computed the same losses
+(tensor parallel: every step; pipeline: the first, since torch's pipeline trains GPT-2's
+tied embedding as two copies); and the load, as for ``--zero 3``.
 """
 
 from __future__ import annotations
@@ -51,6 +67,7 @@ from typing import Any
 import click
 
 from rapydli.bench.parallel_worker import bench_data, bench_model
+from rapydli.bench.peers_worker import SHAPES
 from rapydli.bench.report import emit
 from rapydli.bench.zero3_worker import SIZES
 from rapydli.errors import ClusterError
@@ -189,29 +206,34 @@ def _cpu_seconds() -> tuple[float, float]:
     return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK"), children.ru_utime + children.ru_stime
 
 
-def zero3_launch(impl: str, size: str, n: int, steps: int, checkpointing: bool, timeout: float) -> dict[str, Any]:
-    """One variant on ``n`` fresh ranks (:mod:`rapydli.bench.zero3_worker`): one row, and the load around it."""
+def _launch(module: str, args: list[str], n: int, what: str, timeout: float) -> tuple[Any, dict[str, float]]:
+    """Run the worker ``module`` with ``args`` on ``n`` fresh ranks: what it wrote to ``--out``, and the load around it."""
     from rapydli.cluster import mpirun
 
     load = machine_load()["load_1m"]
-    with tempfile.TemporaryDirectory(prefix="rapydli-bench-zero3-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="rapydli-bench-parallel-") as tmp:
         out = Path(tmp) / "rows.json"
-        argv = [sys.executable, "-m", "rapydli.bench.zero3_worker", "--impl", impl, "--size", size, "--steps", str(steps), "--out", str(out)]
         busy, ours = _cpu_seconds()
         started = time.perf_counter()
-        result = mpirun.run([*argv, *(["--checkpointing"] if checkpointing else [])], n=n, threads=1, timeout=timeout)
+        result = mpirun.run([sys.executable, "-m", module, *args, "--out", str(out)], n=n, threads=1, timeout=timeout)
         wall = time.perf_counter() - started
         if result.returncode != 0 or not out.exists():
-            raise ClusterError(f"the zero-3 benchmark's {impl} launch on {n} ranks failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
-        ranks = json.loads(out.read_text())
+            raise ClusterError(f"the {what} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
+        written = json.loads(out.read_text())
     busy_after, ours_after = _cpu_seconds()
+    return written, {"load_1m": load, "other_cores": max(0.0, (busy_after - busy) - (ours_after - ours)) / wall, "wall_s": wall}
+
+
+def zero3_launch(impl: str, size: str, n: int, steps: int, checkpointing: bool, timeout: float) -> dict[str, Any]:
+    """One variant on ``n`` fresh ranks (:mod:`rapydli.bench.zero3_worker`): one row, and the load around it."""
+    args = ["--impl", impl, "--size", size, "--steps", str(steps), *(["--checkpointing"] if checkpointing else [])]
+    ranks, load = _launch("rapydli.bench.zero3_worker", args, n, f"zero-3 benchmark's {impl} launch on {n} ranks", timeout)
     first = ranks[0]
     return {"part": "zero3", "impl": impl, "ranks": n, "checkpointing": checkpointing,
             "step_ms": 1e3 * max(statistics.median(r["step_s"][ZERO3_WARMUP:]) for r in ranks),  # the slowest rank's
             "peak_mib": max(r["peak_bytes"] for r in ranks) / MIB, "after_mib": max(r["after_bytes"] for r in ranks) / MIB,
             "activation_mib": max(r["activation_bytes"] for r in ranks) / MIB, "final_loss": first["loss"][-1], "units": first["units"],
-            "load_1m": load, "other_cores": max(0.0, (busy_after - busy) - (ours_after - ours)) / wall, "wall_s": wall,
-            "losses": first["loss"], "peak_mib_per_rank": [round(r["peak_bytes"] / MIB, 1) for r in ranks]}  # fmt: skip
+            **load, "losses": first["loss"], "peak_mib_per_rank": [round(r["peak_bytes"] / MIB, 1) for r in ranks]}  # fmt: skip
 
 
 def zero3_rows(size: str, ranks: list[int], steps: int, rounds: int, timeout: float) -> list[dict[str, Any]]:
@@ -230,7 +252,7 @@ def zero3_rows(size: str, ranks: list[int], steps: int, rounds: int, timeout: fl
     return rows
 
 
-def _rounds(rows: list[dict[str, Any]], key: str, **match: Any) -> dict[int, float]:
+def _rounds(rows: list[dict[str, Any]], key: str, **match: Any) -> dict[int, Any]:
     """``key`` of the rows that match, by round."""
     return {r["round"]: r[key] for r in rows if all(r[k] == v for k, v in match.items())}
 
@@ -242,9 +264,9 @@ def _pair(rows: list[dict[str, Any]], key: str, top: dict[str, Any], bottom: dic
     return paired([a[r] for r in both], [b[r] for r in both])
 
 
-def _verdict(spread: Spread) -> str:
-    """:func:`rapydli.spread.target` at ``<= 1.0``, saying "too noisy" where the rounds straddle it."""
-    found = target(spread, 1.0)
+def _verdict(spread: Spread, at_most: bool = True) -> str:
+    """:func:`rapydli.spread.target` at ``<= 1.0`` (``at_most``; else ``>= 1.0``), saying "too noisy" where the rounds straddle it."""
+    found = target(spread, 1.0, at_most=at_most)
     return f"too noisy to tell: {found}" if found.startswith("unclear") else found
 
 
@@ -278,14 +300,18 @@ def zero3_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
         steps = len(at[0]["losses"])
         summary[f"zero3 {n} ranks: losses rapydli vs FSDP2, the same {steps} steps"] = (
             f"{'equal' if worst <= LOSS_TOLERANCE else 'DIFFERENT'} (largest relative difference {worst:.2g}; tolerance {LOSS_TOLERANCE:g})")
-    if mine:
-        loads, others = Spread.of([r["load_1m"] for r in mine]), Spread.of([r["other_cores"] for r in mine])
-        cores = int(machine_load()["cores"])
-        summary["zero3 load: 1-minute load average before each launch"] = f"median {loads.median:.2f} ({loads.low:.2f} to {loads.high:.2f}) on {cores} cores"
-        summary["zero3 load: cores other processes used during each launch"] = (
-            f"median {others.median:.2f} ({others.low:.2f} to {others.high:.2f}) of {cores}"
-            + ("; the machine was shared: timings drifted with the other work" if others.high > 0.25 else ""))
-    return summary
+    return {**summary, **_load_summary(mine, "zero3")}
+
+
+def _load_summary(rows: list[dict[str, Any]], part: str) -> dict[str, str]:
+    """The load around the launches of ``rows``: the load average before each, the cores other processes used during each."""
+    if not rows:
+        return {}
+    loads, others = Spread.of([r["load_1m"] for r in rows]), Spread.of([r["other_cores"] for r in rows])
+    cores = int(machine_load()["cores"])
+    return {f"{part} load: 1-minute load average before each launch": f"median {loads.median:.2f} ({loads.low:.2f} to {loads.high:.2f}) on {cores} cores",
+            f"{part} load: cores other processes used during each launch": f"median {others.median:.2f} ({others.low:.2f} to {others.high:.2f}) of {cores}"
+            + ("; the machine was shared: timings drifted with the other work" if others.high > 0.25 else "")}  # fmt: skip
 
 
 def zero3_context(size: str, steps: int) -> dict[str, Any]:
@@ -299,6 +325,68 @@ def zero3_context(size: str, steps: int) -> dict[str, Any]:
                            f"{chosen.parameters / 1e6:.1f} M parameters (fp32), tied embeddings",
             "zero3 training": f"global batch {chosen.global_batch} x {chosen.positions} tokens, AdamW lr {LR:g}, {steps} steps a launch "
                               f"({ZERO3_WARMUP} warm-up), one thread a rank; peer: FSDP2 (fully_shard) of torch {torch.__version__} over gloo"}  # fmt: skip
+
+
+def peers_launch(impl: str, model: str, layout: str, size: str, steps: int, timeout: float) -> dict[str, Any]:
+    """One variant on 2 fresh ranks (:mod:`rapydli.bench.peers_worker`): its row, and the load around it."""
+    args = ["--impl", impl, "--model", model, "--layout", layout, "--size", size, "--steps", str(steps)]
+    row, load = _launch("rapydli.bench.peers_worker", args, 2, f"peers benchmark's {impl} {model} {layout} launch", timeout)
+    return {"part": "peers", **row, **load}
+
+
+def peers_rows(size: str, steps: int, rounds: int, timeout: float) -> list[dict[str, Any]]:
+    """Every (model, layout) once a round, rapydli and torch back to back (the first alternating between rounds)."""
+    from rapydli.bench.peers_worker import IMPLEMENTATIONS, LAYOUTS, MODELS
+
+    rows = []
+    for round_ in range(rounds):
+        for model in MODELS:
+            for layout in LAYOUTS:
+                for impl in IMPLEMENTATIONS[:: 1 if round_ % 2 == 0 else -1]:
+                    row = {"round": round_, **peers_launch(impl, model, layout, size, steps, timeout)}
+                    click.echo(f"round {round_ + 1}/{rounds}, {model} {layout}, {impl}: step {row['step_ms']:.0f} ms ({row['wall_s']:.0f} s)", err=True)
+                    rows.append(row)
+    return rows
+
+
+def peers_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Step time torch / rapydli per model and layout (paired within rounds), the losses compared, the load."""
+    summary: dict[str, Any] = {}
+    mine = [r for r in rows if r["part"] == "peers"]
+    for model, layout in dict.fromkeys((r["model"], r["layout"]) for r in mine):
+        label, at = f"peers {model} {layout}", {"model": model, "layout": layout}
+        ratio = _pair(mine, "step_ms", {"impl": "torch", **at}, {"impl": "rapydli", **at})
+        summary[f"{label}: step time torch / rapydli"] = ratio.median
+        summary[f"{label}: step time torch / rapydli, range"] = rounds_text(ratio)
+        summary[f"{label}: target rapydli at least as fast (torch / rapydli >= 1)"] = _verdict(ratio, at_most=False)
+        ours, theirs = _rounds(mine, "losses", impl="rapydli", **at), _rounds(mine, "losses", impl="torch", **at)
+        steps = 1 if layout == "pp2" else min((len(losses) for losses in ours.values()), default=0)  # torch's pipeline: the tied embedding two copies
+        pairs = [pair for r in sorted(set(ours) & set(theirs)) for pair in list(zip(ours[r], theirs[r], strict=True))[:steps]]
+        worst = max((abs(a - b) / abs(b) for a, b in pairs), default=float("nan"))
+        what = "the first step" if steps == 1 else f"the same {steps} steps"
+        summary[f"{label}: losses rapydli vs torch, {what}"] = (
+            f"{'equal' if worst <= LOSS_TOLERANCE else 'DIFFERENT'} (largest relative difference {worst:.2g}; tolerance {LOSS_TOLERANCE:g})")
+    return {**summary, **_load_summary(mine, "peers")}
+
+
+def peers_context(size: str, steps: int) -> dict[str, Any]:
+    """What the peers part trained, for the summary."""
+    import torch
+
+    from rapydli.bench.peers_worker import LR, MICROBATCHES, MODELS, SHAPES, WARMUP
+
+    shape = SHAPES[size]
+    sizes = {name: sum(p.numel() for p in shape.model(name).parameters()) / 1e6 for name in MODELS}
+    return {"peers models": f"{size}: gpt2, GPT-2-style, {shape.layers} blocks of width {shape.width}, {shape.heads} heads, fused c_attn, "
+                           f"tied embeddings, {sizes['gpt2']:.2f} M parameters; llama, Llama-style, {shape.layers} layers of width "
+                           f"{shape.width}, {shape.heads} query and {shape.kv_heads} key/value heads, SwiGLU {shape.intermediate}, "
+                           f"{sizes['llama']:.2f} M parameters; vocabulary {shape.vocab}, fp32",
+            "peers training": f"batch {shape.batch} x {shape.positions} tokens (synthetic), AdamW lr {LR:g}, {steps} steps a launch "
+                              f"({WARMUP} warm-up), 2 ranks of one thread; tp2: 2-way tensor parallel, pp2: 2 stages, 1F1B, "
+                              f"{MICROBATCHES} micro-batches",
+            "peers peer": f"torch {torch.__version__} over gloo: parallelize_module (ColwiseParallel / RowwiseParallel) and "
+                          "torch.distributed.pipelining (PipelineStage, Schedule1F1B); its pipeline keeps GPT-2's tied embedding "
+                          "as two copies (one a stage, not summed), so only the first step's losses are compared there"}  # fmt: skip
 
 
 def _rank_counts(text: str) -> list[int]:
@@ -315,21 +403,44 @@ def _rank_counts(text: str) -> list[int]:
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Write the rows and summary here.")
 @click.option("--parts", default="memory,time", show_default=True, help="Comma-separated: memory, time.")
 @click.option("--steps", type=click.IntRange(min=2), default=None,
-              help="Steps per layout run (2 are warm-up; default 12); with --zero 3, per launch (1 is warm-up; default 3).")
+              help="Steps per layout run (2 are warm-up; default 12); with --zero 3, per launch (1 is warm-up; default 3); "
+                   "with --peers, per launch (2 are warm-up; default 6).")
 @click.option("--rounds", type=click.IntRange(min=1), default=3, show_default=True,
-              help="Alternated rounds of the step-time part (with --zero 3: of every launch).")
+              help="Alternated rounds of the step-time part (with --zero 3 or --peers: of every launch).")
 @click.option("--timeout", type=float, default=600.0, show_default=True,
-              help="Seconds before the memory launch (with --zero 3: each launch) is killed.")
+              help="Seconds before the memory launch (with --zero 3 or --peers: each launch) is killed.")
 @click.option("--zero", type=click.Choice(["3"]), default=None,
               help="Instead of the parts: ZeRO-3 against PyTorch's FSDP2, with and without activation checkpointing.")
+@click.option("--peers", is_flag=True, default=False,
+              help="Instead of the parts: tensor parallelism and the 1F1B pipeline on 2 ranks against PyTorch's own, GPT-2- and Llama-style.")
 @click.option("--ranks", default="2,4", show_default=True, help="With --zero 3: comma-separated rank counts.")
-@click.option("--size", type=click.Choice(sorted(SIZES)), default="gpt2-63m", show_default=True, help="With --zero 3: the model and batch (tiny: for tests).")
-def command(json_path: str | None, parts: str, steps: int | None, rounds: int, timeout: float, zero: str | None, ranks: str, size: str) -> None:
+@click.option("--size", type=click.Choice(sorted(set(SIZES) | set(SHAPES))), default=None,
+              help="With --zero 3 (default gpt2-63m) or --peers (default bench): the models and batch (tiny: for tests).")
+def command(json_path: str | None, parts: str, steps: int | None, rounds: int, timeout: float, zero: str | None, peers: bool, ranks: str,
+            size: str | None) -> None:  # fmt: skip
     """Memory per rank of dp / ZeRO-1 / ZeRO-2 / pipeline / tensor parallel vs the ZeRO formulas; step times vs dp; planner error.
 
     With ``--zero 3``: ZeRO-3 against PyTorch's FSDP2 on a GPT-2-style model, step time and peak memory per rank, with and without activation checkpointing.
+    With ``--peers``: 2-way tensor parallelism and a 2-stage 1F1B pipeline against PyTorch's own, on a GPT-2-style and a Llama-style model.
     """
+    if zero is not None and peers:
+        raise click.BadParameter("choose one of --zero 3 and --peers", param_hint="--peers")
+    if peers:
+        from rapydli.bench.peers_worker import WARMUP
+
+        size = "bench" if size is None else size
+        if size not in SHAPES:
+            raise click.BadParameter(f"{size!r}: with --peers, one of {', '.join(sorted(SHAPES))}", param_hint="--size")
+        steps = 6 if steps is None else steps
+        if steps <= WARMUP:
+            raise click.BadParameter(f"{steps}: with --peers, more than the {WARMUP} warm-up steps", param_hint="--steps")
+        launched = peers_rows(size, steps, rounds, timeout)
+        emit("parallel --peers", launched, {**peers_context(size, steps), **peers_summary(launched)}, json_path)
+        return
     if zero is not None:
+        size = "gpt2-63m" if size is None else size
+        if size not in SIZES:
+            raise click.BadParameter(f"{size!r}: with --zero 3, one of {', '.join(sorted(SIZES))}", param_hint="--size")
         counts = _rank_counts(ranks)
         chosen = SIZES[size]
         if any(chosen.global_batch % n for n in counts):
