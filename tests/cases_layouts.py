@@ -24,6 +24,7 @@ from torch.utils.data import TensorDataset
 
 from rapydli.parallel.tensor import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding, VocabShard
 from rapydli.trainer import TrainConfig, Trainer
+from rapydli.trainer.task import build_model
 from rapydli.zoo import datasets, models
 
 torch.set_default_dtype(torch.float64)
@@ -113,7 +114,7 @@ def owners(model: nn.Module) -> dict[str, tuple[nn.Module, str]]:
 
 def worst_difference(trainer: Trainer, model: nn.Module, reference: nn.Module) -> float:
     """Largest difference between this rank's parameters and their slices of the one-process model's."""
-    dense = dict(reference.named_parameters())
+    dense = dict(reference.named_parameters(remove_duplicate=False))
     found, dense_owners = owners(model), owners(reference)
     worst = 0.0
     for name, local in dense_names(model, trainer.model).items():
@@ -178,7 +179,7 @@ def run(name: str, layout: dict[str, Any], directory: str | None = None, device:
     # a pipeline's last stage computes the default loss
     loss = None if own_loss in ("default", "own") else own_loss or (exact_loss if layout.get("pipeline_stages", 1) == 1 else None)
     config = TrainConfig(**{**BASE, **layout, "workers": WORLD.Get_size()})
-    model = model_fn()
+    model, built = build_model(model_fn, config, WORLD.Get_size(), device)  # as rd.train builds it: never whole where the layout splits it
     tied = TiedCopies(model)
     vocab_losses = [0]
     scored = VocabShard.cross_entropy
@@ -211,6 +212,7 @@ def run(name: str, layout: dict[str, Any], directory: str | None = None, device:
     ref_norms = [r["grad_norm"] for r in expected if r["kind"] == "train" and r["grad_norm"] is not None]
     return {
         "case": f"{name} {layout}",
+        "built": built,
         "worst": WORLD.allreduce(worst, op=MPI.MAX),
         "loss": max(abs(a - b) for a, b in zip(losses, ref_losses, strict=True)),
         "val_loss": max(abs(a - b) for a, b in zip(vals, ref_vals, strict=True)),

@@ -286,19 +286,26 @@ class Recording:
             op.generator.set_state(before)
 
     # -- materialising -------------------------------------------------------------------
-    def materialize(self, module: nn.Module, lazy: bool = False) -> None:
+    def materialize(self, module: nn.Module, lazy: bool = False, within: nn.Module | None = None) -> dict[int, torch.Tensor]:
         """Replace every meta parameter and buffer of ``module`` by a real one, one tensor at a time (ties kept).
 
         ``lazy``: parameters become stride-0 placeholders (no memory) carrying their source
         (:data:`SOURCE`); :func:`value` computes them when a sharded optimizer takes its slice.
-        Buffers are always computed.
+        Buffers are always computed. ``within``: the whole model ``module`` is part of; its
+        other modules that hold the same tensors (a weight tied across pipeline stages) get
+        the new ones too, so the whole model's ties stay what they were. Returns the new
+        tensors by the ``id`` of the meta ones they replace, for whatever held on to those
+        (:meth:`rapydli.parallel.training.PipelineTraining.adopt`; look up only tensors you
+        hold, whose ids cannot have been reused).
         """
         made: dict[int, torch.Tensor] = {}
+        replaced: list[torch.Tensor] = []  # kept alive until the end: an id in `made` must not be reused by a new tensor
         for sub in module.modules():
             for name, param in list(sub._parameters.items()):
                 if param is None or not param.is_meta:
                     continue
                 if id(param) not in made:
+                    replaced.append(param)
                     if lazy:
                         data = torch.empty((), dtype=param.dtype, device=self.device).expand(param.shape)
                     else:
@@ -311,8 +318,15 @@ class Recording:
             for name, buffer in list(sub._buffers.items()):
                 if buffer is not None and buffer.is_meta:
                     if id(buffer) not in made:
+                        replaced.append(buffer)
                         made[id(buffer)] = self.value(buffer)
                     sub._buffers[name] = made[id(buffer)]
+        for sub in within.modules() if within is not None else ():
+            for table in (sub._parameters, sub._buffers):
+                for name, tensor in list(table.items()):
+                    if tensor is not None and tensor.is_meta and id(tensor) in made:
+                        table[name] = made[id(tensor)]  # type: ignore[assignment]
+        return made
 
 
 def _argument_names(func: Any) -> set[str]:

@@ -193,7 +193,9 @@ class Layout:
         with recording if recording is not None else contextlib.nullcontext():  # slices cut from the meta model are recorded too
             part = self._part(model, config, world, train_data, objective, comm, bounds)
         if recording is not None:  # this rank's part only, a tensor at a time; fully sharded: each when its unit is sharded
-            recording.materialize(part.model, lazy=self.zero == 3)
+            made = recording.materialize(part.model, lazy=self.zero == 3, within=model)
+            if part.pipeline is not None:  # its tied parameters were found on the meta model
+                part.pipeline.adopt(made)
         if config.activation_checkpointing is not None:  # the blocks are the whole model's: stages and split layers share them
             from rapydli.parallel.recompute import checkpoint_blocks
 

@@ -168,13 +168,25 @@ class SharedGradients:
                 self.counted_elsewhere.update(id(p) for p in params)
 
     def broadcast(self) -> None:
-        """Give every stage the first stage's values (so the copies start bit-equal)."""
+        """Give every stage the first stage's values (so the copies start bit-equal).
+
+        A parameter still on the meta device (a model never built whole,
+        :mod:`rapydli.parallel.deferred`) is skipped: every stage computes its value from the
+        same recording, so the copies start equal without it.
+        """
         with torch.no_grad():
             for comm, params in self.groups:
                 for p in params:
+                    if p.is_meta:
+                        continue
                     host = p.detach().cpu().contiguous()
                     comm.Bcast(host.numpy(), root=0)
                     p.copy_(host)
+
+    def adopt(self, made: Mapping[int, torch.Tensor]) -> None:
+        """Point at the tensors that replaced meta parameters (``made``: by the meta ones' ``id``)."""
+        self.groups = [(comm, [made.get(id(p), p) for p in params]) for comm, params in self.groups]  # type: ignore[misc]
+        self.counted_elsewhere = {id(made[i]) if i in made else i for i in self.counted_elsewhere}
 
     def sum_gradients(self) -> None:
         """Replace each shared parameter's gradient by its sum over the stages that hold it (collective over them).

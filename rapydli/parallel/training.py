@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -164,6 +164,19 @@ class PipelineTraining:
             "shared": [item.describe() for item in self.shared],
         }
         return EmitTimeline(self.recorder, emit, layout)
+
+    def adopt(self, made: Mapping[int, torch.Tensor]) -> None:
+        """Take the real parameters a model never built whole got after the split (``made``: by the meta ones' ``id``).
+
+        The shared parameters were found, and their sub-communicators made, on the meta
+        model; they now point at this rank's real tensors, and the copies start bit-equal
+        (:mod:`rapydli.parallel.deferred`).
+        """
+        for item in self.shared:
+            item.parameter = made.get(id(item.parameter), item.parameter)  # type: ignore[assignment]
+        self.shared_gradients.adopt(made)
+        self.shared_gradients.broadcast()
+        self.module.counted_elsewhere = frozenset(self.shared_gradients.counted_elsewhere)
 
     def sum_shared_gradients(self) -> None:
         """Sum the gradients of parameters several stages hold over those stages (after the data-parallel average, before clipping)."""
