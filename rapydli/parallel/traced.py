@@ -56,6 +56,7 @@ import builtins
 import dis
 import inspect
 import operator
+import weakref
 from collections.abc import Mapping
 from typing import Any
 
@@ -159,12 +160,26 @@ def _is_tensor(node: fx.Node) -> bool:
     return node.op == "placeholder"
 
 
+#: Blocks already traced, by model, then by (targets, the ids of its modules): a model split in place (tensor
+#: parallelism swaps its layers) has other modules and is traced again; the blocks hold the old ones, so no id is reused.
+_traced: weakref.WeakKeyDictionary[nn.Module, dict[tuple[Any, ...], list[tuple[str, nn.Module]]]] = weakref.WeakKeyDictionary()
+
+
 def traced_blocks(model: nn.Module, targets: str | None = None) -> list[tuple[str, nn.Module]]:
     """``model``'s blocks in forward order, read from its traced forward (module docstring).
 
     ``targets``: the ``forward`` parameter the model takes its targets by, when it computes
     its own loss (the last block then takes ``(x, targets)``); ``None`` traces it without.
+    The same model with the same modules gets the same blocks (traced once).
     """
+    key = (targets, tuple(id(m) for m in model.modules()))
+    known = _traced.setdefault(model, {})
+    if key not in known:
+        known[key] = _traced_blocks(model, targets)
+    return list(known[key])
+
+
+def _traced_blocks(model: nn.Module, targets: str | None) -> list[tuple[str, nn.Module]]:
     graph = trace(model, targets)
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
     source, target_node = placeholders[0], next((n for n in placeholders if n.target == targets), None) if targets else None
