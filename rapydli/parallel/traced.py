@@ -93,7 +93,7 @@ class _BlockTracer(fx.Tracer):
 
     def create_arg(self, a: Any) -> Any:
         """A ``ModelOutput``-like dict subclass stays its own type (fx would return a plain dict)."""
-        if isinstance(a, Mapping) and isinstance(a, dict) and type(a) is not dict:
+        if isinstance(a, dict) and type(a) is not dict:
             return self.create_node("call_function", type(a), (), {str(k): self.create_arg(v) for k, v in a.items()})
         return super().create_arg(a)
 
@@ -213,7 +213,7 @@ def _traced_blocks(model: nn.Module, targets: str | None) -> list[tuple[str, nn.
     blocks: list[tuple[str, nn.Module]] = []
     names: set[str] = set()
     for index, segment in enumerate(segments):
-        incoming = source if index == 0 else _crossing(source, body, cuts[index], last_use)
+        incoming = source if index == 0 else _crossing(source, body, cuts[index], last_use)[0]
         block = _block(model, segment, incoming, target_node if index == len(segments) - 1 else None,
                        output if index == len(segments) - 1 else None, segments[index + 1] if index + 1 < len(segments) else None,
                        last_use, position)  # fmt: skip
@@ -225,14 +225,15 @@ def _traced_blocks(model: nn.Module, targets: str | None) -> list[tuple[str, nn.
     return blocks
 
 
+def _crossing(source: fx.Node, body: list[fx.Node], cut: int, last_use: dict[fx.Node, int]) -> list[fx.Node]:
+    """The values defined before ``body[cut]`` (the input included) that something from there on reads."""
+    return [n for n in [source, *body[:cut]] if last_use[n] >= cut]
+
+
 def _one_tensor_flows(source: fx.Node, body: list[fx.Node], cut: int, last_use: dict[fx.Node, int]) -> bool:
     """Whether a single tensor (not the input) is all that flows from ``body[:cut]`` to what follows."""
-    crossing = [n for n in [source, *body[:cut]] if last_use[n] >= cut]
+    crossing = _crossing(source, body, cut, last_use)
     return len(crossing) == 1 and crossing[0] is not source and _is_tensor(crossing[0])
-
-
-def _crossing(source: fx.Node, body: list[fx.Node], cut: int, last_use: dict[fx.Node, int]) -> fx.Node:
-    return next(n for n in [source, *body[:cut]] if last_use[n] >= cut)
 
 
 def _name(segment: list[fx.Node], index: int) -> str:
