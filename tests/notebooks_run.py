@@ -8,7 +8,9 @@ from typing import Any
 import nbformat
 import papermill
 from papermill.engines import papermill_engines
+from processes import session_cluster_pids
 
+from rapydli.cluster.processes import CLUSTER_MARKER, reap_marked
 from rapydli.experiments.batch.jupyter_kernels import RapydliEngine
 
 # `make demo`'s engine (`papermill --engine rapydli`, an entry point of the installed package), also
@@ -52,12 +54,55 @@ class Executed:
 TOUR_NOTEBOOK_BYTES = 3_000_000
 
 
+#: The longest one cell of a tour notebook may run before the notebook fails as hung; below
+#: pytest-timeout's 300 s, so a hang names its cell and the kernel's clusters are stopped.
+CELL_TIMEOUT_S = 240
+
+
 def execute(name: str, out_dir: Path, **parameters: Any) -> Executed:
     """Run ``notebooks/<name>`` into ``out_dir`` with ``parameters`` (working directory: ``notebooks/``);
-    every executed tour notebook is checked to be under :data:`TOUR_NOTEBOOK_BYTES`."""
+    every executed tour notebook is checked to be under :data:`TOUR_NOTEBOOK_BYTES`.
+
+    A cell that runs longer than :data:`CELL_TIMEOUT_S` fails the notebook. When it fails, the
+    clusters its kernel started are ended here (a killed kernel cannot stop them), so one failing
+    notebook does not fail the tests after it."""
     out = out_dir / name
-    papermill.execute_notebook(str(NOTEBOOKS / name), str(out), parameters=parameters, kernel_name="python3",
-                               cwd=str(NOTEBOOKS), progress_bar=False, engine_name="rapydli")  # fmt: skip
+    before = session_cluster_pids()
+    try:
+        papermill.execute_notebook(str(NOTEBOOKS / name), str(out), parameters=parameters, kernel_name="python3",
+                                   cwd=str(NOTEBOOKS), progress_bar=False, engine_name="rapydli",
+                                   execution_timeout=CELL_TIMEOUT_S)  # fmt: skip
+    except BaseException:
+        _reap_clusters_started_since(before)
+        _print_last_outputs(out)
+        raise
     executed = Executed(out)
     assert executed.size < TOUR_NOTEBOOK_BYTES, f"{name} executed is {executed.size / 1e6:.1f} MB"
     return executed
+
+
+def _reap_clusters_started_since(before: set[int]) -> None:
+    """End every cluster with a process that was not there in ``before`` (this session's only)."""
+    import psutil
+
+    clusters = set()
+    for pid in session_cluster_pids() - before:
+        try:
+            clusters.add(psutil.Process(pid).environ().get(CLUSTER_MARKER, ""))
+        except psutil.Error:
+            continue
+    for cluster_id in clusters - {""}:
+        reap_marked(cluster_id, grace=1.0)
+
+
+def _print_last_outputs(out: Path, cells: int = 2, chars: int = 4000) -> None:
+    """Print what the last ``cells`` executed cells of a failed notebook showed (their text, truncated),
+    so a failure in CI says where the notebook was."""
+    try:
+        nb = nbformat.read(out, as_version=4)
+    except (OSError, ValueError):
+        return
+    ran = [c for c in nb.cells if c.cell_type == "code" and c.get("execution_count")]
+    for cell in ran[-cells:]:
+        texts = [o.get("text", "") or str(o.get("data", {}).get("text/plain", "")) for o in cell.get("outputs", [])]
+        print(f"--- cell {cell.execution_count} of {out.name} showed:\n{''.join(texts)[-chars:]}")
