@@ -6,9 +6,11 @@ One rank per host, MPI traffic forced onto TCP so it crosses the hosts' links; t
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import threading
 import time
+import uuid
 
 import nshosts
 import pytest
@@ -159,6 +161,57 @@ def _lose_h2_mid_collective(ip, tmp_path, lose) -> tuple[RankFailure, float]:
     finally:
         loser.join()
     return failure.value, time.monotonic() - lost_at[0]
+
+
+class _Capture:
+    """Every frame crossing the hosts' bridge (a raw packet socket on this side), gathered in a thread."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(0x0003))  # ETH_P_ALL
+        self.sock.bind((nshosts.BRIDGE, 0))
+        self.sock.settimeout(0.1)
+        self.frames: list[bytes] = []
+        self.running = True
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self) -> None:
+        while self.running:
+            try:
+                self.frames.append(self.sock.recv(1 << 16))
+            except TimeoutError:
+                continue
+
+    def seen(self, marker: bytes, timeout: float = 10.0) -> bool:
+        """Wait until ``marker`` has crossed the bridge (True), or ``timeout`` passed (False)."""
+        deadline = time.monotonic() + timeout
+        while marker not in b"".join(self.frames) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return marker in b"".join(self.frames)
+
+    def stop(self) -> bytes:
+        self.running = False
+        self.thread.join()
+        self.sock.close()
+        return b"".join(self.frames)
+
+
+@pytest.mark.hosts
+@pytest.mark.engines
+def test_what_a_cell_sends_to_the_hosts_is_encrypted(ip, hosts) -> None:
+    assert current()._client.curve_serverkey, "the controller listens on the bridge without CurveZMQ"
+    secret, clear = "rapydli-secret-" + uuid.uuid4().hex, "rapydli-in-clear-" + uuid.uuid4().hex
+    capture = _Capture()
+    try:
+        value, captured = cell(ip, f"text = {secret!r}\nprint(text)\ntext.upper()", "--gather")
+        with socket.create_connection((hosts.host("h1").address, 22), timeout=5) as plain:  # the control: a marker
+            plain.sendall(clear.encode() + b"\r\n")  # sent in clear to the host's sshd is seen by the capture
+            plain.recv(256)
+        assert capture.seen(clear.encode()), "the capture does not see what crosses the bridge"
+    finally:
+        wire = capture.stop()
+    assert value == [secret.upper()] * 2 and secret in captured.stdout
+    assert secret.encode() not in wire and secret.upper().encode() not in wire, "the cell crossed the bridge in clear"
 
 
 @pytest.mark.hosts

@@ -23,6 +23,7 @@ import psutil
 from rapydli.cluster import engine
 from rapydli.cluster.batchjob import BatchJob, batch_job
 from rapydli.cluster.controller_config import write_controller_config
+from rapydli.cluster.encryption import beyond_loopback, curve_ready
 from rapydli.cluster.launchers import get_launcher, validate_options
 from rapydli.cluster.mpirun import rank_environment, threads_per_rank
 from rapydli.cluster.processes import CLUSTER_MARKER, alive, reap, reap_marked
@@ -176,6 +177,13 @@ class Cluster(ClusterTasks):
             kwargs: dict[str, Any] = {}
             if self.launcher.listen_all and "controller_ip" not in config.get("Cluster", {}):
                 kwargs["controller_ip"] = "*"
+            if beyond_loopback(kwargs.get("controller_ip") or config.get("Cluster", {}).get("controller_ip")):
+                try:
+                    curve_ready()
+                    kwargs["controller_args"] = ["--IPController.enable_curve=True"]
+                except ClusterError:
+                    self._state = "failed"
+                    raise
             self._ipp = ipp.Cluster(
                 engines=self.launcher.engines,
                 controller=self.launcher.controller,
