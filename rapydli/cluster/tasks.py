@@ -18,7 +18,7 @@ from rapydli.cluster.hang import ACTIONS, HangWatch
 from rapydli.cluster.job import FOLLOW_S, DisplayHandler, EventHandler, Job, OutputHandler, print_output
 from rapydli.cluster.targets import parse_targets
 from rapydli.cluster.usercode import notebook_cells
-from rapydli.cluster.where import WHERE_SIGNAL, WITHIN_S, Where, collect, read_local, read_ssh
+from rapydli.cluster.where import WHERE_SIGNAL, WITHIN_S, Reader, Where, collect, read_local, read_slurm, read_ssh
 from rapydli.errors import ClusterError, ConfigError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -161,8 +161,7 @@ class ClusterTasks:
         self._require_running()
         ranks = parse_targets(targets, self.n)
         infos = {rank: self._info[rank] for rank in ranks if "stacks_file" in self._info.get(rank, {})}
-        read = read_ssh(self.options.get("ssh_command", "ssh")) if self.launcher.name == "ssh" else read_local
-        stacks = collect(infos, self._signal_where, read, within)
+        stacks = collect(infos, self._signal_where, self._reader(), within)
         return Where(stacks, self._traces(ranks), {"<distributed cell>": getattr(self, "_cell_lines", [])})
 
     def _hang_watch(self, ranks: list[int], timeout_s: float | None, action: str) -> HangWatch:
@@ -175,16 +174,24 @@ class ClusterTasks:
 
     def _traces(self, ranks: Sequence[int]) -> dict[int, trace.Trace]:
         """The collective traces of ``ranks`` as they stand now (ranks without one left out)."""
-        read = read_ssh(self.options.get("ssh_command", "ssh")) if self.launcher.name == "ssh" else read_local
+        traced = [rank for rank in ranks if "trace_file" in self._info.get(rank, {})]
+        spans = [(self._info[rank]["host"], self._info[rank]["trace_file"], 0) for rank in traced]
         traces = {}
-        for rank in ranks:
-            info = self._info.get(rank, {})
-            if "trace_file" in info:
-                try:
-                    traces[rank] = trace.read(read(info["host"], info["trace_file"], 0))
-                except (ValueError, struct.error):  # no file there (yet), or one cut short
-                    pass
+        for rank, data in zip(traced, self._reader()(spans)):
+            try:
+                traces[rank] = trace.read(data)
+            except (ValueError, struct.error):  # no file there (yet), or one cut short
+                pass
         return traces
+
+    def _reader(self) -> Reader:
+        """How the engines' stack and trace files are read from here: over ssh for ssh hosts, through
+        ``srun`` for a Slurm job (files on a node's own disk), else (one host) directly."""
+        if self.launcher.name == "ssh":
+            return read_ssh(self.options.get("ssh_command", "ssh"))
+        if self._batch is not None:
+            return read_slurm(self._batch.job_id)
+        return read_local
 
     def _signal_where(self, ranks: Sequence[int]) -> None:
         """Deliver the stack-dump signal."""

@@ -204,7 +204,11 @@ def parse(text: str) -> list[ThreadStack]:
     return threads
 
 
-Reader = Callable[[str, str, int], bytes]  # (host, path, offset) -> the file's bytes from offset
+#: Where a file lies and what of it to read: ``(host, path, offset)``.
+FileSpan = tuple[str, str, int]
+#: Reads many files' bytes from their offsets at once (one answer per span, in order; ``b""`` for a
+#: file that is not there). A reader for other hosts asks each host once per call.
+Reader = Callable[[Sequence[FileSpan]], list[bytes]]
 
 
 def collect(
@@ -216,22 +220,23 @@ def collect(
     """Signal the ranks of ``engines`` (rank -> its set-up info) and read their dumps back.
 
     ``send(ranks)`` delivers :data:`WHERE_SIGNAL` to those ranks' engine processes;
-    ``read(host, path, offset)`` returns a file's bytes from ``offset`` on. A rank whose
-    dump is not complete within ``within`` seconds is reported as not answering.
+    ``read(spans)`` returns the files' bytes (each look reads every rank still awaited in one
+    call: one ssh per host, not one per rank). A rank whose dump is not complete within
+    ``within`` seconds is reported as not answering.
     """
-    offsets = {rank: _length(read, info) for rank, info in engines.items()}
+    ranks = list(engines)
+    lengths = read([(engines[r]["host"], engines[r]["stacks_file"], 0) for r in ranks])
+    offsets = {rank: len(data) for rank, data in zip(ranks, lengths)}
     send(sorted(engines))
     deadline = time.monotonic() + within
     seen: dict[int, bytes] = {}
     done: dict[int, RankStacks] = {}
     while len(done) < len(engines) and time.monotonic() < deadline:
         time.sleep(0.02)
-        for rank, info in engines.items():
-            if rank in done:
-                continue
-            data = read(info["host"], info["stacks_file"], offsets[rank])
+        waiting = [rank for rank in ranks if rank not in done]
+        for rank, data in zip(waiting, read([(engines[r]["host"], engines[r]["stacks_file"], offsets[r]) for r in waiting])):
             if data and data.endswith(b"\n") and data == seen.get(rank):  # unchanged since the last look: complete
-                done[rank] = RankStacks(rank, info["host"], parse(data.decode(errors="replace")))
+                done[rank] = RankStacks(rank, engines[rank]["host"], parse(data.decode(errors="replace")))
             seen[rank] = data
     for rank, info in engines.items():
         if rank not in done:
@@ -239,8 +244,7 @@ def collect(
     return dict(sorted(done.items()))
 
 
-def read_local(host: str, path: str, offset: int) -> bytes:
-    """A :data:`Reader` for files on this machine (or a file system it shares with the host)."""
+def _read_here(path: str, offset: int) -> bytes:
     try:
         with open(path, "rb") as file:
             file.seek(offset)
@@ -249,33 +253,60 @@ def read_local(host: str, path: str, offset: int) -> bytes:
         return b""
 
 
-def read_ssh(ssh_command: str) -> Reader:
-    """A :data:`Reader` that reads files on other hosts through ``ssh_command`` (``tail -c``).
+def read_local(spans: Sequence[FileSpan]) -> list[bytes]:
+    """A :data:`Reader` for files on this machine (or a file system it shares with the hosts)."""
+    return [_read_here(path, offset) for _, path, offset in spans]
 
-    A file that is also here (a file system the hosts share, as a home directory often is)
-    is read here, without ssh.
+
+def read_remote(run_on: Callable[[str], list[str]]) -> Reader:
+    """A :data:`Reader` for files on other hosts: ``run_on(host)`` is the command line that runs a shell
+    command on that host (ssh, or Slurm's ``srun`` into the job's allocation).
+
+    A file that is also here (a file system the hosts share, as a home directory often is) is read
+    here. The others are read with one command per host per call: ``tail -c`` of each file, base64
+    on its own line, so any bytes come back intact and in order.
     """
+    import base64
     import shlex
     import socket
     import subprocess
 
     local = socket.gethostname()
 
-    def reader(host: str, path: str, offset: int) -> bytes:
-        if host == local or os.path.exists(path):  # the name holds the host and pid: a file here is the host's (shared file system)
-            return read_local(host, path, offset)
-        command = [*shlex.split(ssh_command), host, f"tail -c +{offset + 1} {shlex.quote(path)}"]
-        try:
-            done = subprocess.run(command, capture_output=True, timeout=2 * WITHIN_S, check=False)  # noqa: S603
-        except subprocess.TimeoutExpired:
-            return b""  # the host answers too slowly: the rank is reported as not answering
-        return done.stdout if done.returncode == 0 else b""
+    def reader(spans: Sequence[FileSpan]) -> list[bytes]:
+        found: list[bytes] = [b""] * len(spans)
+        by_host: dict[str, list[int]] = {}
+        for i, (host, path, offset) in enumerate(spans):
+            if host == local or os.path.exists(path):  # the name holds the host and pid: a file here is the host's (shared file system)
+                found[i] = _read_here(path, offset)
+            else:
+                by_host.setdefault(host, []).append(i)
+        for host, indices in by_host.items():
+            script = "; ".join(f"tail -c +{spans[i][2] + 1} {shlex.quote(spans[i][1])} 2>/dev/null | base64 | tr -d '\\n'; echo" for i in indices)
+            try:
+                done = subprocess.run([*run_on(host), script], capture_output=True, timeout=2 * WITHIN_S, check=False)  # noqa: S603
+            except subprocess.TimeoutExpired:
+                continue  # the host answers too slowly: its ranks are reported as not answering
+            lines = done.stdout.decode(errors="replace").splitlines() if done.returncode == 0 else []
+            for i, line in zip(indices, lines):
+                found[i] = base64.b64decode(line.strip()) if line.strip() else b""
+        return found
 
     return reader
 
 
-def _length(read: Reader, info: dict[str, Any]) -> int:
-    return len(read(info["host"], info["stacks_file"], 0))
+def read_ssh(ssh_command: str) -> Reader:
+    """A :data:`Reader` through ``ssh_command`` (:func:`read_remote`)."""
+    import shlex
+
+    return read_remote(lambda host: [*shlex.split(ssh_command), host])
+
+
+def read_slurm(job_id: str) -> Reader:
+    """A :data:`Reader` through Slurm (:func:`read_remote`): ``srun`` a step into job ``job_id`` on the
+    node (``--overlap``: beside the engines, taking none of their CPUs)."""
+    return read_remote(lambda host: ["srun", f"--jobid={job_id}", "--overlap", "--nodes=1", "--ntasks=1", f"--nodelist={host}",
+                                     "--quiet", "sh", "-c"])  # fmt: skip
 
 
 def _library(path: str) -> bool:
