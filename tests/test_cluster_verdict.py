@@ -68,3 +68,42 @@ def test_a_lost_answer_is_sent_again_without_deciding_twice() -> None:
     job.stop_requested_at = 1.0  # pruned: a stop is the answer, no "go on"
     job._on_event(0, "awaiting", {"step": 10, "row": row})
     assert answers.go_on_calls == [[0], [0]]
+
+
+#: Raises the answer's signal at every line run while rank 0 waits on its verdict (the wait's own
+#: frames and what they call: Event/Condition code that holds a lock, with the old flags), and
+#: prints how many answers came through. The handler runs at the next bytecode, inside that code.
+_SIGNAL_EVERYWHERE = """
+import signal, sys, threading
+from rapydli.cluster import engine
+
+signal.signal(engine.GO_ON_SIGNAL, engine._on_go_on_signal)
+waiting = [False]
+
+def trace(frame, event, arg):
+    if waiting[0] and event == "line" and frame.f_code.co_filename in (threading.__file__, engine.__file__):
+        signal.raise_signal(engine.GO_ON_SIGNAL)
+    return trace
+
+answered = 0
+for _ in range(50):
+    engine.expect_verdict()
+    waiting[0] = True
+    sys.settrace(trace)
+    engine.await_verdict()
+    sys.settrace(None)
+    waiting[0] = False
+    answered += 1
+print("answered", answered)
+"""
+
+
+def test_an_answer_that_interrupts_the_wait_anywhere_ends_it() -> None:
+    """The answer is a signal whose handler runs in the waiting thread: a handler that takes a lock the wait holds
+    (``threading.Event``) would wait for ever; here the signal comes at every line of the wait."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _SIGNAL_EVERYWHERE], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["answered", "50"]
