@@ -116,3 +116,22 @@ def test_every_stage_holds_parameters_however_the_blocks_were_timed() -> None:
     # refused on the client, once, before anything starts
     with pytest.raises(ConfigError, match="only 3 of the model's 6 blocks hold parameters"):
         check_layout(mlp, TrainConfig(pipeline_stages=4, workers=4))
+
+
+def test_a_decoder_nested_as_hugging_face_nests_it_gives_its_layers_as_blocks() -> None:
+    """``LlamaForCausalLM.model.layers``, ``GPT2LMHeadModel.transformer.h``: ZeRO-3 gathers and checkpointing
+    recomputes one layer at a time, not the whole decoder as one block."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from hf_models import GPT2LMHeadModel, as_written
+
+    from rapydli.zoo import models
+
+    llama = models.llama_style(vocab=64, hidden=32, heads=4, kv_heads=2, intermediate=48, layers=2)
+    assert [name for name, _ in split.model_blocks(llama)] == ["model.embed_tokens", "model.layers.0", "model.layers.1", "model.norm", "lm_head"]
+    gpt2 = as_written(GPT2LMHeadModel)()
+    assert [name for name, _ in split.model_blocks(gpt2)] == [
+        "transformer.wte", "transformer.wpe", "transformer.h.0", "transformer.h.1", "transformer.ln_f", "lm_head",
+    ]  # fmt: skip

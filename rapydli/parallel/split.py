@@ -304,7 +304,10 @@ def model_blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
     ``pipeline_blocks()`` may wrap some of the model's modules in new ones, such as an
     embedding stage, which the model's own forward never calls). A model that has no
     ``pipeline_blocks()`` and is not an ``nn.Sequential``: its children that hold
-    parameters, the items of a ``ModuleList`` or ``ModuleDict`` child counting one by one.
+    parameters, the items of a ``ModuleList`` or ``ModuleDict`` child counting one by one,
+    and a child that holds such a list (Hugging Face's ``LlamaForCausalLM.model``,
+    ``GPT2LMHeadModel.transformer``) giving its own children in its place, so a decoder's
+    layers are blocks of their own however deep the model nests them.
 
     Examples
     --------
@@ -315,14 +318,30 @@ def model_blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
     ...         self.embed, self.layers, self.act = nn.Embedding(4, 2), nn.ModuleList([nn.Linear(2, 2), nn.Linear(2, 2)]), nn.ReLU()
     >>> [name for name, _ in model_blocks(Net())]
     ['embed', 'layers.0', 'layers.1']
+    >>> class CausalLM(nn.Module):  # the decoder one level down, as Hugging Face nests it
+    ...     def __init__(self):
+    ...         super().__init__()
+    ...         self.model, self.lm_head = Net(), nn.Linear(2, 4)
+    >>> [name for name, _ in model_blocks(CausalLM())]
+    ['model.embed', 'model.layers.0', 'model.layers.1', 'lm_head']
     """
     own = {id(m) for m in model.modules() if m is not model}
     if lists_blocks(model):
         return [(name, block) for name, block in pipeline_blocks(model) if id(block) in own]
+    return _children_blocks(model, "")
+
+
+def _children_blocks(module: nn.Module, prefix: str) -> list[tuple[str, nn.Module]]:
     blocks: list[tuple[str, nn.Module]] = []
-    for name, child in model.named_children():
-        items = list(child.named_children()) if isinstance(child, nn.ModuleList | nn.ModuleDict) else [("", child)]
-        for item, module in items:
-            if any(True for _ in module.parameters()):
-                blocks.append((f"{name}.{item}" if item else name, module))
+    for name, child in module.named_children():
+        if isinstance(child, nn.ModuleList | nn.ModuleDict):
+            blocks.extend((f"{prefix}{name}.{item}", m) for item, m in child.named_children() if _holds_parameters(m))
+        elif any(isinstance(c, nn.ModuleList | nn.ModuleDict) and any(_holds_parameters(m) for m in c.children()) for c in child.children()):
+            blocks.extend(_children_blocks(child, f"{prefix}{name}."))
+        elif _holds_parameters(child):
+            blocks.append((f"{prefix}{name}", child))
     return blocks
+
+
+def _holds_parameters(module: nn.Module) -> bool:
+    return any(True for _ in module.parameters())
