@@ -95,3 +95,42 @@ def test_the_chosen_blocks_and_a_copy_of_the_model() -> None:
     twin = copy.deepcopy(model)
     twin(torch.randn(2, 8)).sum().backward()  # the copy's recomputed blocks run the copy's forward, recomputed once in backward
     assert [b.calls for b in twin.blocks] == [1, 2, 1, 2] and [b.calls for b in model.blocks] == [0, 0, 0, 0]
+
+
+@pytest.mark.parametrize("model_name", ["tiny_lm", "llama_style"])
+def test_activations_held_with_checkpointing_are_the_planners_prediction_within_10_percent(model_name: str) -> None:
+    """One rank trains with every block recomputed; the activation meter's peak (inputs kept, plus what a recomputation
+    saves while it runs) is within 10 % of what the planner predicts from its profile of the model."""
+    import functools
+
+    from mpi4py import MPI
+
+    from rapydli.experiments.planning.layouts import NO_SCHEDULE, Candidate
+    from rapydli.experiments.planning.network import Network
+    from rapydli.experiments.planning.perfmodel import RingModel
+    from rapydli.experiments.planning.profiling import local_profile
+    from rapydli.experiments.planning.stepmodel import predict
+    from rapydli.parallel.memory import ActivationMeter
+    from rapydli.trainer import TrainConfig, Trainer
+    from rapydli.zoo import datasets, models
+
+    build = {
+        "tiny_lm": functools.partial(models.tiny_lm, vocab_size=128, block_size=32, dim=64, layers=4, heads=4),
+        "llama_style": functools.partial(models.llama_style, vocab=128, hidden=64, heads=4, kv_heads=2, intermediate=96, layers=4),
+    }[model_name]
+    data = functools.partial(datasets.synthetic_tokens, num_samples=64, block_size=32, vocab_size=128)
+    config = TrainConfig(batch_size=8, optimizer="adamw", max_steps=2, epochs=2, eval_every=0, workers=1, activation_checkpointing="blocks")
+    profile = local_profile(build, data, config, [8], [1], [])
+    predicted = predict(Candidate.of(1, 1, 1, 1, NO_SCHEDULE, 0, "blocks"), profile, Network.from_ring(RingModel(0.0, 0.0)), 8, config)
+    kept = predict(Candidate.of(1, 1, 1, 1, NO_SCHEDULE, 0), profile, Network.from_ring(RingModel(0.0, 0.0)), 8, config)
+
+    torch.manual_seed(config.seed)
+    train, _ = data()
+    trainer = Trainer(build(), None, train, None, config, comm=MPI.COMM_SELF)
+    try:
+        with ActivationMeter([*trainer.model.parameters(), *train.tensors]) as meter:
+            trainer.fit()
+    finally:
+        trainer.close()
+    assert meter.peak == pytest.approx(predicted.memory.activations, rel=0.10), (meter.peak, predicted.memory.activations)
+    assert predicted.memory.activations < kept.memory.activations / 2  # and checkpointing does save

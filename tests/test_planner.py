@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -185,14 +187,28 @@ def test_zero3_gathers_each_block_before_forward_and_backward_prefetching_the_ne
 
 def test_checkpointing_keeps_block_inputs_and_one_blocks_activations_and_adds_a_forward() -> None:
     blocks = [_block(0.01, 0.02, saved=1000, out=50), _block(0.03, 0.04, saved=3000, out=70), _block(0.01, 0.02, saved=2000, out=60)]
+    blocks = [replace(b, input_bytes=i, saved_input_bytes=i) for b, i in zip(blocks, (20, 50, 70))]  # each block saves its input
     profile = _profile({16: blocks, 8: blocks})
     kept = predict(Candidate.of(2, 1, 1, 1, NO_SCHEDULE, 0), profile, NET, 32, ADAM)
     recomputed = predict(Candidate.of(2, 1, 1, 1, NO_SCHEDULE, 0, "blocks"), profile, NET, 32, ADAM)
     assert kept.memory.activations == 6000
-    assert recomputed.memory.activations == 50 + 70 + 3000  # the second and third blocks' inputs, the largest block recomputed
+    # while the second block is recomputed: the first two blocks' inputs, and what it saves beyond its input (the third's input is freed)
+    assert recomputed.memory.activations == 20 + 50 + (3000 - 50)
     assert recomputed.compute_s == pytest.approx(kept.compute_s + 0.05)  # one more forward of every block
     piped = predict(Candidate.of(1, 3, 1, 4, "gpipe", 0, "blocks"), profile, NET, 32, ADAM)  # one block a stage, four micro-batches alive
-    assert piped.stage_memory[0].activations == 4 * 50 + 1000 and piped.stage_memory[2].activations == 2000
+    # three micro-batches keep the stage's input and output; the fourth, recomputed, holds its input, output and saved bytes
+    assert piped.stage_memory[0].activations == 3 * (20 + 50) + (20 + 50 + 1000 - 20)
+    assert piped.stage_memory[2].activations == 3 * 70 + (70 + 2000 - 70)
+
+
+def test_a_block_checkpointing_leaves_alone_keeps_its_activations_and_is_not_recomputed() -> None:
+    """A model's head is not one of its blocks (``model_blocks``): recomputing the others leaves its saved bytes and its time as they were."""
+    blocks = [replace(_block(0.01, 0.02, saved=1000, out=50), input_bytes=20), replace(_block(0.03, 0.04, saved=3000, out=0), input_bytes=50, recomputed=False)]
+    profile = _profile({16: blocks, 8: blocks})
+    kept = predict(Candidate.of(2, 1, 1, 1, NO_SCHEDULE, 0), profile, NET, 32, ADAM)
+    recomputed = predict(Candidate.of(2, 1, 1, 1, NO_SCHEDULE, 0, "blocks"), profile, NET, 32, ADAM)
+    assert recomputed.memory.activations == 20 + 3000  # the head's saved bytes are there when the forward ends
+    assert recomputed.compute_s == pytest.approx(kept.compute_s + 0.01)  # only the first block's forward again
 
 
 def test_pipeline_prediction_is_the_schedule_simulated() -> None:

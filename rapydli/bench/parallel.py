@@ -92,6 +92,8 @@ def layouts() -> dict[str, Any]:
         "pp 1f1b": Candidate.of(1, 2, 1, MICROBATCHES, "1f1b", 0),
         "pp gpipe": Candidate.of(1, 2, 1, MICROBATCHES, "gpipe", 0),
         "tp": Candidate.of(1, 1, 2, 1, NO_SCHEDULE, 0),
+        "dp checkpointed": Candidate.of(2, 1, 1, 1, NO_SCHEDULE, 0, "blocks"),
+        "pp 1f1b checkpointed": Candidate.of(1, 2, 1, MICROBATCHES, "1f1b", 0, "blocks"),
     }
 
 

@@ -8,7 +8,8 @@ forward; the root kept until backward), each with or without activation checkpoi
 of every block (``--checkpointing``: ``TrainConfig(activation_checkpointing="blocks")``;
 FSDP2: ``checkpoint_wrapper(..., CheckpointImpl.NO_REENTRANT)`` around each block before
 it is sharded; both run :func:`torch.utils.checkpoint.checkpoint` with
-``use_reentrant=False``). Both sides build the same model (:data:`SIZES`) from the same
+``use_reentrant=False``, through :func:`rapydli.parallel.recompute.recomputed_call` as
+``checkpoint_fn`` on FSDP2's side, so the activation meter counts what both checkpoints hold). Both sides build the same model (:data:`SIZES`) from the same
 seed, read the same batches (:func:`rapydli.data.loaders.build_loader` with the
 Trainer's seed and shard), take the mean cross-entropy over every position, and step the
 same AdamW (``lr`` :data:`LR`, betas ``(0.9, 0.999)``, no weight decay) for ``--steps``
@@ -192,11 +193,13 @@ def fsdp2_model(size: Size, checkpointing: bool) -> nn.Module:
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
     from torch.distributed.fsdp import fully_shard
 
+    from rapydli.parallel.recompute import recomputed_call
+
     model: Any = size.model()
     blocks = model.transformer.h
     for index, block in enumerate(list(blocks)):
         if checkpointing:
-            block = blocks[index] = checkpoint_wrapper(block, checkpoint_impl=CheckpointImpl.NO_REENTRANT)
+            block = blocks[index] = checkpoint_wrapper(block, checkpoint_impl=CheckpointImpl.NO_REENTRANT, checkpoint_fn=recomputed_call)
         fully_shard(block, reshard_after_forward=index < len(blocks) - 1)
     fully_shard(model)
     return model

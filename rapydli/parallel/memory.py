@@ -4,7 +4,11 @@
 tensor autograd saves during forward is wrapped in a holder that adds its bytes to the
 meter while it lives; the holder goes when backward frees the graph. Tensors that share
 storage with the model's parameters (weights saved for backward) are not activations and
-are not counted; a storage saved twice is counted once while both are held.
+are not counted; a storage saved twice is counted once while both are held. A block whose
+activations are recomputed (:mod:`rapydli.parallel.recompute`) is counted as it holds memory:
+its inputs from its forward until its backward, and what its recomputation saves (the bytes
+its first forward would have saved) from the recomputation until the next one or the next
+forward, which is when a chain of blocks has consumed them.
 
 :func:`step_memory` measures one training step of a run's config on every rank with it.
 :func:`training_bytes` counts what a rank keeps between steps: the storage of its
@@ -14,7 +18,8 @@ flight, or plain ``.grad`` tensors) and of its optimizer state, each storage onc
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import contextlib
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -35,6 +40,65 @@ class _Held:
     def __del__(self) -> None:
         if self.key is not None:
             self.meter._drop(self.key)
+
+
+_entered: list[ActivationMeter] = []  # the meters entered in this process, innermost last
+
+
+class CheckpointedBlock:
+    """One forward of a recomputed block, as :class:`ActivationMeter` counts it (made by :meth:`ActivationMeter.checkpointed`)."""
+
+    def __init__(self, meter: ActivationMeter, inputs: Iterable[Any]) -> None:
+        self.meter = meter
+        self.inputs = [t for t in inputs if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in meter._weights]
+        self._input_storages = {t.untyped_storage().data_ptr() for t in self.inputs}
+        self.saved: dict[int, int] = {}  # storage -> bytes the first forward saved (its inputs' left out)
+
+    @contextlib.contextmanager
+    def first_forward(self) -> Iterator[None]:
+        """Run inside the checkpoint's forward: tallies what autograd saves, then hands each tensor to the checkpoint."""
+        hooks = torch._C._autograd._top_saved_tensors_default_hooks(False)
+        if hooks is None:  # not inside a checkpoint: nothing to chain to
+            yield
+            return
+        pack, unpack = hooks
+
+        def counted(tensor: torch.Tensor) -> Any:
+            pointer = tensor.untyped_storage().data_ptr()
+            if pointer not in self.meter._weights and pointer not in self._input_storages:
+                self.saved[pointer] = tensor.untyped_storage().nbytes()
+            return pack(tensor)
+
+        with torch.autograd.graph.saved_tensors_hooks(counted, unpack):
+            yield
+
+    @contextlib.contextmanager
+    def recomputation(self) -> Iterator[None]:
+        """Run inside the checkpoint's recomputation: its saved bytes are held from now."""
+        self.meter._recomputed(sum(self.saved.values()))
+        yield
+
+    def held_until_backward(self, output: Any) -> None:
+        """Count the block's inputs while the graph of ``output`` (which keeps them for the recomputation) lives."""
+        node = next((t.grad_fn for t in _tensors(output) if t.grad_fn is not None), None)
+        if node is not None:
+            node.metadata["rapydli_activation_meter"] = [_Held(t, self.meter, t.untyped_storage().data_ptr()) for t in self.inputs]  # type: ignore[index]  # a dict (the stubs say a method)
+
+
+def _tensors(value: Any) -> Iterator[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _tensors(item)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _tensors(item)
+
+
+def current_meter() -> ActivationMeter | None:
+    """The innermost :class:`ActivationMeter` entered in this process, if any."""
+    return _entered[-1] if _entered else None
 
 
 class ActivationMeter:
@@ -60,6 +124,7 @@ class ActivationMeter:
         self._counts: dict[int, list[int]] = {}  # storage pointer -> [holders, bytes]
         self.live = 0
         self.peak = 0
+        self._recomputing = 0  # bytes the last recomputed block holds
         self._hooks: Any = None
 
     def _add(self, key: int, nbytes: int) -> None:
@@ -76,7 +141,23 @@ class ActivationMeter:
             self.live -= entry[1]
             del self._counts[key]
 
+    def _recomputed(self, nbytes: int) -> None:
+        """A block's recomputation holds ``nbytes`` from now; the previous one's are consumed."""
+        self.live += nbytes - self._recomputing
+        self._recomputing = nbytes
+        self.peak = max(self.peak, self.live)
+
+    def holds(self, tensor: torch.Tensor) -> bool:
+        """Whether ``tensor``'s storage is counted now (saved for backward, or a recomputed block's input)."""
+        return tensor.untyped_storage().data_ptr() in self._counts
+
+    def checkpointed(self, inputs: Iterable[Any]) -> CheckpointedBlock:
+        """How a recomputed block's forward with ``inputs`` is counted (see :class:`CheckpointedBlock`)."""
+        return CheckpointedBlock(self, inputs)
+
     def _pack(self, tensor: torch.Tensor) -> _Held:
+        if self._recomputing:  # a forward again: the last backward has consumed what was recomputed
+            self._recomputed(0)
         pointer = tensor.untyped_storage().data_ptr()
         return _Held(tensor, self, None if pointer in self._weights else pointer)
 
@@ -91,9 +172,12 @@ class ActivationMeter:
     def __enter__(self) -> Self:
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
         self._hooks.__enter__()
+        _entered.append(self)
         return self
 
     def __exit__(self, *exc: object) -> None:
+        _entered.remove(self)
+        self._recomputed(0)
         self._hooks.__exit__(*exc)
 
 

@@ -23,6 +23,7 @@ backward (which is when it is recomputed).
 Examples
 --------
 >>> from rapydli.parallel.config import checkpoint_interval
+from rapydli.parallel.memory import CheckpointedBlock, current_meter
 >>> checkpoint_interval("every_k:3"), checkpoint_interval("blocks"), checkpoint_interval(None)
 (3, 1, None)
 >>> checkpoint_interval("every_k:0")
@@ -36,7 +37,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import types
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -44,6 +45,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from rapydli.parallel.config import checkpoint_interval
+from rapydli.parallel.memory import CheckpointedBlock, current_meter
 
 
 def checkpoint_blocks(model: nn.Module, value: str | None) -> list[str]:
@@ -68,13 +70,41 @@ def _recomputed_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
     forward = type(self).forward
     if not torch.is_grad_enabled():
         return forward(self, *args, **kwargs)
-    contexts = functools.partial(_contexts, self)
-    return checkpoint(forward, self, *args, use_reentrant=False, preserve_rng_state=True, context_fn=contexts, **kwargs)
+    return recomputed_call(forward, self, *args, recompute_context=functools.partial(_statistics_kept, self), **kwargs)
 
 
-def _contexts(module: nn.Module) -> tuple[contextlib.AbstractContextManager[None], contextlib.AbstractContextManager[None]]:
-    """What the first forward runs in (nothing) and what the recomputation runs in (running statistics left alone)."""
-    return contextlib.nullcontext(), _statistics_kept(module)
+def recomputed_call(
+    function: Callable[..., Any], *args: Any, recompute_context: Callable[[], contextlib.AbstractContextManager[Any]] | None = None, **kwargs: Any
+) -> Any:
+    """``function(*args, **kwargs)`` under :func:`torch.utils.checkpoint.checkpoint` (``use_reentrant=False``,
+    ``preserve_rng_state=True``), its recomputation inside ``recompute_context()``; while an
+    :class:`~rapydli.parallel.memory.ActivationMeter` is entered, it counts what the checkpoint holds
+    (the inputs, and what the recomputation saves). Also a ``checkpoint_fn`` for PyTorch's ``checkpoint_wrapper``."""
+    kwargs.pop("use_reentrant", None)  # checkpoint_wrapper passes its own; only the non-reentrant kind is counted
+    meter = current_meter()
+    counted = meter.checkpointed([*args, *kwargs.values()]) if meter is not None else None
+    contexts = functools.partial(_contexts, recompute_context, counted)
+    output = checkpoint(function, *args, use_reentrant=False, preserve_rng_state=True, context_fn=contexts, **kwargs)
+    if counted is not None:
+        counted.held_until_backward(output)
+    return output
+
+
+def _contexts(
+    recompute_context: Callable[[], contextlib.AbstractContextManager[Any]] | None, counted: CheckpointedBlock | None
+) -> tuple[contextlib.AbstractContextManager[Any], contextlib.AbstractContextManager[Any]]:
+    """What the first forward and the recomputation run in: ``recompute_context()`` for the recomputation,
+    and the meter's counting of both when one is entered."""
+    again = recompute_context() if recompute_context is not None else contextlib.nullcontext()
+    if counted is None:
+        return contextlib.nullcontext(), again
+    return counted.first_forward(), _both(counted.recomputation(), again)
+
+
+@contextlib.contextmanager
+def _both(first: contextlib.AbstractContextManager[None], second: contextlib.AbstractContextManager[None]) -> Iterator[None]:
+    with first, second:
+        yield
 
 
 @contextlib.contextmanager

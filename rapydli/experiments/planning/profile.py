@@ -36,6 +36,7 @@ from torch import nn
 from rapydli.errors import ConfigError
 from rapydli.objective import LossFn, Objective
 from rapydli.parallel.memory import ActivationMeter
+from rapydli.parallel.split import model_blocks
 
 #: Timed repetitions of each measurement (after one untimed warm-up); the median is kept.
 REPEATS = 5
@@ -61,6 +62,14 @@ class BlockCost:
     holds_parameters
         Whether the block has parameters (tied ones included): ``pipeline_split="auto"`` gives
         every stage one (:func:`rapydli.parallel.split.balance`).
+    input_bytes
+        Bytes of the block's input (what a recomputed block keeps from its forward to its backward).
+    saved_input_bytes
+        Bytes of ``saved_bytes`` that are the block's input itself (its first layer saves it; a
+        recomputed block's input is kept already, so its recomputation does not add them again).
+    recomputed
+        Whether ``activation_checkpointing="blocks"`` recomputes the block (it holds a block of
+        :func:`rapydli.parallel.split.model_blocks`; a model's embedding and head often do not).
     """
 
     forward_s: float
@@ -71,6 +80,9 @@ class BlockCost:
     tp_forward_bytes: tuple[int, ...] = ()
     tp_backward_bytes: tuple[int, ...] = ()
     holds_parameters: bool = True
+    input_bytes: int = 0
+    saved_input_bytes: int = 0
+    recomputed: bool = True
 
     @property
     def parameters_bytes(self) -> int:
@@ -202,7 +214,8 @@ def _interpolate(a: BlockCost, b: BlockCost, size_a: int, size_b: int, size: int
         forward_s=_line(a.forward_s, b.forward_s, size_a, size_b, size), backward_s=_line(a.backward_s, b.backward_s, size_a, size_b, size),
         saved_bytes=round(b.saved_bytes * scale), output_bytes=round(b.output_bytes * scale), parameter_bytes=b.parameter_bytes,
         tp_forward_bytes=tuple(round(x * scale) for x in b.tp_forward_bytes), tp_backward_bytes=tuple(round(x * scale) for x in b.tp_backward_bytes),
-        holds_parameters=b.holds_parameters,
+        holds_parameters=b.holds_parameters, input_bytes=round(b.input_bytes * scale), saved_input_bytes=round(b.saved_input_bytes * scale),
+        recomputed=b.recomputed,
     )  # fmt: skip
 
 
@@ -218,6 +231,7 @@ def _split_model(a: BlockCost, b: BlockCost, t_a: int, t_b: int, t: int) -> Bloc
         forward_s=at(a.forward_s, b.forward_s), backward_s=at(a.backward_s, b.backward_s),
         saved_bytes=round(at(a.saved_bytes, b.saved_bytes)), output_bytes=b.output_bytes, parameter_bytes=params,
         tp_forward_bytes=b.tp_forward_bytes, tp_backward_bytes=b.tp_backward_bytes, holds_parameters=b.holds_parameters,
+        input_bytes=b.input_bytes, saved_input_bytes=b.saved_input_bytes, recomputed=b.recomputed,
     )  # fmt: skip
 
 
@@ -324,8 +338,10 @@ def profile_model(
                 continue
         last = _LastBlock(model, loss_fn)
         names, blocks = _blocks(model, last.objective.target_parameter)
+        chosen = {id(block) for _, block in model_blocks(model)}  # what checkpointing "blocks" recomputes
+        recomputed = [any(id(m) in chosen for m in block.modules()) for block in blocks]
         for size in sorted(set(sizes)):
-            measured[(degree, size)] = _measure_blocks(blocks, inputs[:size], targets[:size], probe, repeats, last)
+            measured[(degree, size)] = _measure_blocks(blocks, inputs[:size], targets[:size], probe, repeats, last, recomputed)
     model = build()
     per_parameter, copy_per_parameter = _optimizer_times(model, inputs[: min(sizes)], targets[: min(sizes)], optimizer, repeats, loss_fn)
     size = max(sizes)
@@ -374,7 +390,8 @@ def _detached(value: Any) -> Any:
 
 
 def _measure_blocks(
-    blocks: list[nn.Module], inputs: Any, targets: torch.Tensor, probe: ShardProbe | None, repeats: int, last: _LastBlock
+    blocks: list[nn.Module], inputs: Any, targets: torch.Tensor, probe: ShardProbe | None, repeats: int, last: _LastBlock,
+    recomputed: Sequence[bool],
 ) -> list[BlockCost]:
     """Forward through every block in order, then backward in reverse, as a pipeline's stages do; each block timed."""
     count = len(blocks)
@@ -409,15 +426,18 @@ def _measure_blocks(
         del ins, outs
         for p in params:
             p.grad = None
-    saved = []
+    saved, input_bytes, saved_input = [], [], []
     with ActivationMeter(params) as meter:
         held = []
         x = inputs
         for j, block in enumerate(blocks):
-            before = meter.live
-            out = last(block, _detached(x), targets) if j == count - 1 else block(_detached(x))
+            before, inp = meter.live, _detached(x)
+            input_bytes.append(inp.untyped_storage().nbytes())
+            was_held = meter.holds(inp)
+            out = last(block, inp, targets) if j == count - 1 else block(inp)
             held.append(out)
             saved.append(meter.live - before)
+            saved_input.append(input_bytes[-1] if meter.holds(inp) and not was_held else 0)
             x = out
         del held
     if probe is not None:
@@ -434,7 +454,8 @@ def _measure_blocks(
             forward_s=statistics.median(forward[j][1:]), backward_s=statistics.median(backward[j][1:]), saved_bytes=saved[j],
             output_bytes=output_bytes[j], parameter_bytes=once(block),
             tp_forward_bytes=tp_forward[j], tp_backward_bytes=tp_backward[j],
-            holds_parameters=any(True for _ in block.parameters()),
+            holds_parameters=any(True for _ in block.parameters()), input_bytes=input_bytes[j], saved_input_bytes=saved_input[j],
+            recomputed=recomputed[j],
         )
         for j, block in enumerate(blocks)
     ]  # fmt: skip

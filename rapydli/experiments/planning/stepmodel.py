@@ -172,7 +172,7 @@ def predict(layout: Candidate, profile: Profile, network: Network, global_batch:
     block_forward, block_backward = [], []  # per stage, per block (forward order) seconds of one micro-batch
     for stage in stages:
         fwd = [b.forward_s + _tp_time(network, layout.tp, b.tp_forward_bytes) for b in stage]
-        bwd = [b.backward_s + _tp_time(network, layout.tp, b.tp_backward_bytes) + (f if recompute else 0.0) for b, f in zip(stage, fwd)]
+        bwd = [b.backward_s + _tp_time(network, layout.tp, b.tp_backward_bytes) + (f if recompute and b.recomputed else 0.0) for b, f in zip(stage, fwd)]
         if sharded:
             gathers = [network.collectives.allreduce_time(layout.dp, b.parameters_bytes) / 2 for b in stage]
             fwd = gathered(fwd, gathers)
@@ -226,16 +226,20 @@ def stage_activations(stage: Sequence[BlockCost], layout: Candidate, actions: Se
 
     Without checkpointing: every block's saved bytes, plus the stage's output kept for the
     gradient that comes back (not on the last stage), times the micro-batches the
-    schedule keeps alive at once. With checkpointing: each block keeps only its input
-    (the previous block's output) and the stage its output, times the live micro-batches,
-    plus the saved bytes of one block (the largest) while its backward recomputes it.
+    schedule keeps alive at once. With checkpointing, a recomputed block keeps only its
+    input (a block checkpointing leaves alone, its saved bytes), and the stage its output,
+    for every live micro-batch; the one in backward peaks either where its forward ended
+    or while a recomputed block is recomputed: what the blocks up to it keep (those after
+    it are freed by then) plus what the recomputation saves beyond its input.
     """
     live = schedules.peak_live(actions) if layout.pp > 1 else 1
     held_outputs = stage[-1].output_bytes if index < layout.pp - 1 else 0
     if layout.checkpointing is None:
         return live * (sum(b.saved_bytes for b in stage) + held_outputs)
-    inputs = sum(b.output_bytes for b in stage[:-1])
-    return live * (inputs + held_outputs) + max(b.saved_bytes for b in stage)
+    kept = [b.input_bytes if b.recomputed else b.saved_bytes for b in stage]
+    per_batch = sum(kept) + held_outputs
+    recomputing = [sum(kept[: k + 1]) + held_outputs + b.saved_bytes - b.saved_input_bytes for k, b in enumerate(stage) if b.recomputed]
+    return (live - 1) * per_batch + max([per_batch, *recomputing])
 
 
 def _buffers(blocks: Sequence[BlockCost], stage: Sequence[BlockCost], layout: Candidate, bucket_bytes: float) -> float:
