@@ -82,7 +82,7 @@ def test_files_on_slurm_nodes_without_a_shared_file_system_are_read_through_srun
     folder.chmod(0o755)
     tmp_path.chmod(0o755)  # slurmd runs the step as this user; the path must be reachable
     expected = _files(folder)
-    job = local_slurm.run("sbatch", "--parsable", "-N1", "-n1", "--wrap", "sleep 300").stdout.strip().split(";")[0]
+    job = local_slurm.run("sbatch", "--parsable", "-N1", "-n1", f"--output={tmp_path / 'job.out'}", "--wrap", "sleep 300").stdout.strip().split(";")[0]
     try:
         deadline = time.monotonic() + 60
         node = ""
