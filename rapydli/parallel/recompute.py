@@ -23,7 +23,6 @@ backward (which is when it is recomputed).
 Examples
 --------
 >>> from rapydli.parallel.config import checkpoint_interval
-from rapydli.parallel.memory import CheckpointedBlock, current_meter
 >>> checkpoint_interval("every_k:3"), checkpoint_interval("blocks"), checkpoint_interval(None)
 (3, 1, None)
 >>> checkpoint_interval("every_k:0")
