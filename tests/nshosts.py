@@ -1,8 +1,9 @@
 """Real separate hosts on this machine: network namespaces on a bridge, each with an sshd.
 
 ``up(directory)`` creates hosts ``h1`` and ``h2``: a network namespace each, joined to the
-bridge ``rdnet0`` (10.77.0.1/24 on this side) by a veth pair whose namespace end is also
-called ``rdnet0`` (so one interface name serves every host, as on a real site). Each host
+bridge ``rdnet0`` (10.77.0.1/24 on this side) by a veth pair whose namespace end is
+``eth0``: the interface the launcher options name (``rdnet0``, this machine's) does not
+exist on the hosts, as a login node's interface is rarely a compute node's. Each host
 has its own hostname, its own ``/etc/hosts`` (a private file bind-mounted over it, naming
 the hosts and this machine's name at the bridge address), its own sysfs, and an ``sshd``
 listening on its address only, with its own host key and root's key from ``directory``.
@@ -38,6 +39,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 BRIDGE = "rdnet0"
+#: The hosts' own end of their link: named otherwise than the bridge, as a cluster node's ``eth0`` is not the notebook machine's interface.
+HOST_IFACE = "eth0"
 SUBNET = "10.77.0"
 BRIDGE_ADDR = f"{SUBNET}.1"
 NAMES = ("h1", "h2")
@@ -185,11 +188,11 @@ def up(directory: str | os.PathLike[str], names: tuple[str, ...] = NAMES, timeou
             host = Host(name, f"{SUBNET}.{11 + index}", f"rdv{name}")
             hosts.hosts.append(host)
             _run("ip", "netns", "add", name)
-            _run("ip", "link", "add", host.veth, "type", "veth", "peer", "name", BRIDGE, "netns", name)
+            _run("ip", "link", "add", host.veth, "type", "veth", "peer", "name", HOST_IFACE, "netns", name)
             _run("ip", "link", "set", host.veth, "master", BRIDGE, "up")
             inside = ("ip", "netns", "exec", name, "ip")
-            _run(*inside, "addr", "add", f"{host.address}/24", "dev", BRIDGE)
-            _run(*inside, "link", "set", BRIDGE, "up")
+            _run(*inside, "addr", "add", f"{host.address}/24", "dev", HOST_IFACE)
+            _run(*inside, "link", "set", HOST_IFACE, "up")
             _run(*inside, "link", "set", "lo", "up")
             _run(*inside, "route", "add", "default", "via", BRIDGE_ADDR)
             _start_sshd(directory, host)

@@ -15,7 +15,7 @@ from processes import engine_pids, wait_until_gone
 from rapydli.cluster import Cluster, launchers, parse_targets
 from rapydli.cluster.engine import context
 from rapydli.cluster.events import emit
-from rapydli.errors import ConfigError, NotFoundError, RankFailure
+from rapydli.errors import ClusterError, ConfigError, NotFoundError, RankFailure
 
 pytestmark = pytest.mark.engines
 
@@ -55,7 +55,7 @@ def test_launcher_options_become_ipyparallel_config():
     assert config == {"SlurmEngines": {"queue": "gpu", "timelimit": "00:10:00"}}
     ssh = launchers.get_launcher("ssh")
     config = ssh.config(launchers.validate_options("ssh", {"hosts": ["a", "b"], "mpi_args": "-bind-to core"}))
-    assert config["MPIEngineSetLauncher"]["mpi_args"] == ["-hosts", "a,b", "-bind-to", "core"]
+    assert config["MPIEngineSetLauncher"]["mpi_args"] == ["-hosts", "a,b", "-prepend-pattern", "[host %h rank %r] ", "-bind-to", "core"]
     # the mpiexec beside this Python, so a venv kernel without the venv on PATH still finds it
     assert config["MPIEngineSetLauncher"]["mpi_cmd"] == [os.path.join(os.path.dirname(sys.executable), "mpiexec")]
     pbs = launchers.get_launcher("pbs")
@@ -76,6 +76,27 @@ def test_a_wait_whose_future_timed_out_raises_its_error():
     done: Future = Future()
     done.set_result([0, 1])
     assert _wait(done) == [0, 1]
+
+
+def test_an_mpiexec_that_exits_at_once_fails_the_start_within_seconds_with_its_stderr():
+    started = time.monotonic()
+    with pytest.raises(ClusterError) as failure:
+        Cluster(n=2, mpi_args=["-no-such-flag"], start_timeout=120).start()
+    elapsed = time.monotonic() - started
+    message = str(failure.value)
+    assert "the engines' launcher (mpiexec) exited after 0 of 2 engines registered" in message, message
+    assert "unrecognized argument no-such-flag" in message, message
+    assert elapsed < 5, f"the failed start took {elapsed:.1f} s"
+    assert not wait_until_gone()
+
+
+def test_engines_that_never_register_fail_the_start_quoting_what_the_launcher_wrote():
+    stuck = ["sh", "-c", "echo waiting for an allocation >&2; exec sleep 600", "mpiexec"]  # the engines never come
+    cluster = Cluster(n=2, mpi_cmd=stuck, start_timeout=3)
+    with pytest.raises(ClusterError, match=r"2 of 2 engines not ready in 3 seconds; the launcher wrote:\n  waiting for an allocation"):
+        cluster.start()
+    assert cluster.status()["state"] == "failed"
+    assert not [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] == ["sleep", "600"]], "the launcher was left running"
 
 
 def test_targets_are_parsed_without_eval():

@@ -20,6 +20,7 @@ from processes import wait_until_gone
 
 import rapydli as rd
 from rapydli.cluster import current, launchers, sshhosts
+from rapydli.cluster.mpi_engine import PEER_VARIABLE
 from rapydli.errors import ConfigError, RankFailure
 
 
@@ -49,8 +50,9 @@ def test_ssh_options_become_hydra_arguments_and_environment(tmp_path) -> None:
     assert args[args.index("-iface") + 1] == "lo" and "-launcher-exec" in args
     assert config["Cluster"] == {"controller_ip": "127.0.0.1", "controller_location": "127.0.0.1"}
     assert config["BaseLauncher"]["environment"] == {
-        "UCX_TLS": "self,tcp", "FI_PROVIDER": "tcp", "UCX_NET_DEVICES": "lo", "FI_TCP_IFACE": "lo"
+        "UCX_TLS": "self,tcp", "FI_PROVIDER": "tcp", "UCX_NET_DEVICES": "lo", "FI_TCP_IFACE": "lo", PEER_VARIABLE: "127.0.0.1"
     }
+    assert config["MPIEngineSetLauncher"]["engine_cmd"][1:] == ["-m", "rapydli.cluster.mpi_engine"]  # names the hosts' own interface
     assert launchers.validate_options("ssh", {"hosts": "h1,h2"})["hosts"] == ["h1", "h2"]
 
 
@@ -70,7 +72,7 @@ def test_a_restart_leaves_out_the_ranks_hydra_placed_on_hosts_that_are_down(tmp_
 @pytest.mark.hosts
 def test_hosts_are_separate(hosts) -> None:
     for host in hosts.hosts:
-        result = subprocess.run([hosts.ssh, host.name, "hostname; ip -4 -br addr show rdnet0; cat /etc/hosts"],
+        result = subprocess.run([hosts.ssh, host.name, f"hostname; ip -4 -br addr show {nshosts.HOST_IFACE}; cat /etc/hosts"],
                                 capture_output=True, text=True, check=True)
         name, address = result.stdout.splitlines()[:2]
         assert name == host.name and f"{host.address}/24" in address
@@ -101,11 +103,22 @@ def cell(ip, code: str, line: str = ""):
     return value, captured
 
 
+def _mpi_interfaces() -> tuple[str, str]:
+    import os
+
+    return os.environ["FI_TCP_IFACE"], os.environ["UCX_NET_DEVICES"]
+
+
 @pytest.mark.hosts
 @pytest.mark.engines
 def test_distributed_cell_spans_the_hosts_over_tcp(ip, hosts) -> None:
     status = ip.run_line_magic("rapydli", "status")
     assert status["rank_hosts"] == {0: "h1", 1: "h2"} and status["launcher"] == "ssh"
+    # the options name this machine's interface, which the hosts do not have: MPI was pinned to theirs
+    for host in hosts.names:
+        interfaces = subprocess.run([hosts.ssh, host, "ls /sys/class/net"], capture_output=True, text=True, check=True).stdout.split()
+        assert nshosts.BRIDGE not in interfaces and nshosts.HOST_IFACE in interfaces, interfaces
+    assert current().run(_mpi_interfaces) == [(nshosts.HOST_IFACE, nshosts.HOST_IFACE)] * 2
     before = [h.link_bytes() for h in hosts.hosts]
     ip.user_ns["allreduce_on_host"] = allreduce_on_host
     value, captured = cell(ip, "import socket\nprint(socket.gethostname())\nallreduce_on_host(4 << 20)", "--gather --push allreduce_on_host")
@@ -212,6 +225,39 @@ def test_what_a_cell_sends_to_the_hosts_is_encrypted(ip, hosts) -> None:
         wire = capture.stop()
     assert value == [secret.upper()] * 2 and secret in captured.stdout
     assert secret.encode() not in wire and secret.upper().encode() not in wire, "the cell crossed the bridge in clear"
+
+
+@pytest.mark.hosts
+@pytest.mark.engines
+@pytest.mark.parametrize(
+    ("options", "within_s", "quoted"),
+    [
+        ({"mpi_args": ["-no-such-flag"]}, 5, ["unrecognized argument no-such-flag"]),  # mpiexec exits at once
+        ({"hosts": ["h1", "h9"]}, 20, ["Could not resolve hostname h9"]),  # ssh cannot reach a host
+        # MPI_Init aborts on every host: what each host's MPI said, under the host's name
+        ({"mpi_args": ["-genv", "UCX_TLS", "nosuchtl"]}, 20, ["host h1:", "host h2:", "transport 'nosuchtl' is not available"]),
+    ],
+    ids=["bad-mpiexec-flag", "unknown-host", "mpi-init-fails"],
+)
+def test_a_start_that_cannot_succeed_fails_within_seconds_quoting_what_was_said(hosts, options, within_s, quoted) -> None:
+    cluster = rd.Cluster(n=2, launcher="ssh", start_timeout=120, **{**hosts.launcher_options(), **options})
+    before = {host.name: set(host.pids()) for host in hosts.hosts}  # sshd, and the module's cluster if it runs
+    started = time.monotonic()
+    with pytest.raises(rd.ClusterError) as failure:
+        cluster.start()
+    elapsed = time.monotonic() - started
+    message = str(failure.value)
+    print(f"start failed after {elapsed:.1f} s: {message}")
+    assert "the engines' launcher (mpiexec) exited after 0 of 2 engines registered; the launcher wrote:" in message
+    assert all(text in message for text in quoted), message
+    assert elapsed < within_s, f"the failed start took {elapsed:.1f} s"
+    assert cluster.status()["state"] == "failed"
+    for host in hosts.hosts:  # nothing of this start is left on the hosts
+        deadline = time.monotonic() + 10
+        while set(host.pids()) - before[host.name] and time.monotonic() < deadline:
+            time.sleep(0.1)
+        left = set(host.pids()) - before[host.name]
+        assert not left, f"processes left on {host.name}: {[host.commands().get(pid) for pid in left]}"
 
 
 @pytest.mark.hosts

@@ -20,7 +20,7 @@ from typing import Any
 
 import psutil
 
-from rapydli.cluster import engine
+from rapydli.cluster import engine, launchwatch
 from rapydli.cluster.batchjob import BatchJob, batch_job
 from rapydli.cluster.controller_config import write_controller_config
 from rapydli.cluster.encryption import beyond_loopback, curve_ready
@@ -202,7 +202,7 @@ class Cluster(ClusterTasks):
                 if self._batch is not None:
                     self._batch.wait_for_engines(self._client, self.n, self.start_timeout, on_state, self._cancel.is_set)
                 else:
-                    _wait(self._client.wait_for_engines(self.n, timeout=self.start_timeout, block=False, widget=False, interactive=False))
+                    launchwatch.wait_for_engines(self._ipp, self._client, self.n, self.start_timeout)
                 self._configure_engines()
                 self._sessions = self._watch_sessions()
             except BaseException as exc:

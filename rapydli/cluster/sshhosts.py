@@ -9,11 +9,15 @@ they mean rather than writing ``mpi_args``:
 ``ssh_command``  ``-launcher ssh -launcher-exec PROG``: e.g. a wrapper adding ``-F config``
 ``interface``    ``-iface NAME``: Hydra's proxies call back on this interface's address,
                  and the ipyparallel controller listens there (so engines need not
-                 resolve this machine's name); with ``transport='tcp'`` MPI uses it too
+                 resolve this machine's name); with ``transport='tcp'`` MPI uses it too,
+                 or, on a host that names it otherwise, the host's interface on its network
 ``transport``    ``'tcp'``: MPI traffic goes over TCP (``UCX_TLS=self,tcp``; libfabric's
                  ``tcp`` provider for MPICH's ofi netmod), e.g. where hosts share a kernel
                  or no fast network exists; ``'default'``: MPI chooses
 ===============  =================================================================
+
+Each rank's output lines start with its host (Hydra's ``-prepend-pattern``), so a start
+that fails quotes what each host said (:mod:`rapydli.cluster.launchwatch`).
 
 The flags are Hydra's (MPICH, Intel MPI, MVAPICH); with another site MPI, pass its own
 flags in ``mpi_args`` and ``mpi_cmd``.
@@ -31,6 +35,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
+from rapydli.cluster.launchwatch import HOST_PATTERN
+from rapydli.cluster.mpi_engine import PEER_VARIABLE
 from rapydli.errors import ConfigError
 
 Config = dict[str, dict[str, Any]]
@@ -107,14 +113,19 @@ def _pin_tcp_to_interface(config: Config) -> None:
         env.update(UCX_NET_DEVICES=name, FI_TCP_IFACE=name)
 
 
+def _host_list(config: Config, *args: str) -> None:
+    """The hosts' arguments, and each rank's output lines prefixed with its host (what a failed start quotes per host)."""
+    _mpi_args(config, *args, "-prepend-pattern", HOST_PATTERN)
+
+
 def hosts(value: list[str], config: Config) -> None:
     """``hosts`` -> ``-hosts h1,h2``."""
-    _mpi_args(config, "-hosts", ",".join(host_names(value)))
+    _host_list(config, "-hosts", ",".join(host_names(value)))
 
 
 def hostfile(value: str, config: Config) -> None:
     """``hostfile`` -> ``-f FILE``."""
-    _mpi_args(config, "-f", os.path.abspath(value))
+    _host_list(config, "-f", os.path.abspath(value))
 
 
 def ssh_command(value: str, config: Config) -> None:
@@ -123,10 +134,16 @@ def ssh_command(value: str, config: Config) -> None:
 
 
 def interface(value: str, config: Config) -> None:
-    """``interface`` -> ``-iface NAME``; the controller listens on its address."""
+    """``interface`` -> ``-iface NAME``; the controller listens on its address.
+
+    The engines start through :mod:`rapydli.cluster.mpi_engine`, which on a host without
+    an interface of that name pins MPI to the host's own interface on that address's network.
+    """
     address = interface_address(value)
     _mpi_args(config, "-iface", value)
     config.setdefault("Cluster", {}).update(controller_ip=address, controller_location=address)
+    config.setdefault("MPIEngineSetLauncher", {})["engine_cmd"] = [sys.executable, "-m", "rapydli.cluster.mpi_engine"]
+    _environment(config)[PEER_VARIABLE] = address
     _pin_tcp_to_interface(config)
 
 
