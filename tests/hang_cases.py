@@ -55,3 +55,26 @@ class LateRank(torch.nn.Module):
         if self.calls == 3 and context().rank == 1:
             time.sleep(600)
         return self.net(x)
+
+
+class _SleepsOnStage0(torch.nn.Module):
+    """A linear layer whose fifth call on rank 0 (pipeline stage 0) sleeps ten minutes (the first calls check the split)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(64, 64)
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        if self.calls == 5 and context().rank == 0:
+            if os.environ.get("RAPYDLI_TEST_STALLED"):  # when the stall began, for the test's clock
+                with open(os.environ["RAPYDLI_TEST_STALLED"], "w") as stamp:
+                    stamp.write(repr(time.time()))
+            time.sleep(600)
+        return self.linear(x)
+
+
+def late_stage() -> torch.nn.Module:
+    """An MLP for the digits pipelined over 2 stages: stage 1 waits for an activation stage 0 does not send."""
+    return torch.nn.Sequential(torch.nn.Flatten(), _SleepsOnStage0(), torch.nn.ReLU(), torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import hang_cases
 import pytest
@@ -113,3 +114,31 @@ def test_a_training_run_that_hangs_is_aborted_and_the_diagnosis_stored(cluster):
     stored = open_store().records(job.run_id)["hang"]
     assert "rank 1 never arrived at allreduce #" in str(stored)
     ready(cluster)
+
+
+def test_a_pipeline_stage_left_waiting_for_an_activation_is_diagnosed(cluster, tmp_path):
+    from rapydli.experiments.job import TrainingJob
+    from rapydli.experiments.spec import RunSpec
+    from rapydli.trainer.config import TrainConfig
+
+    ready(cluster)
+    stalled = tmp_path / "stalled"  # stage 0 writes the time its stall began
+    cluster.run(_set_environment, "RAPYDLI_TEST_STALLED", str(stalled))
+    config = TrainConfig(max_steps=20, batch_size=16, pipeline_stages=2, microbatches=2, hang_timeout_s=3, on_hang="abort")
+    said: list[float] = []
+    job = TrainingJob(cluster, RunSpec.of(hang_cases.late_stage, "rapydli.zoo.datasets:digits"), config, [0, 1],
+                      callbacks=[lambda row: said.append(time.time()) if row["kind"] == "hang" else None])  # fmt: skip
+    job.wait()
+    assert job.state == "failed"
+    assert "rank 1 waits to receive from rank 0 (recv #" in job.error, job.error  # stage 1, waiting for an activation
+    assert "rank 0 is at: forward (hang_cases.py:" in job.error and "time.sleep(600)" in job.error, job.error
+    (when,) = said
+    after = when - float(stalled.read_text())
+    assert after < config.hang_timeout_s + 10, f"diagnosed {after:.1f} s after the stall began"
+    ready(cluster)
+
+
+def _set_environment(name: str, value: str) -> None:
+    import os
+
+    os.environ[name] = value

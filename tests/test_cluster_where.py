@@ -98,23 +98,40 @@ def test_where_reaches_ranks_on_other_hosts(hosts, tmp_path):
 
     options = {"hosts": ["h1", "h2"], "ssh_command": hosts.ssh, "interface": nshosts.BRIDGE, "transport": "tcp"}
     with Cluster(n=2, launcher="ssh", **options) as remote:
-        flag = tmp_path / "go"
-        thread, outcome = _blocked_cell(remote, flag)
-        try:
+        where = _where_on_two_ranks(remote, tmp_path)
+        assert [where.ranks[r].host for r in (0, 1)] == ["h1", "h2"]
 
-            def both_in_place():
-                where = remote.where()
-                text = str(where)
-                return where if "comm.Barrier()" in text and "time.sleep(0.05)" in text else None
 
-            where = _wait_for(both_in_place)
-            assert "rank 0: <module> (<distributed cell>:5): comm.Barrier()" in str(where)
-            assert "rank 1: <module> (<distributed cell>:4): time.sleep(0.05)" in str(where)
-            assert [where.ranks[r].host for r in (0, 1)] == ["h1", "h2"]
-        finally:
-            flag.touch()
-            thread.join(60)
-        assert outcome[0][0] == 0
+def _where_on_two_ranks(cluster: Cluster, tmp_path: Path) -> Where:
+    """where() while rank 0 waits in a barrier and rank 1 sleeps, checked; what it answered."""
+    flag = tmp_path / "go"
+    thread, outcome = _blocked_cell(cluster, flag)
+    try:
+
+        def both_in_place():
+            where = cluster.where()
+            text = str(where)
+            return where if "comm.Barrier()" in text and "time.sleep(0.05)" in text else None
+
+        where = _wait_for(both_in_place)
+        assert "rank 0: <module> (<distributed cell>:5): comm.Barrier()" in str(where)
+        assert "rank 1: <module> (<distributed cell>:4): time.sleep(0.05)" in str(where)
+        started = time.monotonic()
+        cluster.where()
+        print(f"where() answered in {time.monotonic() - started:.2f} s")
+    finally:
+        flag.touch()
+        thread.join(60)
+    assert outcome[0][0] == 0
+    return where
+
+
+@pytest.mark.slurm
+def test_where_reaches_ranks_in_a_slurm_job(local_slurm, tmp_path):
+    """A job over two Slurm nodes: the signal goes to each rank, the dumps come back (shared file system, else srun)."""
+    with Cluster(n=2, launcher="slurm", nodes=2, ntasks_per_node=1) as job:
+        where = _where_on_two_ranks(job, tmp_path)
+        assert not any(where.ranks[r].error for r in (0, 1)), where.ranks
 
 
 def test_parse_reads_a_faulthandler_dump_and_groups_ranks():

@@ -1,13 +1,17 @@
 """Private on a shared machine: another user cannot read the run store, a checkpoint or a cluster's
-connection files (whose key lets one run code on the engines). Run as root, the test reads them
-as the user ``nobody`` from a directory everyone may enter, as a shared /scratch would be."""
+connection files (whose key lets one run code on the engines), nor run code on a running cluster's
+engines. Run as root, the tests act as another user (``nobody``, and a user created for the test)
+from a directory everyone may enter, as a shared /scratch would be."""
 
 from __future__ import annotations
 
+import json
 import os
+import pwd
 import shutil
 import stat
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,12 +38,16 @@ def shared() -> Iterator[Path]:
         shutil.rmtree(base, ignore_errors=True)
 
 
-def readable_by_nobody(path: Path) -> bool:
-    def become_nobody() -> None:
-        os.setgid(NOBODY)
-        os.setuid(NOBODY)
+def _become(uid: int, gid: int):
+    def become() -> None:
+        os.setgid(gid)
+        os.setuid(uid)
 
-    done = subprocess.run(["head", "-c", "1", str(path)], preexec_fn=become_nobody, capture_output=True, text=True, timeout=60)
+    return become
+
+
+def readable_by_nobody(path: Path) -> bool:
+    done = subprocess.run(["head", "-c", "1", str(path)], preexec_fn=_become(NOBODY, NOBODY), capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 or "Permission denied" in done.stderr, done.stderr
     return done.returncode == 0
 
@@ -77,3 +85,61 @@ def test_a_home_others_may_enter_is_made_private_and_a_users_own_output_dir_is_l
     mine.chmod(0o755)  # the user's choice for a directory of theirs: kept
     private_dir(mine)
     assert stat.S_IMODE(mine.stat().st_mode) == 0o755
+
+
+OTHER_USER = "rapydli-other"
+
+#: Run by the other user: a client that knows the controller's ports (any user sees listening sockets) but not its key.
+#: It starts as root only to load this Python and ipyparallel (which live under root's home here), and becomes the other
+#: user before it reads or connects to anything.
+INTRUDER = """
+import os, sys
+import ipyparallel as ipp
+import ipyparallel.client.client, jupyter_client.session, zmq.asyncio  # noqa: F401 - loaded while root may
+os.setgid(int(sys.argv[4]))
+os.setuid(int(sys.argv[3]))
+try:
+    client = ipp.Client(sys.argv[1], timeout=10)
+except Exception as exc:
+    print("refused:", type(exc).__name__, exc)
+    sys.exit(3)
+print("connected to", client.ids)
+print(client[:].apply_sync(os.makedirs, sys.argv[2], exist_ok=True))
+"""
+
+
+@pytest.fixture
+def other_user(shared: Path) -> Iterator[pwd.struct_passwd]:
+    """A Unix user created for the test (no login, its home under ``shared``), removed afterwards."""
+    subprocess.run(["userdel", OTHER_USER], capture_output=True, check=False)  # a leftover of a killed run
+    home = shared / OTHER_USER
+    subprocess.run(["useradd", "--home-dir", str(home), "--create-home", "--shell", "/usr/sbin/nologin", OTHER_USER], check=True, capture_output=True)
+    try:
+        yield pwd.getpwnam(OTHER_USER)
+    finally:
+        subprocess.run(["userdel", "--remove", OTHER_USER], capture_output=True, check=False)
+
+
+@pytest.mark.engines
+def test_another_user_cannot_run_code_on_the_engines(shared: Path, other_user: pwd.struct_passwd) -> None:
+    from rapydli.cluster import Cluster
+
+    with home_at(shared / "rapydli-home") as home, Cluster(n=2) as cluster:
+        (client_file,) = (home / "ipython" / "security").glob("ipcontroller-*-client.json")
+        info = json.loads(client_file.read_text())
+        assert info["key"] and info["interface"] == "tcp://127.0.0.1"  # a local cluster: loopback, messages signed
+        guess = shared / "guess.json"  # every port the controller listens on, without the key
+        guess.write_text(json.dumps({**info, "key": ""}))
+        guess.chmod(0o644)
+        marker = shared / "ran-as-the-owner"
+        become = _become(other_user.pw_uid, other_user.pw_gid)
+        env = {"PATH": os.environ["PATH"], "HOME": other_user.pw_dir}
+        read = subprocess.run(["head", "-c", "1", str(client_file)], preexec_fn=become, capture_output=True, text=True, timeout=60, env=env)
+        assert read.returncode != 0 and "Permission denied" in read.stderr, read  # the key's file
+        who = [str(other_user.pw_uid), str(other_user.pw_gid)]
+        intruder = subprocess.run([sys.executable, "-c", INTRUDER, str(guess), str(marker), *who], capture_output=True, text=True,
+                                  timeout=120, env={**env, "IPYTHONDIR": f"{other_user.pw_dir}/.ipython"}, cwd=other_user.pw_dir)  # fmt: skip
+        # the controller drops what is not signed with its key: the client's registration is never answered
+        assert intruder.returncode == 3 and "refused: TimeoutError" in intruder.stdout, (intruder.stdout, intruder.stderr)
+        assert not marker.exists()
+        assert cluster.run(lambda: 7) == [7, 7]  # the owner's cluster goes on

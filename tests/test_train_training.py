@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
+import sys
 
 import pytest
 
@@ -110,3 +113,27 @@ def test_a_rank_slower_than_the_others_is_named_with_its_host() -> None:
     found = records["stragglers"]["value"]
     assert [s["rank"] for s in found] == [1] and found[0]["host"] == socket.gethostname(), found
     assert found[0]["busy_s"] >= 0.04 and found[0]["text"].startswith(f"rank 1 (host {socket.gethostname()}) is a straggler")
+
+
+@pytest.mark.engines
+def test_a_rank_pinned_to_a_busy_core_is_named_with_its_host(cluster) -> None:
+    import train_cases  # tests/: each rank's threads pinned to a core of its own; a spinning process shares rank 1's
+
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs two cores: one for each rank")
+    core = train_cases.pinned_core(1)
+    # three processes spinning on rank 1's core, each in a session of its own: Linux shares a core between sessions
+    # (autogroups) before processes, so they keep three quarters of it even when the machine is busy too
+    spin = f"import os\nos.sched_setaffinity(0, {{{core}}})\nwhile True:\n    pass"
+    config = rd.TrainConfig(epochs=50, max_steps=16, batch_size=4, lr=0.01, allreduce="mpi", eval_every=0)
+    busy = [subprocess.Popen([sys.executable, "-c", spin], start_new_session=True) for _ in range(3)]
+    try:
+        result = rd.train(train_cases.BusyOnPinnedCores, train_cases.features, config, cluster=cluster, progress=False, live=False)
+    finally:
+        for process in busy:
+            process.kill()
+            process.wait()
+    found = open_store().records(result.run_id)["stragglers"]["value"]
+    assert [s["rank"] for s in found] == [1] and found[0]["host"] == socket.gethostname(), found
+    assert found[0]["text"].startswith(f"rank 1 (host {socket.gethostname()}) is a straggler"), found
+    print(found[0]["text"])

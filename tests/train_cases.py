@@ -196,6 +196,37 @@ class SlowOnRank1(NormedMLP):
         return super().forward(x)
 
 
+class BusyOnPinnedCores(NormedMLP):
+    """A NormedMLP whose forward also burns ~20 ms of matrix products, with each rank's threads pinned to a core of its own.
+
+    Rank r runs on the r-th core of the engine's CPU set (:func:`pinned_core`); a process
+    spinning on rank 1's core then makes rank 1 a straggler, as a busy core does.
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        import os
+
+        from rapydli.cluster import engine
+
+        core = pinned_core(engine.context().rank)
+        if os.sched_getaffinity(0) != {core}:
+            for thread in os.listdir("/proc/self/task"):  # every thread of the engine: torch's, MPI's, ipyparallel's
+                os.sched_setaffinity(int(thread), {core})
+        with torch.no_grad():
+            a = torch.ones(256, 256)
+            for _ in range(60):
+                a = torch.mm(a, a) * (1 / 256)
+        return super().forward(x)
+
+
+def pinned_core(rank: int) -> int:
+    """The core :class:`BusyOnPinnedCores` pins ``rank`` to: the rank-th of this process's CPU set."""
+    import os
+
+    cores = sorted(os.sched_getaffinity(0))
+    return cores[rank % len(cores)]
+
+
 def per_sample_loss(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """A mistake: the loss of every sample where the batch's scalar loss is expected."""
     return nn.functional.cross_entropy(outputs, targets, reduction="none")
