@@ -64,7 +64,7 @@ def said(ipp_cluster: Any) -> str:
     """
     parts = []
     for launcher in _engine_launchers(ipp_cluster):
-        lines = _read(getattr(launcher, "output_file", "") or "").splitlines()
+        lines = _output(launcher).splitlines()
         if not lines:
             continue
         if len(lines) > HEAD_LINES + TAIL_LINES:
@@ -94,6 +94,8 @@ def _engine_launchers(ipp_cluster: Any) -> list[Any]:
 
 
 def _exited(launcher: Any) -> bool:
+    if getattr(launcher, "state", "") == "after":  # ipyparallel saw it end
+        return True
     try:
         return bool(launcher.process.status() == psutil.STATUS_ZOMBIE)
     except psutil.NoSuchProcess:
@@ -108,6 +110,14 @@ def _exit_code(launcher: Any) -> str:
 def _command(launcher: Any) -> str:
     args = list(getattr(launcher, "args", None) or [])
     return str(args[0]).rsplit("/", 1)[-1] if args else "mpiexec"
+
+
+def _output(launcher: Any) -> str:
+    """What the launcher's process wrote so far. Once it has ended, ipyparallel reads its file and removes it
+    (``get_output(remove=True)``), keeping the text: ``get_output()`` answers from that, or reads the file first."""
+    if _exited(launcher):
+        return str(launcher.get_output() or "")
+    return _read(getattr(launcher, "output_file", "") or "")
 
 
 def _read(path: str) -> str:
