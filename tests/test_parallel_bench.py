@@ -159,3 +159,17 @@ def test_peers_size_must_be_one_of_the_peers_sizes() -> None:
 
     result = CliRunner().invoke(parallel_command, ["--peers", "--size", "gpt2-63m"])
     assert result.exit_code != 0 and "with --peers, one of bench, tiny" in result.output
+
+
+def test_the_time_parts_models_are_the_peers_shapes_and_an_unknown_one_is_refused() -> None:
+    from rapydli.bench.parallel import command as parallel_command
+    from rapydli.bench.parallel_worker import TIME_MODELS
+    from rapydli.bench.peers_worker import SHAPES
+
+    result = CliRunner().invoke(parallel_command, ["--parts", "time", "--model", "gpt3"])
+    assert result.exit_code == 2 and "'gpt3' is not one of 'gpt2', 'llama', 'tiny_lm'" in result.output, result.output
+    for name in ("gpt2", "llama"):  # the --peers bench size, so both benches speak of the same models
+        model_fn, data_fn = TIME_MODELS[name]
+        assert sum(p.numel() for p in model_fn().parameters()) == sum(p.numel() for p in SHAPES["bench"].model(name).parameters())
+        train, _ = data_fn()
+        assert train[0][0].shape == (SHAPES["bench"].positions,)

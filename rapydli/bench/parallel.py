@@ -13,6 +13,7 @@ tensor parallelism.
   against the planner's peak without activations (the formula plus the buffers it knows
   this implementation keeps), and the activations against the planner's.
 * **step time**: the layouts trained on a 2-engine cluster through ``rd.plan_parallel``
+  (``--model``: ``tiny_lm``, or the GPT-2-style or Llama-style model of ``--peers``)
   (``--rounds`` rounds, alternated; the median of each layout's medians), each against
   plain data parallelism (ratio ``step / dp step``), and the planner's prediction error.
   Target: predicted within 20 % of measured.
@@ -66,7 +67,7 @@ from typing import Any
 
 import click
 
-from rapydli.bench.parallel_worker import bench_data, bench_model
+from rapydli.bench.parallel_worker import TIME_MODELS, bench_data, bench_model
 from rapydli.bench.peers_worker import SHAPES
 from rapydli.bench.report import emit
 from rapydli.bench.zero3_worker import SIZES
@@ -138,11 +139,12 @@ def memory_rows(steps: int, timeout: float) -> list[dict[str, Any]]:
     return rows
 
 
-def time_rows(steps: int, rounds: int) -> list[dict[str, Any]]:
-    """Each layout's measured and predicted step time on a 2-engine cluster, through the planner."""
+def time_rows(steps: int, rounds: int, model: str = "tiny_lm") -> list[dict[str, Any]]:
+    """Each layout's measured and predicted step time on a 2-engine cluster, through the planner, for ``TIME_MODELS[model]``."""
     from rapydli.cluster import Cluster
     from rapydli.experiments.planning.planner import plan_parallel
 
+    model_fn, data_fn = TIME_MODELS[model]
     config = _config()
     labels = {layout.label: name for name, layout in layouts().items()}
     measured: dict[str, list[float]] = {label: [] for label in labels}
@@ -150,7 +152,7 @@ def time_rows(steps: int, rounds: int) -> list[dict[str, Any]]:
     with Cluster(n=2) as cluster:
         for _ in range(rounds):
             plan = plan_parallel(
-                bench_model, bench_data, config, ranks=2, run_top=0, steps=steps, cluster=cluster, global_batch=GLOBAL_BATCH,
+                model_fn, data_fn, config, ranks=2, run_top=0, steps=steps, cluster=cluster, global_batch=GLOBAL_BATCH,
                 run_layouts=list(labels), profile=plan.profile if plan else None, network=plan.network if plan else None,
             )  # fmt: skip
             for label in labels:
@@ -161,7 +163,8 @@ def time_rows(steps: int, rounds: int) -> list[dict[str, Any]]:
     for label, name in labels.items():
         row = plan.table[plan.table["layout"] == label].iloc[0]
         step = statistics.median(measured[label])
-        rows.append({"part": "time", "variant": name, "layout": label, "measured_step_ms": 1e3 * step, "predicted_step_ms": 1e3 * row["predicted_step_s"],
+        rows.append({"part": "time", "model": model,
+                     "variant": name, "layout": label, "measured_step_ms": 1e3 * step, "predicted_step_ms": 1e3 * row["predicted_step_s"],
                      "error": (row["predicted_step_s"] - step) / step, "rounds_ms": [round(1e3 * s, 3) for s in measured[label]]})  # fmt: skip
     base = next(r for r in rows if r["variant"] == "dp")["rounds_ms"]
     for row in rows:
@@ -416,10 +419,12 @@ def _rank_counts(text: str) -> list[int]:
 @click.option("--peers", is_flag=True, default=False,
               help="Instead of the parts: tensor parallelism and the 1F1B pipeline on 2 ranks against PyTorch's own, GPT-2- and Llama-style.")
 @click.option("--ranks", default="2,4", show_default=True, help="With --zero 3: comma-separated rank counts.")
+@click.option("--model", "time_model", type=click.Choice(sorted(TIME_MODELS)), default="tiny_lm", show_default=True,
+              help="The model of the step-time part: tiny_lm, or the GPT-2-style or Llama-style model of --peers' bench size.")
 @click.option("--size", type=click.Choice(sorted(set(SIZES) | set(SHAPES))), default=None,
               help="With --zero 3 (default gpt2-63m) or --peers (default bench): the models and batch (tiny: for tests).")
 def command(json_path: str | None, parts: str, steps: int | None, rounds: int, timeout: float, zero: str | None, peers: bool, ranks: str,
-            size: str | None) -> None:  # fmt: skip
+            time_model: str, size: str | None) -> None:  # fmt: skip
     """Memory per rank of dp / ZeRO-1 / ZeRO-2 / pipeline / tensor parallel vs the ZeRO formulas; step times vs dp; planner error.
 
     With ``--zero 3``: ZeRO-3 against PyTorch's FSDP2 on a GPT-2-style model, step time and peak memory per rank, with and without activation checkpointing.
@@ -462,5 +467,5 @@ def command(json_path: str | None, parts: str, steps: int | None, rounds: int, t
     if "memory" in wanted:
         rows += memory_rows(min(steps, 4), timeout)
     if "time" in wanted:
-        rows += time_rows(steps, rounds)
+        rows += time_rows(steps, rounds, time_model)
     emit("parallel", rows, summarize(rows), json_path)

@@ -40,6 +40,20 @@ from rapydli.zoo import datasets, models
 VOCAB = 256
 bench_model: Callable[[], torch.nn.Module] = functools.partial(models.tiny_lm, vocab_size=VOCAB, block_size=32, dim=128, layers=4, heads=4)
 bench_data: Callable[[], Any] = functools.partial(datasets.synthetic_tokens, num_samples=1024, block_size=32, vocab_size=VOCAB)
+#: The models the step-time part can plan and run (``--model``), as ``(model_fn, data_fn)``: ``tiny_lm`` (the one above),
+#: and the GPT-2-style (fused ``c_attn`` Conv1D, tied embedding) and Llama-style (GQA, SwiGLU) models at the ``--peers``
+#: bench's ``bench`` size (vocabulary 2048, 64 positions, width 256, 4 blocks).
+TIME_MODELS: dict[str, tuple[Callable[[], torch.nn.Module], Callable[[], Any]]] = {
+    "tiny_lm": (bench_model, bench_data),
+    "gpt2": (
+        functools.partial(models.gpt2_style, vocab=2048, positions=64, n_embd=256, n_head=8, n_layer=4),
+        functools.partial(datasets.synthetic_tokens, num_samples=1024, block_size=64, vocab_size=2048),
+    ),
+    "llama": (
+        functools.partial(models.llama_style, vocab=2048, hidden=256, heads=8, kv_heads=4, intermediate=704, layers=4),
+        functools.partial(datasets.synthetic_tokens, num_samples=1024, block_size=64, vocab_size=2048),
+    ),
+}
 
 
 def _storages(tensors: Iterable[Any]) -> dict[int, int]:
