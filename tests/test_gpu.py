@@ -132,6 +132,29 @@ print("OK bf16", flush=True)
     assert run_mpi(code, n=2).stdout.count("OK bf16") == 2
 
 
+@pytest.mark.parametrize("zero", [1, 2, 3])
+def test_an_offloaded_optimizer_keeps_its_state_in_host_memory_and_trains_as_the_one_on_the_gpu(zero: int) -> None:
+    import sys
+
+    sys.path.insert(0, str(TESTS))
+    from recompute_models import dropout_net, features
+
+    train, val = features()
+    trained = []
+    for offload in (False, True):
+        trainer = _trainer(dropout_net(), train, val, batch_size=8, max_steps=4, zero=zero, offload_optimizer=offload, workers=1)
+        trainer.fit()
+        sharded = trainer.optimizer
+        states = [value for state in sharded.optimizer.state.values() for value in state.values() if isinstance(value, torch.Tensor) and value.dim()]
+        assert states and all(value.device.type == ("cpu" if offload else DEVICE) for value in states)
+        if offload and DEVICE == "cuda":
+            assert all(host.is_pinned() for _, host in sharded.host_copies)
+        trained.append({k: v.cpu() for k, v in trainer.full_state_dict().items()})
+        trainer.close()
+    # the same AdamW steps, on the host instead of the GPU: equal to float tolerance (the kernels differ, not the math)
+    assert all(torch.allclose(trained[0][k], trained[1][k], rtol=1e-5, atol=1e-6) for k in trained[0])
+
+
 def test_the_clairvoyant_loader_yields_pinned_batches() -> None:
     from torch.utils.data import TensorDataset
 

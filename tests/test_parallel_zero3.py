@@ -114,6 +114,50 @@ def test_offload_optimizer_needs_zero_and_is_a_no_op_on_cpu_ranks() -> None:
     assert all(torch.equal(states[0][k], states[1][k]) for k in states[0])
 
 
+@pytest.mark.parametrize("zero", [1, 2, 3])
+def test_an_offloaded_optimizer_steps_host_copies_and_trains_and_resumes_as_the_one_in_place(zero: int, monkeypatch, tmp_path) -> None:
+    """The host-copy path of offload_optimizer (what a GPU rank runs), taken here by calling this CPU's slices device memory."""
+    import sys
+
+    import torch
+    from mpi4py import MPI
+
+    sys.path.insert(0, str(TESTS))
+    from recompute_models import dropout_net, features
+
+    from rapydli.parallel import zero as zero_module
+    from rapydli.trainer import TrainConfig, Trainer
+
+    train, val = features()
+
+    def two_groups(model: torch.nn.Module) -> torch.optim.Optimizer:  # decay on matrices only, another rate for the rest
+        matrices = [p for p in model.parameters() if p.ndim >= 2]
+        rest = [p for p in model.parameters() if p.ndim < 2]
+        return torch.optim.AdamW([{"params": matrices, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0, "lr": 3e-3}], lr=1e-2)
+
+    def run(offload: bool, steps: int, directory: str | None = None, resume: bool = False) -> Trainer:
+        config = TrainConfig(batch_size=8, max_steps=steps, seed=0, zero=zero, offload_optimizer=offload, workers=1, eval_every=0,
+                             checkpoint_dir=directory, checkpoint_every=2 if directory else 0, resume=resume)  # fmt: skip
+        model = dropout_net()
+        trainer = Trainer(model, two_groups(model), train, val, config, comm=MPI.COMM_SELF)
+        trainer.fit()
+        trainer.close()
+        return trainer
+
+    in_place = run(False, 4)
+    monkeypatch.setattr(zero_module, "_in_device_memory", lambda piece: True)
+    offloaded = run(True, 4)
+    sharded = offloaded.optimizer
+    assert sharded.host_copies and all(host.data_ptr() != piece.data_ptr() for piece, host in sharded.host_copies)
+    assert {id(p) for group in sharded.optimizer.param_groups for p in group["params"]} == {id(host) for _, host in sharded.host_copies}
+    assert set(map(id, sharded.optimizer.state)) <= {id(host) for _, host in sharded.host_copies}  # the state is the host copies'
+    whole = [offloaded.full_state_dict(), in_place.full_state_dict()]
+    assert all(torch.equal(whole[0][k], whole[1][k]) for k in whole[1]), "offloaded training differs"
+    run(True, 2, str(tmp_path))  # checkpointed at step 2, resumed to step 4: the state comes back to the host copies
+    resumed = run(True, 4, str(tmp_path), resume=True).full_state_dict()
+    assert all(torch.equal(resumed[k], whole[1][k]) for k in whole[1]), "the offloaded run resumed differs"
+
+
 @pytest.mark.mpi
 def test_a_block_only_some_ranks_use_trains_one_only_some_call_is_refused_and_batch_norm_trains_as_data_parallel(run_mpi) -> None:
     """One launch of 2 ranks: the rules of blocks some ranks skip, and a ResNet-style model with BatchNorm (zero=3, checkpointing on and off)."""

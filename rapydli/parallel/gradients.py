@@ -14,8 +14,9 @@ Three strategies behind one small interface (:class:`Gradients`), chosen once by
   only its slices of the parameters and gathers each block's around its forward and
   backward.
 
-``TrainConfig.offload_optimizer`` is accepted on CPU ranks, where the optimizer state is in
-host memory already (a no-op), and refused on GPU ranks (not implemented).
+``TrainConfig.offload_optimizer``: the sharded optimizer keeps its state and steps in host
+memory (:class:`~rapydli.parallel.zero.ShardedOptimizer`'s ``offload``); on CPU ranks,
+where everything is in host memory already, it changes nothing.
 
 The loop calls, every step: ``no_sync()`` around the micro-steps that only accumulate,
 ``wait()`` after the last backward, the optimizer's ``step()``, then ``zero_grad()``.
@@ -27,8 +28,6 @@ import contextlib
 from typing import TYPE_CHECKING, Any
 
 import torch
-
-from rapydli.errors import ConfigError
 
 if TYPE_CHECKING:  # pragma: no cover
     from rapydli.comm.synchronizer import SyncStats
@@ -121,12 +120,7 @@ class _ShardedLocal(Gradients):
 def build(layout: Layout, part: ModelPart, optimizer: torch.optim.Optimizer, config: Any) -> Gradients:
     """The strategy of ``layout`` for ``part`` (see :meth:`rapydli.parallel.layout.Layout.gradients`)."""
     model, comm = part.model, part.comm if layout.dp_enabled else None  # one replica: nothing to average
-    device = next(model.parameters()).device
-    if getattr(config, "offload_optimizer", False) and device.type != "cpu":  # on CPU ranks the state is in host memory already
-        raise ConfigError(
-            f"TrainConfig.offload_optimizer=True on {device.type} ranks is not implemented yet (on CPU ranks it is a no-op): "
-            "train with offload_optimizer=False"
-        )
+    offload = bool(getattr(config, "offload_optimizer", False))  # on CPU ranks the state is in host memory already: a no-op
     if layout.zero_enabled:
         from rapydli.parallel import deferred
         from rapydli.parallel.zero import ShardedOptimizer
@@ -152,9 +146,10 @@ def build(layout: Layout, part: ModelPart, optimizer: torch.optim.Optimizer, con
         if layout.zero == 3:
             from rapydli.parallel.zero3 import FullyShardedOptimizer
 
-            sharded = FullyShardedOptimizer(model, lambda _: optimizer, data, bucket_mb=config.bucket_mb)
+            sharded = FullyShardedOptimizer(model, lambda _: optimizer, data, bucket_mb=config.bucket_mb, offload=offload)
         else:
-            sharded = ShardedOptimizer(model.parameters(), lambda _: optimizer, data, stage=layout.zero, bucket_mb=config.bucket_mb)
+            sharded = ShardedOptimizer(model.parameters(), lambda _: optimizer, data, stage=layout.zero, bucket_mb=config.bucket_mb,
+                                       offload=offload)
         for group in sharded.param_groups:
             group.setdefault("initial_lr", group["lr"])
         if layout.zero >= 2:

@@ -160,6 +160,11 @@ class ShardedOptimizer:
         after backward, or let :meth:`step` do it).
     bucket_mb
         Target bucket size in MiB.
+    offload
+        Keep the optimizer's state, and the fp32 copy of this rank's slices it steps, in
+        host memory (ZeRO-Offload's idea): each step copies the slices' averaged gradients
+        to the host, steps there and copies the updated slices back before they are
+        gathered. On CPU ranks everything is in host memory already: nothing changes.
 
     Attributes
     ----------
@@ -172,7 +177,7 @@ class ShardedOptimizer:
     """
 
     def __init__(self, params: Iterable[nn.Parameter], build: Callable[[list[nn.Parameter]], torch.optim.Optimizer], comm: Any,
-                 stage: int = 1, bucket_mb: float = 25.0) -> None:  # fmt: skip
+                 stage: int = 1, bucket_mb: float = 25.0, offload: bool = False) -> None:  # fmt: skip
         if stage not in (_ALL_STAGES if type(self) is not ShardedOptimizer else STAGES):
             raise ConfigError(f"zero={stage!r} is invalid: one of {', '.join(map(str, STAGES))}")
         self.comm, self.stage = comm, stage
@@ -182,8 +187,14 @@ class ShardedOptimizer:
         # groups' hyperparameters), the buckets ordered as backward reaches them; then the groups hold this rank's pieces
         self.optimizer = build(params)
         self.buckets: list[_Bucket] = self._buckets(params, bucket_mb)
+        #: (piece of this rank's slices, the host copy the optimizer steps in its place): offloaded pieces only
+        self.host_copies: list[tuple[nn.Parameter, nn.Parameter]] = []
         for index, group in enumerate(self.optimizer.param_groups):
-            group["params"] = [piece for bucket in self.buckets if bucket.group == index for piece in bucket.owned]
+            pieces = [piece for bucket in self.buckets if bucket.group == index for piece in bucket.owned]
+            copies = [(piece, _host_copy(piece)) if offload and _in_device_memory(piece) else None for piece in pieces]
+            self.host_copies += [pair for pair in copies if pair is not None]
+            group["params"] = [piece if pair is None else pair[1] for piece, pair in zip(pieces, copies)]
+        self._stepped = {id(piece): host for piece, host in self.host_copies}
         self.optimizer.state.clear()
         self.param_groups = self.optimizer.param_groups
         self.stats = SyncStats()
@@ -322,8 +333,24 @@ class ShardedOptimizer:
         else:
             for bucket in self.buckets:
                 bucket.give_grads()
+        for piece, host in self.host_copies:  # offloaded: the gradients to the host, the step there, the slices back
+            host.grad = None if piece.grad is None else piece.grad.detach().to(host.device, copy=True)
         self.optimizer.step()
+        with torch.no_grad():
+            for piece, host in self.host_copies:
+                piece.copy_(host)
+                host.grad = None
         self._after_step()
+
+    def stepped(self, piece: torch.Tensor) -> torch.Tensor:
+        """The tensor the inner optimizer steps (and keys its state by) for ``piece`` of this rank's slices: its host copy when offloaded."""
+        return self._stepped.get(id(piece), piece)
+
+    def _copy_to_host(self) -> None:
+        """The offloaded pieces' host copies take the pieces' values (after a load wrote into the pieces)."""
+        with torch.no_grad():
+            for piece, host in self.host_copies:
+                host.copy_(piece)
 
     def _after_step(self) -> None:
         """Every rank's updated slices into every rank's buckets (stages 1 and 2 keep the whole parameters)."""
@@ -342,9 +369,10 @@ class ShardedOptimizer:
         return out
 
     def refresh(self) -> None:
-        """Keep the parameters in the buckets after their data was replaced (a load that swapped tensors)."""
+        """Keep the parameters in the buckets after their data was replaced (a load that swapped tensors); offloaded, copy the slices to the host."""
         for bucket in self.buckets:
             bucket.attach()
+        self._copy_to_host()
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Clear the model's gradients, this rank's gradient slices and which parameters got one."""
@@ -408,6 +436,19 @@ class ShardedOptimizer:
 
     def _layout(self) -> list[int]:
         return [b - a for bucket in self.buckets for _, a, b in bucket.pieces]
+
+
+def _in_device_memory(piece: torch.Tensor) -> bool:
+    """Whether ``piece`` lives outside host memory (what offloading moves the optimizer away from)."""
+    return piece.device.type != "cpu"
+
+
+def _host_copy(piece: nn.Parameter) -> nn.Parameter:
+    """A host-memory copy of ``piece`` for the offloaded optimizer (page-locked from a GPU, so the copies each step are fast)."""
+    host = piece.detach().to("cpu", copy=True)
+    if piece.device.type == "cuda":
+        host = host.pin_memory()
+    return nn.Parameter(host)
 
 
 def _nbytes(bucket: _Bucket) -> int:

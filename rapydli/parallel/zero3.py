@@ -163,7 +163,7 @@ class FullyShardedOptimizer(ShardedOptimizer):
     """
 
     def __init__(self, model: nn.Module, build: Callable[[list[nn.Parameter]], torch.optim.Optimizer], comm: Any,
-                 bucket_mb: float = 25.0) -> None:  # fmt: skip
+                 bucket_mb: float = 25.0, offload: bool = False) -> None:  # fmt: skip
         self.model = model
         self.units: list[_Unit] = []
         self._needs: dict[int, list[_Unit]] = {}  # id(module) -> the units its forward uses
@@ -176,7 +176,7 @@ class FullyShardedOptimizer(ShardedOptimizer):
         self.gathers = self.prefetched = 0
         self._gathered_bytes = 0
         self.peak_gathered_bytes = 0  # the most bytes of whole buckets this optimizer held at once
-        super().__init__(model.parameters(), build, comm, stage=3, bucket_mb=bucket_mb)
+        super().__init__(model.parameters(), build, comm, stage=3, bucket_mb=bucket_mb, offload=offload)
         self._hook_modules()
 
     # -- building ------------------------------------------------------------------------
@@ -391,8 +391,9 @@ class FullyShardedOptimizer(ShardedOptimizer):
         self._whole = True
 
     def refresh(self) -> None:
-        """Drop what is gathered: a load wrote into this rank's slices (the pieces), which the next forward gathers."""
+        """Drop what is gathered: a load wrote into this rank's slices (the pieces), which the next forward gathers (offloaded: copied to the host)."""
         self._after_step()
+        self._copy_to_host()
 
     def parameter_pieces(self) -> Iterator[tuple[nn.Parameter, nn.Parameter]]:
         """``(model parameter, piece)`` of every piece of this rank's slices: the piece's data is that part of the parameter."""

@@ -446,6 +446,7 @@ def _load_into(directory: Path, meta: dict[str, Any], whole: Any, held: Any, opt
             for name, placement, slot in slots:
                 if id(slot) in pieces:
                     slot.copy_(piece(name, "param", placement).reshape(slot.shape))
+        if hasattr(optimizer, "refresh"):  # ZeRO: drop what is gathered, and offloaded, copy the loaded slices to the host
             optimizer.refresh()
     inner = getattr(optimizer, "optimizer", optimizer)
     inner.state.clear()
@@ -454,15 +455,16 @@ def _load_into(directory: Path, meta: dict[str, Any], whole: Any, held: Any, opt
         if field.startswith("optim."):
             fields.setdefault(name, []).append(field)
     for name, placement, slot in slots:
+        key = manifest.state_key(optimizer, slot)  # an offloaded piece's state is on its host copy
         state = {}
         for field in fields.get(name, []):
             if found[name, field][0].placement is not None:
-                state[field[len("optim."):]] = piece(name, field, placement).reshape(slot.shape).to(slot.device, copy=True)
+                state[field[len("optim."):]] = piece(name, field, placement).reshape(slot.shape).to(key.device, copy=True)
             else:
                 saved = value(name, field)
                 state[field[len("optim."):]] = saved.clone() if isinstance(saved, torch.Tensor) else copy.deepcopy(saved)
         if state:
-            inner.state[slot] = state
+            inner.state[key] = state
 
 
 def read_state_dict(directory: str | os.PathLike[str]) -> tuple[dict[str, torch.Tensor], int]:

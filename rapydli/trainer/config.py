@@ -142,7 +142,7 @@ class TrainConfig:
         0, "shard over the data-parallel ranks: 0 off, 1 the optimizer state (ZeRO-1), 2 the gradients too, 3 the parameters too", low=0, high=3
     )
     offload_optimizer: bool = _spec(
-        False, "keep the sharded optimizer state in host memory (zero>=1): a no-op on CPU ranks, where it already is; GPU ranks refuse it"
+        False, "keep the sharded optimizer state in host memory and step there (zero>=1, ZeRO-Offload): a no-op on CPU ranks, where it already is"
     )
     activation_checkpointing: str | None = _spec(
         None, "recompute activations in backward: None (keep them), 'blocks' (every block) or 'every_k:N' (blocks 0, N, 2N, ...)", optional=True

@@ -183,6 +183,12 @@ def optimizer_slots(optimizer: Any, where: dict[int, tuple[str, Placement]]) -> 
             yield name, placement, param
 
 
+def state_key(optimizer: Any, slot: torch.Tensor) -> torch.Tensor:
+    """The tensor ``optimizer``'s inner optimizer keys ``slot``'s state by: ``slot``, or an offloaded ZeRO piece's host copy."""
+    stepped = getattr(optimizer, "stepped", None)
+    return stepped(slot) if stepped is not None else slot
+
+
 def entries(whole: nn.Module, held: nn.Module, optimizer: Any, *, model: bool, split_only: bool, state: bool = True) -> list[Entry]:
     """The entries this rank writes: its parameters and buffers (``model``) and its optimizer state (``optimizer``, or ``None``).
 
@@ -211,7 +217,7 @@ def entries(whole: nn.Module, held: nn.Module, optimizer: Any, *, model: bool, s
     for name, placement, param in optimizer_slots(optimizer, where) if optimizer is not None and state else ():
         if split_only and placement.dim is None:
             continue
-        for state, value in inner.state.get(param, {}).items():
+        for state, value in inner.state.get(state_key(optimizer, param), {}).items():
             if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape == param.shape:
                 out.append(Entry(name, f"optim.{state}", placement, value.detach().cpu()))
             else:
