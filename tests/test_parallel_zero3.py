@@ -114,21 +114,31 @@ def test_offload_optimizer_needs_zero_and_is_a_no_op_on_cpu_ranks() -> None:
     assert all(torch.equal(states[0][k], states[1][k]) for k in states[0])
 
 
+@pytest.mark.parametrize("shape", ["dropout_net", "gpt2", "llama"])
 @pytest.mark.parametrize("zero", [1, 2, 3])
-def test_an_offloaded_optimizer_steps_host_copies_and_trains_and_resumes_as_the_one_in_place(zero: int, monkeypatch, tmp_path) -> None:
-    """The host-copy path of offload_optimizer (what a GPU rank runs), taken here by calling this CPU's slices device memory."""
+def test_an_offloaded_optimizer_steps_host_copies_and_trains_and_resumes_as_the_one_in_place(zero: int, shape: str, monkeypatch,
+                                                                                               tmp_path) -> None:  # fmt: skip
+    """The host-copy path of offload_optimizer (what a GPU rank runs), taken here by calling this CPU's slices device memory.
+
+    On a net with dropout, HF GPT-2's shapes (Conv1D, fused QKV, the embedding tied to the head) and Llama's (GQA, SwiGLU).
+    """
+    import functools
     import sys
 
     import torch
     from mpi4py import MPI
 
     sys.path.insert(0, str(TESTS))
+    from hf_models import gpt2, llama, lm_loss
     from recompute_models import dropout_net, features
 
     from rapydli.parallel import zero as zero_module
     from rapydli.trainer import TrainConfig, Trainer
+    from rapydli.zoo import datasets
 
-    train, val = features()
+    build, loss_fn = {"dropout_net": (dropout_net, None), "gpt2": (gpt2, lm_loss), "llama": (llama, lm_loss)}[shape]
+    data = features if shape == "dropout_net" else functools.partial(datasets.synthetic_tokens, num_samples=40, block_size=8, vocab_size=32)
+    train, val = data()
 
     def two_groups(model: torch.nn.Module) -> torch.optim.Optimizer:  # decay on matrices only, another rate for the rest
         matrices = [p for p in model.parameters() if p.ndim >= 2]
@@ -138,8 +148,8 @@ def test_an_offloaded_optimizer_steps_host_copies_and_trains_and_resumes_as_the_
     def run(offload: bool, steps: int, directory: str | None = None, resume: bool = False) -> Trainer:
         config = TrainConfig(batch_size=8, max_steps=steps, seed=0, zero=zero, offload_optimizer=offload, workers=1, eval_every=0,
                              checkpoint_dir=directory, checkpoint_every=2 if directory else 0, resume=resume)  # fmt: skip
-        model = dropout_net()
-        trainer = Trainer(model, two_groups(model), train, val, config, comm=MPI.COMM_SELF)
+        model = build()
+        trainer = Trainer(model, two_groups(model), train, val, config, comm=MPI.COMM_SELF, loss_fn=loss_fn)
         trainer.fit()
         trainer.close()
         return trainer
