@@ -73,6 +73,7 @@ for epoch in range(2):
         F.cross_entropy(ddp(x), y).backward()
         opt.step()
 close(trainer.model, ddp.module)
+del ddp, opt  # DDP before its group: its Reducer's destructor, freeing the group last, can hang (see train_cases.ddp_state)
 dist.destroy_process_group()
 
 # metrics: every key, sane values; eval averaged over ranks (identical on both)

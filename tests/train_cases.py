@@ -502,11 +502,13 @@ def check_case(name: str) -> None:
         optimizer.zero_grad(set_to_none=True)
         case.reference_loss(ddp, *shard(train, rank, size, step, cfg.batch_size * cfg.grad_accum)).backward()
         optimizer.step()
+    reference = list(ddp.module.parameters())
+    del ddp, optimizer  # before the group: see ddp_state
     dist.destroy_process_group()
 
     single = single_process(name, size)
     initial = dict(build(case).named_parameters())
-    for (key, mine), theirs, one in zip(trainer.model.named_parameters(), ddp.module.parameters(), single.parameters()):
+    for (key, mine), theirs, one in zip(trainer.model.named_parameters(), reference, single.parameters()):
         assert torch.allclose(mine, theirs, atol=TOL, rtol=0), f"{name} {key} vs DDP: {(mine - theirs).abs().max().item()}"
         assert torch.allclose(mine, one, atol=TOL, rtol=0), f"{name} {key} vs one process: {(mine - one).abs().max().item()}"
         assert not torch.equal(mine, initial[key]) or key in case.unchanged, f"{name} {key} did not train"
