@@ -52,8 +52,13 @@ check: install-test
 	$(VENV)/bin/ruff check rapydli tests
 	$(VENV)/bin/mypy
 
+# Two pytest-xdist workers: much of the suite waits (engines, kernels, a browser, Slurm) rather
+# than computes. A module runs in one worker; what the machine has one of (namespace hosts,
+# local Slurm, the browser's JupyterLab) in one worker, one test after another (tests/conftest.py).
+TEST_WORKERS ?= 2
+
 test: check
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 bench: install
 	mkdir -p bench-results

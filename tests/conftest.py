@@ -17,6 +17,23 @@ from rapydli.cluster import mpirun
 ROOT = Path(__file__).resolve().parents[1]
 
 
+#: What a machine has one of: the namespace hosts (their lock is machine-wide), the local
+#: Slurm's node names, the browser tests' JupyterLab. Tests using any of them run in one
+#: pytest-xdist worker, one after another (see ``pytest_collection_modifyitems``).
+_ONE_PER_MACHINE_MARKERS = {"hosts", "slurm", "browser"}
+_ONE_PER_MACHINE_FIXTURES = {"hosts", "local_slurm"}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under ``pytest -n N --dist loadgroup`` (``make test``): a test module runs in one worker,
+    so its module-scoped clusters start once; every test that uses what the machine has one
+    of runs in the same worker."""
+    for item in items:
+        shared = _ONE_PER_MACHINE_MARKERS & {mark.name for mark in item.iter_markers()}
+        shared |= _ONE_PER_MACHINE_FIXTURES & set(getattr(item, "fixturenames", ()))
+        item.add_marker(pytest.mark.xdist_group("one-per-machine" if shared else item.module.__name__ if item.module else item.nodeid))
+
+
 @pytest.fixture(autouse=True, scope="session")
 def rapydli_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Every test session gets its own run store; nothing touches ~/.rapydli."""

@@ -269,7 +269,7 @@ def test_report_axes_and_a_skipped_rerun_adds_no_batch_record(home: Path, tmp_pa
 
     grid = {"factor": [0.01, 0.1], "x": [1, 2]}
     first = rd.batch(PARAMS_NB, grid, out="out", parallel=2, progress=False)
-    assert (first["status"] == "finished").all()
+    assert (first["status"] == "finished").all(), first[["status", "error"]].to_string()
     store = store_mod.open_store()
     before = store.list_runs(kind="batch")[1]
     assert before == 1 + 4
