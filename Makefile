@@ -53,12 +53,12 @@ check: install-test
 	$(VENV)/bin/mypy
 
 # Two pytest-xdist workers: much of the suite waits (engines, kernels, a browser, Slurm) rather
-# than computes. A module runs in one worker; what the machine has one of (namespace hosts,
-# local Slurm, the browser's JupyterLab) in one worker, one test after another (tests/conftest.py).
+# than computes. A test file runs in one worker; the files using what the machine has one of
+# (namespace hosts, local Slurm, the browser's JupyterLab) in one worker, in turn (tests/conftest.py).
 TEST_WORKERS ?= 2
 
 test: check
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 bench: install
 	mkdir -p bench-results

@@ -18,20 +18,44 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 #: What a machine has one of: the namespace hosts (their lock is machine-wide), the local
-#: Slurm's node names, the browser tests' JupyterLab. Tests using any of them run in one
-#: pytest-xdist worker, one after another (see ``pytest_collection_modifyitems``).
+#: Slurm's node names, the browser tests' JupyterLab. Under ``pytest -n N --dist loadfile``
+#: (``make test``) the test files using any of them run in one worker, one after another.
 _ONE_PER_MACHINE_MARKERS = {"hosts", "slurm", "browser"}
 _ONE_PER_MACHINE_FIXTURES = {"hosts", "local_slurm"}
+ONE_PER_MACHINE_FILES = frozenset({
+    "test_batchhosts.py", "test_batchslurm.py", "test_cluster_hosts.py", "test_cluster_notebook09.py", "test_cluster_slurm.py",
+    "test_cluster_where.py", "test_cluster_where_remote.py", "test_lab_browser.py", "test_lab_clusters.py", "test_notebook.py",
+    "test_readme_cluster.py", "test_storefs.py", "test_train_restarts.py",
+})  # fmt: skip
+
+
+def _uses_one_per_machine(item: pytest.Item) -> bool:
+    marks = {mark.name for mark in item.iter_markers()}
+    return bool(_ONE_PER_MACHINE_MARKERS & marks or _ONE_PER_MACHINE_FIXTURES & set(getattr(item, "fixturenames", ())))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under ``pytest -n N --dist loadgroup`` (``make test``): a test module runs in one worker,
-    so its module-scoped clusters start once; every test that uses what the machine has one
-    of runs in the same worker."""
-    for item in items:
-        shared = _ONE_PER_MACHINE_MARKERS & {mark.name for mark in item.iter_markers()}
-        shared |= _ONE_PER_MACHINE_FIXTURES & set(getattr(item, "fixturenames", ()))
-        item.add_marker(pytest.mark.xdist_group("one-per-machine" if shared else item.module.__name__ if item.module else item.nodeid))
+    """Refuse a test that uses what the machine has one of from a file not in :data:`ONE_PER_MACHINE_FILES`
+    (in two workers at once it would wait for the other's hosts for ever)."""
+    strays = sorted({item.path.name for item in items if _uses_one_per_machine(item)} - ONE_PER_MACHINE_FILES)
+    if strays:
+        raise pytest.UsageError(f"tests/conftest.py: add {', '.join(strays)} to ONE_PER_MACHINE_FILES: they use namespace hosts, the "
+                                "local Slurm or the browser, which two pytest-xdist workers cannot share")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """``--dist loadfile``, with every file of :data:`ONE_PER_MACHINE_FILES` in one scope (one worker, in turn)."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class OnePerMachineScheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return "one-per-machine" if Path(path).name in ONE_PER_MACHINE_FILES else path
+
+    return OnePerMachineScheduling(config, log)
 
 
 @pytest.fixture(autouse=True, scope="session")
