@@ -60,8 +60,24 @@ def tensorboard_texts(logdir: str | Path, tag: str) -> list[str]:
     return [event.tensor_proto.string_val[0].decode() for event in acc.Tensors(f"{tag}/text_summary")]
 
 
-def wandb_records(path: str | Path) -> list[Any]:
-    """The ``Record`` protobufs of a W&B run file (``run-<id>.wandb``), decoded with W&B's own message classes."""
+def wandb_records(path: str | Path, wait_s: float = 30.0) -> list[Any]:
+    """The ``Record`` protobufs of a W&B run file (``run-<id>.wandb``), decoded with W&B's own message classes.
+
+    W&B's service writes the file from its own process and may still be writing when the
+    run's ``finish()`` has returned (seen once on a loaded machine: the file held only its
+    header): waits, at most ``wait_s``, for the run's exit record, then reads what is there.
+    """
+    import time
+
+    deadline = time.monotonic() + wait_s
+    records = _wandb_records(path)
+    while not any(record.WhichOneof("record_type") == "exit" for record in records) and time.monotonic() < deadline:
+        time.sleep(0.2)
+        records = _wandb_records(path)
+    return records
+
+
+def _wandb_records(path: str | Path) -> list[Any]:
     from wandb.proto import wandb_internal_pb2
 
     data = Path(path).read_bytes()
