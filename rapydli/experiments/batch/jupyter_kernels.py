@@ -49,6 +49,18 @@ class EncryptedKernelManager(AsyncKernelManager):
         extra = [*(kw.pop("extra_arguments", None) or []), *KERNEL_ARGUMENTS]  # a headless kernel: 3-5 s less at its first figure
         await super().start_kernel(env=env, extra_arguments=extra, **kw)
 
+    async def _async_interrupt_kernel(self) -> None:
+        """Interrupt the kernel, except as the first act of a shutdown.
+
+        jupyter_client's shutdown sends SIGINT before its ``shutdown_request``; a kernel still
+        handling a message then (on a loaded machine, the last output's) printed
+        "KeyboardInterrupt caught in kernel" into the run's output. The request alone ends an
+        idle kernel, and one that does not end is still terminated, then killed, as before.
+        """
+        if self.shutting_down:
+            return
+        await super()._async_interrupt_kernel()
+
 
 class RapydliEngine(NBClientEngine):
     """papermill's nbclient engine, with kernels started by :class:`EncryptedKernelManager`; the
