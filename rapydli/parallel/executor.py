@@ -138,7 +138,8 @@ class PipelineExecutor:
                             loss = self.loss_fn(out, tgt_chunks[mb])
                             micro[mb].loss = loss * (tgt_chunks[mb].numel() / total)
                             loss_sum += float(micro[mb].loss.detach())
-                    micro[mb].outputs = out
+                    micro[mb].outputs = None if self.last else out  # the last stage's outputs are not kept through backward
+                    del out
                 elif action.kind == "send_activation":
                     sends += wire.isend(self.comm, micro[mb].outputs, self.stage + 1, "activation", mb)
                 elif action.kind == "recv_gradient":

@@ -464,7 +464,7 @@ class Trainer:
         if self.pipeline is not None:
             return self.pipeline.train_step(inputs, targets, 1.0 / self.config.grad_accum)
         with self._autocast():
-            loss, _ = self.objective(self.model, inputs, targets)
+            loss = self.objective(self.model, inputs, targets)[0]  # the outputs (logits) are not kept through backward
         (loss / self.config.grad_accum).backward()
         return loss.item()
 
