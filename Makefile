@@ -52,13 +52,15 @@ check: install-test
 	$(VENV)/bin/ruff check rapydli tests
 	$(VENV)/bin/mypy
 
-# Two pytest-xdist workers: much of the suite waits (engines, kernels, a browser, Slurm) rather
+# Three pytest-xdist workers on two cores: much of the suite waits (engines, kernels, a browser, Slurm) rather
 # than computes. A test file runs in one worker; the files using what the machine has one of
 # (namespace hosts, local Slurm, the browser's JupyterLab) in one worker, in turn (tests/conftest.py).
-TEST_WORKERS ?= 2
+# Tests marked `alone` compare the speed of ranks: they run afterwards, with nothing beside them.
+TEST_WORKERS ?= 3
 
 test: check
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not alone" $(PYTEST_ARGS)
+	$(PY) -m pytest -m alone $(PYTEST_ARGS)
 
 bench: install
 	mkdir -p bench-results

@@ -116,6 +116,7 @@ def test_a_rank_slower_than_the_others_is_named_with_its_host() -> None:
 
 
 @pytest.mark.engines
+@pytest.mark.alone  # a second test worker's load on rank 0's core hides rank 1's
 def test_a_rank_pinned_to_a_busy_core_is_named_with_its_host(cluster) -> None:
     import train_cases  # tests/: each rank's threads pinned to a core of its own; a spinning process shares rank 1's
 
