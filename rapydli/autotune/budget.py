@@ -42,7 +42,7 @@ from torch import nn
 from rapydli.autotune.cache import Cache
 from rapydli.autotune.candidates import registry
 from rapydli.autotune.check import CHECK_SLOWER, model_step_ms
-from rapydli.autotune.conv import TuneResult, cache_fingerprint, tune_conv2d
+from rapydli.autotune.conv import BudgetSpent, TuneResult, cache_fingerprint, tune_conv2d
 from rapydli.autotune.device import query
 from rapydli.autotune.problem import ConvShape
 from rapydli.autotune.progress import TuningProgress
@@ -257,9 +257,12 @@ def _tune_layers(model: nn.Module, x: torch.Tensor, found: Sequence[tuple[str, C
             if strategy == "model_based" and engines is not None:
                 transfer["batch"] = PARALLEL_BATCH
             strategy_opts = {**transfer, **user_opts}
-            results[shape] = tune_conv2d(shape, device, mode, engines, strategy=strategy, options=strategy_opts,
-                                         cache=cache, admit=admit(slice_end),
-                                         on_result=functools.partial(on_result, shape=shape), **options)
+            try:
+                results[shape] = tune_conv2d(shape, device, mode, engines, strategy=strategy, options=strategy_opts,
+                                             cache=cache, admit=admit(slice_end),
+                                             on_result=functools.partial(on_result, shape=shape), **options)
+            except BudgetSpent:  # a busy machine ran the earlier slices late: the shape keeps its profile, on the library
+                slice_end = None
         rows.append(_row(rank, shape, names[shape], results[shape], weight[shape], step_ms, taken.get(shape, 0),
                          budgeted=deadline is not None, attempted=deadline is None or slice_end is not None))
         if rows[-1]["status"] != "tuned":

@@ -38,7 +38,11 @@ from rapydli.autotune.runner import (
 from rapydli.autotune.search import Config, Problem, SearchSpace
 from rapydli.errors import ConfigError, RapydliError, RapydliWarning
 
-__all__ = ["ConvShape", "Split", "TuneResult", "build_space", "cache_fingerprint", "pick_best", "tune_conv2d"]
+__all__ = ["BudgetSpent", "ConvShape", "Split", "TuneResult", "build_space", "cache_fingerprint", "pick_best", "tune_conv2d"]
+
+
+class BudgetSpent(RapydliError):
+    """:func:`tune_conv2d` measured nothing: its ``deadline`` or ``admit`` left every candidate ``"missing"``."""
 
 
 @dataclass
@@ -247,6 +251,8 @@ def tune_conv2d(
         raise ConfigError("deadline, admit and on_result need the cache (cache=True or a Cache), not cache=False")
     measurements = strategies.get(strategy)(space, counted, options)
     best = pick_best(measurements)
+    if best is None and all(m.status == "missing" for m in measurements):
+        raise BudgetSpent(f"nothing was measured for {shape}: the tuning budget was spent before its first candidate")
     if best is None:
         raise RapydliError(f"no candidate produced a valid result for {shape}: "
                            + "; ".join(f"{m.config}: {m.status} {m.message[:200]}" for m in measurements))
