@@ -55,7 +55,8 @@ check: install-test
 # Three pytest-xdist workers on two cores: much of the suite waits (engines, kernels, a browser, Slurm) rather
 # than computes. A test file runs in one worker; the files using what the machine has one of
 # (namespace hosts, local Slurm, the browser's JupyterLab) in one worker, in turn (tests/conftest.py).
-# Tests marked `alone` compare the speed of ranks: they run afterwards, with nothing beside them.
+# Tests marked `alone` (the autotuner's, and one comparing the speed of ranks) time things against each
+# other: they run afterwards, with nothing beside them.
 TEST_WORKERS ?= 3
 
 test: check

@@ -34,9 +34,19 @@ def _uses_one_per_machine(item: pytest.Item) -> bool:
     return bool(_ONE_PER_MACHINE_MARKERS & marks or _ONE_PER_MACHINE_FIXTURES & set(getattr(item, "fixturenames", ())))
 
 
+#: Test files whose tests time kernels against each other (the autotuner): all marked ``alone``,
+#: so ``make test`` runs them after the parallel part, with nothing beside them (beside other
+#: workers their searches took other paths and their budgets ran out early).
+ALONE_FILE_PREFIX = "test_autotune_"
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Refuse a test that uses what the machine has one of from a file not in :data:`ONE_PER_MACHINE_FILES`
-    (in two workers at once it would wait for the other's hosts for ever)."""
+    """Mark the tests of :data:`ALONE_FILE_PREFIX` files ``alone``; refuse a test that uses what the machine
+    has one of from a file not in :data:`ONE_PER_MACHINE_FILES` (in two workers at once it would wait for
+    the other's hosts for ever)."""
+    for item in items:
+        if item.path.name.startswith(ALONE_FILE_PREFIX):
+            item.add_marker(pytest.mark.alone)
     strays = sorted({item.path.name for item in items if _uses_one_per_machine(item)} - ONE_PER_MACHINE_FILES)
     if strays:
         raise pytest.UsageError(f"tests/conftest.py: add {', '.join(strays)} to ONE_PER_MACHINE_FILES: they use namespace hosts, the "

@@ -252,7 +252,6 @@ def test_any_model_every_kind_of_convolution_is_tuned_and_training_is_unchanged(
             assert_same(model, forced, x)
 
 
-@pytest.mark.alone  # counts stored measurements: beside other workers one tuning stored one more (28 against 27)
 def test_layers_of_one_shape_are_tuned_once(tmp_path) -> None:
     def stack(layers: int) -> nn.Module:
         torch.manual_seed(0)
