@@ -320,3 +320,50 @@ def batchnorm() -> None:
     if WORLD.Get_rank() == 0:
         print(json.dumps(row), flush=True)
     print("OK batchnorm", WORLD.Get_rank(), file=sys.stderr)
+
+
+def gradient_buffers() -> None:
+    """Where a GPT-2's gradients wait under zero=3 before they are reduce-scattered (an ``AssertionError`` names what did not hold).
+
+    The root unit's buckets are the tied embedding alone and the rest (position embedding,
+    final norm). The final norm's gradients come at the start of backward and wait as autograd
+    made them, so neither root bucket is whole while the blocks run backward; the embedding's
+    gradient, which comes last, is reduce-scattered as autograd made it (its bucket is never
+    filled); and every reduce-scatter lets go of its input as soon as it has run, before
+    :meth:`~rapydli.parallel.zero.ShardedOptimizer.wait`.
+    """
+    import time
+    import weakref
+
+    from hf_models import GPT2LMHeadModel
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(vocab=64, positions=32)  # the position embedding more than 8x the final norm, as in GPT-2 (1024 x 768 : 2 x 768)
+    optimizer = FullyShardedOptimizer(model, lambda ps: torch.optim.AdamW(ps, lr=0.01), WORLD)
+    wte = model.transformer.wte.weight
+    root = optimizer.units[-1]
+    alone, rest = root.buckets
+    assert [p is wte for p in alone.params] == [True] and all(p is not wte for p in rest.params), [p.shape for p in rest.params]
+    assert [p.shape for p in rest.params] == [model.transformer.wpe.weight.shape, (16,), (16,)], [p.shape for p in rest.params]
+    filled: list[Any] = []
+    fill = optimizer._fill
+    optimizer._fill = lambda bucket: (filled.append(bucket), fill(bucket))[1]  # type: ignore[method-assign]
+    inputs: list[Any] = []
+    scatter = optimizer._communicator.ireduce_scatter_
+    optimizer._communicator.ireduce_scatter_ = lambda tensor, out, op: (inputs.append(weakref.ref(tensor)), scatter(tensor, out, op))[1]
+    seen: list[tuple[bool, int, bool]] = []
+    model.transformer.h[0].register_full_backward_pre_hook(lambda module, grad: seen.append((rest.grads is None, len(rest.held), alone.grads is None)))
+    ids = torch.randint(0, 64, (2, 32), generator=torch.Generator().manual_seed(WORLD.Get_rank()))
+    model(ids, labels=ids).loss.backward()
+    assert seen == [(True, 2, True)], seen  # the last block's backward: the final norm's weight and bias held, no root bucket made
+    assert rest in filled and alone not in filled, (len(filled), [len(b.params) for b in filled])
+    assert len(inputs) == len(optimizer.buckets), (len(inputs), len(optimizer.buckets))
+    deadline = time.monotonic() + 60
+    while any(ref() is not None for ref in inputs) and time.monotonic() < deadline:  # the communication thread lets go as each runs
+        time.sleep(0.01)
+    assert all(ref() is None for ref in inputs), [ref() is not None for ref in inputs]
+    optimizer.step()
+    optimizer.zero_grad()
+    optimizer.close()
+    print("OK buffers", WORLD.Get_rank(), file=sys.stderr)

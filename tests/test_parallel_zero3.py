@@ -220,3 +220,9 @@ def test_a_model_three_times_memory_per_rank_trains_on_four_ranks_with_zero3_and
     assert row["psi"] == psi and row["limit"] == pytest.approx(limit)
     assert all(0 < peak < limit for peak in row["peaks"]), row  # parameters + gradients + optimizer state, measured on every rank
     assert max(row["peaks"]) <= row["predicted"] < limit, row  # the prediction bounds what was measured
+
+
+@pytest.mark.mpi
+def test_gradients_wait_as_autograd_made_them_until_their_bucket_is_due_and_a_reduce_scatter_lets_go_of_its_input(run_mpi) -> None:
+    _, stderr = _run(run_mpi, 2, "gradient_buffers()")
+    assert stderr.count("OK buffers") == 2, stderr[-3000:]

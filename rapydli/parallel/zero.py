@@ -13,7 +13,10 @@ state for ``1 / N`` of the elements and writes its update straight into the mode
    parameter's gradient into its bucket from a gradient hook and drops it, and
    reduce-scatters a bucket (``MPI.Reduce_scatter_block`` on the communication thread)
    as soon as backward completes it, so each rank keeps only the averaged gradient of
-   its own slices (at most :data:`IN_FLIGHT` full buckets exist at a time);
+   its own slices (at most :data:`IN_FLIGHT` full buckets exist at a time). A bucket's
+   whole buffer is made only once its gradients come to ``1 /`` :data:`HOLD_FRACTION` of it (or
+   the last comes): small ones that come early wait as autograd made them. A bucket of
+   one parameter is reduce-scattered from the gradient autograd made, without a copy;
 2. the optimizer updates the owned slices (Adam's moments, SGD's momentum: elementwise,
    so a slice updates exactly as the same elements of the whole would);
 3. every bucket is allgathered in place (``MPI.Allgather``), which updates every rank's
@@ -66,6 +69,11 @@ _ALL_STAGES = (1, 2, 3)
 #: Stage 2: gradient buckets being reduce-scattered at once; launching one more first waits for the oldest.
 IN_FLIGHT = 2
 
+#: Stage 2: a bucket's gradients are held as autograd made them, and its whole buffer made only when they come to more
+#: than ``1 / HOLD_FRACTION`` of it or the last one comes: a bucket whose small gradients come early (a final norm's, at
+#: the start of backward) and whose large one comes last (a tied embedding's, at the end) is not kept whole all backward.
+HOLD_FRACTION = 8
+
 
 class _Bucket:
     """Parameters whose values live end to end in ``values``; this rank's slice and the pieces of it."""
@@ -100,6 +108,8 @@ class _Bucket:
         self.owned = [nn.Parameter(self.values[self.offsets[i] + a : self.offsets[i] + b]) for i, a, b in self.pieces]
         self.grad_shard: torch.Tensor | None = None  # stage 2: the averaged gradient of this rank's slice
         self.grads: torch.Tensor | None = None  # stage 2: the bucket's local gradients until they are reduce-scattered
+        #: stage 2: gradients that came before ``grads`` exists, as autograd made them (small ones: see ``ShardedOptimizer._hook``)
+        self.held: list[tuple[int, torch.Tensor]] = []
         self.missing = len(params)
         self.ready = [False] * len(params)  # stage 2: got a gradient in this backward
         self.used = [False] * len(params)  # stage 2: got a gradient on this rank since the last zero_grad
@@ -231,11 +241,19 @@ class ShardedOptimizer:
             if not self._queued:  # once per backward: reduce-scatter what is left when it ends
                 torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
                 self._queued = True
-            if bucket.grads is None:
-                bucket.grads = self._new_grads(bucket)
-            start = bucket.offsets[i]
-            bucket.grads[start : start + param.numel()].add_(param.grad.reshape(-1))  # type: ignore[union-attr]
+            grad = param.grad
+            assert grad is not None
             param.grad = None
+            if bucket.grads is not None:
+                bucket.grads[bucket.offsets[i] : bucket.offsets[i] + param.numel()].add_(grad.reshape(-1))
+            elif _adoptable(bucket, grad):  # the bucket is this one gradient: reduce-scattered as autograd made it, no copy
+                self._count_in_flight(bucket)
+                bucket.grads = grad.detach().reshape(-1)
+            else:
+                bucket.held.append((i, grad))
+                last = bucket.missing == 1 and not bucket.ready[i]
+                if last or sum(g.numel() for _, g in bucket.held) * HOLD_FRACTION > bucket.padded:
+                    self._fill(bucket)
             bucket.used[i] = True
             if not bucket.ready[i]:
                 bucket.ready[i] = True
@@ -245,15 +263,23 @@ class ShardedOptimizer:
 
         return hook
 
-    def _new_grads(self, bucket: _Bucket) -> torch.Tensor:
+    def _count_in_flight(self, bucket: _Bucket) -> None:
         self._in_flight_bytes += _nbytes(bucket)
         self.peak_gradient_buffer_bytes = max(self.peak_gradient_buffer_bytes, self._in_flight_bytes)
-        return torch.zeros(bucket.padded, dtype=bucket.dtype, device=bucket.device)
+
+    def _fill(self, bucket: _Bucket) -> None:
+        """Make the bucket's whole gradient buffer (zeros where no gradient came) and add the held gradients into it."""
+        self._count_in_flight(bucket)
+        bucket.grads = torch.zeros(bucket.padded, dtype=bucket.dtype, device=bucket.device)
+        for i, grad in bucket.held:
+            bucket.grads[bucket.offsets[i] : bucket.offsets[i] + grad.numel()].add_(grad.reshape(-1))
+        bucket.held = []
 
     def _launch(self, bucket: _Bucket) -> None:
         """Start the bucket's reduce-scatter (its parameters without a gradient count as zero)."""
         if bucket.grads is None:
-            bucket.grads = self._new_grads(bucket)
+            self._fill(bucket)
+        assert bucket.grads is not None
         out = torch.empty(bucket.shard, dtype=bucket.dtype, device=bucket.device)
         self._pending.append((bucket, self._communicator.ireduce_scatter_(bucket.grads, out, op="avg")))
         bucket.grads = None  # the handle's work holds it until the reduce-scatter has run
@@ -449,6 +475,17 @@ def _host_copy(piece: nn.Parameter) -> nn.Parameter:
     if piece.device.type == "cuda":
         host = host.pin_memory()
     return nn.Parameter(host)
+
+
+def _adoptable(bucket: _Bucket, grad: torch.Tensor) -> bool:
+    """Whether ``grad`` can be the bucket's gradient buffer itself: the bucket is this one parameter, unpadded, and the gradient dense and contiguous."""
+    return (
+        len(bucket.params) == 1
+        and bucket.padded == grad.numel()
+        and grad.layout == torch.strided
+        and grad.is_contiguous()
+        and (grad.dtype, grad.device) == (bucket.dtype, bucket.device)
+    )
 
 
 def _nbytes(bucket: _Bucket) -> int:

@@ -39,7 +39,8 @@ backward, and refuse such a model with one error); parameters
 without a gradient (a pooler called under ``no_grad``, a branch some ranks skip in the
 loss) are handled as at stage 2, as DDP does with ``find_unused_parameters=True``;
 frozen parameters (``requires_grad=False``) are not sharded: every rank keeps them whole.
-``bucket_mb`` does not apply: a unit's parameters of one group form one bucket.
+``bucket_mb`` does not apply: a unit's parameters of one group form one bucket, except a
+parameter larger than the rest of them together (an embedding), which has its own.
 
 Composes with the other layouts through :class:`~rapydli.parallel.layout.Layout`: with
 tensor parallelism each tensor rank's slices of the split layers are sharded over its data
@@ -147,7 +148,7 @@ class FullyShardedOptimizer(ShardedOptimizer):
     comm
         The data-parallel group (mpi4py).
     bucket_mb
-        Unused (a unit's parameters of one group form one bucket); kept for the signature
+        Unused (a unit's parameters of one group form one bucket, an embedding its own); kept for the signature
         :class:`~rapydli.parallel.zero.ShardedOptimizer` has.
 
     Attributes
@@ -205,15 +206,16 @@ class FullyShardedOptimizer(ShardedOptimizer):
                 self._own[id(block)] = unit if unit.params else needed[0]
         self._blocks = [block for block, _ in modules if id(block) in self._needs]
         self._root = root if root.params else None
-        # buckets: one per unit and parameter group, ordered as backward completes them (the root's embeddings last)
+        # buckets: one per unit and parameter group (a parameter larger than the rest of them together in one of its own),
+        # ordered as backward completes them (the root's embeddings last)
         order = {id(p): i for i, p in enumerate(params)}
         buckets: list[_Bucket] = []
         for unit in self.units:
             members = {id(p) for p in unit.params}
             for index, group in enumerate(self.optimizer.param_groups):
                 mine = sorted((p for p in group["params"] if id(p) in members), key=lambda p: order[id(p)])
-                if mine:
-                    unit.buckets.append(_Shard(mine, self.size, self.rank, index, unit))
+                for part in _apart_from_the_largest(mine):
+                    unit.buckets.append(_Shard(part, self.size, self.rank, index, unit))
                     buckets.append(unit.buckets[-1])
         buckets.sort(key=lambda b: -min(order[id(p)] for p in b.params))
         return buckets
@@ -430,6 +432,21 @@ class FullyShardedOptimizer(ShardedOptimizer):
         super().close()
         if self._gather_comm != MPI.COMM_NULL:
             self._gather_comm.Free()
+
+
+def _apart_from_the_largest(params: list[nn.Parameter]) -> list[list[nn.Parameter]]:
+    """``params`` as the buckets of one unit's group: one bucket, or two when one parameter is larger than the rest together.
+
+    That parameter (a language model's embedding, in the root) then has a bucket of its
+    own, whose gradient is reduce-scattered as autograd made it, without copying it into
+    a whole bucket beside it (see :func:`rapydli.parallel.zero._adoptable`).
+    """
+    if len(params) < 2:
+        return [params] if params else []
+    largest = max(params, key=lambda p: p.numel())
+    if 2 * largest.numel() <= sum(p.numel() for p in params):
+        return [params]
+    return [[largest], [p for p in params if p is not largest]]
 
 
 def _unique(units: Iterator[_Unit] | Any) -> list[_Unit]:
