@@ -114,14 +114,17 @@ def test_zero_formulas_in_fp32(n: int) -> None:
     assert sum(zero_states(p, n, 0, 1)) == 12 * psi  # SGD with momentum: one buffer
     bucket = 25.0 * (1 << 20)
     assert zero_buffers(p, n, 0, bucket) == zero_buffers(p, n, 1, bucket) == zero_buffers(p, 1, 2, bucket) == 0  # parameters live in the buckets
-    assert zero_buffers(p, n, 2, bucket) == pytest.approx(p + p / n)  # ZeRO-2: whole gradient buckets and their outputs, at most the model's
-    assert zero_buffers(p, n, 2, p / 10) == pytest.approx(3 * p / 10 * (1 + 1 / n))  # two in flight and one filling
+    assert zero_buffers(p, n, 2, bucket) == pytest.approx(p)  # ZeRO-2: whole gradient buckets, at most the model's; their outputs are the slices
+    assert zero_buffers(p, n, 2, bucket, accumulating=True) == pytest.approx(p + p / n)  # a later backward's outputs beside the slices
+    assert zero_buffers(p, n, 2, p / 10) == pytest.approx(3 * p / 10)  # two in flight and one filling
+    assert zero_buffers(p, n, 2, p / 10, accumulating=True) == pytest.approx(3 * p / 10 * (1 + 1 / n))
     # ZeRO-3: the root and two neighbouring blocks whole (the one running, the one prefetched), and three blocks' gradient buckets
     units = [p / 10, 2 * p / 10, p / 10, 3 * p / 10, p / 10]  # the root holds the other 2/10
     gathered_blocks = 2 * p / 10 + (3 * p / 10 + p / 10)
     buckets = 3 * p / 10 + 2 * p / 10 + 2 * p / 10  # the three largest units, the root among them
-    assert zero_buffers(p, n, 3, bucket, units, root=2 * p / 10) == pytest.approx(gathered_blocks + buckets * (1 + 1 / n))
-    assert zero_buffers(p, 1, 3, bucket, units, root=2 * p / 10) == pytest.approx(gathered_blocks + 2 * buckets)  # one replica gathers copies too
+    assert zero_buffers(p, n, 3, bucket, units, root=2 * p / 10) == pytest.approx(gathered_blocks + buckets)
+    assert zero_buffers(p, n, 3, bucket, units, root=2 * p / 10, accumulating=True) == pytest.approx(gathered_blocks + buckets * (1 + 1 / n))
+    assert zero_buffers(p, 1, 3, bucket, units, root=2 * p / 10) == pytest.approx(gathered_blocks + buckets)  # one replica gathers copies too
 
 
 # -- prediction ---------------------------------------------------------------------------
@@ -158,11 +161,11 @@ def test_data_parallel_prediction_adds_the_exposed_allreduce() -> None:
     zero1 = predict(Candidate.of(2, 1, 1, 1, NO_SCHEDULE, 1), profile, NET, 32, ADAM)
     assert zero1.gradient_s == pytest.approx(allreduce)  # the synchronizer's allreduce as without ZeRO
     assert zero1.optimizer_s == pytest.approx(12000 * 1e-6 / 2 + half_ring)  # the step on half, then the allgather
-    assert zero1.memory.optimizer == 12000 and zero1.memory.buffers == 0
+    assert zero1.memory.optimizer == 12000 and zero1.memory.buffers == 2 * 8  # AdamW's step, a scalar for each of the 2 tensors
     zero2 = predict(Candidate.of(2, 1, 1, 1, NO_SCHEDULE, 2), profile, NET, 32, ADAM)
     assert zero2.gradient_s == pytest.approx(12000 * 1e-7 + half_ring)  # gradients added into the bucket, reduce-scattered as backward ends
     assert zero2.optimizer_s == pytest.approx(12000 * 1e-6 / 2 + half_ring)
-    assert zero2.memory.gradients == 6000 and zero2.memory.optimizer == 12000 and zero2.memory.buffers == 12000 + 6000
+    assert zero2.memory.gradients == 6000 and zero2.memory.optimizer == 12000 and zero2.memory.buffers == 12000 + 16  # the outputs are the slices
 
 
 def test_zero3_gathers_each_block_before_forward_and_backward_prefetching_the_next() -> None:
@@ -181,7 +184,7 @@ def test_zero3_gathers_each_block_before_forward_and_backward_prefetching_the_ne
     assert got.gradient_s == pytest.approx(12000 * 1e-7 + max(first + rs1, end) + rs0 - end)
     assert got.optimizer_s == pytest.approx(12000 * 1e-6 / 2)  # the step on its slice; nothing gathered after it
     assert (got.memory.parameters, got.memory.gradients, got.memory.optimizer) == (6000, 6000, 12000)
-    assert got.memory.buffers == pytest.approx(zero_buffers(12000, 2, 3, 0, [4000, 8000]))  # == 12000 gathered + 12000 * 1.5 buckets
+    assert got.memory.buffers == pytest.approx(zero_buffers(12000, 2, 3, 0, [4000, 8000]) + 16)  # == 12000 gathered + 12000 buckets + the steps
     assert got.step_s == pytest.approx(0.02 + end + got.gradient_s + got.optimizer_s)
 
 

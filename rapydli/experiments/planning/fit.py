@@ -36,7 +36,7 @@ from typing import Any
 from torch import nn
 
 from rapydli.errors import ConfigError
-from rapydli.experiments.planning.layouts import Memory, optimizer_factor, zero_buffers, zero_states
+from rapydli.experiments.planning.layouts import Memory, optimizer_factor, optimizer_scalar_bytes, zero_buffers, zero_states
 from rapydli.parallel.layout import Layout
 from rapydli.trainer.config import TrainConfig
 
@@ -59,12 +59,15 @@ class RankShare:
     others
         Parameters it holds but does not train: the other stages' (with ``pipeline_split="auto"``,
         where every rank builds the whole model) and frozen ones.
+    tensors
+        Its trained parameter tensors (the optimizer keeps a scalar or two for each).
     """
 
     trained: float
     units: tuple[float, ...]
     root: float
     others: float
+    tensors: int = 0
 
 
 def _bytes(parameters: Any, seen: set[int]) -> float:
@@ -91,6 +94,7 @@ def rank_share(model: nn.Module, config: TrainConfig) -> RankShare:
         plan = tensor_plan(config.tensor_plan) or plan_for(model, config.tensor_parallel)
         parallelize(model, plan, ShardProbe(config.tensor_parallel))  # type: ignore[arg-type]
     every = _bytes(model.parameters(), set())
+    tensors = sum(1 for p in model.parameters() if p.requires_grad)  # the whole model's: at least the largest rank's
     frozen = float(sum(p.numel() * p.element_size() for p in model.parameters() if not p.requires_grad))
     if config.pipeline_stages > 1:
         seen: set[int] = set()
@@ -105,10 +109,10 @@ def rank_share(model: nn.Module, config: TrainConfig) -> RankShare:
         # a named split is recorded on the meta device and each rank makes only its stage (rapydli.parallel.deferred);
         # "auto" times the whole model's blocks, so every rank builds it whole and keeps the other stages' parameters
         others = every - sum(largest) if points == "auto" else 0.0
-        return RankShare(sum(largest), tuple(largest), 0.0, others + frozen)
+        return RankShare(sum(largest), tuple(largest), 0.0, others + frozen, tensors)
     seen = set()
     units = tuple(b for b in (_bytes(block.parameters(), seen) for _, block in split.model_blocks(model)) if b)
-    return RankShare(every, units, every - sum(units), frozen)
+    return RankShare(every, units, every - sum(units), frozen, tensors)
 
 
 def predict_states(model: nn.Module, config: TrainConfig, world_size: int) -> Memory:
@@ -156,7 +160,9 @@ class StatesPredictor:
 def _memory(share: RankShare, layout: Layout, config: TrainConfig) -> Memory:
     dp, zero = layout.replicas, layout.zero
     states = zero_states(share.trained, dp, zero, optimizer_factor(config))
-    buffers = zero_buffers(share.trained, dp, zero, config.bucket_mb * (1 << 20), share.units, share.root) + share.others
+    accumulating = config.grad_accum > 1 or (layout.pipeline > 1 and config.microbatches > 1)  # more than one backward a step
+    buffers = zero_buffers(share.trained, dp, zero, config.bucket_mb * (1 << 20), share.units, share.root, accumulating)
+    buffers += share.others + optimizer_scalar_bytes(config) * share.tensors
     return Memory(*states, activations=0.0, buffers=buffers)
 
 

@@ -231,7 +231,16 @@ def zero_states(parameter_bytes: float, dp: int, zero: int, factor: int) -> tupl
     return parameters, gradients, optimizer
 
 
-def zero_buffers(parameter_bytes: float, dp: int, zero: int, bucket_bytes: float, units: Sequence[float] = (), root: float = 0.0) -> float:
+def optimizer_scalar_bytes(config: TrainConfig) -> int:
+    """Bytes an optimizer keeps per parameter tensor beyond its per-element state, at most.
+
+    AdamW's ``step``: a float32 scalar, float64 under a float64 default dtype.
+    """
+    return 8 if config.optimizer == "adamw" else 0
+
+
+def zero_buffers(parameter_bytes: float, dp: int, zero: int, bucket_bytes: float, units: Sequence[float] = (), root: float = 0.0,
+                 accumulating: bool = False) -> float:  # fmt: skip
     """Bytes this implementation keeps beyond the formula (:class:`rapydli.parallel.zero.ShardedOptimizer`,
     :class:`rapydli.parallel.zero3.FullyShardedOptimizer`).
 
@@ -239,8 +248,10 @@ def zero_buffers(parameter_bytes: float, dp: int, zero: int, bucket_bytes: float
     synchronizer's, so neither is a copy; stage 2 adds each gradient into a whole bucket
     and reduce-scatters it during backward, with up to
     :data:`~rapydli.parallel.zero.IN_FLIGHT` buckets in flight and one filling (at most
-    ``P``, where the formula counts ``P / dp``), each with its reduce-scatter's output
-    (``1 / dp`` of it).
+    ``P``, where the formula counts ``P / dp``). A step's first reduce-scatter of a bucket
+    writes the gradient slice the formula counts; with more than one backward a step
+    (``accumulating``: gradient accumulation, a pipeline's micro-batches) the later ones
+    write an output beside it (``1 / dp`` of each bucket in flight).
 
     Stage 3's buckets are its units: ``units`` the bytes of each block's parameters in
     forward order, ``root`` those no block holds (embeddings, final norm, head; empty:
@@ -254,13 +265,14 @@ def zero_buffers(parameter_bytes: float, dp: int, zero: int, bucket_bytes: float
 
     if zero < 2 or (zero == 2 and dp == 1):
         return 0.0
+    outputs = 1 / dp if accumulating else 0.0
     if zero == 2:
         in_flight = min(parameter_bytes, (IN_FLIGHT + 1) * bucket_bytes)
-        return in_flight + in_flight / dp
+        return in_flight * (1 + outputs)
     blocks = list(units) or [parameter_bytes - root]
     gathered = root + max([a + b for a, b in zip(blocks, blocks[1:])] or blocks)
     in_flight = sum(sorted([*blocks, root], reverse=True)[: IN_FLIGHT + 1])
-    return gathered + in_flight + in_flight / dp
+    return gathered + in_flight * (1 + outputs)
 
 
 def smallest_states(

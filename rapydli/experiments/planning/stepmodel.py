@@ -49,7 +49,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from rapydli.comm.synchronizer import FIRST_BUCKET_BYTES
-from rapydli.experiments.planning.layouts import Candidate, Memory, optimizer_factor, zero_buffers, zero_states
+from rapydli.experiments.planning.layouts import Candidate, Memory, optimizer_factor, optimizer_scalar_bytes, zero_buffers, zero_states
 from rapydli.experiments.planning.network import Network
 from rapydli.experiments.planning.profile import BlockCost, Profile
 from rapydli.parallel import schedules, split
@@ -211,7 +211,7 @@ def predict(layout: Candidate, profile: Profile, network: Network, global_batch:
         gradient_parts.append(gradient)
         optimizer_parts.append(optimizer)
         memories.append(Memory(*zero_states(parameter_bytes, layout.dp, layout.zero, factor), stage_activations(stage, layout, plan[s], s),
-                               _buffers(blocks, stage, layout, bucket_bytes)))  # fmt: skip
+                               _buffers(blocks, stage, layout, bucket_bytes, optimizer_scalar_bytes(config))))  # fmt: skip
     slowest = max(range(layout.pp), key=lambda s: finish[s])
     bubble = timeline.idle_fraction(slowest) if layout.pp > 1 else 0.0
     return Prediction(
@@ -242,9 +242,10 @@ def stage_activations(stage: Sequence[BlockCost], layout: Candidate, actions: Se
     return (live - 1) * per_batch + max([per_batch, *recomputing])
 
 
-def _buffers(blocks: Sequence[BlockCost], stage: Sequence[BlockCost], layout: Candidate, bucket_bytes: float) -> float:
-    """ZeRO's buffers beyond the formula, and the other stages' parameters (every rank builds the whole model)."""
+def _buffers(blocks: Sequence[BlockCost], stage: Sequence[BlockCost], layout: Candidate, bucket_bytes: float, scalar_bytes: int) -> float:
+    """ZeRO's buffers beyond the formula, the optimizer's scalars, and the other stages' parameters (every rank builds the whole model)."""
     parameter_bytes = sum(b.parameters_bytes for b in stage)
     others = sum(b.parameters_bytes for b in blocks) - parameter_bytes
     units = [float(b.parameters_bytes) for b in stage]
-    return zero_buffers(parameter_bytes, layout.dp, layout.zero, bucket_bytes, units) + others
+    scalars = scalar_bytes * sum(len(b.parameter_bytes) for b in stage)
+    return zero_buffers(parameter_bytes, layout.dp, layout.zero, bucket_bytes, units, accumulating=layout.microbatches > 1) + scalars + others
