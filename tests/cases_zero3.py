@@ -127,6 +127,7 @@ def equivalence(cases_json: str) -> None:
             "whole": WORLD.allgather(whole),  # this rank's trained elements (its stage's, its tensor slices)
             "replicas": trainer.data_size,
             "units": [u.name for u in optimizer.units],
+            "buckets": [len(u.buckets) for u in optimizer.units],
             "recomputed": sum(getattr(m.forward, "__func__", None) is _recomputed_forward for m in model.modules()),
             "prefetched": optimizer.prefetched,
             "grad_norm": max((abs(a["grad_norm"] - b["grad_norm"]) for a, b in zip(history, expected, strict=True)

@@ -39,8 +39,12 @@ backward, and refuse such a model with one error); parameters
 without a gradient (a pooler called under ``no_grad``, a branch some ranks skip in the
 loss) are handled as at stage 2, as DDP does with ``find_unused_parameters=True``;
 frozen parameters (``requires_grad=False``) are not sharded: every rank keeps them whole.
-``bucket_mb`` does not apply: a unit's parameters of one group form one bucket, except a
-parameter larger than the rest of them together (an embedding), which has its own.
+A unit's parameters of one group are cut into buckets of about ``bucket_mb``, as at stage
+2, in the order backward completes them (a transformer block's MLP, then its attention),
+so a block's first bucket is reduce-scattered while the rest of its backward runs and
+fewer whole gradient buffers exist at once; a parameter larger than the rest of its unit
+together (an embedding) has a bucket of its own, whose gradient is reduce-scattered as
+autograd made it.
 
 Composes with the other layouts through :class:`~rapydli.parallel.layout.Layout`: with
 tensor parallelism each tensor rank's slices of the split layers are sharded over its data
@@ -76,7 +80,7 @@ from torch import nn
 
 from rapydli.comm.tensors import address_array
 from rapydli.errors import ConfigError
-from rapydli.parallel.zero import ShardedOptimizer, _Bucket
+from rapydli.parallel.zero import ShardedOptimizer, _Bucket, _groups
 
 
 class _Shard(_Bucket):
@@ -148,8 +152,7 @@ class FullyShardedOptimizer(ShardedOptimizer):
     comm
         The data-parallel group (mpi4py).
     bucket_mb
-        Unused (a unit's parameters of one group form one bucket, an embedding its own); kept for the signature
-        :class:`~rapydli.parallel.zero.ShardedOptimizer` has.
+        Target bucket size in MiB within a unit (see the module's description).
 
     Attributes
     ----------
@@ -206,8 +209,8 @@ class FullyShardedOptimizer(ShardedOptimizer):
                 self._own[id(block)] = unit if unit.params else needed[0]
         self._blocks = [block for block, _ in modules if id(block) in self._needs]
         self._root = root if root.params else None
-        # buckets: one per unit and parameter group (a parameter larger than the rest of them together in one of its own),
-        # ordered as backward completes them (the root's embeddings last)
+        # buckets: each unit's parameters of each group in buckets of about bucket_mb (a parameter larger than the rest of
+        # them together in one of its own), ordered as backward completes them (the root's embeddings last)
         order = {id(p): i for i, p in enumerate(params)}
         buckets: list[_Bucket] = []
         for unit in self.units:
@@ -215,8 +218,9 @@ class FullyShardedOptimizer(ShardedOptimizer):
             for index, group in enumerate(self.optimizer.param_groups):
                 mine = sorted((p for p in group["params"] if id(p) in members), key=lambda p: order[id(p)])
                 for part in _apart_from_the_largest(mine):
-                    unit.buckets.append(_Shard(part, self.size, self.rank, index, unit))
-                    buckets.append(unit.buckets[-1])
+                    for cut in _groups(part, bucket_mb):  # in backward order: each cut back in the parameters' order
+                        unit.buckets.append(_Shard(sorted(cut, key=lambda p: order[id(p)]), self.size, self.rank, index, unit))
+                        buckets.append(unit.buckets[-1])
         buckets.sort(key=lambda b: -min(order[id(p)] for p in b.params))
         return buckets
 
