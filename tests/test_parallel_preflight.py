@@ -70,3 +70,23 @@ def test_batch_norm_cut_into_micro_batches_is_refused() -> None:
                        r"micro-batch .* Set microbatches=1, or use GroupNorm / LayerNorm"):  # fmt: skip
         check_layout(cnn, rd.TrainConfig(**{**PIPELINED, "pipeline_split": "3"}))
     check_layout(cnn, rd.TrainConfig(**{**PIPELINED, "microbatches": 1, "pipeline_split": "3"}))  # the replica's whole batch: as data parallelism
+
+
+def test_a_model_fn_that_moves_its_model_to_a_gpu_is_built_on_the_meta_device_and_its_device_recorded() -> None:
+    from rapydli.parallel.preflight import meta_build
+
+    def on_gpu() -> nn.Module:
+        model = nn.Sequential(nn.Linear(4, 8), nn.LayerNorm(8)).to("cuda")
+        model.register_buffer("mask", torch.ones(8, device="cuda"))  # a tensor made on the GPU
+        return model
+
+    def half_on_gpu() -> nn.Module:
+        return nn.Linear(4, 8).cuda().to(torch.bfloat16)
+
+    built = meta_build(on_gpu)
+    assert built is not None and built.device == torch.device("cuda")
+    assert all(t.is_meta for t in [*built.model.parameters(), *built.model.buffers()])
+    half = meta_build(half_on_gpu)
+    assert half is not None and half.device.type == "cuda" and half.model.weight.dtype == torch.bfloat16 and half.model.weight.is_meta
+    on_cpu = meta_build(lambda: nn.Linear(4, 8).to(torch.float64))
+    assert on_cpu is not None and on_cpu.device == torch.device("cpu") and on_cpu.model.weight.dtype == torch.float64

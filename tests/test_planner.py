@@ -476,3 +476,30 @@ def test_a_miss_on_a_busy_machine_or_on_unsteady_steps_earns_no_verdict() -> Non
     assert validated is False and len(notes) == 1 and notes[0].startswith("not validated: the machine was busy (load 3.2 on 2 cores)")
     validated, notes = verdict([-0.1], {"dp2": Spread(0.05, 0.03, 0.06, 10)}, quiet)  # steps varied 60 %
     assert validated is False and notes[0].startswith("not validated: dp2's step times varied 60% (interquartile, 10 steps; load 1.5")
+
+
+def test_an_offloaded_optimizer_is_a_layout_choice_on_gpu_ranks_its_state_on_the_host_its_step_and_copies_timed_there() -> None:
+    blocks = [_block(0.01, 0.02, params=4000), _block(0.03, 0.04, params=8000)]
+    on_cpu = _profile({16: blocks, 8: blocks})
+    on_gpu = replace(on_cpu, device="cuda", host_optimizer_s_per_byte=5e-6, host_copy_s_per_byte=2e-7)  # a GPU's profile (none here)
+    labels = {c.label for c in enumerate_layouts(2, 32, blocks=2, offload=(False, True))}
+    assert "dp2 pp1 tp1 m1 zero2 offload" in labels and "dp2 pp1 tp1 m1 zero0 offload" not in labels  # offloading needs a sharded optimizer
+    offload = Candidate.of(2, 1, 1, 1, NO_SCHEDULE, 2, offload=True)
+    assert offload.config(ADAM, 32).offload_optimizer and not Candidate.of(2, 1, 1, 1, NO_SCHEDULE, 2).config(ADAM, 32).offload_optimizer
+    kept = predict(Candidate.of(2, 1, 1, 1, NO_SCHEDULE, 2), on_gpu, NET, 32, ADAM)
+    moved = predict(offload, on_gpu, NET, 32, ADAM)
+    half_ring = NET.collectives.allreduce_time(2, 12000) / 2
+    assert moved.optimizer_s == pytest.approx((5e-6 + 2 * 2e-7) * 12000 / 2 + half_ring)  # the step on the host, the slices down and up
+    assert moved.memory.optimizer == 0 and moved.memory.host == pytest.approx(kept.memory.optimizer + 12000 / 2)  # the state and the slices' copies
+    assert moved.memory.peak == pytest.approx(kept.memory.peak - kept.memory.optimizer)
+    same, cpu = predict(Candidate.of(2, 1, 1, 1, NO_SCHEDULE, 2), on_cpu, NET, 32, ADAM), predict(offload, on_cpu, NET, 32, ADAM)
+    assert (cpu.step_s, cpu.memory) == (same.step_s, same.memory)  # on CPU ranks the optimizer is in host memory already: nothing changes
+
+
+def test_the_profile_times_an_offloaded_step_and_the_copies_beside_the_parameters() -> None:
+    from rapydli.experiments.planning.profile import offload_times
+
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 8))
+    step, copy = offload_times(model, lambda ps: torch.optim.AdamW(ps, lr=1e-3), repeats=3)
+    assert step > 0 and copy > 0  # on this CPU both sides are host memory: the figures a GPU's profile would give, measured the same way
+    assert offload_times(model, None, repeats=1)[0] == 0.0

@@ -143,3 +143,35 @@ def test_a_memory_limit_on_a_model_the_meta_device_cannot_build_is_not_checked_a
     with pytest.warns(UserWarning, match=r"memory_per_rank=1 MB was not checked: the model cannot be built on the meta device"):
         assert check_fits(loads_weights, TrainConfig(memory_per_rank="1MB"), 2) is None
     assert check_fits(loads_weights, TrainConfig(), 2) is None  # no limit: nothing to check
+
+
+def test_an_offloaded_optimizer_leaves_a_gpu_ranks_memory_and_is_suggested_when_it_would_fit() -> None:
+    import torch
+
+    from rapydli.experiments.planning.fit import check_fits
+
+    def mlp() -> torch.nn.Module:
+        torch.manual_seed(0)
+        return torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(8)])
+
+    def mlp_on_gpu() -> torch.nn.Module:
+        return mlp().to("cuda")  # built on the meta device here: no GPU is needed to check it
+
+    psi = sum(p.numel() for p in mlp().parameters())
+    base = TrainConfig(zero=2, workers=4)
+    on_cpu, offloaded_cpu = check_fits(mlp, base.replace(memory_per_rank=1e9), 4), check_fits(mlp, base.replace(memory_per_rank=1e9, offload_optimizer=True), 4)
+    assert on_cpu is not None and offloaded_cpu == on_cpu  # on CPU ranks the state is in host memory already: nothing leaves
+    offloaded = check_fits(mlp_on_gpu, base.replace(memory_per_rank=1e9, offload_optimizer=True), 4)
+    assert offloaded is not None and offloaded.optimizer == 0
+    assert offloaded.host == pytest.approx(2 * 4 * psi / 4 + 4 * psi / 4)  # AdamW's two moments and the slices' fp32 copies, a quarter each
+    assert offloaded.peak == pytest.approx(on_cpu.peak - on_cpu.optimizer)
+    limit = (on_cpu.peak + offloaded.peak) / 2  # over without offloading, under with it
+    with pytest.raises(ConfigError) as refused:
+        check_fits(mlp_on_gpu, base.replace(memory_per_rank=limit), 4)
+    least = check_fits(mlp_on_gpu, base.replace(zero=1, memory_per_rank=1e9, offload_optimizer=True), 4)  # the least sharding that fits, offloaded
+    assert least is not None and least.peak <= limit
+    assert (f"zero=1 with offload_optimizer=True on these 4 ranks ({least.peak / 1e6:.4g} MB per rank on the cuda device, "
+            f"{least.host / 1e6:.4g} MB in host memory)") in str(refused.value), str(refused.value)  # fmt: skip
+    with pytest.raises(ConfigError) as still:  # the message says what left for the host
+        check_fits(mlp_on_gpu, base.replace(memory_per_rank=offloaded.peak / 2, offload_optimizer=True), 4)
+    assert f"{offloaded.host / 1e6:.4g} MB of optimizer state and slices in host memory (offload_optimizer), not counted" in str(still.value)

@@ -8,29 +8,78 @@ these too, but after the cluster started and once per rank; :func:`check_layout`
 the model once on PyTorch's ``meta`` device (shapes only, no memory, no arithmetic) and
 raises the same :class:`~rapydli.errors.ConfigError` here, once.
 
-A ``model_fn`` that cannot build on the meta device (it loads weights, moves the model
-to a device itself, reads data) is not checked here; the ranks check it as before.
+A ``model_fn`` that moves its model to a device (``.to("cuda")``, ``.cuda()``, a tensor
+made with ``device="cuda"``) is built on the meta device all the same, and the device it
+asked for is recorded (:func:`meta_build`: the memory check counts an offloaded optimizer
+as off a GPU). One that cannot build on the meta device (it loads weights, reads data) is
+not checked here; the ranks check it as before.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from rapydli.errors import ConfigError
 
 
-def meta_model(model_fn: Callable[[], Any]) -> nn.Module | None:
-    """``model_fn()`` built on the meta device (the caller's random state untouched), or ``None`` if it cannot be."""
+@dataclass(frozen=True)
+class MetaBuild:
+    """A model built on the meta device, and the device its ``model_fn`` put it on (``cpu`` if it did not move it)."""
+
+    model: nn.Module
+    device: torch.device
+
+
+class _KeptOnMeta(TorchFunctionMode):
+    """Keeps a ``model_fn``'s tensors on the meta device through its moves, and records the last device it asked for.
+
+    ``Tensor.to(device, ...)`` and ``Tensor.cuda()`` (what ``Module.to`` and
+    ``Module.cuda`` call for each tensor) return the meta tensor, converted to a dtype
+    asked for; a ``device=`` argument of a tensor factory is replaced by ``meta``.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.device = torch.device("cpu")
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = dict(kwargs or {})
+        if func is torch.Tensor.cuda:
+            index = args[1] if len(args) > 1 else kwargs.get("device")
+            self.device = torch.device("cuda") if index is None else torch.device("cuda", index) if isinstance(index, int) else torch.device(index)
+            return args[0]
+        if func is torch.Tensor.to:
+            device, dtype, _, _ = torch._C._nn._parse_to(*args[1:], **kwargs)
+            if device is not None and device.type != "meta":
+                self.device = device
+            return args[0] if dtype is None or dtype == args[0].dtype else func(args[0], dtype)
+        if kwargs.get("device") is not None and torch.device(kwargs["device"]).type != "meta":
+            self.device = torch.device(kwargs["device"])
+            kwargs["device"] = "meta"
+        return func(*args, **kwargs)
+
+
+def meta_build(model_fn: Callable[[], Any]) -> MetaBuild | None:
+    """``model_fn()`` built on the meta device (the caller's random state untouched) and the device it asked for, or ``None`` if it cannot be."""
+    moves = _KeptOnMeta()
     try:
-        with torch.random.fork_rng(devices=[]), torch.device("meta"):
+        with torch.random.fork_rng(devices=[]), torch.device("meta"), moves:
             model = model_fn()
     except Exception:  # noqa: BLE001 - any model_fn the meta device cannot run is checked on the ranks instead
         return None
-    return model if isinstance(model, nn.Module) else None
+    return MetaBuild(model, moves.device) if isinstance(model, nn.Module) else None
+
+
+def meta_model(model_fn: Callable[[], Any]) -> nn.Module | None:
+    """``model_fn()`` built on the meta device (see :func:`meta_build`), or ``None`` if it cannot be."""
+    built = meta_build(model_fn)
+    return None if built is None else built.model
 
 
 def check_layout(model_fn: Callable[[], Any], config: Any, loss_fn: Any = None) -> None:

@@ -36,7 +36,7 @@ from typing import Any
 from torch import nn
 
 from rapydli.errors import ConfigError
-from rapydli.experiments.planning.layouts import Memory, optimizer_factor, optimizer_scalar_bytes, zero_buffers, zero_states
+from rapydli.experiments.planning.layouts import Memory, offloaded, optimizer_factor, optimizer_scalar_bytes, zero_buffers, zero_states
 from rapydli.parallel.layout import Layout
 from rapydli.trainer.config import TrainConfig
 
@@ -61,6 +61,9 @@ class RankShare:
         where every rank builds the whole model) and frozen ones.
     tensors
         Its trained parameter tensors (the optimizer keeps a scalar or two for each).
+    device
+        The device type the model trains on (``model_fn`` moved it there): an offloaded
+        optimizer leaves a ``cuda`` rank's memory.
     """
 
     trained: float
@@ -68,6 +71,7 @@ class RankShare:
     root: float
     others: float
     tensors: int = 0
+    device: str = "cpu"
 
 
 def _bytes(parameters: Any, seen: set[int]) -> float:
@@ -80,8 +84,8 @@ def _bytes(parameters: Any, seen: set[int]) -> float:
     return float(total)
 
 
-def rank_share(model: nn.Module, config: TrainConfig) -> RankShare:
-    """What the largest rank of ``config``'s layout trains of ``model`` (built on the meta device; it is split in place)."""
+def rank_share(model: nn.Module, config: TrainConfig, device: str = "cpu") -> RankShare:
+    """What the largest rank of ``config``'s layout trains of ``model`` (built on the meta device; it is split in place) on ``device``."""
     from rapydli.parallel import split
     from rapydli.parallel.config import split_names
 
@@ -109,10 +113,10 @@ def rank_share(model: nn.Module, config: TrainConfig) -> RankShare:
         # a named split is recorded on the meta device and each rank makes only its stage (rapydli.parallel.deferred);
         # "auto" times the whole model's blocks, so every rank builds it whole and keeps the other stages' parameters
         others = every - sum(largest) if points == "auto" else 0.0
-        return RankShare(sum(largest), tuple(largest), 0.0, others + frozen, tensors)
+        return RankShare(sum(largest), tuple(largest), 0.0, others + frozen, tensors, device)
     seen = set()
     units = tuple(b for b in (_bytes(block.parameters(), seen) for _, block in split.model_blocks(model)) if b)
-    return RankShare(every, units, every - sum(units), frozen, tensors)
+    return RankShare(every, units, every - sum(units), frozen, tensors, device)
 
 
 def predict_states(model: nn.Module, config: TrainConfig, world_size: int) -> Memory:
@@ -141,14 +145,14 @@ class StatesPredictor:
 
     def __call__(self, config: TrainConfig, world_size: int) -> Memory:
         """What the largest rank of ``config`` on ``world_size`` ranks holds, activations left out."""
-        from rapydli.parallel.preflight import meta_model
+        from rapydli.parallel.preflight import meta_build
 
         key = (config.pipeline_stages, config.pipeline_split, config.tensor_parallel, config.tensor_plan)
         if key not in self._shares:
-            model = meta_model(self.model_fn)
-            assert model is not None
+            built = meta_build(self.model_fn)
+            assert built is not None
             try:
-                self._shares[key] = rank_share(model, config)
+                self._shares[key] = rank_share(built.model, config, built.device.type)
             except ConfigError as exc:  # remembered too: the model is not built again for the same split
                 self._shares[key] = exc
         share = self._shares[key]
@@ -163,7 +167,10 @@ def _memory(share: RankShare, layout: Layout, config: TrainConfig) -> Memory:
     accumulating = config.grad_accum > 1 or (layout.pipeline > 1 and config.microbatches > 1)  # more than one backward a step
     buffers = zero_buffers(share.trained, dp, zero, config.bucket_mb * (1 << 20), share.units, share.root, accumulating)
     buffers += share.others + optimizer_scalar_bytes(config) * share.tensors
-    return Memory(*states, activations=0.0, buffers=buffers)
+    memory = Memory(*states, activations=0.0, buffers=buffers)
+    if config.offload_optimizer and share.device != "cpu":  # on CPU ranks the state is in host memory already
+        return offloaded(memory, share.trained, dp, zero)
+    return memory
 
 
 def _mb(nbytes: float) -> str:
@@ -182,17 +189,17 @@ def check_fits(model_fn: Callable[[], Any], config: TrainConfig, world_size: int
     limit = config.memory_per_rank
     if limit is None:
         return None
-    from rapydli.parallel.preflight import meta_model
+    from rapydli.parallel.preflight import meta_build
 
-    model = meta_model(model_fn)
-    if model is None:
+    built = meta_build(model_fn)
+    if built is None:
         warnings.warn(
             f"memory_per_rank={_mb(limit)} was not checked: the model cannot be built on the meta device (shapes only), "
             "which the prediction needs", stacklevel=3,
         )  # fmt: skip
         return None
     layout = Layout.of(config, world_size)
-    share = rank_share(model, config)
+    share = rank_share(built.model, config, built.device.type)
     memory = _memory(share, layout, config)
     if memory.peak <= limit:
         return memory
@@ -204,6 +211,14 @@ def check_fits(model_fn: Callable[[], Any], config: TrainConfig, world_size: int
         for other in [_memory(share, Layout(world_size, layout.pipeline, layout.tensor, zero), config)]
         if other.peak <= limit
     ]
+    if share.device != "cpu" and not config.offload_optimizer and layout.replicas > 1:  # a GPU rank can leave its optimizer to the host
+        fitting += [
+            f"zero={zero} with offload_optimizer=True on these {world_size} ranks ({_mb(other.peak)} per rank on the {share.device} device, "
+            f"{_mb(other.host)} in host memory)"
+            for zero in (1, 2, 3)
+            for other in [_memory(share, Layout(world_size, layout.pipeline, layout.tensor, zero), config.replace(zero=zero, offload_optimizer=True))]
+            if other.peak <= limit
+        ][:1]
     if not fitting:
         more = next((dp for dp in range(layout.replicas + 1, MOST_REPLICAS + 1)
                      if _memory(share, Layout(dp * per_replica, layout.pipeline, layout.tensor, 3), config).peak <= limit), None)  # fmt: skip
@@ -218,6 +233,8 @@ def check_fits(model_fn: Callable[[], Any], config: TrainConfig, world_size: int
     raise ConfigError(
         f"memory_per_rank={_mb(limit)} is too small for {layout.describe()}: a rank is predicted to hold "
         f"{_mb(memory.peak)} ({_mb(memory.parameters)} parameters, {_mb(memory.gradients)} gradients, {_mb(memory.optimizer)} "
-        f"optimizer state, {_mb(memory.buffers)} buffers; activations not counted), {_mb(memory.peak - limit)} over. "
+        f"optimizer state, {_mb(memory.buffers)} buffers; activations not counted"
+        f"{f'; {_mb(memory.host)} of optimizer state and slices in host memory (offload_optimizer), not counted' if memory.host else ''}"
+        f"), {_mb(memory.peak - limit)} over. "
         f"What would fit: {'; '.join(fitting)}"
     )

@@ -15,7 +15,8 @@ its number of blocks, ``tp`` among the degrees its tensor plan splits (at most
 node), micro-batches powers of two dividing the replica's batch, at most ``4 * pp``
 (:data:`MICROBATCHES_PER_STAGE`; 4 without a pipeline), both schedules where ``pp > 1``,
 ZeRO 0, 1, 2 and 3 where ``dp > 1``, each with and without activation checkpointing
-(:data:`CHECKPOINTING`).
+(:data:`CHECKPOINTING`) and, on GPU ranks where ``zero >= 1``, with and without an
+offloaded optimizer (its state and step in host memory: :func:`offloaded`).
 
 Memory per rank (fp32, bytes; ``P`` = bytes of the parameters a rank holds, ``k`` = 2
 optimizer values per parameter for AdamW, 1 for SGD with momentum, 0 without), as the ZeRO
@@ -38,7 +39,7 @@ pipeline stages: every rank builds the whole model).
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from rapydli.parallel.layout import Layout
@@ -63,14 +64,17 @@ class Candidate:
     microbatches: int
     schedule: str
     checkpointing: str | None = None
+    offload: bool = False
 
     @classmethod
-    def of(cls, dp: int, pp: int, tp: int, microbatches: int, schedule: str, zero: int, checkpointing: str | None = None) -> Candidate:
+    def of(cls, dp: int, pp: int, tp: int, microbatches: int, schedule: str, zero: int, checkpointing: str | None = None,
+           offload: bool = False) -> Candidate:  # fmt: skip
         """The candidate of ``dp`` replicas x ``pp`` stages x ``tp`` tensor ranks with ZeRO stage ``zero``.
 
-        ``checkpointing``: the ``activation_checkpointing`` it trains with (``None`` or ``"blocks"``).
+        ``checkpointing``: the ``activation_checkpointing`` it trains with (``None`` or
+        ``"blocks"``); ``offload``: ``offload_optimizer`` (GPU ranks, ``zero >= 1``).
         """
-        return cls(Layout(dp * pp * tp, pp, tp, zero), microbatches, schedule, checkpointing)
+        return cls(Layout(dp * pp * tp, pp, tp, zero), microbatches, schedule, checkpointing, offload)
 
     @property
     def dp(self) -> int:
@@ -99,10 +103,10 @@ class Candidate:
 
     @property
     def label(self) -> str:
-        """``dp2 pp1 tp1 m1 zero0`` (and the schedule of a pipeline; ``recompute`` with activation checkpointing)."""
+        """``dp2 pp1 tp1 m1 zero0`` (and the schedule of a pipeline; ``recompute`` with activation checkpointing; ``offload`` with an offloaded optimizer)."""
         schedule = f" {self.schedule}" if self.pp > 1 else ""
         recompute = "" if self.checkpointing is None else " recompute" if self.checkpointing == "blocks" else f" recompute:{self.checkpointing}"
-        return f"dp{self.dp} pp{self.pp} tp{self.tp} m{self.microbatches}{schedule} zero{self.zero}{recompute}"
+        return f"dp{self.dp} pp{self.pp} tp{self.tp} m{self.microbatches}{schedule} zero{self.zero}{recompute}{' offload' if self.offload else ''}"
 
     def replica_batch(self, global_batch: int) -> int:
         """Samples each replica reads per step."""
@@ -118,7 +122,7 @@ class Candidate:
         ``split`` names the block each stage after the first begins with (``pipeline_split``).
         """
         changes: dict[str, Any] = {"workers": self.ranks, "zero": self.zero, "tensor_parallel": self.tp,
-                                   "activation_checkpointing": self.checkpointing}  # fmt: skip
+                                   "activation_checkpointing": self.checkpointing, "offload_optimizer": self.offload}  # fmt: skip
         if self.pp > 1:
             changes.update(batch_size=self.replica_batch(global_batch), grad_accum=1, pipeline_stages=self.pp, microbatches=self.microbatches,
                            pipeline_schedule=self.schedule, pipeline_split=",".join(split) if split else "auto")  # fmt: skip
@@ -153,13 +157,14 @@ def grids(ranks: int, global_batch: int, blocks: int, tensor_parallel: Sequence[
 
 def enumerate_layouts(
     ranks: int, global_batch: int, blocks: int, tensor_parallel: Sequence[int] = (1,), zero: Sequence[int] = ZERO_STAGES,
-    checkpointing: Sequence[str | None] = (None,),
+    checkpointing: Sequence[str | None] = (None,), offload: Sequence[bool] = (False,),
 ) -> list[Candidate]:  # fmt: skip
     """Every candidate of ``ranks`` ranks for a model of ``blocks`` pipeline blocks (see the module's description).
 
     ``tensor_parallel``: the degrees the model's tensor plan splits; ``zero``: the ZeRO
     stages allowed; ``checkpointing``: the ``activation_checkpointing`` values to try
-    (:data:`CHECKPOINTING` for both).
+    (:data:`CHECKPOINTING` for both); ``offload``: the ``offload_optimizer`` values to try
+    where ``zero >= 1`` (``(False, True)`` for GPU ranks; on CPU ranks it changes nothing).
     """
     layouts = []
     for dp, pp, tp in grids(ranks, global_batch, blocks, tensor_parallel):
@@ -168,7 +173,8 @@ def enumerate_layouts(
             for schedule in (SCHEDULES if pp > 1 else (NO_SCHEDULE,)):
                 for stage in (zero if dp > 1 else (0,)):
                     for recompute in checkpointing:
-                        layouts.append(Candidate.of(dp, pp, tp, m, schedule, stage, recompute))
+                        for off in (offload if stage >= 1 else (False,)):
+                            layouts.append(Candidate.of(dp, pp, tp, m, schedule, stage, recompute, off))
     return layouts
 
 
@@ -204,13 +210,19 @@ def optimizer_factor(config: TrainConfig) -> int:
 
 @dataclass(frozen=True)
 class Memory:
-    """Bytes one rank holds at its peak, by kind (see the module's description)."""
+    """Bytes one rank holds at its peak, by kind (see the module's description).
+
+    ``host``: bytes kept in the host's memory instead of a GPU rank's (an offloaded
+    optimizer's state and the copies of the slices it steps: :func:`offloaded`), not in
+    :attr:`peak`.
+    """
 
     parameters: float
     gradients: float
     optimizer: float
     activations: float
     buffers: float
+    host: float = 0.0
 
     @property
     def model_states(self) -> float:
@@ -229,6 +241,18 @@ def zero_states(parameter_bytes: float, dp: int, zero: int, factor: int) -> tupl
     gradients = parameter_bytes / dp if zero >= 2 else parameter_bytes
     optimizer = factor * parameter_bytes / (dp if zero >= 1 else 1)
     return parameters, gradients, optimizer
+
+
+def offloaded(memory: Memory, parameter_bytes: float, dp: int, zero: int) -> Memory:
+    """``memory`` of a GPU rank whose sharded optimizer is offloaded (``offload_optimizer=True``, ``zero >= 1``).
+
+    The optimizer state and a copy of the rank's slices of the parameters (``P / dp``,
+    which it steps) live in host memory; the GPU keeps the parameters and gradients. On a
+    CPU rank offloading changes nothing: do not call this.
+    """
+    if zero < 1:
+        return memory
+    return replace(memory, optimizer=0.0, host=memory.host + memory.optimizer + parameter_bytes / dp)
 
 
 def optimizer_scalar_bytes(config: TrainConfig) -> int:

@@ -290,7 +290,8 @@ def plan_parallel(
         if net is None:
             net = _measure_network(chosen, targets, cfg)
         degrees = [t for t in divisors(ranks) if t <= MAX_TENSOR_PARALLEL and profile.supports(t)]
-        layouts = enumerate_layouts(ranks, batch, profile.stage_blocks, degrees, checkpointing=CHECKPOINTING)
+        offload = (False, True) if profile.device != "cpu" else (False,)  # on CPU ranks the optimizer is in host memory already
+        layouts = enumerate_layouts(ranks, batch, profile.stage_blocks, degrees, checkpointing=CHECKPOINTING, offload=offload)
         predictions = sorted((predict(layout, profile, net, batch, cfg) for layout in layouts), key=lambda p: p.step_s)
         predictions, refused = _honoured(spec.model_fn, predictions, cfg)  # tied weights across stages: no zero=2 (rapydli.parallel.shared)
         fits = [limit is None or p.memory.peak <= limit for p in predictions]

@@ -116,6 +116,14 @@ class Profile:
         profile predicts for them (0 when not measured).
     source
         Where it was measured (``"2 engines"``, ``"this process"``).
+    device
+        The device type the blocks ran on (``cpu``, ``cuda``).
+    host_optimizer_s_per_byte
+        On a GPU: seconds of one optimizer step in host memory per byte of parameters
+        (what ``offload_optimizer=True`` steps; 0 on a CPU, where offloading changes nothing).
+    host_copy_s_per_byte
+        On a GPU: seconds per byte to copy between the device and page-locked host memory,
+        one way (0 on a CPU).
     """
 
     names: list[str]
@@ -126,6 +134,9 @@ class Profile:
     data_s: dict[int, float] = field(default_factory=dict)
     step_overhead_s: float = 0.0
     source: str = ""
+    device: str = "cpu"
+    host_optimizer_s_per_byte: float = 0.0
+    host_copy_s_per_byte: float = 0.0
 
     @property
     def stage_blocks(self) -> int:
@@ -188,7 +199,9 @@ class Profile:
             optimizer_s_per_byte=statistics.fmean(p.optimizer_s_per_byte for p in profiles),
             gradient_copy_s_per_byte=statistics.fmean(p.gradient_copy_s_per_byte for p in profiles),
             data_s={k: statistics.fmean(p.data_s[k] for p in profiles) for k in first.data_s},
-            step_overhead_s=statistics.fmean(p.step_overhead_s for p in profiles), source=source or first.source,
+            step_overhead_s=statistics.fmean(p.step_overhead_s for p in profiles), source=source or first.source, device=first.device,
+            host_optimizer_s_per_byte=statistics.fmean(p.host_optimizer_s_per_byte for p in profiles),
+            host_copy_s_per_byte=statistics.fmean(p.host_copy_s_per_byte for p in profiles),
         )  # fmt: skip
 
 
@@ -347,6 +360,10 @@ def profile_model(
     size = max(sizes)
     data_s = {n: _collate_time(data, n, repeats) for n in sorted({*data_sizes, size})} if data is not None else {}
     profile = Profile(names, measured, unsupported, per_parameter, copy_per_parameter, data_s)
+    device = next((p.device for p in model.parameters()), torch.device("cpu"))
+    if device.type != "cpu":  # what an offloaded optimizer costs there: its step in host memory, the copies to and from it
+        profile.device = device.type
+        profile.host_optimizer_s_per_byte, profile.host_copy_s_per_byte = offload_times(model, optimizer, repeats)
     if train_step is not None:
         costs = measured[(1, size)]
         modelled = profile.data_time(size) + sum(b.forward_s + b.backward_s for b in costs)
@@ -499,6 +516,46 @@ def _optimizer_times(
             offset += p.numel()
         copies.append(time.perf_counter() - started)
     return step_s / nbytes, statistics.median(copies[1:]) / nbytes
+
+
+def offload_times(model: nn.Module, optimizer: Callable[[list[nn.Parameter]], torch.optim.Optimizer] | None, repeats: int) -> tuple[float, float]:
+    """Seconds per parameter byte of ``optimizer``'s step over host copies of ``model``'s trained parameters, and of one copy between them and the device.
+
+    The host copies are page-locked when the parameters are on a CUDA device, as
+    :class:`~rapydli.parallel.zero.ShardedOptimizer` keeps them with ``offload=True``; the
+    copy is timed both ways and halved (the device synchronised around it).
+    """
+    params = [p for p in model.parameters() if p.requires_grad]
+    nbytes = sum(p.numel() * p.element_size() for p in params)
+    device = params[0].device
+    pinned = device.type == "cuda"
+    hosts = [nn.Parameter(p.detach().to("cpu", copy=True)) for p in params]
+    for host in hosts:
+        host.grad = torch.zeros_like(host)
+    step_s = 0.0
+    if optimizer is not None:
+        opt, times = optimizer(hosts), []
+        for _ in range(repeats + 1):
+            started = time.perf_counter()
+            opt.step()
+            times.append(time.perf_counter() - started)
+        step_s = statistics.median(times[1:])
+    flat = torch.cat([p.detach().reshape(-1) for p in params])
+    staging = torch.empty(flat.shape, dtype=flat.dtype, pin_memory=pinned)
+    copies = []
+    for _ in range(repeats + 1):
+        _synchronize(device)
+        started = time.perf_counter()
+        staging.copy_(flat, non_blocking=pinned)
+        flat.copy_(staging, non_blocking=pinned)
+        _synchronize(device)
+        copies.append(time.perf_counter() - started)
+    return step_s / nbytes, statistics.median(copies[1:]) / 2 / nbytes
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def _collate_time(data: Any, size: int, repeats: int) -> float:

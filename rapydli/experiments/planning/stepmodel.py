@@ -49,7 +49,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from rapydli.comm.synchronizer import FIRST_BUCKET_BYTES
-from rapydli.experiments.planning.layouts import Candidate, Memory, optimizer_factor, optimizer_scalar_bytes, zero_buffers, zero_states
+from rapydli.experiments.planning.layouts import Candidate, Memory, offloaded, optimizer_factor, optimizer_scalar_bytes, zero_buffers, zero_states
 from rapydli.experiments.planning.network import Network
 from rapydli.experiments.planning.profile import BlockCost, Profile
 from rapydli.parallel import schedules, split
@@ -204,14 +204,19 @@ def predict(layout: Candidate, profile: Profile, network: Network, global_batch:
             gradient = copies + exposed_reduce_scatter(ready, end, network, layout.dp, bucket_bytes)
         else:
             gradient = exposed_allreduce(ready, end, network, layout.dp, bucket_bytes, config.overlap)
-        optimizer = profile.optimizer_s_per_byte * parameter_bytes / (layout.dp if layout.zero else 1)
+        offload = layout.offload and layout.zero >= 1 and profile.device != "cpu"  # on CPU ranks offloading changes nothing
+        if offload:  # the slices' gradients to the host, the step there, the slices back
+            optimizer = (profile.host_optimizer_s_per_byte + 2 * profile.host_copy_s_per_byte) * parameter_bytes / layout.dp
+        else:
+            optimizer = profile.optimizer_s_per_byte * parameter_bytes / (layout.dp if layout.zero else 1)
         if layout.zero in (1, 2) and layout.dp > 1:
             optimizer += network.collectives.allreduce_time(layout.dp, parameter_bytes) / 2
         finish.append(end + gradient + optimizer)
         gradient_parts.append(gradient)
         optimizer_parts.append(optimizer)
-        memories.append(Memory(*zero_states(parameter_bytes, layout.dp, layout.zero, factor), stage_activations(stage, layout, plan[s], s),
-                               _buffers(blocks, stage, layout, bucket_bytes, optimizer_scalar_bytes(config))))  # fmt: skip
+        memory = Memory(*zero_states(parameter_bytes, layout.dp, layout.zero, factor), stage_activations(stage, layout, plan[s], s),
+                        _buffers(blocks, stage, layout, bucket_bytes, optimizer_scalar_bytes(config)))  # fmt: skip
+        memories.append(offloaded(memory, parameter_bytes, layout.dp, layout.zero) if offload else memory)
     slowest = max(range(layout.pp), key=lambda s: finish[s])
     bubble = timeline.idle_fraction(slowest) if layout.pp > 1 else 0.0
     return Prediction(
