@@ -9,6 +9,7 @@ import torch
 
 import rapydli as rd
 from rapydli.cluster import current
+from rapydli.comm.shm import AREAS_BYTES
 from rapydli.comm.synchronizer import FIRST_BUCKET_BYTES
 from rapydli.errors import ConfigError
 from rapydli.experiments.planning.layouts import (
@@ -161,7 +162,9 @@ def test_data_parallel_prediction_adds_the_exposed_allreduce() -> None:
     zero1 = predict(Candidate.of(2, 1, 1, 1, NO_SCHEDULE, 1), profile, NET, 32, ADAM)
     assert zero1.gradient_s == pytest.approx(allreduce)  # the synchronizer's allreduce as without ZeRO
     assert zero1.optimizer_s == pytest.approx(12000 * 1e-6 / 2 + half_ring)  # the step on half, then the allgather
-    assert zero1.memory.optimizer == 12000 and zero1.memory.buffers == 2 * 8  # AdamW's step, a scalar for each of the 2 tensors
+    # AdamW's step, a scalar for each of the 2 tensors; the synchronizer's node-shared buckets bring the shared-memory reduction's areas
+    assert zero1.memory.optimizer == 12000 and zero1.memory.buffers == 2 * 8 + AREAS_BYTES
+    assert predict(Candidate.of(2, 1, 1, 1, NO_SCHEDULE, 1), replace(profile, device="cuda"), NET, 32, ADAM).memory.buffers == 2 * 8  # GPU buckets
     zero2 = predict(Candidate.of(2, 1, 1, 1, NO_SCHEDULE, 2), profile, NET, 32, ADAM)
     assert zero2.gradient_s == pytest.approx(12000 * 1e-7 + half_ring)  # gradients added into the bucket, reduce-scattered as backward ends
     assert zero2.optimizer_s == pytest.approx(12000 * 1e-6 / 2 + half_ring)

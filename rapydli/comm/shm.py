@@ -69,6 +69,8 @@ SLOT_BYTES = 256 << 10
 COMPILED_MAX_BYTES = 1 << 20
 #: A rank's area for the compiled path: its published sequence number (one cache line), two slots.
 _AREA_BYTES = 64 + 2 * SLOT_BYTES
+#: What each rank of a node keeps for the compiled path once the first shared buffer is made: two areas (1 MiB).
+AREAS_BYTES = 2 * _AREA_BYTES
 
 
 def _round_up(nbytes: int) -> int:
@@ -248,7 +250,7 @@ class SharedMemoryAlgorithm(Algorithm):
                 built = False
         if not self.comm.allreduce(built, op=MPI.LAND):
             return None
-        mine = self.buffers.zeros(2 * _AREA_BYTES, torch.uint8)
+        mine = self.buffers.zeros(AREAS_BYTES, torch.uint8)
         views = self.buffers.views(mine)
         if views is None:  # /dev/shm refused the buffer on some rank: every rank fell back alike
             return None

@@ -255,6 +255,18 @@ def offloaded(memory: Memory, parameter_bytes: float, dp: int, zero: int) -> Mem
     return replace(memory, optimizer=0.0, host=memory.host + memory.optimizer + parameter_bytes / dp)
 
 
+def synchronizer_bytes(dp: int, zero: int, device: str) -> float:
+    """Bytes the gradient synchronizer (ZeRO 0 and 1 with ``dp > 1``) keeps beyond its buckets on CPU ranks.
+
+    Its buckets are node-shared buffers, and the first one brings the shared-memory
+    reduction's areas (:data:`rapydli.comm.shm.AREAS_BYTES`, 1 MiB a rank; counted wherever
+    the ranks are, as at most). GPU ranks' buckets are device tensors: nothing.
+    """
+    from rapydli.comm.shm import AREAS_BYTES
+
+    return float(AREAS_BYTES) if dp > 1 and zero < 2 and device == "cpu" else 0.0
+
+
 def optimizer_scalar_bytes(config: TrainConfig) -> int:
     """Bytes an optimizer keeps per parameter tensor beyond its per-element state, at most.
 

@@ -49,7 +49,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from rapydli.comm.synchronizer import FIRST_BUCKET_BYTES
-from rapydli.experiments.planning.layouts import Candidate, Memory, offloaded, optimizer_factor, optimizer_scalar_bytes, zero_buffers, zero_states
+from rapydli.experiments.planning.layouts import (
+    Candidate,
+    Memory,
+    offloaded,
+    optimizer_factor,
+    optimizer_scalar_bytes,
+    synchronizer_bytes,
+    zero_buffers,
+    zero_states,
+)
 from rapydli.experiments.planning.network import Network
 from rapydli.experiments.planning.profile import BlockCost, Profile
 from rapydli.parallel import schedules, split
@@ -215,7 +224,7 @@ def predict(layout: Candidate, profile: Profile, network: Network, global_batch:
         gradient_parts.append(gradient)
         optimizer_parts.append(optimizer)
         memory = Memory(*zero_states(parameter_bytes, layout.dp, layout.zero, factor), stage_activations(stage, layout, plan[s], s),
-                        _buffers(blocks, stage, layout, bucket_bytes, optimizer_scalar_bytes(config)))  # fmt: skip
+                        _buffers(blocks, stage, layout, bucket_bytes, optimizer_scalar_bytes(config), profile.device))  # fmt: skip
         memories.append(offloaded(memory, parameter_bytes, layout.dp, layout.zero) if offload else memory)
     slowest = max(range(layout.pp), key=lambda s: finish[s])
     bubble = timeline.idle_fraction(slowest) if layout.pp > 1 else 0.0
@@ -247,10 +256,11 @@ def stage_activations(stage: Sequence[BlockCost], layout: Candidate, actions: Se
     return (live - 1) * per_batch + max([per_batch, *recomputing])
 
 
-def _buffers(blocks: Sequence[BlockCost], stage: Sequence[BlockCost], layout: Candidate, bucket_bytes: float, scalar_bytes: int) -> float:
-    """ZeRO's buffers beyond the formula, the optimizer's scalars, and the other stages' parameters (every rank builds the whole model)."""
+def _buffers(blocks: Sequence[BlockCost], stage: Sequence[BlockCost], layout: Candidate, bucket_bytes: float, scalar_bytes: int, device: str) -> float:
+    """ZeRO's buffers beyond the formula, the synchronizer's, the optimizer's scalars, and the other stages' parameters (every rank builds the whole model)."""
     parameter_bytes = sum(b.parameters_bytes for b in stage)
     others = sum(b.parameters_bytes for b in blocks) - parameter_bytes
     units = [float(b.parameters_bytes) for b in stage]
     scalars = scalar_bytes * sum(len(b.parameter_bytes) for b in stage)
-    return zero_buffers(parameter_bytes, layout.dp, layout.zero, bucket_bytes, units, accumulating=layout.microbatches > 1) + scalars + others
+    zero = zero_buffers(parameter_bytes, layout.dp, layout.zero, bucket_bytes, units, accumulating=layout.microbatches > 1)
+    return zero + synchronizer_bytes(layout.dp, layout.zero, device) + scalars + others
