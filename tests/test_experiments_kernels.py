@@ -35,3 +35,24 @@ def test_make_demo_uses_the_registered_engine() -> None:
     entry_points = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"]["papermill.engine"]
     assert entry_points["rapydli"] == "rapydli.experiments.batch.jupyter_kernels:RapydliEngine"
     assert "papermill --engine rapydli" in (ROOT / "Makefile").read_text()
+
+
+@pytest.mark.notebook
+def test_the_rapydli_engine_waits_for_a_cells_outputs_and_fails_the_cell_rather_than_drop_them(tmp_path: Path, monkeypatch) -> None:
+    """nbclient goes on without a cell's late outputs after 4 s by default (a print was lost so on a loaded machine)."""
+    from papermill.clientwrap import PapermillNotebookClient
+
+    from rapydli.experiments.batch.jupyter_kernels import IOPUB_TIMEOUT_S
+
+    made: list[PapermillNotebookClient] = []
+    build = PapermillNotebookClient.__init__
+
+    def recorded(self: PapermillNotebookClient, *args: object, **kwargs: object) -> None:
+        build(self, *args, **kwargs)
+        made.append(self)
+
+    monkeypatch.setattr(PapermillNotebookClient, "__init__", recorded)
+    out = tmp_path / "out.ipynb"
+    papermill.execute_notebook(str(_tiny(tmp_path / "in.ipynb")), str(out), engine_name="rapydli", progress_bar=False)
+    assert [(c.iopub_timeout, c.raise_on_iopub_timeout) for c in made] == [(IOPUB_TIMEOUT_S, True)]
+    assert nbformat.read(out, as_version=4).cells[0].outputs[0]["text"] == "42\n"

@@ -62,6 +62,10 @@ class EncryptedKernelManager(AsyncKernelManager):
         await super()._async_interrupt_kernel()
 
 
+#: Seconds a batch run waits for a cell's outputs to arrive after the kernel answered the cell (nbclient's ``iopub_timeout``).
+IOPUB_TIMEOUT_S = 120
+
+
 class RapydliEngine(NBClientEngine):
     """papermill's nbclient engine, with kernels started by :class:`EncryptedKernelManager`; the
     executed notebook keeps the state of the widgets it shows only
@@ -73,6 +77,11 @@ class RapydliEngine(NBClientEngine):
         from rapydli.experiments.batch.saved_widgets import shown_widget_state
 
         kwargs.setdefault("kernel_manager_class", KERNEL_MANAGER)
+        # nbclient waits 4 s by default for a cell's outputs after its reply, then goes on without them (a warning in its
+        # log): on a loaded machine a cell's print before a plotly figure was lost that way. Wait for them, and fail the
+        # cell rather than drop them.
+        kwargs.setdefault("iopub_timeout", IOPUB_TIMEOUT_S)
+        kwargs.setdefault("raise_on_iopub_timeout", True)
         try:
             return super().execute_managed_notebook(nb_man, kernel_name, **kwargs)
         finally:  # also for a failed run: papermill saves the notebook after this returns
