@@ -102,7 +102,13 @@ const plugin: JupyterFrontEndPlugin<void> = {
         let launcher = args['launcher'] as string | undefined;
         let options = (args['options'] as Record<string, unknown> | undefined) ?? {};
         if (n === undefined) {
-          const request = await askStartCluster(model.launchers);
+          let launchers = model.launchers;
+          try {
+            launchers = await model.loadLaunchers(); // the first refresh may not have answered yet
+          } catch (error) {
+            model.setError(`the server's launchers could not be read: ${(error as Error).message ?? error}`);
+          }
+          const request = await askStartCluster(launchers);
           if (!request) {
             return null;
           }

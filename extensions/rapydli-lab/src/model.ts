@@ -134,9 +134,7 @@ export class RapydliModel {
         requestAPI<IClustersReply>('clusters'),
         requestAPI<IFamiliesReply>(`families?${query}`)
       ]);
-      if (this.launchers.length === 0) {
-        this.launchers = (await requestAPI<{ launchers: ILauncher[] }>('launchers')).launchers;
-      }
+      await this.loadLaunchers();
       if (serial !== this._serial) {
         return; // a newer refresh (other filters) is under way
       }
@@ -148,6 +146,25 @@ export class RapydliModel {
       this.pollError = String((error as Error).message ?? error);
     }
     this._changed.emit();
+  }
+
+  /**
+   * The launchers the server offers: fetched once (again after a failure), and awaited by
+   * whoever needs them, so a Start dialog opened before the first refresh has answered
+   * still offers every launcher, not only the local fallback.
+   */
+  async loadLaunchers(): Promise<ILauncher[]> {
+    if (this.launchers.length) {
+      return this.launchers;
+    }
+    if (!this._launchersLoading) {
+      this._launchersLoading = requestAPI<{ launchers: ILauncher[] }>('launchers')
+        .then(reply => (this.launchers = reply.launchers))
+        .finally(() => {
+          this._launchersLoading = null;
+        });
+    }
+    return this._launchersLoading;
   }
 
   async startCluster(n: number, launcher: string, options: Record<string, unknown> = {}): Promise<ICluster | null> {
@@ -192,4 +209,5 @@ export class RapydliModel {
   private _changed = new Signal<this, void>(this);
   private _timer: number | null = null;
   private _serial = 0;
+  private _launchersLoading: Promise<ILauncher[]> | null = null;
 }
