@@ -122,6 +122,35 @@ def test_errors_are_shown_in_the_panel(page: Page, lab: dict[str, Any]) -> None:
     expect(panel).to_contain_text("No running cluster.")
 
 
+def test_the_start_dialog_waits_for_the_servers_launchers(browser: Any, lab: dict[str, Any]) -> None:
+    """A Start dialog opened before the server said its launchers offers them all once it has, not only the local fallback."""
+    held: list[Any] = []
+    context = browser.new_context(viewport={"width": 1400, "height": 900})
+    try:
+        tab = context.new_page()
+        tab.set_default_timeout(60_000)
+        tab.route("**/rapydli/api/launchers**", lambda route: held.append(route))  # the server's answer held back, as on a loaded machine
+        tab.goto(f"{lab['url']}/lab?token={lab['token']}")
+        expect(tab.locator("#jp-main-dock-panel")).to_be_visible(timeout=120_000)
+        panel = open_panel(tab)
+        deadline = time.monotonic() + 60
+        while not held and time.monotonic() < deadline:
+            tab.wait_for_timeout(100)
+        assert held, "the panel never asked for the launchers"
+        panel.get_by_role("button", name="Start cluster").click()
+        tab.wait_for_timeout(1000)
+        expect(tab.get_by_role("dialog")).to_have_count(0)  # not opened with the local fallback alone
+        for route in held:
+            route.continue_()
+        dialog = tab.get_by_role("dialog")
+        dialog.get_by_role("combobox", name="Launcher").select_option("slurm")
+        expect(dialog.get_by_label("partition", exact=True)).to_be_visible()
+        dialog.get_by_role("button", name="Cancel").click()
+        expect(dialog).to_have_count(0)
+    finally:
+        context.close()
+
+
 @pytest.mark.engines
 def test_a_cli_started_cluster_is_listed_restarted_and_stopped_from_the_panel(page: Page, lab: dict[str, Any]) -> None:
     started = subprocess.run([sys.executable, "-m", "rapydli", "cluster", "start", "-n", "2"],
