@@ -130,7 +130,8 @@ def test_the_start_dialog_waits_for_the_servers_launchers(browser: Any, lab: dic
         tab = context.new_page()
         tab.set_default_timeout(60_000)
         tab.route("**/rapydli/api/launchers**", lambda route: held.append(route))  # the server's answer held back, as on a loaded machine
-        tab.goto(f"{lab['url']}/lab?token={lab['token']}")
+        # a workspace of its own, reset: the other tests' saved layout (the panel open) is not restored under the click that opens it
+        tab.goto(f"{lab['url']}/lab/workspaces/launchers-held?reset&token={lab['token']}")
         expect(tab.locator("#jp-main-dock-panel")).to_be_visible(timeout=120_000)
         panel = open_panel(tab)
         deadline = time.monotonic() + 60
