@@ -36,6 +36,8 @@ TWO_RANKS = [
     ["bert", {"tensor_parallel": 2, "grad_clip": 0.05}],  # built-in plan: attention.self by heads, its output.dense row; unused pooler
     ["bert", {"pipeline_stages": 2, "microbatches": 2, "pipeline_split": "layer.1"}],
     ["bert", {"zero": 2}],
+    ["gpt2", {"zero": 2}],  # 1 KB buckets: the tied embedding alone in one (reduce-scattered as autograd made its gradient), norms held until due
+    ["llama", {"zero": 2}],  # the same with GQA and SwiGLU
     # no pipeline_blocks(): the blocks are traced from forward, whose loss from the labels runs on the last stage
     ["gpt2_as_written", {"pipeline_stages": 2, "microbatches": 2, "pipeline_split": "transformer.h.1"}],  # tied across stages
     ["nanogpt", {"pipeline_stages": 2, "microbatches": 2, "pipeline_split": "auto", "grad_clip": 0.05}],
