@@ -36,15 +36,7 @@ from typing import Any
 from torch import nn
 
 from rapydli.errors import ConfigError
-from rapydli.experiments.planning.layouts import (
-    Memory,
-    offloaded,
-    optimizer_factor,
-    optimizer_scalar_bytes,
-    synchronizer_bytes,
-    zero_buffers,
-    zero_states,
-)
+from rapydli.experiments.planning.layouts import Memory, rank_memory
 from rapydli.parallel.layout import Layout
 from rapydli.trainer.config import TrainConfig
 
@@ -170,15 +162,9 @@ class StatesPredictor:
 
 
 def _memory(share: RankShare, layout: Layout, config: TrainConfig) -> Memory:
-    dp, zero = layout.replicas, layout.zero
-    states = zero_states(share.trained, dp, zero, optimizer_factor(config))
     accumulating = config.grad_accum > 1 or (layout.pipeline > 1 and config.microbatches > 1)  # more than one backward a step
-    buffers = zero_buffers(share.trained, dp, zero, config.bucket_mb * (1 << 20), share.units, share.root, accumulating)
-    buffers += share.others + optimizer_scalar_bytes(config) * share.tensors + synchronizer_bytes(dp, zero, share.device)
-    memory = Memory(*states, activations=0.0, buffers=buffers)
-    if config.offload_optimizer and share.device != "cpu":  # on CPU ranks the state is in host memory already
-        return offloaded(memory, share.trained, dp, zero)
-    return memory
+    return rank_memory(share.trained, layout.replicas, layout.zero, config, units=share.units, root=share.root, tensors=share.tensors,
+                       device=share.device, accumulating=accumulating, offload=config.offload_optimizer, others=share.others)  # fmt: skip
 
 
 def _mb(nbytes: float) -> str:

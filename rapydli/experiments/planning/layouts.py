@@ -16,7 +16,7 @@ node), micro-batches powers of two dividing the replica's batch, at most ``4 * p
 (:data:`MICROBATCHES_PER_STAGE`; 4 without a pipeline), both schedules where ``pp > 1``,
 ZeRO 0, 1, 2 and 3 where ``dp > 1``, each with and without activation checkpointing
 (:data:`CHECKPOINTING`) and, on GPU ranks where ``zero >= 1``, with and without an
-offloaded optimizer (its state and step in host memory: :func:`offloaded`).
+offloaded optimizer (its state and step in host memory: :func:`rank_memory`).
 
 Memory per rank (fp32, bytes; ``P`` = bytes of the parameters a rank holds, ``k`` = 2
 optimizer values per parameter for AdamW, 1 for SGD with momentum, 0 without), as the ZeRO
@@ -213,7 +213,7 @@ class Memory:
     """Bytes one rank holds at its peak, by kind (see the module's description).
 
     ``host``: bytes kept in the host's memory instead of a GPU rank's (an offloaded
-    optimizer's state and the copies of the slices it steps: :func:`offloaded`), not in
+    optimizer's state and the copies of the slices it steps: :func:`rank_memory`), not in
     :attr:`peak`.
     """
 
@@ -243,16 +243,31 @@ def zero_states(parameter_bytes: float, dp: int, zero: int, factor: int) -> tupl
     return parameters, gradients, optimizer
 
 
-def offloaded(memory: Memory, parameter_bytes: float, dp: int, zero: int) -> Memory:
-    """``memory`` of a GPU rank whose sharded optimizer is offloaded (``offload_optimizer=True``, ``zero >= 1``).
+def offloads(offload: bool, zero: int, device: str) -> bool:
+    """Whether ``offload_optimizer`` moves anything: a sharded optimizer (``zero >= 1``) on a GPU rank; on a CPU rank its state is in host memory already."""
+    return offload and zero >= 1 and device != "cpu"
 
-    The optimizer state and a copy of the rank's slices of the parameters (``P / dp``,
-    which it steps) live in host memory; the GPU keeps the parameters and gradients. On a
-    CPU rank offloading changes nothing: do not call this.
+
+def rank_memory(parameter_bytes: float, dp: int, zero: int, config: TrainConfig, *, units: Sequence[float] = (), root: float = 0.0,
+                tensors: int = 0, device: str = "cpu", accumulating: bool = False, offload: bool = False, activations: float = 0.0,
+                others: float = 0.0) -> Memory:  # fmt: skip
+    """What one rank holds for ``parameter_bytes`` of trained parameters (the one owner of the sum, for the planner and the memory check).
+
+    The ZeRO formula's states (:func:`zero_states`); as ``buffers``, what this
+    implementation keeps beyond them (:func:`zero_buffers` over ``units``, ``root`` and
+    ``accumulating``; :func:`synchronizer_bytes`; :func:`optimizer_scalar_bytes` for each of
+    ``tensors``) and ``others``, the parameters it holds but does not train; and
+    ``activations``. When ``offload`` moves anything (:func:`offloads`), the optimizer
+    state and the fp32 copies of the rank's slices (``P / dp``, which it steps) are in
+    ``host`` instead: the GPU keeps the parameters and gradients.
     """
-    if zero < 1:
-        return memory
-    return replace(memory, optimizer=0.0, host=memory.host + memory.optimizer + parameter_bytes / dp)
+    states = zero_states(parameter_bytes, dp, zero, optimizer_factor(config))
+    buffers = zero_buffers(parameter_bytes, dp, zero, config.bucket_mb * (1 << 20), units, root, accumulating)
+    buffers += synchronizer_bytes(dp, zero, device) + optimizer_scalar_bytes(config) * tensors + others
+    memory = Memory(*states, activations=activations, buffers=buffers)
+    if offloads(offload, zero, device):
+        return replace(memory, optimizer=0.0, host=memory.optimizer + parameter_bytes / dp)
+    return memory
 
 
 def synchronizer_bytes(dp: int, zero: int, device: str) -> float:

@@ -49,16 +49,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from rapydli.comm.synchronizer import FIRST_BUCKET_BYTES
-from rapydli.experiments.planning.layouts import (
-    Candidate,
-    Memory,
-    offloaded,
-    optimizer_factor,
-    optimizer_scalar_bytes,
-    synchronizer_bytes,
-    zero_buffers,
-    zero_states,
-)
+from rapydli.experiments.planning.layouts import Candidate, Memory, offloads, rank_memory
 from rapydli.experiments.planning.network import Network
 from rapydli.experiments.planning.profile import BlockCost, Profile
 from rapydli.parallel import schedules, split
@@ -193,7 +184,6 @@ def predict(layout: Candidate, profile: Profile, network: Network, global_batch:
     plan = schedules.build(layout.schedule if layout.pp > 1 else "1f1b", layout.pp, layout.microbatches)
     timeline = schedules.simulate(plan, forward, backward, transfer, network.p2p.delay_after)
     data = profile.data_time(layout.replica_batch(global_batch)) if layout.pp > 1 else layout.microbatches * profile.data_time(micro)
-    factor = optimizer_factor(config)
     bucket_bytes = config.bucket_mb * (1 << 20)
     finish, gradient_parts, optimizer_parts, memories = [], [], [], []
     for s, stage in enumerate(stages):
@@ -213,8 +203,7 @@ def predict(layout: Candidate, profile: Profile, network: Network, global_batch:
             gradient = copies + exposed_reduce_scatter(ready, end, network, layout.dp, bucket_bytes)
         else:
             gradient = exposed_allreduce(ready, end, network, layout.dp, bucket_bytes, config.overlap)
-        offload = layout.offload and layout.zero >= 1 and profile.device != "cpu"  # on CPU ranks offloading changes nothing
-        if offload:  # the slices' gradients to the host, the step there, the slices back
+        if offloads(layout.offload, layout.zero, profile.device):  # the slices' gradients to the host, the step there, the slices back
             optimizer = (profile.host_optimizer_s_per_byte + 2 * profile.host_copy_s_per_byte) * parameter_bytes / layout.dp
         else:
             optimizer = profile.optimizer_s_per_byte * parameter_bytes / (layout.dp if layout.zero else 1)
@@ -223,9 +212,11 @@ def predict(layout: Candidate, profile: Profile, network: Network, global_batch:
         finish.append(end + gradient + optimizer)
         gradient_parts.append(gradient)
         optimizer_parts.append(optimizer)
-        memory = Memory(*zero_states(parameter_bytes, layout.dp, layout.zero, factor), stage_activations(stage, layout, plan[s], s),
-                        _buffers(blocks, stage, layout, bucket_bytes, optimizer_scalar_bytes(config), profile.device))  # fmt: skip
-        memories.append(offloaded(memory, parameter_bytes, layout.dp, layout.zero) if offload else memory)
+        memories.append(rank_memory(parameter_bytes, layout.dp, layout.zero, config, units=[float(b.parameters_bytes) for b in stage],
+                                    tensors=sum(len(b.parameter_bytes) for b in stage), device=profile.device,
+                                    accumulating=layout.microbatches > 1, offload=layout.offload,
+                                    activations=stage_activations(stage, layout, plan[s], s),
+                                    others=sum(b.parameters_bytes for b in blocks) - parameter_bytes))  # every rank builds the whole model
     slowest = max(range(layout.pp), key=lambda s: finish[s])
     bubble = timeline.idle_fraction(slowest) if layout.pp > 1 else 0.0
     return Prediction(
@@ -254,13 +245,3 @@ def stage_activations(stage: Sequence[BlockCost], layout: Candidate, actions: Se
     per_batch = sum(kept) + held_outputs
     recomputing = [sum(kept[: k + 1]) + held_outputs + b.saved_bytes - b.saved_input_bytes for k, b in enumerate(stage) if b.recomputed]
     return (live - 1) * per_batch + max([per_batch, *recomputing])
-
-
-def _buffers(blocks: Sequence[BlockCost], stage: Sequence[BlockCost], layout: Candidate, bucket_bytes: float, scalar_bytes: int, device: str) -> float:
-    """ZeRO's buffers beyond the formula, the synchronizer's, the optimizer's scalars, and the other stages' parameters (every rank builds the whole model)."""
-    parameter_bytes = sum(b.parameters_bytes for b in stage)
-    others = sum(b.parameters_bytes for b in blocks) - parameter_bytes
-    units = [float(b.parameters_bytes) for b in stage]
-    scalars = scalar_bytes * sum(len(b.parameter_bytes) for b in stage)
-    zero = zero_buffers(parameter_bytes, layout.dp, layout.zero, bucket_bytes, units, accumulating=layout.microbatches > 1)
-    return zero + synchronizer_bytes(layout.dp, layout.zero, device) + scalars + others
