@@ -8,9 +8,8 @@ the :class:`~rapydli.trainer.loop.Trainer` and measures what it holds:
   activations gone), the storages of the parameters the rank trains, of their gradients
   and of the optimizer's state (``model_state_bytes``, what the ZeRO formula counts), and
   ``total_bytes``: every tensor storage alive in the process, the training and validation
-  sets' own left out, and the data loader's (its shared-memory batch slots, reported as
-  ``data_bytes``: the input pipeline's, not the layout's) (found through the garbage
-  collector: every tensor object Python holds), each counted
+  sets' own left out (found through the garbage collector: every tensor object Python
+  holds), each counted
   once however many tensors view it, the other ranks' segments of node-shared gradient
   buckets left out (mapped here, but held by their owners); with ZeRO-2 that includes the
   last whole gradient bucket reduce-scattered and its output, still held after the step
@@ -27,7 +26,6 @@ import argparse
 import functools
 import gc
 import json
-import types
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -108,29 +106,10 @@ class PeakAfterStep:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         result = self.step(*args, **kwargs)
-        data = _storages(_held_by(self.trainer.loader))  # made as the loader starts: found at each step
-        sizes = state_bytes(self.trainer, self.excluded | set(data))
-        sizes["data"] = sum(nbytes for pointer, nbytes in data.items() if pointer not in self.excluded)
+        sizes = state_bytes(self.trainer, self.excluded)
         if sizes["total"] > self.peak.get("total", -1):
             self.peak = sizes
         return result
-
-
-def _held_by(root: Any, most: int = 100_000) -> list[torch.Tensor]:
-    """The tensors reachable from ``root`` through the objects it refers to (at most ``most`` objects looked at; code, classes and modules not entered)."""
-    seen, queue, found = {id(root)}, [root], []
-    while queue and len(seen) < most:
-        item = queue.pop()
-        if isinstance(item, torch.Tensor):
-            found.append(item)
-            continue
-        if isinstance(item, type | types.ModuleType | types.FunctionType | types.BuiltinFunctionType | types.CodeType):
-            continue
-        for referent in gc.get_referents(item):
-            if id(referent) not in seen:
-                seen.add(id(referent))
-                queue.append(referent)
-    return found
 
 
 def memory_rows(world: Any, variants: list[dict[str, Any]], steps: int) -> list[dict[str, Any]]:
@@ -155,8 +134,7 @@ def memory_rows(world: Any, variants: list[dict[str, Any]], steps: int) -> list[
         in_flight = getattr(trainer.optimizer, "peak_gradient_buffer_bytes", 0)  # ZeRO-2: the most whole buckets held during backward
         rows.append({"part": "memory", "variant": variant["name"], "rank": world.Get_rank(), "total_bytes": sizes["total"], "in_flight_bytes": in_flight,
                      "model_state_bytes": sizes["parameters"] + sizes["gradients"] + sizes["optimizer"], "gradient_bytes": sizes["gradients"],
-                     "optimizer_bytes": sizes["optimizer"], "activation_bytes": meter.peak, "parameter_bytes": parameters,
-                     "data_bytes": sizes["data"]})  # fmt: skip
+                     "optimizer_bytes": sizes["optimizer"], "activation_bytes": meter.peak, "parameter_bytes": parameters})  # fmt: skip
         del trainer, meter, peak
     gathered = world.gather(rows, root=0)
     return [row for part in gathered for row in part] if world.Get_rank() == 0 else []
