@@ -71,24 +71,44 @@ class LayoutCheck:
 
 def verify_task(model_fn: Callable[[], Any], data_fn: Callable[[], Any], config: dict[str, Any], dtype: str, loss_fn: Any = None) -> dict[str, Any]:
     """Engine half: train the layout, then one process on the global batch; this rank's differences."""
+    from rapydli.cluster import engine
+
+    ctx = engine.context()
+    return {"rank": ctx.rank, **compare_layout(model_fn, data_fn, TrainConfig.from_dict(config), dtype, ctx.comm, ctx.device, loss_fn)}
+
+
+def compare_layout(model_fn: Callable[[], Any], data_fn: Callable[[], Any], cfg: TrainConfig, dtype: str, comm: Any, device: Any,
+                   loss_fn: Any = None) -> dict[str, Any]:  # fmt: skip
+    """On every rank of ``comm``: train ``cfg``'s layout as ``rd.train`` does, then one process; what this rank holds against it.
+
+    The model is made by :func:`rapydli.trainer.task.build_model`, the construction of
+    ``rd.train``'s ranks (recorded on the meta device where the layout splits it, built
+    whole where the recording cannot replay it), then converted to ``dtype`` as part of
+    ``model_fn``, so what is checked is what a run would train. Returns ``differences``
+    (parameters and buffers this rank holds: :func:`rapydli.parallel.verify.differences`),
+    ``untied`` (parameters tied in the one-process model that this rank holds apart) and
+    ``built`` (how the model was made).
+    """
     import torch
     from mpi4py import MPI
 
-    from rapydli.cluster import engine
-    from rapydli.parallel.verify import differences
+    from rapydli.parallel.verify import differences, untied
     from rapydli.trainer.loop import Trainer
+    from rapydli.trainer.task import build_model
 
-    ctx = engine.context()
-    cfg = TrainConfig.from_dict(config)
     wanted = getattr(torch, dtype)
     before = torch.get_default_dtype()
     torch.set_default_dtype(wanted)  # tensors the forward makes (positions, masks) in the same precision
+
+    def converted() -> Any:
+        return model_fn().to(dtype=wanted)
+
     try:
         train, _ = data_fn()
         train = _Cast(train, wanted)
         torch.manual_seed(cfg.seed)
-        model = model_fn().to(device=ctx.device, dtype=wanted)
-        trainer = Trainer(model, None, train, None, cfg, comm=ctx.comm, loss_fn=loss_fn)
+        model, built = build_model(converted, cfg, comm.Get_size(), device)
+        trainer = Trainer(model, None, train, None, cfg, comm=comm, loss_fn=loss_fn)
         try:
             trainer.fit()
             unshard = getattr(trainer.optimizer, "unshard", None)
@@ -98,15 +118,16 @@ def verify_task(model_fn: Callable[[], Any], data_fn: Callable[[], Any], config:
             trainer.close()
         replicas = trainer.data_size
         single = cfg.replace(batch_size=cfg.batch_size * replicas, pipeline_stages=1, tensor_parallel=1, zero=0, microbatches=1,
-                             workers=1, pipeline_split="auto")  # fmt: skip
+                             workers=1, pipeline_split="auto", activation_checkpointing=None)  # fmt: skip
         torch.manual_seed(cfg.seed)
-        reference = Trainer(model_fn().to(device=ctx.device, dtype=wanted), None, train, None, single, comm=MPI.COMM_SELF, loss_fn=loss_fn)
+        reference = Trainer(converted().to(device), None, train, None, single, comm=MPI.COMM_SELF, loss_fn=loss_fn)
         try:
             reference.fit()
         finally:
             reference.close()
         tensor_rank = trainer.grid.tensor_rank if trainer.grid is not None else 0
-        return {"rank": ctx.rank, "differences": differences(model, trainer.model, reference.model, tensor_rank)}
+        return {"differences": differences(model, trainer.model, reference.model, tensor_rank), "untied": untied(model, trainer.model, reference.model),
+                "built": built}  # fmt: skip
     finally:
         torch.set_default_dtype(before)
 
@@ -192,6 +213,7 @@ def verify_layout(
         cfg = cfg.replace(workers=chosen.n)
         results = chosen.run(verify_task, model, data, cfg.to_dict(), dtype, loss_fn=loss_fn, targets=range(chosen.n))
     merged: dict[str, tuple[float, float]] = {}
+    untied = sorted({name for result in results for name in result["untied"]})
     for result in results:
         for name, (difference, value) in result["differences"].items():
             old = merged.get(name, (0.0, 0.0))
@@ -203,8 +225,10 @@ def verify_layout(
     worst = float(table["relative"].max()) if len(table) else math.nan
     bad = table[~table["ok"]]["parameter"].tolist()
     described = f"dp{layout.replicas} x pp{cfg.pipeline_stages} x tp{cfg.tensor_parallel}, zero={cfg.zero}"
-    if bad:
+    if untied:
+        verdict = f"{described} does NOT train the one-process model: tied parameters were trained apart ({', '.join(untied)})"
+    elif bad:
         verdict = f"{described} does NOT train the one-process model: {len(bad)} parameter(s) differ by more than {tol:g}, worst {bad[0]} ({worst:.3g})"
     else:
         verdict = f"{described} trains the one-process model: all {len(table)} parameters within {tol:g} (worst {worst:.3g}) after {steps} steps in {dtype}"
-    return LayoutCheck(table=table, passed=not bad, verdict=verdict, worst=worst, tolerance=tol, dtype=dtype, steps=steps, layout=described)
+    return LayoutCheck(table=table, passed=not bad and not untied, verdict=verdict, worst=worst, tolerance=tol, dtype=dtype, steps=steps, layout=described)

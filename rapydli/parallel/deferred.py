@@ -44,7 +44,8 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._device import DeviceContext
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils._pytree import tree_flatten, tree_map
 
 from rapydli.errors import RapydliError
@@ -64,6 +65,18 @@ def _storage(tensor: torch.Tensor) -> int:
 
 def _key(tensor: torch.Tensor) -> tuple[Any, ...]:
     return (_storage(tensor), tensor.dtype, tuple(tensor.shape), tuple(tensor.stride()), tensor.storage_offset())
+
+
+def _pinned(tree: Any) -> Any:
+    """``tree`` with each meta tensor replaced by an alias of it as it is now (same storage, dtype, shape and strides).
+
+    A recorded operation must keep the tensors it read and wrote as they were: the objects
+    themselves change later, as ``Module.to(dtype)`` / ``.double()`` do through
+    ``param.data = converted``, which gives the same parameter object the storage of a new
+    tensor. An alias nobody else holds keeps the view the operation saw (and its storage alive).
+    """
+    with _disable_current_modes():
+        return tree_map(lambda t: _aten.alias.default(t) if isinstance(t, torch.Tensor) and t.is_meta else t, tree)
 
 
 @dataclass
@@ -173,7 +186,8 @@ class Recording:
             self._advance(func, args, kwargs, metas, onto_meta)
         out = func(*args, **kwargs)
         outputs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
-        op = _Op(len(self.ops), func, args, kwargs, outputs, {_storage(t) for t in metas}, {_storage(t) for t in outputs if t.is_meta},
+        args, kwargs = _pinned((args, kwargs))
+        op = _Op(len(self.ops), func, args, kwargs, _pinned(outputs), {_storage(t) for t in metas}, {_storage(t) for t in outputs if t.is_meta},
                  generator, state, onto_meta)  # fmt: skip
         self.ops.append(op)
         for storage in op.writes:
@@ -190,7 +204,7 @@ class Recording:
             )
         empty = torch.ops.aten.empty_strided.default
         kwargs = {"dtype": tensor.dtype, "device": torch.device("meta")}
-        op = _Op(len(self.ops), empty, (list(tensor.shape), list(tensor.stride())), kwargs, [tensor], set(), {_storage(tensor)}, onto_meta=True)
+        op = _Op(len(self.ops), empty, (list(tensor.shape), list(tensor.stride())), kwargs, _pinned([tensor]), set(), {_storage(tensor)}, onto_meta=True)
         self.ops.append(op)
         self._by_storage[_storage(tensor)] = [op.index]
 
@@ -207,7 +221,7 @@ class Recording:
             self._adopt(_aten.zero_.default, (tensor,), tensor, True)
         state = generator.get_state()
         function(torch.empty_strided(tensor.shape, tensor.stride(), dtype=tensor.dtype, device="cpu"), *args, **kwargs)
-        op = _Op(len(self.ops), function, (tensor, *args), kwargs, [tensor], {_storage(tensor)}, {_storage(tensor)}, generator, state)
+        op = _Op(len(self.ops), function, _pinned((tensor, *args)), kwargs, _pinned([tensor]), {_storage(tensor)}, {_storage(tensor)}, generator, state)
         self.ops.append(op)
         self._by_storage[_storage(tensor)].append(op.index)
         return tensor
@@ -258,20 +272,38 @@ class Recording:
                         pending.append(read)
         return [self.ops[i] for i in sorted(included)]
 
-    def _replay(self, ops: list[_Op]) -> _Replayed:
+    def _replay(self, ops: list[_Op], device: torch.device | None = None) -> _Replayed:
+        """Run ``ops`` on real memory (on ``device``: the meta device checks that every input resolves, computing nothing)."""
+        shapes_only = device is not None and device.type == "meta"
+        target = self.device if device is None else device
         replayed = _Replayed()
         for op in ops:
             args, kwargs = tree_map(replayed.actual, op.args), tree_map(replayed.actual, op.kwargs)
             if op.onto_meta:
-                kwargs["device"] = self.device if op.rng_state is None else "cpu"  # random: drawn where the recording drew it
+                kwargs["device"] = target if op.rng_state is None or shapes_only else "cpu"  # random: drawn where the recording drew it
                 if "dtype" in _argument_names(op.func) and op.outputs:
                     kwargs["dtype"] = op.outputs[0].dtype  # what the default dtype made then, whatever it is now
-            with self._generator(op):
+            with contextlib.nullcontext() if shapes_only else self._generator(op):
                 out = op.func(*args, **kwargs)
             for meta, made in zip(op.outputs, [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]):
                 if meta.is_meta:
-                    replayed.add(meta, made if made.device == self.device else made.to(self.device))
+                    replayed.add(meta, made if made.device == target else made.to(target))
         return replayed
+
+    def check_replayable(self, model: nn.Module) -> None:
+        """Raise :class:`Unrecordable` if a parameter or buffer of ``model`` cannot be computed from the recording.
+
+        Every operation is replayed once on the meta device (shapes only, no arithmetic, no
+        memory), so a value that could not be made is found while recording, before any
+        layout asks for it.
+        """
+        replayed = self._replay(self.ops, torch.device("meta"))
+        for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+            if tensor.is_meta:
+                try:
+                    replayed.of(tensor)
+                except Unrecordable as exc:
+                    raise Unrecordable(f"{name}: {exc}") from None
 
     @contextlib.contextmanager
     def _generator(self, op: _Op) -> Iterator[None]:
@@ -302,7 +334,11 @@ class Recording:
         replaced: list[torch.Tensor] = []  # kept alive until the end: an id in `made` must not be reused by a new tensor
         for sub in module.modules():
             for name, param in list(sub._parameters.items()):
-                if param is None or not param.is_meta:
+                if param is None:
+                    continue
+                if not param.is_meta:  # made from values (torch.tensor): real already, and moved where the rest goes
+                    if param.device != self.device:
+                        param.data = param.data.to(self.device)
                     continue
                 if id(param) not in made:
                     replaced.append(param)
@@ -316,7 +352,9 @@ class Recording:
                     made[id(param)] = fresh
                 sub._parameters[name] = made[id(param)]  # type: ignore[assignment]
             for name, buffer in list(sub._buffers.items()):
-                if buffer is not None and buffer.is_meta:
+                if buffer is not None and not buffer.is_meta and buffer.device != self.device:
+                    sub._buffers[name] = buffer.to(self.device)
+                elif buffer is not None and buffer.is_meta:
                     if id(buffer) not in made:
                         replaced.append(buffer)
                         made[id(buffer)] = self.value(buffer)
@@ -367,6 +405,29 @@ def _covers(tensor: torch.Tensor) -> bool:
     return tensor.is_contiguous() and tensor.numel() * tensor.element_size() == tensor.untyped_storage().nbytes()
 
 
+#: Constructors of a tensor from given values: kept real (on the CPU) while recording, so the values stay.
+_FROM_VALUES = (torch.tensor, torch.as_tensor, torch.asarray, torch.scalar_tensor)
+
+
+class _MetaByDefault(DeviceContext):
+    """``torch.device("meta")`` for the factories that fill a tensor (``empty``, ``randn``, ``arange``...), not for those given values.
+
+    ``torch.tensor([...])`` keeps its values on the CPU. Libraries ask it where the model is
+    being built: ``transformers`` checks ``torch.tensor([]).device`` and skips ``post_init``'s
+    weight initialisation on the meta device, which would leave every weight at its layer's
+    default, a model different from the one ``model_fn()`` builds. Its initialisers run, and
+    are recorded, as in the whole build.
+    """
+
+    def __init__(self) -> None:
+        super().__init__("meta")
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if func in _FROM_VALUES:
+            return func(*args, **(kwargs or {}))
+        return super().__torch_function__(func, types, args, kwargs)
+
+
 def record(model_fn: Callable[[], nn.Module], device: torch.device | str = "cpu") -> tuple[nn.Module, Recording]:
     """``model_fn()`` on the meta device and its :class:`Recording` (raises :class:`Unrecordable`; see the module).
 
@@ -376,7 +437,7 @@ def record(model_fn: Callable[[], nn.Module], device: torch.device | str = "cpu"
     recording = Recording(device)
     state = torch.random.get_rng_state()
     try:
-        with torch.device("meta"), _initialisers(recording), recording:
+        with _MetaByDefault(), _initialisers(recording), recording:
             model = model_fn()
     except Unrecordable:
         torch.random.set_rng_state(state)
@@ -387,6 +448,7 @@ def record(model_fn: Callable[[], nn.Module], device: torch.device | str = "cpu"
     if not isinstance(model, nn.Module):
         raise Unrecordable(f"model_fn() returned {type(model).__name__}, not an nn.Module")
     recording.check_initialised(model)
+    recording.check_replayable(model)
     model.__dict__[_RECORDING] = recording
     return model, recording
 

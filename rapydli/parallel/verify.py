@@ -44,7 +44,10 @@ def _owners(model: nn.Module) -> dict[str, tuple[nn.Module, str]]:
 
 
 def differences(model: nn.Module, held: nn.Module, reference: nn.Module, tensor_rank: int = 0) -> dict[str, tuple[float, float]]:
-    """``{parameter name: (largest |difference|, largest |one-process value|)}`` over the parameters this rank holds.
+    """``{name: (largest |difference|, largest |one-process value|)}`` over the parameters and buffers this rank holds.
+
+    A buffer (BatchNorm's running statistics, a rotary table) is compared whole; one a
+    split layer holds in another shape than the one-process model's is left out.
 
     Parameters
     ----------
@@ -70,4 +73,27 @@ def differences(model: nn.Module, held: nn.Module, reference: nn.Module, tensor_
         expected = dense_slice(dense.detach(), dense_owners[name][0], module, short, local, tensor_rank)
         difference = float((expected.double() - local.detach().double()).abs().max()) if local.numel() else 0.0
         out[name] = (difference, float(dense.detach().abs().max()) if dense.numel() else 0.0)
+    mine_buffers = {id(b) for b in held.buffers()}
+    buffers = dict(model.named_buffers())
+    for name, dense in reference.named_buffers():
+        local = buffers.get(name)
+        if local is None or id(local) not in mine_buffers or local.shape != dense.shape or not dense.is_floating_point():
+            continue
+        difference = float((dense.double() - local.double()).abs().max()) if local.numel() else 0.0
+        out[name] = (difference, float(dense.abs().max()) if dense.numel() else 0.0)
     return out
+
+
+def untied(model: nn.Module, held: nn.Module, reference: nn.Module) -> list[str]:
+    """Names of parameters, one tensor in the one-process ``reference``, that this rank trains (``held``, part of ``model``) as separate tensors."""
+    groups: dict[int, list[str]] = {}
+    for name, p in reference.named_parameters(remove_duplicate=False):
+        groups.setdefault(id(p), []).append(name)
+    mine = {id(p) for p in held.parameters()}
+    found = {n: p for n, p in model.named_parameters(remove_duplicate=False) if id(p) in mine}
+    apart: list[str] = []
+    for names in groups.values():
+        kept = [n for n in names if n in found]
+        if len({id(found[n]) for n in kept}) > 1:
+            apart.extend(kept)
+    return apart

@@ -121,7 +121,9 @@ def build_model(model_fn: Callable[[], Any], config: TrainConfig, world_size: in
     try:
         return record(model_fn, device)[0], "deferred"
     except Unrecordable as exc:
-        return model_fn().to(device), f"whole: {exc}"
+        model = model_fn().to(device)
+        held = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
+        return model, f"whole: {exc} (each rank holds the whole model, {held / 2**20:.1f} MiB, until it keeps its part)"
 
 
 class EmitMetrics:
