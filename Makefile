@@ -15,7 +15,7 @@ TEST_STAMP := $(VENV)/.rapydli-test-installed
 export YARN_CACHE_FOLDER := $(CURDIR)/build/yarn-cache
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: demo test check install install-test bench clean gpu-wheels gpu-check
+.PHONY: demo test check install install-test bench clean gpu-wheels gpu-check conformance
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -60,8 +60,16 @@ check: install-test
 TEST_WORKERS ?= 3
 
 test: check
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not alone" $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not alone and not matrix" $(PYTEST_ARGS)
 	$(PY) -m pytest -m alone $(PYTEST_ARGS) || [ $$? -eq 5 ]  # 5: PYTEST_ARGS left none of them
+
+# The conformance matrix (tests/test_conformance.py, marked `matrix`): every architecture of
+# tests/library_models.py in every layout, two workers, then the README's table checked
+# against the results (CI runs it after `make test`).
+conformance: install-test
+	rm -rf build/conformance
+	$(PY) -m pytest -n 2 -m matrix -k "not readme" tests/test_conformance.py $(PYTEST_ARGS)
+	RAPYDLI_MATRIX_TABLE=1 $(PY) -m pytest -m matrix -k readme tests/test_conformance.py
 
 bench: install
 	mkdir -p bench-results

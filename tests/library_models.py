@@ -178,7 +178,7 @@ ARCHITECTURES = [
                      ffn_dim=FFN, max_position_embeddings=16, word_embed_proj_dim=WIDTH, dropout=0.0, attention_dropout=0.0), tokens),
     Architecture("mixtral", "transformers", "decoder: mixture of experts (4 experts, top 2), GQA",
                  _hf("MixtralForCausalLM", "MixtralConfig", **_DEC, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2,
-                     max_position_embeddings=16), tokens, conversion="to"),
+                     max_position_embeddings=16, experts_implementation="eager"), tokens, conversion="to"),  # torch's grouped_mm takes no float64
     Architecture("qwen2", "transformers", "decoder: rotary, GQA, q/k/v bias",
                  _hf("Qwen2ForCausalLM", "Qwen2Config", **_DEC, num_key_value_heads=2, max_position_embeddings=16), tokens),
     Architecture("phi", "transformers", "decoder: parallel attention and MLP, partial rotary",

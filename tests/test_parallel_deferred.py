@@ -16,6 +16,7 @@ import pytest
 import torch
 from torch import nn
 
+from rapydli.parallel import deferred
 from rapydli.parallel.deferred import Unrecordable, record, recording_of
 from rapydli.parallel.layout import Layout
 from rapydli.trainer.config import TrainConfig
@@ -243,3 +244,20 @@ def test_transformers_models_built_as_users_build_them_replay_bit_equal(name: st
     build = MODELS[name].build
     _bit_equal(lambda: build().double())
     _bit_equal(lambda: build().to(torch.float64))
+
+
+def test_a_frozen_parameter_is_made_at_once_where_trained_ones_stay_placeholders() -> None:
+    """ZeRO-3 shards and computes trained parameters only; a frozen one (Whisper's sinusoidal positions) is kept whole, so it is made now."""
+
+    def model_fn() -> nn.Module:
+        model = nn.Sequential(nn.Linear(3, 4), nn.Linear(4, 2))
+        model[0].weight.requires_grad_(False)
+        return model.double()
+
+    torch.manual_seed(0)
+    whole = model_fn()
+    torch.manual_seed(0)
+    model, recording = record(model_fn)
+    recording.materialize(model, lazy=True)
+    assert not deferred.is_lazy(model[0].weight) and torch.equal(model[0].weight, whole[0].weight)
+    assert deferred.is_lazy(model[1].weight) and torch.equal(deferred.value(model[1].weight), whole[1].weight.detach())

@@ -321,7 +321,7 @@ class Recording:
     def materialize(self, module: nn.Module, lazy: bool = False, within: nn.Module | None = None) -> dict[int, torch.Tensor]:
         """Replace every meta parameter and buffer of ``module`` by a real one, one tensor at a time (ties kept).
 
-        ``lazy``: parameters become stride-0 placeholders (no memory) carrying their source
+        ``lazy``: trained parameters become stride-0 placeholders (no memory) carrying their source
         (:data:`SOURCE`); :func:`value` computes them when a sharded optimizer takes its slice.
         Buffers are always computed. ``within``: the whole model ``module`` is part of; its
         other modules that hold the same tensors (a weight tied across pipeline stages) get
@@ -342,12 +342,13 @@ class Recording:
                     continue
                 if id(param) not in made:
                     replaced.append(param)
-                    if lazy:
+                    deferred = lazy and param.requires_grad  # a frozen parameter is kept whole by every rank: made now
+                    if deferred:
                         data = torch.empty((), dtype=param.dtype, device=self.device).expand(param.shape)
                     else:
                         data = self.value(param)
                     fresh = nn.Parameter(data, requires_grad=param.requires_grad)
-                    if lazy:
+                    if deferred:
                         setattr(fresh, SOURCE, (self, param))
                     made[id(param)] = fresh
                 sub._parameters[name] = made[id(param)]  # type: ignore[assignment]

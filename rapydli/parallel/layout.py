@@ -196,6 +196,9 @@ class Layout:
             made = recording.materialize(part.model, lazy=self.zero == 3, within=model)
             if part.pipeline is not None:  # its tied parameters were found on the meta model
                 part.pipeline.adopt(made)
+        from rapydli.parallel.batchnorm import global_batch_norm
+
+        global_batch_norm(part.model, part.comm)  # BatchNorm normalises over the global batch, as in one process
         if config.activation_checkpointing is not None:  # the blocks are the whole model's: stages and split layers share them
             from rapydli.parallel.recompute import checkpoint_blocks
 

@@ -121,6 +121,11 @@ def check_layout(model_fn: Callable[[], Any], config: Any, loss_fn: Any = None) 
             check_honoured(find_shared(model, bounds), model, config.zero, plan)
         else:  # balanced on the engines; whether every stage can hold parameters is known here
             split.check_stage_count(split.holds_parameters(model), config.pipeline_stages)
+            blocks = len(split.pipeline_blocks(model, target_parameter(model) if loss_fn is None else None))
+            try:  # a parameter two blocks share may fall on two stages, wherever the engines cut
+                check_honoured(find_shared(model, list(range(blocks + 1))), model, config.zero, plan)
+            except ConfigError as exc:
+                raise ConfigError(f"with pipeline_split='auto' (the stages are cut on the engines; stage numbers below count blocks): {exc}") from None
 
 
 def check_own_loss(model: nn.Module, stages: int, loss_fn: Any) -> None:

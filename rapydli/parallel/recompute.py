@@ -58,10 +58,24 @@ def checkpoint_blocks(model: nn.Module, value: str | None) -> list[str]:
     if every is None:
         return []
     chosen = [(name, block) for index, (name, block) in enumerate(model_blocks(model)) if index % every == 0]
+    _no_cache(model)
     for _, block in chosen:
         if getattr(block.forward, "__func__", None) is not _recomputed_forward:
             block.forward = types.MethodType(_recomputed_forward, block)  # a bound method: a deep copy of the model rebinds it
     return [name for name, _ in chosen]
+
+
+def _no_cache(model: nn.Module) -> None:
+    """Turn off a ``transformers`` model's key/value cache (``config.use_cache``), as its own ``gradient_checkpointing_enable`` does.
+
+    The cache is appended to by every forward of a block, so a recomputed block would see
+    twice the keys it saw the first time (a shape error, or other values). Training never
+    reads it; generation after training turns it back on with ``model.config.use_cache = True``.
+    """
+    for module in model.modules():
+        config = getattr(module, "config", None)
+        if getattr(config, "use_cache", False) is True:
+            config.use_cache = False  # type: ignore[union-attr]
 
 
 def _recomputed_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:

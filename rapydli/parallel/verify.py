@@ -75,12 +75,12 @@ def differences(model: nn.Module, held: nn.Module, reference: nn.Module, tensor_
         out[name] = (difference, float(dense.detach().abs().max()) if dense.numel() else 0.0)
     mine_buffers = {id(b) for b in held.buffers()}
     buffers = dict(model.named_buffers())
-    for name, dense in reference.named_buffers():
+    for name, dense_buffer in reference.named_buffers():
         local = buffers.get(name)
-        if local is None or id(local) not in mine_buffers or local.shape != dense.shape or not dense.is_floating_point():
+        if local is None or id(local) not in mine_buffers or local.shape != dense_buffer.shape or not dense_buffer.is_floating_point():
             continue
-        difference = float((dense.double() - local.double()).abs().max()) if local.numel() else 0.0
-        out[name] = (difference, float(dense.abs().max()) if dense.numel() else 0.0)
+        difference = float((dense_buffer.double() - local.double()).abs().max()) if local.numel() else 0.0
+        out[name] = (difference, float(dense_buffer.abs().max()) if dense_buffer.numel() else 0.0)
     return out
 
 
