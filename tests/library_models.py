@@ -25,7 +25,7 @@ from torch import nn
 from torch.nn import functional as F
 from torch.utils.data import TensorDataset
 
-VOCAB, WIDTH, LAYERS, HEADS, FFN, SEQ = 99, 32, 2, 4, 37, 8
+VOCAB, WIDTH, LAYERS, HEADS, FFN, SEQ = 99, 32, 2, 4, 64, 8  # FFN divisible: tensor parallelism splits the MLPs too
 SAMPLES = 24
 
 

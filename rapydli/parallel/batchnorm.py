@@ -56,9 +56,27 @@ class _GlobalMoments(torch.autograd.Function):
         return grad_x, None
 
 
+class _DataGroup:
+    """The data group's communicator as a norm holds it; a copy of the model drops it (its norms normalise alone), and so does a pickle of it.
+
+    A copy runs where the other replicas do not follow it (the autotuner times one on rank
+    0 only): a collective there would wait for ever.
+    """
+
+    def __init__(self, comm: Any) -> None:
+        self.comm = comm
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> _DataGroup:
+        return _DataGroup(None)
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return (_DataGroup, (None,))
+
+
 def _global_forward(self: nn.modules.batchnorm._BatchNorm, x: torch.Tensor) -> torch.Tensor:
-    comm: Any = self.__dict__[GROUP]
-    if not self.training:
+    group = self.__dict__.get(GROUP)
+    comm: Any = group.comm if group is not None else None
+    if not self.training or comm is None:
         return type(self).forward(self, x)
     mean, var = _GlobalMoments.apply(x, comm)
     if self.track_running_stats and self.running_mean is not None and self.running_var is not None:
@@ -87,7 +105,7 @@ def global_batch_norm(model: nn.Module, comm: Any) -> list[str]:
     names = []
     for name, module in model.named_modules():
         if isinstance(module, nn.modules.batchnorm._BatchNorm) and not isinstance(module, nn.SyncBatchNorm):
-            module.__dict__[GROUP] = comm
+            module.__dict__[GROUP] = _DataGroup(comm)
             if getattr(module.forward, "__func__", None) is not _global_forward:
                 module.forward = types.MethodType(_global_forward, module)  # type: ignore[method-assign]
             names.append(name)

@@ -51,6 +51,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from rapydli.errors import ConfigError
+from rapydli.parallel.attention import find_attention
 from rapydli.parallel.config import TENSOR_STYLES as STYLES
 
 
@@ -406,20 +407,11 @@ ROW_BLOCKS = (ColumnParallelLinear, VocabParallelEmbedding)
 #: What each style splits, for messages.
 ALLOWED = (
     "'column' / 'row' for a linear layer (nn.Linear, Hugging Face's Conv1D); 'heads' for an attention module with a "
-    "fused qkv / c_attn and proj / c_proj, or q_proj, k_proj, v_proj, o_proj (wq, wk, wv, wo), or BERT's query, key, value "
-    "(its attention.output.dense then 'row'), and a head count attribute (heads, n_head, num_heads, num_attention_heads); "
+    "fused qkv / c_attn / query_key_value and its output projection, or separate q, k, v and output projections (q_proj... "
+    "o_proj / out_proj / dense, q k v o, q_lin... out_lin, wq... wo), or BERT's query, key, value (its attention.output.dense "
+    "then 'row'), and a head count (an attribute, the module's config, or a head width and the projections' shapes); "
     "'vocab' for an nn.Embedding or an LM head (a linear layer onto the vocabulary)"
 )
-#: Attention layouts ``heads`` splits: fused (one q/k/v projection, output projection) or separate (q, k, v, output).
-FUSED_ATTENTION = (("qkv", "proj"), ("c_attn", "c_proj"))
-SEPARATE_ATTENTION = (("q_proj", "k_proj", "v_proj", "o_proj"), ("wq", "wk", "wv", "wo"))
-#: Attention modules that end at the heads' context, their output projection a sibling's (BERT's ``attention.self``, whose
-#: ``attention.output.dense`` a plan splits row-parallel).
-CONTEXT_ATTENTION = (("query", "key", "value"),)
-#: Attributes holding an attention module's query-head and key/value-head counts, and widths its forward splits by (all divided by the group's size).
-HEAD_COUNTS = ("heads", "n_head", "num_heads", "n_heads", "num_attention_heads")
-KV_HEAD_COUNTS = ("num_key_value_heads", "n_kv_heads", "kv_heads", "n_kv_head")
-SPLIT_WIDTHS = ("split_size", "all_head_size")
 
 
 def _dense(module: nn.Module, name: str, style: str) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -438,33 +430,20 @@ def _is_linear(module: Any) -> bool:
 def attention_layout(module: nn.Module) -> tuple[tuple[str, ...], str | None] | None:
     """``((q/k/v projection names...), output projection name)`` of an attention module ``heads`` can split, else ``None``.
 
-    The output projection is ``None`` for a module that returns the heads' context
-    (:data:`CONTEXT_ATTENTION`): its output stays split, for a row-parallel layer after it.
+    Recognised by structure (:func:`rapydli.parallel.attention.find_attention`). The output
+    projection is ``None`` for a module that returns the heads' context: its output stays
+    split, for a row-parallel layer after it.
     """
-    if not any(isinstance(getattr(module, a, None), int) for a in HEAD_COUNTS):
-        return None
-    for qkv, proj in FUSED_ATTENTION:
-        if _is_linear(getattr(module, qkv, None)) and _is_linear(getattr(module, proj, None)):
-            return (qkv,), proj
-    for names in SEPARATE_ATTENTION:
-        if all(_is_linear(getattr(module, n, None)) for n in names):
-            return names[:3], names[3]
-    for context in CONTEXT_ATTENTION:
-        if all(_is_linear(getattr(module, n, None)) for n in context):
-            return context, None
-    return None
+    found = find_attention(module)
+    return None if found is None else (found.projections, found.output)
 
 
 def _split_attention(module: nn.Module, group: TensorGroup, name: str) -> None:
     """Whole heads across ranks: q/k/v projections column-parallel per head, the output projection row-parallel."""
-    layout = attention_layout(module)
-    if layout is None:
+    found = find_attention(module)
+    if found is None:
         raise ConfigError(f"tensor plan {name!r}: 'heads' cannot split a {type(module).__name__}, which is not an attention module; allowed: {ALLOWED}")
-    projections, proj = layout
-    heads_attr = next(a for a in HEAD_COUNTS if isinstance(getattr(module, a, None), int))
-    kv_attr = next((a for a in KV_HEAD_COUNTS if isinstance(getattr(module, a, None), int)), None)
-    heads = getattr(module, heads_attr)
-    kv_heads = getattr(module, kv_attr) if kv_attr else heads
+    projections, proj, heads, kv_heads = found.projections, found.output, found.heads, found.kv_heads
     first = getattr(module, projections[0])
     what = f"{name!r} ({type(module).__name__}: {heads} query heads, {kv_heads} key/value heads, {projections[0]} weight {tuple(first.weight.shape)})"
     for count, kind in ((heads, "query"), (kv_heads, "key/value")):
@@ -475,16 +454,16 @@ def _split_attention(module: nn.Module, group: TensorGroup, name: str) -> None:
             )
     if len(projections) == 1:
         outputs = linear_weight(first)[0].shape[0]  # type: ignore[index]
-        if outputs % (3 * heads):
+        if outputs % (3 * heads) or kv_heads != heads:
             raise ConfigError(f"tensor plan {what}: a fused projection of {outputs} outputs is not q, k and v of {heads} heads each")
-        setattr(module, projections[0], ColumnParallelLinear.from_dense(first, group, chunks=3, name=f"{name}.{projections[0]}"))
+        chunks = 3 if found.fused == "blockwise" else 1  # head after head: each rank's heads are one run of rows
+        setattr(module, projections[0], ColumnParallelLinear.from_dense(first, group, chunks=chunks, name=f"{name}.{projections[0]}"))
     else:
         for projection in projections:
             setattr(module, projection, ColumnParallelLinear.from_dense(getattr(module, projection), group, name=f"{name}.{projection}"))
     if proj is not None:  # else the module returns its heads' context, split: a row-parallel layer after it sums it
         setattr(module, proj, RowParallelLinear.from_dense(getattr(module, proj), group, name=f"{name}.{proj}"))
-    widths = [a for a in SPLIT_WIDTHS if isinstance(getattr(module, a, None), int)]
-    for attr in (heads_attr, *([kv_attr] if kv_attr else []), *widths):
+    for attr in found.counts:
         setattr(module, attr, getattr(module, attr) // group.size)
 
 

@@ -3,13 +3,14 @@
 :func:`plan_for` reads a model's structure, not its class, so the shapes people bring
 need no hand-written plan:
 
-* attention modules :func:`~rapydli.parallel.tensor.attention_layout` recognises, fused
-  (nanoGPT's and GPT-2's ``c_attn``/``c_proj``, ``qkv``/``proj``) or separate with
-  grouped-query attention (Llama's ``q_proj``/``k_proj``/``v_proj``/``o_proj``): ``"heads"``;
+* attention modules :func:`~rapydli.parallel.attention.find_attention` recognises by
+  structure (fused or separate q/k/v projections, an output projection, a head count from an
+  attribute, the module's config or the projections' shapes; grouped-query too): ``"heads"``;
 * BERT's ``attention.self`` (``query``/``key``/``value``, returning the heads' context):
   ``"heads"``, with its sibling ``attention.output.dense`` ``"row"``;
-* MLPs by their layers' names: ``c_fc``/``c_proj`` (GPT-2), ``fc1``/``fc2``,
-  ``intermediate.dense``/``output.dense`` (BERT): column then row; SwiGLU
+* MLPs by their layers' names: ``c_fc``/``c_proj`` (GPT-2), ``fc1``/``fc2`` (OPT, BART, Whisper, Phi),
+  ``intermediate.dense``/``output.dense`` (BERT, ViT), ``dense_h_to_4h``/``dense_4h_to_h``
+  (GPT-NeoX, Bloom, Falcon), ``wi``/``wo`` (T5), ``lin1``/``lin2`` (DistilBERT): column then row; SwiGLU
   ``gate_proj``/``up_proj``/``down_proj`` (Llama) and ``w1``/``w3``/``w2``: gate and up
   column, down row;
 * inside any ``nn.Sequential``: consecutive linear layers with only elementwise modules
@@ -46,10 +47,9 @@ from rapydli.parallel.tensor import TensorGroup, attention_layout, linear_weight
 ELEMENTWISE = (nn.ReLU, nn.GELU, nn.SiLU, nn.Tanh, nn.Sigmoid, nn.LeakyReLU, nn.ELU, nn.Dropout, nn.Identity)
 #: MLP layer names: (column-parallel layers, row-parallel layer).
 MLP_LAYOUTS = ((("c_fc",), "c_proj"), (("gate_proj", "up_proj"), "down_proj"), (("w1", "w3"), "w2"), (("fc1",), "fc2"),
-               (("intermediate.dense",), "output.dense"))  # fmt: skip
+               (("intermediate.dense",), "output.dense"), (("dense_h_to_4h",), "dense_4h_to_h"), (("wi",), "wo"), (("lin1",), "lin2"))  # fmt: skip
 #: Where an attention module that ends at its heads' context (BERT's ``attention.self``) finds its output projection: the parent's.
 CONTEXT_OUTPUT = "output.dense"
-
 
 class _ShapeGroup(TensorGroup):
     """A group of ``size`` ranks seen from rank 0, on shape-only tensors: its sums are the tensor itself."""
@@ -67,7 +67,6 @@ class _ShapeGroup(TensorGroup):
     def gather_last(self, tensor: torch.Tensor) -> torch.Tensor:
         return torch.cat([tensor] * self.size, dim=-1)
 
-
 def meta_copy(model: nn.Module) -> nn.Module:
     """A copy of ``model`` whose parameters and buffers are on the meta device (tied ones stay tied); the weights are not copied."""
     memo: dict[int, Any] = {}
@@ -77,7 +76,6 @@ def meta_copy(model: nn.Module) -> nn.Module:
         memo[id(b)] = torch.empty_like(b, device="meta")
     return copy.deepcopy(model, memo)
 
-
 def _width(module: nn.Module) -> tuple[int, torch.dtype] | None:
     """The input width and dtype of an attention module (its q/k/v projection's), or ``None``."""
     layout = attention_layout(module)
@@ -86,15 +84,9 @@ def _width(module: nn.Module) -> tuple[int, torch.dtype] | None:
     weight = linear_weight(getattr(module, layout[0][0]))[0]  # type: ignore[index]
     return int(weight.shape[1]), weight.dtype
 
-
 def _runs(module: nn.Module, width: tuple[int, torch.dtype]) -> bool:
-    """Whether ``module`` runs forward on a (2, 2, width) shape-only input."""
-    try:
-        module(torch.empty(2, 2, width[0], dtype=width[1], device="meta"))
-    except Exception:  # noqa: BLE001 - any failure means: this forward cannot run so
-        return False
-    return True
-
+    """Whether ``module`` runs forward on a (2, 2, width) shape-only input (outside any recording, as :func:`_model_runs`)."""
+    return _model_runs(module, lambda m: m(torch.empty(2, 2, width[0], dtype=width[1], device="meta")))
 
 def check_plan(model: nn.Module, plan: Mapping[str, str], size: int) -> None:
     """Raise :class:`ConfigError` if ``plan`` cannot split ``model`` over ``size`` tensor ranks.
@@ -111,7 +103,17 @@ def check_plan(model: nn.Module, plan: Mapping[str, str], size: int) -> None:
     heads = [n for pattern, style in plan.items() if style == "heads" for n in modules if n and fnmatch.fnmatchcase(n, pattern)]
     widths = {n: _width(modules[n]) for n in heads}
     dense_runs = {n: w is not None and _runs(modules[n], w) for n, w in widths.items()}
+    call = _sample_call(model)
+    runs_dense = call is not None and _model_runs(meta_copy(model), call)
     parallelize(shadow, plan, _ShapeGroup(size))
+    if runs_dense and not _model_runs(shadow, call):
+        obstacle = next((p for p in plan if not _model_runs(_split_copy(model, {p: plan[p]}, size), call)), None)
+        named = f"{obstacle!r} ({plan[obstacle]!r})" if obstacle else "the plan's modules together"
+        raise ConfigError(
+            f"tensor plan: {type(model).__name__}'s forward runs whole but fails with {named} split over tensor_parallel={size}: "
+            "something outside the split modules is made for every head or every feature (ALiBi's biases, a relative position bias "
+            "computed once for all layers). Leave it out of the plan (dense)"
+        )
     for name in heads:
         if dense_runs[name] and not _runs(modules[name], widths[name]):  # type: ignore[arg-type]
             module = modules[name]
@@ -122,11 +124,47 @@ def check_plan(model: nn.Module, plan: Mapping[str, str], size: int) -> None:
                 "the head attributes (n_head * head_dim)"
             )
 
+def _sample_call(model: nn.Module) -> Any:
+    """A shape-only forward of a token model (one with an ``nn.Embedding``): ``call(model)``; ``None`` for other models.
+
+    Two sequences of 4 tokens on the meta device (and as the decoder's inputs, for an
+    encoder-decoder whose forward takes ``decoder_input_ids``).
+    """
+    import inspect
+
+    if not any(isinstance(m, nn.Embedding) for m in model.modules()):
+        return None
+    try:
+        parameters = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return None
+
+    def call(target: nn.Module) -> Any:
+        ids = torch.zeros(2, 4, dtype=torch.long, device="meta")
+        return target(ids, **({"decoder_input_ids": ids} if "decoder_input_ids" in parameters else {}))
+
+    return call
+
+def _model_runs(model: nn.Module, call: Any) -> bool:
+    """Whether ``call(model)`` runs (shapes only; outside any recording of the model's construction, which it is no part of)."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    try:
+        with torch.no_grad(), _disable_current_modes():
+            call(model)
+    except Exception:  # noqa: BLE001 - any failure means: this forward cannot run so
+        return False
+    return True
+
+def _split_copy(model: nn.Module, plan: Mapping[str, str], size: int) -> nn.Module:
+    """A shape-only copy of ``model`` split by ``plan`` as ``size`` ranks would split it."""
+    shadow = meta_copy(model)
+    parallelize(shadow, plan, _ShapeGroup(size))
+    return shadow
 
 def _style_of(module_name: str, plan: Mapping[str, str]) -> str | None:
     """The style the plan gives ``module_name`` (its first matching pattern), or ``None``."""
     return next((style for pattern, style in plan.items() if fnmatch.fnmatchcase(module_name, pattern)), None)
-
 
 def _check_ties(model: nn.Module, plan: Mapping[str, str]) -> None:
     """Refuse a plan that splits a module holding a parameter another module shares (tied weights would come untied).
@@ -152,7 +190,6 @@ def _check_ties(model: nn.Module, plan: Mapping[str, str]) -> None:
                     f"tied embedding and LM head, give both 'vocab' (each rank keeps the same rows of the one weight)"
                 )
 
-
 def plan_for(model: nn.Module, size: int = 2) -> dict[str, str]:
     """The built-in plan of ``model`` for ``size`` tensor ranks, read from its structure (rules in the module docstring).
 
@@ -168,6 +205,7 @@ def plan_for(model: nn.Module, size: int = 2) -> dict[str, str]:
     if callable(own):  # a model may give its own plan (the zoo's tiny_lm does), as pipeline_blocks() gives its blocks
         return dict(own())
     exact: dict[str, str] = {}
+    attention: set[str] = set()  # the entries that split attention heads (and BERT's row after them)
     shadow = meta_copy(model)
     for name, module in shadow.named_modules():
         if any(name == n or name.startswith(n + ".") for n in exact if n):
@@ -178,8 +216,10 @@ def plan_for(model: nn.Module, size: int = 2) -> dict[str, str]:
                 output = f"{name.rpartition('.')[0]}.{CONTEXT_OUTPUT}".lstrip(".")
                 if _is_module(shadow, output) and _splits(shadow, {name: "heads", output: "row"}, size):
                     exact.update({name: "heads", output: "row"})
+                    attention.update({name, output})
             elif _splits(shadow, {name: "heads"}, size):
                 exact[name] = "heads"
+                attention.add(name)
             continue
         found = _mlp(module, name, size)
         if found:
@@ -187,6 +227,12 @@ def plan_for(model: nn.Module, size: int = 2) -> dict[str, str]:
             continue
         if isinstance(module, nn.Sequential):
             exact.update(_sequential_pairs(module, name, size))
+    call = _sample_call(model)
+    if exact and call is not None and _model_runs(meta_copy(model), call) and not _model_runs(_split_copy(model, exact, size), call):
+        # a tensor made for every head outside the attention modules (ALiBi's biases, T5's relative position bias) meets split heads
+        exact = {n: style for n, style in exact.items() if n not in attention}
+        if exact and not _model_runs(_split_copy(model, exact, size), call):
+            exact = {}
     if exact:
         return _globbed(model, exact)
     linears = [n for n, m in model.named_modules() if linear_weight(m) is not None]
@@ -195,14 +241,12 @@ def plan_for(model: nn.Module, size: int = 2) -> dict[str, str]:
         f"a column layer followed by a row layer; its linear layers are {', '.join(linears) or 'none'}"
     )
 
-
 def _is_module(model: nn.Module, name: str) -> bool:
     try:
         model.get_submodule(name)
     except AttributeError:
         return False
     return True
-
 
 def _splits(shadow: nn.Module, plan: dict[str, str], size: int) -> bool:
     try:
@@ -211,11 +255,9 @@ def _splits(shadow: nn.Module, plan: dict[str, str], size: int) -> bool:
         return False
     return True
 
-
 def _divides(module: nn.Module, size: int, dim: int) -> bool:
     found = linear_weight(module)
     return found is not None and found[0].shape[dim] % size == 0
-
 
 def _mlp(module: nn.Module, name: str, size: int) -> dict[str, str]:
     prefix = f"{name}." if name else ""
@@ -226,7 +268,6 @@ def _mlp(module: nn.Module, name: str, size: int) -> dict[str, str]:
                 return {**{prefix + c: "column" for c in columns}, prefix + row: "row"}
             return {}
     return {}
-
 
 def _sequential_pairs(sequential: nn.Sequential, name: str, size: int) -> dict[str, str]:
     """Consecutive linear layers of ``sequential`` with only elementwise modules between them: column then row."""
@@ -246,7 +287,6 @@ def _sequential_pairs(sequential: nn.Sequential, name: str, size: int) -> dict[s
         elif not isinstance(block, ELEMENTWISE):
             column = None
     return plan
-
 
 def _globbed(model: nn.Module, exact: dict[str, str]) -> dict[str, str]:
     """``exact`` with layer indices turned into ``*`` where the glob names only modules planned the same way."""
