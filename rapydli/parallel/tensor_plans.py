@@ -51,6 +51,7 @@ MLP_LAYOUTS = ((("c_fc",), "c_proj"), (("gate_proj", "up_proj"), "down_proj"), (
 #: Where an attention module that ends at its heads' context (BERT's ``attention.self``) finds its output projection: the parent's.
 CONTEXT_OUTPUT = "output.dense"
 
+
 class _ShapeGroup(TensorGroup):
     """A group of ``size`` ranks seen from rank 0, on shape-only tensors: its sums are the tensor itself."""
 
@@ -67,6 +68,7 @@ class _ShapeGroup(TensorGroup):
     def gather_last(self, tensor: torch.Tensor) -> torch.Tensor:
         return torch.cat([tensor] * self.size, dim=-1)
 
+
 def meta_copy(model: nn.Module) -> nn.Module:
     """A copy of ``model`` whose parameters and buffers are on the meta device (tied ones stay tied); the weights are not copied."""
     memo: dict[int, Any] = {}
@@ -76,6 +78,7 @@ def meta_copy(model: nn.Module) -> nn.Module:
         memo[id(b)] = torch.empty_like(b, device="meta")
     return copy.deepcopy(model, memo)
 
+
 def _width(module: nn.Module) -> tuple[int, torch.dtype] | None:
     """The input width and dtype of an attention module (its q/k/v projection's), or ``None``."""
     layout = attention_layout(module)
@@ -84,9 +87,11 @@ def _width(module: nn.Module) -> tuple[int, torch.dtype] | None:
     weight = linear_weight(getattr(module, layout[0][0]))[0]  # type: ignore[index]
     return int(weight.shape[1]), weight.dtype
 
+
 def _runs(module: nn.Module, width: tuple[int, torch.dtype]) -> bool:
     """Whether ``module`` runs forward on a (2, 2, width) shape-only input (outside any recording, as :func:`_model_runs`)."""
     return _model_runs(module, lambda m: m(torch.empty(2, 2, width[0], dtype=width[1], device="meta")))
+
 
 def check_plan(model: nn.Module, plan: Mapping[str, str], size: int) -> None:
     """Raise :class:`ConfigError` if ``plan`` cannot split ``model`` over ``size`` tensor ranks.
@@ -106,14 +111,6 @@ def check_plan(model: nn.Module, plan: Mapping[str, str], size: int) -> None:
     call = _sample_call(model)
     runs_dense = call is not None and _model_runs(meta_copy(model), call)
     parallelize(shadow, plan, _ShapeGroup(size))
-    if runs_dense and not _model_runs(shadow, call):
-        obstacle = next((p for p in plan if not _model_runs(_split_copy(model, {p: plan[p]}, size), call)), None)
-        named = f"{obstacle!r} ({plan[obstacle]!r})" if obstacle else "the plan's modules together"
-        raise ConfigError(
-            f"tensor plan: {type(model).__name__}'s forward runs whole but fails with {named} split over tensor_parallel={size}: "
-            "something outside the split modules is made for every head or every feature (ALiBi's biases, a relative position bias "
-            "computed once for all layers). Leave it out of the plan (dense)"
-        )
     for name in heads:
         if dense_runs[name] and not _runs(modules[name], widths[name]):  # type: ignore[arg-type]
             module = modules[name]
@@ -123,6 +120,15 @@ def check_plan(model: nn.Module, plan: Mapping[str, str], size: int) -> None:
                 "its input (x.size()) instead of from its head count. Leave it out of the plan (dense), or compute widths from "
                 "the head attributes (n_head * head_dim)"
             )
+    if runs_dense and not _model_runs(shadow, call):
+        obstacle = next((p for p in plan if not _model_runs(_split_copy(model, {p: plan[p]}, size), call)), None)
+        named = f"{obstacle!r} ({plan[obstacle]!r})" if obstacle else "the plan's modules together"
+        raise ConfigError(
+            f"tensor plan: {type(model).__name__}'s forward runs whole but fails with {named} split over tensor_parallel={size}: "
+            "something outside the split modules is made for every head or every feature (ALiBi's biases, a relative position bias "
+            "computed once for all layers). Leave it out of the plan (dense)"
+        )
+
 
 def _sample_call(model: nn.Module) -> Any:
     """A shape-only forward of a token model (one with an ``nn.Embedding``): ``call(model)``; ``None`` for other models.
@@ -145,6 +151,7 @@ def _sample_call(model: nn.Module) -> Any:
 
     return call
 
+
 def _model_runs(model: nn.Module, call: Any) -> bool:
     """Whether ``call(model)`` runs (shapes only; outside any recording of the model's construction, which it is no part of)."""
     from torch.utils._python_dispatch import _disable_current_modes
@@ -156,15 +163,18 @@ def _model_runs(model: nn.Module, call: Any) -> bool:
         return False
     return True
 
+
 def _split_copy(model: nn.Module, plan: Mapping[str, str], size: int) -> nn.Module:
     """A shape-only copy of ``model`` split by ``plan`` as ``size`` ranks would split it."""
     shadow = meta_copy(model)
     parallelize(shadow, plan, _ShapeGroup(size))
     return shadow
 
+
 def _style_of(module_name: str, plan: Mapping[str, str]) -> str | None:
     """The style the plan gives ``module_name`` (its first matching pattern), or ``None``."""
     return next((style for pattern, style in plan.items() if fnmatch.fnmatchcase(module_name, pattern)), None)
+
 
 def _check_ties(model: nn.Module, plan: Mapping[str, str]) -> None:
     """Refuse a plan that splits a module holding a parameter another module shares (tied weights would come untied).
@@ -189,6 +199,7 @@ def _check_ties(model: nn.Module, plan: Mapping[str, str]) -> None:
                     f"train its own tensor. Leave {module_name!r} out of the plan (it stays whole on every tensor rank), or, for a "
                     f"tied embedding and LM head, give both 'vocab' (each rank keeps the same rows of the one weight)"
                 )
+
 
 def plan_for(model: nn.Module, size: int = 2) -> dict[str, str]:
     """The built-in plan of ``model`` for ``size`` tensor ranks, read from its structure (rules in the module docstring).
@@ -241,12 +252,14 @@ def plan_for(model: nn.Module, size: int = 2) -> dict[str, str]:
         f"a column layer followed by a row layer; its linear layers are {', '.join(linears) or 'none'}"
     )
 
+
 def _is_module(model: nn.Module, name: str) -> bool:
     try:
         model.get_submodule(name)
     except AttributeError:
         return False
     return True
+
 
 def _splits(shadow: nn.Module, plan: dict[str, str], size: int) -> bool:
     try:
@@ -255,9 +268,11 @@ def _splits(shadow: nn.Module, plan: dict[str, str], size: int) -> bool:
         return False
     return True
 
+
 def _divides(module: nn.Module, size: int, dim: int) -> bool:
     found = linear_weight(module)
     return found is not None and found[0].shape[dim] % size == 0
+
 
 def _mlp(module: nn.Module, name: str, size: int) -> dict[str, str]:
     prefix = f"{name}." if name else ""
@@ -268,6 +283,7 @@ def _mlp(module: nn.Module, name: str, size: int) -> dict[str, str]:
                 return {**{prefix + c: "column" for c in columns}, prefix + row: "row"}
             return {}
     return {}
+
 
 def _sequential_pairs(sequential: nn.Sequential, name: str, size: int) -> dict[str, str]:
     """Consecutive linear layers of ``sequential`` with only elementwise modules between them: column then row."""
@@ -287,6 +303,7 @@ def _sequential_pairs(sequential: nn.Sequential, name: str, size: int) -> dict[s
         elif not isinstance(block, ELEMENTWISE):
             column = None
     return plan
+
 
 def _globbed(model: nn.Module, exact: dict[str, str]) -> dict[str, str]:
     """``exact`` with layer indices turned into ``*`` where the glob names only modules planned the same way."""

@@ -108,6 +108,31 @@ def _asserting(frame: Any) -> bool:
     return False
 
 
+def block_list(model: nn.Module) -> tuple[str, nn.ModuleList] | None:
+    """The model's repeated block list: the ``nn.ModuleList`` of two or more modules of one class holding the most parameters."""
+    best: tuple[int, str, nn.ModuleList] | None = None
+    for name, module in model.named_modules():
+        if isinstance(module, nn.ModuleList) and len(module) >= 2 and len({type(m) for m in module}) == 1:
+            size = sum(p.numel() for p in module.parameters())
+            if best is None or size > best[0]:
+                best = (size, name, module)
+    return None if best is None else (best[1], best[2])
+
+
+def _untraceable(model: nn.Module, exc: Exception) -> str:
+    """Why ``model`` cannot be cut into stages, naming its block list (the obstacle is what runs around it) and the ways out."""
+    found = block_list(model)
+    if found is None:
+        return f"{type(model).__name__} cannot be split into pipeline stages by tracing its forward ({type(exc).__name__}: {exc}): {_FIX}"
+    name, blocks = found
+    return (
+        f"{type(model).__name__} cannot be split into pipeline stages: its blocks are {name} ({len(blocks)} x {type(blocks[0]).__name__}), "
+        f"but its forward, which runs them with inputs made around them (masks, position tables, caches), cannot be traced by torch.fx "
+        f"({type(exc).__name__}: {str(exc)[:120]}), so where one tensor passes between blocks is not known. Train it with "
+        f"zero=3 or tensor_parallel instead (both split it without a pipeline), or {_FIX}"
+    )
+
+
 def _kept_whole(model: nn.Module) -> set[int]:
     containers = (nn.ModuleList, nn.ModuleDict, nn.Sequential)
     return {id(child) for module in model.modules() if isinstance(module, containers) for child in module.children()}
@@ -134,8 +159,7 @@ def trace(model: nn.Module, targets: str | None = None) -> fx.Graph:
     try:
         graph = _BlockTracer(_kept_whole(model)).trace(model, concrete_args=concrete)
     except Exception as exc:  # noqa: BLE001 - whatever stops the tracer is said, with the fix
-        raise ConfigError(f"{type(model).__name__} cannot be split into pipeline stages by tracing its forward "
-                          f"({type(exc).__name__}: {exc}): {_FIX}") from exc  # fmt: skip
+        raise ConfigError(_untraceable(model, exc)) from exc
     for node in list(graph.nodes):  # the checks that the defaults kept their value: the stages never get those arguments
         if node.op == "call_function" and getattr(node.target, "__name__", "") == "_assert_is_none":
             graph.erase_node(node)
