@@ -53,6 +53,7 @@ from torch.nn import functional as F
 from rapydli.errors import ConfigError
 from rapydli.parallel.attention import find_attention
 from rapydli.parallel.config import TENSOR_STYLES as STYLES
+from rapydli.parallel.mha import HeadParallelMultiheadAttention, split_multihead_attention
 
 
 class TensorGroup:
@@ -401,7 +402,7 @@ class VocabParallelHead(ColumnParallelLinear):
 
 
 #: Modules whose parameters keep one block of rows per chunk on each rank (``module.chunks`` blocks; the bias too).
-ROW_BLOCKS = (ColumnParallelLinear, VocabParallelEmbedding)
+ROW_BLOCKS = (ColumnParallelLinear, VocabParallelEmbedding, HeadParallelMultiheadAttention)
 
 
 #: What each style splits, for messages.
@@ -506,11 +507,16 @@ def parallelize(model: nn.Module, plan: Mapping[str, str], group: TensorGroup) -
                 continue
             planned[name] = (pattern, style)
             module = modules[name]
+            if style == "heads" and isinstance(module, nn.MultiheadAttention):  # PyTorch's own: replaced by its heads' part
+                replacement: nn.Module = split_multihead_attention(module, group, name)
+                parent_name, _, child = name.rpartition(".")
+                setattr(model.get_submodule(parent_name) if parent_name else model, child, replacement)
+                continue
             if style == "heads":
                 _split_attention(module, group, name)
                 continue
             if style == "vocab" and isinstance(module, nn.Embedding):
-                replacement: nn.Module = VocabParallelEmbedding.from_dense(module, group, name=name, kept=kept)
+                replacement = VocabParallelEmbedding.from_dense(module, group, name=name, kept=kept)
             elif style == "vocab":
                 replacement = VocabParallelHead.from_vocabulary(module, group, name=name, kept=kept)
             elif style == "column":

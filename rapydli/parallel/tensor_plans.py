@@ -5,7 +5,8 @@ need no hand-written plan:
 
 * attention modules :func:`~rapydli.parallel.attention.find_attention` recognises by
   structure (fused or separate q/k/v projections, an output projection, a head count from an
-  attribute, the module's config or the projections' shapes; grouped-query too): ``"heads"``;
+  attribute, the module's config or the projections' shapes; grouped-query too), and PyTorch's
+  ``nn.MultiheadAttention`` (:mod:`rapydli.parallel.mha`): ``"heads"``;
 * BERT's ``attention.self`` (``query``/``key``/``value``, returning the heads' context):
   ``"heads"``, with its sibling ``attention.output.dense`` ``"row"``;
 * MLPs by their layers' names: ``c_fc``/``c_proj`` (GPT-2), ``fc1``/``fc2`` (OPT, BART, Whisper, Phi),
@@ -221,6 +222,11 @@ def plan_for(model: nn.Module, size: int = 2) -> dict[str, str]:
     for name, module in shadow.named_modules():
         if any(name == n or name.startswith(n + ".") for n in exact if n):
             continue  # inside a module already planned
+        if isinstance(module, nn.MultiheadAttention) and name:  # PyTorch's own attention (rapydli.parallel.mha)
+            if _splits(shadow, {name: "heads"}, size):
+                exact[name] = "heads"
+                attention.add(name)
+            continue
         layout = attention_layout(module)
         if layout is not None and name:
             if layout[1] is None:  # BERT: the context goes to the parent's output.dense, split row-parallel with it
