@@ -40,3 +40,18 @@ def test_verify_layout_passes_a_tied_gpt2_pipeline_and_names_the_parameters_of_a
     assert set(check.table["parameter"]) == {name for name, _ in gpt2().named_parameters()}  # the tied weight is one row
     assert not wrong.passed and "does NOT train the one-process model" in wrong.verdict, wrong.verdict
     assert set(wrong.table[~wrong.table["ok"]]["parameter"]) >= {"0.weight", "0.bias"}, wrong.table
+
+
+@pytest.mark.engines
+def test_verify_layout_builds_a_library_model_as_rd_train_does() -> None:
+    """transformers' GPT-2 built as users build it (``Model(cfg).double()``) under ZeRO-3 and tensor parallelism: verify_layout
+    used to build it whole and pass where rd.train's ranks, which record it on the meta device, crashed. Now both record it."""
+    from library_models import MODELS
+
+    gpt2_hf = MODELS["gpt2"]
+    with rd.Cluster(n=2) as cluster:
+        checks = [rd.verify_layout(gpt2_hf.model_fn, gpt2_hf.data, rd.TrainConfig(batch_size=2, lr=0.05, **fields), steps=2, cluster=cluster,
+                                   loss_fn=gpt2_hf.loss) for fields in ({"zero": 3}, {"tensor_parallel": 2})]  # fmt: skip
+    for check in checks:
+        assert check.passed and check.built == ("deferred",), (check.verdict, check.built)
+        assert len(check.table) == sum(1 for _ in gpt2_hf.model_fn().parameters()) + sum(1 for _ in gpt2_hf.model_fn().buffers()), check.table

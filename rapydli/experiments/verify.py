@@ -57,6 +57,9 @@ class LayoutCheck:
     tolerance, dtype, steps, layout
         What the check used: the tolerance, the dtype the models trained in, the steps,
         and the layout (``dp x pp x tp``, ZeRO).
+    built
+        How the ranks made the model, as ``rd.train``'s would: ``"whole"``, ``"deferred"``
+        (recorded on the meta device, each rank making its part) or ``"whole: <why>"``.
     """
 
     table: pd.DataFrame
@@ -67,6 +70,7 @@ class LayoutCheck:
     dtype: str
     steps: int
     layout: str
+    built: tuple[str, ...] = ()
 
 
 def verify_task(model_fn: Callable[[], Any], data_fn: Callable[[], Any], config: dict[str, Any], dtype: str, loss_fn: Any = None) -> dict[str, Any]:
@@ -231,4 +235,6 @@ def verify_layout(
         verdict = f"{described} does NOT train the one-process model: {len(bad)} parameter(s) differ by more than {tol:g}, worst {bad[0]} ({worst:.3g})"
     else:
         verdict = f"{described} trains the one-process model: all {len(table)} parameters within {tol:g} (worst {worst:.3g}) after {steps} steps in {dtype}"
-    return LayoutCheck(table=table, passed=not bad and not untied, verdict=verdict, worst=worst, tolerance=tol, dtype=dtype, steps=steps, layout=described)
+    built = tuple(sorted({result["built"] for result in results}))
+    return LayoutCheck(table=table, passed=not bad and not untied, verdict=verdict, worst=worst, tolerance=tol, dtype=dtype, steps=steps,
+                       layout=described, built=built)  # fmt: skip
