@@ -120,16 +120,15 @@ def block_list(model: nn.Module) -> tuple[str, nn.ModuleList] | None:
 
 
 def _untraceable(model: nn.Module, exc: Exception) -> str:
-    """Why ``model`` cannot be cut into stages, naming its block list (the obstacle is what runs around it) and the ways out."""
+    """Why ``model`` cannot be cut into stages: the tracer's reason, its block list where it has one, and the ways out."""
+    said = f"{type(model).__name__} cannot be split into pipeline stages by tracing its forward ({type(exc).__name__}: {str(exc)[:200]})"
     found = block_list(model)
     if found is None:
-        return f"{type(model).__name__} cannot be split into pipeline stages by tracing its forward ({type(exc).__name__}: {exc}): {_FIX}"
+        return f"{said}: {_FIX}"
     name, blocks = found
     return (
-        f"{type(model).__name__} cannot be split into pipeline stages: its blocks are {name} ({len(blocks)} x {type(blocks[0]).__name__}), "
-        f"but its forward, which runs them with inputs made around them (masks, position tables, caches), cannot be traced by torch.fx "
-        f"({type(exc).__name__}: {str(exc)[:120]}), so where one tensor passes between blocks is not known. Train it with "
-        f"zero=3 or tensor_parallel instead (both split it without a pipeline), or {_FIX}"
+        f"{said}: its blocks are {name} ({len(blocks)} x {type(blocks[0]).__name__}), but where one tensor passes between them is "
+        f"not known without the trace. Train it with zero=3 or tensor_parallel instead (both split it without a pipeline), or {_FIX}"
     )
 
 
