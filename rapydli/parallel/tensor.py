@@ -525,7 +525,21 @@ def parallelize(model: nn.Module, plan: Mapping[str, str], group: TensorGroup) -
                 replacement = RowParallelLinear.from_dense(module, group, name=name)
             parent_name, _, child = name.rpartition(".")
             setattr(model.get_submodule(parent_name) if parent_name else model, child, replacement)
+    _without_fused_path(model, planned)
     return model
+
+
+def _without_fused_path(model: nn.Module, planned: Mapping[str, Any]) -> None:
+    """PyTorch's ``nn.TransformerEncoderLayer`` holding a split module never takes its fused inference kernel.
+
+    In evaluation (``eval()``, no gradients) that layer calls one fused kernel with its
+    attention's and MLP's weights instead of its modules, which would compute with this
+    rank's slices as if they were whole. The layer checks ``activation_relu_or_gelu`` for
+    nothing but that choice; it is turned off, so the layer runs its modules.
+    """
+    for name, module in model.named_modules():
+        if isinstance(module, nn.TransformerEncoderLayer) and any(p == name or p.startswith(f"{name}.") for p in planned if name):
+            module.activation_relu_or_gelu = False
 
 
 def sharded_parameters(model: nn.Module) -> set[int]:

@@ -9,16 +9,17 @@ need no hand-written plan:
   ``nn.MultiheadAttention`` (:mod:`rapydli.parallel.mha`): ``"heads"``;
 * BERT's ``attention.self`` (``query``/``key``/``value``, returning the heads' context):
   ``"heads"``, with its sibling ``attention.output.dense`` ``"row"``;
-* MLPs by their layers' names: ``c_fc``/``c_proj`` (GPT-2), ``fc1``/``fc2`` (OPT, BART, Whisper, Phi),
-  ``intermediate.dense``/``output.dense`` (BERT, ViT), ``dense_h_to_4h``/``dense_4h_to_h``
-  (GPT-NeoX, Bloom, Falcon), ``wi``/``wo`` (T5), ``lin1``/``lin2`` (DistilBERT): column then row; SwiGLU
-  ``gate_proj``/``up_proj``/``down_proj`` (Llama) and ``w1``/``w3``/``w2``: gate and up
-  column, down row;
-* inside any ``nn.Sequential``: consecutive linear layers with only elementwise modules
-  between them, column then row.
+* MLPs by what the forward computes (:mod:`rapydli.parallel.dataflow`, on a shape-only run
+  of a sample the model's config gives: :mod:`rapydli.parallel.sample`): a linear layer whose
+  output reaches another only through pointwise operations is column-parallel, the other
+  row-parallel (GPT-2's ``c_fc``/``c_proj``, Llama's gate and up then down, BERT's
+  ``intermediate``/``output``, ``nn.TransformerEncoderLayer``'s ``linear1``/``linear2``);
+* only where the forward cannot run shape-only, by their layers' names: ``c_fc``/``c_proj``,
+  ``fc1``/``fc2``, ``intermediate.dense``/``output.dense``, ``dense_h_to_4h``/``dense_4h_to_h``,
+  ``wi``/``wo``, ``lin1``/``lin2``, ``gate_proj``/``up_proj``/``down_proj``, ``w1``/``w3``/``w2``,
+  and consecutive linear layers of an ``nn.Sequential`` with only elementwise modules between.
 
-The MLP rules trust the names (``c_proj(act(c_fc(x)))``, ``down(act(gate(x)) * up(x))``);
-embeddings, norms and the LM head stay whole (replicated), so tied embeddings stay tied;
+Embeddings, norms and the LM head stay whole (replicated), so tied embeddings stay tied;
 a plan may split them by vocabulary rows (``{"transformer.wte": "vocab", "lm_head": "vocab"}``),
 tied or not.
 Names that differ only in layer indices become one glob (``"transformer.h.*.attn"``).
@@ -42,6 +43,8 @@ import torch
 from torch import nn
 
 from rapydli.errors import ConfigError
+from rapydli.parallel.dataflow import mlp_pairs
+from rapydli.parallel.sample import sample_call, shape_only
 from rapydli.parallel.tensor import TensorGroup, attention_layout, linear_weight, parallelize
 
 #: Modules that act elementwise: a column-parallel layer's split output may pass through them to a row-parallel one.
@@ -109,7 +112,7 @@ def check_plan(model: nn.Module, plan: Mapping[str, str], size: int) -> None:
     heads = [n for pattern, style in plan.items() if style == "heads" for n in modules if n and fnmatch.fnmatchcase(n, pattern)]
     widths = {n: _width(modules[n]) for n in heads}
     dense_runs = {n: w is not None and _runs(modules[n], w) for n, w in widths.items()}
-    call = _sample_call(model)
+    call = sample_call(model)
     runs_dense = call is not None and _model_runs(meta_copy(model), call)
     parallelize(shadow, plan, _ShapeGroup(size))
     for name in heads:
@@ -131,34 +134,10 @@ def check_plan(model: nn.Module, plan: Mapping[str, str], size: int) -> None:
         )
 
 
-def _sample_call(model: nn.Module) -> Any:
-    """A shape-only forward of a token model (one with an ``nn.Embedding``): ``call(model)``; ``None`` for other models.
-
-    Two sequences of 4 tokens on the meta device (and as the decoder's inputs, for an
-    encoder-decoder whose forward takes ``decoder_input_ids``).
-    """
-    import inspect
-
-    if not any(isinstance(m, nn.Embedding) for m in model.modules()):
-        return None
-    try:
-        parameters = inspect.signature(model.forward).parameters
-    except (TypeError, ValueError):
-        return None
-
-    def call(target: nn.Module) -> Any:
-        ids = torch.zeros(2, 4, dtype=torch.long, device="meta")
-        return target(ids, **({"decoder_input_ids": ids} if "decoder_input_ids" in parameters else {}))
-
-    return call
-
-
 def _model_runs(model: nn.Module, call: Any) -> bool:
-    """Whether ``call(model)`` runs (shapes only; outside any recording of the model's construction, which it is no part of)."""
-    from torch.utils._python_dispatch import _disable_current_modes
-
+    """Whether ``call(model)`` runs (shapes only: :func:`~rapydli.parallel.sample.shape_only`)."""
     try:
-        with torch.no_grad(), _disable_current_modes():
+        with torch.no_grad(), shape_only():
             call(model)
     except Exception:  # noqa: BLE001 - any failure means: this forward cannot run so
         return False
@@ -219,6 +198,8 @@ def plan_for(model: nn.Module, size: int = 2) -> dict[str, str]:
     exact: dict[str, str] = {}
     attention: set[str] = set()  # the entries that split attention heads (and BERT's row after them)
     shadow = meta_copy(model)
+    call = sample_call(model)
+    flow = mlp_pairs(meta_copy(model), call) if call is not None else None  # None: no shape-only forward, MLPs by names
     for name, module in shadow.named_modules():
         if any(name == n or name.startswith(n + ".") for n in exact if n):
             continue  # inside a module already planned
@@ -238,13 +219,21 @@ def plan_for(model: nn.Module, size: int = 2) -> dict[str, str]:
                 exact[name] = "heads"
                 attention.add(name)
             continue
+        if flow is not None:
+            continue
         found = _mlp(module, name, size)
         if found:
             exact.update(found)
             continue
         if isinstance(module, nn.Sequential):
             exact.update(_sequential_pairs(module, name, size))
-    call = _sample_call(model)
+    for columns, row in flow or ():
+        modules = dict(shadow.named_modules())
+        layers = (*columns, row)
+        if any(n == a or n.startswith(a + ".") for n in layers for a in exact):
+            continue  # inside attention already split by heads
+        if all(_divides(modules[c], size, 0) for c in columns) and _divides(modules[row], size, 1):
+            exact.update({**{c: "column" for c in columns}, row: "row"})
     if exact and call is not None and _model_runs(meta_copy(model), call) and not _model_runs(_split_copy(model, exact, size), call):
         # a tensor made for every head outside the attention modules (ALiBi's biases, T5's relative position bias) meets split heads
         exact = {n: style for n, style in exact.items() if n not in attention}
