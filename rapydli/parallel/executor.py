@@ -95,6 +95,8 @@ class PipelineExecutor:
         self.device = next(module.parameters()).device
         #: the last stage of a traced model that computes its own loss: called ``module(x, targets)``
         self.takes_targets = self.last and bool(getattr(module, "takes_targets", False))
+        #: a stage that runs the model's own forward (:mod:`rapydli.parallel.skipping`) reads every micro-batch's inputs
+        self.reads_inputs = bool(getattr(module, "reads_inputs", False))
         self.current: schedules.Action | None = None
         self.steps = 0
 
@@ -117,7 +119,7 @@ class PipelineExecutor:
         ``.grad``. The loss is broadcast from the last stage, so every stage returns it.
         """
         micro = [_Micro() for _ in range(self.microbatches)]
-        in_chunks = cut(inputs, self.microbatches) if self.first else [None] * self.microbatches
+        in_chunks = cut(inputs, self.microbatches) if self.first or self.reads_inputs else [None] * self.microbatches
         tgt_chunks = cut(targets, self.microbatches) if self.last else [None] * self.microbatches
         total = targets.numel()
         sends: list[tuple[Any, Any]] = []
@@ -133,7 +135,7 @@ class PipelineExecutor:
                 elif action.kind == "forward":
                     x = in_chunks[mb] if self.first else micro[mb].inputs
                     with self.autocast():
-                        out = self.module(x, tgt_chunks[mb]) if self.takes_targets else self.module(x)
+                        out = self._forward(x, tgt_chunks[mb], in_chunks[mb])
                         if self.last:
                             loss = self.loss_fn(out, tgt_chunks[mb])
                             micro[mb].loss = loss * (tgt_chunks[mb].numel() / total)
@@ -165,6 +167,12 @@ class PipelineExecutor:
         self.steps += 1
         return float(self.comm.bcast(loss_sum, root=self.stages - 1))
 
+    def _forward(self, x: Any, targets: Any, inputs: Any) -> Any:
+        """The stage's forward of one micro-batch: ``x`` (its inputs, or what the stage before sent), the targets
+        where the stage takes them, the inputs where it reads them besides ``x``."""
+        extra = {"inputs": inputs} if self.reads_inputs and not self.first else {}
+        return self.module(x, targets, **extra) if self.takes_targets else self.module(x, **extra)
+
     def _backward(self, micro: _Micro, scale: float) -> None:
         if self.last:
             assert micro.loss is not None
@@ -189,14 +197,14 @@ class PipelineExecutor:
         """
         totals = [0.0] * (2 + 2 * len(metrics))
         mbs = min(self.microbatches, len(targets))
-        in_chunks = cut(inputs, mbs) if self.first else [None] * mbs
+        in_chunks = cut(inputs, mbs) if self.first or self.reads_inputs else [None] * mbs
         tgt_chunks = cut(targets, mbs) if self.last else [None] * mbs
         sends: list[tuple[Any, Any]] = []
         for mb in range(mbs):
             x = in_chunks[mb] if self.first else wire.recv(self.comm, self.stage - 1, "activation", mb, self.device)
             target = tgt_chunks[mb]  # None but on the last stage
             with self.autocast():
-                out = self.module(x, target) if self.takes_targets else self.module(x)
+                out = self._forward(x, target, in_chunks[mb])
                 loss = self.loss_fn(out, target) if target is not None else None
             if target is None or loss is None:
                 sends += wire.isend(self.comm, out, self.stage + 1, "activation", mb)

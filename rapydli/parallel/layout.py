@@ -194,11 +194,16 @@ class Layout:
             part = self._part(model, config, world, train_data, objective, comm, bounds)
         if recording is not None:  # this rank's part only, a tensor at a time; fully sharded: each when its unit is sharded
             made = recording.materialize(part.model, lazy=self.zero == 3, within=model)
+            context = getattr(part.model, "context", None)  # buffers a stage reads but another holds (rotary tables)
+            if context is not None:
+                recording.materialize(context, within=model)
             if part.pipeline is not None:  # its tied parameters were found on the meta model
                 part.pipeline.adopt(made)
         from rapydli.parallel.batchnorm import global_batch_norm
 
-        global_batch_norm(part.model, part.comm)  # BatchNorm normalises over the global batch, as in one process
+        # BatchNorm normalises over the global batch, as in one process; a stage running the model's own forward runs its
+        # BatchNorm outside the layers too (rapydli.parallel.skipping)
+        global_batch_norm(getattr(part.model, "whole", part.model), part.comm)
         if config.activation_checkpointing is not None:  # the blocks are the whole model's: stages and split layers share them
             from rapydli.parallel.recompute import checkpoint_blocks
 

@@ -9,7 +9,11 @@ A model is a sequence of *blocks*, run one after the other:
   chain, such as :class:`rapydli.zoo.models.TinyLM`);
 * or, for any other model, the blocks read from its traced ``forward``
   (:mod:`rapydli.parallel.traced`: a GPT-2, Llama or nanoGPT as written needs nothing
-  added), checked once against the model's own forward on a sample (:func:`decide`).
+  added), checked once against the model's own forward on a sample (:func:`decide`);
+* or, for a model whose forward cannot be traced (a library's: ``transformers``' GPT-2,
+  Llama, BERT, ViT), what it reads before its block list, each layer, and what it reads
+  after: every stage runs the model's own forward, skipping other stages' layers
+  (:mod:`rapydli.parallel.skipping`).
 
 A split point names the block a new stage begins with: a block's name, or the name of
 a container whose first block it is (``"blocks"`` = ``"blocks.0"``). ``"auto"`` times
@@ -39,6 +43,8 @@ import torch
 from torch import nn
 
 from rapydli.errors import ConfigError
+from rapydli.parallel.sample import unchanged
+from rapydli.parallel.skipping import LayerStage, layer_blocks, layer_plan, splits_at_layers
 
 #: Forward+backward repetitions per block when measuring for ``"auto"`` (the fastest kept).
 MEASURE_REPEATS = 3
@@ -58,7 +64,14 @@ def pipeline_blocks(model: nn.Module, targets: str | None = None) -> list[tuple[
         return _expand(model, "")
     from rapydli.parallel.traced import traced_blocks
 
-    return traced_blocks(model, targets)
+    try:
+        return traced_blocks(model, targets)
+    except ConfigError as untraceable:  # a library's model: every stage runs its forward, skipping other stages' layers
+        try:
+            layer_plan(model)
+        except ConfigError as no_plan:
+            raise ConfigError(f"{no_plan}. Nor can it be traced: {untraceable}") from None
+        return layer_blocks(model)
 
 
 def lists_blocks(model: nn.Module) -> bool:
@@ -132,8 +145,19 @@ def _check_blocks(names: Sequence[str], stages: int) -> None:
 def measure(model: nn.Module, sample: Any, repeats: int = MEASURE_REPEATS) -> list[float]:
     """Seconds of forward + backward of every block on ``sample`` (the model's input): the fastest of
     ``repeats``, the least disturbed by other work on a shared machine (a median of 3 is not,
-    when 2 of them were preempted)."""
+    when 2 of them were preempted). A model split at its layers has its own forward timed at
+    them (:func:`rapydli.parallel.skipping.measure`). Either way the model is left as it was
+    (:func:`~rapydli.parallel.sample.unchanged`: BatchNorm's statistics, the random state)."""
     blocks = [module for _, module in pipeline_blocks(model)]
+    if splits_at_layers(model) and not lists_blocks(model):  # a library's model: its own forward, timed at its layers
+        from rapydli.parallel import skipping
+
+        return skipping.measure(model, sample, repeats)
+    with unchanged(model):  # the measured forwards are no training step (BatchNorm's statistics, dropout's random state)
+        return _measure(blocks, sample, repeats)
+
+
+def _measure(blocks: list[nn.Module], sample: Any, repeats: int) -> list[float]:
     costs = []
     x = sample
     for block in blocks:
@@ -244,12 +268,13 @@ def decide(model: nn.Module, split: str | Sequence[str], stages: int, sample: An
     bounds, error = None, None
     if world.Get_rank() == 0:
         try:
-            if sample is not None and not lists_blocks(model):
+            names = [name for name, _ in pipeline_blocks(model, targets)]
+            at_layers = splits_at_layers(model)
+            if sample is not None and not lists_blocks(model) and not at_layers:
                 from rapydli.parallel.traced import check_faithful
 
                 check_faithful(model, sample, labels, targets)
             if split == "auto":
-                names = [name for name, _ in pipeline_blocks(model)]
                 _check_blocks(names, stages)
                 bounds = balance(measure(model, sample), stages, holds_parameters(model))
             else:
@@ -288,13 +313,18 @@ class Stage(nn.Sequential):
         return any(getattr(block, "takes_targets", False) for block in self)
 
 
-def stage_module(model: nn.Module, bounds: Sequence[int], stage: int, targets: str | None = None) -> tuple[Stage, list[str]]:
-    """Stage ``stage``'s blocks as one :class:`Stage` (sharing the model's modules) and their names.
+def stage_module(model: nn.Module, bounds: Sequence[int], stage: int, targets: str | None = None) -> tuple[Stage | LayerStage, list[str]]:
+    """Stage ``stage``'s blocks as one module (sharing the model's modules) and their names.
 
+    A :class:`Stage` running the blocks in turn, or for a model split at its layers a
+    :class:`~rapydli.parallel.skipping.LayerStage` running the model's forward.
     ``targets``: as for :func:`pipeline_blocks`.
     """
     blocks = pipeline_blocks(model, targets)[bounds[stage] : bounds[stage + 1]]
-    return Stage(*(module for _, module in blocks)), [name for name, _ in blocks]
+    names = [name for name, _ in blocks]
+    if splits_at_layers(model) and not lists_blocks(model):
+        return LayerStage.between(model, bounds, stage, targets), names
+    return Stage(*(module for _, module in blocks)), names
 
 
 def model_blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:

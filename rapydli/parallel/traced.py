@@ -185,7 +185,7 @@ def _is_tensor(node: fx.Node) -> bool:
 
 #: Blocks already traced, by model, then by (targets, the ids of its modules): a model split in place (tensor
 #: parallelism swaps its layers) has other modules and is traced again; the blocks hold the old ones, so no id is reused.
-_traced: weakref.WeakKeyDictionary[nn.Module, dict[tuple[Any, ...], list[tuple[str, nn.Module]]]] = weakref.WeakKeyDictionary()
+_traced: weakref.WeakKeyDictionary[nn.Module, dict[tuple[Any, ...], list[tuple[str, nn.Module]] | ConfigError]] = weakref.WeakKeyDictionary()
 
 
 def traced_blocks(model: nn.Module, targets: str | None = None) -> list[tuple[str, nn.Module]]:
@@ -198,8 +198,14 @@ def traced_blocks(model: nn.Module, targets: str | None = None) -> list[tuple[st
     key = (targets, tuple(id(m) for m in model.modules()))
     known = _traced.setdefault(model, {})
     if key not in known:
-        known[key] = _traced_blocks(model, targets)
-    return list(known[key])
+        try:
+            known[key] = _traced_blocks(model, targets)
+        except ConfigError as exc:  # said again, not traced again
+            known[key] = exc
+    found = known[key]
+    if isinstance(found, ConfigError):
+        raise ConfigError(str(found))
+    return list(found)
 
 
 def _traced_blocks(model: nn.Module, targets: str | None) -> list[tuple[str, nn.Module]]:
@@ -298,20 +304,15 @@ def check_faithful(model: nn.Module, inputs: Any, labels: Any = None, targets: s
     """
     blocks = traced_blocks(model, targets)
     extra = {targets: labels} if targets is not None and labels is not None else {}
-    saved = [(buffer, buffer.detach().clone()) for buffer in model.buffers()]
-    device = inputs.device if isinstance(inputs, torch.Tensor) else torch.device("cpu")
-    try:
-        with torch.no_grad(), torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-            torch.manual_seed(0)
-            expected = model(inputs, **extra)
-            torch.manual_seed(0)
-            x = inputs
-            for _, block in blocks:
-                x = block(x, labels) if getattr(block, "takes_targets", False) else block(x)
-    finally:
-        with torch.no_grad():
-            for buffer, value in saved:
-                buffer.copy_(value)
+    from rapydli.parallel.sample import unchanged
+
+    with torch.no_grad(), unchanged(model):
+        torch.manual_seed(0)
+        expected = model(inputs, **extra)
+        torch.manual_seed(0)
+        x = inputs
+        for _, block in blocks:
+            x = block(x, labels) if getattr(block, "takes_targets", False) else block(x)
     want, want_shape = leaves(expected)
     got, got_shape = leaves(x)
     problem = None
