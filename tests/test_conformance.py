@@ -29,6 +29,9 @@ ROOT = TESTS.parent
 RESULTS = ROOT / "build" / "conformance"
 TOLERANCE = 1e-9
 
+#: A ``pipeline_split`` that stands for the architecture's middle block (:func:`fields_for`).
+MIDDLE = "<middle block>"
+
 #: The layouts: (column name, ranks, TrainConfig fields).
 LAYOUTS = [
     ("dp", 2, {}),
@@ -38,16 +41,16 @@ LAYOUTS = [
     ("checkpointing", 2, {"activation_checkpointing": "blocks"}),
     ("zero3+checkpointing", 2, {"zero": 3, "activation_checkpointing": "blocks"}),
     ("tp", 2, {"tensor_parallel": 2}),
-    ("pp", 2, {"pipeline_stages": 2, "microbatches": 2}),
-    ("pp x dp", 4, {"pipeline_stages": 2, "microbatches": 2}),
-    ("zero3 x pp", 4, {"pipeline_stages": 2, "zero": 3}),
+    ("pp", 2, {"pipeline_stages": 2, "microbatches": 2}),  # split "auto": measured on the model built whole
+    ("pp x dp", 4, {"pipeline_stages": 2, "microbatches": 2, "pipeline_split": MIDDLE}),  # named: each stage built deferred
+    ("zero3 x pp", 4, {"pipeline_stages": 2, "zero": 3, "pipeline_split": MIDDLE}),
 ]
 LAYOUT_NAMES = [name for name, _, _ in LAYOUTS]
 
 #: The cross-section ``make test`` runs: the constructions and modules users met crashing first.
 CROSS_SECTION = {
-    "gpt2": ["zero3", "tp"],  # Model(cfg).double(): crashed deferred construction
-    "llama": ["zero3"],  # .to(torch.float64)
+    "gpt2": ["zero3", "tp", "pp"],  # Model(cfg).double(): crashed deferred construction; stages at the layers, a tied head
+    "llama": ["zero3", "pp x dp"],  # .to(torch.float64); stages recorded on the meta device
     "bloom": ["checkpointing"],  # transformers' key/value cache under recomputation
     "whisper": ["zero3"],  # a frozen parameter (sinusoidal positions) under ZeRO-3
     "resnet": ["dp"],  # BatchNorm over the global batch
@@ -55,14 +58,29 @@ CROSS_SECTION = {
 }
 
 
+def fields_for(name: str, layout: str) -> tuple[int, dict]:
+    """The ranks and TrainConfig fields of ``layout`` for architecture ``name`` (:data:`MIDDLE` named as the model names it)."""
+    _, ranks, fields = next(layout_ for layout_ in LAYOUTS if layout_[0] == layout)
+    if fields.get("pipeline_split") == MIDDLE:
+        from rapydli.parallel import split
+        from rapydli.parallel.preflight import meta_model
+
+        try:
+            blocks = split.pipeline_blocks(meta_model(MODELS[name].model_fn))
+        except ConfigError:  # no blocks: refused by rd.train's own checks, with "auto"
+            return ranks, {k: v for k, v in fields.items() if k != "pipeline_split"}
+        fields = {**fields, "pipeline_split": blocks[len(blocks) // 2][0]}
+    return ranks, fields
+
+
 def refusal(name: str, layout: str) -> str | None:
     """The ConfigError ``rd.train`` raises for this cell before any rank starts, or ``None`` if it would start."""
     from rapydli.parallel.layout import Layout
     from rapydli.parallel.preflight import check_layout
 
-    _, ranks, fields = next(layout_ for layout_ in LAYOUTS if layout_[0] == layout)
     architecture = MODELS[name]
     try:
+        ranks, fields = fields_for(name, layout)
         cfg = TrainConfig(batch_size=2, max_steps=2, workers=ranks, **fields)
         Layout.of(cfg, ranks)
         check_layout(architecture.model_fn, cfg, architecture.loss)
@@ -80,7 +98,7 @@ def run_cells(run_mpi, name: str, layouts: list[str]) -> dict[str, dict]:
         if reason is not None:
             out[layout] = {"model": name, "cell": layout, "refused": reason}
             continue
-        _, ranks, fields = next(layout_ for layout_ in LAYOUTS if layout_[0] == layout)
+        ranks, fields = fields_for(name, layout)
         by_ranks.setdefault(ranks, []).append([layout, fields])
     for ranks, cells in sorted(by_ranks.items()):
         code = f"import sys; sys.path.insert(0, {str(TESTS)!r}); import cases_matrix; cases_matrix.main({name!r}, {json.dumps(cells)!r})"

@@ -81,6 +81,10 @@ def verify_task(model_fn: Callable[[], Any], data_fn: Callable[[], Any], config:
     return {"rank": ctx.rank, **compare_layout(model_fn, data_fn, TrainConfig.from_dict(config), dtype, ctx.comm, ctx.device, loss_fn)}
 
 
+#: The entry of :func:`compare_layout`'s differences that compares the two models' validation loss.
+VALIDATION_LOSS = "(validation loss)"
+
+
 def compare_layout(model_fn: Callable[[], Any], data_fn: Callable[[], Any], cfg: TrainConfig, dtype: str, comm: Any, device: Any,
                    loss_fn: Any = None) -> dict[str, Any]:  # fmt: skip
     """On every rank of ``comm``: train ``cfg``'s layout as ``rd.train`` does, then one process; what this rank holds against it.
@@ -89,7 +93,9 @@ def compare_layout(model_fn: Callable[[], Any], data_fn: Callable[[], Any], cfg:
     ``rd.train``'s ranks (recorded on the meta device where the layout splits it, built
     whole where the recording cannot replay it), then converted to ``dtype`` as part of
     ``model_fn``, so what is checked is what a run would train. Returns ``differences``
-    (parameters and buffers this rank holds: :func:`rapydli.parallel.verify.differences`),
+    (parameters and buffers this rank holds: :func:`rapydli.parallel.verify.differences`,
+    and, where ``data_fn`` gives validation data, :data:`VALIDATION_LOSS`: the loss each
+    model's own evaluation computes, through the layout's stages and slices),
     ``untied`` (parameters tied in the one-process model that this rank holds apart) and
     ``built`` (how the model was made).
     """
@@ -108,13 +114,14 @@ def compare_layout(model_fn: Callable[[], Any], data_fn: Callable[[], Any], cfg:
         return model_fn().to(dtype=wanted)
 
     try:
-        train, _ = data_fn()
-        train = _Cast(train, wanted)
+        train, val = data_fn()
+        train, val = _Cast(train, wanted), _Cast(val, wanted) if val is not None else None
         torch.manual_seed(cfg.seed)
         model, built = build_model(converted, cfg, comm.Get_size(), device)
-        trainer = Trainer(model, None, train, None, cfg, comm=comm, loss_fn=loss_fn)
+        trainer = Trainer(model, None, train, val, cfg, comm=comm, loss_fn=loss_fn)
         try:
             trainer.fit()
+            evaluated = trainer.evaluate().get("val_loss")  # the layout's own evaluation (pipelined, split, gathered)
             unshard = getattr(trainer.optimizer, "unshard", None)
             if unshard is not None:  # ZeRO-3: the parameters this rank holds, whole again, to compare
                 unshard()
@@ -124,14 +131,17 @@ def compare_layout(model_fn: Callable[[], Any], data_fn: Callable[[], Any], cfg:
         single = cfg.replace(batch_size=cfg.batch_size * replicas, pipeline_stages=1, tensor_parallel=1, zero=0, microbatches=1,
                              workers=1, pipeline_split="auto", activation_checkpointing=None)  # fmt: skip
         torch.manual_seed(cfg.seed)
-        reference = Trainer(converted().to(device), None, train, None, single, comm=MPI.COMM_SELF, loss_fn=loss_fn)
+        reference = Trainer(converted().to(device), None, train, val, single, comm=MPI.COMM_SELF, loss_fn=loss_fn)
         try:
             reference.fit()
+            expected = reference.evaluate().get("val_loss")
         finally:
             reference.close()
         tensor_rank = trainer.grid.tensor_rank if trainer.grid is not None else 0
-        return {"differences": differences(model, trainer.model, reference.model, tensor_rank), "untied": untied(model, trainer.model, reference.model),
-                "built": built}  # fmt: skip
+        found = differences(model, trainer.model, reference.model, tensor_rank)
+        if expected is not None and evaluated is not None:
+            found[VALIDATION_LOSS] = (abs(evaluated - expected), abs(expected))
+        return {"differences": found, "untied": untied(model, trainer.model, reference.model), "built": built}
     finally:
         torch.set_default_dtype(before)
 
@@ -234,7 +244,10 @@ def verify_layout(
     elif bad:
         verdict = f"{described} does NOT train the one-process model: {len(bad)} parameter(s) differ by more than {tol:g}, worst {bad[0]} ({worst:.3g})"
     else:
-        verdict = f"{described} trains the one-process model: all {len(table)} parameters within {tol:g} (worst {worst:.3g}) after {steps} steps in {dtype}"
+        compared = int((table["parameter"] != VALIDATION_LOSS).sum())
+        also = "; its validation loss agrees too" if compared < len(table) else ""
+        verdict = (f"{described} trains the one-process model: all {compared} parameters within {tol:g} (worst {worst:.3g}) "
+                   f"after {steps} steps in {dtype}{also}")  # fmt: skip
     built = tuple(sorted({result["built"] for result in results}))
     return LayoutCheck(table=table, passed=not bad and not untied, verdict=verdict, worst=worst, tolerance=tol, dtype=dtype, steps=steps,
                        layout=described, built=built)  # fmt: skip
