@@ -253,3 +253,18 @@ def test_a_batch_is_one_parent_mlflow_run_with_one_child_per_parallel_item(track
         assert item.info.status == "FINISHED" and len(_mlflow_runs(tracking, item.data.tags["rapydli.run_id"])) == 1
         (inner,) = children(item)  # the notebook's run, nested under its item's in the item's own process
         assert inner.info.status == "FINISHED" and inner.data.params["x"] == item.data.params["parameters.x"]
+
+
+@pytest.mark.parametrize(("status", "word"), [("finished", "FINISHED"), ("failed", "FAILED"), ("interrupted", "KILLED")])
+def test_a_run_in_mlflows_own_local_store_ends_with_its_status(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, status: str, word: str) -> None:
+    """MLflow 3's default store is SQLite (``sqlite:///mlflow.db`` in the working folder), written without a server: there the
+    run stayed RUNNING, the status given as a word (MLflow warned "Could not get string corresponding to run status")."""
+    from rapydli.experiments.trackers.mlflow import MlflowTracker
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "rapydli-local")
+    tracker = MlflowTracker()
+    link = tracker.open({"id": "r1", "name": "local", "started": time.time()}, None, None)
+    tracker.finish(status, time.time())
+    run = mlflow.MlflowClient(f"sqlite:///{tmp_path}/mlflow.db").get_run(link["id"])
+    assert run.info.status == word and run.info.end_time is not None

@@ -101,5 +101,14 @@ class MlflowTracker(Tracker):
                 self.client.log_artifact(self.run_id, artifact.path, artifact_path=artifact.name.rpartition("/")[0] or None)
 
     def finish(self, status: str, ended: float) -> None:
-        # the store's own call under MlflowClient.set_terminated, which also prints the run's address on stdout
-        self.client._tracking_client.store.update_run_info(self.run_id, STATUS_WORDS[status], int(ended * 1000), None)
+        """End the MLflow run FINISHED, FAILED or KILLED at ``ended``.
+
+        The store's own call under ``MlflowClient.set_terminated`` (which also prints the
+        run's address on stdout), given the status as MLflow's ``RunStatus`` number: a
+        SQLite or file store takes nothing else (given the word, MLflow 3's SQLite store
+        warned "Could not get string corresponding to run status" and the run stayed RUNNING).
+        """
+        from mlflow.entities import RunStatus
+
+        code = RunStatus.from_string(STATUS_WORDS[status])
+        self.client._tracking_client.store.update_run_info(self.run_id, code, int(ended * 1000), None)
