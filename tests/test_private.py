@@ -143,3 +143,24 @@ def test_another_user_cannot_run_code_on_the_engines(shared: Path, other_user: p
         assert intruder.returncode == 3 and "refused: TimeoutError" in intruder.stdout, (intruder.stdout, intruder.stderr)
         assert not marker.exists()
         assert cluster.run(lambda: 7) == [7, 7]  # the owner's cluster goes on
+
+
+def test_a_home_in_a_folder_another_user_shares_still_keeps_the_store_and_its_folders_private(shared: Path) -> None:
+    """RAPYDLI_HOME pointing at a project folder everyone may write (owned by someone else, so left as it is): the store,
+    its -wal and -shm files are 0600 and the folders RaPyDLI makes there 0700 (the store was 0644, the folders 0755)."""
+    from rapydli.experiments.store.runstore import RunStore
+    from rapydli.paths import subdir
+
+    project = shared / "project"
+    project.mkdir()
+    os.chown(project, NOBODY, NOBODY)
+    project.chmod(0o777)
+    with home_at(project):
+        store = RunStore(project / "runs.db")
+        store.create_run("train", "secret", {"lr": 0.1})
+        files = [project / name for name in ("runs.db", "runs.db-wal", "runs.db-shm")]
+        assert all(stat.S_IMODE(f.stat().st_mode) == 0o600 for f in files), [oct(f.stat().st_mode) for f in files]
+        assert not readable_by_nobody(project / "runs.db")
+        store.close()
+        assert stat.S_IMODE(subdir("checkpoints").stat().st_mode) == 0o700
+        assert stat.S_IMODE(project.stat().st_mode) == 0o777  # the shared folder itself is its owner's to set

@@ -115,8 +115,8 @@ class PipelineExecutor:
         """Forward and backward of one batch through the pipeline; returns the batch's mean loss.
 
         Every stage passes the same batch (only the first reads ``inputs``, and a stage that
-        runs the model's own forward, :attr:`reads_inputs`; only the last reads ``targets``). Gradients of ``scale`` times the mean loss accumulate in the stage's
-        ``.grad``. The loss is broadcast from the last stage, so every stage returns it.
+        runs the model's own forward, :attr:`reads_inputs`; only the last reads ``targets``).
+        Gradients of ``scale`` times the mean loss accumulate in the stage's ``.grad``. The loss is broadcast from the last stage, so every stage returns it.
         """
         micro = [_Micro() for _ in range(self.microbatches)]
         in_chunks = cut(inputs, self.microbatches) if self.first or self.reads_inputs else [None] * self.microbatches

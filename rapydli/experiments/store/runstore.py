@@ -52,7 +52,7 @@ from rapydli.experiments.store.annotations import RunAnnotations
 from rapydli.experiments.store.files import journal_mode
 from rapydli.experiments.store.provenance import git_commit, versions
 from rapydli.experiments.store.schema import MIGRATIONS, SCHEMA_VERSION
-from rapydli.paths import home
+from rapydli.paths import home, private_file
 from rapydli.settings import settings
 
 KINDS = ("train", "sweep", "trial", "scaling", "batch", "tune")
@@ -114,7 +114,7 @@ class RunStore(RunAnnotations):
     def __init__(self, path: str | os.PathLike[str], *, detect_interrupted: bool = True) -> None:
         self.path = Path(path)
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            private_file(self.path)  # 0600, its -wal and -shm too, also in a folder others share
             #: ``WAL``, or ``DELETE`` (rollback journal) where the directory is on a network filesystem
             self.journal_mode, self.filesystem = journal_mode(self.path.parent)
             self._conn = sqlite3.connect(
