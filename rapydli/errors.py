@@ -55,6 +55,10 @@ class RankFailure(RapydliError):
         """The failing ranks, sorted."""
         return sorted(self.failures)
 
+    def details(self) -> str:
+        """Every failing rank's whole traceback (the message shows the user's frames, once for ranks that failed alike)."""
+        return "\n".join(f"--- rank {rank} ---\n{text}" for rank, text in sorted(self.failures.items()))
+
     def _render_traceback_(self) -> list[str]:
         """IPython shows the ranks' tracebacks, not the client-side frames that re-raised them."""
         return [f"RankFailure: {line}" if i == 0 else line for i, line in enumerate(str(self).splitlines())]

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 from ipyparallel.error import EngineError, RemoteError
 
 from rapydli.cluster import events
-from rapydli.cluster.usercode import user_frames_first
+from rapydli.cluster.usercode import cells_named, condensed, user_frames_first
 from rapydli.errors import RankFailure
 
 if TYPE_CHECKING:
@@ -439,21 +439,30 @@ class Job:
             culprits = dead[:1]
         names = ", ".join(str(r.rank) for r in sorted(culprits, key=lambda r: r.rank))
         plural = "s" if len(culprits) > 1 else ""
-        lines = [f"{'rank' + plural} {names} {_verb(culprits, reason)}"]
+        full = {r.rank: cells_named(r.error.rstrip()) for r in culprits}
+        said: dict[str, list[_Rank]] = {}  # each rank's failure as the user reads it, ranks failing the same way together
+        for r in sorted(culprits, key=lambda r: r.rank):
+            said.setdefault(f"({r.status})\n{condensed(full[r.rank])}", []).append(r)
+        verb = _verb(culprits, reason)
+        if len(said) == 1 and len(culprits) > 1 and verb == "raised exceptions":
+            verb = "raised the same exception"
+        lines = [f"{'rank' + plural} {names} {verb}"]
         if reason == "hung" and self.hang is not None:
             lines[0] = f"the task hung and was interrupted: {self.hang.diagnosis}\ninterrupted: {lines[0]}"
         down = sorted({r.host_down for r in culprits if r.host_down})
         if down:
             lines[0] += f": host{'s' if len(down) > 1 else ''} {', '.join(down)} down"
-        for r in sorted(culprits, key=lambda r: r.rank):
-            lines.append(f"--- rank {r.rank} ({r.status}) ---\n{r.error.rstrip()}")
+        for text, group in said.items():
+            status, _, error = text.partition("\n")
+            ranks = ", ".join(str(r.rank) for r in group)
+            lines.append(f"--- rank{'s' if len(group) > 1 else ''} {ranks} {status} ---\n{error}")
         others = [r for r in states if r not in culprits and r.status != "ok"]
         if others:
             lines.append("other ranks: " + ", ".join(f"{r.rank} {r.status}{_where(r)}" for r in sorted(others, key=lambda r: r.rank)))
         if self.aborted or any(r.status in ("dead", "lost") for r in states):
             lines.append("the engines were stopped; run `%rapydli restart` (or Cluster.restart()) to continue")
         died = all(r.status in ("dead", "lost") for r in culprits)  # processes, hosts or the batch job gone: no exception of the user
-        return RankFailure("\n".join(lines), {r.rank: r.error for r in culprits}, died=bool(culprits) and died)
+        return RankFailure("\n".join(lines), full, died=bool(culprits) and died)
 
     def _blame_hosts_down(self) -> None:
         """Ranks on a host that is down are the dead ones; ranks that died after them were aborted."""

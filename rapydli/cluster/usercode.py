@@ -20,7 +20,9 @@ notebook:
   :mod:`linecache`; :func:`notebook_cells` collects them on the client and
   :func:`register_cells` puts them in the engine's :mod:`linecache`, so a traceback from
   an engine shows the cell's lines.
-* **The user's frames come first** in a failure's text (:func:`user_frames_first`).
+* **The user's frames come first** in a failure's text (:func:`user_frames_first`); the
+  notebook shows them alone (:func:`condensed`), its cells named as IPython names them
+  (:func:`cells_named`: ``Cell In[5], line 3``).
 """
 
 from __future__ import annotations
@@ -130,3 +132,41 @@ def user_frames_first(text: str) -> str:
         return text
     exception = blocks[-1].strip().splitlines()[-1] if blocks else ""
     return "in your code (innermost last):\n\n" + "\n\n".join(user) + f"\n\n{exception}\n\nfull traceback:\n" + text
+
+
+#: What a condensed failure says in place of the frames it folds away.
+FOLDED = "({count} frame{s} of RaPyDLI and libraries folded away: failure.details() shows every rank's whole traceback)"
+_CELL_FRAME = re.compile(r"File (\S+?):(\d+)(?=, in )")
+
+
+def condensed(text: str) -> str:
+    """A rank's failure as a user reads it: the frames in the user's code and the exception, the rest folded.
+
+    ``text`` is what :func:`user_frames_first` made; one without frames of the user's (a
+    failure inside RaPyDLI or a library, a rank that died) is kept whole.
+    """
+    head, sep, full = text.partition("\n\nfull traceback:\n")
+    if not sep or not head.startswith("in your code"):
+        return text
+    files = [m.group(1) for m in (_FRAME.match(b.lstrip("\n")) for b in full.split("\n\n")) if m is not None]
+    folded = sum(1 for f in files if not is_user_file(f))
+    return f"{head}\n\n{FOLDED.format(count=folded, s='' if folded == 1 else 's')}" if folded else head
+
+
+def cells_named(text: str) -> str:
+    """``text`` with the notebook's cell files named as IPython names them: ``Cell In[5], line 3`` for
+    ``File /tmp/ipykernel_1234/2081.py:3`` (unchanged outside IPython, or for a file that is no cell of it)."""
+    try:
+        from IPython import get_ipython
+    except ImportError:  # pragma: no cover - IPython is a dependency
+        return text
+    shell = get_ipython()
+    name_of = getattr(getattr(shell, "compile", None), "format_code_name", None)
+    if name_of is None:
+        return text
+
+    def named(match: re.Match[str]) -> str:
+        found = name_of(match.group(1))
+        return f"{found[0]} {found[1]}, line {match.group(2)}" if found else match.group(0)
+
+    return _CELL_FRAME.sub(named, text)
