@@ -126,14 +126,16 @@ def test_batch_end_to_end_failing_item_and_resume(home: Path, tmp_path: Path, ca
     argv = ["batch", str(PARAMS_NB), "--grid", "x=2,-1", "--out", "out", "--parallel", "2"]
     assert main(argv) == 1  # one item failed: non-zero exit, the other went on
     captured = capsys.readouterr()
-    assert "1 of 2 items failed" in captured.err and "(cell 3 of the notebook, counted from 0)" in captured.err  # nb.cells[3] raises, not the injected cell
+    # nb.cells[3] raises, as Jupyter shows it: the third code cell, In [4] after papermill's injected parameters, line 5
+    where = 'code cell 3 (In [4]), line 5: raise ValueError("x must be positive")'
+    assert "1 of 2 items failed" in captured.err and f"in {where}\n  ValueError: x must be positive" in captured.err, captured.err
     assert "duration" in captured.out and not re.search(r"\d\.\d{5}", captured.out)  # the table's floats are rounded
 
     summary = pd.read_csv(tmp_path / "out" / "summary.csv")
     assert list(summary.columns[:3]) == ["item", "x", "status"]
     rows = summary.set_index("x")
     assert rows.loc[2, "status"] == "finished" and rows.loc[2, "y"] == 4.0
-    assert rows.loc[-1, "status"] == "failed" and rows.loc[-1, "failing_cell"] == 3
+    assert rows.loc[-1, "status"] == "failed" and rows.loc[-1, "failing_cell"] == where
     assert "ValueError: x must be positive" in rows.loc[-1, "error"]
     assert (summary["duration"] > 0).all()
 
@@ -159,7 +161,7 @@ def test_batch_end_to_end_failing_item_and_resume(home: Path, tmp_path: Path, ca
     assert total == 2
     by_x = {r["params"]["parameters"]["x"]: r for r in items}
     assert by_x[2]["status"] == "finished" and store.records(by_x[2]["id"])["y"]["value"] == 4.0
-    assert by_x[-1]["status"] == "failed" and by_x[-1]["error"].startswith("cell 3: ValueError")
+    assert by_x[-1]["status"] == "failed" and by_x[-1]["error"] == f"{where}\nValueError: x must be positive"
     assert store.artifacts(by_x[2]["id"])[0]["path"] == str(out_nb)
 
     # resume: the finished item is skipped, the failed one runs again

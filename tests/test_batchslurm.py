@@ -140,7 +140,8 @@ def test_cli_reports_a_failing_items_cell_and_ctrl_c_leaves_an_empty_queue(local
     assert command[command.index("--parallel") + 1] == "2"  # two items at once: the Ctrl-C below finds two running jobs
     failing = subprocess.run([*command, "--out", str(tmp_path / "failing")], capture_output=True, text=True, env=env, timeout=240)
     assert failing.returncode == 1, failing.stderr
-    assert "1 of 2 items failed" in failing.stderr and "(cell 3 of the notebook, counted from 0): ValueError: x must be positive" in failing.stderr
+    where = 'in code cell 3 (In [4]), line 5: raise ValueError("x must be positive")'
+    assert "1 of 2 items failed" in failing.stderr and f"{where}\n  ValueError: x must be positive" in failing.stderr, failing.stderr
 
     out = tmp_path / "cancelled"
     batch = subprocess.Popen([*readme_command(NOTEBOOKS / "params.ipynb", "x=1,2,3", "sleep=120"), "--out", str(out)],

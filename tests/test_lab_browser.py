@@ -398,7 +398,7 @@ def test_batch_view_shows_the_failed_item_and_opens_its_notebook(page: Page, lab
     items = view.get_by_role("table", name="Items table")
     expect(items.locator("tbody tr")).to_have_count(2)
     failed = items.locator('tr[data-status="failed"]')
-    expect(failed).to_contain_text("cell 3: ValueError: x must be positive")  # nb.cells[3] of params.ipynb
+    expect(failed).to_contain_text('code cell 3 (In [4]), line 5: raise ValueError("x must be positive")')  # nb.cells[3] of params.ipynb
     expect(items.locator('tr[data-status="finished"]')).to_contain_text("4")  # y = x * factor recorded
     expect(view.get_by_role("region", name="Report")).to_contain_text("report")
     shot(page, lab, "batch-view")

@@ -80,8 +80,8 @@ def batch(notebook: str, axes: tuple[str, ...], grid: tuple[str, ...], params_fi
     failed = summary.attrs["failed"]
     if failed:
         for _, row in summary[summary["status"] != "finished"].iterrows():
-            cell = "" if row["failing_cell"] is None or str(row["failing_cell"]) == "<NA>" else f" (cell {row['failing_cell']} of the notebook, counted from 0)"
-            click.echo(f"failed {row['item']}{cell}: {row['error']}", err=True)
+            cell = row["failing_cell"] if isinstance(row["failing_cell"], str) else None
+            click.echo(f"failed {row['item']}" + (f" in {cell}" if cell else "") + f"\n  {row['error']}", err=True)
         raise BatchFailed(f"{failed} of {len(summary)} items failed")
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import time
 import traceback
@@ -44,12 +45,49 @@ def source_cell_index(executed: str | Path, index: int) -> int:
     return index - sum("injected-parameters" in cell.get("metadata", {}).get("tags", []) for cell in cells)
 
 
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def failing_cell(notebook: str | Path, executed: str | Path, exc: Any) -> dict[str, Any]:
+    """Where a notebook failed (``exc``: papermill's ``PapermillExecutionError``), as Jupyter shows the cell.
+
+    ``index`` (in the source notebook's ``cells``, from 0, markdown counted:
+    :func:`source_cell_index`), ``executed_index``, ``execution_count`` (the ``In [n]`` of
+    the executed notebook), ``code_cell`` (its position among the notebook's code cells,
+    from 1), ``line`` (the cell's line that raised, read from IPython's ``Cell In[n], line
+    m`` in the traceback; ``None`` when the traceback names none) and ``text`` (that line).
+    """
+    index = source_cell_index(executed, exc.cell_index)
+    try:
+        cells = read_notebook(notebook).cells
+        code_cell: int | None = sum(1 for cell in cells[: index + 1] if cell.get("cell_type") == "code")
+    except Exception:  # noqa: BLE001 - the source notebook moved meanwhile: no position among code cells
+        code_cell = None
+    found = re.search(rf"Cell In\[{exc.exec_count}\], line (\d+)", _ANSI.sub("", "\n".join(exc.traceback or [])))
+    line = int(found.group(1)) if found else None
+    lines = (exc.source or "").splitlines()
+    text = lines[line - 1].strip() if line is not None and 0 < line <= len(lines) else None
+    return {"index": index, "executed_index": exc.cell_index, "execution_count": exc.exec_count, "source": exc.source,
+            "code_cell": code_cell, "line": line, "text": text}  # fmt: skip
+
+
+def cell_words(cell: dict[str, Any] | None) -> str | None:
+    """A failing cell as a user finds it in Jupyter: ``code cell 3 (In [4]), line 5: raise ValueError("x")``."""
+    if not cell:
+        return None
+    where = f"code cell {cell['code_cell']}" if cell.get("code_cell") else f"cell {cell['index']} (counted from 0)"
+    if cell.get("execution_count"):
+        where += f" (In [{cell['execution_count']}])"
+    if cell.get("line"):
+        where += f", line {cell['line']}"
+    return f"{where}: {cell['text']}" if cell.get("text") else where
+
+
 def run_item(spec: dict[str, Any]) -> dict[str, Any]:
     """Execute the notebook of ``spec``; return ``{status, error, failing_cell, duration}``.
 
-    ``failing_cell`` has ``index`` (the cell's index in the source notebook, from 0, markdown
-    cells counted; see :func:`source_cell_index`) and ``executed_index`` (in the executed
-    notebook, which also has papermill's injected parameters cell).
+    ``failing_cell`` says where it failed (:func:`failing_cell`); the run store's error
+    begins with it in words (:func:`cell_words`).
     """
     import papermill
     from papermill.exceptions import PapermillExecutionError
@@ -81,12 +119,7 @@ def run_item(spec: dict[str, Any]) -> dict[str, Any]:
             engine_name="rapydli",  # encrypted kernels; the saved notebook keeps only the widgets it shows
         )
     except PapermillExecutionError as exc:
-        result.update(
-            status="failed",
-            error=f"{exc.ename}: {exc.evalue}",
-            failing_cell={"index": source_cell_index(spec["output"], exc.cell_index), "executed_index": exc.cell_index,
-                          "execution_count": exc.exec_count, "source": exc.source},  # fmt: skip
-        )
+        result.update(status="failed", error=f"{exc.ename}: {exc.evalue}", failing_cell=failing_cell(spec["notebook"], spec["output"], exc))
     except Exception as exc:  # kernel died, could not start, bad output path...: the item failed
         result.update(status="failed", error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc())
     result["duration"] = time.time() - started
@@ -97,7 +130,7 @@ def run_item(spec: dict[str, Any]) -> dict[str, Any]:
                 store.add_artifact(run_id, spec["output"], "notebook")
             error = result["error"]
             if result["failing_cell"]:
-                error = f"cell {result['failing_cell']['index']}: {error}"
+                error = f"{cell_words(result['failing_cell'])}\n{error}"
             store.finish_run(run_id, result["status"], error=error)
     return result
 

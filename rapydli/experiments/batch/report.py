@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rapydli.errors import ConfigError
+from rapydli.experiments.batch.item import cell_words
 from rapydli.experiments.store.record import read_records
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -34,7 +35,7 @@ def summary_table(plan: BatchPlan) -> pd.DataFrame:
             attempts=outcome.get("attempts", 0),
             resumed=bool(outcome.get("resumed")),
             error=(outcome.get("error") or "").splitlines()[0] if outcome.get("error") else None,
-            failing_cell=cell.get("index") if isinstance(cell, dict) else None,
+            failing_cell=cell_words(cell) if isinstance(cell, dict) else None,
             output=str(item.output) if item.output.exists() else None,
             run_id=outcome.get("run_id"),
         )
@@ -53,7 +54,6 @@ def summary_table(plan: BatchPlan) -> pd.DataFrame:
                     scalars.append(name)
         rows.append(row)
     table = pd.DataFrame(rows, columns=["item", *params, *FIXED_COLUMNS, *scalars])
-    table["failing_cell"] = table["failing_cell"].astype("Int64")
     table["attempts"] = table["attempts"].astype("Int64")
     return table
 
