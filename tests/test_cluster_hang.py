@@ -30,8 +30,10 @@ def test_mismatched_collectives_are_diagnosed_and_the_run_aborted(cluster, capfd
     assert "mismatched collectives on world: rank 0 is in allreduce #1 on world, 4 MiB float32; rank 1 is in broadcast #1 on world, 4 MiB float32" in message
     assert "rank 1: in broadcast_ <- mismatched (hang_cases.py:22): comm.broadcast_(t, root=0)" in message  # the user's line
     assert "[rapydli] hang: no rank progressed" in capfd.readouterr().err  # shown while the cell runs
-    ready(cluster)  # the aborted engines come back
-    assert cluster.run(hang_cases.late, "/", hang_timeout_s=3) == [0, 1]
+    assert cluster.status()["state"] == "dead"
+    assert cluster.run(hang_cases.late, "/", hang_timeout_s=3) == [0, 1]  # the next task brings the aborted engines back itself
+    said = capfd.readouterr().out
+    assert "[rapydli] the engines of the cluster had died; restarting 2 fresh engines (variables defined on them are gone)" in said
 
 
 def test_a_rank_that_never_arrived_is_named_with_its_stack_and_the_run_waits(cluster, tmp_path):

@@ -38,6 +38,7 @@ class ClusterTasks:
     _info: dict[int, dict[str, Any]]  # rank -> what its engine reported (host, pid, node, ...)
     _batch: BatchJob | None
     _sessions: SessionWatch | None
+    _state: str  # "running", "dead" (aborted), ...
 
     if TYPE_CHECKING:  # defined by Cluster
 
@@ -222,6 +223,10 @@ class ClusterTasks:
             self._signal(signum.name, remote)
 
     def _checked(self, ranks: list[int]) -> list[int]:
+        if self._state == "dead" or (self._state == "running" and set(ranks) - set(self.alive_ranks())):
+            from rapydli.cluster.ensure import ready
+
+            ready(self)  # type: ignore[arg-type]  # (a Cluster) aborted, or an engine died: fresh engines, said in one line
         self._require_running()
         dead = sorted(set(ranks) - set(self.alive_ranks()))
         if dead:
