@@ -181,3 +181,20 @@ def test_show_prints_notebook_sources_and_repeat_refuses_them(store: store_mod.R
     assert main(["runs", "repeat", run]) == 2
     err = capsys.readouterr().err
     assert "its loss_fn was recorded as '<notebook> my_loss'" in err and "rapydli runs show" in err, err
+
+
+def test_list_fits_an_80_column_terminal_without_cutting_the_parameters(store: store_mod.RunStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The parameters that differ are wrapped under each run, whole, not cut with '...' nor wider than the terminal."""
+    monkeypatch.setenv("COLUMNS", "80")
+    config = {"lr": 0.1, "optimizer": "adamw", "batch_size": 32, "momentum": 0.9, "weight_decay": 0.01, "warmup_steps": 100}
+    for changed in ({}, {"lr": 0.01, "optimizer": "sgd", "batch_size": 64, "momentum": 0.5, "weight_decay": 0.1, "warmup_steps": 10}):
+        store.finish_run(store.create_run("train", "gpt2-small-finetune", {"model_fn": "m:f", "config": {**config, **changed}}))
+    out = invoke("runs", "list")
+    assert all(len(line) <= 80 for line in out.splitlines()), out
+    flat = " ".join(out.split())
+    for key, value in (("lr", "0.01"), ("optimizer", "sgd"), ("batch_size", "64"), ("momentum", "0.5"), ("weight_decay", "0.1"), ("warmup_steps", "10")):
+        assert f"{key}={value}" in flat, out
+    assert "..." not in out
+    help_text = CliRunner().invoke(cli, ["--help"], terminal_width=80).output  # every command's summary whole, wrapped
+    commands = help_text.split("Commands:")[1].splitlines()
+    assert not any(line.endswith("...") for line in commands) and all(len(line) <= 80 for line in help_text.splitlines()), help_text

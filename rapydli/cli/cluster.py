@@ -12,6 +12,7 @@ from typing import Any
 import click
 import pandas as pd
 
+from rapydli.cli.group import Group
 from rapydli.cluster import Cluster
 from rapydli.cluster.launchers import LAUNCHERS
 from rapydli.cluster.registry import stop_cluster
@@ -32,7 +33,7 @@ def parse_options(items: tuple[str, ...]) -> dict[str, Any]:
     return options
 
 
-@click.group()
+@click.group(cls=Group)
 def cluster() -> None:
     """Start, inspect and stop MPI engine clusters."""
 

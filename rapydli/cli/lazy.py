@@ -11,8 +11,10 @@ from importlib import import_module
 
 import click
 
+from rapydli.cli.group import Group
 
-class LazyGroup(click.Group):
+
+class LazyGroup(Group):
     """A :class:`click.Group` with ``lazy={"name": "package.module:attribute"}``."""
 
     def __init__(self, *args, lazy: dict[str, str] | None = None, **kwargs) -> None:

@@ -8,6 +8,7 @@ from typing import Any
 import click
 
 from rapydli.cli.fmt import fmt_value
+from rapydli.cli.group import Group
 from rapydli.experiments.store.runstore import KINDS, STATUSES
 from rapydli.registry import TRACKERS
 
@@ -21,6 +22,28 @@ def _store() -> Any:
 def _short(value: Any, width: int = 60) -> str:
     text = fmt_value(value)
     return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def fitted(text: str, heading: str, last: list[str], width: int | None = None) -> str:
+    """A table (``text``: a header line, then a line per row) with a last column ``last`` wrapped, not cut, to the
+    terminal's ``width``: beside the table where at least 20 characters are left, else indented under each row."""
+    import shutil
+    import textwrap
+
+    width = width or shutil.get_terminal_size((100, 24)).columns
+    lines = text.splitlines()
+    table_width = max(len(line) for line in lines)
+    room = width - table_width - 2
+    out = [f"{lines[0].ljust(table_width)}  {heading}" if room >= 20 else lines[0]]
+    for line, value in zip(lines[1:], last, strict=True):
+        if room >= 20:
+            chunks = textwrap.wrap(value, room, break_on_hyphens=False) or [""]
+            out.append(f"{line.ljust(table_width)}  {chunks[0]}".rstrip())
+            out += [" " * (table_width + 2) + chunk for chunk in chunks[1:]]
+        else:
+            out.append(line)
+            out += ["    " + chunk for chunk in textwrap.wrap(value, max(20, width - 4), break_on_hyphens=False)]
+    return "\n".join(out)
 
 
 def _flat_params(params: dict[str, Any]) -> dict[str, Any]:
@@ -51,7 +74,7 @@ def differing_params(rows: list[dict[str, Any]]) -> dict[str, str]:
     return out
 
 
-@click.group()
+@click.group(cls=Group)
 def runs() -> None:
     """List, show, compare, tag, annotate, repeat and export recorded runs."""
 
@@ -84,18 +107,19 @@ def list_runs(kind: str | None, status: str | None, parent: str | None, limit: i
             {
                 "id": r["id"],
                 "kind": r["kind"],
-                "name": _short(r["name"], 28),
+                "name": _short(r["name"], 22),
                 "status": r["status"],
-                "started": iso_times(r)["started"],
+                "started (UTC)": iso_times(r)["started"][5:16].replace("T", " "),  # 12-07 01:40: the list fits 80 columns
                 "duration": "" if r["duration"] is None else f"{r['duration']:.1f}s",
                 "ranks": r["world_size"],
                 "parent": r["parent"] or "",
-                "params that differ": _short(differ[r["id"]], 60),
             }
             for r in rows
         ]
     )
-    click.echo(table.to_string(index=False))
+    if not any(r["parent"] for r in rows):
+        table = table.drop(columns=["parent"])
+    click.echo(fitted(table.to_string(index=False), "params that differ", [differ[r["id"]] for r in rows]))
     if total > len(rows):
         click.echo(f"({len(rows)} of {total} runs; use --limit to see more)")
 

@@ -7,6 +7,7 @@ import json
 import click
 
 from rapydli.autotune.strategies import names as strategy_names
+from rapydli.cli.group import Group
 from rapydli.errors import ConfigError
 
 _MODELS = ("resnet-mini", "resnet18")
@@ -48,7 +49,7 @@ def _with_engines(n: int, work):
         return work(cluster)
 
 
-@click.group()
+@click.group(cls=Group)
 def tune() -> None:
     """Autotune convolutions (results cached under $RAPYDLI_HOME/autotune.db)."""
 
