@@ -42,7 +42,12 @@ def test_list_shows_the_params_that_differ(store: store_mod.RunStore) -> None:
     a = _train(store, lr=0.02693883019285411)
     b = _train(store, lr=0.1, batch_size=64)
     out = invoke("runs", "list")
-    rows = {line.split()[0]: line for line in out.splitlines()[1:]}
+    rows: dict[str, str] = {}
+    for line in out.splitlines()[1:]:  # a narrow terminal puts a run's parameters on indented lines under it
+        if line.startswith(" ") and rows:
+            rows[next(reversed(rows))] += " " + line.strip()
+        else:
+            rows[line.split()[0]] = line
     assert "batch_size=32 lr=0.02694" in rows[a] and "batch_size=64 lr=0.1" in rows[b]
     assert "allreduce" not in out and "autotune" not in out  # the same on every row: not shown
 
