@@ -15,7 +15,7 @@ TEST_STAMP := $(VENV)/.rapydli-test-installed
 export YARN_CACHE_FOLDER := $(CURDIR)/build/yarn-cache
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: demo test check install install-test bench clean gpu-wheels gpu-check conformance
+.PHONY: demo test check install install-test bench clean gpu-wheels gpu-check conformance tour
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -43,7 +43,7 @@ install-test: $(TEST_STAMP)
 
 demo: install
 	mkdir -p outputs
-	$(VENV)/bin/papermill --engine rapydli --cwd notebooks notebooks/01-quickstart.ipynb outputs/01-quickstart.ipynb -k python3
+	$(VENV)/bin/papermill --cwd notebooks notebooks/01-quickstart.ipynb outputs/01-quickstart.ipynb -k python3
 	@echo
 	@echo "Executed notebook: $(CURDIR)/outputs/01-quickstart.ipynb"
 
@@ -70,6 +70,16 @@ conformance: install-test
 	rm -rf build/conformance
 	$(PY) -m pytest -n 2 -m matrix -k "not readme" tests/test_conformance.py $(PYTEST_ARGS)
 	RAPYDLI_MATRIX_TABLE=1 $(PY) -m pytest -m matrix -k readme tests/test_conformance.py
+
+# Every tour notebook as a newcomer runs it: in a fresh `make demo` environment ($(DEMO_VENV): the runtime,
+# none of the test extras), by plain papermill with its default parameters; each then exported by nbconvert
+# and opened offline in Chromium (tests/tour_check.py). Fails on a cell error, a notebook over 1 MiB or a
+# figure that does not show. 09 runs where a Slurm answers. CI runs it after `make conformance`.
+DEMO_VENV ?= build/demo-venv
+
+tour: install-test
+	$(MAKE) install VENV=$(DEMO_VENV)
+	$(PY) tests/tour_check.py --python $(DEMO_VENV)/bin/python --out build/tour
 
 bench: install
 	mkdir -p bench-results

@@ -9,7 +9,9 @@ measure scaling and record every run::
         result = rd.train(model_fn, data_fn, rd.TrainConfig(epochs=1), cluster=cluster)
 
 Names are imported lazily, so ``import rapydli`` stays fast and an engine does not pull
-front-end code (plotly, widgets, optuna) it never uses.
+front-end code (plotly, widgets, optuna) it never uses. In a notebook's kernel (not an
+engine) it sets plotly up so every figure shown carries its PNG beside the interactive
+figure: the notebook shows its figures wherever it is read.
 """
 
 from __future__ import annotations
@@ -98,6 +100,17 @@ def unload_ipython_extension(ipython: Any) -> None:
 
     _unload(ipython)
 
+
+
+def _figures_travel() -> None:
+    """In a notebook's kernel, every plotly figure shown from now on carries its PNG (:func:`rapydli.widgets.display.static_figures`)."""
+    from rapydli.widgets.display import in_notebook_kernel, static_figures
+
+    if in_notebook_kernel():
+        static_figures()
+
+
+_figures_travel()
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from rapydli.cluster import Cluster

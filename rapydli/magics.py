@@ -276,7 +276,7 @@ def _display(content: dict[str, Any]) -> None:
 
 
 def load_ipython_extension(ipython: Any) -> None:
-    """Register the magics with ``ipython``; figures shown from now on also carry static HTML."""
+    """Register the magics with ``ipython``; figures shown from now on also carry their PNG."""
     from rapydli.widgets.display import static_figures
 
     ipython.register_magics(RapydliMagics)

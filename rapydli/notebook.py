@@ -8,13 +8,12 @@ view or a live scaling plot, each left in the cell's output as a static figure w
 call ends; elsewhere nothing but the progress bar. ``rd.record`` shows a recorded value as
 an output of the running cell, so the executed notebook carries it.
 
-A saved notebook is read outside JupyterLab too (nbconvert to HTML, other viewers), where
-neither widgets nor plotly's own MIME type are drawn. So once the front door is used in a
-kernel (``%load_ext rapydli``, ``rd.train``, ...), every plotly figure shown there also
-carries HTML that loads plotly.js from plotly's CDN
-(:func:`rapydli.widgets.display.static_figures`), a live figure is closed once its static
-copy replaces it (no widget state saved), and the progress bar's saved text is its final state
-(:class:`rapydli.widgets.progress.NotebookProgress`).
+A saved notebook is read outside JupyterLab too (nbconvert to HTML offline, GitHub,
+nbviewer), where neither widgets nor plotly's own MIME type are drawn. So in a notebook's
+kernel (from ``import rapydli`` on) every plotly figure also carries its PNG
+(:func:`rapydli.widgets.display.static_figures`), a live figure is a plain figure redrawn
+in place that is settled with its PNG when the call ends (no widget state saved), and the
+progress bar's saved text is its final state (:class:`rapydli.widgets.progress.NotebookProgress`).
 
 Examples
 --------
@@ -30,7 +29,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from rapydli.errors import RankFailure
-from rapydli.widgets.display import display_live, figure_bundle, in_kernel, replace_with_figure, static_figures
+from rapydli.widgets.display import CellDisplay, figure_bundle, in_kernel, static_figures
 
 if TYPE_CHECKING:  # pragma: no cover
     from rapydli.cluster import Cluster
@@ -233,7 +232,7 @@ def scaling_study(
 
     :func:`rapydli.experiments.scaling.scaling_study` with a live scaling plot that is
     redrawn after each point (default: inside a Jupyter kernel) and left in the output as a
-    static figure. Parameters, result and errors as there.
+    figure with its PNG. Parameters, result and errors as there.
 
     Examples
     --------
@@ -244,25 +243,19 @@ def scaling_study(
 
     static_figures()
     on_point = None
-    handle: Any = None
+    shown: CellDisplay | None = None
     if _live(live):
         import plotly.graph_objects as go
 
-        widget = go.FigureWidget()
-        handle = display_live(widget, "(live scaling plot: shown while the study runs)")
-
-        def on_point(figure: Any) -> None:
-            with widget.batch_update():
-                widget.data = ()
-                widget.add_traces(list(figure.data))
-                widget.layout = figure.layout
+        shown = CellDisplay(go.Figure(layout={"title": "scaling study: waiting for the first point"}))
+        on_point = shown.redraw
 
     result = study(
         model_fn, data_fn, config, workers, mode, steps, predict, cluster, pipeline_stages=pipeline_stages, network=network, on_point=on_point,
         loss_fn=loss_fn, optimizer_fn=optimizer_fn, metrics=metrics, repeats=repeats,
     )  # fmt: skip
-    if handle is not None:
-        replace_with_figure(handle, result.figure, widget=widget)
+    if shown is not None:
+        shown.settle(result.figure)
     return result
 
 

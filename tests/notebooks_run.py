@@ -1,4 +1,8 @@
-"""Running a notebook of ``notebooks/`` headless with papermill (as ``make demo`` does) and reading its outputs."""
+"""Running a notebook of ``notebooks/`` as users run it, with plain papermill, and reading its outputs.
+
+Every executed tour notebook is checked as it would be shared: at most
+:data:`TOUR_NOTEBOOK_BYTES`, every figure carrying its PNG, and every figure visible in its
+nbconvert HTML opened offline in Chromium (:func:`offline_html.visible_figures`)."""
 
 from __future__ import annotations
 
@@ -7,15 +11,10 @@ from typing import Any
 
 import nbformat
 import papermill
-from papermill.engines import papermill_engines
+from offline_html import visible_figures
 from processes import session_cluster_pids
 
 from rapydli.cluster.processes import CLUSTER_MARKER, reap_marked
-from rapydli.experiments.batch.jupyter_kernels import RapydliEngine
-
-# `make demo`'s engine (`papermill --engine rapydli`, an entry point of the installed package), also
-# where the package metadata predates it
-papermill_engines.register("rapydli", RapydliEngine)
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 PLOTLY = "application/vnd.plotly.v1+json"
@@ -42,16 +41,20 @@ class Executed:
 
 
     def html_figures(self) -> int:
-        """How many plotly figures nbconvert's HTML of the notebook draws (a viewer without JupyterLab)."""
+        """How many figures nbconvert's HTML of the notebook shows as images (a viewer without JupyterLab)."""
         from nbconvert import HTMLExporter
 
         page, _ = HTMLExporter().from_notebook_node(self.nb)
-        return min(page.count('class="plotly-graph-div"'), page.count("Plotly.newPlot("))
+        return page.count('src="data:image/png;base64,')
 
 
 #: The most an executed tour notebook may weigh: small enough to commit, open on GitHub and attach
 #: to a paper (a live plot's saved widget state alone was ~5 MB of JavaScript).
-TOUR_NOTEBOOK_BYTES = 3_000_000
+TOUR_NOTEBOOK_BYTES = 1_000_000
+
+#: nbclient's wait for a cell's outputs after its reply (papermill passes it on): its 4 s default dropped
+#: a print on a loaded machine; a wait that runs out fails the cell rather than losing the output.
+IOPUB = {"iopub_timeout": 120, "raise_on_iopub_timeout": True}
 
 
 #: The longest one cell of a tour notebook may run before the notebook fails as hung; below
@@ -60,8 +63,9 @@ CELL_TIMEOUT_S = 240
 
 
 def execute(name: str, out_dir: Path, **parameters: Any) -> Executed:
-    """Run ``notebooks/<name>`` into ``out_dir`` with ``parameters`` (working directory: ``notebooks/``);
-    every executed tour notebook is checked to be under :data:`TOUR_NOTEBOOK_BYTES`.
+    """Run ``notebooks/<name>`` into ``out_dir`` with ``parameters`` (working directory: ``notebooks/``) by plain
+    papermill; every executed tour notebook is checked to weigh at most :data:`TOUR_NOTEBOOK_BYTES`, and each
+    figure it drew to carry its PNG and to show in its nbconvert HTML offline.
 
     A cell that runs longer than :data:`CELL_TIMEOUT_S` fails the notebook. When it fails, the
     clusters its kernel started are ended here (a killed kernel cannot stop them), so one failing
@@ -70,14 +74,16 @@ def execute(name: str, out_dir: Path, **parameters: Any) -> Executed:
     before = session_cluster_pids()
     try:
         papermill.execute_notebook(str(NOTEBOOKS / name), str(out), parameters=parameters, kernel_name="python3",
-                                   cwd=str(NOTEBOOKS), progress_bar=False, engine_name="rapydli",
-                                   execution_timeout=CELL_TIMEOUT_S)  # fmt: skip
+                                   cwd=str(NOTEBOOKS), progress_bar=False, execution_timeout=CELL_TIMEOUT_S, **IOPUB)  # fmt: skip
     except BaseException:
         _reap_clusters_started_since(before)
         _print_last_outputs(out)
         raise
     executed = Executed(out)
-    assert executed.size < TOUR_NOTEBOOK_BYTES, f"{name} executed is {executed.size / 1e6:.1f} MB"
+    assert executed.size <= TOUR_NOTEBOOK_BYTES, f"{name} executed is {executed.size / 2**20:.2f} MiB"
+    assert all("image/png" in figure["data"] for figure in executed.figures), f"{name}: a figure without its PNG"
+    drawn, visible = visible_figures(executed.nb)
+    assert visible in (drawn, -1), f"{name}: {visible} of {drawn} figures visible in nbconvert's HTML offline"
     return executed
 
 

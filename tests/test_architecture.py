@@ -106,13 +106,14 @@ def test_only_the_cluster_layer_starts_processes() -> None:
     assert not users, f"modules that import subprocess/multiprocessing outside the cluster layer: {users}"
 
 
-def test_experiments_build_plain_figures() -> None:
-    """Figures are built headless (``experiments.figures``); only the front end wraps them in widgets."""
+def test_no_figure_is_a_widget() -> None:
+    """Figures are plain plotly figures, live ones too: a ``FigureWidget``'s saved state carries ~5 MB of
+    plotly.js, which plain papermill and nbconvert keep even for a closed widget."""
     def builds_widgets(path: Path) -> bool:
         return any(
             (isinstance(node, ast.Attribute) and node.attr == "FigureWidget") or (isinstance(node, ast.Name) and node.id == "FigureWidget")
             for node in ast.walk(ast.parse(path.read_text()))
         )
 
-    users = [name for name, path in modules() if name.startswith("rapydli.experiments") and builds_widgets(path)]
-    assert not users, f"experiments modules that build FigureWidgets: {users}"
+    users = [name for name, path in modules() if builds_widgets(path)]
+    assert not users, f"modules that build FigureWidgets: {users}"

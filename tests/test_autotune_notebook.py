@@ -22,7 +22,11 @@ def test_autotune_notebook_runs(tmp_path: Path) -> None:
                        budget_s=10.0, width=8)
     text = executed.text
     assert "space counts:" in text and "best:" in text
-    assert "measured on the second tuning: 0" in text
+    # the second tuning measures only what other work disturbed the first time (the notebook asserts that count);
+    # on a quiet machine nothing, beside a busy test suite some
+    still = re.search(r"still disturbed: (.*)", text).group(1)  # type: ignore[union-attr]
+    again = int(re.search(r"measured on the second tuning: (\d+)", text).group(1))  # type: ignore[union-attr]
+    assert (again == 0) == (still == "none"), (again, still)
     assert "outputs and input gradients match" in text
     assert "speedup" in text and "skipped by the budget:" in text and "(budget 10 s): profile" in text
     assert "autotune: " in text  # the tuning's one-line summary

@@ -148,10 +148,13 @@ def test_batch_end_to_end_failing_item_and_resume(home: Path, tmp_path: Path, ca
     assert (tmp_path / "out" / "params" / good / "written-here.txt").read_text() == "a"
     assert (tmp_path / "out" / "params" / rows.loc[-1, "item"] / "written-here.txt").exists()
 
-    # report: self-contained, with the recorded metric against the varied parameter
+    # report: the recorded metric against the varied parameter, each figure a PNG (shown anywhere) and an interactive
+    # figure drawn with the plotly.js beside it; small enough to mail
     report = (tmp_path / "out" / "report.html").read_text()
     assert "y vs x" in report and "duration vs x" in report
-    assert "<script src=" not in report and "Plotly.newPlot" in report
+    assert report.count('src="data:image/png;base64,') == report.count("Plotly.newPlot") >= 2
+    assert '<script src="plotly.min.js">' in report and (tmp_path / "out" / "plotly.min.js").exists()
+    assert len(report) < 1_000_000
 
     # store: a batch run with one item run per point, records under the items
     store = store_mod.open_store()
@@ -243,10 +246,10 @@ def test_a_bare_notebook_without_kernel_metadata_or_parameters_cell_runs(home: P
 
 
 @pytest.mark.notebook
-def test_an_executed_notebook_carries_its_figures_as_self_contained_html(home: Path, tmp_path: Path) -> None:
+def test_an_executed_notebook_carries_its_figures_as_pngs(home: Path, tmp_path: Path) -> None:
     """A batch item's saved notebook shows its plots in any viewer: a plotly figure left as a
-    cell's value (plain plotly, no rapydli call) carries HTML beside plotly's JSON, which loads
-    plotly.js from its CDN: no copy of it (4.9 MB) in each item's notebook."""
+    cell's value (plain plotly, no rapydli import) carries its PNG beside plotly's JSON; no
+    plotly.js (4.9 MB) in each item's notebook."""
     import nbformat
 
     figure = "import plotly.graph_objects as go\ngo.Figure(go.Scatter(x=[1, 2], y=[x, 2 * x]))"
@@ -257,10 +260,8 @@ def test_an_executed_notebook_carries_its_figures_as_self_contained_html(home: P
     outputs = [o for cell in executed.cells if cell.cell_type == "code" for o in cell.get("outputs", [])]
     shown = [o for o in outputs if "application/vnd.plotly.v1+json" in o.get("data", {})]
     assert len(shown) == 1, outputs
-    html = shown[0]["data"].get("text/html", "")
-    assert "Plotly.newPlot" in html and "[3,6]" in html.replace(" ", ""), html[:500]
-    scripts = "".join(o.get("data", {}).get("text/html", "") for o in outputs)
-    assert "plotly.js v" not in scripts and "https://cdn.plot.ly/plotly-" in scripts
+    assert shown[0]["data"]["application/vnd.plotly.v1+json"]["data"][0]["y"] in ([3, 6], {"dtype": "i1", "bdata": "AwY="})
+    assert shown[0]["data"]["image/png"] and "text/html" not in shown[0]["data"]
     assert Path(summary["output"].iloc[0]).stat().st_size < 100_000
 
 

@@ -492,3 +492,56 @@ def test_one_cluster_panel(page: Page) -> None:
     expect(page.locator('.jp-SideBar .lm-TabBar-tab[data-id="rapydli-panel"]')).to_have_count(1)
     titles = [t.lower() for t in tabs.evaluate_all("els => els.map(e => (e.title || '') + ' ' + (e.dataset.id || ''))")]
     assert not any("parallel" in t or "ipp" in t for t in titles), titles
+
+
+#: A cell drawing a live plot as rd.train does, then one figure of the user's own.
+LIVE_CELL = """import time
+import plotly.express as px
+from rapydli.widgets.live import LivePlot
+plot = LivePlot(title="live in the lab")
+plot.show()
+for step in range(1, 61):
+    plot({"kind": "train", "step": step, "loss": 1.0 / step, "samples_per_s": 100.0 + step, "step_time_s": 0.01,
+          "comm_time_s": 0.001, "comm_wait_s": 0.0})
+    time.sleep(0.02)
+plot.close()
+print("drawn", plot.redraws, "times")"""
+
+
+def test_a_live_plot_saved_by_jupyterlab_is_light_and_shows_again_without_running(page: Page, lab: dict[str, Any]) -> None:
+    """JupyterLab runs a live-plotting cell and saves the notebook: one light figure is kept (plotly's JSON and its
+    PNG, no widget state), and the notebook opened again shows it before anything runs."""
+    import nbformat
+
+    path = lab["root"] / "live.ipynb"
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(LIVE_CELL)])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, path)
+    tab = page.context.new_page()
+    tab.set_default_timeout(120_000)
+    try:
+        tab.goto(f"{lab['url']}/lab/tree/live.ipynb?token={lab['token']}")
+        notebook = tab.locator(".jp-NotebookPanel:visible")
+        expect(tab.get_by_role("button", name="Python 3 (ipykernel) | Idle")).to_be_visible()  # the kernel is up
+        notebook.locator(".jp-Cell").first.click()
+        notebook.get_by_role("button", name="Run this cell and advance (Shift+Enter)").click()
+        expect(notebook.locator('.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stdout"]')).to_contain_text("drawn", timeout=120_000)
+        expect(notebook.locator(".jp-OutputArea-output.js-plotly-plot .main-svg").first).to_be_visible()  # drawn by plotly.js
+        tab.keyboard.press("Control+s")
+        tab.wait_for_function("() => !document.querySelector('.jp-NotebookPanel .jp-mod-dirty, .lm-TabBar-tab.jp-mod-dirty')")
+        deadline = time.monotonic() + 60
+        while not (saved := nbformat.read(path, as_version=4)).cells[0].get("outputs") and time.monotonic() < deadline:
+            time.sleep(0.2)
+        size = path.stat().st_size
+        figures = [o for o in saved.cells[0].outputs if "application/vnd.plotly.v1+json" in o.get("data", {})]
+        assert len(figures) == 1 and figures[0]["data"]["image/png"], saved.cells[0].outputs
+        assert size < 200_000 and "widgets" not in saved.metadata, (size, list(saved.metadata))
+        tab.reload()  # the saved file again: its outputs are shown before any cell runs
+        notebook = tab.locator(".jp-NotebookPanel:visible")
+        # plotly's interactive figure, or its PNG where JupyterLab does not trust the file's outputs
+        shown = notebook.locator(".jp-OutputArea-output.js-plotly-plot .main-svg, .jp-OutputArea-output img").first
+        expect(shown).to_be_visible()
+        assert shown.evaluate("el => el.tagName === 'IMG' ? el.naturalWidth : el.getBoundingClientRect().width") > 300
+        shot(tab, lab, "live-plot-saved")
+    finally:
+        tab.close()

@@ -19,7 +19,7 @@ def _row(step: int) -> dict:
 
 
 def test_redraws_are_batched_and_rate_limited() -> None:
-    plot = LivePlot(widget=True, max_redraws_per_s=10)
+    plot = LivePlot(live=True, max_redraws_per_s=10)
     started = time.monotonic()
     for step in range(1, 501):
         plot(_row(step))
@@ -59,7 +59,7 @@ def test_metrics_arrive_before_training_ends() -> None:
     # the other rank's own step timings arrive too (they differ per rank), and reach the plot
     rank1 = [r for r in rows if r["kind"] == "rank"]
     assert {r["rank"] for r in rank1} == {1} and [r["step"] for r in rank1] == list(range(1, 201))
-    plot = LivePlot(widget=False)
+    plot = LivePlot(live=False)
     for row in rows:
         plot(row)
     plot.close()
@@ -79,7 +79,7 @@ def test_metrics_arrive_before_training_ends() -> None:
 def test_a_restart_row_draws_a_marker_where_the_run_resumed() -> None:
     from rapydli.widgets.live import LivePlot
 
-    plot = LivePlot(title="restarts", widget=False)
+    plot = LivePlot(title="restarts", live=False)
     plot({"kind": "train", "step": 1, "loss": 2.0, "samples_per_s": 1.0, "step_time_s": 0.1, "comm_time_s": 0.01, "comm_wait_s": 0.0})
     plot({"kind": "restart", "step": 4, "cause": "rank 1 died", "ranks": [1]})
     plot.close()
@@ -94,7 +94,7 @@ def test_a_restarted_run_keeps_every_step_once_in_order() -> None:
                 "comm_wait_s": 0.0}  # fmt: skip
 
     for batched in (False, True):  # rows drawn as they come, or all in one redraw
-        plot = LivePlot(title="restarts", widget=False, max_redraws_per_s=1e9 if not batched else 1e-9)
+        plot = LivePlot(title="restarts", live=False, max_redraws_per_s=1e9 if not batched else 1e-9)
         for step in (1, 5, 6):  # the first attempt: steps 2-4 died in its engine's buffer, 5-6 are done again after the restart
             plot(row(step))
         for step in (2, 3, 4):  # recovered from the checkpoint of step 4
@@ -111,7 +111,7 @@ def test_a_restarted_run_keeps_every_step_once_in_order() -> None:
 def test_the_throughput_band_spans_the_middle_half_of_the_last_steps() -> None:
     from rapydli.experiments.figures import THROUGHPUT_WINDOW
 
-    plot = LivePlot(widget=False)
+    plot = LivePlot(live=False)
     speeds = [100.0, 110.0, 90.0, 105.0, 400.0, 95.0, 100.0, 102.0, 98.0, 101.0, 99.0, 103.0]  # one step stands out
     for step, speed in enumerate(speeds, start=1):
         plot({**_row(step), "samples_per_s": speed})
@@ -131,7 +131,7 @@ def test_the_throughput_band_spans_the_middle_half_of_the_last_steps() -> None:
 def test_a_straggler_and_a_hang_are_marked_on_the_live_plot() -> None:
     from rapydli.widgets.live import RED, LivePlot
 
-    plot = LivePlot(title="marks", widget=False)
+    plot = LivePlot(title="marks", live=False)
     for step in (1, 2, 3):
         plot({"kind": "train", "step": step, "loss": 1.0, "samples_per_s": 100.0, "step_time_s": 0.05, "comm_time_s": 0.01,
               "comm_wait_s": 0.03})  # fmt: skip

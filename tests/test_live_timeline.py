@@ -23,7 +23,7 @@ def rows_of_step(step: int, replica: int = 0, stages: int = 2, microbatches: int
 
 @pytest.mark.parametrize("widget", [False, True])
 def test_the_latest_step_every_stage_reported_is_drawn(widget: bool) -> None:
-    timeline = LiveTimeline(widget=widget, max_redraws_per_s=1e9)  # no throttling here
+    timeline = LiveTimeline(live=widget, max_redraws_per_s=1e9)  # no throttling here
     first, second, third = rows_of_step(1), rows_of_step(2), rows_of_step(3)
     timeline({"kind": "train", "step": 1, "loss": 1.0})  # other rows are not its business
     timeline(first[0])
@@ -44,7 +44,7 @@ def test_the_latest_step_every_stage_reported_is_drawn(widget: bool) -> None:
 
 
 def test_redraws_are_throttled_and_the_last_step_is_drawn_at_close() -> None:
-    timeline = LiveTimeline(widget=True, max_redraws_per_s=5)
+    timeline = LiveTimeline(live=True, max_redraws_per_s=5)
     started = time.monotonic()
     for step in range(1, 201):
         for row in rows_of_step(step):

@@ -12,7 +12,8 @@ def test_quickstart_runs(tmp_path, capfd):
     executed = execute("01-quickstart.ipynb", tmp_path, workers=2, epochs=12)
     text = executed.text
     printed = capfd.readouterr()
-    for noise in ("without encryption", "Monitor message without topic", "KeyboardInterrupt"):  # as `make demo` shows
+    # as `make demo` shows (plain papermill's kernel warns "without encryption" itself: jupyter_client's, not ours)
+    for noise in ("Monitor message without topic", "KeyboardInterrupt"):
         assert noise not in printed.out + printed.err + text, noise
     assert "[rank 0] hello from rank 0 of 2" in text
     assert "[rank 1] hello from rank 1 of 2" in text
@@ -22,10 +23,9 @@ def test_quickstart_runs(tmp_path, capfd):
     assert len(runs) >= 1 and runs.iloc[0]["status"] == "finished" and runs.iloc[0]["world_size"] == 2
     figures = executed.figures
     assert len(figures) == 2  # the hand-written loop's curves, then rd.train's loss
-    # readable outside JupyterLab (as make demo's outputs/01-quickstart.ipynb): HTML beside plotly's
-    # JSON, drawn by nbconvert's HTML too, with plotly.js from its CDN, not inlined
-    assert all("Plotly.newPlot" in figure["data"]["text/html"] for figure in figures)
+    # readable outside JupyterLab (as make demo's outputs/01-quickstart.ipynb): a PNG beside plotly's JSON,
+    # shown by nbconvert's HTML (execute() opened it offline in Chromium too); no plotly.js in the notebook
     assert executed.html_figures() == len(figures)
-    assert not any("* plotly.js v" in o.get("data", {}).get("text/html", "") for o in executed.outputs)
+    assert not any("text/html" in figure["data"] for figure in figures)
     # small enough for GitHub and a paper's attachment: no live widget's state (~5 MB of JavaScript each)
     assert executed.size < 1_000_000, executed.size

@@ -158,7 +158,7 @@ def test_a_stage_that_raises_names_its_rank_and_where_the_other_rank_was(cluster
 @pytest.mark.engines
 def test_the_timeline_is_drawn_while_the_run_goes(cluster) -> None:
     """rd.train's live timeline gets every rank's steps as they run and redraws the latest complete one."""
-    timeline = LiveTimeline(widget=False, max_redraws_per_s=20)
+    timeline = LiveTimeline(live=False, max_redraws_per_s=20)
     drawn: list[tuple[float, int | None]] = []
 
     def follow(row: dict) -> None:

@@ -98,7 +98,7 @@ def test_a_rank_slower_than_the_others_is_named_with_its_host() -> None:
     # a cluster whose engines come up as part of the run (`%rapydli start --no-wait`): its hosts were "?" in the
     # straggler report and empty in the run's records, read before the engines were ready
     starting = rd.Cluster(n=2).start(wait=False)
-    plot = LivePlot(widget=False)
+    plot = LivePlot(live=False)
     try:
         result = rd.train(train_cases.SlowOnRank1, train_cases.features, config, cluster=starting, progress=False, live=False,
                           callbacks=[plot])  # fmt: skip

@@ -102,7 +102,7 @@ def measure(
                 for variant in list(times)[:: 1 if round_ % 2 == 0 else -1]:  # alternate who goes first
                     displays: list[Any] = []
                     if variant != "quiet":  # what rd.train shows in a notebook
-                        displays = [LivePlot(widget=False)] + ([LiveTimeline(widget=False)] if config.pipeline_stages > 1 else [])
+                        displays = [LivePlot(live=False)] + ([LiveTimeline(live=False)] if config.pipeline_stages > 1 else [])
                     on_event = functools.partial(_to_displays, displays) if displays else None
                     if variant == "tracked":
                         with _tracked(on_event, trackers, name) as tracked_event:

@@ -2,9 +2,8 @@
 
 Every figure RaPyDLI draws is built here: the experiments return them
 (``RunResult.figure``, ``ScalingResult.figure``, ``SweepResult.figure``), and the live
-views of the front end (:mod:`rapydli.widgets`) wrap the same figures in a
-``FigureWidget`` and refill them while a run goes on (the ``fill_*`` functions work on
-both).
+views of the front end (:mod:`rapydli.widgets`) refill the same figures while a run goes
+on and redraw them in place (the ``fill_*`` functions).
 """
 
 from __future__ import annotations
@@ -17,10 +16,10 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from rapydli.experiments.planning.perfmodel import RingModel
 
-#: plotly's renderers for figures left in a saved notebook: its MIME type (JupyterLab and
-#: VS Code draw it) plus HTML that loads plotly.js from plotly's CDN (``notebook_connected``),
-#: read by nbconvert and other viewers; no copy of plotly.js (4.9 MB) goes into the notebook.
-STATIC_RENDERERS = "plotly_mimetype+notebook_connected"
+#: plotly's renderers for figures left in a notebook: its MIME type (JupyterLab and VS Code
+#: draw it, interactive) plus the figure's PNG (:data:`rapydli.widgets.display.PNG_RENDERER`),
+#: which nbconvert's HTML (offline too), GitHub and nbviewer show; no plotly.js in the notebook.
+STATIC_RENDERERS = "plotly_mimetype+rapydli_png"
 
 
 #: The live training figure's traces: (trace name, row kind, x key, y key, subplot column).

@@ -127,11 +127,10 @@ def stage_times(spans_by_rank: Sequence[Sequence[tuple[str, int, float, float]]]
     return forward, backward
 
 
-def empty_figure(widget: bool = False) -> Any:
+def empty_figure() -> Any:
     """A Gantt figure with no spans yet: one bar trace per kind of :data:`COLOURS` and one for the ideal schedule.
 
-    :func:`fill` puts a step into it; ``widget=True`` makes a ``FigureWidget`` (a live
-    display refills it in place, the traces stay the same).
+    :func:`fill` puts a step into it (a live display refills it in place, the traces stay the same).
     """
     import plotly.graph_objects as go
 
@@ -141,7 +140,7 @@ def empty_figure(widget: bool = False) -> Any:
     ideal = {"color": "rgba(0,0,0,0)", "line": {"color": "black", "width": 1}}
     fig.add_trace(go.Bar(x=[], base=[], y=[], orientation="h", marker=ideal, name="ideal", width=0.8, offset=-0.4, hoverinfo="text+x"))
     fig.update_layout(barmode="overlay", xaxis_title="ms since the step began", yaxis={"autorange": "reversed", "categoryorder": "array"})
-    return go.FigureWidget(fig) if widget else fig
+    return fig
 
 
 def fill(

@@ -3,14 +3,15 @@
 :class:`LivePlot` is a client-side metrics callback (``rd.train(callbacks=[...])``
 calls it with every row). Rows are buffered and drawn in batches, at most
 ``max_redraws_per_s`` times a second, on the figure
-:func:`rapydli.experiments.figures.training_figure` builds: wrapped in a plotly
-``FigureWidget`` when a Jupyter kernel shows it, a plain ``go.Figure`` elsewhere.
-:meth:`LivePlot.close` draws what is left and replaces the widget's output with a static
-figure, so a notebook run headless (papermill) keeps the final plot in its saved output.
+:func:`rapydli.experiments.figures.training_figure` builds, redrawn in place in the
+cell's output when a Jupyter kernel shows it (:class:`~rapydli.widgets.display.LiveFigure`).
+:meth:`LivePlot.close` draws what is left and settles the figure: plotly's JSON and its
+PNG stay in the output, so a notebook saved or run headless (papermill) shows the final
+plot everywhere.
 
 Examples
 --------
->>> plot = LivePlot(title="mlp", widget=False)
+>>> plot = LivePlot(title="mlp", live=False)
 >>> plot({"kind": "train", "step": 1, "loss": 2.3, "samples_per_s": 900.0, "step_time_s": 0.01,
 ...       "comm_time_s": 0.002, "comm_wait_s": 0.001})
 >>> plot.close()
@@ -21,7 +22,6 @@ Examples
 from __future__ import annotations
 
 import statistics
-import time
 from collections import deque
 from typing import Any
 
@@ -48,22 +48,22 @@ class LivePlot(LiveFigure):
         Figure title.
     max_redraws_per_s
         Upper bound on redraws; rows arriving faster are drawn together.
-    widget
-        Draw on a ``FigureWidget`` (default: when inside a Jupyter kernel).
+    live
+        Show the figure in the cell's output when :meth:`show` is called (default: inside a Jupyter kernel).
 
     Attributes
     ----------
     figure
-        The plotly figure (a ``FigureWidget`` when ``widget``).
+        The plotly figure (a plain ``go.Figure``).
     redraws
         How many times the figure was redrawn.
     rows
         Every row received.
     """
 
-    def __init__(self, title: str = "", max_redraws_per_s: float = 10.0, widget: bool | None = None) -> None:
-        super().__init__(max_redraws_per_s, widget)
-        self.figure = _widget(training_figure(title)) if self.widget else training_figure(title)
+    def __init__(self, title: str = "", max_redraws_per_s: float = 4.0, live: bool | None = None) -> None:
+        super().__init__(max_redraws_per_s, live)
+        self.figure = training_figure(title)
         self.rows: list[dict[str, Any]] = []
         self.restarts: list[int] = []  # steps where the run resumed after ranks died (drawn as markers)
         self._drawn = 0
@@ -110,8 +110,7 @@ class LivePlot(LiveFigure):
                                           line={"dash": "dash", "color": "#d62728"})  # fmt: skip
             for notice in (r for r in rows if r.get("kind") in NOTICES):  # not batched: plotly's batch_update
                 self._notice(notice)  # keeps only the last of several annotations added within one
-            self.redraws += 1
-            self._last_draw = time.monotonic()
+            self.drawn()
 
     def _with_band(self, row: dict[str, Any]) -> dict[str, Any]:
         """``row``, a training step's with the quartiles of the last steps' throughput added (a copy; from 4 steps on)."""
@@ -172,9 +171,3 @@ def _short(text: str, limit: int) -> str:
     """``text`` cut to ``limit`` characters (an ellipsis marks the cut)."""
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
-
-def _widget(figure: Any) -> Any:
-    """``figure`` as a ``FigureWidget`` (drawn live in a notebook; its subplot grid kept)."""
-    import plotly.graph_objects as go
-
-    return go.FigureWidget(figure)

@@ -131,7 +131,7 @@ class HyperparameterPanel:
         self.message = widgets.HTML()
         self.status = ""
         self.table = widgets.HTML()
-        self.plot = LivePlot(title="", widget=True)
+        self.plot = LivePlot(title="", live=True)
         self.train_button.on_click(lambda _: self.train())
         self.stop_button.on_click(lambda _: self.stop())
         self.runs: list[dict[str, Any]] = []
@@ -139,8 +139,9 @@ class HyperparameterPanel:
         self._thread: threading.Thread | None = None
         grid = widgets.GridBox(list(self.controls.values()), layout=widgets.Layout(grid_template_columns="repeat(3, 330px)"))
         buttons = widgets.HBox([self.train_button, self.stop_button])
-        self.figure_slot = FigureSlot()  # the live plot while a run goes on, a static one after
-        self.figure_slot.show_live(self.plot.figure)
+        self.figure_slot = FigureSlot()  # the plot redrawn while a run goes on, settled (with its PNG) after
+        self.plot.target = self.figure_slot
+        self.figure_slot.redraw(self.plot.figure)
         self.widget = widgets.VBox([grid, buttons, self.message, self.figure_slot.output, self.table])
 
     def _ipython_display_(self) -> None:  # pragma: no cover - notebook display
@@ -214,8 +215,7 @@ class HyperparameterPanel:
                 self.plot.tick()
         except Exception as exc:  # noqa: BLE001 - shown in the panel; the thread must not die silently
             self._say(f"{type(exc).__name__}: {exc}", error=True)
-        self.plot.flush()
-        self.plot.figure = self.figure_slot.settle() or self.plot.figure  # static now: the widget's state is not saved
+        self.plot.close()  # settled in the slot: plotly's JSON and its PNG
         final = job.final_metrics()
         changed = {k: v for k, v in config.to_dict().items() if k in self.specs}
         self.runs.append({
@@ -232,8 +232,9 @@ class HyperparameterPanel:
 
     # -- display ------------------------------------------------------------------------------
     def _fresh_plot(self) -> LivePlot:
-        plot = LivePlot(title=f"run {len(self.runs) + 1}", widget=True)
-        self.figure_slot.show_live(plot.figure)
+        plot = LivePlot(title=f"run {len(self.runs) + 1}", live=True)
+        plot.target = self.figure_slot
+        self.figure_slot.redraw(plot.figure)
         return plot
 
     def _render_table(self) -> None:

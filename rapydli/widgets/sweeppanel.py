@@ -52,7 +52,7 @@ class SweepPanel:
         self.run_button = widgets.Button(description="Run sweep", button_style="success", icon="play")
         self.stop_button = widgets.Button(description="Stop", button_style="danger", icon="stop", disabled=True)
         self.message = widgets.HTML()
-        self.view = SweepView(options.get("metric", "val_loss"), list(space), widget=True)
+        self.view = SweepView(options.get("metric", "val_loss"), list(space), live=True)
         self.run_button.on_click(lambda _: self.run())
         self.stop_button.on_click(lambda _: self.stop())
         self.widget = widgets.VBox([widgets.HBox([self.trials, self.parallel, self.run_button, self.stop_button]), self.message, self.view.box])

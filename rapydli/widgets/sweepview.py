@@ -24,22 +24,18 @@ class SweepView:
     ----------
     metric, params
         The metric the sweep optimises and the names of the swept parameters.
-    widget
-        Use ipywidgets and a ``FigureWidget`` (default: inside a Jupyter kernel).
+    live
+        Show it in the notebook with ipywidgets (default: inside a Jupyter kernel): a
+        :class:`~rapydli.widgets.display.FigureSlot` redrawn in place and an HTML table.
     """
 
-    def __init__(self, metric: str, params: list[str], widget: bool | None = None, max_redraws_per_s: float = 10.0) -> None:
+    def __init__(self, metric: str, params: list[str], live: bool | None = None, max_redraws_per_s: float = 4.0) -> None:
         import pandas as pd
 
         self.metric, self.params = metric, list(params)
-        self.widget = in_kernel() if widget is None else widget
+        self.live = in_kernel() if live is None else live
         self.table = pd.DataFrame(columns=["trial", "state", *self.params, "value"])
-        figure = sweep_figure(self.table, metric, self.params, title="sweep")
-        if self.widget:
-            import plotly.graph_objects as go
-
-            figure = go.FigureWidget(figure)
-        self.figure = figure
+        self.figure = sweep_figure(self.table, metric, self.params, title="sweep")
         self.min_interval = 1.0 / max_redraws_per_s
         self.redraws = 0
         self._last = 0.0
@@ -49,21 +45,19 @@ class SweepView:
         self.html: Any = None
         self.box: Any = None
         self.slot: FigureSlot | None = None
-        if self.widget:
+        if self.live:
             import ipywidgets as widgets
 
             self.html = widgets.HTML()
-            self.slot = FigureSlot()  # the live figure while the sweep runs, a static one after
-            self.slot.show_live(self.figure)
+            self.slot = FigureSlot()  # redrawn while the sweep runs, settled (with its PNG) after
+            self.slot.redraw(self.figure)
             self.box = widgets.VBox([self.slot.output, self.html])
 
     def live_again(self) -> None:
-        """Draw the next sweep on a fresh live figure (after :meth:`close` left a static one)."""
+        """Draw the next sweep on a fresh figure (after :meth:`close` settled the last one)."""
         if self.slot is not None and not self.slot.live:
-            import plotly.graph_objects as go
-
-            self.figure = go.FigureWidget(sweep_figure(self.table.iloc[0:0], self.metric, self.params, title="sweep"))
-            self.slot.show_live(self.figure)
+            self.figure = sweep_figure(self.table.iloc[0:0], self.metric, self.params, title="sweep")
+            self.slot.redraw(self.figure)
 
     def update(self, table: pd.DataFrame, force: bool = False) -> None:
         """Take the latest table; redraw if the last redraw is old enough (or ``force``)."""
@@ -72,6 +66,8 @@ class SweepView:
             if not force and time.monotonic() - self._last < self.min_interval:
                 return
             fill_sweep_figure(self.figure, table, self.metric, self.params)
+            if self.slot is not None:
+                self.slot.redraw(self.figure)
             if self.html is not None:
                 self.html.value = table.to_html(index=False, float_format=lambda v: f"{v:.4g}")
             self.redraws += 1
@@ -83,10 +79,10 @@ class SweepView:
             self._handle = display_live(self.box, "(live sweep view: shown while the sweep runs)")
 
     def close(self) -> None:
-        """Final redraw; in a notebook, leave the static figure (and table) in the output."""
+        """Final redraw; settle the figure (its PNG too), and in the cell's output leave the figure and the table."""
         self.update(self.table, force=True)
-        if self.slot is not None:  # the FigureWidget goes (its ~5 MB of state with it); a static copy stays in the box
-            self.figure = self.slot.settle() or self.figure
+        if self.slot is not None:
+            self.slot.settle(self.figure)
         if self._handle is not None:
             from IPython.display import HTML, display
 

@@ -15,7 +15,7 @@ Examples
 --------
 >>> spans = [[("forward", 0, 0.0, 0.01), ("backward", 0, 0.02, 0.04)], [("recv_activation", 0, 0.0, 0.01),
 ...          ("forward", 0, 0.01, 0.02), ("backward", 0, 0.02, 0.03)]]
->>> timeline = LiveTimeline(widget=False)
+>>> timeline = LiveTimeline(live=False)
 >>> for stage, own in enumerate(spans):
 ...     timeline({"kind": "timeline", "rank": stage, "stage": stage, "replica": 0, "stages": 2, "step": 1,
 ...               "microbatches": 1, "schedule": "gpipe", "spans": own})
@@ -26,7 +26,6 @@ Examples
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from rapydli.parallel.timeline import empty_figure, fill
@@ -45,13 +44,13 @@ class LiveTimeline(LiveFigure):
         The data-parallel replica whose stages are drawn.
     max_redraws_per_s
         Upper bound on redraws.
-    widget
-        Draw on a ``FigureWidget`` (default: when inside a Jupyter kernel).
+    live
+        Show the figure in the cell's output when :meth:`show` is called (default: inside a Jupyter kernel).
 
     Attributes
     ----------
     figure
-        The plotly figure (a ``FigureWidget`` when ``widget``).
+        The plotly figure (a plain ``go.Figure``).
     step
         The step drawn last (``None`` before the first).
     redraws
@@ -62,9 +61,9 @@ class LiveTimeline(LiveFigure):
 
     caption = "(live pipeline timeline: shown while the run goes)"
 
-    def __init__(self, replica: int = 0, max_redraws_per_s: float = 1.0, widget: bool | None = None) -> None:
-        super().__init__(max_redraws_per_s, widget)
-        self.figure = empty_figure(self.widget)
+    def __init__(self, replica: int = 0, max_redraws_per_s: float = 1.0, live: bool | None = None) -> None:
+        super().__init__(max_redraws_per_s, live)
+        self.figure = empty_figure()
         self.figure.update_layout(title="pipeline timeline: waiting for the first step", template="plotly_white", height=260)
         self.replica = replica
         self.step: int | None = None
@@ -98,5 +97,4 @@ class LiveTimeline(LiveFigure):
             labels = [f"rank {row['rank']}" for row in rows]
             fill(self.figure, [row["spans"] for row in rows], rows[0]["schedule"], rows[0]["microbatches"], title, labels)
             self.step = step
-            self.redraws += 1
-            self._last_draw = time.monotonic()
+            self.drawn()

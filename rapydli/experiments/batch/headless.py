@@ -6,7 +6,7 @@ CPU. nbformat's notebook validation checks no formats, yet every process that re
 writes a notebook pays it, and so does every kernel the first time it shows a plotly
 figure (plotly's renderer imports nbformat to check its version). The processes RaPyDLI
 starts only to execute notebooks mark the module as not importable
-(:func:`skip_unused_imports`, and :data:`KERNEL_ARGUMENTS` for the kernels they start), so
+(:func:`skip_unused_imports`, and :data:`SKIP_LINE` for the kernels they start), so
 jsonschema leaves those format checks out there. A user's own kernel and process are
 left as they are.
 """
@@ -18,9 +18,9 @@ import sys
 #: Imported by jsonschema for IRI formats only; never used by notebook execution.
 SKIPPED = "rfc3987_syntax"
 
-#: Kernel arguments (``extra_arguments``) that skip it in a kernel RaPyDLI starts headless;
-#: the line leaves no name in the notebook's namespace and prints nothing.
-KERNEL_ARGUMENTS = [f"--IPKernelApp.exec_lines=__import__('sys').modules.setdefault({SKIPPED!r}, None)"]
+#: The line (a kernel's ``IPKernelApp.exec_lines``) that skips it in a kernel RaPyDLI starts headless;
+#: it leaves no name in the notebook's namespace and prints nothing.
+SKIP_LINE = f"__import__('sys').modules.setdefault({SKIPPED!r}, None)"
 
 
 def skip_unused_imports() -> None:

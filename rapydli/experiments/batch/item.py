@@ -27,7 +27,6 @@ if __name__ == "__main__":  # this process only executes one notebook: 3-5 s of 
     skip_unused_imports()
 
 from rapydli.experiments.batch.spec import kernel_for, read_notebook
-from rapydli.experiments.figures import STATIC_RENDERERS
 from rapydli.experiments.store import runstore as store_mod
 from rapydli.settings import BATCH_ITEM, NOTEBOOK_DIR, PARENT_RUN
 
@@ -99,9 +98,6 @@ def run_item(spec: dict[str, Any]) -> dict[str, Any]:
     extra_path = spec["notebook_dir"]
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (extra_path, os.environ.get("PYTHONPATH")) if p)
     os.environ[NOTEBOOK_DIR] = extra_path
-    # figures in the executed notebook also carry HTML (plotly.js from its CDN), so it reads
-    # outside JupyterLab; a renderer the user set is kept
-    os.environ.setdefault("PLOTLY_RENDERER", STATIC_RENDERERS)
     Path(spec["cwd"]).mkdir(parents=True, exist_ok=True)
     started = time.time()
     result: dict[str, Any] = {"status": "finished", "error": None, "failing_cell": None}

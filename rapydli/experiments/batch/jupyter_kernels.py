@@ -4,9 +4,10 @@ A kernel that jupyter_client starts over TCP without CurveZMQ keys warns on its 
 ("Kernel is running over TCP without encryption ...") and is indeed open to anyone on
 the machine who can reach its ports. :class:`EncryptedKernelManager` provisions the
 keys (``transport_encryption="required"``, when pyzmq has CurveZMQ), so the kernel runs
-encrypted and says nothing; its kernels draw plotly figures with
-:data:`~rapydli.experiments.figures.STATIC_RENDERERS` (``PLOTLY_RENDERER``, unless set),
-so every figure of the executed notebook shows outside JupyterLab too.
+encrypted and says nothing; its kernels draw plotly figures with their PNG
+(:func:`~rapydli.widgets.display.static_figures` runs first in them, as ``import rapydli``
+does in any notebook's kernel), so every figure of the executed notebook shows outside
+JupyterLab too, also in a notebook that does not import RaPyDLI.
 :class:`RapydliEngine` is papermill's own engine with that manager, saving only the state
 of the widgets the notebook still shows; it is registered as papermill engine ``rapydli``
 (``papermill --engine rapydli``).
@@ -19,7 +20,6 @@ Examples
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import zmq
@@ -39,15 +39,14 @@ class EncryptedKernelManager(AsyncKernelManager):
             self.transport_encryption = "required"
 
     async def start_kernel(self, **kw: Any) -> None:  # type: ignore[override]
-        """Start the kernel with plotly's renderers for saved notebooks (a renderer set in ``env`` is kept),
+        """Start the kernel with figures that carry their PNG (a plotly renderer the user set is kept),
         without the imports a headless kernel never uses (:mod:`rapydli.experiments.batch.headless`)."""
-        from rapydli.experiments.batch.headless import KERNEL_ARGUMENTS
-        from rapydli.experiments.figures import STATIC_RENDERERS
+        from rapydli.experiments.batch.headless import SKIP_LINE
 
-        env = dict(kw.pop("env", None) or os.environ)
-        env.setdefault("PLOTLY_RENDERER", STATIC_RENDERERS)
-        extra = [*(kw.pop("extra_arguments", None) or []), *KERNEL_ARGUMENTS]  # a headless kernel: 3-5 s less at its first figure
-        await super().start_kernel(env=env, extra_arguments=extra, **kw)
+        figures = "__import__('rapydli.widgets.display', fromlist=['static_figures']).static_figures()"
+        # SKIP_LINE: a headless kernel takes 3-5 s less to its first figure
+        extra = [*(kw.pop("extra_arguments", None) or []), f"--IPKernelApp.exec_lines={SKIP_LINE}; {figures}"]
+        await super().start_kernel(extra_arguments=extra, **kw)
 
     async def _async_interrupt_kernel(self) -> None:
         """Interrupt the kernel, except as the first act of a shutdown.

@@ -1,4 +1,4 @@
-"""A batch's summary table and its self-contained HTML report (table + plotly figures)."""
+"""A batch's summary table and its HTML report (the table, and each figure as a PNG and an interactive plotly figure)."""
 
 from __future__ import annotations
 
@@ -166,12 +166,37 @@ def _sort_key(series: pd.Series) -> pd.Series:
     return series.map(lambda v: (0, v, "") if _numeric(v) else (1, 0, str(v)))
 
 
+#: plotly.js beside the report, shared by its interactive figures (4.9 MB, once per batch folder, not in the page).
+PLOTLY_JS = "plotly.min.js"
+
+
 def write_report(plan: BatchPlan, summary: pd.DataFrame, path: Path) -> Path:
-    """Write a self-contained HTML page (plotly.js inlined) with the table and the figures."""
+    """Write an HTML page with the table and the figures, readable offline: some tens of KB a figure.
+
+    Each figure is its PNG (:func:`~rapydli.experiments.figure_image.figure_png`), shown
+    wherever the page goes, and an interactive plotly figure drawn with :data:`PLOTLY_JS`
+    from the page's folder, which replaces the PNG when that file is there (the page sent
+    alone still shows every figure).
+    """
+    import base64
+    import shutil
+
+    import plotly
+
+    from rapydli.experiments.figure_image import figure_png
+
     figs = figures(summary, plan)
     parts = []
-    for index, fig in enumerate(figs):
-        parts.append(fig.to_html(full_html=False, include_plotlyjs=index == 0, default_width="100%"))
+    for fig in figs:
+        png = base64.b64encode(figure_png(fig)).decode("ascii")
+        title = html.escape(str(fig.layout.title.text or "figure"))
+        parts.append(f'<img class="static-figure" alt="{title}" src="data:image/png;base64,{png}">')
+        parts.append(fig.to_html(full_html=False, include_plotlyjs=False, default_width="100%"))
+    if figs:
+        shutil.copyfile(Path(plotly.__file__).parent / "package_data" / "plotly.min.js", path.parent / PLOTLY_JS)
+    swap = (f'<script src="{PLOTLY_JS}"></script><script>if (window.Plotly) '
+            "document.querySelectorAll('img.static-figure').forEach(i => i.remove());"
+            "else document.querySelectorAll('.plotly-graph-div').forEach(d => d.remove());</script>")  # fmt: skip
     failed = int((summary["status"] != "finished").sum())
     table = summary.drop(columns=["output"]).to_html(index=False, na_rep="", border=0, classes="summary")
     page = f"""<!DOCTYPE html>
@@ -187,6 +212,7 @@ Varied: {html.escape(", ".join(plan.varied) or "nothing")}.</p>
 {table}
 <h2>Figures</h2>
 {"".join(parts) if parts else "<p>No parameter varies, so there is nothing to plot.</p>"}
+{swap if parts else ""}
 </body></html>
 """
     path.write_text(page)
