@@ -10,6 +10,7 @@ from processes import engine_pids
 
 from rapydli.cli import main
 from rapydli.experiments.store import runstore as store_mod
+from rapydli.experiments.store.compare import run_summary
 from rapydli.experiments.store.record import read_records
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,6 +48,7 @@ def test_readme_batch_over_notebook_05(tmp_path: Path, monkeypatch: pytest.Monke
         assert train["params"]["model_fn"] == "rapydli.zoo.models:mlp"
         assert train["params"]["config"]["lr"] == row.lr
         assert read_records(row.output)["throughput"] == pytest.approx(row.throughput)
+        assert run_summary(store, train["id"])[0]["samples_per_s"] == pytest.approx(row.throughput)  # the store's number
         assert Path(row.output).stat().st_size < 1_000_000  # an item's executed notebook travels too
 
     # re-running the same command runs nothing again

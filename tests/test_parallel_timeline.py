@@ -24,6 +24,15 @@ def test_the_bubble_of_an_ideal_run_is_the_theory(name: str) -> None:
         assert per_rank == pytest.approx([schedules.bubble_fraction(p, m)] * p)
 
 
+def test_the_gradient_allreduce_after_the_pipeline_is_not_part_of_its_bubble() -> None:
+    """The title of the timeline and notebook 08's text give one number: the pipeline part's idle fraction."""
+    spans = simulated_spans("1f1b", 2, 4, 1.0, 2.0)
+    end = max(e for rank in spans for *_, e in rank)
+    with_allreduce = [[*rank, ("allreduce", -1, end, end + 5.0)] for rank in spans]
+    assert bubble(with_allreduce) == bubble(spans)
+    assert f"bubble measured {bubble(spans)[0]:.1%}" in figure(with_allreduce, "1f1b", 4).layout.title.text
+
+
 def test_figure_has_a_row_per_rank_the_ideal_overlay_and_both_bubbles() -> None:
     spans = simulated_spans("1f1b", 3, 4, 0.010, 0.020)
     fig = figure(spans, "1f1b", 4)

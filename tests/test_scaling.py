@@ -74,6 +74,11 @@ def test_scaling_table_figure_and_prediction() -> None:
     widths = (table["step_time_high_s"] - table["step_time_low_s"]) / table["step_time_s"]
     assert result.validated == bool((errors <= 0.20).all() and (widths <= 0.20).all())
     assert result.validated or any(note.startswith("not validated") for note in result.notes) or (errors > 0.20).any()
+    # past the measured counts the prediction says it is an extrapolation, in the table and the figure's title, and of
+    # which model: one validated here or not
+    word = "validated" if result.validated else "NOT validated"
+    assert list(result.prediction["basis"]) == ["measured count (checked)"] * 2 + [f"extrapolated, model {word} here"] * 2
+    assert "beyond 2 workers the dashed line is an extrapolation" in result.figure.layout.title.text
 
 
 @pytest.mark.engines

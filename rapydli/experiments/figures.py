@@ -94,11 +94,14 @@ def scaling_figure(
     mode: str = "weak",
     model: RingModel | None = None,
     stages: Sequence[int] = (1,),
+    validated: bool | None = None,
 ) -> Any:
     """Speedup and efficiency against workers: measured, ideal (dotted) and predicted (dashed).
 
     With several ``stages`` (pipeline stage counts a study varies) there is one measured
-    line per count, named ``"measured, p=<stages>"``; with one, it is ``"measured"``.
+    line per count, named ``"measured, p=<stages>"``; with one, it is ``"measured"``. With
+    a prediction past the measured counts the title says it is an extrapolation, and
+    whether the model held where it was checked (``validated``).
     """
     from plotly.subplots import make_subplots
 
@@ -124,6 +127,11 @@ def scaling_figure(
     import pandas as pd
 
     fill_scaling_figure(figure, pd.DataFrame(points), prediction, model)
+    measured = {p["workers"] for p in points}
+    if prediction is not None and set(prediction["workers"]) - measured:
+        held = ("the model was not checked" if validated is None else "the model held within 20% at every measured count" if validated
+                else "the model was NOT validated on this machine (see the notes)")  # fmt: skip
+        figure.update_layout(title=f"scaling study: beyond {max(measured)} workers the dashed line is an extrapolation; {held}")
     return figure
 
 

@@ -68,6 +68,18 @@ class RunResult:
     state: dict[str, Any] | None = field(default=None, repr=False)
     model_fn: Callable[[], Any] | None = field(default=None, repr=False)
 
+    @property
+    def samples_per_s(self) -> float | None:
+        """The run's mean throughput of the global batch, as the run store, ``rapydli runs`` and the lab report it:
+        every training step's samples over the sum of the step times (None without a timed step)."""
+        from rapydli.experiments.store.compare import mean_samples_per_s
+
+        steps = self.history[self.history["kind"] == "train"] if "kind" in self.history else self.history.iloc[0:0]
+        if "step_time_s" not in steps or "samples_per_s" not in steps:
+            return None
+        timed = steps[["samples_per_s", "step_time_s"]].dropna()
+        return mean_samples_per_s(zip(timed["samples_per_s"], timed["step_time_s"], strict=True))
+
     def state_dict(self) -> dict[str, Any]:
         """The trained model's full state (parameters and buffers, CPU tensors), as ``model_fn()``'s ``state_dict`` names it.
 

@@ -91,7 +91,9 @@ class ScalingResult:
         ideal, and predicted (dashed).
     prediction
         Predicted rows (``workers``, ``step_time_s``, ``samples_per_s``, ``speedup``,
-        ``efficiency``) for ``predict`` and the measured counts, or ``None``.
+        ``efficiency``, ``basis``) for ``predict`` and the measured counts, or ``None``;
+        ``basis`` says which rows were checked against a measurement and which are
+        extrapolations, of a model validated here or not.
     model
         The :class:`RingModel` used, or ``None``.
     validated
@@ -295,7 +297,11 @@ def scaling_study(
         notes += [f"not validated: the step time of workers={r['workers']} varied {_step_spread(r).relative_width:.0%} between rounds "
                   f"({r['load']}), more than the {TOLERANCE:.0%} a prediction is checked to; repeat on a quieter machine or with more steps"
                   for r in noisy]  # fmt: skip
-    static = scaling_figure(table.to_dict("records"), prediction, mode=mode, model=model, stages=stage_counts)
+    if prediction is not None:
+        measured = set(table["workers"])
+        basis = "extrapolated, model validated here" if validated else "extrapolated, model NOT validated here"
+        prediction["basis"] = ["measured count (checked)" if n in measured else basis for n in prediction["workers"]]
+    static = scaling_figure(table.to_dict("records"), prediction, mode=mode, model=model, stages=stage_counts, validated=validated)
     if on_point is not None:
         on_point(static)
     return ScalingResult(

@@ -101,16 +101,20 @@ def figure_from_events(events: dict[int, dict[str, Any]], replica: int = 0) -> A
 def bubble(spans_by_rank: Sequence[Sequence[tuple[str, int, float, float]]]) -> tuple[float, list[float]]:
     """Measured idle fraction of one step: overall, and per rank.
 
-    The step runs from the earliest start to the latest end over all ranks; a rank is
-    busy while it runs forward or backward.
+    The step is its pipeline part, as ``(p - 1) / (m + p - 1)`` counts it: from the
+    earliest start to the latest end of the micro-batches' spans over all ranks (the
+    gradient allreduce between replicas after it, a span of micro-batch -1, is left out);
+    a rank is busy while it runs forward or backward. The timeline's title and notebook
+    08 give this number.
     """
-    starts = [s for spans in spans_by_rank for _, _, s, _ in spans]
-    ends = [e for spans in spans_by_rank for _, _, _, e in spans]
+    pipeline = [[span for span in spans if span[1] >= 0] for spans in spans_by_rank]
+    starts = [s for spans in pipeline for _, _, s, _ in spans]
+    ends = [e for spans in pipeline for _, _, _, e in spans]
     if not starts:
         return 0.0, []
     length = max(ends) - min(starts)
     per_rank = []
-    for spans in spans_by_rank:
+    for spans in pipeline:
         busy = sum(e - s for k, _, s, e in spans if k in schedules.COMPUTE)
         per_rank.append(1.0 - busy / length if length > 0 else 0.0)
     return sum(per_rank) / len(per_rank), per_rank

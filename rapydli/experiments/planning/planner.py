@@ -103,6 +103,11 @@ class ParallelPlan:
         layout, else the fastest predicted one that fits.
     best_layout
         Its label.
+    best_reason
+        What the pick rests on: the fastest measured layout whose steps' middle half lies
+        below every other layout's run; the fastest by median when the runs overlap (then
+        it says that the machine could not tell them apart, with their ranges); or the
+        fastest prediction when nothing ran.
     predictions
         The :class:`~rapydli.experiments.planning.stepmodel.Prediction` of every layout, in table order.
     profile, network
@@ -129,6 +134,7 @@ class ParallelPlan:
     global_batch: int
     validated: bool | None = None
     notes: list[str] = field(default_factory=list)
+    best_reason: str = ""
 
     def _repr_html_(self) -> str:  # pragma: no cover - notebook display
         shown = self.table.head(12).drop(columns=["dp", "pp", "tp", "microbatches", "schedule", "zero", "checkpointing"])
@@ -330,10 +336,11 @@ def plan_parallel(
     validated, said = verdict([e for e in table["error"] if not math.isnan(e)], {layout.label: s for layout, s in spreads.items()},
                               machine_load())  # fmt: skip
     notes += said
-    best = _best(predictions, measured)
+    best, reason = _best(predictions, measured, spreads)
     return ParallelPlan(
         table=table, figure=plan_figure(table, ranks, TOLERANCE), best=best.layout.config(cfg, batch, best.split), best_layout=best.layout.label,
         predictions=predictions, profile=profile, network=net, ranks=ranks, global_batch=batch, validated=validated, notes=notes,
+        best_reason=reason,
     )  # fmt: skip
 
 
@@ -472,9 +479,18 @@ def _honoured(model_fn: Callable[[], Any], predictions: list[Prediction], config
     return kept, list(notes.values())
 
 
-def _best(predictions: list[Prediction], measured: dict[Candidate, float]) -> Prediction:
-    """The fastest layout measured, else the fastest predicted (``predictions`` put those that fit first)."""
-    if measured:
-        fastest = min(measured, key=lambda layout: measured[layout])
-        return next(p for p in predictions if p.layout == fastest)
-    return predictions[0]
+def _best(predictions: list[Prediction], measured: dict[Candidate, float], spreads: dict[Candidate, Spread]) -> tuple[Prediction, str]:
+    """The fastest layout measured, else the fastest predicted (``predictions`` put those that fit first), and why
+    (:attr:`ParallelPlan.best_reason`)."""
+    if not measured:
+        return predictions[0], "the fastest prediction (no layout was run)"
+    fastest = min(measured, key=lambda layout: measured[layout])
+    pick = next(p for p in predictions if p.layout == fastest)
+    if len(measured) == 1:
+        return pick, "the only layout run"
+    overlapping = [other for other in measured if other != fastest and spreads[other].low <= spreads[fastest].high]
+    if not overlapping:
+        return pick, "the fastest layout run: its steps' middle half lies below every other run's"
+    ms = lambda layout: f"{layout.label} {1e3 * spreads[layout].low:.1f}-{1e3 * spreads[layout].high:.1f} ms"  # noqa: E731
+    return pick, (f"the lowest median step, but the machine could not tell it from {', '.join(o.label for o in overlapping)}: "
+                  f"the steps' middle halves overlap ({'; '.join(ms(layout) for layout in [fastest, *overlapping])}); any of them will do")  # fmt: skip

@@ -16,7 +16,7 @@ Examples
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from rapydli.errors import ConfigError
@@ -73,12 +73,20 @@ def run_summary(store: Any, run_id: str) -> tuple[dict[str, float], dict[str, st
     for row in store.metrics(run_id):  # a training step logs samples_per_s then step_time_s; take the first of each per step
         if row["name"] in ("samples_per_s", "step_time_s"):
             per_step.setdefault(row["step"], {}).setdefault(row["name"], row["value"])
-    steps = [v for v in per_step.values() if "samples_per_s" in v and v.get("step_time_s", 0) > 0]
-    total_time = sum(v["step_time_s"] for v in steps)
-    if steps and total_time > 0:
-        final["samples_per_s"] = sum(v["samples_per_s"] * v["step_time_s"] for v in steps) / total_time
+    mean = mean_samples_per_s((v["samples_per_s"], v["step_time_s"]) for v in per_step.values() if "samples_per_s" in v and "step_time_s" in v)
+    if mean is not None:
+        final["samples_per_s"] = mean
         kinds["samples_per_s"] = "mean"
     return final, kinds
+
+
+def mean_samples_per_s(steps: Iterable[tuple[float, float]]) -> float | None:
+    """A run's mean throughput from its training steps' (``samples_per_s``, ``step_time_s``): every step's samples
+    over the sum of the step times (None without a timed step). The one definition the store, the CLI, the lab
+    panel and :attr:`rapydli.experiments.run.RunResult.samples_per_s` report."""
+    timed = [(rate, seconds) for rate, seconds in steps if seconds > 0]
+    total = sum(seconds for _, seconds in timed)
+    return sum(rate * seconds for rate, seconds in timed) / total if total > 0 else None
 
 
 def compare_runs(store: Any, run_ids: Sequence[str], *, all_params: bool = False) -> dict[str, Any]:
