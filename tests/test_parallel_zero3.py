@@ -213,7 +213,7 @@ def test_a_model_three_times_memory_per_rank_trains_on_four_ranks_with_zero3_and
             rd.train(_mlp, _mlp_data, config.replace(zero=zero))
         assert current() is None  # refused before any process started
         message = str(refused.value)
-        assert f"memory_per_rank={limit / 1e6:.4g} MB is too small for 4 ranks (data 4 x pipeline 1 x tensor 1, zero={zero})" in message
+        assert f"memory_per_rank={limit / 2**20:.4g} MiB is too small for 4 ranks (data 4 x pipeline 1 x tensor 1, zero={zero})" in message
         assert "What would fit: zero=3 on these 4 ranks" in message and "activation_checkpointing='blocks'" in message, message
     with pytest.raises(ConfigError, match=r"What would fit: zero=3 on (5|6|7|8) ranks or more") as more:
         rd.train(_mlp, _mlp_data, config.replace(zero=3, memory_per_rank=0.85 * limit))  # 16 psi / 4 and the blocks in flight: over

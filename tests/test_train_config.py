@@ -140,7 +140,7 @@ def test_a_memory_limit_on_a_model_the_meta_device_cannot_build_is_not_checked_a
         assert model.weight.abs().max().item() < 1  # reading a value: a meta tensor has none
         return model
 
-    with pytest.warns(UserWarning, match=r"memory_per_rank=1 MB was not checked: the model cannot be built on the meta device"):
+    with pytest.warns(UserWarning, match=r"memory_per_rank=0.9537 MiB was not checked: the model cannot be built on the meta device"):
         assert check_fits(loads_weights, TrainConfig(memory_per_rank="1MB"), 2) is None
     assert check_fits(loads_weights, TrainConfig(), 2) is None  # no limit: nothing to check
 
@@ -170,8 +170,8 @@ def test_an_offloaded_optimizer_leaves_a_gpu_ranks_memory_and_is_suggested_when_
         check_fits(mlp_on_gpu, base.replace(memory_per_rank=limit), 4)
     least = check_fits(mlp_on_gpu, base.replace(zero=1, memory_per_rank=1e9, offload_optimizer=True), 4)  # the least sharding that fits, offloaded
     assert least is not None and least.peak <= limit
-    assert (f"zero=1 with offload_optimizer=True on these 4 ranks ({least.peak / 1e6:.4g} MB per rank on the cuda device, "
-            f"{least.host / 1e6:.4g} MB in host memory)") in str(refused.value), str(refused.value)  # fmt: skip
+    assert (f"zero=1 with offload_optimizer=True on these 4 ranks ({least.peak / 2**20:.4g} MiB per rank on the cuda device, "
+            f"{least.host / 2**20:.4g} MiB in host memory)") in str(refused.value), str(refused.value)  # fmt: skip
     with pytest.raises(ConfigError) as still:  # the message says what left for the host
         check_fits(mlp_on_gpu, base.replace(memory_per_rank=offloaded.peak / 2, offload_optimizer=True), 4)
-    assert f"{offloaded.host / 1e6:.4g} MB of optimizer state and slices in host memory (offload_optimizer), not counted" in str(still.value)
+    assert f"{offloaded.host / 2**20:.4g} MiB of optimizer state and slices in host memory (offload_optimizer), not counted" in str(still.value)

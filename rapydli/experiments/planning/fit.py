@@ -168,7 +168,8 @@ def _memory(share: RankShare, layout: Layout, config: TrainConfig) -> Memory:
 
 
 def _mb(nbytes: float) -> str:
-    return f"{nbytes / 1e6:.4g} MB"
+    """Bytes in MiB, as every memory figure RaPyDLI prints (``memory_per_rank`` may be given in MB or MiB)."""
+    return f"{nbytes / 2**20:.4g} MiB"
 
 
 def check_fits(model_fn: Callable[[], Any], config: TrainConfig, world_size: int) -> Memory | None:
