@@ -48,6 +48,15 @@ def _live(live: bool | None) -> bool:
     return bool(live) if live is not None else in_kernel()
 
 
+def _with_trackers(config: TrainConfig | Mapping[str, Any], trackers: Sequence[str] | str | None) -> TrainConfig | Mapping[str, Any]:
+    """``config`` that also logs to ``trackers`` (:meth:`~rapydli.trainer.config.TrainConfig.with_trackers`); unchanged without them."""
+    if not trackers:
+        return config
+    from rapydli.trainer.config import TrainConfig
+
+    return (config if isinstance(config, TrainConfig) else TrainConfig.from_dict(dict(config))).with_trackers(trackers)
+
+
 def progress_bar(**kwargs: Any) -> Any:
     """The progress bar of ``rd.train``: in a kernel, tqdm's widget whose saved text is its
     final state; elsewhere tqdm's text bar. Arguments as for ``tqdm``."""
@@ -184,15 +193,18 @@ def sweep(
     loss_fn: Callable[..., Any] | None = None,
     optimizer_fn: Callable[..., Any] | None = None,
     metrics: Any = None,
+    trackers: Sequence[str] | str | None = None,
 ) -> SweepResult:
     """Search ``space`` with ``trials`` training runs, each a data-parallel job on its own engines.
 
     :func:`rapydli.experiments.sweep.sweep.sweep` with a live table and figure of the trials
     (default: inside a Jupyter kernel), left in the output as a static figure and table.
-    Parameters, result and errors as there.
+    ``trackers=`` as in :func:`train`: the sweep is a parent run in each tracker, its trials
+    nested under it. Other parameters, result and errors as there.
     """
     from rapydli.experiments.sweep import sweep as sweeps
 
+    config = _with_trackers(config, trackers)
     static_figures()
     view = None
     if _live(live):
@@ -227,12 +239,14 @@ def scaling_study(
     optimizer_fn: Callable[..., Any] | None = None,
     metrics: Any = None,
     repeats: int = 3,
+    trackers: Sequence[str] | str | None = None,
 ) -> ScalingResult:
     """Train at each worker count (and pipeline stage count) and measure throughput, compute and communication time.
 
     :func:`rapydli.experiments.scaling.scaling_study` with a live scaling plot that is
     redrawn after each point (default: inside a Jupyter kernel) and left in the output as a
-    figure with its PNG. Parameters, result and errors as there.
+    figure with its PNG. ``trackers=`` as in :func:`train`: the study is a parent run in
+    each tracker, its points nested under it. Other parameters, result and errors as there.
 
     Examples
     --------
@@ -241,6 +255,7 @@ def scaling_study(
     """
     from rapydli.experiments.scaling import scaling_study as study
 
+    config = _with_trackers(config, trackers)
     static_figures()
     on_point = None
     shown: CellDisplay | None = None

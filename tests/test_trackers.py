@@ -47,6 +47,17 @@ def test_trackers_are_chosen_by_registered_name_everywhere(monkeypatch: pytest.M
     assert {spec.name: spec.type for spec in fields_spec()}["trackers"] == "str"
 
 
+def test_every_front_door_takes_trackers_as_rd_train_does() -> None:
+    import inspect
+
+    assert rd.TrainConfig(trackers="mlflow").with_trackers(["tensorboard", "mlflow"]).trackers == "mlflow,tensorboard"
+    assert rd.TrainConfig().with_trackers("wandb").trackers == "wandb" and rd.TrainConfig().with_trackers(None) == rd.TrainConfig()
+    with pytest.raises(ConfigError, match="'mlfow' is not a tracker"):
+        rd.TrainConfig().with_trackers(["mlfow"])  # refused before anything runs, as rd.train refuses it
+    for front_door in (rd.train, rd.sweep, rd.scaling_study, rd.batch):
+        assert "trackers" in inspect.signature(front_door).parameters, front_door.__name__
+
+
 def test_stored_names_become_tracker_keys_and_flat_params() -> None:
     assert metric_key("step_time_s@rank3") == "system/rank3/step_time_s"
     assert metric_key("val_loss") == "val_loss"

@@ -140,9 +140,9 @@ def test_a_tracker_that_is_not_installed_is_reported_before_the_run_trains(clust
 
 
 def test_a_sweep_is_a_parent_mlflow_run_with_one_nested_run_per_two_rank_trial(cluster, tracking) -> None:
-    config = rd.TrainConfig(max_steps=4, batch_size=16, eval_every=2, allreduce="mpi", trackers="mlflow")
+    config = rd.TrainConfig(max_steps=4, batch_size=16, eval_every=2, allreduce="mpi")
     result = rd.sweep("rapydli.zoo.models:mlp", "rapydli.zoo.datasets:digits", config, {"lr": rd.loguniform(1e-3, 1e-1)}, trials=4,
-                      workers_per_trial=2, pruner="none", cluster=cluster, live=False)  # fmt: skip
+                      workers_per_trial=2, pruner="none", cluster=cluster, live=False, trackers=["mlflow"])  # fmt: skip  (as rd.train takes it)
     store = open_store()
     (sweep_run,) = store.list_runs(kind="sweep", limit=1)[0]  # this sweep: the newest
     (parent,) = _mlflow_runs(tracking, sweep_run["id"])

@@ -228,8 +228,7 @@ def run_training(
     from rapydli.experiments.job import TrainingJob
 
     cfg = config if isinstance(config, TrainConfig) else TrainConfig.from_dict(dict(config))
-    if trackers:
-        cfg = cfg.replace(trackers=",".join(filter(None, [cfg.trackers, *([trackers] if isinstance(trackers, str) else trackers)])))
+    cfg = cfg.with_trackers(trackers)
     spec = RunSpec.of(model_fn, data_fn, loss_fn, optimizer_fn, metrics)  # resolved and checked once, then passed whole
     for callback in callbacks:
         if not callable(callback):

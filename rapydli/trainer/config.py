@@ -23,6 +23,7 @@ import difflib
 import math
 import os
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -238,6 +239,13 @@ class TrainConfig:
     def replace(self, **changes: Any) -> TrainConfig:
         """A validated copy with ``changes`` applied."""
         return self.from_dict({**self.to_dict(), **changes})
+
+    def with_trackers(self, trackers: Sequence[str] | str | None) -> TrainConfig:
+        """A copy that also logs to ``trackers`` (names, or one comma-separated string), beside its own ``trackers``;
+        the keyword ``trackers=`` of ``rd.train``, ``rd.sweep``, ``rd.scaling_study`` and ``rd.batch`` goes through here."""
+        if not trackers:
+            return self
+        return self.replace(trackers=",".join(filter(None, [self.trackers, *([trackers] if isinstance(trackers, str) else trackers)])))
 
     @staticmethod
     def fields_spec() -> list[FieldSpec]:
