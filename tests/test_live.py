@@ -63,7 +63,8 @@ def test_metrics_arrive_before_training_ends() -> None:
     for row in rows:
         plot(row)
     plot.close()
-    assert any(t.name == "comm wait rank 1 (s)" and len(t.y) == 200 for t in plot.figure.data)
+    # (named "..., straggler" when the machine's load made rank 1 the slow one: the plot marks it so)
+    assert any(t.name.startswith("comm wait rank 1 (s)") and len(t.y) == 200 for t in plot.figure.data)
     steps = [step for _, step in arrivals]
     assert steps[:3] == [1, 2, 3] and steps[-1] == 200
     # rows streamed as they were produced: their arrival times spread like the ranks' own step
