@@ -168,6 +168,23 @@ def test_best_split_takes_each_pass_from_its_fastest_configuration() -> None:
     assert set(inference.passes) == {"forward"} and inference.config("weight_grad") == Config.of("a")
 
 
+def test_best_is_claimed_only_when_its_timed_runs_beat_the_runner_ups() -> None:
+    from rapydli.autotune.conv import TuneResult
+
+    def ok(candidate, times):
+        return Measurement(Config.of(candidate), "ok", sorted(times)[len(times) // 2], 0.0, times)
+
+    apart = [ok("slow", [0.004, 0.005, 0.006]), ok("fast", [0.001, 0.0011, 0.0012]), Measurement(Config.of("bad"), "invalid", error=1.0)]
+    verdict = TuneResult(Problem(SHAPE, "train"), apart[1], None, apart, None, None).best_verdict()
+    assert verdict.startswith("best: fast 1.1 ms (timed 1 ms to 1.2 ms), faster in every timed run than the runner-up slow")
+    # a median 20x lower whose range reaches into the runner-up's: no winner claimed
+    overlap = [ok("wide", [0.0005, 0.001, 0.02]), ok("steady", [0.0019, 0.002, 0.0021])]
+    verdict = TuneResult(Problem(SHAPE, "train"), overlap[0], None, overlap, None, None).best_verdict()
+    assert verdict.startswith("fastest median: wide 1 ms") and "no difference measurable" in verdict and "best" not in verdict
+    alone = [ok("only", [0.001])]
+    assert TuneResult(Problem(SHAPE, "train"), alone[0], None, alone, None, None).best_verdict().endswith("the only configuration timed")
+
+
 def _records(problem: Problem, n: int = 12) -> list[tuple[str, Measurement]]:
     times = [0.9, 0.5, 0.7, 0.2, 0.8, 0.35, 0.6, 0.25, 0.4, 0.3, 0.45, 0.55][:n]
     out = [(problem.key, Measurement(Config.of("c_direct", {"kb": i}), "ok", t, 0.0, [t])) for i, t in enumerate(times)]

@@ -13,7 +13,8 @@ from rapydli.autotune.search import Problem
 
 
 def table(problem: Problem, measurements: Sequence[Measurement], device: DeviceInfo) -> pd.DataFrame:
-    """One row per measured configuration: candidate, parameters, status, time, GFLOP/s, % of peak, and
+    """One row per measured configuration: candidate, parameters, status, time (median, and the range
+    ``low_ms`` to ``high_ms`` of its timed runs), GFLOP/s, % of peak, and
     how often it was timed again because other work disturbed the timing (``retimed``; ``disturbed``
     says how the timing kept still is, "" when it is not)."""
     flops = problem.shape.train_flops() if problem.mode == "train" else problem.shape.flops
@@ -30,6 +31,8 @@ def table(problem: Problem, measurements: Sequence[Measurement], device: DeviceI
             "status": m.status,
             "median_ms": m.median * 1e3 if m.median is not None else None,
             "std_ms": (m.variance ** 0.5) * 1e3 if m.variance is not None else None,
+            "low_ms": min(m.times) * 1e3 if m.ok and m.times else None,  # the range of its timed runs
+            "high_ms": max(m.times) * 1e3 if m.ok and m.times else None,
             "gflops": gflops,
             "pct_peak": 100 * gflops / peak if gflops and peak else None,
             "rel_error": m.error,
@@ -64,12 +67,21 @@ def best_per_problem(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def best_figure(frame: pd.DataFrame, device: DeviceInfo | None = None) -> Any:
-    """Plotly bar chart: GFLOP/s of the best instance of each candidate per problem (and % of peak)."""
+    """Plotly bar chart: GFLOP/s of the best instance of each candidate per problem (and % of peak).
+
+    Each bar's error bar spans the GFLOP/s of its slowest and fastest timed run, so two
+    candidates whose bars' ranges overlap are not told apart by the chart.
+    """
     import plotly.express as px
 
-    best = best_per_problem(frame)
-    fig = px.bar(best, x="problem", y="gflops", color="candidate", barmode="group",
-                 hover_data=["config", "median_ms", "pct_peak"], title="Best instance per problem")
+    best = best_per_problem(frame).copy()
+    if {"low_ms", "high_ms"} <= set(best.columns):  # GFLOP/s scale as 1 / time: the fastest run is the top of the range
+        best["gflops_up"] = (best["gflops"] * best["median_ms"] / best["low_ms"] - best["gflops"]).fillna(0.0)
+        best["gflops_down"] = (best["gflops"] - best["gflops"] * best["median_ms"] / best["high_ms"]).fillna(0.0)
+    else:
+        best["gflops_up"] = best["gflops_down"] = 0.0
+    fig = px.bar(best, x="problem", y="gflops", color="candidate", barmode="group", error_y="gflops_up", error_y_minus="gflops_down",
+                 hover_data=["config", "median_ms", "pct_peak"], title="Best instance per problem (bars: range of the timed runs)")
     if device is not None and device.peak_gflops:
         fig.add_hline(y=device.peak_gflops, line_dash="dot",
                       annotation_text=f"estimated peak {device.peak_gflops:.0f} GFLOP/s")

@@ -75,6 +75,27 @@ class TuneResult:
     seconds: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
 
+    def best_verdict(self) -> str:
+        """Whether :attr:`best` is measurably the fastest: one line naming it and its timed range.
+
+        It is claimed the fastest only when its slowest timed run is faster than the runner-up's
+        fastest (a valid configuration of another name); otherwise the line says the two
+        overlap, so no difference is measurable on this machine. Measurements without
+        their timed runs (one abandoned run) count as that one time.
+        """
+        ranked = sorted((m for m in self.measurements if m.ok and m.median is not None), key=lambda m: m.median)  # type: ignore[arg-type, return-value]
+        best = ranked[0] if ranked else self.best
+        span = _timed_span(best)
+        text = f"{best.config} {_ms(best.median)} (timed {_ms(span[0])} to {_ms(span[1])})"
+        if len(ranked) < 2:
+            return f"best: {text}, the only configuration timed"
+        runner_up = ranked[1]
+        other = _timed_span(runner_up)
+        if span[1] < other[0]:
+            return f"best: {text}, faster in every timed run than the runner-up {runner_up.config} ({_ms(other[0])} to {_ms(other[1])})"
+        return (f"fastest median: {text}; its timed runs overlap the runner-up {runner_up.config}'s "
+                f"({_ms(other[0])} to {_ms(other[1])}): no difference measurable between them on this machine")
+
     def best_of(self, predicate: Callable[[Config], bool]) -> Measurement | None:
         """The fastest valid measurement whose config satisfies ``predicate``."""
         return pick_best([m for m in self.measurements if predicate(m.config)])
@@ -106,6 +127,16 @@ class Split:
     def config(self, name: str) -> Config:
         """The configuration running pass ``name`` (the forward's in inference mode)."""
         return self.passes.get(name, self.passes["forward"]).config
+
+
+def _timed_span(m: Measurement) -> tuple[float, float]:
+    """The fastest and slowest timed run of ``m`` (its median alone when no runs were kept)."""
+    times = m.times or [m.median or 0.0]
+    return min(times), max(times)
+
+
+def _ms(seconds: float | None) -> str:
+    return "?" if seconds is None else f"{seconds * 1e3:.3g} ms"
 
 
 def pick_best(measurements: Sequence[Measurement]) -> Measurement | None:
