@@ -64,6 +64,15 @@ def test_launcher_options_become_ipyparallel_config():
     assert config == {"PBSEngineSetLauncher": {"queue": "batch", "batch_file_name": "/scratch/me/pbs_engine.sh"}}
 
 
+def test_the_hub_hears_new_engines_within_its_short_heartbeat(tmp_path):
+    """ipyparallel's 3 s heartbeat held every start for up to two periods; the profile's controller file shortens it."""
+    from rapydli.cluster.controller_config import HEART_MISSES, HEART_PERIOD_MS, write_controller_config
+
+    text = write_controller_config(tmp_path).read_text()
+    assert f"c.HeartMonitor.period = {HEART_PERIOD_MS}" in text and HEART_PERIOD_MS <= 1000
+    assert HEART_PERIOD_MS * HEART_MISSES >= 30_000  # a busy engine is not counted dead sooner than before
+
+
 def test_a_wait_whose_future_timed_out_raises_its_error():
     """Engines that do not register in time fail the start (the wait used to retry that TimeoutError forever)."""
     from concurrent.futures import Future
@@ -123,6 +132,16 @@ def _threads() -> tuple[int, str]:
     import torch
 
     return torch.get_num_threads(), os.environ["OMP_NUM_THREADS"]
+
+
+def test_engines_import_torch_and_the_trainer_behind_their_start(cluster):
+    """The first run on a running cluster does not wait for torch, TorchDynamo and the trainer to
+    import: the engines import them from their start (mpi_engine) and as their first task (warm_up)."""
+    from rapydli.cluster.engine import WARM_MODULES
+
+    assert cluster.run(lambda: [name for name in WARM_MODULES if name not in sys.modules]) == [[], []]
+    assert not cluster.warming
+    assert cluster.run(lambda: sys.argv[0].endswith(os.path.join("rapydli", "cluster", "mpi_engine.py"))) == [True, True]
 
 
 def test_engines_do_not_oversubscribe_cores(cluster):

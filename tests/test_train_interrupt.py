@@ -83,7 +83,7 @@ def running(cluster):
 
 
 def _engine_processes() -> bool:
-    return any("ipyparallel.engine" in " ".join(_cmdline(pid)) for pid in session_cluster_pids())
+    return any(program in " ".join(_cmdline(pid)) for pid in session_cluster_pids() for program in ("ipyparallel.engine", "rapydli.cluster.mpi_engine"))
 
 
 def _cmdline(pid: int) -> list[str]:

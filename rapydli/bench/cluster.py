@@ -6,7 +6,7 @@ round starts and stops, one after the other (interleaved, so load drifts hit bot
 * ``rapydli``: ``rd.Cluster(n, launcher="slurm", **options).start()``: the job is
   submitted, the engines register *and* are checked to be one MPI world of ``n`` ranks
   (``engine.setup``: MPI initialised, threads set, ranks and sizes compared), ready for
-  ``%%distributed`` (torch is imported by the first task, on both sides alike);
+  ``%%distributed`` (torch and the trainer are imported behind the start, not waited for);
 * ``ipyparallel``: ``ipp.Cluster(engines="slurm", n=n)`` with the same ``#SBATCH``
   layout, until ``n`` engines registered (ipyparallel's own readiness; its engines are
   not an MPI world under ``MpiDefault=none``).

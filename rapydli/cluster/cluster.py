@@ -111,6 +111,7 @@ class Cluster(ClusterTasks):
         self._client: Any = None
         self._engine_of_rank: dict[int, int] = {}
         self._info: dict[int, dict[str, Any]] = {}
+        self._warming: Any = None  # the engines' warm-up task (engine.warm_up), not waited for
         self._state = "stopped"
         self._started_at = 0.0
         self._detached = False
@@ -258,6 +259,8 @@ class Cluster(ClusterTasks):
             raise ClusterError(f"engines do not form one MPI job of {self.n} ranks (ranks {ranks}, sizes {[i['size'] for i in infos]})")
         self._engine_of_rank = {info["rank"]: eid for eid, info in zip(ids, infos)}
         self._info = {info["rank"]: info for info in infos}
+        # ready now; torch and the trainer import behind this, ahead of any task sent meanwhile
+        self._warming = view.apply_async(engine.warm_up)
 
     def _watch_sessions(self) -> SessionWatch | None:
         """The ssh sessions to the engines' hosts (ssh launcher), watched while tasks run."""
@@ -482,6 +485,16 @@ class Cluster(ClusterTasks):
     def running(self) -> bool:
         """True while the cluster is started and all its engines are alive."""
         return self._state == "running" and len(self.alive_ranks()) == self.n
+
+    @property
+    def warming(self) -> bool:
+        """True while the engines still import torch and the trainer after their start (:func:`engine.warm_up`).
+
+        A task sent meanwhile runs once that import ends; this says so to a caller that
+        tells the user what it waits for.
+        """
+        warming = self._warming
+        return warming is not None and not warming.ready()
 
     @property
     def client(self) -> Any:

@@ -23,7 +23,6 @@ from __future__ import annotations
 import re
 import shlex
 import subprocess
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +31,7 @@ from typing import Any
 from ipyparallel.cluster.launcher import SlurmEngineSetLauncher
 from traitlets import Integer, List, Unicode, default
 
+from rapydli.cluster.mpi_engine import PROGRAM
 from rapydli.cluster.mpirun import find_mpiexec
 
 MPI_MODES = ("pmi2", "pmix", "mpiexec")
@@ -92,7 +92,7 @@ class SlurmEngines(SlurmEngineSetLauncher):
 
     @default("engine_cmd")
     def _engine_cmd_default(self) -> list[str]:
-        return [sys.executable, "-m", "rapydli.cluster.mpi_engine"]  # MPI initialised before the engine starts
+        return list(PROGRAM)  # MPI initialised before the engine starts
 
     def script(self, n: int) -> str:
         """The batch script that starts ``n`` engines."""

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from rapydli.cluster.launchwatch import HOST_PATTERN
-from rapydli.cluster.mpi_engine import PEER_VARIABLE
+from rapydli.cluster.mpi_engine import PEER_VARIABLE, PROGRAM
 from rapydli.errors import ConfigError
 
 Config = dict[str, dict[str, Any]]
@@ -142,7 +142,7 @@ def interface(value: str, config: Config) -> None:
     address = interface_address(value)
     _mpi_args(config, "-iface", value)
     config.setdefault("Cluster", {}).update(controller_ip=address, controller_location=address)
-    config.setdefault("MPIEngineSetLauncher", {})["engine_cmd"] = [sys.executable, "-m", "rapydli.cluster.mpi_engine"]
+    config.setdefault("MPIEngineSetLauncher", {})["engine_cmd"] = list(PROGRAM)
     _environment(config)[PEER_VARIABLE] = address
     _pin_tcp_to_interface(config)
 
