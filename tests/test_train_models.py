@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -39,6 +42,19 @@ def test_datasets_are_seeded_and_split() -> None:
     tokens, _ = datasets.synthetic_tokens(num_samples=8, block_size=5, vocab_size=10)
     x, y = tokens[0]
     assert torch.equal(x[1:], y[:-1])
+
+
+def test_digits_read_from_scikit_learns_file_are_load_digits() -> None:
+    """The file is read without importing sklearn.datasets (1 s of every rank's first run); the data are the same."""
+    from sklearn.datasets import load_digits
+
+    bunch = load_digits()
+    images = torch.tensor(bunch.images, dtype=torch.float32).unsqueeze(1) / 16.0
+    expected = datasets._split(images, torch.tensor(bunch.target, dtype=torch.int64), 0.2, 0)
+    for got, want in zip(datasets.digits(), expected, strict=True):
+        assert all(torch.equal(a, b) for a, b in zip(got.tensors, want.tensors, strict=True))
+    code = "import sys; from rapydli.zoo import datasets; datasets.digits(); print('sklearn.datasets' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"
 
 
 def test_resnet_mini_is_small() -> None:

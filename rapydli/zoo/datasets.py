@@ -1,4 +1,4 @@
-"""Reference data with no download: sklearn's bundled digits and seeded synthetic sets.
+"""Reference data with no download: the digits scikit-learn ships and seeded synthetic sets.
 
 Every builder returns ``(train_dataset, val_dataset)`` (map-style
 :class:`~torch.utils.data.TensorDataset` of ``(input, target)``), the shape ``data_fn``
@@ -13,6 +13,8 @@ Examples
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 from torch.utils.data import TensorDataset
@@ -35,12 +37,34 @@ def digits(val_fraction: float = 0.2, seed: int = 0) -> tuple[TensorDataset, Ten
 
     1797 samples, 10 classes; a seeded split keeps ``val_fraction`` for validation.
     """
+    pixels, target = _digits_table()
+    images = torch.tensor(pixels, dtype=torch.float32).reshape(-1, 1, 8, 8) / 16.0
+    labels = torch.tensor(target, dtype=torch.int64)
+    return _split(images, labels, val_fraction, seed)
+
+
+def _digits_table() -> tuple[Any, Any]:
+    """The digits' 64 pixel columns and their labels, read from the file scikit-learn ships.
+
+    Reading ``sklearn/datasets/data/digits.csv.gz`` directly is what ``load_digits`` does,
+    without importing ``sklearn.datasets`` (and SciPy with it): about 1 s of every rank's
+    first run on this machine. Where the file is not found, ``load_digits`` reads it.
+    """
+    import importlib.util
+    from pathlib import Path
+
+    import numpy as np
+
+    spec = importlib.util.find_spec("sklearn")
+    shipped = [Path(place) / "datasets" / "data" / "digits.csv.gz" for place in (spec.submodule_search_locations or [])] if spec else []
+    for path in shipped:
+        if path.is_file():
+            table = np.loadtxt(path, delimiter=",")
+            return table[:, :-1], table[:, -1].astype(np.int64)
     from sklearn.datasets import load_digits
 
     bunch = load_digits()
-    images = torch.tensor(bunch.images, dtype=torch.float32).unsqueeze(1) / 16.0
-    labels = torch.tensor(bunch.target, dtype=torch.int64)
-    return _split(images, labels, val_fraction, seed)
+    return bunch.data, bunch.target
 
 
 def synthetic_images(
