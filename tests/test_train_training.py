@@ -11,6 +11,7 @@ import pytest
 
 import rapydli as rd
 from rapydli.errors import ConfigError, RankFailure
+from rapydli.experiments.job import TASK_STARTED
 from rapydli.experiments.store.refs import callable_ref, resolve_callable
 from rapydli.experiments.store.runstore import open_store
 from rapydli.trainer.task import TRAINER_SETUP
@@ -67,7 +68,7 @@ def test_train_returns_history_and_records_the_run(cluster) -> None:
     assert store.records(result.run_id)["hosts"]["value"] == [socket.gethostname()]
     # where the time before step 1 went, phase by phase, in the order they ran
     setup = dict(store.records(result.run_id)["setup_s"]["value"])
-    assert list(setup) == ["engines ready", "code shipped, task started", "model and data", TRAINER_SETUP]
+    assert list(setup) == ["engines ready", TASK_STARTED, "model and data", TRAINER_SETUP]
     assert all(seconds >= 0 for seconds in setup.values())
 
 

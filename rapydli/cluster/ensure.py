@@ -19,7 +19,7 @@ chosen cluster usable, the same way for every caller:
 * ``degraded`` (an engine died) or ``dead`` (aborted after a rank blocked): restarted,
   saying so: fresh engines, the variables defined on the old ones are gone (what
   ``%%distributed`` has always done; a run could not use the cluster otherwise);
-* ``stopped``: started.
+* ``stopped``: started, saying so.
 
 Examples
 --------
@@ -108,6 +108,7 @@ def ready(cluster: Cluster, say: Callable[[str], None] = _say) -> Cluster:
         say(f"{which} of the cluster had died; restarting {cluster.n} fresh engines (variables defined on them are gone)")
         cluster.restart()
     if not cluster.running:
+        say(f"starting {cluster.n} engines ({cluster.launcher.name} launcher) ...")
         cluster.start()
     return cluster
 

@@ -42,6 +42,9 @@ if TYPE_CHECKING:  # pragma: no cover
 #: interrupted by :meth:`TrainingJob.poll` (SIGINT; ranks blocked in a collective are aborted),
 #: unless the request gave a grace of its own.
 STOP_GRACE_S = 10.0
+#: The set-up phase from submitting the task to its start on rank 0: shipping the code, and on a
+#: cluster started just now the engines' import of torch and the trainer (:func:`rapydli.cluster.engine.warm_up`).
+TASK_STARTED = "code shipped, torch imported, task started"
 
 
 class TrainingJob:
@@ -229,8 +232,9 @@ class TrainingJob:
             if progress:  # the ranks now build model and Trainer: say so before the bar appears
                 from tqdm.auto import tqdm
 
+                importing = "importing torch, then " if getattr(cluster, "warming", False) else ""
                 tqdm.write(f"set-up: engines ready ({self.setup_s['engines ready']:.1f} s); "
-                           f"building the model and the Trainer on {len(self.targets)} ranks ...")  # fmt: skip
+                           f"{importing}building the model and the Trainer on {len(self.targets)} ranks ...")  # fmt: skip
             self._submitted = time.monotonic()
             self.job = cluster.submit(
                 engine_task, spec.model_fn, spec.data_fn, {**config.to_dict(), "trackers": ""}, targets=self.targets, on_event=self._on_event,
@@ -343,7 +347,7 @@ class TrainingJob:
     def _set_up(self, on_rank0: dict[str, float]) -> None:
         """Record where the time before the first step went, and print it above the bar (the bar's rate is training's alone)."""
         shipped = time.monotonic() - self._submitted - sum(on_rank0.values())
-        self.setup_s.update({"code shipped, task started": max(0.0, shipped), **on_rank0})
+        self.setup_s.update({TASK_STARTED: max(0.0, shipped), **on_rank0})
         if self.store is not None and self.run_id is not None:
             self.store.add_record(self.run_id, "setup_s", "json", list(self.setup_s.items()))  # pairs: the store sorts a mapping's keys
         if self.progress:
