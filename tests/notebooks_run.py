@@ -1,8 +1,8 @@
 """Running a notebook of ``notebooks/`` as users run it, with plain papermill, and reading its outputs.
 
-Every executed tour notebook is checked as it would be shared: at most
-:data:`TOUR_NOTEBOOK_BYTES`, every figure carrying its PNG, and every figure visible in its
-nbconvert HTML opened offline in Chromium (:func:`offline_html.visible_figures`)."""
+Every executed tour notebook is checked as it would be shared (:func:`offline_html.sharing_problems`):
+at most :data:`~offline_html.TOUR_NOTEBOOK_BYTES`, every figure carrying its PNG, and every figure
+visible in its nbconvert HTML opened offline in Chromium."""
 
 from __future__ import annotations
 
@@ -11,15 +11,12 @@ from typing import Any
 
 import nbformat
 import papermill
-from offline_html import visible_figures
+from offline_html import figure_outputs, sharing_problems
 from processes import session_cluster_pids
 
 from rapydli.cluster.processes import CLUSTER_MARKER, reap_marked
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
-PLOTLY = "application/vnd.plotly.v1+json"
-
-
 WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
 
 
@@ -34,7 +31,7 @@ class Executed:
         cells = nb.cells
         self.outputs: list[dict[str, Any]] = [o for c in cells if c.cell_type == "code" for o in c.get("outputs", [])]
         self.text = "\n".join(o.get("text", "") for o in self.outputs)
-        self.figures = [o for o in self.outputs if PLOTLY in o.get("data", {})]
+        self.figures = figure_outputs(nb)
         states = nb.metadata.get("widgets", {}).get(WIDGET_STATE, {}).get("state", {})
         self.widget_texts = [s["state"]["value"] for s in states.values()
                              if s.get("model_name") == "HTMLModel" and s["state"].get("value")]
@@ -48,10 +45,6 @@ class Executed:
         return page.count('src="data:image/png;base64,')
 
 
-#: The most an executed tour notebook may weigh: small enough to commit, open on GitHub and attach
-#: to a paper (a live plot's saved widget state alone was ~5 MB of JavaScript).
-TOUR_NOTEBOOK_BYTES = 1_000_000
-
 #: nbclient's wait for a cell's outputs after its reply (papermill passes it on): its 4 s default dropped
 #: a print on a loaded machine; a wait that runs out fails the cell rather than losing the output.
 IOPUB = {"iopub_timeout": 120, "raise_on_iopub_timeout": True}
@@ -64,8 +57,7 @@ CELL_TIMEOUT_S = 240
 
 def execute(name: str, out_dir: Path, **parameters: Any) -> Executed:
     """Run ``notebooks/<name>`` into ``out_dir`` with ``parameters`` (working directory: ``notebooks/``) by plain
-    papermill; every executed tour notebook is checked to weigh at most :data:`TOUR_NOTEBOOK_BYTES`, and each
-    figure it drew to carry its PNG and to show in its nbconvert HTML offline.
+    papermill; the executed notebook is checked as it would be shared (:func:`offline_html.sharing_problems`).
 
     A cell that runs longer than :data:`CELL_TIMEOUT_S` fails the notebook. When it fails, the
     clusters its kernel started are ended here (a killed kernel cannot stop them), so one failing
@@ -79,12 +71,9 @@ def execute(name: str, out_dir: Path, **parameters: Any) -> Executed:
         _reap_clusters_started_since(before)
         _print_last_outputs(out)
         raise
-    executed = Executed(out)
-    assert executed.size <= TOUR_NOTEBOOK_BYTES, f"{name} executed is {executed.size / 2**20:.2f} MiB"
-    assert all("image/png" in figure["data"] for figure in executed.figures), f"{name}: a figure without its PNG"
-    drawn, visible = visible_figures(executed.nb)
-    assert visible in (drawn, -1), f"{name}: {visible} of {drawn} figures visible in nbconvert's HTML offline"
-    return executed
+    problems = sharing_problems(out)
+    assert not problems, f"{name}: {'; '.join(problems)}"
+    return Executed(out)
 
 
 def _reap_clusters_started_since(before: set[int]) -> None:

@@ -8,6 +8,9 @@ from pathlib import Path
 from typing import Any
 
 PLOTLY = "application/vnd.plotly.v1+json"
+#: The most an executed tour notebook may weigh: small enough to commit, open on GitHub and attach
+#: to a paper (a live plot's saved widget state alone was ~5 MB of JavaScript).
+TOUR_NOTEBOOK_BYTES = 1_000_000
 
 
 def figure_outputs(nb: Any) -> list[dict[str, Any]]:
@@ -44,3 +47,26 @@ def visible_figures(nb: Any) -> tuple[int, int]:
             )
             context.close()
     return drawn, int(visible)
+
+
+def sharing_problems(path: Path) -> list[str]:
+    """What keeps the executed notebook at ``path`` from being shared as it is (none: ``[]``).
+
+    The checks every executed tour notebook passes, in ``make tour`` and in the tests alike:
+    at most :data:`TOUR_NOTEBOOK_BYTES`; every figure carrying its PNG; every figure
+    visible in its nbconvert HTML opened offline (:func:`visible_figures`).
+    """
+    import nbformat
+
+    size = path.stat().st_size
+    if size > TOUR_NOTEBOOK_BYTES:
+        return [f"{size / 2**20:.2f} MiB, over the {TOUR_NOTEBOOK_BYTES / 2**20:.2f} MiB a shared notebook may weigh"]
+    nb = nbformat.read(path, as_version=4)
+    problems = []
+    bare = [o for o in figure_outputs(nb) if "image/png" not in o["data"]]
+    if bare:
+        problems.append(f"{len(bare)} figure(s) without a PNG")
+    drawn, visible = visible_figures(nb)
+    if visible not in (drawn, -1):
+        problems.append(f"{visible} of {drawn} figures visible in nbconvert's HTML offline")
+    return problems

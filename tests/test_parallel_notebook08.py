@@ -7,7 +7,8 @@ import re
 from pathlib import Path
 
 import pytest
-from notebooks_run import PLOTLY, execute
+from notebooks_run import execute
+from offline_html import PLOTLY
 
 
 @pytest.mark.notebook

@@ -3,9 +3,9 @@
 Each notebook of ``notebooks/`` is executed by the papermill of ``--python``'s environment
 (a venv ``make demo`` made: the runtime alone, none of the test extras) with its default
 parameters, then checked as it would be shared: no cell error, at most
-:data:`~notebooks_run.TOUR_NOTEBOOK_BYTES` bytes, every figure carrying its PNG, and
+:data:`~offline_html.TOUR_NOTEBOOK_BYTES` bytes, every figure carrying its PNG, and
 every figure visible in its nbconvert HTML opened in Chromium with the network off
-(:func:`offline_html.visible_figures`). ``09-on-a-cluster.ipynb`` needs a running Slurm: it
+(:func:`offline_html.sharing_problems`). ``09-on-a-cluster.ipynb`` needs a running Slurm: it
 runs only where ``sinfo`` answers (``tests/test_cluster_notebook09.py`` runs it on the
 suite's own Slurm). One line per notebook; the exit status is the number that failed.
 
@@ -24,8 +24,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import nbformat  # noqa: E402 - after the tests folder is importable
-from notebooks_run import NOTEBOOKS, TOUR_NOTEBOOK_BYTES  # noqa: E402
-from offline_html import figure_outputs, visible_figures  # noqa: E402
+from notebooks_run import NOTEBOOKS  # noqa: E402
+from offline_html import figure_outputs, sharing_problems  # noqa: E402
 
 #: Notebooks that need something a bare machine lacks, and how to tell it is there.
 NEEDS = {"09-on-a-cluster.ipynb": ("a running Slurm", ["sinfo", "--noheader"])}
@@ -45,16 +45,9 @@ def check(notebook: Path, python: Path, out: Path) -> str | None:
     if run.returncode != 0:
         lines = [line for line in (run.stderr or run.stdout).splitlines() if line.strip()]
         return "papermill failed:\n    " + "\n    ".join(lines[-15:])
-    size = executed.stat().st_size
-    if size > TOUR_NOTEBOOK_BYTES:
-        return f"{size / 2**20:.2f} MiB, over the {TOUR_NOTEBOOK_BYTES / 2**20:.2f} MiB a shared notebook may weigh"
-    nb = nbformat.read(executed, as_version=4)
-    bare = [o for o in figure_outputs(nb) if "image/png" not in o["data"]]
-    if bare:
-        return f"{len(bare)} figure(s) without a PNG"
-    drawn, visible = visible_figures(nb)
-    if visible != drawn:
-        return f"{visible} of {drawn} figures visible in nbconvert's HTML offline"
+    problems = sharing_problems(executed)
+    if problems:
+        return "; ".join(problems)
     return None
 
 
