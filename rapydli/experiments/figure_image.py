@@ -124,12 +124,13 @@ class _Drawing:
         self.categories: dict[tuple[int, str], dict[Any, int]] = {}  # (axes id, "x"/"y") -> category -> position
         self.legend: dict[str, tuple[Any, str]] = {}
         self.unsupported: set[str] = set()
+        self.last_y: dict[int, list[float]] = {}  # (axes id) -> the y of the last trace drawn there: what a "tonexty" fill fills to
         names = [len(plain(t.get("name", ""))) for t in self.traces]
         legend_space = min(360, 60 + int(6.2 * max(names, default=0))) if self._legend_wanted() else 25
         title_space = 50 if _title(self.layout.get("title")) else 20
         margin = self.layout.get("margin") or {}
         self.area = (max(55, int(margin.get("l", 0))), legend_space,
-                     max(title_space, int(margin.get("t", 0)) if "t" in margin else 0) + 10, max(45, int(margin.get("b", 0))))  # fmt: skip
+                     max(title_space, int(margin.get("t", 0))) + 10, max(45, int(margin.get("b", 0))))  # fmt: skip
 
     def _legend_wanted(self) -> bool:
         shown = self.layout.get("showlegend")
@@ -240,12 +241,12 @@ class _Drawing:
         handle = None
         fill = trace.get("fill")
         if fill in ("tonexty", "tozeroy") and pairs:
-            below = getattr(ax, "_rapydli_last_y", None) if fill == "tonexty" else None
+            below = self.last_y.get(id(ax)) if fill == "tonexty" else None
             fx = [p[0] for p in pairs]
             lower = below if below is not None and len(below) == len(fx) else [0.0] * len(fx)
             fillcolor = colour(trace.get("fillcolor"), None) or (*_rgb(color), 0.3)
             handle = ax.fill_between(fx, lower, [p[1] for p in pairs], color=fillcolor, linewidth=0)
-        ax._rapydli_last_y = [p[1] for p in pairs]
+        self.last_y[id(ax)] = [p[1] for p in pairs]
         if "lines" in mode and line.get("width", 2) != 0 and pairs:
             (handle,) = ax.plot([p[0] for p in pairs], [p[1] for p in pairs], color=color, linewidth=PT * float(line.get("width", 2)),
                                 linestyle=DASHES.get(str(line.get("dash", "solid")), "-"),
@@ -365,7 +366,7 @@ class _Drawing:
             if low is not None and high is not None:
                 set_lim(10**low, 10**high) if log else set_lim(low, high)
         names = self.categories.get((id(ax), letter))
-        if not names and not log and self._whole_numbers(ax, letter):
+        if letter == "x" and not names and not log and self._whole_numbers(ax, letter):  # steps, epochs, workers
             from matplotlib.ticker import MaxNLocator
 
             (ax.xaxis if letter == "x" else ax.yaxis).set_major_locator(MaxNLocator(integer=True))
@@ -382,10 +383,10 @@ class _Drawing:
             (ax.xaxis if letter == "x" else ax.yaxis).set_ticklabels([])
 
     def _whole_numbers(self, ax: Any, letter: str) -> bool:
-        """Whether every trace drawn on ``ax`` has whole numbers along ``letter`` (steps, epochs, workers)."""
+        """Whether every trace drawn on ``ax`` has whole numbers along ``letter`` (then its ticks are whole numbers too)."""
         drawn = [t for t in self.traces if self.axes.get((t.get("xaxis", "x"), t.get("yaxis", "y"))) is ax]
         found = [v for t in drawn for v in values(t.get(letter)) if v is not None]
-        return bool(found) and all(isinstance(v, int) or (isinstance(v, float) and v.is_integer()) for v in found) and letter == "x"
+        return bool(found) and all(isinstance(v, int) or (isinstance(v, float) and v.is_integer()) for v in found)
 
     def _shape(self, shape: Mapping[str, Any]) -> None:
         from matplotlib.patches import Rectangle
