@@ -20,7 +20,7 @@ from IPython.core.magic_arguments import argument, magic_arguments
 from rapydli.cluster import Cluster, choose_cluster, current, parse_targets, ready
 from rapydli.cluster.hang import ACTIONS as HANG_ACTIONS
 from rapydli.cluster.job import print_output
-from rapydli.cluster.launchers import LAUNCHERS
+from rapydli.cluster.launchers import DEFAULT_LAUNCHER, LAUNCHERS
 from rapydli.errors import ConfigError
 
 
@@ -102,7 +102,7 @@ class RapydliMagics(Magics):
     def _start(
         self,
         n: int,
-        launcher: str = "local",
+        launcher: str = DEFAULT_LAUNCHER,
         options: dict[str, Any] | None = None,
         timeout: float | None = None,
         wait: bool = True,
@@ -136,7 +136,7 @@ class RapydliMagics(Magics):
     @magic_arguments()
     @argument("action", choices=["start", "stop", "status", "restart", "where"], help="what to do with the cluster")
     @argument("-n", type=int, default=None, help="number of engines (MPI ranks) for start")
-    @argument("--launcher", default="local", help=f"how the engines start: {', '.join(LAUNCHERS)}")
+    @argument("--launcher", default=DEFAULT_LAUNCHER, help=f"how the engines start: {', '.join(LAUNCHERS)}")
     @argument("--timeout", type=float, default=None, help="seconds to wait for the engines (a queued job is cancelled)")
     @argument("--no-wait", action="store_true", help="return once submitted; %%distributed waits for the engines")
     @argument("--all-threads", action="store_true", help="where: every thread of every rank, not only the task's")

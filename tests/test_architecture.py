@@ -117,3 +117,29 @@ def test_no_figure_is_a_widget() -> None:
 
     users = [name for name, path in modules() if builds_widgets(path)]
     assert not users, f"modules that build FigureWidgets: {users}"
+
+
+def test_no_code_outside_the_launcher_registry_decides_by_a_launchers_name() -> None:
+    """What a launcher can do is a capability of its ``LauncherSpec`` (a batch queue, hosts over ssh, batch items),
+    so adding one touches the registry and its own module: no comparison with a launcher's name and no table
+    keyed by it elsewhere. The launchers' own modules (``cluster.slurm``, ``cluster.sshhosts``) may name theirs."""
+    from rapydli.cluster.launchers import LAUNCHERS
+
+    names = set(LAUNCHERS)
+    owners = {"rapydli.cluster.launchers", "rapydli.cluster.slurm", "rapydli.cluster.sshhosts"}
+
+    def named(node: ast.AST) -> bool:
+        if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+            return any(named(element) for element in node.elts)
+        return isinstance(node, ast.Constant) and node.value in names
+
+    found = []
+    for name, path in modules():
+        if name in owners:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            decides = isinstance(node, ast.Compare) and any(named(side) for side in (node.left, *node.comparators))
+            keyed = isinstance(node, ast.Dict) and any(key is not None and named(key) for key in node.keys)
+            if decides or keyed:
+                found.append(f"{name}:{node.lineno}")
+    assert not found, f"decisions by a launcher's name outside the launcher registry: {found}"

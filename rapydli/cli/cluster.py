@@ -14,7 +14,7 @@ import pandas as pd
 
 from rapydli.cli.group import Group
 from rapydli.cluster import Cluster
-from rapydli.cluster.launchers import LAUNCHERS
+from rapydli.cluster.launchers import DEFAULT_LAUNCHER, LAUNCHERS
 from rapydli.cluster.registry import stop_cluster
 from rapydli.paths import subdir
 
@@ -40,7 +40,7 @@ def cluster() -> None:
 
 @cluster.command()
 @click.option("-n", "n", type=int, default=2, show_default=True, help="number of engines (MPI ranks)")
-@click.option("--launcher", default="local", show_default=True, help=f"how the engines start: {', '.join(LAUNCHERS)}")
+@click.option("--launcher", default=DEFAULT_LAUNCHER, show_default=True, help=f"how the engines start: {', '.join(LAUNCHERS)}")
 @click.option("--threads", type=int, default=None, help="threads per engine (default cores // n)")
 @click.option("--timeout", type=float, default=120.0, show_default=True, help="seconds to wait for the engines (a queued job is cancelled)")
 @click.argument("options", nargs=-1, metavar="[KEY=VALUE]...")

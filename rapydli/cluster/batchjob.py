@@ -141,10 +141,12 @@ class BatchJob:
 
 
 def batch_job(launcher: LauncherSpec, ipp_cluster: Any) -> BatchJob | None:
-    """The job a batch launcher submitted for ``ipp_cluster``'s engines (None for other launchers)."""
-    if launcher.name != "slurm":
+    """The job a batch launcher (one with a :class:`~rapydli.cluster.launchers.BatchQueue`) submitted for
+    ``ipp_cluster``'s engines (None for other launchers)."""
+    queue = launcher.queue
+    if queue is None:
         return None
-    job_id = slurm.engine_job_id(ipp_cluster)
+    job_id = queue.job_id(ipp_cluster)
     if job_id is None:
-        raise ClusterError("sbatch returned no job id for the engines")
-    return BatchJob(job_id, slurm.job_state, ["scancel"], lambda lines: slurm.output_tail(ipp_cluster, lines))
+        raise ClusterError(f"the {launcher.name} launcher's submission returned no job id for the engines")
+    return BatchJob(job_id, queue.state, list(queue.cancel), lambda lines: queue.output(ipp_cluster, lines))

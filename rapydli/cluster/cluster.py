@@ -24,7 +24,7 @@ from rapydli.cluster import engine, launchwatch
 from rapydli.cluster.batchjob import BatchJob, batch_job
 from rapydli.cluster.controller_config import write_controller_config
 from rapydli.cluster.encryption import beyond_loopback, curve_ready
-from rapydli.cluster.launchers import get_launcher, validate_options
+from rapydli.cluster.launchers import DEFAULT_LAUNCHER, get_launcher, queue_of, validate_options
 from rapydli.cluster.mpirun import rank_environment, threads_per_rank
 from rapydli.cluster.processes import CLUSTER_MARKER, alive, reap, reap_marked
 from rapydli.cluster.registry import ipp_log, new_cluster_id, remove_connection_files
@@ -88,7 +88,7 @@ class Cluster(ClusterTasks):
     def __init__(
         self,
         n: int = 2,
-        launcher: str = "local",
+        launcher: str = DEFAULT_LAUNCHER,
         *,
         threads: int | None = None,
         start_timeout: float = 120.0,
@@ -263,8 +263,8 @@ class Cluster(ClusterTasks):
         self._warming = view.apply_async(engine.warm_up)
 
     def _watch_sessions(self) -> SessionWatch | None:
-        """The ssh sessions to the engines' hosts (ssh launcher), watched while tasks run."""
-        if self.launcher.name != "ssh" or self._cluster_id is None:
+        """The ssh sessions to the engines' hosts (a launcher `over_ssh`), watched while tasks run."""
+        if not self.launcher.over_ssh or self._cluster_id is None:
             return None
         remote = sorted({info["host"] for info in self._info.values() if not _is_local(info)})
         return SessionWatch.find(self._cluster_id, remote, self.options.get("ssh_command", "ssh"))
@@ -363,7 +363,7 @@ class Cluster(ClusterTasks):
                 self._remove_connection_files()
         lost = self._sessions.down if self._sessions is not None else {}
         remote = {host: pids for host, pids in remote.items() if host not in lost}  # their processes cannot be reached
-        if remote and self.launcher.name == "ssh":
+        if remote and self.launcher.over_ssh:
             from rapydli.cluster.sshhosts import reap_remote
 
             reap_remote(remote, self.options.get("ssh_command", "ssh"))
@@ -459,10 +459,9 @@ class Cluster(ClusterTasks):
         for path in sorted(subdir("clusters").glob("*.json")):
             record = json.loads(path.read_text())
             record["engines_alive"] = sum(psutil.pid_exists(e["pid"]) for e in record["engines"].values())
-            if record.get("job") and record["launcher"] == "slurm":
-                from rapydli.cluster import slurm
-
-                record["job"] = slurm.job_state(record["job"]["id"]).describe()
+            queue = queue_of(record.get("launcher"))
+            if record.get("job") and queue is not None:
+                record["job"] = queue.state(record["job"]["id"]).describe()
             records.append(record)
         return records
 

@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from rapydli.cluster import slurm, sshhosts
+from rapydli.cluster import slurm, sshhosts, where
 from rapydli.cluster.mpi_engine import PROGRAM
 from rapydli.cluster.mpirun import find_mpiexec
 from rapydli.errors import ConfigError
@@ -51,14 +51,47 @@ class Option:
 
 
 @dataclass(frozen=True)
+class BatchQueue:
+    """What a launcher whose engines are one batch job can do with that job (a capability of :class:`LauncherSpec`).
+
+    Its holder's start waits while the job is queued, shows its state (``status()["job"]``,
+    the panel, ``rapydli cluster status``), cancels it on Ctrl-C, a timeout or ``stop()``, and
+    quotes its output when it ends before its engines are ready
+    (:mod:`rapydli.cluster.batchjob`).
+    """
+
+    job_id: Callable[[Any], str | None]  # the ipyparallel cluster -> the id its submission printed (None: not yet)
+    state: Callable[[str], Any]  # job id -> its state now (``describe()``: id, state, reason, nodes)
+    cancel: tuple[str, ...]  # the command that cancels a job, its id appended
+    output: Callable[[Any, int], str]  # (the ipyparallel cluster, lines) -> the last lines the job printed
+    reader: Callable[[str], Any]  # job id -> how files on the job's nodes are read from here (``where.Reader``)
+
+
+@dataclass(frozen=True)
 class LauncherSpec:
-    """A named way to start engines."""
+    """A named way to start engines, and what it can do beyond starting them.
+
+    Capabilities (what code outside this module asks of a launcher, never its name):
+    ``queue`` (:class:`BatchQueue`: the engines are one batch job, watched while queued);
+    ``on_this_machine`` (every process of its clusters runs here: a stop ends them all at once);
+    ``over_ssh`` (engines on hosts reached by ssh: the sessions are watched while tasks run,
+    the engines' processes there are reaped at stop; its ``ssh_command`` option names the
+    program); ``items`` (where :func:`rapydli.batch` runs a notebook per item with this
+    launcher: ``"module:factory"`` of its places, loaded when used); ``ipp_names``
+    (ipyparallel's own engine-launcher names read as this launcher, for clusters started
+    without RaPyDLI's record).
+    """
 
     name: str
     engines: str
     controller: str
     description: str
     options: Mapping[str, Option] = field(default_factory=dict)
+    queue: BatchQueue | None = None
+    on_this_machine: bool = False
+    over_ssh: bool = False
+    items: str | None = None
+    ipp_names: tuple[str, ...] = ()
     listen_all: bool = False  # engines on other hosts must reach the controller
     batch_class: str | None = None  # ipyparallel class writing a batch script, if any
     check: Callable[[dict[str, Any]], None] | None = None  # checks across options, after each one's own
@@ -119,6 +152,15 @@ def _tasks_fit(n: int, options: Mapping[str, Any]) -> None:
 _MPI_ARGS = Option(list, "extra arguments for mpiexec, e.g. ['-bind-to', 'core']", "MPIEngineSetLauncher.mpi_args")
 _MPI_CMD = Option(list, "the mpiexec command, e.g. ['mpiexec'] or ['srun']", "MPIEngineSetLauncher.mpi_cmd")
 
+#: The launcher a cluster uses when none is named.
+DEFAULT_LAUNCHER = "local"
+#: The launcher ``rd.batch(hosts=...)`` and ``rapydli batch --hosts`` mean.
+HOSTS_LAUNCHER = "ssh"
+
+_SLURM_QUEUE = BatchQueue(
+    job_id=slurm.engine_job_id, state=slurm.job_state, cancel=("scancel",), output=slurm.output_tail, reader=where.read_slurm
+)
+
 LAUNCHERS = Registry(
     "launcher",
     {
@@ -130,6 +172,8 @@ LAUNCHERS = Registry(
                 controller="local",
                 description="mpiexec on this machine",
                 options={"mpi_args": _MPI_ARGS, "mpi_cmd": _MPI_CMD},
+                on_this_machine=True,
+                items="rapydli.experiments.batch.places:LocalPlaces",
             ),
             LauncherSpec(
                 "ssh",
@@ -149,6 +193,9 @@ LAUNCHERS = Registry(
                 check=sshhosts.check,
                 reachable=sshhosts.reachable_engines,
                 form=("hosts",),
+                over_ssh=True,
+                items="rapydli.experiments.batch.places:HostPlaces",
+                ipp_names=("ssh", "sshproxy"),
             ),
             LauncherSpec(
                 "slurm",
@@ -180,6 +227,9 @@ LAUNCHERS = Registry(
                 threads_option="cpus_per_task",
                 check_size=_tasks_fit,
                 form=("partition", "nodes", "timelimit"),
+                queue=_SLURM_QUEUE,
+                items="rapydli.experiments.batch.places:SlurmPlaces",
+                ipp_names=("slurm",),
             ),
             LauncherSpec(
                 "pbs",
@@ -206,6 +256,24 @@ def get_launcher(name: str) -> LauncherSpec:
         raise ConfigError(f"unknown launcher {name!r}: allowed are {', '.join(LAUNCHERS)}")
     spec: LauncherSpec = LAUNCHERS.load(name)
     return spec
+
+
+def launcher_of(engine_class: str) -> str:
+    """The launcher an ipyparallel cluster file's engine class names (its own class name if none does).
+
+    >>> launcher_of("mpi"), launcher_of("sshproxy"), launcher_of("rapydli.cluster.slurm.SlurmEngines")
+    ('local', 'ssh', 'slurm')
+    """
+    for name in LAUNCHERS:
+        spec = get_launcher(name)
+        if engine_class == spec.engines or engine_class in spec.ipp_names:
+            return name
+    return engine_class
+
+
+def queue_of(launcher: object) -> BatchQueue | None:
+    """The :class:`BatchQueue` of the launcher called ``launcher`` (None: not a batch launcher, or unknown)."""
+    return get_launcher(launcher).queue if isinstance(launcher, str) and launcher in LAUNCHERS else None
 
 
 def validate_options(launcher: str, options: Mapping[str, Any]) -> dict[str, Any]:

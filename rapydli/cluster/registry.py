@@ -24,16 +24,12 @@ from typing import Any
 
 import psutil
 
+from rapydli.cluster.launchers import LAUNCHERS, get_launcher, launcher_of, queue_of
 from rapydli.cluster.processes import alive, reap, reap_marked, terminate_trees
 from rapydli.errors import NotFoundError
 from rapydli.paths import subdir
 
 log = logging.getLogger(__name__)
-
-#: ipyparallel engine-launcher class (its entry-point name, or rapydli's class path) -> rapydli
-#: launcher name, for clusters without a rapydli record.
-_LAUNCHER_OF = {"mpi": "local", "slurm": "slurm", "pbs": "pbs", "ssh": "ssh", "sshproxy": "ssh",
-                "rapydli.cluster.slurm.SlurmEngines": "slurm"}  # fmt: skip
 
 
 def new_cluster_id() -> str:
@@ -99,11 +95,11 @@ _QUEUED = ("SUBMITTED", "PENDING", "CONFIGURING", "REQUEUED")
 
 def _job(launcher: object, job_id: object) -> dict[str, Any] | None:
     """The batch job ``job_id`` as the scheduler reports it now (None without one)."""
-    if launcher != "slurm" or not job_id:
+    queue = queue_of(launcher)
+    if queue is None or not job_id:
         return None
-    from rapydli.cluster import slurm
-
-    return slurm.job_state(str(job_id)).describe()
+    described: dict[str, Any] = queue.state(str(job_id)).describe()
+    return described
 
 
 def running_clusters() -> list[dict[str, Any]]:
@@ -145,7 +141,7 @@ def running_clusters() -> list[dict[str, Any]]:
         else:
             engine_class = str(data.get("engines", {}).get("class", ""))
             procs = _engine_processes([s.get("pid") for s in sets if isinstance(s, dict)])
-            entry = {"origin": "kernel", "launcher": _LAUNCHER_OF.get(engine_class, engine_class),
+            entry = {"origin": "kernel", "launcher": launcher_of(engine_class),
                      "n": data["cluster"].get("n"), "engines_alive": len(procs),
                      "hosts": [socket.gethostname()] if procs else [], "threads": None,
                      "engine_pids": [p.pid for p in procs], "state": "running"}  # fmt: skip
@@ -188,7 +184,8 @@ def stop_cluster(cluster_id: str, timeout: float = 10.0) -> None:
             cluster = ipp.Cluster.from_file(profile_dir=str(_profile()), cluster_id=cluster_id, log=ipp_log(cluster_id))
         except Exception as exc:  # noqa: BLE001 - no cluster file left: the engines and marked processes still go
             log.warning("cluster %s: ipyparallel could not read it: %s", cluster_id, exc)
-    if found is not None and found["launcher"] == "local":  # every process is here: end them all at once
+    here = found is not None and found["launcher"] in LAUNCHERS and get_launcher(found["launcher"]).on_this_machine
+    if found is not None and here:  # every process is here: end them all at once
         launchers = [cluster.controller, *cluster.engines.values()] if cluster is not None else []
         terminate_trees([*(launcher.pid for launcher in launchers if launcher is not None), *found["engine_pids"]], grace=timeout)
     elif found is not None:
@@ -197,11 +194,11 @@ def stop_cluster(cluster_id: str, timeout: float = 10.0) -> None:
                 cluster.stop_cluster_sync()
         except Exception as exc:  # noqa: BLE001 - stop what can be stopped; the processes are reaped below
             log.warning("cluster %s: ipyparallel could not stop it cleanly: %s", cluster_id, exc)
-        if found["job"] is not None and found["launcher"] == "slurm":
-            from rapydli.cluster import slurm
+        queue = queue_of(found["launcher"])
+        if found["job"] is not None and queue is not None:
             from rapydli.cluster.batchjob import BatchJob
 
-            BatchJob(str(found["job"]["id"]), slurm.job_state, ["scancel"]).cancel()  # idempotent: ipyparallel may have done it
+            BatchJob(str(found["job"]["id"]), queue.state, list(queue.cancel)).cancel()  # idempotent: ipyparallel may have done it
         pids = found["engine_pids"]
         psutil.wait_procs([p for p in map(alive, pids) if p is not None], timeout=timeout)
         reap(pids)

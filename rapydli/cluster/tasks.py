@@ -18,7 +18,7 @@ from rapydli.cluster.hang import ACTIONS, HangWatch
 from rapydli.cluster.job import FOLLOW_S, DisplayHandler, EventHandler, Job, OutputHandler, print_output
 from rapydli.cluster.targets import parse_targets
 from rapydli.cluster.usercode import notebook_cells
-from rapydli.cluster.where import WHERE_SIGNAL, WITHIN_S, Reader, Where, collect, read_local, read_slurm, read_ssh
+from rapydli.cluster.where import WHERE_SIGNAL, WITHIN_S, Reader, Where, collect, read_local, read_ssh
 from rapydli.errors import ClusterError, ConfigError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -186,12 +186,14 @@ class ClusterTasks:
         return traces
 
     def _reader(self) -> Reader:
-        """How the engines' stack and trace files are read from here: over ssh for ssh hosts, through
-        ``srun`` for a Slurm job (files on a node's own disk), else (one host) directly."""
-        if self.launcher.name == "ssh":
+        """How the engines' stack and trace files are read from here: over ssh for hosts reached by ssh,
+        as the batch queue reads its job's nodes (Slurm: through ``srun``, files on a node's own disk),
+        else (one host) directly."""
+        if self.launcher.over_ssh:
             return read_ssh(self.options.get("ssh_command", "ssh"))
-        if self._batch is not None:
-            return read_slurm(self._batch.job_id)
+        if self._batch is not None and self.launcher.queue is not None:
+            reader: Reader = self.launcher.queue.reader(self._batch.job_id)
+            return reader
         return read_local
 
     def _signal_where(self, ranks: Sequence[int]) -> None:
@@ -254,7 +256,7 @@ class ClusterTasks:
     def _job(self, results: dict[int, Any], **handlers: Any) -> Job:
         # where each rank runs, taken now: an abort (which the job may call) forgets the engines
         where = {rank: info["host"] for rank, info in self._info.items()}
-        hosts_down = functools.partial(self._hosts_down, where) if self.launcher.name == "ssh" else None
+        hosts_down = functools.partial(self._hosts_down, where) if self.launcher.over_ssh else None
         gone = self._batch.gone if self._batch is not None else None
         lost = functools.partial(self._hosts_lost, self._sessions, where) if self._sessions is not None else None
         return Job(results, interrupt=self._interrupt, stop=self._request_stop, go_on=self._go_on, abort=self.abort, hosts_down=hosts_down, gone=gone,

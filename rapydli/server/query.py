@@ -103,8 +103,8 @@ def parse_since(args: Mapping[str, str]) -> int | None:
 class ClusterRequest:
     """A validated ``POST clusters`` body."""
 
-    n: int = 2
-    launcher: str = "local"
+    n: int
+    launcher: str
     options: dict[str, Any] = field(default_factory=dict)
 
 
@@ -132,7 +132,7 @@ def parse_cluster_request(data: Mapping[str, Any]) -> ClusterRequest:
     >>> parse_cluster_request({"n": 2, "launcher": "local"})
     ClusterRequest(n=2, launcher='local', options={})
     """
-    from rapydli.cluster.launchers import validate_options
+    from rapydli.cluster.launchers import DEFAULT_LAUNCHER, validate_options
 
     unknown = sorted(set(data) - {"n", "launcher", "options"})
     if unknown:
@@ -140,7 +140,7 @@ def parse_cluster_request(data: Mapping[str, Any]) -> ClusterRequest:
     n = data.get("n", 2)
     if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_ENGINES:
         raise ConfigError(f"field 'n' (engines) must be an integer 1..{MAX_ENGINES}; got {n!r}")
-    launcher = data.get("launcher", "local")
+    launcher = data.get("launcher", DEFAULT_LAUNCHER)
     if not isinstance(launcher, str):
         raise ConfigError(f"field 'launcher' must be a string; got {launcher!r}")
     options = data.get("options", {})

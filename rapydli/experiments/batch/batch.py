@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rapydli.cluster.launchers import DEFAULT_LAUNCHER, HOSTS_LAUNCHER
 from rapydli.errors import ConfigError
 from rapydli.experiments.batch import spec as batchspec
 from rapydli.experiments.batch.places import ItemProcess, Places, places
@@ -282,7 +283,7 @@ def run_plan(
                 "kernel": kernel,
                 "timeout": timeout,
                 "retry": retry,
-                "launcher": launcher or ("ssh" if hosts is not None else "local"),
+                "launcher": launcher or (HOSTS_LAUNCHER if hosts is not None else DEFAULT_LAUNCHER),
             },
             parent=None,
         )
@@ -327,12 +328,12 @@ def _follow(store: Any, run_id: str | None, names: Sequence[str]) -> RunTrackers
 
 def item_places(launcher: str | None, options: Mapping[str, Any] | None, hosts: Sequence[str] | None,
                 ssh_command: str) -> Places:  # fmt: skip
-    """Where the items run: ``hosts`` is ``launcher="ssh"`` with ``hosts`` and ``ssh_command``."""
+    """Where the items run: ``hosts`` is :data:`~rapydli.cluster.launchers.HOSTS_LAUNCHER` (``"ssh"``) with ``hosts`` and ``ssh_command``."""
     if hosts is None:
-        return places(launcher or "local", options)
-    if launcher not in (None, "ssh"):
+        return places(launcher or DEFAULT_LAUNCHER, options)
+    if launcher not in (None, HOSTS_LAUNCHER):
         raise ConfigError(f"hosts= runs items over ssh; it cannot be combined with launcher={launcher!r}")
-    return places("ssh", {"hosts": list(hosts), "ssh_command": ssh_command, **(options or {})})
+    return places(HOSTS_LAUNCHER, {"hosts": list(hosts), "ssh_command": ssh_command, **(options or {})})
 
 
 class _Runner:

@@ -1,4 +1,7 @@
-"""Where the items of a batch run: places by launcher name (``rd.batch(..., launcher=...)``).
+"""Where the items of a batch run: the places of a launcher that declares them (``rd.batch(..., launcher=...)``).
+
+A launcher runs batch items when its :class:`~rapydli.cluster.launchers.LauncherSpec` names
+its places (``items``: a factory here or elsewhere, ``factory(options) -> Places``):
 
 =========  ==========================================================================
 ``local``  a process of its own on this machine (the default)
@@ -20,11 +23,13 @@ on clusters are).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+import importlib
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any, Protocol
 
+from rapydli.cluster.launchers import LAUNCHERS, get_launcher
 from rapydli.cluster.processes import Spawned, spawn_python
 from rapydli.cluster.slurmprogram import check_item_options, submit_python
 from rapydli.errors import ConfigError
@@ -104,16 +109,13 @@ class SlurmPlaces:
                              time_limit_s=timeout)  # fmt: skip
 
 
-def _hosts(options: Mapping[str, Any]) -> HostPool:
+def HostPlaces(options: Mapping[str, Any]) -> HostPool:  # noqa: N802 - a factory of places, named like the other places
+    """Items on the ``hosts`` given, reached with ``ssh_command``, one at a time per host (:class:`HostPool`)."""
     unknown = sorted(set(options) - {"hosts", "ssh_command"})
     if unknown or "hosts" not in options:
         raise ConfigError(f"launcher 'ssh' of a batch takes hosts (required) and ssh_command; got {', '.join(sorted(options)) or 'none'}")
     hosts = options["hosts"]
     return HostPool([hosts] if isinstance(hosts, str) else list(hosts), str(options.get("ssh_command", "ssh")))
-
-
-#: Places by launcher name: ``factory(options) -> Places``.
-PLACES: dict[str, Callable[[Mapping[str, Any]], Places]] = {"local": LocalPlaces, "ssh": _hosts, "slurm": SlurmPlaces}
 
 
 def places(launcher: str, options: Mapping[str, Any] | None = None) -> Places:
@@ -124,6 +126,9 @@ def places(launcher: str, options: Mapping[str, Any] | None = None) -> Places:
     ConfigError
         An unknown launcher or option, or a bad option value (naming what is allowed).
     """
-    if launcher not in PLACES:
-        raise ConfigError(f"a batch cannot run on launcher {launcher!r}: allowed are {', '.join(PLACES)}")
-    return PLACES[launcher](dict(options or {}))
+    able = [name for name in LAUNCHERS if get_launcher(name).items]
+    if launcher not in able:
+        raise ConfigError(f"a batch cannot run on launcher {launcher!r}: allowed are {', '.join(able)}")
+    module, _, factory = str(get_launcher(launcher).items).partition(":")
+    made: Places = getattr(importlib.import_module(module), factory)(dict(options or {}))
+    return made
