@@ -59,7 +59,7 @@ def test_item_jobs_take_the_slurm_options_of_one_task() -> None:
     ]:
         with pytest.raises(ConfigError, match=message):
             check_item_options(options)
-    with pytest.raises(ConfigError, match="a batch cannot run on launcher 'pbs': allowed are local, ssh, slurm"):
+    with pytest.raises(ConfigError, match="a batch cannot run on launcher 'pbs': allowed are local, slurm, ssh"):
         places("pbs")
     with pytest.raises(ConfigError, match="cannot be combined with launcher='slurm'"):
         rd.batch(NOTEBOOKS / "params.ipynb", {"x": 1}, hosts=["h1"], launcher="slurm", progress=False)

@@ -64,6 +64,26 @@ def test_launcher_options_become_ipyparallel_config():
     assert config == {"PBSEngineSetLauncher": {"queue": "batch", "batch_file_name": "/scratch/me/pbs_engine.sh"}}
 
 
+def test_a_launcher_added_by_its_spec_alone_starts_engines_and_runs_batch_items():
+    """A launcher is its LauncherSpec: registered as another package's entry point would be, with the
+    capabilities of mpiexec on this machine, it starts engines, stops them all and runs batch items,
+    with no other file touched."""
+    import dataclasses
+
+    from rapydli.experiments.batch.places import LocalPlaces, places
+
+    spec = dataclasses.replace(launchers.get_launcher("local"), name="mine", description="mpiexec here, by another name")
+    launchers.LAUNCHERS.register("mine", spec)
+    try:
+        with Cluster(n=2, launcher="mine") as mine:
+            assert mine.run(lambda: context().world_size) == [2, 2]
+            assert mine.status()["launcher"] == "mine"
+        assert not wait_until_gone()
+        assert isinstance(places("mine"), LocalPlaces)
+    finally:
+        launchers.LAUNCHERS.unregister("mine")
+
+
 def test_the_hub_hears_new_engines_within_its_short_heartbeat(tmp_path):
     """ipyparallel's 3 s heartbeat held every start for up to two periods; the profile's controller file shortens it."""
     from rapydli.cluster.controller_config import HEART_MISSES, HEART_PERIOD_MS, write_controller_config
