@@ -16,7 +16,6 @@ figure: the notebook shows its figures wherever it is read.
 
 from __future__ import annotations
 
-from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 from rapydli.errors import (
@@ -29,6 +28,7 @@ from rapydli.errors import (
     StoreError,
     UserCodeError,
 )
+from rapydli.lazy import LazyExports
 
 __version__ = "0.1.0"
 
@@ -73,18 +73,15 @@ __all__ = [
 ]
 
 
+_exports = LazyExports(__name__, _LAZY, globals(), subpackages=_SUBPACKAGES, also=__all__)
+
+
 def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        value = getattr(import_module(_LAZY[name]), name)
-        globals()[name] = value
-        return value
-    if name in _SUBPACKAGES:
-        return import_module(f"rapydli.{name}")
-    raise AttributeError(f"module 'rapydli' has no attribute {name!r}")
+    return _exports.attribute(name)
 
 
 def __dir__() -> list[str]:
-    return sorted(set(__all__) | _SUBPACKAGES)
+    return _exports.names()
 
 
 def load_ipython_extension(ipython: Any) -> None:

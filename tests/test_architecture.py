@@ -143,3 +143,12 @@ def test_no_code_outside_the_launcher_registry_decides_by_a_launchers_name() -> 
             if decides or keyed:
                 found.append(f"{name}:{node.lineno}")
     assert not found, f"decisions by a launcher's name outside the launcher registry: {found}"
+
+
+def test_packages_name_their_api_through_the_one_lazy_loader() -> None:
+    """Every package whose ``__init__`` imports names on first use does it through ``rapydli.lazy.LazyExports``
+    (seven had each written their own ``__getattr__`` with ``import_module``)."""
+    own = [str(path.relative_to(ROOT)) for path in PACKAGE.rglob("__init__.py") if "import_module" in path.read_text()]
+    assert not own, f"package __init__ files with a loader of their own: {own}"
+    lazy = [path for path in PACKAGE.rglob("__init__.py") if "def __getattr__" in path.read_text()]
+    assert lazy and all("LazyExports" in path.read_text() for path in lazy)

@@ -19,8 +19,9 @@ Names are imported lazily (the C compiler, Triton and plotly are touched only wh
 
 from __future__ import annotations
 
-from importlib import import_module
 from typing import TYPE_CHECKING, Any
+
+from rapydli.lazy import LazyExports
 
 _LAZY = {
     "ConvShape": "rapydli.autotune.problem",
@@ -53,16 +54,15 @@ __all__ = [
 ]
 
 
+_exports = LazyExports(__name__, _LAZY, globals(), also=__all__)
+
+
 def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        value = getattr(import_module(_LAZY[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'rapydli.autotune' has no attribute {name!r}")
+    return _exports.attribute(name)
 
 
 def __dir__() -> list[str]:
-    return __all__
+    return _exports.names()
 
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -11,8 +11,9 @@ a pid is alive) does not pull ipyparallel in.
 
 from __future__ import annotations
 
-from importlib import import_module
 from typing import TYPE_CHECKING, Any
+
+from rapydli.lazy import LazyExports
 
 # public name -> module that defines it
 _LAZY: dict[str, str] = {
@@ -34,16 +35,15 @@ __all__ = [
 ]  # fmt: skip
 
 
+_exports = LazyExports(__name__, _LAZY, globals(), also=__all__)
+
+
 def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        value = getattr(import_module(_LAZY[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'rapydli.cluster' has no attribute {name!r}")
+    return _exports.attribute(name)
 
 
 def __dir__() -> list[str]:
-    return sorted(set(__all__) | set(globals()))
+    return _exports.names()
 
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only

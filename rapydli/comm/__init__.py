@@ -8,8 +8,9 @@ backward still runs, as DDP does.
 
 from __future__ import annotations
 
-from importlib import import_module
 from typing import Any
+
+from rapydli.lazy import LazyExports
 
 __all__ = [
     "Communicator",
@@ -30,13 +31,12 @@ _LAZY = {
 }
 
 
+_exports = LazyExports(__name__, _LAZY, globals(), also=__all__)
+
+
 def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        value = getattr(import_module(_LAZY[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'rapydli.comm' has no attribute {name!r}")
+    return _exports.attribute(name)
 
 
 def __dir__() -> list[str]:
-    return sorted(__all__)
+    return _exports.names()

@@ -6,8 +6,9 @@
 
 from __future__ import annotations
 
-from importlib import import_module
 from typing import Any
+
+from rapydli.lazy import LazyExports
 
 _LAZY = {
     "HyperparameterPanel": "rapydli.widgets.panel",
@@ -19,7 +20,12 @@ _LAZY = {
 __all__ = sorted(_LAZY)
 
 
+_exports = LazyExports(__name__, _LAZY, globals(), also=__all__)
+
+
 def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'rapydli.widgets' has no attribute {name!r}")
+    return _exports.attribute(name)
+
+
+def __dir__() -> list[str]:
+    return _exports.names()
