@@ -506,3 +506,24 @@ def test_the_profile_times_an_offloaded_step_and_the_copies_beside_the_parameter
     step, copy = offload_times(model, lambda ps: torch.optim.AdamW(ps, lr=1e-3), repeats=3)
     assert step > 0 and copy > 0  # on this CPU both sides are host memory: the figures a GPU's profile would give, measured the same way
     assert offload_times(model, None, repeats=1)[0] == 0.0
+
+
+def test_the_profiler_times_the_runs_own_optimizer() -> None:
+    """The planner profiles what the run trains: the user's optimizer_fn (it timed config.optimizer's step instead)."""
+    from rapydli.experiments.planning.profiling import local_profile, optimizer_factory
+    from rapydli.experiments.spec import RunSpec
+
+    built = []
+
+    def sgd(model: torch.nn.Module) -> torch.optim.Optimizer:
+        built.append(model)
+        return torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.5, nesterov=True)
+
+    model = models.mlp()
+    made = optimizer_factory(model, rd.TrainConfig(optimizer="adamw"), sgd)([torch.nn.Parameter(torch.zeros(3))])
+    assert isinstance(made, torch.optim.SGD) and made.defaults["momentum"] == 0.5 and made.defaults["nesterov"]
+    assert isinstance(optimizer_factory(model, rd.TrainConfig(optimizer="adamw"), None)([torch.nn.Parameter(torch.zeros(3))]), torch.optim.AdamW)
+    built.clear()
+    config = rd.TrainConfig(batch_size=8, optimizer="adamw", max_steps=2, epochs=1, eval_every=0, workers=1)
+    profile = local_profile(RunSpec.of(models.mlp, datasets.digits, optimizer_fn=sgd, metrics=["accuracy"]), None, config, [8], [1], [])
+    assert built and profile.optimizer_s_per_byte > 0  # the run's SGD was built on the model and its step timed

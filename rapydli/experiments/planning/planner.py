@@ -350,8 +350,8 @@ def _measure(cluster: Cluster | None, targets: list[int], spec: RunSpec, config:
     micro, data_sizes = (spread({min(size, MEASURED_SIZES) for size in sizes}) for sizes in candidate_sizes(ranks, batch))
     degrees = [t for t in divisors(ranks) if t <= MAX_TENSOR_PARALLEL]
     if cluster is not None:
-        return measure_profile(cluster, targets, spec.model_fn, spec.data_fn, config, micro, degrees, data_sizes, spec.loss_fn)
-    return local_profile(spec.model_fn, spec.data_fn, config, micro, degrees, data_sizes, spec.loss_fn)
+        return measure_profile(cluster, targets, spec, config, micro, degrees, data_sizes)
+    return local_profile(spec, None, config, micro, degrees, data_sizes)
 
 
 def _measure_network(cluster: Cluster | None, targets: list[int], config: TrainConfig) -> Network:

@@ -18,6 +18,7 @@ if TYPE_CHECKING:  # pragma: no cover
     import torch
 
     from rapydli.cluster import Cluster
+    from rapydli.experiments.spec import RunSpec
 
 
 def tensor_plan(config: TrainConfig) -> dict[str, str] | None:
@@ -31,10 +32,9 @@ def tensor_plan(config: TrainConfig) -> dict[str, str] | None:
 CALIBRATION_STEPS = 6
 
 
-def train_step_time(
-    model_fn: Callable[[], Any], train: Any, config: TrainConfig, device: torch.device, comm: Any, loss_fn: Any = None
-) -> Callable[[int], float]:
-    """``time(batch)``: median seconds of a step of the real Trainer on ``comm`` (one rank) at that batch."""
+def train_step_time(spec: RunSpec, train: Any, config: TrainConfig, device: torch.device, comm: Any) -> Callable[[int], float]:
+    """``time(batch)``: median seconds of a step of the real Trainer on ``comm`` (one rank) at that batch,
+    with the run's loss, optimizer and metrics (``spec``)."""
 
     def time(batch: int) -> float:
         import math
@@ -50,7 +50,7 @@ def train_step_time(
             checkpoint_dir=None, checkpoint_every=0, resume=False, pipeline_stages=1, microbatches=1, zero=0, workers=1, autotune=False,
         )  # fmt: skip
         torch.manual_seed(cfg.seed)
-        trainer = Trainer(model_fn().to(device), None, train, None, cfg, comm=comm, loss_fn=loss_fn)
+        trainer = Trainer(spec.model_fn().to(device), None, train, None, cfg, comm=comm, **spec.code)
         try:
             history = trainer.fit()
         finally:
@@ -60,62 +60,70 @@ def train_step_time(
     return time
 
 
-def _profile(
-    model_fn: Callable[[], Any], data_fn: Callable[[], Any], config: TrainConfig, sizes: Sequence[int], tensor_parallel: Sequence[int],
-    data_sizes: Sequence[int], device: torch.device, comm: Any = None, loss_fn: Any = None,
-) -> Profile:  # fmt: skip
+def optimizer_factory(model: Any, config: TrainConfig, optimizer_fn: Callable[..., Any] | None) -> Callable[[list[Any]], Any]:
+    """What the profiler times the run's optimizer step with: ``factory(parameters) -> optimizer``.
+
+    Without ``optimizer_fn``: ``config.optimizer`` over the parameters given. With it: the
+    user's optimizer as the run builds it on ``model`` (its class and settings), made again
+    over the parameters given (the whole model's, or their host copies for offloading).
+    """
+    from rapydli.trainer.optim import make_optimizer, optimizer_over
+
+    if optimizer_fn is None:
+        return lambda params: optimizer_over(params, config)
+    template = make_optimizer(model, config, optimizer_fn)
+    return lambda params: type(template)(params, **template.defaults)
+
+
+def _profile(spec: RunSpec, config: TrainConfig, sizes: Sequence[int], tensor_parallel: Sequence[int], data_sizes: Sequence[int],
+             device: torch.device, comm: Any = None) -> Profile:  # fmt: skip
     import torch
     from torch.utils.data import default_collate
 
-    from rapydli.trainer.optim import optimizer_over
-
-    train, _ = data_fn()
+    train, _ = spec.data_fn()
     count = max(sizes)
     inputs, targets = default_collate([train[i % len(train)] for i in range(count)])[:2]
     sample = (inputs.to(device), targets.to(device))
 
     def build() -> Any:
         torch.manual_seed(config.seed)
-        return model_fn().to(device)
+        return spec.model_fn().to(device)
 
-    step = train_step_time(model_fn, train, config, device, comm, loss_fn) if comm is not None else None
+    step = train_step_time(spec, train, config, device, comm) if comm is not None else None
+    optimizer = optimizer_factory(build() if spec.optimizer_fn is not None else None, config, spec.optimizer_fn)
     return profile_model(
-        build, sample, sizes, tensor_parallel, tensor_plan(config), lambda ps: optimizer_over(ps, config), train, data_sizes, step,
-        loss_fn=loss_fn,
+        build, sample, sizes, tensor_parallel, tensor_plan(config), optimizer, train, data_sizes, step, loss_fn=spec.loss_fn,
     )  # fmt: skip
 
 
-def profile_task(model_fn: Callable[[], Any], data_fn: Callable[[], Any], config: dict[str, Any], sizes: Sequence[int],
-                 tensor_parallel: Sequence[int], data_sizes: Sequence[int], loss_fn: Any = None) -> Profile:  # fmt: skip
+def profile_task(spec: RunSpec, config: dict[str, Any], sizes: Sequence[int], tensor_parallel: Sequence[int],
+                 data_sizes: Sequence[int]) -> Profile:  # fmt: skip
     """Engine half of :func:`measure_profile`: this rank's measurement, on its device (the loop's overhead on one rank alone)."""
     from mpi4py import MPI
 
     from rapydli.cluster.engine import context
 
-    return _profile(
-        model_fn, data_fn, TrainConfig.from_dict(config), sizes, tensor_parallel, data_sizes, context().device, MPI.COMM_SELF, loss_fn
-    )
+    return _profile(spec, TrainConfig.from_dict(config), sizes, tensor_parallel, data_sizes, context().device, MPI.COMM_SELF)
 
 
-def measure_profile(
-    cluster: Cluster, targets: Sequence[int], model_fn: Callable[[], Any], data_fn: Callable[[], Any], config: TrainConfig,
-    sizes: Sequence[int], tensor_parallel: Sequence[int], data_sizes: Sequence[int], loss_fn: Any = None,
-) -> Profile:  # fmt: skip
-    """Every target engine measures at once; their times are averaged (the loss is ``loss_fn``'s, as the run's)."""
+def measure_profile(cluster: Cluster, targets: Sequence[int], spec: RunSpec, config: TrainConfig, sizes: Sequence[int],
+                    tensor_parallel: Sequence[int], data_sizes: Sequence[int]) -> Profile:  # fmt: skip
+    """Every target engine measures at once; their times are averaged (the loss, optimizer and metrics are the run's: ``spec``)."""
     ranks = list(targets)
-    profiles = cluster.run(
-        profile_task, model_fn, data_fn, config.to_dict(), list(sizes), list(tensor_parallel), list(data_sizes), loss_fn, targets=ranks
-    )
+    profiles = cluster.run(profile_task, spec, config.to_dict(), list(sizes), list(tensor_parallel), list(data_sizes), targets=ranks)
     return Profile.combine(profiles, source=f"{len(ranks)} engines")
 
 
-def local_profile(
-    model_fn: Callable[[], Any], data_fn: Callable[[], Any], config: TrainConfig, sizes: Sequence[int], tensor_parallel: Sequence[int],
-    data_sizes: Sequence[int], loss_fn: Any = None,
-) -> Profile:  # fmt: skip
-    """Measure in this process (on the CPU, with this process's threads; the loop's overhead is not measured: no MPI here)."""
+def local_profile(spec: RunSpec | Callable[[], Any], data_fn: Callable[[], Any] | None, config: TrainConfig, sizes: Sequence[int],
+                  tensor_parallel: Sequence[int], data_sizes: Sequence[int]) -> Profile:  # fmt: skip
+    """Measure in this process (on the CPU, with this process's threads; the loop's overhead is not measured: no MPI here).
+
+    ``spec`` is the run's :class:`RunSpec`, or a model function with ``data_fn`` beside it (the defaults' loss and optimizer).
+    """
     import torch
 
-    profile = _profile(model_fn, data_fn, config, sizes, tensor_parallel, data_sizes, torch.device("cpu"), loss_fn=loss_fn)
+    from rapydli.experiments.spec import RunSpec
+
+    profile = _profile(RunSpec.of(spec, data_fn), config, sizes, tensor_parallel, data_sizes, torch.device("cpu"))
     profile.source = "this process"
     return profile
