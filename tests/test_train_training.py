@@ -72,6 +72,38 @@ def test_train_returns_history_and_records_the_run(cluster) -> None:
     assert all(seconds >= 0 for seconds in setup.values())
 
 
+def _count_layouts(reset: bool = False) -> int:
+    """Layouts built in this process since the counter was installed (installed, or reset, by ``reset``)."""
+    from rapydli.parallel import layout
+
+    if reset or not hasattr(layout, "_built"):
+        original = getattr(layout, "_original_post_init", layout.Layout.__post_init__)
+        layout._original_post_init, layout._built = original, [0]
+
+        def counted(self):  # type: ignore[no-untyped-def]
+            layout._built[0] += 1
+            original(self)
+
+        layout.Layout.__post_init__ = counted
+    return int(layout._built[0])
+
+
+@pytest.mark.engines
+@pytest.mark.parametrize("degrees", [{}, {"tensor_parallel": 2}, {"pipeline_stages": 2, "microbatches": 2}])
+def test_a_run_builds_its_layout_once_and_hands_it_to_the_ranks(cluster, monkeypatch, degrees) -> None:
+    """One Layout per run, built where the run is planned (the job) and passed whole to the engine task and the
+    Trainer; the ranks build none of their own (it was built three times: job, engine task, Trainer)."""
+    from rapydli.parallel import layout
+
+    monkeypatch.setattr(layout.Layout, "__post_init__", layout.Layout.__post_init__)  # restored after the test
+    _count_layouts(reset=True)
+    assert cluster.run(_count_layouts, True) == [0, 0]
+    rd.train(models.tiny_lm, "rapydli.zoo.datasets:synthetic_tokens", rd.TrainConfig(max_steps=2, batch_size=4, **degrees),
+             cluster=cluster, progress=False)  # fmt: skip
+    assert cluster.run(_count_layouts) == [0, 0]  # the ranks used the one they were sent
+    assert _count_layouts() == 1
+
+
 @pytest.mark.engines
 def test_a_rank_that_raises_is_named_and_the_run_is_failed(cluster) -> None:
     def data_failing_on_rank_1():

@@ -238,7 +238,7 @@ class TrainingJob:
             self._submitted = time.monotonic()
             self.job = cluster.submit(
                 engine_task, spec.model_fn, spec.data_fn, {**config.to_dict(), "trackers": ""}, targets=self.targets, on_event=self._on_event,
-                hang_timeout_s=config.hang_timeout_s, on_hang=config.on_hang, await_verdict=await_verdict, **spec.code,
+                hang_timeout_s=config.hang_timeout_s, on_hang=config.on_hang, await_verdict=await_verdict, layout=self.layout, **spec.code,
             )  # fmt: skip
         except KeyboardInterrupt:
             __tracebackhide__ = True  # noqa: F841 - IPython shows the user's cell, not ipyparallel's frames

@@ -27,6 +27,7 @@ from torch.utils.data import Dataset
 
 from rapydli.errors import ConfigError
 from rapydli.experiments.store.refs import resolve_callable
+from rapydli.parallel.layout import Layout
 from rapydli.trainer.config import TrainConfig
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -73,12 +74,15 @@ class LayoutCheck:
     built: tuple[str, ...] = ()
 
 
-def verify_task(model_fn: Callable[[], Any], data_fn: Callable[[], Any], config: dict[str, Any], dtype: str, loss_fn: Any = None) -> dict[str, Any]:
-    """Engine half: train the layout, then one process on the global batch; this rank's differences."""
+def verify_task(model_fn: Callable[[], Any], data_fn: Callable[[], Any], config: dict[str, Any], dtype: str, loss_fn: Any = None,
+                layout: Layout | None = None) -> dict[str, Any]:  # fmt: skip
+    """Engine half: train the layout (``layout``: the one :func:`verify_layout` built), then one process on the global batch;
+    this rank's differences."""
     from rapydli.cluster import engine
 
     ctx = engine.context()
-    return {"rank": ctx.rank, **compare_layout(model_fn, data_fn, TrainConfig.from_dict(config), dtype, ctx.comm, ctx.device, loss_fn)}
+    cfg = TrainConfig.from_dict(config)
+    return {"rank": ctx.rank, **compare_layout(model_fn, data_fn, cfg, dtype, ctx.comm, ctx.device, loss_fn, layout)}
 
 
 #: The entry of :func:`compare_layout`'s differences that compares the two models' validation loss.
@@ -86,7 +90,7 @@ VALIDATION_LOSS = "(validation loss)"
 
 
 def compare_layout(model_fn: Callable[[], Any], data_fn: Callable[[], Any], cfg: TrainConfig, dtype: str, comm: Any, device: Any,
-                   loss_fn: Any = None) -> dict[str, Any]:  # fmt: skip
+                   loss_fn: Any = None, layout: Layout | None = None) -> dict[str, Any]:  # fmt: skip
     """On every rank of ``comm``: train ``cfg``'s layout as ``rd.train`` does, then one process; what this rank holds against it.
 
     The model is made by :func:`rapydli.trainer.task.build_model`, the construction of
@@ -117,8 +121,9 @@ def compare_layout(model_fn: Callable[[], Any], data_fn: Callable[[], Any], cfg:
         train, val = data_fn()
         train, val = _Cast(train, wanted), _Cast(val, wanted) if val is not None else None
         torch.manual_seed(cfg.seed)
-        model, built = build_model(converted, cfg, comm.Get_size(), device)
-        trainer = Trainer(model, None, train, val, cfg, comm=comm, loss_fn=loss_fn)
+        layout = layout if layout is not None else Layout.of(cfg, comm.Get_size())
+        model, built = build_model(converted, cfg, layout, device)
+        trainer = Trainer(model, None, train, val, cfg, comm=comm, loss_fn=loss_fn, layout=layout)
         try:
             trainer.fit()
             evaluated = trainer.evaluate().get("val_loss")  # the layout's own evaluation (pipelined, split, gathered)
@@ -207,7 +212,6 @@ def verify_layout(
 
     from rapydli.cluster import ensure_cluster
     from rapydli.experiments.run import check_workers
-    from rapydli.parallel.layout import Layout
     from rapydli.parallel.preflight import check_layout
     from rapydli.trainer.outputs import check_training_code
 
@@ -225,7 +229,7 @@ def verify_layout(
         check_workers(cfg, chosen.n)  # the cluster's engines are the ranks; a layout they do not divide is refused naming them
         layout = Layout.of(cfg, chosen.n, where="the cluster")
         cfg = cfg.replace(workers=chosen.n)
-        results = chosen.run(verify_task, model, data, cfg.to_dict(), dtype, loss_fn=loss_fn, targets=range(chosen.n))
+        results = chosen.run(verify_task, model, data, cfg.to_dict(), dtype, loss_fn=loss_fn, layout=layout, targets=range(chosen.n))
     merged: dict[str, tuple[float, float]] = {}
     untied = sorted({name for result in results for name in result["untied"]})
     for result in results:

@@ -115,6 +115,10 @@ class Trainer:
     metrics
         Names or callables evaluated on ``val_data`` (``val_<name>``), averaged over the
         ranks; ``None``: accuracy where it means something.
+    layout
+        The run's :class:`~rapydli.parallel.layout.Layout`, built once where the run was
+        planned (``rd.train``'s job passes it through the engine task); ``None``: the
+        config's degrees over ``comm``'s ranks.
 
     Attributes
     ----------
@@ -153,6 +157,7 @@ class Trainer:
         loss_fn: LossFn | None = None,
         optimizer_fn: OptimizerFn | None = None,
         metrics: MetricsArg = None,
+        layout: Layout | None = None,
     ) -> None:
         if not isinstance(config, TrainConfig):
             raise ConfigError(f"config must be a TrainConfig, got {type(config).__name__}")
@@ -162,8 +167,11 @@ class Trainer:
         # the loss as the whole model's forward decides it (a pipeline's last stage computes it on its outputs)
         self.objective = Objective(model, loss_fn)
         self.objective.check_pipelined(model, config.pipeline_stages, traced=not split.lists_blocks(model))
-        # the layout of the ranks (data x pipeline x tensor, ZeRO), checked against the world that runs
-        self.layout = Layout.of(config, self.world_size)
+        # the layout of the ranks (data x pipeline x tensor, ZeRO): the run's (engine_task passes the one its
+        # planner built), else the config's over this world; checked against the world that runs
+        self.layout = layout if layout is not None else Layout.of(config, self.world_size)
+        if self.layout.world_size != self.world_size:
+            raise ConfigError(f"the layout {self.layout} is for {self.layout.world_size} ranks and this run has {self.world_size}")
         # this rank's part of the model (its stage, its slices of the layers) and the communicator of its data group
         whole = model  # the unsplit model (tensor-parallel layers already cut in place): what checkpoints name parameters by
         self.part = self.layout.model_part(model, config, self.mpi, train_data, self.objective, comm, _resumed_bounds(config, self.mpi))

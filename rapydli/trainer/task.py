@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from rapydli.parallel.layout import Layout
 from rapydli.trainer.config import TrainConfig
 
 WARMUP_STEPS = 2  # steps left out of per-rank timing summaries (first-touch, allocator warm-up)
@@ -36,11 +37,14 @@ def engine_task(
     optimizer_fn: Callable[..., Any] | None = None,
     metrics: Any = None,
     await_verdict: str | None = None,
+    layout: Layout | None = None,
 ) -> dict[str, Any]:
     """Run one training run on this rank of the group (every rank of it calls this).
 
     ``loss_fn``, ``optimizer_fn`` and ``metrics`` go to the
-    :class:`~rapydli.trainer.loop.Trainer` as they are. With ``await_verdict`` (a metric
+    :class:`~rapydli.trainer.loop.Trainer` as they are, and so does ``layout``, the run's
+    :class:`~rapydli.parallel.layout.Layout` built where the run was planned (``None``: made
+    here from ``config`` and the group's ranks, for a caller that has none). With ``await_verdict`` (a metric
     name, e.g. a sweep's ``val_loss``), rank 0 waits after each row carrying that metric
     until the notebook answers it (go on, or stop: :func:`rapydli.cluster.engine.await_verdict`),
     so a decision on a report (a pruner's) stops every rank within one step of it.
@@ -61,11 +65,12 @@ def engine_task(
 
     ctx = engine.context()
     cfg = TrainConfig.from_dict(config)
+    layout = layout if layout is not None else Layout.of(cfg, ctx.world_size)  # the run's, built where it was planned
     error: BaseException | None = None
     began = time.perf_counter()
     try:
         torch.manual_seed(cfg.seed)
-        model, built = build_model(model_fn, cfg, ctx.world_size, ctx.device)
+        model, built = build_model(model_fn, cfg, layout, ctx.device)
         train_data, val_data = check_data(data_fn(), name_of(data_fn))  # a wrong return named, not unpacked
     except Exception as exc:  # noqa: BLE001 - re-raised below, after the agreement
         error = exc
@@ -80,7 +85,7 @@ def engine_task(
         comm=ctx.comm,
         callbacks=[EmitMetrics(ctx.rank, emit, await_verdict), EmitRankTimings(ctx.rank, emit)],
         should_stop=lambda: engine.should_stop(ctx.comm),
-        loss_fn=loss_fn, optimizer_fn=optimizer_fn, metrics=metrics,
+        loss_fn=loss_fn, optimizer_fn=optimizer_fn, metrics=metrics, layout=layout,
     )  # fmt: skip
     if trainer.pipeline is not None:  # every rank's spans of each step, for result.timeline()
         trainer.callbacks += (trainer.pipeline.timeline_callback(emit),)
@@ -105,7 +110,7 @@ def engine_task(
     }
 
 
-def build_model(model_fn: Callable[[], Any], config: TrainConfig, world_size: int, device: Any) -> tuple[Any, str]:
+def build_model(model_fn: Callable[[], Any], config: TrainConfig, layout: Layout, device: Any) -> tuple[Any, str]:
     """``model_fn()``'s model on this rank, and how it was made: ``"whole"``, ``"deferred"``, or why not deferred.
 
     When the layout splits the model (:meth:`~rapydli.parallel.layout.Layout.builds_deferred`)
@@ -114,9 +119,8 @@ def build_model(model_fn: Callable[[], Any], config: TrainConfig, world_size: in
     whole, and the reason returned.
     """
     from rapydli.parallel.deferred import Unrecordable, record
-    from rapydli.parallel.layout import Layout
 
-    if not Layout.of(config, world_size).builds_deferred(config):
+    if not layout.builds_deferred(config):
         return model_fn().to(device), "whole"
     try:
         return record(model_fn, device)[0], "deferred"
