@@ -106,7 +106,7 @@ def test_a_training_run_that_hangs_is_aborted_and_the_diagnosis_stored(cluster):
     ready(cluster)
     config = TrainConfig(max_steps=20, batch_size=16, allreduce="mpi", hang_timeout_s=3, on_hang="abort")
     rows: list[dict] = []
-    job = TrainingJob(cluster, RunSpec.of(hang_cases.LateRank, "rapydli.zoo.datasets:digits"), config, [0, 1], callbacks=[rows.append])
+    job = TrainingJob(cluster, RunSpec.of(hang_cases.LateRank, "rapydli.zoo.datasets:digits"), config, [0, 1], callbacks=[rows.append]).start()
     job.wait()
     assert job.state == "failed"
     hangs = [row for row in rows if row["kind"] == "hang"]  # the live plot draws it (tests/test_live.py)
@@ -129,7 +129,7 @@ def test_a_pipeline_stage_left_waiting_for_an_activation_is_diagnosed(cluster, t
     config = TrainConfig(max_steps=20, batch_size=16, pipeline_stages=2, microbatches=2, hang_timeout_s=3, on_hang="abort")
     said: list[float] = []
     job = TrainingJob(cluster, RunSpec.of(hang_cases.late_stage, "rapydli.zoo.datasets:digits"), config, [0, 1],
-                      callbacks=[lambda row: said.append(time.time()) if row["kind"] == "hang" else None])  # fmt: skip
+                      callbacks=[lambda row: said.append(time.time()) if row["kind"] == "hang" else None]).start()  # fmt: skip
     job.wait()
     assert job.state == "failed"
     assert "rank 1 waits to receive from rank 0 (recv #" in job.error, job.error  # stage 1, waiting for an activation

@@ -23,7 +23,7 @@ def cluster():
 
 def test_a_run_that_ignores_a_stop_request_is_interrupted_after_the_grace(cluster) -> None:
     config = rd.TrainConfig(max_steps=50, batch_size=16, allreduce="mpi")
-    job = TrainingJob(cluster, RunSpec.of(DeafToStop, "rapydli.zoo.datasets:digits"), config, [0, 1])
+    job = TrainingJob(cluster, RunSpec.of(DeafToStop, "rapydli.zoo.datasets:digits"), config, [0, 1]).start()
     deadline = time.monotonic() + 60
     while job.start_step is None and not job.poll(0.05) and time.monotonic() < deadline:
         pass  # until the ranks start training (their first step sleeps)

@@ -52,7 +52,7 @@ def test_metrics_arrive_before_training_ends() -> None:
             if row["kind"] == "train":
                 arrivals.append((time.monotonic(), row["step"]))
 
-        job = TrainingJob(cluster, RunSpec.of(paced_mlp, datasets.digits), config, [0, 1], callbacks=[follow])
+        job = TrainingJob(cluster, RunSpec.of(paced_mlp, datasets.digits), config, [0, 1], callbacks=[follow]).start()
         job.wait()
         ended = time.monotonic()
     assert job.state == "finished"

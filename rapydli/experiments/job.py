@@ -9,7 +9,7 @@ store like ``rd.train``'s.
 
 Examples
 --------
->>> job = TrainingJob(cluster, RunSpec.of(models.mlp, datasets.digits), TrainConfig(max_steps=20), targets=[0, 1])  # doctest: +SKIP
+>>> job = TrainingJob(cluster, RunSpec.of(models.mlp, datasets.digits), TrainConfig(max_steps=20), targets=[0, 1]).start()  # doctest: +SKIP
 >>> while not job.poll(0.05):  # doctest: +SKIP
 ...     pass
 >>> job.state, job.final_metrics()["val_loss"]  # doctest: +SKIP
@@ -48,12 +48,12 @@ TASK_STARTED = "code shipped, torch imported, task started"
 
 
 class TrainingJob:
-    """One training run on ``targets`` of a running cluster, advanced by :meth:`poll`.
+    """One training run on ``targets`` of a cluster: checked when made, begun by :meth:`start`, advanced by :meth:`poll`.
 
     Parameters
     ----------
     cluster
-        A :class:`rapydli.cluster.Cluster`; made usable here, as part of the run
+        A :class:`rapydli.cluster.Cluster`; made usable by :meth:`start`, as part of the run
         (:func:`rapydli.cluster.ensure.ready`: started, waited for, or restarted if its engines died).
     spec
         What to train (:class:`~rapydli.experiments.spec.RunSpec`: the model, the data, the
@@ -102,7 +102,7 @@ class TrainingJob:
     Attributes
     ----------
     state
-        ``running``, then ``finished``, ``stopped`` (ended early on request) or ``failed``.
+        ``created`` until :meth:`start`, ``running``, then ``finished``, ``stopped`` (ended early on request) or ``failed``.
     rows
         Rank 0's metric rows received so far.
     rank_rows
@@ -155,7 +155,6 @@ class TrainingJob:
         delivered: Collection[tuple[Any, int]] = (),
         bar: Any = None,
     ) -> None:
-        from rapydli.cluster.ensure import ready
         from rapydli.experiments.store.runstore import open_store
 
         # refused before anything starts: ranks = replicas x stages x tensor
@@ -177,12 +176,13 @@ class TrainingJob:
         # a rank slower than the others, by its step timings (data-parallel ranks only: stages and slices differ by design)
         same_work = not (self.layout.pp_enabled or self.layout.tp_enabled)
         self.stragglers = StragglerWatch(len(self.targets), {}) if same_work else None
-        hosts, rank_hosts = self._place(cluster)  # known now unless the cluster starts as part of the run
+        self._place(cluster)  # refused now (shm across hosts) where the cluster already knows its hosts
+        self.cluster = cluster
         self.rows: list[dict[str, Any]] = []
         self.rank_rows: list[dict[str, Any]] = []
         self.results: list[dict[str, Any]] = []
         self.timelines: dict[int, dict[str, Any]] = {}
-        self.state = "running"
+        self.state = "created"
         self.error = ""
         self.exception: RankFailure | None = None
         self.progress = progress
@@ -193,7 +193,7 @@ class TrainingJob:
         self._interrupt_at: float | None = None  # when an unanswered stop request escalates
         self._escalated = False
         self._stop_status: str | None = None
-        self.started = time.monotonic()
+        self.started: float | None = None
         self.ended: float | None = None
         self.store = open_store() if record else None
         self.run_id: str | None = continues
@@ -205,6 +205,25 @@ class TrainingJob:
         self.setup_s: dict[str, float] = {}
         self._submitted = time.monotonic()
         self.trackers: RunTrackers | None = None
+        self.record = record
+        self._kind, self._name, self._parent, self._extra_params = kind, name, parent, extra_params
+        self.job: Any = None
+
+    def start(self) -> TrainingJob:
+        """Record the run, make the cluster usable and submit the task to the ranks; returns the job.
+
+        Nothing starts before this (the constructor only checks and holds what it was given):
+        the run is created in the store, its trackers follow it, the cluster is started, waited
+        for or restarted (:func:`rapydli.cluster.ensure.ready`) and the engine task is sent.
+        Ctrl-C meanwhile records the run as interrupted; a failure records it as failed.
+        """
+        from rapydli.cluster.ensure import ready
+
+        if self.state != "created":
+            raise RuntimeError(f"this TrainingJob was already started (state {self.state!r})")
+        cluster, config, spec, continues = self.cluster, self.config, self.spec, self.continues
+        self.state, self.started = "running", time.monotonic()
+        hosts, rank_hosts = self._place(cluster)  # known now unless the cluster starts as part of the run
         if self.store is not None and continues is None:
             described = spec.params()
             params = {
@@ -213,13 +232,14 @@ class TrainingJob:
                 "config": config.to_dict(),
                 "targets": self.targets,
                 **described,
-                **(extra_params or {}),
+                **(self._extra_params or {}),
             }
-            run_name = name or spec.name
-            self.run_id = self.store.create_run(kind, run_name, params, parent=parent, world_size=len(self.targets), seed=config.seed)
+            run_name = self._name or spec.name
+            self.run_id = self.store.create_run(self._kind, run_name, params, parent=self._parent, world_size=len(self.targets),
+                                                seed=config.seed)  # fmt: skip
             self.store.add_record(self.run_id, "hosts", "json", hosts)  # where this run's ranks run
             self.store.add_record(self.run_id, "rank_hosts", "json", [rank_hosts.get(t) for t in self.targets])  # by job rank
-        self.trackers = follow(self.store, self.run_id, config.trackers) if record else None  # the client logs to MLflow & co. from the store
+        self.trackers = follow(self.store, self.run_id, config.trackers) if self.record else None  # the client logs to MLflow & co. from the store
         try:
             began = time.monotonic()
             ready(cluster)  # started, waited for or restarted as part of the run (rd.train's own cluster too)
@@ -229,7 +249,7 @@ class TrainingJob:
                 if self.store is not None and self.run_id is not None and continues is None:
                     self.store.add_record(self.run_id, "hosts", "json", hosts)
                     self.store.add_record(self.run_id, "rank_hosts", "json", [rank_hosts.get(t) for t in self.targets])
-            if progress:  # the ranks now build model and Trainer: say so before the bar appears
+            if self.progress:  # the ranks now build model and Trainer: say so before the bar appears
                 from tqdm.auto import tqdm
 
                 importing = "importing torch, then " if getattr(cluster, "warming", False) else ""
@@ -238,7 +258,8 @@ class TrainingJob:
             self._submitted = time.monotonic()
             self.job = cluster.submit(
                 engine_task, spec.model_fn, spec.data_fn, {**config.to_dict(), "trackers": ""}, targets=self.targets, on_event=self._on_event,
-                hang_timeout_s=config.hang_timeout_s, on_hang=config.on_hang, await_verdict=await_verdict, layout=self.layout, **spec.code,
+                hang_timeout_s=config.hang_timeout_s, on_hang=config.on_hang, await_verdict=self.await_verdict, layout=self.layout,
+                **spec.code,
             )  # fmt: skip
         except KeyboardInterrupt:
             __tracebackhide__ = True  # noqa: F841 - IPython shows the user's cell, not ipyparallel's frames
@@ -247,6 +268,7 @@ class TrainingJob:
         except BaseException as exc:
             self._finish("failed", f"{type(exc).__name__}: {exc}")
             raise
+        return self
 
     def _place(self, cluster: Any) -> tuple[list[str], dict[int, str]]:
         """Where the run's ranks run, as far as the cluster knows now: the sorted hosts and rank -> host.
@@ -394,6 +416,8 @@ class TrainingJob:
         A stop request that has not ended the run within its grace (:meth:`request_stop`)
         escalates, once, to :meth:`interrupt`; a run ended so is ``stopped``, not ``failed``.
         """
+        if self.state == "created":
+            raise RuntimeError("poll() before start(): this TrainingJob has not started")
         if self.state != "running":
             return True
         if self._interrupt_at is not None and not self._escalated and time.monotonic() > self._interrupt_at:
@@ -463,12 +487,12 @@ class TrainingJob:
         died = self.exception is not None and self.exception.died
         if self._bar is not None and not (self.keep_open and died):  # a run that will restart keeps its bar going
             self._bar.close()
-        if self.store is not None and self.run_id is not None and (self.end_status or not hasattr(self, "job")) and not (self.keep_open and died):
+        if self.store is not None and self.run_id is not None and (self.end_status or self.job is None) and not (self.keep_open and died):
             status = {"finished": "finished", "stopped": "interrupted", "failed": "failed"}[state]
             if state != "failed" and self._stop_status is not None:
                 status = self._stop_status
             self.store.finish_run(self.run_id, status, error or ("stopped on request" if status == "interrupted" else None))
-        if self.end_status or not hasattr(self, "job"):  # else the owner writes the status, then calls close_trackers()
+        if self.end_status or self.job is None:  # else the owner writes the status, then calls close_trackers()
             self.close_trackers()
 
     def close_trackers(self) -> None:
@@ -501,8 +525,8 @@ class TrainingJob:
 
     @property
     def duration_s(self) -> float:
-        """Seconds since submission (until the end once ended)."""
-        return (self.ended or time.monotonic()) - self.started
+        """Seconds since :meth:`start` (until the end once ended; 0 before it)."""
+        return 0.0 if self.started is None else (self.ended or time.monotonic()) - self.started
 
 
 _NUMERIC_SKIP = {"kind", "step", "rank", "world_size", "epoch", "time_s"}

@@ -252,7 +252,7 @@ def run_training(
         check_workers(cfg, chosen.n)
         if cfg.min_workers is not None and cfg.min_workers > chosen.n:
             raise ConfigError(f"min_workers={cfg.min_workers} is invalid: the cluster has {chosen.n} engines, allowed 1..{chosen.n}")
-        job = TrainingJob(chosen, spec, cfg, range(chosen.n), callbacks=callbacks, name=run_name, progress=progress, keep_open=left > 0).wait()
+        job = TrainingJob(chosen, spec, cfg, range(chosen.n), callbacks=callbacks, name=run_name, progress=progress, keep_open=left > 0).start().wait()
         history = list(job.rows)
         restarted: list[dict[str, Any]] = []
         while job.exception is not None and job.exception.died and left > 0:
@@ -264,7 +264,7 @@ def run_training(
                 job = TrainingJob(
                     chosen, spec, cfg.replace(resume=True), targets, callbacks=callbacks, name=run_name, progress=progress,
                     continues=job.run_id, keep_open=left > 0, delivered=delivered, bar=job.progress_bar,
-                )  # fmt: skip
+                ).start()  # fmt: skip
             except BaseException as exc:
                 if job.progress_bar is not None:  # no restart: the bar ends where the run did
                     job.progress_bar.close()

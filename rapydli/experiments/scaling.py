@@ -251,7 +251,7 @@ def scaling_study(
                 job = TrainingJob(
                     cluster, spec, point_cfg, list(range(k)), name=f"scaling-{k}" + (f"-stages{p}" if p > 1 else ""),
                     parent=run_id, extra_params={"scaling_workers": k, "scaling_pipeline_stages": p, "repeat": repeat},
-                ).wait()  # fmt: skip
+                ).start().wait()  # fmt: skip
                 if job.state != "finished":
                     raise ConfigError(f"the {label} point failed: {job.error}")
                 if p == 1:

@@ -174,7 +174,7 @@ class HyperparameterPanel:
                 self._say(f"{verb} {self.cluster.n} engines ...")
                 ready(self.cluster, say=self._say)
             self.plot = self._fresh_plot()
-            self.job = TrainingJob(self.cluster, self.spec, config, list(range(workers)), callbacks=[self.plot], name="panel")
+            self.job = TrainingJob(self.cluster, self.spec, config, list(range(workers)), callbacks=[self.plot], name="panel").start()
         except RapydliError as exc:  # invalid combinations and cluster problems are shown, not raised
             self._say(str(exc), error=True)
             return None

@@ -375,7 +375,7 @@ def _run(cluster: Cluster, targets: list[int], spec: RunSpec, prediction: Predic
     job = TrainingJob(
         cluster, spec, run_config, targets, name=f"plan {layout.label}",
         extra_params={"plan_layout": layout.label, "predicted_step_time_s": prediction.step_s},
-    ).wait()  # fmt: skip
+    ).start().wait()  # fmt: skip
     if job.state != "finished" or not job.results or not job.results[0].get("timing"):
         return None, f"{layout.label} did not run: {job.error or job.state}", Spread.of([])
     times = [r["step_time_s"] for r in job.results[0].get("history", []) if r.get("kind") == "train"][WARMUP_STEPS:]

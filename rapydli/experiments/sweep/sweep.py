@@ -338,7 +338,7 @@ class Sweep:
                 callbacks=[partial(self._on_row, record)], await_verdict=self.metric, end_status=False,
                 kind="trial", name=f"{self.name}-trial-{trial.number}", parent=self.run_id,
                 extra_params={"trial": trial.number, "params": params},
-            )  # fmt: skip
+            ).start()  # fmt: skip
         except RapydliError as exc:  # an invalid combination of parameters: the trial fails, the sweep goes on
             self._tell(record, "FAIL", str(exc))
         self._refresh(force=True)
