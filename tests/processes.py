@@ -17,7 +17,7 @@ import psutil
 from rapydli.cluster.processes import marked
 from rapydli.settings import HOME
 
-_MARKERS = ("ipyparallel", "ipengine", "ipcontroller", "mpiexec", "hydra_pmi_proxy")
+_MARKERS = ("ipyparallel", "ipengine", "ipcontroller", "mpiexec", "hydra_pmi_proxy", "rapydli.cluster.mpi_engine")
 
 
 def engine_pids(root: int | None = None) -> set[int]:
