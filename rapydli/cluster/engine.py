@@ -211,8 +211,9 @@ def warm_up(modules: Sequence[str] = WARM_MODULES) -> list[str]:
 
     The client queues it as the engine's first task after :func:`setup` and does not wait
     for it: the engine is ready at once, and a task sent meanwhile runs after it, on the
-    same thread (importing torch from two threads at once can hand one of them a
-    half-initialised module). A Ctrl-C while torch imports is held until the import ends
+    same thread. (Importing torch in a second thread beside the engine's own start stalled
+    engines on a loaded machine: one never registered, others never answered ``where``.)
+    A Ctrl-C while torch imports is held until the import ends
     (:func:`_import_torch`). An import that fails is left to the task that needs it, which
     raises the error where the user sees it.
     """

@@ -27,7 +27,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rapydli.cluster import slurm, sshhosts, where
-from rapydli.cluster.mpi_engine import PROGRAM
 from rapydli.cluster.mpirun import find_mpiexec
 from rapydli.errors import ConfigError
 from rapydli.registry import Registry
@@ -120,9 +119,7 @@ class LauncherSpec:
             if hook:
                 hook(value, config)
         if self.engines == "mpi":  # the mpiexec of this Python, which need not be on PATH (a venv kernel)
-            launcher = config.setdefault("MPIEngineSetLauncher", {})
-            launcher.setdefault("mpi_cmd", [find_mpiexec()])
-            launcher.setdefault("engine_cmd", list(PROGRAM))  # MPI first, torch imported behind the engine's start
+            config.setdefault("MPIEngineSetLauncher", {}).setdefault("mpi_cmd", [find_mpiexec()])
         return config
 
 

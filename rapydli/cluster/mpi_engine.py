@@ -1,4 +1,4 @@
-"""The engine program of every MPI launch: this host's network checked, MPI initialised, torch imported behind, then ipyparallel's engine.
+"""The engine program of batch and ssh launches: this host's network checked, MPI initialised, then ipyparallel's engine.
 
 **MPI first (Slurm).** Under ``srun --mpi=pmi2`` each engine reaches Slurm's PMI server
 through an inherited file descriptor (``PMI_FD``). ipyparallel's engine opens and closes
@@ -16,24 +16,14 @@ aborted on such a host (UCX: "network device 'br0' is not available"). Before MP
 :func:`interface_here` names instead the host's interface on the notebook machine's
 network (:data:`PEER_VARIABLE`), and says so in the engine's log.
 
-**torch imported behind the start.** An engine registers with the controller and waits
-for the hub's heartbeat before it is ready; a training run's first task then imported
-torch and TorchDynamo (2.6 s of CPU here). :func:`import_behind` imports them in a
-thread from the moment MPI is up, so that wait and the import overlap (a session's first
-``rd.train`` without a cluster reached its first step in 4.75-5.53 s instead of
-5.72-6.68 s, 3 interleaved rounds of each, load under 1 on 2 cores). It starts after
-MPI's initialisation, for the reason above; the engine's tasks import the same modules on
-the main thread and wait for the thread's import to end (Python's import lock).
 """
 
 from __future__ import annotations
 
-import importlib
 import ipaddress
 import os
 import socket
 import sys
-import threading
 from collections.abc import MutableMapping
 
 #: The engines' program: this module under the notebook's Python.
@@ -92,34 +82,10 @@ def _interface_toward(peer: str, interfaces: dict[str, list]) -> str:
     return ""
 
 
-#: What :func:`import_behind` imports: torch, then TorchDynamo (every optimizer's constructor imports it).
-IMPORTED_BEHIND = ("torch", "torch._dynamo")
-
-
-def import_behind(modules: tuple[str, ...] = IMPORTED_BEHIND) -> threading.Thread:
-    """Import ``modules`` in a daemon thread; returns it. A failed import is left to the task that needs it.
-
-    Signals reach the main thread only, so a Ctrl-C never cuts this import half-way (which
-    would leave torch unusable in the process for good).
-    """
-
-    def imports() -> None:
-        for name in modules:
-            try:
-                importlib.import_module(name)
-            except Exception:  # noqa: BLE001 - the task importing it raises it where the user sees it
-                return
-
-    thread = threading.Thread(target=imports, name="rapydli-import-behind", daemon=True)
-    thread.start()
-    return thread
-
-
 if __name__ == "__main__":
     if said := interface_here(os.environ):
         sys.stderr.write(said + "\n")  # one write: Hydra prefixes what each write starts with its host
     from ipyparallel.engine.app import main
     from mpi4py import MPI  # noqa: F401 - MPI_Init_thread runs at import
 
-    import_behind()
     main()

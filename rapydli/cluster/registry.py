@@ -25,6 +25,7 @@ from typing import Any
 import psutil
 
 from rapydli.cluster.launchers import LAUNCHERS, get_launcher, launcher_of, queue_of
+from rapydli.cluster.mpi_engine import PROGRAM
 from rapydli.cluster.processes import alive, reap, reap_marked, terminate_trees
 from rapydli.errors import NotFoundError
 from rapydli.paths import subdir
@@ -59,6 +60,10 @@ def _profile() -> Path:
     return subdir("ipython")
 
 
+#: The modules engines run as (``python -m ...``): ipyparallel's, and RaPyDLI's for batch and ssh launches.
+ENGINE_MODULES = ("ipyparallel.engine", PROGRAM[-1])
+
+
 def _engine_processes(launcher_pids: Iterable[object]) -> list[psutil.Process]:
     """ipyparallel engine processes under the engine launchers (mpiexec and its proxies).
 
@@ -71,7 +76,7 @@ def _engine_processes(launcher_pids: Iterable[object]) -> list[psutil.Process]:
             continue
         for child in proc.children(recursive=True):
             try:
-                if "ipyparallel.engine" in child.cmdline():  # the engine itself, not its nanny
+                if any(program in child.cmdline() for program in ENGINE_MODULES):  # the engine itself, not its nanny
                     found.append(child)
             except psutil.Error:
                 continue
