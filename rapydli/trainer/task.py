@@ -110,16 +110,20 @@ def engine_task(
     }
 
 
-def build_model(model_fn: Callable[[], Any], config: TrainConfig, layout: Layout, device: Any) -> tuple[Any, str]:
+def build_model(model_fn: Callable[[], Any], config: TrainConfig, layout: Layout | int, device: Any) -> tuple[Any, str]:
     """``model_fn()``'s model on this rank, and how it was made: ``"whole"``, ``"deferred"``, or why not deferred.
 
-    When the layout splits the model (:meth:`~rapydli.parallel.layout.Layout.builds_deferred`)
-    it is recorded on the meta device, and the layout makes only this rank's part
-    (:mod:`rapydli.parallel.deferred`); a ``model_fn`` the recording cannot replay is built
-    whole, and the reason returned.
+    ``layout`` is the run's :class:`~rapydli.parallel.layout.Layout` (a run passes the one it
+    planned), or, for a script under ``mpiexec``, the number of ranks it runs on (the layout
+    is then made from ``config``). When the layout splits the model
+    (:meth:`~rapydli.parallel.layout.Layout.builds_deferred`) it is recorded on the meta
+    device, and the layout makes only this rank's part (:mod:`rapydli.parallel.deferred`); a
+    ``model_fn`` the recording cannot replay is built whole, and the reason returned.
     """
     from rapydli.parallel.deferred import Unrecordable, record
 
+    if isinstance(layout, int):
+        layout = Layout.of(config, layout)
     if not layout.builds_deferred(config):
         return model_fn().to(device), "whole"
     try:
