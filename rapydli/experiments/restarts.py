@@ -115,7 +115,7 @@ class RestartPolicy:
 
         left = self.restarts
         job = TrainingJob(cluster, spec, config, range(cluster.n), callbacks=callbacks, name=name, progress=progress,
-                          keep_open=left > 0).start().wait()  # fmt: skip
+                          keep_open=left > 0, keep_model=True).start().wait()  # fmt: skip
         attempts = Attempts(job, list(job.rows))
         while job.exception is not None and job.exception.died and left > 0:
             left -= 1
@@ -125,7 +125,7 @@ class RestartPolicy:
                 delivered = [(row.get("kind"), row["step"]) for row in attempts.history]
                 job = TrainingJob(
                     cluster, spec, config.replace(resume=True), targets, callbacks=callbacks, name=name, progress=progress,
-                    continues=job.run_id, keep_open=left > 0, delivered=delivered, bar=job.progress_bar,
+                    continues=job.run_id, keep_open=left > 0, delivered=delivered, bar=job.progress_bar, keep_model=job.model_dir or False,
                 ).start()  # fmt: skip
             except BaseException as exc:
                 if job.progress_bar is not None:  # no restart: the bar ends where the run did

@@ -16,7 +16,7 @@ Examples
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -53,6 +53,10 @@ class RunResult:
         A plotly figure of training and validation loss against step.
     timelines
         A pipelined run's latest ``timeline`` event of every rank (see :meth:`timeline`).
+    model_dir
+        Where the trained model lies as the ranks held it, each rank's pieces in a part of its
+        own (``None``: the run kept none). Nothing is gathered until :meth:`model`,
+        :meth:`state_dict` or :meth:`tensors` asks; the first of them assembles it once.
 
     Examples
     --------
@@ -65,8 +69,9 @@ class RunResult:
     history: pd.DataFrame
     figure: Any
     timelines: dict[int, dict[str, Any]] = field(default_factory=dict)
-    state: dict[str, Any] | None = field(default=None, repr=False)
+    model_dir: str | None = None
     model_fn: Callable[[], Any] | None = field(default=None, repr=False)
+    _state: dict[str, Any] | None = field(default=None, repr=False, init=False)
 
     @property
     def samples_per_s(self) -> float | None:
@@ -84,8 +89,8 @@ class RunResult:
         """The trained model's full state (parameters and buffers, CPU tensors), as ``model_fn()``'s ``state_dict`` names it.
 
         Without a known ``model_fn``: by the names the engines gave them (a tied tensor
-        under its first name only). Gathered on the engines from every pipeline stage, tensor slice and ZeRO bucket when
-        the run ended (or read from its checkpoint, for :func:`rapydli.load`).
+        under its first name only). Assembled here, on first use, from the pieces every pipeline stage, tensor slice and
+        ZeRO-3 shard wrote to :attr:`model_dir` when the run ended (or from its checkpoint, for :func:`rapydli.load`).
 
         Raises
         ------
@@ -96,10 +101,38 @@ class RunResult:
             return {name: tensor.detach().clone() for name, tensor in self.model().state_dict().items()}
         return {name: tensor.clone() for name, tensor in self._trained().items()}
 
+    def tensors(self) -> Iterator[tuple[str, Any]]:
+        """The trained model's parameters and buffers one ``(name, tensor)`` at a time, by the engines' names.
+
+        Each is assembled from its pieces and handed out before the next is read
+        (:func:`rapydli.trainer.checkpoint.iter_state`): a model bigger than this process's
+        memory can be saved or inspected tensor by tensor.
+        """
+        from rapydli.trainer.checkpoint import iter_state
+
+        if self._state is not None:
+            yield from self._state.items()
+            return
+        yield from iter_state(self._model_directory())
+
     def _trained(self) -> dict[str, Any]:
-        if self.state is None:
-            raise ConfigError(f"run {self.run_id} has no trained model: it ended before training did, and left no checkpoint")
-        return self.state
+        if self._state is None:
+            from rapydli.trainer.checkpoint import read_state_dict
+
+            self._state = read_state_dict(self._model_directory())[0]
+        return self._state
+
+    def _model_directory(self) -> str:
+        """Where the model's pieces are, checked: a run that kept none, or whose pieces are gone, is a :class:`ConfigError`."""
+        from rapydli.trainer.checkpoint import checkpoint_path
+
+        if self.model_dir is None:
+            raise ConfigError(f"run {self.run_id} has no trained model: it kept none (a sweep trial, a scaling point) or "
+                              "ended before training did")  # fmt: skip
+        if not checkpoint_path(self.model_dir).is_file():
+            raise ConfigError(f"run {self.run_id} has no trained model in {self.model_dir}: it ended before training did, or "
+                              "the directory was removed")  # fmt: skip
+        return self.model_dir
 
     def model(self) -> Any:
         """The trained ``nn.Module`` on the client: ``model_fn()`` with :meth:`state_dict` loaded (a new one per call).
@@ -250,17 +283,18 @@ def _result(attempts: Attempts, spec: RunSpec, name: str) -> RunResult:
 
     job = attempts.job
     frame = job.history if not attempts.restarted else pd.DataFrame(attempts.history)
-    state = job.results[0].get("state") if job.results else None
     return RunResult(run_id=job.run_id, history=frame, figure=loss_figure(frame, title=name, restarts=attempts.restarted),
-                     timelines=job.timelines, state=state, model_fn=spec.model_fn)  # fmt: skip
+                     timelines=job.timelines, model_dir=job.model_dir, model_fn=spec.model_fn)  # fmt: skip
 
 
 def load_run(run_id: str, model_fn: Callable[[], Any] | str | None = None) -> RunResult:
-    """A recorded run with its trained model, read from its checkpoint (``rd.load``).
+    """A recorded run with its trained model, assembled when asked (``rd.load``).
 
-    The model's state is assembled from the checkpoint's parts as a resume reads them
-    (:func:`rapydli.trainer.checkpoint.read_state_dict`), in this process; ``history`` is
-    the store's (one row per step, a column per metric) and ``figure`` is ``None``.
+    The model is the one the ranks wrote when the run ended (its ``model`` record), else
+    its last checkpoint; its pieces are assembled in this process on the first
+    :meth:`RunResult.model`, :meth:`~RunResult.state_dict` or :meth:`~RunResult.tensors`
+    (:mod:`rapydli.trainer.checkpoint`). ``history`` is the store's (one row per step, a
+    column per metric) and ``figure`` is ``None``.
 
     Parameters
     ----------
@@ -273,19 +307,20 @@ def load_run(run_id: str, model_fn: Callable[[], Any] | str | None = None) -> Ru
     Raises
     ------
     ConfigError
-        The run wrote no checkpoint (its config had no ``checkpoint_dir``, or a restartable
-        run's scratch directory was removed when it finished), or its model function is not
-        importable and none was given.
+        The run kept no model and wrote no checkpoint (a sweep trial, a run whose config
+        had no ``checkpoint_dir`` from before models were kept), or its model function is
+        not importable and none was given.
     """
     from rapydli.experiments.store.refs import resolve_callable
     from rapydli.experiments.store.runview import run as recorded_run
-    from rapydli.trainer.checkpoint import read_state_dict
+    from rapydli.trainer.checkpoint import checkpoint_path
 
     record = recorded_run(run_id)
-    directory = record.params.get("config", {}).get("checkpoint_dir")
-    if directory is None:
-        raise ConfigError(f"run {record.info['id']} wrote no checkpoint (its TrainConfig had no checkpoint_dir): its model cannot be loaded")
-    state, _ = read_state_dict(directory)
+    kept = (record.records.get("model") or {}).get("directory")
+    directory = kept if kept is not None and checkpoint_path(kept).is_file() else record.params.get("config", {}).get("checkpoint_dir")
+    if directory is None or not checkpoint_path(directory).is_file():
+        where = f" (its model directory {kept} holds none)" if kept is not None else ""
+        raise ConfigError(f"run {record.info['id']} kept no trained model and wrote no checkpoint{where}: its model cannot be loaded")
     recorded = record.params.get("model_fn")
     builder = None
     if model_fn is not None:
@@ -293,7 +328,7 @@ def load_run(run_id: str, model_fn: Callable[[], Any] | str | None = None) -> Ru
     elif isinstance(recorded, str) and ":" in recorded and " " not in recorded:
         builder = resolve_callable(recorded, "model_fn")
     # the history as the store holds it (one row per step, a column per metric); no figure
-    return RunResult(run_id=record.info["id"], history=record.history(), figure=None, state=state, model_fn=builder)
+    return RunResult(run_id=record.info["id"], history=record.history(), figure=None, model_dir=str(directory), model_fn=builder)
 
 
 def check_workers(config: TrainConfig, engines: int) -> None:
