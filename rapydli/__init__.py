@@ -29,8 +29,7 @@ from rapydli.errors import (
     UserCodeError,
 )
 from rapydli.lazy import LazyExports
-
-__version__ = "0.1.0"
+from rapydli.version import __version__
 
 # public name -> module that defines it
 _LAZY: dict[str, str] = {

@@ -35,6 +35,7 @@ LAYOUTS: dict[str, tuple[dict[str, Any], int]] = {
     "pp2xtp2": ({"pipeline_stages": 2, "tensor_parallel": 2, "pipeline_split": "3", "microbatches": 2}, 1),
     "dp4-zero1": ({"zero": 1}, 4),
     "dp2xtp2-zero2": ({"tensor_parallel": 2, "zero": 2}, 2),
+    "dp4-zero3": ({"zero": 3}, 4),
     # GPT-2's built-in plan with its tied embedding and head split by vocabulary rows
     "dp2xtp2-vocab": ({"tensor_parallel": 2, "tensor_plan": "gpt2-vocab"}, 2),
     "pp2xtp2-vocab": ({"pipeline_stages": 2, "tensor_parallel": 2, "pipeline_split": "3", "microbatches": 2, "tensor_plan": "gpt2-vocab"}, 1),

@@ -68,6 +68,36 @@ def test_no_module_imports_a_higher_layer() -> None:
     assert not violations, "\n".join(violations)
 
 
+def rooms() -> list[tuple[str, list[str]]]:
+    """The ``rooms`` block of ARCHITECTURE.md (experiments/ inside): (name, module prefixes), bottom first."""
+    block = re.search(r"```rooms\n(.*?)```", (ROOT / "ARCHITECTURE.md").read_text(), re.S)
+    assert block is not None, "ARCHITECTURE.md has no ```rooms block"
+    return [(line.split()[0], line.split()[1:]) for line in block.group(1).splitlines() if line.strip()]
+
+
+def room_of(module: str, table: list[tuple[str, list[str]]]) -> int | None:
+    """The room of ``module``'s longest matching prefix (``planning.planner`` is a front door, ``planning`` a model)."""
+    found = [(len(p), index) for index, (_, prefixes) in enumerate(table) for p in prefixes if module == p or module.startswith(p + ".")]
+    return max(found)[1] if found else None
+
+
+def test_experiments_import_only_downward_and_never_the_package_root() -> None:
+    table = rooms()
+    inside = [(name, path) for name, path in modules() if name.startswith("rapydli.experiments.")]
+    homeless = [name for name, _ in inside if room_of(name, table) is None]
+    assert not homeless, f"experiments modules in no room of ARCHITECTURE.md: {homeless}"
+    violations = []
+    for name, path in inside:
+        mine = room_of(name, table)
+        for imported in imports(path):
+            theirs = room_of(imported, table) if imported.startswith("rapydli.experiments.") else None
+            if theirs is not None and mine is not None and theirs > mine:
+                violations.append(f"{name} ({table[mine][0]}) imports {imported} ({table[theirs][0]})")
+    assert not violations, "\n".join(violations)
+    rooted = [name for name, path in modules() if "rapydli" in imports(path)]  # `from rapydli import ...`, `import rapydli`
+    assert not rooted, f"modules importing the package root (import what you need from the module that owns it): {rooted}"
+
+
 @pytest.mark.parametrize(
     ("importer", "forbidden"),
     [

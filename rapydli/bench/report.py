@@ -10,7 +10,7 @@ from typing import Any
 
 import pandas as pd
 
-from rapydli import __version__
+from rapydli.version import __version__
 
 
 def machine_info() -> dict[str, Any]:

@@ -10,9 +10,9 @@ import sys
 
 import click
 
-from rapydli import __version__
 from rapydli.cli.lazy import LazyGroup
 from rapydli.errors import RapydliError
+from rapydli.version import __version__
 
 
 @click.group(

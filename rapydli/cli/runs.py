@@ -264,7 +264,7 @@ def note(run_id: str, text: str | None, clear: bool) -> None:
 @click.option("--parallel", "-j", type=int, default=None, help="Batch runs: items at once (default: the original's).")
 def repeat(run_id: str, out: str | None, parallel: int | None) -> None:
     """Re-run a recorded train run or batch (or batch item) with the same parameters and seed."""
-    from rapydli.experiments.store.repeat import repeat_run
+    from rapydli.experiments.repeat import repeat_run
     from rapydli.experiments.store.runstore import require_store
 
     new_id = repeat_run(run_id, out=out, parallel=parallel)

@@ -98,6 +98,12 @@ class TrainingJob:
         are recorded and passed to the callbacks when this job starts (:attr:`recovered_rows`).
     bar
         With ``continues``: the earlier attempt's progress bar, which this job goes on with.
+    keep_model
+        Keep the trained model: the ranks write it as it lies on them, each its pieces, to
+        a directory (this one, or with ``True`` one of the run's own under
+        ``$RAPYDLI_HOME/models``, named on the run as its ``model`` record), assembled only
+        when asked (``result.model()``, ``rd.load``). False (sweep trials, scaling points,
+        the planner's runs): nothing of the model is gathered or written.
 
     Attributes
     ----------
@@ -127,6 +133,8 @@ class TrainingJob:
         The :class:`~rapydli.experiments.stragglers.StragglerWatch` of a data-parallel run
         (``None`` with pipeline stages or tensor slices): ``stragglers.found`` lists the ranks
         found persistently slower, also the run's ``stragglers`` record.
+    model_dir
+        Where the ranks write the trained model (``None`` without ``keep_model``).
     setup_s
         Seconds before the first step, by phase in the order they ran (engines ready, code
         shipped and task started, model and data, the Trainer's set-up); complete once the
@@ -154,6 +162,7 @@ class TrainingJob:
         end_status: bool = True,
         delivered: Collection[tuple[Any, int]] = (),
         bar: Any = None,
+        keep_model: str | bool = False,
     ) -> None:
         from rapydli.experiments.store.runstore import open_store
 
@@ -208,6 +217,8 @@ class TrainingJob:
         self.record = record
         self._kind, self._name, self._parent, self._extra_params = kind, name, parent, extra_params
         self.job: Any = None
+        self._keep_model = keep_model
+        self.model_dir: str | None = None
 
     def start(self) -> TrainingJob:
         """Record the run, make the cluster usable and submit the task to the ranks; returns the job.
@@ -240,6 +251,7 @@ class TrainingJob:
             self.store.add_record(self.run_id, "hosts", "json", hosts)  # where this run's ranks run
             self.store.add_record(self.run_id, "rank_hosts", "json", [rank_hosts.get(t) for t in self.targets])  # by job rank
         self.trackers = follow(self.store, self.run_id, config.trackers) if self.record else None  # the client logs to MLflow & co. from the store
+        self.model_dir = self._model_directory()
         try:
             began = time.monotonic()
             ready(cluster)  # started, waited for or restarted as part of the run (rd.train's own cluster too)
@@ -259,7 +271,7 @@ class TrainingJob:
             self.job = cluster.submit(
                 engine_task, spec.model_fn, spec.data_fn, {**config.to_dict(), "trackers": ""}, targets=self.targets, on_event=self._on_event,
                 hang_timeout_s=config.hang_timeout_s, on_hang=config.on_hang, await_verdict=self.await_verdict, layout=self.layout,
-                **spec.code,
+                model_dir=self.model_dir, **spec.code,
             )  # fmt: skip
         except KeyboardInterrupt:
             __tracebackhide__ = True  # noqa: F841 - IPython shows the user's cell, not ipyparallel's frames
@@ -269,6 +281,22 @@ class TrainingJob:
             self._finish("failed", f"{type(exc).__name__}: {exc}")
             raise
         return self
+
+    def _model_directory(self) -> str | None:
+        """Where the ranks write the trained model (``keep_model``), recorded on the run; ``None``: nowhere."""
+        if not self._keep_model:
+            return None
+        if isinstance(self._keep_model, str):
+            directory = self._keep_model
+        else:
+            import uuid
+
+            from rapydli.paths import subdir
+
+            directory = str(subdir("models") / (self.run_id or uuid.uuid4().hex[:12]))
+        if self.store is not None and self.run_id is not None and self.continues is None:
+            self.store.add_record(self.run_id, "model", "json", {"directory": directory})
+        return directory
 
     def _place(self, cluster: Any) -> tuple[list[str], dict[int, str]]:
         """Where the run's ranks run, as far as the cluster knows now: the sorted hosts and rank -> host.

@@ -16,12 +16,12 @@ Examples
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from rapydli.errors import ConfigError, RankFailure
+from rapydli.errors import ConfigError
+from rapydli.experiments.restarts import Attempts, RestartPolicy
 from rapydli.experiments.spec import RunSpec
 from rapydli.trainer.config import TrainConfig
 
@@ -53,6 +53,10 @@ class RunResult:
         A plotly figure of training and validation loss against step.
     timelines
         A pipelined run's latest ``timeline`` event of every rank (see :meth:`timeline`).
+    model_dir
+        Where the trained model lies as the ranks held it, each rank's pieces in a part of its
+        own (``None``: the run kept none). Nothing is gathered until :meth:`model`,
+        :meth:`state_dict` or :meth:`tensors` asks; the first of them assembles it once.
 
     Examples
     --------
@@ -65,8 +69,9 @@ class RunResult:
     history: pd.DataFrame
     figure: Any
     timelines: dict[int, dict[str, Any]] = field(default_factory=dict)
-    state: dict[str, Any] | None = field(default=None, repr=False)
+    model_dir: str | None = None
     model_fn: Callable[[], Any] | None = field(default=None, repr=False)
+    _state: dict[str, Any] | None = field(default=None, repr=False, init=False)
 
     @property
     def samples_per_s(self) -> float | None:
@@ -84,8 +89,8 @@ class RunResult:
         """The trained model's full state (parameters and buffers, CPU tensors), as ``model_fn()``'s ``state_dict`` names it.
 
         Without a known ``model_fn``: by the names the engines gave them (a tied tensor
-        under its first name only). Gathered on the engines from every pipeline stage, tensor slice and ZeRO bucket when
-        the run ended (or read from its checkpoint, for :func:`rapydli.load`).
+        under its first name only). Assembled here, on first use, from the pieces every pipeline stage, tensor slice and
+        ZeRO-3 shard wrote to :attr:`model_dir` when the run ended (or from its checkpoint, for :func:`rapydli.load`).
 
         Raises
         ------
@@ -96,10 +101,38 @@ class RunResult:
             return {name: tensor.detach().clone() for name, tensor in self.model().state_dict().items()}
         return {name: tensor.clone() for name, tensor in self._trained().items()}
 
+    def tensors(self) -> Iterator[tuple[str, Any]]:
+        """The trained model's parameters and buffers one ``(name, tensor)`` at a time, by the engines' names.
+
+        Each is assembled from its pieces and handed out before the next is read
+        (:func:`rapydli.trainer.checkpoint.iter_state`): a model bigger than this process's
+        memory can be saved or inspected tensor by tensor.
+        """
+        from rapydli.trainer.checkpoint import iter_state
+
+        if self._state is not None:
+            yield from self._state.items()
+            return
+        yield from iter_state(self._model_directory())
+
     def _trained(self) -> dict[str, Any]:
-        if self.state is None:
-            raise ConfigError(f"run {self.run_id} has no trained model: it ended before training did, and left no checkpoint")
-        return self.state
+        if self._state is None:
+            from rapydli.trainer.checkpoint import read_state_dict
+
+            self._state = read_state_dict(self._model_directory())[0]
+        return self._state
+
+    def _model_directory(self) -> str:
+        """Where the model's pieces are, checked: a run that kept none, or whose pieces are gone, is a :class:`ConfigError`."""
+        from rapydli.trainer.checkpoint import checkpoint_path
+
+        if self.model_dir is None:
+            raise ConfigError(f"run {self.run_id} has no trained model: it kept none (a sweep trial, a scaling point) or "
+                              "ended before training did")  # fmt: skip
+        if not checkpoint_path(self.model_dir).is_file():
+            raise ConfigError(f"run {self.run_id} has no trained model in {self.model_dir}: it ended before training did, or "
+                              "the directory was removed")  # fmt: skip
+        return self.model_dir
 
     def model(self) -> Any:
         """The trained ``nn.Module`` on the client: ``model_fn()`` with :meth:`state_dict` loaded (a new one per call).
@@ -224,78 +257,44 @@ def run_training(
     """
     __tracebackhide__ = True  # noqa: F841 - IPython shows the user's cell, not these frames
     from rapydli.cluster import ensure_cluster
-    from rapydli.experiments.figures import loss_figure
-    from rapydli.experiments.job import TrainingJob
 
     cfg = config if isinstance(config, TrainConfig) else TrainConfig.from_dict(dict(config))
-    cfg = cfg.with_trackers(trackers)
     spec = RunSpec.of(model_fn, data_fn, loss_fn, optimizer_fn, metrics)  # resolved and checked once, then passed whole
     for callback in callbacks:
         if not callable(callback):
             raise ConfigError(f"callbacks must be callables taking a metrics dict; got {callback!r}")
-    run_name = name or spec.name
-    left = cfg.max_restarts if restarts is None else restarts
-    if not isinstance(left, int) or isinstance(left, bool) or left < 0:
-        raise ConfigError(f"restarts={restarts!r} is invalid: an integer >= 0")
-    if min_workers is not None:
-        cfg = cfg.replace(min_workers=min_workers)
-    scratch = None
-    if left and cfg.checkpoint_dir is None:
-        import uuid
-
-        from rapydli.paths import subdir
-
-        scratch = subdir("checkpoints") / uuid.uuid4().hex[:12]
-        cfg = cfg.replace(checkpoint_dir=str(scratch))
+    policy, cfg = RestartPolicy.of(cfg.with_trackers(trackers), restarts, min_workers)
     # the run starts the cluster it owns, so that Ctrl-C during the start is recorded on it
     with ensure_cluster(cluster, n=cfg.ranks_to_start(), start=False) as chosen:
         check_workers(cfg, chosen.n)
-        if cfg.min_workers is not None and cfg.min_workers > chosen.n:
-            raise ConfigError(f"min_workers={cfg.min_workers} is invalid: the cluster has {chosen.n} engines, allowed 1..{chosen.n}")
-        job = TrainingJob(chosen, spec, cfg, range(chosen.n), callbacks=callbacks, name=run_name, progress=progress, keep_open=left > 0).start().wait()
-        history = list(job.rows)
-        restarted: list[dict[str, Any]] = []
-        while job.exception is not None and job.exception.died and left > 0:
-            left -= 1
-            restart = {"time": time.time(), "cause": str(job.exception).splitlines()[0], "ranks": job.exception.ranks}
-            try:
-                targets = _restart(chosen, cfg, job.exception)
-                delivered = [(row.get("kind"), row["step"]) for row in history]
-                job = TrainingJob(
-                    chosen, spec, cfg.replace(resume=True), targets, callbacks=callbacks, name=run_name, progress=progress,
-                    continues=job.run_id, keep_open=left > 0, delivered=delivered, bar=job.progress_bar,
-                ).start()  # fmt: skip
-            except BaseException as exc:
-                if job.progress_bar is not None:  # no restart: the bar ends where the run did
-                    job.progress_bar.close()
-                _record_failed_restart(job, [*restarted, {**restart, "error": str(exc)}], exc)
-                raise
-            job.wait(until=lambda resumed: resumed.start_step is not None)  # marked as soon as it resumed, not when it ends
-            restarted.append({**restart, "resumed_from_step": job.start_step, "workers": len(targets)})
-            _record_restarts(job, restarted, callbacks)
-            job.wait()
-            before = [row for row in history if job.start_step is None or row["step"] <= job.start_step] + job.recovered_rows
-            history = sorted(before, key=lambda row: row["step"]) + job.rows
-    if job.exception is not None:
-        raise job.exception
-    if scratch is not None:
-        import shutil
+        policy.check(chosen.n)
+        attempts = policy.train(chosen, spec, cfg, callbacks=callbacks, name=name or spec.name, progress=progress)
+    if attempts.job.exception is not None:
+        raise attempts.job.exception
+    policy.clean_up()
+    return _result(attempts, spec, name or spec.name)
 
-        shutil.rmtree(scratch, ignore_errors=True)
+
+def _result(attempts: Attempts, spec: RunSpec, name: str) -> RunResult:
+    """The :class:`RunResult` of a run that finished: its history over every attempt and its loss figure."""
     import pandas as pd
 
-    frame = job.history if not restarted else pd.DataFrame(history)
-    state = job.results[0].get("state") if job.results else None
-    return RunResult(run_id=job.run_id, history=frame, figure=loss_figure(frame, title=run_name, restarts=restarted), timelines=job.timelines,
-                     state=state, model_fn=spec.model_fn)  # fmt: skip
+    from rapydli.experiments.figures import loss_figure
+
+    job = attempts.job
+    frame = job.history if not attempts.restarted else pd.DataFrame(attempts.history)
+    return RunResult(run_id=job.run_id, history=frame, figure=loss_figure(frame, title=name, restarts=attempts.restarted),
+                     timelines=job.timelines, model_dir=job.model_dir, model_fn=spec.model_fn)  # fmt: skip
 
 
 def load_run(run_id: str, model_fn: Callable[[], Any] | str | None = None) -> RunResult:
-    """A recorded run with its trained model, read from its checkpoint (``rd.load``).
+    """A recorded run with its trained model, assembled when asked (``rd.load``).
 
-    The model's state is assembled from the checkpoint's parts as a resume reads them
-    (:func:`rapydli.trainer.checkpoint.read_state_dict`), in this process; ``history`` is
-    the store's (one row per step, a column per metric) and ``figure`` is ``None``.
+    The model is the one the ranks wrote when the run ended (its ``model`` record), else
+    its last checkpoint; its pieces are assembled in this process on the first
+    :meth:`RunResult.model`, :meth:`~RunResult.state_dict` or :meth:`~RunResult.tensors`
+    (:mod:`rapydli.trainer.checkpoint`). ``history`` is the store's (one row per step, a
+    column per metric) and ``figure`` is ``None``.
 
     Parameters
     ----------
@@ -308,19 +307,20 @@ def load_run(run_id: str, model_fn: Callable[[], Any] | str | None = None) -> Ru
     Raises
     ------
     ConfigError
-        The run wrote no checkpoint (its config had no ``checkpoint_dir``, or a restartable
-        run's scratch directory was removed when it finished), or its model function is not
-        importable and none was given.
+        The run kept no model and wrote no checkpoint (a sweep trial, a run whose config
+        had no ``checkpoint_dir`` from before models were kept), or its model function is
+        not importable and none was given.
     """
     from rapydli.experiments.store.refs import resolve_callable
     from rapydli.experiments.store.runview import run as recorded_run
-    from rapydli.trainer.checkpoint import read_state_dict
+    from rapydli.trainer.checkpoint import checkpoint_path
 
     record = recorded_run(run_id)
-    directory = record.params.get("config", {}).get("checkpoint_dir")
-    if directory is None:
-        raise ConfigError(f"run {record.info['id']} wrote no checkpoint (its TrainConfig had no checkpoint_dir): its model cannot be loaded")
-    state, _ = read_state_dict(directory)
+    kept = (record.records.get("model") or {}).get("directory")
+    directory = kept if kept is not None and checkpoint_path(kept).is_file() else record.params.get("config", {}).get("checkpoint_dir")
+    if directory is None or not checkpoint_path(directory).is_file():
+        where = f" (its model directory {kept} holds none)" if kept is not None else ""
+        raise ConfigError(f"run {record.info['id']} kept no trained model and wrote no checkpoint{where}: its model cannot be loaded")
     recorded = record.params.get("model_fn")
     builder = None
     if model_fn is not None:
@@ -328,7 +328,7 @@ def load_run(run_id: str, model_fn: Callable[[], Any] | str | None = None) -> Ru
     elif isinstance(recorded, str) and ":" in recorded and " " not in recorded:
         builder = resolve_callable(recorded, "model_fn")
     # the history as the store holds it (one row per step, a column per metric); no figure
-    return RunResult(run_id=record.info["id"], history=record.history(), figure=None, state=state, model_fn=builder)
+    return RunResult(run_id=record.info["id"], history=record.history(), figure=None, model_dir=str(directory), model_fn=builder)
 
 
 def check_workers(config: TrainConfig, engines: int) -> None:
@@ -344,56 +344,3 @@ def check_workers(config: TrainConfig, engines: int) -> None:
             f"engine of its cluster. Leave workers=None (the cluster decides), set workers={engines}, or pass cluster= one of "
             f"{config.workers} engines (stop the running one first: cluster.stop() or %rapydli stop)"
         )
-
-
-def _restart(cluster: Cluster, config: TrainConfig, failure: RankFailure) -> list[int]:
-    """Bring the cluster's engines back after ``failure``; the ranks the run goes on with.
-
-    All of them, or, with ``config.min_workers``, as many as the cluster can bring back
-    if that is enough (:meth:`rapydli.cluster.Cluster.restart`).
-    """
-    from rapydli.errors import ClusterError
-
-    where = _last_checkpoint_text(config)
-    size = cluster.n
-    try:
-        cluster.restart(min_engines=config.min_workers)
-    except ClusterError as exc:
-        raise ClusterError(f"ranks {failure.ranks} died and the cluster could not be restarted: {exc}; {where}") from exc
-    alive = cluster.alive_ranks()
-    needed = config.min_workers or size
-    if len(alive) < needed:
-        raise ClusterError(f"only {len(alive)} of {size} engines came back after ranks {failure.ranks} died (need {needed}); {where}")
-    return alive
-
-
-def _last_checkpoint_text(config: TrainConfig) -> str:
-    """Where a run that cannot go on can be continued from: its last complete checkpoint, or that it has none."""
-    from rapydli.trainer import checkpoint as ckpt
-
-    if config.checkpoint_dir is None:
-        return "the run kept no checkpoint (TrainConfig.checkpoint_dir was not set)"
-    path = ckpt.checkpoint_path(config.checkpoint_dir)
-    if not path.exists():
-        return f"no checkpoint was complete in {config.checkpoint_dir} before the ranks died"
-    return f"the last checkpoint is in {config.checkpoint_dir} (rd.train(..., TrainConfig(resume=True, ...)) continues it)"
-
-
-def _record_failed_restart(job: Any, restarted: list[dict[str, Any]], error: BaseException) -> None:
-    """A restart that could not go on ends the run: ``failed`` (``interrupted`` on Ctrl-C) with the error, and the attempt recorded."""
-    if job.store is None or job.run_id is None:
-        return
-    job.store.add_record(job.run_id, "restarts", "json", restarted)
-    if isinstance(error, KeyboardInterrupt):
-        job.store.finish_run(job.run_id, "interrupted", "interrupted by the user while the cluster restarted")
-    else:
-        job.store.finish_run(job.run_id, "failed", f"{type(error).__name__}: {error}")
-
-
-def _record_restarts(job: Any, restarted: list[dict[str, Any]], callbacks: Sequence[MetricsCallback]) -> None:
-    """The restarts so far on the run (store record ``restarts``) and to the callbacks (a marker in the live plot)."""
-    if job.store is not None and job.run_id is not None:
-        job.store.add_record(job.run_id, "restarts", "json", restarted)
-    latest = restarted[-1]
-    for callback in callbacks:
-        callback({"kind": "restart", "step": latest["resumed_from_step"] or 0, "cause": latest["cause"], "ranks": latest["ranks"]})

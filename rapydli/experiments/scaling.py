@@ -180,95 +180,20 @@ def scaling_study(
     >>> rd.scaling_study(model_fn, data_fn, rd.TrainConfig(microbatches=4), workers=[2, 4],
     ...                  pipeline_stages=[1, 2]).table  # doctest: +SKIP
     """
+    from rapydli.cluster import choose_cluster
+
     cfg = config if isinstance(config, TrainConfig) else TrainConfig.from_dict(dict(config))
     spec = RunSpec.of(model_fn, data_fn, loss_fn, optimizer_fn, metrics)  # resolved and checked once, then passed whole
-    counts = sorted(set(workers)) if isinstance(workers, Sequence) else []
-    if not counts or any(not isinstance(k, int) or isinstance(k, bool) or k < 1 for k in counts):
-        raise ConfigError(f"workers={workers!r} is invalid: a list of integers >= 1")
-    if mode not in ("weak", "strong"):
-        raise ConfigError(f"mode={mode!r} is invalid: 'weak' or 'strong'")
-    if not isinstance(steps, int) or steps <= WARMUP_STEPS:
-        raise ConfigError(f"steps={steps!r} is invalid: an integer > {WARMUP_STEPS} (the first {WARMUP_STEPS} are warm-up)")
-    if not isinstance(repeats, int) or isinstance(repeats, bool) or repeats < 1:
-        raise ConfigError(f"repeats={repeats!r} is invalid: an integer >= 1 (interleaved rounds of every point)")
-    predict_counts = sorted(set(predict or ()))
-    if any(not isinstance(k, int) or k < 1 for k in predict_counts):
-        raise ConfigError(f"predict={predict!r} is invalid: a list of integers >= 1")
-    stage_counts = _stage_counts(pipeline_stages, cfg)
-    tp = cfg.tensor_parallel  # a replica's ranks: its stages x tensor_parallel
-    of_tp = f" of {tp} tensor-parallel ranks each" if tp > 1 else ""
-    # each point's layout (its replicas: the arithmetic is the Layout's)
-    layouts = {(k, p): Layout(k, p, tp, cfg.zero) for k in counts for p in stage_counts if Layout.fits(k, p, tp)}
-    plan = list(layouts)
-    notes = [f"pipeline_stages={p} skipped at workers={k}: {k} ranks do not divide into {p}-stage pipelines{of_tp}"
-             for k in counts for p in stage_counts if (k, p) not in layouts]  # fmt: skip
-    unused = [p for p in stage_counts if all(q != p for _, q in plan)]
-    if unused:
-        multiple = f"{tp} x it" if tp > 1 else "it"
-        raise ConfigError(f"pipeline_stages={unused} divide none of workers={counts}: each needs a worker count that is a multiple of {multiple}")
-    if (predict_counts or network is not None) and 1 not in stage_counts:
-        raise ConfigError("predict and network model data parallelism: add 1 to pipeline_stages (those points are predicted and checked)")
-    global_batch = cfg.batch_size * layouts[plan[0]].replicas
-    if mode == "strong" and any(global_batch % layout.replicas for layout in layouts.values()):
-        first = f"batch_size x {layouts[plan[0]].replicas} replicas" if plan[0][1] * tp > 1 else f"batch_size x {counts[0]}"
-        replicas = sorted({layout.replicas for layout in layouts.values()})
-        raise ConfigError(f"mode='strong' splits the global batch {global_batch} ({first}); it must divide by every count in {replicas}")
-    # every point's config, validated before anything starts (a batch too small for microbatches, ...)
-    point_configs = {}
-    for k, p in plan:
-        batch = cfg.batch_size if mode == "weak" else global_batch // layouts[(k, p)].replicas
-        point_configs[(k, p)] = cfg.replace(
-            batch_size=batch, max_steps=steps, epochs=max(cfg.epochs, steps), eval_every=0, checkpoint_dir=None, resume=False,
-            workers=k, pipeline_stages=p,
-        )  # fmt: skip
-
-    from rapydli.cluster import choose_cluster
-    from rapydli.experiments.store.runstore import open_store
-
-    cluster, own = choose_cluster(cluster, n=counts[-1], need=counts[-1])
-
-    store = open_store()
-    run_id = None
-    if store is not None:
-        params = {"config": cfg.to_dict(), "workers": counts, "pipeline_stages": stage_counts, "mode": mode, "steps": steps, "predict": predict_counts,
-                  "repeats": repeats}  # fmt: skip
-        run_id = store.create_run("scaling", spec.model_ref or spec.name, params, world_size=counts[-1], seed=cfg.seed)
-    from rapydli.experiments.trackers.follow import follow
-
-    trackers = follow(store, run_id, cfg.trackers)  # the parent of the points' tracker runs
-    if trackers is not None:
-        trackers.wait_open()  # made once, before the first point's
-    figure = scaling_figure([], None, mode=mode, stages=stage_counts)
-    rounds: dict[tuple[int, int], list[dict[str, Any]]] = {}
-    points: list[dict[str, Any]] = []
+    plan = ScalingPlan.of(cfg, workers, mode, steps, repeats, predict, pipeline_stages, network)  # every point checked before anything starts
+    cluster, own = choose_cluster(cluster, n=plan.counts[-1], need=plan.counts[-1])
+    record = _StudyRecord.open(spec, cfg, plan)
+    figure = scaling_figure([], None, mode=mode, stages=plan.stage_counts)
     status, error = "failed", None
-    model: RingModel | None = network
     try:
-        gradient_bytes = 0.0
-        for repeat in range(repeats):  # interleaved: every point once per round
-            for (k, p), point_cfg in point_configs.items():
-                label = f"{k}-worker" + (f", {p}-stage" if p > 1 else "")
-                job = TrainingJob(
-                    cluster, spec, point_cfg, list(range(k)), name=f"scaling-{k}" + (f"-stages{p}" if p > 1 else ""),
-                    parent=run_id, extra_params={"scaling_workers": k, "scaling_pipeline_stages": p, "repeat": repeat},
-                ).start().wait()  # fmt: skip
-                if job.state != "finished":
-                    raise ConfigError(f"the {label} point failed: {job.error}")
-                if p == 1:
-                    gradient_bytes = job.results[0]["gradient_bytes"]
-                where = cluster.status()["rank_hosts"]
-                hosts = ", ".join(sorted({where[r] for r in range(k) if r in where}))
-                point = {**_point(k, p, layouts[(k, p)].replicas, point_cfg.batch_size, job.results), "hosts": hosts, "load": machine_load()}
-                rounds.setdefault((k, p), []).append(point)
-                points = summarise(rounds)
-                fill_scaling_figure(figure, _table(points, None, gradient_bytes), None)
-                if on_point is not None:
-                    on_point(figure)
-        if predict_counts or network is not None:
-            if model is None:
-                model = measure_ring(cluster, algorithm=cfg.allreduce)
+        points, gradient_bytes = _measure(cluster, spec, plan, record.run_id, figure, on_point)
+        model = network if network is not None or not plan.predict_counts else measure_ring(cluster, algorithm=cfg.allreduce)
         table = _table(points, model, gradient_bytes, mode)
-        prediction = _prediction(points, model, gradient_bytes, sorted(set(predict_counts) | set(counts)), mode) if model else None
+        prediction = _prediction(points, model, gradient_bytes, sorted(set(plan.predict_counts) | set(plan.counts)), mode) if model else None
         fill_scaling_figure(figure, table, prediction, model)
         status = "finished"
     except BaseException as exc:
@@ -277,22 +202,181 @@ def scaling_study(
     finally:
         if own:
             cluster.stop()
-        if store is not None and run_id is not None:
-            if status == "finished":
+        record.finish(status, error, table if status == "finished" else None, model if status == "finished" else None)
+    validated, notes = _verdict(table, prediction, model, plan.notes)
+    static = scaling_figure(table.to_dict("records"), prediction, mode=mode, model=model, stages=plan.stage_counts, validated=validated)
+    if on_point is not None:
+        on_point(static)
+    return ScalingResult(
+        table=table, figure=static, prediction=prediction, model=model, validated=validated, run_id=record.run_id, mode=mode, notes=notes
+    )
+
+
+@dataclass(frozen=True)
+class ScalingPlan:
+    """The points a scaling study measures, each with its layout and config, checked before anything starts.
+
+    Attributes
+    ----------
+    counts, stage_counts, predict_counts
+        The worker counts measured, the pipeline stage counts tried at each, the worker
+        counts predicted (sorted, distinct).
+    mode, steps, repeats
+        As :func:`scaling_study` takes them.
+    layouts
+        Each measured point's :class:`Layout`, by ``(workers, pipeline_stages)``, in the
+        order the points are measured within a round.
+    configs
+        Each point's :class:`TrainConfig` (its batch, ``steps`` steps, no evaluation or checkpoint).
+    notes
+        The points left out and why (a stage count that does not divide a worker count).
+    """
+
+    counts: list[int]
+    stage_counts: list[int]
+    predict_counts: list[int]
+    mode: str
+    steps: int
+    repeats: int
+    layouts: dict[tuple[int, int], Layout]
+    configs: dict[tuple[int, int], TrainConfig]
+    notes: list[str]
+
+    @classmethod
+    def of(cls, config: TrainConfig, workers: Sequence[int], mode: str, steps: int, repeats: int, predict: Sequence[int] | None,
+           pipeline_stages: Sequence[int] | None, network: RingModel | None) -> ScalingPlan:  # fmt: skip
+        """The plan :func:`scaling_study`'s arguments ask for; :class:`ConfigError` naming the first that is invalid."""
+        counts = sorted(set(workers)) if isinstance(workers, Sequence) else []
+        if not counts or any(not isinstance(k, int) or isinstance(k, bool) or k < 1 for k in counts):
+            raise ConfigError(f"workers={workers!r} is invalid: a list of integers >= 1")
+        if mode not in ("weak", "strong"):
+            raise ConfigError(f"mode={mode!r} is invalid: 'weak' or 'strong'")
+        if not isinstance(steps, int) or steps <= WARMUP_STEPS:
+            raise ConfigError(f"steps={steps!r} is invalid: an integer > {WARMUP_STEPS} (the first {WARMUP_STEPS} are warm-up)")
+        if not isinstance(repeats, int) or isinstance(repeats, bool) or repeats < 1:
+            raise ConfigError(f"repeats={repeats!r} is invalid: an integer >= 1 (interleaved rounds of every point)")
+        predict_counts = sorted(set(predict or ()))
+        if any(not isinstance(k, int) or k < 1 for k in predict_counts):
+            raise ConfigError(f"predict={predict!r} is invalid: a list of integers >= 1")
+        stage_counts = _stage_counts(pipeline_stages, config)
+        tp = config.tensor_parallel  # a replica's ranks: its stages x tensor_parallel
+        of_tp = f" of {tp} tensor-parallel ranks each" if tp > 1 else ""
+        # each point's layout (its replicas: the arithmetic is the Layout's)
+        layouts = {(k, p): Layout(k, p, tp, config.zero) for k in counts for p in stage_counts if Layout.fits(k, p, tp)}
+        plan = list(layouts)
+        notes = [f"pipeline_stages={p} skipped at workers={k}: {k} ranks do not divide into {p}-stage pipelines{of_tp}"
+                 for k in counts for p in stage_counts if (k, p) not in layouts]  # fmt: skip
+        unused = [p for p in stage_counts if all(q != p for _, q in plan)]
+        if unused:
+            multiple = f"{tp} x it" if tp > 1 else "it"
+            raise ConfigError(f"pipeline_stages={unused} divide none of workers={counts}: each needs a worker count that is a multiple of {multiple}")
+        if (predict_counts or network is not None) and 1 not in stage_counts:
+            raise ConfigError("predict and network model data parallelism: add 1 to pipeline_stages (those points are predicted and checked)")
+        global_batch = config.batch_size * layouts[plan[0]].replicas
+        if mode == "strong" and any(global_batch % layout.replicas for layout in layouts.values()):
+            first = f"batch_size x {layouts[plan[0]].replicas} replicas" if plan[0][1] * tp > 1 else f"batch_size x {counts[0]}"
+            replicas = sorted({layout.replicas for layout in layouts.values()})
+            raise ConfigError(f"mode='strong' splits the global batch {global_batch} ({first}); it must divide by every count in {replicas}")
+        # every point's config, validated now (a batch too small for microbatches, ...)
+        configs = {}
+        for k, p in plan:
+            batch = config.batch_size if mode == "weak" else global_batch // layouts[(k, p)].replicas
+            configs[(k, p)] = config.replace(
+                batch_size=batch, max_steps=steps, epochs=max(config.epochs, steps), eval_every=0, checkpoint_dir=None, resume=False,
+                workers=k, pipeline_stages=p,
+            )  # fmt: skip
+        return cls(counts, stage_counts, predict_counts, mode, steps, repeats, layouts, configs, notes)
+
+    def params(self, config: TrainConfig) -> dict[str, Any]:
+        """The study's parameters as the store records them."""
+        return {"config": config.to_dict(), "workers": self.counts, "pipeline_stages": self.stage_counts, "mode": self.mode,
+                "steps": self.steps, "predict": self.predict_counts, "repeats": self.repeats}  # fmt: skip
+
+
+@dataclass
+class _StudyRecord:
+    """The study's ``scaling`` run in the store (``run_id`` None when recording is off) and the trackers following it."""
+
+    store: Any
+    run_id: str | None
+    trackers: Any
+
+    @classmethod
+    def open(cls, spec: RunSpec, config: TrainConfig, plan: ScalingPlan) -> _StudyRecord:
+        """Create the run (the parent of the points' runs) and its tracker runs, before the first point's."""
+        from rapydli.experiments.store.runstore import open_store
+        from rapydli.experiments.trackers.follow import follow
+
+        store = open_store()
+        run_id = None
+        if store is not None:
+            run_id = store.create_run("scaling", spec.model_ref or spec.name, plan.params(config), world_size=plan.counts[-1], seed=config.seed)
+        trackers = follow(store, run_id, config.trackers)
+        if trackers is not None:
+            trackers.wait_open()  # made once, before the first point's
+        return cls(store, run_id, trackers)
+
+    def finish(self, status: str, error: str | None, table: pd.DataFrame | None, model: RingModel | None) -> None:
+        """End the run as ``status``: a finished study's metrics (by worker count), table and network model first; then its trackers."""
+        if self.store is not None and self.run_id is not None:
+            if table is not None:
                 names = ("samples_per_s", "speedup", "efficiency", "comm_fraction")
                 rows = table.to_dict("records")  # by worker count; a pipelined point's as e.g. speedup@stages2
-                store.log_metrics(run_id, [(int(r["workers"]), _metric_name(name, r), r[name]) for r in rows for name in names if r[name] == r[name]])
-                store.add_record(run_id, "table", "table", table.to_dict("records"))
+                self.store.log_metrics(self.run_id, [(int(r["workers"]), _metric_name(name, r), r[name]) for r in rows for name in names
+                                                     if r[name] == r[name]])  # fmt: skip
+                self.store.add_record(self.run_id, "table", "table", rows)
                 if model is not None:
-                    store.add_record(run_id, "model", "json", {"alpha": model.alpha, "beta": model.beta, "source": model.source})
-            store.finish_run(run_id, status, error)
-        if trackers is not None:  # after the status: the study's tracker run ends as it did
-            trackers.close()
-    notes += [f"workers={r['workers']}" + (f", pipeline_stages={r['pipeline_stages']}" if r["pipeline_stages"] > 1 else "") + f": {r['flag']}"
-              for r in table.to_dict("records") if r["flag"]]  # fmt: skip
+                    self.store.add_record(self.run_id, "model", "json", {"alpha": model.alpha, "beta": model.beta, "source": model.source})
+            self.store.finish_run(self.run_id, status, error)
+        if self.trackers is not None:  # after the status: the study's tracker run ends as it did
+            self.trackers.close()
+
+
+def _measure(cluster: Cluster, spec: RunSpec, plan: ScalingPlan, parent: str | None, figure: Any,
+             on_point: Callable[[Any], None] | None) -> tuple[list[dict[str, Any]], float]:  # fmt: skip
+    """Train every point of ``plan`` once per round, interleaved; the points summarised over their rounds and the gradient bytes.
+
+    Each point is a run of its own (child of ``parent``) on the cluster's first ranks; the
+    live ``figure`` is filled after each and handed to ``on_point``. A point that fails
+    ends the study (:class:`ConfigError` naming it).
+    """
+    rounds: dict[tuple[int, int], list[dict[str, Any]]] = {}
+    points: list[dict[str, Any]] = []
+    gradient_bytes = 0.0
+    for repeat in range(plan.repeats):  # interleaved: every point once per round
+        for (k, p), point_cfg in plan.configs.items():
+            label = f"{k}-worker" + (f", {p}-stage" if p > 1 else "")
+            job = TrainingJob(
+                cluster, spec, point_cfg, list(range(k)), name=f"scaling-{k}" + (f"-stages{p}" if p > 1 else ""),
+                parent=parent, extra_params={"scaling_workers": k, "scaling_pipeline_stages": p, "repeat": repeat},
+            ).start().wait()  # fmt: skip
+            if job.state != "finished":
+                raise ConfigError(f"the {label} point failed: {job.error}")
+            if p == 1:
+                gradient_bytes = job.results[0]["gradient_bytes"]
+            where = cluster.status()["rank_hosts"]
+            hosts = ", ".join(sorted({where[r] for r in range(k) if r in where}))
+            point = {**_point(k, p, plan.layouts[(k, p)].replicas, point_cfg.batch_size, job.results), "hosts": hosts, "load": machine_load()}
+            rounds.setdefault((k, p), []).append(point)
+            points = summarise(rounds)
+            fill_scaling_figure(figure, _table(points, None, gradient_bytes), None)
+            if on_point is not None:
+                on_point(figure)
+    return points, gradient_bytes
+
+
+def _verdict(table: pd.DataFrame, prediction: pd.DataFrame | None, model: RingModel | None, notes: list[str]) -> tuple[bool | None, list[str]]:
+    """Whether the model is validated here (None without one) and every note: the plan's, each point's flag, rounds too far apart.
+
+    Marks each predicted row's ``basis``: checked against a measurement, or extrapolated
+    from a model validated here or not.
+    """
+    records = table.to_dict("records")
+    notes = notes + [f"workers={r['workers']}" + (f", pipeline_stages={r['pipeline_stages']}" if r["pipeline_stages"] > 1 else "") + f": {r['flag']}"
+                     for r in records if r["flag"]]  # fmt: skip
     validated = None
     if model is not None:
-        noisy = [r for r in table.to_dict("records") if r["pipeline_stages"] == 1 and _step_spread(r).relative_width > TOLERANCE]
+        noisy = [r for r in records if r["pipeline_stages"] == 1 and _step_spread(r).relative_width > TOLERANCE]
         validated = bool((table["prediction_error"].dropna().abs() <= TOLERANCE).all()) and not noisy
         notes += [f"not validated: the step time of workers={r['workers']} varied {_step_spread(r).relative_width:.0%} between rounds "
                   f"({r['load']}), more than the {TOLERANCE:.0%} a prediction is checked to; repeat on a quieter machine or with more steps"
@@ -301,12 +385,7 @@ def scaling_study(
         measured = set(table["workers"])
         basis = "extrapolated, model validated here" if validated else "extrapolated, model NOT validated here"
         prediction["basis"] = ["measured count (checked)" if n in measured else basis for n in prediction["workers"]]
-    static = scaling_figure(table.to_dict("records"), prediction, mode=mode, model=model, stages=stage_counts, validated=validated)
-    if on_point is not None:
-        on_point(static)
-    return ScalingResult(
-        table=table, figure=static, prediction=prediction, model=model, validated=validated, run_id=run_id, mode=mode, notes=notes
-    )
+    return validated, notes
 
 
 def _stage_counts(pipeline_stages: Sequence[int] | None, config: TrainConfig) -> list[int]:

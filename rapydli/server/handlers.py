@@ -11,11 +11,11 @@ import tornado.web
 from jupyter_server.utils import url_path_join
 from tornado.ioloop import IOLoop
 
-from rapydli import __version__
 from rapydli.server.base import BaseHandler
 from rapydli.server.manager import ClusterManager
 from rapydli.server.query import check_id, parse_cluster_request
 from rapydli.server.run_handlers import ROUTES as RUN_ROUTES
+from rapydli.version import __version__
 
 API_VERSION = 1
 

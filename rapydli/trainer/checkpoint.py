@@ -36,7 +36,7 @@ import random
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -333,17 +333,56 @@ class CheckpointManager:
         """
         from rapydli.trainer import manifest
 
-        if hasattr(optimizer, "parameter_pieces"):  # ZeRO-3: every replica its pieces, replica 0 the buffers and frozen parameters too
-            mine = manifest.entries(self.whole, held, optimizer, model=self.replica == 0, split_only=self.tensor_rank > 0, state=False)
-        else:
-            mine = manifest.entries(self.whole, held, None, model=True, split_only=self.tensor_rank > 0) if self.replica == 0 else []
-        gathered = self.world.gather(mine, root=0)
+        gathered = self.world.gather(self._model_entries(held, optimizer), root=0)
         if self.rank != 0:
             return None
         found: dict[tuple[str, str], list[Any]] = {}
         for entry in (e for part in gathered for e in part):
             found.setdefault(entry.key, []).append(entry)
         return {name: manifest.assemble(group).clone() for (name, _), group in found.items()}
+
+    def write_model(self, directory: str | os.PathLike[str], step: int, held: Any, optimizer: Any = None) -> None:
+        """Write the model's parameters and buffers to ``directory`` as they lie on the ranks; collective, synchronous.
+
+        Each rank holding pieces of its own writes them (a pipeline stage, a tensor slice,
+        ZeRO-3's pieces of every replica); no rank gathers the model. Rank 0 then writes
+        the manifest, only when every part was written, so the directory holds a whole
+        model or none. :func:`read_state_dict` and :func:`iter_state` assemble it. Raises
+        on every rank when a part or the manifest could not be written.
+        """
+        mine = self._model_entries(held, optimizer)
+        target = Path(directory)
+        name = part_name(self.stage, self.tensor_rank, self.replica, step) if mine else ""
+        error = None
+        try:
+            if mine:
+                target.mkdir(parents=True, exist_ok=True)
+                save_atomic({"step": step, "entries": mine}, target / name)
+        except Exception as exc:  # noqa: BLE001 - every rank must learn of it before the manifest
+            error = f"rank {self.rank}: {type(exc).__name__}: {exc}"
+        listing = self.world.gather({"file": name, "rank": self.rank, "keys": [(e.name, e.field) for e in mine], "error": error}, root=0)
+        errors: list[str] = []
+        if self.rank == 0:
+            errors = [p["error"] for p in listing if p["error"]]
+            if not errors:
+                parts = [{k: v for k, v in p.items() if k != "error"} for p in listing if p["file"]]
+                try:
+                    target.mkdir(parents=True, exist_ok=True)
+                    save_atomic({"step": step, "world_size": self.layout["world_size"], "layout": self.layout, "parts": parts,
+                                 "progress": {}, "rng": None, "model_only": True}, checkpoint_path(target))  # fmt: skip
+                except Exception as exc:  # noqa: BLE001 - said on every rank
+                    errors.append(f"rank 0: {type(exc).__name__}: {exc}")
+        errors = self.world.bcast(errors, root=0)
+        if errors:
+            raise RuntimeError(f"the trained model was not written to {target}: " + "; ".join(errors))
+
+    def _model_entries(self, held: Any, optimizer: Any) -> list[Any]:
+        """This rank's pieces of the model's parameters and buffers (without optimizer state), or none where another rank holds them."""
+        from rapydli.trainer import manifest
+
+        if hasattr(optimizer, "parameter_pieces"):  # ZeRO-3: every replica its pieces, replica 0 the buffers and frozen parameters too
+            return manifest.entries(self.whole, held, optimizer, model=self.replica == 0, split_only=self.tensor_rank > 0, state=False)
+        return manifest.entries(self.whole, held, None, model=True, split_only=self.tensor_rank > 0) if self.replica == 0 else []
 
     # -- reading -------------------------------------------------------------------------
     def read(self) -> Resumed | None:
@@ -487,6 +526,32 @@ def read_state_dict(directory: str | os.PathLike[str]) -> tuple[dict[str, torch.
     found = _read_entries(Path(directory), meta, None)
     state = {name: manifest.assemble(entries).clone() for (name, field), entries in found.items() if field in ("param", "buffer")}
     return state, int(meta["step"])
+
+
+def iter_state(directory: str | os.PathLike[str]) -> Iterator[tuple[str, torch.Tensor]]:
+    """The whole model's parameters and buffers in ``directory``'s checkpoint, one ``(name, tensor)`` at a time.
+
+    Each tensor is assembled from the parts holding its pieces (memory-mapped) and
+    handed out before the next is read: a model larger than this process's memory can be
+    streamed (saved tensor by tensor, or loaded into a model built on the meta device).
+
+    Raises
+    ------
+    ConfigError
+        There is no complete checkpoint in ``directory``, or a part is missing.
+    """
+    path = checkpoint_path(directory)
+    if not path.is_file():
+        raise ConfigError(f"there is no checkpoint in {directory}: no {CHECKPOINT_NAME}")
+    from rapydli.trainer import manifest
+
+    meta = load(path)
+    names = list(dict.fromkeys(name for part in meta["parts"] for name, field in part["keys"] if field in ("param", "buffer")))
+    for name in names:
+        found = _read_entries(Path(directory), meta, {name})
+        for (_, field), entries in found.items():
+            if field in ("param", "buffer"):
+                yield name, manifest.assemble(entries).clone()
 
 
 def read_layout(directory: str | os.PathLike[str] | None, world: Any) -> dict[str, Any] | None:

@@ -417,6 +417,15 @@ class Trainer:
                     "history": self.resumed_history + self.history if self.rank == 0 else []}  # fmt: skip
         return self.checkpoints.save(self.step, self.model, self.optimizer, progress)
 
+    def save_model(self, directory: str | Path) -> None:
+        """Write the trained model as it lies on the ranks to ``directory``, each rank its pieces (no rank gathers it).
+
+        :func:`rapydli.trainer.checkpoint.read_state_dict` assembles it whole, and
+        :func:`~rapydli.trainer.checkpoint.iter_state` tensor by tensor. Collective.
+        """
+        self._average_buffers()
+        self.checkpoints.write_model(directory, self.step, self.model, self.optimizer)
+
     def full_state_dict(self) -> dict[str, torch.Tensor] | None:
         """The whole model's state (gathered from the stages, tensor slices and ZeRO's buckets) on rank 0, ``None`` elsewhere.
 

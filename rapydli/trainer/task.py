@@ -38,6 +38,7 @@ def engine_task(
     metrics: Any = None,
     await_verdict: str | None = None,
     layout: Layout | None = None,
+    model_dir: str | None = None,
 ) -> dict[str, Any]:
     """Run one training run on this rank of the group (every rank of it calls this).
 
@@ -47,14 +48,16 @@ def engine_task(
     here from ``config`` and the group's ranks, for a caller that has none). With ``await_verdict`` (a metric
     name, e.g. a sweep's ``val_loss``), rank 0 waits after each row carrying that metric
     until the notebook answers it (go on, or stop: :func:`rapydli.cluster.engine.await_verdict`),
-    so a decision on a report (a pruner's) stops every rank within one step of it.
+    so a decision on a report (a pruner's) stops every rank within one step of it. With
+    ``model_dir``, the ranks write the trained model there as it lies on them, each its
+    pieces (:meth:`~rapydli.trainer.loop.Trainer.save_model`): nothing is gathered, and the
+    notebook assembles it only when asked (``result.model()``).
 
     Builds model and data, then the ranks agree that every one of them succeeded before
     any collective (so a rank whose ``model_fn``/``data_fn`` raised is the only one named,
     and nobody is left blocked); runs the :class:`~rapydli.trainer.loop.Trainer`; rank 0
     emits its rows as events. Returns each rank's timing medians, whether the run was
-    stopped early, and rank 0's full history and trained model's whole state (``"state"``,
-    :meth:`~rapydli.trainer.loop.Trainer.full_state_dict`).
+    stopped early, and rank 0's full history.
     """
     import torch
 
@@ -96,13 +99,13 @@ def engine_task(
             emit("start", {"total_steps": trainer.total_steps, "start_step": trainer.step, "world_size": ctx.world_size,
                            "history": trainer.resumed_history, "setup_s": setup_s, "model_built": built}, flush=True)  # fmt: skip
         history = trainer.fit()
-        state = trainer.full_state_dict()  # the trained model, whole, for result.model()
+        if model_dir is not None:  # the trained model stays sharded: each rank writes its pieces, result.model() assembles them
+            trainer.save_model(model_dir)
     finally:
         trainer.close()
     return {
         "rank": ctx.rank,
         "history": history if ctx.rank == 0 else [],
-        "state": state,
         "stopped_early": trainer.stopped_early,
         "timing": timing_summary(history),
         "parameters": sum(p.numel() for p in model.parameters()),

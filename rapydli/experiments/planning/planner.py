@@ -266,14 +266,7 @@ def plan_parallel(
     _positive_int("steps", steps, WARMUP_STEPS + 1)
     if run_top is not None:
         _positive_int("run_top", run_top, 0)
-    limit: float | None
-    if memory_per_rank is None:
-        limit = cfg.memory_per_rank
-    elif isinstance(memory_per_rank, str) or (isinstance(memory_per_rank, int | float) and not isinstance(memory_per_rank, bool)):
-        limit = byte_size(memory_per_rank)
-    else:
-        raise ConfigError(f"memory_per_rank={memory_per_rank!r} is invalid: bytes per rank > 0 ('200MB' or a number), or None (no limit)")
-    cfg = cfg.replace(memory_per_rank=limit)  # the pick, and every layout run, carry the limit rd.train enforces
+    cfg, limit = _with_memory_limit(cfg, memory_per_rank)  # the pick, and every layout run, carry the limit rd.train enforces
     if profile is not None and not isinstance(profile, Profile):
         raise ConfigError(f"profile={profile!r} is invalid: a Profile (plan.profile of an earlier plan) or None")
     net = _network(network)
@@ -295,40 +288,10 @@ def plan_parallel(
             profile = _measure(chosen, targets, spec, cfg, ranks, batch)
         if net is None:
             net = _measure_network(chosen, targets, cfg)
-        degrees = [t for t in divisors(ranks) if t <= MAX_TENSOR_PARALLEL and profile.supports(t)]
-        offload = (False, True) if profile.device != "cpu" else (False,)  # on CPU ranks the optimizer is in host memory already
-        layouts = enumerate_layouts(ranks, batch, profile.stage_blocks, degrees, checkpointing=CHECKPOINTING, offload=offload)
-        predictions = sorted((predict(layout, profile, net, batch, cfg) for layout in layouts), key=lambda p: p.step_s)
-        predictions, refused = _honoured(spec.model_fn, predictions, cfg)  # tied weights across stages: no zero=2 (rapydli.parallel.shared)
-        fits = [limit is None or p.memory.peak <= limit for p in predictions]
-        if limit is not None:  # and the front door's prediction (rd.train checks it): a layout it would refuse does not fit either
-            fits = [ok and not over for ok, over in zip(fits, _refused_at_the_door(spec.model_fn, predictions, cfg, batch, limit))]
-        if not any(fits):
-            smallest = min(predictions, key=lambda p: p.memory.peak)
-            raise ConfigError(
-                f"memory_per_rank={float(limit or 0):.4g} bytes is too small for every layout of ranks={ranks}: the smallest "
-                f"peak is {smallest.memory.peak / MIB:.3g} MiB per rank ({smallest.layout.label})"
-            )
-        predictions = [p for _, p in sorted(zip(fits, predictions), key=lambda pair: (not pair[0], pair[1].step_s))]
-        fits = sorted(fits, reverse=True)
-        measured: dict[Candidate, float] = {}
-        spreads: dict[Candidate, Spread] = {}
-        notes: list[str] = [f"unsupported tensor_parallel={t}: {why}" for t, why in profile.unsupported.items() if ranks % t == 0] + refused
-        picks = [p for p, ok in zip(predictions, fits) if ok][:top]
-        by_label = {p.layout.label: p for p in predictions}
-        unknown = [label for label in run_layouts if label not in by_label]
-        if unknown:
-            labels = ", ".join(by_label)
-            raise ConfigError(f"run_layouts names {', '.join(map(repr, unknown))}, not a layout of ranks={ranks}; they are: {labels}")
-        picks += [by_label[label] for label in run_layouts if by_label[label] not in picks]
-        for prediction in picks:
-            assert chosen is not None
-            step, note, spread = _run(chosen, targets, spec, prediction, cfg, batch, steps)
-            if step is not None:
-                measured[prediction.layout] = step
-                spreads[prediction.layout] = spread
-            if note:
-                notes.append(note)
+        predictions, fits, notes = _ranked(spec, profile, net, cfg, ranks, batch, limit)
+        picks = _picks(predictions, fits, top, run_layouts, ranks)
+        measured, spreads, run_notes = _run_picks(chosen, targets, spec, picks, cfg, batch, steps)
+        notes += run_notes
     finally:
         if own and chosen is not None:
             chosen.stop()
@@ -342,6 +305,72 @@ def plan_parallel(
         predictions=predictions, profile=profile, network=net, ranks=ranks, global_batch=batch, validated=validated, notes=notes,
         best_reason=reason,
     )  # fmt: skip
+
+
+def _with_memory_limit(config: TrainConfig, memory_per_rank: float | str | None) -> tuple[TrainConfig, float | None]:
+    """The config carrying the memory limit per rank (``memory_per_rank``, else the config's) and that limit in bytes."""
+    limit: float | None
+    if memory_per_rank is None:
+        limit = config.memory_per_rank
+    elif isinstance(memory_per_rank, str) or (isinstance(memory_per_rank, int | float) and not isinstance(memory_per_rank, bool)):
+        limit = byte_size(memory_per_rank)
+    else:
+        raise ConfigError(f"memory_per_rank={memory_per_rank!r} is invalid: bytes per rank > 0 ('200MB' or a number), or None (no limit)")
+    return config.replace(memory_per_rank=limit), limit
+
+
+def _ranked(spec: RunSpec, profile: Profile, net: Network, config: TrainConfig, ranks: int, batch: int,
+            limit: float | None) -> tuple[list[Prediction], list[bool], list[str]]:  # fmt: skip
+    """Every layout of ``ranks`` predicted and ranked: those that fit ``limit`` first, each group fastest first; whether each
+    fits, and the notes on the layouts left out (a tensor degree the model does not support, tied weights across stages).
+
+    Raises :class:`ConfigError` when no layout fits.
+    """
+    degrees = [t for t in divisors(ranks) if t <= MAX_TENSOR_PARALLEL and profile.supports(t)]
+    offload = (False, True) if profile.device != "cpu" else (False,)  # on CPU ranks the optimizer is in host memory already
+    layouts = enumerate_layouts(ranks, batch, profile.stage_blocks, degrees, checkpointing=CHECKPOINTING, offload=offload)
+    predictions = sorted((predict(layout, profile, net, batch, config) for layout in layouts), key=lambda p: p.step_s)
+    predictions, refused = _honoured(spec.model_fn, predictions, config)  # tied weights across stages: no zero=2 (rapydli.parallel.shared)
+    fits = [limit is None or p.memory.peak <= limit for p in predictions]
+    if limit is not None:  # and the front door's prediction (rd.train checks it): a layout it would refuse does not fit either
+        fits = [ok and not over for ok, over in zip(fits, _refused_at_the_door(spec.model_fn, predictions, config, batch, limit))]
+    if not any(fits):
+        smallest = min(predictions, key=lambda p: p.memory.peak)
+        raise ConfigError(
+            f"memory_per_rank={float(limit or 0):.4g} bytes is too small for every layout of ranks={ranks}: the smallest "
+            f"peak is {smallest.memory.peak / MIB:.3g} MiB per rank ({smallest.layout.label})"
+        )
+    predictions = [p for _, p in sorted(zip(fits, predictions), key=lambda pair: (not pair[0], pair[1].step_s))]
+    notes = [f"unsupported tensor_parallel={t}: {why}" for t, why in profile.unsupported.items() if ranks % t == 0] + refused
+    return predictions, sorted(fits, reverse=True), notes
+
+
+def _picks(predictions: list[Prediction], fits: list[bool], top: int, run_layouts: Sequence[str], ranks: int) -> list[Prediction]:
+    """The layouts to run: the ``top`` fastest predicted of those that fit, then those ``run_layouts`` names (by label)."""
+    picks = [p for p, ok in zip(predictions, fits) if ok][:top]
+    by_label = {p.layout.label: p for p in predictions}
+    unknown = [label for label in run_layouts if label not in by_label]
+    if unknown:
+        labels = ", ".join(by_label)
+        raise ConfigError(f"run_layouts names {', '.join(map(repr, unknown))}, not a layout of ranks={ranks}; they are: {labels}")
+    return picks + [by_label[label] for label in run_layouts if by_label[label] not in picks]
+
+
+def _run_picks(cluster: Cluster | None, targets: list[int], spec: RunSpec, picks: list[Prediction], config: TrainConfig, batch: int,
+               steps: int) -> tuple[dict[Candidate, float], dict[Candidate, Spread], list[str]]:  # fmt: skip
+    """Train each picked layout ``steps`` steps; the median step times and spreads of those that ran, and notes on those that did not."""
+    measured: dict[Candidate, float] = {}
+    spreads: dict[Candidate, Spread] = {}
+    notes: list[str] = []
+    for prediction in picks:
+        assert cluster is not None
+        step, note, spread = _run(cluster, targets, spec, prediction, config, batch, steps)
+        if step is not None:
+            measured[prediction.layout] = step
+            spreads[prediction.layout] = spread
+        if note:
+            notes.append(note)
+    return measured, spreads, notes
 
 
 def _measure(cluster: Cluster | None, targets: list[int], spec: RunSpec, config: TrainConfig, ranks: int, batch: int) -> Profile:

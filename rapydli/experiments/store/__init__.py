@@ -1,1 +1,1 @@
-"""The run store: SQLite records of runs, their files, annotations, provenance and recorded sources, merging and repeating runs."""
+"""The run store: SQLite records of runs, their files, annotations, provenance and recorded sources, and merging stores."""

@@ -72,7 +72,7 @@ def versions() -> dict[str, str | None]:
         except metadata.PackageNotFoundError:
             return None
 
-    from rapydli import __version__
+    from rapydli.version import __version__
 
     mpi_library = None
     mpi = sys.modules.get("mpi4py.MPI")
