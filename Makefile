@@ -50,6 +50,7 @@ demo: install
 # Lint (ruff: pyflakes, bugbear, import order) and types (mypy) before the tests.
 check: install-test
 	$(VENV)/bin/ruff check rapydli tests
+	$(VENV)/bin/ruff format --check rapydli tests
 	$(VENV)/bin/mypy
 
 # Three pytest-xdist workers on two cores: much of the suite waits (engines, kernels, a browser, Slurm) rather

@@ -19,9 +19,28 @@ import triton.language as tl
 
 
 @triton.jit
-def conv_fwd_kernel(x, w, y, N, C, H, W, K, R, S, SH, SW, PH, PW, OH, OW,
-                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                    PRECISION: tl.constexpr = "ieee"):
+def conv_fwd_kernel(
+    x,
+    w,
+    y,
+    N,
+    C,
+    H,
+    W,
+    K,
+    R,
+    S,
+    SH,
+    SW,
+    PH,
+    PW,
+    OH,
+    OW,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    PRECISION: tl.constexpr = "ieee",
+):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     M = N * OH * OW
@@ -51,9 +70,28 @@ def conv_fwd_kernel(x, w, y, N, C, H, W, K, R, S, SH, SW, PH, PW, OH, OW,
 
 
 @triton.jit
-def conv_bwd_data_kernel(gy, w, gx, N, C, H, W, K, R, S, SH, SW, PH, PW, OH, OW,
-                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                         PRECISION: tl.constexpr = "ieee"):
+def conv_bwd_data_kernel(
+    gy,
+    w,
+    gx,
+    N,
+    C,
+    H,
+    W,
+    K,
+    R,
+    S,
+    SH,
+    SW,
+    PH,
+    PW,
+    OH,
+    OW,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    PRECISION: tl.constexpr = "ieee",
+):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     M = N * H * W
@@ -75,8 +113,16 @@ def conv_bwd_data_kernel(gy, w, gx, N, C, H, W, K, R, S, SH, SW, PH, PW, OH, OW,
         tw = iw[:, None] + PW - s[None, :]
         oh = th // SH
         ow = tw // SW
-        mask_a = (offs_m[:, None] < M) & (offs_k[None, :] < RSK) & (th >= 0) & (tw >= 0) \
-            & (th % SH == 0) & (tw % SW == 0) & (oh < OH) & (ow < OW)
+        mask_a = (
+            (offs_m[:, None] < M)
+            & (offs_k[None, :] < RSK)
+            & (th >= 0)
+            & (tw >= 0)
+            & (th % SH == 0)
+            & (tw % SW == 0)
+            & (oh < OH)
+            & (ow < OW)
+        )
         a = tl.load(gy + ((n[:, None] * OH + oh) * OW + ow) * K + k[None, :], mask=mask_a, other=0.0)
         mask_b = (offs_k[:, None] < RSK) & (offs_n[None, :] < C)
         b = tl.load(w + ((k[:, None] * R + r[:, None]) * S + s[:, None]) * C + offs_n[None, :], mask=mask_b, other=0.0)
@@ -86,9 +132,28 @@ def conv_bwd_data_kernel(gy, w, gx, N, C, H, W, K, R, S, SH, SW, PH, PW, OH, OW,
 
 
 @triton.jit
-def conv_bwd_weight_kernel(x, gy, gw, N, C, H, W, K, R, S, SH, SW, PH, PW, OH, OW,
-                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                           PRECISION: tl.constexpr = "ieee"):
+def conv_bwd_weight_kernel(
+    x,
+    gy,
+    gw,
+    N,
+    C,
+    H,
+    W,
+    K,
+    R,
+    S,
+    SH,
+    SW,
+    PH,
+    PW,
+    OH,
+    OW,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    PRECISION: tl.constexpr = "ieee",
+):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     M = N * OH * OW

@@ -97,7 +97,6 @@ def unload_ipython_extension(ipython: Any) -> None:
     _unload(ipython)
 
 
-
 def _figures_travel() -> None:
     """In a notebook's kernel, every plotly figure shown from now on carries its PNG (:func:`rapydli.widgets.display.static_figures`)."""
     from rapydli.widgets.display import in_notebook_kernel, static_figures

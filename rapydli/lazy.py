@@ -36,8 +36,14 @@ class LazyExports:
     are imported whole when read as attributes; ``also`` are names the package defines itself (listed
     by :meth:`names`, never loaded here)."""
 
-    def __init__(self, package: str, names: Mapping[str, str], namespace: dict[str, Any],
-                 subpackages: Collection[str] = (), also: Collection[str] = ()) -> None:  # fmt: skip
+    def __init__(
+        self,
+        package: str,
+        names: Mapping[str, str],
+        namespace: dict[str, Any],
+        subpackages: Collection[str] = (),
+        also: Collection[str] = (),
+    ) -> None:
         self.package, self.table, self.namespace = package, dict(names), namespace
         self.subpackages, self.also = frozenset(subpackages), tuple(also)
 

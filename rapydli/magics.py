@@ -126,8 +126,11 @@ class RapydliMagics(Magics):
         self._cluster = cluster  # `%rapydli status` shows a start that failed, with its job
         if not wait:
             cluster.start(wait=False)
-            print("[rapydli] submitted: `%rapydli status` shows the job, `%rapydli stop` cancels it; "
-                  "`%%distributed` waits for the engines", flush=True)  # fmt: skip
+            print(
+                "[rapydli] submitted: `%rapydli status` shows the job, `%rapydli stop` cancels it; "
+                "`%%distributed` waits for the engines",
+                flush=True,
+            )
             return cluster
         cluster.start(on_state=_print_job)
         return cluster
@@ -186,8 +189,18 @@ class RapydliMagics(Magics):
     @argument("--push", default=None, help="comma-separated notebook variables to send first")
     @argument("--gather", action="store_true", help="return a list of every rank's value")
     @argument("--no-stream", action="store_true", help="print output when the cell ends, grouped by rank")
-    @argument("--hang-timeout", type=float, default=None, help="seconds no rank progresses before the cell counts as hung (default 60)")
-    @argument("--on-hang", choices=list(HANG_ACTIONS), default="wait", help="when the cell hangs: print the diagnosis and keep waiting, or abort")
+    @argument(
+        "--hang-timeout",
+        type=float,
+        default=None,
+        help="seconds no rank progresses before the cell counts as hung (default 60)",
+    )
+    @argument(
+        "--on-hang",
+        choices=list(HANG_ACTIONS),
+        default="wait",
+        help="when the cell hangs: print the diagnosis and keep waiting, or abort",
+    )
     def distributed(self, line: str, cell: str) -> Any:
         """Run the cell on every MPI rank with ``rank``, ``world_size``, ``world_rank``, ``comm``, ``device`` defined.
 
@@ -257,13 +270,19 @@ class RapydliMagics(Magics):
         :func:`~rapydli.cluster.ensure.ready` makes it usable (waits for a start under way,
         restarts dead engines).
         """
-        held = self._cluster if self._cluster is not None and self._cluster.status()["state"] not in ("stopped", "failed") else None
+        held = (
+            self._cluster
+            if self._cluster is not None and self._cluster.status()["state"] not in ("stopped", "failed")
+            else None
+        )
         try:
             cluster, owned = choose_cluster(held, n=n or os.cpu_count() or 1, need=n or 1, start=False)
         except ConfigError as exc:
             raise UsageError(str(exc)) from None
         if owned:
-            print(f"[rapydli] starting {cluster.n} MPI engines (local, {cluster.threads} thread(s) each) ...", flush=True)
+            print(
+                f"[rapydli] starting {cluster.n} MPI engines (local, {cluster.threads} thread(s) each) ...", flush=True
+            )
         ready(cluster)
         self._cluster = cluster
         return cluster

@@ -48,7 +48,9 @@ def _live(live: bool | None) -> bool:
     return bool(live) if live is not None else in_kernel()
 
 
-def _with_trackers(config: TrainConfig | Mapping[str, Any], trackers: Sequence[str] | str | None) -> TrainConfig | Mapping[str, Any]:
+def _with_trackers(
+    config: TrainConfig | Mapping[str, Any], trackers: Sequence[str] | str | None
+) -> TrainConfig | Mapping[str, Any]:
     """``config`` that also logs to ``trackers`` (:meth:`~rapydli.trainer.config.TrainConfig.with_trackers`); unchanged without them."""
     if not trackers:
         return config
@@ -141,9 +143,20 @@ def train(
     try:
         bar = progress_bar if progress else False
         return run_training(
-            model_fn, data_fn, config, cluster, callbacks=callbacks, progress=bar, name=name, restarts=restarts,
-            min_workers=min_workers, loss_fn=loss_fn, optimizer_fn=optimizer_fn, metrics=metrics, trackers=trackers,
-        )  # fmt: skip
+            model_fn,
+            data_fn,
+            config,
+            cluster,
+            callbacks=callbacks,
+            progress=bar,
+            name=name,
+            restarts=restarts,
+            min_workers=min_workers,
+            loss_fn=loss_fn,
+            optimizer_fn=optimizer_fn,
+            metrics=metrics,
+            trackers=trackers,
+        )
     except RankFailure as failure:
         from rapydli.trainer.usercheck import same_mistake
 
@@ -214,9 +227,25 @@ def sweep(
         view.show()
     try:
         return sweeps.sweep(
-            model_fn, data_fn, config, space, trials, workers_per_trial, parallel, pruner, metric, direction, sampler,
-            cluster, seed=seed, enqueue=enqueue, view=view, loss_fn=loss_fn, optimizer_fn=optimizer_fn, metrics=metrics,
-        )  # fmt: skip
+            model_fn,
+            data_fn,
+            config,
+            space,
+            trials,
+            workers_per_trial,
+            parallel,
+            pruner,
+            metric,
+            direction,
+            sampler,
+            cluster,
+            seed=seed,
+            enqueue=enqueue,
+            view=view,
+            loss_fn=loss_fn,
+            optimizer_fn=optimizer_fn,
+            metrics=metrics,
+        )
     finally:
         if view is not None:
             view.close()
@@ -266,9 +295,22 @@ def scaling_study(
         on_point = shown.redraw
 
     result = study(
-        model_fn, data_fn, config, workers, mode, steps, predict, cluster, pipeline_stages=pipeline_stages, network=network, on_point=on_point,
-        loss_fn=loss_fn, optimizer_fn=optimizer_fn, metrics=metrics, repeats=repeats,
-    )  # fmt: skip
+        model_fn,
+        data_fn,
+        config,
+        workers,
+        mode,
+        steps,
+        predict,
+        cluster,
+        pipeline_stages=pipeline_stages,
+        network=network,
+        on_point=on_point,
+        loss_fn=loss_fn,
+        optimizer_fn=optimizer_fn,
+        metrics=metrics,
+        repeats=repeats,
+    )
     if shown is not None:
         shown.settle(result.figure)
     return result
@@ -311,9 +353,22 @@ def plan_parallel(
 
     static_figures()
     return plan(
-        model_fn, data_fn, config, ranks, memory_per_rank, network, run_top, steps, cluster, global_batch=global_batch, profile=profile,
-        run_layouts=run_layouts, loss_fn=loss_fn, optimizer_fn=optimizer_fn, metrics=metrics,
-    )  # fmt: skip
+        model_fn,
+        data_fn,
+        config,
+        ranks,
+        memory_per_rank,
+        network,
+        run_top,
+        steps,
+        cluster,
+        global_batch=global_batch,
+        profile=profile,
+        run_layouts=run_layouts,
+        loss_fn=loss_fn,
+        optimizer_fn=optimizer_fn,
+        metrics=metrics,
+    )
 
 
 def record(name: str, value: Any) -> None:
@@ -342,7 +397,9 @@ def record(name: str, value: Any) -> None:
     shown = _display(name, type_, encoded)
     where = store_record(name, type_, encoded)
     if where is None:
-        kept = f"{name!r} is kept in this notebook's output only" if shown else f"{name!r} is not kept (not in a notebook)"
+        kept = (
+            f"{name!r} is kept in this notebook's output only" if shown else f"{name!r} is not kept (not in a notebook)"
+        )
         print(
             f"rd.record: {kept}: no batch item or run is active in this process "
             "(run the notebook with `rapydli batch`, or record after rd.train)",

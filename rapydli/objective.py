@@ -94,7 +94,9 @@ def interpret(outputs: Any) -> Interpreted:
         logits = next((t for t in tensors if t.ndim > 0), None)
         found = Interpreted(loss=loss, logits=logits)
     else:
-        found = Interpreted(loss=_tensor(getattr(outputs, "loss", None)), logits=_tensor(getattr(outputs, "logits", None)))
+        found = Interpreted(
+            loss=_tensor(getattr(outputs, "loss", None)), logits=_tensor(getattr(outputs, "logits", None))
+        )
     if found.loss is None and found.logits is None:
         raise OutputError(describe_unusable(outputs))
     return found
@@ -174,9 +176,11 @@ class Objective:
         if self.target_parameter is not None:
             outputs = model(inputs, **{self.target_parameter: targets})
             if isinstance(outputs, torch.Tensor) and outputs.numel() != 1:
-                raise OutputError(f"forward was given {self.target_parameter!r} and returned {_shape_or_type(outputs)}: a model that "
-                                  "takes the targets must return the scalar loss (reduce it, e.g. `.mean()`), or a mapping "
-                                  "/ tuple holding it")  # fmt: skip
+                raise OutputError(
+                    f"forward was given {self.target_parameter!r} and returned {_shape_or_type(outputs)}: a model that "
+                    "takes the targets must return the scalar loss (reduce it, e.g. `.mean()`), or a mapping "
+                    "/ tuple holding it"
+                )
         else:
             outputs = model(inputs)
         return self.loss(outputs, targets), outputs
@@ -190,13 +194,17 @@ class Objective:
         if self.loss_fn is not None:
             loss = self.loss_fn(outputs, targets)
             if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
-                raise OutputError(f"loss_fn {_name_of(self.loss_fn)} returned {_shape_or_type(loss)}; it must return the scalar "
-                                  "loss of the batch (reduce it, e.g. `.mean()`)")  # fmt: skip
+                raise OutputError(
+                    f"loss_fn {_name_of(self.loss_fn)} returned {_shape_or_type(loss)}; it must return the scalar "
+                    "loss of the batch (reduce it, e.g. `.mean()`)"
+                )
             return loss.reshape(())
         found = interpret(outputs)
         if found.loss is not None and found.loss.numel() != 1:
-            raise OutputError(f"the model returned a loss of shape {tuple(found.loss.shape)}: the loss must be a scalar "
-                              "(reduce it, e.g. `.mean()`)")  # fmt: skip
+            raise OutputError(
+                f"the model returned a loss of shape {tuple(found.loss.shape)}: the loss must be a scalar "
+                "(reduce it, e.g. `.mean()`)"
+            )
         if found.loss is not None:
             return found.loss
         return cross_entropy(found.logits, targets)  # type: ignore[arg-type]
@@ -305,7 +313,9 @@ def resolve_metrics(metrics: MetricsArg) -> dict[str, Callable[[Any, torch.Tenso
     for name, metric in items:
         if isinstance(metric, str):
             if metric not in METRICS:
-                raise ConfigError(f"metrics: unknown metric {metric!r}: the names are {', '.join(METRICS)}, or pass a callable")
+                raise ConfigError(
+                    f"metrics: unknown metric {metric!r}: the names are {', '.join(METRICS)}, or pass a callable"
+                )
             resolved[name] = METRICS[metric]
         elif callable(metric):
             resolved[name] = _batch_mean(metric)

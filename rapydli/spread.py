@@ -113,19 +113,25 @@ def target(spread: Spread, limit: float, *, at_most: bool = True, percent: bool 
     """
     if spread.n == 0:
         return "not measured"
-    inside, outside = (spread.high <= limit, spread.low > limit) if at_most else (spread.low >= limit, spread.high < limit)
+    inside, outside = (
+        (spread.high <= limit, spread.low > limit) if at_most else (spread.low >= limit, spread.high < limit)
+    )
     if inside:
         return "met"
     if outside:
         return "not met"
     number = "{:+.2%}".format if percent else "{:.3g}".format
-    return (f"unclear (the rounds span {number(spread.low)} to {number(spread.high)} around the target {number(limit)}: "
-            "repeat with more rounds on a quieter machine)")  # fmt: skip
+    return (
+        f"unclear (the rounds span {number(spread.low)} to {number(spread.high)} around the target {number(limit)}: "
+        "repeat with more rounds on a quieter machine)"
+    )
 
 
 def rounds_text(spread: Spread, percent: bool = False) -> str:
     """``"0.78 to 0.86 over 3 rounds"`` (or ``"+1.20% to +3.50% over 5 rounds"``): the interval printed beside a median."""
     if spread.n == 0:
         return "not measured"
-    low, high = (f"{spread.low:+.2%}", f"{spread.high:+.2%}") if percent else (f"{spread.low:.3g}", f"{spread.high:.3g}")
+    low, high = (
+        (f"{spread.low:+.2%}", f"{spread.high:+.2%}") if percent else (f"{spread.low:.3g}", f"{spread.high:.3g}")
+    )
     return f"{low} to {high} over {spread.n} round{'s' if spread.n != 1 else ''}"

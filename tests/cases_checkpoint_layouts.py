@@ -38,16 +38,35 @@ LAYOUTS: dict[str, tuple[dict[str, Any], int]] = {
     "dp4-zero3": ({"zero": 3}, 4),
     # GPT-2's built-in plan with its tied embedding and head split by vocabulary rows
     "dp2xtp2-vocab": ({"tensor_parallel": 2, "tensor_plan": "gpt2-vocab"}, 2),
-    "pp2xtp2-vocab": ({"pipeline_stages": 2, "tensor_parallel": 2, "pipeline_split": "3", "microbatches": 2, "tensor_plan": "gpt2-vocab"}, 1),
+    "pp2xtp2-vocab": (
+        {
+            "pipeline_stages": 2,
+            "tensor_parallel": 2,
+            "pipeline_split": "3",
+            "microbatches": 2,
+            "tensor_plan": "gpt2-vocab",
+        },
+        1,
+    ),
 }
-BASE = {"lr": 0.01, "optimizer": "adamw", "eval_every": 0, "allreduce": "mpi", "bucket_mb": 0.0005, "seed": 0, "workers": 4}
+BASE = {
+    "lr": 0.01,
+    "optimizer": "adamw",
+    "eval_every": 0,
+    "allreduce": "mpi",
+    "bucket_mb": 0.0005,
+    "seed": 0,
+    "workers": 4,
+}
 
 
 def two_groups(model: nn.Module) -> torch.optim.Optimizer:
     """Weights decayed at lr 0.01, biases not decayed at lr 0.02 (two parameter groups)."""
     weights = [p for p in model.parameters() if p.dim() > 1]
     biases = [p for p in model.parameters() if p.dim() <= 1]
-    return torch.optim.AdamW([{"params": weights, "weight_decay": 0.1}, {"params": biases, "weight_decay": 0.0, "lr": 0.02}], lr=0.01)
+    return torch.optim.AdamW(
+        [{"params": weights, "weight_decay": 0.1}, {"params": biases, "weight_decay": 0.0, "lr": 0.02}], lr=0.01
+    )
 
 
 #: where each model's pipeline splits
@@ -80,7 +99,9 @@ def train(name: str, model: str, **fields: Any) -> Trainer:
 
     model_fn, data_fn, loss_fn = MODELS[model]
     train_data, val = data_fn()
-    trainer = Trainer(model_fn(), None, train_data, val, config(name, model, **fields), optimizer_fn=two_groups, loss_fn=loss_fn)
+    trainer = Trainer(
+        model_fn(), None, train_data, val, config(name, model, **fields), optimizer_fn=two_groups, loss_fn=loss_fn
+    )
     trainer.fit()
     trainer.close()
     return trainer
@@ -109,7 +130,10 @@ def main(directory: str, model: str, sources_json: str, targets_json: str) -> No
     first = next(iter(targets.values()))
     for name, state in targets.items():  # every layout (ZeRO with the two groups too) trains the same parameters
         if WORLD.Get_rank() == 0:
-            print(json.dumps({"whole": name, "worst": max(float((state[k] - v).abs().max()) for k, v in first.items())}), flush=True)
+            print(
+                json.dumps({"whole": name, "worst": max(float((state[k] - v).abs().max()) for k, v in first.items())}),
+                flush=True,
+            )
     for source in json.loads(sources_json):
         cut = root / f"cut-{source}"
         train(source, model, max_steps=2, checkpoint_dir=str(cut))
@@ -120,5 +144,16 @@ def main(directory: str, model: str, sources_json: str, targets_json: str) -> No
             state, step = read_state_dict(where)
             worst = max(float((state[k] - v).abs().max()) for k, v in targets[target].items())
             if WORLD.Get_rank() == 0:
-                print(json.dumps({"from": source, "to": target, "step": step, "resumed": resumed.history[0]["step"], "worst": worst}), flush=True)
+                print(
+                    json.dumps(
+                        {
+                            "from": source,
+                            "to": target,
+                            "step": step,
+                            "resumed": resumed.history[0]["step"],
+                            "worst": worst,
+                        }
+                    ),
+                    flush=True,
+                )
     print("OK matrix", WORLD.Get_rank(), file=sys.stderr)

@@ -32,8 +32,12 @@ big_mlp = functools.partial(models.mlp, in_features=64, hidden=1024, depth=32)
 def bigger_than_a_rank(how: str) -> None:
     torch.set_num_threads(1)
     train, _ = datasets.synthetic_features(num_samples=80, in_features=64, num_classes=10)
-    config = TrainConfig(batch_size=8, max_steps=2, eval_every=0, zero=3, optimizer="sgd", momentum=0.0, workers=WORLD.Get_size(), seed=0)
-    warm_up = Trainer(models.mlp(in_features=64, hidden=32, depth=2), None, train, None, config, comm=WORLD)  # imports, pools, buffers
+    config = TrainConfig(
+        batch_size=8, max_steps=2, eval_every=0, zero=3, optimizer="sgd", momentum=0.0, workers=WORLD.Get_size(), seed=0
+    )
+    warm_up = Trainer(
+        models.mlp(in_features=64, hidden=32, depth=2), None, train, None, config, comm=WORLD
+    )  # imports, pools, buffers
     warm_up.fit()
     warm_up.close()
     del warm_up

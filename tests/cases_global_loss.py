@@ -36,7 +36,10 @@ def mlp() -> torch.nn.Module:
 
 def features() -> tuple[TensorDataset, TensorDataset]:
     train, val = datasets.synthetic_features(num_samples=320, in_features=16, num_classes=4)
-    return (TensorDataset(train.tensors[0].double(), train.tensors[1]), TensorDataset(val.tensors[0].double(), val.tensors[1]))
+    return (
+        TensorDataset(train.tensors[0].double(), train.tensors[1]),
+        TensorDataset(val.tensors[0].double(), val.tensors[1]),
+    )
 
 
 def curve(history: list[dict]) -> dict[str, list[float]]:

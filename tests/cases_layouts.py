@@ -52,13 +52,18 @@ def tokens() -> tuple[TensorDataset, TensorDataset]:
 
 def features() -> tuple[TensorDataset, TensorDataset]:
     train, val = datasets.synthetic_features(num_samples=80, in_features=16, num_classes=4)
-    return (TensorDataset(train.tensors[0].double(), train.tensors[1]), TensorDataset(val.tensors[0].double(), val.tensors[1]))
+    return (
+        TensorDataset(train.tensors[0].double(), train.tensors[1]),
+        TensorDataset(val.tensors[0].double(), val.tensors[1]),
+    )
 
 
 def bn_cnn() -> nn.Module:
     """A CNN with BatchNorm (its running statistics decide the validation loss)."""
     torch.manual_seed(0)
-    return nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 4))
+    return nn.Sequential(
+        nn.Conv2d(1, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 4)
+    )
 
 
 def gpt2_as_written() -> nn.Module:
@@ -88,11 +93,23 @@ def images() -> tuple[TensorDataset, TensorDataset]:
 MODELS: dict[str, tuple[Any, Any, Any]] = {
     "tiny_lm": (tiny_lm, tokens, None),
     "mlp": (mlp, features, None),
-    "gpt2": (gpt2, tokens, lm_loss),  # HF GPT-2's shapes: Conv1D, fused c_attn, wte tied to lm_head, forward(input_ids, labels)
+    "gpt2": (
+        gpt2,
+        tokens,
+        lm_loss,
+    ),  # HF GPT-2's shapes: Conv1D, fused c_attn, wte tied to lm_head, forward(input_ids, labels)
     "llama": (llama, tokens, lm_loss),  # RMSNorm, rotary, GQA 4 query / 2 key-value heads, SwiGLU, untied head
     "bn_cnn": (bn_cnn, images, exact_loss),
-    "bert": (bert, tokens, lm_loss),  # BERT's shapes: attention.self q/k/v + attention.output.dense, intermediate/output, unused pooler
-    "tiny_lm_default_loss": (tiny_lm, tokens, "default"),  # the trainer's own cross-entropy (float64 here), vocabulary-parallel when split
+    "bert": (
+        bert,
+        tokens,
+        lm_loss,
+    ),  # BERT's shapes: attention.self q/k/v + attention.output.dense, intermediate/output, unused pooler
+    "tiny_lm_default_loss": (
+        tiny_lm,
+        tokens,
+        "default",
+    ),  # the trainer's own cross-entropy (float64 here), vocabulary-parallel when split
     # as their codebases write them, no pipeline_blocks(): pipelined by tracing forward, which computes the loss from the labels
     "gpt2_as_written": (gpt2_as_written, tokens, "own"),
     "llama_as_written": (llama_as_written, tokens, "own"),
@@ -109,7 +126,11 @@ def dense_names(model: nn.Module, held: nn.Module) -> dict[str, nn.Parameter]:
 
 
 def owners(model: nn.Module) -> dict[str, tuple[nn.Module, str]]:
-    return {f"{m}.{n}" if m else n: (module, n) for m, module in model.named_modules() for n, _ in module.named_parameters(recurse=False)}
+    return {
+        f"{m}.{n}" if m else n: (module, n)
+        for m, module in model.named_modules()
+        for n, _ in module.named_parameters(recurse=False)
+    }
 
 
 def worst_difference(trainer: Trainer, model: nn.Module, reference: nn.Module) -> float:
@@ -121,7 +142,9 @@ def worst_difference(trainer: Trainer, model: nn.Module, reference: nn.Module) -
         module, short = found[name]
         if isinstance(module, ColumnParallelLinear | RowParallelLinear | VocabParallelEmbedding):
             whole = dense[name].detach().cpu()
-            if type(dense_owners[name][0]).__name__ == "Conv1D" and short == "weight":  # stored (in, out); the split layer keeps (out, in)
+            if (
+                type(dense_owners[name][0]).__name__ == "Conv1D" and short == "weight"
+            ):  # stored (in, out); the split layer keeps (out, in)
                 whole = whole.t()
             expected = _shard_of(whole, local, module, short, _Group(trainer.grid.tensor_rank))  # type: ignore[arg-type]
         else:
@@ -177,20 +200,31 @@ def run(name: str, layout: dict[str, Any], directory: str | None = None, device:
     model_fn = _on(model_fn, device)
     train, val = data_fn()
     # a pipeline's last stage computes the default loss
-    loss = None if own_loss in ("default", "own") else own_loss or (exact_loss if layout.get("pipeline_stages", 1) == 1 else None)
+    loss = (
+        None
+        if own_loss in ("default", "own")
+        else own_loss or (exact_loss if layout.get("pipeline_stages", 1) == 1 else None)
+    )
     config = TrainConfig(**{**BASE, **layout, "workers": WORLD.Get_size()})
-    model, built = build_model(model_fn, config, WORLD.Get_size(), device)  # as rd.train builds it: never whole where the layout splits it
+    model, built = build_model(
+        model_fn, config, WORLD.Get_size(), device
+    )  # as rd.train builds it: never whole where the layout splits it
     tied = TiedCopies(model)
     vocab_losses = [0]
     scored = VocabShard.cross_entropy
 
-    def counted(self: VocabShard, targets: torch.Tensor) -> torch.Tensor:  # the default loss took the vocabulary-parallel path
+    def counted(
+        self: VocabShard, targets: torch.Tensor
+    ) -> torch.Tensor:  # the default loss took the vocabulary-parallel path
         vocab_losses[0] += 1
         return scored(self, targets)
 
     VocabShard.cross_entropy = counted  # type: ignore[method-assign]
     trainer = Trainer(model, None, train, val, config, loss_fn=loss)
-    tied.held, tied.tensor_rank = {id(p) for p in trainer.model.parameters()}, trainer.grid.tensor_rank if trainer.grid is not None else 0
+    tied.held, tied.tensor_rank = (
+        {id(p) for p in trainer.model.parameters()},
+        trainer.grid.tensor_rank if trainer.grid is not None else 0,
+    )
     trainer.callbacks += (tied,)
     try:
         history = trainer.fit()
@@ -198,13 +232,22 @@ def run(name: str, layout: dict[str, Any], directory: str | None = None, device:
         VocabShard.cross_entropy = scored  # type: ignore[method-assign]
     trainer.close()
     replicas = trainer.data_size
-    single = config.replace(batch_size=config.batch_size * replicas, pipeline_stages=1, tensor_parallel=1, zero=0,
-                            microbatches=1, workers=1, pipeline_split="auto")  # fmt: skip
+    single = config.replace(
+        batch_size=config.batch_size * replicas,
+        pipeline_stages=1,
+        tensor_parallel=1,
+        zero=0,
+        microbatches=1,
+        workers=1,
+        pipeline_split="auto",
+    )
     reference = Trainer(model_fn(), None, train, val, single, comm=MPI.COMM_SELF, loss_fn=loss)
     expected = reference.fit()
     reference.close()
     worst = worst_difference(trainer, model, reference.model)
-    losses = [WORLD.allreduce(r["loss"]) / WORLD.Get_size() for r in history if r["kind"] == "train"]  # each replica logs its own batch's
+    losses = [
+        WORLD.allreduce(r["loss"]) / WORLD.Get_size() for r in history if r["kind"] == "train"
+    ]  # each replica logs its own batch's
     ref_losses = [r["loss"] for r in expected if r["kind"] == "train"]
     vals = [r["val_loss"] for r in history if r["kind"] == "eval"]
     ref_vals = [r["val_loss"] for r in expected if r["kind"] == "eval"]
@@ -219,11 +262,21 @@ def run(name: str, layout: dict[str, Any], directory: str | None = None, device:
         "evals": len(vals),
         "tied_checked": WORLD.allreduce(tied.checked),  # copies of tied parameters compared after the steps
         "vocab_losses": WORLD.allreduce(vocab_losses[0]),  # losses computed from the ranks' vocabulary rows
-        "shared": [item.describe()["names"] for item in trainer.pipeline.shared] if trainer.pipeline is not None else [],
-        "split": sorted({type(m).__name__ for m in model.modules() if type(m).__name__.endswith(("ParallelLinear", "Embedding", "Head"))}),
+        "shared": [item.describe()["names"] for item in trainer.pipeline.shared]
+        if trainer.pipeline is not None
+        else [],
+        "split": sorted(
+            {
+                type(m).__name__
+                for m in model.modules()
+                if type(m).__name__.endswith(("ParallelLinear", "Embedding", "Head"))
+            }
+        ),
         # with grad_clip: steps the one-process norm was clipped in, and how far every rank's norm is from it
         "clipped": sum(n > config.grad_clip for n in ref_norms) if config.grad_clip else 0,
-        "grad_norm": WORLD.allreduce(max((abs(a - b) for a, b in zip(norms, ref_norms, strict=True)), default=0.0), op=MPI.MAX),
+        "grad_norm": WORLD.allreduce(
+            max((abs(a - b) for a, b in zip(norms, ref_norms, strict=True)), default=0.0), op=MPI.MAX
+        ),
     }
 
 
@@ -240,4 +293,3 @@ def main(cases_json: str, device: str = "cpu") -> None:
         if WORLD.Get_rank() == 0:
             print(json.dumps(result), flush=True)
     print("OK layouts", WORLD.Get_rank(), file=sys.stderr)
-

@@ -30,8 +30,26 @@ def main(name: str, cells_json: str) -> None:
     architecture = MODELS[name]
     for cell, fields in json.loads(cells_json):
         began = time.perf_counter()
-        cfg = TrainConfig(**{"batch_size": 2, "max_steps": 2, "lr": 0.05, "seed": 0, "eval_every": 0, "workers": WORLD.Get_size(), **fields})
-        found = compare_layout(architecture.model_fn, architecture.data, cfg, "float64", WORLD, torch.device("cpu"), loss_fn=architecture.loss)
+        cfg = TrainConfig(
+            **{
+                "batch_size": 2,
+                "max_steps": 2,
+                "lr": 0.05,
+                "seed": 0,
+                "eval_every": 0,
+                "workers": WORLD.Get_size(),
+                **fields,
+            }
+        )
+        found = compare_layout(
+            architecture.model_fn,
+            architecture.data,
+            cfg,
+            "float64",
+            WORLD,
+            torch.device("cpu"),
+            loss_fn=architecture.loss,
+        )
         merged: dict[str, tuple[float, float]] = {}
         for differences in WORLD.gather(found["differences"], root=0) or []:
             for parameter, (difference, value) in differences.items():
@@ -42,9 +60,19 @@ def main(name: str, cells_json: str) -> None:
         if WORLD.Get_rank() == 0:
             relative = {p: d / max(1.0, v) for p, (d, v) in merged.items()}
             worst = max(relative, key=relative.__getitem__) if relative else None
-            print(json.dumps({
-                "model": name, "cell": cell, "compared": len(merged), "worst": relative.get(worst, 0.0) if worst else 0.0, "worst_name": worst,
-                "untied": sorted({n for names in untied or [] for n in names}), "built": sorted(set(built or [])),
-                "seconds": round(time.perf_counter() - began, 2),
-            }), flush=True)  # fmt: skip
+            print(
+                json.dumps(
+                    {
+                        "model": name,
+                        "cell": cell,
+                        "compared": len(merged),
+                        "worst": relative.get(worst, 0.0) if worst else 0.0,
+                        "worst_name": worst,
+                        "untied": sorted({n for names in untied or [] for n in names}),
+                        "built": sorted(set(built or [])),
+                        "seconds": round(time.perf_counter() - began, 2),
+                    }
+                ),
+                flush=True,
+            )
     print(f"OK matrix {name}", file=sys.stderr, flush=True)

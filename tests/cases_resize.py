@@ -60,11 +60,26 @@ def main(directory: str, phase: str, stop: int | None, on_resize: str = "keep") 
     train, val = datasets.synthetic_features(num_samples=240, in_features=16, num_classes=4)
     train = torch.utils.data.Subset(train, range(192))
     config = TrainConfig(
-        epochs=1, batch_size=8, lr=0.05, optimizer="sgd", momentum=0.9, checkpoint_every=6, eval_every=0,
-        allreduce="mpi", checkpoint_dir=str(out / "ckpt"), resume=stop is None, on_resize=on_resize,
-    )  # fmt: skip
-    trainer = Trainer(model(), None, Logged(train, out / f"{phase}-rank{rank}.txt"), val, config,
-                      callbacks=[StopAfter(stop)] if stop else [])  # fmt: skip
+        epochs=1,
+        batch_size=8,
+        lr=0.05,
+        optimizer="sgd",
+        momentum=0.9,
+        checkpoint_every=6,
+        eval_every=0,
+        allreduce="mpi",
+        checkpoint_dir=str(out / "ckpt"),
+        resume=stop is None,
+        on_resize=on_resize,
+    )
+    trainer = Trainer(
+        model(),
+        None,
+        Logged(train, out / f"{phase}-rank{rank}.txt"),
+        val,
+        config,
+        callbacks=[StopAfter(stop)] if stop else [],
+    )
     result = {"rank": rank, "start_step": trainer.step, "grad_accum": trainer.config.grad_accum}
     try:
         history = trainer.fit()

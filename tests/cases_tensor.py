@@ -8,19 +8,30 @@ import torch
 from mpi4py import MPI
 from torch import nn
 
-from rapydli.parallel.tensor import ColumnParallelLinear, RowParallelLinear, TensorGroup, VocabParallelEmbedding, parallelize, plan_for
+from rapydli.parallel.tensor import (
+    ColumnParallelLinear,
+    RowParallelLinear,
+    TensorGroup,
+    VocabParallelEmbedding,
+    parallelize,
+    plan_for,
+)
 from rapydli.zoo.models import LlamaDecoderLayer, TransformerBlock, tiny_lm
 
 torch.set_default_dtype(torch.float64)
 
 
-def _shard_of(dense: torch.Tensor, local: nn.Parameter, module: nn.Module, name: str, group: TensorGroup) -> torch.Tensor:
+def _shard_of(
+    dense: torch.Tensor, local: nn.Parameter, module: nn.Module, name: str, group: TensorGroup
+) -> torch.Tensor:
     """The slice of a dense tensor that ``local`` (a parameter of ``module``) holds on this rank."""
     if isinstance(module, ColumnParallelLinear | VocabParallelEmbedding):
         chunks = module.chunks
         rows = local.shape[0] // chunks
         block = dense.shape[0] // chunks
-        index = torch.cat([torch.arange(c * block + group.rank * rows, c * block + (group.rank + 1) * rows) for c in range(chunks)])
+        index = torch.cat(
+            [torch.arange(c * block + group.rank * rows, c * block + (group.rank + 1) * rows) for c in range(chunks)]
+        )
         return dense[index]
     if isinstance(module, RowParallelLinear) and name == "weight":
         columns = local.shape[1]
@@ -53,11 +64,18 @@ def block_equivalence() -> None:
     torch.manual_seed(0)
     mlp = nn.Sequential(nn.Linear(8, 32), nn.GELU(), nn.Linear(32, 8))
     block = TransformerBlock(dim=16, heads=4)
-    llama = LlamaDecoderLayer(hidden=16, heads=4, kv_heads=2, intermediate=32)  # q, k, v (and gate, up) read one input: one f each
+    llama = LlamaDecoderLayer(
+        hidden=16, heads=4, kv_heads=2, intermediate=32
+    )  # q, k, v (and gate, up) read one input: one f each
     for dense, plan, width, counts in (
         (mlp, {"0": "column", "2": "row"}, 8, 1),
         (block, {"attn": "heads", "mlp.0": "column", "mlp.2": "row"}, 16, 2),
-        (llama, {"self_attn": "heads", "mlp.gate_proj": "column", "mlp.up_proj": "column", "mlp.down_proj": "row"}, 16, 2),
+        (
+            llama,
+            {"self_attn": "heads", "mlp.gate_proj": "column", "mlp.up_proj": "column", "mlp.down_proj": "row"},
+            16,
+            2,
+        ),
     ):
         torch.manual_seed(1)
         x = torch.randn(3, 5, width)
@@ -133,10 +151,20 @@ def vocabulary_equivalence() -> None:
                 loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 10), targets.reshape(-1))
             loss.backward()
             outputs.append((logits.detach(), loss.detach()))
-        assert (outputs[0][0] - outputs[1][0]).abs().max() < 1e-12 and abs(float(outputs[0][1] - outputs[1][1])) < 1e-12, score
+        assert (outputs[0][0] - outputs[1][0]).abs().max() < 1e-12 and abs(
+            float(outputs[0][1] - outputs[1][1])
+        ) < 1e-12, score
         compare(dense, parallel, group, grads=False, tol=1e-12)
         compare(dense, parallel, group, grads=True, tol=1e-12)
     logits = parallel(ids)
     logits.mul_(2.0)  # changed in place after the head: the default loss must score what it holds now
-    assert abs(float(cross_entropy(logits, targets) - torch.nn.functional.cross_entropy(logits.reshape(-1, 10), targets.reshape(-1)))) < 1e-12
+    assert (
+        abs(
+            float(
+                cross_entropy(logits, targets)
+                - torch.nn.functional.cross_entropy(logits.reshape(-1, 10), targets.reshape(-1))
+            )
+        )
+        < 1e-12
+    )
     print("OK vocabulary", group.rank)

@@ -66,7 +66,10 @@ def equivalence(out: str) -> None:
         full_state = build(list(probe.parameters()))
         full_state.step()
         result[f"{name}_full_bytes"] = sum(
-            v.numel() * v.element_size() for s in full_state.state.values() for v in s.values() if isinstance(v, torch.Tensor)
+            v.numel() * v.element_size()
+            for s in full_state.state.values()
+            for v in s.values()
+            if isinstance(v, torch.Tensor)
         )
         for stage in (1, 2):
             net = model()
@@ -102,7 +105,12 @@ class Branches(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         torch.manual_seed(0)
-        self.trunk, self.pooler, self.rank0, self.first = nn.Linear(40, 5), nn.Linear(40, 40), nn.Linear(40, 5), nn.Linear(40, 5)
+        self.trunk, self.pooler, self.rank0, self.first = (
+            nn.Linear(40, 5),
+            nn.Linear(40, 40),
+            nn.Linear(40, 5),
+            nn.Linear(40, 5),
+        )
 
     def forward(self, x: torch.Tensor, micro: int) -> torch.Tensor:
         out = self.trunk(x)

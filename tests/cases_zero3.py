@@ -49,7 +49,15 @@ def bert_data() -> tuple[Any, Any]:
 
 #: name -> (model_fn, data_fn): every loss is the model's own, from ``labels``
 MODELS: dict[str, tuple[Any, Any]] = {"gpt2": (gpt2, lm_tokens), "llama": (llama, lm_tokens), "bert": (bert, bert_data)}
-BASE = {"batch_size": 4, "max_steps": 3, "lr": 0.01, "optimizer": "adamw", "eval_every": 2, "allreduce": "mpi", "seed": 0}
+BASE = {
+    "batch_size": 4,
+    "max_steps": 3,
+    "lr": 0.01,
+    "optimizer": "adamw",
+    "eval_every": 2,
+    "allreduce": "mpi",
+    "seed": 0,
+}
 
 _ = tokens  # train_cases' tokens are TinyGPT's: the hf models read cases_layouts'
 
@@ -74,13 +82,27 @@ def loss_of(fields: dict[str, Any]) -> Any:
     return lm_loss if fields.get("pipeline_stages", 1) > 1 else None
 
 
-def one_process(name: str, fields: dict[str, Any], replicas: int) -> tuple[dict[str, torch.Tensor], list[dict[str, Any]]]:
+def one_process(
+    name: str, fields: dict[str, Any], replicas: int
+) -> tuple[dict[str, torch.Tensor], list[dict[str, Any]]]:
     model_fn, data_fn = MODELS[name]
     train, val = data_fn()
     fields = {**BASE, **fields}
-    config = TrainConfig(**{**fields, "batch_size": fields["batch_size"] * replicas, "zero": 0, "workers": 1, "tensor_parallel": 1,
-                            "pipeline_stages": 1, "microbatches": 1, "pipeline_split": "auto"})  # fmt: skip
-    trainer = Trainer(model_fn(), None, train, val, config, comm=MPI.COMM_SELF, optimizer_fn=two_groups, loss_fn=loss_of(fields))
+    config = TrainConfig(
+        **{
+            **fields,
+            "batch_size": fields["batch_size"] * replicas,
+            "zero": 0,
+            "workers": 1,
+            "tensor_parallel": 1,
+            "pipeline_stages": 1,
+            "microbatches": 1,
+            "pipeline_split": "auto",
+        }
+    )
+    trainer = Trainer(
+        model_fn(), None, train, val, config, comm=MPI.COMM_SELF, optimizer_fn=two_groups, loss_fn=loss_of(fields)
+    )
     history = trainer.fit()
     trainer.close()
     return {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}, history
@@ -94,7 +116,9 @@ def equivalence(cases_json: str) -> None:
         train, val = data_fn()
         initial = model_fn().state_dict()
         config = TrainConfig(**{**BASE, **fields}, zero=3, workers=WORLD.Get_size())
-        model, built = build_model(model_fn, config, WORLD.Get_size(), "cpu")  # as rd.train builds it: recorded on the meta device
+        model, built = build_model(
+            model_fn, config, WORLD.Get_size(), "cpu"
+        )  # as rd.train builds it: recorded on the meta device
         trainer = Trainer(model, None, train, val, config, optimizer_fn=two_groups, loss_fn=loss_of(fields))
         optimizer = trainer.optimizer
         assert isinstance(optimizer, FullyShardedOptimizer)
@@ -118,7 +142,9 @@ def equivalence(cases_json: str) -> None:
             "fields": fields,
             "built": built,
             "worst": worst(state, reference),
-            "unsharded": WORLD.allreduce(worst(held, reference), op=MPI.MAX) if config.tensor_parallel == config.pipeline_stages == 1 else 0.0,
+            "unsharded": WORLD.allreduce(worst(held, reference), op=MPI.MAX)
+            if config.tensor_parallel == config.pipeline_stages == 1
+            else 0.0,
             "loss": max(abs(a - b) for a, b in zip(losses, ref_losses, strict=True)),
             "val_loss": max((abs(a - b) for a, b in zip(vals, ref_vals, strict=True)), default=0.0),
             "evals": len(vals),
@@ -130,8 +156,14 @@ def equivalence(cases_json: str) -> None:
             "buckets": [len(u.buckets) for u in optimizer.units],
             "recomputed": sum(getattr(m.forward, "__func__", None) is _recomputed_forward for m in model.modules()),
             "prefetched": optimizer.prefetched,
-            "grad_norm": max((abs(a["grad_norm"] - b["grad_norm"]) for a, b in zip(history, expected, strict=True)
-                              if a["kind"] == "train" and a["grad_norm"] is not None), default=None),
+            "grad_norm": max(
+                (
+                    abs(a["grad_norm"] - b["grad_norm"])
+                    for a, b in zip(history, expected, strict=True)
+                    if a["kind"] == "train" and a["grad_norm"] is not None
+                ),
+                default=None,
+            ),
             "pooler_moved": bool(any(not torch.equal(state[k], initial[k]) for k in state if k.startswith("pooler"))),
         }
         if WORLD.Get_rank() == 0:
@@ -154,19 +186,36 @@ def resumed(directory: str) -> None:
     whole.fit()
     expected = whole_state(whole)
     whole.close()
-    cut = Trainer(model_fn(), None, train, val, config.replace(max_steps=2, checkpoint_dir=str(root / "cut")), optimizer_fn=two_groups)
+    cut = Trainer(
+        model_fn(),
+        None,
+        train,
+        val,
+        config.replace(max_steps=2, checkpoint_dir=str(root / "cut")),
+        optimizer_fn=two_groups,
+    )
     cut.fit()
     cut.close()
     if WORLD.Get_rank() == 0:
         for target in ("zero3", "zero2", "one"):
             shutil.copytree(root / "cut", root / target)
     WORLD.Barrier()
-    for target, comm, fields in (("zero3", WORLD, {}), ("zero2", WORLD, {"zero": 2}),
-                                 ("one", MPI.COMM_SELF, {"zero": 0, "workers": 1, "batch_size": 2 * BASE["batch_size"]})):  # fmt: skip
+    for target, comm, fields in (
+        ("zero3", WORLD, {}),
+        ("zero2", WORLD, {"zero": 2}),
+        ("one", MPI.COMM_SELF, {"zero": 0, "workers": 1, "batch_size": 2 * BASE["batch_size"]}),
+    ):
         if comm is MPI.COMM_SELF and WORLD.Get_rank() != 0:
             continue
-        again = Trainer(model_fn(), None, train, val, config.replace(checkpoint_dir=str(root / target), resume=True, **fields), comm=comm,
-                        optimizer_fn=two_groups)  # fmt: skip
+        again = Trainer(
+            model_fn(),
+            None,
+            train,
+            val,
+            config.replace(checkpoint_dir=str(root / target), resume=True, **fields),
+            comm=comm,
+            optimizer_fn=two_groups,
+        )
         step = again.step
         again.fit()
         state = again.full_state_dict() if comm is WORLD else again.model.state_dict()
@@ -177,7 +226,14 @@ def resumed(directory: str) -> None:
     first = Trainer(model_fn(), None, train, val, zero2, optimizer_fn=two_groups)
     first.fit()
     first.close()
-    again = Trainer(model_fn(), None, train, val, config.replace(checkpoint_dir=str(root / "from-zero2"), resume=True), optimizer_fn=two_groups)
+    again = Trainer(
+        model_fn(),
+        None,
+        train,
+        val,
+        config.replace(checkpoint_dir=str(root / "from-zero2"), resume=True),
+        optimizer_fn=two_groups,
+    )
     step = again.step
     again.fit()
     state = again.full_state_dict()
@@ -195,7 +251,9 @@ def recomputed() -> None:
     train, val = features()
     states, calls = {}, {}
     for spec in (None, "blocks", "every_k:2"):
-        config = TrainConfig(**{**BASE, "max_steps": 3}, zero=3, activation_checkpointing=spec, workers=WORLD.Get_size())
+        config = TrainConfig(
+            **{**BASE, "max_steps": 3}, zero=3, activation_checkpointing=spec, workers=WORLD.Get_size()
+        )
         trainer = Trainer(dropout_net(), None, train, val, config)
         trainer.fit()
         states[spec] = whole_state(trainer)
@@ -243,12 +301,16 @@ def diverging() -> None:
         trainer.fit()
         states.append(whole_state(trainer))
         trainer.close()
-    assert worst(states[1], states[0]) < 1e-12 and not torch.equal(states[1]["branch.weight"], RankBranch().branch.weight), states
+    assert worst(states[1], states[0]) < 1e-12 and not torch.equal(
+        states[1]["branch.weight"], RankBranch().branch.weight
+    ), states
     trainer = Trainer(RankBranch(), None, train, val, config)
     try:
         trainer.fit()
     except ConfigError as exc:
-        assert "zero=3: the ranks gathered different blocks at the same point (rank 0: branch, rank 1: head)" in str(exc), exc
+        assert "zero=3: the ranks gathered different blocks at the same point (rank 0: branch, rank 1: head)" in str(
+            exc
+        ), exc
         assert "train this model with zero=2" in str(exc), exc
     else:
         raise AssertionError("ranks calling different blocks trained under zero=3")
@@ -277,8 +339,17 @@ def memory_limit() -> None:
     psi = sum(p.numel() for p in build().parameters())
     limit = 16 * psi / 3
     train, val = data()
-    config = TrainConfig(batch_size=8, max_steps=2, lr=0.01, optimizer="adamw", allreduce="mpi", eval_every=0, zero=3, memory_per_rank=limit,
-                         workers=WORLD.Get_size())  # fmt: skip
+    config = TrainConfig(
+        batch_size=8,
+        max_steps=2,
+        lr=0.01,
+        optimizer="adamw",
+        allreduce="mpi",
+        eval_every=0,
+        zero=3,
+        memory_per_rank=limit,
+        workers=WORLD.Get_size(),
+    )
     predicted = check_fits(build, config, WORLD.Get_size())
     assert predicted is not None
     trainer = Trainer(build(), None, train, val, config)
@@ -287,7 +358,10 @@ def memory_limit() -> None:
     trainer.close()
     peaks = WORLD.gather(sum(measured.values()), root=0)
     if WORLD.Get_rank() == 0:
-        print(json.dumps({"psi": psi, "limit": limit, "peaks": peaks, "predicted": predicted.peak, "measured": measured}), flush=True)
+        print(
+            json.dumps({"psi": psi, "limit": limit, "peaks": peaks, "predicted": predicted.peak, "measured": measured}),
+            flush=True,
+        )
     print("OK limit", WORLD.Get_rank(), file=sys.stderr)
 
 
@@ -305,19 +379,26 @@ def batchnorm() -> None:
     train, val = images()
     runs = {}
     for zero, spec in ((0, None), (3, None), (3, "blocks")):
-        config = TrainConfig(**{**BASE, "max_steps": 3, "eval_every": 3, "batch_size": 8}, zero=zero, activation_checkpointing=spec,
-                             workers=WORLD.Get_size())  # fmt: skip
+        config = TrainConfig(
+            **{**BASE, "max_steps": 3, "eval_every": 3, "batch_size": 8},
+            zero=zero,
+            activation_checkpointing=spec,
+            workers=WORLD.Get_size(),
+        )
         trainer = Trainer(resnet(), None, train, val, config)
         history = trainer.fit()
         runs[f"zero{zero} {spec}"] = (whole_state(trainer), [r["val_loss"] for r in history if r["kind"] == "eval"])
         trainer.close()
     reference, ref_losses = runs.pop("zero0 None")
     row = {
-        name: {"worst": worst(state, reference), "val_loss": max(abs(a - b) for a, b in zip(losses, ref_losses, strict=True)),
-               "buffers": sorted(k for k in state if "running" in k) == sorted(k for k in reference if "running" in k),
-               "tracked": int(state["blocks.0.bn1.num_batches_tracked"])}
+        name: {
+            "worst": worst(state, reference),
+            "val_loss": max(abs(a - b) for a, b in zip(losses, ref_losses, strict=True)),
+            "buffers": sorted(k for k in state if "running" in k) == sorted(k for k in reference if "running" in k),
+            "tracked": int(state["blocks.0.bn1.num_batches_tracked"]),
+        }
         for name, (state, losses) in runs.items()
-    }  # fmt: skip
+    }
     if WORLD.Get_rank() == 0:
         print(json.dumps(row), flush=True)
     print("OK batchnorm", WORLD.Get_rank(), file=sys.stderr)
@@ -340,28 +421,43 @@ def gradient_buffers() -> None:
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    model = GPT2LMHeadModel(vocab=64, positions=32)  # the position embedding more than 8x the final norm, as in GPT-2 (1024 x 768 : 2 x 768)
+    model = GPT2LMHeadModel(
+        vocab=64, positions=32
+    )  # the position embedding more than 8x the final norm, as in GPT-2 (1024 x 768 : 2 x 768)
     optimizer = FullyShardedOptimizer(model, lambda ps: torch.optim.AdamW(ps, lr=0.01), WORLD)
     wte = model.transformer.wte.weight
     root = optimizer.units[-1]
     alone, rest = root.buckets
-    assert [p is wte for p in alone.params] == [True] and all(p is not wte for p in rest.params), [p.shape for p in rest.params]
-    assert [p.shape for p in rest.params] == [model.transformer.wpe.weight.shape, (16,), (16,)], [p.shape for p in rest.params]
+    assert [p is wte for p in alone.params] == [True] and all(p is not wte for p in rest.params), [
+        p.shape for p in rest.params
+    ]
+    assert [p.shape for p in rest.params] == [model.transformer.wpe.weight.shape, (16,), (16,)], [
+        p.shape for p in rest.params
+    ]
     filled: list[Any] = []
     fill = optimizer._fill
     optimizer._fill = lambda bucket: (filled.append(bucket), fill(bucket))[1]  # type: ignore[method-assign]
     inputs: list[Any] = []
     scatter = optimizer._communicator.ireduce_scatter_
-    optimizer._communicator.ireduce_scatter_ = lambda tensor, out, op: (inputs.append(weakref.ref(tensor)), scatter(tensor, out, op))[1]
+    optimizer._communicator.ireduce_scatter_ = lambda tensor, out, op: (
+        inputs.append(weakref.ref(tensor)),
+        scatter(tensor, out, op),
+    )[1]
     seen: list[tuple[bool, int, bool]] = []
-    model.transformer.h[0].register_full_backward_pre_hook(lambda module, grad: seen.append((rest.grads is None, len(rest.held), alone.grads is None)))
+    model.transformer.h[0].register_full_backward_pre_hook(
+        lambda module, grad: seen.append((rest.grads is None, len(rest.held), alone.grads is None))
+    )
     ids = torch.randint(0, 64, (2, 32), generator=torch.Generator().manual_seed(WORLD.Get_rank()))
     model(ids, labels=ids).loss.backward()
-    assert seen == [(True, 2, True)], seen  # the last block's backward: the final norm's weight and bias held, no root bucket made
+    assert seen == [(True, 2, True)], (
+        seen
+    )  # the last block's backward: the final norm's weight and bias held, no root bucket made
     assert rest in filled and alone not in filled, (len(filled), [len(b.params) for b in filled])
     assert len(inputs) == len(optimizer.buckets), (len(inputs), len(optimizer.buckets))
     deadline = time.monotonic() + 60
-    while any(ref() is not None for ref in inputs) and time.monotonic() < deadline:  # the communication thread lets go as each runs
+    while (
+        any(ref() is not None for ref in inputs) and time.monotonic() < deadline
+    ):  # the communication thread lets go as each runs
         time.sleep(0.01)
     assert all(ref() is None for ref in inputs), [ref() is not None for ref in inputs]
     optimizer.step()

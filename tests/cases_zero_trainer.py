@@ -35,7 +35,9 @@ def data() -> tuple:
     return datasets.synthetic_features(num_samples=160, in_features=16, num_classes=4)
 
 
-BASE = dict(epochs=1, batch_size=8, lr=0.01, weight_decay=0.1, eval_every=0, allreduce="mpi", max_steps=8, bucket_mb=0.001)
+BASE = dict(
+    epochs=1, batch_size=8, lr=0.01, weight_decay=0.1, eval_every=0, allreduce="mpi", max_steps=8, bucket_mb=0.001
+)
 
 
 def main(directory: str) -> None:
@@ -57,10 +59,14 @@ def main(directory: str) -> None:
             assert all(row["comm_time_s"] > 0 for row in steps), (stage, [row["comm_time_s"] for row in steps])
             # checkpointed after 4 steps, resumed to the end: the same parameters
             where = f"{directory}/{optimizer}-zero{stage}"
-            cut = Trainer(model(), None, train, val, TrainConfig(**{**base, "max_steps": 4}, zero=stage, checkpoint_dir=where))
+            cut = Trainer(
+                model(), None, train, val, TrainConfig(**{**base, "max_steps": 4}, zero=stage, checkpoint_dir=where)
+            )
             cut.fit()
             cut.close()
-            resumed = Trainer(model(), None, train, val, TrainConfig(**base, zero=stage, checkpoint_dir=where, resume=True))
+            resumed = Trainer(
+                model(), None, train, val, TrainConfig(**base, zero=stage, checkpoint_dir=where, resume=True)
+            )
             assert resumed.step == 4, resumed.step
             resumed.fit()
             resumed.close()
@@ -82,7 +88,11 @@ def clipped() -> None:
     norms, reference = runs[0]
     assert len(norms) == 4 and min(norms) > 0.05, norms  # every step is clipped
     for stage in (1, 2):
-        assert all(abs(a - b) < 1e-5 * a for a, b in zip(norms, runs[stage][0], strict=True)), (stage, norms, runs[stage][0])
+        assert all(abs(a - b) < 1e-5 * a for a, b in zip(norms, runs[stage][0], strict=True)), (
+            stage,
+            norms,
+            runs[stage][0],
+        )
         worst = max(float((a - b).abs().max()) for a, b in zip(reference, runs[stage][1]))
         assert worst < 1e-5, (stage, worst)
     print("OK clipped", WORLD.Get_rank(), file=sys.stderr)
@@ -103,7 +113,9 @@ def resized(directory: str) -> None:
         whole.fit()
         whole.close()
         reference = params(whole)
-        cut = Trainer(model(), None, train, val, config.replace(max_steps=2, checkpoint_dir=f"{directory}/cut"), comm=pair)
+        cut = Trainer(
+            model(), None, train, val, config.replace(max_steps=2, checkpoint_dir=f"{directory}/cut"), comm=pair
+        )
         cut.fit()
         cut.close()
         pair.Free()
@@ -114,9 +126,20 @@ def resized(directory: str) -> None:
     WORLD.Barrier()
     for comm, where, batch in ((MPI.COMM_SELF, "one", 6), (WORLD, "three", 4)):
         if comm is WORLD or WORLD.Get_rank() == 0:
-            resumed = Trainer(model(), None, train, val, config.replace(checkpoint_dir=f"{directory}/{where}", resume=True, batch_size=batch,
-                                                                         workers=comm.Get_size()), comm=comm)  # fmt: skip
-            assert resumed.step == 2 and resumed.config.global_batch(comm.Get_size()) == 12, (resumed.step, resumed.config)
+            resumed = Trainer(
+                model(),
+                None,
+                train,
+                val,
+                config.replace(
+                    checkpoint_dir=f"{directory}/{where}", resume=True, batch_size=batch, workers=comm.Get_size()
+                ),
+                comm=comm,
+            )
+            assert resumed.step == 2 and resumed.config.global_batch(comm.Get_size()) == 12, (
+                resumed.step,
+                resumed.config,
+            )
             resumed.fit()
             resumed.close()
             worst = max(float((a - b).abs().max()) for a, b in zip(reference, params(resumed), strict=True))

@@ -34,12 +34,17 @@ def _cell(row: dict) -> str:
 
 def table() -> str:
     """The markdown table of every architecture's row, from the results on disk."""
-    lines = ["| model | library | what it is | " + " | ".join(LAYOUT_NAMES) + " |", "|" + "---|" * (len(LAYOUT_NAMES) + 3)]
+    lines = [
+        "| model | library | what it is | " + " | ".join(LAYOUT_NAMES) + " |",
+        "|" + "---|" * (len(LAYOUT_NAMES) + 3),
+    ]
     for architecture in ARCHITECTURES:
         path = RESULTS / f"{architecture.name}.json"
         rows = {row["cell"]: row for row in json.loads(path.read_text())} if path.exists() else {}
         cells = [_cell(rows[layout]) if layout in rows else "not run" for layout in LAYOUT_NAMES]
-        lines.append(f"| {architecture.name} | {architecture.library} | {architecture.kind} | " + " | ".join(cells) + " |")
+        lines.append(
+            f"| {architecture.name} | {architecture.library} | {architecture.kind} | " + " | ".join(cells) + " |"
+        )
     return "\n".join(lines)
 
 

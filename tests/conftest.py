@@ -49,8 +49,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.alone)
     strays = sorted({item.path.name for item in items if _uses_one_per_machine(item)} - ONE_PER_MACHINE_FILES)
     if strays:
-        raise pytest.UsageError(f"tests/conftest.py: add {', '.join(strays)} to ONE_PER_MACHINE_FILES: they use namespace hosts, the "
-                                "local Slurm or the browser, which two pytest-xdist workers cannot share")
+        raise pytest.UsageError(
+            f"tests/conftest.py: add {', '.join(strays)} to ONE_PER_MACHINE_FILES: they use namespace hosts, the "
+            "local Slurm or the browser, which two pytest-xdist workers cannot share"
+        )
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -106,7 +108,9 @@ def no_cluster_process_left(rapydli_home: Path):
     if left:
         for cluster_id in {entry[CLUSTER_MARKER] for entry in left if entry[CLUSTER_MARKER]}:
             reap_marked(cluster_id, grace=1.0)
-        lines = "\n".join(f"  pid {e['pid']} {e['cmdline']} (cluster {e[CLUSTER_MARKER]}, started in {e['test']})" for e in left)
+        lines = "\n".join(
+            f"  pid {e['pid']} {e['cmdline']} (cluster {e[CLUSTER_MARKER]}, started in {e['test']})" for e in left
+        )
         pytest.fail(f"processes of this session's clusters outlived it:\n{lines}")
 
 
@@ -121,7 +125,12 @@ def _describe(pid: int) -> dict[str, str]:
         env, command = proc.environ(), " ".join(proc.cmdline())[:160]
     except psutil.Error:
         env, command = {}, "(gone)"
-    return {"pid": str(pid), "cmdline": command, CLUSTER_MARKER: env.get(CLUSTER_MARKER, ""), "test": env.get("PYTEST_CURRENT_TEST", "?")}
+    return {
+        "pid": str(pid),
+        "cmdline": command,
+        CLUSTER_MARKER: env.get(CLUSTER_MARKER, ""),
+        "test": env.get("PYTEST_CURRENT_TEST", "?"),
+    }
 
 
 @pytest.fixture(scope="session")
@@ -172,7 +181,9 @@ def run_mpi(tmp_path: Path) -> MpiRunner:
     def run(code: str, n: int = 2, timeout: float = 120, check: bool = True, env: dict | None = None):
         script = tmp_path / f"mpi_snippet_{n}.py"
         script.write_text(textwrap.dedent(code))
-        result = mpirun.run([sys.executable, "-m", "mpi4py", str(script)], n=n, timeout=timeout, env=env, threads=1, cwd=tmp_path)
+        result = mpirun.run(
+            [sys.executable, "-m", "mpi4py", str(script)], n=n, timeout=timeout, env=env, threads=1, cwd=tmp_path
+        )
         if check and result.returncode != 0:
             pytest.fail(f"mpiexec -n {n} failed ({result.returncode}):\n{result.stdout}\n{result.stderr}")
         return result

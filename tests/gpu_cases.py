@@ -46,8 +46,10 @@ class Checks:
         """Rank 0 prints the checks of every rank as one JSON line."""
         everyone = WORLD.gather({"passed": self.passed, "failed": self.failed}, root=0)
         if WORLD.Get_rank() == 0:
-            merged = {"passed": sorted({n for r in everyone for n in r["passed"]}),
-                      "failed": {f"rank {i}: {n}": m for i, r in enumerate(everyone) for n, m in r["failed"].items()}}
+            merged = {
+                "passed": sorted({n for r in everyone for n in r["passed"]}),
+                "failed": {f"rank {i}: {n}": m for i, r in enumerate(everyone) for n, m in r["failed"].items()},
+            }
             print(json.dumps(merged), flush=True)
 
 
@@ -56,6 +58,7 @@ def communicator(device: str) -> None:
     rank, n = WORLD.Get_rank(), WORLD.Get_size()
     checks = Checks()
     for algorithm in ALGORITHMS:
+
         def every_dtype(algorithm: str = algorithm) -> None:
             comm = Communicator(algorithm=algorithm)
             try:
@@ -72,6 +75,7 @@ def communicator(device: str) -> None:
                     assert handle.wait() is t and torch.all(t == n * (n + 1) / 2), (dtype, "iallreduce_")
             finally:
                 comm.close()
+
         checks.run(f"allreduce {algorithm}", every_dtype)
 
     def nccl_refused_or_used() -> None:
@@ -151,6 +155,7 @@ def synchronizer(device: str) -> None:
     checks.run("ddp trained on " + device, lambda: None if next(ddp.parameters()).device.type == device else 1 / 0)
     for algorithm in ("mpi", "ring", "auto"):
         for overlap in (True, False):
+
             def equal(algorithm: str = algorithm, overlap: bool = overlap) -> None:
                 comm = Communicator(algorithm=algorithm)
                 try:
@@ -163,5 +168,6 @@ def synchronizer(device: str) -> None:
                     assert worst < 1e-5, worst
                 finally:
                     comm.close()
+
             checks.run(f"synchronizer {algorithm} overlap={overlap} == DDP", equal)
     checks.report()

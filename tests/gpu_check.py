@@ -37,8 +37,12 @@ CARRY_LIMIT_BYTES = 64 * 2**20
 
 def tracked_bytes() -> int:
     """Bytes of the files git tracks plus the untracked ones it does not ignore (what travels without ``carry``)."""
-    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
-                            capture_output=True, check=True).stdout.split(b"\0")
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=ROOT,
+        capture_output=True,
+        check=True,
+    ).stdout.split(b"\0")
     return sum((ROOT / name.decode()).stat().st_size for name in listed if name and (ROOT / name.decode()).is_file())
 
 
@@ -47,7 +51,9 @@ def environment() -> dict[str, str]:
     env = dict(os.environ, PYTHONUNBUFFERED="1", RAPYDLI_HOME=str(Path("/tmp/rapydli-gpu-home")))
     # the image's own MPI is Debian's Open MPI (seen 2026-11-28), whose mpiexec refuses root unless told twice;
     # the check runs as root there. Single-copy (CMA) transfers off: ptrace rules of a VM must not fail a rank.
-    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_btl_vader_single_copy_mechanism="none")
+    env.update(
+        OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_btl_vader_single_copy_mechanism="none"
+    )
     paths = [str(SITE), str(ROOT)] if SITE.is_dir() else [str(ROOT)]
     env["PYTHONPATH"] = os.pathsep.join([*paths, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     if (SITE / "bin").is_dir():
@@ -63,12 +69,53 @@ def commands(out: Path) -> list[tuple[str, list[str], float]]:
     wheels = sorted(str(p) for p in WHEELS.glob("*.whl"))
     steps: list[tuple[str, list[str], float]] = []
     if wheels:
-        steps.append(("install", [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
-                                  "--no-cache-dir", "--upgrade", "--target", str(SITE), *wheels], 120))
+        steps.append(
+            (
+                "install",
+                [
+                    sys.executable,
+                    "-m",
+                    "pip",
+                    "install",
+                    "-q",
+                    "--no-index",
+                    "--no-deps",
+                    "--no-compile",
+                    "--no-cache-dir",
+                    "--upgrade",
+                    "--target",
+                    str(SITE),
+                    *wheels,
+                ],
+                120,
+            )
+        )
     steps.append(("facts", [sys.executable, "-c", FACTS], 60))
-    steps.append(("tests", [sys.executable, "-m", "pytest", "-m", "gpu", *TEST_FILES, "-p", "no:cacheprovider", "-o", "addopts=",
-                            "-ra", "-q", "--durations=15", f"--junitxml={out / 'junit.xml'}"], TESTS_LIMIT_S))
-    steps.append(("bench", [sys.executable, "-m", "rapydli.bench.gpu", "--json", str(out / "bench.json")], BENCH_LIMIT_S))
+    steps.append(
+        (
+            "tests",
+            [
+                sys.executable,
+                "-m",
+                "pytest",
+                "-m",
+                "gpu",
+                *TEST_FILES,
+                "-p",
+                "no:cacheprovider",
+                "-o",
+                "addopts=",
+                "-ra",
+                "-q",
+                "--durations=15",
+                f"--junitxml={out / 'junit.xml'}",
+            ],
+            TESTS_LIMIT_S,
+        )
+    )
+    steps.append(
+        ("bench", [sys.executable, "-m", "rapydli.bench.gpu", "--json", str(out / "bench.json")], BENCH_LIMIT_S)
+    )
     return steps
 
 
@@ -111,10 +158,12 @@ def summary_line(summary: dict) -> str:
     line = f"gpu-check: {tests['passed']} passed, {tests['failed']} failed, {tests['skipped']} skipped"
     bench = summary.get("bench") or {}
     if bench:
-        line += (f"; tuned/cuDNN forward {bench.get('tuned_vs_cudnn_median_over_layers', float('nan')):.3g}x median over "
-                 f"{bench.get('layers')} layers ({bench.get('tuned_vs_cudnn_range_over_layers')}), Triton/cuDNN "
-                 f"{bench.get('triton_vs_cudnn_median_over_layers') or float('nan'):.3g}x; resnet_mini steps/s fp32 "
-                 f"{bench.get('resnet_steps_per_s_fp32', float('nan')):.4g}, bf16 {bench.get('resnet_steps_per_s_bf16', float('nan')):.4g}")
+        line += (
+            f"; tuned/cuDNN forward {bench.get('tuned_vs_cudnn_median_over_layers', float('nan')):.3g}x median over "
+            f"{bench.get('layers')} layers ({bench.get('tuned_vs_cudnn_range_over_layers')}), Triton/cuDNN "
+            f"{bench.get('triton_vs_cudnn_median_over_layers') or float('nan'):.3g}x; resnet_mini steps/s fp32 "
+            f"{bench.get('resnet_steps_per_s_fp32', float('nan')):.4g}, bf16 {bench.get('resnet_steps_per_s_bf16', float('nan')):.4g}"
+        )
     else:
         line += "; the benchmark did not run"
     return line + f" ({summary['seconds']:.0f} s)"
@@ -122,7 +171,9 @@ def summary_line(summary: dict) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, required=True, help="folder for summary.json, the JUnit report and the logs")
+    parser.add_argument(
+        "--out", type=Path, required=True, help="folder for summary.json, the JUnit report and the logs"
+    )
     parser.add_argument("--dry-run", action="store_true", help="list what would be carried and run; run nothing")
     args = parser.parse_args()
     out: Path = args.out
@@ -135,8 +186,10 @@ def main() -> int:
             print(f"  {wheel.name} ({wheel.stat().st_size / 2**20:.1f} MiB)")
         if not wheels:
             print("  (none: run `make gpu-wheels` first; without mpiexec the MPI tests fail there)")
-        print(f"  in all {carried / 2**20:.1f} MiB of the {CARRY_LIMIT_BYTES // 2**20} MiB allowed"
-              + ("" if carried <= CARRY_LIMIT_BYTES else ": TOO MUCH"))
+        print(
+            f"  in all {carried / 2**20:.1f} MiB of the {CARRY_LIMIT_BYTES // 2**20} MiB allowed"
+            + ("" if carried <= CARRY_LIMIT_BYTES else ": TOO MUCH")
+        )
         for name, argv, limit in steps:
             print(f"{name} (at most {limit:.0f} s): {shlex.join(argv)}")
         return 0 if carried <= CARRY_LIMIT_BYTES else 1
@@ -149,7 +202,9 @@ def main() -> int:
         began = time.monotonic()
         with open(out / f"{name}.log", "w") as log:
             try:
-                rc = subprocess.run(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=limit).returncode
+                rc = subprocess.run(
+                    argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=limit
+                ).returncode
             except subprocess.TimeoutExpired:
                 rc = 124
         results[name] = {"rc": rc, "seconds": round(time.monotonic() - began, 1)}

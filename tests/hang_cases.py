@@ -77,4 +77,11 @@ class _SleepsOnStage0(torch.nn.Module):
 
 def late_stage() -> torch.nn.Module:
     """An MLP for the digits pipelined over 2 stages: stage 1 waits for an activation stage 0 does not send."""
-    return torch.nn.Sequential(torch.nn.Flatten(), _SleepsOnStage0(), torch.nn.ReLU(), torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10))
+    return torch.nn.Sequential(
+        torch.nn.Flatten(),
+        _SleepsOnStage0(),
+        torch.nn.ReLU(),
+        torch.nn.Linear(64, 64),
+        torch.nn.ReLU(),
+        torch.nn.Linear(64, 10),
+    )

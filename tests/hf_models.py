@@ -121,7 +121,9 @@ class _Head(nn.Module):
 class GPT2LMHeadModel(nn.Module):
     """``transformer.{wte, wpe, h, ln_f}`` and ``lm_head`` tied to ``wte``; ``forward(input_ids, labels=None) -> ModelOutput``."""
 
-    def __init__(self, vocab: int = 32, positions: int = 8, n_embd: int = 16, n_head: int = 4, n_layer: int = 2, tie: bool = True) -> None:
+    def __init__(
+        self, vocab: int = 32, positions: int = 8, n_embd: int = 16, n_head: int = 4, n_layer: int = 2, tie: bool = True
+    ) -> None:
         super().__init__()
         self.transformer = GPT2Model(vocab, positions, n_embd, n_head, n_layer)
         self.lm_head = nn.Linear(n_embd, vocab, bias=False)
@@ -166,7 +168,9 @@ class NanoGPT(nn.Module):
         self.lm_head = nn.Linear(n_embd, vocab, bias=False)
         self.transformer.wte.weight = self.lm_head.weight
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(
+        self, idx: torch.Tensor, targets: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         b, t = idx.size()
         assert t <= self.block_size, f"Cannot forward sequence of length {t}, block size is only {self.block_size}"
         pos = torch.arange(0, t, dtype=torch.long, device=idx.device)
@@ -280,7 +284,15 @@ class _LlamaHead(nn.Module):
 class LlamaForCausalLM(nn.Module):
     """``model.{embed_tokens, layers, norm}`` and an untied ``lm_head``; ``forward(input_ids, labels=None) -> ModelOutput``."""
 
-    def __init__(self, vocab: int = 32, hidden: int = 16, heads: int = 4, kv_heads: int = 2, intermediate: int = 24, layers: int = 2) -> None:
+    def __init__(
+        self,
+        vocab: int = 32,
+        hidden: int = 16,
+        heads: int = 4,
+        kv_heads: int = 2,
+        intermediate: int = 24,
+        layers: int = 2,
+    ) -> None:
         super().__init__()
         self.model = LlamaModel(vocab, hidden, heads, kv_heads, intermediate, layers)
         self.lm_head = nn.Linear(hidden, vocab, bias=False)
@@ -325,7 +337,11 @@ class BertSelfAttention(nn.Module):
         super().__init__()
         self.num_attention_heads, self.attention_head_size = heads, hidden // heads
         self.all_head_size = heads * self.attention_head_size
-        self.query, self.key, self.value = nn.Linear(hidden, self.all_head_size), nn.Linear(hidden, self.all_head_size), nn.Linear(hidden, self.all_head_size)
+        self.query, self.key, self.value = (
+            nn.Linear(hidden, self.all_head_size),
+            nn.Linear(hidden, self.all_head_size),
+            nn.Linear(hidden, self.all_head_size),
+        )
 
     def transpose_for_scores(self, x: torch.Tensor) -> torch.Tensor:
         return x.view(*x.shape[:-1], self.num_attention_heads, self.attention_head_size).permute(0, 2, 1, 3)
@@ -394,7 +410,9 @@ class BertModel(nn.Module):
     def __init__(self, vocab: int, positions: int, hidden: int, heads: int, intermediate: int, layers: int) -> None:
         super().__init__()
         self.embeddings = BertEmbeddings(vocab, positions, hidden)
-        self.encoder = nn.ModuleDict({"layer": nn.ModuleList(BertLayer(hidden, heads, intermediate) for _ in range(layers))})
+        self.encoder = nn.ModuleDict(
+            {"layer": nn.ModuleList(BertLayer(hidden, heads, intermediate) for _ in range(layers))}
+        )
         self.pooler = BertPooler(hidden)
 
 
@@ -414,8 +432,16 @@ class BertForTokenClassification(nn.Module):
     gradient (Hugging Face's ``BertModel`` always computes it).
     """
 
-    def __init__(self, vocab: int = 32, positions: int = 8, hidden: int = 16, heads: int = 4, intermediate: int = 32, layers: int = 2,
-                 labels: int = 32) -> None:  # fmt: skip
+    def __init__(
+        self,
+        vocab: int = 32,
+        positions: int = 8,
+        hidden: int = 16,
+        heads: int = 4,
+        intermediate: int = 32,
+        layers: int = 2,
+        labels: int = 32,
+    ) -> None:
         super().__init__()
         self.bert = BertModel(vocab, positions, hidden, heads, intermediate, layers)
         self.classifier = nn.Linear(hidden, labels)
@@ -426,7 +452,9 @@ class BertForTokenClassification(nn.Module):
             x = layer(x)
         pooled = self.bert.pooler(x)
         logits = self.classifier(x)
-        return ModelOutput(loss=token_loss(logits, labels) if labels is not None else None, logits=logits, pooler_output=pooled)
+        return ModelOutput(
+            loss=token_loss(logits, labels) if labels is not None else None, logits=logits, pooler_output=pooled
+        )
 
     def pipeline_blocks(self) -> list[tuple[str, nn.Module]]:
         blocks: list[tuple[str, nn.Module]] = [("embeddings", self.bert.embeddings)]

@@ -45,7 +45,9 @@ def train_matches_one_process() -> dict[str, Any]:
 
     comm = Communicator(ctx.comm, algorithm="auto")
     table = comm.tune(max_bytes=1 << 16)
-    config = TrainConfig(epochs=1, batch_size=8, lr=0.05, optimizer="sgd", momentum=0.9, allreduce="auto", bucket_mb=0.001)
+    config = TrainConfig(
+        epochs=1, batch_size=8, lr=0.05, optimizer="sgd", momentum=0.9, allreduce="auto", bucket_mb=0.001
+    )
     trainer = Trainer(model(), None, train, val, config, comm=comm)
     trainer.fit()
     steps = len(train) // size // 8

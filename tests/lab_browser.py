@@ -41,15 +41,24 @@ def require_chromium() -> None:
         return
     if os.environ.get("RAPYDLI_REQUIRE_BROWSER") == "1":
         pytest.fail(f"RAPYDLI_REQUIRE_BROWSER=1 but {CHROMIUM} is missing (apt-get install chromium)", pytrace=False)
-    pytest.skip(f"{CHROMIUM} is not installed (apt-get install chromium); browser tests skipped", allow_module_level=True)
+    pytest.skip(
+        f"{CHROMIUM} is not installed (apt-get install chromium); browser tests skipped", allow_module_level=True
+    )
 
 
 def lab_env(base: Path) -> dict[str, str]:
     """This process's environment with ``RAPYDLI_HOME`` and every per-user folder under ``base``."""
-    return {**os.environ, "RAPYDLI_HOME": str(base / "rapydli-home"), "JUPYTER_CONFIG_DIR": str(base / "jupyter-config"),
-            "JUPYTER_DATA_DIR": str(base / "data"), "JUPYTER_RUNTIME_DIR": str(base / "runtime"),
-            "JUPYTERLAB_WORKSPACES_DIR": str(base / "workspaces"), "IPYTHONDIR": str(base / "ipython"),
-            "XDG_CACHE_HOME": str(base / "cache"), "XDG_CONFIG_HOME": str(base / "xdg-config")}  # fmt: skip
+    return {
+        **os.environ,
+        "RAPYDLI_HOME": str(base / "rapydli-home"),
+        "JUPYTER_CONFIG_DIR": str(base / "jupyter-config"),
+        "JUPYTER_DATA_DIR": str(base / "data"),
+        "JUPYTER_RUNTIME_DIR": str(base / "runtime"),
+        "JUPYTERLAB_WORKSPACES_DIR": str(base / "workspaces"),
+        "IPYTHONDIR": str(base / "ipython"),
+        "XDG_CACHE_HOME": str(base / "cache"),
+        "XDG_CONFIG_HOME": str(base / "xdg-config"),
+    }
 
 
 def _free_port() -> int:
@@ -95,8 +104,15 @@ def running_lab(base: Path, env: dict[str, str]) -> Iterator[dict[str, Any]]:
             time.sleep(0.5)
     print(f"\nscreenshots: {shots}")
     try:
-        yield {"url": url, "token": TOKEN, "proc": psutil.Process(proc.pid), "env": env, "shots": shots, "root": root_dir,
-               "log": base / "lab.log"}  # fmt: skip
+        yield {
+            "url": url,
+            "token": TOKEN,
+            "proc": psutil.Process(proc.pid),
+            "env": env,
+            "shots": shots,
+            "root": root_dir,
+            "log": base / "lab.log",
+        }
     finally:
         os.killpg(proc.pid, signal.SIGTERM)  # the server stops its clusters on shutdown
         try:
@@ -105,7 +121,13 @@ def running_lab(base: Path, env: dict[str, str]) -> Iterator[dict[str, Any]]:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(10)
         log.close()
-        subprocess.run([sys.executable, "-m", "rapydli", "cluster", "stop", "--all"], check=False, env=env, capture_output=True, timeout=120)
+        subprocess.run(
+            [sys.executable, "-m", "rapydli", "cluster", "stop", "--all"],
+            check=False,
+            env=env,
+            capture_output=True,
+            timeout=120,
+        )
 
 
 @contextmanager
@@ -116,10 +138,16 @@ def chromium(base: Path) -> Iterator[Any]:
 
     with sync_playwright() as p:
         browser = p.chromium.launch(
-            executable_path=str(CHROMIUM), args=CHROMIUM_FLAGS, headless=True,
-            env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(base), "XDG_CACHE_HOME": str(base / "cache"),
-                 "XDG_CONFIG_HOME": str(base / "config")},
-        )  # fmt: skip
+            executable_path=str(CHROMIUM),
+            args=CHROMIUM_FLAGS,
+            headless=True,
+            env={
+                "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+                "HOME": str(base),
+                "XDG_CACHE_HOME": str(base / "cache"),
+                "XDG_CONFIG_HOME": str(base / "config"),
+            },
+        )
         try:
             yield browser
         finally:

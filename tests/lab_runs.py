@@ -22,11 +22,22 @@ def main() -> dict[str, object]:
     with rd.Cluster(n=2) as cluster:
         for key, lr in (("train_a", 0.1), ("train_b", 0.03)):
             config = rd.TrainConfig(max_steps=12, eval_every=6, batch_size=32, lr=lr, allreduce="mpi")
-            ids[key] = rd.train(digits_mlp, datasets.digits, config, cluster=cluster, progress=False, live=False, name="mlp_digits").run_id
+            ids[key] = rd.train(
+                digits_mlp, datasets.digits, config, cluster=cluster, progress=False, live=False, name="mlp_digits"
+            ).run_id
         config = rd.TrainConfig(max_steps=20, eval_every=5, batch_size=32, allreduce="mpi")
         enqueue = [{"lr": 0.05}, {"lr": 0.02}, {"lr": 9.0}]  # the last diverges: pruned at its first report
-        result = rd.sweep(models.mlp, datasets.digits, config, {"lr": rd.loguniform(1e-3, 10.0)}, trials=3,
-                          cluster=cluster, enqueue=enqueue, live=False, parallel=1)  # fmt: skip
+        result = rd.sweep(
+            models.mlp,
+            datasets.digits,
+            config,
+            {"lr": rd.loguniform(1e-3, 10.0)},
+            trials=3,
+            cluster=cluster,
+            enqueue=enqueue,
+            live=False,
+            parallel=1,
+        )
         ids["sweep"] = result.run_id
         ids["trial_states"] = list(result.table["state"])
     return ids

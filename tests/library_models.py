@@ -35,7 +35,9 @@ def exact_loss(outputs: Any, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
 
-def tokens(samples: int = SAMPLES, seq: int = SEQ, vocab: int = VOCAB, low: int = 2) -> tuple[TensorDataset, TensorDataset]:
+def tokens(
+    samples: int = SAMPLES, seq: int = SEQ, vocab: int = VOCAB, low: int = 2
+) -> tuple[TensorDataset, TensorDataset]:
     """Token sequences and their next tokens (a shifted copy), from a fixed generator."""
     generator = torch.Generator().manual_seed(1234)
     data = torch.randint(low, vocab, (samples + 4, seq + 1), generator=generator)
@@ -43,14 +45,18 @@ def tokens(samples: int = SAMPLES, seq: int = SEQ, vocab: int = VOCAB, low: int 
     return TensorDataset(train[:, :-1], train[:, 1:]), TensorDataset(val[:, :-1], val[:, 1:])
 
 
-def images(samples: int = SAMPLES, channels: int = 3, size: int = 8, classes: int = 3) -> tuple[TensorDataset, TensorDataset]:
+def images(
+    samples: int = SAMPLES, channels: int = 3, size: int = 8, classes: int = 3
+) -> tuple[TensorDataset, TensorDataset]:
     generator = torch.Generator().manual_seed(1234)
     x = torch.randn(samples + 4, channels, size, size, generator=generator)
     y = torch.randint(0, classes, (samples + 4,), generator=generator)
     return TensorDataset(x[:samples], y[:samples]), TensorDataset(x[samples:], y[samples:])
 
 
-def audio(samples: int = SAMPLES, mels: int = 8, frames: int = 16, seq: int = SEQ) -> tuple[TensorDataset, TensorDataset]:
+def audio(
+    samples: int = SAMPLES, mels: int = 8, frames: int = 16, seq: int = SEQ
+) -> tuple[TensorDataset, TensorDataset]:
     """Log-mel-like features and the token labels a speech model is trained to emit."""
     generator = torch.Generator().manual_seed(1234)
     x = torch.randn(samples + 4, mels, frames, generator=generator)
@@ -90,7 +96,9 @@ class TorchSeq2Seq(nn.Module):
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         shifted = torch.cat([torch.zeros_like(idx[:, :1]), idx[:, :-1]], dim=1)
-        mask = nn.Transformer.generate_square_subsequent_mask(idx.shape[1], dtype=self.embed.weight.dtype, device=idx.device)
+        mask = nn.Transformer.generate_square_subsequent_mask(
+            idx.shape[1], dtype=self.embed.weight.dtype, device=idx.device
+        )
         return self.head(self.transformer(self.embed(idx), self.embed(shifted), tgt_mask=mask, tgt_is_causal=True))
 
 
@@ -139,7 +147,9 @@ class Architecture:
     build: Callable[[], nn.Module]
     data: Callable[[], tuple[TensorDataset, TensorDataset]]
     loss: Callable[..., torch.Tensor] | None = exact_loss  # None: the model's own loss from labels
-    conversion: str = "double"  # how model_fn makes it float64: "double" (Model(cfg).double()) or "to" (.to(torch.float64))
+    conversion: str = (
+        "double"  # how model_fn makes it float64: "double" (Model(cfg).double()) or "to" (.to(torch.float64))
+    )
 
     def model_fn(self) -> nn.Module:
         torch.manual_seed(0)
@@ -157,7 +167,9 @@ def _hf(cls_name: str, config_name: str, **config: Any) -> Callable[[], nn.Modul
     return build
 
 
-_DEC = dict(vocab_size=VOCAB, hidden_size=WIDTH, num_hidden_layers=LAYERS, num_attention_heads=HEADS, intermediate_size=FFN)
+_DEC = dict(
+    vocab_size=VOCAB, hidden_size=WIDTH, num_hidden_layers=LAYERS, num_attention_heads=HEADS, intermediate_size=FFN
+)
 _NO_DROP = dict(hidden_dropout=0.0, attention_dropout=0.0)
 
 ARCHITECTURES = [

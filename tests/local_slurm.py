@@ -103,7 +103,9 @@ class LocalSlurm:
             try:
                 self.pids["slurmctld"] = self._daemon(["slurmctld", "-f", str(self.conf)], "slurmctld", env)
                 for node in NODES:
-                    self.pids[f"slurmd-{node}"] = self._daemon(["slurmd", "-f", str(self.conf), "-N", node], f"slurmd.{node}", env)
+                    self.pids[f"slurmd-{node}"] = self._daemon(
+                        ["slurmd", "-f", str(self.conf), "-N", node], f"slurmd.{node}", env
+                    )
                 break
             except RuntimeError as exc:
                 # a port found free was taken (by any process's connection) before the daemon bound it:
@@ -121,10 +123,21 @@ class LocalSlurm:
         socket_path = self.root / "munge" / "munge.socket"
         pid_file = self.root / "munge" / "munged.pid"
         subprocess.run(
-            ["runuser", "-u", "munge", "--", "munged", f"--socket={socket_path}", f"--pid-file={pid_file}",
-             f"--log-file={self.root / 'munge' / 'munged.log'}", f"--seed-file={self.root / 'munge' / 'munged.seed'}"],
-            check=True, capture_output=True, text=True,
-        )  # fmt: skip
+            [
+                "runuser",
+                "-u",
+                "munge",
+                "--",
+                "munged",
+                f"--socket={socket_path}",
+                f"--pid-file={pid_file}",
+                f"--log-file={self.root / 'munge' / 'munged.log'}",
+                f"--seed-file={self.root / 'munge' / 'munged.seed'}",
+            ],
+            check=True,
+            capture_output=True,
+            text=True,
+        )
         self.pids["munged"] = int(pid_file.read_text())
 
     def _write_conf(self) -> None:

@@ -33,9 +33,11 @@ class Executed:
         self.text = "\n".join(o.get("text", "") for o in self.outputs)
         self.figures = figure_outputs(nb)
         states = nb.metadata.get("widgets", {}).get(WIDGET_STATE, {}).get("state", {})
-        self.widget_texts = [s["state"]["value"] for s in states.values()
-                             if s.get("model_name") == "HTMLModel" and s["state"].get("value")]
-
+        self.widget_texts = [
+            s["state"]["value"]
+            for s in states.values()
+            if s.get("model_name") == "HTMLModel" and s["state"].get("value")
+        ]
 
     def html_figures(self) -> int:
         """How many figures nbconvert's HTML of the notebook shows as images (a viewer without JupyterLab)."""
@@ -65,8 +67,16 @@ def execute(name: str, out_dir: Path, **parameters: Any) -> Executed:
     out = out_dir / name
     before = session_cluster_pids()
     try:
-        papermill.execute_notebook(str(NOTEBOOKS / name), str(out), parameters=parameters, kernel_name="python3",
-                                   cwd=str(NOTEBOOKS), progress_bar=False, execution_timeout=CELL_TIMEOUT_S, **IOPUB)  # fmt: skip
+        papermill.execute_notebook(
+            str(NOTEBOOKS / name),
+            str(out),
+            parameters=parameters,
+            kernel_name="python3",
+            cwd=str(NOTEBOOKS),
+            progress_bar=False,
+            execution_timeout=CELL_TIMEOUT_S,
+            **IOPUB,
+        )
     except BaseException:
         _reap_clusters_started_since(before)
         _print_last_outputs(out)

@@ -129,13 +129,17 @@ def ensure_packages() -> None:
     """Install openssh when root and missing; :class:`Unavailable` when the hosts cannot exist."""
     if os.geteuid() != 0:
         raise Unavailable("namespace hosts need root (ip netns, mounts, sshd)")
-    missing = sorted({pkg for tool, pkg in PACKAGES.items() if not (shutil.which(tool) or Path(f"/usr/sbin/{tool}").exists())})
+    missing = sorted(
+        {pkg for tool, pkg in PACKAGES.items() if not (shutil.which(tool) or Path(f"/usr/sbin/{tool}").exists())}
+    )
     if missing and shutil.which("apt-get"):
         env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
         extra = [pkg for tool, pkg in OPTIONAL.items() if not shutil.which(tool)]
         subprocess.run(["apt-get", "update", "-qq"], capture_output=True, env=env, check=False)
         subprocess.run(["apt-get", "install", "-y", "-qq", *missing, *extra], capture_output=True, env=env, check=False)
-        missing = sorted({pkg for tool, pkg in PACKAGES.items() if not (shutil.which(tool) or Path(f"/usr/sbin/{tool}").exists())})
+        missing = sorted(
+            {pkg for tool, pkg in PACKAGES.items() if not (shutil.which(tool) or Path(f"/usr/sbin/{tool}").exists())}
+        )
     if missing:
         raise Unavailable(f"packages {', '.join(missing)} are missing and could not be installed with apt-get")
     probe = _run("ip", "netns", "add", "rdprobe", check=False)
@@ -208,9 +212,22 @@ def _start_sshd(directory: Path, host: Host) -> None:
     script = _HOST_SCRIPT.format(dir=directory, name=host.name)
     with open(directory / f"sshd-{host.name}.log", "ab") as log:
         host.sshd = subprocess.Popen(
-            ["nsenter", f"--net=/run/netns/{host.name}", "unshare", "--uts", "--mount", "--propagation", "private",
-             "sh", "-c", script],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
+            [
+                "nsenter",
+                f"--net=/run/netns/{host.name}",
+                "unshare",
+                "--uts",
+                "--mount",
+                "--propagation",
+                "private",
+                "sh",
+                "-c",
+                script,
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            start_new_session=True,
         )
 
 
@@ -237,8 +254,10 @@ def _write_files(directory: Path, names: tuple[str, ...]) -> None:
         host_key = directory / f"host_key-{name}"
         if not host_key.exists():
             _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(host_key))
-        known.append(f"{name},{address} {(directory / f'host_key-{name}.pub').read_text().split(' ')[0]} "
-                     f"{(directory / f'host_key-{name}.pub').read_text().split(' ')[1]}")
+        known.append(
+            f"{name},{address} {(directory / f'host_key-{name}.pub').read_text().split(' ')[0]} "
+            f"{(directory / f'host_key-{name}.pub').read_text().split(' ')[1]}"
+        )
         (directory / f"sshd_config-{name}").write_text(
             f"ListenAddress {address}\nHostKey {host_key}\nUsePAM no\nPermitRootLogin prohibit-password\n"
             f"PasswordAuthentication no\nKbdInteractiveAuthentication no\nStrictModes no\n"
@@ -268,7 +287,9 @@ def _wait_for_ssh(hosts: Hosts, timeout: float) -> None:
                 break
             if time.monotonic() > deadline:
                 log = (hosts.directory / f"sshd-{host.name}.log").read_text(errors="replace")
-                raise RuntimeError(f"host {host.name} not reachable over ssh within {timeout} s: {result.stderr.strip()}\n{log}")
+                raise RuntimeError(
+                    f"host {host.name} not reachable over ssh within {timeout} s: {result.stderr.strip()}\n{log}"
+                )
             time.sleep(0.1)
 
 

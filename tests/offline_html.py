@@ -37,7 +37,9 @@ def visible_figures(nb: Any) -> tuple[int, int]:
         html.write_text(page)
         with chromium(Path(folder) / "chromium") as browser:
             context = browser.new_context(viewport={"width": 1200, "height": 900})
-            context.route(lambda url: not url.startswith("file:") and not url.startswith("data:"), lambda route: route.abort())
+            context.route(
+                lambda url: not url.startswith("file:") and not url.startswith("data:"), lambda route: route.abort()
+            )
             tab = context.new_page()
             tab.set_default_timeout(120_000)
             tab.goto(html.as_uri(), wait_until="load")

@@ -79,10 +79,14 @@ def executor_equivalence(stages: int, schedule: str, microbatches: int, batch: i
     worst = 0.0
     for p, q in zip(stage.parameters(), ref_stage.parameters()):
         worst = max(worst, float((p - q).detach().abs().max() / q.detach().abs().max()))
-    assert worst <= tolerance, f"rank {world.Get_rank()} stage {grid.stage}: relative difference {worst:.3g} > {tolerance}"
+    assert worst <= tolerance, (
+        f"rank {world.Get_rank()} stage {grid.stage}: relative difference {worst:.3g} > {tolerance}"
+    )
     worst_all = world.allreduce(worst, op=MPI.MAX)
     if world.Get_rank() == 0:
-        print(json.dumps({"case": [stages, schedule, microbatches, batch, dtype], "bounds": bounds, "worst": worst_all}))
+        print(
+            json.dumps({"case": [stages, schedule, microbatches, batch, dtype], "bounds": bounds, "worst": worst_all})
+        )
     grid.free()
 
 
@@ -175,7 +179,14 @@ def trainer_run(config: dict, steps_before: int | None = None, task: str = "clas
         val = TensorDataset(torch.randn(20, 8, generator=g), torch.randint(0, 5, (20,), generator=g))
     cfg = TrainConfig.from_dict(config)
     if steps_before is not None:
-        first = Trainer(residual_mlp(torch.float32), None, train, val, cfg.replace(max_steps=steps_before, checkpoint_every=1), **code)
+        first = Trainer(
+            residual_mlp(torch.float32),
+            None,
+            train,
+            val,
+            cfg.replace(max_steps=steps_before, checkpoint_every=1),
+            **code,
+        )
         first.fit()
         first.close()
         cfg = cfg.replace(resume=True)
@@ -196,5 +207,18 @@ def trainer_run(config: dict, steps_before: int | None = None, task: str = "clas
                 merged.setdefault(key, value)
         losses = [row["loss"] for row in history if row["kind"] == "train"]
         evals = [row for row in history if row["kind"] == "eval"]
-        metrics = {key: [row.get(key) for row in evals] for key in sorted({k for row in evals for k in row if k.startswith("val_")})}
-        print(json.dumps({"params": merged, "losses": losses, "val": metrics["val_loss"], "metrics": metrics, "step": trainer.step}))
+        metrics = {
+            key: [row.get(key) for row in evals]
+            for key in sorted({k for row in evals for k in row if k.startswith("val_")})
+        }
+        print(
+            json.dumps(
+                {
+                    "params": merged,
+                    "losses": losses,
+                    "val": metrics["val_loss"],
+                    "metrics": metrics,
+                    "step": trainer.step,
+                }
+            )
+        )

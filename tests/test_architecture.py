@@ -77,7 +77,12 @@ def rooms() -> list[tuple[str, list[str]]]:
 
 def room_of(module: str, table: list[tuple[str, list[str]]]) -> int | None:
     """The room of ``module``'s longest matching prefix (``planning.planner`` is a front door, ``planning`` a model)."""
-    found = [(len(p), index) for index, (_, prefixes) in enumerate(table) for p in prefixes if module == p or module.startswith(p + ".")]
+    found = [
+        (len(p), index)
+        for index, (_, prefixes) in enumerate(table)
+        for p in prefixes
+        if module == p or module.startswith(p + ".")
+    ]
     return max(found)[1] if found else None
 
 
@@ -94,8 +99,12 @@ def test_experiments_import_only_downward_and_never_the_package_root() -> None:
             if theirs is not None and mine is not None and theirs > mine:
                 violations.append(f"{name} ({table[mine][0]}) imports {imported} ({table[theirs][0]})")
     assert not violations, "\n".join(violations)
-    rooted = [name for name, path in modules() if "rapydli" in imports(path)]  # `from rapydli import ...`, `import rapydli`
-    assert not rooted, f"modules importing the package root (import what you need from the module that owns it): {rooted}"
+    rooted = [
+        name for name, path in modules() if "rapydli" in imports(path)
+    ]  # `from rapydli import ...`, `import rapydli`
+    assert not rooted, (
+        f"modules importing the package root (import what you need from the module that owns it): {rooted}"
+    )
 
 
 @pytest.mark.parametrize(
@@ -126,7 +135,13 @@ def test_named_rules(importer: str, forbidden: tuple[str, ...]) -> None:
 def test_only_the_cluster_layer_starts_processes() -> None:
     """``subprocess`` and ``multiprocessing`` appear only where ARCHITECTURE.md allows them."""
     # batch and batchhosts name subprocess types; their processes are started by cluster.processes and cluster.sshhosts
-    allowed = ("rapydli.cluster", "rapydli.native", "rapydli.data.workers", "rapydli.experiments.batch.batch", "rapydli.experiments.batch.hosts")
+    allowed = (
+        "rapydli.cluster",
+        "rapydli.native",
+        "rapydli.data.workers",
+        "rapydli.experiments.batch.batch",
+        "rapydli.experiments.batch.hosts",
+    )
     users = [
         name
         for name, path in modules()
@@ -139,9 +154,11 @@ def test_only_the_cluster_layer_starts_processes() -> None:
 def test_no_figure_is_a_widget() -> None:
     """Figures are plain plotly figures, live ones too: a ``FigureWidget``'s saved state carries ~5 MB of
     plotly.js, which plain papermill and nbconvert keep even for a closed widget."""
+
     def builds_widgets(path: Path) -> bool:
         return any(
-            (isinstance(node, ast.Attribute) and node.attr == "FigureWidget") or (isinstance(node, ast.Name) and node.id == "FigureWidget")
+            (isinstance(node, ast.Attribute) and node.attr == "FigureWidget")
+            or (isinstance(node, ast.Name) and node.id == "FigureWidget")
             for node in ast.walk(ast.parse(path.read_text()))
         )
 

@@ -33,14 +33,20 @@ def every_kind_of_conv() -> nn.Module:
     """7x7 stride-2 stem, bias and bias-free, 1x1, stride 2, grouped, depthwise, dilated."""
     torch.manual_seed(0)
     return nn.Sequential(
-        nn.Conv2d(3, 8, 7, stride=2, padding=3, bias=False), nn.BatchNorm2d(8), nn.ReLU(),
-        nn.Conv2d(8, 8, 3, padding=1), nn.ReLU(),                      # with bias
-        nn.Conv2d(8, 16, 1, stride=2, bias=False),                     # 1x1, stride 2
-        nn.Conv2d(16, 16, 3, padding=1, groups=4),                     # grouped
-        nn.Conv2d(16, 16, 3, padding=1, groups=16, bias=False),        # depthwise
-        nn.Conv2d(16, 16, 3, padding=2, dilation=2),                   # dilated
-        nn.Conv2d(16, 8, 3, stride=2, padding=1, bias=False), nn.ReLU(),
-        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 3),
+        nn.Conv2d(3, 8, 7, stride=2, padding=3, bias=False),
+        nn.BatchNorm2d(8),
+        nn.ReLU(),
+        nn.Conv2d(8, 8, 3, padding=1),
+        nn.ReLU(),  # with bias
+        nn.Conv2d(8, 16, 1, stride=2, bias=False),  # 1x1, stride 2
+        nn.Conv2d(16, 16, 3, padding=1, groups=4),  # grouped
+        nn.Conv2d(16, 16, 3, padding=1, groups=16, bias=False),  # depthwise
+        nn.Conv2d(16, 16, 3, padding=2, dilation=2),  # dilated
+        nn.Conv2d(16, 8, 3, stride=2, padding=1, bias=False),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(8, 3),
     )
 
 
@@ -73,8 +79,11 @@ def assert_same_in_norm(a: nn.Module, b: nn.Module, x: torch.Tensor, tol: float 
     out_a, gx_a, g_a = outputs_and_grads(a, x)
     out_b, gx_b, g_b = outputs_and_grads(b, x)
     assert g_a.keys() == g_b.keys()
-    for name, (p, q) in {"output": (out_a, out_b), "input grad": (gx_a, gx_b),
-                         **{k: (g_a[k], g_b[k]) for k in g_a}}.items():
+    for name, (p, q) in {
+        "output": (out_a, out_b),
+        "input grad": (gx_a, gx_b),
+        **{k: (g_a[k], g_b[k]) for k in g_a},
+    }.items():
         assert float((q - p).norm() / p.norm().clamp_min(1e-12)) < tol, name
 
 
@@ -189,8 +198,9 @@ def test_the_budget_holds_and_the_report_says_where_the_time_went(tmp_path, caps
     budget = 8.0  # the untuned float32 model 3e-3 off a float64 copy
     # the default preset would take minutes exhaustively; the budget stops it
     started = time.perf_counter()
-    tuned, report = autotune_model(model, x, budget_s=budget, cache=Cache(tmp_path / "b.db"), preset="default",
-                                   repetitions=3, threads=1)
+    tuned, report = autotune_model(
+        model, x, budget_s=budget, cache=Cache(tmp_path / "b.db"), preset="default", repetitions=3, threads=1
+    )
     # the budget bounds the whole call, whole-model check included; the stated slack (rapydli.autotune.budget) is a
     # hang bound: a compile slower than every one before it
     assert time.perf_counter() - started <= budget + OVERRUN_S
@@ -208,8 +218,9 @@ def test_the_budget_holds_and_the_report_says_where_the_time_went(tmp_path, caps
 def test_a_tuning_that_finds_nothing_better_says_so_in_one_line_within_the_budget(tmp_path, one_thread) -> None:
     model, x = every_kind_of_conv(), torch.randn(2, 3, 16, 16)
     started = time.perf_counter()
-    tuned, report = autotune_model(model, x, budget_s=4, candidates=["torch_nchw"], cache=Cache(tmp_path / "n.db"),
-                                   progress=False, **TINY)
+    tuned, report = autotune_model(
+        model, x, budget_s=4, candidates=["torch_nchw"], cache=Cache(tmp_path / "n.db"), progress=False, **TINY
+    )
     assert time.perf_counter() - started <= 4 + OVERRUN_S  # a hang bound (see rapydli.autotune.budget)
     assert "nothing faster" in report.summary and "\n" not in report.summary
     assert report.time_s["check"] == 0.0  # the library default is the untuned model: no whole-model check
@@ -225,7 +236,11 @@ def test_a_budget_too_small_for_the_profile_leaves_the_model_as_it_is(tmp_path, 
     assert len(report.skipped) == 20 and set(report.layers["status"]) == {"skipped: budget"}
     # nothing was tried, so nothing was found either way: the summary says that, not "nothing faster"
     assert "the budget left no time to tune any layer (the untuned step took" in report.summary
-    assert "cores" in report.summary and "keeps the library default" in report.summary and "nothing faster" not in report.summary
+    assert (
+        "cores" in report.summary
+        and "keeps the library default" in report.summary
+        and "nothing faster" not in report.summary
+    )
     assert_same_in_norm(model, tuned, x)
 
 
@@ -234,7 +249,8 @@ def test_any_model_every_kind_of_convolution_is_tuned_and_training_is_unchanged(
     tuned, report = autotune_model(model, x, budget_s=20, cache=Cache(tmp_path / "m.db"), progress=False, **TINY)
     convs = {name: m for name, m in tuned.named_modules() if isinstance(m, nn.Conv2d)}
     assert {name for name, m in convs.items() if isinstance(m, TunedConv2d)} == {
-        name for name, choice in report.plan.layers.items() if not choice.is_library_default}  # the library default is left plain
+        name for name, choice in report.plan.layers.items() if not choice.is_library_default
+    }  # the library default is left plain
     assert len(convs) == 7 and set(report.plan.layers) == set(convs)
     shapes = {name: choice.shape for name, choice in report.plan.layers.items()}
     assert (shapes["6"].groups, shapes["7"].groups, shapes["8"].dilation) == (4, 16, 2)
@@ -246,8 +262,14 @@ def test_any_model_every_kind_of_convolution_is_tuned_and_training_is_unchanged(
         assert {c for c, _ in configs} >= {"torch_nchw", "torch_channels_last", "im2col_gemm", "c_direct"}
         assert ("c_direct", "nchw") in configs and (("c_direct", "nhwc") in configs) == (shape.groups == 1)
         for config in configs.values():  # one of each candidate and layout: the candidates' own tests cover the rest
-            choice = replace(report.plan.layers[name], candidate=config.candidate, params=config.params,
-                             layout=layout_of(config), data_grad=None, weight_grad=None)
+            choice = replace(
+                report.plan.layers[name],
+                candidate=config.candidate,
+                params=config.params,
+                layout=layout_of(config),
+                data_grad=None,
+                weight_grad=None,
+            )
             forced = apply_plan(copy.deepcopy(model), Plan({name: choice}, "train", report.plan.fingerprint))
             assert_same(model, forced, x)
 
@@ -255,8 +277,10 @@ def test_any_model_every_kind_of_convolution_is_tuned_and_training_is_unchanged(
 def test_layers_of_one_shape_are_tuned_once(tmp_path) -> None:
     def stack(layers: int) -> nn.Module:
         torch.manual_seed(0)
-        return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), *[m for _ in range(layers)
-                                                             for m in (nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1))])
+        return nn.Sequential(
+            nn.Conv2d(3, 8, 3, padding=1),
+            *[m for _ in range(layers) for m in (nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1))],
+        )
 
     x, measured, rows = torch.randn(2, 3, 8, 8), {}, {}
     for layers in (1, 2, 3):
@@ -281,8 +305,18 @@ def test_resnet18_shaped_model_trains_like_the_untuned_one_on_every_kernel(tmp_p
     forced = {}
     for i, (name, _, shape) in enumerate(conv_layers(model, x)):
         assert shape is not None
-        params = (("algo", 0), ("cb", 64), ("kb", 2), ("layout", i % 2), ("order", 0), ("pack", 0), ("tb", 4),
-                  ("unroll", 1), ("vec", 4), ("wb", 2))
+        params = (
+            ("algo", 0),
+            ("cb", 64),
+            ("kb", 2),
+            ("layout", i % 2),
+            ("order", 0),
+            ("pack", 0),
+            ("tb", 4),
+            ("unroll", 1),
+            ("vec", 4),
+            ("wb", 2),
+        )
         forced[name] = LayerChoice(shape, "c_direct", params, "nhwc" if i % 2 else "nchw", 1.0)
     generated = apply_plan(copy.deepcopy(model), Plan(forced, "train", report.plan.fingerprint))
     assert sum(isinstance(m, TunedConv2d) for m in generated.modules()) == 20
@@ -296,7 +330,6 @@ def test_train_config_autotune_budget() -> None:
         TrainConfig(autotune_budget_s=0)
     with pytest.raises(ConfigError, match="budget_s must be a positive number"):
         autotune_model(every_kind_of_conv(), torch.randn(1, 3, 16, 16), budget_s=-1, progress=False)
-
 
 
 # ---------------------------------------------------------------- measurements carry their spread
@@ -320,9 +353,13 @@ def test_a_layer_speedup_is_reported_only_where_its_range_excludes_1_and_a_share
     clear = _row(1, shape, ["c1"], _result(shape, [0.010, 0.011, 0.012], [0.005, 0.0052, 0.0055]), 11.0, 20.0, 2, False)
     assert clear["speedup"] == pytest.approx(0.011 / 0.0052) and clear["speedup_low"] > 1 and not clear["flag"]
     noisy = _row(1, shape, ["c1"], _result(shape, [0.010, 0.011, 0.030], [0.004, 0.0105, 0.012]), 11.0, 20.0, 2, False)
-    assert noisy["speedup"] is None and noisy["speedup_low"] < 1 < noisy["speedup_high"]  # no claim the repeats contradict
+    assert (
+        noisy["speedup"] is None and noisy["speedup_low"] < 1 < noisy["speedup_high"]
+    )  # no claim the repeats contradict
     # the library default timed at 96 ms for a step of 43 ms: not a share of 2.2, a disturbed measurement
-    artefact = _row(1, shape, ["c1"], _result(shape, [0.096, 0.097, 0.098], [0.0014, 0.0014, 0.0015]), 96.0, 43.0, 2, False)
+    artefact = _row(
+        1, shape, ["c1"], _result(shape, [0.096, 0.097, 0.098], [0.0014, 0.0014, 0.0015]), 96.0, 43.0, 2, False
+    )
     assert math.isnan(artefact["share"]) and "share 2.23 > 1 is a measurement artefact" in artefact["flag"]
     assert "cores" in artefact["flag"]
     # a library default still disturbed after being timed again: its clear-looking range claims nothing
@@ -357,8 +394,18 @@ def test_the_summary_claims_a_whole_model_speedup_only_where_every_round_shows_o
 
     def plan(low: float, high: float, rounds: int) -> Plan:
         layers = {"c1": LayerChoice(ConvShape(2, 3, 8, 8, 4, 3, 3, pad=1), "torch_channels_last", (), "nhwc", 1.0)}
-        return Plan(layers, "train", "cpu-x", {"measured_library_nchw": 10.0, "measured_planned": 8.0,
-                                               "speedup_low": low, "speedup_high": high, "speedup_rounds": rounds})
+        return Plan(
+            layers,
+            "train",
+            "cpu-x",
+            {
+                "measured_library_nchw": 10.0,
+                "measured_planned": 8.0,
+                "speedup_low": low,
+                "speedup_high": high,
+                "speedup_rounds": rounds,
+            },
+        )
 
     clear = _summary(plan(1.2, 1.3, 5), 3.0, None, [], False)
     assert "step 10.0 -> 8.0 ms (1.25x, rounds 1.20 to 1.30, planned)" in clear
@@ -368,7 +415,9 @@ def test_the_summary_claims_a_whole_model_speedup_only_where_every_round_shows_o
     assert "one timed round" in _summary(plan(1.25, 1.25, 1), 3.0, None, [], False)
 
 
-def test_a_shape_whose_slice_the_budget_refuses_entirely_stays_on_the_library_and_the_rest_are_tuned(tmp_path, one_thread, monkeypatch) -> None:
+def test_a_shape_whose_slice_the_budget_refuses_entirely_stays_on_the_library_and_the_rest_are_tuned(
+    tmp_path, one_thread, monkeypatch
+) -> None:
     """On a busy machine the earlier slices can run late enough that a shape's search measures nothing: it is skipped, not an error."""
     from rapydli.autotune import budget
 

@@ -151,8 +151,10 @@ def test_autograd_runs_only_the_gradients_needed() -> None:
     assert inst.calls == ["backward"]
     # a split layer makes one call when both gradients come from the same instance, else one each
     torch_inst = registry()["torch_nchw"].instance(shape, {})  # the layout of _Counting
-    for split, calls in ((SplitInstance(torch_inst, inst, inst), ["backward"]),
-                         (SplitInstance(torch_inst, inst, torch_inst), ["data_grad"])):
+    for split, calls in (
+        (SplitInstance(torch_inst, inst, inst), ["backward"]),
+        (SplitInstance(torch_inst, inst, torch_inst), ["data_grad"]),
+    ):
         inst.calls.clear()
         conv_apply(split, x, w).sum().backward()
         assert inst.calls == calls
@@ -162,8 +164,11 @@ def test_split_instance_takes_each_pass_from_another_instance() -> None:
     shape = SHAPES["1x1"]
     cands = registry()
     c_nhwc = {"layout": 1, "kb": 2, "wb": 2, "cb": 64, "vec": 4, "unroll": 1, "order": 0, "pack": 1}
-    split = SplitInstance(cands["c_direct"].instance(shape, c_nhwc), cands["torch_channels_last"].instance(shape, {}),
-                          cands["gemm_1x1"].instance(shape, {}))
+    split = SplitInstance(
+        cands["c_direct"].instance(shape, c_nhwc),
+        cands["torch_channels_last"].instance(shape, {}),
+        cands["gemm_1x1"].instance(shape, {}),
+    )
     assert split.layout == "nhwc" and not split.native_autograd
     check(split, shape)
     with pytest.raises(ConfigError, match="share a memory layout"):
@@ -227,7 +232,9 @@ print(json.dumps(errors))
 
 @pytest.mark.skipif(not TRITON, reason="triton is not installed (the 'triton' extra)")
 @pytest.mark.parametrize("key", TRITON_SHAPES)
-def test_triton_kernel_matches_conv2d_under_the_interpreter(key: str, triton_interpreted_errors: dict[str, str]) -> None:
+def test_triton_kernel_matches_conv2d_under_the_interpreter(
+    key: str, triton_interpreted_errors: dict[str, str]
+) -> None:
     assert triton_interpreted_errors[key] == ""
 
 
@@ -267,17 +274,26 @@ def test_triton_space_is_pruned_by_gpu_limits() -> None:
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_triton_kernel_on_gpu() -> None:
     shape = SHAPES["3x3-pad"]
-    inst = registry()["triton_igemm"].instance(shape, {"block_m": 64, "block_n": 32, "block_k": 32,
-                                                        "num_warps": 4, "num_stages": 2})
+    inst = registry()["triton_igemm"].instance(
+        shape, {"block_m": 64, "block_n": 32, "block_k": 32, "num_warps": 4, "num_stages": 2}
+    )
     x = torch.randn(shape.n, shape.c, shape.h, shape.w, device="cuda")
     w = torch.randn(shape.k, shape.c, 3, 3, device="cuda")
-    want = F.conv2d(x.double().cpu(), w.double().cpu(), None, 1, 1)  # cuDNN's float32 may be TF32: float64 is the reference
+    want = F.conv2d(
+        x.double().cpu(), w.double().cpu(), None, 1, 1
+    )  # cuDNN's float32 may be TF32: float64 is the reference
     torch.testing.assert_close(inst.forward(x, w).double().cpu(), want, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("shape", [ConvShape(2, 16, 1, 1, 8, 3, 3, 1, 1), ConvShape(2, 16, 2, 2, 8, 3, 3, 2, 1),
-                                   ConvShape(2, 3, 3, 3, 4, 7, 7, 2, 3),
-                                   ConvShape(2, 4, 2, 2, 4, 3, 3, 1, 2, groups=2, dilation=2)])
+@pytest.mark.parametrize(
+    "shape",
+    [
+        ConvShape(2, 16, 1, 1, 8, 3, 3, 1, 1),
+        ConvShape(2, 16, 2, 2, 8, 3, 3, 2, 1),
+        ConvShape(2, 3, 3, 3, 4, 7, 7, 2, 3),
+        ConvShape(2, 4, 2, 2, 4, 3, 3, 1, 2, groups=2, dilation=2),
+    ],
+)
 def test_cropped_filters_compute_the_convolution_and_both_gradients(shape: ConvShape) -> None:
     from rapydli.autotune.candidates import get as candidate
     from rapydli.autotune.runner import check
@@ -289,6 +305,8 @@ def test_cropped_filters_compute_the_convolution_and_both_gradients(shape: ConvS
     # another input size than the tuned one: the full filter (the cut depends on the size)
     inst = candidate("torch_cropped").instance(shape, {"layout": 0})
     x, w = torch.randn(1, shape.c, 6, 6), torch.randn(shape.weight_shape)
-    torch.testing.assert_close(inst.forward(x, w), torch.nn.functional.conv2d(x, w, None, shape.stride, shape.pad,
-                                                                               shape.dilation, shape.groups))
+    torch.testing.assert_close(
+        inst.forward(x, w),
+        torch.nn.functional.conv2d(x, w, None, shape.stride, shape.pad, shape.dilation, shape.groups),
+    )
     assert candidate("torch_cropped").unsuited(ConvShape(2, 16, 8, 8, 8, 3, 3, 1, 1)) is not None

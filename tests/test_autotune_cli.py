@@ -9,8 +9,20 @@ from rapydli.cli import main
 
 def test_tune_conv2d_prints_the_table_and_best(capsys, tmp_path) -> None:
     out_json = tmp_path / "t.json"
-    code = main(["tune", "conv2d", "--shape", "2,4,8,8,4,3,3,1,1", "--preset", "tiny", "--repetitions", "1",
-                 "--json", str(out_json)])
+    code = main(
+        [
+            "tune",
+            "conv2d",
+            "--shape",
+            "2,4,8,8,4,3,3,1,1",
+            "--preset",
+            "tiny",
+            "--repetitions",
+            "1",
+            "--json",
+            str(out_json),
+        ]
+    )
     out = capsys.readouterr().out
     assert code == 0
     assert "best:" in out and "torch_nchw" in out and "c_direct" in out
@@ -26,8 +38,25 @@ def test_bad_shape_is_a_one_line_error(capsys) -> None:
 
 
 def test_tune_model_resnet_mini(capsys) -> None:
-    code = main(["tune", "model", "resnet-mini", "--batch", "2", "--preset", "tiny", "--repetitions", "1",
-                 "--strategy", "random", "--budget", "1", "--mode", "inference"])
+    code = main(
+        [
+            "tune",
+            "model",
+            "resnet-mini",
+            "--batch",
+            "2",
+            "--preset",
+            "tiny",
+            "--repetitions",
+            "1",
+            "--strategy",
+            "random",
+            "--budget",
+            "1",
+            "--mode",
+            "inference",
+        ]
+    )
     out = capsys.readouterr().out
     assert code == 0
     assert "stem.0" in out and "estimated conv time" in out
@@ -46,13 +75,30 @@ def test_threads_of_the_timed_runs_key_the_cache(capsys) -> None:
 
 def test_tune_model_with_a_budget_prints_a_row_per_shape_as_it_goes(capsys, tmp_path) -> None:
     out_json = tmp_path / "m.json"
-    code = main(["tune", "model", "resnet-mini", "--batch", "2", "--preset", "tiny", "--repetitions", "1",
-                 "--budget-s", "20", "--threads", "1", "--json", str(out_json)])
+    code = main(
+        [
+            "tune",
+            "model",
+            "resnet-mini",
+            "--batch",
+            "2",
+            "--preset",
+            "tiny",
+            "--repetitions",
+            "1",
+            "--budget-s",
+            "20",
+            "--threads",
+            "1",
+            "--json",
+            str(out_json),
+        ]
+    )
     out = capsys.readouterr().out
     assert code == 0
     lines = out.splitlines()
     header = next(i for i, line in enumerate(lines) if "share" in line and "speedup" in line and "status" in line)
-    assert sum(("tuned" in line or "skipped: budget" in line) for line in lines[header + 1:]) >= 5  # 5+ unique shapes
+    assert sum(("tuned" in line or "skipped: budget" in line) for line in lines[header + 1 :]) >= 5  # 5+ unique shapes
     assert "where the time went (s): profile" in out and "skipped by the budget:" in out
     assert out.count("autotune: ") >= 1  # the one-line summary
     data = json.loads(out_json.read_text())

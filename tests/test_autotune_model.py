@@ -23,18 +23,28 @@ from rapydli.autotune.model import (
 from rapydli.autotune.search import Config
 from rapydli.errors import ConfigError
 
-TUNE = {"preset": "tiny", "repetitions": 1, "candidates": ["torch_nchw", "torch_channels_last", "im2col_gemm", "c_direct"]}
+TUNE = {
+    "preset": "tiny",
+    "repetitions": 1,
+    "candidates": ["torch_nchw", "torch_channels_last", "im2col_gemm", "c_direct"],
+}
 
 
 def small_net() -> nn.Module:
     torch.manual_seed(0)
     return nn.Sequential(
-        nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
-        nn.Conv2d(8, 8, 3, stride=2, padding=1, bias=False), nn.ReLU(),
-        nn.Conv2d(8, 4, 1), nn.ReLU(),
+        nn.Conv2d(3, 8, 3, padding=1),
+        nn.BatchNorm2d(8),
+        nn.ReLU(),
+        nn.Conv2d(8, 8, 3, stride=2, padding=1, bias=False),
+        nn.ReLU(),
+        nn.Conv2d(8, 4, 1),
+        nn.ReLU(),
         nn.Conv2d(4, 4, 3, padding=1, padding_mode="reflect"),  # reflect padding: left as it is
-        nn.Conv2d(4, 4, 3, padding=1),           # same shape as nothing else
-        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 3),
+        nn.Conv2d(4, 4, 3, padding=1),  # same shape as nothing else
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(4, 3),
     )
 
 
@@ -62,8 +72,9 @@ def assert_same(model_a: nn.Module, model_b: nn.Module, x: torch.Tensor) -> None
 def tuned(tmp_path_factory):
     model = small_net()
     x = torch.randn(4, 3, 12, 12)
-    tuned_model, report = autotune_model(model, x, mode="train", cache=Cache(tmp_path_factory.mktemp("c") / "m.db"),
-                                         **TUNE)
+    tuned_model, report = autotune_model(
+        model, x, mode="train", cache=Cache(tmp_path_factory.mktemp("c") / "m.db"), **TUNE
+    )
     return model, x, tuned_model, report
 
 
@@ -80,21 +91,39 @@ def test_autotune_model_keeps_outputs_and_gradients(tuned) -> None:
     wrapped = {name for name, m in tuned_model.named_modules() if isinstance(m, TunedConv2d)}
     # a layer planned on the library default stays the plain nn.Conv2d: no wrapper cost
     assert wrapped == {name for name, choice in report.plan.layers.items() if not choice.is_library_default}
-    assert len(report.plan.layers) == 4 and all(type(tuned_model.get_submodule(n)) is nn.Conv2d for n in set(report.plan.layers) - wrapped)
+    assert len(report.plan.layers) == 4 and all(
+        type(tuned_model.get_submodule(n)) is nn.Conv2d for n in set(report.plan.layers) - wrapped
+    )
     assert not any(isinstance(m, TunedConv2d) for m in model.modules())  # the original is untouched
     assert model.state_dict().keys() == tuned_model.state_dict().keys()
     assert_same(model, tuned_model, x)
     assert list(report.table["layer"]) == ["0", "3", "5", "8"]
-    required = {"planned", "all_nchw", "all_nhwc", "default", "measured_planned", "measured_library_nchw",
-                "measured_library_nhwc"}
+    required = {
+        "planned",
+        "all_nchw",
+        "all_nhwc",
+        "default",
+        "measured_planned",
+        "measured_library_nchw",
+        "measured_library_nhwc",
+    }
     # the check also times the whole-model plan and, when it differs, the plan with the small gains put back on the library
-    assert required <= set(report.estimates_ms) and set(report.estimates_ms) - required <= {"measured_planned_whole", "measured_planned_1.25x",
-                                                                                    "speedup_low", "speedup_high", "speedup_rounds"}
+    assert required <= set(report.estimates_ms) and set(report.estimates_ms) - required <= {
+        "measured_planned_whole",
+        "measured_planned_1.25x",
+        "speedup_low",
+        "speedup_high",
+        "speedup_rounds",
+    }
     # the whole-model plan kept is the fastest measured one
     measured = {k: v for k, v in report.estimates_ms.items() if k.startswith("measured_")}
-    assert report.estimates_ms["speedup_rounds"] >= 2  # the speedup's interval: the library's step over the chosen one's
+    assert (
+        report.estimates_ms["speedup_rounds"] >= 2
+    )  # the speedup's interval: the library's step over the chosen one's
     assert report.plan.chosen == min(measured, key=measured.get).removeprefix("measured_")
-    assert report.estimates_ms["planned"] <= min(report.estimates_ms["all_nchw"], report.estimates_ms["all_nhwc"]) + 1e-9
+    assert (
+        report.estimates_ms["planned"] <= min(report.estimates_ms["all_nchw"], report.estimates_ms["all_nhwc"]) + 1e-9
+    )
 
 
 def test_plan_pickles_and_applies_identically(tuned) -> None:
@@ -114,8 +143,14 @@ def test_generated_kernels_inside_a_model_train_like_the_original(tuned) -> None
     for i, (name, choice) in enumerate(report.plan.layers.items()):
         layout = i % 2  # alternate layouts so layout changes between layers are exercised
         params = (("cb", 64), ("kb", 2), ("layout", layout), ("order", 0), ("unroll", 1), ("vec", 4), ("wb", 2))
-        forced[name] = replace(choice, candidate="c_direct", params=params, layout="nhwc" if layout else "nchw",
-                               data_grad=None, weight_grad=None)
+        forced[name] = replace(
+            choice,
+            candidate="c_direct",
+            params=params,
+            layout="nhwc" if layout else "nchw",
+            data_grad=None,
+            weight_grad=None,
+        )
     plan = Plan(forced, "train", report.plan.fingerprint)
     generated = apply_plan(copy.deepcopy(model), plan)
     assert_same(model, generated, x)
@@ -125,13 +160,20 @@ def test_generated_kernels_inside_a_model_train_like_the_original(tuned) -> None
 
 def test_layers_can_take_each_pass_from_another_configuration(tuned) -> None:
     model, x, _, report = tuned
-    c_nhwc = Config.of("c_direct", {"cb": 64, "kb": 2, "layout": 1, "order": 0, "pack": 1, "unroll": 1, "vec": 4,
-                                    "wb": 2})
+    c_nhwc = Config.of(
+        "c_direct", {"cb": 64, "kb": 2, "layout": 1, "order": 0, "pack": 1, "unroll": 1, "vec": 4, "wb": 2}
+    )
     forced = {}
     for name, choice in report.plan.layers.items():
         one_by_one = choice.shape.r == 1 and choice.shape.pad == 0
-        forced[name] = replace(choice, candidate="torch_channels_last", params=(), layout="nhwc", data_grad=c_nhwc,
-                               weight_grad=Config.of("gemm_1x1") if one_by_one else None)
+        forced[name] = replace(
+            choice,
+            candidate="torch_channels_last",
+            params=(),
+            layout="nhwc",
+            data_grad=c_nhwc,
+            weight_grad=Config.of("gemm_1x1") if one_by_one else None,
+        )
     plan = Plan(forced, "train", report.plan.fingerprint)
     split = apply_plan(copy.deepcopy(model), plan)
     assert "data_grad=c_direct" in repr(split)
@@ -141,7 +183,11 @@ def test_layers_can_take_each_pass_from_another_configuration(tuned) -> None:
         result = report.results[choice.shape]
         # no single configuration of that layout is faster pass by pass (a run's median total is
         # not the sum of its pass medians, so compare sums of pass medians)
-        same_layout = [m for m in result.measurements if m.ok and get(m.config.candidate).layout(m.config.param_dict) == choice.layout]
+        same_layout = [
+            m
+            for m in result.measurements
+            if m.ok and get(m.config.candidate).layout(m.config.param_dict) == choice.layout
+        ]
         assert choice.time_ms <= min(sum(m.passes.values()) for m in same_layout) * 1e3 + 1e-9
         passes = [result.best_of(lambda c, cfg=cfg: c == cfg).passes[p] for p, cfg in choice.configs.items()]
         assert choice.time_ms == pytest.approx(sum(passes) * 1e3)
@@ -175,8 +221,8 @@ def test_layout_plan_accounts_for_conversion_cost() -> None:
     a, b, c = (ConvShape(1, 2, 4, 4, 2, 1, 1, stride=1, pad=p) for p in (0, 1, 2))
     results = {
         a: _result(a, {"torch_nchw": 1.0, "torch_channels_last": 5.0}),
-        b: _result(b, {"torch_nchw": 5.0, "torch_channels_last": 1.0}),      # worth converting
-        c: _result(c, {"torch_nchw": 1.0, "torch_channels_last": 0.9999}),   # not worth converting back
+        b: _result(b, {"torch_nchw": 5.0, "torch_channels_last": 1.0}),  # worth converting
+        c: _result(c, {"torch_nchw": 1.0, "torch_channels_last": 0.9999}),  # not worth converting back
     }
     layouts, estimates = _choose_layouts([("a", a), ("b", b), ("c", c)], results, "train", "nchw")
     assert layouts == {"a": "nchw", "b": "nhwc", "c": "nhwc"}
@@ -191,8 +237,10 @@ def test_layers_with_small_planned_gains_can_go_back_to_the_library() -> None:
     from rapydli.autotune.problem import ConvShape
 
     big, small = ConvShape(1, 2, 4, 4, 2, 3, 3, stride=1, pad=1), ConvShape(1, 2, 4, 4, 2, 1, 1)
-    results = {big: _result(big, {"torch_channels_last": 3.0, "c_direct": 2.0}),      # 1.5x
-               small: _result(small, {"torch_channels_last": 1.05, "c_direct": 1.0})}  # 1.05x
+    results = {
+        big: _result(big, {"torch_channels_last": 3.0, "c_direct": 2.0}),  # 1.5x
+        small: _result(small, {"torch_channels_last": 1.05, "c_direct": 1.0}),
+    }  # 1.05x
     layers = {"a": LayerChoice(big, "c_direct", (), "nhwc", 2.0), "b": LayerChoice(small, "c_direct", (), "nhwc", 1.0)}
     plan = Plan(layers, "train", "fp")
     mixed = _library_unless_faster(plan, results, 1.1)

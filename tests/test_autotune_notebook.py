@@ -18,8 +18,9 @@ NOTEBOOK = "06-autotune.ipynb"
 def test_autotune_notebook_runs(tmp_path: Path) -> None:
     # a small budget and model keep the suite fast (the committed 60 s on the 64-wide model would add about
     # 1.5 minutes to a suite near 21 of its 25); the test below checks that 60 s is what a user runs
-    executed = execute(NOTEBOOK, tmp_path, preset="tiny", model_preset="tiny", batch=4, repetitions=2,
-                       budget_s=10.0, width=8)
+    executed = execute(
+        NOTEBOOK, tmp_path, preset="tiny", model_preset="tiny", batch=4, repetitions=2, budget_s=10.0, width=8
+    )
     text = executed.text
     assert "space counts:" in text
     # the best of each tuning: claimed only where its timed runs all beat the runner-up's, else said to overlap
@@ -36,8 +37,13 @@ def test_autotune_notebook_runs(tmp_path: Path) -> None:
     assert "autotune: " in text  # the tuning's one-line summary
     # the step speedup with its rounds, and a conclusion those rounds support (no "faster" inside a spread over 1)
     low, high = map(float, re.search(r"speedup \d+\.\d+x \((\S+) to (\S+) over 7 rounds, load", text).groups())
-    conclusion = ("the tuned model is faster in every round" if low > 1 else "the tuned model is slower in every round" if high < 1
-                  else "no difference shown: the speedup is not distinguishable from 1")  # fmt: skip
+    conclusion = (
+        "the tuned model is faster in every round"
+        if low > 1
+        else "the tuned model is slower in every round"
+        if high < 1
+        else "no difference shown: the speedup is not distinguishable from 1"
+    )
     assert conclusion in text, text[-2000:]
     figures = executed.figures
     assert len(figures) == 4  # time vs parameters, best per candidate, where the tuning time went, training step
@@ -54,8 +60,12 @@ def test_autotune_notebook_runs(tmp_path: Path) -> None:
 
 
 def test_the_committed_notebook_tunes_resnet18_shaped_within_60_s() -> None:
-    cell = next(c for c in nbformat.read(NOTEBOOKS / NOTEBOOK, as_version=4).cells
-                if "parameters" in c.metadata.get("tags", []))
-    values = {node.targets[0].id: ast.literal_eval(node.value) for node in ast.parse(cell.source).body
-              if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name)}
+    cell = next(
+        c for c in nbformat.read(NOTEBOOKS / NOTEBOOK, as_version=4).cells if "parameters" in c.metadata.get("tags", [])
+    )
+    values = {
+        node.targets[0].id: ast.literal_eval(node.value)
+        for node in ast.parse(cell.source).body
+        if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name)
+    }
     assert values["budget_s"] == 60.0 and values["width"] == 64 and values["batch"] == 8

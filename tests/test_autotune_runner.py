@@ -45,7 +45,8 @@ class _Spy(cands.Instance):
 
     def _grads(self, x, w, gy):
         return torch.ops.aten.convolution_backward(
-            gy, x, w, None, [self.shape.stride] * 2, [self.shape.pad] * 2, [1, 1], False, [0, 0], 1, [True, True, False])
+            gy, x, w, None, [self.shape.stride] * 2, [self.shape.pad] * 2, [1, 1], False, [0, 0], 1, [True, True, False]
+        )
 
     def data_grad(self, x, w, gy):
         return self._grads(x, w, gy)[0]
@@ -87,16 +88,27 @@ def test_failing_kernel_is_an_error_result_not_a_crash(spy) -> None:
 
 
 def test_tuning_picks_a_valid_winner_and_skips_the_wrong_kernel(spy, tmp_path) -> None:
-    result = tune_conv2d(SHAPE, mode="train", candidates=["spy", "torch_nchw"], cache=Cache(tmp_path / "a.db"),
-                         repetitions=2, constraints=None)
+    result = tune_conv2d(
+        SHAPE,
+        mode="train",
+        candidates=["spy", "torch_nchw"],
+        cache=Cache(tmp_path / "a.db"),
+        repetitions=2,
+        constraints=None,
+    )
     assert result.best.config.candidate == "torch_nchw" or result.best.config == Config.of("spy", {})
     assert set(result.table["status"]) == {"ok"}
 
 
 def test_cache_skips_measured_work(tmp_path) -> None:
     cache = Cache(tmp_path / "tune.db")
-    kwargs = {"candidates": ["torch_nchw", "torch_channels_last", "c_direct"], "preset": "tiny", "cache": cache,
-              "repetitions": 1, "mode": "train"}
+    kwargs = {
+        "candidates": ["torch_nchw", "torch_channels_last", "c_direct"],
+        "preset": "tiny",
+        "cache": cache,
+        "repetitions": 1,
+        "mode": "train",
+    }
     first = tune_conv2d(SHAPE, **kwargs)
     assert first.measured == len(first.measurements) > 3
     calls: list[Config] = []
@@ -131,10 +143,12 @@ def test_a_cache_from_before_per_pass_times_is_migrated(tmp_path) -> None:
 
     path = tmp_path / "old.db"
     with sqlite3.connect(path) as db:  # the schema without the passes column
-        db.execute("CREATE TABLE measurements (fingerprint TEXT NOT NULL, problem TEXT NOT NULL, "
-                   "candidate TEXT NOT NULL, params TEXT NOT NULL, status TEXT NOT NULL, median REAL, variance REAL, "
-                   "times TEXT NOT NULL, error REAL, message TEXT NOT NULL, created REAL NOT NULL, "
-                   "PRIMARY KEY (fingerprint, problem, candidate, params))")
+        db.execute(
+            "CREATE TABLE measurements (fingerprint TEXT NOT NULL, problem TEXT NOT NULL, "
+            "candidate TEXT NOT NULL, params TEXT NOT NULL, status TEXT NOT NULL, median REAL, variance REAL, "
+            "times TEXT NOT NULL, error REAL, message TEXT NOT NULL, created REAL NOT NULL, "
+            "PRIMARY KEY (fingerprint, problem, candidate, params))"
+        )
         db.execute("INSERT INTO measurements VALUES ('fp', 'p', 'torch_nchw', '{}', 'ok', 0.5, 0, '[0.5]', 0, '', 0)")
     cache = Cache(path)
     old = cache.get("fp", "p", Config.of("torch_nchw"))
@@ -150,12 +164,19 @@ def test_best_split_takes_each_pass_from_its_fastest_configuration() -> None:
         passes = {"forward": fwd, "data_grad": dx, "weight_grad": dw}
         return Measurement(Config.of(candidate), "ok", fwd + dx + dw, 0.0, [fwd + dx + dw], passes=passes)
 
-    ms = [ok("a", 1.0, 5.0, 2.0), ok("b", 3.0, 1.0, 3.0), ok("c", 2.0, 2.0, 1.0),
-          Measurement(Config.of("d"), "invalid", error=1.0)]
+    ms = [
+        ok("a", 1.0, 5.0, 2.0),
+        ok("b", 3.0, 1.0, 3.0),
+        ok("c", 2.0, 2.0, 1.0),
+        Measurement(Config.of("d"), "invalid", error=1.0),
+    ]
     result = TuneResult(Problem(SHAPE, "train"), ms[2], None, ms, None, None)
     split = result.best_split(lambda c: True)
-    assert {p: m.config.candidate for p, m in split.passes.items()} == \
-        {"forward": "a", "data_grad": "b", "weight_grad": "c"}
+    assert {p: m.config.candidate for p, m in split.passes.items()} == {
+        "forward": "a",
+        "data_grad": "b",
+        "weight_grad": "c",
+    }
     assert split.seconds == pytest.approx(3.0) and result.best.median == 5.0  # the best whole configuration: 5.0
     assert result.best_split(lambda c: c.candidate == "b").seconds == pytest.approx(7.0)
     assert result.best_split(lambda c: c.candidate == "d") is None
@@ -174,15 +195,29 @@ def test_best_is_claimed_only_when_its_timed_runs_beat_the_runner_ups() -> None:
     def ok(candidate, times):
         return Measurement(Config.of(candidate), "ok", sorted(times)[len(times) // 2], 0.0, times)
 
-    apart = [ok("slow", [0.004, 0.005, 0.006]), ok("fast", [0.001, 0.0011, 0.0012]), Measurement(Config.of("bad"), "invalid", error=1.0)]
+    apart = [
+        ok("slow", [0.004, 0.005, 0.006]),
+        ok("fast", [0.001, 0.0011, 0.0012]),
+        Measurement(Config.of("bad"), "invalid", error=1.0),
+    ]
     verdict = TuneResult(Problem(SHAPE, "train"), apart[1], None, apart, None, None).best_verdict()
-    assert verdict.startswith("best: fast 1.1 ms (timed 1 ms to 1.2 ms), faster in every timed run than the runner-up slow")
+    assert verdict.startswith(
+        "best: fast 1.1 ms (timed 1 ms to 1.2 ms), faster in every timed run than the runner-up slow"
+    )
     # a median 20x lower whose range reaches into the runner-up's: no winner claimed
     overlap = [ok("wide", [0.0005, 0.001, 0.02]), ok("steady", [0.0019, 0.002, 0.0021])]
     verdict = TuneResult(Problem(SHAPE, "train"), overlap[0], None, overlap, None, None).best_verdict()
-    assert verdict.startswith("fastest median: wide 1 ms") and "no difference measurable" in verdict and "best" not in verdict
+    assert (
+        verdict.startswith("fastest median: wide 1 ms")
+        and "no difference measurable" in verdict
+        and "best" not in verdict
+    )
     alone = [ok("only", [0.001])]
-    assert TuneResult(Problem(SHAPE, "train"), alone[0], None, alone, None, None).best_verdict().endswith("the only configuration timed")
+    assert (
+        TuneResult(Problem(SHAPE, "train"), alone[0], None, alone, None, None)
+        .best_verdict()
+        .endswith("the only configuration timed")
+    )
 
 
 def _records(problem: Problem, n: int = 12) -> list[tuple[str, Measurement]]:
@@ -235,8 +270,13 @@ def test_simulation_replays_the_cache(tmp_path) -> None:
 def test_without_a_compiler_generated_candidates_are_skipped_with_a_warning(monkeypatch, tmp_path) -> None:
     monkeypatch.setenv("CC", "no-such-compiler-rapydli")
     with pytest.warns(RapydliWarning, match="no C compiler"):
-        result = tune_conv2d(SHAPE, preset="tiny", repetitions=1, cache=Cache(tmp_path / "nocc.db"),
-                             candidates=["torch_nchw", "c_direct"])
+        result = tune_conv2d(
+            SHAPE,
+            preset="tiny",
+            repetitions=1,
+            cache=Cache(tmp_path / "nocc.db"),
+            candidates=["torch_nchw", "c_direct"],
+        )
     assert "c_direct" in result.space.skipped
     assert set(result.table["candidate"]) == {"torch_nchw"}
 
@@ -283,8 +323,15 @@ class _OneEngine:
 @pytest.mark.engines
 @pytest.mark.mpi
 def test_parallel_runner_measures_real_kernels_on_engines(engines, tmp_path) -> None:
-    result = tune_conv2d(SHAPE, engines=engines, candidates=["torch_nchw", "torch_channels_last", "c_direct"],
-                         preset="tiny", repetitions=1, cache=Cache(tmp_path / "par.db"), threads=1)
+    result = tune_conv2d(
+        SHAPE,
+        engines=engines,
+        candidates=["torch_nchw", "torch_channels_last", "c_direct"],
+        preset="tiny",
+        repetitions=1,
+        cache=Cache(tmp_path / "par.db"),
+        threads=1,
+    )
     assert result.best.ok
     assert set(result.table["engine"]) == {0, 1}  # one thread per timing: both engines time, each on its core
     assert result.measured == len(result.measurements)
@@ -301,10 +348,18 @@ def _check_where(problem, config):
 @pytest.mark.mpi
 def test_all_engines_build_but_timings_never_share_cores(engines) -> None:
     problem = Problem(SHAPE, "inference", repetitions=1, threads=len(os.sched_getaffinity(0)))
-    configs = [Config.of("torch_nchw"), Config.of("torch_channels_last"), Config.of("im2col_gemm"),
-               *(Config.of("c_direct", p) for p in ({"layout": 0, "kb": 2, "wb": 2, "cb": 64, "vec": 4, "unroll": 1,
-                                                      "order": 0}, {"layout": 1, "kb": 2, "wb": 2, "cb": 64, "vec": 4,
-                                                                    "unroll": 1, "order": 0}))]
+    configs = [
+        Config.of("torch_nchw"),
+        Config.of("torch_channels_last"),
+        Config.of("im2col_gemm"),
+        *(
+            Config.of("c_direct", p)
+            for p in (
+                {"layout": 0, "kb": 2, "wb": 2, "cb": 64, "vec": 4, "unroll": 1, "order": 0},
+                {"layout": 1, "kb": 2, "wb": 2, "cb": 64, "vec": 4, "unroll": 1, "order": 0},
+            )
+        ),
+    ]
     results = ParallelRunner(engines, _check_where, timeout=120).run(problem, configs)
     assert [m.config for m in results] == configs and all(m.ok for m in results)
     assert len({m.message.split()[0] for m in results}) == 2  # both engines built and validated (one core each)

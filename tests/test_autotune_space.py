@@ -10,7 +10,7 @@ from rapydli.errors import ConfigError
 
 def known_space() -> Space:
     space = Space({"a": [1, 2, 3, 4], "b": [1, 2, 4, 8], "c": ["x", "y"]})
-    space.hard(lambda a, b: a * b <= 8, "registers")   # removes (2,8) (3,4) (3,8) (4,4) (4,8)
+    space.hard(lambda a, b: a * b <= 8, "registers")  # removes (2,8) (3,4) (3,8) (4,4) (4,8)
     space.soft(lambda c, a: c == "x" or a == 1, "y only with a == 1")
     return space
 
@@ -86,17 +86,18 @@ def test_generated_kernel_space_is_pruned_by_device_and_problem() -> None:
     assert counts["total"] == 2 * 2 * 5 * 4 * 3 * 3 * 3 * 2 * 2 * 4
     assert counts["after_soft"] < counts["after_hard"] < counts["total"]
     configs = full.configs()
-    assert all(c["vec"] <= 8 for c in configs)                     # AVX2: 8 lanes
-    assert all(c["kb"] * c["wb"] + (max(c["kb"], c["wb"]) if c["pack"] or c["algo"] else c["wb"]) + 1 <= 16
-               for c in configs)  # 16 registers
+    assert all(c["vec"] <= 8 for c in configs)  # AVX2: 8 lanes
+    assert all(
+        c["kb"] * c["wb"] + (max(c["kb"], c["wb"]) if c["pack"] or c["algo"] else c["wb"]) + 1 <= 16 for c in configs
+    )  # 16 registers
     assert {c["pack"] for c in configs if c["layout"] == 1} == {0, 1}  # NHWC: vectors over C or over K
     assert all(c["wb"] == 1 for c in configs if c["layout"] == 0)  # NCHW ignores wb
     winograd = [c for c in configs if c["algo"]]
     assert winograd and all(c["layout"] == 1 and c["pack"] == 0 and c["wb"] <= c["tb"] for c in winograd)
-    assert {c["tb"] for c in configs if not c["algo"]} == {8}      # the direct forward ignores tb
+    assert {c["tb"] for c in configs if not c["algo"]} == {8}  # the direct forward ignores tb
     stride2 = CDirect().space(ConvShape(1, 64, 8, 8, 64, 3, 3, stride=2, pad=1), avx2, "full")
-    assert not any(c["algo"] for c in stride2.configs())          # Winograd F(2x2,3x3): 3x3 stride 1 only
+    assert not any(c["algo"] for c in stride2.configs())  # Winograd F(2x2,3x3): 3x3 stride 1 only
     assert not any(c["algo"] for c in CDirect().space(ConvShape(1, 64, 8, 8, 64, 1, 1), avx2, "full").configs())
     small = CDirect().space(ConvShape(1, 3, 8, 8, 2, 3, 3), avx2, "full")
     assert all(c["kb"] <= 2 for c in small.configs() if not c["pack"])  # kb <= K
-    assert all(c["kb"] == 1 for c in small.configs() if c["pack"])      # packed: one vector covers K = 2
+    assert all(c["kb"] == 1 for c in small.configs() if c["pack"])  # packed: one vector covers K = 2

@@ -58,7 +58,12 @@ def test_params_file_mapping_and_list(tmp_path: Path) -> None:
 
 def test_notebook_parameters_via_papermill() -> None:
     params = batchspec.notebook_parameters(PARAMS_NB)
-    assert {k: v["type"] for k, v in params.items()} == {"x": "int", "factor": "float", "label": "str", "sleep": "float"}
+    assert {k: v["type"] for k, v in params.items()} == {
+        "x": "int",
+        "factor": "float",
+        "label": "str",
+        "sleep": "float",
+    }
     assert params["factor"]["default"] == 2.0
 
 
@@ -114,7 +119,9 @@ def test_cli_dry_run_lists_items(home: Path) -> None:
 
 # -- real executions ---------------------------------------------------------------
 @pytest.mark.notebook
-def test_a_batch_whose_items_all_fail_still_reports(home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_batch_whose_items_all_fail_still_reports(
+    home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main(["batch", str(PARAMS_NB), "--grid", "x=-1,-2", "--out", "out", "--parallel", "2"]) == 1
     assert "2 of 2 items failed" in capsys.readouterr().err
     summary = pd.read_csv(tmp_path / "out" / "summary.csv")
@@ -122,13 +129,17 @@ def test_a_batch_whose_items_all_fail_still_reports(home: Path, tmp_path: Path, 
     assert "ValueError: x must be positive" in (tmp_path / "out" / "report.html").read_text()
 
 
-def test_batch_end_to_end_failing_item_and_resume(home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_batch_end_to_end_failing_item_and_resume(
+    home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     argv = ["batch", str(PARAMS_NB), "--grid", "x=2,-1", "--out", "out", "--parallel", "2"]
     assert main(argv) == 1  # one item failed: non-zero exit, the other went on
     captured = capsys.readouterr()
     # nb.cells[3] raises, as Jupyter shows it: the third code cell, In [4] after papermill's injected parameters, line 5
     where = 'code cell 3 (In [4]), line 5: raise ValueError("x must be positive")'
-    assert "1 of 2 items failed" in captured.err and f"in {where}\n  ValueError: x must be positive" in captured.err, captured.err
+    assert "1 of 2 items failed" in captured.err and f"in {where}\n  ValueError: x must be positive" in captured.err, (
+        captured.err
+    )
     assert "duration" in captured.out and not re.search(r"\d\.\d{5}", captured.out)  # the table's floats are rounded
 
     summary = pd.read_csv(tmp_path / "out" / "summary.csv")
@@ -177,8 +188,9 @@ def test_batch_end_to_end_failing_item_and_resume(home: Path, tmp_path: Path, ca
 
 
 @pytest.mark.notebook
-def test_changed_notebook_is_not_resumed_and_retry_timeout(home: Path, tmp_path: Path,
-                                                           monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_changed_notebook_is_not_resumed_and_retry_timeout(
+    home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import nbformat
 
     monkeypatch.setenv("RAPYDLI_STORE", "off")  # batches (and resuming) work without the store
@@ -199,7 +211,10 @@ def test_changed_notebook_is_not_resumed_and_retry_timeout(home: Path, tmp_path:
     assert slow.loc[0, "error"].startswith("timed out after 6 s")
     pid_file = tmp_path / "out" / "params" / slow.loc[0, "item"] / "kernel.pid"
     if pid_file.exists():  # the kernel got far enough to start: it must be gone now
-        assert not psutil.pid_exists(int(pid_file.read_text())) or psutil.Process(int(pid_file.read_text())).status() == psutil.STATUS_ZOMBIE
+        assert (
+            not psutil.pid_exists(int(pid_file.read_text()))
+            or psutil.Process(int(pid_file.read_text())).status() == psutil.STATUS_ZOMBIE
+        )
     record = json.loads((tmp_path / "out" / "params" / f"{slow.loc[0, 'item']}.json").read_text())
     assert record["status"] == "failed" and record["parameters"] == {"sleep": 120.0}
     assert slow["run_id"].isna().all() and not (home / "runs.db").exists()
@@ -233,7 +248,10 @@ def test_kernel_for_a_notebook_without_kernel_metadata(tmp_path: Path) -> None:
 def test_a_bare_notebook_without_kernel_metadata_or_parameters_cell_runs(home: Path, tmp_path: Path) -> None:
     import nbformat
 
-    path = _bare_notebook(tmp_path / "bare.ipynb", "import sys\nimport rapydli as rd\nrd.record('y', x * 3)\nrd.record('python', sys.executable)")
+    path = _bare_notebook(
+        tmp_path / "bare.ipynb",
+        "import sys\nimport rapydli as rd\nrd.record('y', x * 3)\nrd.record('python', sys.executable)",
+    )
     summary = rd.batch(path, {"x": [1, 2]}, out="out", progress=False)
     assert list(summary["status"]) == ["finished", "finished"], summary["error"].tolist()
     rows = summary.set_index("x")
@@ -260,7 +278,10 @@ def test_an_executed_notebook_carries_its_figures_as_pngs(home: Path, tmp_path: 
     outputs = [o for cell in executed.cells if cell.cell_type == "code" for o in cell.get("outputs", [])]
     shown = [o for o in outputs if "application/vnd.plotly.v1+json" in o.get("data", {})]
     assert len(shown) == 1, outputs
-    assert shown[0]["data"]["application/vnd.plotly.v1+json"]["data"][0]["y"] in ([3, 6], {"dtype": "i1", "bdata": "AwY="})
+    assert shown[0]["data"]["application/vnd.plotly.v1+json"]["data"][0]["y"] in (
+        [3, 6],
+        {"dtype": "i1", "bdata": "AwY="},
+    )
     assert shown[0]["data"]["image/png"] and "text/html" not in shown[0]["data"]
     assert Path(summary["output"].iloc[0]).stat().st_size < 100_000
 

@@ -34,7 +34,12 @@ def test_readme_batch_over_notebook_05(tmp_path: Path, monkeypatch: pytest.Monke
     assert summary[summary["lr"] == 0.1]["accuracy"].min() > 0.8
 
     report = (out / "report.html").read_text()
-    for title in ("accuracy vs lr", "accuracy vs workers", "throughput vs workers", "speedup from throughput vs workers"):
+    for title in (
+        "accuracy vs lr",
+        "accuracy vs workers",
+        "throughput vs workers",
+        "speedup from throughput vs workers",
+    ):
         assert title in report
 
     # every item is a batch run with its train run beneath it, repeatable by module:qualname
@@ -48,7 +53,9 @@ def test_readme_batch_over_notebook_05(tmp_path: Path, monkeypatch: pytest.Monke
         assert train["params"]["model_fn"] == "rapydli.zoo.models:mlp"
         assert train["params"]["config"]["lr"] == row.lr
         assert read_records(row.output)["throughput"] == pytest.approx(row.throughput)
-        assert run_summary(store, train["id"])[0]["samples_per_s"] == pytest.approx(row.throughput)  # the store's number
+        assert run_summary(store, train["id"])[0]["samples_per_s"] == pytest.approx(
+            row.throughput
+        )  # the store's number
         assert Path(row.output).stat().st_size < 1_000_000  # an item's executed notebook travels too
 
     # re-running the same command runs nothing again

@@ -29,8 +29,16 @@ def test_batch_items_on_both_hosts_record_every_row_once(hosts, tmp_path: Path, 
     monkeypatch.setenv("RAPYDLI_HOME", str(tmp_path / "home"))
     monkeypatch.delenv(STORE_PATH, raising=False)
     xs = [1, 2]  # one item per host, side by side
-    summary = rd.batch(NOTEBOOKS / "host_records.ipynb", {"x": xs, "n": 20}, parallel=2, hosts=hosts.names, ssh_command=hosts.ssh,
-                       out=tmp_path / "out", progress=False, timeout=240)  # fmt: skip
+    summary = rd.batch(
+        NOTEBOOKS / "host_records.ipynb",
+        {"x": xs, "n": 20},
+        parallel=2,
+        hosts=hosts.names,
+        ssh_command=hosts.ssh,
+        out=tmp_path / "out",
+        progress=False,
+        timeout=240,
+    )
     assert (summary["status"] == "finished").all(), summary[["status", "error"]].to_string()
     assert set(summary["host"]) == {"h1", "h2"}
 
@@ -56,8 +64,15 @@ def test_batch_items_on_both_hosts_record_every_row_once(hosts, tmp_path: Path, 
 @pytest.mark.notebook
 def test_an_item_timed_out_on_a_host_leaves_nothing_there(hosts, tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("RAPYDLI_HOME", str(tmp_path / "home"))
-    summary = rd.batch(NOTEBOOKS / "params.ipynb", {"sleep": 120.0}, hosts=["h2"], ssh_command=hosts.ssh,
-                       out=tmp_path / "out", progress=False, timeout=20)  # fmt: skip
+    summary = rd.batch(
+        NOTEBOOKS / "params.ipynb",
+        {"sleep": 120.0},
+        hosts=["h2"],
+        ssh_command=hosts.ssh,
+        out=tmp_path / "out",
+        progress=False,
+        timeout=20,
+    )
     assert summary["status"].tolist() == ["failed"] and "timed out" in summary["error"][0]
     host = hosts.host("h2")
     deadline = time.monotonic() + 15

@@ -44,17 +44,32 @@ def readme_command(notebook: Path, *grid: str) -> list[str]:
 
 
 def test_item_jobs_take_the_slurm_options_of_one_task() -> None:
-    options = check_item_options({"partition": "debug", "cpus_per_task": 4, "sbatch": "--exclusive", "setup": "module load x"})
+    options = check_item_options(
+        {"partition": "debug", "cpus_per_task": 4, "sbatch": "--exclusive", "setup": "module load x"}
+    )
     script = item_script(["-m", "mod", "spec.json"], name="rapydli-batch-nb-abc", cwd="/w", output="/w/log", options=options,
                          time_limit_s=90)  # fmt: skip
     lines = script.splitlines()
-    for expected in ("#SBATCH --job-name=rapydli-batch-nb-abc", "#SBATCH --ntasks=1", "#SBATCH --chdir=/w", "#SBATCH --output=/w/log",
-                     "#SBATCH --partition=debug", "#SBATCH --cpus-per-task=4", "#SBATCH --time=3", "#SBATCH --exclusive"):  # fmt: skip
+    for expected in (
+        "#SBATCH --job-name=rapydli-batch-nb-abc",
+        "#SBATCH --ntasks=1",
+        "#SBATCH --chdir=/w",
+        "#SBATCH --output=/w/log",
+        "#SBATCH --partition=debug",
+        "#SBATCH --cpus-per-task=4",
+        "#SBATCH --time=3",
+        "#SBATCH --exclusive",
+    ):
         assert expected in lines, script
     assert lines[-2:] == ["module load x", f"exec {sys.executable} -m mod spec.json"]
-    assert "#SBATCH --time=00:05:00" in item_script(["x"], name="n", cwd="/", output="o", options={"timelimit": "00:05:00"}, time_limit_s=90)
+    assert "#SBATCH --time=00:05:00" in item_script(
+        ["x"], name="n", cwd="/", output="o", options={"timelimit": "00:05:00"}, time_limit_s=90
+    )
     for options, message in [
-        ({"nodes": 2}, "a Slurm job of one batch item has no option 'nodes': allowed are account, constraint, cpus_per_task"),
+        (
+            {"nodes": 2},
+            "a Slurm job of one batch item has no option 'nodes': allowed are account, constraint, cpus_per_task",
+        ),
         ({"timelimit": "soon"}, "timelimit 'soon' is not a Slurm time"),
     ]:
         with pytest.raises(ConfigError, match=message):
@@ -102,9 +117,16 @@ def test_items_as_jobs_on_both_nodes_record_every_row_once(local_slurm, tmp_path
     xs = [1, 2, 3, 4]
     watch = QueueWatch(local_slurm, "rapydli-batch-host_records-")
     try:
-        summary = rd.batch(NOTEBOOKS / "host_records.ipynb", {"x": xs, "n": 20}, parallel=2, launcher="slurm",
-                           launcher_options={"partition": "debug", "sbatch": ["--exclusive"]}, out=tmp_path / "out",
-                           progress=False, timeout=240)  # fmt: skip
+        summary = rd.batch(
+            NOTEBOOKS / "host_records.ipynb",
+            {"x": xs, "n": 20},
+            parallel=2,
+            launcher="slurm",
+            launcher_options={"partition": "debug", "sbatch": ["--exclusive"]},
+            out=tmp_path / "out",
+            progress=False,
+            timeout=240,
+        )
     finally:
         watch.stop()
     assert (summary["status"] == "finished").all(), summary[["status", "error"]].to_string()
@@ -118,7 +140,9 @@ def test_items_as_jobs_on_both_nodes_record_every_row_once(local_slurm, tmp_path
     assert sorted(store.get_run(r)["status"] for r in items) == ["finished"] * len(xs)
     for run_id, x in items.items():
         records = store.records(run_id)
-        assert {name: rec["value"] for name, rec in records.items() if name.startswith("r")} == {f"r{i}": x * 100 + i for i in range(20)}
+        assert {name: rec["value"] for name, rec in records.items() if name.startswith("r")} == {
+            f"r{i}": x * 100 + i for i in range(20)
+        }
     children = [run for run in store.list_runs(kind="train")[0] if run["parent"] in items]
     assert sorted(c["name"] for c in children) == [f"child-{x}" for x in xs]
     for child in children:
@@ -138,10 +162,14 @@ def test_cli_reports_a_failing_items_cell_and_ctrl_c_leaves_an_empty_queue(local
     env = {**os.environ, "RAPYDLI_HOME": str(tmp_path / "home")}
     command = readme_command(NOTEBOOKS / "params.ipynb", "x=-1,2")
     assert command[command.index("--parallel") + 1] == "2"  # two items at once: the Ctrl-C below finds two running jobs
-    failing = subprocess.run([*command, "--out", str(tmp_path / "failing")], capture_output=True, text=True, env=env, timeout=240)
+    failing = subprocess.run(
+        [*command, "--out", str(tmp_path / "failing")], capture_output=True, text=True, env=env, timeout=240
+    )
     assert failing.returncode == 1, failing.stderr
     where = 'in code cell 3 (In [4]), line 5: raise ValueError("x must be positive")'
-    assert "1 of 2 items failed" in failing.stderr and f"{where}\n  ValueError: x must be positive" in failing.stderr, failing.stderr
+    assert "1 of 2 items failed" in failing.stderr and f"{where}\n  ValueError: x must be positive" in failing.stderr, (
+        failing.stderr
+    )
 
     out = tmp_path / "cancelled"
     batch = subprocess.Popen([*readme_command(NOTEBOOKS / "params.ipynb", "x=1,2,3", "sleep=120"), "--out", str(out)],
@@ -150,8 +178,12 @@ def test_cli_reports_a_failing_items_cell_and_ctrl_c_leaves_an_empty_queue(local
     deadline = time.monotonic() + 120
     kernels: dict[psutil.Process, Path] = {}
     # both jobs running, and their items' processes started on the nodes (a job is RUNNING a moment before its script)
-    while [job[1] for job in _batch_jobs(local_slurm, prefix)] != ["RUNNING", "RUNNING"] or len(set(kernels.values())) < 2:
-        assert time.monotonic() < deadline and batch.poll() is None, batch.stderr.read() if batch.poll() is not None else ""
+    while [job[1] for job in _batch_jobs(local_slurm, prefix)] != ["RUNNING", "RUNNING"] or len(
+        set(kernels.values())
+    ) < 2:
+        assert time.monotonic() < deadline and batch.poll() is None, (
+            batch.stderr.read() if batch.poll() is not None else ""
+        )
         time.sleep(0.2)
         kernels = {p: folder for p in psutil.process_iter() if (folder := _item_folder(p, out)) is not None}
     batch.send_signal(signal.SIGINT)  # Ctrl-C of the command

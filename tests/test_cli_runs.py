@@ -36,7 +36,9 @@ def two_runs(store: store_mod.RunStore) -> tuple[str, str]:
     a = store.create_run("train", "mlp", {"model_fn": "m:f", "data_fn": "d:g", "config": config}, world_size=2, seed=0)
     store.log_metrics(a, [(1, "loss", 1.0), (2, "loss", 0.5), (2, "val_accuracy", 0.9)])
     store.finish_run(a)
-    b = store.create_run("train", "mlp", {"model_fn": "m:f", "data_fn": "d:g", "config": {**config, "lr": 0.01}}, seed=0)
+    b = store.create_run(
+        "train", "mlp", {"model_fn": "m:f", "data_fn": "d:g", "config": {**config, "lr": 0.01}}, seed=0
+    )
     store.log_metrics(b, [(2, "loss", 0.8), (2, "val_accuracy", 0.7)])
     store.finish_run(b, "failed", error="RankFailure: rank 1 died")
     return a, b
@@ -106,8 +108,9 @@ def test_export_jsonl_and_csv(two_runs: tuple[str, str], tmp_path: Path) -> None
     assert list(table["id"]) == [a] and table.loc[0, "params.config.lr"] == 0.1 and table.loc[0, "metric.loss"] == 0.5
 
 
-def test_user_mistakes_are_one_line_exit_2(two_runs: tuple[str, str], store: store_mod.RunStore,
-                                           capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+def test_user_mistakes_are_one_line_exit_2(
+    two_runs: tuple[str, str], store: store_mod.RunStore, capsys: pytest.CaptureFixture[str]
+) -> None:
     sweep = store.create_run("sweep", "sw", {})
     lam = store.create_run("train", "lam", {"model_fn": "<function <lambda>>", "data_fn": "d:g", "config": {}})
     for argv, message in (
@@ -163,8 +166,9 @@ def test_repeat_a_train_run_with_the_same_seed(store: store_mod.RunStore) -> Non
     assert losses[0] == pytest.approx(losses[1])  # same seed, same data order: the same run again
 
 
-def test_show_prints_notebook_sources_and_repeat_refuses_them(store: store_mod.RunStore,
-                                                              capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+def test_show_prints_notebook_sources_and_repeat_refuses_them(
+    store: store_mod.RunStore, capsys: pytest.CaptureFixture[str]
+) -> None:
     source = "class Net(nn.Module):\n    def forward(self, x):\n        return x\n"
     params = {"model_fn": "<notebook> model_fn", "data_fn": "d:g", "config": {"lr": 0.1},
               "loss_fn": "<notebook> my_loss", "sources": {"Net": source}}  # fmt: skip
@@ -183,18 +187,41 @@ def test_show_prints_notebook_sources_and_repeat_refuses_them(store: store_mod.R
     assert "its loss_fn was recorded as '<notebook> my_loss'" in err and "rapydli runs show" in err, err
 
 
-def test_list_fits_an_80_column_terminal_without_cutting_the_parameters(store: store_mod.RunStore, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_list_fits_an_80_column_terminal_without_cutting_the_parameters(
+    store: store_mod.RunStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The parameters that differ are wrapped under each run, whole, not cut with '...' nor wider than the terminal."""
     monkeypatch.setenv("COLUMNS", "80")
-    config = {"lr": 0.1, "optimizer": "adamw", "batch_size": 32, "momentum": 0.9, "weight_decay": 0.01, "warmup_steps": 100}
-    for changed in ({}, {"lr": 0.01, "optimizer": "sgd", "batch_size": 64, "momentum": 0.5, "weight_decay": 0.1, "warmup_steps": 10}):
-        store.finish_run(store.create_run("train", "gpt2-small-finetune", {"model_fn": "m:f", "config": {**config, **changed}}))
+    config = {
+        "lr": 0.1,
+        "optimizer": "adamw",
+        "batch_size": 32,
+        "momentum": 0.9,
+        "weight_decay": 0.01,
+        "warmup_steps": 100,
+    }
+    for changed in (
+        {},
+        {"lr": 0.01, "optimizer": "sgd", "batch_size": 64, "momentum": 0.5, "weight_decay": 0.1, "warmup_steps": 10},
+    ):
+        store.finish_run(
+            store.create_run("train", "gpt2-small-finetune", {"model_fn": "m:f", "config": {**config, **changed}})
+        )
     out = invoke("runs", "list")
     assert all(len(line) <= 80 for line in out.splitlines()), out
     flat = " ".join(out.split())
-    for key, value in (("lr", "0.01"), ("optimizer", "sgd"), ("batch_size", "64"), ("momentum", "0.5"), ("weight_decay", "0.1"), ("warmup_steps", "10")):
+    for key, value in (
+        ("lr", "0.01"),
+        ("optimizer", "sgd"),
+        ("batch_size", "64"),
+        ("momentum", "0.5"),
+        ("weight_decay", "0.1"),
+        ("warmup_steps", "10"),
+    ):
         assert f"{key}={value}" in flat, out
     assert "..." not in out
     help_text = CliRunner().invoke(cli, ["--help"], terminal_width=80).output  # every command's summary whole, wrapped
     commands = help_text.split("Commands:")[1].splitlines()
-    assert not any(line.endswith("...") for line in commands) and all(len(line) <= 80 for line in help_text.splitlines()), help_text
+    assert not any(line.endswith("...") for line in commands) and all(
+        len(line) <= 80 for line in help_text.splitlines()
+    ), help_text

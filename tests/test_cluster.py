@@ -21,8 +21,6 @@ from rapydli.errors import ClusterError, ConfigError, NotFoundError, RankFailure
 pytestmark = pytest.mark.engines
 
 
-
-
 @pytest.fixture(scope="module")
 def cluster():
     with Cluster(n=2) as started:
@@ -56,7 +54,14 @@ def test_launcher_options_become_ipyparallel_config():
     assert config == {"SlurmEngines": {"queue": "gpu", "timelimit": "00:10:00"}}
     ssh = launchers.get_launcher("ssh")
     config = ssh.config(launchers.validate_options("ssh", {"hosts": ["a", "b"], "mpi_args": "-bind-to core"}))
-    assert config["MPIEngineSetLauncher"]["mpi_args"] == ["-hosts", "a,b", "-prepend-pattern", "[host %h rank %r] ", "-bind-to", "core"]
+    assert config["MPIEngineSetLauncher"]["mpi_args"] == [
+        "-hosts",
+        "a,b",
+        "-prepend-pattern",
+        "[host %h rank %r] ",
+        "-bind-to",
+        "core",
+    ]
     # the mpiexec beside this Python, so a venv kernel without the venv on PATH still finds it
     assert config["MPIEngineSetLauncher"]["mpi_cmd"] == [os.path.join(os.path.dirname(sys.executable), "mpiexec")]
     pbs = launchers.get_launcher("pbs")
@@ -72,7 +77,9 @@ def test_a_launcher_added_by_its_spec_alone_starts_engines_and_runs_batch_items(
 
     from rapydli.experiments.batch.places import LocalPlaces, places
 
-    spec = dataclasses.replace(launchers.get_launcher("local"), name="mine", description="mpiexec here, by another name")
+    spec = dataclasses.replace(
+        launchers.get_launcher("local"), name="mine", description="mpiexec here, by another name"
+    )
     launchers.LAUNCHERS.register("mine", spec)
     try:
         with Cluster(n=2, launcher="mine") as mine:
@@ -114,7 +121,9 @@ def test_an_mpiexec_that_exits_at_once_fails_the_start_within_seconds_with_its_s
         Cluster(n=2, mpi_args=["-no-such-flag"], start_timeout=120).start()
     elapsed = time.monotonic() - started
     message = str(failure.value)
-    assert re.search(r"the engines' launcher \(mpiexec\) exited( with status \d+)? after 0 of 2 engines registered", message), message
+    assert re.search(
+        r"the engines' launcher \(mpiexec\) exited( with status \d+)? after 0 of 2 engines registered", message
+    ), message
     assert "unrecognized argument no-such-flag" in message, message
     assert elapsed < 5, f"the failed start took {elapsed:.1f} s"
     assert not wait_until_gone()
@@ -123,10 +132,14 @@ def test_an_mpiexec_that_exits_at_once_fails_the_start_within_seconds_with_its_s
 def test_engines_that_never_register_fail_the_start_quoting_what_the_launcher_wrote():
     stuck = ["sh", "-c", "echo waiting for an allocation >&2; exec sleep 600", "mpiexec"]  # the engines never come
     cluster = Cluster(n=2, mpi_cmd=stuck, start_timeout=3)
-    with pytest.raises(ClusterError, match=r"2 of 2 engines not ready in 3 seconds; the launcher wrote:\n  waiting for an allocation"):
+    with pytest.raises(
+        ClusterError, match=r"2 of 2 engines not ready in 3 seconds; the launcher wrote:\n  waiting for an allocation"
+    ):
         cluster.start()
     assert cluster.status()["state"] == "failed"
-    assert not [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] == ["sleep", "600"]], "the launcher was left running"
+    assert not [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] == ["sleep", "600"]], (
+        "the launcher was left running"
+    )
 
 
 def test_targets_are_parsed_without_eval():
@@ -190,7 +203,9 @@ def _slow_events(n: int) -> int:
 def test_events_arrive_while_the_task_runs(cluster):
     arrivals: list[tuple[float, int, dict]] = []
     start = time.monotonic()
-    cluster.run(_slow_events, 5, on_event=lambda rank, kind, payload: arrivals.append((time.monotonic(), rank, payload)))
+    cluster.run(
+        _slow_events, 5, on_event=lambda rank, kind, payload: arrivals.append((time.monotonic(), rank, payload))
+    )
     end = time.monotonic()
     by_rank = {rank: [p["step"] for _, r, p in arrivals if r == rank] for rank in (0, 1)}
     assert by_rank == {0: [0, 1, 2, 3, 4], 1: [0, 1, 2, 3, 4]}
@@ -238,7 +253,9 @@ def test_ssh_launcher_spans_the_named_hosts():
 def test_cli_started_cluster_can_be_attached_and_stopped(tmp_path):
     env = dict(os.environ)
     rapydli = [sys.executable, "-m", "rapydli"]
-    started = subprocess.run([*rapydli, "cluster", "start", "-n", "2"], capture_output=True, text=True, env=env, timeout=120)
+    started = subprocess.run(
+        [*rapydli, "cluster", "start", "-n", "2"], capture_output=True, text=True, env=env, timeout=120
+    )
     assert started.returncode == 0, started.stderr
     cluster_id = started.stdout.strip()
     status = subprocess.run([*rapydli, "cluster", "status"], capture_output=True, text=True, env=env, timeout=60)
@@ -249,7 +266,9 @@ def test_cli_started_cluster_can_be_attached_and_stopped(tmp_path):
     assert Cluster.attach(cluster_id).run(_rank_info, 2) == [(0, 2, 1), (2, 2, 1)]
     pids = [info["pid"] for info in attached._info.values()]
     assert set(pids).isdisjoint(old_pids)
-    stopped = subprocess.run([*rapydli, "cluster", "stop", cluster_id], capture_output=True, text=True, env=env, timeout=60)
+    stopped = subprocess.run(
+        [*rapydli, "cluster", "stop", cluster_id], capture_output=True, text=True, env=env, timeout=60
+    )
     assert stopped.returncode == 0, stopped.stderr
     deadline = time.monotonic() + 10
     while any(psutil.pid_exists(p) for p in pids) and time.monotonic() < deadline:
@@ -269,7 +288,6 @@ def test_cli_reports_user_mistakes_in_one_line():
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1].startswith("rapydli: error: unknown launcher 'nope'")
     assert "Traceback" not in result.stderr
-
 
 
 def _steps_until_stopped(limit: int) -> int:
@@ -306,7 +324,11 @@ def test_jobs_on_disjoint_ranks_run_side_by_side_and_stop_cleanly(cluster):
         right.poll(0.05)
     right.request_stop()
     stopped_left, stopped_right = left.result()[0], right.wait()[0]
-    assert 0 < stopped_left < 10_000 and right_when_left_ended < stopped_right < 10_000, (stopped_left, stopped_right, steps)
+    assert 0 < stopped_left < 10_000 and right_when_left_ended < stopped_right < 10_000, (
+        stopped_left,
+        stopped_right,
+        steps,
+    )
     assert cluster.running
 
 

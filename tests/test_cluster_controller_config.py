@@ -12,10 +12,24 @@ from rapydli.paths import subdir
 
 
 def test_the_filter_drops_only_the_welcome_error() -> None:
-    welcome = logging.LogRecord(CONTROLLER_LOGGER, logging.ERROR, "hub.py", 1, "Monitor message without topic: %r",
-                                ([b"id", b'{"msg_type": "iopub_welcome"}'],), None)
-    other = logging.LogRecord(CONTROLLER_LOGGER, logging.ERROR, "hub.py", 1, "Monitor message without topic: %r",
-                              ([b"id", b'{"msg_type": "execute_result"}'],), None)
+    welcome = logging.LogRecord(
+        CONTROLLER_LOGGER,
+        logging.ERROR,
+        "hub.py",
+        1,
+        "Monitor message without topic: %r",
+        ([b"id", b'{"msg_type": "iopub_welcome"}'],),
+        None,
+    )
+    other = logging.LogRecord(
+        CONTROLLER_LOGGER,
+        logging.ERROR,
+        "hub.py",
+        1,
+        "Monitor message without topic: %r",
+        ([b"id", b'{"msg_type": "execute_result"}'],),
+        None,
+    )
     assert not IopubWelcomeFilter().filter(welcome)
     assert IopubWelcomeFilter().filter(other)
 

@@ -27,13 +27,24 @@ def test_mismatched_collectives_are_diagnosed_and_the_run_aborted(cluster, capfd
         cluster.run(hang_cases.mismatched, hang_timeout_s=3, on_hang="abort")
     message = str(failure.value)
     assert "the task hung and was interrupted: no rank progressed for" in message
-    assert "mismatched collectives on world: rank 0 is in allreduce #1 on world, 4 MiB float32; rank 1 is in broadcast #1 on world, 4 MiB float32" in message
-    assert "rank 1: in broadcast_ <- mismatched (hang_cases.py:22): comm.broadcast_(t, root=0)" in message  # the user's line
+    assert (
+        "mismatched collectives on world: rank 0 is in allreduce #1 on world, 4 MiB float32; rank 1 is in broadcast #1 on world, 4 MiB float32"
+        in message
+    )
+    assert (
+        "rank 1: in broadcast_ <- mismatched (hang_cases.py:22): comm.broadcast_(t, root=0)" in message
+    )  # the user's line
     assert "[rapydli] hang: no rank progressed" in capfd.readouterr().err  # shown while the cell runs
     assert cluster.status()["state"] == "dead"
-    assert cluster.run(hang_cases.late, "/", hang_timeout_s=3) == [0, 1]  # the next task brings the aborted engines back itself
+    assert cluster.run(hang_cases.late, "/", hang_timeout_s=3) == [
+        0,
+        1,
+    ]  # the next task brings the aborted engines back itself
     said = capfd.readouterr().out
-    assert "[rapydli] the engines of the cluster had died; restarting 2 fresh engines (variables defined on them are gone)" in said
+    assert (
+        "[rapydli] the engines of the cluster had died; restarting 2 fresh engines (variables defined on them are gone)"
+        in said
+    )
 
 
 def test_a_rank_that_never_arrived_is_named_with_its_stack_and_the_run_waits(cluster, tmp_path):
@@ -78,9 +89,15 @@ def test_distributed_cell_with_a_collective_inside_an_if_is_diagnosed(cluster, i
     with capture_output() as captured, pytest.raises(RankFailure) as failure:
         ipython_shell.run_cell_magic("distributed", "--hang-timeout 3 --on-hang abort", SKIPPED_CELL)
     message = str(failure.value)
-    assert "mismatched collectives on world: rank 0 is in barrier #0 on world; rank 1 is in allreduce #0 on world, 16 B float64" in message
+    assert (
+        "mismatched collectives on world: rank 0 is in barrier #0 on world; rank 1 is in allreduce #0 on world, 16 B float64"
+        in message
+    )
     assert "rank 0: in barrier <- <module> (<distributed cell>:5): c.barrier()" in message
-    assert "rank 1: in allreduce_ <- <module> (<distributed cell>:6): c.allreduce_(torch.ones(2, dtype=torch.float64))" in message
+    assert (
+        "rank 1: in allreduce_ <- <module> (<distributed cell>:6): c.allreduce_(torch.ones(2, dtype=torch.float64))"
+        in message
+    )
     assert "[rapydli] aborting the task (on_hang='abort')" in captured.stderr
     with pytest.raises(Exception, match="--hang-timeout -1 is invalid"):
         ipython_shell.run_cell_magic("distributed", "--hang-timeout -1", "1")
@@ -106,11 +123,17 @@ def test_a_training_run_that_hangs_is_aborted_and_the_diagnosis_stored(cluster):
     ready(cluster)
     config = TrainConfig(max_steps=20, batch_size=16, allreduce="mpi", hang_timeout_s=3, on_hang="abort")
     rows: list[dict] = []
-    job = TrainingJob(cluster, RunSpec.of(hang_cases.LateRank, "rapydli.zoo.datasets:digits"), config, [0, 1], callbacks=[rows.append]).start()
+    job = TrainingJob(
+        cluster, RunSpec.of(hang_cases.LateRank, "rapydli.zoo.datasets:digits"), config, [0, 1], callbacks=[rows.append]
+    ).start()
     job.wait()
     assert job.state == "failed"
     hangs = [row for row in rows if row["kind"] == "hang"]  # the live plot draws it (tests/test_live.py)
-    assert len(hangs) == 1 and "rank 1 never arrived at allreduce #" in hangs[0]["diagnosis"] and hangs[0]["action"] == "abort"
+    assert (
+        len(hangs) == 1
+        and "rank 1 never arrived at allreduce #" in hangs[0]["diagnosis"]
+        and hangs[0]["action"] == "abort"
+    )
     assert "rank 1 never arrived at allreduce #" in job.error and "where rank 0 waits" in job.error
     assert "rank 1 is at: forward (hang_cases.py:" in job.error and "time.sleep(600)" in job.error
     stored = open_store().records(job.run_id)["hang"]
@@ -126,10 +149,17 @@ def test_a_pipeline_stage_left_waiting_for_an_activation_is_diagnosed(cluster, t
     ready(cluster)
     stalled = tmp_path / "stalled"  # stage 0 writes the time its stall began
     cluster.run(_set_environment, "RAPYDLI_TEST_STALLED", str(stalled))
-    config = TrainConfig(max_steps=20, batch_size=16, pipeline_stages=2, microbatches=2, hang_timeout_s=3, on_hang="abort")
+    config = TrainConfig(
+        max_steps=20, batch_size=16, pipeline_stages=2, microbatches=2, hang_timeout_s=3, on_hang="abort"
+    )
     said: list[float] = []
-    job = TrainingJob(cluster, RunSpec.of(hang_cases.late_stage, "rapydli.zoo.datasets:digits"), config, [0, 1],
-                      callbacks=[lambda row: said.append(time.time()) if row["kind"] == "hang" else None]).start()  # fmt: skip
+    job = TrainingJob(
+        cluster,
+        RunSpec.of(hang_cases.late_stage, "rapydli.zoo.datasets:digits"),
+        config,
+        [0, 1],
+        callbacks=[lambda row: said.append(time.time()) if row["kind"] == "hang" else None],
+    ).start()
     job.wait()
     assert job.state == "failed"
     assert "rank 1 waits to receive from rank 0 (recv #" in job.error, job.error  # stage 1, waiting for an activation

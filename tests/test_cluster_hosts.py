@@ -44,16 +44,25 @@ def test_bad_ssh_options_fail_before_anything_starts(tmp_path) -> None:
 def test_ssh_options_become_hydra_arguments_and_environment(tmp_path) -> None:
     hostfile = tmp_path / "hosts"
     hostfile.write_text("node1:2\nnode2:2 # fast ones\n")
-    options = launchers.validate_options("ssh", {"hostfile": str(hostfile), "ssh_command": "ssh", "interface": "lo", "transport": "tcp"})
+    options = launchers.validate_options(
+        "ssh", {"hostfile": str(hostfile), "ssh_command": "ssh", "interface": "lo", "transport": "tcp"}
+    )
     config = launchers.get_launcher("ssh").config(options)
     args = config["MPIEngineSetLauncher"]["mpi_args"]
     assert args[args.index("-f") + 1] == str(hostfile)
     assert args[args.index("-iface") + 1] == "lo" and "-launcher-exec" in args
     assert config["Cluster"] == {"controller_ip": "127.0.0.1", "controller_location": "127.0.0.1"}
     assert config["BaseLauncher"]["environment"] == {
-        "UCX_TLS": "self,tcp", "FI_PROVIDER": "tcp", "UCX_NET_DEVICES": "lo", "FI_TCP_IFACE": "lo", PEER_VARIABLE: "127.0.0.1"
+        "UCX_TLS": "self,tcp",
+        "FI_PROVIDER": "tcp",
+        "UCX_NET_DEVICES": "lo",
+        "FI_TCP_IFACE": "lo",
+        PEER_VARIABLE: "127.0.0.1",
     }
-    assert config["MPIEngineSetLauncher"]["engine_cmd"][1:] == ["-m", "rapydli.cluster.mpi_engine"]  # names the hosts' own interface
+    assert config["MPIEngineSetLauncher"]["engine_cmd"][1:] == [
+        "-m",
+        "rapydli.cluster.mpi_engine",
+    ]  # names the hosts' own interface
     assert launchers.validate_options("ssh", {"hosts": "h1,h2"})["hosts"] == ["h1", "h2"]
 
 
@@ -73,8 +82,12 @@ def test_a_restart_leaves_out_the_ranks_hydra_placed_on_hosts_that_are_down(tmp_
 @pytest.mark.hosts
 def test_hosts_are_separate(hosts) -> None:
     for host in hosts.hosts:
-        result = subprocess.run([hosts.ssh, host.name, f"hostname; ip -4 -br addr show {nshosts.HOST_IFACE}; cat /etc/hosts"],
-                                capture_output=True, text=True, check=True)
+        result = subprocess.run(
+            [hosts.ssh, host.name, f"hostname; ip -4 -br addr show {nshosts.HOST_IFACE}; cat /etc/hosts"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         name, address = result.stdout.splitlines()[:2]
         assert name == host.name and f"{host.address}/24" in address
         assert f"{host.address} {host.name}" in result.stdout
@@ -117,12 +130,18 @@ def test_distributed_cell_spans_the_hosts_over_tcp(ip, hosts) -> None:
     assert status["rank_hosts"] == {0: "h1", 1: "h2"} and status["launcher"] == "ssh"
     # the options name this machine's interface, which the hosts do not have: MPI was pinned to theirs
     for host in hosts.names:
-        interfaces = subprocess.run([hosts.ssh, host, "ls /sys/class/net"], capture_output=True, text=True, check=True).stdout.split()
+        interfaces = subprocess.run(
+            [hosts.ssh, host, "ls /sys/class/net"], capture_output=True, text=True, check=True
+        ).stdout.split()
         assert nshosts.BRIDGE not in interfaces and nshosts.HOST_IFACE in interfaces, interfaces
     assert current().run(_mpi_interfaces) == [(nshosts.HOST_IFACE, nshosts.HOST_IFACE)] * 2
     before = [h.link_bytes() for h in hosts.hosts]
     ip.user_ns["allreduce_on_host"] = allreduce_on_host
-    value, captured = cell(ip, "import socket\nprint(socket.gethostname())\nallreduce_on_host(4 << 20)", "--gather --push allreduce_on_host")
+    value, captured = cell(
+        ip,
+        "import socket\nprint(socket.gethostname())\nallreduce_on_host(4 << 20)",
+        "--gather --push allreduce_on_host",
+    )
     assert value == [("h1", 2.0), ("h2", 2.0)]
     assert "[rank 1] h2" in captured.stdout
     crossed = [h.link_bytes() - b for h, b in zip(hosts.hosts, before)]
@@ -140,7 +159,9 @@ def test_training_across_hosts_matches_one_process(ip) -> None:
     model, data = "rapydli.zoo.models:mlp", "rapydli.zoo.datasets:digits"
     with pytest.raises(ConfigError, match="'shm' needs every rank on one node; these ranks run on h1, h2"):
         rd.train(model, data, rd.TrainConfig(max_steps=1, allreduce="shm"), cluster=current(), progress=False)
-    result = rd.train(model, data, rd.TrainConfig(max_steps=4, batch_size=16, allreduce="auto"), cluster=current(), progress=False)
+    result = rd.train(
+        model, data, rd.TrainConfig(max_steps=4, batch_size=16, allreduce="auto"), cluster=current(), progress=False
+    )
     assert (result.history["world_size"].dropna() == 2).all()
 
 
@@ -236,11 +257,17 @@ def test_what_a_cell_sends_to_the_hosts_is_encrypted(ip, hosts) -> None:
         ({"mpi_args": ["-no-such-flag"]}, 5, ["unrecognized argument no-such-flag"]),  # mpiexec exits at once
         ({"hosts": ["h1", "h9"]}, 20, ["Could not resolve hostname h9"]),  # ssh cannot reach a host
         # MPI_Init aborts on every host: what each host's MPI said, under the host's name
-        ({"mpi_args": ["-genv", "UCX_TLS", "nosuchtl"]}, 20, ["host h1:", "host h2:", "transport 'nosuchtl' is not available"]),
+        (
+            {"mpi_args": ["-genv", "UCX_TLS", "nosuchtl"]},
+            20,
+            ["host h1:", "host h2:", "transport 'nosuchtl' is not available"],
+        ),
     ],
     ids=["bad-mpiexec-flag", "unknown-host", "mpi-init-fails"],
 )
-def test_a_start_that_cannot_succeed_fails_within_seconds_quoting_what_was_said(hosts, options, within_s, quoted) -> None:
+def test_a_start_that_cannot_succeed_fails_within_seconds_quoting_what_was_said(
+    hosts, options, within_s, quoted
+) -> None:
     cluster = rd.Cluster(n=2, launcher="ssh", start_timeout=120, **{**hosts.launcher_options(), **options})
     before = {host.name: set(host.pids()) for host in hosts.hosts}  # sshd, and the module's cluster if it runs
     started = time.monotonic()
@@ -249,7 +276,10 @@ def test_a_start_that_cannot_succeed_fails_within_seconds_quoting_what_was_said(
     elapsed = time.monotonic() - started
     message = str(failure.value)
     print(f"start failed after {elapsed:.1f} s: {message}")
-    assert re.search(r"the engines' launcher \(mpiexec\) exited( with status \d+)? after 0 of 2 engines registered; the launcher wrote:", message), message
+    assert re.search(
+        r"the engines' launcher \(mpiexec\) exited( with status \d+)? after 0 of 2 engines registered; the launcher wrote:",
+        message,
+    ), message
     assert all(text in message for text in quoted), message
     assert elapsed < within_s, f"the failed start took {elapsed:.1f} s"
     assert cluster.status()["state"] == "failed"

@@ -31,6 +31,8 @@ def test_cluster_notebook_runs_on_two_slurm_nodes(local_slurm, tmp_path: Path) -
     assert re.search(r"^workers=4 on \S+ \(n1\), \S+ \(n2\): ", text, re.M), text
     job = re.search(r"^job: \{'id': '(\d+)'", text, re.M)
     listed = [line for line in text.splitlines() if job and f"{job.group(1)} RUNNING" in line]
-    assert listed and " kernel " in listed[0] and " slurm " in listed[0], text  # `rapydli cluster status`: origin, launcher, job
+    assert listed and " kernel " in listed[0] and " slurm " in listed[0], (
+        text
+    )  # `rapydli cluster status`: origin, launcher, job
     assert "in the queue after stop: no" in text
     assert set(local_slurm.queue()) <= before

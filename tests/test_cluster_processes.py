@@ -23,7 +23,9 @@ os._exit(0)
 
 def _orphan(cluster_id: str) -> int:
     env = {**os.environ, CLUSTER_MARKER: cluster_id}
-    out = subprocess.run([sys.executable, "-c", ORPHAN], env=env, capture_output=True, text=True, check=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-c", ORPHAN], env=env, capture_output=True, text=True, check=True, timeout=60
+    )
     return int(out.stdout.split()[0])
 
 

@@ -33,16 +33,35 @@ def _script(n: int, tmp_path, **options) -> str:
 
 def test_slurm_script_carries_the_options_users_set(tmp_path):
     script = _script(
-        4, tmp_path, nodes=2, ntasks_per_node=2, cpus_per_task=8, gpus_per_node=4, partition="gpu", account="dl-lab",
-        qos="high", timelimit="01:00:00", constraint="a100", sbatch=["--exclusive", "#SBATCH --mem=0"],
+        4,
+        tmp_path,
+        nodes=2,
+        ntasks_per_node=2,
+        cpus_per_task=8,
+        gpus_per_node=4,
+        partition="gpu",
+        account="dl-lab",
+        qos="high",
+        timelimit="01:00:00",
+        constraint="a100",
+        sbatch=["--exclusive", "#SBATCH --mem=0"],
         setup=["module load cuda/12", "source $HOME/venv/bin/activate"],
-    )  # fmt: skip
+    )
     lines = script.splitlines()
     for expected in (
-        "#SBATCH --ntasks=4", "#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=2", "#SBATCH --cpus-per-task=8",
-        "#SBATCH --gpus-per-node=4", "#SBATCH --partition=gpu", "#SBATCH --account=dl-lab", "#SBATCH --qos=high",
-        "#SBATCH --time=01:00:00", "#SBATCH --constraint=a100", "#SBATCH --exclusive", "#SBATCH --mem=0",
-    ):  # fmt: skip
+        "#SBATCH --ntasks=4",
+        "#SBATCH --nodes=2",
+        "#SBATCH --ntasks-per-node=2",
+        "#SBATCH --cpus-per-task=8",
+        "#SBATCH --gpus-per-node=4",
+        "#SBATCH --partition=gpu",
+        "#SBATCH --account=dl-lab",
+        "#SBATCH --qos=high",
+        "#SBATCH --time=01:00:00",
+        "#SBATCH --constraint=a100",
+        "#SBATCH --exclusive",
+        "#SBATCH --mem=0",
+    ):
         assert expected in lines
     # every directive precedes the first command (sbatch ignores #SBATCH lines after it),
     # the setup lines run before the engines, and srun names PMI-2 (one MPI world)
@@ -50,7 +69,9 @@ def test_slurm_script_carries_the_options_users_set(tmp_path):
     assert all(not line.startswith("#SBATCH") for line in lines[first_command:])
     assert lines[first_command + 1] == "source $HOME/venv/bin/activate"
     assert lines[-1] == "srun --mpi=pmi2 --kill-on-bad-exit=1 python -m ipyparallel.engine"
-    assert _script(2, tmp_path, mpi="mpiexec").splitlines()[-1].endswith('-n "$SLURM_NTASKS" python -m ipyparallel.engine')
+    assert (
+        _script(2, tmp_path, mpi="mpiexec").splitlines()[-1].endswith('-n "$SLURM_NTASKS" python -m ipyparallel.engine')
+    )
 
 
 @pytest.mark.parametrize(
@@ -121,7 +142,9 @@ def test_magic_status_shows_a_queued_start_and_stop_cancels_it(local_slurm, ipyt
     shell = ipython_shell
     with capture_output():
         shell.run_line_magic("rapydli", "start -n 2 --launcher slurm partition=down --no-wait")
-    status = _wait_for(lambda: (s := shell.run_line_magic("rapydli", "status")).get("job", {}).get("state") == "PENDING" and s)
+    status = _wait_for(
+        lambda: (s := shell.run_line_magic("rapydli", "status")).get("job", {}).get("state") == "PENDING" and s
+    )
     assert status["state"] == "starting" and status["job"]["reason"] == "PartitionDown"
     assert status["job"]["id"] in local_slurm.queue()
     with capture_output():
@@ -134,7 +157,9 @@ def test_magic_status_shows_a_queued_start_and_stop_cancels_it(local_slurm, ipyt
 def test_ctrl_c_while_pending_cancels_the_job(local_slurm):
     cluster = Cluster(n=2, launcher="slurm", partition="down", start_timeout=60)
     interrupter = threading.Thread(
-        target=lambda: _wait_for(lambda: cluster.status().get("job", {}).get("state") == "PENDING") and _thread.interrupt_main()
+        target=lambda: (
+            _wait_for(lambda: cluster.status().get("job", {}).get("state") == "PENDING") and _thread.interrupt_main()
+        )
     )
     interrupter.start()
     before = set(local_slurm.queue())
@@ -160,8 +185,12 @@ def test_cli_status_and_the_server_show_a_pending_job(local_slurm):
     try:
         shown = _wait_for(lambda: "PENDING (PartitionDown)" in (out := _cli_status(rapydli)) and out)
         assert "starting" in shown and "slurm" in shown
-        job = _wait_for(lambda: (manager.get(entry["id"]).describe()["job"] or {}).get("state") == "PENDING"
-                        and manager.get(entry["id"]).describe()["job"])  # fmt: skip
+        job = _wait_for(
+            lambda: (
+                (manager.get(entry["id"]).describe()["job"] or {}).get("state") == "PENDING"
+                and manager.get(entry["id"]).describe()["job"]
+            )
+        )
         assert job["reason"] == "PartitionDown" and manager.get(entry["id"]).describe()["state"] == "starting"
     finally:
         starting.send_signal(signal.SIGINT)  # Ctrl-C of the command: its job is cancelled
@@ -176,7 +205,9 @@ def _cli_status(rapydli: list[str]) -> str:
     import os
     import subprocess
 
-    return subprocess.run([*rapydli, "cluster", "status"], capture_output=True, text=True, env=dict(os.environ), timeout=60).stdout
+    return subprocess.run(
+        [*rapydli, "cluster", "status"], capture_output=True, text=True, env=dict(os.environ), timeout=60
+    ).stdout
 
 
 @pytest.mark.slurm
@@ -185,7 +216,10 @@ def test_a_job_ended_from_outside_is_reported_with_its_id_and_ranks(local_slurm)
         job_id = cluster.status()["job"]["id"]
         for end_it, state in (
             (lambda job: local_slurm.run("scancel", job), "CANCELLED"),
-            (lambda job: local_slurm.run("scontrol", "update", "nodename=n2", "state=down", "reason=test"), "NODE_FAIL"),
+            (
+                lambda job: local_slurm.run("scontrol", "update", "nodename=n2", "state=down", "reason=test"),
+                "NODE_FAIL",
+            ),
         ):
             task = cluster.submit(time.sleep, 120, on_output=None)
             time.sleep(0.5)
@@ -225,7 +259,10 @@ def _wait_for(condition, timeout: float = 30.0):
 @pytest.mark.parametrize(
     "line, cause",
     [
-        ("slurmstepd-n1: error: *** JOB 14 ON n1 CANCELLED AT 2026-11-24T10:45:24 DUE TO NODE FAILURE, SEE SLURMCTLD LOG FOR DETAILS ***", "NODE_FAIL"),
+        (
+            "slurmstepd-n1: error: *** JOB 14 ON n1 CANCELLED AT 2026-11-24T10:45:24 DUE TO NODE FAILURE, SEE SLURMCTLD LOG FOR DETAILS ***",
+            "NODE_FAIL",
+        ),
         ("slurmstepd: error: *** JOB 9 ON n1 CANCELLED AT 2026-11-24T11:02:03 DUE TO TIME LIMIT ***", "TIMEOUT"),
         ("slurmstepd: error: *** STEP 9.0 ON n2 CANCELLED AT 2026-11-24T11:02:03 ***", "CANCELLED"),
         ("srun: error: n2: task 1: Exited with exit code 1", None),

@@ -43,8 +43,20 @@ def _training_job(decided: list[dict]) -> tuple[object, _Answers]:
 
     job = TrainingJob.__new__(TrainingJob)
     answers = _Answers()
-    job.__dict__.update(rows=[], stop_requested_at=None, _verdict_step=None, await_verdict="val_loss", targets=[0, 1],
-                        job=answers, callbacks=[decided.append], store=None, run_id=None, _bar=None, stragglers=None, progress=False)
+    job.__dict__.update(
+        rows=[],
+        stop_requested_at=None,
+        _verdict_step=None,
+        await_verdict="val_loss",
+        targets=[0, 1],
+        job=answers,
+        callbacks=[decided.append],
+        store=None,
+        run_id=None,
+        _bar=None,
+        stragglers=None,
+        progress=False,
+    )
     return job, answers
 
 

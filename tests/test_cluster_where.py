@@ -26,7 +26,10 @@ rank
 """
 
 
-EXPECTED = ["ranks 0, 2: <module> (<distributed cell>:5): comm.Barrier()", "rank 1: <module> (<distributed cell>:4): time.sleep(0.05)"]
+EXPECTED = [
+    "ranks 0, 2: <module> (<distributed cell>:5): comm.Barrier()",
+    "rank 1: <module> (<distributed cell>:4): time.sleep(0.05)",
+]
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +42,9 @@ def cluster():
 def _blocked_cell(cluster: Cluster, flag: Path) -> tuple[threading.Thread, list]:
     """Run CELL on every rank in a thread of its own (the test asks where() meanwhile)."""
     outcome: list = []
-    thread = threading.Thread(target=lambda: outcome.append(cluster.run_cell(CELL.format(flag=str(flag)), on_output=None)))
+    thread = threading.Thread(
+        target=lambda: outcome.append(cluster.run_cell(CELL.format(flag=str(flag)), on_output=None))
+    )
     thread.start()
     return thread, outcome
 
@@ -81,7 +86,10 @@ def test_magic_where_prints_the_grouped_stacks(cluster, ipython_shell, tmp_path)
         def grouped():
             with capture_output() as captured:
                 shell.run_line_magic("rapydli", "where")  # the cluster running in this kernel
-            both = ("ranks 0, 2: <module> (<distributed cell>:5): comm.Barrier()", "rank 1: <module> (<distributed cell>:4): time.sleep(0.05)")
+            both = (
+                "ranks 0, 2: <module> (<distributed cell>:5): comm.Barrier()",
+                "rank 1: <module> (<distributed cell>:4): time.sleep(0.05)",
+            )
             return all(line in captured.stdout for line in both)  # rank 1 may still be importing torch at first
 
         assert _wait_for(grouped)
@@ -145,7 +153,9 @@ def test_parse_reads_a_faulthandler_dump_and_groups_ranks():
     threads = parse(dump)
     assert [t.task for t in threads] == [False, True]
     assert threads[1].shown() == (Frame("<distributed cell>", 2, "<module>"),)
-    where = Where({r: RankStacks(r, "h", threads) for r in (0, 1, 2, 4)}, sources={"<distributed cell>": ["a", "comm.Barrier()"]})
+    where = Where(
+        {r: RankStacks(r, "h", threads) for r in (0, 1, 2, 4)}, sources={"<distributed cell>": ["a", "comm.Barrier()"]}
+    )
     where.ranks[3] = RankStacks(3, "h", [ThreadStack("0x1", (), False)])
     assert where.text().splitlines() == [
         "ranks 0-2, 4: <module> (<distributed cell>:2): comm.Barrier()",

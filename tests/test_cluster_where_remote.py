@@ -33,7 +33,7 @@ print(json.dumps([data.decode("latin-1") for data in read(spans)]))
 """
 
 #: Bytes a dump may hold: every byte value, and lines.
-PAYLOAD = bytes(range(256)) + b"\nThread 0x1 (most recent call first):\n  File \"x.py\", line 3 in f\n"
+PAYLOAD = bytes(range(256)) + b'\nThread 0x1 (most recent call first):\n  File "x.py", line 3 in f\n'
 
 
 def _files(folder: Path) -> list[tuple[str, int, bytes]]:
@@ -44,7 +44,9 @@ def _files(folder: Path) -> list[tuple[str, int, bytes]]:
     return [(str(first), 0, PAYLOAD), (str(second), 4, b"456789"), (str(folder / "missing"), 0, b"")]
 
 
-def _read_hidden(folder: Path, kind: str, arg: str, spans: list[tuple[str, str, int]], env: dict[str, str]) -> list[bytes]:
+def _read_hidden(
+    folder: Path, kind: str, arg: str, spans: list[tuple[str, str, int]], env: dict[str, str]
+) -> list[bytes]:
     """Run READER in a private mount namespace where ``folder`` is an empty tmpfs."""
     if shutil.which("unshare") is None or os.geteuid() != 0:
         pytest.skip("needs root and unshare for a private mount namespace")
@@ -82,7 +84,11 @@ def test_files_on_slurm_nodes_without_a_shared_file_system_are_read_through_srun
     folder.chmod(0o755)
     tmp_path.chmod(0o755)  # slurmd runs the step as this user; the path must be reachable
     expected = _files(folder)
-    job = local_slurm.run("sbatch", "--parsable", "-N1", "-n1", f"--output={tmp_path / 'job.out'}", "--wrap", "sleep 300").stdout.strip().split(";")[0]
+    job = (
+        local_slurm.run("sbatch", "--parsable", "-N1", "-n1", f"--output={tmp_path / 'job.out'}", "--wrap", "sleep 300")
+        .stdout.strip()
+        .split(";")[0]
+    )
     try:
         deadline = time.monotonic() + 60
         node = ""

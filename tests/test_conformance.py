@@ -42,14 +42,22 @@ LAYOUTS = [
     ("zero3+checkpointing", 2, {"zero": 3, "activation_checkpointing": "blocks"}),
     ("tp", 2, {"tensor_parallel": 2}),
     ("pp", 2, {"pipeline_stages": 2, "microbatches": 2}),  # split "auto": measured on the model built whole
-    ("pp x dp", 4, {"pipeline_stages": 2, "microbatches": 2, "pipeline_split": MIDDLE}),  # named: each stage built deferred
+    (
+        "pp x dp",
+        4,
+        {"pipeline_stages": 2, "microbatches": 2, "pipeline_split": MIDDLE},
+    ),  # named: each stage built deferred
     ("zero3 x pp", 4, {"pipeline_stages": 2, "zero": 3, "pipeline_split": MIDDLE}),
 ]
 LAYOUT_NAMES = [name for name, _, _ in LAYOUTS]
 
 #: The cross-section ``make test`` runs: the constructions and modules users met crashing first.
 CROSS_SECTION = {
-    "gpt2": ["zero3", "tp", "pp"],  # Model(cfg).double(): crashed deferred construction; stages at the layers, a tied head
+    "gpt2": [
+        "zero3",
+        "tp",
+        "pp",
+    ],  # Model(cfg).double(): crashed deferred construction; stages at the layers, a tied head
     "llama": ["zero3", "pp x dp"],  # .to(torch.float64); stages recorded on the meta device
     "bloom": ["checkpointing"],  # transformers' key/value cache under recomputation
     "whisper": ["zero3"],  # a frozen parameter (sinusoidal positions) under ZeRO-3
@@ -103,9 +111,16 @@ def run_cells(run_mpi, name: str, layouts: list[str]) -> dict[str, dict]:
     for ranks, cells in sorted(by_ranks.items()):
         code = f"import sys; sys.path.insert(0, {str(TESTS)!r}); import cases_matrix; cases_matrix.main({name!r}, {json.dumps(cells)!r})"
         result = run_mpi(code, n=ranks, timeout=900, check=False)
-        found = {row["cell"]: row for row in (json.loads(line) for line in result.stdout.splitlines() if line.startswith("{"))}
+        found = {
+            row["cell"]: row
+            for row in (json.loads(line) for line in result.stdout.splitlines() if line.startswith("{"))
+        }
         for layout, _ in cells:
-            out[layout] = found.get(layout) or {"model": name, "cell": layout, "crashed": f"exit {result.returncode}: {result.stderr[-3000:]}"}
+            out[layout] = found.get(layout) or {
+                "model": name,
+                "cell": layout,
+                "crashed": f"exit {result.returncode}: {result.stderr[-3000:]}",
+            }
     return out
 
 
@@ -146,8 +161,13 @@ def test_every_architecture_in_every_layout(run_mpi, name: str) -> None:
 
 
 @pytest.mark.matrix
-@pytest.mark.skipif(not os.environ.get("RAPYDLI_MATRIX_TABLE"), reason="after the matrix has run (make conformance sets RAPYDLI_MATRIX_TABLE)")
+@pytest.mark.skipif(
+    not os.environ.get("RAPYDLI_MATRIX_TABLE"),
+    reason="after the matrix has run (make conformance sets RAPYDLI_MATRIX_TABLE)",
+)
 def test_the_readme_shows_the_matrix_these_results_give() -> None:
     from conformance_table import readme_is_current
 
-    assert readme_is_current(), "the README's conformance table is not what the matrix gave: run `python tests/conformance_table.py`"
+    assert readme_is_current(), (
+        "the README's conformance table is not what the matrix gave: run `python tests/conformance_table.py`"
+    )

@@ -51,8 +51,15 @@ def test_batches_equal_dataloader_with_shard_sampler(world_size: int, drop_last:
     data = dataset()
     for rank in range(world_size):
         loader = ClairvoyantLoader(
-            data, batch_size=8, seed=3, rank=rank, world_size=world_size, epochs=3, ram_bytes=20 * SAMPLE,
-            prefetch_threads=3, drop_last=drop_last,
+            data,
+            batch_size=8,
+            seed=3,
+            rank=rank,
+            world_size=world_size,
+            epochs=3,
+            ram_bytes=20 * SAMPLE,
+            prefetch_threads=3,
+            drop_last=drop_last,
         )
         for epoch in range(3):
             got = list(loader)
@@ -65,8 +72,16 @@ def test_batches_equal_dataloader_with_shard_sampler(world_size: int, drop_last:
 def test_hits_follow_the_plan_and_budgets_hold(tmp_path: Path) -> None:
     data = Counting(dataset())
     loader = ClairvoyantLoader(
-        data, batch_size=5, seed=1, rank=0, world_size=2, epochs=3,
-        ram_bytes=10 * SAMPLE, disk_bytes=10 * (SAMPLE + 28), disk_dir=str(tmp_path), prefetch_threads=4,
+        data,
+        batch_size=5,
+        seed=1,
+        rank=0,
+        world_size=2,
+        epochs=3,
+        ram_bytes=10 * SAMPLE,
+        disk_bytes=10 * (SAMPLE + 28),
+        disk_dir=str(tmp_path),
+        prefetch_threads=4,
     )
     for _ in range(3):
         list(loader)

@@ -14,7 +14,9 @@ def test_data_loading_notebook_runs(tmp_path: Path) -> None:
     text = executed.text
     assert "400 samples" in text and "shard-00000.lmdb" in text
     assert "identical parameters: True" in text
-    assert "plan (samples per tier): {'ram': 100, 'disk': 0, 'storage': 300}" in text, [line for line in text.splitlines() if "plan" in line]
+    assert "plan (samples per tier): {'ram': 100, 'disk': 0, 'storage': 300}" in text, [
+        line for line in text.splitlines() if "plan" in line
+    ]
     figures = executed.figures
     assert len(figures) == 2
     assert executed.html_figures() == 2  # also drawn outside JupyterLab (nbconvert's HTML), not only plotly's MIME type

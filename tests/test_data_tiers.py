@@ -63,8 +63,13 @@ def _fill(ram: SharedTier) -> None:
 
 def test_shared_tier_on_disk_counts_written_bytes_and_cleans_up(tmp_path: Path) -> None:
     schema = {"container": "single", "fields": [{"kind": "tensor", "dtype": "int32", "shape": [100]}]}
-    disk = SharedTier(capacity=800, num_samples=5, schema=schema, lock=torch.multiprocessing.get_context().Lock(),
-                      directory=str(tmp_path / "cache"))
+    disk = SharedTier(
+        capacity=800,
+        num_samples=5,
+        schema=schema,
+        lock=torch.multiprocessing.get_context().Lock(),
+        directory=str(tmp_path / "cache"),
+    )
     assert disk.put(0, torch.arange(100, dtype=torch.int32)) and not disk.put(1, torch.zeros(100, dtype=torch.int32))
     assert disk.used == 400 + 20 and torch.equal(disk.get(0), torch.arange(100, dtype=torch.int32))
     disk.close()

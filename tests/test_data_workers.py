@@ -58,8 +58,16 @@ def test_worker_processes_yield_the_samplers_batches(world_size: int, drop_last:
     data = dataset()
     for rank in range(world_size):
         with ClairvoyantLoader(
-            WhoReads(data), batch_size=8, seed=3, rank=rank, world_size=world_size, epochs=3, ram_bytes=20 * SAMPLE,
-            prefetch_threads=4, drop_last=drop_last, workers=2,
+            WhoReads(data),
+            batch_size=8,
+            seed=3,
+            rank=rank,
+            world_size=world_size,
+            epochs=3,
+            ram_bytes=20 * SAMPLE,
+            prefetch_threads=4,
+            drop_last=drop_last,
+            workers=2,
         ) as loader:
             for epoch in range(3):
                 got = list(loader)
@@ -78,8 +86,17 @@ def test_workers_share_the_tiers_and_hit_what_any_of_them_cached(tmp_path: Path)
     # next epoch's first batches are fetched while this one's last are, and may read the same sample
     for workers, threads in ((1, 1), (2, 4)):
         with ClairvoyantLoader(
-            dataset(), batch_size=5, seed=3, rank=0, world_size=2, epochs=3, ram_bytes=10 * SAMPLE,
-            disk_bytes=10 * (SAMPLE + 28), disk_dir=str(tmp_path), prefetch_threads=threads, workers=workers,
+            dataset(),
+            batch_size=5,
+            seed=3,
+            rank=0,
+            world_size=2,
+            epochs=3,
+            ram_bytes=10 * SAMPLE,
+            disk_bytes=10 * (SAMPLE + 28),
+            disk_dir=str(tmp_path),
+            prefetch_threads=threads,
+            workers=workers,
         ) as loader:
             check_shared_tiers(loader, workers)
         assert not list(tmp_path.iterdir())

@@ -45,7 +45,9 @@ def test_the_engine_is_registered_and_make_demo_runs_plain_papermill() -> None:
 
 
 @pytest.mark.notebook
-def test_the_rapydli_engine_waits_for_a_cells_outputs_and_fails_the_cell_rather_than_drop_them(tmp_path: Path, monkeypatch) -> None:
+def test_the_rapydli_engine_waits_for_a_cells_outputs_and_fails_the_cell_rather_than_drop_them(
+    tmp_path: Path, monkeypatch
+) -> None:
     """nbclient goes on without a cell's late outputs after 4 s by default (a print was lost so on a loaded machine)."""
     from papermill.clientwrap import PapermillNotebookClient
 

@@ -33,7 +33,9 @@ def test_successive_halving_names_the_rung_and_its_cutoff(direction: str, good: 
     pruner = optuna.pruners.SuccessiveHalvingPruner(min_resource=1, reduction_factor=2)
     study = optuna.create_study(direction=direction, pruner=pruner)
     run_trial(study, [(5, good), (10, good)])
-    run_trial(study, [(5, good * 0.99 if direction == "maximize" else good * 1.01), (10, good)])  # may be pruned: no matter
+    run_trial(
+        study, [(5, good * 0.99 if direction == "maximize" else good * 1.01), (10, good)]
+    )  # may be pruned: no matter
     trial, step = run_trial(study, [(5, bad), (10, bad)])
     assert step == 5
     decision = explain_prune(study, trial.number, pruner, "val_loss", 5, bad)
@@ -43,7 +45,10 @@ def test_successive_halving_names_the_rung_and_its_cutoff(direction: str, good: 
     assert decision["step"] == 5 and decision["value"] == bad and decision["rung"] == 0
     assert decision["compared_to"] == pytest.approx(cutoff) and decision["competing"] == 3
     sign = "≥" if direction == "maximize" else "≤"
-    assert decision["text"] == f"pruned at step 5 with val_loss {bad:.4g}: rung 0 keeps the best 1 of 3 trials (val_loss {sign} {cutoff:.4g})"
+    assert (
+        decision["text"]
+        == f"pruned at step 5 with val_loss {bad:.4g}: rung 0 keeps the best 1 of 3 trials (val_loss {sign} {cutoff:.4g})"
+    )
     # and the bar is one the pruned value misses
     assert (bad < cutoff) if direction == "maximize" else (bad > cutoff)
 
@@ -68,7 +73,10 @@ def test_median_pruner_compares_the_best_so_far_with_the_median_at_that_step() -
     decision = explain_prune(study, trial.number, pruner, "val_loss", 10, 1.1)
     assert decision["pruner"] == "MedianPruner" and decision["best_so_far"] == pytest.approx(1.1)
     assert decision["compared_to"] == pytest.approx(0.75) and decision["competing"] == 2
-    assert decision["text"] == "pruned at step 10 with val_loss 1.1: its best val_loss 1.1 is above the median 0.75 of 2 completed trials at step 10"
+    assert (
+        decision["text"]
+        == "pruned at step 10 with val_loss 1.1: its best val_loss 1.1 is above the median 0.75 of 2 completed trials at step 10"
+    )
 
 
 def test_another_pruner_is_explained_by_its_step_and_value() -> None:
@@ -77,5 +85,12 @@ def test_another_pruner_is_explained_by_its_step_and_value() -> None:
     trial, step = run_trial(study, [(3, 0.5), (4, 2.5)])
     assert step == 4
     decision = explain_prune(study, trial.number, pruner, "loss", 4, 2.5)
-    assert decision == {"pruner": "ThresholdPruner", "metric": "loss", "step": 4, "value": 2.5, "compared_to": None,
-                        "rule": None, "text": "pruned at step 4 with loss 2.5"}  # fmt: skip
+    assert decision == {
+        "pruner": "ThresholdPruner",
+        "metric": "loss",
+        "step": 4,
+        "value": 2.5,
+        "compared_to": None,
+        "rule": None,
+        "text": "pruned at step 4 with loss 2.5",
+    }

@@ -41,7 +41,12 @@ def test_a_function_or_method_is_read_from_its_file_without_importing_it(code_di
     assert found["source"] == "@staticmethod\ndef build(width=8):\n    layers = [width]\n    return layers\n"
     assert module_source("labcode_pkg.models:helper", str(code_dir))["source"] == "def helper(x):\n    return x\n"
     assert "labcode_pkg" not in sys.modules and "labcode_pkg.models" not in sys.modules  # nothing ran
-    for missing in ("labcode_pkg.models:nothing", "labcode_pkg.nomodule:f", "no_such_top_level_pkg:f", "labcode_pkg:helper"):
+    for missing in (
+        "labcode_pkg.models:nothing",
+        "labcode_pkg.nomodule:f",
+        "no_such_top_level_pkg:f",
+        "labcode_pkg:helper",
+    ):
         assert module_source(missing, str(code_dir)) is None, missing
     assert module_source("labcode_pkg.models:helper") is None  # not on the path, and no cwd given
 
@@ -57,8 +62,10 @@ def test_run_sources_lists_the_notebooks_code_then_the_modules(code_dir: Path) -
     }
     found = run_sources(params, str(code_dir))
     assert [(s["origin"], s["name"], s.get("role")) for s in found] == [
-        ("notebook", "my_loss", None), ("module", "Net.build", "model_fn"), ("module", "digits", "data_fn"),
-    ]  # fmt: skip
+        ("notebook", "my_loss", None),
+        ("module", "Net.build", "model_fn"),
+        ("module", "digits", "data_fn"),
+    ]
     assert found[0]["source"] == params["sources"]["my_loss"]
     assert found[2]["ref"] == "rapydli.zoo.datasets:digits" and found[2]["source"].startswith("def digits(")
     assert run_sources({"config": {}}) == []

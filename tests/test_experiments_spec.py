@@ -12,7 +12,9 @@ from rapydli.zoo import datasets, models
 
 
 def test_strings_are_imported_once_and_recorded_as_given() -> None:
-    spec = RunSpec.of("rapydli.zoo.models:mlp", "rapydli.zoo.datasets:digits", loss_fn=nn.CrossEntropyLoss(), metrics=["accuracy"])
+    spec = RunSpec.of(
+        "rapydli.zoo.models:mlp", "rapydli.zoo.datasets:digits", loss_fn=nn.CrossEntropyLoss(), metrics=["accuracy"]
+    )
     assert spec.model_fn is models.mlp and spec.data_fn is datasets.digits and spec.name == "mlp"
     params = spec.params()
     assert params["model_fn"] == "rapydli.zoo.models:mlp" and params["data_fn"] == "rapydli.zoo.datasets:digits"
@@ -35,5 +37,10 @@ def test_what_cannot_work_is_one_error_before_anything_starts(kwargs: dict, mess
     with pytest.raises(ConfigError, match=message):
         RunSpec.of(**given)
     with pytest.raises(ConfigError, match=message):  # the front doors check it the same way, before any cluster
-        rd.scaling_study(given["model_fn"], given["data_fn"], rd.TrainConfig(), workers=[1],
-                         **{k: v for k, v in given.items() if k not in ("model_fn", "data_fn")})  # fmt: skip
+        rd.scaling_study(
+            given["model_fn"],
+            given["data_fn"],
+            rd.TrainConfig(),
+            workers=[1],
+            **{k: v for k, v in given.items() if k not in ("model_fn", "data_fn")},
+        )

@@ -31,13 +31,24 @@ def test_bad_arguments_are_refused_before_anything_starts() -> None:
 @pytest.mark.engines
 def test_verify_layout_passes_a_tied_gpt2_pipeline_and_names_the_parameters_of_a_wrong_plan() -> None:
     with rd.Cluster(n=2) as cluster:
-        config = rd.TrainConfig(pipeline_stages=2, pipeline_split="h.1", batch_size=4, microbatches=2, optimizer="adamw", lr=0.01)
+        config = rd.TrainConfig(
+            pipeline_stages=2, pipeline_split="h.1", batch_size=4, microbatches=2, optimizer="adamw", lr=0.01
+        )
         check = rd.verify_layout(gpt2, train_cases.tokens, config, steps=3, cluster=cluster, loss_fn=lm_loss)
-        wrong = rd.verify_layout(softmax_mlp, train_cases.features, rd.TrainConfig(tensor_parallel=2, tensor_plan={"0": "column", "2": "row"},
-                                 batch_size=4, lr=0.1), steps=2, cluster=cluster)  # fmt: skip
+        wrong = rd.verify_layout(
+            softmax_mlp,
+            train_cases.features,
+            rd.TrainConfig(tensor_parallel=2, tensor_plan={"0": "column", "2": "row"}, batch_size=4, lr=0.1),
+            steps=2,
+            cluster=cluster,
+        )
     assert check.passed and check.worst < 1e-9, check.table
-    assert check.verdict.startswith("dp1 x pp2 x tp1, zero=0 trains the one-process model: all 28 parameters within 1e-09")
-    assert set(check.table["parameter"]) == {name for name, _ in gpt2().named_parameters()}  # the tied weight is one row
+    assert check.verdict.startswith(
+        "dp1 x pp2 x tp1, zero=0 trains the one-process model: all 28 parameters within 1e-09"
+    )
+    assert set(check.table["parameter"]) == {
+        name for name, _ in gpt2().named_parameters()
+    }  # the tied weight is one row
     assert not wrong.passed and "does NOT train the one-process model" in wrong.verdict, wrong.verdict
     assert set(wrong.table[~wrong.table["ok"]]["parameter"]) >= {"0.weight", "0.bias"}, wrong.table
 
@@ -50,10 +61,23 @@ def test_verify_layout_builds_a_library_model_as_rd_train_does() -> None:
 
     gpt2_hf = MODELS["gpt2"]
     with rd.Cluster(n=2) as cluster:
-        checks = [rd.verify_layout(gpt2_hf.model_fn, gpt2_hf.data, rd.TrainConfig(batch_size=2, lr=0.05, **fields), steps=2, cluster=cluster,
-                                   loss_fn=gpt2_hf.loss) for fields in ({"zero": 3}, {"tensor_parallel": 2})]  # fmt: skip
+        checks = [
+            rd.verify_layout(
+                gpt2_hf.model_fn,
+                gpt2_hf.data,
+                rd.TrainConfig(batch_size=2, lr=0.05, **fields),
+                steps=2,
+                cluster=cluster,
+                loss_fn=gpt2_hf.loss,
+            )
+            for fields in ({"zero": 3}, {"tensor_parallel": 2})
+        ]
     for check in checks:
         assert check.passed and check.built == ("deferred",), (check.verdict, check.built)
         held = sum(1 for _ in gpt2_hf.model_fn().parameters()) + sum(1 for _ in gpt2_hf.model_fn().buffers())
-        assert len(check.table) == held + 1, check.table  # and the validation loss, as each model's own evaluation computes it
-        assert "(validation loss)" in set(check.table["parameter"]) and check.verdict.endswith("its validation loss agrees too"), check.verdict
+        assert len(check.table) == held + 1, (
+            check.table
+        )  # and the validation loss, as each model's own evaluation computes it
+        assert "(validation loss)" in set(check.table["parameter"]) and check.verdict.endswith(
+            "its validation loss agrees too"
+        ), check.verdict

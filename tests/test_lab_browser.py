@@ -35,7 +35,9 @@ ROOT = Path(__file__).resolve().parents[1]
 #: Plain finished runs seeded before the others (so they are the oldest): with the 6 families
 #: below they fill more than one page of the panel's run list (25 a page).
 ARCHIVED = 30
-FAMILIES = 8 + ARCHIVED  # 2 train, sweep, batch, live, scaling, a one-trial sweep, a straggling run, and the archived ones
+FAMILIES = (
+    8 + ARCHIVED
+)  # 2 train, sweep, batch, live, scaling, a one-trial sweep, a straggling run, and the archived ones
 #: The scaling study's tracker runs (seeded links: no tracker runs).
 MLFLOW_URL = "http://127.0.0.1:5000/#/experiments/1/runs/a81c"
 TENSORBOARD_DIR = "/tmp/tensorboard/weak-scaling"
@@ -56,10 +58,19 @@ def seed(store: RunStore) -> dict[str, str]:
     ids["live"] = store.create_run("train", "cnn-live", {"lr": 0.01}, seed=1, world_size=2)
     store.log_metrics(ids["live"], [(s, "loss", 2.0 / s) for s in (1, 2, 3, 6)])  # 4 and 5 died with an engine
     ids["scaling"] = store.create_run("scaling", "weak-scaling", {"workers": [1, 2, 4], "mode": "weak"})
-    store.add_record(ids["scaling"], "scaling", "table", [
-        {"workers": 1, "throughput": 100.0}, {"workers": 2, "throughput": 190.0}, {"workers": 4, "throughput": 340.0},
-    ])  # fmt: skip
-    store.add_record(ids["scaling"], "tracker.mlflow", "json", {"id": "a81c", "url": MLFLOW_URL})  # as the trackers link it
+    store.add_record(
+        ids["scaling"],
+        "scaling",
+        "table",
+        [
+            {"workers": 1, "throughput": 100.0},
+            {"workers": 2, "throughput": 190.0},
+            {"workers": 4, "throughput": 340.0},
+        ],
+    )
+    store.add_record(
+        ids["scaling"], "tracker.mlflow", "json", {"id": "a81c", "url": MLFLOW_URL}
+    )  # as the trackers link it
     store.add_record(ids["scaling"], "tracker.tensorboard", "json", {"id": ids["scaling"], "logdir": TENSORBOARD_DIR})
     store.finish_run(ids["scaling"])
     ids["one_trial"] = store.create_run("sweep", "one-trial-sweep", {"metric": "val_loss", "direction": "minimize"})
@@ -69,24 +80,49 @@ def seed(store: RunStore) -> dict[str, str]:
     store.finish_run(ids["one_trial"])
     # a run whose rank 1 straggled, then hung for a while (on_hang="wait"), and finished (the job records both as found)
     ids["straggling"] = store.create_run("train", "straggling", {"lr": 0.01}, seed=2, world_size=2)
-    store.log_metrics(ids["straggling"], [(s, name, value) for s in range(1, 11) for name, value in (
-        ("loss", 1.0 / s), ("step_time_s", 0.05), ("comm_wait_s", 0.03), ("step_time_s@rank1", 0.05), ("comm_wait_s@rank1", 0.0))])  # fmt: skip
-    store.add_record(ids["straggling"], "stragglers", "json", [{"rank": 1, "host": "n2", "busy_s": 0.05, "others_s": 0.02, "step": 10,
-                     "steps": 10, "text": STRAGGLER_TEXT}])  # fmt: skip
+    store.log_metrics(
+        ids["straggling"],
+        [
+            (s, name, value)
+            for s in range(1, 11)
+            for name, value in (
+                ("loss", 1.0 / s),
+                ("step_time_s", 0.05),
+                ("comm_wait_s", 0.03),
+                ("step_time_s@rank1", 0.05),
+                ("comm_wait_s@rank1", 0.0),
+            )
+        ],
+    )
+    store.add_record(
+        ids["straggling"],
+        "stragglers",
+        "json",
+        [{"rank": 1, "host": "n2", "busy_s": 0.05, "others_s": 0.02, "step": 10, "steps": 10, "text": STRAGGLER_TEXT}],
+    )
     store.add_record(ids["straggling"], "hang", "json", {"diagnosis": HANG_TEXT, "action": "wait"})
     store.finish_run(ids["straggling"])
     return ids
 
 
-STRAGGLER_TEXT = ("rank 1 (host n2) is a straggler: busy 50 ms per step against 20 ms on the other ranks (median of the last 10 "
-                  "steps); the others wait for it in the allreduce")
+STRAGGLER_TEXT = (
+    "rank 1 (host n2) is a straggler: busy 50 ms per step against 20 ms on the other ranks (median of the last 10 "
+    "steps); the others wait for it in the allreduce"
+)
 HANG_TEXT = "rank 1 never arrived at allreduce #11 on world, where rank 0 waits (4 MiB float32)"
 
 
 def make_real_runs(env: dict[str, str], root_dir: Path) -> dict[str, Any]:
     """Two training runs and a sweep with a pruned trial (tests/lab_runs.py, on 2 engines), and a
     batch of two notebook items, one failing (``rapydli batch``, outputs under the Lab root)."""
-    made = subprocess.run([sys.executable, str(ROOT / "tests" / "lab_runs.py")], check=False, env=env, capture_output=True, text=True, timeout=300)
+    made = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "lab_runs.py")],
+        check=False,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert made.returncode == 0, made.stderr[-3000:]
     ids = json.loads(made.stdout.strip().splitlines()[-1])
     assert "PRUNED" in ids["trial_states"], ids
@@ -134,7 +170,9 @@ def test_runs_are_families_with_filters_and_no_mid_word_wrapping(page: Page, lab
     expect(family_row(runs, ids["batch"])).to_contain_text("2 items")
     expect(family_row(runs, ids["batch"])).to_have_attribute("data-status", "failed")
     expect(runs.locator("tr.rapydli-Child")).to_have_count(0)  # families start collapsed
-    expect(family_row(runs, ids["train_a"]).locator(".rapydli-Started")).to_have_text(re.compile(r"^(now|\d+[mhd] ago)$"))
+    expect(family_row(runs, ids["train_a"]).locator(".rapydli-Started")).to_have_text(
+        re.compile(r"^(now|\d+[mhd] ago)$")
+    )
     sweep.get_by_role("button", name=re.compile("^Expand")).click()
     expect(runs.locator("tr.rapydli-Child")).to_have_count(3)
     expect(runs.locator('tr.rapydli-Child[data-status="PRUNED"]')).to_have_count(1)
@@ -174,7 +212,9 @@ def test_runs_are_families_with_filters_and_no_mid_word_wrapping(page: Page, lab
     expect(family_row(runs, ids["sweep"])).to_have_count(0)  # the search applied (the kind filter showed 2 rows too)
     expect(runs.locator("tr.rapydli-Family")).to_have_count(2)
     panel.get_by_role("searchbox", name="Search runs").fill("")
-    expect(family_row(runs, ids["sweep"])).to_be_visible()  # the cleared search applied: the next test starts unfiltered
+    expect(
+        family_row(runs, ids["sweep"])
+    ).to_be_visible()  # the cleared search applied: the next test starts unfiltered
     expect(panel.locator(".rapydli-Pager")).to_contain_text(f"of {FAMILIES} runs")
 
 
@@ -182,7 +222,10 @@ def test_the_run_list_pages(page: Page, lab: dict[str, Any]) -> None:
     panel = open_panel(page)
     runs = panel.get_by_role("table", name="Run list")
     pager = panel.locator(".rapydli-Pager")
-    previous, following = pager.get_by_role("button", name="Previous page"), pager.get_by_role("button", name="Next page")
+    previous, following = (
+        pager.get_by_role("button", name="Previous page"),
+        pager.get_by_role("button", name="Next page"),
+    )
     expect(pager).to_contain_text(f"1–25 of {FAMILIES} runs")
     expect(runs.locator("tr.rapydli-Family")).to_have_count(25)
     expect(previous).to_be_disabled()
@@ -245,9 +288,18 @@ def test_run_view_has_params_unit_plots_ranks_hosts_and_distinct_titles(page: Pa
     assert len(set(titles)) == 2, titles  # the short id tells them apart
     view = page.get_by_role("region", name=f"Run {ids['train_b']}")  # the tab opened last
     params = view.get_by_role("table", name="Parameters")
-    expect(params.get_by_role("row", name=re.compile(r"^config\.lr "))).to_contain_text("0.03")  # nested config expanded
+    expect(params.get_by_role("row", name=re.compile(r"^config\.lr "))).to_contain_text(
+        "0.03"
+    )  # nested config expanded
     expect(view.get_by_role("table", name="Run")).to_contain_text("hosts")
-    for plot, traces in (("loss", 2), ("throughput", 1), ("time", 4), ("fraction", 2), ("rank-step_time_s", 2), ("rank-comm_wait_s", 2)):
+    for plot, traces in (
+        ("loss", 2),
+        ("throughput", 1),
+        ("time", 4),
+        ("fraction", 2),
+        ("rank-step_time_s", 2),
+        ("rank-comm_wait_s", 2),
+    ):
         expect(view.locator(f'[data-plot="{plot}"] .scatterlayer .trace')).to_have_count(traces)
     expect(view.locator('[data-plot="time"]')).to_contain_text("ms")
     expect(view.locator('[data-plot="rank-step_time_s"]')).to_contain_text("rank 1")
@@ -261,7 +313,11 @@ def test_run_view_has_params_unit_plots_ranks_hosts_and_distinct_titles(page: Pa
     code = mine.get_by_label("Source of digits_mlp")
     expect(code).to_be_visible()
     lines = code.inner_text().splitlines()
-    assert lines[0] == "def digits_mlp() -> object:" and "    model = models.mlp()" in lines and lines[-1] == "    return model", lines
+    assert (
+        lines[0] == "def digits_mlp() -> object:"
+        and "    model = models.mlp()" in lines
+        and lines[-1] == "    return model"
+    ), lines
     assert "mono" in code.evaluate("el => getComputedStyle(el).fontFamily").lower()
     library = source.locator('details[data-origin="module"]')
     expect(library.locator("summary")).to_contain_text("data_fn: rapydli.zoo.datasets:digits")
@@ -321,16 +377,22 @@ def test_sweep_view_shows_the_pruned_trial(page: Page, lab: dict[str, Any]) -> N
 
 
 def test_best_so_far_of_one_complete_trial_is_legible(page: Page, lab: dict[str, Any]) -> None:
-    family_row(open_panel(page).get_by_role("table", name="Run list"), lab["ids"]["one_trial"]).locator(".rapydli-RunName").click()
+    family_row(open_panel(page).get_by_role("table", name="Run list"), lab["ids"]["one_trial"]).locator(
+        ".rapydli-RunName"
+    ).click()
     view = page.get_by_role("region", name=f"Run {lab['ids']['one_trial']}")
     best = view.locator('[data-plot="best-so-far"]')
     expect(best.locator(".scatterlayer .point")).to_have_count(1)
     expect(best).to_contain_text("1 complete trial")
     layout = best.evaluate("el => ({x: el.layout.xaxis.tickvals, y: el.layout.yaxis.range})")
-    assert layout["x"] == [0] and layout["y"][0] < 0.42 < layout["y"][1], layout  # one tick at trial 0, the value in view
+    assert layout["x"] == [0] and layout["y"][0] < 0.42 < layout["y"][1], (
+        layout
+    )  # one tick at trial 0, the value in view
 
 
-def test_find_a_sweep_see_why_trials_were_pruned_compare_the_best_two_and_tag_the_winner(page: Page, lab: dict[str, Any]) -> None:
+def test_find_a_sweep_see_why_trials_were_pruned_compare_the_best_two_and_tag_the_winner(
+    page: Page, lab: dict[str, Any]
+) -> None:
     """The researcher's path through the panel, start to end, without leaving JupyterLab."""
     ids, store = lab["ids"], lab["store"]
     panel = open_panel(page)
@@ -341,7 +403,9 @@ def test_find_a_sweep_see_why_trials_were_pruned_compare_the_best_two_and_tag_th
     sweep = family_row(runs, ids["sweep"])
     if sweep.get_by_role("button", name=re.compile("^Expand")).count():
         sweep.get_by_role("button", name=re.compile("^Expand")).click()
-    expect(runs.locator('tr.rapydli-Child[data-status="PRUNED"]')).to_have_attribute("title", re.compile(r"pruned at step \d+ with val_loss"))
+    expect(runs.locator('tr.rapydli-Child[data-status="PRUNED"]')).to_have_attribute(
+        "title", re.compile(r"pruned at step \d+ with val_loss")
+    )
     sweep.locator(".rapydli-RunName").click()
     view = page.get_by_role("region", name=f"Run {ids['sweep']}")
     trials = view.get_by_role("table", name="Trials table")
@@ -353,13 +417,17 @@ def test_find_a_sweep_see_why_trials_were_pruned_compare_the_best_two_and_tag_th
     expect(rows.first).to_have_attribute("data-state", "COMPLETE")
     best_two = [rows.nth(i).get_attribute("data-run-id") for i in (0, 1)]
     finals = {t: store.final_metrics(t)["val_loss"] for t in best_two}
-    complete = [r["id"] for r in store.list_runs(parent=ids["sweep"])[0] if r["status"] == "finished"]  # a trial's state is its run's status
+    complete = [
+        r["id"] for r in store.list_runs(parent=ids["sweep"])[0] if r["status"] == "finished"
+    ]  # a trial's state is its run's status
     assert sorted(complete) == sorted(best_two) and finals[best_two[0]] <= finals[best_two[1]], (complete, finals)
     for i in (0, 1):
         rows.nth(i).get_by_role("checkbox").check()
     shot(page, lab, "done-sweep")
     view.get_by_role("button", name="Compare selected trials").click()
-    compare = page.get_by_role("region", name="Compare runs").filter(has=page.locator(f'th[data-run-id="{best_two[0]}"]'))
+    compare = page.get_by_role("region", name="Compare runs").filter(
+        has=page.locator(f'th[data-run-id="{best_two[0]}"]')
+    )
     expect(compare.locator('[data-plot="compare"] .scatterlayer .trace')).to_have_count(2)
     expect(compare.get_by_role("combobox", name="Metric")).to_have_value("val_loss")
 
@@ -398,7 +466,9 @@ def test_batch_view_shows_the_failed_item_and_opens_its_notebook(page: Page, lab
     items = view.get_by_role("table", name="Items table")
     expect(items.locator("tbody tr")).to_have_count(2)
     failed = items.locator('tr[data-status="failed"]')
-    expect(failed).to_contain_text('code cell 3 (In [4]), line 5: raise ValueError("x must be positive")')  # nb.cells[3] of params.ipynb
+    expect(failed).to_contain_text(
+        'code cell 3 (In [4]), line 5: raise ValueError("x must be positive")'
+    )  # nb.cells[3] of params.ipynb
     expect(items.locator('tr[data-status="finished"]')).to_contain_text("4")  # y = x * factor recorded
     expect(view.get_by_role("region", name="Report")).to_contain_text("report")
     shot(page, lab, "batch-view")
@@ -464,7 +534,9 @@ def test_live_run_and_scaling_views(page: Page, lab: dict[str, Any]) -> None:
     scaling = view.locator('[data-plot="scaling"]')
     expect(scaling.locator(".scatterlayer .trace")).to_have_count(3)  # speedup, ideal, efficiency
     expect(scaling).to_contain_text("efficiency")
-    trackers = view.get_by_role("region", name="Trackers")  # the study in MLflow (a link, to a new tab) and TensorBoard (its folder)
+    trackers = view.get_by_role(
+        "region", name="Trackers"
+    )  # the study in MLflow (a link, to a new tab) and TensorBoard (its folder)
     mlflow = trackers.get_by_role("link", name="Open in mlflow")
     expect(mlflow).to_have_attribute("href", MLFLOW_URL)
     expect(mlflow).to_have_attribute("target", "_blank")
@@ -482,11 +554,11 @@ def test_commands_are_in_the_palette(page: Page) -> None:
     page.keyboard.press("Escape")
 
 
-
-
 def test_one_cluster_panel(page: Page) -> None:
     # ipyparallel's own cluster panel (installed with ipyparallel) is disabled by RaPyDLI's page config: ours lists the same clusters
-    disabled = page.evaluate("() => JSON.parse(document.getElementById('jupyter-config-data').textContent).disabledExtensions")
+    disabled = page.evaluate(
+        "() => JSON.parse(document.getElementById('jupyter-config-data').textContent).disabledExtensions"
+    )
     assert "ipyparallel-labextension" in disabled, disabled
     tabs = page.locator(".jp-SideBar .lm-TabBar-tab")
     expect(page.locator('.jp-SideBar .lm-TabBar-tab[data-id="rapydli-panel"]')).to_have_count(1)
@@ -508,7 +580,9 @@ plot.close()
 print("drawn", plot.redraws, "times")"""
 
 
-def test_a_live_plot_saved_by_jupyterlab_is_light_and_shows_again_without_running(page: Page, lab: dict[str, Any]) -> None:
+def test_a_live_plot_saved_by_jupyterlab_is_light_and_shows_again_without_running(
+    page: Page, lab: dict[str, Any]
+) -> None:
     """JupyterLab runs a live-plotting cell and saves the notebook: one light figure is kept (plotly's JSON and its
     PNG, no widget state), and the notebook opened again shows it before anything runs."""
     import nbformat
@@ -525,10 +599,16 @@ def test_a_live_plot_saved_by_jupyterlab_is_light_and_shows_again_without_runnin
         expect(tab.get_by_role("button", name="Python 3 (ipykernel) | Idle")).to_be_visible()  # the kernel is up
         notebook.locator(".jp-Cell").first.click()
         notebook.get_by_role("button", name="Run this cell and advance (Shift+Enter)").click()
-        expect(notebook.locator('.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stdout"]')).to_contain_text("drawn", timeout=120_000)
-        expect(notebook.locator(".jp-OutputArea-output.js-plotly-plot .main-svg").first).to_be_visible()  # drawn by plotly.js
+        expect(
+            notebook.locator('.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stdout"]')
+        ).to_contain_text("drawn", timeout=120_000)
+        expect(
+            notebook.locator(".jp-OutputArea-output.js-plotly-plot .main-svg").first
+        ).to_be_visible()  # drawn by plotly.js
         tab.keyboard.press("Control+s")
-        tab.wait_for_function("() => !document.querySelector('.jp-NotebookPanel .jp-mod-dirty, .lm-TabBar-tab.jp-mod-dirty')")
+        tab.wait_for_function(
+            "() => !document.querySelector('.jp-NotebookPanel .jp-mod-dirty, .lm-TabBar-tab.jp-mod-dirty')"
+        )
         deadline = time.monotonic() + 60
         while not (saved := nbformat.read(path, as_version=4)).cells[0].get("outputs") and time.monotonic() < deadline:
             time.sleep(0.2)

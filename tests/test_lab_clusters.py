@@ -75,7 +75,9 @@ def left_after(pids: list[int], timeout: float = 15.0) -> list[int]:
     return alive(pids)
 
 
-def start_from_dialog(page: Page, panel: Any, n: int, launcher: str = "local", fields: dict[str, str] | None = None, other: str = "") -> None:
+def start_from_dialog(
+    page: Page, panel: Any, n: int, launcher: str = "local", fields: dict[str, str] | None = None, other: str = ""
+) -> None:
     """Fill the Start dialog (engines, launcher, its option fields and key=value lines) and start."""
     panel.get_by_role("button", name="Start cluster").click()
     dialog = page.get_by_role("dialog")
@@ -129,7 +131,9 @@ def test_the_start_dialog_waits_for_the_servers_launchers(browser: Any, lab: dic
     try:
         tab = context.new_page()
         tab.set_default_timeout(60_000)
-        tab.route("**/rapydli/api/launchers**", lambda route: held.append(route))  # the server's answer held back, as on a loaded machine
+        tab.route(
+            "**/rapydli/api/launchers**", lambda route: held.append(route)
+        )  # the server's answer held back, as on a loaded machine
         # a workspace of its own, reset: the other tests' saved layout (the panel open) is not restored under the click that opens it
         tab.goto(f"{lab['url']}/lab/workspaces/launchers-held?reset&token={lab['token']}")
         expect(tab.locator("#jp-main-dock-panel")).to_be_visible(timeout=120_000)
@@ -194,8 +198,14 @@ def test_a_cli_started_cluster_is_listed_restarted_and_stopped_from_the_panel(pa
 
 @pytest.mark.engines
 def test_a_cluster_held_by_a_kernel_is_listed_and_stopped_from_the_panel(page: Page, lab: dict[str, Any]) -> None:
-    holder = subprocess.Popen([sys.executable, str(ROOT / "tests" / "lab_cluster_holder.py")], env=lab["env"],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    holder = subprocess.Popen(
+        [sys.executable, str(ROOT / "tests" / "lab_cluster_holder.py")],
+        env=lab["env"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         cluster_id = holder.stdout.readline().strip()  # type: ignore[union-attr]
         assert cluster_id, holder.stderr.read()  # type: ignore[union-attr]
@@ -205,8 +215,12 @@ def test_a_cluster_held_by_a_kernel_is_listed_and_stopped_from_the_panel(page: P
         row = panel.get_by_role("listitem", name=f"Cluster {cluster_id}")
         expect(row).to_contain_text("2/2 engines")
         expect(row.locator(".rapydli-Origin")).to_have_text("kernel")
-        expect(row.get_by_role("button", name=f"Restart cluster {cluster_id}")).to_be_disabled()  # the kernel restarts it
-        expect(row.get_by_role("button", name=f"Restart cluster {cluster_id}")).to_have_attribute("title", re.compile("Held by a kernel"))
+        expect(
+            row.get_by_role("button", name=f"Restart cluster {cluster_id}")
+        ).to_be_disabled()  # the kernel restarts it
+        expect(row.get_by_role("button", name=f"Restart cluster {cluster_id}")).to_have_attribute(
+            "title", re.compile("Held by a kernel")
+        )
         shot(page, lab, "cluster-kernel", panel)
         row.get_by_role("button", name=f"Stop cluster {cluster_id}").click()
         expect(row).to_have_count(0, timeout=120_000)
@@ -301,7 +315,9 @@ def slurm_page(browser: Any, slurm_lab: dict[str, Any]) -> Iterator[Page]:
 
 @pytest.mark.slurm
 @pytest.mark.engines
-def test_a_slurm_cluster_from_the_panel_shows_its_job_and_a_pending_one_is_cancelled(slurm_page: Page, slurm_lab: dict[str, Any]) -> None:
+def test_a_slurm_cluster_from_the_panel_shows_its_job_and_a_pending_one_is_cancelled(
+    slurm_page: Page, slurm_lab: dict[str, Any]
+) -> None:
     page, slurm = slurm_page, slurm_lab["slurm"]
     panel = open_panel(page)
     clusters = panel.get_by_role("list", name="Cluster list")

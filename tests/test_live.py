@@ -15,7 +15,15 @@ from rapydli.zoo import datasets, models
 
 
 def _row(step: int) -> dict:
-    return {"kind": "train", "step": step, "loss": 1.0 / step, "samples_per_s": 100.0, "step_time_s": 0.01, "comm_time_s": 0.001, "comm_wait_s": 0.0}
+    return {
+        "kind": "train",
+        "step": step,
+        "loss": 1.0 / step,
+        "samples_per_s": 100.0,
+        "step_time_s": 0.01,
+        "comm_time_s": 0.001,
+        "comm_wait_s": 0.0,
+    }
 
 
 def test_redraws_are_batched_and_rate_limited() -> None:
@@ -81,7 +89,17 @@ def test_a_restart_row_draws_a_marker_where_the_run_resumed() -> None:
     from rapydli.widgets.live import LivePlot
 
     plot = LivePlot(title="restarts", live=False)
-    plot({"kind": "train", "step": 1, "loss": 2.0, "samples_per_s": 1.0, "step_time_s": 0.1, "comm_time_s": 0.01, "comm_wait_s": 0.0})
+    plot(
+        {
+            "kind": "train",
+            "step": 1,
+            "loss": 2.0,
+            "samples_per_s": 1.0,
+            "step_time_s": 0.1,
+            "comm_time_s": 0.01,
+            "comm_wait_s": 0.0,
+        }
+    )
     plot({"kind": "restart", "step": 4, "cause": "rank 1 died", "ranks": [1]})
     plot.close()
     assert plot.restarts == [4] and [shape.x0 for shape in plot.figure.layout.shapes] == [4]
@@ -91,12 +109,23 @@ def test_a_restarted_run_keeps_every_step_once_in_order() -> None:
     from rapydli.widgets.live import LivePlot
 
     def row(step: int) -> dict:
-        return {"kind": "train", "step": step, "loss": 10.0 - step, "samples_per_s": 1.0, "step_time_s": 0.1, "comm_time_s": 0.01,
-                "comm_wait_s": 0.0}  # fmt: skip
+        return {
+            "kind": "train",
+            "step": step,
+            "loss": 10.0 - step,
+            "samples_per_s": 1.0,
+            "step_time_s": 0.1,
+            "comm_time_s": 0.01,
+            "comm_wait_s": 0.0,
+        }
 
     for batched in (False, True):  # rows drawn as they come, or all in one redraw
         plot = LivePlot(title="restarts", live=False, max_redraws_per_s=1e9 if not batched else 1e-9)
-        for step in (1, 5, 6):  # the first attempt: steps 2-4 died in its engine's buffer, 5-6 are done again after the restart
+        for step in (
+            1,
+            5,
+            6,
+        ):  # the first attempt: steps 2-4 died in its engine's buffer, 5-6 are done again after the restart
             plot(row(step))
         for step in (2, 3, 4):  # recovered from the checkpoint of step 4
             plot(row(step))
@@ -118,7 +147,10 @@ def test_the_throughput_band_spans_the_middle_half_of_the_last_steps() -> None:
         plot({**_row(step), "samples_per_s": speed})
     plot.close()
     traces = {trace.name: trace for trace in plot.figure.data}
-    low, high = traces["samples/s lower quartile"], traces[f"samples/s, middle half of the last {THROUGHPUT_WINDOW} steps"]
+    low, high = (
+        traces["samples/s lower quartile"],
+        traces[f"samples/s, middle half of the last {THROUGHPUT_WINDOW} steps"],
+    )
     assert list(low.x) == list(high.x) == list(range(4, len(speeds) + 1))  # from the fourth step on
     last = speeds[-THROUGHPUT_WINDOW:]
     import statistics
@@ -134,12 +166,23 @@ def test_a_straggler_and_a_hang_are_marked_on_the_live_plot() -> None:
 
     plot = LivePlot(title="marks", live=False)
     for step in (1, 2, 3):
-        plot({"kind": "train", "step": step, "loss": 1.0, "samples_per_s": 100.0, "step_time_s": 0.05, "comm_time_s": 0.01,
-              "comm_wait_s": 0.03})  # fmt: skip
+        plot(
+            {
+                "kind": "train",
+                "step": step,
+                "loss": 1.0,
+                "samples_per_s": 100.0,
+                "step_time_s": 0.05,
+                "comm_time_s": 0.01,
+                "comm_wait_s": 0.03,
+            }
+        )
         plot({"kind": "rank", "rank": 1, "step": step, "step_time_s": 0.05, "comm_wait_s": 0.0})
     text = "rank 1 (host n2) is a straggler: busy 50 ms per step against 20 ms on the other ranks (median of the last 3 steps)"
     plot({"kind": "straggler", "rank": 1, "host": "n2", "text": text})
-    diagnosis = "rank 1 never arrived at allreduce #9 on world, where rank 0 waits (4 MiB float32)\nrank 1 is at: forward"
+    diagnosis = (
+        "rank 1 never arrived at allreduce #9 on world, where rank 0 waits (4 MiB float32)\nrank 1 is at: forward"
+    )
     plot({"kind": "hang", "step": 3, "diagnosis": diagnosis, "action": "wait"})
     plot.close()
     rank1 = next(t for t in plot.figure.data if (t.name or "").startswith("comm wait rank 1"))
@@ -147,6 +190,9 @@ def test_a_straggler_and_a_hang_are_marked_on_the_live_plot() -> None:
     notes = {a.text: a.hovertext for a in plot.figure.layout.annotations if a.text}
     assert any(t.startswith("rank 1 (host n2) is a straggler") for t in notes)
     hang = next(t for t in notes if t.startswith("hang: "))
-    assert hang == "hang: rank 1 never arrived at allreduce #9 on world, where rank 0 waits (4 MiB float32)" and notes[hang] == diagnosis
+    assert (
+        hang == "hang: rank 1 never arrived at allreduce #9 on world, where rank 0 waits (4 MiB float32)"
+        and notes[hang] == diagnosis
+    )
     assert any(s.x0 == 3 and s.line.color == RED for s in plot.figure.layout.shapes)
     assert [n["kind"] for n in plot.notices] == ["straggler", "hang"]

@@ -14,11 +14,19 @@ def rows_of_step(step: int, replica: int = 0, stages: int = 2, microbatches: int
     """Each stage's ``timeline`` row of one step, as a pipelined run sends them (a simulated 1F1B step)."""
     sim = schedules.simulate(schedules.build("1f1b", stages, microbatches), 0.001 * step, 0.002)
     return [
-        {"kind": "timeline", "rank": replica * stages + stage, "stage": stage, "replica": replica, "stages": stages,
-         "microbatches": microbatches, "schedule": "1f1b", "step": step,
-         "spans": [(a.kind, a.microbatch, s, e) for a, s, e in spans]}
+        {
+            "kind": "timeline",
+            "rank": replica * stages + stage,
+            "stage": stage,
+            "replica": replica,
+            "stages": stages,
+            "microbatches": microbatches,
+            "schedule": "1f1b",
+            "step": step,
+            "spans": [(a.kind, a.microbatch, s, e) for a, s, e in spans],
+        }
         for stage, spans in enumerate(sim.spans)
-    ]  # fmt: skip
+    ]
 
 
 @pytest.mark.parametrize("widget", [False, True])
@@ -33,7 +41,9 @@ def test_the_latest_step_every_stage_reported_is_drawn(widget: bool) -> None:
     assert timeline.step == 2  # step 3 lacks stage 1
     forward = next(trace for trace in timeline.figure.data if trace.name == "forward")
     assert set(forward.y) == {"rank 0", "rank 1"} and len(forward.x) == 2 * 4
-    assert "step 2, replica 0" in timeline.figure.layout.title.text and "theory 20.0%" in timeline.figure.layout.title.text
+    assert (
+        "step 2, replica 0" in timeline.figure.layout.title.text and "theory 20.0%" in timeline.figure.layout.title.text
+    )
     for row in rows_of_step(1, replica=1):  # another replica's rows are not drawn
         timeline(row)
     assert timeline.received == 5 and timeline.step == 2

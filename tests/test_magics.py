@@ -86,7 +86,9 @@ def test_rich_output_only_from_first_rank(ip):
 
 
 def test_targets_select_ranks_and_their_communicator(ip):
-    value, captured = cell(ip, "print('on', rank)\n(rank, world_size, world_rank, comm.Get_size())", "--targets 1 --gather")
+    value, captured = cell(
+        ip, "print('on', rank)\n(rank, world_size, world_rank, comm.Get_size())", "--targets 1 --gather"
+    )
     assert value == [(0, 1, 1, 1)]  # rank within the selected group; world_rank in the cluster
     assert "[rank 1] on 0" in captured.stdout and "[rank 0]" not in captured.stdout
     value, _ = cell(ip, "(rank, world_rank)", "--gather")
@@ -115,8 +117,14 @@ def test_rd_train_reuses_the_cluster_started_by_the_magic(ip):
                 continue
 
     with capture_output() as captured:
-        result = rd.train("rapydli.zoo.models:mlp", "rapydli.zoo.datasets:digits", {"max_steps": 3, "batch_size": 16},
-                          callbacks=[clusters_now], progress=False, live=False)
+        result = rd.train(
+            "rapydli.zoo.models:mlp",
+            "rapydli.zoo.datasets:digits",
+            {"max_steps": 3, "batch_size": 16},
+            callbacks=[clusters_now],
+            progress=False,
+            live=False,
+        )
     assert len(result.history.query("kind == 'train'")) == 3
     assert seen == {before["cluster_id"]}, f"rd.train ran beside another cluster: {seen}"
     after = ip.run_line_magic("rapydli", "status")
@@ -228,7 +236,13 @@ def test_ctrl_c_ends_with_one_line_naming_the_ranks(ip):
     # "ranks 0, 1 interrupted" (or, where a rank took over FOLLOW_S longer, "rank 1 blocked ... aborted")
     assert re.fullmatch(r"KeyboardInterrupt: Ctrl-C: ranks? [01](, 1)? \w.*", last), shown
     assert "0" in last and "1" in last
-    for internal in ("ipyparallel", "concurrent/futures", "threading.py", "rapydli/magics.py", "rapydli/cluster/cluster.py"):
+    for internal in (
+        "ipyparallel",
+        "concurrent/futures",
+        "threading.py",
+        "rapydli/magics.py",
+        "rapydli/cluster/cluster.py",
+    ):
         assert internal not in shown
     assert not [line for line in shown.splitlines() if line.startswith("[rank") and "KeyboardInterrupt" in line]
     value, _ = cell(ip, "rank", "--gather")
@@ -271,4 +285,7 @@ def test_a_trailing_comment_is_not_an_argument():
 
     assert _strip_comment("start -n 2                  # 2 MPI engines (one MPI rank each)") == "start -n 2"
     assert _strip_comment("# only a comment") == ""
-    assert _strip_comment("start -n 2 --launcher ssh hosts=a#1 note='x # y'") == "start -n 2 --launcher ssh hosts=a#1 note='x # y'"
+    assert (
+        _strip_comment("start -n 2 --launcher ssh hosts=a#1 note='x # y'")
+        == "start -n 2 --launcher ssh hosts=a#1 note='x # y'"
+    )

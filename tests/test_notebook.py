@@ -28,10 +28,7 @@ CELLS = [
     # the user's own chart, after import rapydli
     "px.line(x=[1, 2, 3], y=[2, 1, 3], title='a plotly.express chart')",
     # rd.train's progress bar
-    "bar = progress_bar(total=40, desc='train', unit='step')\n"
-    "for _ in range(40):\n"
-    "    bar.update(1)\n"
-    "bar.close()",
+    "bar = progress_bar(total=40, desc='train', unit='step')\nfor _ in range(40):\n    bar.update(1)\nbar.close()",
 ]
 FIGURES = 4  # the live plot's last state, the recorded figure, the cell's result, the user's chart
 
@@ -41,8 +38,14 @@ def executed(tmp_path_factory: pytest.TempPathFactory) -> nbformat.NotebookNode:
     folder = tmp_path_factory.mktemp("front")
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source) for source in CELLS])
     nbformat.write(nb, folder / "in.ipynb")
-    papermill.execute_notebook(str(folder / "in.ipynb"), str(folder / "out.ipynb"), kernel_name="python3",
-                               language="python", cwd=str(folder), progress_bar=False)  # fmt: skip  (plain papermill, as users run it)
+    papermill.execute_notebook(
+        str(folder / "in.ipynb"),
+        str(folder / "out.ipynb"),
+        kernel_name="python3",
+        language="python",
+        cwd=str(folder),
+        progress_bar=False,
+    )  # plain papermill, as users run it
     nb = nbformat.read(folder / "out.ipynb", as_version=4)
     nb.metadata["size"] = (folder / "out.ipynb").stat().st_size
     return nb
@@ -75,7 +78,9 @@ def test_a_live_plot_leaves_no_widget_state(executed: nbformat.NotebookNode) -> 
     JavaScript, which plain papermill saves even for a closed widget): the notebook keeps only the progress bar's."""
     states = executed.metadata.get("widgets", {}).get(WIDGET_STATE, {}).get("state", {})
     assert states, "the progress bar's state is saved"
-    assert not [s for s in states.values() if "_esm" in s["state"]], [s.get("model_name") for s in states.values()]  # anywidget's
+    assert not [s for s in states.values() if "_esm" in s["state"]], [
+        s.get("model_name") for s in states.values()
+    ]  # anywidget's
     assert executed.metadata["size"] < 300_000, executed.metadata["size"]
 
 

@@ -14,7 +14,9 @@ def test_quickstart_runs(tmp_path, capfd):
     printed = capfd.readouterr()
     # as `make demo` shows. Plain papermill's kernel says two things itself, not ours: "without encryption", and on a
     # loaded machine "KeyboardInterrupt caught in kernel" (jupyter_client interrupts a kernel it shuts down)
-    shown = "\n".join(line for line in (printed.out + printed.err).splitlines() if "KeyboardInterrupt caught in kernel" not in line)
+    shown = "\n".join(
+        line for line in (printed.out + printed.err).splitlines() if "KeyboardInterrupt caught in kernel" not in line
+    )
     for noise in ("Monitor message without topic", "KeyboardInterrupt"):
         assert noise not in shown + text, noise
     assert "[rank 0] hello from rank 0 of 2" in text

@@ -15,7 +15,9 @@ def _python(code: str) -> str:
 
 
 def test_import_is_light():
-    loaded = _python("import rapydli, sys; print(sorted(m for m in ('torch', 'plotly', 'optuna', 'ipyparallel', 'lmdb') if m in sys.modules))")
+    loaded = _python(
+        "import rapydli, sys; print(sorted(m for m in ('torch', 'plotly', 'optuna', 'ipyparallel', 'lmdb') if m in sys.modules))"
+    )
     assert loaded == "[]"
 
 
@@ -38,7 +40,9 @@ def test_every_command_loads_and_has_help():
     assert result.returncode == 0, result.stderr
     for command in ("batch", "bench", "cluster", "runs", "tune"):
         assert command in result.stdout
-    bench = subprocess.run([sys.executable, "-m", "rapydli", "bench", "--help"], capture_output=True, text=True, timeout=120)
+    bench = subprocess.run(
+        [sys.executable, "-m", "rapydli", "bench", "--help"], capture_output=True, text=True, timeout=120
+    )
     for name in ("allreduce", "conv", "loader", "magics", "trainer"):
         assert name in bench.stdout
 

@@ -60,7 +60,9 @@ MODELS = {
 
 @pytest.mark.parametrize("name", sorted(MODELS))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_every_tensor_computed_alone_equals_the_whole_models_and_the_random_state_goes_on_the_same(name: str, dtype: torch.dtype) -> None:
+def test_every_tensor_computed_alone_equals_the_whole_models_and_the_random_state_goes_on_the_same(
+    name: str, dtype: torch.dtype
+) -> None:
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
@@ -72,14 +74,18 @@ def test_every_tensor_computed_alone_equals_the_whole_models_and_the_random_stat
         drawn_after_record = torch.rand(5)
     finally:
         torch.set_default_dtype(previous)
-    assert torch.equal(drawn_after_record, drawn_after_whole)  # the data order, dropout: the same as after building whole
+    assert torch.equal(
+        drawn_after_record, drawn_after_whole
+    )  # the data order, dropout: the same as after building whole
     assert recording_of(model) is recording
     assert all(p.is_meta for p in model.parameters())
     expected = dict(whole.named_parameters()) | dict(whole.named_buffers())
     for key, tensor in [*model.named_parameters(), *model.named_buffers()]:
         state = torch.random.get_rng_state()
         made = recording.value(tensor)
-        assert torch.equal(torch.random.get_rng_state(), state)  # replaying draws from saved states, the caller's untouched
+        assert torch.equal(
+            torch.random.get_rng_state(), state
+        )  # replaying draws from saved states, the caller's untouched
         assert made.dtype == expected[key].dtype and torch.equal(made, expected[key].detach()), key
 
 
@@ -95,7 +101,9 @@ def test_materialize_keeps_tied_weights_tied_and_lazy_parameters_hold_no_memory(
     from rapydli.parallel import deferred
 
     weight = lazy.transformer.wte.weight
-    assert deferred.is_lazy(weight) and weight.untyped_storage().nbytes() == weight.element_size()  # a stride-0 placeholder
+    assert (
+        deferred.is_lazy(weight) and weight.untyped_storage().nbytes() == weight.element_size()
+    )  # a stride-0 placeholder
     assert torch.equal(deferred.value(weight), whole.transformer.wte.weight.detach())
 
 
@@ -118,7 +126,9 @@ class SkipsMeta(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.empty(4, 4))
-        from torch.nn.init import orthogonal_  # imported before recording: the function that returns at once for meta tensors
+        from torch.nn.init import (
+            orthogonal_,
+        )  # imported before recording: the function that returns at once for meta tensors
 
         _skipping(orthogonal_)(self.weight)
 
@@ -139,7 +149,9 @@ def _skipping(initialiser):
     ],
     ids=["reads-a-value", "initialiser-skips-meta", "not-a-module"],
 )
-def test_what_cannot_be_recorded_is_refused_naming_it_and_the_random_state_is_left_as_it_was(model_fn, named: str) -> None:
+def test_what_cannot_be_recorded_is_refused_naming_it_and_the_random_state_is_left_as_it_was(
+    model_fn, named: str
+) -> None:
     torch.manual_seed(1)
     state = torch.random.get_rng_state()
     with pytest.raises(Unrecordable, match=named):
@@ -151,7 +163,9 @@ def test_a_model_fn_that_cannot_be_recorded_is_built_whole_and_says_why() -> Non
     from rapydli.trainer.task import build_model
 
     model, built = build_model(ReadsAValue, TrainConfig(zero=3, workers=2), 2, "cpu")
-    assert not any(p.is_meta for p in model.parameters()) and built.startswith("whole: model_fn() failed on the meta device")
+    assert not any(p.is_meta for p in model.parameters()) and built.startswith(
+        "whole: model_fn() failed on the meta device"
+    )
     model, built = build_model(gpt2, TrainConfig(zero=2, workers=2), 2, "cpu")
     assert built == "whole"  # every rank holds every parameter at zero=2 anyway
 
@@ -187,7 +201,10 @@ def test_a_model_whose_parameters_are_more_than_a_rank_uses_trains_with_zero3_ne
     assert rows["deferred"]["checksum"] == rows["whole"]["checksum"]  # the same training either way
     # SGD without momentum, zero=3 on 4 ranks: 8 bytes a parameter / 4 kept, plus the blocks gathered and the gradients in flight
     assert all(growth < 0.85 * size for growth in rows["deferred"]["growth"]), (rows, size)
-    assert all(growth >= size for growth in rows["whole"]["growth"]), (rows, size)  # building it whole holds all of it at once
+    assert all(growth >= size for growth in rows["whole"]["growth"]), (
+        rows,
+        size,
+    )  # building it whole holds all of it at once
 
 
 def _bit_equal(model_fn) -> None:
@@ -221,13 +238,22 @@ class ConvertsItself(nn.Module):
         with torch.no_grad():
             self.linear.weight[0].fill_(1.0)
         positions = torch.arange(8).float()
-        self.register_buffer("table", torch.outer(positions, 1.0 / (10000 ** (torch.arange(0, 4, 2).float() / 4))).cos())
+        self.register_buffer(
+            "table", torch.outer(positions, 1.0 / (10000 ** (torch.arange(0, 4, 2).float() / 4))).cos()
+        )
         self.to(torch.float64)
 
 
 @pytest.mark.parametrize(
     "convert",
-    [lambda m: m, lambda m: m.double(), lambda m: m.to(torch.float64), lambda m: m.half(), lambda m: m.bfloat16(), lambda m: m.float().double()],
+    [
+        lambda m: m,
+        lambda m: m.double(),
+        lambda m: m.to(torch.float64),
+        lambda m: m.half(),
+        lambda m: m.bfloat16(),
+        lambda m: m.float().double(),
+    ],
     ids=["as-built", "double", "to-float64", "half", "bfloat16", "float-then-double"],
 )
 def test_dtype_conversions_replay_bit_equal(convert) -> None:

@@ -30,9 +30,7 @@ def run_cases(run_mpi, n: int, cases: list[list]) -> list[dict]:
 
 @pytest.mark.mpi
 def test_two_stages_equal_one_process_for_both_schedules_and_any_microbatches(run_mpi) -> None:
-    cases = [
-        [2, schedule, m, 8, "float64"] for schedule in ("gpipe", "1f1b") for m in (1, 2, 4)
-    ] + [
+    cases = [[2, schedule, m, 8, "float64"] for schedule in ("gpipe", "1f1b") for m in (1, 2, 4)] + [
         [2, "1f1b", 3, 10, "float64"],  # 10 samples in 3 micro-batches of 4, 3, 3
         [2, "gpipe", 3, 10, "float64"],
         [2, "gpipe", 4, 10, "float64"],  # 3, 3, 2, 2
@@ -47,7 +45,9 @@ def test_two_stages_equal_one_process_for_both_schedules_and_any_microbatches(ru
 
 @pytest.mark.mpi
 def test_three_stages_equal_one_process(run_mpi) -> None:
-    cases = [[3, schedule, m, 8, "float64"] for schedule in ("gpipe", "1f1b") for m in (1, 2, 4)] + [[3, "1f1b", 3, 7, "float32"]]
+    cases = [[3, schedule, m, 8, "float64"] for schedule in ("gpipe", "1f1b") for m in (1, 2, 4)] + [
+        [3, "1f1b", 3, 7, "float32"]
+    ]
     for row in run_cases(run_mpi, 3, cases):
         assert row["bounds"][0] == 0 and row["bounds"][-1] == 7 and len(row["bounds"]) == 4  # "auto" split
         assert row["worst"] <= (1e-10 if row["case"][4] == "float64" else 1e-5), row
@@ -65,7 +65,9 @@ def test_a_batch_is_cut_into_microbatches_or_refused_clearly() -> None:
     assert [p.tolist() for p in parts] == [[0, 1, 2, 3], [4, 5, 6], [7, 8, 9]]
     pairs = cut((torch.arange(4), torch.arange(4) * 2), 2)
     assert [[t.tolist() for t in pair] for pair in pairs] == [[[0, 1], [0, 2]], [[2, 3], [4, 6]]]
-    with pytest.raises(ConfigError, match="a batch of 3 samples cannot be cut into microbatches=4: lower microbatches to at most 3"):
+    with pytest.raises(
+        ConfigError, match="a batch of 3 samples cannot be cut into microbatches=4: lower microbatches to at most 3"
+    ):
         cut(torch.zeros(3, 2), 4)
 
 
@@ -115,12 +117,33 @@ def assert_same(pipelined: dict, single: dict, tolerance: float = 1e-5, losses: 
 
 @pytest.mark.mpi
 def test_trainer_with_pipeline_stages_equals_one_process_and_resumes_exactly(run_mpi, tmp_path) -> None:
-    base = {"batch_size": 12, "max_steps": 4, "lr": 0.05, "optimizer": "sgd", "eval_every": 2, "workers": 2, "grad_clip": 1.0}
+    base = {
+        "batch_size": 12,
+        "max_steps": 4,
+        "lr": 0.05,
+        "optimizer": "sgd",
+        "eval_every": 2,
+        "workers": 2,
+        "grad_clip": 1.0,
+    }
     single = trainer_params(run_mpi, 1, base)
-    piped = trainer_params(run_mpi, 2, {**base, "pipeline_stages": 2, "microbatches": 4, "pipeline_schedule": "1f1b", "pipeline_split": "3"})
+    piped = trainer_params(
+        run_mpi,
+        2,
+        {**base, "pipeline_stages": 2, "microbatches": 4, "pipeline_schedule": "1f1b", "pipeline_split": "3"},
+    )
     assert_same(piped, single)
     resumed = trainer_params(
-        run_mpi, 2, {**base, "pipeline_stages": 2, "microbatches": 3, "pipeline_schedule": "gpipe", "checkpoint_dir": str(tmp_path / "ck")}, before=2
+        run_mpi,
+        2,
+        {
+            **base,
+            "pipeline_stages": 2,
+            "microbatches": 3,
+            "pipeline_schedule": "gpipe",
+            "checkpoint_dir": str(tmp_path / "ck"),
+        },
+        before=2,
     )
     assert_same(resumed, single)
     files = sorted(p.name for p in (tmp_path / "ck").iterdir())
@@ -131,7 +154,9 @@ def test_trainer_with_pipeline_stages_equals_one_process_and_resumes_exactly(run
 def test_trainer_two_replicas_of_two_stages_equals_one_process(run_mpi) -> None:
     base = {"max_steps": 3, "lr": 0.05, "optimizer": "sgd", "workers": 4}
     single = trainer_params(run_mpi, 1, {**base, "batch_size": 16})
-    hybrid = trainer_params(run_mpi, 4, {**base, "batch_size": 8, "pipeline_stages": 2, "microbatches": 2, "pipeline_split": "auto"})
+    hybrid = trainer_params(
+        run_mpi, 4, {**base, "batch_size": 8, "pipeline_stages": 2, "microbatches": 2, "pipeline_split": "auto"}
+    )
     assert_same(hybrid, single, losses=False)
 
 

@@ -25,9 +25,14 @@ def test_the_layout_answers_replicas_and_which_parallelism_is_on() -> None:
 
 
 def test_a_layout_the_ranks_do_not_divide_into_is_refused_naming_them() -> None:
-    with pytest.raises(ConfigError, match=r"^the cluster has 4 ranks: pipeline_stages=3 needs a multiple of 3 \(3, 6, 9, ...\)$"):
+    with pytest.raises(
+        ConfigError, match=r"^the cluster has 4 ranks: pipeline_stages=3 needs a multiple of 3 \(3, 6, 9, ...\)$"
+    ):
         Layout.of(rd.TrainConfig(pipeline_stages=3), 4, where="the cluster")
-    with pytest.raises(ConfigError, match=r"this run has 6 ranks: pipeline_stages=2 x tensor_parallel=2 needs a multiple of 4 \(4, 8, 12"):
+    with pytest.raises(
+        ConfigError,
+        match=r"this run has 6 ranks: pipeline_stages=2 x tensor_parallel=2 needs a multiple of 4 \(4, 8, 12",
+    ):
         Layout(world_size=6, pipeline=2, tensor=2)
     with pytest.raises(ConfigError, match="has 2 ranks: tensor_parallel=4 needs a multiple of 4"):
         Layout(world_size=2, tensor=4)
@@ -47,14 +52,23 @@ def test_a_cluster_decides_the_ranks_and_a_workers_that_differs_is_refused_befor
     store = open_store()
     with rd.Cluster(n=3) as cluster:
         before = store.list_runs()[1]
-        with pytest.raises(ConfigError, match=r"TrainConfig.workers=2, but the cluster this run uses has 3 engines: .* set workers=3"):
+        with pytest.raises(
+            ConfigError, match=r"TrainConfig.workers=2, but the cluster this run uses has 3 engines: .* set workers=3"
+        ):
             rd.train(mlp, digits, rd.TrainConfig(max_steps=2, workers=2), cluster=cluster, progress=False)
-        with pytest.raises(ConfigError, match=r"^the cluster has 3 ranks: pipeline_stages=2 needs a multiple of 2 \(2, 4, 6, ...\)$"):
+        with pytest.raises(
+            ConfigError, match=r"^the cluster has 3 ranks: pipeline_stages=2 needs a multiple of 2 \(2, 4, 6, ...\)$"
+        ):
             rd.train(mlp, digits, rd.TrainConfig(max_steps=2, pipeline_stages=2), cluster=cluster, progress=False)
         assert store.list_runs()[1] == before  # refused before anything ran: nothing recorded
         # pipeline_stages=3 on 3 engines: no workers to set
-        result = rd.train(mlp, digits, rd.TrainConfig(max_steps=2, batch_size=8, pipeline_stages=3, pipeline_split="2,4"), cluster=cluster,
-                          progress=False)  # fmt: skip
+        result = rd.train(
+            mlp,
+            digits,
+            rd.TrainConfig(max_steps=2, batch_size=8, pipeline_stages=3, pipeline_split="2,4"),
+            cluster=cluster,
+            progress=False,
+        )
     run = store.get_run(result.run_id)
     assert run["status"] == "finished" and run["world_size"] == 3
     assert run["params"]["config"]["workers"] == 3 and run["params"]["config"]["pipeline_stages"] == 3

@@ -96,4 +96,6 @@ def test_the_built_in_plan_splits_multihead_attention_in_pytorchs_transformer_la
     layer = nn.TransformerEncoderLayer(8, 4, 16, batch_first=True)
     model = nn.Sequential(nn.Embedding(10, 8), nn.TransformerEncoder(layer, 2, enable_nested_tensor=False))
     plan = plan_for(model, 2)
-    assert [style for pattern, style in plan.items() if fnmatch.fnmatchcase("1.layers.0.self_attn", pattern)] == ["heads"], plan
+    assert [style for pattern, style in plan.items() if fnmatch.fnmatchcase("1.layers.0.self_attn", pattern)] == [
+        "heads"
+    ], plan

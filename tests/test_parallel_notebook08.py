@@ -26,7 +26,9 @@ def test_hybrid_parallelism_notebook(tmp_path: Path) -> None:
     # the live plot, the live timeline (left as a static figure: its last step), result.timeline()
     assert len(titles) == 3, titles
     timelines = [title for title in titles if "bubble measured" in title]
-    assert len(timelines) == 2 and all(title.startswith("step 12, replica 0: 1f1b, p=2, m=4") for title in timelines), titles
+    assert len(timelines) == 2 and all(title.startswith("step 12, replica 0: 1f1b, p=2, m=4") for title in timelines), (
+        titles
+    )
     # memory measured on every engine: a row per rank of each run
     lines = executed.text.splitlines()
     assert any("peak_activation_bytes" in line for line in lines)
@@ -38,5 +40,7 @@ def test_hybrid_parallelism_notebook(tmp_path: Path) -> None:
     # the GPT-2-shaped model as written (no pipeline_blocks(): traced, its own loss on the last stage; Conv1D, fused c_attn,
     # tied embedding split by vocabulary rows) in 2 stages x 2 tensor ranks
     assert "['transformer.wte', 'transformer.h.0', 'transformer.h.1', 'transformer.ln_f', 'lm_head']" in text, text
-    assert re.search(r"trains the one-process model: all \d+ parameters within 1e-09 .* after 3 steps in float64", text), text
+    assert re.search(
+        r"trains the one-process model: all \d+ parameters within 1e-09 .* after 3 steps in float64", text
+    ), text
     assert "transformer.wte.weight" in html and "transformer.h.0.attn.c_attn.weight" in html

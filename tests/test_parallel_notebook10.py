@@ -28,13 +28,22 @@ def test_choosing_a_layout_notebook(tmp_path: Path) -> None:
 
 def _check_conclusion(text: str, label: str) -> None:
     """The layouts a plan ran, each with its error, and the one conclusion its numbers support."""
-    ran = re.findall(rf"^{label}(dp\d pp\d tp\d m\d+.*?): predicted [\d.]+ ms, measured [\d.]+ ms, error [+-][\d.]+%$", text, re.M)
-    assert 1 <= len(ran) <= 3 and any(" tp2 " in layout for layout in ran), text  # run_top layouts and a tensor-parallel one
+    ran = re.findall(
+        rf"^{label}(dp\d pp\d tp\d m\d+.*?): predicted [\d.]+ ms, measured [\d.]+ ms, error [+-][\d.]+%$", text, re.M
+    )
+    assert 1 <= len(ran) <= 3 and any(" tp2 " in layout for layout in ran), (
+        text
+    )  # run_top layouts and a tensor-parallel one
     validated = re.search(r"predicted within 20% for every layout run: (True|False)", text).group(1)  # type: ignore[union-attr]
     # the pick and what it rests on: a clear win, or the runs the machine could not tell apart, said as such
-    reasons = ("the fastest layout run: its steps' middle half lies below every other run's", "the machine could not tell it from dp",
-               "the only layout run")
-    assert re.search(rf"best: dp\d pp\d tp\d m\d+ zero\d.*?, .*({'|'.join(map(re.escape, reasons))})", text), text[-3000:]
+    reasons = (
+        "the fastest layout run: its steps' middle half lies below every other run's",
+        "the machine could not tell it from dp",
+        "the only layout run",
+    )
+    assert re.search(rf"best: dp\d pp\d tp\d m\d+ zero\d.*?, .*({'|'.join(map(re.escape, reasons))})", text), text[
+        -3000:
+    ]
     # validated, too noisy to tell, or which layouts missed
     conclusions = {"every layout run came within 20% of its prediction": "True", "no verdict: the machine was too noisy": "False",
                    "the model missed by more than 20% on: dp": "False"}  # fmt: skip

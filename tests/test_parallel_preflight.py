@@ -25,24 +25,35 @@ def _refused_before_the_cluster_starts(model_fn, config: rd.TrainConfig, match: 
 
 def test_a_model_computing_its_own_loss_pipelined_is_refused_once_on_the_client_naming_the_fix() -> None:
     message = _refused_before_the_cluster_starts(
-        gpt2, rd.TrainConfig(**PIPELINED, pipeline_split="h.1"), "GPT2LMHeadModel.forward takes 'labels' and computes its own loss"
+        gpt2,
+        rd.TrainConfig(**PIPELINED, pipeline_split="h.1"),
+        "GPT2LMHeadModel.forward takes 'labels' and computes its own loss",
     )
     assert "rd.train(..., loss_fn=lambda logits, targets: torch.nn.functional.cross_entropy(" in message
     assert "pipeline_stages=1" in message
-    check_layout(gpt2, rd.TrainConfig(**PIPELINED, pipeline_split="h.1"), loss_fn=lm_loss)  # with the fix: nothing to refuse
+    check_layout(
+        gpt2, rd.TrainConfig(**PIPELINED, pipeline_split="h.1"), loss_fn=lm_loss
+    )  # with the fix: nothing to refuse
 
 
 def test_a_tie_or_a_plan_that_cannot_be_honoured_is_refused_on_the_client() -> None:
     _refused_before_the_cluster_starts(
-        gpt2, rd.TrainConfig(**PIPELINED, pipeline_split="h.1", zero=2), r"transformer.wte.weight \(also lm_head.weight\) is shared by pipeline stages 0, 1",
+        gpt2,
+        rd.TrainConfig(**PIPELINED, pipeline_split="h.1", zero=2),
+        r"transformer.wte.weight \(also lm_head.weight\) is shared by pipeline stages 0, 1",
         loss_fn=lm_loss,
-    )  # fmt: skip
+    )
     nanogpt = rd.TrainConfig(max_steps=1, tensor_parallel=2, workers=2, tensor_plan={"blocks.*.attn": "heads"})
     _refused_before_the_cluster_starts(
-        train_cases.TinyGPT, nanogpt, r"'blocks.0.attn': 'heads' cannot split this CausalSelfAttention \(input width 16\): its forward fails"
+        train_cases.TinyGPT,
+        nanogpt,
+        r"'blocks.0.attn': 'heads' cannot split this CausalSelfAttention \(input width 16\): its forward fails",
     )
     _refused_before_the_cluster_starts(
-        gpt2, rd.TrainConfig(**PIPELINED, pipeline_split="h.7"), r"pipeline_split point 'h.7' is not a split point of GPT2LMHeadModel", loss_fn=lm_loss
+        gpt2,
+        rd.TrainConfig(**PIPELINED, pipeline_split="h.7"),
+        r"pipeline_split point 'h.7' is not a split point of GPT2LMHeadModel",
+        loss_fn=lm_loss,
     )
 
 
@@ -59,17 +70,26 @@ def test_the_model_is_built_shape_only_and_a_model_fn_the_meta_device_cannot_run
         return model
 
     assert meta_model(loads_weights) is None
-    check_layout(loads_weights, rd.TrainConfig(max_steps=1, tensor_parallel=2, workers=2))  # not checkable here: no error
+    check_layout(
+        loads_weights, rd.TrainConfig(max_steps=1, tensor_parallel=2, workers=2)
+    )  # not checkable here: no error
 
 
 def test_batch_norm_cut_into_micro_batches_is_refused() -> None:
     def cnn() -> nn.Module:
-        return nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 4))
+        return nn.Sequential(
+            nn.Conv2d(1, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 4)
+        )
 
-    with pytest.raises(ConfigError, match=r"Sequential has BatchNorm \('1'\): with pipeline_stages=2 and microbatches=2 it would normalise each "
-                       r"micro-batch .* Set microbatches=1, or use GroupNorm / LayerNorm"):  # fmt: skip
+    with pytest.raises(
+        ConfigError,
+        match=r"Sequential has BatchNorm \('1'\): with pipeline_stages=2 and microbatches=2 it would normalise each "
+        r"micro-batch .* Set microbatches=1, or use GroupNorm / LayerNorm",
+    ):
         check_layout(cnn, rd.TrainConfig(**{**PIPELINED, "pipeline_split": "3"}))
-    check_layout(cnn, rd.TrainConfig(**{**PIPELINED, "microbatches": 1, "pipeline_split": "3"}))  # the replica's whole batch: as data parallelism
+    check_layout(
+        cnn, rd.TrainConfig(**{**PIPELINED, "microbatches": 1, "pipeline_split": "3"})
+    )  # the replica's whole batch: as data parallelism
 
 
 def test_a_model_fn_that_moves_its_model_to_a_gpu_is_built_on_the_meta_device_and_its_device_recorded() -> None:
@@ -87,6 +107,11 @@ def test_a_model_fn_that_moves_its_model_to_a_gpu_is_built_on_the_meta_device_an
     assert built is not None and built.device == torch.device("cuda")
     assert all(t.is_meta for t in [*built.model.parameters(), *built.model.buffers()])
     half = meta_build(half_on_gpu)
-    assert half is not None and half.device.type == "cuda" and half.model.weight.dtype == torch.bfloat16 and half.model.weight.is_meta
+    assert (
+        half is not None
+        and half.device.type == "cuda"
+        and half.model.weight.dtype == torch.bfloat16
+        and half.model.weight.is_meta
+    )
     on_cpu = meta_build(lambda: nn.Linear(4, 8).to(torch.float64))
     assert on_cpu is not None and on_cpu.device == torch.device("cpu") and on_cpu.model.weight.dtype == torch.float64

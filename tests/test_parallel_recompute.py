@@ -22,7 +22,9 @@ def _train(spec: str | None) -> tuple[dict[str, torch.Tensor], list[int], list[d
     from rapydli.trainer import TrainConfig, Trainer
 
     train, val = features()
-    config = TrainConfig(batch_size=8, max_steps=3, lr=0.01, eval_every=2, seed=0, activation_checkpointing=spec, workers=1)
+    config = TrainConfig(
+        batch_size=8, max_steps=3, lr=0.01, eval_every=2, seed=0, activation_checkpointing=spec, workers=1
+    )
     trainer = Trainer(dropout_net(), None, train, val, config, comm=MPI.COMM_SELF)
     history = trainer.fit()
     trainer.close()
@@ -37,7 +39,10 @@ def test_recomputed_blocks_train_bit_equal_parameters_with_dropout_on() -> None:
     for spec, recomputed in (("blocks", [0, 1, 2, 3]), ("every_k:2", [1, 3])):
         state, spec_calls, _ = _train(spec)
         assert all(torch.equal(state[k], kept[k]) for k in kept), spec  # the same dropout masks in the recomputation
-        assert spec_calls == [3 + evals + 3 * (i in recomputed) for i in range(4)], (spec, spec_calls)  # evaluation is not recomputed
+        assert spec_calls == [3 + evals + 3 * (i in recomputed) for i in range(4)], (
+            spec,
+            spec_calls,
+        )  # evaluation is not recomputed
 
 
 def test_recomputed_batch_norm_updates_its_running_statistics_once() -> None:
@@ -50,7 +55,9 @@ def test_recomputed_batch_norm_updates_its_running_statistics_once() -> None:
     train, val = images()
     states, losses = [], []
     for spec in (None, "blocks"):
-        config = TrainConfig(batch_size=8, max_steps=3, lr=0.01, eval_every=3, seed=0, activation_checkpointing=spec, workers=1)
+        config = TrainConfig(
+            batch_size=8, max_steps=3, lr=0.01, eval_every=3, seed=0, activation_checkpointing=spec, workers=1
+        )
         trainer = Trainer(resnet(), None, train, val, config, comm=MPI.COMM_SELF)
         history = trainer.fit()
         trainer.close()
@@ -65,7 +72,10 @@ def test_bad_values_are_refused_by_the_config() -> None:
     from rapydli.trainer.config import TrainConfig
 
     for bad in ("every_k:0", "every_k:x", "layers", "every_k:2:3"):
-        with pytest.raises(ConfigError, match=rf"TrainConfig.activation_checkpointing='{bad}' is invalid: must be None, 'blocks' or 'every_k:N'"):
+        with pytest.raises(
+            ConfigError,
+            match=rf"TrainConfig.activation_checkpointing='{bad}' is invalid: must be None, 'blocks' or 'every_k:N'",
+        ):
             TrainConfig(activation_checkpointing=bad)
     with pytest.raises(ConfigError, match=r"TrainConfig.activation_checkpointing=2 is invalid"):
         TrainConfig(activation_checkpointing=2)
@@ -79,7 +89,9 @@ def test_recomputed_blocks_under_zero3_train_bit_equal_parameters_with_dropout_o
     assert result.stderr.count("OK recomputed") == 2
     row = json.loads(next(line for line in result.stdout.splitlines() if line.startswith("{")))
     assert row["equal"] == {"None": True, "blocks": True, "every_k:2": True}, row
-    assert row["calls"]["blocks"][0] > row["calls"]["None"][0] and row["calls"]["every_k:2"][0] == row["calls"]["None"][0], row
+    assert (
+        row["calls"]["blocks"][0] > row["calls"]["None"][0] and row["calls"]["every_k:2"][0] == row["calls"]["None"][0]
+    ), row
 
 
 def test_the_chosen_blocks_and_a_copy_of_the_model() -> None:
@@ -91,9 +103,14 @@ def test_the_chosen_blocks_and_a_copy_of_the_model() -> None:
 
     model = dropout_net()
     assert checkpoint_blocks(model, "every_k:2") == ["embed", "blocks.1", "blocks.3"]
-    assert checkpoint_blocks(model, "every_k:2") == ["embed", "blocks.1", "blocks.3"] and checkpoint_blocks(model, None) == []
+    assert (
+        checkpoint_blocks(model, "every_k:2") == ["embed", "blocks.1", "blocks.3"]
+        and checkpoint_blocks(model, None) == []
+    )
     twin = copy.deepcopy(model)
-    twin(torch.randn(2, 8)).sum().backward()  # the copy's recomputed blocks run the copy's forward, recomputed once in backward
+    twin(
+        torch.randn(2, 8)
+    ).sum().backward()  # the copy's recomputed blocks run the copy's forward, recomputed once in backward
     assert [b.calls for b in twin.blocks] == [1, 2, 1, 2] and [b.calls for b in model.blocks] == [0, 0, 0, 0]
 
 
@@ -116,12 +133,24 @@ def test_activations_held_with_checkpointing_are_the_planners_prediction_within_
 
     build = {
         "tiny_lm": functools.partial(models.tiny_lm, vocab_size=128, block_size=32, dim=64, layers=4, heads=4),
-        "llama_style": functools.partial(models.llama_style, vocab=128, hidden=64, heads=4, kv_heads=2, intermediate=96, layers=4),
+        "llama_style": functools.partial(
+            models.llama_style, vocab=128, hidden=64, heads=4, kv_heads=2, intermediate=96, layers=4
+        ),
     }[model_name]
     data = functools.partial(datasets.synthetic_tokens, num_samples=64, block_size=32, vocab_size=128)
-    config = TrainConfig(batch_size=8, optimizer="adamw", max_steps=2, epochs=2, eval_every=0, workers=1, activation_checkpointing="blocks")
+    config = TrainConfig(
+        batch_size=8,
+        optimizer="adamw",
+        max_steps=2,
+        epochs=2,
+        eval_every=0,
+        workers=1,
+        activation_checkpointing="blocks",
+    )
     profile = local_profile(build, data, config, [8], [1], [])
-    predicted = predict(Candidate.of(1, 1, 1, 1, NO_SCHEDULE, 0, "blocks"), profile, Network.from_ring(RingModel(0.0, 0.0)), 8, config)
+    predicted = predict(
+        Candidate.of(1, 1, 1, 1, NO_SCHEDULE, 0, "blocks"), profile, Network.from_ring(RingModel(0.0, 0.0)), 8, config
+    )
     kept = predict(Candidate.of(1, 1, 1, 1, NO_SCHEDULE, 0), profile, Network.from_ring(RingModel(0.0, 0.0)), 8, config)
 
     torch.manual_seed(config.seed)
@@ -132,5 +161,8 @@ def test_activations_held_with_checkpointing_are_the_planners_prediction_within_
             trainer.fit()
     finally:
         trainer.close()
-    assert meter.peak == pytest.approx(predicted.memory.activations, rel=0.10), (meter.peak, predicted.memory.activations)
+    assert meter.peak == pytest.approx(predicted.memory.activations, rel=0.10), (
+        meter.peak,
+        predicted.memory.activations,
+    )
     assert predicted.memory.activations < kept.memory.activations / 2  # and checkpointing does save

@@ -30,22 +30,33 @@ def test_tied_embeddings_are_found_by_identity_with_every_name_and_stage() -> No
     model = gpt2()
     shared = find_shared(model, boundaries(model, ["h.1"], 2))
     assert [(s.names, s.stages) for s in shared] == [(["transformer.wte.weight", "lm_head.weight"], [0, 1])]
-    assert shared[0].describe() == {"parameter": "transformer.wte.weight", "names": ["transformer.wte.weight", "lm_head.weight"],
-                                    "stages": [0, 1], "shape": [32, 16]}  # fmt: skip
+    assert shared[0].describe() == {
+        "parameter": "transformer.wte.weight",
+        "names": ["transformer.wte.weight", "lm_head.weight"],
+        "stages": [0, 1],
+        "shape": [32, 16],
+    }
     assert find_shared(gpt2(tie=False), [0, 2, 4]) == []  # untied: nothing shared
     sequential = nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 4))
     sequential[4].weight = sequential[0].weight
     sequential[2].weight = sequential[0].weight
-    assert [(s.names, s.stages) for s in find_shared(sequential, [0, 2, 4, 5])] == [(["0.weight", "2.weight", "4.weight"], [0, 1, 2])]
+    assert [(s.names, s.stages) for s in find_shared(sequential, [0, 2, 4, 5])] == [
+        (["0.weight", "2.weight", "4.weight"], [0, 1, 2])
+    ]
     assert find_shared(sequential, [0, 5]) == []  # one stage holds every use
 
 
 def test_a_sharing_that_cannot_be_honoured_is_refused_naming_the_parameter_and_stages() -> None:
     model = gpt2()
     shared = find_shared(model, boundaries(model, ["h.1"], 2))
-    with pytest.raises(ConfigError, match=r"parameter transformer.wte.weight \(also lm_head.weight\) is shared by pipeline stages 0, 1 .* zero=2"):
+    with pytest.raises(
+        ConfigError,
+        match=r"parameter transformer.wte.weight \(also lm_head.weight\) is shared by pipeline stages 0, 1 .* zero=2",
+    ):
         check_honoured(shared, model, zero=2, plan=None)
-    with pytest.raises(ConfigError, match=r"stages 0, 1 \(tied weights\), and the tensor plan splits lm_head which holds it"):
+    with pytest.raises(
+        ConfigError, match=r"stages 0, 1 \(tied weights\), and the tensor plan splits lm_head which holds it"
+    ):
         check_honoured(shared, model, zero=0, plan={"lm_head": "column", "transformer.h.*.mlp.c_fc": "column"})
     check_honoured(shared, model, zero=1, plan={"transformer.h.*.mlp.c_fc": "column"})  # these are fine
 
@@ -71,4 +82,6 @@ def test_tied_gpt2_pipelined_trains_what_one_process_trains_and_its_copies_stay_
         # after each of the 3 steps, the copy of every rank that holds one (both stages of every replica) was compared
         assert result["tied_checked"] == 3 * ranks * ranks, result
     clipped = results[0]
-    assert clipped["clipped"] >= 2 and clipped["grad_norm"] < 1e-10, clipped  # the tied gradient counted once in the norm
+    assert clipped["clipped"] >= 2 and clipped["grad_norm"] < 1e-10, (
+        clipped
+    )  # the tied gradient counted once in the norm

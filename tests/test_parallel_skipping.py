@@ -58,7 +58,7 @@ def test_stages_compute_the_models_outputs_and_gradients(name: str) -> None:
     for bounds in ([0, 1, len(blocks)], [0, 1, 2, len(blocks)]):  # two stages; three, the last holding only the head
         model.zero_grad()
         got = _train_chain(model, bounds, inputs, targets, architecture.loss)
-        logits = (lambda out: out if isinstance(out, torch.Tensor) else out["logits"])  # noqa: E731
+        logits = lambda out: out if isinstance(out, torch.Tensor) else out["logits"]  # noqa: E731
         assert torch.equal(logits(got), logits(expected)), bounds
         for parameter, p in model.named_parameters():
             assert torch.allclose(p.grad, gradients[parameter], rtol=1e-10, atol=1e-13), (bounds, parameter)
@@ -81,7 +81,10 @@ def test_a_stage_of_a_model_recorded_on_the_meta_device_makes_only_its_own_param
     recording.materialize(stage.context, within=meta)
     assert meta.transformer.wpe.weight.is_meta and meta.transformer.h[0].attn.c_attn.weight.is_meta
     assert not any(p.is_meta for p in stage.parameters()) and stage.whole is meta
-    assert {id(p) for p in stage.parameters()} >= {id(meta.lm_head.weight), id(meta.transformer.wte.weight)}  # the tied head
+    assert {id(p) for p in stage.parameters()} >= {
+        id(meta.lm_head.weight),
+        id(meta.transformer.wte.weight),
+    }  # the tied head
     received = split.stage_module(whole, bounds, 0)[0](inputs).detach()
     expected = split.stage_module(whole, bounds, 1)[0](received, inputs=inputs)
     assert torch.equal(stage(received, inputs=inputs)["logits"], expected["logits"])
@@ -90,7 +93,10 @@ def test_a_stage_of_a_model_recorded_on_the_meta_device_makes_only_its_own_param
 def test_an_encoder_decoder_is_refused_naming_why() -> None:
     from rapydli.parallel.preflight import meta_model
 
-    with pytest.raises(ConfigError, match="^T5ForConditionalGeneration is an encoder-decoder: its decoder's layers read the encoder's output"):
+    with pytest.raises(
+        ConfigError,
+        match="^T5ForConditionalGeneration is an encoder-decoder: its decoder's layers read the encoder's output",
+    ):
         split.pipeline_blocks(meta_model(MODELS["t5"].model_fn))
 
 
@@ -115,7 +121,9 @@ class _Scaled(nn.Module):
 
 def test_a_parameter_read_between_the_layers_is_refused_naming_it() -> None:
     reason = r"_Scaled's forward reads scale, a parameter outside layers, between its layers, which a stage holding only some layers cannot"
-    with pytest.raises(ConfigError, match=rf"^{reason} compute. Nor can it be traced: .*forward branches on a tensor's value"):
+    with pytest.raises(
+        ConfigError, match=rf"^{reason} compute. Nor can it be traced: .*forward branches on a tensor's value"
+    ):
         split.pipeline_blocks(_Scaled())
 
 
@@ -123,7 +131,10 @@ def test_measuring_for_an_auto_split_is_no_training_step() -> None:
     """pipeline_split="auto" times forwards on rank 0's model before training: BatchNorm's running statistics and the
     random state must be what they were (they were not, and a pipelined ResNet's statistics differed from one process's)."""
     traced = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4), nn.Dropout(0.5), nn.Linear(4, 2))
-    for model, sample in ((MODELS["resnet"].model_fn(), torch.randn(4, 3, 8, 8, dtype=torch.float64)), (traced, torch.randn(8, 4))):
+    for model, sample in (
+        (MODELS["resnet"].model_fn(), torch.randn(4, 3, 8, 8, dtype=torch.float64)),
+        (traced, torch.randn(8, 4)),
+    ):
         before = [b.clone() for b in model.buffers()]
         state = torch.random.get_rng_state()
         measured = split.measure(model, sample)

@@ -13,7 +13,9 @@ from rapydli.parallel.grid import data_parallel_degree
 
 def nested() -> nn.Sequential:
     torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 8)), nn.Linear(8, 2))
+    return nn.Sequential(
+        nn.Linear(4, 8), nn.ReLU(), nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 8)), nn.Linear(8, 2)
+    )
 
 
 def test_blocks_expand_nested_sequentials_and_containers_are_split_points() -> None:
@@ -38,7 +40,9 @@ def test_stages_compose_to_the_model() -> None:
 
 def test_unknown_or_misordered_split_names_the_allowed_points() -> None:
     model = nested()
-    with pytest.raises(ConfigError, match=r"'blocks\.2' is not a split point of Sequential; allowed: 1, 2, 2\.0, 2\.1, 2\.2, 3"):
+    with pytest.raises(
+        ConfigError, match=r"'blocks\.2' is not a split point of Sequential; allowed: 1, 2, 2\.0, 2\.1, 2\.2, 3"
+    ):
         split.boundaries(model, ["blocks.2"], 2)
     with pytest.raises(ConfigError, match="give 2, from: 1, 2"):
         split.boundaries(model, ["2"], 3)
@@ -49,7 +53,9 @@ def test_unknown_or_misordered_split_names_the_allowed_points() -> None:
 
 
 def test_a_model_that_cannot_be_split_is_refused_clearly() -> None:
-    with pytest.raises(ConfigError, match=r"1 block\(s\) \(0\): it cannot be split into pipeline_stages=2; allowed split points: none"):
+    with pytest.raises(
+        ConfigError, match=r"1 block\(s\) \(0\): it cannot be split into pipeline_stages=2; allowed split points: none"
+    ):
         split.boundaries(nn.Sequential(nn.Linear(2, 2)), [], 2)
 
     class Net(nn.Module):
@@ -60,7 +66,9 @@ def test_a_model_that_cannot_be_split_is_refused_clearly() -> None:
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             return self.b(self.a(x)) + x
 
-    with pytest.raises(ConfigError, match="Net's forward, traced, has no point where one tensor alone flows.*pipeline_blocks"):
+    with pytest.raises(
+        ConfigError, match="Net's forward, traced, has no point where one tensor alone flows.*pipeline_blocks"
+    ):
         split.pipeline_blocks(Net())
 
 
@@ -88,7 +96,9 @@ def test_balance_minimises_the_slowest_stage() -> None:
 
 def test_grid_world_size_must_be_a_multiple_of_stages() -> None:
     assert data_parallel_degree(6, 3) == 2
-    with pytest.raises(ConfigError, match="3 ranks cannot run pipeline_stages=2.*multiple of pipeline_stages \\(2, 4, 6"):
+    with pytest.raises(
+        ConfigError, match="3 ranks cannot run pipeline_stages=2.*multiple of pipeline_stages \\(2, 4, 6"
+    ):
         data_parallel_degree(3, 2)
     with pytest.raises(ConfigError, match="1 ranks cannot run pipeline_stages=2"):
         data_parallel_degree(1, 2)
@@ -109,7 +119,9 @@ def test_every_stage_holds_parameters_however_the_blocks_were_timed() -> None:
     for stages in (2, 3):
         bounds = split.balance([9.0, 0.1, 9.0, 0.1, 9.0, 0.1], stages, holds)
         assert all(any(holds[a:b]) for a, b in zip(bounds, bounds[1:])), bounds
-    with pytest.raises(ConfigError, match=r"only 3 of the model's 6 blocks hold parameters: pipeline_stages=4 needs one per stage"):
+    with pytest.raises(
+        ConfigError, match=r"only 3 of the model's 6 blocks hold parameters: pipeline_stages=4 needs one per stage"
+    ):
         split.balance([1.0] * 6, 4, holds)
     with pytest.raises(ConfigError, match=r"pipeline stage 1 would hold only blocks without parameters \(2\)"):
         split.boundaries(model, ["2", "3"], 3)
@@ -130,8 +142,19 @@ def test_a_decoder_nested_as_hugging_face_nests_it_gives_its_layers_as_blocks() 
     from rapydli.zoo import models
 
     llama = models.llama_style(vocab=64, hidden=32, heads=4, kv_heads=2, intermediate=48, layers=2)
-    assert [name for name, _ in split.model_blocks(llama)] == ["model.embed_tokens", "model.layers.0", "model.layers.1", "model.norm", "lm_head"]
+    assert [name for name, _ in split.model_blocks(llama)] == [
+        "model.embed_tokens",
+        "model.layers.0",
+        "model.layers.1",
+        "model.norm",
+        "lm_head",
+    ]
     gpt2 = as_written(GPT2LMHeadModel)()
     assert [name for name, _ in split.model_blocks(gpt2)] == [
-        "transformer.wte", "transformer.wpe", "transformer.h.0", "transformer.h.1", "transformer.ln_f", "lm_head",
-    ]  # fmt: skip
+        "transformer.wte",
+        "transformer.wpe",
+        "transformer.h.0",
+        "transformer.h.1",
+        "transformer.ln_f",
+        "lm_head",
+    ]

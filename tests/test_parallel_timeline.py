@@ -44,10 +44,16 @@ def test_figure_has_a_row_per_rank_the_ideal_overlay_and_both_bubbles() -> None:
     assert not any(len(bar.x) for bar in fig.data if bar.name == "allreduce")  # no replicas: no allreduce spans
     assert "bubble measured 33.3%, theory 33.3%" in fig.layout.title.text
     # replica 1's stages are world ranks 3-5: the rows say so
-    events = {3 + r: {"rank": 3 + r, "replica": 1, "stage": r, "step": 5, "spans": s, "schedule": "1f1b", "microbatches": 4}
-              for r, s in enumerate(spans)}  # fmt: skip
+    events = {
+        3 + r: {"rank": 3 + r, "replica": 1, "stage": r, "step": 5, "spans": s, "schedule": "1f1b", "microbatches": 4}
+        for r, s in enumerate(spans)
+    }
     drawn = figure_from_events(events, replica=1)
-    assert "step 5" in drawn.layout.title.text and list(drawn.layout.yaxis.categoryarray) == ["rank 3", "rank 4", "rank 5"]
+    assert "step 5" in drawn.layout.title.text and list(drawn.layout.yaxis.categoryarray) == [
+        "rank 3",
+        "rank 4",
+        "rank 5",
+    ]
     with pytest.raises(ValueError, match="no timeline of replica 0"):
         figure_from_events(events, replica=0)
 

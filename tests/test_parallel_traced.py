@@ -33,27 +33,51 @@ def _tensors(value: object) -> list[torch.Tensor]:
 @pytest.mark.parametrize(
     ("cls", "names", "targets"),
     [
-        (as_written(GPT2LMHeadModel), ["transformer.wte", "transformer.h.0", "transformer.h.1", "transformer.ln_f", "lm_head"], "labels"),
-        (as_written(LlamaForCausalLM), ["model.embed_tokens", "model.layers.0", "model.layers.1", "model.norm", "lm_head"], "labels"),
-        (as_written(BertForTokenClassification),
-         ["bert.embeddings.word_embeddings", "bert.embeddings.LayerNorm", "bert.encoder.layer.0", "bert.encoder.layer.1", "bert.pooler.dense"],
-         "labels"),  # fmt: skip
+        (
+            as_written(GPT2LMHeadModel),
+            ["transformer.wte", "transformer.h.0", "transformer.h.1", "transformer.ln_f", "lm_head"],
+            "labels",
+        ),
+        (
+            as_written(LlamaForCausalLM),
+            ["model.embed_tokens", "model.layers.0", "model.layers.1", "model.norm", "lm_head"],
+            "labels",
+        ),
+        (
+            as_written(BertForTokenClassification),
+            [
+                "bert.embeddings.word_embeddings",
+                "bert.embeddings.LayerNorm",
+                "bert.encoder.layer.0",
+                "bert.encoder.layer.1",
+                "bert.pooler.dense",
+            ],
+            "labels",
+        ),
         (NanoGPT, ["transformer.wte", "transformer.h.0", "transformer.h.1", "transformer.ln_f", "lm_head"], "targets"),
     ],
     ids=["gpt2", "llama", "bert", "nanogpt"],
 )
-def test_blocks_of_a_model_as_written_compose_to_its_forward_with_and_without_its_loss(cls: type[nn.Module], names: list[str], targets: str) -> None:
+def test_blocks_of_a_model_as_written_compose_to_its_forward_with_and_without_its_loss(
+    cls: type[nn.Module], names: list[str], targets: str
+) -> None:
     torch.manual_seed(0)
     model = cls().eval()  # no dropout: the two runs compare exactly
     idx, labels = torch.randint(0, 32, (2, 8)), torch.randint(0, 32, (2, 8))
     for given in (None, targets):
         blocks = split.pipeline_blocks(model, given)
         assert [name for name, _ in blocks] == names
-        assert [getattr(b, "takes_targets", False) for _, b in blocks] == [False] * (len(names) - 1) + [given is not None]
+        assert [getattr(b, "takes_targets", False) for _, b in blocks] == [False] * (len(names) - 1) + [
+            given is not None
+        ]
         expected = model(idx, **({given: labels} if given else {}))
         got = _composed(blocks, idx, labels)
         assert type(got) is type(expected)  # a ModelOutput stays a ModelOutput, a tuple a tuple
-        assert len(_tensors(got)) == len(_tensors(expected)) == (2 if given else 1) + (cls.__name__ == "BertForTokenClassification")
+        assert (
+            len(_tensors(got))
+            == len(_tensors(expected))
+            == (2 if given else 1) + (cls.__name__ == "BertForTokenClassification")
+        )
         for a, b in zip(_tensors(got), _tensors(expected), strict=True):
             assert torch.equal(a, b)
     # the blocks share the model's modules: every parameter is in a block, a tied weight one parameter in the first and the last
@@ -89,9 +113,12 @@ def test_what_cannot_be_traced_or_cut_is_refused_saying_why_and_the_fix() -> Non
                     x = -x
             return x
 
-    with pytest.raises(ConfigError, match=r"Branches cannot be split into pipeline stages by tracing its forward \(TraceError: forward branches "
-                       r"on a tensor's value \(.*test_parallel_traced.py:\d+, in forward\)\): its blocks are layers \(2 x Linear\), .*"
-                       r"Train it with zero=3 or tensor_parallel instead .* or give the model a pipeline_blocks\(\) method"):  # fmt: skip
+    with pytest.raises(
+        ConfigError,
+        match=r"Branches cannot be split into pipeline stages by tracing its forward \(TraceError: forward branches "
+        r"on a tensor's value \(.*test_parallel_traced.py:\d+, in forward\)\): its blocks are layers \(2 x Linear\), .*"
+        r"Train it with zero=3 or tensor_parallel instead .* or give the model a pipeline_blocks\(\) method",
+    ):
         split.pipeline_blocks(Branches())
 
     class TwoInputs(nn.Module):
@@ -102,7 +129,10 @@ def test_what_cannot_be_traced_or_cut_is_refused_saying_why_and_the_fix() -> Non
         def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
             return self.layers[1](self.layers[0](x) * mask)
 
-    with pytest.raises(ConfigError, match="TwoInputs.forward needs 'mask' besides its input, which a pipeline cannot pass to its first stage"):
+    with pytest.raises(
+        ConfigError,
+        match="TwoInputs.forward needs 'mask' besides its input, which a pipeline cannot pass to its first stage",
+    ):
         split.pipeline_blocks(TwoInputs())
 
     class EarlyTargets(nn.Module):
@@ -115,7 +145,9 @@ def test_what_cannot_be_traced_or_cut_is_refused_saying_why_and_the_fix() -> Non
             x = self.layers[2](self.layers[1](x))
             return F.mse_loss(x, targets)
 
-    with pytest.raises(ConfigError, match=r"EarlyTargets.forward reads 'targets' before its last block .* pass loss_fn=fn to rd.train"):
+    with pytest.raises(
+        ConfigError, match=r"EarlyTargets.forward reads 'targets' before its last block .* pass loss_fn=fn to rd.train"
+    ):
         split.pipeline_blocks(EarlyTargets(), "targets")
 
 
@@ -134,8 +166,11 @@ def test_blocks_that_compute_something_else_than_forward_are_refused_before_trai
 
     model = Checks()
     assert len(split.pipeline_blocks(model)) == 2  # it traces
-    with pytest.raises(ConfigError, match=r"Checks's blocks, read by tracing its forward, do not compute what its forward computes: output 0 "
-                       r"differs from forward's by up to [\d.e-]+ \(a branch the tracer cannot follow"):  # fmt: skip
+    with pytest.raises(
+        ConfigError,
+        match=r"Checks's blocks, read by tracing its forward, do not compute what its forward computes: output 0 "
+        r"differs from forward's by up to [\d.e-]+ \(a branch the tracer cannot follow",
+    ):
         traced.check_faithful(model, torch.randn(3, 4))
     model = ResNetMini(width=4, blocks=(1, 1))  # BatchNorm in training mode: the check must not move its statistics
     before = [b.clone() for b in model.buffers()]
@@ -155,4 +190,7 @@ def test_rd_train_refuses_a_model_that_cannot_be_pipelined_once_on_the_client() 
     config = rd.TrainConfig(max_steps=1, batch_size=4, pipeline_stages=2, workers=2)
     with pytest.raises(ConfigError, match=r"Residual's forward, traced, has no point where one tensor alone flows"):
         check_layout(Residual, config)
-    check_layout(NanoGPT, rd.TrainConfig(max_steps=1, batch_size=4, pipeline_stages=2, workers=2, pipeline_split="transformer.h.1"))
+    check_layout(
+        NanoGPT,
+        rd.TrainConfig(max_steps=1, batch_size=4, pipeline_stages=2, workers=2, pipeline_split="transformer.h.1"),
+    )

@@ -86,7 +86,10 @@ def test_a_world_that_does_not_divide_is_refused_before_anything_starts() -> Non
     with pytest.raises(ConfigError, match="TrainConfig.workers=2: 2 ranks cannot run pipeline_stages=4"):
         rd.TrainConfig(pipeline_stages=4, workers=2)
     # without workers the ranks are checked when they are known (the cluster's); rd.train alone starts a fitting one
-    assert rd.TrainConfig(pipeline_stages=4).ranks_to_start() == 4 and rd.TrainConfig(pipeline_stages=3, tensor_parallel=2).ranks_to_start() == 6
+    assert (
+        rd.TrainConfig(pipeline_stages=4).ranks_to_start() == 4
+        and rd.TrainConfig(pipeline_stages=3, tensor_parallel=2).ranks_to_start() == 6
+    )
     with pytest.raises(ConfigError, match="TrainConfig.microbatches=8 is larger than batch_size=4"):
         rd.TrainConfig(pipeline_stages=2, batch_size=4, microbatches=8)
     with pytest.raises(ConfigError, match="autotune=True cannot be combined with pipeline_stages=2"):
@@ -106,7 +109,10 @@ def test_a_model_that_computes_its_own_loss_and_lists_its_blocks_is_refused_pipe
 
     train, _ = train_cases.tokens()
     config = rd.TrainConfig(max_steps=1, batch_size=4, pipeline_stages=2, microbatches=2)
-    with pytest.raises(ConfigError, match="GPT2LMHeadModel.forward takes 'labels' and computes its own loss, which pipeline_stages=2 cannot run") as info:
+    with pytest.raises(
+        ConfigError,
+        match="GPT2LMHeadModel.forward takes 'labels' and computes its own loss, which pipeline_stages=2 cannot run",
+    ) as info:
         Trainer(gpt2(), None, train, None, config)
     assert "loss_fn=lambda logits, targets" in str(info.value) and "remove pipeline_blocks()" in str(info.value)
     assert "pipeline_stages=1" in str(info.value)
@@ -115,13 +121,17 @@ def test_a_model_that_computes_its_own_loss_and_lists_its_blocks_is_refused_pipe
 @pytest.mark.engines
 def test_a_cluster_that_does_not_divide_is_refused_before_the_run_starts(cluster) -> None:
     config = rd.TrainConfig(max_steps=2, pipeline_stages=4)
-    with pytest.raises(ConfigError, match=r"the cluster has 2 ranks: pipeline_stages=4 needs a multiple of 4 \(4, 8, 12, ...\)"):
+    with pytest.raises(
+        ConfigError, match=r"the cluster has 2 ranks: pipeline_stages=4 needs a multiple of 4 \(4, 8, 12, ...\)"
+    ):
         rd.train(deep_mlp, "rapydli.zoo.datasets:digits", config, cluster=cluster, progress=False)
 
 
 @pytest.mark.engines
 def test_pipelined_training_records_history_and_a_timeline(cluster) -> None:
-    config = rd.TrainConfig(max_steps=6, batch_size=32, lr=0.01, eval_every=3, pipeline_stages=2, microbatches=4, pipeline_split="auto")
+    config = rd.TrainConfig(
+        max_steps=6, batch_size=32, lr=0.01, eval_every=3, pipeline_stages=2, microbatches=4, pipeline_split="auto"
+    )
     result = rd.train(deep_mlp, "rapydli.zoo.datasets:digits", config, cluster=cluster, progress=False)
     history = result.history
     train_rows = history[history["kind"] == "train"]
@@ -140,7 +150,9 @@ def test_pipelined_training_records_history_and_a_timeline(cluster) -> None:
 
 @pytest.mark.engines
 def test_a_stage_that_raises_names_its_rank_and_where_the_other_rank_was(cluster) -> None:
-    config = rd.TrainConfig(max_steps=4, batch_size=16, microbatches=2, pipeline_stages=2, pipeline_split="3", pipeline_schedule="gpipe")
+    config = rd.TrainConfig(
+        max_steps=4, batch_size=16, microbatches=2, pipeline_stages=2, pipeline_split="3", pipeline_schedule="gpipe"
+    )
     with pytest.raises(RankFailure) as info:
         rd.train(exploding_mlp, "rapydli.zoo.datasets:digits", config, cluster=cluster, progress=False)
     text = str(info.value)
@@ -149,7 +161,9 @@ def test_a_stage_that_raises_names_its_rank_and_where_the_other_rank_was(cluster
     # rank 0 names its action when it stops within the 3 s grace; on a heavily loaded machine
     # IPython's formatting of its traceback can outlast the grace and the job aborts it instead
     # (the action naming itself is tested under mpiexec in test_parallel_executor.py)
-    assert "other ranks: 0 interrupted (pipeline stage 0 was in recv_gradient(" in text or "other ranks: 0 aborted" in text
+    assert (
+        "other ranks: 0 interrupted (pipeline stage 0 was in recv_gradient(" in text or "other ranks: 0 aborted" in text
+    )
     if "other ranks: 0 aborted" in text:  # an aborted MPI job takes the engines with it
         cluster.restart()
     assert cluster.run(lambda: 7) == [7, 7]
@@ -165,8 +179,18 @@ def test_the_timeline_is_drawn_while_the_run_goes(cluster) -> None:
         timeline(row)
         drawn.append((time.monotonic(), timeline.step))
 
-    config = rd.TrainConfig(max_steps=60, epochs=10, batch_size=16, pipeline_stages=2, microbatches=2, pipeline_split="3")
-    result = rd.train(paced_mlp, "rapydli.zoo.datasets:digits", config, cluster=cluster, progress=False, live=False, callbacks=[follow])
+    config = rd.TrainConfig(
+        max_steps=60, epochs=10, batch_size=16, pipeline_stages=2, microbatches=2, pipeline_split="3"
+    )
+    result = rd.train(
+        paced_mlp,
+        "rapydli.zoo.datasets:digits",
+        config,
+        cluster=cluster,
+        progress=False,
+        live=False,
+        callbacks=[follow],
+    )
     ended = time.monotonic()
     timeline.close()
     assert timeline.received == 2 * 60 and timeline.step == 60  # every rank's every step; the last drawn at the end

@@ -16,7 +16,9 @@ TESTS = Path(__file__).resolve().parent
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("ranks", [2, 3])
-def test_zero_equals_data_parallel_with_adamw_and_sgd_momentum_and_a_share_of_the_state(run_mpi, tmp_path: Path, ranks: int) -> None:
+def test_zero_equals_data_parallel_with_adamw_and_sgd_momentum_and_a_share_of_the_state(
+    run_mpi, tmp_path: Path, ranks: int
+) -> None:
     code = f"import sys; sys.path.insert(0, {str(TESTS)!r}); import cases_zero; cases_zero.equivalence({str(tmp_path)!r}); cases_zero.unused()"
     result = run_mpi(code, n=ranks, timeout=180)
     assert result.stderr.count("OK unused") == ranks  # ZeRO-2 leaves a parameter no rank used alone, as DDP does
@@ -30,9 +32,13 @@ def test_zero_equals_data_parallel_with_adamw_and_sgd_momentum_and_a_share_of_th
 
     from rapydli.parallel.zero import ShardedOptimizer
 
-    shard = torch.load(tmp_path / "adamw-zero2-rank0.pt", weights_only=False)  # written by 2 or 3 ranks; this process is 1
+    shard = torch.load(
+        tmp_path / "adamw-zero2-rank0.pt", weights_only=False
+    )  # written by 2 or 3 ranks; this process is 1
     net = nn.Sequential(nn.Linear(40, 96), nn.Tanh(), nn.Linear(96, 40), nn.LayerNorm(40), nn.Linear(40, 5)).double()
-    single = ShardedOptimizer(net.parameters(), lambda ps: torch.optim.AdamW(ps), MPI.COMM_SELF, stage=1, bucket_mb=0.01)
+    single = ShardedOptimizer(
+        net.parameters(), lambda ps: torch.optim.AdamW(ps), MPI.COMM_SELF, stage=1, bucket_mb=0.01
+    )
     with pytest.raises(ConfigError, match=f"written by {ranks} ranks .* this run has 1 ranks"):
         single.load_state_dict(shard)
     own = single.state_dict()
@@ -54,7 +60,11 @@ def test_trainer_with_zero_equals_plain_data_parallel_and_resumes(run_mpi, tmp_p
     code = f"import sys; sys.path.insert(0, {str(TESTS)!r}); import cases_zero_trainer; cases_zero_trainer.main({str(tmp_path)!r})"
     result = run_mpi(code, n=2, timeout=240)
     assert result.stderr.count("OK zero trainer") == 2
-    assert sorted(p.name for p in (tmp_path / "adamw-zero2").iterdir()) == ["checkpoint.pt", "part-s0-t0-d0-step8.pt", "part-s0-t0-d1-step8.pt"]
+    assert sorted(p.name for p in (tmp_path / "adamw-zero2").iterdir()) == [
+        "checkpoint.pt",
+        "part-s0-t0-d0-step8.pt",
+        "part-s0-t0-d1-step8.pt",
+    ]
 
 
 @pytest.mark.mpi
@@ -71,7 +81,9 @@ def _trainer_case(run_mpi, function: str, n: int, *args: object):
 
 
 @pytest.mark.mpi
-def test_a_zero_checkpoint_of_two_ranks_resumes_on_one_and_on_three_as_the_uninterrupted_run(run_mpi, tmp_path: Path) -> None:
+def test_a_zero_checkpoint_of_two_ranks_resumes_on_one_and_on_three_as_the_uninterrupted_run(
+    run_mpi, tmp_path: Path
+) -> None:
     result = _trainer_case(run_mpi, "resized", 3, str(tmp_path))
     assert result.stderr.count("OK resized") == 3
 
@@ -89,11 +101,20 @@ def test_bytes_per_rank_approach_the_zero_formulas(run_mpi, tmp_path: Path) -> N
     n = 2
     for row in json.loads(out.read_text()):
         psi = row["parameters"]
-        formulas = {"zero0": 16 * psi, "zero1": 8 * psi + 8 * psi / n, "zero2": 4 * psi + 12 * psi / n, "zero3": 16 * psi / n}  # fp32 AdamW
+        formulas = {
+            "zero0": 16 * psi,
+            "zero1": 8 * psi + 8 * psi / n,
+            "zero2": 4 * psi + 12 * psi / n,
+            "zero3": 16 * psi / n,
+        }  # fp32 AdamW
         for layout, expected in formulas.items():
             measured = sum(row[layout].values())
             assert measured == pytest.approx(expected, rel=0.10), (layout, row[layout], expected)
         assert row["zero1"]["optimizer_state"] == pytest.approx(8 * psi / n, rel=0.05)
-        assert row["zero2"]["grads"] < 1.25 * 4 * psi / n  # its slice, and at most three whole buckets (one layer each) in flight
+        assert (
+            row["zero2"]["grads"] < 1.25 * 4 * psi / n
+        )  # its slice, and at most three whole buckets (one layer each) in flight
         layer = 4 * (128 * 128 + 128)  # bytes of one hidden layer, a block of its own at ZeRO-3
-        assert 4 * psi / n <= row["zero3"]["params"] <= 4 * psi / n + 2 * layer + 4 * 32 * n  # its slices, two whole layers at once
+        assert (
+            4 * psi / n <= row["zero3"]["params"] <= 4 * psi / n + 2 * layer + 4 * 32 * n
+        )  # its slices, two whole layers at once

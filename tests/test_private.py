@@ -47,7 +47,9 @@ def _become(uid: int, gid: int):
 
 
 def readable_by_nobody(path: Path) -> bool:
-    done = subprocess.run(["head", "-c", "1", str(path)], preexec_fn=_become(NOBODY, NOBODY), capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        ["head", "-c", "1", str(path)], preexec_fn=_become(NOBODY, NOBODY), capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 0 or "Permission denied" in done.stderr, done.stderr
     return done.returncode == 0
 
@@ -66,7 +68,9 @@ def test_another_user_cannot_read_the_store_a_checkpoint_or_connection_files(sha
         (security / "ipcontroller-x-client.json").write_text('{"key": "secret"}')  # as ipyparallel writes it
         checkpoint = save_atomic({"w": torch.zeros(2)}, shared / "run" / "checkpoints" / "last.pt")
         assert stat.S_IMODE(home.stat().st_mode) == 0o700
-        assert stat.S_IMODE(checkpoint.parent.stat().st_mode) == 0o700 and stat.S_IMODE(checkpoint.stat().st_mode) == 0o600
+        assert (
+            stat.S_IMODE(checkpoint.parent.stat().st_mode) == 0o700 and stat.S_IMODE(checkpoint.stat().st_mode) == 0o600
+        )
         for secret in (home / "runs.db", security / "ipcontroller-x-client.json", checkpoint):
             assert secret.exists() and not readable_by_nobody(secret), secret
         store.close()
@@ -113,7 +117,11 @@ def other_user(shared: Path) -> Iterator[pwd.struct_passwd]:
     """A Unix user created for the test (no login, its home under ``shared``), removed afterwards."""
     subprocess.run(["userdel", OTHER_USER], capture_output=True, check=False)  # a leftover of a killed run
     home = shared / OTHER_USER
-    subprocess.run(["useradd", "--home-dir", str(home), "--create-home", "--shell", "/usr/sbin/nologin", OTHER_USER], check=True, capture_output=True)
+    subprocess.run(
+        ["useradd", "--home-dir", str(home), "--create-home", "--shell", "/usr/sbin/nologin", OTHER_USER],
+        check=True,
+        capture_output=True,
+    )
     try:
         yield pwd.getpwnam(OTHER_USER)
     finally:
@@ -134,13 +142,23 @@ def test_another_user_cannot_run_code_on_the_engines(shared: Path, other_user: p
         marker = shared / "ran-as-the-owner"
         become = _become(other_user.pw_uid, other_user.pw_gid)
         env = {"PATH": os.environ["PATH"], "HOME": other_user.pw_dir}
-        read = subprocess.run(["head", "-c", "1", str(client_file)], preexec_fn=become, capture_output=True, text=True, timeout=60, env=env)
+        read = subprocess.run(
+            ["head", "-c", "1", str(client_file)],
+            preexec_fn=become,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=env,
+        )
         assert read.returncode != 0 and "Permission denied" in read.stderr, read  # the key's file
         who = [str(other_user.pw_uid), str(other_user.pw_gid)]
         intruder = subprocess.run([sys.executable, "-c", INTRUDER, str(guess), str(marker), *who], capture_output=True, text=True,
                                   timeout=120, env={**env, "IPYTHONDIR": f"{other_user.pw_dir}/.ipython"}, cwd=other_user.pw_dir)  # fmt: skip
         # the controller drops what is not signed with its key: the client's registration is never answered
-        assert intruder.returncode == 3 and "refused: TimeoutError" in intruder.stdout, (intruder.stdout, intruder.stderr)
+        assert intruder.returncode == 3 and "refused: TimeoutError" in intruder.stdout, (
+            intruder.stdout,
+            intruder.stderr,
+        )
         assert not marker.exists()
         assert cluster.run(lambda: 7) == [7, 7]  # the owner's cluster goes on
 

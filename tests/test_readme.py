@@ -24,7 +24,9 @@ def readme_blocks(readme: Path = README, sections: tuple[str, ...] = SECTIONS) -
     for title in sections:
         match = re.search(rf"^## {re.escape(title)}\n(.*?)(?=^## |\Z)", text, flags=re.S | re.M)
         assert match, f"README has no '## {title}' section"
-        blocks += [block.strip("\n") for block in re.findall(r"^```python\n(.*?)^```", match.group(1), flags=re.S | re.M)]
+        blocks += [
+            block.strip("\n") for block in re.findall(r"^```python\n(.*?)^```", match.group(1), flags=re.S | re.M)
+        ]
     return blocks
 
 
@@ -42,11 +44,19 @@ def test_readme_tour_runs_as_a_notebook(tmp_path: Path) -> None:
     # needed), then one cell that is not the README's: stop the cluster the tour started.
     cells = [nbformat.v4.new_code_cell(block) for block in readme_blocks()]
     cells.append(nbformat.v4.new_code_cell("%rapydli stop"))
-    nbformat.write(nbformat.v4.new_notebook(cells=cells), tmp_path / "tour.ipynb")  # no kernel metadata, as a new user's
+    nbformat.write(
+        nbformat.v4.new_notebook(cells=cells), tmp_path / "tour.ipynb"
+    )  # no kernel metadata, as a new user's
 
     before = len(rd.runs(kind="train"))
-    papermill.execute_notebook(str(tmp_path / "tour.ipynb"), str(tmp_path / "out.ipynb"), kernel_name="python3",
-                               language="python", cwd=str(tmp_path), progress_bar=False)  # fmt: skip
+    papermill.execute_notebook(
+        str(tmp_path / "tour.ipynb"),
+        str(tmp_path / "out.ipynb"),
+        kernel_name="python3",
+        language="python",
+        cwd=str(tmp_path),
+        progress_bar=False,
+    )
     executed = nbformat.read(tmp_path / "out.ipynb", as_version=4)
     outputs = [o for cell in executed.cells for o in cell.get("outputs", [])]
     text = "\n".join(o.get("text", "") for o in outputs)
@@ -63,5 +73,9 @@ def test_readme_tour_runs_as_a_notebook(tmp_path: Path) -> None:
     # what the saved tour shows outside JupyterLab: rd.train's final plot and a finished progress bar
     figures = [o for o in outputs if PLOTLY in o.get("data", {})]
     assert figures and all(o["data"]["image/png"] for o in figures)  # their PNG beside plotly's JSON
-    bars = [o["data"]["text/plain"] for o in outputs if WIDGET in o.get("data", {}) and "train" in o["data"].get("text/plain", "")]
+    bars = [
+        o["data"]["text/plain"]
+        for o in outputs
+        if WIDGET in o.get("data", {}) and "train" in o["data"].get("text/plain", "")
+    ]
     assert bars and "100%" in bars[0], bars

@@ -131,7 +131,9 @@ def readme_hosts(hosts, ipython_shell, tmp_path_factory):
 def test_readme_ssh_examples_run_on_the_hosts(readme_hosts, hosts) -> None:
     status = readme_hosts.run_line_magic("rapydli", "status")
     code = next(code for _, code in ssh_examples(hosts) if "%rapydli status" in code)
-    claimed = ast.literal_eval(re.search(r"'rank_hosts': (\{.*?\})", code).group(1))  # the comment beside %rapydli status
+    claimed = ast.literal_eval(
+        re.search(r"'rank_hosts': (\{.*?\})", code).group(1)
+    )  # the comment beside %rapydli status
     assert status["state"] == "running" and status["launcher"] == "ssh"
     assert status["rank_hosts"] == claimed == {0: "h1", 1: "h2", 2: "h1", 3: "h2"}
     made = readme_hosts.user_ns["cluster"]  # the examples' clusters are made (options checked), not started
@@ -141,9 +143,20 @@ def test_readme_ssh_examples_run_on_the_hosts(readme_hosts, hosts) -> None:
 @pytest.mark.hosts
 @pytest.mark.engines
 def test_a_sweep_runs_its_2_rank_trials_side_by_side_across_the_hosts(readme_hosts) -> None:
-    config = rd.TrainConfig(batch_size=16, optimizer="sgd", max_steps=6, eval_every=6, epochs=1, allreduce="mpi", seed=0)
-    result = rd.sweep(models.mlp, datasets.digits, config, {"lr": rd.loguniform(0.01, 0.3)}, trials=2, workers_per_trial=2,
-                      pruner="none", cluster=current(), live=False)  # fmt: skip
+    config = rd.TrainConfig(
+        batch_size=16, optimizer="sgd", max_steps=6, eval_every=6, epochs=1, allreduce="mpi", seed=0
+    )
+    result = rd.sweep(
+        models.mlp,
+        datasets.digits,
+        config,
+        {"lr": rd.loguniform(0.01, 0.3)},
+        trials=2,
+        workers_per_trial=2,
+        pruner="none",
+        cluster=current(),
+        live=False,
+    )
     assert (result.table["state"] == "COMPLETE").all(), result.table[["state", "error"]].to_string()
     assert list(result.table["ranks"]) == ["0,1", "2,3"]
     trials = [rd.run(run_id) for run_id in result.table["run_id"]]
@@ -155,12 +168,24 @@ def test_a_sweep_runs_its_2_rank_trials_side_by_side_across_the_hosts(readme_hos
 @pytest.mark.hosts
 @pytest.mark.engines
 def test_a_scaling_study_records_the_hosts(readme_hosts) -> None:
-    result = rd.scaling_study(models.mlp, datasets.digits, rd.TrainConfig(batch_size=32, allreduce="mpi"), workers=[1, 2, 4],
-                              steps=5, repeats=1, cluster=current(), live=False)  # fmt: skip
+    result = rd.scaling_study(
+        models.mlp,
+        datasets.digits,
+        rd.TrainConfig(batch_size=32, allreduce="mpi"),
+        workers=[1, 2, 4],
+        steps=5,
+        repeats=1,
+        cluster=current(),
+        live=False,
+    )
     assert list(result.table["workers"]) == [1, 2, 4]
     assert list(result.table["hosts"]) == ["h1", "h1, h2", "h1, h2"]
     recorded = rd.run(result.run_id).records["table"]
     assert [row["hosts"] for row in recorded] == ["h1", "h1, h2", "h1, h2"]
     points = rd.runs(kind="train")
     point_runs = points[points["parent"] == result.run_id]
-    assert sorted(tuple(rd.run(run_id).records["hosts"]) for run_id in point_runs["id"]) == [("h1",), ("h1", "h2"), ("h1", "h2")]
+    assert sorted(tuple(rd.run(run_id).records["hosts"]) for run_id in point_runs["id"]) == [
+        ("h1",),
+        ("h1", "h2"),
+        ("h1", "h2"),
+    ]

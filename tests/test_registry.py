@@ -66,7 +66,7 @@ mirror_conv = rapydli_plugin:MIRROR
 gpipe_too = rapydli_plugin:reversed_gpipe
 """
 
-CHECK = '''
+CHECK = """
 import json
 
 from click.testing import CliRunner
@@ -93,7 +93,7 @@ runner = CliRunner()
 out["tune_help"] = "first" in runner.invoke(cli, ["tune", "conv2d", "--help"]).output
 out["cluster_help"] = "here" in runner.invoke(cli, ["cluster", "start", "--help"]).output
 print(json.dumps(out))
-'''
+"""
 
 
 @pytest.fixture
@@ -109,16 +109,27 @@ def plugin(tmp_path: Path) -> Path:
 
 def test_parts_registered_by_another_package_are_selectable(plugin: Path, tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(plugin), os.environ.get("PYTHONPATH")) if p)}
-    done = subprocess.run([sys.executable, "-c", CHECK], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-c", CHECK], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stderr
     found = json.loads(done.stdout.strip().splitlines()[-1])
     assert found == {
-        "strategy_ran": "strategy", "candidate": "mirror_conv", "candidate_registered": True, "launcher": "here",
-        "schedule": True, "config": "gpipe_too", "config_choices": True, "tune_help": True, "cluster_help": True,
-    }  # fmt: skip
+        "strategy_ran": "strategy",
+        "candidate": "mirror_conv",
+        "candidate_registered": True,
+        "launcher": "here",
+        "schedule": True,
+        "config": "gpipe_too",
+        "config_choices": True,
+        "tune_help": True,
+        "cluster_help": True,
+    }
 
 
-def test_a_registry_reads_its_entry_points_and_names_what_is_allowed(plugin: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_registry_reads_its_entry_points_and_names_what_is_allowed(
+    plugin: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.syspath_prepend(str(plugin))
     parts = Registry("launcher", {"local": "rapydli.cluster.launchers:get_launcher"}, group="rapydli.launchers")
     assert list(parts) == ["here", "local"] and "here" in parts

@@ -33,25 +33,45 @@ def test_bad_arguments_fail_early() -> None:
     with pytest.raises(ConfigError, match=r"pipeline_stages=\[3\] divide none of workers=\[1, 2\]"):
         rd.scaling_study(models.mlp, datasets.digits, rd.TrainConfig(), workers=[1, 2], pipeline_stages=[1, 3])
     # a replica of a tensor-parallel config is its stages x tensor_parallel ranks
-    with pytest.raises(ConfigError, match=r"pipeline_stages=\[2\] divide none of workers=\[2, 3\]: .* a multiple of 2 x it"):
-        rd.scaling_study(models.mlp, datasets.digits, rd.TrainConfig(tensor_parallel=2, workers=2), workers=[2, 3], pipeline_stages=[1, 2])
+    with pytest.raises(
+        ConfigError, match=r"pipeline_stages=\[2\] divide none of workers=\[2, 3\]: .* a multiple of 2 x it"
+    ):
+        rd.scaling_study(
+            models.mlp,
+            datasets.digits,
+            rd.TrainConfig(tensor_parallel=2, workers=2),
+            workers=[2, 3],
+            pipeline_stages=[1, 2],
+        )
     with pytest.raises(ConfigError, match="pipeline_stages=\\[0\\] is invalid: a list of integers >= 1"):
         rd.scaling_study(models.mlp, datasets.digits, rd.TrainConfig(), pipeline_stages=[0])
     with pytest.raises(ConfigError, match="predict and network model data parallelism: add 1 to pipeline_stages"):
         rd.scaling_study(models.mlp, datasets.digits, rd.TrainConfig(), workers=[2], pipeline_stages=[2], predict=[4])
     # every point's config is checked before anything starts: 4 microbatches cannot cut a strong point's batch of 2
     with pytest.raises(ConfigError, match="microbatches=4 is larger than batch_size=2"):
-        rd.scaling_study(models.mlp, datasets.digits, rd.TrainConfig(batch_size=4, microbatches=4), workers=[1, 2, 4],
-                         pipeline_stages=[1, 2], mode="strong")  # fmt: skip
+        rd.scaling_study(
+            models.mlp,
+            datasets.digits,
+            rd.TrainConfig(batch_size=4, microbatches=4),
+            workers=[1, 2, 4],
+            pipeline_stages=[1, 2],
+            mode="strong",
+        )
 
 
 @pytest.mark.engines
 def test_scaling_table_figure_and_prediction() -> None:
     with rd.Cluster(n=2) as cluster:
         result = rd.scaling_study(
-            models.mlp, datasets.digits, rd.TrainConfig(batch_size=64, allreduce="mpi"), workers=[1, 2], steps=12,
-            predict=[4, 16], cluster=cluster, live=False,
-        )  # fmt: skip
+            models.mlp,
+            datasets.digits,
+            rd.TrainConfig(batch_size=64, allreduce="mpi"),
+            workers=[1, 2],
+            steps=12,
+            predict=[4, 16],
+            cluster=cluster,
+            live=False,
+        )
     table = result.table
     assert list(table["workers"]) == [1, 2] and list(table["global_batch"]) == [64, 128]
     assert list(table["repeats"]) == [3, 3]  # interleaved rounds: the median ratio of each round's, and the range
@@ -77,7 +97,9 @@ def test_scaling_table_figure_and_prediction() -> None:
     # past the measured counts the prediction says it is an extrapolation, in the table and the figure's title, and of
     # which model: one validated here or not
     word = "validated" if result.validated else "NOT validated"
-    assert list(result.prediction["basis"]) == ["measured count (checked)"] * 2 + [f"extrapolated, model {word} here"] * 2
+    assert (
+        list(result.prediction["basis"]) == ["measured count (checked)"] * 2 + [f"extrapolated, model {word} here"] * 2
+    )
     assert "beyond 2 workers the dashed line is an extrapolation" in result.figure.layout.title.text
 
 
@@ -92,12 +114,16 @@ def test_loss_optimizer_and_metrics_reach_every_point(tmp_path, monkeypatch) -> 
     monkeypatch.setenv("RAPYDLI_TENSORBOARD_DIR", str(tmp_path))
     config = rd.TrainConfig(batch_size=4, lr=0.02, allreduce="mpi", trackers="tensorboard")
     with rd.Cluster(n=2) as cluster:
-        result = rd.scaling_study(RegressionMLP, regression, config, workers=[1, 2], steps=4, cluster=cluster, live=False, repeats=1, **PASSED)
+        result = rd.scaling_study(
+            RegressionMLP, regression, config, workers=[1, 2], steps=4, cluster=cluster, live=False, repeats=1, **PASSED
+        )
     points, _ = open_store().list_runs(parent=result.run_id)
     assert sorted(p["name"] for p in points) == ["scaling-1", "scaling-2"]
     for point in points:
         passed_through(open_store().final_metrics(point["id"]), 0.02)
-    study = Path(links(open_store(), result.run_id)["tensorboard"]["logdir"])  # the study's tracker run, its points inside it
+    study = Path(
+        links(open_store(), result.run_id)["tensorboard"]["logdir"]
+    )  # the study's tracker run, its points inside it
     assert sorted(Path(links(open_store(), p["id"])["tensorboard"]["logdir"]).parent for p in points) == [study, study]
     assert "* rapydli.status: finished" in tensorboard_texts(study, "tags")[-1]
 
@@ -109,12 +135,22 @@ def test_scaling_varies_pipeline_stages_and_records_them() -> None:
     config = rd.TrainConfig(batch_size=32, microbatches=2, allreduce="mpi")
     with rd.Cluster(n=2) as cluster:
         result = rd.scaling_study(
-            models.mlp, datasets.digits, config, workers=[1, 2], pipeline_stages=[1, 2], steps=6, cluster=cluster, live=False, repeats=1
-        )  # fmt: skip
+            models.mlp,
+            datasets.digits,
+            config,
+            workers=[1, 2],
+            pipeline_stages=[1, 2],
+            steps=6,
+            cluster=cluster,
+            live=False,
+            repeats=1,
+        )
     table = result.table
     assert list(zip(table["workers"], table["pipeline_stages"], table["replicas"])) == [(1, 1, 1), (2, 1, 2), (2, 2, 1)]
     assert list(table["global_batch"]) == [32, 64, 32]  # weak: the batch per replica is kept
-    assert table["speedup"].iloc[2] == pytest.approx(table["samples_per_s"].iloc[2] / table["samples_per_s"].iloc[0])  # one round
+    assert table["speedup"].iloc[2] == pytest.approx(
+        table["samples_per_s"].iloc[2] / table["samples_per_s"].iloc[0]
+    )  # one round
     assert table["ideal_speedup"].tolist() == [1, 2, 2]
     assert result.notes[0] == "pipeline_stages=2 skipped at workers=1: 1 ranks do not divide into 2-stage pipelines"
     assert all("artefact" in note for note in result.notes[1:])
@@ -138,24 +174,48 @@ def test_points_carry_the_spread_of_their_rounds_and_an_efficiency_above_1_is_fl
     quiet, loaded = {"load_1m": 0.5, "cores": 2.0}, {"load_1m": 4.2, "cores": 2.0}
 
     def point(k: int, step: float, load: dict) -> dict:
-        return {"workers": k, "pipeline_stages": 1, "replicas": k, "global_batch": 32 * k, "samples_per_s": 32 * k / step,
-                "step_time_s": step, "compute_time_s": step, "comm_time_s": 0.0, "comm_wait_s": 0.0, "comm_fraction": 0.0,
-                "hosts": "h", "load": load}  # fmt: skip
+        return {
+            "workers": k,
+            "pipeline_stages": 1,
+            "replicas": k,
+            "global_batch": 32 * k,
+            "samples_per_s": 32 * k / step,
+            "step_time_s": step,
+            "compute_time_s": step,
+            "comm_time_s": 0.0,
+            "comm_wait_s": 0.0,
+            "comm_fraction": 0.0,
+            "hosts": "h",
+            "load": load,
+        }
 
     # the one-worker point was slowed by other work in every round: the 2-worker point looks 3x faster
-    rounds = {(1, 1): [point(1, 0.30, loaded), point(1, 0.33, loaded), point(1, 0.27, quiet)],
-              (2, 1): [point(2, 0.20, loaded), point(2, 0.21, quiet), point(2, 0.19, quiet)]}  # fmt: skip
+    rounds = {
+        (1, 1): [point(1, 0.30, loaded), point(1, 0.33, loaded), point(1, 0.27, quiet)],
+        (2, 1): [point(2, 0.20, loaded), point(2, 0.21, quiet), point(2, 0.19, quiet)],
+    }
     table = _table(summarise(rounds), None, 0.0)
     row = table.iloc[1]
-    assert row["repeats"] == 3 and row["step_time_s"] == 0.20 and (row["step_time_low_s"], row["step_time_high_s"]) == (0.19, 0.21)
-    assert row["speedup_low"] <= row["speedup"] <= row["speedup_high"] and row["speedup"] == pytest.approx(2 * 0.30 / 0.20)
+    assert (
+        row["repeats"] == 3
+        and row["step_time_s"] == 0.20
+        and (row["step_time_low_s"], row["step_time_high_s"]) == (0.19, 0.21)
+    )
+    assert row["speedup_low"] <= row["speedup"] <= row["speedup_high"] and row["speedup"] == pytest.approx(
+        2 * 0.30 / 0.20
+    )
     assert math.isnan(row["efficiency"])  # never printed as a result
     assert "efficiency 1.50 > 1 is a measurement artefact" in row["flag"] and "load 4.2 on 2 cores" in row["flag"]
     assert row["speedup_verdict"] == "above 1"
     # rounds that disagree about which is faster: no conclusion
-    rounds = {(1, 1): [point(1, 0.30, quiet), point(1, 0.30, quiet)], (2, 1): [point(2, 0.25, quiet), point(2, 0.70, quiet)]}
+    rounds = {
+        (1, 1): [point(1, 0.30, quiet), point(1, 0.30, quiet)],
+        (2, 1): [point(2, 0.25, quiet), point(2, 0.70, quiet)],
+    }
     row = _table(summarise(rounds), None, 0.0).iloc[1]
-    assert row["speedup_verdict"].startswith("not distinguishable from 1") and not row["flag"] and row["efficiency"] <= 1
+    assert (
+        row["speedup_verdict"].startswith("not distinguishable from 1") and not row["flag"] and row["efficiency"] <= 1
+    )
 
 
 @pytest.mark.engines
@@ -166,14 +226,25 @@ def test_a_study_beside_a_cpu_hog_reports_its_spread_and_flags_what_the_load_mad
     hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
         with rd.Cluster(n=2) as cluster:
-            result = rd.scaling_study(models.mlp, datasets.digits, rd.TrainConfig(batch_size=32, allreduce="mpi"), workers=[1, 2],
-                                      steps=6, predict=[4], cluster=cluster, live=False, repeats=3)  # fmt: skip
+            result = rd.scaling_study(
+                models.mlp,
+                datasets.digits,
+                rd.TrainConfig(batch_size=32, allreduce="mpi"),
+                workers=[1, 2],
+                steps=6,
+                predict=[4],
+                cluster=cluster,
+                live=False,
+                repeats=3,
+            )
     finally:
         hog.kill()
         hog.wait()
     table = result.table
     assert list(table["repeats"]) == [3, 3] and (table["load"].str.contains("cores")).all()
-    assert ((table["step_time_low_s"] <= table["step_time_s"]) & (table["step_time_s"] <= table["step_time_high_s"])).all()
+    assert (
+        (table["step_time_low_s"] <= table["step_time_s"]) & (table["step_time_s"] <= table["step_time_high_s"])
+    ).all()
     assert not (table["efficiency"] > 1).any()  # an impossible value is never a result ...
     for row in table.itertuples():
         if row.flag:  # ... but flagged, with the load, in the table and the notes

@@ -15,7 +15,10 @@ def test_scaling_notebook(tmp_path: Path) -> None:
     executed = execute("04-scaling.ipynb", tmp_path, steps=12)
     text = executed.text
     validated = re.search(r"prediction within 20% of measurement at every measured count: (True|False)", text).group(1)
-    errors = [abs(int(e)) for e in re.findall(r"worker\(s\): measured step [\d.]+ ms, predicted [\d.]+ ms \(([+-]\d+)%\)", text)]
+    errors = [
+        abs(int(e))
+        for e in re.findall(r"worker\(s\): measured step [\d.]+ ms, predicted [\d.]+ ms \(([+-]\d+)%\)", text)
+    ]
     assert errors, text
     # "False" is explained: a point missed by more than 20 %, or a note says the steps were too noisy to check
     assert validated == "True" or max(errors) > 20 or "note: not validated" in text, text

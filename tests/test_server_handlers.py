@@ -89,7 +89,9 @@ def seed(store: RunStore) -> dict[str, str]:
     store.log_metrics(ids["live"], [(1, "loss", 2.0)])
     ids["sweep"] = store.create_run("sweep", "lr-sweep", {"metric": "val_loss", "direction": "minimize", "trials": 2})
     for i, lr in enumerate((0.1, 0.01)):
-        trial = store.create_run("trial", f"trial-{i}", {"epochs": 1, "trial": i, "params": {"lr": lr}}, parent=ids["sweep"])
+        trial = store.create_run(
+            "trial", f"trial-{i}", {"epochs": 1, "trial": i, "params": {"lr": lr}}, parent=ids["sweep"]
+        )
         store.log_metrics(trial, [(1, "val_loss", 1.0 - lr)])
         store.finish_run(trial, "finished" if i == 0 else "pruned")  # a trial's state is its run's status
     return ids
@@ -97,13 +99,24 @@ def seed(store: RunStore) -> dict[str, str]:
 
 @on_server_loop
 async def test_unauthenticated_requests_are_refused(jp_fetch, store: RunStore) -> None:
-    for path, method in (("runs", "GET"), ("clusters", "GET"), ("clusters", "POST"), ("version", "GET"),
-                         ("families", "GET"), ("compare", "GET"), ("runs/feedbeef0000", "PATCH")):  # fmt: skip
+    for path, method in (
+        ("runs", "GET"),
+        ("clusters", "GET"),
+        ("clusters", "POST"),
+        ("version", "GET"),
+        ("families", "GET"),
+        ("compare", "GET"),
+        ("runs/feedbeef0000", "PATCH"),
+    ):
         with pytest.raises(tornado.httpclient.HTTPClientError) as info:
             await jp_fetch(
-                "rapydli", "api", path, method=method, body=b"{}" if method in ("POST", "PATCH") else None,
+                "rapydli",
+                "api",
+                path,
+                method=method,
+                body=b"{}" if method in ("POST", "PATCH") else None,
                 headers={"Authorization": ""},
-            )  # fmt: skip
+            )
         assert info.value.code == 403, path
 
 
@@ -122,7 +135,9 @@ async def test_launchers_list_their_options_and_the_start_form_fields(api) -> No
     slurm = launchers["slurm"]
     assert slurm["form"] == ["partition", "nodes", "timelimit"]  # shown as fields; the others as key=value
     assert set(slurm["form"]) <= set(slurm["options"]) and slurm["options"]["nodes"]["type"] == "int"
-    assert launchers["local"]["form"] == [] and all(set(spec["form"]) <= set(spec["options"]) for spec in launchers.values())
+    assert launchers["local"]["form"] == [] and all(
+        set(spec["form"]) <= set(spec["options"]) for spec in launchers.values()
+    )
 
 
 @on_server_loop
@@ -179,8 +194,14 @@ async def test_metrics_are_incremental(api, store: RunStore) -> None:
 @pytest.mark.parametrize("bad", ["..", "a.b", "x" * 70, "..%2F..%2Fetc%2Fpasswd", "-rf"])
 @on_server_loop
 async def test_malformed_ids_are_400(api, store: RunStore, bad: str) -> None:
-    for path in (("runs", bad), ("runs", bad, "metrics"), ("sweeps", bad), ("clusters", bad), ("batches", bad),
-                 ("runs", bad, "artifacts", "0")):  # fmt: skip
+    for path in (
+        ("runs", bad),
+        ("runs", bad, "metrics"),
+        ("sweeps", bad),
+        ("clusters", bad),
+        ("batches", bad),
+        ("runs", bad, "artifacts", "0"),
+    ):
         code, data = await api(*path)
         assert code == 400, (path, data)
         assert "must be 1-64 letters" in data["error"]
@@ -188,8 +209,14 @@ async def test_malformed_ids_are_400(api, store: RunStore, bad: str) -> None:
 
 @on_server_loop
 async def test_unknown_ids_are_404(api, store: RunStore) -> None:
-    for path in (("runs", "feedbeef0000"), ("runs", "feedbeef0000", "metrics"), ("sweeps", "feedbeef0000"),
-                 ("clusters", "c0000000000"), ("batches", "feedbeef0000"), ("runs", "feedbeef0000", "artifacts", "0")):  # fmt: skip
+    for path in (
+        ("runs", "feedbeef0000"),
+        ("runs", "feedbeef0000", "metrics"),
+        ("sweeps", "feedbeef0000"),
+        ("clusters", "c0000000000"),
+        ("batches", "feedbeef0000"),
+        ("runs", "feedbeef0000", "artifacts", "0"),
+    ):
         code, data = await api(*path)
         assert code == 404 and "no " in data["error"], path
     code, data = await api("clusters", "c0000000000", method="DELETE")
@@ -200,10 +227,17 @@ async def test_unknown_ids_are_404(api, store: RunStore) -> None:
 
 @pytest.mark.parametrize(
     ("body", "message"),
-    [("{not json", "not valid JSON"), ([2], "JSON object"), ({"launcher": "bogus"}, "unknown launcher"),
-     ({"n": 0}, "'n'"), ({"n": "2"}, "'n'"), ({"options": {"mpi_cmd": 3}}, "list of strings"),
-     ({"options": {"shell": "rm -rf /"}}, "no option 'shell'"), ({"code": "import os"}, "unknown field")],
-)  # fmt: skip
+    [
+        ("{not json", "not valid JSON"),
+        ([2], "JSON object"),
+        ({"launcher": "bogus"}, "unknown launcher"),
+        ({"n": 0}, "'n'"),
+        ({"n": "2"}, "'n'"),
+        ({"options": {"mpi_cmd": 3}}, "list of strings"),
+        ({"options": {"shell": "rm -rf /"}}, "no option 'shell'"),
+        ({"code": "import os"}, "unknown field"),
+    ],
+)
 @on_server_loop
 async def test_bad_cluster_requests_are_400(api, store: RunStore, body: Any, message: str) -> None:
     code, data = await api("clusters", method="POST", body=body)

@@ -36,9 +36,15 @@ def test_run_query_defaults_and_values() -> None:
 
 @pytest.mark.parametrize(
     ("args", "field"),
-    [({"kind": "bogus"}, "kind"), ({"status": "done"}, "status"), ({"limit": "0"}, "limit"),
-     ({"limit": "5000"}, "limit"), ({"offset": "-1"}, "offset"), ({"limit": "ten"}, "limit")],
-)  # fmt: skip
+    [
+        ({"kind": "bogus"}, "kind"),
+        ({"status": "done"}, "status"),
+        ({"limit": "0"}, "limit"),
+        ({"limit": "5000"}, "limit"),
+        ({"offset": "-1"}, "offset"),
+        ({"limit": "ten"}, "limit"),
+    ],
+)
 def test_run_query_rejects_bad_arguments(args: dict[str, str], field: str) -> None:
     with pytest.raises(ConfigError, match=field):
         parse_run_query(args)

@@ -21,7 +21,11 @@ from rapydli.cluster import Cluster
 from rapydli.experiments.store.runstore import RunStore
 
 # The REST fixtures and the event-loop wrapper of the handler tests, shared.
-api, store, jp_server_config = test_server_handlers.api, test_server_handlers.store, test_server_handlers.jp_server_config
+api, store, jp_server_config = (
+    test_server_handlers.api,
+    test_server_handlers.store,
+    test_server_handlers.jp_server_config,
+)
 on_server_loop = test_server_handlers.on_server_loop
 
 
@@ -37,7 +41,9 @@ def seed(store: RunStore, tmp_path: Path) -> dict[str, Any]:
     ids["trials"] = []
     for i in range(6):
         lr, width = 0.01 * (i + 1), 16 * (1 + i % 3)
-        trial = store.create_run("trial", f"trial-{i}", {"trial": i, "params": {"lr": lr, "width": width}}, parent=ids["sweep"])
+        trial = store.create_run(
+            "trial", f"trial-{i}", {"trial": i, "params": {"lr": lr, "width": width}}, parent=ids["sweep"]
+        )
         store.log_metrics(trial, [(1, "val_loss", 1.0), (2, "val_loss", 1.0 - 5 * lr + 0.001 * width)])
         if i == 4:  # as the sweep records it (rapydli.experiments.sweep.pruning, .lifecycle): why, and the status once
             store.add_record(trial, "prune", "json", PRUNE)
@@ -62,7 +68,9 @@ def seed(store: RunStore, tmp_path: Path) -> dict[str, Any]:
     store.add_artifact(ids["batch"], report, "report")
     store.finish_run(ids["batch"], "failed")
     ids["a"] = store.create_run("train", "resnet_digits", {"config": {"lr": 0.1, "epochs": 3}, "model_fn": "m"}, seed=0)
-    ids["b"] = store.create_run("train", "resnet_digits", {"config": {"lr": 0.01, "epochs": 3}, "model_fn": "m"}, seed=0)
+    ids["b"] = store.create_run(
+        "train", "resnet_digits", {"config": {"lr": 0.01, "epochs": 3}, "model_fn": "m"}, seed=0
+    )
     for run_id, scale in ((ids["a"], 1.0), (ids["b"], 2.0)):
         store.log_metrics(run_id, [(s, "loss", scale / s) for s in range(1, 6)] + [(5, "val_accuracy", 0.9 / scale)])
         store.finish_run(run_id)
@@ -87,8 +95,13 @@ async def test_families_group_children_filter_sort_and_page(api, store: RunStore
     assert {f["id"] for f in data["families"]} == {ids["a"], ids["b"]}
     code, data = await api("families", params={"sort": "name", "order": "asc", "limit": "1", "offset": "1"})
     assert data["total"] == 4 and [f["name"] for f in data["families"]] == ["lr-sweep"]
-    for params, message in (({"sort": "bogus"}, "'sort'"), ({"order": "up"}, "'order'"), ({"limit": "0"}, "'limit'"),
-                            ({"tag": "has space"}, "'tag'"), ({"kind": "x"}, "'kind'")):  # fmt: skip
+    for params, message in (
+        ({"sort": "bogus"}, "'sort'"),
+        ({"order": "up"}, "'order'"),
+        ({"limit": "0"}, "'limit'"),
+        ({"tag": "has space"}, "'tag'"),
+        ({"kind": "x"}, "'kind'"),
+    ):
         code, data = await api("families", params=params)
         assert code == 400 and message in data["error"], params
 
@@ -105,9 +118,15 @@ async def test_tags_and_note_round_trip(api, store: RunStore, tmp_path: Path) ->
     assert [f["id"] for f in data["families"]] == [ids["a"]] and data["families"][0]["tags"] == ["best", "paper"]
     code, data = await api("runs", ids["a"], method="PATCH", body={"note": ""})
     assert code == 200 and data["note"] is None and data["tags"] == ["best", "paper"]
-    for body, message in (({"tags": "best"}, "list of tags"), ({"tags": ["a b"]}, "tag 'a b' is invalid"),
-                          ({"note": 3}, "must be text"), ({"colour": "red"}, "unknown field"), ({}, "must set"),
-                          ("[1]", "JSON object"), ({"tags": ["t"] * 30 + [f"t{i}" for i in range(30)]}, "at most 20")):  # fmt: skip
+    for body, message in (
+        ({"tags": "best"}, "list of tags"),
+        ({"tags": ["a b"]}, "tag 'a b' is invalid"),
+        ({"note": 3}, "must be text"),
+        ({"colour": "red"}, "unknown field"),
+        ({}, "must set"),
+        ("[1]", "JSON object"),
+        ({"tags": ["t"] * 30 + [f"t{i}" for i in range(30)]}, "at most 20"),
+    ):
         code, data = await api("runs", ids["a"], method="PATCH", body=body)
         assert code == 400 and message in data["error"], body
     assert store.tags(ids["a"]) == ["best", "paper"]  # nothing written by a bad request
@@ -116,26 +135,51 @@ async def test_tags_and_note_round_trip(api, store: RunStore, tmp_path: Path) ->
 
 
 @on_server_loop
-async def test_a_run_shows_its_code_as_sources(api, store: RunStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_run_shows_its_code_as_sources(
+    api, store: RunStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     (tmp_path / "labrun_code.py").write_text("def load():\n    return [1, 2]\n")
     monkeypatch.chdir(tmp_path)  # the run's cwd, where its module is looked for
     notebook = "class Net:\n    def forward(self, x):\n        return x\n"
-    run_id = store.create_run("train", "custom", {"model_fn": "<notebook> Net", "data_fn": "labrun_code:load", "sources": {"Net": notebook}})
+    run_id = store.create_run(
+        "train", "custom", {"model_fn": "<notebook> Net", "data_fn": "labrun_code:load", "sources": {"Net": notebook}}
+    )
     code, run = await api("runs", run_id)
     assert code == 200 and run["params"]["sources"] == {"Net": notebook}
     mine, module = run["sources"]
-    assert module == {"name": "load", "origin": "module", "role": "data_fn", "ref": "labrun_code:load",
-                      "file": str(tmp_path / "labrun_code.py"), "line": 1, "source": "def load():\n    return [1, 2]\n"}  # fmt: skip
+    assert module == {
+        "name": "load",
+        "origin": "module",
+        "role": "data_fn",
+        "ref": "labrun_code:load",
+        "file": str(tmp_path / "labrun_code.py"),
+        "line": 1,
+        "source": "def load():\n    return [1, 2]\n",
+    }
     assert mine == {"name": "Net", "origin": "notebook", "source": notebook}
 
 
 @on_server_loop
 async def test_a_run_shows_its_tracker_runs_as_links_and_folders(api, store: RunStore, tmp_path: Path) -> None:
-    run_id = store.create_run("train", "tracked", {"config": {"lr": 0.1}})  # links as the trackers record them (trackers.sync)
+    run_id = store.create_run(
+        "train", "tracked", {"config": {"lr": 0.1}}
+    )  # links as the trackers record them (trackers.sync)
     mlflow_url = "http://127.0.0.1:5000/#/experiments/1/runs/a81c"
-    store.add_record(run_id, "tracker.mlflow", "json", {"id": "a81c", "experiment_id": "1", "tracking_uri": "http://127.0.0.1:5000", "url": mlflow_url})
-    store.add_record(run_id, "tracker.tensorboard", "json", {"id": run_id, "logdir": str(tmp_path / "tb" / f"tracked-{run_id}")})
-    store.add_record(run_id, "tracker.wandb", "json", {"id": run_id, "project": "rapydli", "group": None, "dir": str(tmp_path / "wandb"), "url": None})
+    store.add_record(
+        run_id,
+        "tracker.mlflow",
+        "json",
+        {"id": "a81c", "experiment_id": "1", "tracking_uri": "http://127.0.0.1:5000", "url": mlflow_url},
+    )
+    store.add_record(
+        run_id, "tracker.tensorboard", "json", {"id": run_id, "logdir": str(tmp_path / "tb" / f"tracked-{run_id}")}
+    )
+    store.add_record(
+        run_id,
+        "tracker.wandb",
+        "json",
+        {"id": run_id, "project": "rapydli", "group": None, "dir": str(tmp_path / "wandb"), "url": None},
+    )
     store.finish_run(run_id)
     code, run = await api("runs", run_id)
     assert code == 200 and run["trackers"] == [
@@ -161,8 +205,12 @@ async def test_compare_diffs_params_and_overlays_curves(api, store: RunStore, tm
     assert [r["final"]["val_accuracy"] for r in data["runs"]] == pytest.approx([0.9, 0.45])
     assert [p["value"] for p in data["curves"][ids["b"]]["loss"]] == pytest.approx([2.0, 1.0, 2 / 3, 0.5, 0.4])
     assert all(p["time"] >= 0 for p in data["curves"][ids["a"]]["loss"])
-    for ids_arg, code_wanted, message in ((ids["a"], 400, "2..10"), (f"{ids['a']},{ids['a']}", 400, "twice"),
-                                          (f"{ids['a']},../x", 400, "must be 1-64"), (f"{ids['a']},feedbeef0000", 404, "no run")):  # fmt: skip
+    for ids_arg, code_wanted, message in (
+        (ids["a"], 400, "2..10"),
+        (f"{ids['a']},{ids['a']}", 400, "twice"),
+        (f"{ids['a']},../x", 400, "must be 1-64"),
+        (f"{ids['a']},feedbeef0000", 404, "no run"),
+    ):
         code, data = await api("compare", params={"ids": ids_arg})
         assert code == code_wanted and message in data["error"], ids_arg
 
@@ -213,8 +261,15 @@ async def test_batch_items_and_artifact_download(api, store: RunStore, tmp_path:
 @pytest.mark.timeout(240)
 @on_server_loop
 async def test_a_cli_started_cluster_is_listed_and_stopped_at_once(api, store: RunStore) -> None:
-    started = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "rapydli", "cluster", "start", "-n", "2"],
-                                      check=False, capture_output=True, text=True, env=dict(os.environ), timeout=180)  # fmt: skip
+    started = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "rapydli", "cluster", "start", "-n", "2"],
+        check=False,
+        capture_output=True,
+        text=True,
+        env=dict(os.environ),
+        timeout=180,
+    )
     assert started.returncode == 0, started.stderr
     cluster_id = started.stdout.strip()
     (record,) = [r for r in Cluster.detached() if r["id"] == cluster_id]
@@ -241,5 +296,10 @@ async def test_a_cli_started_cluster_is_listed_and_stopped_at_once(api, store: R
         _, alive = psutil.wait_procs([psutil.Process(p) for p in pids if psutil.pid_exists(p)], timeout=15)
         assert not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]
     finally:
-        await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "rapydli", "cluster", "stop", "--all"],
-                                check=False, capture_output=True, timeout=120)  # fmt: skip
+        await asyncio.to_thread(
+            subprocess.run,
+            [sys.executable, "-m", "rapydli", "cluster", "stop", "--all"],
+            check=False,
+            capture_output=True,
+            timeout=120,
+        )

@@ -35,8 +35,12 @@ def test_create_log_finish_roundtrip(store: RunStore) -> None:
     store.finish_run(run_id, "failed", error="boom")
     run = store.get_run(run_id)
     assert (run["kind"], run["name"], run["params"], run["world_size"], run["seed"]) == (
-        "train", "mlp", {"lr": 0.1, "layers": [2, 3]}, 2, 7,
-    )  # fmt: skip
+        "train",
+        "mlp",
+        {"lr": 0.1, "layers": [2, 3]},
+        2,
+        7,
+    )
     assert run["status"] == "failed" and run["error"] == "boom" and run["duration"] >= 0
     assert run["host"] and run["pid"] > 0
     assert set(run["versions"]) == {"python", "torch", "mpi4py", "mpi", "rapydli"}
@@ -217,7 +221,9 @@ def test_a_write_interrupted_inside_its_transaction_does_not_block_the_next(stor
     store._conn.execute("BEGIN IMMEDIATE")  # as a write left it when the interrupt came before its COMMIT or ROLLBACK
     store._conn.execute("UPDATE runs SET name = 'half-written' WHERE id = ?", (run_id,))
     store.finish_run(run_id, status="interrupted")
-    assert store.get_run(run_id)["status"] == "interrupted" and store.get_run(run_id)["name"] == "cut"  # the cut write is gone
+    assert (
+        store.get_run(run_id)["status"] == "interrupted" and store.get_run(run_id)["name"] == "cut"
+    )  # the cut write is gone
 
     def interrupted(conn: object) -> None:
         raise KeyboardInterrupt

@@ -25,12 +25,25 @@ server:/export/home /home nfs4 rw,vers=4.2 0 0
 def test_type_is_the_longest_mount_point_holding_the_path(tmp_path: Path) -> None:
     mounts = tmp_path / "mounts"
     mounts.write_text(MOUNTS)
-    found = {p: storefs.filesystem_type(p, mounts=str(mounts)) for p in
-             ("/home/ann/.rapydli", "/scratch/run", "/scratch/local disk/x", "/homework", "/")}  # fmt: skip
-    assert found == {"/home/ann/.rapydli": "nfs4", "/scratch/run": "lustre", "/scratch/local disk/x": "xfs",
-                     "/homework": "ext4", "/": "ext4"}  # fmt: skip
+    found = {
+        p: storefs.filesystem_type(p, mounts=str(mounts))
+        for p in ("/home/ann/.rapydli", "/scratch/run", "/scratch/local disk/x", "/homework", "/")
+    }
+    assert found == {
+        "/home/ann/.rapydli": "nfs4",
+        "/scratch/run": "lustre",
+        "/scratch/local disk/x": "xfs",
+        "/homework": "ext4",
+        "/": "ext4",
+    }
     assert [storefs.is_network(k) for k in ("nfs4", "lustre", "gpfs", "fuse.sshfs", "ext4", "tmpfs", "xfs")] == [
-        True, True, True, True, False, False, False
+        True,
+        True,
+        True,
+        True,
+        False,
+        False,
+        False,
     ]
 
 

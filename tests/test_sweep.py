@@ -30,20 +30,38 @@ def test_bad_spaces_and_arguments_fail_before_anything_starts() -> None:
     with pytest.raises(ConfigError, match="grid sampler"):
         rd.sweep(models.mlp, datasets.digits, rd.TrainConfig(), {"lr": rd.uniform(0.1, 0.2)}, trials=2, sampler="grid")
     with pytest.raises(ConfigError, match="pruner='hyperband'"):
-        rd.sweep(models.mlp, datasets.digits, rd.TrainConfig(), {"lr": rd.uniform(0.1, 0.2)}, trials=2, pruner="hyperband")
-    with pytest.raises(ConfigError, match="workers_per_trial=1 cannot run pipeline_stages=2: a trial's ranks are its replicas x stages"):
+        rd.sweep(
+            models.mlp, datasets.digits, rd.TrainConfig(), {"lr": rd.uniform(0.1, 0.2)}, trials=2, pruner="hyperband"
+        )
+    with pytest.raises(
+        ConfigError, match="workers_per_trial=1 cannot run pipeline_stages=2: a trial's ranks are its replicas x stages"
+    ):
         rd.sweep(models.mlp, datasets.digits, rd.TrainConfig(pipeline_stages=2), {"lr": rd.uniform(0.1, 0.2)}, trials=2)
     tensor = rd.TrainConfig(pipeline_stages=2, tensor_parallel=2, workers=4)
-    with pytest.raises(ConfigError, match="workers_per_trial=2 cannot run pipeline_stages=2 x tensor_parallel=2: .* a multiple of 4"):
+    with pytest.raises(
+        ConfigError, match="workers_per_trial=2 cannot run pipeline_stages=2 x tensor_parallel=2: .* a multiple of 4"
+    ):
         rd.sweep(models.mlp, datasets.digits, tensor, {"lr": rd.uniform(0.1, 0.2)}, trials=2, workers_per_trial=2)
 
 
 @pytest.mark.engines
 def test_a_sweep_of_pipelined_trials_runs_and_records_them(cluster) -> None:
-    config = rd.TrainConfig(max_steps=6, eval_every=3, batch_size=16, pipeline_stages=2, microbatches=2, pipeline_schedule="gpipe")
+    config = rd.TrainConfig(
+        max_steps=6, eval_every=3, batch_size=16, pipeline_stages=2, microbatches=2, pipeline_schedule="gpipe"
+    )
     space = {"lr": rd.loguniform(1e-3, 1e-1), "microbatches": rd.choice([2, 4])}
-    result = rd.sweep(models.mlp, datasets.digits, config, space, trials=2, workers_per_trial=2, cluster=cluster, pruner="none",
-                      seed=3, live=False)  # fmt: skip
+    result = rd.sweep(
+        models.mlp,
+        datasets.digits,
+        config,
+        space,
+        trials=2,
+        workers_per_trial=2,
+        cluster=cluster,
+        pruner="none",
+        seed=3,
+        live=False,
+    )
     table = result.table
     assert list(table["state"]) == ["COMPLETE", "COMPLETE"], table[["state", "error"]].to_string()
     assert list(table["ranks"]) == ["0,1", "0,1"] and list(table["steps"]) == [6, 6] and table["value"].notna().all()
@@ -51,7 +69,10 @@ def test_a_sweep_of_pipelined_trials_runs_and_records_them(cluster) -> None:
     for row in table.itertuples():
         run = store.get_run(row.run_id)
         assert run["kind"] == "trial" and run["status"] == "finished" and run["world_size"] == 2
-        assert run["params"]["config"]["pipeline_stages"] == 2 and run["params"]["config"]["microbatches"] == row.microbatches
+        assert (
+            run["params"]["config"]["pipeline_stages"] == 2
+            and run["params"]["config"]["microbatches"] == row.microbatches
+        )
         assert {m["name"] for m in store.metrics(row.run_id)} >= {"loss", "val_loss", "val_accuracy"}
 
 
@@ -71,7 +92,9 @@ def test_sweep_runs_two_at_a_time_prunes_a_bad_trial_and_survives_a_failing_one(
     # successive halving may also prune the worse of the two good trials (they meet at the same rungs)
     assert "COMPLETE" in set(table.loc[[0, 1], "state"]) and set(table.loc[[0, 1], "state"]) <= {"COMPLETE", "PRUNED"}
     assert table.loc[2, "state"] == "FAIL" and "grad_accum" in table.loc[2, "error"]
-    assert "full traceback" not in table.loc[2, "error"] and len(table.loc[2, "error"].splitlines()) < 10  # said once, short
+    assert (
+        "full traceback" not in table.loc[2, "error"] and len(table.loc[2, "error"].splitlines()) < 10
+    )  # said once, short
     assert table.loc[3, "state"] == "PRUNED" and table.loc[3, "steps"] < 25
     complete = table[table["state"] == "COMPLETE"]
     assert result.best_params == {"lr": pytest.approx(complete.loc[complete["value"].idxmin(), "lr"]), "grad_accum": 1}
@@ -87,7 +110,11 @@ def test_sweep_runs_two_at_a_time_prunes_a_bad_trial_and_survives_a_failing_one(
     assert children[3]["status"] == "pruned" and children[2]["status"] == "failed"
     assert "trial_state" not in store.records(children[3]["id"])  # the state is recorded once: the run's status
     decision = store.records(children[3]["id"])["prune"]["value"]  # why: the report it was pruned at, and the bar
-    assert decision["pruner"] == "SuccessiveHalvingPruner" and decision["metric"] == "val_loss" and decision["step"] == table.loc[3, "steps"]
+    assert (
+        decision["pruner"] == "SuccessiveHalvingPruner"
+        and decision["metric"] == "val_loss"
+        and decision["step"] == table.loc[3, "steps"]
+    )
     assert decision["value"] is None or decision["value"] == pytest.approx(table.loc[3, "value"])
     assert decision["text"].startswith(f"pruned at step {decision['step']} with val_loss ") and decision["rule"]
     assert all("prune" not in store.records(c["id"]) for c, state in zip(children, table["state"]) if state != "PRUNED")
@@ -126,7 +153,16 @@ def test_ctrl_c_stops_the_sweep_and_its_trials(cluster) -> None:
     view = _InterruptOnceTraining()
     config = rd.TrainConfig(epochs=500, eval_every=5, batch_size=32, allreduce="mpi")  # far longer than the test
     # no pruner: a trial pruned before both report steps would let a third one start
-    runner = Sweep(models.mlp, datasets.digits, config, {"lr": rd.loguniform(1e-3, 1e-2)}, trials=6, cluster=cluster, view=view, pruner="none")
+    runner = Sweep(
+        models.mlp,
+        datasets.digits,
+        config,
+        {"lr": rd.loguniform(1e-3, 1e-2)},
+        trials=6,
+        cluster=cluster,
+        view=view,
+        pruner="none",
+    )
     result = runner.run()
     returned = time.monotonic()
     # a sweep that ignored Ctrl-C would train 500 epochs (minutes): the bound tells that apart, not speed (load varies)
@@ -150,8 +186,16 @@ def test_a_trial_that_kills_its_engine_fails_and_the_sweep_restarts_the_cluster(
             return data.digits()
 
     config = rd.TrainConfig(max_steps=6, eval_every=3, batch_size=32, allreduce="mpi")
-    result = rd.sweep(models.mlp, data_killing_the_first_engine, config, {"lr": rd.loguniform(1e-3, 1e-2)}, trials=3,
-                      cluster=cluster, pruner="none", live=False)  # fmt: skip
+    result = rd.sweep(
+        models.mlp,
+        data_killing_the_first_engine,
+        config,
+        {"lr": rd.loguniform(1e-3, 1e-2)},
+        trials=3,
+        cluster=cluster,
+        pruner="none",
+        live=False,
+    )
     states = list(result.table["state"])
     errors = result.table[["trial", "state", "error"]].to_string()
     assert states[-1] == "COMPLETE" and "FAIL" in states, errors  # the sweep went on after the failure
@@ -170,8 +214,18 @@ def test_loss_optimizer_and_metrics_reach_every_trial(cluster) -> None:
     from train_cases import PASSED, RegressionMLP, passed_through, regression
 
     config = rd.TrainConfig(max_steps=4, batch_size=4, allreduce="mpi")
-    result = rd.sweep(RegressionMLP, regression, config, {"lr": rd.loguniform(1e-3, 1e-1)}, trials=2, cluster=cluster,
-                      pruner="none", metric="val_mae", live=False, **PASSED)  # fmt: skip
+    result = rd.sweep(
+        RegressionMLP,
+        regression,
+        config,
+        {"lr": rd.loguniform(1e-3, 1e-1)},
+        trials=2,
+        cluster=cluster,
+        pruner="none",
+        metric="val_mae",
+        live=False,
+        **PASSED,
+    )
     assert list(result.table["state"]) == ["COMPLETE", "COMPLETE"], result.table.to_string()
     for _, trial in result.table.iterrows():
         final = open_store().final_metrics(trial["run_id"])
@@ -190,7 +244,11 @@ def _views(run_id: str, metric: str = "val_loss") -> dict[str, str]:
     store = open_store()
     run = store.get_run(run_id)
     shown = CliRunner().invoke(cli, ["runs", "show", run_id], catch_exceptions=False).output.splitlines()[0]
-    return {"store": state_of(run["status"]), "cli": state_of(shown.rsplit("[", 1)[1].rstrip("]")), "rest": _trial(store, run, metric)["state"]}
+    return {
+        "store": state_of(run["status"]),
+        "cli": state_of(shown.rsplit("[", 1)[1].rstrip("]")),
+        "rest": _trial(store, run, metric)["state"],
+    }
 
 
 def _last_steps(run_id: str) -> dict[str, int]:
@@ -210,8 +268,18 @@ def test_a_pruned_trial_stops_on_all_its_ranks_within_a_step_and_every_view_says
     config = rd.TrainConfig(max_steps=30, epochs=2, eval_every=5, batch_size=32, allreduce="mpi")
     # the first trial is pruned at its first report (step 5); the second runs to the end
     pruner = optuna.pruners.ThresholdPruner(upper=5.0)
-    result = rd.sweep(models.mlp, datasets.digits, config, {"lr": rd.loguniform(1e-3, 10.0)}, trials=2, workers_per_trial=2,
-                      cluster=cluster, pruner=pruner, enqueue=[{"lr": 8.0}, {"lr": 0.05}], live=False)  # fmt: skip
+    result = rd.sweep(
+        models.mlp,
+        datasets.digits,
+        config,
+        {"lr": rd.loguniform(1e-3, 10.0)},
+        trials=2,
+        workers_per_trial=2,
+        cluster=cluster,
+        pruner=pruner,
+        enqueue=[{"lr": 8.0}, {"lr": 0.05}],
+        live=False,
+    )
     table = result.table.set_index("trial")
     assert list(table["state"]) == ["PRUNED", "COMPLETE"], table[["state", "error"]].to_string()
     pruned, complete = table.loc[0, "run_id"], table.loc[1, "run_id"]
@@ -231,11 +299,26 @@ def test_a_grid_sweep_runs_its_whole_grid_with_pruned_and_failed_points_and_ends
 
     config = rd.TrainConfig(max_steps=10, eval_every=5, batch_size=32, allreduce="mpi")
     space = {"lr": rd.choice([0.05, 8.0]), "grad_accum": rd.choice([1, 1000])}  # grad_accum 1000 raises on the ranks
-    result = rd.sweep(models.mlp, datasets.digits, config, space, trials=10, workers_per_trial=2, cluster=cluster,
-                      sampler="grid", pruner=optuna.pruners.ThresholdPruner(upper=5.0), live=False)  # fmt: skip
+    result = rd.sweep(
+        models.mlp,
+        datasets.digits,
+        config,
+        space,
+        trials=10,
+        workers_per_trial=2,
+        cluster=cluster,
+        sampler="grid",
+        pruner=optuna.pruners.ThresholdPruner(upper=5.0),
+        live=False,
+    )
     table = result.table
     points = {(row.lr, row.grad_accum): row.state for row in table.itertuples()}
-    assert len(table) == 4 and points == {(0.05, 1): "COMPLETE", (8.0, 1): "PRUNED", (0.05, 1000): "FAIL", (8.0, 1000): "FAIL"}, points
+    assert len(table) == 4 and points == {
+        (0.05, 1): "COMPLETE",
+        (8.0, 1): "PRUNED",
+        (0.05, 1000): "FAIL",
+        (8.0, 1000): "FAIL",
+    }, points
     assert open_store().get_run(result.run_id)["status"] == "finished"
     assert result.best_params == {"lr": 0.05, "grad_accum": 1}
 
@@ -255,8 +338,18 @@ class _StopWhenSecondTrains:
 def test_a_stopped_sweep_records_true_states_and_its_best_is_a_complete_trial(cluster) -> None:
     view = _StopWhenSecondTrains()
     config = rd.TrainConfig(max_steps=20, eval_every=2, batch_size=32, allreduce="mpi")
-    runner = Sweep(models.mlp, datasets.digits, config, {"max_steps": rd.choice([20, 5000])}, trials=3, workers_per_trial=2,
-                   cluster=cluster, view=view, pruner="none", enqueue=[{"max_steps": 20}, {"max_steps": 5000}])  # fmt: skip
+    runner = Sweep(
+        models.mlp,
+        datasets.digits,
+        config,
+        {"max_steps": rd.choice([20, 5000])},
+        trials=3,
+        workers_per_trial=2,
+        cluster=cluster,
+        view=view,
+        pruner="none",
+        enqueue=[{"max_steps": 20}, {"max_steps": 5000}],
+    )
     view.runner = runner
     result = runner.run()
     table = result.table.set_index("trial")
@@ -264,7 +357,9 @@ def test_a_stopped_sweep_records_true_states_and_its_best_is_a_complete_trial(cl
     assert "stopped with the sweep" in table.loc[1, "error"]
     assert _views(table.loc[0, "run_id"])["store"] == "COMPLETE"
     assert _views(table.loc[1, "run_id"]) == {"store": "FAIL", "cli": "FAIL", "rest": "FAIL"}
-    stopped = open_store().get_run(table.loc[1, "run_id"])  # recorded once, as the sweep told Optuna (not "interrupted")
+    stopped = open_store().get_run(
+        table.loc[1, "run_id"]
+    )  # recorded once, as the sweep told Optuna (not "interrupted")
     assert stopped["status"] == "failed" and "stopped with the sweep" in stopped["error"]
     assert result.best_trial == 0 and result.best_params == {"max_steps": 20}
     assert open_store().get_run(result.run_id)["status"] == "finished"

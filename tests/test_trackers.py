@@ -6,7 +6,14 @@ import glob
 from pathlib import Path
 
 import pytest
-from trackers_files import items_notebook, tensorboard_scalars, tensorboard_texts, wandb_config, wandb_history, wandb_run
+from trackers_files import (
+    items_notebook,
+    tensorboard_scalars,
+    tensorboard_texts,
+    wandb_config,
+    wandb_history,
+    wandb_run,
+)
 
 import rapydli as rd
 from rapydli.errors import ConfigError
@@ -32,7 +39,10 @@ def test_trackers_are_chosen_by_registered_name_everywhere(monkeypatch: pytest.M
     assert config.trackers == "mlflow,tensorboard"
     assert rd.TrainConfig.from_dict(config.to_dict()) == config
     assert rd.TrainConfig(trackers="wandb, tensorboard").trackers == "wandb,tensorboard"
-    with pytest.raises(ConfigError, match=r"TrainConfig.trackers=\['mlfow'\] is invalid: 'mlfow' is not a tracker: allowed are 'mlflow', 'tensorb"):
+    with pytest.raises(
+        ConfigError,
+        match=r"TrainConfig.trackers=\['mlfow'\] is invalid: 'mlfow' is not a tracker: allowed are 'mlflow', 'tensorb",
+    ):
         rd.TrainConfig(trackers=["mlfow"])
     monkeypatch.setenv("RAPYDLI_TRACKERS", "tensorboard,wandb")
     assert settings().trackers == ("tensorboard", "wandb")
@@ -51,7 +61,10 @@ def test_every_front_door_takes_trackers_as_rd_train_does() -> None:
     import inspect
 
     assert rd.TrainConfig(trackers="mlflow").with_trackers(["tensorboard", "mlflow"]).trackers == "mlflow,tensorboard"
-    assert rd.TrainConfig().with_trackers("wandb").trackers == "wandb" and rd.TrainConfig().with_trackers(None) == rd.TrainConfig()
+    assert (
+        rd.TrainConfig().with_trackers("wandb").trackers == "wandb"
+        and rd.TrainConfig().with_trackers(None) == rd.TrainConfig()
+    )
     with pytest.raises(ConfigError, match="'mlfow' is not a tracker"):
         rd.TrainConfig().with_trackers(["mlfow"])  # refused before anything runs, as rd.train refuses it
     for front_door in (rd.train, rd.sweep, rd.scaling_study, rd.batch):
@@ -66,9 +79,13 @@ def test_stored_names_become_tracker_keys_and_flat_params() -> None:
 
 
 @pytest.mark.engines
-def test_a_run_writes_tensorboard_events_and_an_offline_wandb_run_with_every_scalar(tmp_path, monkeypatch, offline_trackers) -> None:
+def test_a_run_writes_tensorboard_events_and_an_offline_wandb_run_with_every_scalar(
+    tmp_path, monkeypatch, offline_trackers
+) -> None:
     monkeypatch.setenv("RAPYDLI_TRACKERS", "wandb")  # as a batch sets it: added to the config's
-    config = rd.TrainConfig(max_steps=10, batch_size=16, eval_every=5, allreduce="mpi", workers=2, trackers="tensorboard")
+    config = rd.TrainConfig(
+        max_steps=10, batch_size=16, eval_every=5, allreduce="mpi", workers=2, trackers="tensorboard"
+    )
     result = rd.train("rapydli.zoo.models:mlp", "rapydli.zoo.datasets:digits", config, progress=False, live=False)
     store = open_store()
     stored = store.metrics(result.run_id)
@@ -99,7 +116,11 @@ def test_exporting_a_recorded_run_to_tensorboard_twice_leaves_one_copy(tmp_path,
     monkeypatch.setenv("RAPYDLI_TENSORBOARD_DIR", str(tmp_path))
     store = open_store()
     run_id = store.create_run("train", "recorded", {"config": {"lr": 0.1}}, world_size=2)
-    store.log_metrics(run_id, [(step, "loss", 1.0 / step) for step in range(1, 6)] + [(step, "step_time_s@rank1", 0.01) for step in range(1, 6)])
+    store.log_metrics(
+        run_id,
+        [(step, "loss", 1.0 / step) for step in range(1, 6)]
+        + [(step, "step_time_s@rank1", 0.01) for step in range(1, 6)],
+    )
     store.finish_run(run_id)
     for _ in range(2):
         assert cli_main(["runs", "export", "--to", "tensorboard", run_id]) == 0
@@ -107,10 +128,14 @@ def test_exporting_a_recorded_run_to_tensorboard_twice_leaves_one_copy(tmp_path,
     assert capsys.readouterr().out.count(f"{run_id} -> tensorboard {logdir}") == 2
     assert len(glob.glob(f"{logdir}/events.out.tfevents.*")) == 1
     scalars = tensorboard_scalars(logdir)
-    assert [s for s, _ in scalars["loss"]] == [1, 2, 3, 4, 5] and [s for s, _ in scalars["system/rank1/step_time_s"]] == [1, 2, 3, 4, 5]
+    assert [s for s, _ in scalars["loss"]] == [1, 2, 3, 4, 5] and [
+        s for s, _ in scalars["system/rank1/step_time_s"]
+    ] == [1, 2, 3, 4, 5]
 
 
-def test_exporting_a_recorded_batch_to_tensorboard_nests_its_items_and_their_runs_once(tmp_path, monkeypatch, capsys) -> None:
+def test_exporting_a_recorded_batch_to_tensorboard_nests_its_items_and_their_runs_once(
+    tmp_path, monkeypatch, capsys
+) -> None:
     pytest.importorskip("tensorboard", reason="the tensorboard extra is not installed")
     from rapydli.cli import main as cli_main
 
@@ -136,26 +161,50 @@ def test_exporting_a_recorded_batch_to_tensorboard_nests_its_items_and_their_run
         item_dir, run_dir = (Path(links(store, run)["tensorboard"]["logdir"]) for run in (item, inner[item]))
         assert item_dir.parent == batch_dir and run_dir.parent == item_dir  # one folder each, inside its parent's
         for folder in (batch_dir, item_dir, run_dir):
-            assert len(glob.glob(f"{folder}/events.out.tfevents.*")) == 1, folder  # the second export rewrote, not added
+            assert len(glob.glob(f"{folder}/events.out.tfevents.*")) == 1, (
+                folder
+            )  # the second export rewrote, not added
         assert tensorboard_scalars(item_dir)["score"] == [(0, pytest.approx(x * 0.5))]
         assert tensorboard_scalars(run_dir)["loss"] == [(1, pytest.approx(x)), (2, pytest.approx(x / 2))]
 
 
 @pytest.mark.notebook
-def test_a_batch_logged_to_tensorboard_and_offline_wandb_is_a_parent_with_one_child_per_item(tmp_path, monkeypatch, offline_trackers) -> None:
+def test_a_batch_logged_to_tensorboard_and_offline_wandb_is_a_parent_with_one_child_per_item(
+    tmp_path, monkeypatch, offline_trackers
+) -> None:
     from rapydli.cli import main as cli_main
 
     items_notebook(tmp_path)
     monkeypatch.chdir(tmp_path)
-    assert cli_main(["batch", "items.ipynb", "--grid", "x=1,2", "--parallel", "2", "--trackers", "tensorboard,wandb", "--out", "out"]) == 0
+    assert (
+        cli_main(
+            [
+                "batch",
+                "items.ipynb",
+                "--grid",
+                "x=1,2",
+                "--parallel",
+                "2",
+                "--trackers",
+                "tensorboard,wandb",
+                "--out",
+                "out",
+            ]
+        )
+        == 0
+    )
     store = open_store()
-    batch = next(run["id"] for run in store.list_runs(kind="batch", limit=10)[0] if run["parent"] is None)  # the newest batch
+    batch = next(
+        run["id"] for run in store.list_runs(kind="batch", limit=10)[0] if run["parent"] is None
+    )  # the newest batch
     items = [run["id"] for run in store.list_runs(parent=batch)[0]]
     inner = {item: store.list_runs(parent=item)[0][0] for item in items}  # the run each item's notebook recorded
     assert len(items) == 2 and sorted(run["params"]["x"] for run in inner.values()) == [1, 2]
 
     batch_dir = Path(links(store, batch)["tensorboard"]["logdir"])  # TensorBoard: folders inside the parent's
-    assert batch_dir.parent == tmp_path / "tb" and f"rapydli.run_id: {batch}" in tensorboard_texts(batch_dir, "tags")[-1]
+    assert (
+        batch_dir.parent == tmp_path / "tb" and f"rapydli.run_id: {batch}" in tensorboard_texts(batch_dir, "tags")[-1]
+    )
     for item in items:
         item_dir, run_dir = (Path(links(store, run)["tensorboard"]["logdir"]) for run in (item, inner[item]["id"]))
         assert item_dir.parent == batch_dir and run_dir.parent == item_dir
@@ -174,4 +223,6 @@ def test_a_batch_logged_to_tensorboard_and_offline_wandb_is_a_parent_with_one_ch
     for item in items:
         assert group_and_type(item) == (batch, "batch") and group_and_type(inner[item]["id"]) == (batch, "train")
         history = wandb_history(wandb_file(inner[item]["id"]))
-        assert [(row["step"], row["loss"]) for row in history if "loss" in row] == [(1, pytest.approx(inner[item]["params"]["x"]))]
+        assert [(row["step"], row["loss"]) for row in history if "loss" in row] == [
+            (1, pytest.approx(inner[item]["params"]["x"]))
+        ]

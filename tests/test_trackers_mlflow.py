@@ -46,7 +46,9 @@ def _start_server(where: Path) -> tuple[subprocess.Popen, str]:
                 return server, uri
         except OSError:
             assert server.poll() is None, (where / "server.log").read_text()
-            assert time.monotonic() < deadline, "mlflow server did not answer in 300 s:\n" + (where / "server.log").read_text()
+            assert time.monotonic() < deadline, (
+                "mlflow server did not answer in 300 s:\n" + (where / "server.log").read_text()
+            )
             time.sleep(0.5)
 
 
@@ -92,7 +94,15 @@ def _mlflow_runs(client, run_id: str) -> list:
 
 def test_a_run_on_two_ranks_is_one_mlflow_run_with_every_metric_at_every_step(cluster, tracking, capsys) -> None:
     config = rd.TrainConfig(max_steps=12, batch_size=16, eval_every=4, lr=0.05, allreduce="mpi")
-    result = rd.train("rapydli.zoo.models:mlp", "rapydli.zoo.datasets:digits", config, cluster, trackers=["mlflow"], progress=False, live=False)
+    result = rd.train(
+        "rapydli.zoo.models:mlp",
+        "rapydli.zoo.datasets:digits",
+        config,
+        cluster,
+        trackers=["mlflow"],
+        progress=False,
+        live=False,
+    )
     store = open_store()
     (found,) = _mlflow_runs(tracking, result.run_id)  # one tracker run per RaPyDLI run, not one per rank
     assert links(store, result.run_id)["mlflow"]["id"] == found.info.run_id
@@ -112,14 +122,27 @@ def test_a_run_on_two_ranks_is_one_mlflow_run_with_every_metric_at_every_step(cl
     assert links(store, result.run_id)["mlflow"]["url"] in capsys.readouterr().out
 
 
-def test_an_unreachable_tracker_is_one_warning_for_a_whole_sweep_and_its_runs_are_complete(cluster, monkeypatch) -> None:
+def test_an_unreachable_tracker_is_one_warning_for_a_whole_sweep_and_its_runs_are_complete(
+    cluster, monkeypatch
+) -> None:
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{_free_port()}")  # nothing listens there
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     config = rd.TrainConfig(max_steps=3, batch_size=16, allreduce="mpi", trackers="mlflow")
     with pytest.warns(RapydliWarning, match=r"not logged to 'mlflow': .*rapydli runs export --to mlflow") as caught:
-        rd.sweep("rapydli.zoo.models:mlp", "rapydli.zoo.datasets:digits", config, {"lr": rd.loguniform(1e-3, 1e-1)}, trials=3,
-                 workers_per_trial=1, pruner="none", cluster=cluster, live=False)  # fmt: skip
-    assert len([w for w in caught if issubclass(w.category, RapydliWarning)]) == 1  # one for the sweep, not one per trial
+        rd.sweep(
+            "rapydli.zoo.models:mlp",
+            "rapydli.zoo.datasets:digits",
+            config,
+            {"lr": rd.loguniform(1e-3, 1e-1)},
+            trials=3,
+            workers_per_trial=1,
+            pruner="none",
+            cluster=cluster,
+            live=False,
+        )
+    assert (
+        len([w for w in caught if issubclass(w.category, RapydliWarning)]) == 1
+    )  # one for the sweep, not one per trial
     store = open_store()
     sweep_run = store.list_runs(kind="sweep", limit=1)[0][0]
     trials, _ = store.list_runs(parent=sweep_run["id"])
@@ -133,16 +156,35 @@ def test_a_tracker_that_is_not_installed_is_reported_before_the_run_trains(clust
     from rapydli.experiments.trackers.mlflow import MlflowTracker
 
     monkeypatch.setattr(MlflowTracker, "module", "mlflow_not_installed_here")
-    with pytest.warns(RapydliWarning, match=r"needs the mlflow_not_installed_here package.*pip install 'rapydli\[mlflow\]'"):
-        result = rd.train("rapydli.zoo.models:mlp", "rapydli.zoo.datasets:digits", rd.TrainConfig(max_steps=2, allreduce="mpi"), cluster,
-                          trackers="mlflow", progress=False, live=False)  # fmt: skip
+    with pytest.warns(
+        RapydliWarning, match=r"needs the mlflow_not_installed_here package.*pip install 'rapydli\[mlflow\]'"
+    ):
+        result = rd.train(
+            "rapydli.zoo.models:mlp",
+            "rapydli.zoo.datasets:digits",
+            rd.TrainConfig(max_steps=2, allreduce="mpi"),
+            cluster,
+            trackers="mlflow",
+            progress=False,
+            live=False,
+        )
     assert open_store().get_run(result.run_id)["status"] == "finished"
 
 
 def test_a_sweep_is_a_parent_mlflow_run_with_one_nested_run_per_two_rank_trial(cluster, tracking) -> None:
     config = rd.TrainConfig(max_steps=4, batch_size=16, eval_every=2, allreduce="mpi")
-    result = rd.sweep("rapydli.zoo.models:mlp", "rapydli.zoo.datasets:digits", config, {"lr": rd.loguniform(1e-3, 1e-1)}, trials=4,
-                      workers_per_trial=2, pruner="none", cluster=cluster, live=False, trackers=["mlflow"])  # fmt: skip  (as rd.train takes it)
+    result = rd.sweep(
+        "rapydli.zoo.models:mlp",
+        "rapydli.zoo.datasets:digits",
+        config,
+        {"lr": rd.loguniform(1e-3, 1e-1)},
+        trials=4,
+        workers_per_trial=2,
+        pruner="none",
+        cluster=cluster,
+        live=False,
+        trackers=["mlflow"],
+    )  # as rd.train takes it
     store = open_store()
     (sweep_run,) = store.list_runs(kind="sweep", limit=1)[0]  # this sweep: the newest
     (parent,) = _mlflow_runs(tracking, sweep_run["id"])
@@ -150,7 +192,9 @@ def test_a_sweep_is_a_parent_mlflow_run_with_one_nested_run_per_two_rank_trial(c
     trials, _ = store.list_runs(parent=sweep_run["id"])
     assert len(trials) == 4 == len(result.table)
     experiment = tracking.get_experiment_by_name("rapydli-tests")
-    nested = tracking.search_runs([experiment.experiment_id], filter_string=f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'")
+    nested = tracking.search_runs(
+        [experiment.experiment_id], filter_string=f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'"
+    )
     assert sorted(r.data.tags["rapydli.run_id"] for r in nested) == sorted(t["id"] for t in trials)
     for run in nested:
         stored = [m["step"] for m in store.metrics(run.data.tags["rapydli.run_id"]) if m["name"] == "loss"]
@@ -160,7 +204,9 @@ def test_a_sweep_is_a_parent_mlflow_run_with_one_nested_run_per_two_rank_trial(c
 
 def test_exporting_a_recorded_run_twice_updates_one_mlflow_run(cluster, tracking, capsys) -> None:
     config = rd.TrainConfig(max_steps=5, batch_size=16, allreduce="mpi")
-    result = rd.train("rapydli.zoo.models:mlp", "rapydli.zoo.datasets:digits", config, cluster, progress=False, live=False)
+    result = rd.train(
+        "rapydli.zoo.models:mlp", "rapydli.zoo.datasets:digits", config, cluster, progress=False, live=False
+    )
     store = open_store()
     assert _mlflow_runs(tracking, result.run_id) == []  # not logged live
     outputs = []
@@ -179,7 +225,9 @@ def test_exporting_a_recorded_sweep_twice_updates_one_parent_run_and_its_nested_
     sweep_id = store.create_run("sweep", "recorded-sweep", {"metric": "loss", "direction": "minimize"})
     trials = []
     for i in range(2):
-        trial = store.create_run("trial", f"recorded-sweep-trial-{i}", {"params": {"lr": 0.01 * (i + 1)}}, parent=sweep_id)
+        trial = store.create_run(
+            "trial", f"recorded-sweep-trial-{i}", {"params": {"lr": 0.01 * (i + 1)}}, parent=sweep_id
+        )
         store.log_metrics(trial, [(step, "loss", (i + 1) / step) for step in (1, 2, 3)])
         store.finish_run(trial)
         trials.append(trial)
@@ -192,7 +240,9 @@ def test_exporting_a_recorded_sweep_twice_updates_one_parent_run_and_its_nested_
     (parent,) = _mlflow_runs(tracking, sweep_id)
     assert parent.info.status == "FINISHED" and parent.data.tags["rapydli.kind"] == "sweep"
     experiment = tracking.get_experiment_by_name("rapydli-tests")
-    nested = tracking.search_runs([experiment.experiment_id], filter_string=f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'")
+    nested = tracking.search_runs(
+        [experiment.experiment_id], filter_string=f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'"
+    )
     assert sorted(r.data.tags["rapydli.run_id"] for r in nested) == sorted(trials)
     for run in nested:
         trial = run.data.tags["rapydli.run_id"]
@@ -204,7 +254,9 @@ def test_exporting_a_recorded_sweep_twice_updates_one_parent_run_and_its_nested_
 
 
 @pytest.mark.timeout(600)  # a server of its own: its start is most of the time
-def test_a_tracker_server_that_dies_mid_run_is_one_warning_and_the_run_is_complete(cluster, tmp_path, monkeypatch) -> None:
+def test_a_tracker_server_that_dies_mid_run_is_one_warning_and_the_run_is_complete(
+    cluster, tmp_path, monkeypatch
+) -> None:
     server, uri = _start_server(tmp_path)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")  # MLflow's own retries would only delay the warning
@@ -224,8 +276,15 @@ def test_a_tracker_server_that_dies_mid_run_is_one_warning_and_the_run_is_comple
     config = rd.TrainConfig(max_steps=40, batch_size=16, eval_every=10, allreduce="mpi", trackers="mlflow")
     try:
         with pytest.warns(RapydliWarning, match=r"not logged to 'mlflow'") as caught:
-            result = rd.train("rapydli.zoo.models:mlp", "rapydli.zoo.datasets:digits", config, cluster, callbacks=[kill_once_logging],
-                              progress=False, live=False)  # fmt: skip
+            result = rd.train(
+                "rapydli.zoo.models:mlp",
+                "rapydli.zoo.datasets:digits",
+                config,
+                cluster,
+                callbacks=[kill_once_logging],
+                progress=False,
+                live=False,
+            )
     finally:
         _stop_server(server)
     assert killed and len([w for w in caught if issubclass(w.category, RapydliWarning)]) == 1
@@ -237,26 +296,39 @@ def test_a_tracker_server_that_dies_mid_run_is_one_warning_and_the_run_is_comple
 def test_a_batch_is_one_parent_mlflow_run_with_one_child_per_parallel_item(tracking, tmp_path, monkeypatch) -> None:
     items_notebook(tmp_path)
     monkeypatch.chdir(tmp_path)
-    assert cli_main(["batch", "items.ipynb", "--grid", "x=1,2", "--parallel", "2", "--trackers", "mlflow", "--out", "out"]) == 0
+    assert (
+        cli_main(["batch", "items.ipynb", "--grid", "x=1,2", "--parallel", "2", "--trackers", "mlflow", "--out", "out"])
+        == 0
+    )
     store = open_store()
-    batch_id = next(run["id"] for run in store.list_runs(kind="batch", limit=10)[0] if run["parent"] is None)  # the newest batch
+    batch_id = next(
+        run["id"] for run in store.list_runs(kind="batch", limit=10)[0] if run["parent"] is None
+    )  # the newest batch
     (parent,) = _mlflow_runs(tracking, batch_id)  # made once, though both items started at once
     experiment = tracking.get_experiment_by_name("rapydli-tests")
 
     def children(run) -> list:
-        return tracking.search_runs([experiment.experiment_id], filter_string=f"tags.`mlflow.parentRunId` = '{run.info.run_id}'")
+        return tracking.search_runs(
+            [experiment.experiment_id], filter_string=f"tags.`mlflow.parentRunId` = '{run.info.run_id}'"
+        )
 
     items = children(parent)
     assert parent.info.status == "FINISHED" and len(items) == 2
-    assert sorted(r.data.tags["rapydli.run_id"] for r in items) == sorted(r["id"] for r in store.list_runs(parent=batch_id)[0])
+    assert sorted(r.data.tags["rapydli.run_id"] for r in items) == sorted(
+        r["id"] for r in store.list_runs(parent=batch_id)[0]
+    )
     for item in items:
         assert item.info.status == "FINISHED" and len(_mlflow_runs(tracking, item.data.tags["rapydli.run_id"])) == 1
         (inner,) = children(item)  # the notebook's run, nested under its item's in the item's own process
         assert inner.info.status == "FINISHED" and inner.data.params["x"] == item.data.params["parameters.x"]
 
 
-@pytest.mark.parametrize(("status", "word"), [("finished", "FINISHED"), ("failed", "FAILED"), ("interrupted", "KILLED")])
-def test_a_run_in_mlflows_own_local_store_ends_with_its_status(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, status: str, word: str) -> None:
+@pytest.mark.parametrize(
+    ("status", "word"), [("finished", "FINISHED"), ("failed", "FAILED"), ("interrupted", "KILLED")]
+)
+def test_a_run_in_mlflows_own_local_store_ends_with_its_status(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, status: str, word: str
+) -> None:
     """MLflow 3's default store is SQLite (``sqlite:///mlflow.db`` in the working folder), written without a server: there the
     run stayed RUNNING, the status given as a word (MLflow warned "Could not get string corresponding to run status")."""
     from rapydli.experiments.trackers.mlflow import MlflowTracker

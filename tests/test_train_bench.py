@@ -66,7 +66,9 @@ def test_summary_ratios_carry_their_rounds_and_a_noisy_target_is_unclear() -> No
     summary = summarize(rows)
     assert summary["m: trainer / ddp step"] == pytest.approx(0.81)  # the median of the per-round ratios
     assert summary["m: trainer / ddp step, range"] == "0.8 to 0.95 over 3 rounds"
-    assert summary["m: target trainer <= 0.85x ddp"].startswith("unclear (the rounds span 0.8 to 0.95 around the target 0.85")
+    assert summary["m: target trainer <= 0.85x ddp"].startswith(
+        "unclear (the rounds span 0.8 to 0.95 around the target 0.85"
+    )
     assert summary["m: trainer overhead over no-comm, range"] == "+1.27% to +26.67% over 3 rounds"
     assert summary["m: target overhead <= 10%"].startswith("unclear")
 
@@ -95,26 +97,59 @@ def test_autotune_flag_reaches_the_worker(monkeypatch, flag, forwarded) -> None:
 @pytest.mark.mpi
 def test_bench_trainer_runs_on_two_ranks(tmp_path) -> None:
     path = tmp_path / "trainer.json"
-    argv = ["-n", "2", "--models", "mlp", "--steps", "2", "--rounds", "1", "--allreduce", "mpi", "--live-steps", "4", "--live-rounds", "1", "--json", str(path)]
+    argv = [
+        "-n",
+        "2",
+        "--models",
+        "mlp",
+        "--steps",
+        "2",
+        "--rounds",
+        "1",
+        "--allreduce",
+        "mpi",
+        "--live-steps",
+        "4",
+        "--live-rounds",
+        "1",
+        "--json",
+        str(path),
+    ]
     result = CliRunner().invoke(command, argv)
     assert result.exit_code == 0, result.output
     assert "mlp: target trainer <= 0.85x ddp:" in result.output and "mlp: target live cost <= 2%:" in result.output
     assert "mlp: target trainer <= 0.85x ddp with autotune:" in result.output  # --autotune is the default
     payload = json.loads(path.read_text())
     rows = {row["variant"]: row for row in payload["rows"]}
-    assert set(rows) == {"trainer", "trainer_autotune", "ddp_gloo", "no_comm", "checkpoint", "live", "quiet", "per_call"}
-    saved = rows["checkpoint"]  # 5 warm-up + 40 steps of the MLP: a save every 10 and one at the end, against a blocking write
+    assert set(rows) == {
+        "trainer",
+        "trainer_autotune",
+        "ddp_gloo",
+        "no_comm",
+        "checkpoint",
+        "live",
+        "quiet",
+        "per_call",
+    }
+    saved = rows[
+        "checkpoint"
+    ]  # 5 warm-up + 40 steps of the MLP: a save every 10 and one at the end, against a blocking write
     assert saved["saves"] == 5 and saved["save_ms"] > 0 and saved["sync_write_ms"] > 0 and saved["write_ms"] > 0
     assert saved["thread_ms"] == saved["thread_ms"] and 0 <= saved["steps_during_write"] <= 40  # a number (not NaN)
     assert "mlp: target checkpoint cost <= 5%:" in result.output
-    assert all(rows[variant]["step_ms"] > 0 for variant in ("trainer", "trainer_autotune", "ddp_gloo", "no_comm", "live", "quiet"))
+    assert all(
+        rows[variant]["step_ms"] > 0
+        for variant in ("trainer", "trainer_autotune", "ddp_gloo", "no_comm", "live", "quiet")
+    )
     assert 0.0 <= rows["trainer"]["hidden_fraction"] <= 1.0
     # the MLP has no convolution: an empty plan, applied without error, tuned once before the rounds
     tuned = rows["trainer_autotune"]
     assert tuned["tuned_convs"] == 0 and tuned["plan"] is None and 0.0 <= tuned["tune_s"] < 60
     assert 0.0 <= tuned["hidden_fraction"] <= 1.0 and tuned["bucket_mb"] == rows["trainer"]["bucket_mb"]
     assert "tune_s" not in rows["trainer"]
-    assert payload["summary"]["mlp: trainer+autotune / ddp step"] == pytest.approx(tuned["step_ms"] / rows["ddp_gloo"]["step_ms"])
+    assert payload["summary"]["mlp: trainer+autotune / ddp step"] == pytest.approx(
+        tuned["step_ms"] / rows["ddp_gloo"]["step_ms"]
+    )
     assert rows["live"]["rows_received"] == 4 + WARMUP_STEPS  # every step's row reached the plot while it ran
     per_call = [row for row in payload["rows"] if row["variant"] == "per_call"]
     assert [row["rank"] for row in per_call] == [0, 1] and all(row["should_stop_us"] > 0 for row in per_call)
@@ -126,10 +161,21 @@ def test_checkpoint_cost_summary() -> None:
         {"model": "m", "variant": "trainer", "step_ms": 10.0, "hidden_fraction": 0.5},
         {"model": "m", "variant": "ddp_gloo", "step_ms": 11.0},
         {"model": "m", "variant": "no_comm", "step_ms": 9.0},
-        {"model": "m", "variant": "checkpoint", "step_ms": 10.0, "save_ms": 15.0, "thread_ms": 5.0, "sync_write_ms": 80.0, "saves": 4, "every": 10},
+        {
+            "model": "m",
+            "variant": "checkpoint",
+            "step_ms": 10.0,
+            "save_ms": 15.0,
+            "thread_ms": 5.0,
+            "sync_write_ms": 80.0,
+            "saves": 4,
+            "every": 10,
+        },
     ]
     summary = summarize(rows)
-    assert summary["m: checkpoint cost per step at checkpoint_every=50"] == pytest.approx(20.0 / 500.0)  # the copy and the thread's toll
+    assert summary["m: checkpoint cost per step at checkpoint_every=50"] == pytest.approx(
+        20.0 / 500.0
+    )  # the copy and the thread's toll
     assert summary["m: of which the writer thread"] == pytest.approx(5.0 / 500.0)
     assert summary["m: synchronous write / trainer checkpoint"] == pytest.approx(4.0)
     assert summary["m: target checkpoint cost <= 5%"] == "met"
@@ -147,9 +193,13 @@ def test_live_summary_from_rows() -> None:
     summary = live.summarize(rows)
     assert summary["m: live metrics cost (median over rounds of streamed / quiet step - 1)"] == pytest.approx(0.01)
     assert summary["m: target live cost <= 2%"] == "met"
-    assert summary["m: tracker cost (median over rounds of tracked / live step - 1)"] == pytest.approx(10.2 / 10.1 - 1)  # paired with live
+    assert summary["m: tracker cost (median over rounds of tracked / live step - 1)"] == pytest.approx(
+        10.2 / 10.1 - 1
+    )  # paired with live
     assert summary["m: tracker cost range over rounds"] == "+0.00% to +5.00% over 3 rounds"
-    assert summary["m: target tracker cost <= 2%"].startswith("unclear (the rounds span +0.00% to +5.00% around the target +2.00%")
+    assert summary["m: target tracker cost <= 2%"].startswith(
+        "unclear (the rounds span +0.00% to +5.00% around the target +2.00%"
+    )
     assert summary["m: emit + should_stop per step, share of step"] == pytest.approx(20e-6 / 10e-3)
     assert summary["target: a row reaches the notebook within 1 s"] == "not met"
 
@@ -167,12 +217,34 @@ def test_live_bench_refuses_an_unknown_model() -> None:
 @pytest.mark.engines
 def test_live_bench_measures_a_pipelined_run_with_its_live_timeline(tmp_path) -> None:
     path = tmp_path / "live.json"
-    argv = ["-n", "2", "--models", "mlp_pipelined", "--steps", "4", "--rounds", "1", "--allreduce", "mpi", "--json", str(path)]
+    argv = [
+        "-n",
+        "2",
+        "--models",
+        "mlp_pipelined",
+        "--steps",
+        "4",
+        "--rounds",
+        "1",
+        "--allreduce",
+        "mpi",
+        "--json",
+        str(path),
+    ]
     result = CliRunner().invoke(live.command, argv)
     assert result.exit_code == 0, result.output
-    assert "mlp_pipelined: target live cost <= 2%:" in result.output and "mlp_pipelined: tracker cost range over rounds:" in result.output
+    assert (
+        "mlp_pipelined: target live cost <= 2%:" in result.output
+        and "mlp_pipelined: tracker cost range over rounds:" in result.output
+    )
     rows = {row["variant"]: row for row in json.loads(path.read_text())["rows"] if row["model"] == "mlp_pipelined"}
-    assert rows["live"]["pipeline_stages"] == 2 and rows["quiet"]["timeline_rows_received"] == 0 and rows["tracked"]["step_ms"] > 0
+    assert (
+        rows["live"]["pipeline_stages"] == 2
+        and rows["quiet"]["timeline_rows_received"] == 0
+        and rows["tracked"]["step_ms"] > 0
+    )
     assert rows["live"]["rows_received"] == 4 + WARMUP_STEPS
-    assert rows["live"]["timeline_rows_received"] == 2 * (4 + WARMUP_STEPS)  # both ranks' every step reached the timeline
+    assert rows["live"]["timeline_rows_received"] == 2 * (
+        4 + WARMUP_STEPS
+    )  # both ranks' every step reached the timeline
     assert rows["live"]["timeline_redraws"] >= 1

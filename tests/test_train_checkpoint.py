@@ -170,7 +170,9 @@ def test_a_checkpoint_of_any_layout_resumes_under_any_other_as_an_uninterrupted_
     assert result.stderr.count("OK matrix") == 12
     rows = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
     wholes, pairs = [r for r in rows if "whole" in r], [r for r in rows if "from" in r]
-    assert len(wholes) == 6 + 3 + 3 and all(r["worst"] < 1e-12 for r in wholes), wholes  # every layout trains the same parameters
+    assert len(wholes) == 6 + 3 + 3 and all(r["worst"] < 1e-12 for r in wholes), (
+        wholes
+    )  # every layout trains the same parameters
     assert len(pairs) == 36 + 3 + 3
     for pair in pairs:
         assert pair["resumed"] == 3 and pair["step"] == 4, pair  # resumed after step 2, ran to 4
@@ -188,8 +190,15 @@ def test_result_model_and_rd_load_give_the_one_process_model_for_every_layout(tm
     from rapydli.trainer import Trainer
 
     train, val = cases.features()
-    one = Trainer(cases.mlp(), None, train, val, cases.config("dp4", "mlp", batch_size=8, workers=1, max_steps=3), comm=MPI.COMM_SELF,
-                  optimizer_fn=cases.two_groups)  # fmt: skip
+    one = Trainer(
+        cases.mlp(),
+        None,
+        train,
+        val,
+        cases.config("dp4", "mlp", batch_size=8, workers=1, max_steps=3),
+        comm=MPI.COMM_SELF,
+        optimizer_fn=cases.two_groups,
+    )
     one.fit()
     one.close()
     expected = one.model.state_dict()
@@ -198,18 +207,36 @@ def test_result_model_and_rd_load_give_the_one_process_model_for_every_layout(tm
     with rd.Cluster(n=4) as cluster:
         for name in [*LAYOUTS, "dp4-zero3"]:
             config = cases.config(name, "mlp", max_steps=3, checkpoint_dir=str(tmp_path / name))
-            result = rd.train("cases_checkpoint_layouts:mlp", "cases_checkpoint_layouts:features", config, cluster=cluster, progress=False,
-                              live=False, optimizer_fn=cases.two_groups)  # fmt: skip
-            assert result.model_dir is not None and len(list(Path(result.model_dir).glob("part-*.pt"))) == writers[name], name
+            result = rd.train(
+                "cases_checkpoint_layouts:mlp",
+                "cases_checkpoint_layouts:features",
+                config,
+                cluster=cluster,
+                progress=False,
+                live=False,
+                optimizer_fn=cases.two_groups,
+            )
+            assert (
+                result.model_dir is not None and len(list(Path(result.model_dir).glob("part-*.pt"))) == writers[name]
+            ), name
             for source, model in (("result", result.model()), ("rd.load", rd.load(result.run_id).model())):
                 assert type(model) is type(one.model)
                 state = model.state_dict()
                 assert state.keys() == expected.keys()
                 for key, value in expected.items():
-                    assert torch.allclose(state[key], value, atol=1e-5, rtol=0), (name, source, key, (state[key] - value).abs().max())
+                    assert torch.allclose(state[key], value, atol=1e-5, rtol=0), (
+                        name,
+                        source,
+                        key,
+                        (state[key] - value).abs().max(),
+                    )
             assert result.state_dict().keys() == expected.keys()
-            streamed = dict(rd.load(result.run_id).tensors())  # tensor by tensor, as for a model bigger than the notebook's memory
-            assert streamed.keys() == result._trained().keys() and all(torch.equal(streamed[k], v) for k, v in result._trained().items())
+            streamed = dict(
+                rd.load(result.run_id).tensors()
+            )  # tensor by tensor, as for a model bigger than the notebook's memory
+            assert streamed.keys() == result._trained().keys() and all(
+                torch.equal(streamed[k], v) for k, v in result._trained().items()
+            )
 
 
 def test_pieces_of_any_layout_assemble_to_the_full_tensor_and_cut_again() -> None:
@@ -229,7 +256,9 @@ def test_pieces_of_any_layout_assemble_to_the_full_tensor_and_cut_again() -> Non
     assert torch.equal(assemble(entries), full)
     other = Placement((12, 5), 1, ((2, 4),), flat=(1, 7))  # a column slice's ZeRO piece: another layout
     assert torch.equal(other.cut(assemble(entries)), full[:, 2:4].reshape(-1)[1:7])
-    with pytest.raises(ConfigError, match=r"holds 19 of the 30 elements of qkv.weight \(optim.exp_avg\): a part is missing"):
+    with pytest.raises(
+        ConfigError, match=r"holds 19 of the 30 elements of qkv.weight \(optim.exp_avg\): a part is missing"
+    ):
         assemble(entries[1:])  # tensor rank 0's first piece is gone
 
 
@@ -254,11 +283,23 @@ def test_a_half_written_checkpoint_is_never_read(tmp_path) -> None:
     cut.fit()
     cut.close()
     (part,) = tmp_path.glob("part-*-step2.pt")
-    (tmp_path / part.name.replace("step2", "step4")).write_bytes(part.read_bytes()[:100])  # a part of step 4, half written
-    (tmp_path / ".checkpoint.pt.x1y2.tmp").write_bytes(ckpt.checkpoint_path(tmp_path).read_bytes()[:50])  # its manifest, cut short
+    (tmp_path / part.name.replace("step2", "step4")).write_bytes(
+        part.read_bytes()[:100]
+    )  # a part of step 4, half written
+    (tmp_path / ".checkpoint.pt.x1y2.tmp").write_bytes(
+        ckpt.checkpoint_path(tmp_path).read_bytes()[:50]
+    )  # its manifest, cut short
     resumed = Trainer(model(), None, train, val, config.replace(resume=True), comm=MPI.COMM_SELF)
     assert resumed.step == 2 and not list(tmp_path.glob(".*.tmp"))
     resumed.fit()
     resumed.close()
-    assert max(float((a - b).detach().abs().max()) for a, b in zip(whole.model.parameters(), resumed.model.parameters(), strict=True)) < 1e-6
-    assert sorted(p.name for p in tmp_path.glob("part-*")) == [part.name.replace("step2", "step4")]  # step 4's, complete now
+    assert (
+        max(
+            float((a - b).detach().abs().max())
+            for a, b in zip(whole.model.parameters(), resumed.model.parameters(), strict=True)
+        )
+        < 1e-6
+    )
+    assert sorted(p.name for p in tmp_path.glob("part-*")) == [
+        part.name.replace("step2", "step4")
+    ]  # step 4's, complete now

@@ -99,7 +99,9 @@ def test_config_module_stays_light() -> None:
     import sys
 
     code = "import sys; from rapydli.trainer.config import TrainConfig; TrainConfig(); print(sorted(m for m in ('torch', 'mpi4py') if m in sys.modules))"
-    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "[]"
+    assert (
+        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "[]"
+    )
 
 
 def test_a_misspelt_keyword_names_the_closest_field() -> None:
@@ -120,11 +122,17 @@ def test_hang_options_are_validated():
 def test_memory_per_rank_takes_bytes_or_text_with_a_unit_and_keeps_bytes() -> None:
     assert TrainConfig(memory_per_rank="200MB").memory_per_rank == 200e6
     assert TrainConfig(memory_per_rank="1.5 GiB").memory_per_rank == 1.5 * 2**30
-    assert TrainConfig(memory_per_rank="512kib").memory_per_rank == 512 * 1024 and TrainConfig(memory_per_rank=4096).memory_per_rank == 4096.0
+    assert (
+        TrainConfig(memory_per_rank="512kib").memory_per_rank == 512 * 1024
+        and TrainConfig(memory_per_rank=4096).memory_per_rank == 4096.0
+    )
     kept = TrainConfig(memory_per_rank="2GB")
     assert TrainConfig.from_dict(kept.to_dict()) == kept and TrainConfig().memory_per_rank is None
     for bad in ("200XB", "MB", "0MB", "-1GB", "2 G B"):
-        with pytest.raises(ConfigError, match=rf"TrainConfig.memory_per_rank='{bad}' is invalid: bytes > 0: a number, or text with a unit"):
+        with pytest.raises(
+            ConfigError,
+            match=rf"TrainConfig.memory_per_rank='{bad}' is invalid: bytes > 0: a number, or text with a unit",
+        ):
             TrainConfig(memory_per_rank=bad)
     with pytest.raises(ConfigError, match=r"TrainConfig.memory_per_rank=0 is invalid: must be in \(0, "):
         TrainConfig(memory_per_rank=0)
@@ -140,7 +148,9 @@ def test_a_memory_limit_on_a_model_the_meta_device_cannot_build_is_not_checked_a
         assert model.weight.abs().max().item() < 1  # reading a value: a meta tensor has none
         return model
 
-    with pytest.warns(UserWarning, match=r"memory_per_rank=0.9537 MiB was not checked: the model cannot be built on the meta device"):
+    with pytest.warns(
+        UserWarning, match=r"memory_per_rank=0.9537 MiB was not checked: the model cannot be built on the meta device"
+    ):
         assert check_fits(loads_weights, TrainConfig(memory_per_rank="1MB"), 2) is None
     assert check_fits(loads_weights, TrainConfig(), 2) is None  # no limit: nothing to check
 
@@ -159,19 +169,33 @@ def test_an_offloaded_optimizer_leaves_a_gpu_ranks_memory_and_is_suggested_when_
 
     psi = sum(p.numel() for p in mlp().parameters())
     base = TrainConfig(zero=2, workers=4)
-    on_cpu, offloaded_cpu = check_fits(mlp, base.replace(memory_per_rank=1e9), 4), check_fits(mlp, base.replace(memory_per_rank=1e9, offload_optimizer=True), 4)
-    assert on_cpu is not None and offloaded_cpu == on_cpu  # on CPU ranks the state is in host memory already: nothing leaves
+    on_cpu, offloaded_cpu = (
+        check_fits(mlp, base.replace(memory_per_rank=1e9), 4),
+        check_fits(mlp, base.replace(memory_per_rank=1e9, offload_optimizer=True), 4),
+    )
+    assert (
+        on_cpu is not None and offloaded_cpu == on_cpu
+    )  # on CPU ranks the state is in host memory already: nothing leaves
     offloaded = check_fits(mlp_on_gpu, base.replace(memory_per_rank=1e9, offload_optimizer=True), 4)
     assert offloaded is not None and offloaded.optimizer == 0
-    assert offloaded.host == pytest.approx(2 * 4 * psi / 4 + 4 * psi / 4)  # AdamW's two moments and the slices' fp32 copies, a quarter each
+    assert offloaded.host == pytest.approx(
+        2 * 4 * psi / 4 + 4 * psi / 4
+    )  # AdamW's two moments and the slices' fp32 copies, a quarter each
     assert offloaded.peak == pytest.approx(on_cpu.peak - on_cpu.optimizer)
     limit = (on_cpu.peak + offloaded.peak) / 2  # over without offloading, under with it
     with pytest.raises(ConfigError) as refused:
         check_fits(mlp_on_gpu, base.replace(memory_per_rank=limit), 4)
-    least = check_fits(mlp_on_gpu, base.replace(zero=1, memory_per_rank=1e9, offload_optimizer=True), 4)  # the least sharding that fits, offloaded
+    least = check_fits(
+        mlp_on_gpu, base.replace(zero=1, memory_per_rank=1e9, offload_optimizer=True), 4
+    )  # the least sharding that fits, offloaded
     assert least is not None and least.peak <= limit
-    assert (f"zero=1 with offload_optimizer=True on these 4 ranks ({least.peak / 2**20:.4g} MiB per rank on the cuda device, "
-            f"{least.host / 2**20:.4g} MiB in host memory)") in str(refused.value), str(refused.value)  # fmt: skip
+    assert (
+        f"zero=1 with offload_optimizer=True on these 4 ranks ({least.peak / 2**20:.4g} MiB per rank on the cuda device, "
+        f"{least.host / 2**20:.4g} MiB in host memory)"
+    ) in str(refused.value), str(refused.value)
     with pytest.raises(ConfigError) as still:  # the message says what left for the host
         check_fits(mlp_on_gpu, base.replace(memory_per_rank=offloaded.peak / 2, offload_optimizer=True), 4)
-    assert f"{offloaded.host / 2**20:.4g} MiB of optimizer state and slices in host memory (offload_optimizer), not counted" in str(still.value)
+    assert (
+        f"{offloaded.host / 2**20:.4g} MiB of optimizer state and slices in host memory (offload_optimizer), not counted"
+        in str(still.value)
+    )

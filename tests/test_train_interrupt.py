@@ -83,7 +83,11 @@ def running(cluster):
 
 
 def _engine_processes() -> bool:
-    return any(program in " ".join(_cmdline(pid)) for pid in session_cluster_pids() for program in ("ipyparallel.engine", "rapydli.cluster.mpi_engine"))
+    return any(
+        program in " ".join(_cmdline(pid))
+        for pid in session_cluster_pids()
+        for program in ("ipyparallel.engine", "rapydli.cluster.mpi_engine")
+    )
 
 
 def _cmdline(pid: int) -> list[str]:
@@ -100,7 +104,9 @@ def test_ctrl_c_while_the_cluster_starts(phase: str) -> None:
     assert current() is None and not session_cluster_pids()
     condition = (lambda: bool(session_cluster_pids())) if phase == "controller" else _engine_processes
     sent = _interrupt_when(condition)
-    took = _interrupted(lambda: rd.train("rapydli.zoo.models:mlp", "rapydli.zoo.datasets:digits", LONG, progress=False), sent)
+    took = _interrupted(
+        lambda: rd.train("rapydli.zoo.models:mlp", "rapydli.zoo.datasets:digits", LONG, progress=False), sent
+    )
     print(f"TOOK {took:.2f} s")
     assert took < BOUND_S
     run = _last_run()
@@ -132,7 +138,9 @@ def test_ctrl_c_while_rank_0_autotunes(running, tmp_path: Path) -> None:
     sent = _interrupt_when(flag.exists)
     config = {**LONG, "autotune": True}
     model_fn = functools.partial(built_then_tell, str(flag))
-    took = _interrupted(lambda: rd.train(model_fn, "rapydli.zoo.datasets:digits", config, cluster=running, progress=False), sent)
+    took = _interrupted(
+        lambda: rd.train(model_fn, "rapydli.zoo.datasets:digits", config, cluster=running, progress=False), sent
+    )
     print(f"TOOK {took:.2f} s")
     assert took < BOUND_S
     assert _last_run()["status"] == "interrupted"
@@ -161,12 +169,20 @@ def test_ctrl_c_while_training_ends_with_one_line_naming_the_ranks(running, ipyt
     assert isinstance(outcome.error_in_exec, KeyboardInterrupt) and "at" in sent, shown
     last = shown.rstrip().splitlines()[-1]
     # "ranks 0, 1 interrupted" (or, where a rank was blocked in a collective, "rank 1 blocked ... aborted")
-    assert re.fullmatch(r"KeyboardInterrupt: Ctrl-C: ranks? [01](, 1)? \w.*; run \S+ recorded as interrupted", last), shown
+    assert re.fullmatch(r"KeyboardInterrupt: Ctrl-C: ranks? [01](, 1)? \w.*; run \S+ recorded as interrupted", last), (
+        shown
+    )
     assert "0" in last and "1" in last
     assert not [line for line in shown.splitlines() if line.startswith("[rank") and "KeyboardInterrupt" in line], shown
-    for internal in ("ipyparallel", "concurrent/futures", "threading.py", "rapydli/notebook.py", "rapydli/experiments/run.py", "rapydli/cluster/"):
+    for internal in (
+        "ipyparallel",
+        "concurrent/futures",
+        "threading.py",
+        "rapydli/notebook.py",
+        "rapydli/experiments/run.py",
+        "rapydli/cluster/",
+    ):
         assert internal not in shown, shown
     # IPython always shows the frame that raised (as for %%distributed); every other one of ours is hidden
     assert len(re.findall(r"^File \S*rapydli/", shown, re.M)) == 1, shown
     assert _last_run()["status"] == "interrupted"
-

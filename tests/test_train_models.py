@@ -17,7 +17,10 @@ from rapydli.zoo import datasets, models
         (lambda: models.mlp(in_features=64), lambda: datasets.synthetic_features(num_samples=40)),
         (models.resnet_digits, datasets.digits),
         (lambda: models.resnet_mini(in_channels=3), lambda: datasets.synthetic_images(num_samples=20, size=32)),
-        (lambda: models.tiny_lm(vocab_size=64, block_size=16), lambda: datasets.synthetic_tokens(num_samples=20, block_size=16)),
+        (
+            lambda: models.tiny_lm(vocab_size=64, block_size=16),
+            lambda: datasets.synthetic_tokens(num_samples=20, block_size=16),
+        ),
     ],
 )
 def test_models_run_on_their_data_and_backprop(builder, data) -> None:
@@ -54,7 +57,10 @@ def test_digits_read_from_scikit_learns_file_are_load_digits() -> None:
     for got, want in zip(datasets.digits(), expected, strict=True):
         assert all(torch.equal(a, b) for a, b in zip(got.tensors, want.tensors, strict=True))
     code = "import sys; from rapydli.zoo import datasets; datasets.digits(); print('sklearn.datasets' in sys.modules)"
-    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"
+    assert (
+        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+        == "False"
+    )
 
 
 def test_resnet_mini_is_small() -> None:

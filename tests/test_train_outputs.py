@@ -73,7 +73,12 @@ def test_bad_code_arguments_fail_before_anything_starts() -> None:
     with pytest.raises(ConfigError, match="loss_fn must be a callable"):
         rd.train(train_cases.RegressionMLP, train_cases.regression, TrainConfig(), loss_fn="mse")
     with pytest.raises(ConfigError, match="optimizer_fn must be a callable"):
-        rd.train(train_cases.RegressionMLP, train_cases.regression, TrainConfig(), optimizer_fn=torch.optim.SGD([nn.Parameter(torch.ones(1))], lr=1))
+        rd.train(
+            train_cases.RegressionMLP,
+            train_cases.regression,
+            TrainConfig(),
+            optimizer_fn=torch.optim.SGD([nn.Parameter(torch.ones(1))], lr=1),
+        )
     with pytest.raises(ConfigError, match="unknown metric 'f1'.*accuracy, mse, mae"):
         rd.train(train_cases.RegressionMLP, train_cases.regression, TrainConfig(), metrics=["f1"])
     assert list(resolve_metrics(["mae", len])) == ["mae", "len"]
@@ -81,13 +86,22 @@ def test_bad_code_arguments_fail_before_anything_starts() -> None:
 
 def test_one_process_trainer_reads_outputs_and_reports_metrics_where_they_mean_something() -> None:
     train, val = train_cases.regression()
-    trainer = Trainer(train_cases.RegressionMLP(), None, train, val, TrainConfig(max_steps=2, batch_size=4), loss_fn=nn.MSELoss())
+    trainer = Trainer(
+        train_cases.RegressionMLP(), None, train, val, TrainConfig(max_steps=2, batch_size=4), loss_fn=nn.MSELoss()
+    )
     trainer.fit()
     evaluation = [row for row in trainer.history if row["kind"] == "eval"][-1]
     assert "val_loss" in evaluation and "val_accuracy" not in evaluation  # regression: no accuracy
 
-    trainer = Trainer(train_cases.RegressionMLP(), None, train, val, TrainConfig(max_steps=2, batch_size=4),
-                      loss_fn=nn.MSELoss(), metrics={"mae": "mae", "worst": lambda out, y: (out - y).abs().max()})  # fmt: skip
+    trainer = Trainer(
+        train_cases.RegressionMLP(),
+        None,
+        train,
+        val,
+        TrainConfig(max_steps=2, batch_size=4),
+        loss_fn=nn.MSELoss(),
+        metrics={"mae": "mae", "worst": lambda out, y: (out - y).abs().max()},
+    )
     row = trainer.evaluate()
     model = trainer.model.eval()
     with torch.no_grad():
@@ -106,7 +120,12 @@ def test_one_process_trainer_reads_outputs_and_reports_metrics_where_they_mean_s
 
 @pytest.mark.mpi
 @pytest.mark.parametrize(
-    "names", [("cnn", "mlp_mse", "gpt", "model_output"), ("two_groups", "frozen", "rank0_branch"), ("model_output_zero2", "frozen_zero2", "rank0_branch_zero2")]
+    "names",
+    [
+        ("cnn", "mlp_mse", "gpt", "model_output"),
+        ("two_groups", "frozen", "rank0_branch"),
+        ("model_output_zero2", "frozen_zero2", "rank0_branch_zero2"),
+    ],
 )
 def test_trainer_matches_ddp_and_one_process(run_mpi, names) -> None:
     code = f"import sys; sys.path.insert(0, {str(TESTS)!r})\nfrom train_cases import check_case\n"
@@ -137,13 +156,27 @@ def test_rd_train_gives_the_one_process_parameters(cluster, tmp_path, name) -> N
     case = CASES[name]
     config = train_cases.config_of(case, checkpoint_dir=str(tmp_path), allreduce="mpi")
     metrics = ["mae"] if name == "mlp_mse" else None
-    result = rd.train(case.model_fn, case.data_fn, config, cluster=cluster, progress=False, live=False,
-                      loss_fn=case.loss_fn, optimizer_fn=case.optimizer_fn, metrics=metrics)  # fmt: skip
+    result = rd.train(
+        case.model_fn,
+        case.data_fn,
+        config,
+        cluster=cluster,
+        progress=False,
+        live=False,
+        loss_fn=case.loss_fn,
+        optimizer_fn=case.optimizer_fn,
+        metrics=metrics,
+    )
     trained = result.state_dict()  # the trained model, gathered on the engines
-    assert set(read_state_dict(tmp_path)[0]) <= set(trained)  # its last checkpoint: the same tensors (a tied one under its first name)
+    assert set(read_state_dict(tmp_path)[0]) <= set(
+        trained
+    )  # its last checkpoint: the same tensors (a tied one under its first name)
     single = train_cases.single_process(name, 2).state_dict()
     for key, value in single.items():
-        assert torch.allclose(trained[key], value, atol=train_cases.TOL, rtol=0), (key, (trained[key] - value).abs().max())
+        assert torch.allclose(trained[key], value, atol=train_cases.TOL, rtol=0), (
+            key,
+            (trained[key] - value).abs().max(),
+        )
     if name == "mlp_mse":
         evaluation = result.history[result.history["kind"] == "eval"].iloc[-1]
         assert evaluation["val_mae"] > 0 and "val_accuracy" not in result.history
@@ -160,36 +193,66 @@ def test_rd_train_gives_the_one_process_parameters(cluster, tmp_path, name) -> N
 def test_rd_train_error_names_the_output_type_and_the_user_frame_first(cluster) -> None:
     # the same mistake on every rank: one short OutputError, not a RankFailure with each rank's traceback
     with pytest.raises(OutputError) as caught:
-        rd.train(train_cases.Unreadable, train_cases.features, TrainConfig(max_steps=1, batch_size=4), cluster=cluster,
-                 progress=False, live=False)  # fmt: skip
+        rd.train(
+            train_cases.Unreadable,
+            train_cases.features,
+            TrainConfig(max_steps=1, batch_size=4),
+            cluster=cluster,
+            progress=False,
+            live=False,
+        )
     text = str(caught.value)
     assert "train_cases.Features" in text and "pass loss_fn=" in text, text
     assert "rank 1" not in text and "full traceback" not in text and len(text.splitlines()) < 20, text
     assert caught.value.__suppress_context__  # the RankFailure it replaces is not chained
     with pytest.raises(RankFailure) as caught:
-        rd.train(train_cases.Failing, train_cases.features, TrainConfig(max_steps=1, batch_size=4), cluster=cluster,
-                 progress=False, live=False)  # fmt: skip
+        rd.train(
+            train_cases.Failing,
+            train_cases.features,
+            TrainConfig(max_steps=1, batch_size=4),
+            cluster=cluster,
+            progress=False,
+            live=False,
+        )
     text = str(caught.value)  # the user's frames, once for both ranks; RaPyDLI's folded away, one call away
     assert text.startswith("ranks 0, 1 raised the same exception\n--- ranks 0, 1 (error) ---\nin your code"), text
-    assert "raise ValueError(\"this layer is broken\")" in text and "failure.details()" in text and "full traceback" not in text, text
+    assert (
+        'raise ValueError("this layer is broken")' in text
+        and "failure.details()" in text
+        and "full traceback" not in text
+    ), text
     assert "rapydli/trainer" not in text and len(text.splitlines()) <= 20, text
     details = caught.value.details()
-    assert details.startswith("--- rank 0 ---\nin your code") and "--- rank 1 ---" in details and "rapydli/trainer/task.py" in details, details
+    assert (
+        details.startswith("--- rank 0 ---\nin your code")
+        and "--- rank 1 ---" in details
+        and "rapydli/trainer/task.py" in details
+    ), details
 
 
 @pytest.mark.engines
 def test_a_data_fn_returning_one_dataset_is_named_once(cluster) -> None:
     with pytest.raises(UserCodeError) as caught:
-        rd.train(train_cases.NormedMLP, train_cases.features_only, TrainConfig(max_steps=1, batch_size=4), cluster=cluster,
-                 progress=False, live=False)  # fmt: skip
+        rd.train(
+            train_cases.NormedMLP,
+            train_cases.features_only,
+            TrainConfig(max_steps=1, batch_size=4),
+            cluster=cluster,
+            progress=False,
+            live=False,
+        )
     text = str(caught.value)
-    assert text.startswith("data_fn train_cases:features_only returned a TensorDataset of ") and "(train, val)" in text, text
+    assert (
+        text.startswith("data_fn train_cases:features_only returned a TensorDataset of ") and "(train, val)" in text
+    ), text
     assert "too many values to unpack" not in text and "rank" not in text and len(text.splitlines()) < 10, text
 
 
 def test_a_loss_that_is_not_a_scalar_is_named_with_its_shape() -> None:
     model, x, y = train_cases.NormedMLP(), torch.zeros(3, 8), torch.zeros(3, dtype=torch.long)
-    with pytest.raises(OutputError, match=r"^loss_fn per_sample_loss returned a tensor of shape \(3,\); it must return the scalar"):
+    with pytest.raises(
+        OutputError, match=r"^loss_fn per_sample_loss returned a tensor of shape \(3,\); it must return the scalar"
+    ):
         Objective(model, train_cases.per_sample_loss)(model, x, y)
 
     class OwnLoss(nn.Module):  # computes its loss from the labels, per sample
@@ -210,8 +273,15 @@ def test_a_loss_that_is_not_a_scalar_is_named_with_its_shape() -> None:
 @pytest.mark.engines
 def test_a_per_sample_loss_fn_is_named_once(cluster) -> None:
     with pytest.raises(OutputError) as caught:
-        rd.train(train_cases.NormedMLP, train_cases.features, TrainConfig(max_steps=1, batch_size=4), cluster=cluster,
-                 loss_fn=train_cases.per_sample_loss, progress=False, live=False)  # fmt: skip
+        rd.train(
+            train_cases.NormedMLP,
+            train_cases.features,
+            TrainConfig(max_steps=1, batch_size=4),
+            cluster=cluster,
+            loss_fn=train_cases.per_sample_loss,
+            progress=False,
+            live=False,
+        )
     text = str(caught.value)
     assert text.startswith("loss_fn per_sample_loss returned a tensor of shape (4,)") and "rank 1" not in text, text
 
@@ -225,7 +295,9 @@ def test_check_data_names_what_was_returned() -> None:
     assert check_data((data, None), "f") == (data, None)
     with pytest.raises(UserCodeError, match=r"^data_fn f returned a tuple of 3 items; it must return \(train, val\)"):
         check_data((data, data, data), "f")
-    with pytest.raises(UserCodeError, match=r"DataLoader of 2 samples as its train set \(a DataLoader: return its \.dataset"):
+    with pytest.raises(
+        UserCodeError, match=r"DataLoader of 2 samples as its train set \(a DataLoader: return its \.dataset"
+    ):
         check_data((DataLoader(data, batch_size=2), None), "f")
 
 
@@ -273,14 +345,20 @@ def test_the_default_loss_and_metrics_keep_float64_and_upcast_half_precision() -
     assert float(cross_entropy(logits, targets)) == exact  # no float32 rounding on the way
     prediction = torch.randn(5, dtype=torch.float64)
     truth = prediction + 1e-12
-    assert mse(prediction, truth)[0] == pytest.approx(5e-24, rel=1e-3) and mae(prediction, truth)[0] == pytest.approx(5e-12, rel=1e-3)
+    assert mse(prediction, truth)[0] == pytest.approx(5e-24, rel=1e-3) and mae(prediction, truth)[0] == pytest.approx(
+        5e-12, rel=1e-3
+    )
 
 
 @pytest.mark.mpi
 def test_every_layout_records_the_loss_of_the_global_batch_as_one_process_does(run_mpi) -> None:
     import json
 
-    result = run_mpi(f"import sys; sys.path.insert(0, {str(TESTS)!r}); import cases_global_loss; cases_global_loss.main()", n=4, timeout=400)
+    result = run_mpi(
+        f"import sys; sys.path.insert(0, {str(TESTS)!r}); import cases_global_loss; cases_global_loss.main()",
+        n=4,
+        timeout=400,
+    )
     assert result.stderr.count("OK global loss") == 4
     ranks = json.loads(next(line for line in result.stdout.splitlines() if line.startswith("[")))
     one = ranks[0]["one process"]

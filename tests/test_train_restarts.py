@@ -24,8 +24,18 @@ from rapydli.experiments.store.runstore import open_store
 from rapydli.experiments.trackers.sync import links
 from rapydli.trainer import checkpoint as ckpt
 
-CONFIG = dict(epochs=1, max_steps=12, batch_size=16, lr=0.05, optimizer="sgd", momentum=0.9, eval_every=0,
-              checkpoint_every=4, allreduce="mpi", seed=5)  # fmt: skip
+CONFIG = dict(
+    epochs=1,
+    max_steps=12,
+    batch_size=16,
+    lr=0.05,
+    optimizer="sgd",
+    momentum=0.9,
+    eval_every=0,
+    checkpoint_every=4,
+    allreduce="mpi",
+    seed=5,
+)
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +76,9 @@ def killing_model(marker: Path, at_call: int, after_checkpoint: Path | None = No
 
 @pytest.mark.engines
 @pytest.mark.timeout(600)
-def test_an_engine_killed_mid_run_restarts_and_ends_where_an_uninterrupted_run_ends(cluster, tmp_path: Path, monkeypatch) -> None:
+def test_an_engine_killed_mid_run_restarts_and_ends_where_an_uninterrupted_run_ends(
+    cluster, tmp_path: Path, monkeypatch
+) -> None:
     import tqdm
 
     import rapydli.notebook
@@ -80,13 +92,25 @@ def test_an_engine_killed_mid_run_restarts_and_ends_where_an_uninterrupted_run_e
                 closed.append(self.n)
             super().close()
 
-    monkeypatch.setattr(rapydli.notebook, "progress_bar", lambda **kw: bars.append(Bar(**kw, disable=False, file=open(os.devnull, "w"))) or bars[-1])
+    monkeypatch.setattr(
+        rapydli.notebook,
+        "progress_bar",
+        lambda **kw: bars.append(Bar(**kw, disable=False, file=open(os.devnull, "w"))) or bars[-1],
+    )
     marker = tmp_path / "killed"
     rows: list[dict] = []
     monkeypatch.setenv("RAPYDLI_TENSORBOARD_DIR", str(tmp_path / "tb"))
     config = rd.TrainConfig(**CONFIG, checkpoint_dir=str(tmp_path / "cut"), trackers="tensorboard")
-    result = rd.train(killing_model(marker, at_call=7, after_checkpoint=tmp_path / "cut"), "rapydli.zoo.datasets:digits", config, cluster=cluster,
-                      restarts=1, callbacks=[rows.append], progress=True, live=False)  # fmt: skip
+    result = rd.train(
+        killing_model(marker, at_call=7, after_checkpoint=tmp_path / "cut"),
+        "rapydli.zoo.datasets:digits",
+        config,
+        cluster=cluster,
+        restarts=1,
+        callbacks=[rows.append],
+        progress=True,
+        live=False,
+    )
     assert marker.exists()  # rank 1 really died
     # every step is in the history once, in order: those the first attempt's dying engines never sent
     # come from the checkpoint the run resumed from
@@ -101,13 +125,25 @@ def test_an_engine_killed_mid_run_restarts_and_ends_where_an_uninterrupted_run_e
     assert restart["ranks"] == [1] and "died" in restart["cause"] and restart["resumed_from_step"] == 4
     assert [r["step"] for r in rows if r["kind"] == "restart"] == [4]  # the live plot's marker
     assert [shape.x0 for shape in result.figure.layout.shapes] == [4]  # the returned figure marks it too
-    tracked = links(open_store(), result.run_id)["tensorboard"]["logdir"]  # the tracker's run goes on too, and says it restarted
+    tracked = links(open_store(), result.run_id)["tensorboard"][
+        "logdir"
+    ]  # the tracker's run goes on too, and says it restarted
     assert "* rapydli.restarts: 1\n* rapydli.resumed_from_step: 4" in tensorboard_texts(tracked, "tags")[-1]
     assert sorted({step for step, _ in tensorboard_scalars(tracked)["loss"]}) == list(range(1, 13))
 
     reference = rd.TrainConfig(**CONFIG, checkpoint_dir=str(tmp_path / "whole"))
-    rd.train(killing_model(marker, at_call=7), "rapydli.zoo.datasets:digits", reference, cluster=cluster, progress=False, live=False)
-    (cut, cut_step), (whole, whole_step) = ckpt.read_state_dict(tmp_path / "cut"), ckpt.read_state_dict(tmp_path / "whole")
+    rd.train(
+        killing_model(marker, at_call=7),
+        "rapydli.zoo.datasets:digits",
+        reference,
+        cluster=cluster,
+        progress=False,
+        live=False,
+    )
+    (cut, cut_step), (whole, whole_step) = (
+        ckpt.read_state_dict(tmp_path / "cut"),
+        ckpt.read_state_dict(tmp_path / "whole"),
+    )
     assert cut_step == whole_step == 12
     for name, value in whole.items():
         torch.testing.assert_close(cut[name], value, rtol=0, atol=1e-6)
@@ -118,8 +154,14 @@ def test_an_engine_killed_mid_run_restarts_and_ends_where_an_uninterrupted_run_e
 def test_without_restarts_a_death_fails_the_run(cluster, tmp_path: Path) -> None:
     config = rd.TrainConfig(**CONFIG, checkpoint_dir=str(tmp_path / "ckpt"))
     with pytest.raises(RankFailure) as info:
-        rd.train(killing_model(tmp_path / "killed", at_call=3), "rapydli.zoo.datasets:digits", config, cluster=cluster,
-                 progress=False, live=False)  # fmt: skip
+        rd.train(
+            killing_model(tmp_path / "killed", at_call=3),
+            "rapydli.zoo.datasets:digits",
+            config,
+            cluster=cluster,
+            progress=False,
+            live=False,
+        )
     assert info.value.died and info.value.ranks == [1]
     cluster.restart()
 
@@ -141,7 +183,15 @@ def test_an_exception_in_user_code_is_never_retried(cluster, tmp_path: Path) -> 
 
     before = {r["id"] for r in open_store().list_runs(kind="train")[0]}
     with pytest.raises(RankFailure) as info:
-        rd.train("rapydli.zoo.models:mlp", data_fn, rd.TrainConfig(**CONFIG), cluster=cluster, restarts=2, progress=False, live=False)
+        rd.train(
+            "rapydli.zoo.models:mlp",
+            data_fn,
+            rd.TrainConfig(**CONFIG),
+            cluster=cluster,
+            restarts=2,
+            progress=False,
+            live=False,
+        )
     assert not info.value.died and "a bug in the user's data_fn" in str(info.value)
     assert attempts.read_text() == "x"  # one attempt only
     (new,) = [r for r in open_store().list_runs(kind="train")[0] if r["id"] not in before]
@@ -156,15 +206,24 @@ def _new_run(before: set[str]) -> dict:
 
 @pytest.mark.engines
 @pytest.mark.timeout(600)
-def test_a_restart_that_cannot_bring_the_engines_back_fails_the_run_and_keeps_the_checkpoint(cluster, tmp_path: Path) -> None:
+def test_a_restart_that_cannot_bring_the_engines_back_fails_the_run_and_keeps_the_checkpoint(
+    cluster, tmp_path: Path
+) -> None:
     directory = tmp_path / "ckpt"
     config = rd.TrainConfig(**CONFIG, checkpoint_dir=str(directory))
     before = {r["id"] for r in open_store().list_runs(kind="train")[0]}
     cluster.start_timeout = 1  # fresh engines cannot register this fast: the restart's start fails
     try:
         with pytest.raises(ClusterError) as info:
-            rd.train(killing_model(tmp_path / "killed", at_call=7, after_checkpoint=directory), "rapydli.zoo.datasets:digits", config, cluster=cluster,
-                     restarts=1, progress=False, live=False)  # fmt: skip
+            rd.train(
+                killing_model(tmp_path / "killed", at_call=7, after_checkpoint=directory),
+                "rapydli.zoo.datasets:digits",
+                config,
+                cluster=cluster,
+                restarts=1,
+                progress=False,
+                live=False,
+            )
     finally:
         cluster.start_timeout = 120
     message = str(info.value)
@@ -174,7 +233,9 @@ def test_a_restart_that_cannot_bring_the_engines_back_fails_the_run_and_keeps_th
     assert run["status"] == "failed" and "could not be restarted" in run["error"]
     (attempt,) = open_store().records(run["id"])["restarts"]["value"]
     assert attempt["ranks"] == [1] and "could not start" in attempt["error"]
-    kept = ckpt.load(ckpt.checkpoint_path(directory))  # intact: the step before the death, nothing half-written beside it
+    kept = ckpt.load(
+        ckpt.checkpoint_path(directory)
+    )  # intact: the step before the death, nothing half-written beside it
     assert kept["step"] == 4 and kept["world_size"] == 2 and not list(directory.glob(".*.tmp"))
     cluster.start()
     assert cluster.run(lambda: 2) == [2, 2]
@@ -182,8 +243,17 @@ def test_a_restart_that_cannot_bring_the_engines_back_fails_the_run_and_keeps_th
 
 # -- a host dies, a Slurm job ends ---------------------------------------------------------------
 
-RESIZE = dict(epochs=1, batch_size=8, lr=0.05, optimizer="sgd", momentum=0.9, eval_every=0, checkpoint_every=4,
-              allreduce="mpi", seed=5)  # fmt: skip
+RESIZE = dict(
+    epochs=1,
+    batch_size=8,
+    lr=0.05,
+    optimizer="sgd",
+    momentum=0.9,
+    eval_every=0,
+    checkpoint_every=4,
+    allreduce="mpi",
+    seed=5,
+)
 
 
 def _assert_same_parameters(cut: Path, whole: Path) -> None:
@@ -197,7 +267,14 @@ def _assert_same_parameters(cut: Path, whole: Path) -> None:
 def _uninterrupted(cluster: rd.Cluster, marker: Path, directory: Path, config: rd.TrainConfig) -> None:
     """The same run, never interrupted (the marker exists, so no rank stalls), checkpointing into ``directory``."""
     directory.mkdir()
-    rd.train(StallingModel(str(marker), at_call=7), LoggedData(str(directory)), config, cluster=cluster, progress=False, live=False)
+    rd.train(
+        StallingModel(str(marker), at_call=7),
+        LoggedData(str(directory)),
+        config,
+        cluster=cluster,
+        progress=False,
+        live=False,
+    )
 
 
 def _when_stalled(marker: Path, end_it: Callable[[], object]) -> threading.Thread:
@@ -239,8 +316,16 @@ def test_a_host_killed_mid_run_goes_on_with_the_engines_left(hosts, whole, tmp_p
     marker = tmp_path / "stalled"
     killer = _when_stalled(marker, hosts.host("h2").kill)
     config = rd.TrainConfig(**RESIZE, on_resize=on_resize, checkpoint_dir=str(tmp_path / "ckpt"))
-    result = rd.train(StallingModel(str(marker), at_call=7), LoggedData(str(tmp_path)), config, cluster=whole,
-                      restarts=1, min_workers=1, progress=False, live=False)  # fmt: skip
+    result = rd.train(
+        StallingModel(str(marker), at_call=7),
+        LoggedData(str(tmp_path)),
+        config,
+        cluster=whole,
+        restarts=1,
+        min_workers=1,
+        progress=False,
+        live=False,
+    )
     killer.join()
     assert marker.read_text() == "h2"  # rank 1 stalled on h2, where it died with its host
     assert whole.n == 1 and whole.status()["rank_hosts"] == {0: "h1"}  # h2 does not answer: left out
@@ -262,11 +347,15 @@ def test_a_host_killed_mid_run_goes_on_with_the_engines_left(hosts, whole, tmp_p
         assert list(after["step"]) == list(range(5, 21)) and after["lr"].tolist() == pytest.approx([0.025] * 16)
     assert (after["world_size"] == 1).all()
     assert after["loss"].iloc[-4:].mean() < train["loss"].iloc[:4].mean()  # training went on
-    if on_resize == "keep":  # the same global batches with the same lr: the parameters of a run on 2 ranks that nothing cut
+    if (
+        on_resize == "keep"
+    ):  # the same global batches with the same lr: the parameters of a run on 2 ranks that nothing cut
         nshosts.revive(hosts, "h2")
         whole.restart()
         assert whole.n == 2
-        _uninterrupted(whole, marker, tmp_path / "whole", rd.TrainConfig(**RESIZE, checkpoint_dir=str(tmp_path / "whole" / "ckpt")))
+        _uninterrupted(
+            whole, marker, tmp_path / "whole", rd.TrainConfig(**RESIZE, checkpoint_dir=str(tmp_path / "whole" / "ckpt"))
+        )
         _assert_same_parameters(tmp_path / "ckpt", tmp_path / "whole" / "ckpt")
 
 
@@ -278,8 +367,15 @@ def test_without_min_workers_a_host_down_fails_the_restart_at_once(hosts, whole,
     killer = _when_stalled(marker, hosts.host("h2").kill)
     before = {r["id"] for r in open_store().list_runs(kind="train")[0]}
     with pytest.raises(ClusterError) as info:
-        rd.train(StallingModel(str(marker), at_call=7), LoggedData(str(tmp_path)), rd.TrainConfig(**RESIZE, checkpoint_dir=str(directory)),
-                 cluster=whole, restarts=1, progress=False, live=False)  # fmt: skip
+        rd.train(
+            StallingModel(str(marker), at_call=7),
+            LoggedData(str(tmp_path)),
+            rd.TrainConfig(**RESIZE, checkpoint_dir=str(directory)),
+            cluster=whole,
+            restarts=1,
+            progress=False,
+            live=False,
+        )
     killer.join()
     message = str(info.value)
     assert "only 1 of 2 engines can start (h2: ssh fails" in message and "need 2" in message, message
@@ -298,12 +394,24 @@ def test_a_slurm_job_cancelled_from_outside_restarts_as_a_new_job(local_slurm, t
     with rd.Cluster(n=2, launcher="slurm", nodes=2, ntasks_per_node=1) as cluster:
         first = cluster.status()["job"]["id"]
         killer = _when_stalled(marker, lambda: local_slurm.run("scancel", first))
-        result = rd.train(StallingModel(str(marker), at_call=7), LoggedData(str(tmp_path)), config, cluster=cluster,
-                          restarts=1, progress=False, live=False)  # fmt: skip
+        result = rd.train(
+            StallingModel(str(marker), at_call=7),
+            LoggedData(str(tmp_path)),
+            config,
+            cluster=cluster,
+            restarts=1,
+            progress=False,
+            live=False,
+        )
         killer.join()
         second = cluster.status()["job"]["id"]
         assert second != first and first not in local_slurm.queue()
-        _uninterrupted(cluster, marker, tmp_path / "whole", rd.TrainConfig(**RESIZE, checkpoint_dir=str(tmp_path / "whole" / "ckpt")))
+        _uninterrupted(
+            cluster,
+            marker,
+            tmp_path / "whole",
+            rd.TrainConfig(**RESIZE, checkpoint_dir=str(tmp_path / "whole" / "ckpt")),
+        )
     assert second not in local_slurm.queue()
 
     assert open_store().get_run(result.run_id)["status"] == "finished"
@@ -313,4 +421,6 @@ def test_a_slurm_job_cancelled_from_outside_restarts_as_a_new_job(local_slurm, t
     assert served(tmp_path, attempt=0, first=4 * 8) + served(tmp_path, attempt=1) == Counter(range(SAMPLES))
     steps = result.history[result.history["kind"] == "train"]["step"].tolist()
     assert steps[-1] == 12 and set(range(5, 13)) <= set(steps)
-    _assert_same_parameters(tmp_path / "ckpt", tmp_path / "whole" / "ckpt")  # resumed in the new job from step 4, ended as if never cut
+    _assert_same_parameters(
+        tmp_path / "ckpt", tmp_path / "whole" / "ckpt"
+    )  # resumed in the new job from step 4, ended as if never cut

@@ -39,7 +39,9 @@ def close(a, b, tol=1e-5):
 
 @pytest.mark.mpi
 def test_two_ranks_match_single_process_and_ddp(run_mpi) -> None:
-    code = COMMON + """
+    code = (
+        COMMON
+        + """
 cfg = TrainConfig(epochs=2, batch_size=8, lr=0.05, optimizer="sgd", momentum=0.9, allreduce="ring", bucket_mb=0.001)
 seen = []
 class Keep:
@@ -90,12 +92,15 @@ assert evals[0] == evals[-1] and len(evals[0]) == 2
 trainer.close()
 print("OK")
 """
+    )
     assert run_mpi(code, n=2, timeout=180).stdout.count("OK") == 2
 
 
 @pytest.mark.mpi
 def test_grad_accum_equals_larger_batch_and_three_ranks(run_mpi) -> None:
-    code = COMMON + """
+    code = (
+        COMMON
+        + """
 train, val = datasets.synthetic_features(num_samples=60, in_features=16, num_classes=4)  # 48 = 3 ranks x 2 x 8
 big = Trainer(model(), None, train, val, TrainConfig(epochs=1, batch_size=8, lr=0.01, allreduce="mpi"))
 big.fit()
@@ -110,12 +115,15 @@ for t in (big, accum, capped):
     t.close()
 print("OK")
 """
+    )
     assert run_mpi(code, n=3, timeout=180).stdout.count("OK") == 3
 
 
 @pytest.mark.mpi
 def test_clairvoyant_loader_reaches_default_loader_params(run_mpi, tmp_path) -> None:
-    code = COMMON + """
+    code = (
+        COMMON
+        + """
 params = {}
 for kind in ("default", "clairvoyant"):
     cfg = TrainConfig(epochs=2, batch_size=8, lr=0.01, loader=kind, cache_ram_mb=0.01)
@@ -126,6 +134,7 @@ for kind in ("default", "clairvoyant"):
 close(params["default"], params["clairvoyant"], tol=0)
 print("OK")
 """
+    )
     assert run_mpi(code, n=2, timeout=180).stdout.count("OK") == 2
 
 
@@ -144,7 +153,9 @@ def test_grad_accum_larger_than_epoch_is_a_config_error() -> None:
 
 @pytest.mark.mpi
 def test_autotune_plan_is_made_once_and_applied_on_every_rank(run_mpi) -> None:
-    code = COMMON + """
+    code = (
+        COMMON
+        + """
 from rapydli.zoo import models
 from rapydli.autotune import TunedConv2d
 train, val = datasets.digits()
@@ -164,4 +175,5 @@ assert all(torch.equal(a, b) for a, b in zip(*weights))
 trainer.close()
 print("OK")
 """
+    )
     assert run_mpi(code, n=2, timeout=300).stdout.count("OK") == 2

@@ -44,7 +44,9 @@ def test_callable_refs_round_trip() -> None:
 def test_train_returns_history_and_records_the_run(cluster) -> None:
     live: list[dict] = []
     config = rd.TrainConfig(epochs=1, max_steps=8, batch_size=32, lr=0.01, eval_every=4, allreduce="mpi")
-    result = rd.train(models.mlp, "rapydli.zoo.datasets:digits", config, cluster=cluster, callbacks=[live.append], progress=False)
+    result = rd.train(
+        models.mlp, "rapydli.zoo.datasets:digits", config, cluster=cluster, callbacks=[live.append], progress=False
+    )
     history = result.history
     train_rows = history[history["kind"] == "train"]
     eval_rows = history[history["kind"] == "eval"]
@@ -98,8 +100,13 @@ def test_a_run_builds_its_layout_once_and_hands_it_to_the_ranks(cluster, monkeyp
     monkeypatch.setattr(layout.Layout, "__post_init__", layout.Layout.__post_init__)  # restored after the test
     _count_layouts(reset=True)
     assert cluster.run(_count_layouts, True) == [0, 0]
-    rd.train(models.tiny_lm, "rapydli.zoo.datasets:synthetic_tokens", rd.TrainConfig(max_steps=2, batch_size=4, **degrees),
-             cluster=cluster, progress=False)  # fmt: skip
+    rd.train(
+        models.tiny_lm,
+        "rapydli.zoo.datasets:synthetic_tokens",
+        rd.TrainConfig(max_steps=2, batch_size=4, **degrees),
+        cluster=cluster,
+        progress=False,
+    )
     assert cluster.run(_count_layouts) == [0, 0]  # the ranks used the one they were sent
     assert _count_layouts() == 1
 
@@ -133,19 +140,33 @@ def test_a_rank_slower_than_the_others_is_named_with_its_host() -> None:
     starting = rd.Cluster(n=2).start(wait=False)
     plot = LivePlot(live=False)
     try:
-        result = rd.train(train_cases.SlowOnRank1, train_cases.features, config, cluster=starting, progress=False, live=False,
-                          callbacks=[plot])  # fmt: skip
+        result = rd.train(
+            train_cases.SlowOnRank1,
+            train_cases.features,
+            config,
+            cluster=starting,
+            progress=False,
+            live=False,
+            callbacks=[plot],
+        )
     finally:
         starting.stop()
     plot.close()  # the live plot marks the rank: its comm-wait line, and the report over the step-time panel
     assert [n["rank"] for n in plot.notices if n["kind"] == "straggler"] == [1]
-    assert any((a.text or "").startswith(f"rank 1 (host {socket.gethostname()}) is a straggler") for a in plot.figure.layout.annotations)
+    assert any(
+        (a.text or "").startswith(f"rank 1 (host {socket.gethostname()}) is a straggler")
+        for a in plot.figure.layout.annotations
+    )
     assert any((t.name or "") == "comm wait rank 1 (s), straggler" for t in plot.figure.data)
     records = open_store().records(result.run_id)
-    assert records["rank_hosts"]["value"] == [socket.gethostname()] * 2 and records["hosts"]["value"] == [socket.gethostname()]
+    assert records["rank_hosts"]["value"] == [socket.gethostname()] * 2 and records["hosts"]["value"] == [
+        socket.gethostname()
+    ]
     found = records["stragglers"]["value"]
     assert [s["rank"] for s in found] == [1] and found[0]["host"] == socket.gethostname(), found
-    assert found[0]["busy_s"] >= 0.04 and found[0]["text"].startswith(f"rank 1 (host {socket.gethostname()}) is a straggler")
+    assert found[0]["busy_s"] >= 0.04 and found[0]["text"].startswith(
+        f"rank 1 (host {socket.gethostname()}) is a straggler"
+    )
 
 
 @pytest.mark.engines
@@ -162,7 +183,9 @@ def test_a_rank_pinned_to_a_busy_core_is_named_with_its_host(cluster) -> None:
     config = rd.TrainConfig(epochs=50, max_steps=16, batch_size=4, lr=0.01, allreduce="mpi", eval_every=0)
     busy = [subprocess.Popen([sys.executable, "-c", spin], start_new_session=True) for _ in range(3)]
     try:
-        result = rd.train(train_cases.BusyOnPinnedCores, train_cases.features, config, cluster=cluster, progress=False, live=False)
+        result = rd.train(
+            train_cases.BusyOnPinnedCores, train_cases.features, config, cluster=cluster, progress=False, live=False
+        )
     finally:
         for process in busy:
             process.kill()

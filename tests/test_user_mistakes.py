@@ -26,21 +26,39 @@ def _mistakes(text: str) -> dict[str, str]:
 @pytest.mark.parametrize("ranks", [2, 4])
 def test_a_mistake_in_the_users_code_is_one_short_error_naming_the_cell(tmp_path: Path, ranks: int) -> None:
     out = tmp_path / "out.ipynb"
-    papermill.execute_notebook(str(NOTEBOOK), str(out), parameters={"ranks": ranks}, kernel_name="python3", cwd=str(tmp_path),
-                               progress_bar=False)  # fmt: skip
+    papermill.execute_notebook(
+        str(NOTEBOOK),
+        str(out),
+        parameters={"ranks": ranks},
+        kernel_name="python3",
+        cwd=str(tmp_path),
+        progress_bar=False,
+    )
     cells = nbformat.read(out, as_version=4).cells
     text = "\n".join(o.get("text", "") for c in cells if c.cell_type == "code" for o in c.get("outputs", []))
     said = _mistakes(text)
-    assert set(said) == {"typo in model_fn", "raise in data_fn", "wrong loss shape", "a dataset instead of a pair"}, text
+    assert set(said) == {"typo in model_fn", "raise in data_fn", "wrong loss shape", "a dataset instead of a pair"}, (
+        text
+    )
     everyone = ", ".join(map(str, range(ranks)))
     for mistake, error in said.items():
         assert len(error.splitlines()) <= 20 and "ipykernel_" not in error and "rapydli/" not in error, (mistake, error)
         assert error.count("Traceback") == 0 and error.count("--- rank") <= 1, (mistake, error)
     assert said["typo in model_fn"].startswith(f"RankFailure: ranks {everyone} raised the same exception"), said
-    count = {name: next(c.execution_count for c in cells if c.source.startswith(f"def {name}(")) for name in ("model_fn", "data_fn")}
-    assert re.search(rf"Cell In\[{count['model_fn']}\], line 3, in model_fn\(\)\n.*\n.*\n----> 3     return nett", said["typo in model_fn"]), said
+    count = {
+        name: next(c.execution_count for c in cells if c.source.startswith(f"def {name}("))
+        for name in ("model_fn", "data_fn")
+    }
+    assert re.search(
+        rf"Cell In\[{count['model_fn']}\], line 3, in model_fn\(\)\n.*\n.*\n----> 3     return nett",
+        said["typo in model_fn"],
+    ), said
     assert "NameError: name 'nett' is not defined" in said["typo in model_fn"]
     assert re.search(rf"Cell In\[{count['data_fn']}\], line 2, in data_fn\(\)", said["raise in data_fn"]), said
     assert "ValueError: no data here" in said["raise in data_fn"]
-    assert said["wrong loss shape"].startswith("OutputError: loss_fn per_sample_loss returned a tensor of shape (8,)"), said
-    assert said["a dataset instead of a pair"].startswith("UserCodeError: data_fn one_dataset returned a TensorDataset"), said
+    assert said["wrong loss shape"].startswith(
+        "OutputError: loss_fn per_sample_loss returned a tensor of shape (8,)"
+    ), said
+    assert said["a dataset instead of a pair"].startswith(
+        "UserCodeError: data_fn one_dataset returned a TensorDataset"
+    ), said

@@ -19,7 +19,10 @@ def test_controls_follow_the_field_spec_and_errors_stay_in_the_panel() -> None:
     panel = HyperparameterPanel(models.mlp, datasets.digits, rd.TrainConfig(lr=0.01, workers=2))
     controls = panel.controls
     assert type(controls["lr"]).__name__ == "FloatLogSlider" and controls["lr"].value == pytest.approx(0.01)
-    assert type(controls["optimizer"]).__name__ == "Dropdown" and list(controls["optimizer"].options) == ["sgd", "adamw"]
+    assert type(controls["optimizer"]).__name__ == "Dropdown" and list(controls["optimizer"].options) == [
+        "sgd",
+        "adamw",
+    ]
     assert type(controls["overlap"]).__name__ == "Checkbox"
     assert controls["workers"].max == 2
     controls["lr"].value = 0.05
@@ -36,12 +39,18 @@ def test_controls_follow_the_field_spec_and_errors_stay_in_the_panel() -> None:
 @pytest.mark.engines
 def test_train_then_stop_ends_every_rank_and_the_cluster_stays_usable(cluster) -> None:
     if True:
-        panel = HyperparameterPanel(models.mlp, datasets.digits, rd.TrainConfig(max_steps=10, eval_every=5, batch_size=32), cluster=cluster)
+        panel = HyperparameterPanel(
+            models.mlp, datasets.digits, rd.TrainConfig(max_steps=10, eval_every=5, batch_size=32), cluster=cluster
+        )
         panel.controls["lr"].value = 0.02
         panel.train_button.click()
         assert panel.stop_button.disabled is False
         panel.wait(120)
-        assert panel.runs[0]["state"] == "finished" and panel.runs[0]["steps"] == 10 and panel.runs[0]["lr"] == pytest.approx(0.02)
+        assert (
+            panel.runs[0]["state"] == "finished"
+            and panel.runs[0]["steps"] == 10
+            and panel.runs[0]["lr"] == pytest.approx(0.02)
+        )
         assert "val_loss" in panel.table.value and len(panel.plot.figure.data[0].x) == 10
 
         panel.controls["max_steps"].value = 0
@@ -64,7 +73,9 @@ def test_the_panel_passes_loss_optimizer_and_metrics_to_its_runs(cluster) -> Non
 
     from rapydli.experiments.store.runstore import open_store
 
-    panel = HyperparameterPanel(RegressionMLP, regression, rd.TrainConfig(max_steps=4, batch_size=4, allreduce="mpi"), cluster=cluster, **PASSED)
+    panel = HyperparameterPanel(
+        RegressionMLP, regression, rd.TrainConfig(max_steps=4, batch_size=4, allreduce="mpi"), cluster=cluster, **PASSED
+    )
     panel.controls["lr"].value = 0.03
     panel.train_button.click()
     panel.wait(120)
@@ -76,9 +87,13 @@ def test_the_panel_passes_loss_optimizer_and_metrics_to_its_runs(cluster) -> Non
 @pytest.mark.engines
 def test_sweep_panel_runs_a_sweep_in_the_background_and_stops(cluster) -> None:
     config = rd.TrainConfig(max_steps=10, eval_every=5, batch_size=32, allreduce="mpi")
-    panel = SweepPanel(models.mlp, datasets.digits, config, {"lr": rd.loguniform(1e-3, 1e-1)}, cluster, trials=2, pruner="none")
+    panel = SweepPanel(
+        models.mlp, datasets.digits, config, {"lr": rd.loguniform(1e-3, 1e-1)}, cluster, trials=2, pruner="none"
+    )
     assert panel.parallel.value == 2
-    pairs = SweepPanel(models.mlp, datasets.digits, config, {"lr": rd.loguniform(1e-3, 1e-1)}, cluster, trials=2, workers_per_trial=2)
+    pairs = SweepPanel(
+        models.mlp, datasets.digits, config, {"lr": rd.loguniform(1e-3, 1e-1)}, cluster, trials=2, workers_per_trial=2
+    )
     pairs.parallel.value = 2  # two 2-rank groups do not fit in 2 engines: shown, nothing starts
     pairs.run_button.click()
     assert not pairs.running and pairs.result is None and "parallel=2 is invalid" in pairs.message.value
@@ -92,7 +107,9 @@ def test_sweep_panel_runs_a_sweep_in_the_background_and_stops(cluster) -> None:
 
     long = rd.TrainConfig(epochs=500, eval_every=5, batch_size=32, allreduce="mpi")
     # no pruner: a trial pruned before Stop would free its engine for a third trial
-    stopper = SweepPanel(models.mlp, datasets.digits, long, {"lr": rd.loguniform(1e-3, 1e-1)}, cluster, trials=4, pruner="none")
+    stopper = SweepPanel(
+        models.mlp, datasets.digits, long, {"lr": rd.loguniform(1e-3, 1e-1)}, cluster, trials=4, pruner="none"
+    )
     stopper.run_button.click()
     while not len(stopper.view.table) or not (stopper.view.table["steps"] > 0).any():
         stopper.wait(0.1)

@@ -62,7 +62,9 @@ def main() -> int:
     failed = 0
     for name in names:
         need = NEEDS.get(name)
-        if need and (shutil.which(need[1][0]) is None or subprocess.run(need[1], capture_output=True, timeout=30).returncode != 0):
+        if need and (
+            shutil.which(need[1][0]) is None or subprocess.run(need[1], capture_output=True, timeout=30).returncode != 0
+        ):
             print(f"{name}: skipped, it needs {need[0]}", flush=True)
             continue
         started = time.monotonic()

@@ -70,5 +70,8 @@ def overhead(repeats: int = 7, calls: int = 2000) -> None:
         results["begin_end_us"].append((time.perf_counter() - start) / calls * 1e6)
     comm.close()
     if world.Get_rank() == 0:
-        summary = {key: {"median": statistics.median(v), "min": min(v), "max": max(v), "n": len(v)} for key, v in results.items()}
+        summary = {
+            key: {"median": statistics.median(v), "min": min(v), "max": max(v), "n": len(v)}
+            for key, v in results.items()
+        }
         print("OVERHEAD " + json.dumps(summary), flush=True)

@@ -29,7 +29,10 @@ def items_notebook(folder: Path) -> Path:
     import nbformat
 
     notebook = nbformat.v4.new_notebook()
-    notebook.cells = [nbformat.v4.new_code_cell("x = 1", metadata={"tags": ["parameters"]}), nbformat.v4.new_code_cell(_ITEM_TRAINS)]
+    notebook.cells = [
+        nbformat.v4.new_code_cell("x = 1", metadata={"tags": ["parameters"]}),
+        nbformat.v4.new_code_cell(_ITEM_TRAINS),
+    ]
     nbformat.write(notebook, folder / "items.ipynb")
     return folder / "items.ipynb"
 
@@ -45,7 +48,11 @@ def tensorboard_scalars(logdir: str | Path) -> dict[str, list[tuple[int, float]]
         if tag not in scalars and not tag.endswith("/text_summary"):
             from tensorboard.util import tensor_util
 
-            values = [(e.step, float(tensor_util.make_ndarray(e.tensor_proto))) for e in acc.Tensors(tag) if e.tensor_proto.dtype != 7]
+            values = [
+                (e.step, float(tensor_util.make_ndarray(e.tensor_proto)))
+                for e in acc.Tensors(tag)
+                if e.tensor_proto.dtype != 7
+            ]
             if values:
                 scalars[tag] = values
     return scalars
@@ -107,7 +114,9 @@ def wandb_history(path: str | Path) -> list[dict[str, Any]]:
     rows = []
     for record in wandb_records(path):
         if record.WhichOneof("record_type") == "history":
-            rows.append({item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item})
+            rows.append(
+                {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item}
+            )
     return rows
 
 

@@ -89,7 +89,9 @@ class Block(nn.Module):
 class TinyGPT(nn.Module):
     """nanoGPT's shape: ``forward(idx, targets=None) -> (logits, loss)``, input and output embeddings tied."""
 
-    def __init__(self, vocab: int = 16, block_size: int = 8, n_embd: int = 16, n_head: int = 2, n_layer: int = 1) -> None:
+    def __init__(
+        self, vocab: int = 16, block_size: int = 8, n_embd: int = 16, n_head: int = 2, n_layer: int = 1
+    ) -> None:
         super().__init__()
         self.wte = nn.Embedding(vocab, n_embd)
         self.wpe = nn.Embedding(block_size, n_embd)
@@ -98,7 +100,9 @@ class TinyGPT(nn.Module):
         self.lm_head = nn.Linear(n_embd, vocab, bias=False)
         self.wte.weight = self.lm_head.weight  # weight tying, as nanoGPT
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(
+        self, idx: torch.Tensor, targets: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         pos = torch.arange(idx.shape[1], device=idx.device)
         x = self.wte(idx) + self.wpe(pos)
         for block in self.blocks:
@@ -241,7 +245,9 @@ def two_groups(model: nn.Module) -> torch.optim.Optimizer:
     """AdamW with weight decay on matrices only, and a smaller rate for the no-decay group."""
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
     rest = [p for n, p in model.named_parameters() if p.ndim < 2]
-    return torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0, "lr": 0.005}], lr=0.02)
+    return torch.optim.AdamW(
+        [{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0, "lr": 0.005}], lr=0.02
+    )
 
 
 def adamw_decay(model: nn.Module) -> torch.optim.Optimizer:
@@ -345,7 +351,9 @@ CASES: dict[str, Case] = {
 
 
 def config_of(case: Case, **changes: Any) -> TrainConfig:
-    return TrainConfig(**{"batch_size": 4, "max_steps": case.steps, "seed": 0, "bucket_mb": 0.001, **case.config, **changes})
+    return TrainConfig(
+        **{"batch_size": 4, "max_steps": case.steps, "seed": 0, "bucket_mb": 0.001, **case.config, **changes}
+    )
 
 
 def build(case: Case) -> nn.Module:
@@ -412,8 +420,16 @@ def check_metrics_averaged() -> None:
 
     def evaluation(comm: Any) -> dict[str, Any]:
         torch.manual_seed(0)
-        trainer = Trainer(RegressionMLP(), None, train, val, TrainConfig(batch_size=4, max_steps=1), comm=comm,
-                          loss_fn=nn.MSELoss(), metrics=metrics)  # fmt: skip
+        trainer = Trainer(
+            RegressionMLP(),
+            None,
+            train,
+            val,
+            TrainConfig(batch_size=4, max_steps=1),
+            comm=comm,
+            loss_fn=nn.MSELoss(),
+            metrics=metrics,
+        )
         row = trainer.evaluate()
         trainer.close()
         return row
@@ -423,17 +439,30 @@ def check_metrics_averaged() -> None:
     torch.manual_seed(0)
     with torch.no_grad():
         error = RegressionMLP()(val.tensors[0]) - val.tensors[1]
-    expected = {"val_loss": (error**2).mean(), "val_mse": (error**2).mean(), "val_mae": error.abs().mean(), "val_cubed": (error**3).mean()}
+    expected = {
+        "val_loss": (error**2).mean(),
+        "val_mse": (error**2).mean(),
+        "val_mae": error.abs().mean(),
+        "val_cubed": (error**3).mean(),
+    }
     for name, value in expected.items():
         assert math.isclose(single[name], float(value), rel_tol=1e-5, abs_tol=1e-7), (name, single[name], float(value))
-        assert math.isclose(averaged[name], single[name], rel_tol=1e-6, abs_tol=1e-8), (name, averaged[name], single[name])
+        assert math.isclose(averaged[name], single[name], rel_tol=1e-6, abs_tol=1e-8), (
+            name,
+            averaged[name],
+            single[name],
+        )
     if world.Get_rank() == 0:
         print("metrics averaged: ok")
 
 
 def ddp_state(
-    model_fn: Callable[[], nn.Module], data_fn: Callable[[], Any], loss_fn: Callable[..., torch.Tensor],
-    optimizer_fn: Callable[[nn.Module], torch.optim.Optimizer], steps: int, batch_size: int,
+    model_fn: Callable[[], nn.Module],
+    data_fn: Callable[[], Any],
+    loss_fn: Callable[..., torch.Tensor],
+    optimizer_fn: Callable[[nn.Module], torch.optim.Optimizer],
+    steps: int,
+    batch_size: int,
 ) -> dict[str, torch.Tensor]:
     """In a task on every rank of a cluster: ``steps`` steps of torch DDP (gloo, ``find_unused_parameters=True``).
 
@@ -485,7 +514,16 @@ def check_case(name: str) -> None:
     model = build(case)
     if isinstance(model, RankZeroBranch):
         model.use_branch = rank == 0
-    trainer = Trainer(model, None, train, val, cfg, comm=Communicator(algorithm="mpi"), loss_fn=case.loss_fn, optimizer_fn=case.optimizer_fn)
+    trainer = Trainer(
+        model,
+        None,
+        train,
+        val,
+        cfg,
+        comm=Communicator(algorithm="mpi"),
+        loss_fn=case.loss_fn,
+        optimizer_fn=case.optimizer_fn,
+    )
     trainer.fit()
     trainer.close()
     assert trainer.step == case.steps
@@ -509,8 +547,12 @@ def check_case(name: str) -> None:
     single = single_process(name, size)
     initial = dict(build(case).named_parameters())
     for (key, mine), theirs, one in zip(trainer.model.named_parameters(), reference, single.parameters()):
-        assert torch.allclose(mine, theirs, atol=TOL, rtol=0), f"{name} {key} vs DDP: {(mine - theirs).abs().max().item()}"
-        assert torch.allclose(mine, one, atol=TOL, rtol=0), f"{name} {key} vs one process: {(mine - one).abs().max().item()}"
+        assert torch.allclose(mine, theirs, atol=TOL, rtol=0), (
+            f"{name} {key} vs DDP: {(mine - theirs).abs().max().item()}"
+        )
+        assert torch.allclose(mine, one, atol=TOL, rtol=0), (
+            f"{name} {key} vs one process: {(mine - one).abs().max().item()}"
+        )
         assert not torch.equal(mine, initial[key]) or key in case.unchanged, f"{name} {key} did not train"
     for key in case.unchanged:
         param = dict(trainer.model.named_parameters())[key]

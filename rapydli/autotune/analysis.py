@@ -22,25 +22,27 @@ def table(problem: Problem, measurements: Sequence[Measurement], device: DeviceI
     rows: list[dict[str, Any]] = []
     for m in measurements:
         gflops = flops / m.median / 1e9 if m.ok and m.median else None
-        rows.append({
-            "problem": problem.shape.key,
-            "mode": problem.mode,
-            "candidate": m.config.candidate,
-            "config": str(m.config),
-            **{f"p_{k}": v for k, v in m.config.params},
-            "status": m.status,
-            "median_ms": m.median * 1e3 if m.median is not None else None,
-            "std_ms": (m.variance ** 0.5) * 1e3 if m.variance is not None else None,
-            "low_ms": min(m.times) * 1e3 if m.ok and m.times else None,  # the range of its timed runs
-            "high_ms": max(m.times) * 1e3 if m.ok and m.times else None,
-            "gflops": gflops,
-            "pct_peak": 100 * gflops / peak if gflops and peak else None,
-            "rel_error": m.error,
-            "cached": m.cached,
-            "engine": m.engine,
-            "retimed": m.retimed,
-            "disturbed": m.disturbed,
-        })
+        rows.append(
+            {
+                "problem": problem.shape.key,
+                "mode": problem.mode,
+                "candidate": m.config.candidate,
+                "config": str(m.config),
+                **{f"p_{k}": v for k, v in m.config.params},
+                "status": m.status,
+                "median_ms": m.median * 1e3 if m.median is not None else None,
+                "std_ms": (m.variance**0.5) * 1e3 if m.variance is not None else None,
+                "low_ms": min(m.times) * 1e3 if m.ok and m.times else None,  # the range of its timed runs
+                "high_ms": max(m.times) * 1e3 if m.ok and m.times else None,
+                "gflops": gflops,
+                "pct_peak": 100 * gflops / peak if gflops and peak else None,
+                "rel_error": m.error,
+                "cached": m.cached,
+                "engine": m.engine,
+                "retimed": m.retimed,
+                "disturbed": m.disturbed,
+            }
+        )
     frame = pd.DataFrame(rows)
     return frame.sort_values("median_ms", na_position="last", kind="stable").reset_index(drop=True)
 
@@ -52,8 +54,9 @@ def time_vs_parameters(frame: pd.DataFrame, candidate: str = "c_direct") -> Any:
 
     rows = frame[(frame["candidate"] == candidate) & (frame["status"] == "ok")]
     params = [c for c in frame.columns if c.startswith("p_") and rows[c].notna().any()]
-    fig = make_subplots(rows=1, cols=max(1, len(params)), shared_yaxes=True,
-                        subplot_titles=[p[2:] for p in params] or [candidate])
+    fig = make_subplots(
+        rows=1, cols=max(1, len(params)), shared_yaxes=True, subplot_titles=[p[2:] for p in params] or [candidate]
+    )
     for i, p in enumerate(params, start=1):
         fig.add_trace(go.Box(x=rows[p].astype(str), y=rows["median_ms"], name=p[2:], boxpoints="all"), row=1, col=i)
     fig.update_layout(title=f"{candidate}: time against each parameter", yaxis_title="median ms", showlegend=False)
@@ -80,10 +83,20 @@ def best_figure(frame: pd.DataFrame, device: DeviceInfo | None = None) -> Any:
         best["gflops_down"] = (best["gflops"] - best["gflops"] * best["median_ms"] / best["high_ms"]).fillna(0.0)
     else:
         best["gflops_up"] = best["gflops_down"] = 0.0
-    fig = px.bar(best, x="problem", y="gflops", color="candidate", barmode="group", error_y="gflops_up", error_y_minus="gflops_down",
-                 hover_data=["config", "median_ms", "pct_peak"], title="Best instance per problem (bars: range of the timed runs)")
+    fig = px.bar(
+        best,
+        x="problem",
+        y="gflops",
+        color="candidate",
+        barmode="group",
+        error_y="gflops_up",
+        error_y_minus="gflops_down",
+        hover_data=["config", "median_ms", "pct_peak"],
+        title="Best instance per problem (bars: range of the timed runs)",
+    )
     if device is not None and device.peak_gflops:
-        fig.add_hline(y=device.peak_gflops, line_dash="dot",
-                      annotation_text=f"estimated peak {device.peak_gflops:.0f} GFLOP/s")
+        fig.add_hline(
+            y=device.peak_gflops, line_dash="dot", annotation_text=f"estimated peak {device.peak_gflops:.0f} GFLOP/s"
+        )
     fig.update_layout(yaxis_title="GFLOP/s")
     return fig

@@ -163,9 +163,17 @@ def _winners(result: TuneResult) -> list[Any]:
     return [] if split is None else list(dict.fromkeys(m.config for m in split.passes.values()))
 
 
-def tune_layers(model: nn.Module, example_input: torch.Tensor, found: Sequence[tuple[str, ConvShape]], mode: str,
-                engines: Any, budget_s: float | None, started: float, progress: TuningProgress,
-                **tune_options: Any) -> LayerTuning:
+def tune_layers(
+    model: nn.Module,
+    example_input: torch.Tensor,
+    found: Sequence[tuple[str, ConvShape]],
+    mode: str,
+    engines: Any,
+    budget_s: float | None,
+    started: float,
+    progress: TuningProgress,
+    **tune_options: Any,
+) -> LayerTuning:
     """Profile, rank and tune the unique shapes of ``found`` (see the module docstring).
 
     ``started`` is the ``time.monotonic()`` the budget counts from; ``tune_options`` go to
@@ -184,9 +192,18 @@ def tune_layers(model: nn.Module, example_input: torch.Tensor, found: Sequence[t
         return _tune_layers(model, example_input, found, mode, engines, budget_s, started, progress, cache, options)
 
 
-def _tune_layers(model: nn.Module, x: torch.Tensor, found: Sequence[tuple[str, ConvShape]], mode: str, engines: Any,
-                 budget_s: float | None, started: float, progress: TuningProgress, cache: Cache,
-                 options: dict[str, Any]) -> LayerTuning:
+def _tune_layers(
+    model: nn.Module,
+    x: torch.Tensor,
+    found: Sequence[tuple[str, ConvShape]],
+    mode: str,
+    engines: Any,
+    budget_s: float | None,
+    started: float,
+    progress: TuningProgress,
+    cache: Cache,
+    options: dict[str, Any],
+) -> LayerTuning:
     names: dict[ConvShape, list[str]] = {}
     for name, shape in found:
         names.setdefault(shape, []).append(name)
@@ -198,8 +215,13 @@ def _tune_layers(model: nn.Module, x: torch.Tensor, found: Sequence[tuple[str, C
     t0 = time.perf_counter()
     # one warm-up step, then the fastest of up to three (a shared machine stalls a step now and then), those
     # after the first within a tenth of the budget
-    step_ms = model_step_ms(copy.deepcopy(model), x, mode, reps=PROFILE_STEPS,
-                            deadline=None if budget_s is None else started + budget_s / 10)
+    step_ms = model_step_ms(
+        copy.deepcopy(model),
+        x,
+        mode,
+        reps=PROFILE_STEPS,
+        deadline=None if budget_s is None else started + budget_s / 10,
+    )
     profile_s = time.perf_counter() - t0
     repetitions = int(options.get("repetitions", 5)) + int(options.get("warmup", 1))
     expected = Expected({"library": repetitions * step_ms / 1e3, "generated": FIRST_EVALUATION_S})
@@ -216,12 +238,14 @@ def _tune_layers(model: nn.Module, x: torch.Tensor, found: Sequence[tuple[str, C
 
     def admit(slice_end: float | None) -> Callable[[Sequence[Config]], bool]:
         """A chunk starts when a typical one ends within ``slice_end`` and the longest one before the deadline."""
+
         def fits(chunk: Sequence[Config]) -> bool:
             if deadline is None:
                 return True
             now, kinds = time.monotonic(), {_kind(c) for c in chunk}  # a cluster measures a chunk side by side
             typical_end = now + max(expected.typical(k) for k in kinds)
             return typical_end <= (slice_end or deadline) and now + max(expected.longest(k) for k in kinds) <= deadline
+
         return fits
 
     common = {k: v for k, v in options.items() if k in ("repetitions", "warmup", "threads", "preset")}
@@ -234,8 +258,17 @@ def _tune_layers(model: nn.Module, x: torch.Tensor, found: Sequence[tuple[str, C
         stored = cache.get(fingerprint, Problem(shape, mode).key, Config.of(DEFAULT))
         if stored is None and not admit(None)([Config.of(DEFAULT)]):
             break  # the budget holds no more profiles: the shapes left stay as they are
-        results[shape] = tune_conv2d(shape, device, mode, engines, strategy="exhaustive", candidates=[DEFAULT],
-                                     cache=cache, on_result=on_result, **common)
+        results[shape] = tune_conv2d(
+            shape,
+            device,
+            mode,
+            engines,
+            strategy="exhaustive",
+            candidates=[DEFAULT],
+            cache=cache,
+            on_result=on_result,
+            **common,
+        )
     weight = {shape: len(names[shape]) * (_default_ms(r) or 0.0) for shape, r in results.items()}
     ranked = sorted(results, key=lambda s: -weight[s])
 
@@ -247,31 +280,65 @@ def _tune_layers(model: nn.Module, x: torch.Tensor, found: Sequence[tuple[str, C
         slice_end = None
         if deadline is not None:
             now = time.monotonic()
-            left = sum(weight[s] for s in ranked[rank - 1:]) or 1.0
+            left = sum(weight[s] for s in ranked[rank - 1 :]) or 1.0
             slice_end = min(deadline, now + (deadline - now) * (weight[shape] or 1.0 / len(ranked)) / left)
             if slice_end - now < expected.typical("generated"):
                 slice_end = None  # not even one evaluation fits: leave the shape on the library
         if deadline is None or slice_end is not None:
             progress.describe(f"autotune: {shape.text}")
-            transfer = _transfer(shape, results, ranked[:rank - 1]) if strategy == "model_based" else {}
+            transfer = _transfer(shape, results, ranked[: rank - 1]) if strategy == "model_based" else {}
             if strategy == "model_based" and engines is not None:
                 transfer["batch"] = PARALLEL_BATCH
             strategy_opts = {**transfer, **user_opts}
             try:
-                results[shape] = tune_conv2d(shape, device, mode, engines, strategy=strategy, options=strategy_opts,
-                                             cache=cache, admit=admit(slice_end),
-                                             on_result=functools.partial(on_result, shape=shape), **options)
-            except BudgetSpent:  # a busy machine ran the earlier slices late: the shape keeps its profile, on the library
+                results[shape] = tune_conv2d(
+                    shape,
+                    device,
+                    mode,
+                    engines,
+                    strategy=strategy,
+                    options=strategy_opts,
+                    cache=cache,
+                    admit=admit(slice_end),
+                    on_result=functools.partial(on_result, shape=shape),
+                    **options,
+                )
+            except (
+                BudgetSpent
+            ):  # a busy machine ran the earlier slices late: the shape keeps its profile, on the library
                 slice_end = None
-        rows.append(_row(rank, shape, names[shape], results[shape], weight[shape], step_ms, taken.get(shape, 0),
-                         budgeted=deadline is not None, attempted=deadline is None or slice_end is not None))
+        rows.append(
+            _row(
+                rank,
+                shape,
+                names[shape],
+                results[shape],
+                weight[shape],
+                step_ms,
+                taken.get(shape, 0),
+                budgeted=deadline is not None,
+                attempted=deadline is None or slice_end is not None,
+            )
+        )
         if rows[-1]["status"] != "tuned":
             skipped.extend(names[shape])
         progress.layer_done(len(names[shape]), rows[-1]["speedup"], rows[-1])
     for rank, shape in enumerate((s for s in names if s not in results), start=len(ranked) + 1):
-        rows.append({"rank": rank, "layers": len(names[shape]), "names": ", ".join(names[shape]), "shape": shape.text,
-                     "share": math.nan, "default_ms": math.nan, "tuned_ms": math.nan, "speedup": None, "evaluated": 0,
-                     "measured_now": 0, "status": "skipped: budget"})
+        rows.append(
+            {
+                "rank": rank,
+                "layers": len(names[shape]),
+                "names": ", ".join(names[shape]),
+                "shape": shape.text,
+                "share": math.nan,
+                "default_ms": math.nan,
+                "tuned_ms": math.nan,
+                "speedup": None,
+                "evaluated": 0,
+                "measured_now": 0,
+                "status": "skipped: budget",
+            }
+        )
         skipped.extend(names[shape])
         progress.layer_done(len(names[shape]), None, rows[-1])
     seconds = {"profile": profile_s, **seconds, "search": time.perf_counter() - search_started}
@@ -306,11 +373,22 @@ def _disturbed(result: TuneResult) -> list[str]:
     by other work after being timed again (see :func:`~rapydli.autotune.runner.disturbance`)."""
     splits = [result.best_split(lambda c: c.candidate == DEFAULT), result.best_split(lambda c: True)]
     measured = {id(m): m for split in splits if split is not None for m in split.passes.values()}
-    return [f"{m.config.candidate} ({m.disturbed}, timed {m.retimed + 1} times)" for m in measured.values() if m.disturbed]
+    return [
+        f"{m.config.candidate} ({m.disturbed}, timed {m.retimed + 1} times)" for m in measured.values() if m.disturbed
+    ]
 
 
-def _row(rank: int, shape: ConvShape, names: list[str], result: TuneResult, weight: float, step_ms: float,
-         measured_now: int, budgeted: bool, attempted: bool = True) -> dict[str, Any]:
+def _row(
+    rank: int,
+    shape: ConvShape,
+    names: list[str],
+    result: TuneResult,
+    weight: float,
+    step_ms: float,
+    measured_now: int,
+    budgeted: bool,
+    attempted: bool = True,
+) -> dict[str, Any]:
     """The table row of one tuned (or budget-skipped) shape (see :class:`LayerTuning`).
 
     With a budget, a shape is ``"skipped: budget"`` when no generated configuration was evaluated
@@ -324,22 +402,44 @@ def _row(rank: int, shape: ConvShape, names: list[str], result: TuneResult, weig
     default_ms, tuned_ms = _default_ms(result), _tuned_ms(result)
     share, flag = (weight / step_ms if step_ms else 0.0), ""
     if share > 1:  # the layers of this shape timed slower than the whole step they are part of
-        flag = (f"share {share:.2f} > 1 is a measurement artefact: these layers were timed at {weight:.3g} ms, the whole step "
-                f"at {step_ms:.3g} ms ({load_text(machine_load())}); tune on a quieter machine or with fewer threads")
+        flag = (
+            f"share {share:.2f} > 1 is a measurement artefact: these layers were timed at {weight:.3g} ms, the whole step "
+            f"at {step_ms:.3g} ms ({load_text(machine_load())}); tune on a quieter machine or with fewer threads"
+        )
         share = math.nan
     speedup, low, high = _speedup(result)
     disturbed = _disturbed(result)
     if disturbed:  # timed again, and still disturbed by other work: no claim
         speedup = None
-        flag = "; ".join(filter(None, [flag, (f"other work disturbed the timing of {', '.join(disturbed)} "
-                                              f"({load_text(machine_load())}): no speedup is claimed; tune on a quieter "
-                                              "machine or with fewer threads")]))
-    return {"rank": rank, "layers": len(names), "names": ", ".join(names), "shape": shape.text,
-            "share": share, "default_ms": default_ms or math.nan,
-            "tuned_ms": tuned_ms or math.nan, "speedup": speedup, "speedup_low": low, "speedup_high": high,
-            "evaluated": evaluated, "measured_now": measured_now,
-            "status": "skipped: budget" if budgeted and not evaluated and (not attempted or refused) else "tuned",
-            "flag": flag}
+        flag = "; ".join(
+            filter(
+                None,
+                [
+                    flag,
+                    (
+                        f"other work disturbed the timing of {', '.join(disturbed)} "
+                        f"({load_text(machine_load())}): no speedup is claimed; tune on a quieter "
+                        "machine or with fewer threads"
+                    ),
+                ],
+            )
+        )
+    return {
+        "rank": rank,
+        "layers": len(names),
+        "names": ", ".join(names),
+        "shape": shape.text,
+        "share": share,
+        "default_ms": default_ms or math.nan,
+        "tuned_ms": tuned_ms or math.nan,
+        "speedup": speedup,
+        "speedup_low": low,
+        "speedup_high": high,
+        "evaluated": evaluated,
+        "measured_now": measured_now,
+        "status": "skipped: budget" if budgeted and not evaluated and (not attempted or refused) else "tuned",
+        "flag": flag,
+    }
 
 
 def _transfer(shape: ConvShape, results: Mapping[ConvShape, TuneResult], done: Sequence[ConvShape]) -> dict[str, Any]:
@@ -350,9 +450,15 @@ def _transfer(shape: ConvShape, results: Mapping[ConvShape, TuneResult], done: S
     priors = [c for s in similar for c in _winners(results[s])]
     history = []
     for s in similar:
-        library = [m.median for m in results[s].measurements
-                   if m.ok and m.median and registry()[m.config.candidate].kind == "library"]
+        library = [
+            m.median
+            for m in results[s].measurements
+            if m.ok and m.median and registry()[m.config.candidate].kind == "library"
+        ]
         if library:
-            history += [(m.config, m.median / min(library)) for m in results[s].measurements
-                        if m.status in ("ok", "slow") and m.median and registry()[m.config.candidate].kind != "library"]
+            history += [
+                (m.config, m.median / min(library))
+                for m in results[s].measurements
+                if m.status in ("ok", "slow") and m.median and registry()[m.config.candidate].kind != "library"
+            ]
     return {"priors": list(dict.fromkeys(priors)), "history": history}

@@ -99,8 +99,20 @@ class Cache:
             db.execute(
                 "INSERT OR REPLACE INTO measurements (fingerprint, problem, candidate, params, status, median, "
                 "variance, times, error, message, created, passes) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
-                (fingerprint, problem, m.config.candidate, m.config.params_key, m.status, m.median,
-                 m.variance, json.dumps(m.times), m.error, m.message, time.time(), json.dumps(m.passes)),
+                (
+                    fingerprint,
+                    problem,
+                    m.config.candidate,
+                    m.config.params_key,
+                    m.status,
+                    m.median,
+                    m.variance,
+                    json.dumps(m.times),
+                    m.error,
+                    m.message,
+                    time.time(),
+                    json.dumps(m.passes),
+                ),
             )
 
     def records(self, fingerprint: str) -> list[tuple[str, Measurement]]:
@@ -111,7 +123,9 @@ class Cache:
                 "FROM measurements WHERE fingerprint=? ORDER BY problem, candidate, params",
                 (fingerprint,),
             ).fetchall()
-        return [(problem, _measurement(Config.of(cand, json.loads(params)), row)) for problem, cand, params, *row in rows]
+        return [
+            (problem, _measurement(Config.of(cand, json.loads(params)), row)) for problem, cand, params, *row in rows
+        ]
 
     def get_plan(self, key: str) -> str | None:
         """The stored plan (JSON text) under ``key``, or None."""
@@ -137,8 +151,9 @@ class Cache:
 def _measurement(config: Config, row: Sequence[Any]) -> Measurement:
     """A measurement from the ``_COLUMNS`` of one row."""
     status, median, variance, times, error, message, passes = row
-    return Measurement(config, status, median, variance, json.loads(times), error, message, cached=True,
-                       passes=json.loads(passes))
+    return Measurement(
+        config, status, median, variance, json.loads(times), error, message, cached=True, passes=json.loads(passes)
+    )
 
 
 class CachedRunner(Runner):
@@ -164,9 +179,16 @@ class CachedRunner(Runner):
         Called with every measurement taken (not those read from the cache).
     """
 
-    def __init__(self, inner: Runner, cache: Cache, fingerprint: str, chunk: int | None = None,
-                 deadline: float | None = None, on_result: Callable[[Measurement], None] | None = None,
-                 admit: Callable[[Sequence[Config]], bool] | None = None) -> None:
+    def __init__(
+        self,
+        inner: Runner,
+        cache: Cache,
+        fingerprint: str,
+        chunk: int | None = None,
+        deadline: float | None = None,
+        on_result: Callable[[Measurement], None] | None = None,
+        admit: Callable[[Sequence[Config]], bool] | None = None,
+    ) -> None:
         self.inner = inner
         self.cache = cache
         self.fingerprint = fingerprint
@@ -181,7 +203,7 @@ class CachedRunner(Runner):
         todo = [c for c in configs if found[c] is None]
         size = self.chunk or max(1, len(todo))
         for start in range(0, len(todo), size):
-            part = todo[start:start + size]
+            part = todo[start : start + size]
             if self.deadline is not None and time.monotonic() >= self.deadline:
                 break
             if self.admit is not None and not self.admit(part):
@@ -192,5 +214,6 @@ class CachedRunner(Runner):
                 found[m.config] = m
                 if self.on_result is not None:
                     self.on_result(m)
-        return [found[c] or Measurement(c, "missing", message="not measured: the tuning budget was spent")
-                for c in configs]
+        return [
+            found[c] or Measurement(c, "missing", message="not measured: the tuning budget was spent") for c in configs
+        ]

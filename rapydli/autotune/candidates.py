@@ -36,16 +36,17 @@ MEMORY_FORMAT = {"nchw": torch.contiguous_format, "nhwc": torch.channels_last}
 PASSES = ("forward", "data_grad", "weight_grad")
 
 
-def library_backward(shape: ConvShape, x: torch.Tensor, w: torch.Tensor, gy: torch.Tensor, mask: list[bool],
-                     pad: int | None = None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+def library_backward(
+    shape: ConvShape, x: torch.Tensor, w: torch.Tensor, gy: torch.Tensor, mask: list[bool], pad: int | None = None
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """The gradients ``mask`` asks for (input, weight) from the library's convolution backward (one call for both).
 
     ``pad`` overrides ``shape.pad`` (a candidate that pads the input itself passes 0).
     """
     p = shape.pad if pad is None else pad
     gx, gw, _ = torch.ops.aten.convolution_backward(
-        gy, x, w, None, [shape.stride] * 2, [p] * 2, [shape.dilation] * 2, False, [0, 0], shape.groups,
-        [*mask, False])
+        gy, x, w, None, [shape.stride] * 2, [p] * 2, [shape.dilation] * 2, False, [0, 0], shape.groups, [*mask, False]
+    )
     return gx, gw
 
 
@@ -156,8 +157,9 @@ class _TorchInstance(Instance):
         s = self.shape
         return F.conv2d(self.to_layout(x), self.to_layout(w), None, s.stride, s.pad, s.dilation, s.groups)
 
-    def _backward(self, x: torch.Tensor, w: torch.Tensor, gy: torch.Tensor,
-                  mask: list[bool]) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    def _backward(
+        self, x: torch.Tensor, w: torch.Tensor, gy: torch.Tensor, mask: list[bool]
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         return library_backward(self.shape, self.to_layout(x), self.to_layout(w), self.to_layout(gy), mask)
 
     def data_grad(self, x: torch.Tensor, w: torch.Tensor, gy: torch.Tensor) -> torch.Tensor:
@@ -233,8 +235,14 @@ class _Im2colInstance(Instance):
         s = self.shape
         n, _, h, wd = x.shape
         gcols = self._w(w).transpose(1, 2) @ gy.reshape(n, s.groups, s.k // s.groups, -1)
-        return F.fold(gcols.reshape(n, -1, gcols.shape[-1]), (h, wd), (s.r, s.s), dilation=s.dilation,
-                      padding=s.pad, stride=s.stride)
+        return F.fold(
+            gcols.reshape(n, -1, gcols.shape[-1]),
+            (h, wd),
+            (s.r, s.s),
+            dilation=s.dilation,
+            padding=s.pad,
+            stride=s.stride,
+        )
 
     def weight_grad(self, x: torch.Tensor, w: torch.Tensor, gy: torch.Tensor) -> torch.Tensor:
         s = self.shape
@@ -259,7 +267,7 @@ class _Gemm1x1Instance(Instance):
     native_autograd = True  # slicing, permutes and mm are differentiable
 
     def _pixels(self, x: torch.Tensor) -> torch.Tensor:
-        s = self.to_layout(x)[:, :, ::self.shape.stride, ::self.shape.stride]
+        s = self.to_layout(x)[:, :, :: self.shape.stride, :: self.shape.stride]
         return s.permute(0, 2, 3, 1).reshape(-1, s.shape[1])  # a view when the stride is 1
 
     def _out(self, gy: torch.Tensor) -> torch.Tensor:
@@ -276,8 +284,10 @@ class _Gemm1x1Instance(Instance):
         g = (self._out(gy) @ w.reshape(w.shape[0], -1)).view(n, *gy.shape[2:], c).permute(0, 3, 1, 2)
         if self.shape.stride == 1:
             return g
-        gx = torch.zeros((n, c, h, wd), dtype=g.dtype).contiguous(memory_format=torch.channels_last)  # zeros() takes no memory_format
-        gx[:, :, ::self.shape.stride, ::self.shape.stride] = g
+        gx = torch.zeros((n, c, h, wd), dtype=g.dtype).contiguous(
+            memory_format=torch.channels_last
+        )  # zeros() takes no memory_format
+        gx[:, :, :: self.shape.stride, :: self.shape.stride] = g
         return gx
 
     def weight_grad(self, x: torch.Tensor, w: torch.Tensor, gy: torch.Tensor) -> torch.Tensor:
@@ -338,8 +348,10 @@ class _CroppedInstance(Instance):
         super().__init__(shape, params)
         self.layout = "nhwc" if int(params.get("layout", 0)) == 1 else "nchw"
         s, d = shape, shape.dilation
-        (self.r0, self.r1), (self.s0, self.s1) = (used_taps(s.h, s.r, s.stride, s.pad, d),
-                                                  used_taps(s.w, s.s, s.stride, s.pad, d))
+        (self.r0, self.r1), (self.s0, self.s1) = (
+            used_taps(s.h, s.r, s.stride, s.pad, d),
+            used_taps(s.w, s.s, s.stride, s.pad, d),
+        )
         oh, ow = s.out_hw
         top, left = s.pad - self.r0 * d, s.pad - self.s0 * d
         bottom = (oh - 1) * s.stride + d * (self.r1 - self.r0) + 1 - s.h - top
@@ -347,7 +359,7 @@ class _CroppedInstance(Instance):
         self.pads = (left, right, top, bottom)  # F.pad order; a negative one crops
 
     def _crop(self, w: torch.Tensor) -> torch.Tensor:
-        return self.to_layout(w[:, :, self.r0:self.r1 + 1, self.s0:self.s1 + 1])
+        return self.to_layout(w[:, :, self.r0 : self.r1 + 1, self.s0 : self.s1 + 1])
 
     def _fits(self, x: torch.Tensor) -> bool:
         return tuple(x.shape[2:]) == (self.shape.h, self.shape.w)  # the cut depends on the input's size
@@ -358,18 +370,20 @@ class _CroppedInstance(Instance):
             return F.conv2d(self.to_layout(x), self.to_layout(w), None, s.stride, s.pad, s.dilation, s.groups)
         return F.conv2d(self.to_layout(F.pad(x, self.pads)), self._crop(w), None, s.stride, 0, s.dilation, s.groups)
 
-    def _backward(self, x: torch.Tensor, w: torch.Tensor, gy: torch.Tensor,
-                  mask: list[bool]) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    def _backward(
+        self, x: torch.Tensor, w: torch.Tensor, gy: torch.Tensor, mask: list[bool]
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         s = self.shape
         if not self._fits(x):
             return library_backward(s, self.to_layout(x), self.to_layout(w), self.to_layout(gy), mask)
-        gx, gw = library_backward(s, self.to_layout(F.pad(x, self.pads)), self._crop(w), self.to_layout(gy), mask,
-                                  pad=0)
+        gx, gw = library_backward(
+            s, self.to_layout(F.pad(x, self.pads)), self._crop(w), self.to_layout(gy), mask, pad=0
+        )
         if gx is not None:
             gx = self.to_layout(F.pad(gx, tuple(-p for p in self.pads)))
         if gw is not None:
             full = torch.zeros_like(w, dtype=gw.dtype, memory_format=MEMORY_FORMAT[self.layout])
-            full[:, :, self.r0:self.r1 + 1, self.s0:self.s1 + 1] = gw
+            full[:, :, self.r0 : self.r1 + 1, self.s0 : self.s1 + 1] = gw
             gw = full
         return gx, gw
 

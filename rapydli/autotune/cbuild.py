@@ -35,7 +35,9 @@ def kernels_dir() -> Path:
     repo = Path(__file__).resolve().parents[2] / "kernels"
     if repo.is_dir():
         return repo
-    raise ConfigError("kernel templates not found: neither package data 'rapydli.kernels' nor the repo's kernels/ exists")
+    raise ConfigError(
+        "kernel templates not found: neither package data 'rapydli.kernels' nor the repo's kernels/ exists"
+    )
 
 
 def template_path(name: str) -> Path:

@@ -54,8 +54,9 @@ def _whole_plan(plan: Plan, results: Mapping[ConvShape, TuneResult]) -> Plan:
     for name, choice in plan.layers.items():
         m = results[choice.shape].best_of(in_layout(choice.layout))
         assert m is not None and m.median is not None  # the plan chose this layout from a timed measurement
-        layers[name] = LayerChoice(choice.shape, m.config.candidate, m.config.params, choice.layout, m.median * 1e3,
-                                   choice.default_ms)
+        layers[name] = LayerChoice(
+            choice.shape, m.config.candidate, m.config.params, choice.layout, m.median * 1e3, choice.default_ms
+        )
     return Plan(layers, plan.mode, plan.fingerprint, dict(plan.estimates_ms))
 
 
@@ -90,8 +91,9 @@ def _one_step(model: nn.Module, x: torch.Tensor, mode: str) -> float:
     return time.perf_counter() - start
 
 
-def step_rounds(models: Mapping[str, nn.Module], x: torch.Tensor, mode: str, reps: int = 3,
-                deadline: float | None = None) -> dict[str, list[float]]:
+def step_rounds(
+    models: Mapping[str, nn.Module], x: torch.Tensor, mode: str, reps: int = 3, deadline: float | None = None
+) -> dict[str, list[float]]:
     """Ms of one forward (+ backward in train mode) of each model in each of ``reps`` interleaved rounds.
 
     Interleaving (A, B, C, A, B, C, ...) after two warm-up rounds keeps a drifting machine load
@@ -114,8 +116,9 @@ def step_rounds(models: Mapping[str, nn.Module], x: torch.Tensor, mode: str, rep
     return times
 
 
-def compare_steps(models: Mapping[str, nn.Module], x: torch.Tensor, mode: str, reps: int = 3,
-                  deadline: float | None = None) -> dict[str, float]:
+def compare_steps(
+    models: Mapping[str, nn.Module], x: torch.Tensor, mode: str, reps: int = 3, deadline: float | None = None
+) -> dict[str, float]:
     """Fastest ms of one forward (+ backward in train mode) of each model over interleaved rounds
     (:func:`step_rounds`): the least disturbed step on a shared machine."""
     return {name: min(t) for name, t in step_rounds(models, x, mode, reps, deadline).items()}
@@ -126,8 +129,15 @@ def model_step_ms(model: nn.Module, x: torch.Tensor, mode: str, reps: int = 3, d
     return compare_steps({"model": model}, x, mode, reps, deadline)["model"]
 
 
-def verified(model: nn.Module, x: torch.Tensor, plan: Plan, results: Mapping[ConvShape, TuneResult],
-             reps: int = CHECK_REPS, deadline: float | None = None, step_ms: float | None = None) -> Plan:
+def verified(
+    model: nn.Module,
+    x: torch.Tensor,
+    plan: Plan,
+    results: Mapping[ConvShape, TuneResult],
+    reps: int = CHECK_REPS,
+    deadline: float | None = None,
+    step_ms: float | None = None,
+) -> Plan:
     """Time whole-model steps of the per-layer plan and of the all-NCHW / all-channels-last library plans; keep the fastest.
 
     Per-layer times and conversion estimates miss what happens between convolutions
@@ -172,7 +182,12 @@ def verified(model: nn.Module, x: torch.Tensor, plan: Plan, results: Mapping[Con
     best = options[chosen]
     # the library default's step over the chosen plan's, round by round: the speedup's interval
     ratio = paired(rounds[twins["library_nchw"]], rounds[twins[chosen]])
-    best.estimates_ms = {**plan.estimates_ms, **{f"measured_{k}": v for k, v in measured.items()},
-                         "speedup_low": ratio.low, "speedup_high": ratio.high, "speedup_rounds": float(ratio.n)}
+    best.estimates_ms = {
+        **plan.estimates_ms,
+        **{f"measured_{k}": v for k, v in measured.items()},
+        "speedup_low": ratio.low,
+        "speedup_high": ratio.high,
+        "speedup_rounds": float(ratio.n),
+    }
     best.chosen = chosen
     return best

@@ -38,7 +38,16 @@ from rapydli.autotune.runner import (
 from rapydli.autotune.search import Config, Problem, SearchSpace
 from rapydli.errors import ConfigError, RapydliError, RapydliWarning
 
-__all__ = ["BudgetSpent", "ConvShape", "Split", "TuneResult", "build_space", "cache_fingerprint", "pick_best", "tune_conv2d"]
+__all__ = [
+    "BudgetSpent",
+    "ConvShape",
+    "Split",
+    "TuneResult",
+    "build_space",
+    "cache_fingerprint",
+    "pick_best",
+    "tune_conv2d",
+]
 
 
 class BudgetSpent(RapydliError):
@@ -93,8 +102,10 @@ class TuneResult:
         other = _timed_span(runner_up)
         if span[1] < other[0]:
             return f"best: {text}, faster in every timed run than the runner-up {runner_up.config} ({_ms(other[0])} to {_ms(other[1])})"
-        return (f"fastest median: {text}; its timed runs overlap the runner-up {runner_up.config}'s "
-                f"({_ms(other[0])} to {_ms(other[1])}): no difference measurable between them on this machine")
+        return (
+            f"fastest median: {text}; its timed runs overlap the runner-up {runner_up.config}'s "
+            f"({_ms(other[0])} to {_ms(other[1])}): no difference measurable between them on this machine"
+        )
 
     def best_of(self, predicate: Callable[[Config], bool]) -> Measurement | None:
         """The fastest valid measurement whose config satisfies ``predicate``."""
@@ -145,9 +156,13 @@ def pick_best(measurements: Sequence[Measurement]) -> Measurement | None:
     return min(valid, key=lambda t: (t[0], t[1]))[2] if valid else None
 
 
-def build_space(problem: Problem, device: DeviceInfo, candidates: Sequence[str] | None = None,
-                preset: str = "default",
-                constraints: Mapping[str, Sequence[Callable[..., bool]]] | None = None) -> SearchSpace:
+def build_space(
+    problem: Problem,
+    device: DeviceInfo,
+    candidates: Sequence[str] | None = None,
+    preset: str = "default",
+    constraints: Mapping[str, Sequence[Callable[..., bool]]] | None = None,
+) -> SearchSpace:
     """Every candidate's pruned configurations for ``problem`` on ``device``.
 
     Candidates that cannot run (no compiler, wrong device, a shape they do not compute, no
@@ -276,8 +291,9 @@ def tune_conv2d(
     counted: Runner = runner
     if cache is not False:
         chunk = 1 if isinstance(runner, SequentialRunner) else 4
-        counted = CachedRunner(runner, Cache() if cache is True else cache, cache_fingerprint(info), chunk, deadline,
-                               on_result, admit)
+        counted = CachedRunner(
+            runner, Cache() if cache is True else cache, cache_fingerprint(info), chunk, deadline, on_result, admit
+        )
     elif deadline is not None or on_result is not None or admit is not None:
         raise ConfigError("deadline, admit and on_result need the cache (cache=True or a Cache), not cache=False")
     measurements = strategies.get(strategy)(space, counted, options)
@@ -285,8 +301,18 @@ def tune_conv2d(
     if best is None and all(m.status == "missing" for m in measurements):
         raise BudgetSpent(f"nothing was measured for {shape}: the tuning budget was spent before its first candidate")
     if best is None:
-        raise RapydliError(f"no candidate produced a valid result for {shape}: "
-                           + "; ".join(f"{m.config}: {m.status} {m.message[:200]}" for m in measurements))
+        raise RapydliError(
+            f"no candidate produced a valid result for {shape}: "
+            + "; ".join(f"{m.config}: {m.status} {m.message[:200]}" for m in measurements)
+        )
     measured = counted.measured if isinstance(counted, CachedRunner) else len(measurements)
-    return TuneResult(problem, best, table(problem, measurements, info), measurements, space, info,
-                      measured=measured, seconds=time.perf_counter() - started)
+    return TuneResult(
+        problem,
+        best,
+        table(problem, measurements, info),
+        measurements,
+        space,
+        info,
+        measured=measured,
+        seconds=time.perf_counter() - started,
+    )

@@ -53,13 +53,30 @@ class _CInstance(Instance):
     def _dims(self, x: torch.Tensor) -> tuple[int, ...]:
         s = self.shape
         n, c, h, w = x.shape
-        return (n, c, h, w, s.k, s.r, s.s, s.stride, s.stride, s.pad, s.pad, s.groups, s.dilation, s.dilation,
-                torch.get_num_threads())
+        return (
+            n,
+            c,
+            h,
+            w,
+            s.k,
+            s.r,
+            s.s,
+            s.stride,
+            s.stride,
+            s.pad,
+            s.pad,
+            s.groups,
+            s.dilation,
+            s.dilation,
+            torch.get_num_threads(),
+        )
 
     def _run(self, fn: Any, *args: Any) -> None:
         if fn(*args):
-            raise ConfigError(f"c_direct({self.layout}) does not compute groups={self.shape.groups} "
-                              "(its NHWC kernels take groups=1 only)")
+            raise ConfigError(
+                f"c_direct({self.layout}) does not compute groups={self.shape.groups} "
+                "(its NHWC kernels take groups=1 only)"
+            )
 
     def _check(self, *tensors: torch.Tensor) -> None:
         for t in tensors:
@@ -127,8 +144,10 @@ class CDirect(Candidate):
         space.hard(lambda vec: vec <= max(4, lanes), f"vector lanes <= {lanes} ({device.isa})")
         # the forward holds kb x wb accumulators and wb (packed, Winograd: kb) operands; the weight
         # gradient kb x wb accumulators and wb operands
-        space.hard(lambda kb, wb, pack, algo: kb * wb + (max(kb, wb) if pack or algo else wb) + 1 <= regs,
-                   f"accumulators + operands <= {regs} vector registers")
+        space.hard(
+            lambda kb, wb, pack, algo: kb * wb + (max(kb, wb) if pack or algo else wb) + 1 <= regs,
+            f"accumulators + operands <= {regs} vector registers",
+        )
         # soft: Winograd F(2x2,3x3) is an NHWC forward of 3x3 stride-1 layers
         space.soft(lambda layout, algo: not algo or layout == 1, "Winograd (algo 1) is NHWC only")
         winograd = (shape.r, shape.s, shape.stride, shape.dilation) == (3, 3, 1, 1)
@@ -143,14 +162,17 @@ class CDirect(Candidate):
         space.soft(lambda layout, pack: layout == 1 or pack == first["pack"], "NCHW ignores pack")
         space.soft(lambda pack, cb: not pack or cb == first["cb"], "the packed forward ignores cb")
         pinned = (first["cb"], first["order"], first["pack"])
-        space.soft(lambda algo, cb, order, pack: not algo or (cb, order, pack) == pinned,
-                   "Winograd ignores cb, order and pack")
+        space.soft(
+            lambda algo, cb, order, pack: not algo or (cb, order, pack) == pinned, "Winograd ignores cb, order and pack"
+        )
         space.soft(lambda algo, tb: algo or tb == first["tb"], "the direct forward ignores tb")
         # soft: no block much wider than the problem (packed: kb counts vectors of vec output channels; the
         # Winograd forward too, but its weight gradient counts kernels, and a split plan takes each pass from
         # its own configuration, so Winograd is bounded as the direct kernels are)
         space.soft(lambda kb, pack, vec: kb <= max(first["kb"], -(-shape.k // vec) if pack else shape.k), "kb <= K")
-        space.soft(lambda kb: kb <= max(first["kb"], shape.k // shape.groups), "kb <= K / groups (a block is one group)")
+        space.soft(
+            lambda kb: kb <= max(first["kb"], shape.k // shape.groups), "kb <= K / groups (a block is one group)"
+        )
         ow = shape.out_hw[1]
         space.soft(lambda algo, wb: algo or wb <= max(first["wb"], ow), "wb <= OW")
         tiles = shape.n * -(-shape.out_hw[0] // 2) * -(-ow // 2)
@@ -159,8 +181,10 @@ class CDirect(Candidate):
         space.soft(lambda algo, tb: not algo or tb <= smallest_tb, "Winograd: tb <= the smallest block of all tiles")
         smallest_cb = min((cb for cb in table[preset]["cb"] if cb >= shape.c), default=max(table[preset]["cb"]))
         space.soft(lambda cb: cb <= smallest_cb, "cb <= the smallest block covering C")
-        space.soft(lambda vec, pack, algo: vec <= max(first["vec"], shape.k if pack or algo else shape.c),
-                   "vec <= C (packed, Winograd: K)")
+        space.soft(
+            lambda vec, pack, algo: vec <= max(first["vec"], shape.k if pack or algo else shape.c),
+            "vec <= C (packed, Winograd: K)",
+        )
         return space
 
     def instance(self, shape: ConvShape, params: Mapping[str, Any]) -> Instance:

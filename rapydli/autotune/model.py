@@ -153,7 +153,9 @@ class TunedConv2d(nn.Conv2d):
         return self._inst
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.generated and (x.dtype != torch.float32 or x.device.type not in self.devices or self.weight.dtype != torch.float32):
+        if self.generated and (
+            x.dtype != torch.float32 or x.device.type not in self.devices or self.weight.dtype != torch.float32
+        ):
             return self._conv_forward(x, self.weight, self.bias)
         y = conv_apply(self.instance(), x, self.weight)
         if self.bias is not None:
@@ -176,15 +178,30 @@ def conv_shape_of(conv: nn.Conv2d, x_shape: torch.Size) -> ConvShape | None:
     rows and columns, a padding mode other than zeros and a non-4-D input are not.
     """
     padding = conv.padding
-    square = (conv.stride[0] == conv.stride[1] and isinstance(padding, tuple) and padding[0] == padding[1]
-              and conv.dilation[0] == conv.dilation[1])
+    square = (
+        conv.stride[0] == conv.stride[1]
+        and isinstance(padding, tuple)
+        and padding[0] == padding[1]
+        and conv.dilation[0] == conv.dilation[1]
+    )
     if not square or conv.padding_mode != "zeros" or len(x_shape) != 4:
         return None
     assert isinstance(padding, tuple)  # checked in square
     n, c, h, w = (int(v) for v in x_shape)
     r, s = conv.kernel_size
-    return ConvShape(n, c, h, w, conv.out_channels, r, s, stride=conv.stride[0], pad=padding[0], groups=conv.groups,
-                     dilation=conv.dilation[0])
+    return ConvShape(
+        n,
+        c,
+        h,
+        w,
+        conv.out_channels,
+        r,
+        s,
+        stride=conv.stride[0],
+        pad=padding[0],
+        groups=conv.groups,
+        dilation=conv.dilation[0],
+    )
 
 
 def conv_layers(model: nn.Module, example_input: torch.Tensor) -> list[tuple[str, nn.Conv2d, ConvShape | None]]:
@@ -196,7 +213,8 @@ def conv_layers(model: nn.Module, example_input: torch.Tensor) -> list[tuple[str
     seen: list[tuple[str, torch.Size]] = []
     handles = [
         m.register_forward_pre_hook(lambda mod, args, name=name: seen.append((name, args[0].shape)))
-        for name, m in probe.named_modules() if isinstance(m, nn.Conv2d)
+        for name, m in probe.named_modules()
+        if isinstance(m, nn.Conv2d)
     ]
     try:
         with torch.no_grad():
@@ -232,8 +250,9 @@ def in_layout(layout: str) -> Callable[[Config], bool]:
     return lambda config: layout_of(config) == layout
 
 
-def _choose_layouts(layers: list[tuple[str, ConvShape]], results: Mapping[ConvShape, TuneResult], mode: str,
-                    input_layout: str) -> tuple[dict[str, str], dict[str, float]]:
+def _choose_layouts(
+    layers: list[tuple[str, ConvShape]], results: Mapping[ConvShape, TuneResult], mode: str, input_layout: str
+) -> tuple[dict[str, str], dict[str, float]]:
     """Per-layer layout minimising conv time + conversions between consecutive convolutions (Viterbi)."""
     best_ms = {}
     for shape, result in results.items():
@@ -259,15 +278,25 @@ def _choose_layouts(layers: list[tuple[str, ConvShape]], results: Mapping[ConvSh
     chosen.reverse()
     estimates = {
         "planned": min(cost.values()),
-        **{f"all_{lay}": sum(best_ms[(s, lay)] for _, s in layers)
-           + (0.0 if lay == input_layout or not layers else convert[layers[0][1]]) for lay in LAYOUTS},
+        **{
+            f"all_{lay}": sum(best_ms[(s, lay)] for _, s in layers)
+            + (0.0 if lay == input_layout or not layers else convert[layers[0][1]])
+            for lay in LAYOUTS
+        },
     }
     return {name: lay for (name, _), lay in zip(layers, chosen)}, estimates
 
 
-def plan_for(model: nn.Module, example_input: torch.Tensor, mode: str = "train", engines: Any = None,
-             verify: bool = True, budget_s: float | None = None, progress: bool = False,
-             **tune_options: Any) -> Plan:
+def plan_for(
+    model: nn.Module,
+    example_input: torch.Tensor,
+    mode: str = "train",
+    engines: Any = None,
+    verify: bool = True,
+    budget_s: float | None = None,
+    progress: bool = False,
+    **tune_options: Any,
+) -> Plan:
     """Tune every unique convolution of ``model`` and plan each layer's candidate and layout.
 
     Parameters
@@ -303,9 +332,17 @@ def plan_for(model: nn.Module, example_input: torch.Tensor, mode: str = "train",
     return _plan(model, example_input, mode, engines, verify, budget_s, progress, **tune_options)[0]
 
 
-def _plan(model: nn.Module, example_input: torch.Tensor, mode: str, engines: Any, verify: bool,
-          budget_s: float | None = None, progress: bool = False, on_layer: Any = None,
-          **tune_options: Any) -> tuple[Plan, Any]:
+def _plan(
+    model: nn.Module,
+    example_input: torch.Tensor,
+    mode: str,
+    engines: Any,
+    verify: bool,
+    budget_s: float | None = None,
+    progress: bool = False,
+    on_layer: Any = None,
+    **tune_options: Any,
+) -> tuple[Plan, Any]:
     """The plan and what was measured for it (a :class:`~rapydli.autotune.budget.LayerTuning`, None from a stored plan)."""
     from rapydli.autotune import plans
     from rapydli.autotune.budget import tune_layers
@@ -334,8 +371,13 @@ def _plan(model: nn.Module, example_input: torch.Tensor, mode: str, engines: Any
         tuning = tune_layers(model, example_input, found, mode, engines, budget_s, started, bar, **tune_options)
         results = tuning.results
         found = [(name, shape) for name, shape in found if shape in results]  # the rest stay as they are
-        input_layout = "nhwc" if example_input.dim() == 4 and example_input.is_contiguous(
-            memory_format=torch.channels_last) and not example_input.is_contiguous() else "nchw"
+        input_layout = (
+            "nhwc"
+            if example_input.dim() == 4
+            and example_input.is_contiguous(memory_format=torch.channels_last)
+            and not example_input.is_contiguous()
+            else "nchw"
+        )
         layouts, estimates = _choose_layouts(found, results, mode, input_layout)
         layers: dict[str, LayerChoice] = {}
         default_total = 0.0
@@ -347,8 +389,15 @@ def _plan(model: nn.Module, example_input: torch.Tensor, mode: str, engines: Any
             default_ms = default.seconds * 1e3 if default is not None else None
             default_total += default_ms or 0.0
             forward = split.config("forward")
-            layers[name] = LayerChoice(shape, forward.candidate, forward.params, layouts[name], split.seconds * 1e3,
-                                       default_ms, *(_other(split.config(p), forward) for p in PASSES[1:]))
+            layers[name] = LayerChoice(
+                shape,
+                forward.candidate,
+                forward.params,
+                layouts[name],
+                split.seconds * 1e3,
+                default_ms,
+                *(_other(split.config(p), forward) for p in PASSES[1:]),
+            )
         estimates["default"] = default_total
         fingerprint = next(iter(results.values())).device.fingerprint() if results else ""
         plan = Plan(layers, mode, fingerprint, estimates)
@@ -356,8 +405,14 @@ def _plan(model: nn.Module, example_input: torch.Tensor, mode: str, engines: Any
         if verify and not is_library_default(plan):  # the library default is the untuned model: nothing to check
             bar.describe("autotune: whole-model check")
             checked = time.perf_counter()
-            plan = verified(model, example_input, plan, results,
-                            deadline=None if budget_s is None else started + budget_s, step_ms=tuning.step_ms)
+            plan = verified(
+                model,
+                example_input,
+                plan,
+                results,
+                deadline=None if budget_s is None else started + budget_s,
+                step_ms=tuning.step_ms,
+            )
             tuning.seconds["check"] = time.perf_counter() - checked
     finally:
         bar.close()
@@ -404,11 +459,18 @@ def report_table(plan: Plan) -> pd.DataFrame:
     """One row per planned layer: shape, choice, layout, time and speedup over F.conv2d NCHW."""
     rows = []
     for name, c in plan.layers.items():
-        rows.append({
-            "layer": name, "shape": c.shape.text, "candidate": c.candidate,
-            "config": str(c), "layout": c.layout, "time_ms": c.time_ms,
-            "default_ms": c.default_ms, "speedup": (c.default_ms / c.time_ms) if c.default_ms else None,
-        })
+        rows.append(
+            {
+                "layer": name,
+                "shape": c.shape.text,
+                "candidate": c.candidate,
+                "config": str(c),
+                "layout": c.layout,
+                "time_ms": c.time_ms,
+                "default_ms": c.default_ms,
+                "speedup": (c.default_ms / c.time_ms) if c.default_ms else None,
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -464,8 +526,14 @@ def _rounds_text(low: float, high: float, rounds: float) -> str:
     return "one timed round" if rounds < 2 else f"the rounds span {low:.2f}x to {high:.2f}x"
 
 
-def _summary(plan: Plan, seconds: float, budget_s: float | None, skipped: list[str], from_cache: bool,
-             step_ms: float | None = None) -> str:
+def _summary(
+    plan: Plan,
+    seconds: float,
+    budget_s: float | None,
+    skipped: list[str],
+    from_cache: bool,
+    step_ms: float | None = None,
+) -> str:
     """The one line a tuning ends with."""
     spent = f"{seconds:.1f} s" + (f" of a {budget_s:g} s budget" if budget_s is not None else "")
     if from_cache:
@@ -475,11 +543,15 @@ def _summary(plan: Plan, seconds: float, budget_s: float | None, skipped: list[s
     base, chosen = measured.get("measured_library_nchw"), measured.get(f"measured_{plan.chosen}")
     if skipped and len(set(skipped)) >= len(plan.layers):  # nothing was tried: no finding either way
         step = f"the untuned step took {step_ms:.0f} ms, " if step_ms else ""
-        return (f"autotune: the budget left no time to tune any layer ({step}{load_text(machine_load())}; a larger "
-                f"budget_s or a quieter machine); the model keeps the library default ({spent})")
+        return (
+            f"autotune: the budget left no time to tune any layer ({step}{load_text(machine_load())}; a larger "
+            f"budget_s or a quieter machine); the model keeps the library default ({spent})"
+        )
     if is_library_default(plan):
-        return f"autotune: nothing faster than the library default (F.conv2d, NCHW) was found; " \
-               f"the model keeps it ({spent}{budget})"
+        return (
+            f"autotune: nothing faster than the library default (F.conv2d, NCHW) was found; "
+            f"the model keeps it ({spent}{budget})"
+        )
     if base and chosen:
         low, high, rounds = (measured.get(k, math.nan) for k in ("speedup_low", "speedup_high", "speedup_rounds"))
         if plan.chosen == "library_nchw" or math.isnan(low):
@@ -487,16 +559,25 @@ def _summary(plan: Plan, seconds: float, budget_s: float | None, skipped: list[s
         elif low > 1 and rounds >= 2:
             interval = f", rounds {low:.2f} to {high:.2f}"
         else:  # the rounds do not show the chosen plan faster: say so, not a speedup
-            return (f"autotune: step {base:.1f} -> {chosen:.1f} ms with {plan.chosen}, not shown faster than the "
-                    f"library default ({_rounds_text(low, high, rounds)}: the machine was too noisy or the "
-                    f"difference too small; {load_text(machine_load())}) ({spent}{budget})")
+            return (
+                f"autotune: step {base:.1f} -> {chosen:.1f} ms with {plan.chosen}, not shown faster than the "
+                f"library default ({_rounds_text(low, high, rounds)}: the machine was too noisy or the "
+                f"difference too small; {load_text(machine_load())}) ({spent}{budget})"
+            )
         return f"autotune: step {base:.1f} -> {chosen:.1f} ms ({base / chosen:.2f}x{interval}, {plan.chosen}) ({spent}{budget})"
     return f"autotune: planned ({plan.chosen}), not verified ({spent}{budget})"
 
 
-def autotune_model(model: nn.Module, example_input: torch.Tensor, mode: str = "train", engines: Any = None,
-                   verify: bool = True, budget_s: float | None = None, progress: bool = True,
-                   **tune_options: Any) -> tuple[nn.Module, AutotuneReport]:
+def autotune_model(
+    model: nn.Module,
+    example_input: torch.Tensor,
+    mode: str = "train",
+    engines: Any = None,
+    verify: bool = True,
+    budget_s: float | None = None,
+    progress: bool = True,
+    **tune_options: Any,
+) -> tuple[nn.Module, AutotuneReport]:
     """Tune ``model``'s convolutions and return a tuned copy with a report.
 
     Parameters
@@ -531,9 +612,18 @@ def autotune_model(model: nn.Module, example_input: torch.Tensor, mode: str = "t
     summary = _summary(plan, seconds, budget_s, skipped, tuning is None, tuning.step_ms if tuning is not None else None)
     if progress:
         print(summary)
-    return tuned, AutotuneReport(plan, report_table(plan), dict(plan.estimates_ms),
-                                 tuning.results if tuning is not None else {}, seconds,
-                                 pd.DataFrame(tuning.rows) if tuning is not None else pd.DataFrame(),
-                                 time_s, skipped, budget_s, tuning is None,
-                                 tuning.measured if tuning is not None else 0, summary,
-                                 tuning.step_ms if tuning is not None else None)
+    return tuned, AutotuneReport(
+        plan,
+        report_table(plan),
+        dict(plan.estimates_ms),
+        tuning.results if tuning is not None else {},
+        seconds,
+        pd.DataFrame(tuning.rows) if tuning is not None else pd.DataFrame(),
+        time_s,
+        skipped,
+        budget_s,
+        tuning is None,
+        tuning.measured if tuning is not None else 0,
+        summary,
+        tuning.step_ms if tuning is not None else None,
+    )

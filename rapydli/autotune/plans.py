@@ -28,20 +28,48 @@ FORMAT = 2  # 2: shapes carry groups and dilation
 
 def model_signature(model: nn.Module) -> list[Any]:
     """The model's class, its text form and every convolution's name and hyperparameters (no forward pass)."""
-    convs = [[name, type(m).__name__, m.in_channels, m.out_channels, list(m.kernel_size), list(m.stride),
-              str(m.padding), list(m.dilation), m.groups, m.bias is not None, m.padding_mode]
-             for name, m in model.named_modules() if isinstance(m, nn.Conv2d)]
+    convs = [
+        [
+            name,
+            type(m).__name__,
+            m.in_channels,
+            m.out_channels,
+            list(m.kernel_size),
+            list(m.stride),
+            str(m.padding),
+            list(m.dilation),
+            m.groups,
+            m.bias is not None,
+            m.padding_mode,
+        ]
+        for name, m in model.named_modules()
+        if isinstance(m, nn.Conv2d)
+    ]
     text = hashlib.sha256(repr(model).encode()).hexdigest()
     return [type(model).__module__, type(model).__qualname__, text, convs]
 
 
-def plan_key(fingerprint: str, model: nn.Module, example_input: torch.Tensor, mode: str,
-             verify: bool, budget_s: float | None, options: Mapping[str, Any]) -> str:
+def plan_key(
+    fingerprint: str,
+    model: nn.Module,
+    example_input: torch.Tensor,
+    mode: str,
+    verify: bool,
+    budget_s: float | None,
+    options: Mapping[str, Any],
+) -> str:
     """A stable key of one tuning's question (see the module docstring); computed without running the model."""
-    channels_last = example_input.dim() == 4 and example_input.is_contiguous(memory_format=torch.channels_last) \
+    channels_last = (
+        example_input.dim() == 4
+        and example_input.is_contiguous(memory_format=torch.channels_last)
         and not example_input.is_contiguous()
+    )
     payload = {
-        "format": FORMAT, "fingerprint": fingerprint, "mode": mode, "verify": verify, "budget_s": budget_s,
+        "format": FORMAT,
+        "fingerprint": fingerprint,
+        "mode": mode,
+        "verify": verify,
+        "budget_s": budget_s,
         "input": [list(example_input.shape), str(example_input.dtype), channels_last],
         "model": model_signature(model),
         "options": {k: repr(v) for k, v in sorted(options.items()) if k != "cache"},
@@ -61,19 +89,42 @@ def plan_to_json(plan: Plan) -> str:
     """``plan`` as JSON text (see :func:`plan_from_json`)."""
     layers = {}
     for name, c in plan.layers.items():
-        layers[name] = {"shape": asdict(c.shape), "candidate": c.candidate, "params": [list(p) for p in c.params],
-                        "layout": c.layout, "time_ms": c.time_ms, "default_ms": c.default_ms,
-                        "data_grad": _config_data(c.data_grad), "weight_grad": _config_data(c.weight_grad)}
-    return json.dumps({"format": FORMAT, "layers": layers, "mode": plan.mode, "fingerprint": plan.fingerprint,
-                       "estimates_ms": plan.estimates_ms, "chosen": plan.chosen})
+        layers[name] = {
+            "shape": asdict(c.shape),
+            "candidate": c.candidate,
+            "params": [list(p) for p in c.params],
+            "layout": c.layout,
+            "time_ms": c.time_ms,
+            "default_ms": c.default_ms,
+            "data_grad": _config_data(c.data_grad),
+            "weight_grad": _config_data(c.weight_grad),
+        }
+    return json.dumps(
+        {
+            "format": FORMAT,
+            "layers": layers,
+            "mode": plan.mode,
+            "fingerprint": plan.fingerprint,
+            "estimates_ms": plan.estimates_ms,
+            "chosen": plan.chosen,
+        }
+    )
 
 
 def plan_from_json(text: str) -> Plan:
     """The :class:`Plan` written by :func:`plan_to_json`."""
     data = json.loads(text)
     layers = {
-        name: LayerChoice(ConvShape(**c["shape"]), c["candidate"], tuple((k, v) for k, v in c["params"]), c["layout"],
-                          c["time_ms"], c["default_ms"], _config(c["data_grad"]), _config(c["weight_grad"]))
+        name: LayerChoice(
+            ConvShape(**c["shape"]),
+            c["candidate"],
+            tuple((k, v) for k, v in c["params"]),
+            c["layout"],
+            c["time_ms"],
+            c["default_ms"],
+            _config(c["data_grad"]),
+            _config(c["weight_grad"]),
+        )
         for name, c in data["layers"].items()
     }
     return Plan(layers, data["mode"], data["fingerprint"], data["estimates_ms"], data["chosen"])

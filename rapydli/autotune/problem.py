@@ -48,15 +48,19 @@ class ConvShape:
         if self.c % self.groups or self.k % self.groups:
             raise ConfigError(f"ConvShape.groups ({self.groups}) must divide both c ({self.c}) and k ({self.k})")
         if self.h + 2 * self.pad < self.span_r or self.w + 2 * self.pad < self.span_s:
-            raise ConfigError(f"ConvShape: the {self.span_r}x{self.span_s} filter (dilation included) is larger "
-                              f"than the padded {self.h}x{self.w} input")
+            raise ConfigError(
+                f"ConvShape: the {self.span_r}x{self.span_s} filter (dilation included) is larger "
+                f"than the padded {self.h}x{self.w} input"
+            )
 
     @classmethod
     def parse(cls, text: str) -> ConvShape:
         """``"N,C,H,W,K,R,S[,stride,pad[,groups,dilation]]"`` -> ConvShape (ConfigError naming the field otherwise)."""
         parts = [p.strip() for p in text.split(",")]
         if len(parts) not in (7, 8, 9, 10, 11) or not all(p.isdigit() for p in parts):
-            raise ConfigError(f"--shape must be N,C,H,W,K,R,S[,stride,pad[,groups,dilation]] with integers, got {text!r}")
+            raise ConfigError(
+                f"--shape must be N,C,H,W,K,R,S[,stride,pad[,groups,dilation]] with integers, got {text!r}"
+            )
         return cls(*(int(p) for p in parts))
 
     @property
@@ -77,8 +81,10 @@ class ConvShape:
     @property
     def out_hw(self) -> tuple[int, int]:
         """Output height and width."""
-        return ((self.h + 2 * self.pad - self.span_r) // self.stride + 1,
-                (self.w + 2 * self.pad - self.span_s) // self.stride + 1)
+        return (
+            (self.h + 2 * self.pad - self.span_r) // self.stride + 1,
+            (self.w + 2 * self.pad - self.span_s) // self.stride + 1,
+        )
 
     @property
     def flops(self) -> int:
@@ -105,8 +111,10 @@ class ConvShape:
     @property
     def key(self) -> str:
         """Stable text key used by the cache (every field, groups and dilation included)."""
-        return (f"conv2d:{self.n},{self.c},{self.h},{self.w},{self.k},{self.r},{self.s},{self.stride},{self.pad},"
-                f"{self.groups},{self.dilation}")
+        return (
+            f"conv2d:{self.n},{self.c},{self.h},{self.w},{self.k},{self.r},{self.s},{self.stride},{self.pad},"
+            f"{self.groups},{self.dilation}"
+        )
 
     def with_batch(self, n: int) -> ConvShape:
         """The same layer with batch size ``n``."""

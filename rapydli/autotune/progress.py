@@ -24,15 +24,19 @@ LayerLine = Callable[[dict[str, Any]], None]
 def table_line(row: dict[str, Any], header: bool = False) -> str:
     """One fixed-width line of the per-layer table (or its header) for a terminal."""
     if header:
-        return f"{'rank':>4} {'layers':>6} {'shape (n,c,h,w,k,r,s,stride,pad gG dD)':<40} {'share':>6} {'default':>9} " \
-               f"{'tuned':>9} {'speedup':>7} {'evals':>5}  status"
+        return (
+            f"{'rank':>4} {'layers':>6} {'shape (n,c,h,w,k,r,s,stride,pad gG dD)':<40} {'share':>6} {'default':>9} "
+            f"{'tuned':>9} {'speedup':>7} {'evals':>5}  status"
+        )
     speedup = row.get("speedup")  # None: the repetitions' range does not support one
     low = row.get("speedup_low")
     measured = isinstance(low, float) and math.isfinite(low)
     shown = f"{speedup:>6.2f}x" if speedup is not None else f"{'noisy' if measured else 'n/a':>7}"
-    return (f"{row['rank']:>4} {row['layers']:>6} {row['shape']:<40} {row['share'] * 100:>5.1f}% "
-            f"{row['default_ms']:>7.3f}ms {row['tuned_ms']:>7.3f}ms {shown} {row['evaluated']:>5}  "
-            f"{row['status']}" + (f"  [{row['flag']}]" if row.get("flag") else ""))
+    return (
+        f"{row['rank']:>4} {row['layers']:>6} {row['shape']:<40} {row['share'] * 100:>5.1f}% "
+        f"{row['default_ms']:>7.3f}ms {row['tuned_ms']:>7.3f}ms {shown} {row['evaluated']:>5}  "
+        f"{row['status']}" + (f"  [{row['flag']}]" if row.get("flag") else "")
+    )
 
 
 class TuningProgress:

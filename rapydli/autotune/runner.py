@@ -128,8 +128,10 @@ def validate(problem: Problem, inst: Any) -> float:
         gy = torch.randn(ref.shape, generator=gen, dtype=torch.float64)
         ref.backward(gy)
         gy32 = inst.to_layout(gy.float().to(problem.device))
-        errors += [_relative_error(inst.data_grad(x32, w32, gy32), xr.grad),
-                   _relative_error(inst.weight_grad(x32, w32, gy32), wr.grad)]
+        errors += [
+            _relative_error(inst.data_grad(x32, w32, gy32), xr.grad),
+            _relative_error(inst.weight_grad(x32, w32, gy32), wr.grad),
+        ]
     return max(errors)
 
 
@@ -237,8 +239,12 @@ def _calls_filling(run: Callable[[], Any], sync: Callable[[], Any]) -> int:
 
 def _abandoned(problem: Problem, times: Mapping[str, list[float]]) -> bool:
     """Whether one timed run (all passes) already took longer than ``problem.abandon_s``."""
-    return (problem.abandon_s is not None and problem.repetitions > 1
-            and len(times["forward"]) == 1 and sum(t[0] for t in times.values()) > problem.abandon_s)
+    return (
+        problem.abandon_s is not None
+        and problem.repetitions > 1
+        and len(times["forward"]) == 1
+        and sum(t[0] for t in times.values()) > problem.abandon_s
+    )
 
 
 def _instance(problem: Problem, config: Config) -> Any:
@@ -264,8 +270,9 @@ def check(problem: Problem, config: Config) -> Measurement:
     seconds["validate"] = time.perf_counter() - started - seconds["compile"]
     tolerance = accepted_error(problem)
     if not error <= tolerance:  # also catches NaN
-        return Measurement(config, "invalid", error=error, message=f"relative error {error:.3g} > {tolerance}",
-                           seconds=seconds)
+        return Measurement(
+            config, "invalid", error=error, message=f"relative error {error:.3g} > {tolerance}", seconds=seconds
+        )
     return Measurement(config, "validated", error=error, seconds=seconds)
 
 
@@ -291,19 +298,33 @@ def time_checked(problem: Problem, checked: Measurement) -> Measurement:
             tries.append((per_pass, disturbance(problem, checked.config, runs)))
     except Exception:  # noqa: BLE001 - reported with its traceback
         return replace(checked, status="error", message=traceback.format_exc()[-2000:])
-    per_pass, disturbed = tries[-1] if not tries[-1][1] else min(
-        tries, key=lambda t: statistics.median(sum(run) for run in zip(*t[0].values())))
+    per_pass, disturbed = (
+        tries[-1]
+        if not tries[-1][1]
+        else min(tries, key=lambda t: statistics.median(sum(run) for run in zip(*t[0].values())))
+    )
     seconds = {**checked.seconds, "time": time.perf_counter() - started}
     times = [sum(run) for run in zip(*per_pass.values())]
     common: dict[str, Any] = {"seconds": seconds, "times": times, "retimed": len(tries) - 1, "disturbed": disturbed}
     if len(times) == 1 and _abandoned(problem, per_pass):
         assert problem.abandon_s is not None  # _abandoned is False without a limit
-        return replace(checked, status="slow", median=times[0], variance=0.0, **common,
-                       message=f"abandoned after one timed run: {times[0] * 1e3:.3g} ms > {problem.abandon_s * 1e3:.3g} ms",
-                       passes={name: t[0] for name, t in per_pass.items()})
-    return replace(checked, status="ok", median=statistics.median(times), **common,
-                   variance=statistics.pvariance(times) if len(times) > 1 else 0.0,
-                   passes={name: statistics.median(t) for name, t in per_pass.items()})
+        return replace(
+            checked,
+            status="slow",
+            median=times[0],
+            variance=0.0,
+            **common,
+            message=f"abandoned after one timed run: {times[0] * 1e3:.3g} ms > {problem.abandon_s * 1e3:.3g} ms",
+            passes={name: t[0] for name, t in per_pass.items()},
+        )
+    return replace(
+        checked,
+        status="ok",
+        median=statistics.median(times),
+        **common,
+        variance=statistics.pvariance(times) if len(times) > 1 else 0.0,
+        passes={name: statistics.median(t) for name, t in per_pass.items()},
+    )
 
 
 #: Contention (another process took a core while a configuration was timed): a timing whose
@@ -345,11 +366,15 @@ def disturbance(problem: Problem, config: Config, runs: Sequence[float]) -> str:
 
     if len(runs) >= 3 and min(runs) > 0 and max(runs) / min(runs) > CONTENDED_SPREAD:
         return f"its repeats span {min(runs) * 1e3:.3g} to {max(runs) * 1e3:.3g} ms"
-    floor = roofline_s(problem, problem.threads or _torch_threads()) if get(config.candidate).kind == "library" else None
+    floor = (
+        roofline_s(problem, problem.threads or _torch_threads()) if get(config.candidate).kind == "library" else None
+    )
     median = statistics.median(runs) if runs else 0.0
     if floor and median > ROOFLINE_FACTOR * floor:
-        return (f"{median * 1e3:.3g} ms is {median / floor:.0f}x the least its arithmetic and memory traffic allow "
-                f"({floor * 1e3:.3g} ms)")
+        return (
+            f"{median * 1e3:.3g} ms is {median / floor:.0f}x the least its arithmetic and memory traffic allow "
+            f"({floor * 1e3:.3g} ms)"
+        )
     return ""
 
 
@@ -428,8 +453,9 @@ def engine_place() -> tuple[str, list[int]]:
     return socket.gethostname(), sorted(os.sched_getaffinity(0))
 
 
-def check_batch(problem: Problem, configs: Sequence[Config], core: int, engine: int,
-                measurer: Measurer = check) -> list[Measurement]:
+def check_batch(
+    problem: Problem, configs: Sequence[Config], core: int, engine: int, measurer: Measurer = check
+) -> list[Measurement]:
     """Engine side, phase 1: build and validate ``configs`` on one core with one thread."""
     with pinned({core}, 1):
         return [replace(measurer(problem, c), engine=engine) for c in configs]
@@ -489,7 +515,7 @@ def seats(places: Sequence[tuple[str, Sequence[int]]], threads: int) -> list[Sea
         cores = sorted({core for i in indices for core in places[i][1]})
         slots = max(1, len(cores) // threads)
         for j, index in enumerate(indices):
-            time_cores = frozenset(cores[j * threads:(j + 1) * threads] or cores) if j < slots else None
+            time_cores = frozenset(cores[j * threads : (j + 1) * threads] or cores) if j < slots else None
             out[index] = Seat(index, host, cores[j % len(cores)], time_cores)
     return [out[i] for i in range(len(places))]
 
@@ -527,17 +553,20 @@ class ParallelRunner(Runner):
             views = _slot_views(self.engines)
             handles = [view.apply_async(engine_place) for view in views]
             try:
-                self._places = [(host, list(cores)) for (host, cores), in (h.get(timeout=self.timeout) for h in handles)]
+                self._places = [
+                    (host, list(cores)) for ((host, cores),) in (h.get(timeout=self.timeout) for h in handles)
+                ]
             except Exception as exc:
                 raise RankFailure(f"autotune: could not reach the engines: {type(exc).__name__}: {exc}", {}) from exc
             self._views = views
         return self._views, seats(self._places, threads)
 
-    def _spread(self, workers: Sequence[Seat], items: Sequence[Any],
-                submit: Callable[[Seat, list[Any]], Any]) -> list[Measurement]:
+    def _spread(
+        self, workers: Sequence[Seat], items: Sequence[Any], submit: Callable[[Seat, list[Any]], Any]
+    ) -> list[Measurement]:
         """Results of ``items`` (in no particular order): batches handed to whichever worker is free."""
         size = max(1, math.ceil(len(items) / (4 * len(workers))))
-        batches = [list(items[i:i + size]) for i in range(0, len(items), size)]
+        batches = [list(items[i : i + size]) for i in range(0, len(items), size)]
         free = list(workers)
         running: dict[Any, Seat] = {}  # future of a batch -> the worker running it
         results: list[Measurement] = []
@@ -577,11 +606,25 @@ class ParallelRunner(Runner):
         threads = problem.threads or torch.get_num_threads()
         problem = replace(problem, threads=threads)
         views, all_seats = self._seats(threads)
-        checked = self._spread(all_seats, configs, lambda seat, part: views[seat.index].apply_async(
-            check_batch, problem, part, seat.check_core, seat.index, self.measurer))
+        checked = self._spread(
+            all_seats,
+            configs,
+            lambda seat, part: views[seat.index].apply_async(
+                check_batch, problem, part, seat.check_core, seat.index, self.measurer
+            ),
+        )
         timers = [seat for seat in all_seats if seat.time_cores is not None]
         todo = [m for m in checked if m.status == "validated"]
-        timed = self._spread(timers, todo, lambda seat, part: views[seat.index].apply_async(
-            time_batch, problem, part, set(seat.time_cores or ()), seat.index)) if todo else []  # timers all have cores
+        timed = (
+            self._spread(
+                timers,
+                todo,
+                lambda seat, part: views[seat.index].apply_async(
+                    time_batch, problem, part, set(seat.time_cores or ()), seat.index
+                ),
+            )
+            if todo
+            else []
+        )  # timers all have cores
         results = {m.config: m for m in [*checked, *timed]}
         return [results[c] for c in configs]

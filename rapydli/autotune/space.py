@@ -80,8 +80,12 @@ class Space:
         reads = tuple(inspect.signature(predicate).parameters)
         unknown = [p for p in reads if p not in self.params]
         if unknown:
-            raise ConfigError(f"constraint {name or predicate!r} reads unknown parameters {unknown}; known: {list(self.params)}")
-        self.constraints.append(Constraint(predicate, reads, kind, name or str(getattr(predicate, "__name__", "constraint"))))
+            raise ConfigError(
+                f"constraint {name or predicate!r} reads unknown parameters {unknown}; known: {list(self.params)}"
+            )
+        self.constraints.append(
+            Constraint(predicate, reads, kind, name or str(getattr(predicate, "__name__", "constraint")))
+        )
 
     def hard(self, predicate: Callable[..., bool], name: str | None = None) -> None:
         """Add a hard (device) constraint; its parameters are read from its signature."""

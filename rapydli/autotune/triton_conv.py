@@ -94,8 +94,15 @@ class _TritonInstance(Instance):
     def _launch(self, kernel: Any, grid: tuple[int, int], *tensors: torch.Tensor, dims: tuple[int, ...]) -> None:
         p = self.params
         extra = {} if interpreting() else {"num_warps": p["num_warps"], "num_stages": p["num_stages"]}
-        kernel[grid](*tensors, *dims, BLOCK_M=p["block_m"], BLOCK_N=p["block_n"], BLOCK_K=p["block_k"],
-                     PRECISION=p.get("precision", "ieee"), **extra)
+        kernel[grid](
+            *tensors,
+            *dims,
+            BLOCK_M=p["block_m"],
+            BLOCK_N=p["block_n"],
+            BLOCK_K=p["block_k"],
+            PRECISION=p.get("precision", "ieee"),
+            **extra,
+        )
 
     def _dims(self, x: torch.Tensor) -> tuple[int, ...]:
         s = self.shape
@@ -160,8 +167,12 @@ class TritonIGemm(Candidate):
         space = Space(dict(table[preset]))
         smem = int(device.extra.get("shared_memory_per_block", 48 * 1024))
         max_threads = int(device.extra.get("max_threads_per_block", 1024))
-        space.hard(lambda block_m, block_n, block_k, num_stages:
-                   (block_m * block_k + block_k * block_n) * 4 * num_stages <= smem, f"tiles fit {smem} B shared memory")
+        space.hard(
+            lambda block_m, block_n, block_k, num_stages: (
+                (block_m * block_k + block_k * block_n) * 4 * num_stages <= smem
+            ),
+            f"tiles fit {smem} B shared memory",
+        )
         space.hard(lambda num_warps: num_warps * 32 <= max_threads, f"threads <= {max_threads}")
         # TF32 tiles only where the library they replace computes in TF32 too (torch's cuDNN flag; the tolerance follows it)
         tf32 = device.kind == "cuda" and torch.backends.cudnn.allow_tf32

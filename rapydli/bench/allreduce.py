@@ -76,7 +76,9 @@ def _paired(cells: dict[str, dict[str, Any]]) -> tuple[RepRatios | None, RepRati
     """
 
     def rep_ratios(faster: str, slower: str) -> RepRatios:
-        return RepRatios.of([b / a for a, b in zip(cells[faster]["rep_times_us"], cells[slower]["rep_times_us"], strict=True)])
+        return RepRatios.of(
+            [b / a for a, b in zip(cells[faster]["rep_times_us"], cells[slower]["rep_times_us"], strict=True)]
+        )
 
     ring = rep_ratios("ring", "mpi4py") if "ring" in cells and "mpi4py" in cells else None
     others = [name for name in cells if name != "auto"]
@@ -88,7 +90,10 @@ def _paired(cells: dict[str, dict[str, Any]]) -> tuple[RepRatios | None, RepRati
 def _paired_targets(ring: list[RepRatios], auto: list[RepRatios]) -> dict[str, Any]:
     """The targets on the reps' ratios: met or not where the middle half of the reps is on one side, unclear where it spans the target."""
     summary: dict[str, Any] = {}
-    for name, ratios, limit, where in (("ring", ring, RING_TARGET, "MPI native at >= 1 MB"), ("auto", auto, AUTO_TARGET, "best of the others at every size")):
+    for name, ratios, limit, where in (
+        ("ring", ring, RING_TARGET, "MPI native at >= 1 MB"),
+        ("auto", auto, AUTO_TARGET, "best of the others at every size"),
+    ):
         key = f"target {name} >= {limit}x {where} (paired)"
         if not ratios:
             summary[key] = "not measured (raise --max-bytes to >= 1 MiB)" if name == "ring" else "not measured"
@@ -98,14 +103,18 @@ def _paired_targets(ring: list[RepRatios], auto: list[RepRatios]) -> dict[str, A
         if not missed and not unclear:
             summary[key] = "met"
         elif missed:
-            summary[key] = f"not met at {missed} of {len(ratios)} sizes" + (f", unclear at {unclear}" if unclear else "")
+            summary[key] = f"not met at {missed} of {len(ratios)} sizes" + (
+                f", unclear at {unclear}" if unclear else ""
+            )
         else:
-            summary[key] = (f"unclear at {unclear} of {len(ratios)} sizes (the middle half of the reps spans {limit}x: "
-                            "repeat on a quieter machine)")  # fmt: skip
+            summary[key] = (
+                f"unclear at {unclear} of {len(ratios)} sizes (the middle half of the reps spans {limit}x: "
+                "repeat on a quieter machine)"
+            )
         worst = min(ratios, key=lambda r: r.median)
-        summary[f"{name} / {'MPI native' if name == 'ring' else 'best of the others'}, worst size, reps' median and middle half (paired)"] = (
-            f"{worst.median:.3g} ({worst.text()})"
-        )
+        summary[
+            f"{name} / {'MPI native' if name == 'ring' else 'best of the others'}, worst size, reps' median and middle half (paired)"
+        ] = f"{worst.median:.3g} ({worst.text()})"
     return summary
 
 
@@ -148,8 +157,10 @@ def summarize(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[st
             wide[f"{name}_busbw"] = cell["busbw_GBps"]
         if all("rep_times_us" in cell for cell in cells.values()):
             ring_reps, auto_reps = _paired(cells)
-            for name, found, kept, large in (("ring/mpi4py", ring_reps, paired_ratios[0], nbytes >= RING_FROM_BYTES),
-                                             ("auto/best", auto_reps, paired_ratios[1], True)):  # fmt: skip
+            for name, found, kept, large in (
+                ("ring/mpi4py", ring_reps, paired_ratios[0], nbytes >= RING_FROM_BYTES),
+                ("auto/best", auto_reps, paired_ratios[1], True),
+            ):
                 if found is not None:
                     wide[f"{name}@paired"], wide[f"{name}@paired middle half"] = found.median, found.text()
                     if large:
@@ -179,19 +190,48 @@ def summarize(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[st
 
 @click.command()
 @click.option("-n", "--ranks", "n", default=2, show_default=True, help="MPI ranks.")
-@click.option("--min-bytes", default=4, show_default=True, help="Smallest message timed (bytes); auto's measurement still starts at 4 B.")
-@click.option("--max-bytes", default=256 << 20, show_default=True, help="Largest message (bytes); sizes are 4 B x 4^k up to it.")
-@click.option("--algorithms", default="ring,mpi,shm,auto,mpi4py,gloo", show_default=True, help="Comma-separated subset to time.")
+@click.option(
+    "--min-bytes",
+    default=4,
+    show_default=True,
+    help="Smallest message timed (bytes); auto's measurement still starts at 4 B.",
+)
+@click.option(
+    "--max-bytes", default=256 << 20, show_default=True, help="Largest message (bytes); sizes are 4 B x 4^k up to it."
+)
+@click.option(
+    "--algorithms", default="ring,mpi,shm,auto,mpi4py,gloo", show_default=True, help="Comma-separated subset to time."
+)
 @click.option("--max-reps", default=200, show_default=True, help="Most timed repetitions per size and algorithm.")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Write the rows and summary here.")
+@click.option(
+    "--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Write the rows and summary here."
+)
 @click.option("--timeout", default=1800.0, show_default=True, help="Seconds before all ranks are killed.")
-@click.option("--hosts", default=None, help="Run the ranks on these hosts over ssh, e.g. h1,h2 (the ssh launcher's hosts).")
+@click.option(
+    "--hosts", default=None, help="Run the ranks on these hosts over ssh, e.g. h1,h2 (the ssh launcher's hosts)."
+)
 @click.option("--ssh-command", default=None, help="With --hosts: the ssh program mpiexec runs to reach them.")
 @click.option("--interface", default=None, help="With --hosts: the network interface MPI uses, e.g. ib0.")
-@click.option("--transport", type=click.Choice(["default", "tcp"]), default="default", show_default=True,
-              help="With --hosts: 'tcp' forces MPI traffic onto TCP.")
-def command(n: int, min_bytes: int, max_bytes: int, algorithms: str, max_reps: int, json_path: str | None, timeout: float,
-            hosts: str | None, ssh_command: str | None, interface: str | None, transport: str) -> None:
+@click.option(
+    "--transport",
+    type=click.Choice(["default", "tcp"]),
+    default="default",
+    show_default=True,
+    help="With --hosts: 'tcp' forces MPI traffic onto TCP.",
+)
+def command(
+    n: int,
+    min_bytes: int,
+    max_bytes: int,
+    algorithms: str,
+    max_reps: int,
+    json_path: str | None,
+    timeout: float,
+    hosts: str | None,
+    ssh_command: str | None,
+    interface: str | None,
+    transport: str,
+) -> None:
     """Allreduce time, algbw and busbw per message size: ring, mpi, auto vs mpi4py and gloo."""
     from rapydli.bench.allreduce_worker import ALGORITHMS
     from rapydli.cluster.sshhosts import mpiexec_arguments
@@ -214,11 +254,26 @@ def command(n: int, min_bytes: int, max_bytes: int, algorithms: str, max_reps: i
         raise ConfigError("--ssh-command, --interface and --transport apply to --hosts only")
     with tempfile.TemporaryDirectory(prefix="rapydli-bench-allreduce-") as tmp:
         out = Path(tmp) / "rows.json"
-        argv = [sys.executable, "-m", "rapydli.bench.allreduce_worker", "--out", str(out),
-                "--min-bytes", str(min_bytes), "--max-bytes", str(max_bytes), "--algorithms", algorithms, "--max-reps", str(max_reps)]
+        argv = [
+            sys.executable,
+            "-m",
+            "rapydli.bench.allreduce_worker",
+            "--out",
+            str(out),
+            "--min-bytes",
+            str(min_bytes),
+            "--max-bytes",
+            str(max_bytes),
+            "--algorithms",
+            algorithms,
+            "--max-reps",
+            str(max_reps),
+        ]
         result = mpirun.run(argv, n=n, threads=1, timeout=timeout, mpi_args=mpi_args, env=env)
         if result.returncode != 0 or not out.exists():
-            raise ClusterError(f"allreduce benchmark failed on {n} ranks:\n{result.stdout[-4000:]}{result.stderr[-4000:]}")
+            raise ClusterError(
+                f"allreduce benchmark failed on {n} ranks:\n{result.stdout[-4000:]}{result.stderr[-4000:]}"
+            )
         payload = json.loads(out.read_text())
     table, summary = summarize(payload["rows"])
     summary = {

@@ -47,7 +47,9 @@ def _ipyparallel_start(n: int, options: dict[str, Any], timeout: float) -> tuple
     with tempfile.TemporaryDirectory(prefix="rapydli-bench-ipp-") as profile:
         config.SlurmEngineSetLauncher.batch_file_name = f"{profile}/ipp_engine.sh"
         start = time.perf_counter()
-        cluster = ipp.Cluster(engines="slurm", n=n, controller_ip="*", profile_dir=profile, config=config, log_level=logging.ERROR)
+        cluster = ipp.Cluster(
+            engines="slurm", n=n, controller_ip="*", profile_dir=profile, config=config, log_level=logging.ERROR
+        )
         try:
             cluster.start_cluster_sync()
             client = cluster.connect_client_sync()

@@ -86,9 +86,14 @@ class Bottleneck(nn.Module):
     def __init__(self, channels: int, mid: int) -> None:
         super().__init__()
         self.body = nn.Sequential(
-            nn.Conv2d(channels, mid, 1, bias=False), nn.BatchNorm2d(mid), nn.ReLU(),
-            nn.Conv2d(mid, mid, 3, padding=1, bias=False), nn.BatchNorm2d(mid), nn.ReLU(),
-            nn.Conv2d(mid, channels, 1, bias=False), nn.BatchNorm2d(channels),
+            nn.Conv2d(channels, mid, 1, bias=False),
+            nn.BatchNorm2d(mid),
+            nn.ReLU(),
+            nn.Conv2d(mid, mid, 3, padding=1, bias=False),
+            nn.BatchNorm2d(mid),
+            nn.ReLU(),
+            nn.Conv2d(mid, channels, 1, bias=False),
+            nn.BatchNorm2d(channels),
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -98,14 +103,19 @@ class Bottleneck(nn.Module):
 def bottleneck_stack(channels: int = 256, mid: int = 64, blocks: int = 3, num_classes: int = 10) -> nn.Module:
     """A ResNet-50-style stack: a 3x3 stem to ``channels``, ``blocks`` bottlenecks, a linear head."""
     return nn.Sequential(
-        nn.Conv2d(3, channels, 3, padding=1, bias=False), nn.BatchNorm2d(channels), nn.ReLU(),
+        nn.Conv2d(3, channels, 3, padding=1, bias=False),
+        nn.BatchNorm2d(channels),
+        nn.ReLU(),
         *[Bottleneck(channels, mid) for _ in range(blocks)],
-        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(channels, num_classes),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(channels, num_classes),
     )
 
 
-def compare_training_steps(models: dict[str, nn.Module], x: torch.Tensor, y: torch.Tensor,
-                           reps: int) -> dict[str, list[float]]:
+def compare_training_steps(
+    models: dict[str, nn.Module], x: torch.Tensor, y: torch.Tensor, reps: int
+) -> dict[str, list[float]]:
     """Ms of one training step (forward, cross-entropy, backward, SGD step) of each model, per round.
 
     Models are timed in ``reps`` interleaved rounds after 3 warm-up rounds, the order rotating
@@ -114,11 +124,13 @@ def compare_training_steps(models: dict[str, nn.Module], x: torch.Tensor, y: tor
     best taken per round (see :func:`paired`).
     """
     opts = {name: torch.optim.SGD(m.parameters(), lr=1e-3) for name, m in models.items()}
-    inputs = {name: x.contiguous(memory_format=torch.channels_last) if name == "channels_last" else x for name in models}
+    inputs = {
+        name: x.contiguous(memory_format=torch.channels_last) if name == "channels_last" else x for name in models
+    }
     names = list(models)
     times: dict[str, list[float]] = {name: [] for name in models}
     for round_ in range(reps + 3):
-        for name in names[round_ % len(names):] + names[:round_ % len(names)]:
+        for name in names[round_ % len(names) :] + names[: round_ % len(names)]:
             models[name].train()
             start = time.perf_counter()
             opts[name].zero_grad(set_to_none=True)
@@ -156,16 +168,22 @@ def layer_rows(names: tuple[str, ...], gflop: float, preset: str, cache: Cache) 
         tuned = gflops(result.best)
         assert tuned is not None  # result.best is a measurement
         generated = gflops(best["c_direct"])
-        rows.append({
-            "layer": name, "shape": shape.text,
-            "nchw_gflops": gflops(best["torch_nchw"]), "channels_last_gflops": gflops(best["torch_channels_last"]),
-            "im2col_gflops": gflops(best["im2col_gemm"]), "gemm_1x1_gflops": gflops(best["gemm_1x1"]),
-            "generated_gflops": generated, "tuned_gflops": tuned,
-            "tuned_choice": str(result.best.config),
-            "tuned_vs_best_library": tuned / best_library if best_library else None,
-            "generated_vs_onednn": (generated / onednn) if generated and onednn else None,
-            "best_generated": str(best["c_direct"].config) if best["c_direct"] else None,
-        })
+        rows.append(
+            {
+                "layer": name,
+                "shape": shape.text,
+                "nchw_gflops": gflops(best["torch_nchw"]),
+                "channels_last_gflops": gflops(best["torch_channels_last"]),
+                "im2col_gflops": gflops(best["im2col_gemm"]),
+                "gemm_1x1_gflops": gflops(best["gemm_1x1"]),
+                "generated_gflops": generated,
+                "tuned_gflops": tuned,
+                "tuned_choice": str(result.best.config),
+                "tuned_vs_best_library": tuned / best_library if best_library else None,
+                "generated_vs_onednn": (generated / onednn) if generated and onednn else None,
+                "best_generated": str(best["c_direct"].config) if best["c_direct"] else None,
+            }
+        )
     return rows
 
 
@@ -191,20 +209,33 @@ def model_rows(batch: int, preset: str, cache: Cache, reps: int) -> list[dict[st
         load = os.getloadavg()[0]
         ms = compare_training_steps({"default": model, "channels_last": cl_model, "tuned": tuned_model}, x, y, reps)
         speedup, low, high = paired(ms["default"], ms["tuned"])
-        rows.append({
-            "model": name, "input": "x".join(map(str, in_shape)), "rounds": reps,
-            **{f"{k}_ms": statistics.median(v) for k, v in ms.items()},
-            "speedup": speedup, "speedup_iqr": f"{low:.3f}-{high:.3f}",
-            "channels_last_speedup": paired(ms["default"], ms["channels_last"])[0],
-            "tuned_vs_channels_last": paired(ms["channels_last"], ms["tuned"])[0],
-            "load_avg": f"{load:.2f}-{os.getloadavg()[0]:.2f}", "tune_s": tune_s,
-            "whole_model_choice": report.plan.chosen,
-            "whole_model_check_ms": " ".join(f"{k.removeprefix('measured_')}={v:.1f}"
-                                             for k, v in report.estimates_ms.items() if k.startswith("measured_")),
-            "plan": ", ".join(f"{k} x{v}" for k, v in Counter(
-                "+".join(dict.fromkeys(c.candidate for c in choice.configs.values())) + f"/{choice.layout}"
-                for choice in report.plan.layers.values()).most_common()),
-        })
+        rows.append(
+            {
+                "model": name,
+                "input": "x".join(map(str, in_shape)),
+                "rounds": reps,
+                **{f"{k}_ms": statistics.median(v) for k, v in ms.items()},
+                "speedup": speedup,
+                "speedup_iqr": f"{low:.3f}-{high:.3f}",
+                "channels_last_speedup": paired(ms["default"], ms["channels_last"])[0],
+                "tuned_vs_channels_last": paired(ms["channels_last"], ms["tuned"])[0],
+                "load_avg": f"{load:.2f}-{os.getloadavg()[0]:.2f}",
+                "tune_s": tune_s,
+                "whole_model_choice": report.plan.chosen,
+                "whole_model_check_ms": " ".join(
+                    f"{k.removeprefix('measured_')}={v:.1f}"
+                    for k, v in report.estimates_ms.items()
+                    if k.startswith("measured_")
+                ),
+                "plan": ", ".join(
+                    f"{k} x{v}"
+                    for k, v in Counter(
+                        "+".join(dict.fromkeys(c.candidate for c in choice.configs.values())) + f"/{choice.layout}"
+                        for choice in report.plan.layers.values()
+                    ).most_common()
+                ),
+            }
+        )
     return rows
 
 
@@ -228,23 +259,38 @@ def resnet18_rows(batch: int, budget_s: float, preset: str, reps: int) -> tuple[
         tune_s = time.perf_counter() - started
         load_tuning = f"{load_before:.2f}-{os.getloadavg()[0]:.2f}"
         started = time.perf_counter()
-        warm_model, warm = autotune_model(model, x, "train", budget_s=budget_s, preset=preset, cache=cache,
-                                          progress=False)
+        warm_model, warm = autotune_model(
+            model, x, "train", budget_s=budget_s, preset=preset, cache=cache, progress=False
+        )
         warm_s = time.perf_counter() - started
         load = os.getloadavg()[0]
         ms = compare_training_steps({"default": model, "tuned": tuned}, x, y, reps)
     speedup, low, high = paired(ms["default"], ms["tuned"])
     row = {
-        "model": "resnet18_like", "input": f"{batch}x3x32x32", "budget_s": budget_s, "tune_s": tune_s,
-        "load_tuning": load_tuning, "skipped_layers": len(report.skipped), "measured": report.measured,
+        "model": "resnet18_like",
+        "input": f"{batch}x3x32x32",
+        "budget_s": budget_s,
+        "tune_s": tune_s,
+        "load_tuning": load_tuning,
+        "skipped_layers": len(report.skipped),
+        "measured": report.measured,
         **{f"time_{k}_s": v for k, v in report.time_s.items()},
-        "default_ms": statistics.median(ms["default"]), "tuned_ms": statistics.median(ms["tuned"]),
-        "speedup": speedup, "speedup_iqr": f"{low:.3f}-{high:.3f}", "load_steps": f"{load:.2f}-{os.getloadavg()[0]:.2f}",
-        "whole_model_choice": report.plan.chosen, "plan_is_default": "nothing faster" in report.summary,
-        "whole_model_check_ms": " ".join(f"{k.removeprefix('measured_')}={v:.1f}"
-                                         for k, v in report.estimates_ms.items() if k.startswith("measured_")),
-        "warm_s": warm_s, "warm_from_cache": warm.from_cache,
-        "warm_same_plan": warm.plan.layers == report.plan.layers, "summary": report.summary,
+        "default_ms": statistics.median(ms["default"]),
+        "tuned_ms": statistics.median(ms["tuned"]),
+        "speedup": speedup,
+        "speedup_iqr": f"{low:.3f}-{high:.3f}",
+        "load_steps": f"{load:.2f}-{os.getloadavg()[0]:.2f}",
+        "whole_model_choice": report.plan.chosen,
+        "plan_is_default": "nothing faster" in report.summary,
+        "whole_model_check_ms": " ".join(
+            f"{k.removeprefix('measured_')}={v:.1f}"
+            for k, v in report.estimates_ms.items()
+            if k.startswith("measured_")
+        ),
+        "warm_s": warm_s,
+        "warm_from_cache": warm.from_cache,
+        "warm_same_plan": warm.plan.layers == report.plan.layers,
+        "summary": report.summary,
     }
     del warm_model
     layers = [{k: v for k, v in r.items() if k != "names"} for r in report.layers.to_dict(orient="records")]
@@ -287,12 +333,26 @@ def tuning_times(names: tuple[str, ...], gflop: float, preset: str) -> list[dict
     cores = len(os.sched_getaffinity(0))
     rows = []
     with tempfile.TemporaryDirectory(prefix="rapydli-bench-conv-") as tmp, Cluster(n=2) as cluster:
-        def tune_all(engines: Any, threads: int, home: str, layers: tuple[str, ...], g: float) -> tuple[float, list[str]]:
+
+        def tune_all(
+            engines: Any, threads: int, home: str, layers: tuple[str, ...], g: float
+        ) -> tuple[float, list[str]]:
             cluster.view().apply_sync(_set_home, home)
             runner, cache = ParallelRunner(engines), Cache(os.path.join(home, "tune.db"))
             started = time.perf_counter()
-            results = [tune_conv2d(layer_shape(name, g), "cpu", "inference", runner=runner, preset=preset,
-                                   cache=cache, repetitions=3, threads=threads) for name in layers]
+            results = [
+                tune_conv2d(
+                    layer_shape(name, g),
+                    "cpu",
+                    "inference",
+                    runner=runner,
+                    preset=preset,
+                    cache=cache,
+                    repetitions=3,
+                    threads=threads,
+                )
+                for name in layers
+            ]
             return time.perf_counter() - started, [_winner(r) for r in results]
 
         tune_all(cluster, 1, os.path.join(tmp, "warm-up"), names[:1], 0.01)
@@ -300,18 +360,30 @@ def tuning_times(names: tuple[str, ...], gflop: float, preset: str) -> list[dict
             one, best_one = tune_all(_FirstEngine(cluster), threads, os.path.join(tmp, f"1-{threads}"), names, gflop)
             two, best_two = tune_all(cluster, threads, os.path.join(tmp, f"2-{threads}"), names, gflop)
             for engines, seconds, best in ((1, one, best_one), (2, two, best_two)):
-                rows.append({"threads_per_timing": threads, "engines": engines, "tune_s": seconds,
-                             "ratio": seconds / one, "winners": ", ".join(best)})
+                rows.append(
+                    {
+                        "threads_per_timing": threads,
+                        "engines": engines,
+                        "tune_s": seconds,
+                        "ratio": seconds / one,
+                        "winners": ", ".join(best),
+                    }
+                )
     return rows
 
 
 def no_room(row: dict[str, Any], layers: list[dict[str, Any]]) -> str:
     """Why the ResNet-18-shaped tuning did not pay: the per-layer best/default ratios and the whole-model check."""
     ratios = sorted(r["speedup"] for r in layers if r["speedup"] and r["speedup"] == r["speedup"])
-    spread = f"{ratios[0]:.2f}-{ratios[-1]:.2f}x (median {statistics.median(ratios):.2f}x)" if ratios else "none measured"
+    spread = (
+        f"{ratios[0]:.2f}-{ratios[-1]:.2f}x (median {statistics.median(ratios):.2f}x)" if ratios else "none measured"
+    )
     check = row["whole_model_check_ms"] or "not run (every layer kept the library default)"
-    lead = "oneDNN left no room: the plan is the library default" if row["plan_is_default"] else \
-        "the per-layer gains did not add up to it in the whole step"
+    lead = (
+        "oneDNN left no room: the plan is the library default"
+        if row["plan_is_default"]
+        else "the per-layer gains did not add up to it in the whole step"
+    )
     return f"{lead}; per-layer best/default {spread} over {len(layers)} shapes; whole-model check (ms): {check}"
 
 
@@ -325,16 +397,41 @@ def verdict(ok: bool) -> str:
 @click.option("--gflop", type=float, default=2.0, show_default=True, help="forward GFLOP per layer measurement")
 @click.option("--preset", type=click.Choice(["tiny", "small", "default", "full"]), default="small", show_default=True)
 @click.option("--batch", type=int, default=32, show_default=True, help="batch of the small ResNet")
-@click.option("--reps", type=click.IntRange(min=2), default=15, show_default=True,
-              help="interleaved rounds of timed training steps per model (median and quartiles reported)")
-@click.option("--part", "parts", type=click.Choice(PARTS), multiple=True,
-              help="run only these parts (repeatable; default: all)")
-@click.option("--budget-s", type=click.FloatRange(min=0, min_open=True), default=60.0, show_default=True,
-              help="tuning budget of the resnet18 part")
-@click.option("--layer", "layer_names", type=click.Choice(tuple(LAYERS)), multiple=True,
-              help="only these layers (repeatable; default: all, or the quick ones with --quick)")
-def command(json_path: str | None, quick: bool, gflop: float, preset: str, batch: int, reps: int,
-            parts: tuple[str, ...], budget_s: float, layer_names: tuple[str, ...]) -> None:
+@click.option(
+    "--reps",
+    type=click.IntRange(min=2),
+    default=15,
+    show_default=True,
+    help="interleaved rounds of timed training steps per model (median and quartiles reported)",
+)
+@click.option(
+    "--part", "parts", type=click.Choice(PARTS), multiple=True, help="run only these parts (repeatable; default: all)"
+)
+@click.option(
+    "--budget-s",
+    type=click.FloatRange(min=0, min_open=True),
+    default=60.0,
+    show_default=True,
+    help="tuning budget of the resnet18 part",
+)
+@click.option(
+    "--layer",
+    "layer_names",
+    type=click.Choice(tuple(LAYERS)),
+    multiple=True,
+    help="only these layers (repeatable; default: all, or the quick ones with --quick)",
+)
+def command(
+    json_path: str | None,
+    quick: bool,
+    gflop: float,
+    preset: str,
+    batch: int,
+    reps: int,
+    parts: tuple[str, ...],
+    budget_s: float,
+    layer_names: tuple[str, ...],
+) -> None:
     """Convolution GFLOP/s per layer, training steps with and without autotune_model, tuning time."""
     parts = parts or PARTS
     names = layer_names or (QUICK if quick else tuple(LAYERS))
@@ -348,48 +445,71 @@ def command(json_path: str | None, quick: bool, gflop: float, preset: str, batch
     r18, r18_layers = resnet18_rows(8, budget_s, "default", reps) if "resnet18" in parts else (None, [])
 
     summary: dict[str, Any] = {}
-    tables = [(f"conv: {title}", part) for title, part in (
-        ("layers (forward GFLOP/s)", layers), ("training step (ms)", models),
-        ("tuning time, 1 vs 2 engines", engine_rows),
-        ("resnet18-shaped, per layer shape (ms per layer)", r18_layers),
-        ("resnet18-shaped, cold tuning and training step", [r18] if r18 else [])) if part]
+    tables = [
+        (f"conv: {title}", part)
+        for title, part in (
+            ("layers (forward GFLOP/s)", layers),
+            ("training step (ms)", models),
+            ("tuning time, 1 vs 2 engines", engine_rows),
+            ("resnet18-shaped, per layer shape (ms per layer)", r18_layers),
+            ("resnet18-shaped, cold tuning and training step", [r18] if r18 else []),
+        )
+        if part
+    ]
     if layers:
         library_ok = all((r["tuned_vs_best_library"] or 0) >= LIBRARY_TARGET for r in layers)
         good = [r["layer"] for r in layers if (r["generated_vs_onednn"] or 0) >= GENERATED_TARGET]
         summary[f"target tuned choice >= {LIBRARY_TARGET}x best library on every layer"] = verdict(library_ok)
-        summary[f"best generated >= {GENERATED_TARGET}x oneDNN on >= half the layers"] = \
+        summary[f"best generated >= {GENERATED_TARGET}x oneDNN on >= half the layers"] = (
             f"{verdict(len(good) * 2 >= len(layers))} ({len(good)}/{len(layers)}: {', '.join(good) or 'none'})"
+        )
     if models:
         summary["tuned step speedup (per model; median of per-round ratios, quartiles, load average)"] = ", ".join(
-            f"{r['model']} {r['speedup']:.2f}x ({r['speedup_iqr']}, load {r['load_avg']})" for r in models)
-        summary[f"target tuned step >= {STEP_TARGET}x on conv-heavy models"] = \
-            verdict(all(r["speedup"] >= STEP_TARGET for r in models))
+            f"{r['model']} {r['speedup']:.2f}x ({r['speedup_iqr']}, load {r['load_avg']})" for r in models
+        )
+        summary[f"target tuned step >= {STEP_TARGET}x on conv-heavy models"] = verdict(
+            all(r["speedup"] >= STEP_TARGET for r in models)
+        )
         summary["target tuned step never slower (>= 1.0x)"] = verdict(all(r["speedup"] >= 1.0 for r in models))
     for r in engine_rows:
         if r["engines"] == 2:
             t = r["threads_per_timing"]
-            summary[f"target tuning time 2 engines <= {ENGINES_TARGET}x 1 engine, {t} thread(s) per timed run"] = \
+            summary[f"target tuning time 2 engines <= {ENGINES_TARGET}x 1 engine, {t} thread(s) per timed run"] = (
                 f"{verdict(r['ratio'] <= ENGINES_TARGET)} ({r['ratio']:.2f}x)"
+            )
     if engine_rows:
-        summary["tuning time counts"] = ("compiles from an empty kernel cache, validation, timing, round trips, "
-                                         "result cache; not the engine start (one warm 2-engine cluster; "
-                                         "1 engine = its rank 0)")
+        summary["tuning time counts"] = (
+            "compiles from an empty kernel cache, validation, timing, round trips, "
+            "result cache; not the engine start (one warm 2-engine cluster; "
+            "1 engine = its rank 0)"
+        )
     if r18:
-        summary["resnet18: cold tuning"] = (f"{r18['tune_s']:.1f} s (budget {r18['budget_s']:g} s, load "
-                                           f"{r18['load_tuning']}); {r18['skipped_layers']} layers skipped by the budget")
+        summary["resnet18: cold tuning"] = (
+            f"{r18['tune_s']:.1f} s (budget {r18['budget_s']:g} s, load "
+            f"{r18['load_tuning']}); {r18['skipped_layers']} layers skipped by the budget"
+        )
         summary[f"target resnet18 cold tuning <= {R18_TUNE_S:g} s"] = verdict(r18["tune_s"] <= R18_TUNE_S)
         noise = "; the plan is the library default: the ratio is noise" if r18["plan_is_default"] else ""
-        summary["resnet18: tuned step speedup"] = (f"{r18['speedup']:.2f}x ({r18['speedup_iqr']}, load "
-                                                  f"{r18['load_steps']}; {r18['whole_model_choice']}{noise})")
+        summary["resnet18: tuned step speedup"] = (
+            f"{r18['speedup']:.2f}x ({r18['speedup_iqr']}, load "
+            f"{r18['load_steps']}; {r18['whole_model_choice']}{noise})"
+        )
         summary["target resnet18 tuned step >= 1.0x"] = verdict(r18["speedup"] >= 1.0)
-        summary[f"target resnet18 tuned step >= {R18_STEP}x"] = verdict(r18["speedup"] >= R18_STEP and not r18["plan_is_default"])
+        summary[f"target resnet18 tuned step >= {R18_STEP}x"] = verdict(
+            r18["speedup"] >= R18_STEP and not r18["plan_is_default"]
+        )
         if r18["plan_is_default"] or r18["speedup"] < R18_STEP:
             summary[f"why resnet18 < {R18_STEP}x"] = no_room(r18, r18_layers)
-        summary[f"target resnet18 warm start < {R18_WARM_S:g} s"] = \
+        summary[f"target resnet18 warm start < {R18_WARM_S:g} s"] = (
             f"{verdict(r18['warm_s'] < R18_WARM_S and r18['warm_from_cache'])} ({r18['warm_s']:.2f} s)"
-    rows = [{"part": "layer", **r} for r in layers] + [{"part": "model", **r} for r in models] \
-        + [{"part": "tuning", **r} for r in engine_rows] + [{"part": "resnet18_layer", **r} for r in r18_layers] \
+        )
+    rows = (
+        [{"part": "layer", **r} for r in layers]
+        + [{"part": "model", **r} for r in models]
+        + [{"part": "tuning", **r} for r in engine_rows]
+        + [{"part": "resnet18_layer", **r} for r in r18_layers]
         + ([{"part": "resnet18", **r18}] if r18 else [])
+    )
     for i, (title, part) in enumerate(tables):
         emit(title, part, summary if i == len(tables) - 1 else {}, None)
     if json_path:

@@ -65,7 +65,7 @@ def interleaved(variants: dict[str, Callable[[], Any]], rounds: int, calls: int)
     _synchronize()
     times: dict[str, list[float]] = {name: [] for name in names}
     for round_ in range(rounds):
-        for name in names[round_ % len(names):] + names[:round_ % len(names)]:
+        for name in names[round_ % len(names) :] + names[: round_ % len(names)]:
             _synchronize()
             start = time.perf_counter()
             for _ in range(calls):
@@ -75,7 +75,9 @@ def interleaved(variants: dict[str, Callable[[], Any]], rounds: int, calls: int)
     return times
 
 
-def layer_rows(names: tuple[str, ...], gflop: float, preset: str, rounds: int, calls: int, device: str = "cuda") -> list[dict[str, Any]]:
+def layer_rows(
+    names: tuple[str, ...], gflop: float, preset: str, rounds: int, calls: int, device: str = "cuda"
+) -> list[dict[str, Any]]:
     """One row per layer: GFLOP/s of each variant (median and range of the rounds), the tuner's choice and the ratios."""
     from rapydli.autotune.candidates import get
     from rapydli.autotune.conv import tune_conv2d
@@ -85,8 +87,9 @@ def layer_rows(names: tuple[str, ...], gflop: float, preset: str, rounds: int, c
     torch.backends.cudnn.benchmark = True
     for name in names:
         shape = layer_shape(name, gflop)
-        result = tune_conv2d(shape, device, "inference", candidates=list(TUNED_CANDIDATES), preset=preset, cache=False,
-                             repetitions=5)
+        result = tune_conv2d(
+            shape, device, "inference", candidates=list(TUNED_CANDIDATES), preset=preset, cache=False, repetitions=5
+        )
         triton = result.best_of(lambda c: c.candidate == "triton_igemm")
         gen = torch.Generator(device=device).manual_seed(0)
         x = torch.randn(shape.n, shape.c, shape.h, shape.w, device=device, generator=gen)
@@ -103,7 +106,11 @@ def layer_rows(names: tuple[str, ...], gflop: float, preset: str, rounds: int, c
         def cudnn_cl(x: torch.Tensor = x_cl, w: torch.Tensor = w_cl, s: Any = shape) -> Any:
             return F.conv2d(x, w, None, s.stride, s.pad)
 
-        variants: dict[str, Callable[[], Any]] = {"cudnn": cudnn, "cudnn_fp32": cudnn_fp32, "cudnn_channels_last": cudnn_cl}
+        variants: dict[str, Callable[[], Any]] = {
+            "cudnn": cudnn,
+            "cudnn_fp32": cudnn_fp32,
+            "cudnn_channels_last": cudnn_cl,
+        }
         if triton is not None:
             variants["triton"] = _forward_of(get("triton_igemm").instance(shape, triton.config.param_dict), x, w)
         chosen = result.best.config
@@ -111,8 +118,12 @@ def layer_rows(names: tuple[str, ...], gflop: float, preset: str, rounds: int, c
         with torch.no_grad():
             ms = interleaved(variants, rounds, calls)
         gflops = {k: Spread.of([shape.flops / (t / 1e3) / 1e9 for t in v]) for k, v in ms.items()}
-        row: dict[str, Any] = {"layer": name, "shape": shape.text, "tuned_choice": str(chosen),
-                               "triton_choice": str(triton.config) if triton is not None else None}
+        row: dict[str, Any] = {
+            "layer": name,
+            "shape": shape.text,
+            "tuned_choice": str(chosen),
+            "triton_choice": str(triton.config) if triton is not None else None,
+        }
         for k, spread in gflops.items():
             row[f"{k}_gflops"] = spread.median
             row[f"{k}_gflops_range"] = f"{spread.low:.4g}-{spread.high:.4g}"
@@ -121,7 +132,9 @@ def layer_rows(names: tuple[str, ...], gflop: float, preset: str, rounds: int, c
                 ratio = paired(ms["cudnn"], ms[k])  # speed ratio: cuDNN's ms over this one's, per round
                 row[f"{k}_vs_cudnn"] = ratio.median
                 row[f"{k}_vs_cudnn_rounds"] = rounds_text(ratio)
-                row[f"{k}_vs_cudnn_verdict"] = {"above 1": "faster", "below 1": "slower"}.get(ratio.verdict(), "not distinguishable")
+                row[f"{k}_vs_cudnn_verdict"] = {"above 1": "faster", "below 1": "slower"}.get(
+                    ratio.verdict(), "not distinguishable"
+                )
         if "triton" in ms:
             strict = paired(ms["cudnn_fp32"], ms["triton"])
             row["triton_vs_cudnn_fp32"] = strict.median
@@ -145,8 +158,11 @@ def step_rows(batch: int, width: int, rounds: int, calls: int, device: str = "cu
     x = torch.randn(batch, 3, 32, 32, device=device, generator=gen)
     y = torch.randint(0, 10, (batch,), device=device, generator=gen)
     variants: dict[str, Callable[[], Any]] = {}
-    for name, memory, precision in (("fp32", torch.contiguous_format, None), ("bf16", torch.contiguous_format, torch.bfloat16),
-                                    ("channels_last", torch.channels_last, None)):
+    for name, memory, precision in (
+        ("fp32", torch.contiguous_format, None),
+        ("bf16", torch.contiguous_format, torch.bfloat16),
+        ("channels_last", torch.channels_last, None),
+    ):
         torch.manual_seed(0)
         model = resnet_mini(width=width).to(device).to(memory_format=memory)  # type: ignore[call-overload]  # torch's stub omits memory_format
         opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
@@ -165,15 +181,32 @@ def step_rows(batch: int, width: int, rounds: int, calls: int, device: str = "cu
     for name, per_call in ms.items():
         rate = Spread.of([1e3 / t for t in per_call])
         ratio = paired(ms["fp32"], per_call)
-        rows.append({"model": f"resnet_mini(width={width})", "batch": batch, "variant": name,
-                     "steps_per_s": rate.median, "steps_per_s_range": f"{rate.low:.4g}-{rate.high:.4g}",
-                     "images_per_s": rate.median * batch, "speedup_vs_fp32": ratio.median,
-                     "speedup_rounds": rounds_text(ratio), "rounds": rate.n})
+        rows.append(
+            {
+                "model": f"resnet_mini(width={width})",
+                "batch": batch,
+                "variant": name,
+                "steps_per_s": rate.median,
+                "steps_per_s_range": f"{rate.low:.4g}-{rate.high:.4g}",
+                "images_per_s": rate.median * batch,
+                "speedup_vs_fp32": ratio.median,
+                "speedup_rounds": rounds_text(ratio),
+                "rounds": rate.n,
+            }
+        )
     return rows
 
 
-def run(gflop: float = 20.0, preset: str = "small", rounds: int = 7, calls: int = 30, batch: int = 256, width: int = 64,
-        layers: tuple[str, ...] = BACKGROUND, device: str = "cuda") -> tuple[list[dict[str, Any]], dict[str, Any]]:
+def run(
+    gflop: float = 20.0,
+    preset: str = "small",
+    rounds: int = 7,
+    calls: int = 30,
+    batch: int = 256,
+    width: int = 64,
+    layers: tuple[str, ...] = BACKGROUND,
+    device: str = "cuda",
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Both parts; returns the rows and the summary (see the module docstring).
 
     ``device="cpu"`` runs the same program on the CPU (no Triton there): a rehearsal of
@@ -191,7 +224,9 @@ def run(gflop: float = 20.0, preset: str = "small", rounds: int = 7, calls: int 
         "tuned_vs_cudnn_median_over_layers": tuned.median,
         "tuned_vs_cudnn_range_over_layers": f"{tuned.low:.3g}-{tuned.high:.3g}",
         # per layer, from its rounds: faster or slower only when every round says so
-        "tuned_vs_cudnn_layers": {v: sum(r["tuned_vs_cudnn_verdict"] == v for r in conv) for v in ("faster", "slower", "not distinguishable")},
+        "tuned_vs_cudnn_layers": {
+            v: sum(r["tuned_vs_cudnn_verdict"] == v for r in conv) for v in ("faster", "slower", "not distinguishable")
+        },
         "triton_vs_cudnn_median_over_layers": statistics.median(triton) if triton else None,
         **{f"resnet_steps_per_s_{r['variant']}": r["steps_per_s"] for r in steps},
     }
@@ -201,8 +236,13 @@ def run(gflop: float = 20.0, preset: str = "small", rounds: int = 7, calls: int 
 @click.command("gpu")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="write rows + summary as JSON")
 @click.option("--gflop", type=float, default=20.0, show_default=True, help="forward GFLOP per layer measurement")
-@click.option("--preset", type=click.Choice(["tiny", "small", "default", "full"]), default="small", show_default=True,
-              help="Triton configurations the tuner tries")
+@click.option(
+    "--preset",
+    type=click.Choice(["tiny", "small", "default", "full"]),
+    default="small",
+    show_default=True,
+    help="Triton configurations the tuner tries",
+)
 @click.option("--rounds", type=click.IntRange(min=3), default=7, show_default=True, help="interleaved rounds")
 @click.option("--quick", is_flag=True, help="two layers, a smaller ResNet batch (a smoke run)")
 def command(json_path: str | None, gflop: float, preset: str, rounds: int, quick: bool) -> None:

@@ -87,8 +87,13 @@ def _row(setting: str, store: str, kind: str, per_epoch: list[dict[str, Any]]) -
 @click.option("--step-ms", default=2.0, show_default=True, help="Emulated training step per batch (sleep).")
 @click.option("--world-size", default=1, show_default=True, help="Ranks the data is sharded over (rank 0 measured).")
 @click.option("--seed", default=0, show_default=True)
-@click.option("--rounds", type=click.IntRange(min=1), default=3, show_default=True,
-              help="Interleaved rounds: every loader once per round; ratios are per round, with their range.")
+@click.option(
+    "--rounds",
+    type=click.IntRange(min=1),
+    default=3,
+    show_default=True,
+    help="Interleaved rounds: every loader once per round; ratios are per round, with their range.",
+)
 @click.option("--dir", "directory", default=None, help="Where to write the stores (default: a temp dir).")
 @click.option("--json", "json_path", default=None, help="Write the rows and summary as JSON here.")
 def command(
@@ -159,7 +164,9 @@ def command(
                                 workers=0 if kind == "clairvoyant threads" else workers,
                                 **common,
                             )
-                        rows.append({"round": round_, **_row(setting, store, kind, _run(loader, epochs, step_ms / 1e3))})
+                        rows.append(
+                            {"round": round_, **_row(setting, store, kind, _run(loader, epochs, step_ms / 1e3))}
+                        )
                         if kind.startswith("clairvoyant"):
                             loader.close()  # stops its workers
                         del loader
@@ -185,14 +192,31 @@ def _targets(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
     out: dict[str, Any] = {}
     for store in ("files", "lmdb"):
-        many = next(r["loader"] for r in rows if r["setting"] == "throttled" and r["store"] == store and r["loader"].startswith("dataloader x"))
-        ratio = paired(find("throttled", store, "clairvoyant", "sps_epochs_2+"), find("throttled", store, many, "sps_epochs_2+"))
+        many = next(
+            r["loader"]
+            for r in rows
+            if r["setting"] == "throttled" and r["store"] == store and r["loader"].startswith("dataloader x")
+        )
+        ratio = paired(
+            find("throttled", store, "clairvoyant", "sps_epochs_2+"), find("throttled", store, many, "sps_epochs_2+")
+        )
         out[f"throttled {store} clairvoyant epochs 2+ vs {many} (as many workers as threads)"] = ratio_text(ratio)
         for kind in ("clairvoyant", "clairvoyant+disk"):
-            ratio = paired(find("throttled", store, kind, "sps_epochs_2+"), find("throttled", store, "dataloader", "sps_epochs_2+"))
-            out[f"target throttled {store} {kind} epochs 2+ vs DataLoader >= 2x"] = f"{ratio_text(ratio)} {target(ratio, 2.0, at_most=False)}"
-        ratio = paired(find("unthrottled", store, "clairvoyant", "sps_epochs_2+"), find("unthrottled", store, "dataloader", "sps_epochs_2+"))
+            ratio = paired(
+                find("throttled", store, kind, "sps_epochs_2+"), find("throttled", store, "dataloader", "sps_epochs_2+")
+            )
+            out[f"target throttled {store} {kind} epochs 2+ vs DataLoader >= 2x"] = (
+                f"{ratio_text(ratio)} {target(ratio, 2.0, at_most=False)}"
+            )
+        ratio = paired(
+            find("unthrottled", store, "clairvoyant", "sps_epochs_2+"),
+            find("unthrottled", store, "dataloader", "sps_epochs_2+"),
+        )
         out[f"unthrottled {store} clairvoyant epochs 2+ vs DataLoader"] = ratio_text(ratio)
-        ratio = paired(find("unthrottled", store, "clairvoyant", "sps_all"), find("unthrottled", store, "dataloader", "sps_all"))
-        out[f"target unthrottled {store} clairvoyant all epochs vs DataLoader >= 0.95x"] = f"{ratio_text(ratio)} {target(ratio, 0.95, at_most=False)}"
+        ratio = paired(
+            find("unthrottled", store, "clairvoyant", "sps_all"), find("unthrottled", store, "dataloader", "sps_all")
+        )
+        out[f"target unthrottled {store} clairvoyant all epochs vs DataLoader >= 0.95x"] = (
+            f"{ratio_text(ratio)} {target(ratio, 0.95, at_most=False)}"
+        )
     return out

@@ -65,8 +65,15 @@ def command(n: int, repeat: int, json_path: str | None) -> None:
         samples = _interleaved_ms({"%%px": px, "%%distributed": distributed}, repeat)
     finally:
         cluster.stop()
-    rows = [{"magic": name, "median_ms": statistics.median(ms), "p90_ms": statistics.quantiles(ms, n=10)[-1], "cells": repeat}
-            for name, ms in samples.items()]  # fmt: skip
+    rows = [
+        {
+            "magic": name,
+            "median_ms": statistics.median(ms),
+            "p90_ms": statistics.quantiles(ms, n=10)[-1],
+            "cells": repeat,
+        }
+        for name, ms in samples.items()
+    ]
     # the two cells of a round ran back to back; the middle 80 % of the per-round ratios is the interval
     ratios = sorted(d / p for d, p in zip(samples["%%distributed"], samples["%%px"]))
     ratio = Spread(statistics.median(ratios), ratios[len(ratios) // 10], ratios[-1 - len(ratios) // 10], len(ratios))

@@ -36,8 +36,13 @@ def rows_of(size: str, ranks: int, rounds: int, timeout: float) -> list[dict[str
 
     rows = []
     for zero in (0, 3):
-        measured, load = _launch("rapydli.bench.model_worker", ["--size", size, "--zero", str(zero), "--rounds", str(rounds)], ranks,
-                                 f"model-keeping benchmark at ZeRO-{zero} on {ranks} ranks", timeout)  # fmt: skip
+        measured, load = _launch(
+            "rapydli.bench.model_worker",
+            ["--size", size, "--zero", str(zero), "--rounds", str(rounds)],
+            ranks,
+            f"model-keeping benchmark at ZeRO-{zero} on {ranks} ranks",
+            timeout,
+        )
         rows += [{**row, **load} for row in measured]
     return rows
 
@@ -47,7 +52,10 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     summary: dict[str, Any] = {}
     for zero in sorted({r["zero"] for r in rows}):
         mine = [r for r in rows if r["zero"] == zero]
-        by = {v: sorted((r for r in mine if r["variant"] == v), key=lambda r: r["round"]) for v in ("gather", "write", "none")}
+        by = {
+            v: sorted((r for r in mine if r["variant"] == v), key=lambda r: r["round"])
+            for v in ("gather", "write", "none")
+        }
         gather = [r["seconds"] for r in by["gather"]]
         layout: dict[str, Any] = {}
         for variant, found in by.items():
@@ -56,9 +64,15 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
                                "held_mib_max_rank": max(max(r["held_bytes"]) for r in found) / MIB if found else None}  # fmt: skip
             if variant != "gather":
                 ratio = paired([r["seconds"] for r in found], gather)
-                layout[variant].update(ratio_to_gather=ratio.median, ratio_low=ratio.low, ratio_high=ratio.high,
-                                       verdict=ratio.verdict(1.0).replace("above", "slower than gather:").replace(
-                                           "below", "faster than gather:"), rounds=rounds_text(ratio))  # fmt: skip
+                layout[variant].update(
+                    ratio_to_gather=ratio.median,
+                    ratio_low=ratio.low,
+                    ratio_high=ratio.high,
+                    verdict=ratio.verdict(1.0)
+                    .replace("above", "slower than gather:")
+                    .replace("below", "faster than gather:"),
+                    rounds=rounds_text(ratio),
+                )
         assembled = [r["assemble_s"] for r in by["write"] if r["assemble_s"] is not None]
         layout["assemble_ms_when_asked"] = 1e3 * statistics.median(assembled) if assembled else None
         layout["load_1m"] = [round(r["load_1m"], 2) for r in mine if r["variant"] == "gather"][:1]
@@ -69,24 +83,39 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 @click.command("model")
 @click.option("-n", "--ranks", "ranks", type=click.IntRange(min=2), default=2, show_default=True, help="MPI ranks.")
-@click.option("--size", type=click.Choice(["gpt2-63m", "tiny"]), default="gpt2-63m", show_default=True,
-              help="The model (rapydli.bench.zero3_worker.SIZES); tiny for tests.")  # fmt: skip
-@click.option("--rounds", type=click.IntRange(min=1), default=5, show_default=True, help="Interleaved rounds of every variant.")
+@click.option(
+    "--size",
+    type=click.Choice(["gpt2-63m", "tiny"]),
+    default="gpt2-63m",
+    show_default=True,
+    help="The model (rapydli.bench.zero3_worker.SIZES); tiny for tests.",
+)
+@click.option(
+    "--rounds", type=click.IntRange(min=1), default=5, show_default=True, help="Interleaved rounds of every variant."
+)
 @click.option("--timeout", type=float, default=900.0, show_default=True, help="Seconds before every rank is killed.")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Write the rows and summary here.")
+@click.option(
+    "--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Write the rows and summary here."
+)
 def command(ranks: int, size: str, rounds: int, timeout: float, json_path: str | None) -> None:
     """What a run's end costs to keep its model: gathered to rank 0 (before), written in pieces (rd.train now), or not at all (sweeps)."""
     rows = rows_of(size, ranks, rounds, timeout)
     summary = summarize(rows)
     for layout, found in summary.items():
         gather = found["gather"]
-        click.echo(f"{layout} on {ranks} ranks ({rows[0]['parameters'] / 1e6:.1f} M parameters): gather {gather['ms']:.0f} ms "
-                   f"({gather['ms_low']:.0f}-{gather['ms_high']:.0f}), rank 0 holds {gather['held_mib_max_rank']:.0f} MiB")  # fmt: skip
+        click.echo(
+            f"{layout} on {ranks} ranks ({rows[0]['parameters'] / 1e6:.1f} M parameters): gather {gather['ms']:.0f} ms "
+            f"({gather['ms_low']:.0f}-{gather['ms_high']:.0f}), rank 0 holds {gather['held_mib_max_rank']:.0f} MiB"
+        )
         for variant in ("write", "none"):
             v = found[variant]
-            click.echo(f"  {variant}: {v['ms']:.0f} ms, {v['ratio_to_gather']:.2f}x gather ({v['rounds']}; {v['verdict']}); "
-                       f"most a rank holds {v['held_mib_max_rank']:.0f} MiB")  # fmt: skip
-        click.echo(f"  result.model() when asked: {found['assemble_ms_when_asked']:.0f} ms on the notebook; load {found['load_1m']} "
-                   f"before, other processes used up to {found['other_cores']} cores")  # fmt: skip
+            click.echo(
+                f"  {variant}: {v['ms']:.0f} ms, {v['ratio_to_gather']:.2f}x gather ({v['rounds']}; {v['verdict']}); "
+                f"most a rank holds {v['held_mib_max_rank']:.0f} MiB"
+            )
+        click.echo(
+            f"  result.model() when asked: {found['assemble_ms_when_asked']:.0f} ms on the notebook; load {found['load_1m']} "
+            f"before, other processes used up to {found['other_cores']} cores"
+        )
     if json_path:
         Path(json_path).write_text(json.dumps({"rows": rows, "summary": summary}, indent=1))

@@ -51,13 +51,24 @@ def measure(size_name: str, zero: int, rounds: int) -> list[dict[str, Any]]:
     world = MPI.COMM_WORLD
     size = SIZES[size_name]
     torch.set_num_threads(1)
-    config = TrainConfig(batch_size=max(1, size.global_batch // world.Get_size()), max_steps=1, epochs=1, eval_every=0, zero=zero,
-                         optimizer="adamw", lr=3e-4, allreduce="mpi", seed=0)  # fmt: skip
+    config = TrainConfig(
+        batch_size=max(1, size.global_batch // world.Get_size()),
+        max_steps=1,
+        epochs=1,
+        eval_every=0,
+        zero=zero,
+        optimizer="adamw",
+        lr=3e-4,
+        allreduce="mpi",
+        seed=0,
+    )
     trainer = Trainer(size.model(), None, size.data(1), None, config, comm=world)
     trainer.fit()
     rows = []
     with tempfile.TemporaryDirectory(prefix="rapydli-bench-model-") as tmp:
-        shared = world.bcast(tmp if world.Get_rank() == 0 else None, root=0)  # one directory, as a run's model directory is
+        shared = world.bcast(
+            tmp if world.Get_rank() == 0 else None, root=0
+        )  # one directory, as a run's model directory is
         for round_ in range(rounds):
             for variant in VARIANTS[:: 1 if round_ % 2 == 0 else -1]:
                 directory = Path(shared) / f"r{round_}-{variant}"
@@ -69,8 +80,11 @@ def measure(size_name: str, zero: int, rounds: int) -> list[dict[str, Any]]:
                     held = _bytes(state.values()) if state is not None else 0
                     del state
                 elif variant == "write":
-                    held = _bytes(e.value for e in trainer.checkpoints._model_entries(trainer.model, trainer.optimizer)
-                                  if isinstance(e.value, torch.Tensor))  # fmt: skip
+                    held = _bytes(
+                        e.value
+                        for e in trainer.checkpoints._model_entries(trainer.model, trainer.optimizer)
+                        if isinstance(e.value, torch.Tensor)
+                    )
                     trainer.save_model(directory)
                 world.Barrier()
                 seconds = world.allreduce(time.perf_counter() - began, op=MPI.MAX)
@@ -82,8 +96,18 @@ def measure(size_name: str, zero: int, rounds: int) -> list[dict[str, Any]]:
                     shutil.rmtree(directory, ignore_errors=True)
                 per_rank = world.gather(held, root=0)
                 if world.Get_rank() == 0:
-                    rows.append({"round": round_, "variant": variant, "zero": zero, "ranks": world.Get_size(), "seconds": seconds,
-                                 "held_bytes": per_rank, "assemble_s": assemble_s, "parameters": size.parameters})  # fmt: skip
+                    rows.append(
+                        {
+                            "round": round_,
+                            "variant": variant,
+                            "zero": zero,
+                            "ranks": world.Get_size(),
+                            "seconds": seconds,
+                            "held_bytes": per_rank,
+                            "assemble_s": assemble_s,
+                            "parameters": size.parameters,
+                        }
+                    )
     trainer.close()
     return rows
 

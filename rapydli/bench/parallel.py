@@ -118,16 +118,33 @@ def memory_rows(steps: int, timeout: float) -> list[dict[str, Any]]:
     config = _config()
     chosen = layouts()
     micro = sorted({layout.microbatch(GLOBAL_BATCH) for layout in chosen.values()})
-    profile = local_profile(bench_model, bench_data, config, micro, sorted({layout.tp for layout in chosen.values()}), [])
+    profile = local_profile(
+        bench_model, bench_data, config, micro, sorted({layout.tp for layout in chosen.values()}), []
+    )
     network = Network.from_ring(RingModel(0.0, 0.0))
     predictions = {name: predict(layout, profile, network, GLOBAL_BATCH, config) for name, layout in chosen.items()}
-    variants = [{"name": name, "config": layout.config(config, GLOBAL_BATCH, predictions[name].split).to_dict()} for name, layout in chosen.items()]
+    variants = [
+        {"name": name, "config": layout.config(config, GLOBAL_BATCH, predictions[name].split).to_dict()}
+        for name, layout in chosen.items()
+    ]
     with tempfile.TemporaryDirectory(prefix="rapydli-bench-parallel-") as tmp:
         out = Path(tmp) / "rows.json"
-        argv = [sys.executable, "-m", "rapydli.bench.parallel_worker", "--out", str(out), "--variants", json.dumps(variants), "--steps", str(steps)]
+        argv = [
+            sys.executable,
+            "-m",
+            "rapydli.bench.parallel_worker",
+            "--out",
+            str(out),
+            "--variants",
+            json.dumps(variants),
+            "--steps",
+            str(steps),
+        ]
         result = mpirun.run(argv, n=2, threads=1, timeout=timeout)
         if result.returncode != 0 or not out.exists():
-            raise ClusterError(f"the parallel benchmark's memory part failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
+            raise ClusterError(
+                f"the parallel benchmark's memory part failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+            )
         rows = json.loads(out.read_text())
     factor = optimizer_factor(config)
     for row in rows:
@@ -138,9 +155,16 @@ def memory_rows(steps: int, timeout: float) -> list[dict[str, Any]]:
         # at backward's peak: what the rank holds after the step, plus the whole gradient buckets it held at once during
         # backward (ZeRO 2 and 3; gone by the step's end, where the storages are counted)
         held = row["total_bytes"] + row.get("in_flight_bytes", 0)
-        row.update(formula_bytes=formula, predicted_total_bytes=predicted, predicted_activation_bytes=memory.activations,
-                   states_vs_formula=row["model_state_bytes"] / formula, total_vs_predicted=held / predicted,
-                   activations_vs_predicted=row["activation_bytes"] / memory.activations if memory.activations else float("nan"))  # fmt: skip
+        row.update(
+            formula_bytes=formula,
+            predicted_total_bytes=predicted,
+            predicted_activation_bytes=memory.activations,
+            states_vs_formula=row["model_state_bytes"] / formula,
+            total_vs_predicted=held / predicted,
+            activations_vs_predicted=row["activation_bytes"] / memory.activations
+            if memory.activations
+            else float("nan"),
+        )
     return rows
 
 
@@ -157,9 +181,18 @@ def time_rows(steps: int, rounds: int, model: str = "tiny_lm") -> list[dict[str,
     with Cluster(n=2) as cluster:
         for _ in range(rounds):
             plan = plan_parallel(
-                model_fn, data_fn, config, ranks=2, run_top=0, steps=steps, cluster=cluster, global_batch=GLOBAL_BATCH,
-                run_layouts=list(labels), profile=plan.profile if plan else None, network=plan.network if plan else None,
-            )  # fmt: skip
+                model_fn,
+                data_fn,
+                config,
+                ranks=2,
+                run_top=0,
+                steps=steps,
+                cluster=cluster,
+                global_batch=GLOBAL_BATCH,
+                run_layouts=list(labels),
+                profile=plan.profile if plan else None,
+                network=plan.network if plan else None,
+            )
             for label in labels:
                 row = plan.table[plan.table["layout"] == label].iloc[0]
                 measured[label].append(float(row["measured_step_s"]))
@@ -168,9 +201,18 @@ def time_rows(steps: int, rounds: int, model: str = "tiny_lm") -> list[dict[str,
     for label, name in labels.items():
         row = plan.table[plan.table["layout"] == label].iloc[0]
         step = statistics.median(measured[label])
-        rows.append({"part": "time", "model": model,
-                     "variant": name, "layout": label, "measured_step_ms": 1e3 * step, "predicted_step_ms": 1e3 * row["predicted_step_s"],
-                     "error": (row["predicted_step_s"] - step) / step, "rounds_ms": [round(1e3 * s, 3) for s in measured[label]]})  # fmt: skip
+        rows.append(
+            {
+                "part": "time",
+                "model": model,
+                "variant": name,
+                "layout": label,
+                "measured_step_ms": 1e3 * step,
+                "predicted_step_ms": 1e3 * row["predicted_step_s"],
+                "error": (row["predicted_step_s"] - step) / step,
+                "rounds_ms": [round(1e3 * s, 3) for s in measured[label]],
+            }
+        )
     base = next(r for r in rows if r["variant"] == "dp")["rounds_ms"]
     for row in rows:
         row["vs_dp"] = paired(row["rounds_ms"], base).median  # the layouts ran in the same rounds
@@ -188,10 +230,12 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         mine = [r for r in memory if r["variant"] == name]
         worst = max(mine, key=lambda r: abs(r["states_vs_formula"] - 1))
         summary[f"memory {name}: model states measured / fp32 ZeRO formula (worst rank)"] = worst["states_vs_formula"]
-        summary[f"memory {name}: all the rank holds at backward's peak / planner's peak without activations (worst rank)"] = max(
-            (r["total_vs_predicted"] for r in mine), key=lambda v: abs(v - 1))
+        summary[
+            f"memory {name}: all the rank holds at backward's peak / planner's peak without activations (worst rank)"
+        ] = max((r["total_vs_predicted"] for r in mine), key=lambda v: abs(v - 1))
         summary[f"memory {name}: activations measured / planner (worst rank)"] = max(
-            (r["activations_vs_predicted"] for r in mine), key=lambda v: abs(v - 1))
+            (r["activations_vs_predicted"] for r in mine), key=lambda v: abs(v - 1)
+        )
         met = abs(worst["states_vs_formula"] - 1) <= MEMORY_TOLERANCE
         summary[f"memory {name}: target within {MEMORY_TOLERANCE:.0%} of the formula"] = "met" if met else "not met"
     timed = [r for r in rows if r["part"] == "time"]
@@ -201,10 +245,16 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         summary[f"step {row['variant']}: step / dp step"] = row["vs_dp"]
         if dp_rounds is not None and len(dp_rounds) == len(own):
             summary[f"step {row['variant']}: step / dp step, range"] = rounds_text(paired(own, dp_rounds))
-        errors = Spread.of([abs(row["predicted_step_ms"] - step) / step for step in own]) if "predicted_step_ms" in row else Spread.of([abs(row["error"])])
+        errors = (
+            Spread.of([abs(row["predicted_step_ms"] - step) / step for step in own])
+            if "predicted_step_ms" in row
+            else Spread.of([abs(row["error"])])
+        )
         summary[f"step {row['variant']}: planner error"] = row["error"]
         summary[f"step {row['variant']}: planner error (absolute), range"] = rounds_text(errors, percent=True)
-        summary[f"step {row['variant']}: target predicted within {TOLERANCE:.0%}"] = target(errors, TOLERANCE, percent=True)
+        summary[f"step {row['variant']}: target predicted within {TOLERANCE:.0%}"] = target(
+            errors, TOLERANCE, percent=True
+        )
     return summary
 
 
@@ -231,19 +281,35 @@ def _launch(module: str, args: list[str], n: int, what: str, timeout: float) -> 
             raise ClusterError(f"the {what} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
         written = json.loads(out.read_text())
     busy_after, ours_after = _cpu_seconds()
-    return written, {"load_1m": load, "other_cores": max(0.0, (busy_after - busy) - (ours_after - ours)) / wall, "wall_s": wall}
+    return written, {
+        "load_1m": load,
+        "other_cores": max(0.0, (busy_after - busy) - (ours_after - ours)) / wall,
+        "wall_s": wall,
+    }
 
 
 def zero3_launch(impl: str, size: str, n: int, steps: int, checkpointing: bool, timeout: float) -> dict[str, Any]:
     """One variant on ``n`` fresh ranks (:mod:`rapydli.bench.zero3_worker`): one row, and the load around it."""
     args = ["--impl", impl, "--size", size, "--steps", str(steps), *(["--checkpointing"] if checkpointing else [])]
-    ranks, load = _launch("rapydli.bench.zero3_worker", args, n, f"zero-3 benchmark's {impl} launch on {n} ranks", timeout)
+    ranks, load = _launch(
+        "rapydli.bench.zero3_worker", args, n, f"zero-3 benchmark's {impl} launch on {n} ranks", timeout
+    )
     first = ranks[0]
-    return {"part": "zero3", "impl": impl, "ranks": n, "checkpointing": checkpointing,
-            "step_ms": 1e3 * max(statistics.median(r["step_s"][ZERO3_WARMUP:]) for r in ranks),  # the slowest rank's
-            "peak_mib": max(r["peak_bytes"] for r in ranks) / MIB, "after_mib": max(r["after_bytes"] for r in ranks) / MIB,
-            "activation_mib": max(r["activation_bytes"] for r in ranks) / MIB, "final_loss": first["loss"][-1], "units": first["units"],
-            **load, "losses": first["loss"], "peak_mib_per_rank": [round(r["peak_bytes"] / MIB, 1) for r in ranks]}  # fmt: skip
+    return {
+        "part": "zero3",
+        "impl": impl,
+        "ranks": n,
+        "checkpointing": checkpointing,
+        "step_ms": 1e3 * max(statistics.median(r["step_s"][ZERO3_WARMUP:]) for r in ranks),  # the slowest rank's
+        "peak_mib": max(r["peak_bytes"] for r in ranks) / MIB,
+        "after_mib": max(r["after_bytes"] for r in ranks) / MIB,
+        "activation_mib": max(r["activation_bytes"] for r in ranks) / MIB,
+        "final_loss": first["loss"][-1],
+        "units": first["units"],
+        **load,
+        "losses": first["loss"],
+        "peak_mib_per_rank": [round(r["peak_bytes"] / MIB, 1) for r in ranks],
+    }
 
 
 def zero3_rows(size: str, ranks: list[int], steps: int, rounds: int, timeout: float) -> list[dict[str, Any]]:
@@ -256,8 +322,11 @@ def zero3_rows(size: str, ranks: list[int], steps: int, rounds: int, timeout: fl
             for checkpointing in (False, True):
                 for impl in IMPLEMENTATIONS[:: 1 if round_ % 2 == 0 else -1]:
                     row = {"round": round_, **zero3_launch(impl, size, n, steps, checkpointing, timeout)}
-                    click.echo(f"round {round_ + 1}/{rounds}, {n} ranks, {impl}{', checkpointing' if checkpointing else ''}: step "
-                               f"{row['step_ms']:.0f} ms, peak {row['peak_mib']:.0f} MiB a rank ({row['wall_s']:.0f} s)", err=True)  # fmt: skip
+                    click.echo(
+                        f"round {round_ + 1}/{rounds}, {n} ranks, {impl}{', checkpointing' if checkpointing else ''}: step "
+                        f"{row['step_ms']:.0f} ms, peak {row['peak_mib']:.0f} MiB a rank ({row['wall_s']:.0f} s)",
+                        err=True,
+                    )
                     rows.append(row)
     return rows
 
@@ -289,7 +358,12 @@ def zero3_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
         for checkpointing in (False, True):
             label = f"zero3 {n} ranks{', checkpointing' if checkpointing else ''}"
             for key, what in (("step_ms", "step time"), ("peak_mib", "peak memory per rank")):
-                ratio = _pair(at, key, {"impl": "rapydli", "checkpointing": checkpointing}, {"impl": "fsdp2", "checkpointing": checkpointing})
+                ratio = _pair(
+                    at,
+                    key,
+                    {"impl": "rapydli", "checkpointing": checkpointing},
+                    {"impl": "fsdp2", "checkpointing": checkpointing},
+                )
                 summary[f"{label}: {what} rapydli / FSDP2"] = ratio.median
                 summary[f"{label}: {what} rapydli / FSDP2, range"] = rounds_text(ratio)
                 summary[f"{label}: target {what} rapydli <= FSDP2"] = _verdict(ratio)
@@ -297,19 +371,26 @@ def zero3_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
             label = f"zero3 {n} ranks, {'FSDP2' if impl == 'fsdp2' else impl}: activation checkpointing"
             on, off = {"impl": impl, "checkpointing": True}, {"impl": impl, "checkpointing": False}
             overhead = _pair(at, "step_ms", on, off).minus(1.0)
-            summary[f"{label} step time overhead (with / without - 1)"] = f"{overhead.median:+.1%} ({rounds_text(overhead, percent=True)})"
+            summary[f"{label} step time overhead (with / without - 1)"] = (
+                f"{overhead.median:+.1%} ({rounds_text(overhead, percent=True)})"
+            )
             for key, what in (("activation_mib", "activations"), ("peak_mib", "peak memory")):
                 saving = _pair(at, key, off, on)
                 summary[f"{label} saving in {what} (without / with)"] = f"{saving.median:.3g}x ({rounds_text(saving)})"
         worst = 0.0
         for r in at:
             if r["impl"] == "rapydli":
-                peer = [p for p in at if p["impl"] == "fsdp2" and p["round"] == r["round"] and p["checkpointing"] == r["checkpointing"]]
+                peer = [
+                    p
+                    for p in at
+                    if p["impl"] == "fsdp2" and p["round"] == r["round"] and p["checkpointing"] == r["checkpointing"]
+                ]
                 for p in peer:
                     worst = max([worst, *(abs(a - b) / abs(b) for a, b in zip(r["losses"], p["losses"], strict=True))])
         steps = len(at[0]["losses"])
         summary[f"zero3 {n} ranks: losses rapydli vs FSDP2, the same {steps} steps"] = (
-            f"{'equal' if worst <= LOSS_TOLERANCE else 'DIFFERENT'} (largest relative difference {worst:.2g}; tolerance {LOSS_TOLERANCE:g})")
+            f"{'equal' if worst <= LOSS_TOLERANCE else 'DIFFERENT'} (largest relative difference {worst:.2g}; tolerance {LOSS_TOLERANCE:g})"
+        )
     return {**summary, **_load_summary(mine, "zero3")}
 
 
@@ -319,9 +400,11 @@ def _load_summary(rows: list[dict[str, Any]], part: str) -> dict[str, str]:
         return {}
     loads, others = Spread.of([r["load_1m"] for r in rows]), Spread.of([r["other_cores"] for r in rows])
     cores = int(machine_load()["cores"])
-    return {f"{part} load: 1-minute load average before each launch": f"median {loads.median:.2f} ({loads.low:.2f} to {loads.high:.2f}) on {cores} cores",
-            f"{part} load: cores other processes used during each launch": f"median {others.median:.2f} ({others.low:.2f} to {others.high:.2f}) of {cores}"
-            + ("; the machine was shared: timings drifted with the other work" if others.high > 0.25 else "")}  # fmt: skip
+    return {
+        f"{part} load: 1-minute load average before each launch": f"median {loads.median:.2f} ({loads.low:.2f} to {loads.high:.2f}) on {cores} cores",
+        f"{part} load: cores other processes used during each launch": f"median {others.median:.2f} ({others.low:.2f} to {others.high:.2f}) of {cores}"
+        + ("; the machine was shared: timings drifted with the other work" if others.high > 0.25 else ""),
+    }
 
 
 def zero3_context(size: str, steps: int) -> dict[str, Any]:
@@ -331,16 +414,20 @@ def zero3_context(size: str, steps: int) -> dict[str, Any]:
     from rapydli.bench.zero3_worker import LR, SIZES
 
     chosen = SIZES[size]
-    return {"zero3 model": f"{size}: GPT-2-style, {chosen.n_layer} blocks of width {chosen.n_embd}, vocabulary {chosen.vocab}, "
-                           f"{chosen.parameters / 1e6:.1f} M parameters (fp32), tied embeddings",
-            "zero3 training": f"global batch {chosen.global_batch} x {chosen.positions} tokens, AdamW lr {LR:g}, {steps} steps a launch "
-                              f"({ZERO3_WARMUP} warm-up), one thread a rank; peer: FSDP2 (fully_shard) of torch {torch.__version__} over gloo"}  # fmt: skip
+    return {
+        "zero3 model": f"{size}: GPT-2-style, {chosen.n_layer} blocks of width {chosen.n_embd}, vocabulary {chosen.vocab}, "
+        f"{chosen.parameters / 1e6:.1f} M parameters (fp32), tied embeddings",
+        "zero3 training": f"global batch {chosen.global_batch} x {chosen.positions} tokens, AdamW lr {LR:g}, {steps} steps a launch "
+        f"({ZERO3_WARMUP} warm-up), one thread a rank; peer: FSDP2 (fully_shard) of torch {torch.__version__} over gloo",
+    }
 
 
 def peers_launch(impl: str, model: str, layout: str, size: str, steps: int, timeout: float) -> dict[str, Any]:
     """One variant on 2 fresh ranks (:mod:`rapydli.bench.peers_worker`): its row, and the load around it."""
     args = ["--impl", impl, "--model", model, "--layout", layout, "--size", size, "--steps", str(steps)]
-    row, load = _launch("rapydli.bench.peers_worker", args, 2, f"peers benchmark's {impl} {model} {layout} launch", timeout)
+    row, load = _launch(
+        "rapydli.bench.peers_worker", args, 2, f"peers benchmark's {impl} {model} {layout} launch", timeout
+    )
     return {"part": "peers", **row, **load}
 
 
@@ -354,7 +441,10 @@ def peers_rows(size: str, steps: int, rounds: int, timeout: float) -> list[dict[
             for layout in LAYOUTS:
                 for impl in IMPLEMENTATIONS[:: 1 if round_ % 2 == 0 else -1]:
                     row = {"round": round_, **peers_launch(impl, model, layout, size, steps, timeout)}
-                    click.echo(f"round {round_ + 1}/{rounds}, {model} {layout}, {impl}: step {row['step_ms']:.0f} ms ({row['wall_s']:.0f} s)", err=True)
+                    click.echo(
+                        f"round {round_ + 1}/{rounds}, {model} {layout}, {impl}: step {row['step_ms']:.0f} ms ({row['wall_s']:.0f} s)",
+                        err=True,
+                    )
                     rows.append(row)
     return rows
 
@@ -370,12 +460,17 @@ def peers_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
         summary[f"{label}: step time torch / rapydli, range"] = rounds_text(ratio)
         summary[f"{label}: target rapydli at least as fast (torch / rapydli >= 1)"] = _verdict(ratio, at_most=False)
         ours, theirs = _rounds(mine, "losses", impl="rapydli", **at), _rounds(mine, "losses", impl="torch", **at)
-        steps = 1 if layout == "pp2" else min((len(losses) for losses in ours.values()), default=0)  # torch's pipeline: the tied embedding two copies
-        pairs = [pair for r in sorted(set(ours) & set(theirs)) for pair in list(zip(ours[r], theirs[r], strict=True))[:steps]]
+        steps = (
+            1 if layout == "pp2" else min((len(losses) for losses in ours.values()), default=0)
+        )  # torch's pipeline: the tied embedding two copies
+        pairs = [
+            pair for r in sorted(set(ours) & set(theirs)) for pair in list(zip(ours[r], theirs[r], strict=True))[:steps]
+        ]
         worst = max((abs(a - b) / abs(b) for a, b in pairs), default=float("nan"))
         what = "the first step" if steps == 1 else f"the same {steps} steps"
         summary[f"{label}: losses rapydli vs torch, {what}"] = (
-            f"{'equal' if worst <= LOSS_TOLERANCE else 'DIFFERENT'} (largest relative difference {worst:.2g}; tolerance {LOSS_TOLERANCE:g})")
+            f"{'equal' if worst <= LOSS_TOLERANCE else 'DIFFERENT'} (largest relative difference {worst:.2g}; tolerance {LOSS_TOLERANCE:g})"
+        )
     return {**summary, **_load_summary(mine, "peers")}
 
 
@@ -387,16 +482,18 @@ def peers_context(size: str, steps: int) -> dict[str, Any]:
 
     shape = SHAPES[size]
     sizes = {name: sum(p.numel() for p in shape.model(name).parameters()) / 1e6 for name in MODELS}
-    return {"peers models": f"{size}: gpt2, GPT-2-style, {shape.layers} blocks of width {shape.width}, {shape.heads} heads, fused c_attn, "
-                           f"tied embeddings, {sizes['gpt2']:.2f} M parameters; llama, Llama-style, {shape.layers} layers of width "
-                           f"{shape.width}, {shape.heads} query and {shape.kv_heads} key/value heads, SwiGLU {shape.intermediate}, "
-                           f"{sizes['llama']:.2f} M parameters; vocabulary {shape.vocab}, fp32",
-            "peers training": f"batch {shape.batch} x {shape.positions} tokens (synthetic), AdamW lr {LR:g}, {steps} steps a launch "
-                              f"({WARMUP} warm-up), 2 ranks of one thread; tp2: 2-way tensor parallel, pp2: 2 stages, 1F1B, "
-                              f"{MICROBATCHES} micro-batches",
-            "peers peer": f"torch {torch.__version__} over gloo: parallelize_module (ColwiseParallel / RowwiseParallel) and "
-                          "torch.distributed.pipelining (PipelineStage, Schedule1F1B); its pipeline keeps GPT-2's tied embedding "
-                          "as two copies (one a stage, not summed), so only the first step's losses are compared there"}  # fmt: skip
+    return {
+        "peers models": f"{size}: gpt2, GPT-2-style, {shape.layers} blocks of width {shape.width}, {shape.heads} heads, fused c_attn, "
+        f"tied embeddings, {sizes['gpt2']:.2f} M parameters; llama, Llama-style, {shape.layers} layers of width "
+        f"{shape.width}, {shape.heads} query and {shape.kv_heads} key/value heads, SwiGLU {shape.intermediate}, "
+        f"{sizes['llama']:.2f} M parameters; vocabulary {shape.vocab}, fp32",
+        "peers training": f"batch {shape.batch} x {shape.positions} tokens (synthetic), AdamW lr {LR:g}, {steps} steps a launch "
+        f"({WARMUP} warm-up), 2 ranks of one thread; tp2: 2-way tensor parallel, pp2: 2 stages, 1F1B, "
+        f"{MICROBATCHES} micro-batches",
+        "peers peer": f"torch {torch.__version__} over gloo: parallelize_module (ColwiseParallel / RowwiseParallel) and "
+        "torch.distributed.pipelining (PipelineStage, Schedule1F1B); its pipeline keeps GPT-2's tied embedding "
+        "as two copies (one a stage, not summed), so only the first step's losses are compared there",
+    }
 
 
 def _rank_counts(text: str) -> list[int]:
@@ -410,26 +507,70 @@ def _rank_counts(text: str) -> list[int]:
 
 
 @click.command("parallel")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Write the rows and summary here.")
+@click.option(
+    "--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Write the rows and summary here."
+)
 @click.option("--parts", default="memory,time", show_default=True, help="Comma-separated: memory, time.")
-@click.option("--steps", type=click.IntRange(min=2), default=None,
-              help="Steps per layout run (2 are warm-up; default 12); with --zero 3, per launch (1 is warm-up; default 3); "
-                   "with --peers, per launch (2 are warm-up; default 6).")
-@click.option("--rounds", type=click.IntRange(min=1), default=3, show_default=True,
-              help="Alternated rounds of the step-time part (with --zero 3 or --peers: of every launch).")
-@click.option("--timeout", type=float, default=600.0, show_default=True,
-              help="Seconds before the memory launch (with --zero 3 or --peers: each launch) is killed.")
-@click.option("--zero", type=click.Choice(["3"]), default=None,
-              help="Instead of the parts: ZeRO-3 against PyTorch's FSDP2, with and without activation checkpointing.")
-@click.option("--peers", is_flag=True, default=False,
-              help="Instead of the parts: tensor parallelism and the 1F1B pipeline on 2 ranks against PyTorch's own, GPT-2- and Llama-style.")
+@click.option(
+    "--steps",
+    type=click.IntRange(min=2),
+    default=None,
+    help="Steps per layout run (2 are warm-up; default 12); with --zero 3, per launch (1 is warm-up; default 3); "
+    "with --peers, per launch (2 are warm-up; default 6).",
+)
+@click.option(
+    "--rounds",
+    type=click.IntRange(min=1),
+    default=3,
+    show_default=True,
+    help="Alternated rounds of the step-time part (with --zero 3 or --peers: of every launch).",
+)
+@click.option(
+    "--timeout",
+    type=float,
+    default=600.0,
+    show_default=True,
+    help="Seconds before the memory launch (with --zero 3 or --peers: each launch) is killed.",
+)
+@click.option(
+    "--zero",
+    type=click.Choice(["3"]),
+    default=None,
+    help="Instead of the parts: ZeRO-3 against PyTorch's FSDP2, with and without activation checkpointing.",
+)
+@click.option(
+    "--peers",
+    is_flag=True,
+    default=False,
+    help="Instead of the parts: tensor parallelism and the 1F1B pipeline on 2 ranks against PyTorch's own, GPT-2- and Llama-style.",
+)
 @click.option("--ranks", default="2,4", show_default=True, help="With --zero 3: comma-separated rank counts.")
-@click.option("--model", "time_model", type=click.Choice(sorted(TIME_MODELS)), default="tiny_lm", show_default=True,
-              help="The model of the step-time part: tiny_lm, or the GPT-2-style or Llama-style model of --peers' bench size.")
-@click.option("--size", type=click.Choice(sorted(set(SIZES) | set(SHAPES))), default=None,
-              help="With --zero 3 (default gpt2-63m) or --peers (default bench): the models and batch (tiny: for tests).")
-def command(json_path: str | None, parts: str, steps: int | None, rounds: int, timeout: float, zero: str | None, peers: bool, ranks: str,
-            time_model: str, size: str | None) -> None:  # fmt: skip
+@click.option(
+    "--model",
+    "time_model",
+    type=click.Choice(sorted(TIME_MODELS)),
+    default="tiny_lm",
+    show_default=True,
+    help="The model of the step-time part: tiny_lm, or the GPT-2-style or Llama-style model of --peers' bench size.",
+)
+@click.option(
+    "--size",
+    type=click.Choice(sorted(set(SIZES) | set(SHAPES))),
+    default=None,
+    help="With --zero 3 (default gpt2-63m) or --peers (default bench): the models and batch (tiny: for tests).",
+)
+def command(
+    json_path: str | None,
+    parts: str,
+    steps: int | None,
+    rounds: int,
+    timeout: float,
+    zero: str | None,
+    peers: bool,
+    ranks: str,
+    time_model: str,
+    size: str | None,
+) -> None:
     """Memory per rank of dp / ZeRO-1 / ZeRO-2 / pipeline / tensor parallel vs the ZeRO formulas; step times vs dp; planner error.
 
     With ``--zero 3``: ZeRO-3 against PyTorch's FSDP2 on a GPT-2-style model, step time and peak memory per rank, with and without activation checkpointing.
@@ -445,7 +586,9 @@ def command(json_path: str | None, parts: str, steps: int | None, rounds: int, t
             raise click.BadParameter(f"{size!r}: with --peers, one of {', '.join(sorted(SHAPES))}", param_hint="--size")
         steps = 6 if steps is None else steps
         if steps <= WARMUP:
-            raise click.BadParameter(f"{steps}: with --peers, more than the {WARMUP} warm-up steps", param_hint="--steps")
+            raise click.BadParameter(
+                f"{steps}: with --peers, more than the {WARMUP} warm-up steps", param_hint="--steps"
+            )
         launched = peers_rows(size, steps, rounds, timeout)
         emit("parallel --peers", launched, {**peers_context(size, steps), **peers_summary(launched)}, json_path)
         return
@@ -456,7 +599,10 @@ def command(json_path: str | None, parts: str, steps: int | None, rounds: int, t
         counts = _rank_counts(ranks)
         chosen = SIZES[size]
         if any(chosen.global_batch % n for n in counts):
-            raise click.BadParameter(f"{ranks!r}: the global batch of --size {size} ({chosen.global_batch}) must divide by each", param_hint="--ranks")
+            raise click.BadParameter(
+                f"{ranks!r}: the global batch of --size {size} ({chosen.global_batch}) must divide by each",
+                param_hint="--ranks",
+            )
         steps = 3 if steps is None else steps
         launched = zero3_rows(size, counts, steps, rounds, timeout)
         emit("parallel --zero 3", launched, {**zero3_context(size, steps), **zero3_summary(launched)}, json_path)

@@ -39,8 +39,12 @@ from rapydli.zoo import datasets, models
 
 #: The bench's model and data (importable, so engines and ranks build the same).
 VOCAB = 256
-bench_model: Callable[[], torch.nn.Module] = functools.partial(models.tiny_lm, vocab_size=VOCAB, block_size=32, dim=128, layers=4, heads=4)
-bench_data: Callable[[], Any] = functools.partial(datasets.synthetic_tokens, num_samples=1024, block_size=32, vocab_size=VOCAB)
+bench_model: Callable[[], torch.nn.Module] = functools.partial(
+    models.tiny_lm, vocab_size=VOCAB, block_size=32, dim=128, layers=4, heads=4
+)
+bench_data: Callable[[], Any] = functools.partial(
+    datasets.synthetic_tokens, num_samples=1024, block_size=32, vocab_size=VOCAB
+)
 #: The models the step-time part can plan and run (``--model``), as ``(model_fn, data_fn)``: ``tiny_lm`` (the one above),
 #: and the GPT-2-style (fused ``c_attn`` Conv1D, tied embedding) and Llama-style (GQA, SwiGLU) models at the ``--peers``
 #: bench's ``bench`` size (vocabulary 2048, 64 positions, width 256, 4 blocks).
@@ -79,7 +83,9 @@ def state_bytes(trainer: Trainer, excluded: set[int]) -> dict[str, int]:
     """
     model = trainer.model
     inner: Any = getattr(trainer.optimizer, "optimizer", trainer.optimizer)  # a ShardedOptimizer's own
-    trained = [p for group in inner.param_groups for p in group["params"]]  # ZeRO: views of this rank's slices, their gradients its shard
+    trained = [
+        p for group in inner.param_groups for p in group["params"]
+    ]  # ZeRO: views of this rank's slices, their gradients its shard
     kinds = {
         "parameters": _storages(model.parameters()),
         "gradients": _storages(p.grad for p in [*model.parameters(), *trained] if p.grad is not None),
@@ -115,7 +121,9 @@ class PeakAfterStep:
 def memory_rows(world: Any, variants: list[dict[str, Any]], steps: int) -> list[dict[str, Any]]:
     """Each variant's measured bytes on this rank, gathered on rank 0."""
     train, val = bench_data()
-    excluded = set(_storages([*train.tensors, *(val.tensors if val is not None else ())]))  # the bench's data, not the layout's
+    excluded = set(
+        _storages([*train.tensors, *(val.tensors if val is not None else ())])
+    )  # the bench's data, not the layout's
     rows = []
     for variant in variants:
         config = TrainConfig.from_dict({**variant["config"], "max_steps": steps, "epochs": steps, "eval_every": 0})
@@ -131,10 +139,23 @@ def memory_rows(world: Any, variants: list[dict[str, Any]], steps: int) -> list[
             trainer.close()
         parameters = sum(p.numel() * p.element_size() for p in trainer.model.parameters())
         sizes = peak.peak
-        in_flight = getattr(trainer.optimizer, "peak_gradient_buffer_bytes", 0)  # ZeRO-2: the most whole buckets held during backward
-        rows.append({"part": "memory", "variant": variant["name"], "rank": world.Get_rank(), "total_bytes": sizes["total"], "in_flight_bytes": in_flight,
-                     "model_state_bytes": sizes["parameters"] + sizes["gradients"] + sizes["optimizer"], "gradient_bytes": sizes["gradients"],
-                     "optimizer_bytes": sizes["optimizer"], "activation_bytes": meter.peak, "parameter_bytes": parameters})  # fmt: skip
+        in_flight = getattr(
+            trainer.optimizer, "peak_gradient_buffer_bytes", 0
+        )  # ZeRO-2: the most whole buckets held during backward
+        rows.append(
+            {
+                "part": "memory",
+                "variant": variant["name"],
+                "rank": world.Get_rank(),
+                "total_bytes": sizes["total"],
+                "in_flight_bytes": in_flight,
+                "model_state_bytes": sizes["parameters"] + sizes["gradients"] + sizes["optimizer"],
+                "gradient_bytes": sizes["gradients"],
+                "optimizer_bytes": sizes["optimizer"],
+                "activation_bytes": meter.peak,
+                "parameter_bytes": parameters,
+            }
+        )
         del trainer, meter, peak
     gathered = world.gather(rows, root=0)
     return [row for part in gathered for row in part] if world.Get_rank() == 0 else []

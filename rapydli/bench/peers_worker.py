@@ -145,7 +145,13 @@ def _fused_heads_first(linear: nn.Linear, ranks: int) -> None:
     """Permute a fused q/k/v projection's rows (and bias) so that rank ``r``'s contiguous chunk is its heads' ``[q; k; v]``."""
     width = linear.out_features // 3
     local = width // ranks
-    order = torch.cat([torch.arange(part * width + rank * local, part * width + (rank + 1) * local) for rank in range(ranks) for part in range(3)])
+    order = torch.cat(
+        [
+            torch.arange(part * width + rank * local, part * width + (rank + 1) * local)
+            for rank in range(ranks)
+            for part in range(3)
+        ]
+    )
     with torch.no_grad():
         linear.weight.copy_(linear.weight[order])
         if linear.bias is not None:
@@ -164,12 +170,24 @@ def torch_tp(name: str, shape: Shape, batches: list[tuple[torch.Tensor, torch.Te
         for block in model.transformer.h:
             _fused_heads_first(block.attn.c_attn, ranks)
             block.attn.n_head //= ranks  # the heads this rank computes, as torchtitan sets local head counts
-            parallelize_module(block, mesh, {"attn.c_attn": ColwiseParallel(), "attn.c_proj": RowwiseParallel(),
-                                             "mlp.c_fc": ColwiseParallel(), "mlp.c_proj": RowwiseParallel()})  # fmt: skip
+            parallelize_module(
+                block,
+                mesh,
+                {
+                    "attn.c_attn": ColwiseParallel(),
+                    "attn.c_proj": RowwiseParallel(),
+                    "mlp.c_fc": ColwiseParallel(),
+                    "mlp.c_proj": RowwiseParallel(),
+                },
+            )
     else:
         for layer in model.model.layers:
             plan = {f"self_attn.{p}_proj": ColwiseParallel() for p in "qkv"} | {"self_attn.o_proj": RowwiseParallel()}
-            plan |= {"mlp.gate_proj": ColwiseParallel(), "mlp.up_proj": ColwiseParallel(), "mlp.down_proj": RowwiseParallel()}
+            plan |= {
+                "mlp.gate_proj": ColwiseParallel(),
+                "mlp.up_proj": ColwiseParallel(),
+                "mlp.down_proj": RowwiseParallel(),
+            }
             parallelize_module(layer, mesh, plan)  # type: ignore[arg-type]
     return _whole_model_step(model, batches)
 
@@ -227,7 +245,9 @@ def torch_pp(name: str, shape: Shape, batches: list[tuple[torch.Tensor, torch.Te
         else:
             schedule.step()
         optimizer.step()
-        return float(torch.stack(losses).detach().mean()) if losses else None  # equal micro-batches: their mean is the batch's
+        return (
+            float(torch.stack(losses).detach().mean()) if losses else None
+        )  # equal micro-batches: their mean is the batch's
 
     return step
 
@@ -263,8 +283,16 @@ def measure(impl: str, name: str, layout: str, shape: Shape, steps: int, world: 
     known = world.bcast(losses, root=world.Get_size() - 1)  # the last rank computes the loss in every layout
     if world.Get_rank() != 0:
         return None
-    return {"impl": impl, "model": name, "layout": layout, "ranks": world.Get_size(), "step_ms": max(medians),
-            "step_ms_per_rank": [round(m, 3) for m in medians], "losses": known, "torch": torch.__version__}  # fmt: skip
+    return {
+        "impl": impl,
+        "model": name,
+        "layout": layout,
+        "ranks": world.Get_size(),
+        "step_ms": max(medians),
+        "step_ms_per_rank": [round(m, 3) for m in medians],
+        "losses": known,
+        "torch": torch.__version__,
+    }
 
 
 def main() -> None:

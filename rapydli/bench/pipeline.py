@@ -51,7 +51,9 @@ def _launch(part: str, n: int, timeout: float, *args: str) -> list[dict[str, Any
                 return None
             raise
         if result.returncode != 0 or not out.exists():
-            raise ClusterError(f"the pipeline benchmark's {part} part failed on {n} ranks:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
+            raise ClusterError(
+                f"the pipeline benchmark's {part} part failed on {n} ranks:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+            )
         return json.loads(out.read_text())
 
 
@@ -63,7 +65,9 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
             key = f"bubble {row['schedule']} p={row['stages']} m={row['microbatches']}"
             summary[f"{key}: measured / theory"] = row["bubble_measured"] / row["bubble_theory"]
             if row["microbatches"] >= 4:
-                summary[f"{key}: target within {BUBBLE_TOLERANCE:.0%}"] = "met" if row["relative_error"] <= BUBBLE_TOLERANCE else "not met"
+                summary[f"{key}: target within {BUBBLE_TOLERANCE:.0%}"] = (
+                    "met" if row["relative_error"] <= BUBBLE_TOLERANCE else "not met"
+                )
     summary.update(_memory_summary([row for row in rows if row["part"] == "memory"]))
     rounds: dict[Any, dict[str, float]] = {}  # the two peers' step in each alternated round (launched back to back)
     for variant in ("rapydli", "torch"):
@@ -79,7 +83,9 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     versions = sorted({row["torch"] for row in rows if row["part"] == "throughput" and "torch" in row})
     if versions:
         pinned = all(v.split("+")[0].startswith(PEER_TORCH + ".") or v.split("+")[0] == PEER_TORCH for v in versions)
-        summary["throughput peer: torch.distributed.pipelining of torch"] = f"{', '.join(versions)} (checked against {PEER_TORCH}: {'yes' if pinned else 'no'})"
+        summary["throughput peer: torch.distributed.pipelining of torch"] = (
+            f"{', '.join(versions)} (checked against {PEER_TORCH}: {'yes' if pinned else 'no'})"
+        )
     hung = [row for row in rows if row["part"] == "throughput" and row.get("timed_out")]
     if hung:
         summary["torch.distributed.pipelining launches that timed out"] = len(hung)
@@ -91,37 +97,94 @@ def _memory_summary(memory: list[dict[str, Any]]) -> dict[str, Any]:
     summary: dict[str, Any] = {}
     for p in sorted({row["ranks"] for row in memory}):
         dp = {row["rank"]: row for row in memory if row["ranks"] == p and row["variant"] == "data_parallel"}
-        for m in sorted({row["microbatches"] for row in memory if row["ranks"] == p and row["variant"] != "data_parallel"}):
-            pick = {(row["variant"], row["rank"]): row for row in memory if row["ranks"] == p and row["microbatches"] == m}
+        for m in sorted(
+            {row["microbatches"] for row in memory if row["ranks"] == p and row["variant"] != "data_parallel"}
+        ):
+            pick = {
+                (row["variant"], row["rank"]): row for row in memory if row["ranks"] == p and row["microbatches"] == m
+            }
             ranks = sorted(rank for variant, rank in pick if variant == "1f1b")
             for schedule in ("gpipe", "1f1b"):
                 ratios = [pick[schedule, r]["peak_activation_bytes"] / pick[schedule, r]["theory_bytes"] for r in ranks]
-                summary[f"memory p={p} m={m} {schedule}: measured / theory, per rank"] = ", ".join(f"{v:.2f}" for v in ratios)
+                summary[f"memory p={p} m={m} {schedule}: measured / theory, per rank"] = ", ".join(
+                    f"{v:.2f}" for v in ratios
+                )
             for rank in ranks:
                 gpipe, ofob = pick["gpipe", rank], pick["1f1b", rank]
-                summary[f"memory p={p} m={m} rank {rank}: gpipe / 1f1b"] = gpipe["peak_activation_bytes"] / ofob["peak_activation_bytes"]
-                summary[f"memory p={p} m={m} rank {rank}: theory (live micro-batches)"] = gpipe["live_microbatches"] / ofob["live_microbatches"]
+                summary[f"memory p={p} m={m} rank {rank}: gpipe / 1f1b"] = (
+                    gpipe["peak_activation_bytes"] / ofob["peak_activation_bytes"]
+                )
+                summary[f"memory p={p} m={m} rank {rank}: theory (live micro-batches)"] = (
+                    gpipe["live_microbatches"] / ofob["live_microbatches"]
+                )
                 if rank in dp:
-                    summary[f"memory p={p} m={m} rank {rank}: 1f1b / data parallel"] = ofob["peak_activation_bytes"] / dp[rank]["peak_activation_bytes"]
+                    summary[f"memory p={p} m={m} rank {rank}: 1f1b / data parallel"] = (
+                        ofob["peak_activation_bytes"] / dp[rank]["peak_activation_bytes"]
+                    )
     first = [row for row in memory if row["variant"] == "1f1b" and row["rank"] == 0]
     for m in sorted({row["microbatches"] for row in first}):
         live = {row["ranks"]: row["live_microbatches"] for row in first if row["microbatches"] == m}
         if len(live) > 1:
-            summary[f"memory m={m}: 1f1b rank 0 live micro-batches by p"] = ", ".join(f"p={p}: {n}" for p, n in sorted(live.items()))
+            summary[f"memory m={m}: 1f1b rank 0 live micro-batches by p"] = ", ".join(
+                f"p={p}: {n}" for p, n in sorted(live.items())
+            )
     return summary
 
 
 @click.command("pipeline")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Write the rows and summary here.")
-@click.option("--parts", default="bubble,memory,throughput", show_default=True, help="Comma-separated: bubble, memory, throughput.")
-@click.option("--forward-ms", type=click.FloatRange(min=1.0), default=40.0, show_default=True, help="Sleep of a synthetic stage's forward (backward: twice).")
-@click.option("--steps", type=click.IntRange(min=1), default=3, show_default=True, help="Measured steps per configuration and launch.")
-@click.option("--rounds", type=click.IntRange(min=1), default=3, show_default=True, help="Alternated RaPyDLI/torch launches (throughput).")
-@click.option("--microbatches", type=click.IntRange(min=1), default=4, show_default=True, help="m of the throughput part.")
-@click.option("--batch", type=click.IntRange(min=1), default=64, show_default=True, help="Batch of the memory and throughput parts.")
-@click.option("--memory-ranks", default="2,4", show_default=True, help="Comma-separated p (ranks = stages) of the memory part.")
-@click.option("--peer-timeout", type=float, default=120.0, show_default=True, help="Seconds before a torch pipelining launch is killed.")
-@click.option("--timeout", type=float, default=600.0, show_default=True, help="Seconds before any other launch is killed.")
+@click.option(
+    "--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Write the rows and summary here."
+)
+@click.option(
+    "--parts",
+    default="bubble,memory,throughput",
+    show_default=True,
+    help="Comma-separated: bubble, memory, throughput.",
+)
+@click.option(
+    "--forward-ms",
+    type=click.FloatRange(min=1.0),
+    default=40.0,
+    show_default=True,
+    help="Sleep of a synthetic stage's forward (backward: twice).",
+)
+@click.option(
+    "--steps",
+    type=click.IntRange(min=1),
+    default=3,
+    show_default=True,
+    help="Measured steps per configuration and launch.",
+)
+@click.option(
+    "--rounds",
+    type=click.IntRange(min=1),
+    default=3,
+    show_default=True,
+    help="Alternated RaPyDLI/torch launches (throughput).",
+)
+@click.option(
+    "--microbatches", type=click.IntRange(min=1), default=4, show_default=True, help="m of the throughput part."
+)
+@click.option(
+    "--batch",
+    type=click.IntRange(min=1),
+    default=64,
+    show_default=True,
+    help="Batch of the memory and throughput parts.",
+)
+@click.option(
+    "--memory-ranks", default="2,4", show_default=True, help="Comma-separated p (ranks = stages) of the memory part."
+)
+@click.option(
+    "--peer-timeout",
+    type=float,
+    default=120.0,
+    show_default=True,
+    help="Seconds before a torch pipelining launch is killed.",
+)
+@click.option(
+    "--timeout", type=float, default=600.0, show_default=True, help="Seconds before any other launch is killed."
+)
 def command(
     json_path: str | None,
     parts: str,
@@ -138,7 +201,9 @@ def command(
     wanted = [p.strip() for p in parts.split(",") if p.strip()]
     unknown = sorted(set(wanted) - {"bubble", "memory", "throughput"})
     if unknown:
-        raise click.BadParameter(f"unknown part(s) {', '.join(unknown)}; allowed: bubble, memory, throughput", param_hint="--parts")
+        raise click.BadParameter(
+            f"unknown part(s) {', '.join(unknown)}; allowed: bubble, memory, throughput", param_hint="--parts"
+        )
     try:
         memory_p = [int(p) for p in memory_ranks.split(",") if p.strip()]
     except ValueError:
@@ -161,6 +226,9 @@ def command(
         for round_ in range(rounds):
             for peer, limit in (("rapydli", timeout), ("torch", peer_timeout)):
                 got = _launch(peer, 2, limit, *common)
-                rows += [{**row, "round": round_} for row in got] if got is not None else [
-                    {"part": "throughput", "variant": peer, "timed_out": True, "round": round_}]
+                rows += (
+                    [{**row, "round": round_} for row in got]
+                    if got is not None
+                    else [{"part": "throughput", "variant": peer, "timed_out": True, "round": round_}]
+                )
     emit("pipeline", rows, summarize(rows), json_path)

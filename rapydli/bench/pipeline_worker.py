@@ -76,7 +76,9 @@ def bubble_rows(world: Any, forward_ms: float, steps: int) -> list[dict[str, Any
     for schedule in schedules.SCHEDULES:
         for m in (1, 2, 4, 8):
             recorder = Recorder(keep=steps + WARMUP)
-            executor = PipelineExecutor(SleepingBlock(forward_ms / 1e3), grid.pipeline, schedule, m, _loss, recorder=recorder)
+            executor = PipelineExecutor(
+                SleepingBlock(forward_ms / 1e3), grid.pipeline, schedule, m, _loss, recorder=recorder
+            )
             x, y = torch.randn(4 * m, 8), torch.randint(0, 8, (4 * m,))
             for _ in range(steps + WARMUP):
                 world.Barrier()
@@ -86,12 +88,18 @@ def bubble_rows(world: Any, forward_ms: float, steps: int) -> list[dict[str, Any
                 measured = [bubble([spans[r][i] for r in range(p)]) for i in range(steps)]
                 overall = statistics.median(b for b, _ in measured)
                 theory = schedules.bubble_fraction(p, m)
-                rows.append({
-                    "part": "bubble", "schedule": schedule, "stages": p, "microbatches": m,
-                    "bubble_measured": overall, "bubble_theory": theory,
-                    "relative_error": abs(overall - theory) / theory if theory else 0.0,
-                    "per_rank": [statistics.median(r[k] for _, r in measured) for k in range(p)],
-                })  # fmt: skip
+                rows.append(
+                    {
+                        "part": "bubble",
+                        "schedule": schedule,
+                        "stages": p,
+                        "microbatches": m,
+                        "bubble_measured": overall,
+                        "bubble_theory": theory,
+                        "relative_error": abs(overall - theory) / theory if theory else 0.0,
+                        "per_rank": [statistics.median(r[k] for _, r in measured) for k in range(p)],
+                    }
+                )
     grid.free()
     return rows
 
@@ -133,10 +141,20 @@ def memory_rows(world: Any, batch: int, microbatches: list[int]) -> list[dict[st
             live = schedules.peak_live(executor.actions)
             measured = world.gather((meter.peak, live, one), root=0)
             rows += [
-                {"part": "memory", "variant": schedule, "rank": r, "ranks": p, "stages": p, "microbatches": m, "peak_activation_bytes": b,
-                 "live_microbatches": n, "microbatch_bytes": o, "theory_bytes": n * o}
+                {
+                    "part": "memory",
+                    "variant": schedule,
+                    "rank": r,
+                    "ranks": p,
+                    "stages": p,
+                    "microbatches": m,
+                    "peak_activation_bytes": b,
+                    "live_microbatches": n,
+                    "microbatch_bytes": o,
+                    "theory_bytes": n * o,
+                }
                 for r, (b, n, o) in enumerate(measured or [])
-            ]  # fmt: skip
+            ]
     # data parallel: every rank the whole model on its share of the batch
     whole = mlp()
     mine = slice(rank * batch // p, (rank + 1) * batch // p)
@@ -144,7 +162,15 @@ def memory_rows(world: Any, batch: int, microbatches: list[int]) -> list[dict[st
         _loss(whole(x[mine]), y[mine]).backward()
     peaks = world.gather(meter.peak, root=0)
     rows += [
-        {"part": "memory", "variant": "data_parallel", "rank": r, "ranks": p, "stages": 1, "microbatches": 1, "peak_activation_bytes": b}
+        {
+            "part": "memory",
+            "variant": "data_parallel",
+            "rank": r,
+            "ranks": p,
+            "stages": 1,
+            "microbatches": 1,
+            "peak_activation_bytes": b,
+        }
         for r, b in enumerate(peaks or [])
     ]
     grid.free()

@@ -74,9 +74,13 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
             per_checkpoint = row["save_ms"] + row["thread_ms"]  # the copy the step waits for + the write thread's toll
             cost = per_checkpoint / (CHECKPOINT_EVERY * row["step_ms"])
             summary[f"{row['model']}: checkpoint cost per step at checkpoint_every={CHECKPOINT_EVERY}"] = cost
-            summary[f"{row['model']}: of which the writer thread"] = row["thread_ms"] / (CHECKPOINT_EVERY * row["step_ms"])
+            summary[f"{row['model']}: of which the writer thread"] = row["thread_ms"] / (
+                CHECKPOINT_EVERY * row["step_ms"]
+            )
             summary[f"{row['model']}: synchronous write / trainer checkpoint"] = row["sync_write_ms"] / per_checkpoint
-            summary[f"{row['model']}: target checkpoint cost <= {MAX_CHECKPOINT_COST:.0%}"] = "met" if cost <= MAX_CHECKPOINT_COST else "not met"
+            summary[f"{row['model']}: target checkpoint cost <= {MAX_CHECKPOINT_COST:.0%}"] = (
+                "met" if cost <= MAX_CHECKPOINT_COST else "not met"
+            )
     rows = [row for row in rows if row["variant"] != "checkpoint"]
     for model in dict.fromkeys(row["model"] for row in rows):
         step = {row["variant"]: _rounds(row) for row in rows if row["model"] == model}
@@ -89,34 +93,57 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         summary[f"{model}: trainer overhead over no-comm"] = overhead.median - 1.0
         summary[f"{model}: trainer overhead over no-comm, range"] = rounds_text(overhead.minus(1.0), percent=True)
         summary[f"{model}: ddp overhead over no-comm"] = paired(step["ddp_gloo"], step["no_comm"]).median - 1.0
-        summary[f"{model}: target overhead <= {MAX_OVERHEAD:.0%}"] = target(overhead.minus(1.0), MAX_OVERHEAD, percent=True)
+        summary[f"{model}: target overhead <= {MAX_OVERHEAD:.0%}"] = target(
+            overhead.minus(1.0), MAX_OVERHEAD, percent=True
+        )
         summary[f"{model}: comm hidden behind backward"] = trainer_row["hidden_fraction"]
         if "trainer_autotune" in step:  # tuned convolutions + communication, against DDP on the default kernels
             tuned = paired(step["trainer_autotune"], step["ddp_gloo"])
             summary[f"{model}: trainer+autotune / ddp step"] = tuned.median
             summary[f"{model}: trainer+autotune / ddp step, range"] = rounds_text(tuned)
-            summary[f"{model}: trainer+autotune / trainer step"] = paired(step["trainer_autotune"], step["trainer"]).median
+            summary[f"{model}: trainer+autotune / trainer step"] = paired(
+                step["trainer_autotune"], step["trainer"]
+            ).median
             summary[f"{model}: target trainer <= {TRAINER_VS_DDP}x ddp with autotune"] = target(tuned, TRAINER_VS_DDP)
     return summary
 
 
 @click.command("trainer")
 @click.option("-n", "--ranks", "n", type=click.IntRange(min=2), default=2, show_default=True, help="MPI ranks.")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Write the rows and summary here.")
+@click.option(
+    "--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Write the rows and summary here."
+)
 @click.option("--models", default="resnet_mini,mlp", show_default=True, help="Comma-separated: resnet_mini, mlp.")
 @click.option("--steps", type=click.IntRange(min=1), default=20, show_default=True, help="Measured steps per round.")
-@click.option("--rounds", type=click.IntRange(min=1), default=3, show_default=True, help="Interleaved rounds per variant.")
+@click.option(
+    "--rounds", type=click.IntRange(min=1), default=3, show_default=True, help="Interleaved rounds per variant."
+)
 @click.option("--allreduce", default="auto", show_default=True, help="The Trainer's allreduce algorithm.")
-@click.option("--bucket-mb", type=click.FloatRange(min=0, min_open=True), default=25.0, show_default=True, help="The Trainer's gradient bucket size (MiB).")
+@click.option(
+    "--bucket-mb",
+    type=click.FloatRange(min=0, min_open=True),
+    default=25.0,
+    show_default=True,
+    help="The Trainer's gradient bucket size (MiB).",
+)
 @click.option(
     "--autotune/--no-autotune",
     default=True,
     show_default=True,
     help="Also time trainer_autotune: the Trainer with TrainConfig(autotune=True), tuned once before the rounds (first run: minutes).",
 )
-@click.option("--live/--no-live", default=True, show_default=True, help="Also measure the cost of live metrics on a local cluster.")
-@click.option("--live-steps", type=click.IntRange(min=1), default=60, show_default=True, help="Measured steps per live/quiet run.")
-@click.option("--live-rounds", type=click.IntRange(min=1), default=5, show_default=True, help="Live/quiet pairs per model.")
+@click.option(
+    "--live/--no-live",
+    default=True,
+    show_default=True,
+    help="Also measure the cost of live metrics on a local cluster.",
+)
+@click.option(
+    "--live-steps", type=click.IntRange(min=1), default=60, show_default=True, help="Measured steps per live/quiet run."
+)
+@click.option(
+    "--live-rounds", type=click.IntRange(min=1), default=5, show_default=True, help="Live/quiet pairs per model."
+)
 @click.option("--timeout", type=float, default=900.0, show_default=True, help="Seconds before every rank is killed.")
 def command(
     n: int,
@@ -143,7 +170,9 @@ def command(
 
     unknown = sorted(set(models.split(",")) - set(MODELS))
     if unknown:
-        raise click.BadParameter(f"unknown model(s) {', '.join(unknown)}; allowed: {', '.join(MODELS)}", param_hint="--models")
+        raise click.BadParameter(
+            f"unknown model(s) {', '.join(unknown)}; allowed: {', '.join(MODELS)}", param_hint="--models"
+        )
     with tempfile.TemporaryDirectory(prefix="rapydli-bench-trainer-") as tmp:
         out = Path(tmp) / "rows.json"
         argv = [sys.executable, "-m", "rapydli.bench.trainer_worker", "--out", str(out), "--models", models,
@@ -151,13 +180,17 @@ def command(
                 "--autotune" if autotune else "--no-autotune", "--checkpoint-dir", str(Path(tmp) / "checkpoints")]  # fmt: skip
         result = mpirun.run(argv, n=n, threads=1, timeout=timeout)
         if result.returncode != 0 or not out.exists():
-            raise ClusterError(f"the trainer benchmark failed on {n} ranks:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
+            raise ClusterError(
+                f"the trainer benchmark failed on {n} ranks:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+            )
         rows = json.loads(out.read_text())
     summary = summarize(rows)
     if live:
         from rapydli.bench import live as live_bench
 
-        live_rows = live_bench.measure(n, models.split(","), live_steps + WARMUP_STEPS, live_rounds, allreduce, bucket_mb)
+        live_rows = live_bench.measure(
+            n, models.split(","), live_steps + WARMUP_STEPS, live_rounds, allreduce, bucket_mb
+        )
         summary.update(live_bench.summarize(live_rows))
         rows += live_rows
     emit("trainer", rows, summary, json_path)

@@ -43,7 +43,10 @@ from rapydli.zoo import datasets, models
 CHECKPOINT_EVERY = 10
 
 MODELS: dict[str, tuple[Callable[[], nn.Module], Callable[..., Any]]] = {
-    "resnet_mini": (lambda: models.resnet_mini(in_channels=3), lambda n: datasets.synthetic_images(n, size=32, val_fraction=0.01)),
+    "resnet_mini": (
+        lambda: models.resnet_mini(in_channels=3),
+        lambda n: datasets.synthetic_images(n, size=32, val_fraction=0.01),
+    ),
     "mlp": (
         lambda: models.mlp(in_features=3 * 32 * 32, hidden=512, depth=2),
         lambda n: datasets.synthetic_images(n, size=32, val_fraction=0.01),
@@ -89,7 +92,9 @@ def _tune(name: str, train: Any, config: TrainConfig, comm: Communicator, world:
     return tuner.autotune_plan, seconds
 
 
-def _trainer_round(model: nn.Module, train: Any, config: TrainConfig, comm: Communicator, warmup: int, stats: dict[str, list[float]]) -> float:
+def _trainer_round(
+    model: nn.Module, train: Any, config: TrainConfig, comm: Communicator, warmup: int, stats: dict[str, list[float]]
+) -> float:
     """The median step time of one ``Trainer.fit``; its per-step communication figures go to ``stats``."""
     trainer = Trainer(model, None, train, None, config, comm=comm)
     rows = [r for r in trainer.fit() if r["kind"] == "train"][warmup:]
@@ -100,7 +105,9 @@ def _trainer_round(model: nn.Module, train: Any, config: TrainConfig, comm: Comm
     return statistics.median(r["step_time_s"] for r in rows)
 
 
-def checkpoint_cost(name: str, steps: int, warmup: int, every: int, allreduce: str, world: MPI.Comm, directory: str) -> dict[str, Any]:
+def checkpoint_cost(
+    name: str, steps: int, warmup: int, every: int, allreduce: str, world: MPI.Comm, directory: str
+) -> dict[str, Any]:
     """What checkpoints cost the steps: the save that blocks the step, and the writer thread's toll on the steps after it.
 
     Runs ``warmup + steps`` steps checkpointing every ``every``. On rank 0 (it copies the
@@ -113,8 +120,15 @@ def checkpoint_cost(name: str, steps: int, warmup: int, every: int, allreduce: s
     """
     from rapydli.trainer import checkpoint as ckpt
 
-    config = TrainConfig(batch_size=32, lr=0.01, optimizer="sgd", allreduce=allreduce, max_steps=warmup + steps,
-                         checkpoint_dir=directory, checkpoint_every=every)  # fmt: skip
+    config = TrainConfig(
+        batch_size=32,
+        lr=0.01,
+        optimizer="sgd",
+        allreduce=allreduce,
+        max_steps=warmup + steps,
+        checkpoint_dir=directory,
+        checkpoint_every=every,
+    )
     train, _ = MODELS[name][1](config.batch_size * world.Get_size() * (warmup + steps) + 64)
     trainer = Trainer(_model(name), None, train, None, config, comm=world)
     saves: list[float] = []
@@ -136,23 +150,46 @@ def checkpoint_cost(name: str, steps: int, warmup: int, every: int, allreduce: s
     sync_s = time.perf_counter() - started
 
     # each measured step's span, in the writer's clock; the writes that ran while measured steps did
-    spans = [(trainer._started + r["time_s"] - r["step_time_s"], trainer._started + r["time_s"], r["step_time_s"]) for r in rows]
+    spans = [
+        (trainer._started + r["time_s"] - r["step_time_s"], trainer._started + r["time_s"], r["step_time_s"])
+        for r in rows
+    ]
     during = [t for a, b, t in spans if any(w0 < b and w1 > a for w0, w1 in writes)]
-    clean_s = statistics.median([t for a, b, t in spans if not any(w0 < b and w1 > a for w0, w1 in writes)] or [t for *_, t in spans])
+    clean_s = statistics.median(
+        [t for a, b, t in spans if not any(w0 < b and w1 > a for w0, w1 in writes)] or [t for *_, t in spans]
+    )
     overlapped = [w for w in writes if any(w[0] < b and w[1] > a for a, b, _ in spans)]
     thread_s = sum(t - clean_s for t in during) / len(overlapped) if overlapped else 0.0
-    return {"model": name, "variant": "checkpoint", "ranks": world.Get_size(), "every": every, "saves": len(saves),
-            "step_ms": 1000 * clean_s, "save_ms": 1000 * statistics.median(saves) if saves else None,
-            "write_ms": 1000 * statistics.median(b - a for a, b in writes) if writes else None,
-            "steps_during_write": len(during), "step_ms_during_write": 1000 * statistics.median(during) if during else None,
-            "thread_ms": 1000 * thread_s, "sync_write_ms": 1000 * sync_s}  # fmt: skip
+    return {
+        "model": name,
+        "variant": "checkpoint",
+        "ranks": world.Get_size(),
+        "every": every,
+        "saves": len(saves),
+        "step_ms": 1000 * clean_s,
+        "save_ms": 1000 * statistics.median(saves) if saves else None,
+        "write_ms": 1000 * statistics.median(b - a for a, b in writes) if writes else None,
+        "steps_during_write": len(during),
+        "step_ms_during_write": 1000 * statistics.median(during) if during else None,
+        "thread_ms": 1000 * thread_s,
+        "sync_write_ms": 1000 * sync_s,
+    }
 
 
 def measure(
-    name: str, steps: int, warmup: int, rounds: int, allreduce: str, bucket_mb: float, world: MPI.Comm, autotune: bool = False
+    name: str,
+    steps: int,
+    warmup: int,
+    rounds: int,
+    allreduce: str,
+    bucket_mb: float,
+    world: MPI.Comm,
+    autotune: bool = False,
 ) -> list[dict[str, Any]]:
     rank, size = world.Get_rank(), world.Get_size()
-    config = TrainConfig(batch_size=32, lr=0.01, optimizer="sgd", allreduce=allreduce, bucket_mb=bucket_mb, max_steps=warmup + steps)
+    config = TrainConfig(
+        batch_size=32, lr=0.01, optimizer="sgd", allreduce=allreduce, bucket_mb=bucket_mb, max_steps=warmup + steps
+    )
     train, _ = MODELS[name][1](config.batch_size * size * (warmup + steps) + 64)
     comm = Communicator(world, algorithm=allreduce)
     params = sum(p.numel() for p in _model(name).parameters())
@@ -181,7 +218,9 @@ def measure(
             world.Barrier()  # the same Trainer and config; the model runs the tuned plan (apply_plan shares the parameters)
             assert plan is not None  # tuned above when autotune
             tuned = apply_plan(_model(name), plan)
-            results["trainer_autotune"].append(_trainer_round(tuned, train, config, comm, warmup, stats["trainer_autotune"]))
+            results["trainer_autotune"].append(
+                _trainer_round(tuned, train, config, comm, warmup, stats["trainer_autotune"])
+            )
     comm.close()
     # every rank's medians; the slowest rank sets the pace of a synchronous step
     gathered = world.gather(results, root=0)
@@ -209,7 +248,10 @@ def measure(
         )
     for row in rows:
         if row["variant"] in trainers:
-            merged = {key: [x for rank_stats in extra for x in rank_stats[row["variant"]][key]] for key in ("hidden", "wait", "comm")}
+            merged = {
+                key: [x for rank_stats in extra for x in rank_stats[row["variant"]][key]]
+                for key in ("hidden", "wait", "comm")
+            }
             row.update(
                 comm_ms=1000 * statistics.median(merged["comm"]),
                 comm_wait_ms=1000 * statistics.median(merged["wait"]),
@@ -231,18 +273,31 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--allreduce", default="auto")
     parser.add_argument("--bucket-mb", type=float, default=25.0)
-    parser.add_argument("--autotune", action=argparse.BooleanOptionalAction, default=True, help="also time trainer_autotune")
+    parser.add_argument(
+        "--autotune", action=argparse.BooleanOptionalAction, default=True, help="also time trainer_autotune"
+    )
     parser.add_argument("--checkpoint-dir", default=None, help="also time checkpoints written here")
     args = parser.parse_args()
     world = MPI.COMM_WORLD
     port = world.bcast(_free_port() if world.Get_rank() == 0 else None, root=0)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=world.Get_rank(), world_size=world.Get_size())
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=world.Get_rank(), world_size=world.Get_size()
+    )
     rows = []
     for name in args.models.split(","):
-        rows += measure(name, args.steps, args.warmup, args.rounds, args.allreduce, args.bucket_mb, world, args.autotune)
+        rows += measure(
+            name, args.steps, args.warmup, args.rounds, args.allreduce, args.bucket_mb, world, args.autotune
+        )
         if args.checkpoint_dir:
-            cost = checkpoint_cost(name, max(args.steps, 4 * CHECKPOINT_EVERY), args.warmup, CHECKPOINT_EVERY, args.allreduce,
-                                   world, f"{args.checkpoint_dir}/{name}")  # fmt: skip
+            cost = checkpoint_cost(
+                name,
+                max(args.steps, 4 * CHECKPOINT_EVERY),
+                args.warmup,
+                CHECKPOINT_EVERY,
+                args.allreduce,
+                world,
+                f"{args.checkpoint_dir}/{name}",
+            )
             rows += [cost] if world.Get_rank() == 0 else []
     dist.destroy_process_group()
     if world.Get_rank() == 0:

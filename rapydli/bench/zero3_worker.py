@@ -91,7 +91,9 @@ class Size:
     def data(self, steps: int) -> Any:
         """The training set: ``steps`` global batches of token sequences as long as the model's positions."""
         samples = -(-steps * self.global_batch * 5 // 4) + self.global_batch  # 20 % goes to the validation split
-        train, _ = datasets.synthetic_tokens(num_samples=samples, block_size=self.positions, vocab_size=self.vocab, seed=SEED)
+        train, _ = datasets.synthetic_tokens(
+            num_samples=samples, block_size=self.positions, vocab_size=self.vocab, seed=SEED
+        )
         return train
 
 
@@ -155,7 +157,9 @@ def _loader(train: Any, batch: int, world: Any, epochs: int) -> Any:
     """This rank's batches, as the Trainer reads them (its default loader, seed and shard)."""
     from rapydli.data.loaders import build_loader
 
-    return build_loader(train, batch_size=batch, rank=world.Get_rank(), world_size=world.Get_size(), seed=SEED, epochs=epochs)
+    return build_loader(
+        train, batch_size=batch, rank=world.Get_rank(), world_size=world.Get_size(), seed=SEED, epochs=epochs
+    )
 
 
 def _lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -169,8 +173,19 @@ def run_rapydli(size: Size, steps: int, checkpointing: bool, world: Any) -> dict
     from rapydli.trainer.loop import Trainer
 
     train = size.data(steps)
-    config = TrainConfig(batch_size=size.global_batch // world.Get_size(), optimizer="adamw", lr=LR, momentum=0.9, zero=3, allreduce="mpi",
-                         activation_checkpointing="blocks" if checkpointing else None, max_steps=steps, epochs=1, eval_every=0, seed=SEED)  # fmt: skip
+    config = TrainConfig(
+        batch_size=size.global_batch // world.Get_size(),
+        optimizer="adamw",
+        lr=LR,
+        momentum=0.9,
+        zero=3,
+        allreduce="mpi",
+        activation_checkpointing="blocks" if checkpointing else None,
+        max_steps=steps,
+        epochs=1,
+        eval_every=0,
+        seed=SEED,
+    )
     _settle()
     baseline = _status("VmRSS")
     trainer = Trainer(size.model(), None, train, None, config, comm=world)
@@ -184,8 +199,14 @@ def run_rapydli(size: Size, steps: int, checkpointing: bool, world: Any) -> dict
     finally:
         trainer.close()
     rows = [row for row in history if row["kind"] == "train"]
-    return {"step_s": [row["step_time_s"] for row in rows], "loss": [row["loss"] for row in rows], "peak_bytes": peak - baseline,
-            "after_bytes": after - baseline, "activation_bytes": meter.peak, "units": units}  # fmt: skip
+    return {
+        "step_s": [row["step_time_s"] for row in rows],
+        "loss": [row["loss"] for row in rows],
+        "peak_bytes": peak - baseline,
+        "after_bytes": after - baseline,
+        "activation_bytes": meter.peak,
+        "units": units,
+    }
 
 
 def fsdp2_model(size: Size, checkpointing: bool) -> nn.Module:
@@ -199,7 +220,9 @@ def fsdp2_model(size: Size, checkpointing: bool) -> nn.Module:
     blocks = model.transformer.h
     for index, block in enumerate(list(blocks)):
         if checkpointing:
-            block = blocks[index] = checkpoint_wrapper(block, checkpoint_impl=CheckpointImpl.NO_REENTRANT, checkpoint_fn=recomputed_call)
+            block = blocks[index] = checkpoint_wrapper(
+                block, checkpoint_impl=CheckpointImpl.NO_REENTRANT, checkpoint_fn=recomputed_call
+            )
         fully_shard(block, reshard_after_forward=index < len(blocks) - 1)
     fully_shard(model)
     return model
@@ -229,8 +252,14 @@ def run_fsdp2(size: Size, steps: int, checkpointing: bool, world: Any) -> dict[s
             losses.append(world.allreduce(loss.item()) / world.Get_size())
     peak, after = _status("VmHWM"), _status("VmRSS")
     units = sum(1 for module in model.modules() if type(module).__name__.startswith("FSDP"))
-    return {"step_s": times, "loss": losses, "peak_bytes": peak - baseline, "after_bytes": after - baseline, "activation_bytes": meter.peak,
-            "units": units}  # fmt: skip
+    return {
+        "step_s": times,
+        "loss": losses,
+        "peak_bytes": peak - baseline,
+        "after_bytes": after - baseline,
+        "activation_bytes": meter.peak,
+        "units": units,
+    }
 
 
 def measure(impl: str, size: Size, steps: int, checkpointing: bool, world: Any) -> list[dict[str, Any]]:
@@ -242,8 +271,16 @@ def measure(impl: str, size: Size, steps: int, checkpointing: bool, world: Any) 
         from rapydli.comm.torchdist import process_group
 
         process_group(world, "gloo")
-    run(SIZES["tiny"], 1, checkpointing, world)  # the code path's imports and one-time set-up, before any baseline is taken
-    row = {"impl": impl, "checkpointing": checkpointing, "ranks": world.Get_size(), "rank": world.Get_rank(), **run(size, steps, checkpointing, world)}
+    run(
+        SIZES["tiny"], 1, checkpointing, world
+    )  # the code path's imports and one-time set-up, before any baseline is taken
+    row = {
+        "impl": impl,
+        "checkpointing": checkpointing,
+        "ranks": world.Get_size(),
+        "rank": world.Get_rank(),
+        **run(size, steps, checkpointing, world),
+    }
     if impl == "fsdp2":
         import torch.distributed as dist
 

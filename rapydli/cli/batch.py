@@ -19,28 +19,72 @@ class BatchFailed(click.ClickException):
 @click.command()
 @click.argument("notebook", type=click.Path(dir_okay=False))
 @click.argument("axes", nargs=-1, metavar="[KEY=V1,V2]...")
-@click.option("--grid", "grid", multiple=True, metavar="KEY=V1,V2",
-              help="A parameter and its values (JSON numbers/lists/true/false or strings); repeat for more axes.")
-@click.option("--params-file", type=click.Path(dir_okay=False), default=None,
-              help="YAML/JSON: a mapping (list values are axes) or a list of points.")
+@click.option(
+    "--grid",
+    "grid",
+    multiple=True,
+    metavar="KEY=V1,V2",
+    help="A parameter and its values (JSON numbers/lists/true/false or strings); repeat for more axes.",
+)
+@click.option(
+    "--params-file",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="YAML/JSON: a mapping (list values are axes) or a list of points.",
+)
 @click.option("--parallel", "-j", type=int, default=1, show_default=True, help="Items running at once.")
-@click.option("--out", "out", type=click.Path(file_okay=False), default="batch-results", show_default=True,
-              help="Output folder: <stem>/<param-hash>.ipynb, summary.csv, report.html.")
+@click.option(
+    "--out",
+    "out",
+    type=click.Path(file_okay=False),
+    default="batch-results",
+    show_default=True,
+    help="Output folder: <stem>/<param-hash>.ipynb, summary.csv, report.html.",
+)
 @click.option("--kernel", default=None, help="Jupyter kernel name (default: the notebook's).")
 @click.option("--timeout", type=float, default=None, help="Seconds an item may run before it is killed.")
 @click.option("--retry", type=int, default=0, show_default=True, help="Re-run a failed item up to N times.")
 @click.option("--force", is_flag=True, help="Run every item, even those already finished in --out.")
 @click.option("--dry-run", is_flag=True, help="Validate and list the items; run nothing.")
 @click.option("--hosts", default=None, help="Run items on these hosts over ssh (one at a time each), e.g. node1,node2.")
-@click.option("--ssh-command", default="ssh", show_default=True, help="With --hosts: the ssh program that reaches them.")
-@click.option("--launcher", default=None, help="Where items run: local (default), ssh or slurm (each item a Slurm job).")
-@click.option("--option", "-o", "options", multiple=True, metavar="KEY=VALUE",
-              help="A launcher option, e.g. -o partition=debug -o timelimit=00:30:00; a key given twice makes a list.")
-@click.option("--trackers", default="", metavar="NAME,...",
-              help="Also log the batch to these experiment trackers (mlflow, tensorboard, wandb): a parent run, one child per item.")
-def batch(notebook: str, axes: tuple[str, ...], grid: tuple[str, ...], params_file: str | None, parallel: int, out: str,
-          kernel: str | None, timeout: float | None, retry: int, force: bool, dry_run: bool,
-          hosts: str | None, ssh_command: str, launcher: str | None, options: tuple[str, ...], trackers: str) -> None:  # fmt: skip
+@click.option(
+    "--ssh-command", default="ssh", show_default=True, help="With --hosts: the ssh program that reaches them."
+)
+@click.option(
+    "--launcher", default=None, help="Where items run: local (default), ssh or slurm (each item a Slurm job)."
+)
+@click.option(
+    "--option",
+    "-o",
+    "options",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="A launcher option, e.g. -o partition=debug -o timelimit=00:30:00; a key given twice makes a list.",
+)
+@click.option(
+    "--trackers",
+    default="",
+    metavar="NAME,...",
+    help="Also log the batch to these experiment trackers (mlflow, tensorboard, wandb): a parent run, one child per item.",
+)
+def batch(
+    notebook: str,
+    axes: tuple[str, ...],
+    grid: tuple[str, ...],
+    params_file: str | None,
+    parallel: int,
+    out: str,
+    kernel: str | None,
+    timeout: float | None,
+    retry: int,
+    force: bool,
+    dry_run: bool,
+    hosts: str | None,
+    ssh_command: str,
+    launcher: str | None,
+    options: tuple[str, ...],
+    trackers: str,
+) -> None:
     """Run NOTEBOOK once per point of a parameter grid with papermill.
 
     Grid axes are given with --grid KEY=V1,V2 or as plain KEY=V1,V2 arguments after the
@@ -64,16 +108,34 @@ def batch(notebook: str, axes: tuple[str, ...], grid: tuple[str, ...], params_fi
     launcher_options = _launcher_options(options)
     places_hosts = hosts.split(",") if hosts else None
     batch_mod.item_places(launcher, launcher_options, places_hosts, ssh_command)  # refused before anything runs
-    plan = batch_mod.plan_batch(notebook, [*grid, *axes], params_file=params_file, out=out, kernel=kernel,
-                                parallel=parallel, timeout=timeout, retry=retry)  # fmt: skip
+    plan = batch_mod.plan_batch(
+        notebook,
+        [*grid, *axes],
+        params_file=params_file,
+        out=out,
+        kernel=kernel,
+        parallel=parallel,
+        timeout=timeout,
+        retry=retry,
+    )
     if dry_run:
         for item in plan.items:
             click.echo(f"{item.key}  {item.output}  {item.parameters}")
         click.echo(f"{len(plan.items)} items; nothing run (--dry-run)")
         return
-    summary = batch_mod.run_plan(plan, parallel=parallel, kernel=kernel, timeout=timeout, retry=retry, force=force,
-                                 hosts=places_hosts, ssh_command=ssh_command, launcher=launcher,
-                                 launcher_options=launcher_options, trackers=trackers)  # fmt: skip
+    summary = batch_mod.run_plan(
+        plan,
+        parallel=parallel,
+        kernel=kernel,
+        timeout=timeout,
+        retry=retry,
+        force=force,
+        hosts=places_hosts,
+        ssh_command=ssh_command,
+        launcher=launcher,
+        launcher_options=launcher_options,
+        trackers=trackers,
+    )
     shown = summary.drop(columns=["output", "run_id", "error"])
     click.echo(shown.to_string(index=False, float_format=fmt_value))  # floats rounded (summary.csv keeps every digit)
     click.echo(f"summary: {summary.attrs['summary']}\nreport:  {summary.attrs['report']}")

@@ -15,7 +15,19 @@ from rapydli.cli.lazy import LazyGroup
     cls=LazyGroup,
     lazy={
         name: f"rapydli.bench.{name}:command"
-        for name in ("magics", "allreduce", "trainer", "conv", "loader", "pipeline", "parallel", "cluster", "live", "gpu", "model")
+        for name in (
+            "magics",
+            "allreduce",
+            "trainer",
+            "conv",
+            "loader",
+            "pipeline",
+            "parallel",
+            "cluster",
+            "live",
+            "gpu",
+            "model",
+        )
     },
 )
 def bench() -> None:

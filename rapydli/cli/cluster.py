@@ -40,9 +40,17 @@ def cluster() -> None:
 
 @cluster.command()
 @click.option("-n", "n", type=int, default=2, show_default=True, help="number of engines (MPI ranks)")
-@click.option("--launcher", default=DEFAULT_LAUNCHER, show_default=True, help=f"how the engines start: {', '.join(LAUNCHERS)}")
+@click.option(
+    "--launcher", default=DEFAULT_LAUNCHER, show_default=True, help=f"how the engines start: {', '.join(LAUNCHERS)}"
+)
 @click.option("--threads", type=int, default=None, help="threads per engine (default cores // n)")
-@click.option("--timeout", type=float, default=120.0, show_default=True, help="seconds to wait for the engines (a queued job is cancelled)")
+@click.option(
+    "--timeout",
+    type=float,
+    default=120.0,
+    show_default=True,
+    help="seconds to wait for the engines (a queued job is cancelled)",
+)
 @click.argument("options", nargs=-1, metavar="[KEY=VALUE]...")
 def start(n: int, launcher: str, threads: int | None, timeout: float, options: tuple[str, ...]) -> None:
     """Start N engines and leave them running; KEY=VALUE pairs are launcher options (values read as JSON when they parse)."""
@@ -64,7 +72,10 @@ def start(n: int, launcher: str, threads: int | None, timeout: float, options: t
         raise
     cluster_id = started.detach()
     click.echo(cluster_id)
-    click.echo(f"connect from a notebook with rd.Cluster.attach({cluster_id!r}); stop with `rapydli cluster stop {cluster_id}`", err=True)
+    click.echo(
+        f"connect from a notebook with rd.Cluster.attach({cluster_id!r}); stop with `rapydli cluster stop {cluster_id}`",
+        err=True,
+    )
 
 
 def _job_text(job: dict[str, str] | None) -> str:

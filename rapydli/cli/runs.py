@@ -109,7 +109,9 @@ def list_runs(kind: str | None, status: str | None, parent: str | None, limit: i
                 "kind": r["kind"],
                 "name": _short(r["name"], 22),
                 "status": r["status"],
-                "started (UTC)": iso_times(r)["started"][5:16].replace("T", " "),  # 12-07 01:40: the list fits 80 columns
+                "started (UTC)": iso_times(r)["started"][5:16].replace(
+                    "T", " "
+                ),  # 12-07 01:40: the list fits 80 columns
                 "duration": "" if r["duration"] is None else f"{r['duration']:.1f}s",
                 "ranks": r["world_size"],
                 "parent": r["parent"] or "",
@@ -180,7 +182,11 @@ def show(run_id: str, as_json: bool) -> None:
         click.echo("final metrics:")
         for key, value in sorted(final.items()):
             click.echo(f"  {key} = {fmt_value(value)}")
-    others = {k: v["type"] for k, v in records.items() if v["type"] != "scalar" and not k.startswith(("tracker.", "setup_s", "stragglers"))}
+    others = {
+        k: v["type"]
+        for k, v in records.items()
+        if v["type"] != "scalar" and not k.startswith(("tracker.", "setup_s", "stragglers"))
+    }
     if others:
         click.echo("records: " + ", ".join(f"{k} ({t})" for k, t in others.items()))
     if artifacts:
@@ -206,8 +212,10 @@ def compare(run_ids: tuple[str, ...], all_params: bool) -> None:
     header = {run["id"]: f"{run['id']} ({run['status']})" for run in result["runs"]}
     if result["params"]:
         values = result["values"]
-        table = pd.DataFrame({header[i]: [_short(values[i].get(k, "-"), 40) for k in result["params"]] for i in ids},
-                             index=result["params"])  # fmt: skip
+        table = pd.DataFrame(
+            {header[i]: [_short(values[i].get(k, "-"), 40) for k in result["params"]] for i in ids},
+            index=result["params"],
+        )
         click.echo("parameters" + ("" if all_params else " that differ") + ":")
         click.echo(table.to_string())
     else:
@@ -217,8 +225,10 @@ def compare(run_ids: tuple[str, ...], all_params: bool) -> None:
 
         finals = {run["id"]: run["final"] for run in result["runs"]}
         kinds = {name: kind for run in result["runs"] for name, kind in run["final_kinds"].items()}
-        table = pd.DataFrame({header[i]: [fmt_value(finals[i].get(n)) for n in result["metrics"]] for i in ids},
-                             index=[f"{n} ({kinds[n]})" for n in result["metrics"]])  # fmt: skip
+        table = pd.DataFrame(
+            {header[i]: [fmt_value(finals[i].get(n)) for n in result["metrics"]] for i in ids},
+            index=[f"{n} ({kinds[n]})" for n in result["metrics"]],
+        )
         click.echo("final metrics (" + "; ".join(f"{k}: {text}" for k, text in SUMMARY_KINDS.items()) + "):")
         click.echo(table.to_string())
     else:
@@ -278,13 +288,26 @@ def repeat(run_id: str, out: str | None, parallel: int | None) -> None:
 @click.argument("run_ids", nargs=-1)
 @click.option("--kind", type=click.Choice(KINDS), default=None, help="Only runs of this kind.")
 @click.option("--status", type=click.Choice(STATUSES), default=None, help="Only runs with this status.")
-@click.option("--format", "fmt", type=click.Choice(["jsonl", "csv"]), default="jsonl", show_default=True,
-              help="jsonl: one run per line with metrics, records, artifacts; csv: one row per run, "
-                   "params.* and final metrics as columns.")  # fmt: skip
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["jsonl", "csv"]),
+    default="jsonl",
+    show_default=True,
+    help="jsonl: one run per line with metrics, records, artifacts; csv: one row per run, "
+    "params.* and final metrics as columns.",
+)
 @click.option("--output", "-o", type=click.Path(dir_okay=False, writable=True), default="-", show_default=True)
-@click.option("--to", "tracker", type=click.Choice(TRACKERS.names()), default=None,
-              help="Log the runs to this experiment tracker instead (again: updates the same tracker runs).")  # fmt: skip
-def export(run_ids: tuple[str, ...], kind: str | None, status: str | None, fmt: str, output: str, tracker: str | None) -> None:
+@click.option(
+    "--to",
+    "tracker",
+    type=click.Choice(TRACKERS.names()),
+    default=None,
+    help="Log the runs to this experiment tracker instead (again: updates the same tracker runs).",
+)
+def export(
+    run_ids: tuple[str, ...], kind: str | None, status: str | None, fmt: str, output: str, tracker: str | None
+) -> None:
     """Export runs (all, filtered, or the given ids) as JSON Lines or CSV, or --to a tracker (MLflow, TensorBoard, W&B).
 
     To a tracker, a sweep, batch or scaling study goes with its children, nested under it.
@@ -300,7 +323,9 @@ def export(run_ids: tuple[str, ...], kind: str | None, status: str | None, fmt: 
     if tracker is not None:
         from rapydli.experiments.trackers.export import export_runs
 
-        for link in export_runs(store, [run["id"] for run in reversed(runs_)], tracker):  # oldest first: parents before children
+        for link in export_runs(
+            store, [run["id"] for run in reversed(runs_)], tracker
+        ):  # oldest first: parents before children
             click.echo(f"{link['run_id']} -> {tracker} {link.get('url') or link.get('logdir') or link.get('id')}")
         return
     with click.open_file(output, "w") as stream:

@@ -14,22 +14,55 @@ _MODELS = ("resnet-mini", "resnet18")
 
 
 def _common(fn: click.decorators.FC) -> click.decorators.FC:
-    for option in reversed([
-        click.option("--mode", type=click.Choice(["train", "inference"]), default="train", show_default=True,
-                     help="train times forward + both gradients"),
-        click.option("--strategy", type=click.Choice(strategy_names()), default=None,
-                     help="search strategy (default: model_based with --budget-s, else exhaustive)"),
-        click.option("--budget", type=int, default=8, show_default=True, help="configurations for --strategy random"),
-        click.option("--preset", type=click.Choice(["tiny", "small", "default", "full"]), default="default",
-                     show_default=True, help="domains of the generated kernels"),
-        click.option("--engines", "engines_n", type=int, default=0, show_default=True,
-                     help="measure in parallel on this many local MPI engines (0: here)"),
-        click.option("--repetitions", type=int, default=5, show_default=True),
-        click.option("--threads", type=click.IntRange(min=1), default=None,
-                     help="threads of each timed run (default: this process's torch threads); part of the cache key"),
-        click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
-                     help="write the measured table as JSON"),
-    ]):
+    for option in reversed(
+        [
+            click.option(
+                "--mode",
+                type=click.Choice(["train", "inference"]),
+                default="train",
+                show_default=True,
+                help="train times forward + both gradients",
+            ),
+            click.option(
+                "--strategy",
+                type=click.Choice(strategy_names()),
+                default=None,
+                help="search strategy (default: model_based with --budget-s, else exhaustive)",
+            ),
+            click.option(
+                "--budget", type=int, default=8, show_default=True, help="configurations for --strategy random"
+            ),
+            click.option(
+                "--preset",
+                type=click.Choice(["tiny", "small", "default", "full"]),
+                default="default",
+                show_default=True,
+                help="domains of the generated kernels",
+            ),
+            click.option(
+                "--engines",
+                "engines_n",
+                type=int,
+                default=0,
+                show_default=True,
+                help="measure in parallel on this many local MPI engines (0: here)",
+            ),
+            click.option("--repetitions", type=int, default=5, show_default=True),
+            click.option(
+                "--threads",
+                type=click.IntRange(min=1),
+                default=None,
+                help="threads of each timed run (default: this process's torch threads); part of the cache key",
+            ),
+            click.option(
+                "--json",
+                "json_path",
+                type=click.Path(dir_okay=False),
+                default=None,
+                help="write the measured table as JSON",
+            ),
+        ]
+    ):
         fn = option(fn)
     return fn
 
@@ -57,8 +90,17 @@ def tune() -> None:
 @tune.command("conv2d")
 @click.option("--shape", required=True, help="N,C,H,W,K,R,S[,stride,pad[,groups,dilation]]")
 @_common
-def conv2d(shape: str, mode: str, strategy: str | None, budget: int, preset: str, engines_n: int, repetitions: int,
-           threads: int | None, json_path: str | None) -> None:
+def conv2d(
+    shape: str,
+    mode: str,
+    strategy: str | None,
+    budget: int,
+    preset: str,
+    engines_n: int,
+    repetitions: int,
+    threads: int | None,
+    json_path: str | None,
+) -> None:
     """Tune one convolution and print every measured configuration."""
     from rapydli.autotune import ConvShape, tune_conv2d
 
@@ -68,22 +110,48 @@ def conv2d(shape: str, mode: str, strategy: str | None, budget: int, preset: str
     columns = ["config", "status", "median_ms", "std_ms", "gflops", "pct_peak", "cached"]
     click.echo(result.table[columns].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
     click.echo(f"space: {result.space.counts}  skipped: {result.space.skipped or '-'}")
-    click.echo(f"best: {result.best.config}  {result.best.median * 1e3:.3f} ms  "
-               f"(measured {result.measured}, {result.seconds:.1f} s)")
+    click.echo(
+        f"best: {result.best.config}  {result.best.median * 1e3:.3f} ms  "
+        f"(measured {result.measured}, {result.seconds:.1f} s)"
+    )
     if json_path:
         with open(json_path, "w") as fh:
-            json.dump({"problem": conv.key, "mode": mode, "best": str(result.best.config),
-                       "rows": result.table.to_dict(orient="records")}, fh, indent=2, default=str)
+            json.dump(
+                {
+                    "problem": conv.key,
+                    "mode": mode,
+                    "best": str(result.best.config),
+                    "rows": result.table.to_dict(orient="records"),
+                },
+                fh,
+                indent=2,
+                default=str,
+            )
 
 
 @tune.command("model")
 @click.argument("name", type=click.Choice(_MODELS))
 @click.option("--batch", type=int, default=16, show_default=True)
-@click.option("--budget-s", type=click.FloatRange(min=0, min_open=True), default=None,
-              help="seconds the tuning may take (default: no limit); the costliest layers are tuned first")
+@click.option(
+    "--budget-s",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="seconds the tuning may take (default: no limit); the costliest layers are tuned first",
+)
 @_common
-def model(name: str, batch: int, budget_s: float | None, mode: str, strategy: str | None, budget: int, preset: str,
-          engines_n: int, repetitions: int, threads: int | None, json_path: str | None) -> None:
+def model(
+    name: str,
+    batch: int,
+    budget_s: float | None,
+    mode: str,
+    strategy: str | None,
+    budget: int,
+    preset: str,
+    engines_n: int,
+    repetitions: int,
+    threads: int | None,
+    json_path: str | None,
+) -> None:
     """Tune every convolution of a reference model: a line per layer shape as it is tuned, then the plan."""
     import torch
 
@@ -103,8 +171,10 @@ def model(name: str, batch: int, budget_s: float | None, mode: str, strategy: st
 
         tqdm.write(table_line(row))
 
-    _, report = _with_engines(engines_n, lambda engines: autotune_model(
-        net, example, mode, engines, budget_s=budget_s, on_layer=on_layer, **opts))
+    _, report = _with_engines(
+        engines_n,
+        lambda engines: autotune_model(net, example, mode, engines, budget_s=budget_s, on_layer=on_layer, **opts),
+    )
     click.echo(report.table.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
     click.echo("estimated conv time (ms): " + ", ".join(f"{k} {v:.2f}" for k, v in report.estimates_ms.items()))
     if report.time_s:
@@ -113,7 +183,18 @@ def model(name: str, batch: int, budget_s: float | None, mode: str, strategy: st
     click.echo(f"tuned in {report.seconds:.1f} s")
     if json_path:
         with open(json_path, "w") as fh:
-            json.dump({"model": name, "mode": mode, "estimates_ms": report.estimates_ms, "summary": report.summary,
-                       "time_s": report.time_s, "skipped": report.skipped,
-                       "layers": report.layers.to_dict(orient="records"),
-                       "rows": report.table.to_dict(orient="records")}, fh, indent=2, default=str)
+            json.dump(
+                {
+                    "model": name,
+                    "mode": mode,
+                    "estimates_ms": report.estimates_ms,
+                    "summary": report.summary,
+                    "time_s": report.time_s,
+                    "skipped": report.skipped,
+                    "layers": report.layers.to_dict(orient="records"),
+                    "rows": report.table.to_dict(orient="records"),
+                },
+                fh,
+                indent=2,
+                default=str,
+            )

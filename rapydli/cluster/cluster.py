@@ -152,7 +152,9 @@ class Cluster(ClusterTasks):
                 self._state, self._start_error = "starting", None
                 _hold(self)
                 self._cancel.clear()
-                self._starter = threading.Thread(target=self._start_behind, args=(on_state,), name="rapydli-start", daemon=True)
+                self._starter = threading.Thread(
+                    target=self._start_behind, args=(on_state,), name="rapydli-start", daemon=True
+                )
                 self._starter.start()
                 return self
         if threading.current_thread() is not self._starter:
@@ -201,7 +203,9 @@ class Cluster(ClusterTasks):
                 self._client = self._ipp.connect_client_sync()
                 self._batch = batch_job(self.launcher, self._ipp)
                 if self._batch is not None:
-                    self._batch.wait_for_engines(self._client, self.n, self.start_timeout, on_state, self._cancel.is_set)
+                    self._batch.wait_for_engines(
+                        self._client, self.n, self.start_timeout, on_state, self._cancel.is_set
+                    )
                 else:
                     launchwatch.wait_for_engines(self._ipp, self._client, self.n, self.start_timeout)
                 self._configure_engines()
@@ -210,7 +214,9 @@ class Cluster(ClusterTasks):
                 # Ctrl-C included: a start cancelled half-way leaves engines ipyparallel no
                 # longer tracks; the teardown finds them by their marker
                 died = not isinstance(exc, (ClusterError, KeyboardInterrupt))
-                output = self._batch.output(20) if self._batch is not None and died else ""  # read before the stop removes it
+                output = (
+                    self._batch.output(20) if self._batch is not None and died else ""
+                )  # read before the stop removes it
                 self._teardown()
                 self._state = "failed"
                 if isinstance(exc, KeyboardInterrupt):
@@ -256,7 +262,9 @@ class Cluster(ClusterTasks):
         infos = _wait(view.apply_async(engine.setup, self.threads, paths))
         ranks = [info["rank"] for info in infos]
         if sorted(ranks) != list(range(self.n)) or any(info["size"] != self.n for info in infos):
-            raise ClusterError(f"engines do not form one MPI job of {self.n} ranks (ranks {ranks}, sizes {[i['size'] for i in infos]})")
+            raise ClusterError(
+                f"engines do not form one MPI job of {self.n} ranks (ranks {ranks}, sizes {[i['size'] for i in infos]})"
+            )
         self._engine_of_rank = {info["rank"]: eid for eid, info in zip(ids, infos)}
         self._info = {info["rank"]: info for info in infos}
         # ready now; torch and the trainer import behind this, ahead of any task sent meanwhile
@@ -306,7 +314,9 @@ class Cluster(ClusterTasks):
             Fewer than ``min_engines`` (default: all) engines can start, or the start failed.
         """
         full, options = self._full
-        if min_engines is not None and (not isinstance(min_engines, int) or isinstance(min_engines, bool) or not 1 <= min_engines <= full):
+        if min_engines is not None and (
+            not isinstance(min_engines, int) or isinstance(min_engines, bool) or not 1 <= min_engines <= full
+        ):
             raise ConfigError(f"min_engines={min_engines!r} is invalid: an integer in 1..{full}")
         with self._lock:
             self.stop()
@@ -435,9 +445,13 @@ class Cluster(ClusterTasks):
         import ipyparallel as ipp
 
         record = _detached_record(cluster_id)
-        cluster = cls(record["n"], record["launcher"], threads=record["threads"], start_timeout=timeout, **record["options"])
+        cluster = cls(
+            record["n"], record["launcher"], threads=record["threads"], start_timeout=timeout, **record["options"]
+        )
         try:
-            cluster._ipp = ipp.Cluster.from_file(profile_dir=record["profile_dir"], cluster_id=cluster_id, log=ipp_log(cluster_id))
+            cluster._ipp = ipp.Cluster.from_file(
+                profile_dir=record["profile_dir"], cluster_id=cluster_id, log=ipp_log(cluster_id)
+            )
             cluster._ipp.shutdown_atexit = False
             cluster._detached = True  # stays up when this process exits, unless stopped
             cluster._batch = batch_job(cluster.launcher, cluster._ipp)  # watched, and cancelled on stop
@@ -577,4 +591,3 @@ def _is_local(info: dict[str, Any]) -> bool:
     import socket
 
     return info.get("host") == socket.gethostname()
-

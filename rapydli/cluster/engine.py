@@ -52,6 +52,8 @@ class RankContext:
 _communicators: dict[tuple[int, ...], Any] = {}
 _current: list[RankContext] = []
 _local_rank: list[int] = [0]  # set once by setup(); Split_type is collective over all ranks
+
+
 class _SignalFlag:
     """A flag that signal handlers set: no lock, unlike ``threading.Event``.
 
@@ -144,7 +146,11 @@ def await_verdict(remind: Callable[[], None] | None = None) -> bool:
     reminded = time.monotonic()
     while not (_go_on.is_set() or _stop.is_set()):
         _go_on.wait(VERDICT_POLL_S)
-        if remind is not None and time.monotonic() - reminded >= VERDICT_REMIND_S and not (_go_on.is_set() or _stop.is_set()):
+        if (
+            remind is not None
+            and time.monotonic() - reminded >= VERDICT_REMIND_S
+            and not (_go_on.is_set() or _stop.is_set())
+        ):
             remind()
             reminded = time.monotonic()
     _go_on.clear()
@@ -174,7 +180,9 @@ def setup(threads: int, paths: Sequence[str] = ()) -> dict[str, Any]:
             sys.path.insert(0, path)
     os.environ["OMP_NUM_THREADS"] = str(threads)
     torch = sys.modules.get("torch")
-    if torch is not None and not getattr(torch.__spec__, "_initializing", False):  # else torch takes OMP_NUM_THREADS as its import ends
+    if torch is not None and not getattr(
+        torch.__spec__, "_initializing", False
+    ):  # else torch takes OMP_NUM_THREADS as its import ends
         torch.set_num_threads(threads)
     # a stop request may arrive before a task is fully under way (its first one imports torch):
     # the handler is in place from the start and the request is kept until the task ends

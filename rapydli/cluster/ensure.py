@@ -104,8 +104,14 @@ def ready(cluster: Cluster, say: Callable[[str], None] = _say) -> Cluster:
         cluster.wait_started()
     elif state in ("degraded", "dead"):
         dead = sorted(set(range(cluster.n)) - set(status["ranks"]))
-        which = f"{'rank' if len(dead) == 1 else 'ranks'} {', '.join(map(str, dead))}" if dead and state == "degraded" else "the engines"
-        say(f"{which} of the cluster had died; restarting {cluster.n} fresh engines (variables defined on them are gone)")
+        which = (
+            f"{'rank' if len(dead) == 1 else 'ranks'} {', '.join(map(str, dead))}"
+            if dead and state == "degraded"
+            else "the engines"
+        )
+        say(
+            f"{which} of the cluster had died; restarting {cluster.n} fresh engines (variables defined on them are gone)"
+        )
         cluster.restart()
     if not cluster.running:
         say(f"starting {cluster.n} engines ({cluster.launcher.name} launcher) ...")

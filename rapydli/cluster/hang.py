@@ -110,7 +110,9 @@ class HangWatch:
         self._reported = True
         where = self._where(running)
         traces = self._traces(running)  # read again: what the ranks did while they answered
-        self.diagnosis = f"no rank progressed for {idle:.0f} s (hang_timeout_s={self.timeout():g}):\n" + diagnose(traces, where, running, self.world_size)
+        self.diagnosis = f"no rank progressed for {idle:.0f} s (hang_timeout_s={self.timeout():g}):\n" + diagnose(
+            traces, where, running, self.world_size
+        )
         return self.diagnosis
 
     def _progressed(self, now: float) -> None:
@@ -154,15 +156,24 @@ def diagnose(traces: dict[int, Trace], where: Where, ranks: Sequence[int], world
         theirs = waiting.get(peer)
         if theirs is not None and theirs.kind == "recv" and theirs.peer == rank:
             if rank < peer:
-                lines.append(f"deadlocked send/receive pair: rank {rank} waits to receive from rank {peer} ({record.describe()}), "
-                             f"and rank {peer} waits to receive from rank {rank} ({theirs.describe()})")  # fmt: skip
+                lines.append(
+                    f"deadlocked send/receive pair: rank {rank} waits to receive from rank {peer} ({record.describe()}), "
+                    f"and rank {peer} waits to receive from rank {rank} ({theirs.describe()})"
+                )
         elif theirs is not None:
-            lines.append(f"rank {rank} waits to receive from rank {peer} ({record.describe()}), which is in {theirs.describe()}")
+            lines.append(
+                f"rank {rank} waits to receive from rank {peer} ({record.describe()}), which is in {theirs.describe()}"
+            )
         elif peer not in blamed:
-            lines.append(f"rank {rank} waits to receive from rank {peer} ({record.describe()}); rank {peer} is at: {where.describe(peer)}")
+            lines.append(
+                f"rank {rank} waits to receive from rank {peer} ({record.describe()}); rank {peer} is at: {where.describe(peer)}"
+            )
             blamed.add(peer)
     if not lines:
-        lines.append("no mismatch in the traces: " + "; ".join(f"rank {r} is in {w.describe()}" for r, w in sorted(waiting.items())))
+        lines.append(
+            "no mismatch in the traces: "
+            + "; ".join(f"rank {r} is in {w.describe()}" for r, w in sorted(waiting.items()))
+        )
     return "\n".join(lines) + "\nwhere the ranks are:\n" + "\n".join("  " + line for line in where.text().splitlines())
 
 

@@ -328,7 +328,11 @@ class Job:
         diagnosis = self.hang.check([r.rank for r in self._running()])
         if not diagnosis:
             return
-        then = "aborting the task (on_hang='abort')" if self.hang.action == "abort" else "still waiting (on_hang='wait'; Ctrl-C ends it)"
+        then = (
+            "aborting the task (on_hang='abort')"
+            if self.hang.action == "abort"
+            else "still waiting (on_hang='wait'; Ctrl-C ends it)"
+        )
         if self.on_output is not None:
             print(f"[rapydli] hang: {diagnosis}\n[rapydli] {then}", file=sys.stderr, flush=True)
         if self.on_event is not None:
@@ -440,7 +444,9 @@ class Job:
         names = ", ".join(str(r.rank) for r in sorted(culprits, key=lambda r: r.rank))
         plural = "s" if len(culprits) > 1 else ""
         full = {r.rank: cells_named(r.error.rstrip()) for r in culprits}
-        said: dict[str, list[_Rank]] = {}  # each rank's failure as the user reads it, ranks failing the same way together
+        said: dict[
+            str, list[_Rank]
+        ] = {}  # each rank's failure as the user reads it, ranks failing the same way together
         for r in sorted(culprits, key=lambda r: r.rank):
             said.setdefault(f"({r.status})\n{condensed(full[r.rank])}", []).append(r)
         verb = _verb(culprits, reason)
@@ -458,10 +464,15 @@ class Job:
             lines.append(f"--- rank{'s' if len(group) > 1 else ''} {ranks} {status} ---\n{error}")
         others = [r for r in states if r not in culprits and r.status != "ok"]
         if others:
-            lines.append("other ranks: " + ", ".join(f"{r.rank} {r.status}{_where(r)}" for r in sorted(others, key=lambda r: r.rank)))
+            lines.append(
+                "other ranks: "
+                + ", ".join(f"{r.rank} {r.status}{_where(r)}" for r in sorted(others, key=lambda r: r.rank))
+            )
         if self.aborted or any(r.status in ("dead", "lost") for r in states):
             lines.append("the engines were stopped; run `%rapydli restart` (or Cluster.restart()) to continue")
-        died = all(r.status in ("dead", "lost") for r in culprits)  # processes, hosts or the batch job gone: no exception of the user
+        died = all(
+            r.status in ("dead", "lost") for r in culprits
+        )  # processes, hosts or the batch job gone: no exception of the user
         return RankFailure("\n".join(lines), full, died=bool(culprits) and died)
 
     def _blame_hosts_down(self) -> None:
@@ -488,7 +499,9 @@ class Job:
 def _where(r: _Rank) -> str:
     """What an interrupted rank said it was doing (``KeyboardInterrupt: <where>``), in parentheses."""
     lines = r.error.strip().splitlines()
-    said = lines[-1].removeprefix("KeyboardInterrupt: ") if lines and lines[-1].startswith("KeyboardInterrupt: ") else ""
+    said = (
+        lines[-1].removeprefix("KeyboardInterrupt: ") if lines and lines[-1].startswith("KeyboardInterrupt: ") else ""
+    )
     return f" ({said})" if r.status == "interrupted" and said else ""
 
 

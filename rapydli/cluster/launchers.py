@@ -141,7 +141,9 @@ def _count(help_text: str, trait: str, minimum: int = 1) -> Option:
 def _tasks_fit(n: int, options: Mapping[str, Any]) -> None:
     nodes, per_node = options.get("nodes"), options.get("ntasks_per_node")
     if nodes and per_node and nodes * per_node != n:
-        raise ConfigError(f"n={n} engines do not fill nodes={nodes} x ntasks_per_node={per_node}: n must be {nodes * per_node}")
+        raise ConfigError(
+            f"n={n} engines do not fill nodes={nodes} x ntasks_per_node={per_node}: n must be {nodes * per_node}"
+        )
     if nodes and nodes > n:
         raise ConfigError(f"nodes={nodes} is more than the n={n} engines: at least one engine per node")
 
@@ -155,7 +157,11 @@ DEFAULT_LAUNCHER = "local"
 HOSTS_LAUNCHER = "ssh"
 
 _SLURM_QUEUE = BatchQueue(
-    job_id=slurm.engine_job_id, state=slurm.job_state, cancel=("scancel",), output=slurm.output_tail, reader=where.read_slurm
+    job_id=slurm.engine_job_id,
+    state=slurm.job_state,
+    cancel=("scancel",),
+    output=slurm.output_tail,
+    reader=where.read_slurm,
 )
 
 LAUNCHERS = Registry(
@@ -180,9 +186,15 @@ LAUNCHERS = Registry(
                 options={
                     "hosts": Option(list, "host names, e.g. ['node1', 'node2'] or 'node1,node2'", apply=sshhosts.hosts),
                     "hostfile": Option(str, "a file of hosts, one 'name[:ranks]' a line", apply=sshhosts.hostfile),
-                    "ssh_command": Option(str, "the ssh program mpiexec runs to reach the hosts", apply=sshhosts.ssh_command),
-                    "interface": Option(str, "network interface MPI and the engines use, e.g. 'ib0'", apply=sshhosts.interface),
-                    "transport": Option(str, "'tcp' forces MPI traffic onto TCP; 'default' lets MPI choose", apply=sshhosts.transport),
+                    "ssh_command": Option(
+                        str, "the ssh program mpiexec runs to reach the hosts", apply=sshhosts.ssh_command
+                    ),
+                    "interface": Option(
+                        str, "network interface MPI and the engines use, e.g. 'ib0'", apply=sshhosts.interface
+                    ),
+                    "transport": Option(
+                        str, "'tcp' forces MPI traffic onto TCP; 'default' lets MPI choose", apply=sshhosts.transport
+                    ),
                     "mpi_args": _MPI_ARGS,
                     "mpi_cmd": _MPI_CMD,
                 },
@@ -208,15 +220,27 @@ LAUNCHERS = Registry(
                     "partition": Option(str, "Slurm partition", "SlurmEngines.queue"),
                     "account": Option(str, "Slurm account", "SlurmEngines.account"),
                     "qos": Option(str, "Slurm QoS", "SlurmEngines.qos"),
-                    "timelimit": Option(str, "time limit, e.g. '01:00:00'", "SlurmEngines.timelimit", check=slurm.check_timelimit),
+                    "timelimit": Option(
+                        str, "time limit, e.g. '01:00:00'", "SlurmEngines.timelimit", check=slurm.check_timelimit
+                    ),
                     "constraint": Option(str, "node features, e.g. 'a100'", "SlurmEngines.constraint"),
                     "sbatch": Option(
-                        list, "extra '#SBATCH' lines, e.g. '--exclusive'", "SlurmEngines.sbatch", lines=True,
+                        list,
+                        "extra '#SBATCH' lines, e.g. '--exclusive'",
+                        "SlurmEngines.sbatch",
+                        lines=True,
                         check=lambda lines: [slurm.sbatch_line(line) for line in lines],
                     ),
-                    "setup": Option(list, "shell lines run before the engines, e.g. 'module load cuda'", "SlurmEngines.setup", lines=True),
+                    "setup": Option(
+                        list,
+                        "shell lines run before the engines, e.g. 'module load cuda'",
+                        "SlurmEngines.setup",
+                        lines=True,
+                    ),
                     "mpi": Option(
-                        str, f"how ranks form one MPI world: {', '.join(slurm.MPI_MODES)}", "SlurmEngines.mpi",
+                        str,
+                        f"how ranks form one MPI world: {', '.join(slurm.MPI_MODES)}",
+                        "SlurmEngines.mpi",
                         check=lambda mode: _one_of(mode, slurm.MPI_MODES),
                     ),
                 },

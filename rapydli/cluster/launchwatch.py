@@ -52,7 +52,9 @@ def wait_for_engines(ipp_cluster: Any, client: Any, n: int, timeout: float) -> N
             ended = f"the engines' launcher ({_command(gone[0])}) exited{_exit_code(gone[0])}"
             raise ClusterError(f"{ended} after {len(client.ids)} of {n} engines registered{said(ipp_cluster)}")
         if time.monotonic() >= deadline:
-            raise ClusterError(f"{n - len(client.ids)} of {n} engines not ready in {timeout:g} seconds{said(ipp_cluster)}")
+            raise ClusterError(
+                f"{n - len(client.ids)} of {n} engines not ready in {timeout:g} seconds{said(ipp_cluster)}"
+            )
         time.sleep(POLL_S)
 
 
@@ -68,7 +70,11 @@ def said(ipp_cluster: Any) -> str:
         if not lines:
             continue
         if len(lines) > HEAD_LINES + TAIL_LINES:
-            lines = [*lines[:HEAD_LINES], f"... ({len(lines) - HEAD_LINES - TAIL_LINES} lines left out)", *lines[-TAIL_LINES:]]
+            lines = [
+                *lines[:HEAD_LINES],
+                f"... ({len(lines) - HEAD_LINES - TAIL_LINES} lines left out)",
+                *lines[-TAIL_LINES:],
+            ]
         parts.append(_by_host(lines))
     if not parts:
         return "; the launcher wrote nothing"
@@ -80,7 +86,7 @@ def _by_host(lines: list[str]) -> str:
     for line in lines:
         match = _PREFIXED.match(line)
         key = f"host {match['host']}" if match else ""
-        groups.setdefault(key, []).append(line[match.end():] if match else line)
+        groups.setdefault(key, []).append(line[match.end() :] if match else line)
     if list(groups) == [""]:
         return "\n".join(f"  {line}" for line in groups[""])
     return "\n".join(
@@ -90,7 +96,11 @@ def _by_host(lines: list[str]) -> str:
 
 
 def _engine_launchers(ipp_cluster: Any) -> list[Any]:
-    return [launcher for launcher in (getattr(ipp_cluster, "engines", None) or {}).values() if getattr(launcher, "process", None) is not None]
+    return [
+        launcher
+        for launcher in (getattr(ipp_cluster, "engines", None) or {}).values()
+        if getattr(launcher, "process", None) is not None
+    ]
 
 
 def _exited(launcher: Any) -> bool:
@@ -126,4 +136,3 @@ def _read(path: str) -> str:
             return file.read()
     except OSError:
         return ""
-

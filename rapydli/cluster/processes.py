@@ -175,7 +175,11 @@ def marked(
             env = proc.environ()
         except (psutil.Error, OSError):
             continue
-        if name in env and (value is None or env[name] == value) and all(env.get(k) == v for k, v in (also or {}).items()):
+        if (
+            name in env
+            and (value is None or env[name] == value)
+            and all(env.get(k) == v for k, v in (also or {}).items())
+        ):
             found.append(proc)
     return found
 

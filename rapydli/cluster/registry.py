@@ -192,7 +192,9 @@ def stop_cluster(cluster_id: str, timeout: float = 10.0) -> None:
     here = found is not None and found["launcher"] in LAUNCHERS and get_launcher(found["launcher"]).on_this_machine
     if found is not None and here:  # every process is here: end them all at once
         launchers = [cluster.controller, *cluster.engines.values()] if cluster is not None else []
-        terminate_trees([*(launcher.pid for launcher in launchers if launcher is not None), *found["engine_pids"]], grace=timeout)
+        terminate_trees(
+            [*(launcher.pid for launcher in launchers if launcher is not None), *found["engine_pids"]], grace=timeout
+        )
     elif found is not None:
         try:
             if cluster is not None:
@@ -203,7 +205,9 @@ def stop_cluster(cluster_id: str, timeout: float = 10.0) -> None:
         if found["job"] is not None and queue is not None:
             from rapydli.cluster.batchjob import BatchJob
 
-            BatchJob(str(found["job"]["id"]), queue.state, list(queue.cancel)).cancel()  # idempotent: ipyparallel may have done it
+            BatchJob(
+                str(found["job"]["id"]), queue.state, list(queue.cancel)
+            ).cancel()  # idempotent: ipyparallel may have done it
         pids = found["engine_pids"]
         psutil.wait_procs([p for p in map(alive, pids) if p is not None], timeout=timeout)
         reap(pids)

@@ -96,7 +96,12 @@ class SlurmEngines(SlurmEngineSetLauncher):
 
     def script(self, n: int) -> str:
         """The batch script that starts ``n`` engines."""
-        head = [f"--job-name=rapydli-{self.cluster_id}", f"--ntasks={n}", f"--output={self.output_file}", "--export=ALL"]
+        head = [
+            f"--job-name=rapydli-{self.cluster_id}",
+            f"--ntasks={n}",
+            f"--output={self.output_file}",
+            "--export=ALL",
+        ]
         options = {
             "nodes": self.nodes, "ntasks_per_node": self.ntasks_per_node, "cpus_per_task": self.cpus_per_task,
             "gpus_per_node": self.gpus_per_node, "partition": self.queue, "account": self.account, "qos": self.qos,
@@ -190,8 +195,14 @@ def job_state(job_id: str) -> JobState:
     nodes = fields.get("NodeList", "")
     state = fields["JobState"]
     ended = state in ENDED or state == "COMPLETING"
-    return JobState(job_id, state, fields.get("Reason", ""), "" if nodes == "(null)" else nodes, state == "COMPLETING",
-                     fields.get("ExitCode", "") if ended else "")  # fmt: skip
+    return JobState(
+        job_id,
+        state,
+        fields.get("Reason", ""),
+        "" if nodes == "(null)" else nodes,
+        state == "COMPLETING",
+        fields.get("ExitCode", "") if ended else "",
+    )
 
 
 _CANCELLED = re.compile(r"\*\*\* (?:JOB|STEP) \S+ ON \S+ CANCELLED AT \S+(?: DUE TO ([A-Z ]+))?")

@@ -29,7 +29,17 @@ from rapydli.cluster.batchjob import BatchJob
 from rapydli.errors import ClusterError, ConfigError
 
 #: The ``slurm`` launcher options a one-task job takes.
-ITEM_OPTIONS = ("partition", "account", "qos", "timelimit", "constraint", "cpus_per_task", "gpus_per_node", "sbatch", "setup")
+ITEM_OPTIONS = (
+    "partition",
+    "account",
+    "qos",
+    "timelimit",
+    "constraint",
+    "cpus_per_task",
+    "gpus_per_node",
+    "sbatch",
+    "setup",
+)
 POLL_S = 0.5  # between scheduler queries while a program's job is in the queue
 
 
@@ -45,12 +55,21 @@ def check_item_options(options: Mapping[str, Any]) -> dict[str, Any]:
 
     for key in options:
         if key not in ITEM_OPTIONS:
-            raise ConfigError(f"a Slurm job of one batch item has no option {key!r}: allowed are {', '.join(sorted(ITEM_OPTIONS))}")
+            raise ConfigError(
+                f"a Slurm job of one batch item has no option {key!r}: allowed are {', '.join(sorted(ITEM_OPTIONS))}"
+            )
     return validate_options("slurm", options)
 
 
-def item_script(args: Sequence[str], *, name: str, cwd: str | os.PathLike[str], output: str | os.PathLike[str],
-                options: Mapping[str, Any], time_limit_s: float | None = None) -> str:  # fmt: skip
+def item_script(
+    args: Sequence[str],
+    *,
+    name: str,
+    cwd: str | os.PathLike[str],
+    output: str | os.PathLike[str],
+    options: Mapping[str, Any],
+    time_limit_s: float | None = None,
+) -> str:
     """The batch script that runs ``python args...`` (this interpreter) as one task in ``cwd``.
 
     ``time_limit_s`` (when the options set no ``timelimit``) becomes the job's time limit,
@@ -86,7 +105,9 @@ def submit_python(
     """
     script = Path(f"{output}.sbatch")
     script.write_text(item_script(args, name=name, cwd=cwd, output=output, options=options, time_limit_s=time_limit_s))
-    done = subprocess.run(["sbatch", "--parsable", str(script)], env=dict(env), cwd=cwd, capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        ["sbatch", "--parsable", str(script)], env=dict(env), cwd=cwd, capture_output=True, text=True, timeout=60
+    )
     job_id = done.stdout.strip().split(";")[0]
     if done.returncode != 0 or not job_id:
         raise ClusterError(f"sbatch refused job {name}: {done.stderr.strip() or done.stdout.strip()}")
@@ -139,7 +160,11 @@ class SlurmProgram:
             The job has been running for more than ``timeout`` seconds (queue time does not count).
         """
         while (code := self.poll()) is None:
-            if timeout is not None and self.running_since is not None and time.monotonic() - self.running_since > timeout:
+            if (
+                timeout is not None
+                and self.running_since is not None
+                and time.monotonic() - self.running_since > timeout
+            ):
                 raise subprocess.TimeoutExpired(f"Slurm job {self.job_id}", timeout)
             time.sleep(POLL_S)
         return code

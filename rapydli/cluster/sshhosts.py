@@ -88,7 +88,9 @@ def interface_address(name: str) -> str:
 
     interfaces = psutil.net_if_addrs()
     if name not in interfaces:
-        raise ConfigError(f"network interface {name!r} does not exist here: available are {', '.join(sorted(interfaces))}")
+        raise ConfigError(
+            f"network interface {name!r} does not exist here: available are {', '.join(sorted(interfaces))}"
+        )
     for address in interfaces[name]:
         if address.family == socket.AF_INET:
             return str(address.address)
@@ -214,7 +216,9 @@ def mpiexec_arguments(options: dict[str, Any]) -> tuple[list[str], dict[str, str
     from rapydli.cluster.launchers import get_launcher, validate_options
 
     config = get_launcher("ssh").config(validate_options("ssh", options))
-    return list(config["MPIEngineSetLauncher"].get("mpi_args", [])), dict(config.get("BaseLauncher", {}).get("environment", {}))
+    return list(config["MPIEngineSetLauncher"].get("mpi_args", [])), dict(
+        config.get("BaseLauncher", {}).get("environment", {})
+    )
 
 
 def spawn_python(
@@ -235,7 +239,10 @@ def spawn_python(
     )
     return subprocess.Popen(
         [ssh_command, "-o", "BatchMode=yes", host, script],
-        stdin=subprocess.PIPE, stdout=output, stderr=subprocess.STDOUT, start_new_session=True,
+        stdin=subprocess.PIPE,
+        stdout=output,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
     )
 
 
@@ -271,8 +278,13 @@ def unreachable_hosts(hosts: list[str], ssh: str = "ssh", timeout: float = 3.0) 
     """``{host: why}`` for the ``hosts`` that do not answer ``ssh HOST true`` (asked at once)."""
     command = ["-o", f"ConnectTimeout={max(1, int(timeout))}", "-o", "BatchMode=yes"]
     probes = {
-        host: subprocess.Popen([ssh, *command, host, "true"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.PIPE, text=True)
+        host: subprocess.Popen(
+            [ssh, *command, host, "true"],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         for host in hosts
     }
     down = {}

@@ -92,7 +92,9 @@ class ClusterTasks:
         ranks = parse_targets(targets, self.n)
         hang = self._hang_watch(ranks, hang_timeout_s, on_hang)
         sources = notebook_cells()
-        results = self._submit(ranks, lambda rank: (engine.run_task, fn, args, kwargs, ranks, on_event is not None, sources))
+        results = self._submit(
+            ranks, lambda rank: (engine.run_task, fn, args, kwargs, ranks, on_event is not None, sources)
+        )
         return self._job(results, timeout=timeout, on_output=on_output, on_event=on_event, hang=hang)
 
     def run(
@@ -117,8 +119,17 @@ class ClusterTasks:
             A rank raised, died, or the timeout passed; the other ranks were interrupted.
         """
         __tracebackhide__ = True  # noqa: F841 - IPython shows the user's cell, not these frames
-        job = self.submit(fn, *args, targets=targets, timeout=timeout, on_event=on_event, on_output=on_output,
-                          hang_timeout_s=hang_timeout_s, on_hang=on_hang, **kwargs)  # fmt: skip
+        job = self.submit(
+            fn,
+            *args,
+            targets=targets,
+            timeout=timeout,
+            on_event=on_event,
+            on_output=on_output,
+            hang_timeout_s=hang_timeout_s,
+            on_hang=on_hang,
+            **kwargs,
+        )
         return job.wait()
 
     def run_cell(
@@ -170,7 +181,9 @@ class ClusterTasks:
         if action not in ACTIONS:
             raise ConfigError(f"on_hang={action!r} is invalid: one of {', '.join(map(repr, ACTIONS))}")
         if timeout_s is not None and not timeout_s > 0:
-            raise ConfigError(f"hang_timeout_s={timeout_s!r} is invalid: seconds > 0, or None for 5x the median step (at least 60 s)")
+            raise ConfigError(
+                f"hang_timeout_s={timeout_s!r} is invalid: seconds > 0, or None for 5x the median step (at least 60 s)"
+            )
         return HangWatch(self._traces, lambda asked: self.where(asked), timeout_s, action, self.n)
 
     def _traces(self, ranks: Sequence[int]) -> dict[int, trace.Trace]:
@@ -259,8 +272,17 @@ class ClusterTasks:
         hosts_down = functools.partial(self._hosts_down, where) if self.launcher.over_ssh else None
         gone = self._batch.gone if self._batch is not None else None
         lost = functools.partial(self._hosts_lost, self._sessions, where) if self._sessions is not None else None
-        return Job(results, interrupt=self._interrupt, stop=self._request_stop, go_on=self._go_on, abort=self.abort, hosts_down=hosts_down, gone=gone,
-                   lost_hosts=lost, **handlers)  # fmt: skip
+        return Job(
+            results,
+            interrupt=self._interrupt,
+            stop=self._request_stop,
+            go_on=self._go_on,
+            abort=self.abort,
+            hosts_down=hosts_down,
+            gone=gone,
+            lost_hosts=lost,
+            **handlers,
+        )
 
     @staticmethod
     def _hosts_lost(sessions: SessionWatch, where: dict[int, str], ranks: Sequence[int]) -> dict[int, tuple[str, str]]:

@@ -129,14 +129,29 @@ class _Recorder:
 
     def begin(self, kind: str, group: str, nbytes: int, dtype: str, peer: int, channel: str) -> int:
         names = self.names
-        kind_b, group_b, dtype_b = names.get(kind) or self._name(kind), names.get(group) or self._name(group), names.get(dtype) or self._name(dtype)
+        kind_b, group_b, dtype_b = (
+            names.get(kind) or self._name(kind),
+            names.get(group) or self._name(group),
+            names.get(dtype) or self._name(dtype),
+        )
         now = time.time()
         with self.lock:
             index = self.count
             self.count = index + 1
             seq = self.seqs.get(channel, 0)
             self.seqs[channel] = seq + 1
-            _RECORD.pack_into(self.map, _HEADER.size + (index % CAPACITY) * _RECORD.size, seq, kind_b, group_b, nbytes, dtype_b, peer, now, 0.0)
+            _RECORD.pack_into(
+                self.map,
+                _HEADER.size + (index % CAPACITY) * _RECORD.size,
+                seq,
+                kind_b,
+                group_b,
+                nbytes,
+                dtype_b,
+                peer,
+                now,
+                0.0,
+            )
             _TAIL.pack_into(self.map, _TAIL_AT, index + 1, now)  # after the record: a reader never sees it half-written
         return index
 
@@ -237,7 +252,9 @@ def read(data: bytes | mmap.mmap) -> Trace:
         raise ValueError("not a RaPyDLI trace file")
     records = []
     for index in range(max(0, count - capacity), count):
-        seq, kind, group, nbytes, dtype, peer, start, stop = _RECORD.unpack_from(data, _HEADER.size + (index % capacity) * _RECORD.size)
+        seq, kind, group, nbytes, dtype, peer, start, stop = _RECORD.unpack_from(
+            data, _HEADER.size + (index % capacity) * _RECORD.size
+        )
         records.append(Record(index, seq, _text(kind), _text(group), nbytes, _text(dtype), peer, start, stop))
     return Trace(rank, count, active, tuple(records))
 

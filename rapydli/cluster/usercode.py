@@ -113,7 +113,11 @@ def is_user_file(path: str) -> bool:
     if path.startswith("<"):
         return path.startswith(("<ipython-input-", "<distributed cell>"))
     real = os.path.realpath(path)
-    return not real.startswith((_OURS, *_LIBRARY_ROOTS)) and "site-packages" not in real.split(os.sep) and real != sys.executable
+    return (
+        not real.startswith((_OURS, *_LIBRARY_ROOTS))
+        and "site-packages" not in real.split(os.sep)
+        and real != sys.executable
+    )
 
 
 def user_frames_first(text: str) -> str:

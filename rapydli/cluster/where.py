@@ -234,13 +234,17 @@ def collect(
     while len(done) < len(engines) and time.monotonic() < deadline:
         time.sleep(0.02)
         waiting = [rank for rank in ranks if rank not in done]
-        for rank, data in zip(waiting, read([(engines[r]["host"], engines[r]["stacks_file"], offsets[r]) for r in waiting])):
+        for rank, data in zip(
+            waiting, read([(engines[r]["host"], engines[r]["stacks_file"], offsets[r]) for r in waiting])
+        ):
             if data and data.endswith(b"\n") and data == seen.get(rank):  # unchanged since the last look: complete
                 done[rank] = RankStacks(rank, engines[rank]["host"], parse(data.decode(errors="replace")))
             seen[rank] = data
     for rank, info in engines.items():
         if rank not in done:
-            done[rank] = RankStacks(rank, info["host"], error=f"no answer within {within:g} s (host {info['host']}, pid {info['pid']})")
+            done[rank] = RankStacks(
+                rank, info["host"], error=f"no answer within {within:g} s (host {info['host']}, pid {info['pid']})"
+            )
     return dict(sorted(done.items()))
 
 
@@ -277,12 +281,17 @@ def read_remote(run_on: Callable[[str], list[str]]) -> Reader:
         found: list[bytes] = [b""] * len(spans)
         by_host: dict[str, list[int]] = {}
         for i, (host, path, offset) in enumerate(spans):
-            if host == local or os.path.exists(path):  # the name holds the host and pid: a file here is the host's (shared file system)
+            if host == local or os.path.exists(
+                path
+            ):  # the name holds the host and pid: a file here is the host's (shared file system)
                 found[i] = _read_here(path, offset)
             else:
                 by_host.setdefault(host, []).append(i)
         for host, indices in by_host.items():
-            script = "; ".join(f"tail -c +{spans[i][2] + 1} {shlex.quote(spans[i][1])} 2>/dev/null | base64 | tr -d '\\n'; echo" for i in indices)
+            script = "; ".join(
+                f"tail -c +{spans[i][2] + 1} {shlex.quote(spans[i][1])} 2>/dev/null | base64 | tr -d '\\n'; echo"
+                for i in indices
+            )
             try:
                 done = subprocess.run([*run_on(host), script], capture_output=True, timeout=2 * WITHIN_S, check=False)  # noqa: S603
             except subprocess.TimeoutExpired:
@@ -305,8 +314,19 @@ def read_ssh(ssh_command: str) -> Reader:
 def read_slurm(job_id: str) -> Reader:
     """A :data:`Reader` through Slurm (:func:`read_remote`): ``srun`` a step into job ``job_id`` on the
     node (``--overlap``: beside the engines, taking none of their CPUs)."""
-    return read_remote(lambda host: ["srun", f"--jobid={job_id}", "--overlap", "--nodes=1", "--ntasks=1", f"--nodelist={host}",
-                                     "--quiet", "sh", "-c"])  # fmt: skip
+    return read_remote(
+        lambda host: [
+            "srun",
+            f"--jobid={job_id}",
+            "--overlap",
+            "--nodes=1",
+            "--ntasks=1",
+            f"--nodelist={host}",
+            "--quiet",
+            "sh",
+            "-c",
+        ]
+    )
 
 
 def _library(path: str) -> bool:
@@ -361,6 +381,10 @@ def where_of_record(record: dict[str, Any], within: float = WITHIN_S) -> Where:
     stacks = collect(here, send, read_local, within) if here else {}
     for rank, info in engines.items():
         if rank not in here:
-            stacks[rank] = RankStacks(rank, info.get("host", "?"), error=f"on host {info.get('host')}: ask from the notebook "
-                                      "that attached the cluster (cluster.where(), %rapydli where)")  # fmt: skip
+            stacks[rank] = RankStacks(
+                rank,
+                info.get("host", "?"),
+                error=f"on host {info.get('host')}: ask from the notebook "
+                "that attached the cluster (cluster.where(), %rapydli where)",
+            )
     return Where(dict(sorted(stacks.items())))

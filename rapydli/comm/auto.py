@@ -91,7 +91,9 @@ class AutoTable:
         index = bisect.bisect_left(self.sizes, nbytes)
         if index == len(self.sizes):
             return self.choices[-1]
-        if index > 0 and math.log2(max(nbytes, 1) / self.sizes[index - 1]) < math.log2(self.sizes[index] / max(nbytes, 1)):
+        if index > 0 and math.log2(max(nbytes, 1) / self.sizes[index - 1]) < math.log2(
+            self.sizes[index] / max(nbytes, 1)
+        ):
             index -= 1
         return self.choices[index]
 
@@ -244,7 +246,13 @@ class AutoAlgorithm(Algorithm):
 
     name = "auto"
 
-    def __init__(self, comm: MPI.Comm, table: AutoTable | None = None, pace: Pace = SPIN, shm: SharedMemoryAlgorithm | None = None) -> None:
+    def __init__(
+        self,
+        comm: MPI.Comm,
+        table: AutoTable | None = None,
+        pace: Pace = SPIN,
+        shm: SharedMemoryAlgorithm | None = None,
+    ) -> None:
         super().__init__(comm)
         self.shm = shm if shm is not None else SharedMemoryAlgorithm(comm, pace=pace)
         self.candidates: dict[str, Algorithm] = {

@@ -124,4 +124,3 @@ def node_rank(comm: MPI.Comm) -> tuple[int, int]:
         return node.Get_rank(), node.Get_size()
     finally:
         node.Free()
-

@@ -124,7 +124,13 @@ class Communicator:
             Override the communicator's default algorithm for this call.
         """
         plan = self._plans.get((id(tensor), op, self.algorithm if algorithm is None else algorithm))
-        if plan is not None and plan[0]() is tensor and tensor.data_ptr() == plan[1] and tensor.numel() == plan[2] and tensor.is_contiguous():
+        if (
+            plan is not None
+            and plan[0]() is tensor
+            and tensor.data_ptr() == plan[1]
+            and tensor.numel() == plan[2]
+            and tensor.is_contiguous()
+        ):
             self._traced("allreduce", tensor, plan[3])  # the same memory as last time: nothing re-checked or converted
             if plan[4]:
                 finish_avg(tensor, self.world_size)
@@ -157,7 +163,11 @@ class Communicator:
             start = time.perf_counter()
             self._traced("allreduce", flat, lambda: self._run(main, flat, op))
             return CompletedHandle(tensor, chosen, start, time.perf_counter())
-        return self._thread.submit(ThreadHandle(tensor, chosen, lambda: self._traced("allreduce", flat, lambda: self._run(asynchronous, flat, op))))
+        return self._thread.submit(
+            ThreadHandle(
+                tensor, chosen, lambda: self._traced("allreduce", flat, lambda: self._run(asynchronous, flat, op))
+            )
+        )
 
     def ireduce_scatter_(self, tensor: torch.Tensor, out: torch.Tensor, op: str = "sum") -> Handle:
         """Start ``MPI.Reduce_scatter_block``: ``out`` gets this rank's block of the ranks' reduced ``tensor``.
@@ -287,8 +297,12 @@ class Communicator:
     def _nccl_usable(self) -> bool:
         import torch.distributed as dist
 
-        return (torch.cuda.is_available() and dist.is_available() and dist.is_nccl_available()
-                and self.node_size <= torch.cuda.device_count())
+        return (
+            torch.cuda.is_available()
+            and dist.is_available()
+            and dist.is_nccl_available()
+            and self.node_size <= torch.cuda.device_count()
+        )
 
     def _get(self, name: str) -> tuple[Algorithm, Algorithm]:
         """(algorithm over the main communicator, the same over the asynchronous one); built once."""

@@ -61,7 +61,8 @@ def _layout(n: int, numel: int, step_elems: int) -> tuple[tuple[int, ...], tuple
     base, extra = divmod(numel, n)
     starts = tuple(i * base + min(i, extra) for i in range(n + 1))
     chunks = tuple(
-        tuple((a, min(a + step_elems, starts[s + 1])) for a in range(starts[s], starts[s + 1], step_elems)) for s in range(n)
+        tuple((a, min(a + step_elems, starts[s + 1])) for a in range(starts[s], starts[s + 1], step_elems))
+        for s in range(n)
     )
     return starts, chunks
 

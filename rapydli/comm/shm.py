@@ -201,13 +201,19 @@ class SharedMemoryAlgorithm(Algorithm):
     averages = True
 
     def __init__(
-        self, comm: MPI.Comm, buffers: SharedBuffers | None = None, pace: Pace = SPIN, slots: tuple[_Slots, _Slots] | None = None
+        self,
+        comm: MPI.Comm,
+        buffers: SharedBuffers | None = None,
+        pace: Pace = SPIN,
+        slots: tuple[_Slots, _Slots] | None = None,
     ) -> None:
         super().__init__(comm)
         self.buffers = buffers if buffers is not None else SharedBuffers(comm)
         self.pace = pace
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
-        self._barrier: Callable[[], object] = comm.Barrier if pace is SPIN else (lambda: pace.complete((comm.Ibarrier(),)))
+        self._barrier: Callable[[], object] = (
+            comm.Barrier if pace is SPIN else (lambda: pace.complete((comm.Ibarrier(),)))
+        )
         #: (this communicator's slots, the asynchronous duplicate's): None when the compiled path cannot run
         self.slots = slots if slots is not None else self._allocate_slots()
 
@@ -263,9 +269,17 @@ class SharedMemoryAlgorithm(Algorithm):
             )
         slots = self.slots[0]
         return native.ReducePlan(
-            slots.bases, ctypes.pointer(slots.seq), flat.data_ptr(), flat.numel(), SLOT_BYTES,
-            self.size, self.rank, native.DTYPE_CODES[flat.dtype], native.OP_CODES[op], int(self.pace.polite),
-        )  # fmt: skip
+            slots.bases,
+            ctypes.pointer(slots.seq),
+            flat.data_ptr(),
+            flat.numel(),
+            SLOT_BYTES,
+            self.size,
+            self.rank,
+            native.DTYPE_CODES[flat.dtype],
+            native.OP_CODES[op],
+            int(self.pace.polite),
+        )
 
     def _reduce_shared(self, flat: torch.Tensor, views: list[torch.Tensor], op: str) -> None:
         """A whole shared buffer: each rank reduces its segment from the peers' memory and pushes it."""

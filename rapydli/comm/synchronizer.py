@@ -132,7 +132,9 @@ class GradientSynchronizer:
     >>> loss.backward(); sync.wait(); optimizer.step()  # doctest: +SKIP
     """
 
-    def __init__(self, model: torch.nn.Module, comm: Communicator, bucket_mb: float = 25.0, overlap: bool = True) -> None:
+    def __init__(
+        self, model: torch.nn.Module, comm: Communicator, bucket_mb: float = 25.0, overlap: bool = True
+    ) -> None:
         if not isinstance(bucket_mb, int | float) or not bucket_mb > 0:
             raise ConfigError(f"bucket_mb={bucket_mb!r} is invalid: it must be a number > 0 (MiB per bucket)")
         if not isinstance(comm, Communicator):

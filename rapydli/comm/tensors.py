@@ -111,17 +111,19 @@ def mpi_datatype(dtype: torch.dtype) -> MPI.Datatype:
     if not _MPI_TYPES:
         from mpi4py import MPI
 
-        _MPI_TYPES.update({
-            torch.float32: MPI.FLOAT,
-            torch.float64: MPI.DOUBLE,
-            torch.float16: MPI.UINT16_T,
-            torch.bfloat16: MPI.UINT16_T,
-            torch.int32: MPI.INT32_T,
-            torch.int64: MPI.INT64_T,
-            torch.int16: MPI.INT16_T,
-            torch.int8: MPI.INT8_T,
-            torch.uint8: MPI.UINT8_T,
-        })
+        _MPI_TYPES.update(
+            {
+                torch.float32: MPI.FLOAT,
+                torch.float64: MPI.DOUBLE,
+                torch.float16: MPI.UINT16_T,
+                torch.bfloat16: MPI.UINT16_T,
+                torch.int32: MPI.INT32_T,
+                torch.int64: MPI.INT64_T,
+                torch.int16: MPI.INT16_T,
+                torch.int8: MPI.INT8_T,
+                torch.uint8: MPI.UINT8_T,
+            }
+        )
     return _MPI_TYPES[dtype]
 
 

@@ -60,9 +60,7 @@ class TierPlan:
         return sum(1 for t in self.tier.values() if t == tier)
 
 
-def assign_tiers(
-    stream: list[list[int]], nbytes: Callable[[int], int], ram_bytes: int, disk_bytes: int
-) -> TierPlan:
+def assign_tiers(stream: list[list[int]], nbytes: Callable[[int], int], ram_bytes: int, disk_bytes: int) -> TierPlan:
     """Assign each sample to RAM, then local disk, by access frequency within the budgets.
 
     Samples are taken from most to least frequently accessed over the whole stream (ties:

@@ -104,7 +104,11 @@ def encode(sample: Any, schema: dict[str, Any], where: str) -> bytes:
 
 def _fixed_size(field: dict[str, Any]) -> int | None:
     if field["kind"] in ("tensor", "ndarray"):
-        itemsize = torch.empty(0, dtype=getattr(torch, field["dtype"])).element_size() if field["kind"] == "tensor" else np.dtype(field["dtype"]).itemsize
+        itemsize = (
+            torch.empty(0, dtype=getattr(torch, field["dtype"])).element_size()
+            if field["kind"] == "tensor"
+            else np.dtype(field["dtype"]).itemsize
+        )
         return itemsize * math.prod(field["shape"])
     return {"int": 8, "float": 8, "bool": 1}.get(field["kind"])
 
@@ -113,7 +117,11 @@ def _decode_field(field: dict[str, Any], data: memoryview, copy: bool) -> Any:
     kind = field["kind"]
     if kind == "tensor":
         array = np.frombuffer(data, dtype=np.uint8)
-        return torch.from_numpy(array.copy() if copy else array).view(getattr(torch, field["dtype"])).reshape(field["shape"])
+        return (
+            torch.from_numpy(array.copy() if copy else array)
+            .view(getattr(torch, field["dtype"]))
+            .reshape(field["shape"])
+        )
     if kind == "ndarray":
         array = np.frombuffer(data, dtype=np.dtype(field["dtype"])).reshape(field["shape"])
         return array.copy() if copy else array
@@ -128,7 +136,9 @@ def _decode_field(field: dict[str, Any], data: memoryview, copy: bool) -> Any:
     return struct.unpack("<d", data)[0]
 
 
-def decode(record: bytes | memoryview, schema: dict[str, Any], where: str, check: bool = True, copy: bool = True) -> Any:
+def decode(
+    record: bytes | memoryview, schema: dict[str, Any], where: str, check: bool = True, copy: bool = True
+) -> Any:
     """The sample in ``record``; ``DataError`` naming ``where`` if it is truncated, corrupt or off-schema.
 
     ``check=False`` skips the checksum, and ``copy=False`` returns tensors and arrays that
@@ -157,7 +167,9 @@ def decode(record: bytes | memoryview, schema: dict[str, Any], where: str, check
     for field, length in zip(fields, lengths):
         expected = _fixed_size(field)
         if expected is not None and length != expected:
-            raise DataError(f"{where} does not match the store's schema: a {field} field of {length} bytes, expected {expected}")
+            raise DataError(
+                f"{where} does not match the store's schema: a {field} field of {length} bytes, expected {expected}"
+            )
         values.append(_decode_field(field, payload[offset : offset + length], copy))
         offset += length
     container = schema["container"]

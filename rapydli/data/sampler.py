@@ -128,7 +128,9 @@ class ShardSampler(Sampler[int]):
         """This rank's indices for ``epoch`` (default: the current one)."""
         epoch = self.epoch if epoch is None else epoch
         start = self.resume_from[1] if self.resume_from is not None and self.resume_from[0] == epoch else 0
-        return rank_indices(self.num_samples, self.rank, self.world_size, self.seed, epoch, self.shuffle, self.drop_last, start)
+        return rank_indices(
+            self.num_samples, self.rank, self.world_size, self.seed, epoch, self.shuffle, self.drop_last, start
+        )
 
     def __iter__(self) -> Iterator[int]:
         return iter(self.indices().tolist())

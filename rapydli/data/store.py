@@ -223,7 +223,9 @@ class LMDBDataset(Dataset):
         Emulated remote storage (see the module docstring); off by default.
     """
 
-    def __init__(self, path: str | os.PathLike, read_latency_s: float = 0.0, bandwidth_mb_s: float | None = None) -> None:
+    def __init__(
+        self, path: str | os.PathLike, read_latency_s: float = 0.0, bandwidth_mb_s: float | None = None
+    ) -> None:
         self.path = Path(path)
         self.header = _read_header(self.path, "rapydli-lmdb")
         self.schema = self.header["schema"]
@@ -296,7 +298,13 @@ def write_files(dataset: SizedDataset, directory: str | os.PathLike) -> Path:
         sizes.append(len(record))
     _write_header(
         root,
-        {"format": "rapydli-files", "version": FORMAT_VERSION, "num_samples": count, "schema": schema, "record_bytes": sizes},
+        {
+            "format": "rapydli-files",
+            "version": FORMAT_VERSION,
+            "num_samples": count,
+            "schema": schema,
+            "record_bytes": sizes,
+        },
     )
     return root
 

@@ -197,7 +197,9 @@ class SharedTier:
         self._fd: tuple[int, int] | None = None  # (pid, descriptor): never used across a fork
 
     def __getstate__(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if k in ("capacity", "schema", "space", "_lock", "_shared", "path")}
+        return {
+            k: v for k, v in self.__dict__.items() if k in ("capacity", "schema", "space", "_lock", "_shared", "path")
+        }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)

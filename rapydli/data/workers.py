@@ -190,8 +190,10 @@ class WorkerPool:
         self._tasks = [context.Queue() for _ in range(workers)]
         self._processes = [
             context.Process(
-                target=_work, args=(fetch, self._slots, tasks, self._results, threads),
-                name=f"rapydli-fetch-{number}", daemon=True,
+                target=_work,
+                args=(fetch, self._slots, tasks, self._results, threads),
+                name=f"rapydli-fetch-{number}",
+                daemon=True,
             )
             for number, tasks in enumerate(self._tasks)
         ]
@@ -218,7 +220,9 @@ class WorkerPool:
         result = self._ready.pop(task)
         slot = self._slot_of.pop(task)
         if result.slot_bytes:  # numpy copies in this thread (a torch copy this large wakes its thread pool)
-            result.batch = _unpack(result.batch, torch.from_numpy(self._slots[slot][: result.slot_bytes].numpy().copy()))
+            result.batch = _unpack(
+                result.batch, torch.from_numpy(self._slots[slot][: result.slot_bytes].numpy().copy())
+            )
         self._free.append(slot)
         return result
 
@@ -246,7 +250,9 @@ class WorkerPool:
             except (OSError, EOFError) as error:  # a batch in shared memory whose sender died
                 self._check_alive(grace_s=5.0)
                 self.close()
-                raise RapydliError(f"a batch from the clairvoyant loader's workers could not be received: {error}") from error
+                raise RapydliError(
+                    f"a batch from the clairvoyant loader's workers could not be received: {error}"
+                ) from error
 
     def _check_alive(self, grace_s: float = 0.0) -> None:
         """Stop all and raise RapydliError if a worker has exited (waiting up to ``grace_s`` for one to)."""

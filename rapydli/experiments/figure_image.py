@@ -39,9 +39,29 @@ DPI = 100
 #: The size plotly gives a figure without ``layout.width``/``height`` in a notebook's output (pixels).
 DEFAULT_SIZE = (900, 450)
 #: plotly's default trace colours (``plotly`` template's colorway), used when the figure names none.
-PLOTLY_COLORWAY = ("#636efa", "#EF553B", "#00cc96", "#ab63fa", "#FFA15A", "#19d3f3", "#FF6692", "#B6E880", "#FF97FF", "#FECB52")
+PLOTLY_COLORWAY = (
+    "#636efa",
+    "#EF553B",
+    "#00cc96",
+    "#ab63fa",
+    "#FFA15A",
+    "#19d3f3",
+    "#FF6692",
+    "#B6E880",
+    "#FF97FF",
+    "#FECB52",
+)
 DASHES = {"solid": "-", "dash": "--", "dot": ":", "dashdot": "-.", "longdash": "--", "longdashdot": "-."}
-MARKERS = {"circle": "o", "square": "s", "diamond": "D", "cross": "P", "x": "X", "triangle-up": "^", "triangle-down": "v", "star": "*"}
+MARKERS = {
+    "circle": "o",
+    "square": "s",
+    "diamond": "D",
+    "cross": "P",
+    "x": "X",
+    "triangle-up": "^",
+    "triangle-down": "v",
+    "star": "*",
+}
 #: pixels to points (matplotlib sizes lines and fonts in points, plotly in pixels)
 PT = 0.75
 
@@ -58,7 +78,9 @@ def figure_png(figure: Any) -> bytes:
     FigureCanvasAgg(canvas)
     _Drawing(canvas, spec, width, height).draw()
     drawn = io.BytesIO()
-    canvas.savefig(drawn, format="png", dpi=DPI, bbox_inches="tight", pad_inches=0.08)  # long legends, rotated labels kept whole
+    canvas.savefig(
+        drawn, format="png", dpi=DPI, bbox_inches="tight", pad_inches=0.08
+    )  # long legends, rotated labels kept whole
     return _small_png(drawn)
 
 
@@ -68,7 +90,9 @@ def _small_png(drawn: io.BytesIO) -> bytes:
 
     drawn.seek(0)
     small = io.BytesIO()
-    Image.open(drawn).convert("RGB").quantize(colors=256, method=Image.Quantize.MEDIANCUT).save(small, format="png", optimize=True)
+    Image.open(drawn).convert("RGB").quantize(colors=256, method=Image.Quantize.MEDIANCUT).save(
+        small, format="png", optimize=True
+    )
     return small.getvalue()
 
 
@@ -104,7 +128,13 @@ def colour(value: Any, default: Any = None) -> Any:
 def plain(text: Any) -> str:
     """Annotation or title text without plotly's HTML (``<br>`` becomes a new line)."""
     text = re.sub(r"<br\s*/?>", "\n", str(text or ""))
-    return re.sub(r"<[^>]+>", "", text).replace("&nbsp;", " ").replace("&amp;", "&").replace("&lt;", "<").replace("&gt;", ">")
+    return (
+        re.sub(r"<[^>]+>", "", text)
+        .replace("&nbsp;", " ")
+        .replace("&amp;", "&")
+        .replace("&lt;", "<")
+        .replace("&gt;", ">")
+    )
 
 
 def _title(entry: Any) -> str:
@@ -124,7 +154,9 @@ class _Drawing:
         self.categories: dict[tuple[int, str], dict[Any, int]] = {}  # (axes id, "x"/"y") -> category -> position
         self.legend: dict[str, tuple[Any, str]] = {}
         self.unsupported: set[str] = set()
-        self.last_y: dict[int, list[float]] = {}  # (axes id) -> the y of the last trace drawn there: what a "tonexty" fill fills to
+        self.last_y: dict[
+            int, list[float]
+        ] = {}  # (axes id) -> the y of the last trace drawn there: what a "tonexty" fill fills to
         names = [len(plain(t.get("name", ""))) for t in self.traces]
         legend_space = min(360, 60 + int(6.2 * max(names, default=0))) if self._legend_wanted() else 25
         title_space = 50 if _title(self.layout.get("title")) else 20
@@ -142,8 +174,10 @@ class _Drawing:
     def paper(self, x: float, y: float) -> tuple[float, float]:
         """Paper coordinates (0..1 over the plotting area) as figure fractions."""
         left, right, top, bottom = self.area
-        return ((left + x * (self.width - left - right)) / self.width,
-                (bottom + y * (self.height - top - bottom)) / self.height)  # fmt: skip
+        return (
+            (left + x * (self.width - left - right)) / self.width,
+            (bottom + y * (self.height - top - bottom)) / self.height,
+        )
 
     def axes_for(self, xid: str, yid: str) -> Any:
         """The matplotlib axes of plotly's axis pair (``"x2"``, ``"y2"``), placed at the axes' domains."""
@@ -248,15 +282,27 @@ class _Drawing:
             handle = ax.fill_between(fx, lower, [p[1] for p in pairs], color=fillcolor, linewidth=0)
         self.last_y[id(ax)] = [p[1] for p in pairs]
         if "lines" in mode and line.get("width", 2) != 0 and pairs:
-            (handle,) = ax.plot([p[0] for p in pairs], [p[1] for p in pairs], color=color, linewidth=PT * float(line.get("width", 2)),
-                                linestyle=DASHES.get(str(line.get("dash", "solid")), "-"),
-                                marker="o" if "markers" in mode else None, markersize=PT * float(marker.get("size", 6)))  # fmt: skip
+            (handle,) = ax.plot(
+                [p[0] for p in pairs],
+                [p[1] for p in pairs],
+                color=color,
+                linewidth=PT * float(line.get("width", 2)),
+                linestyle=DASHES.get(str(line.get("dash", "solid")), "-"),
+                marker="o" if "markers" in mode else None,
+                markersize=PT * float(marker.get("size", 6)),
+            )
         elif "markers" in mode and pairs:
             colors = marker.get("color")
             point_colors = [colour(c, default) for c in values(colors)] if isinstance(colors, list | tuple) else color
-            handle = ax.scatter([p[0] for p in pairs], [p[1] for p in pairs], c=point_colors if isinstance(point_colors, list) else None,
-                                color=None if isinstance(point_colors, list) else point_colors, s=(PT * float(marker.get("size", 6))) ** 2,
-                                marker=MARKERS.get(str(marker.get("symbol", "circle")), "o"), zorder=3)  # fmt: skip
+            handle = ax.scatter(
+                [p[0] for p in pairs],
+                [p[1] for p in pairs],
+                c=point_colors if isinstance(point_colors, list) else None,
+                color=None if isinstance(point_colors, list) else point_colors,
+                s=(PT * float(marker.get("size", 6))) ** 2,
+                marker=MARKERS.get(str(marker.get("symbol", "circle")), "o"),
+                zorder=3,
+            )
         self._error_bars(ax, trace, xs, ys, color)
         if "text" in mode:
             for (x, y), text in zip(pairs, values(trace.get("text")), strict=False):
@@ -269,10 +315,24 @@ class _Drawing:
         if error.get("array") is None or not error.get("visible", True):
             return
         up = values(error["array"])
-        down = values(error["arrayminus"]) if error.get("symmetric") is False or error.get("arrayminus") is not None else up
-        ax.errorbar(xs, ys, yerr=[down, up], fmt="none", ecolor="#444" if trace.get("type") == "bar" else color, elinewidth=1, capsize=4)
+        down = (
+            values(error["arrayminus"])
+            if error.get("symmetric") is False or error.get("arrayminus") is not None
+            else up
+        )
+        ax.errorbar(
+            xs,
+            ys,
+            yerr=[down, up],
+            fmt="none",
+            ecolor="#444" if trace.get("type") == "bar" else color,
+            elinewidth=1,
+            capsize=4,
+        )
 
-    def _bar(self, ax: Any, trace: Mapping[str, Any], default: str, bars: list[Mapping[str, Any]], stack: dict[Any, float]) -> None:
+    def _bar(
+        self, ax: Any, trace: Mapping[str, Any], default: str, bars: list[Mapping[str, Any]], stack: dict[Any, float]
+    ) -> None:
         horizontal = trace.get("orientation") == "h"
         along, length = ("y", "x") if horizontal else ("x", "y")
         places = values(trace.get(along))
@@ -281,7 +341,11 @@ class _Drawing:
             places = list(range(len(sizes)))
         places = self.position(ax, along, places)
         mode = self.layout.get("barmode", "group")
-        together = [t for t in bars if t.get("xaxis", "x") == trace.get("xaxis", "x") and t.get("yaxis", "y") == trace.get("yaxis", "y")]
+        together = [
+            t
+            for t in bars
+            if t.get("xaxis", "x") == trace.get("xaxis", "x") and t.get("yaxis", "y") == trace.get("yaxis", "y")
+        ]
         width = trace.get("width")
         offset = trace.get("offset")
         if width is None:
@@ -291,7 +355,11 @@ class _Drawing:
             offset = -0.4 + place * width if mode == "group" and len(together) > 1 else -width / 2
         marker = trace.get("marker") or {}
         colors = marker.get("color")
-        color = [colour(c, default) for c in values(colors)] if isinstance(colors, list | tuple) else colour(colors, default)
+        color = (
+            [colour(c, default) for c in values(colors)]
+            if isinstance(colors, list | tuple)
+            else colour(colors, default)
+        )
         if trace.get("base") is not None:
             base = [b or 0 for b in values(trace.get("base"))]
         elif mode in ("stack", "relative"):
@@ -319,7 +387,9 @@ class _Drawing:
         places = self.position(ax, "x", list(groups))
         color = colour((trace.get("marker") or {}).get("color"), default)
         if groups:
-            parts = ax.boxplot(list(groups.values()), positions=places, widths=0.5, patch_artist=True, manage_ticks=False)
+            parts = ax.boxplot(
+                list(groups.values()), positions=places, widths=0.5, patch_artist=True, manage_ticks=False
+            )
             for box in parts["boxes"]:
                 box.set(facecolor=(*_rgb(color), 0.3), edgecolor=color)
             self._legend_entry(trace, parts["boxes"][0])
@@ -355,8 +425,11 @@ class _Drawing:
         ax.set_xlim(-0.1, len(columns) - 0.9)
 
     def _style_axis(self, ax: Any, letter: str, axis: Mapping[str, Any]) -> None:
-        set_label, set_scale, set_lim = ((ax.set_xlabel, ax.set_xscale, ax.set_xlim) if letter == "x"
-                                         else (ax.set_ylabel, ax.set_yscale, ax.set_ylim))  # fmt: skip
+        set_label, set_scale, set_lim = (
+            (ax.set_xlabel, ax.set_xscale, ax.set_xlim)
+            if letter == "x"
+            else (ax.set_ylabel, ax.set_yscale, ax.set_ylim)
+        )
         set_label(_title(axis.get("title")), fontsize=9)
         log = axis.get("type") == "log"
         if log:
@@ -374,7 +447,12 @@ class _Drawing:
             ticks = list(names.values())
             labels = [plain(n) for n in names]
             if letter == "x":
-                ax.set_xticks(ticks, labels, rotation=30 if sum(map(len, labels)) > 60 else 0, ha="right" if sum(map(len, labels)) > 60 else "center")
+                ax.set_xticks(
+                    ticks,
+                    labels,
+                    rotation=30 if sum(map(len, labels)) > 60 else 0,
+                    ha="right" if sum(map(len, labels)) > 60 else "center",
+                )
             else:
                 ax.set_yticks(ticks, labels)
         if axis.get("autorange") == "reversed":
@@ -406,8 +484,16 @@ class _Drawing:
             self.canvas.add_artist(_line([x0, x1], [y0, y1], transform, style))
         elif shape.get("type") == "rect":
             fill = colour(shape.get("fillcolor"), "none")
-            rect = Rectangle((x0, y0), x1 - x0, y1 - y0, transform=transform, facecolor=fill, alpha=float(shape.get("opacity", 1)),
-                             edgecolor=style["color"] if line.get("width", 1) else "none", linewidth=style["linewidth"])  # fmt: skip
+            rect = Rectangle(
+                (x0, y0),
+                x1 - x0,
+                y1 - y0,
+                transform=transform,
+                facecolor=fill,
+                alpha=float(shape.get("opacity", 1)),
+                edgecolor=style["color"] if line.get("width", 1) else "none",
+                linewidth=style["linewidth"],
+            )
             self.canvas.add_artist(rect)
 
     def _annotation(self, note: Mapping[str, Any]) -> None:
@@ -419,23 +505,50 @@ class _Drawing:
             return
         font = note.get("font") or {}
         ha = {"left": "left", "right": "right"}.get(str(note.get("xanchor")), "center")
-        va = {"top": "top", "bottom": "bottom", "middle": "center"}.get(str(note.get("yanchor")), "center" if note.get("showarrow", True) else "bottom")
-        self.canvas.text(note.get("x", 0.5), note.get("y", 0.5), text, transform=self.transform(xref, yref), ha=ha, va=va,
-                         fontsize=PT * float(font.get("size", 12)), color=colour(font.get("color"), "#2a3f5f"))  # fmt: skip
+        va = {"top": "top", "bottom": "bottom", "middle": "center"}.get(
+            str(note.get("yanchor")), "center" if note.get("showarrow", True) else "bottom"
+        )
+        self.canvas.text(
+            note.get("x", 0.5),
+            note.get("y", 0.5),
+            text,
+            transform=self.transform(xref, yref),
+            ha=ha,
+            va=va,
+            fontsize=PT * float(font.get("size", 12)),
+            color=colour(font.get("color"), "#2a3f5f"),
+        )
 
     def _title_and_legend(self) -> None:
         left, right, top, _ = self.area
         title = _title(self.layout.get("title"))
         if title:
-            self.canvas.text(left / self.width, 1 - 12 / self.height, title, ha="left", va="top", fontsize=12, color="#2a3f5f")
+            self.canvas.text(
+                left / self.width, 1 - 12 / self.height, title, ha="left", va="top", fontsize=12, color="#2a3f5f"
+            )
         if self.legend and self._legend_wanted():
             handles, labels = zip(*self.legend.values(), strict=True)
             legend_title = _title((self.layout.get("legend") or {}).get("title"))
-            self.canvas.legend(handles, labels, loc="upper left", bbox_to_anchor=(1 - (right - 8) / self.width, 1 - top / self.height),
-                               fontsize=8, frameon=False, title=legend_title or None, title_fontsize=8)  # fmt: skip
+            self.canvas.legend(
+                handles,
+                labels,
+                loc="upper left",
+                bbox_to_anchor=(1 - (right - 8) / self.width, 1 - top / self.height),
+                fontsize=8,
+                frameon=False,
+                title=legend_title or None,
+                title_fontsize=8,
+            )
         if self.unsupported:
-            self.canvas.text(0.99, 0.01, "not drawn here: " + ", ".join(sorted(self.unsupported)) + " traces (open the interactive figure)",
-                             ha="right", va="bottom", fontsize=7, color="#888")  # fmt: skip
+            self.canvas.text(
+                0.99,
+                0.01,
+                "not drawn here: " + ", ".join(sorted(self.unsupported)) + " traces (open the interactive figure)",
+                ha="right",
+                va="bottom",
+                fontsize=7,
+                color="#888",
+            )
 
     def _legend_entry(self, trace: Mapping[str, Any], handle: Any) -> None:
         name = trace.get("name")

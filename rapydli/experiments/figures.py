@@ -49,8 +49,10 @@ def training_figure(title: str = "") -> Any:
     from plotly.subplots import make_subplots
 
     figure = make_subplots(rows=1, cols=3, subplot_titles=("loss", "throughput (samples/s)", "time per step (s)"))
-    band: dict[str, dict[str, Any]] = {"samples_per_s_q1": {"line": {"width": 0}, "showlegend": False, "hoverinfo": "skip"},
-            "samples_per_s_q3": {"line": {"width": 0}, "fill": "tonexty", "fillcolor": "rgba(255, 127, 14, 0.2)"}}  # fmt: skip
+    band: dict[str, dict[str, Any]] = {
+        "samples_per_s_q1": {"line": {"width": 0}, "showlegend": False, "hoverinfo": "skip"},
+        "samples_per_s_q3": {"line": {"width": 0}, "fill": "tonexty", "fillcolor": "rgba(255, 127, 14, 0.2)"},
+    }
     for name, kind, _, ykey, col in TRAINING_TRACES:
         mode = "lines+markers" if kind == "eval" else "lines"
         figure.add_scatter(x=[], y=[], mode=mode, name=name, row=1, col=col, **band.get(ykey, {}))
@@ -78,8 +80,13 @@ def loss_figure(history: pd.DataFrame, title: str = "", restarts: Sequence[Mappi
             figure.add_scatter(x=evals["step"], y=evals["val_loss"], mode="lines+markers", name="val loss")
     for restart in restarts:
         step = restart.get("resumed_from_step") or 0
-        figure.add_vline(x=step, line_dash="dash", line_color="#d62728", annotation_text="restart",
-                         annotation_hovertext=str(restart.get("cause", "")))  # fmt: skip
+        figure.add_vline(
+            x=step,
+            line_dash="dash",
+            line_color="#d62728",
+            annotation_text="restart",
+            annotation_hovertext=str(restart.get("cause", "")),
+        )
     figure.update_layout(title=title, xaxis_title="step", yaxis_title="cross-entropy", template="plotly_white")
     return figure
 
@@ -107,18 +114,32 @@ def scaling_figure(
 
     base = make_subplots(rows=1, cols=2, subplot_titles=(f"speedup ({mode} scaling)", "efficiency"))
     traces = [
-        (f"measured, p={s}" if len(stages) > 1 else "measured", {"role": "measured", "stages": s}, "lines+markers",
-         {"color": _MEASURED[i % len(_MEASURED)]})
+        (
+            f"measured, p={s}" if len(stages) > 1 else "measured",
+            {"role": "measured", "stages": s},
+            "lines+markers",
+            {"color": _MEASURED[i % len(_MEASURED)]},
+        )
         for i, s in enumerate(stages)
-    ]  # fmt: skip
+    ]
     traces += [
         ("ideal", {"role": "ideal"}, "lines", {"color": "grey", "dash": "dot"}),
         ("predicted", {"role": "predicted"}, "lines+markers", {"color": "#d62728", "dash": "dash"}),
     ]
     for col in (1, 2):
         for name, meta, mode_, line in traces:
-            base.add_scatter(x=[], y=[], mode=mode_, name=name, legendgroup=name, showlegend=col == 1, row=1, col=col, line=line,
-                             meta={**meta, "column": "speedup" if col == 1 else "efficiency"})  # fmt: skip
+            base.add_scatter(
+                x=[],
+                y=[],
+                mode=mode_,
+                name=name,
+                legendgroup=name,
+                showlegend=col == 1,
+                row=1,
+                col=col,
+                line=line,
+                meta={**meta, "column": "speedup" if col == 1 else "efficiency"},
+            )
     base.update_xaxes(title_text="workers")
     base.update_yaxes(title_text="speedup", row=1, col=1)
     base.update_yaxes(title_text="efficiency", row=1, col=2)
@@ -129,13 +150,22 @@ def scaling_figure(
     fill_scaling_figure(figure, pd.DataFrame(points), prediction, model)
     measured = {p["workers"] for p in points}
     if prediction is not None and set(prediction["workers"]) - measured:
-        held = ("the model was not checked" if validated is None else "the model held within 20% at every measured count" if validated
-                else "the model was NOT validated on this machine (see the notes)")  # fmt: skip
-        figure.update_layout(title=f"scaling study: beyond {max(measured)} workers the dashed line is an extrapolation; {held}")
+        held = (
+            "the model was not checked"
+            if validated is None
+            else "the model held within 20% at every measured count"
+            if validated
+            else "the model was NOT validated on this machine (see the notes)"
+        )
+        figure.update_layout(
+            title=f"scaling study: beyond {max(measured)} workers the dashed line is an extrapolation; {held}"
+        )
     return figure
 
 
-def fill_scaling_figure(figure: Any, table: pd.DataFrame, prediction: pd.DataFrame | None, model: RingModel | None = None) -> None:
+def fill_scaling_figure(
+    figure: Any, table: pd.DataFrame, prediction: pd.DataFrame | None, model: RingModel | None = None
+) -> None:
     """Put measured points, the ideal line and the prediction into :func:`scaling_figure`'s figure.
 
     ``table`` rows without a ``pipeline_stages`` column count as one stage.
@@ -173,11 +203,16 @@ def sweep_figure(table: pd.DataFrame, metric: str, params: list[str], title: str
     from plotly.subplots import make_subplots
 
     base = make_subplots(
-        rows=1, cols=2, column_widths=[0.4, 0.6], specs=[[{"type": "xy"}, {"type": "domain"}]],
+        rows=1,
+        cols=2,
+        column_widths=[0.4, 0.6],
+        specs=[[{"type": "xy"}, {"type": "domain"}]],
         subplot_titles=(f"{metric} per trial", "parameters -> " + metric),
-    )  # fmt: skip
+    )
     for state in STATES:
-        base.add_scatter(x=[], y=[], mode="markers", name=state.lower(), marker={"color": _COLOURS[state], "size": 10}, row=1, col=1)
+        base.add_scatter(
+            x=[], y=[], mode="markers", name=state.lower(), marker={"color": _COLOURS[state], "size": 10}, row=1, col=1
+        )
     base.add_trace(go.Parcoords(dimensions=[]), row=1, col=2)
     base.update_layout(title=title, template="plotly_white", height=360, margin={"t": 70, "b": 40})
     base.update_xaxes(title_text="trial", row=1, col=1)
@@ -210,7 +245,14 @@ def _dimensions(table: pd.DataFrame, metric: str, params: list[str]) -> list[dic
         else:  # categorical: codes with the labels as ticks
             labels = sorted({str(v) for v in column})
             codes = {label: i for i, label in enumerate(labels)}
-            dims.append({"label": name, "values": [codes[str(v)] for v in column], "tickvals": list(range(len(labels))), "ticktext": labels})
+            dims.append(
+                {
+                    "label": name,
+                    "values": [codes[str(v)] for v in column],
+                    "tickvals": list(range(len(labels))),
+                    "ticktext": labels,
+                }
+            )
     return dims
 
 
@@ -218,25 +260,69 @@ def plan_figure(table: pd.DataFrame, ranks: int, tolerance: float, shown: int = 
     """The planner's layouts: predicted step time of the fastest that fit (measured beside), and predicted vs measured."""
     from plotly.subplots import make_subplots
 
-    figure = make_subplots(rows=1, cols=2, column_widths=[0.62, 0.38],
-                           subplot_titles=(f"fastest predicted layouts on {ranks} ranks", "predicted against measured"))  # fmt: skip
+    figure = make_subplots(
+        rows=1,
+        cols=2,
+        column_widths=[0.62, 0.38],
+        subplot_titles=(f"fastest predicted layouts on {ranks} ranks", "predicted against measured"),
+    )
     top = table[table["fits"]].head(shown)
     labels = list(top["layout"])
-    figure.add_bar(x=labels, y=[1e3 * v for v in top["predicted_step_s"]], name="predicted", marker={"color": "#8ecae6"}, row=1, col=1)
+    figure.add_bar(
+        x=labels,
+        y=[1e3 * v for v in top["predicted_step_s"]],
+        name="predicted",
+        marker={"color": "#8ecae6"},
+        row=1,
+        col=1,
+    )
     ran = top[top["measured_step_s"].notna()]
-    figure.add_scatter(x=list(ran["layout"]), y=[1e3 * v for v in ran["measured_step_s"]], mode="markers", name="measured",
-                       marker={"color": "#d62728", "size": 11, "symbol": "diamond"}, row=1, col=1)  # fmt: skip
+    figure.add_scatter(
+        x=list(ran["layout"]),
+        y=[1e3 * v for v in ran["measured_step_s"]],
+        mode="markers",
+        name="measured",
+        marker={"color": "#d62728", "size": 11, "symbol": "diamond"},
+        row=1,
+        col=1,
+    )
     every = table[table["measured_step_s"].notna()]
     if len(every):
         high = 1.1e3 * float(max(every["measured_step_s"].max(), every["predicted_step_s"].max()))
         line = [0.0, high]
-        figure.add_scatter(x=line, y=line, mode="lines", name="predicted = measured", line={"color": "grey", "dash": "dot"}, row=1, col=2)
+        figure.add_scatter(
+            x=line,
+            y=line,
+            mode="lines",
+            name="predicted = measured",
+            line={"color": "grey", "dash": "dot"},
+            row=1,
+            col=2,
+        )
         for factor in (1 - tolerance, 1 + tolerance):
-            figure.add_scatter(x=line, y=[factor * v for v in line], mode="lines", line={"color": "lightgrey", "dash": "dash"},
-                               name=f"±{tolerance:.0%}", showlegend=factor > 1, legendgroup="band", row=1, col=2)  # fmt: skip
-        figure.add_scatter(x=[1e3 * v for v in every["measured_step_s"]], y=[1e3 * v for v in every["predicted_step_s"]], mode="markers+text",
-                           text=list(every["layout"]), textposition="top center", name="layouts run",
-                           marker={"color": "#d62728", "size": 10}, showlegend=False, row=1, col=2)  # fmt: skip
+            figure.add_scatter(
+                x=line,
+                y=[factor * v for v in line],
+                mode="lines",
+                line={"color": "lightgrey", "dash": "dash"},
+                name=f"±{tolerance:.0%}",
+                showlegend=factor > 1,
+                legendgroup="band",
+                row=1,
+                col=2,
+            )
+        figure.add_scatter(
+            x=[1e3 * v for v in every["measured_step_s"]],
+            y=[1e3 * v for v in every["predicted_step_s"]],
+            mode="markers+text",
+            text=list(every["layout"]),
+            textposition="top center",
+            name="layouts run",
+            marker={"color": "#d62728", "size": 10},
+            showlegend=False,
+            row=1,
+            col=2,
+        )
     figure.update_yaxes(title_text="step time (ms)", row=1, col=1)
     figure.update_xaxes(title_text="measured step time (ms)", row=1, col=2)
     figure.update_yaxes(title_text="predicted step time (ms)", row=1, col=2)
@@ -244,7 +330,9 @@ def plan_figure(table: pd.DataFrame, ranks: int, tolerance: float, shown: int = 
     return figure
 
 
-def published_figure(rows: list[dict[str, Any]], curves: dict[str, tuple[list[int], list[float]]], tolerance: float) -> Any:
+def published_figure(
+    rows: list[dict[str, Any]], curves: dict[str, tuple[list[int], list[float]]], tolerance: float
+) -> Any:
     """Published speedups (markers) against the model's (lines), with the tolerance band around each published point."""
     import plotly.graph_objects as go
 
@@ -255,13 +343,18 @@ def published_figure(rows: list[dict[str, Any]], curves: dict[str, tuple[list[in
         figure.add_scatter(x=gpus, y=speedups, mode="lines", name=f"{name}: predicted", line={"color": colour})
         points = [r for r in rows if r["model"] == name]
         figure.add_scatter(
-            x=[r["gpus"] for r in points], y=[r["published_speedup"] for r in points], mode="markers", name=f"{name}: published",
+            x=[r["gpus"] for r in points],
+            y=[r["published_speedup"] for r in points],
+            mode="markers",
+            name=f"{name}: published",
             marker={"color": colour, "size": 11, "symbol": "diamond"},
             error_y={"type": "data", "array": [tolerance * r["published_speedup"] for r in points], "visible": True},
-        )  # fmt: skip
+        )
     top = max((max(g) for g, _ in curves.values()), default=1)
     figure.add_scatter(x=[1, top], y=[1, top], mode="lines", name="ideal", line={"color": "grey", "dash": "dot"})
     figure.update_xaxes(title_text="GPUs", type="log")
     figure.update_yaxes(title_text="speedup over one GPU", type="log")
-    figure.update_layout(template="plotly_white", height=420, title=f"published speedups against the model (bars: ±{tolerance:.0%})")
+    figure.update_layout(
+        template="plotly_white", height=420, title=f"published speedups against the model (bars: ±{tolerance:.0%})"
+    )
     return figure

@@ -171,7 +171,9 @@ class TrainingJob:
         self.layout = Layout.of(config, len(targets), where=where)
         config = config.replace(workers=len(targets))  # what really runs is what is recorded
         self.spec = spec
-        if self.layout.pp_enabled or self.layout.tp_enabled:  # the layout against the model (built shape-only): own loss, split, ties, plan
+        if (
+            self.layout.pp_enabled or self.layout.tp_enabled
+        ):  # the layout against the model (built shape-only): own loss, split, ties, plan
             from rapydli.parallel.preflight import check_layout
 
             check_layout(spec.model_fn, config, spec.loss_fn)
@@ -246,11 +248,16 @@ class TrainingJob:
                 **(self._extra_params or {}),
             }
             run_name = self._name or spec.name
-            self.run_id = self.store.create_run(self._kind, run_name, params, parent=self._parent, world_size=len(self.targets),
-                                                seed=config.seed)  # fmt: skip
+            self.run_id = self.store.create_run(
+                self._kind, run_name, params, parent=self._parent, world_size=len(self.targets), seed=config.seed
+            )
             self.store.add_record(self.run_id, "hosts", "json", hosts)  # where this run's ranks run
-            self.store.add_record(self.run_id, "rank_hosts", "json", [rank_hosts.get(t) for t in self.targets])  # by job rank
-        self.trackers = follow(self.store, self.run_id, config.trackers) if self.record else None  # the client logs to MLflow & co. from the store
+            self.store.add_record(
+                self.run_id, "rank_hosts", "json", [rank_hosts.get(t) for t in self.targets]
+            )  # by job rank
+        self.trackers = (
+            follow(self.store, self.run_id, config.trackers) if self.record else None
+        )  # the client logs to MLflow & co. from the store
         self.model_dir = self._model_directory()
         try:
             began = time.monotonic()
@@ -265,18 +272,31 @@ class TrainingJob:
                 from tqdm.auto import tqdm
 
                 importing = "importing torch, then " if getattr(cluster, "warming", False) else ""
-                tqdm.write(f"set-up: engines ready ({self.setup_s['engines ready']:.1f} s); "
-                           f"{importing}building the model and the Trainer on {len(self.targets)} ranks ...")  # fmt: skip
+                tqdm.write(
+                    f"set-up: engines ready ({self.setup_s['engines ready']:.1f} s); "
+                    f"{importing}building the model and the Trainer on {len(self.targets)} ranks ..."
+                )
             self._submitted = time.monotonic()
             self.job = cluster.submit(
-                engine_task, spec.model_fn, spec.data_fn, {**config.to_dict(), "trackers": ""}, targets=self.targets, on_event=self._on_event,
-                hang_timeout_s=config.hang_timeout_s, on_hang=config.on_hang, await_verdict=self.await_verdict, layout=self.layout,
-                model_dir=self.model_dir, **spec.code,
-            )  # fmt: skip
+                engine_task,
+                spec.model_fn,
+                spec.data_fn,
+                {**config.to_dict(), "trackers": ""},
+                targets=self.targets,
+                on_event=self._on_event,
+                hang_timeout_s=config.hang_timeout_s,
+                on_hang=config.on_hang,
+                await_verdict=self.await_verdict,
+                layout=self.layout,
+                model_dir=self.model_dir,
+                **spec.code,
+            )
         except KeyboardInterrupt:
             __tracebackhide__ = True  # noqa: F841 - IPython shows the user's cell, not ipyparallel's frames
             self._finish("stopped", "interrupted by the user while the run was being set up")
-            raise KeyboardInterrupt(f"Ctrl-C while the run was being set up; run {self.run_id} recorded as interrupted") from None
+            raise KeyboardInterrupt(
+                f"Ctrl-C while the run was being set up; run {self.run_id} recorded as interrupted"
+            ) from None
         except BaseException as exc:
             self._finish("failed", f"{type(exc).__name__}: {exc}")
             raise
@@ -328,7 +348,9 @@ class TrainingJob:
             if self.stop_requested_at is None:
                 row = payload.get("row")
                 if row is not None and not self._received(row):
-                    self._on_event(rank, "metrics", row)  # the report never arrived (rank 0 sent it first): decide on it now
+                    self._on_event(
+                        rank, "metrics", row
+                    )  # the report never arrived (rank 0 sent it first): decide on it now
                 else:
                     self.job.go_on(self.targets[:1])
             return
@@ -352,7 +374,9 @@ class TrainingJob:
             self.rank_rows.append(payload)
             self._watch_stragglers(payload)
             if self.store is not None and self.run_id is not None:  # stored as e.g. step_time_s@rank1
-                self.store.log_metrics(self.run_id, [(s, f"{n}@rank{payload['rank']}", v) for s, n, v in _metric_rows(payload)])
+                self.store.log_metrics(
+                    self.run_id, [(s, f"{n}@rank{payload['rank']}", v) for s, n, v in _metric_rows(payload)]
+                )
             for callback in self.callbacks:
                 callback(dict(payload))
             return
@@ -399,7 +423,9 @@ class TrainingJob:
         shipped = time.monotonic() - self._submitted - sum(on_rank0.values())
         self.setup_s.update({TASK_STARTED: max(0.0, shipped), **on_rank0})
         if self.store is not None and self.run_id is not None:
-            self.store.add_record(self.run_id, "setup_s", "json", list(self.setup_s.items()))  # pairs: the store sorts a mapping's keys
+            self.store.add_record(
+                self.run_id, "setup_s", "json", list(self.setup_s.items())
+            )  # pairs: the store sorts a mapping's keys
         if self.progress:
             from tqdm.auto import tqdm
 
@@ -431,7 +457,9 @@ class TrainingJob:
     def _store_row(self, row: dict[str, Any]) -> None:
         if self.store is not None and self.run_id is not None:  # a rank's own loss is a per-rank series even on rank 0
             rank = row.get("rank", 0)
-            self.store.log_metrics(self.run_id, [(s, f"{n}@rank{rank}" if n in _RANK_OWN else n, v) for s, n, v in _metric_rows(row)])
+            self.store.log_metrics(
+                self.run_id, [(s, f"{n}@rank{rank}" if n in _RANK_OWN else n, v) for s, n, v in _metric_rows(row)]
+            )
 
     @property
     def progress_bar(self) -> Any:
@@ -460,8 +488,13 @@ class TrainingJob:
             try:
                 self.results = self.job.result()
             except RankFailure as exc:
-                if self._escalated and all(r.status in ("ok", "interrupted", "aborted") for r in self.job.ranks.values()):
-                    self._finish("stopped", f"did not stop when asked; interrupted: {self.job.interrupt_summary().removeprefix('Ctrl-C: ')}")
+                if self._escalated and all(
+                    r.status in ("ok", "interrupted", "aborted") for r in self.job.ranks.values()
+                ):
+                    self._finish(
+                        "stopped",
+                        f"did not stop when asked; interrupted: {self.job.interrupt_summary().removeprefix('Ctrl-C: ')}",
+                    )
                 else:
                     self.exception = exc  # the same mistake in the user's code on every rank is recorded once
                     self._finish("failed", str(same_mistake(exc) or exc))
@@ -484,7 +517,9 @@ class TrainingJob:
         except KeyboardInterrupt:
             self.job.cancel()
             self._finish("stopped", "interrupted by the user")
-            raise KeyboardInterrupt(f"{self.job.interrupt_summary()}; run {self.run_id} recorded as interrupted") from None
+            raise KeyboardInterrupt(
+                f"{self.job.interrupt_summary()}; run {self.run_id} recorded as interrupted"
+            ) from None
         return self
 
     def request_stop(self, status: str | None = None, grace_s: float = STOP_GRACE_S) -> None:
@@ -515,11 +550,18 @@ class TrainingJob:
         died = self.exception is not None and self.exception.died
         if self._bar is not None and not (self.keep_open and died):  # a run that will restart keeps its bar going
             self._bar.close()
-        if self.store is not None and self.run_id is not None and (self.end_status or self.job is None) and not (self.keep_open and died):
+        if (
+            self.store is not None
+            and self.run_id is not None
+            and (self.end_status or self.job is None)
+            and not (self.keep_open and died)
+        ):
             status = {"finished": "finished", "stopped": "interrupted", "failed": "failed"}[state]
             if state != "failed" and self._stop_status is not None:
                 status = self._stop_status
-            self.store.finish_run(self.run_id, status, error or ("stopped on request" if status == "interrupted" else None))
+            self.store.finish_run(
+                self.run_id, status, error or ("stopped on request" if status == "interrupted" else None)
+            )
         if self.end_status or self.job is None:  # else the owner writes the status, then calls close_trackers()
             self.close_trackers()
 

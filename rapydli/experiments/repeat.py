@@ -39,9 +39,7 @@ def repeat_run(run_id: str, *, out: str | None = None, parallel: int | None = No
         return _repeat_train(run, params)
     if run["kind"] == "batch":
         return _repeat_batch(run, params, out=out, parallel=parallel, progress=progress)
-    raise ConfigError(
-        f"run {run['id']} is a {run['kind']} run; only {' and '.join(REPEATABLE)} runs can be repeated"
-    )
+    raise ConfigError(f"run {run['id']} is a {run['kind']} run; only {' and '.join(REPEATABLE)} runs can be repeated")
 
 
 def _repeat_train(run: dict[str, Any], params: dict[str, Any]) -> str:
@@ -65,8 +63,10 @@ def _repeat_train(run: dict[str, Any], params: dict[str, Any]) -> str:
             )
     metrics = params.get("metrics")
     if metrics is not None and any(not isinstance(m, str) or " " in m or "=" in m for m in metrics):
-        raise ConfigError(f"train run {run['id']} cannot be repeated: its metrics {metrics!r} include callables "
-                          "that are not importable by name")  # fmt: skip
+        raise ConfigError(
+            f"train run {run['id']} cannot be repeated: its metrics {metrics!r} include callables "
+            "that are not importable by name"
+        )
     if not isinstance(params.get("config"), dict):
         raise ConfigError(f"train run {run['id']} cannot be repeated: it has no recorded config")
     from rapydli.experiments.run import run_training
@@ -81,8 +81,9 @@ def _repeat_train(run: dict[str, Any], params: dict[str, Any]) -> str:
     return result.run_id
 
 
-def _repeat_batch(run: dict[str, Any], params: dict[str, Any], *, out: str | None, parallel: int | None,
-                  progress: bool) -> str:  # fmt: skip
+def _repeat_batch(
+    run: dict[str, Any], params: dict[str, Any], *, out: str | None, parallel: int | None, progress: bool
+) -> str:
     from rapydli.experiments.batch.batch import batch
 
     notebook = params.get("notebook")

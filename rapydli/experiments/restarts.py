@@ -76,7 +76,9 @@ class RestartPolicy:
     scratch: Path | None = None
 
     @classmethod
-    def of(cls, config: TrainConfig, restarts: int | None = None, min_workers: int | None = None) -> tuple[RestartPolicy, TrainConfig]:
+    def of(
+        cls, config: TrainConfig, restarts: int | None = None, min_workers: int | None = None
+    ) -> tuple[RestartPolicy, TrainConfig]:
         """The policy ``rd.train``'s arguments ask for, checked, and the config the run trains with.
 
         ``restarts`` defaults to ``config.max_restarts`` and ``min_workers`` to
@@ -102,10 +104,20 @@ class RestartPolicy:
     def check(self, engines: int) -> None:
         """Refuse, before anything starts, a ``min_workers`` larger than the ``engines`` the run uses."""
         if self.min_workers is not None and self.min_workers > engines:
-            raise ConfigError(f"min_workers={self.min_workers} is invalid: the cluster has {engines} engines, allowed 1..{engines}")
+            raise ConfigError(
+                f"min_workers={self.min_workers} is invalid: the cluster has {engines} engines, allowed 1..{engines}"
+            )
 
-    def train(self, cluster: Cluster, spec: RunSpec, config: TrainConfig, *, callbacks: Sequence[Callable[[dict[str, Any]], None]] = (),
-              name: str | None = None, progress: bool | Callable[..., Any] = True) -> Attempts:  # fmt: skip
+    def train(
+        self,
+        cluster: Cluster,
+        spec: RunSpec,
+        config: TrainConfig,
+        *,
+        callbacks: Sequence[Callable[[dict[str, Any]], None]] = (),
+        name: str | None = None,
+        progress: bool | Callable[..., Any] = True,
+    ) -> Attempts:
         """Train on every engine of ``cluster`` and go on after ranks die while restarts are left; the attempts.
 
         A restart that cannot go on (the engines do not come back, Ctrl-C meanwhile) ends
@@ -114,8 +126,21 @@ class RestartPolicy:
         from rapydli.experiments.job import TrainingJob
 
         left = self.restarts
-        job = TrainingJob(cluster, spec, config, range(cluster.n), callbacks=callbacks, name=name, progress=progress,
-                          keep_open=left > 0, keep_model=True).start().wait()  # fmt: skip
+        job = (
+            TrainingJob(
+                cluster,
+                spec,
+                config,
+                range(cluster.n),
+                callbacks=callbacks,
+                name=name,
+                progress=progress,
+                keep_open=left > 0,
+                keep_model=True,
+            )
+            .start()
+            .wait()
+        )
         attempts = Attempts(job, list(job.rows))
         while job.exception is not None and job.exception.died and left > 0:
             left -= 1
@@ -124,19 +149,33 @@ class RestartPolicy:
                 targets = self._bring_back(cluster, config, job.exception)
                 delivered = [(row.get("kind"), row["step"]) for row in attempts.history]
                 job = TrainingJob(
-                    cluster, spec, config.replace(resume=True), targets, callbacks=callbacks, name=name, progress=progress,
-                    continues=job.run_id, keep_open=left > 0, delivered=delivered, bar=job.progress_bar, keep_model=job.model_dir or False,
-                ).start()  # fmt: skip
+                    cluster,
+                    spec,
+                    config.replace(resume=True),
+                    targets,
+                    callbacks=callbacks,
+                    name=name,
+                    progress=progress,
+                    continues=job.run_id,
+                    keep_open=left > 0,
+                    delivered=delivered,
+                    bar=job.progress_bar,
+                    keep_model=job.model_dir or False,
+                ).start()
             except BaseException as exc:
                 if job.progress_bar is not None:  # no restart: the bar ends where the run did
                     job.progress_bar.close()
                 _record_failed_restart(job, [*attempts.restarted, {**restart, "error": str(exc)}], exc)
                 raise
-            job.wait(until=lambda resumed: resumed.start_step is not None)  # marked as soon as it resumed, not when it ends
+            job.wait(
+                until=lambda resumed: resumed.start_step is not None
+            )  # marked as soon as it resumed, not when it ends
             attempts.restarted.append({**restart, "resumed_from_step": job.start_step, "workers": len(targets)})
             _record_restarts(job, attempts.restarted, callbacks)
             job.wait()
-            before = [row for row in attempts.history if job.start_step is None or row["step"] <= job.start_step] + job.recovered_rows
+            before = [
+                row for row in attempts.history if job.start_step is None or row["step"] <= job.start_step
+            ] + job.recovered_rows
             attempts.history = sorted(before, key=lambda row: row["step"]) + job.rows
             attempts.job = job
         return attempts
@@ -161,11 +200,15 @@ class RestartPolicy:
         try:
             cluster.restart(min_engines=self.min_workers)
         except ClusterError as exc:
-            raise ClusterError(f"ranks {failure.ranks} died and the cluster could not be restarted: {exc}; {where}") from exc
+            raise ClusterError(
+                f"ranks {failure.ranks} died and the cluster could not be restarted: {exc}; {where}"
+            ) from exc
         alive = cluster.alive_ranks()
         needed = self.min_workers or size
         if len(alive) < needed:
-            raise ClusterError(f"only {len(alive)} of {size} engines came back after ranks {failure.ranks} died (need {needed}); {where}")
+            raise ClusterError(
+                f"only {len(alive)} of {size} engines came back after ranks {failure.ranks} died (need {needed}); {where}"
+            )
         return alive
 
 
@@ -178,7 +221,9 @@ def last_checkpoint_text(config: TrainConfig) -> str:
     path = ckpt.checkpoint_path(config.checkpoint_dir)
     if not path.exists():
         return f"no checkpoint was complete in {config.checkpoint_dir} before the ranks died"
-    return f"the last checkpoint is in {config.checkpoint_dir} (rd.train(..., TrainConfig(resume=True, ...)) continues it)"
+    return (
+        f"the last checkpoint is in {config.checkpoint_dir} (rd.train(..., TrainConfig(resume=True, ...)) continues it)"
+    )
 
 
 def _record_failed_restart(job: TrainingJob, restarted: list[dict[str, Any]], error: BaseException) -> None:
@@ -192,10 +237,19 @@ def _record_failed_restart(job: TrainingJob, restarted: list[dict[str, Any]], er
         job.store.finish_run(job.run_id, "failed", f"{type(error).__name__}: {error}")
 
 
-def _record_restarts(job: TrainingJob, restarted: list[dict[str, Any]], callbacks: Sequence[Callable[[dict[str, Any]], None]]) -> None:
+def _record_restarts(
+    job: TrainingJob, restarted: list[dict[str, Any]], callbacks: Sequence[Callable[[dict[str, Any]], None]]
+) -> None:
     """The restarts so far on the run (store record ``restarts``) and to the callbacks (a marker in the live plot)."""
     if job.store is not None and job.run_id is not None:
         job.store.add_record(job.run_id, "restarts", "json", restarted)
     latest = restarted[-1]
     for callback in callbacks:
-        callback({"kind": "restart", "step": latest["resumed_from_step"] or 0, "cause": latest["cause"], "ranks": latest["ranks"]})
+        callback(
+            {
+                "kind": "restart",
+                "step": latest["resumed_from_step"] or 0,
+                "cause": latest["cause"],
+                "ranks": latest["ranks"],
+            }
+        )

@@ -127,11 +127,15 @@ class RunResult:
         from rapydli.trainer.checkpoint import checkpoint_path
 
         if self.model_dir is None:
-            raise ConfigError(f"run {self.run_id} has no trained model: it kept none (a sweep trial, a scaling point) or "
-                              "ended before training did")  # fmt: skip
+            raise ConfigError(
+                f"run {self.run_id} has no trained model: it kept none (a sweep trial, a scaling point) or "
+                "ended before training did"
+            )
         if not checkpoint_path(self.model_dir).is_file():
-            raise ConfigError(f"run {self.run_id} has no trained model in {self.model_dir}: it ended before training did, or "
-                              "the directory was removed")  # fmt: skip
+            raise ConfigError(
+                f"run {self.run_id} has no trained model in {self.model_dir}: it ended before training did, or "
+                "the directory was removed"
+            )
         return self.model_dir
 
     def model(self) -> Any:
@@ -146,7 +150,9 @@ class RunResult:
         from rapydli.trainer.checkpoint import load_full_state
 
         if self.model_fn is None:
-            raise ConfigError(f"run {self.run_id}: the function that builds its model is not known here: rd.load(run_id, model_fn=...)")
+            raise ConfigError(
+                f"run {self.run_id}: the function that builds its model is not known here: rd.load(run_id, model_fn=...)"
+            )
         return load_full_state(self.model_fn(), self._trained())
 
     def timeline(self, replica: int = 0) -> Any:
@@ -283,8 +289,14 @@ def _result(attempts: Attempts, spec: RunSpec, name: str) -> RunResult:
 
     job = attempts.job
     frame = job.history if not attempts.restarted else pd.DataFrame(attempts.history)
-    return RunResult(run_id=job.run_id, history=frame, figure=loss_figure(frame, title=name, restarts=attempts.restarted),
-                     timelines=job.timelines, model_dir=job.model_dir, model_fn=spec.model_fn)  # fmt: skip
+    return RunResult(
+        run_id=job.run_id,
+        history=frame,
+        figure=loss_figure(frame, title=name, restarts=attempts.restarted),
+        timelines=job.timelines,
+        model_dir=job.model_dir,
+        model_fn=spec.model_fn,
+    )
 
 
 def load_run(run_id: str, model_fn: Callable[[], Any] | str | None = None) -> RunResult:
@@ -317,10 +329,16 @@ def load_run(run_id: str, model_fn: Callable[[], Any] | str | None = None) -> Ru
 
     record = recorded_run(run_id)
     kept = (record.records.get("model") or {}).get("directory")
-    directory = kept if kept is not None and checkpoint_path(kept).is_file() else record.params.get("config", {}).get("checkpoint_dir")
+    directory = (
+        kept
+        if kept is not None and checkpoint_path(kept).is_file()
+        else record.params.get("config", {}).get("checkpoint_dir")
+    )
     if directory is None or not checkpoint_path(directory).is_file():
         where = f" (its model directory {kept} holds none)" if kept is not None else ""
-        raise ConfigError(f"run {record.info['id']} kept no trained model and wrote no checkpoint{where}: its model cannot be loaded")
+        raise ConfigError(
+            f"run {record.info['id']} kept no trained model and wrote no checkpoint{where}: its model cannot be loaded"
+        )
     recorded = record.params.get("model_fn")
     builder = None
     if model_fn is not None:
@@ -328,7 +346,9 @@ def load_run(run_id: str, model_fn: Callable[[], Any] | str | None = None) -> Ru
     elif isinstance(recorded, str) and ":" in recorded and " " not in recorded:
         builder = resolve_callable(recorded, "model_fn")
     # the history as the store holds it (one row per step, a column per metric); no figure
-    return RunResult(run_id=record.info["id"], history=record.history(), figure=None, model_dir=str(directory), model_fn=builder)
+    return RunResult(
+        run_id=record.info["id"], history=record.history(), figure=None, model_dir=str(directory), model_fn=builder
+    )
 
 
 def check_workers(config: TrainConfig, engines: int) -> None:

@@ -184,16 +184,26 @@ def scaling_study(
 
     cfg = config if isinstance(config, TrainConfig) else TrainConfig.from_dict(dict(config))
     spec = RunSpec.of(model_fn, data_fn, loss_fn, optimizer_fn, metrics)  # resolved and checked once, then passed whole
-    plan = ScalingPlan.of(cfg, workers, mode, steps, repeats, predict, pipeline_stages, network)  # every point checked before anything starts
+    plan = ScalingPlan.of(
+        cfg, workers, mode, steps, repeats, predict, pipeline_stages, network
+    )  # every point checked before anything starts
     cluster, own = choose_cluster(cluster, n=plan.counts[-1], need=plan.counts[-1])
     record = _StudyRecord.open(spec, cfg, plan)
     figure = scaling_figure([], None, mode=mode, stages=plan.stage_counts)
     status, error = "failed", None
     try:
         points, gradient_bytes = _measure(cluster, spec, plan, record.run_id, figure, on_point)
-        model = network if network is not None or not plan.predict_counts else measure_ring(cluster, algorithm=cfg.allreduce)
+        model = (
+            network
+            if network is not None or not plan.predict_counts
+            else measure_ring(cluster, algorithm=cfg.allreduce)
+        )
         table = _table(points, model, gradient_bytes, mode)
-        prediction = _prediction(points, model, gradient_bytes, sorted(set(plan.predict_counts) | set(plan.counts)), mode) if model else None
+        prediction = (
+            _prediction(points, model, gradient_bytes, sorted(set(plan.predict_counts) | set(plan.counts)), mode)
+            if model
+            else None
+        )
         fill_scaling_figure(figure, table, prediction, model)
         status = "finished"
     except BaseException as exc:
@@ -204,11 +214,20 @@ def scaling_study(
             cluster.stop()
         record.finish(status, error, table if status == "finished" else None, model if status == "finished" else None)
     validated, notes = _verdict(table, prediction, model, plan.notes)
-    static = scaling_figure(table.to_dict("records"), prediction, mode=mode, model=model, stages=plan.stage_counts, validated=validated)
+    static = scaling_figure(
+        table.to_dict("records"), prediction, mode=mode, model=model, stages=plan.stage_counts, validated=validated
+    )
     if on_point is not None:
         on_point(static)
     return ScalingResult(
-        table=table, figure=static, prediction=prediction, model=model, validated=validated, run_id=record.run_id, mode=mode, notes=notes
+        table=table,
+        figure=static,
+        prediction=prediction,
+        model=model,
+        validated=validated,
+        run_id=record.run_id,
+        mode=mode,
+        notes=notes,
     )
 
 
@@ -243,8 +262,17 @@ class ScalingPlan:
     notes: list[str]
 
     @classmethod
-    def of(cls, config: TrainConfig, workers: Sequence[int], mode: str, steps: int, repeats: int, predict: Sequence[int] | None,
-           pipeline_stages: Sequence[int] | None, network: RingModel | None) -> ScalingPlan:  # fmt: skip
+    def of(
+        cls,
+        config: TrainConfig,
+        workers: Sequence[int],
+        mode: str,
+        steps: int,
+        repeats: int,
+        predict: Sequence[int] | None,
+        pipeline_stages: Sequence[int] | None,
+        network: RingModel | None,
+    ) -> ScalingPlan:
         """The plan :func:`scaling_study`'s arguments ask for; :class:`ConfigError` naming the first that is invalid."""
         counts = sorted(set(workers)) if isinstance(workers, Sequence) else []
         if not counts or any(not isinstance(k, int) or isinstance(k, bool) or k < 1 for k in counts):
@@ -252,7 +280,9 @@ class ScalingPlan:
         if mode not in ("weak", "strong"):
             raise ConfigError(f"mode={mode!r} is invalid: 'weak' or 'strong'")
         if not isinstance(steps, int) or steps <= WARMUP_STEPS:
-            raise ConfigError(f"steps={steps!r} is invalid: an integer > {WARMUP_STEPS} (the first {WARMUP_STEPS} are warm-up)")
+            raise ConfigError(
+                f"steps={steps!r} is invalid: an integer > {WARMUP_STEPS} (the first {WARMUP_STEPS} are warm-up)"
+            )
         if not isinstance(repeats, int) or isinstance(repeats, bool) or repeats < 1:
             raise ConfigError(f"repeats={repeats!r} is invalid: an integer >= 1 (interleaved rounds of every point)")
         predict_counts = sorted(set(predict or ()))
@@ -264,33 +294,60 @@ class ScalingPlan:
         # each point's layout (its replicas: the arithmetic is the Layout's)
         layouts = {(k, p): Layout(k, p, tp, config.zero) for k in counts for p in stage_counts if Layout.fits(k, p, tp)}
         plan = list(layouts)
-        notes = [f"pipeline_stages={p} skipped at workers={k}: {k} ranks do not divide into {p}-stage pipelines{of_tp}"
-                 for k in counts for p in stage_counts if (k, p) not in layouts]  # fmt: skip
+        notes = [
+            f"pipeline_stages={p} skipped at workers={k}: {k} ranks do not divide into {p}-stage pipelines{of_tp}"
+            for k in counts
+            for p in stage_counts
+            if (k, p) not in layouts
+        ]
         unused = [p for p in stage_counts if all(q != p for _, q in plan)]
         if unused:
             multiple = f"{tp} x it" if tp > 1 else "it"
-            raise ConfigError(f"pipeline_stages={unused} divide none of workers={counts}: each needs a worker count that is a multiple of {multiple}")
+            raise ConfigError(
+                f"pipeline_stages={unused} divide none of workers={counts}: each needs a worker count that is a multiple of {multiple}"
+            )
         if (predict_counts or network is not None) and 1 not in stage_counts:
-            raise ConfigError("predict and network model data parallelism: add 1 to pipeline_stages (those points are predicted and checked)")
+            raise ConfigError(
+                "predict and network model data parallelism: add 1 to pipeline_stages (those points are predicted and checked)"
+            )
         global_batch = config.batch_size * layouts[plan[0]].replicas
         if mode == "strong" and any(global_batch % layout.replicas for layout in layouts.values()):
-            first = f"batch_size x {layouts[plan[0]].replicas} replicas" if plan[0][1] * tp > 1 else f"batch_size x {counts[0]}"
+            first = (
+                f"batch_size x {layouts[plan[0]].replicas} replicas"
+                if plan[0][1] * tp > 1
+                else f"batch_size x {counts[0]}"
+            )
             replicas = sorted({layout.replicas for layout in layouts.values()})
-            raise ConfigError(f"mode='strong' splits the global batch {global_batch} ({first}); it must divide by every count in {replicas}")
+            raise ConfigError(
+                f"mode='strong' splits the global batch {global_batch} ({first}); it must divide by every count in {replicas}"
+            )
         # every point's config, validated now (a batch too small for microbatches, ...)
         configs = {}
         for k, p in plan:
             batch = config.batch_size if mode == "weak" else global_batch // layouts[(k, p)].replicas
             configs[(k, p)] = config.replace(
-                batch_size=batch, max_steps=steps, epochs=max(config.epochs, steps), eval_every=0, checkpoint_dir=None, resume=False,
-                workers=k, pipeline_stages=p,
-            )  # fmt: skip
+                batch_size=batch,
+                max_steps=steps,
+                epochs=max(config.epochs, steps),
+                eval_every=0,
+                checkpoint_dir=None,
+                resume=False,
+                workers=k,
+                pipeline_stages=p,
+            )
         return cls(counts, stage_counts, predict_counts, mode, steps, repeats, layouts, configs, notes)
 
     def params(self, config: TrainConfig) -> dict[str, Any]:
         """The study's parameters as the store records them."""
-        return {"config": config.to_dict(), "workers": self.counts, "pipeline_stages": self.stage_counts, "mode": self.mode,
-                "steps": self.steps, "predict": self.predict_counts, "repeats": self.repeats}  # fmt: skip
+        return {
+            "config": config.to_dict(),
+            "workers": self.counts,
+            "pipeline_stages": self.stage_counts,
+            "mode": self.mode,
+            "steps": self.steps,
+            "predict": self.predict_counts,
+            "repeats": self.repeats,
+        }
 
 
 @dataclass
@@ -310,7 +367,13 @@ class _StudyRecord:
         store = open_store()
         run_id = None
         if store is not None:
-            run_id = store.create_run("scaling", spec.model_ref or spec.name, plan.params(config), world_size=plan.counts[-1], seed=config.seed)
+            run_id = store.create_run(
+                "scaling",
+                spec.model_ref or spec.name,
+                plan.params(config),
+                world_size=plan.counts[-1],
+                seed=config.seed,
+            )
         trackers = follow(store, run_id, config.trackers)
         if trackers is not None:
             trackers.wait_open()  # made once, before the first point's
@@ -322,18 +385,33 @@ class _StudyRecord:
             if table is not None:
                 names = ("samples_per_s", "speedup", "efficiency", "comm_fraction")
                 rows = table.to_dict("records")  # by worker count; a pipelined point's as e.g. speedup@stages2
-                self.store.log_metrics(self.run_id, [(int(r["workers"]), _metric_name(name, r), r[name]) for r in rows for name in names
-                                                     if r[name] == r[name]])  # fmt: skip
+                self.store.log_metrics(
+                    self.run_id,
+                    [
+                        (int(r["workers"]), _metric_name(name, r), r[name])
+                        for r in rows
+                        for name in names
+                        if r[name] == r[name]
+                    ],
+                )
                 self.store.add_record(self.run_id, "table", "table", rows)
                 if model is not None:
-                    self.store.add_record(self.run_id, "model", "json", {"alpha": model.alpha, "beta": model.beta, "source": model.source})
+                    self.store.add_record(
+                        self.run_id, "model", "json", {"alpha": model.alpha, "beta": model.beta, "source": model.source}
+                    )
             self.store.finish_run(self.run_id, status, error)
         if self.trackers is not None:  # after the status: the study's tracker run ends as it did
             self.trackers.close()
 
 
-def _measure(cluster: Cluster, spec: RunSpec, plan: ScalingPlan, parent: str | None, figure: Any,
-             on_point: Callable[[Any], None] | None) -> tuple[list[dict[str, Any]], float]:  # fmt: skip
+def _measure(
+    cluster: Cluster,
+    spec: RunSpec,
+    plan: ScalingPlan,
+    parent: str | None,
+    figure: Any,
+    on_point: Callable[[Any], None] | None,
+) -> tuple[list[dict[str, Any]], float]:
     """Train every point of ``plan`` once per round, interleaved; the points summarised over their rounds and the gradient bytes.
 
     Each point is a run of its own (child of ``parent``) on the cluster's first ranks; the
@@ -346,17 +424,30 @@ def _measure(cluster: Cluster, spec: RunSpec, plan: ScalingPlan, parent: str | N
     for repeat in range(plan.repeats):  # interleaved: every point once per round
         for (k, p), point_cfg in plan.configs.items():
             label = f"{k}-worker" + (f", {p}-stage" if p > 1 else "")
-            job = TrainingJob(
-                cluster, spec, point_cfg, list(range(k)), name=f"scaling-{k}" + (f"-stages{p}" if p > 1 else ""),
-                parent=parent, extra_params={"scaling_workers": k, "scaling_pipeline_stages": p, "repeat": repeat},
-            ).start().wait()  # fmt: skip
+            job = (
+                TrainingJob(
+                    cluster,
+                    spec,
+                    point_cfg,
+                    list(range(k)),
+                    name=f"scaling-{k}" + (f"-stages{p}" if p > 1 else ""),
+                    parent=parent,
+                    extra_params={"scaling_workers": k, "scaling_pipeline_stages": p, "repeat": repeat},
+                )
+                .start()
+                .wait()
+            )
             if job.state != "finished":
                 raise ConfigError(f"the {label} point failed: {job.error}")
             if p == 1:
                 gradient_bytes = job.results[0]["gradient_bytes"]
             where = cluster.status()["rank_hosts"]
             hosts = ", ".join(sorted({where[r] for r in range(k) if r in where}))
-            point = {**_point(k, p, plan.layouts[(k, p)].replicas, point_cfg.batch_size, job.results), "hosts": hosts, "load": machine_load()}
+            point = {
+                **_point(k, p, plan.layouts[(k, p)].replicas, point_cfg.batch_size, job.results),
+                "hosts": hosts,
+                "load": machine_load(),
+            }
             rounds.setdefault((k, p), []).append(point)
             points = summarise(rounds)
             fill_scaling_figure(figure, _table(points, None, gradient_bytes), None)
@@ -365,22 +456,31 @@ def _measure(cluster: Cluster, spec: RunSpec, plan: ScalingPlan, parent: str | N
     return points, gradient_bytes
 
 
-def _verdict(table: pd.DataFrame, prediction: pd.DataFrame | None, model: RingModel | None, notes: list[str]) -> tuple[bool | None, list[str]]:
+def _verdict(
+    table: pd.DataFrame, prediction: pd.DataFrame | None, model: RingModel | None, notes: list[str]
+) -> tuple[bool | None, list[str]]:
     """Whether the model is validated here (None without one) and every note: the plan's, each point's flag, rounds too far apart.
 
     Marks each predicted row's ``basis``: checked against a measurement, or extrapolated
     from a model validated here or not.
     """
     records = table.to_dict("records")
-    notes = notes + [f"workers={r['workers']}" + (f", pipeline_stages={r['pipeline_stages']}" if r["pipeline_stages"] > 1 else "") + f": {r['flag']}"
-                     for r in records if r["flag"]]  # fmt: skip
+    notes = notes + [
+        f"workers={r['workers']}"
+        + (f", pipeline_stages={r['pipeline_stages']}" if r["pipeline_stages"] > 1 else "")
+        + f": {r['flag']}"
+        for r in records
+        if r["flag"]
+    ]
     validated = None
     if model is not None:
         noisy = [r for r in records if r["pipeline_stages"] == 1 and _step_spread(r).relative_width > TOLERANCE]
         validated = bool((table["prediction_error"].dropna().abs() <= TOLERANCE).all()) and not noisy
-        notes += [f"not validated: the step time of workers={r['workers']} varied {_step_spread(r).relative_width:.0%} between rounds "
-                  f"({r['load']}), more than the {TOLERANCE:.0%} a prediction is checked to; repeat on a quieter machine or with more steps"
-                  for r in noisy]  # fmt: skip
+        notes += [
+            f"not validated: the step time of workers={r['workers']} varied {_step_spread(r).relative_width:.0%} between rounds "
+            f"({r['load']}), more than the {TOLERANCE:.0%} a prediction is checked to; repeat on a quieter machine or with more steps"
+            for r in noisy
+        ]
     if prediction is not None:
         measured = set(table["workers"])
         basis = "extrapolated, model validated here" if validated else "extrapolated, model NOT validated here"
@@ -392,7 +492,11 @@ def _stage_counts(pipeline_stages: Sequence[int] | None, config: TrainConfig) ->
     """The sorted stage counts a study measures (``config.pipeline_stages`` when not given)."""
     if pipeline_stages is None:
         return [config.pipeline_stages]
-    counts = sorted(set(pipeline_stages)) if isinstance(pipeline_stages, Sequence) and not isinstance(pipeline_stages, str) else []
+    counts = (
+        sorted(set(pipeline_stages))
+        if isinstance(pipeline_stages, Sequence) and not isinstance(pipeline_stages, str)
+        else []
+    )
     if not counts or any(not isinstance(p, int) or isinstance(p, bool) or p < 1 for p in counts):
         raise ConfigError(f"pipeline_stages={pipeline_stages!r} is invalid: a list of integers >= 1, e.g. [1, 2]")
     return counts
@@ -412,11 +516,17 @@ def _point(k: int, stages: int, replicas: int, batch_size: int, results: list[di
     step = rank0["step_time_s"]
     global_batch = batch_size * replicas
     return {
-        "workers": k, "pipeline_stages": stages, "replicas": replicas, "global_batch": global_batch,
-        "samples_per_s": global_batch / step, "step_time_s": step,
-        "compute_time_s": mean("step_time_s") - mean("comm_wait_s"), "comm_time_s": mean("comm_time_s"),
-        "comm_wait_s": mean("comm_wait_s"), "comm_fraction": mean("comm_wait_s") / mean("step_time_s"),
-    }  # fmt: skip
+        "workers": k,
+        "pipeline_stages": stages,
+        "replicas": replicas,
+        "global_batch": global_batch,
+        "samples_per_s": global_batch / step,
+        "step_time_s": step,
+        "compute_time_s": mean("step_time_s") - mean("comm_wait_s"),
+        "comm_time_s": mean("comm_time_s"),
+        "comm_wait_s": mean("comm_wait_s"),
+        "comm_fraction": mean("comm_wait_s") / mean("step_time_s"),
+    }
 
 
 def summarise(rounds: Mapping[tuple[int, int], list[dict[str, Any]]]) -> list[dict[str, Any]]:
@@ -435,9 +545,16 @@ def summarise(rounds: Mapping[tuple[int, int], list[dict[str, Any]]]) -> list[di
         loads = [m["load"] for m in measured if "load" in m]
         point = {key: first[key] for key in first if key not in TIMED and key != "load"}
         point.update({key: Spread.of([m[key] for m in measured]).median for key in TIMED})
-        point.update({"repeats": len(measured), "step_time_low_s": step.low, "step_time_high_s": step.high, "speedup_rounds": ratios,
-                      "load": load_text(max(loads, key=lambda x: x["load_1m"])) if loads else "",
-                      "busy": any(busy(x) for x in loads)})  # fmt: skip
+        point.update(
+            {
+                "repeats": len(measured),
+                "step_time_low_s": step.low,
+                "step_time_high_s": step.high,
+                "speedup_rounds": ratios,
+                "load": load_text(max(loads, key=lambda x: x["load_1m"])) if loads else "",
+                "busy": any(busy(x) for x in loads),
+            }
+        )
         points.append(point)
     return points
 
@@ -451,11 +568,15 @@ def _flag(efficiency: float, ideal: float, load: str) -> str:
     if ideal <= 1 or not efficiency > 1.0:
         return ""
     where = f" ({load})" if load else ""
-    return (f"efficiency {efficiency:.2f} > 1 is a measurement artefact, not a result: the base point was slowed by other work "
-            f"on the machine{where}; repeat on a quieter machine, with more steps or more repeats")  # fmt: skip
+    return (
+        f"efficiency {efficiency:.2f} > 1 is a measurement artefact, not a result: the base point was slowed by other work "
+        f"on the machine{where}; repeat on a quieter machine, with more steps or more repeats"
+    )
 
 
-def _table(points: list[dict[str, Any]], model: RingModel | None, gradient_bytes: float, mode: str = "weak") -> pd.DataFrame:
+def _table(
+    points: list[dict[str, Any]], model: RingModel | None, gradient_bytes: float, mode: str = "weak"
+) -> pd.DataFrame:
     import pandas as pd
 
     rows = []
@@ -491,7 +612,9 @@ def _compute(points: list[dict[str, Any]], n: int, mode: str) -> float:
     return last["compute_time_s"] if mode == "weak" else last["compute_time_s"] * last["workers"] / n
 
 
-def _prediction(points: list[dict[str, Any]], model: RingModel, gradient_bytes: float, counts: list[int], mode: str) -> pd.DataFrame:
+def _prediction(
+    points: list[dict[str, Any]], model: RingModel, gradient_bytes: float, counts: list[int], mode: str
+) -> pd.DataFrame:
     import pandas as pd
 
     points = [p for p in points if p["pipeline_stages"] == 1]  # the ring model is of data parallelism
@@ -502,6 +625,13 @@ def _prediction(points: list[dict[str, Any]], model: RingModel, gradient_bytes: 
         step = predict_step_time(model, n, _compute(points, n, mode), gradient_bytes)
         batch = per_rank * n if mode == "weak" else base["global_batch"]
         speedup = (batch / step) / base["samples_per_s"]
-        rows.append({"workers": n, "step_time_s": step, "samples_per_s": batch / step, "speedup": speedup, "efficiency": speedup / (n / base["workers"])})
+        rows.append(
+            {
+                "workers": n,
+                "step_time_s": step,
+                "samples_per_s": batch / step,
+                "speedup": speedup,
+                "efficiency": speedup / (n / base["workers"]),
+            }
+        )
     return pd.DataFrame(rows)
-

@@ -75,9 +75,14 @@ class RunSpec:
         model, data = resolve_callable(model_fn, "model_fn"), resolve_callable(data_fn, "data_fn")  # type: ignore[arg-type]
         check_training_code(loss_fn, optimizer_fn, metrics)
         return cls(
-            model, data, loss_fn, optimizer_fn, metrics,
-            model_fn if isinstance(model_fn, str) else None, data_fn if isinstance(data_fn, str) else None,
-        )  # fmt: skip
+            model,
+            data,
+            loss_fn,
+            optimizer_fn,
+            metrics,
+            model_fn if isinstance(model_fn, str) else None,
+            data_fn if isinstance(data_fn, str) else None,
+        )
 
     @property
     def code(self) -> dict[str, Any]:

@@ -48,14 +48,23 @@ class Straggler:
 
     def text(self) -> str:
         """One line naming the rank, its host and the figures."""
-        return (f"rank {self.rank} (host {self.host}) is a straggler: busy {1e3 * self.busy_s:.0f} ms per step against "
-                f"{1e3 * self.others_s:.0f} ms on the other ranks (median of the last {self.steps} steps); "
-                "the others wait for it in the allreduce")  # fmt: skip
+        return (
+            f"rank {self.rank} (host {self.host}) is a straggler: busy {1e3 * self.busy_s:.0f} ms per step against "
+            f"{1e3 * self.others_s:.0f} ms on the other ranks (median of the last {self.steps} steps); "
+            "the others wait for it in the allreduce"
+        )
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready (the run's ``stragglers`` record)."""
-        return {"rank": self.rank, "host": self.host, "busy_s": self.busy_s, "others_s": self.others_s, "step": self.step,
-                "steps": self.steps, "text": self.text()}  # fmt: skip
+        return {
+            "rank": self.rank,
+            "host": self.host,
+            "busy_s": self.busy_s,
+            "others_s": self.others_s,
+            "step": self.step,
+            "steps": self.steps,
+            "text": self.text(),
+        }
 
 
 @dataclass
@@ -105,7 +114,12 @@ class StragglerWatch:
         others = statistics.median(v for rank, v in medians.items() if rank != slowest)
         busiest_in = sum(max(self._busy[s], key=lambda rank: self._busy[s][rank]) == slowest for s in steps)
         gap = medians[slowest] - others
-        if others <= 0 or medians[slowest] < self.ratio * others or gap < MIN_GAP_S or busiest_in < MAJORITY * len(steps):
+        if (
+            others <= 0
+            or medians[slowest] < self.ratio * others
+            or gap < MIN_GAP_S
+            or busiest_in < MAJORITY * len(steps)
+        ):
             return None
         if any(known.rank == slowest for known in self.found):
             return None  # reported once

@@ -74,8 +74,14 @@ class LayoutCheck:
     built: tuple[str, ...] = ()
 
 
-def verify_task(model_fn: Callable[[], Any], data_fn: Callable[[], Any], config: dict[str, Any], dtype: str, loss_fn: Any = None,
-                layout: Layout | None = None) -> dict[str, Any]:  # fmt: skip
+def verify_task(
+    model_fn: Callable[[], Any],
+    data_fn: Callable[[], Any],
+    config: dict[str, Any],
+    dtype: str,
+    loss_fn: Any = None,
+    layout: Layout | None = None,
+) -> dict[str, Any]:
     """Engine half: train the layout (``layout``: the one :func:`verify_layout` built), then one process on the global batch;
     this rank's differences."""
     from rapydli.cluster import engine
@@ -89,8 +95,16 @@ def verify_task(model_fn: Callable[[], Any], data_fn: Callable[[], Any], config:
 VALIDATION_LOSS = "(validation loss)"
 
 
-def compare_layout(model_fn: Callable[[], Any], data_fn: Callable[[], Any], cfg: TrainConfig, dtype: str, comm: Any, device: Any,
-                   loss_fn: Any = None, layout: Layout | None = None) -> dict[str, Any]:  # fmt: skip
+def compare_layout(
+    model_fn: Callable[[], Any],
+    data_fn: Callable[[], Any],
+    cfg: TrainConfig,
+    dtype: str,
+    comm: Any,
+    device: Any,
+    loss_fn: Any = None,
+    layout: Layout | None = None,
+) -> dict[str, Any]:
     """On every rank of ``comm``: train ``cfg``'s layout as ``rd.train`` does, then one process; what this rank holds against it.
 
     The model is made by :func:`rapydli.trainer.task.build_model`, the construction of
@@ -133,8 +147,16 @@ def compare_layout(model_fn: Callable[[], Any], data_fn: Callable[[], Any], cfg:
         finally:
             trainer.close()
         replicas = trainer.data_size
-        single = cfg.replace(batch_size=cfg.batch_size * replicas, pipeline_stages=1, tensor_parallel=1, zero=0, microbatches=1,
-                             workers=1, pipeline_split="auto", activation_checkpointing=None)  # fmt: skip
+        single = cfg.replace(
+            batch_size=cfg.batch_size * replicas,
+            pipeline_stages=1,
+            tensor_parallel=1,
+            zero=0,
+            microbatches=1,
+            workers=1,
+            pipeline_split="auto",
+            activation_checkpointing=None,
+        )
         torch.manual_seed(cfg.seed)
         reference = Trainer(converted().to(device), None, train, val, single, comm=MPI.COMM_SELF, loss_fn=loss_fn)
         try:
@@ -164,7 +186,7 @@ class _Cast(Dataset):
         import torch
 
         item = self.dataset[index]
-        cast = (lambda t: t.to(self.dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t)  # noqa: E731
+        cast = lambda t: t.to(self.dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t  # noqa: E731
         return tuple(cast(t) for t in item) if isinstance(item, tuple | list) else cast(item)
 
 
@@ -224,19 +246,28 @@ def verify_layout(
     model, data = resolve_callable(model_fn, "model_fn"), resolve_callable(data_fn, "data_fn")
     check_training_code(loss_fn)
     check_layout(model, cfg, loss_fn)
-    cfg = cfg.replace(max_steps=steps, eval_every=0, checkpoint_dir=None, checkpoint_every=0, resume=False, autotune=False)
+    cfg = cfg.replace(
+        max_steps=steps, eval_every=0, checkpoint_dir=None, checkpoint_every=0, resume=False, autotune=False
+    )
     with ensure_cluster(cluster, n=cfg.ranks_to_start(), start=False) as chosen:
-        check_workers(cfg, chosen.n)  # the cluster's engines are the ranks; a layout they do not divide is refused naming them
+        check_workers(
+            cfg, chosen.n
+        )  # the cluster's engines are the ranks; a layout they do not divide is refused naming them
         layout = Layout.of(cfg, chosen.n, where="the cluster")
         cfg = cfg.replace(workers=chosen.n)
-        results = chosen.run(verify_task, model, data, cfg.to_dict(), dtype, loss_fn=loss_fn, layout=layout, targets=range(chosen.n))
+        results = chosen.run(
+            verify_task, model, data, cfg.to_dict(), dtype, loss_fn=loss_fn, layout=layout, targets=range(chosen.n)
+        )
     merged: dict[str, tuple[float, float]] = {}
     untied = sorted({name for result in results for name in result["untied"]})
     for result in results:
         for name, (difference, value) in result["differences"].items():
             old = merged.get(name, (0.0, 0.0))
             merged[name] = (max(old[0], difference), max(old[1], value))
-    rows = [{"parameter": n, "max_abs_difference": d, "max_abs_value": v, "relative": d / max(1.0, v)} for n, (d, v) in merged.items()]
+    rows = [
+        {"parameter": n, "max_abs_difference": d, "max_abs_value": v, "relative": d / max(1.0, v)}
+        for n, (d, v) in merged.items()
+    ]
     table = pd.DataFrame(rows, columns=["parameter", "max_abs_difference", "max_abs_value", "relative"])
     table["ok"] = table["relative"] <= tol
     table = table.sort_values("relative", ascending=False, ignore_index=True)
@@ -250,8 +281,19 @@ def verify_layout(
     else:
         compared = int((table["parameter"] != VALIDATION_LOSS).sum())
         also = "; its validation loss agrees too" if compared < len(table) else ""
-        verdict = (f"{described} trains the one-process model: all {compared} parameters within {tol:g} (worst {worst:.3g}) "
-                   f"after {steps} steps in {dtype}{also}")  # fmt: skip
+        verdict = (
+            f"{described} trains the one-process model: all {compared} parameters within {tol:g} (worst {worst:.3g}) "
+            f"after {steps} steps in {dtype}{also}"
+        )
     built = tuple(sorted({result["built"] for result in results}))
-    return LayoutCheck(table=table, passed=not bad and not untied, verdict=verdict, worst=worst, tolerance=tol, dtype=dtype, steps=steps,
-                       layout=described, built=built)  # fmt: skip
+    return LayoutCheck(
+        table=table,
+        passed=not bad and not untied,
+        verdict=verdict,
+        worst=worst,
+        tolerance=tol,
+        dtype=dtype,
+        steps=steps,
+        layout=described,
+        built=built,
+    )

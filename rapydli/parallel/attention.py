@@ -40,7 +40,11 @@ from typing import Any
 from torch import nn
 
 #: Fused layouts: (fused q/k/v projection, output projection, how q, k and v lie in it).
-FUSED_ATTENTION = (("qkv", "proj", "blockwise"), ("c_attn", "c_proj", "blockwise"), ("query_key_value", "dense", "headwise"))
+FUSED_ATTENTION = (
+    ("qkv", "proj", "blockwise"),
+    ("c_attn", "c_proj", "blockwise"),
+    ("query_key_value", "dense", "headwise"),
+)
 #: Separate q, k, v and output projections.
 SEPARATE_ATTENTION = (
     ("q_proj", "k_proj", "v_proj", "o_proj"), ("q_proj", "k_proj", "v_proj", "out_proj"), ("q_proj", "k_proj", "v_proj", "dense"),
@@ -126,7 +130,12 @@ def find_attention(module: nn.Module) -> Attention | None:
     if heads is None:
         return None
     kv = _int(module, KV_HEAD_COUNTS) or _int(config, ("num_key_value_heads", "n_head_kv", "num_kv_heads"))
-    if kv is not None and config is not None and kv[0] not in KV_HEAD_COUNTS and getattr(config, "multi_query", False) is True:
+    if (
+        kv is not None
+        and config is not None
+        and kv[0] not in KV_HEAD_COUNTS
+        and getattr(config, "multi_query", False) is True
+    ):
         kv = ("", 1)
     if kv is None and getattr(config, "multi_query", False) is True and fused is not None:
         kv = ("", 1)

@@ -49,7 +49,9 @@ class _GlobalMoments(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad_mean: torch.Tensor, grad_var: torch.Tensor) -> tuple[torch.Tensor, None]:
         x, mean = ctx.saved_tensors
-        grads = ctx.comm.allreduce_(torch.cat([grad_mean, grad_var]), op="sum")  # every replica's loss reaches the shared statistics
+        grads = ctx.comm.allreduce_(
+            torch.cat([grad_mean, grad_var]), op="sum"
+        )  # every replica's loss reaches the shared statistics
         channels = mean.numel()
         summed_mean, summed_var = grads[:channels].view(ctx.shape), grads[channels:].view(ctx.shape)
         grad_x = (summed_mean + 2.0 * summed_var * (x - mean.view(ctx.shape))) / ctx.total

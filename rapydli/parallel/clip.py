@@ -41,8 +41,12 @@ def clip_grad_norm_(model: nn.Module, max_norm: float, grid: Any = None, zero: A
         grads = [(p, p.grad) for p in model.parameters() if p.grad is not None]
         group = grid.model
     sharded = sharded_parameters(model)
-    elsewhere: frozenset[int] = getattr(model, "counted_elsewhere", frozenset())  # a pipeline Stage's copies of an earlier stage's parameters
-    counted = [g for p, g in grads if (grid is None or id(p) in sharded or grid.tensor_rank == 0) and id(p) not in elsewhere]
+    elsewhere: frozenset[int] = getattr(
+        model, "counted_elsewhere", frozenset()
+    )  # a pipeline Stage's copies of an earlier stage's parameters
+    counted = [
+        g for p, g in grads if (grid is None or id(p) in sharded or grid.tensor_rank == 0) and id(p) not in elsewhere
+    ]
     local = sum(float(g.detach().double().pow(2).sum()) for g in counted)
     total = math.sqrt(group.allreduce(local))
     factor = max_norm / (total + 1e-6)

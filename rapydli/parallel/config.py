@@ -105,12 +105,20 @@ def tensor_plan_text(value: Any) -> str | None:
             plan = json.loads(value)
         except json.JSONDecodeError:
             plan = None
-    usage = "a dict {module glob: 'column' | 'row' | 'heads'} (or its JSON text), or None / 'auto' for the built-in plan"
-    if not isinstance(plan, Mapping) or not plan or not all(isinstance(k, str) and isinstance(v, str) for k, v in plan.items()):
+    usage = (
+        "a dict {module glob: 'column' | 'row' | 'heads'} (or its JSON text), or None / 'auto' for the built-in plan"
+    )
+    if (
+        not isinstance(plan, Mapping)
+        or not plan
+        or not all(isinstance(k, str) and isinstance(v, str) for k, v in plan.items())
+    ):
         raise ConfigError(f"TrainConfig.tensor_plan={value!r} is invalid: it must be {usage}")
     for pattern, style in plan.items():
         if style not in TENSOR_STYLES:
-            raise ConfigError(f"TrainConfig.tensor_plan {pattern!r}: {style!r} is not a style; allowed: {', '.join(TENSOR_STYLES)}")
+            raise ConfigError(
+                f"TrainConfig.tensor_plan {pattern!r}: {style!r} is not a style; allowed: {', '.join(TENSOR_STYLES)}"
+            )
     return json.dumps(dict(plan))
 
 

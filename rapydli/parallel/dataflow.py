@@ -110,7 +110,11 @@ def mlp_pairs(model: nn.Module, call: Callable[[nn.Module], Any]) -> list[tuple[
         if not follow.inside and isinstance(output, torch.Tensor):
             name = names[id(module)]
             setattr(output, _MARKS, frozenset({name}))
-            widths[name] = (int(args[0].shape[-1]), int(output.shape[-1])) if args and isinstance(args[0], torch.Tensor) else (0, 0)
+            widths[name] = (
+                (int(args[0].shape[-1]), int(output.shape[-1]))
+                if args and isinstance(args[0], torch.Tensor)
+                else (0, 0)
+            )
 
     for module in model.modules():
         if id(module) in names:

@@ -136,7 +136,9 @@ class _Replayed:
         handle = self.storages.get(_storage(meta))
         if handle is None or handle.dtype != meta.dtype:
             raise Unrecordable(f"a meta tensor of shape {tuple(meta.shape)} whose values were never computed")
-        return handle.as_strided(meta.shape, meta.stride(), meta.storage_offset())  # a view made without an op (nn.Parameter)
+        return handle.as_strided(
+            meta.shape, meta.stride(), meta.storage_offset()
+        )  # a view made without an op (nn.Parameter)
 
     def actual(self, x: Any) -> Any:
         return self.of(x) if isinstance(x, torch.Tensor) and x.is_meta else x
@@ -187,8 +189,18 @@ class Recording:
         out = func(*args, **kwargs)
         outputs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
         args, kwargs = _pinned((args, kwargs))
-        op = _Op(len(self.ops), func, args, kwargs, _pinned(outputs), {_storage(t) for t in metas}, {_storage(t) for t in outputs if t.is_meta},
-                 generator, state, onto_meta)  # fmt: skip
+        op = _Op(
+            len(self.ops),
+            func,
+            args,
+            kwargs,
+            _pinned(outputs),
+            {_storage(t) for t in metas},
+            {_storage(t) for t in outputs if t.is_meta},
+            generator,
+            state,
+            onto_meta,
+        )
         self.ops.append(op)
         for storage in op.writes:
             self._by_storage.setdefault(storage, []).append(op.index)
@@ -204,11 +216,22 @@ class Recording:
             )
         empty = torch.ops.aten.empty_strided.default
         kwargs = {"dtype": tensor.dtype, "device": torch.device("meta")}
-        op = _Op(len(self.ops), empty, (list(tensor.shape), list(tensor.stride())), kwargs, _pinned([tensor]), set(), {_storage(tensor)}, onto_meta=True)
+        op = _Op(
+            len(self.ops),
+            empty,
+            (list(tensor.shape), list(tensor.stride())),
+            kwargs,
+            _pinned([tensor]),
+            set(),
+            {_storage(tensor)},
+            onto_meta=True,
+        )
         self.ops.append(op)
         self._by_storage[_storage(tensor)] = [op.index]
 
-    def macro(self, function: Callable[..., Any], tensor: torch.Tensor, args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor:
+    def macro(
+        self, function: Callable[..., Any], tensor: torch.Tensor, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> torch.Tensor:
         """Record ``function(tensor, *args, **kwargs)`` as one operation (an initialiser whose steps depend on values drawn).
 
         ``nn.init.trunc_normal_`` redraws until every value is in range and ``orthogonal_``
@@ -221,19 +244,33 @@ class Recording:
             self._adopt(_aten.zero_.default, (tensor,), tensor, True)
         state = generator.get_state()
         function(torch.empty_strided(tensor.shape, tensor.stride(), dtype=tensor.dtype, device="cpu"), *args, **kwargs)
-        op = _Op(len(self.ops), function, _pinned((tensor, *args)), kwargs, _pinned([tensor]), {_storage(tensor)}, {_storage(tensor)}, generator, state)
+        op = _Op(
+            len(self.ops),
+            function,
+            _pinned((tensor, *args)),
+            kwargs,
+            _pinned([tensor]),
+            {_storage(tensor)},
+            {_storage(tensor)},
+            generator,
+            state,
+        )
         self.ops.append(op)
         self._by_storage[_storage(tensor)].append(op.index)
         return tensor
 
-    def _advance(self, func: Any, args: Any, kwargs: dict[str, Any], metas: list[torch.Tensor], onto_meta: bool) -> None:
+    def _advance(
+        self, func: Any, args: Any, kwargs: dict[str, Any], metas: list[torch.Tensor], onto_meta: bool
+    ) -> None:
         """Run random ``func`` once on real scratch memory: the generator moves as the whole build would move it."""
         if onto_meta and not metas:
             func(*args, **{**kwargs, "device": "cpu"})
             return
         target = args[0] if args and isinstance(args[0], torch.Tensor) else None
         if target is None or len(metas) != 1 or metas[0] is not target or not func._schema.is_mutable:
-            raise Unrecordable(f"{func}: a random operation that reads a tensor's values (only in-place initialisers replay)")
+            raise Unrecordable(
+                f"{func}: a random operation that reads a tensor's values (only in-place initialisers replay)"
+            )
         scratch = torch.empty_strided(target.shape, target.stride(), dtype=target.dtype, device="cpu")
         func(scratch, *args[1:], **kwargs)
 
@@ -242,7 +279,9 @@ class Recording:
         for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
             made = [self.ops[i].func for i in self._by_storage.get(_storage(tensor), [])]
             if made and all(func in _ALLOCATIONS for func in made):
-                raise Unrecordable(f"{name} was allocated but never initialised on the meta device (an initialiser that skips meta tensors)")
+                raise Unrecordable(
+                    f"{name} was allocated but never initialised on the meta device (an initialiser that skips meta tensors)"
+                )
 
     # -- replaying -----------------------------------------------------------------------
     def value(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -280,7 +319,9 @@ class Recording:
         for op in ops:
             args, kwargs = tree_map(replayed.actual, op.args), tree_map(replayed.actual, op.kwargs)
             if op.onto_meta:
-                kwargs["device"] = target if op.rng_state is None or shapes_only else "cpu"  # random: drawn where the recording drew it
+                kwargs["device"] = (
+                    target if op.rng_state is None or shapes_only else "cpu"
+                )  # random: drawn where the recording drew it
                 if "dtype" in _argument_names(op.func) and op.outputs:
                     kwargs["dtype"] = op.outputs[0].dtype  # what the default dtype made then, whatever it is now
             with contextlib.nullcontext() if shapes_only else self._generator(op):
@@ -318,7 +359,9 @@ class Recording:
             op.generator.set_state(before)
 
     # -- materialising -------------------------------------------------------------------
-    def materialize(self, module: nn.Module, lazy: bool = False, within: nn.Module | None = None) -> dict[int, torch.Tensor]:
+    def materialize(
+        self, module: nn.Module, lazy: bool = False, within: nn.Module | None = None
+    ) -> dict[int, torch.Tensor]:
         """Replace every meta parameter and buffer of ``module`` by a real one, one tensor at a time (ties kept).
 
         ``lazy``: trained parameters become stride-0 placeholders (no memory) carrying their source
@@ -331,7 +374,9 @@ class Recording:
         hold, whose ids cannot have been reused).
         """
         made: dict[int, torch.Tensor] = {}
-        replaced: list[torch.Tensor] = []  # kept alive until the end: an id in `made` must not be reused by a new tensor
+        replaced: list[
+            torch.Tensor
+        ] = []  # kept alive until the end: an id in `made` must not be reused by a new tensor
         for sub in module.modules():
             for name, param in list(sub._parameters.items()):
                 if param is None:

@@ -140,7 +140,9 @@ class PipelineExecutor:
                             loss = self.loss_fn(out, tgt_chunks[mb])
                             micro[mb].loss = loss * (tgt_chunks[mb].numel() / total)
                             loss_sum += float(micro[mb].loss.detach())
-                    micro[mb].outputs = None if self.last else out  # the last stage's outputs are not kept through backward
+                    micro[mb].outputs = (
+                        None if self.last else out
+                    )  # the last stage's outputs are not kept through backward
                     del out
                 elif action.kind == "send_activation":
                     sends += wire.isend(self.comm, micro[mb].outputs, self.stage + 1, "activation", mb)
@@ -149,7 +151,11 @@ class PipelineExecutor:
                     micro[mb].loss = None
                     micro[mb].outputs = (micro[mb].outputs, grads)
                 elif action.kind == "backward":
-                    with self.sync.no_sync() if self.sync is not None and index != self.last_backward else contextlib.nullcontext():
+                    with (
+                        self.sync.no_sync()
+                        if self.sync is not None and index != self.last_backward
+                        else contextlib.nullcontext()
+                    ):
                         self._backward(micro[mb], scale)
                     micro[mb].outputs = None
                 elif action.kind == "send_gradient":
@@ -158,7 +164,9 @@ class PipelineExecutor:
             except KeyboardInterrupt:  # the run is being stopped: say where this rank was (short traceback)
                 raise KeyboardInterrupt(f"pipeline stage {self.stage} was in {action} of step {self.steps}") from None
             except Exception as exc:
-                raise StageFailure(f"pipeline stage {self.stage} failed in {action} of step {self.steps}: {type(exc).__name__}: {exc}") from exc
+                raise StageFailure(
+                    f"pipeline stage {self.stage} failed in {action} of step {self.steps}: {type(exc).__name__}: {exc}"
+                ) from exc
             self.recorder.span(action.kind, mb, started, time.perf_counter())
         started = time.perf_counter()
         wire.wait_all([request for request, _ in sends])
@@ -227,7 +235,9 @@ def cut(value: Any, microbatches: int) -> list[Any]:
     """
     count = value.shape[0] if isinstance(value, torch.Tensor) else value[0].shape[0]
     if count < microbatches:
-        raise ConfigError(f"a batch of {count} samples cannot be cut into microbatches={microbatches}: lower microbatches to at most {count}")
+        raise ConfigError(
+            f"a batch of {count} samples cannot be cut into microbatches={microbatches}: lower microbatches to at most {count}"
+        )
     if isinstance(value, torch.Tensor):
         return list(torch.tensor_split(value, microbatches))
     parts = [torch.tensor_split(v, microbatches) for v in value]

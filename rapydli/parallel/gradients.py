@@ -120,7 +120,9 @@ class _ShardedLocal(Gradients):
 def build(layout: Layout, part: ModelPart, optimizer: torch.optim.Optimizer, config: Any) -> Gradients:
     """The strategy of ``layout`` for ``part`` (see :meth:`rapydli.parallel.layout.Layout.gradients`)."""
     model, comm = part.model, part.comm if layout.dp_enabled else None  # one replica: nothing to average
-    offload = bool(getattr(config, "offload_optimizer", False))  # on CPU ranks the state is in host memory already: a no-op
+    offload = bool(
+        getattr(config, "offload_optimizer", False)
+    )  # on CPU ranks the state is in host memory already: a no-op
     if layout.zero_enabled:
         from rapydli.parallel import deferred
         from rapydli.parallel.zero import ShardedOptimizer
@@ -131,10 +133,14 @@ def build(layout: Layout, part: ModelPart, optimizer: torch.optim.Optimizer, con
 
             data = MPI.COMM_SELF
         sync = None
-        if layout.zero >= 2:  # no synchronizer: parameters start as replica 0's, the optimizer reduce-scatters the gradients
+        if (
+            layout.zero >= 2
+        ):  # no synchronizer: parameters start as replica 0's, the optimizer reduce-scatters the gradients
             if comm is not None:
                 for tensor in (*model.parameters(), *model.buffers()):
-                    if deferred.is_lazy(tensor):  # never built whole: every replica computes the same values from the recording
+                    if deferred.is_lazy(
+                        tensor
+                    ):  # never built whole: every replica computes the same values from the recording
                         continue
                     values = tensor.data.contiguous()  # a split Conv1D keeps a transposed view
                     comm.broadcast_(values, 0)
@@ -146,10 +152,18 @@ def build(layout: Layout, part: ModelPart, optimizer: torch.optim.Optimizer, con
         if layout.zero == 3:
             from rapydli.parallel.zero3 import FullyShardedOptimizer
 
-            sharded = FullyShardedOptimizer(model, lambda _: optimizer, data, bucket_mb=config.bucket_mb, offload=offload)
+            sharded = FullyShardedOptimizer(
+                model, lambda _: optimizer, data, bucket_mb=config.bucket_mb, offload=offload
+            )
         else:
-            sharded = ShardedOptimizer(model.parameters(), lambda _: optimizer, data, stage=layout.zero, bucket_mb=config.bucket_mb,
-                                       offload=offload)
+            sharded = ShardedOptimizer(
+                model.parameters(),
+                lambda _: optimizer,
+                data,
+                stage=layout.zero,
+                bucket_mb=config.bucket_mb,
+                offload=offload,
+            )
         for group in sharded.param_groups:
             group.setdefault("initial_lr", group["lr"])
         if layout.zero >= 2:

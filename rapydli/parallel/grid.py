@@ -45,7 +45,9 @@ def data_parallel_degree(world_size: int, stages: int, tensor: int = 1) -> int:
         named = {k: v for k, v in parts.items() if v > 1} or {"pipeline_stages": stages}
         layout = " x ".join(f"{k}={v}" for k, v in named.items())
         what = next(iter(named)) if len(named) == 1 else str(per_replica)
-        raise ConfigError(f"{world_size} ranks cannot run {layout}: the number of ranks must be a multiple of {what} ({multiples}, ...)")
+        raise ConfigError(
+            f"{world_size} ranks cannot run {layout}: the number of ranks must be a multiple of {what} ({multiples}, ...)"
+        )
     return world_size // per_replica
 
 

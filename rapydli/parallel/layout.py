@@ -36,7 +36,6 @@ from typing import TYPE_CHECKING, Any
 from rapydli.errors import ConfigError
 
 if TYPE_CHECKING:  # pragma: no cover
-
     import torch
     from torch import nn
 
@@ -80,10 +79,14 @@ class Layout:
     def __post_init__(self) -> None:
         per = self.pipeline * self.tensor
         if self.pipeline < 1 or self.tensor < 1 or self.world_size < per or self.world_size % per:
-            named = {k: v for k, v in (("pipeline_stages", self.pipeline), ("tensor_parallel", self.tensor)) if v > 1} or {"pipeline_stages": 1}
+            named = {
+                k: v for k, v in (("pipeline_stages", self.pipeline), ("tensor_parallel", self.tensor)) if v > 1
+            } or {"pipeline_stages": 1}
             degrees = " x ".join(f"{k}={v}" for k, v in named.items())
             multiples = ", ".join(str(per * k) for k in (1, 2, 3))
-            raise ConfigError(f"{self.where} has {self.world_size} ranks: {degrees} needs a multiple of {per} ({multiples}, ...)")
+            raise ConfigError(
+                f"{self.where} has {self.world_size} ranks: {degrees} needs a multiple of {per} ({multiples}, ...)"
+            )
 
     @classmethod
     def of(cls, config: Any, world_size: int, where: str = "this run") -> Layout:
@@ -93,7 +96,9 @@ class Layout:
     @staticmethod
     def fits(world_size: int, pipeline: int = 1, tensor: int = 1) -> bool:
         """Whether ``world_size`` ranks divide into replicas of ``pipeline * tensor`` ranks."""
-        return pipeline >= 1 and tensor >= 1 and world_size >= pipeline * tensor and world_size % (pipeline * tensor) == 0
+        return (
+            pipeline >= 1 and tensor >= 1 and world_size >= pipeline * tensor and world_size % (pipeline * tensor) == 0
+        )
 
     # -- what the rest asks ---------------------------------------------------------------
     @property
@@ -190,9 +195,13 @@ class Layout:
         from rapydli.parallel.deferred import recording_of
 
         recording = recording_of(model)
-        with recording if recording is not None else contextlib.nullcontext():  # slices cut from the meta model are recorded too
+        with (
+            recording if recording is not None else contextlib.nullcontext()
+        ):  # slices cut from the meta model are recorded too
             part = self._part(model, config, world, train_data, objective, comm, bounds)
-        if recording is not None:  # this rank's part only, a tensor at a time; fully sharded: each when its unit is sharded
+        if (
+            recording is not None
+        ):  # this rank's part only, a tensor at a time; fully sharded: each when its unit is sharded
             made = recording.materialize(part.model, lazy=self.zero == 3, within=model)
             context = getattr(part.model, "context", None)  # buffers a stage reads but another holds (rotary tables)
             if context is not None:
@@ -204,19 +213,31 @@ class Layout:
         # BatchNorm normalises over the global batch, as in one process; a stage running the model's own forward runs its
         # BatchNorm outside the layers too (rapydli.parallel.skipping)
         global_batch_norm(getattr(part.model, "whole", part.model), part.comm)
-        if config.activation_checkpointing is not None:  # the blocks are the whole model's: stages and split layers share them
+        if (
+            config.activation_checkpointing is not None
+        ):  # the blocks are the whole model's: stages and split layers share them
             from rapydli.parallel.recompute import checkpoint_blocks
 
             checkpoint_blocks(model, config.activation_checkpointing)
         return part
 
-    def _part(self, model: nn.Module, config: Any, world: Any, train_data: Any, objective: Objective, comm: Any,
-              bounds: list[int] | None) -> ModelPart:  # fmt: skip
+    def _part(
+        self,
+        model: nn.Module,
+        config: Any,
+        world: Any,
+        train_data: Any,
+        objective: Objective,
+        comm: Any,
+        bounds: list[int] | None,
+    ) -> ModelPart:
         if self.pp_enabled:
             from rapydli.parallel.training import PipelineTraining
 
             pipeline = PipelineTraining(model, config, world, train_data, objective, bounds=bounds)
-            return ModelPart(self, pipeline.module, pipeline.grid, pipeline, pipeline.grid.data_communicator(config.allreduce), True)
+            return ModelPart(
+                self, pipeline.module, pipeline.grid, pipeline, pipeline.grid.data_communicator(config.allreduce), True
+            )
         if self.tp_enabled:
             from rapydli.parallel.config import tensor_plan
             from rapydli.parallel.tensor import shard_model
@@ -227,11 +248,22 @@ class Layout:
         if comm is None or comm is world:
             from rapydli.comm import Communicator
 
-            return ModelPart(self, model, None, None, Communicator(world, algorithm=config.allreduce) if self.world_size > 1 else None, True)
+            return ModelPart(
+                self,
+                model,
+                None,
+                None,
+                Communicator(world, algorithm=config.allreduce) if self.world_size > 1 else None,
+                True,
+            )
         return ModelPart(self, model, None, None, comm, False)
 
     def gradients(
-        self, part: ModelPart, optimizer: torch.optim.Optimizer, config: Any, autocast: Callable[[], contextlib.AbstractContextManager[Any]] | None = None
+        self,
+        part: ModelPart,
+        optimizer: torch.optim.Optimizer,
+        config: Any,
+        autocast: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
     ) -> Gradients:
         """What makes ``part``'s gradients global, and the optimizer that steps it.
 

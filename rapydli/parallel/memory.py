@@ -50,7 +50,9 @@ class CheckpointedBlock:
 
     def __init__(self, meter: ActivationMeter, inputs: Iterable[Any]) -> None:
         self.meter = meter
-        self.inputs = [t for t in inputs if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in meter._weights]
+        self.inputs = [
+            t for t in inputs if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in meter._weights
+        ]
         self._input_storages = {t.untyped_storage().data_ptr() for t in self.inputs}
         self.saved: dict[int, int] = {}  # storage -> bytes the first forward saved (its inputs' left out)
 
@@ -82,7 +84,8 @@ class CheckpointedBlock:
         """Count the block's inputs while the graph of ``output`` (which keeps them for the recomputation) lives."""
         node = next((t.grad_fn for t in _tensors(output) if t.grad_fn is not None), None)
         if node is not None:
-            node.metadata["rapydli_activation_meter"] = [_Held(t, self.meter, t.untyped_storage().data_ptr()) for t in self.inputs]  # type: ignore[index]  # a dict (the stubs say a method)
+            held = [_Held(t, self.meter, t.untyped_storage().data_ptr()) for t in self.inputs]
+            node.metadata["rapydli_activation_meter"] = held  # type: ignore[index]  # a dict (the stubs say a method)
 
 
 def _tensors(value: Any) -> Iterator[torch.Tensor]:
@@ -181,7 +184,9 @@ class ActivationMeter:
         self._hooks.__exit__(*exc)
 
 
-def step_memory(model: nn.Module, config: Any, train_data: Any, world: Any = None, loss_fn: Any = None) -> dict[str, Any]:
+def step_memory(
+    model: nn.Module, config: Any, train_data: Any, world: Any = None, loss_fn: Any = None
+) -> dict[str, Any]:
     """Peak activation bytes of one training step of ``config`` on this rank (collective over ``world``).
 
     Call it on every rank of the run's world (e.g. with ``Cluster.run``). Pipelined
@@ -274,6 +279,10 @@ def training_bytes(model: torch.nn.Module, optimizer: Any, sync: Any = None) -> 
     else:
         grads = storage_bytes(p.grad for p in params)
     inner = optimizer.optimizer if isinstance(optimizer, ShardedOptimizer) else optimizer
-    state = storage_bytes(value for entry in inner.state.values() for value in entry.values() if isinstance(value, torch.Tensor))
-    kept = optimizer.parameter_bytes() if hasattr(optimizer, "parameter_bytes") else storage_bytes(params)  # ZeRO-3: its slices
+    state = storage_bytes(
+        value for entry in inner.state.values() for value in entry.values() if isinstance(value, torch.Tensor)
+    )
+    kept = (
+        optimizer.parameter_bytes() if hasattr(optimizer, "parameter_bytes") else storage_bytes(params)
+    )  # ZeRO-3: its slices
     return {"params": kept, "grads": grads, "optimizer_state": state}

@@ -32,8 +32,17 @@ class HeadParallelMultiheadAttention(nn.Module):
     #: ``in_proj_weight``/``in_proj_bias`` keep one block of rows per third (q, k, v), as a column-parallel layer with 3 chunks.
     chunks = 3
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, out_proj: nn.Module, heads: int, total_heads: int,
-                 batch_first: bool, dropout: float, group: Any) -> None:  # fmt: skip
+    def __init__(
+        self,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        out_proj: nn.Module,
+        heads: int,
+        total_heads: int,
+        batch_first: bool,
+        dropout: float,
+        group: Any,
+    ) -> None:
         super().__init__()
         self.in_proj_weight = nn.Parameter(weight)
         self.in_proj_bias = nn.Parameter(bias) if bias is not None else None
@@ -42,12 +51,22 @@ class HeadParallelMultiheadAttention(nn.Module):
         self.head_dim = weight.shape[0] // (3 * heads)
         self.batch_first, self.dropout, self.group = batch_first, dropout, group
         self.embed_dim = weight.shape[1]
-        self._qkv_same_embed_dim = True  # what nn.TransformerEncoderLayer's fast path asks; it declines on training and no bias
+        self._qkv_same_embed_dim = (
+            True  # what nn.TransformerEncoderLayer's fast path asks; it declines on training and no bias
+        )
         self.bias_k = self.bias_v = None
 
-    def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, key_padding_mask: torch.Tensor | None = None,
-                need_weights: bool = True, attn_mask: torch.Tensor | None = None, average_attn_weights: bool = True,
-                is_causal: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        key_padding_mask: torch.Tensor | None = None,
+        need_weights: bool = True,
+        attn_mask: torch.Tensor | None = None,
+        average_attn_weights: bool = True,
+        is_causal: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         from rapydli.parallel.tensor import _entering, _GatherFromGroup, _ReduceFromGroup
 
         batched = query.dim() == 3
@@ -71,7 +90,9 @@ class HeadParallelMultiheadAttention(nn.Module):
         if mask is not None and mask.dim() == 2:
             mask = mask.view(1, 1, length, source)
         dropout = self.dropout if self.training else 0.0
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=is_causal and mask is None)
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=is_causal and mask is None
+        )
         out = out.permute(2, 0, 1, 3).reshape(length, batch, self.num_heads * self.head_dim)
         out = self.out_proj(out)
         if self.batch_first and batched:
@@ -84,7 +105,9 @@ class HeadParallelMultiheadAttention(nn.Module):
             if mask is not None:
                 scores = scores + mask
             elif is_causal:
-                scores = scores.masked_fill(torch.ones(length, source, dtype=torch.bool, device=q.device).triu(1), float("-inf"))
+                scores = scores.masked_fill(
+                    torch.ones(length, source, dtype=torch.bool, device=q.device).triu(1), float("-inf")
+                )
             local = scores.softmax(-1)
             if average_attn_weights:
                 weights = _ReduceFromGroup.apply(local.sum(1), self.group) / self.total_heads
@@ -98,17 +121,35 @@ class HeadParallelMultiheadAttention(nn.Module):
         return slice(self.group.rank * self.num_heads, (self.group.rank + 1) * self.num_heads)
 
 
-def _mask(attn_mask: torch.Tensor | None, key_padding_mask: torch.Tensor | None, batch: int, heads: int, length: int, source: int,
-          dtype: torch.dtype) -> torch.Tensor | None:  # fmt: skip
+def _mask(
+    attn_mask: torch.Tensor | None,
+    key_padding_mask: torch.Tensor | None,
+    batch: int,
+    heads: int,
+    length: int,
+    source: int,
+    dtype: torch.dtype,
+) -> torch.Tensor | None:
     """One additive float mask from ``attn_mask`` ((L, S) or (B*heads, L, S)) and ``key_padding_mask`` ((B, S)), as the whole module merges them."""
     merged = None
     if attn_mask is not None:
-        merged = torch.zeros_like(attn_mask, dtype=dtype).masked_fill(attn_mask, float("-inf")) if attn_mask.dtype == torch.bool else attn_mask.to(dtype)
+        merged = (
+            torch.zeros_like(attn_mask, dtype=dtype).masked_fill(attn_mask, float("-inf"))
+            if attn_mask.dtype == torch.bool
+            else attn_mask.to(dtype)
+        )
     if key_padding_mask is not None:
-        padding = torch.zeros_like(key_padding_mask, dtype=dtype).masked_fill(key_padding_mask, float("-inf")) if key_padding_mask.dtype == torch.bool \
-            else key_padding_mask.to(dtype)  # fmt: skip
+        padding = (
+            torch.zeros_like(key_padding_mask, dtype=dtype).masked_fill(key_padding_mask, float("-inf"))
+            if key_padding_mask.dtype == torch.bool
+            else key_padding_mask.to(dtype)
+        )
         padding = padding.view(batch, 1, 1, source).expand(batch, heads, 1, source).reshape(batch * heads, 1, source)
-        merged = padding if merged is None else (merged.view(-1, length, source) if merged.dim() == 3 else merged.unsqueeze(0)) + padding
+        merged = (
+            padding
+            if merged is None
+            else (merged.view(-1, length, source) if merged.dim() == 3 else merged.unsqueeze(0)) + padding
+        )
     return merged
 
 
@@ -122,12 +163,18 @@ def split_multihead_attention(module: nn.MultiheadAttention, group: Any, name: s
     if module.bias_k is not None or module.add_zero_attn:
         raise ConfigError(f"{what}: add_bias_kv / add_zero_attn are not split; leave it out of the plan (dense)")
     if module.num_heads % group.size:
-        raise ConfigError(f"{what}: {module.num_heads} heads do not split over tensor_parallel={group.size} into whole heads; "
-                          f"use a tensor_parallel that divides {module.num_heads}, or leave {name!r} out of the plan (dense)")  # fmt: skip
+        raise ConfigError(
+            f"{what}: {module.num_heads} heads do not split over tensor_parallel={group.size} into whole heads; "
+            f"use a tensor_parallel that divides {module.num_heads}, or leave {name!r} out of the plan (dense)"
+        )
     heads = module.num_heads // group.size
     block, rows = module.embed_dim, module.embed_dim // group.size
-    index = torch.cat([torch.arange(c * block + group.rank * rows, c * block + (group.rank + 1) * rows) for c in range(3)])
+    index = torch.cat(
+        [torch.arange(c * block + group.rank * rows, c * block + (group.rank + 1) * rows) for c in range(3)]
+    )
     weight = module.in_proj_weight.detach()[index].clone()
     bias = module.in_proj_bias.detach()[index].clone() if module.in_proj_bias is not None else None
     out_proj = RowParallelLinear.from_dense(module.out_proj, group, name=f"{name}.out_proj")
-    return HeadParallelMultiheadAttention(weight, bias, out_proj, heads, module.num_heads, module.batch_first, module.dropout, group)
+    return HeadParallelMultiheadAttention(
+        weight, bias, out_proj, heads, module.num_heads, module.batch_first, module.dropout, group
+    )

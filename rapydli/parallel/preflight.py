@@ -52,7 +52,13 @@ class _KeptOnMeta(TorchFunctionMode):
         kwargs = dict(kwargs or {})
         if func is torch.Tensor.cuda:
             index = args[1] if len(args) > 1 else kwargs.get("device")
-            self.device = torch.device("cuda") if index is None else torch.device("cuda", index) if isinstance(index, int) else torch.device(index)
+            self.device = (
+                torch.device("cuda")
+                if index is None
+                else torch.device("cuda", index)
+                if isinstance(index, int)
+                else torch.device(index)
+            )
             return args[0]
         if func is torch.Tensor.to:
             device, dtype, _, _ = torch._C._nn._parse_to(*args[1:], **kwargs)
@@ -114,7 +120,9 @@ def check_layout(model_fn: Callable[[], Any], config: Any, loss_fn: Any = None) 
         from rapydli.parallel.config import split_names
         from rapydli.parallel.shared import check_honoured, find_shared
 
-        split.pipeline_blocks(model, target_parameter(model) if loss_fn is None else None)  # a model that cannot be split says so
+        split.pipeline_blocks(
+            model, target_parameter(model) if loss_fn is None else None
+        )  # a model that cannot be split says so
         points = split_names(config.pipeline_split)
         if points != "auto":
             bounds = split.boundaries(model, points, config.pipeline_stages)
@@ -125,7 +133,9 @@ def check_layout(model_fn: Callable[[], Any], config: Any, loss_fn: Any = None) 
             try:  # a parameter two blocks share may fall on two stages, wherever the engines cut
                 check_honoured(find_shared(model, list(range(blocks + 1))), model, config.zero, plan)
             except ConfigError as exc:
-                raise ConfigError(f"with pipeline_split='auto' (the stages are cut on the engines; stage numbers below count blocks): {exc}") from None
+                raise ConfigError(
+                    f"with pipeline_split='auto' (the stages are cut on the engines; stage numbers below count blocks): {exc}"
+                ) from None
 
 
 def check_own_loss(model: nn.Module, stages: int, loss_fn: Any) -> None:

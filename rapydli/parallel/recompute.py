@@ -61,7 +61,9 @@ def checkpoint_blocks(model: nn.Module, value: str | None) -> list[str]:
     _no_cache(model)
     for _, block in chosen:
         if getattr(block.forward, "__func__", None) is not _recomputed_forward:
-            block.forward = types.MethodType(_recomputed_forward, block)  # a bound method: a deep copy of the model rebinds it
+            block.forward = types.MethodType(
+                _recomputed_forward, block
+            )  # a bound method: a deep copy of the model rebinds it
     return [name for name, _ in chosen]
 
 
@@ -87,7 +89,10 @@ def _recomputed_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
 
 
 def recomputed_call(
-    function: Callable[..., Any], *args: Any, recompute_context: Callable[[], contextlib.AbstractContextManager[Any]] | None = None, **kwargs: Any
+    function: Callable[..., Any],
+    *args: Any,
+    recompute_context: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
+    **kwargs: Any,
 ) -> Any:
     """``function(*args, **kwargs)`` under :func:`torch.utils.checkpoint.checkpoint` (``use_reentrant=False``,
     ``preserve_rng_state=True``), its recomputation inside ``recompute_context()``; while an
@@ -115,7 +120,9 @@ def _contexts(
 
 
 @contextlib.contextmanager
-def _both(first: contextlib.AbstractContextManager[None], second: contextlib.AbstractContextManager[None]) -> Iterator[None]:
+def _both(
+    first: contextlib.AbstractContextManager[None], second: contextlib.AbstractContextManager[None]
+) -> Iterator[None]:
     with first, second:
         yield
 
@@ -129,5 +136,7 @@ def _statistics_kept(module: nn.Module) -> Iterator[None]:
         yield
     finally:
         for norm, saved in zip(norms, kept):
-            for buffer, value in zip([b for b in (norm.running_mean, norm.running_var, norm.num_batches_tracked) if b is not None], saved):
+            for buffer, value in zip(
+                [b for b in (norm.running_mean, norm.running_var, norm.num_batches_tracked) if b is not None], saved
+            ):
                 buffer.copy_(value)

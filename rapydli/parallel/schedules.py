@@ -186,7 +186,9 @@ def simulate(
     """
     stages = len(schedule)
     t_f = [float(forward_time)] * stages if isinstance(forward_time, int | float) else [float(t) for t in forward_time]
-    t_b = [float(backward_time)] * stages if isinstance(backward_time, int | float) else [float(t) for t in backward_time]
+    t_b = (
+        [float(backward_time)] * stages if isinstance(backward_time, int | float) else [float(t) for t in backward_time]
+    )
     sent: dict[tuple[str, int, int], float] = {}  # (kind, to stage, mb) -> time sent
     done: list[set[tuple[str, int]]] = [set() for _ in range(stages)]
     clock = [0.0] * stages

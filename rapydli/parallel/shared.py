@@ -62,7 +62,12 @@ class SharedParameter:
 
     def describe(self) -> dict[str, Any]:
         """``{"parameter": first name, "names": [...], "stages": [...], "shape": [...]}`` (for the timeline and the run record)."""
-        return {"parameter": self.names[0], "names": list(self.names), "stages": list(self.stages), "shape": list(self.parameter.shape)}
+        return {
+            "parameter": self.names[0],
+            "names": list(self.names),
+            "stages": list(self.stages),
+            "shape": list(self.parameter.shape),
+        }
 
 
 def find_shared(model: nn.Module, bounds: Sequence[int]) -> list[SharedParameter]:
@@ -93,7 +98,9 @@ def find_shared(model: nn.Module, bounds: Sequence[int]) -> list[SharedParameter
     return sorted(shared, key=lambda s: order.get(id(s.parameter), len(order)))
 
 
-def check_honoured(shared: Sequence[SharedParameter], model: nn.Module, zero: int, plan: Mapping[str, str] | None) -> None:
+def check_honoured(
+    shared: Sequence[SharedParameter], model: nn.Module, zero: int, plan: Mapping[str, str] | None
+) -> None:
     """Raise :class:`ConfigError` if a shared parameter cannot stay one parameter in this layout.
 
     ZeRO-2 and 3 average gradients into per-stage slices of a flat buffer, where the copies

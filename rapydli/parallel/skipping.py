@@ -101,8 +101,13 @@ class _Held(nn.Module):
     """Parameters (or buffers) of a model outside its layers, held as one block (names with ``:`` for ``.``), with the
     first layer (:attr:`layer`) where they are what runs before it."""
 
-    def __init__(self, model: nn.Module, parameters: tuple[str, ...] = (), buffers: tuple[str, ...] = (),
-                 layer: nn.Module | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        model: nn.Module,
+        parameters: tuple[str, ...] = (),
+        buffers: tuple[str, ...] = (),
+        layer: nn.Module | None = None,
+    ) -> None:
         super().__init__()
         for name in parameters:
             self.register_parameter(name.replace(".", ":"), model.get_parameter(name))
@@ -143,7 +148,9 @@ def layer_blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
     blocks: list[tuple[str, nn.Module]] = [(f"{plan.name}.0", _Held(model, plan.before, plan.buffers, layer=layers[0]))]
     blocks += [(f"{plan.name}.{index}", layer) for index, layer in enumerate(layers) if index]
     if plan.after:
-        name = _owner(next((n for n in plan.after if n not in plan.before), plan.after[0]))  # named after the head, not a tied embedding
+        name = _owner(
+            next((n for n in plan.after if n not in plan.before), plan.after[0])
+        )  # named after the head, not a tied embedding
         blocks.append((name, _Held(model, plan.after)))
     return blocks
 
@@ -186,16 +193,22 @@ def _find_plan(model: nn.Module) -> LayerPlan:
     kind = type(model).__name__
     found = block_list(model)
     if found is None:
-        raise ConfigError(f"{kind} has no block list (an nn.ModuleList of two or more layers of one class) to cut into stages")
+        raise ConfigError(
+            f"{kind} has no block list (an nn.ModuleList of two or more layers of one class) to cut into stages"
+        )
     name, _ = found
     config = getattr(model, "config", None)
     if getattr(config, "is_encoder_decoder", False) or _takes(model, "decoder_input_ids"):
-        raise ConfigError(f"{kind} is an encoder-decoder: its decoder's layers read the encoder's output, which would have to reach "
-                          "every stage, so it is not cut at one block list")  # fmt: skip
+        raise ConfigError(
+            f"{kind} is an encoder-decoder: its decoder's layers read the encoder's output, which would have to reach "
+            "every stage, so it is not cut at one block list"
+        )
     call = sample_call(model)
     if call is None:
-        raise ConfigError(f"{kind}'s forward takes an input whose shape cannot be told from the model (not token ids, nor "
-                          "images of config.image_size), so where its layers' inputs come from cannot be found")  # fmt: skip
+        raise ConfigError(
+            f"{kind}'s forward takes an input whose shape cannot be told from the model (not token ids, nor "
+            "images of config.image_size), so where its layers' inputs come from cannot be found"
+        )
     shadow = meta_copy(model)
     layers: nn.ModuleList = shadow.get_submodule(name)  # type: ignore[assignment]
     inside = {id(p) for p in layers.parameters()}
@@ -235,22 +248,32 @@ def _find_plan(model: nn.Module) -> LayerPlan:
         with shape_only(), reads:  # with autograd: which layer inputs are computed from parameters is seen
             call(shadow)
     except Exception as exc:  # noqa: BLE001 - whatever stops the shape-only run is said
-        raise ConfigError(f"{kind}'s forward did not run on a shape-only sample ({type(exc).__name__}: {str(exc)[:200]}), so "
-                          "where its layers' inputs come from cannot be found") from exc  # fmt: skip
+        raise ConfigError(
+            f"{kind}'s forward did not run on a shape-only sample ({type(exc).__name__}: {str(exc)[:200]}), so "
+            "where its layers' inputs come from cannot be found"
+        ) from exc
     finally:
         for handle in handles:
             handle.remove()
     if calls != list(range(len(layers))):
-        raise ConfigError(f"{kind}'s forward calls its layers {name} in the order {calls}, not each once in order, so they cannot be "
-                          "cut into stages")  # fmt: skip
+        raise ConfigError(
+            f"{kind}'s forward calls its layers {name} in the order {calls}, not each once in order, so they cannot be "
+            "cut into stages"
+        )
     for phase, where in (("between", "between its layers"), ("inside", "from inside its layers")):
         if reads.reads[phase]:
-            raise ConfigError(f"{kind}'s forward reads {sorted(reads.reads[phase])[0]}, a parameter outside {name}, {where}, "
-                              "which a stage holding only some layers cannot compute")  # fmt: skip
+            raise ConfigError(
+                f"{kind}'s forward reads {sorted(reads.reads[phase])[0]}, a parameter outside {name}, {where}, "
+                "which a stage holding only some layers cannot compute"
+            )
     if problems:
         raise ConfigError(problems[0])
     after = tuple(n for n in names.values() if n in reads.reads["after"])
-    before = tuple(n for pid, n in names.items() if pid not in inside and (n in reads.reads["before"] or n not in reads.reads["after"]))
+    before = tuple(
+        n
+        for pid, n in names.items()
+        if pid not in inside and (n in reads.reads["before"] or n not in reads.reads["after"])
+    )
     inside_buffers = {id(b) for b in layers.buffers()}
     buffer_names: dict[int, str] = {}
     for bname, b in shadow.named_buffers(remove_duplicate=False):
@@ -272,12 +295,17 @@ def _side_inputs(name: str, index: int, args: Any, kwargs: Any, previous: Any) -
     """A problem for each input of layer ``index`` computed from parameters that is not the previous layer's output."""
     passed = {id(leaf) for leaf in pytree.tree_leaves(previous) if isinstance(leaf, torch.Tensor)}
     problems = []
-    for where, value in [*((f"argument {i}", a) for i, a in enumerate(args)), *((f"{k}=", v) for k, v in kwargs.items())]:
+    for where, value in [
+        *((f"argument {i}", a) for i, a in enumerate(args)),
+        *((f"{k}=", v) for k, v in kwargs.items()),
+    ]:
         for leaf in pytree.tree_leaves(value):
             if isinstance(leaf, torch.Tensor) and leaf.requires_grad and id(leaf) not in passed:
-                problems.append(f"layer {name}.{index} gets {where} computed from parameters besides the previous layer's output (as an "
-                                "encoder-decoder's decoder reads the encoder's output), which a stage holding only some layers cannot "
-                                "compute")  # fmt: skip
+                problems.append(
+                    f"layer {name}.{index} gets {where} computed from parameters besides the previous layer's output (as an "
+                    "encoder-decoder's decoder reads the encoder's output), which a stage holding only some layers cannot "
+                    "compute"
+                )
                 return problems
     return problems
 
@@ -299,7 +327,9 @@ class _Absent(TorchDispatchMode):
             return func(*args, **kwargs)
         meta_args, meta_kwargs = pytree.tree_map_only(torch.Tensor, lambda t: t.to("meta"), (args, kwargs))
         result = func(*meta_args, **meta_kwargs)
-        return pytree.tree_map_only(torch.Tensor, lambda t: torch.zeros(t.shape, dtype=t.dtype, device=self.device), result)
+        return pytree.tree_map_only(
+            torch.Tensor, lambda t: torch.zeros(t.shape, dtype=t.dtype, device=self.device), result
+        )
 
 
 class _Reached(BaseException):
@@ -328,20 +358,32 @@ class LayerStage(nn.Module):
     whole: nn.Module  # the model (not a submodule: its other stages' parameters are not this stage's)
     context: nn.Module  # buffers outside the layers another stage holds (not a submodule)
 
-    def __init__(self, model: nn.Module, blocks: list[tuple[str, nn.Module]], stage: int, stages: int, start: int, end: int,
-                 targets: str | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        model: nn.Module,
+        blocks: list[tuple[str, nn.Module]],
+        stage: int,
+        stages: int,
+        start: int,
+        end: int,
+        targets: str | None = None,
+    ) -> None:
         super().__init__()
         plan = layer_plan(model)
         self.plan = plan
         self.parts = nn.ModuleList(module for _, module in blocks)
         self.names = [name for name, _ in blocks]
-        object.__setattr__(self, "whole", model)  # the model is not a submodule: its other stages' parameters are not this stage's
+        object.__setattr__(
+            self, "whole", model
+        )  # the model is not a submodule: its other stages' parameters are not this stage's
         self.first, self.last = stage == 0, stage == stages - 1
         self.start, self.end = start, end  # this stage's layers, as indices into the block list
         self.targets = targets if self.last else None
         held = {id(b) for b in self.buffers()}
         # not a submodule either: this stage reads these buffers but does not hold (train, save, compare) them
-        object.__setattr__(self, "context", _Held(model, buffers=tuple(n for n in plan.buffers if id(model.get_buffer(n)) not in held)))
+        object.__setattr__(
+            self, "context", _Held(model, buffers=tuple(n for n in plan.buffers if id(model.get_buffer(n)) not in held))
+        )
 
     @classmethod
     def between(cls, model: nn.Module, bounds: Sequence[int], stage: int, targets: str | None = None) -> LayerStage:

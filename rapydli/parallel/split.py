@@ -126,9 +126,13 @@ def boundaries(model: nn.Module, points: Sequence[str], stages: int) -> list[int
     for point in points:
         index = _first_index(names, point) if point in allowed else None
         if index is None:
-            raise ConfigError(f"pipeline_split point {point!r} is not a split point of {type(model).__name__}; allowed: {', '.join(allowed)}")
+            raise ConfigError(
+                f"pipeline_split point {point!r} is not a split point of {type(model).__name__}; allowed: {', '.join(allowed)}"
+            )
         if index <= cuts[-1]:
-            raise ConfigError(f"pipeline_split points must be in forward order with a block between them; {point!r} comes too early in {list(points)}")
+            raise ConfigError(
+                f"pipeline_split points must be in forward order with a block between them; {point!r} comes too early in {list(points)}"
+            )
         cuts.append(index)
     _check_stages_hold_parameters(model, cuts + [len(names)])
     return cuts + [len(names)]
@@ -153,7 +157,9 @@ def measure(model: nn.Module, sample: Any, repeats: int = MEASURE_REPEATS) -> li
         from rapydli.parallel import skipping
 
         return skipping.measure(model, sample, repeats)
-    with unchanged(model):  # the measured forwards are no training step (BatchNorm's statistics, dropout's random state)
+    with unchanged(
+        model
+    ):  # the measured forwards are no training step (BatchNorm's statistics, dropout's random state)
         return _measure(blocks, sample, repeats)
 
 
@@ -235,8 +241,10 @@ def balance(costs: Sequence[float], stages: int, holds: Sequence[bool] | None = 
 def check_stage_count(holds: Sequence[bool], stages: int) -> None:
     """Refuse more ``stages`` than blocks that hold parameters (``holds``: a flag per block)."""
     if sum(holds) < stages:
-        raise ConfigError(f"only {sum(holds)} of the model's {len(holds)} blocks hold parameters: pipeline_stages={stages} "
-                          "needs one per stage (a stage without parameters trains nothing)")
+        raise ConfigError(
+            f"only {sum(holds)} of the model's {len(holds)} blocks hold parameters: pipeline_stages={stages} "
+            "needs one per stage (a stage without parameters trains nothing)"
+        )
 
 
 def holds_parameters(model: nn.Module) -> list[bool]:
@@ -250,13 +258,22 @@ def _check_stages_hold_parameters(model: nn.Module, bounds: Sequence[int]) -> No
     for stage, (start, end) in enumerate(zip(bounds, bounds[1:])):
         if not any(holds[start:end]):
             names = ", ".join(name for name, _ in blocks[start:end])
-            raise ConfigError(f"pipeline stage {stage} would hold only blocks without parameters ({names}): a stage "
-                              "that trains nothing only adds a hop; move its split point so that it holds a block "
-                              "with parameters")
+            raise ConfigError(
+                f"pipeline stage {stage} would hold only blocks without parameters ({names}): a stage "
+                "that trains nothing only adds a hop; move its split point so that it holds a block "
+                "with parameters"
+            )
 
 
-def decide(model: nn.Module, split: str | Sequence[str], stages: int, sample: Any, world: Any,
-           labels: Any = None, targets: str | None = None) -> list[int]:  # fmt: skip
+def decide(
+    model: nn.Module,
+    split: str | Sequence[str],
+    stages: int,
+    sample: Any,
+    world: Any,
+    labels: Any = None,
+    targets: str | None = None,
+) -> list[int]:
     """Stage boundaries every rank uses: checked (or measured, for ``"auto"``) on rank 0, broadcast.
 
     Collective over ``world``. An invalid split raises the same :class:`ConfigError` on
@@ -313,7 +330,9 @@ class Stage(nn.Sequential):
         return any(getattr(block, "takes_targets", False) for block in self)
 
 
-def stage_module(model: nn.Module, bounds: Sequence[int], stage: int, targets: str | None = None) -> tuple[Stage | LayerStage, list[str]]:
+def stage_module(
+    model: nn.Module, bounds: Sequence[int], stage: int, targets: str | None = None
+) -> tuple[Stage | LayerStage, list[str]]:
     """Stage ``stage``'s blocks as one module (sharing the model's modules) and their names.
 
     A :class:`Stage` running the blocks in turn, or for a model split at its layers a
@@ -366,7 +385,10 @@ def _children_blocks(module: nn.Module, prefix: str) -> list[tuple[str, nn.Modul
     for name, child in module.named_children():
         if isinstance(child, nn.ModuleList | nn.ModuleDict):
             blocks.extend((f"{prefix}{name}.{item}", m) for item, m in child.named_children() if _holds_parameters(m))
-        elif any(isinstance(c, nn.ModuleList | nn.ModuleDict) and any(_holds_parameters(m) for m in c.children()) for c in child.children()):
+        elif any(
+            isinstance(c, nn.ModuleList | nn.ModuleDict) and any(_holds_parameters(m) for m in c.children())
+            for c in child.children()
+        ):
             blocks.extend(_children_blocks(child, f"{prefix}{name}."))
         elif _holds_parameters(child):
             blocks.append((f"{prefix}{name}", child))

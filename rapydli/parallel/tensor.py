@@ -98,7 +98,9 @@ class TensorGroup:
             return tensor
         local = tensor.detach().contiguous().cpu()
         gathered = torch.empty((self.size, *local.shape), dtype=local.dtype)
-        self.comm.Allgather([_bytes(local), MPI.BYTE], [_bytes(gathered), MPI.BYTE])  # as bytes: any dtype, bfloat16 too
+        self.comm.Allgather(
+            [_bytes(local), MPI.BYTE], [_bytes(gathered), MPI.BYTE]
+        )  # as bytes: any dtype, bfloat16 too
         return torch.cat(gathered.unbind(0), dim=-1).to(tensor.device)
 
 
@@ -152,7 +154,9 @@ class _ReduceFromGroup(torch.autograd.Function):
 
 def _split(size: int, parts: int, what: str) -> int:
     if size % parts:
-        raise ConfigError(f"{what}={size} does not split over tensor_parallel={parts}: it must be a multiple of {parts}")
+        raise ConfigError(
+            f"{what}={size} does not split over tensor_parallel={parts}: it must be a multiple of {parts}"
+        )
     return size // parts
 
 
@@ -165,7 +169,12 @@ def linear_weight(module: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]
     if isinstance(module, nn.Linear):
         return module.weight, module.bias
     weight = getattr(module, "weight", None)
-    if type(module).__name__ == "Conv1D" and isinstance(weight, torch.Tensor) and weight.ndim == 2 and getattr(module, "nf", None) == weight.shape[1]:
+    if (
+        type(module).__name__ == "Conv1D"
+        and isinstance(weight, torch.Tensor)
+        and weight.ndim == 2
+        and getattr(module, "nf", None) == weight.shape[1]
+    ):
         return weight.t(), getattr(module, "bias", None)
     return None
 
@@ -194,7 +203,9 @@ class ColumnParallelLinear(nn.Module):
         weight, bias = _dense(linear, name, "column")
         block = _split(weight.shape[0], chunks, f"{name or 'the layer'}: out_features / chunks")
         rows = _split(block, group.size, f"{name or 'the layer'}: out_features")
-        index = torch.cat([torch.arange(c * block + group.rank * rows, c * block + (group.rank + 1) * rows) for c in range(chunks)])
+        index = torch.cat(
+            [torch.arange(c * block + group.rank * rows, c * block + (group.rank + 1) * rows) for c in range(chunks)]
+        )
         kept = bias.detach()[index].clone() if bias is not None else None
         split = cls(weight.detach()[index].clone(), kept, group, chunks)
         split.dense_transposed = not isinstance(linear, nn.Linear)
@@ -331,17 +342,23 @@ class VocabParallelEmbedding(nn.Module):
 
     chunks = 1
 
-    def __init__(self, weight: nn.Parameter, first: int, vocab: int, group: TensorGroup, padding_idx: int | None = None) -> None:
+    def __init__(
+        self, weight: nn.Parameter, first: int, vocab: int, group: TensorGroup, padding_idx: int | None = None
+    ) -> None:
         super().__init__()
         self.group, self.first, self.vocab = group, first, vocab
         self.weight = weight
         self.padding_idx = padding_idx
 
     @classmethod
-    def from_dense(cls, embedding: nn.Module, group: TensorGroup, name: str = "", kept: dict[int, nn.Parameter] | None = None) -> VocabParallelEmbedding:
+    def from_dense(
+        cls, embedding: nn.Module, group: TensorGroup, name: str = "", kept: dict[int, nn.Parameter] | None = None
+    ) -> VocabParallelEmbedding:
         """This rank's rows of ``embedding``'s weight (an ``nn.Embedding`` without ``max_norm``)."""
         if not isinstance(embedding, nn.Embedding):
-            raise ConfigError(f"tensor plan {name!r}: 'vocab' cannot split a {type(embedding).__name__}; allowed: {ALLOWED}")
+            raise ConfigError(
+                f"tensor plan {name!r}: 'vocab' cannot split a {type(embedding).__name__}; allowed: {ALLOWED}"
+            )
         if embedding.max_norm is not None or embedding.sparse:
             raise ConfigError(
                 f"tensor plan {name!r}: 'vocab' cannot split an nn.Embedding with max_norm or sparse=True (it renormalises or "
@@ -380,7 +397,9 @@ class VocabParallelHead(ColumnParallelLinear):
     first = 0
 
     @classmethod
-    def from_vocabulary(cls, linear: nn.Module, group: TensorGroup, name: str = "", kept: dict[int, nn.Parameter] | None = None) -> VocabParallelHead:
+    def from_vocabulary(
+        cls, linear: nn.Module, group: TensorGroup, name: str = "", kept: dict[int, nn.Parameter] | None = None
+    ) -> VocabParallelHead:
         """This rank's rows of ``linear``'s weight (and bias); a weight tied to a split embedding stays that one parameter."""
         weight, bias = _dense(linear, name, "vocab")
         first, end = _vocabulary_rows(weight.shape[0], group, name)
@@ -420,7 +439,9 @@ def _dense(module: nn.Module, name: str, style: str) -> tuple[torch.Tensor, torc
     if found is None:
         weight = getattr(module, "weight", None)
         shape = f" (weight {tuple(weight.shape)})" if isinstance(weight, torch.Tensor) else ""
-        raise ConfigError(f"tensor plan {name!r}: {style!r} cannot split a {type(module).__name__}{shape}; allowed: {ALLOWED}")
+        raise ConfigError(
+            f"tensor plan {name!r}: {style!r} cannot split a {type(module).__name__}{shape}; allowed: {ALLOWED}"
+        )
     return found
 
 
@@ -443,7 +464,9 @@ def _split_attention(module: nn.Module, group: TensorGroup, name: str) -> None:
     """Whole heads across ranks: q/k/v projections column-parallel per head, the output projection row-parallel."""
     found = find_attention(module)
     if found is None:
-        raise ConfigError(f"tensor plan {name!r}: 'heads' cannot split a {type(module).__name__}, which is not an attention module; allowed: {ALLOWED}")
+        raise ConfigError(
+            f"tensor plan {name!r}: 'heads' cannot split a {type(module).__name__}, which is not an attention module; allowed: {ALLOWED}"
+        )
     projections, proj, heads, kv_heads = found.projections, found.output, found.heads, found.kv_heads
     first = getattr(module, projections[0])
     what = f"{name!r} ({type(module).__name__}: {heads} query heads, {kv_heads} key/value heads, {projections[0]} weight {tuple(first.weight.shape)})"
@@ -456,12 +479,22 @@ def _split_attention(module: nn.Module, group: TensorGroup, name: str) -> None:
     if len(projections) == 1:
         outputs = linear_weight(first)[0].shape[0]  # type: ignore[index]
         if outputs % (3 * heads) or kv_heads != heads:
-            raise ConfigError(f"tensor plan {what}: a fused projection of {outputs} outputs is not q, k and v of {heads} heads each")
+            raise ConfigError(
+                f"tensor plan {what}: a fused projection of {outputs} outputs is not q, k and v of {heads} heads each"
+            )
         chunks = 3 if found.fused == "blockwise" else 1  # head after head: each rank's heads are one run of rows
-        setattr(module, projections[0], ColumnParallelLinear.from_dense(first, group, chunks=chunks, name=f"{name}.{projections[0]}"))
+        setattr(
+            module,
+            projections[0],
+            ColumnParallelLinear.from_dense(first, group, chunks=chunks, name=f"{name}.{projections[0]}"),
+        )
     else:
         for projection in projections:
-            setattr(module, projection, ColumnParallelLinear.from_dense(getattr(module, projection), group, name=f"{name}.{projection}"))
+            setattr(
+                module,
+                projection,
+                ColumnParallelLinear.from_dense(getattr(module, projection), group, name=f"{name}.{projection}"),
+            )
     if proj is not None:  # else the module returns its heads' context, split: a row-parallel layer after it sums it
         setattr(module, proj, RowParallelLinear.from_dense(getattr(module, proj), group, name=f"{name}.{proj}"))
     for attr in found.counts:
@@ -499,15 +532,21 @@ def parallelize(model: nn.Module, plan: Mapping[str, str], group: TensorGroup) -
         names = [n for n in modules if n and fnmatch.fnmatchcase(n, pattern)]
         if not names:
             linears = [n for n, m in modules.items() if _is_linear(m)]
-            raise ConfigError(f"tensor plan {pattern!r} names no module of the model; its linear layers are {', '.join(linears)}")
+            raise ConfigError(
+                f"tensor plan {pattern!r} names no module of the model; its linear layers are {', '.join(linears)}"
+            )
         for name in names:
             if name in planned:  # named again by a broader glob: once is enough, twice differently is a mistake
                 if planned[name][1] != style:
-                    raise ConfigError(f"tensor plan {pattern!r} gives {name!r} {style!r}, but {planned[name][0]!r} gives it {planned[name][1]!r}")
+                    raise ConfigError(
+                        f"tensor plan {pattern!r} gives {name!r} {style!r}, but {planned[name][0]!r} gives it {planned[name][1]!r}"
+                    )
                 continue
             planned[name] = (pattern, style)
             module = modules[name]
-            if style == "heads" and isinstance(module, nn.MultiheadAttention):  # PyTorch's own: replaced by its heads' part
+            if style == "heads" and isinstance(
+                module, nn.MultiheadAttention
+            ):  # PyTorch's own: replaced by its heads' part
                 replacement: nn.Module = split_multihead_attention(module, group, name)
                 parent_name, _, child = name.rpartition(".")
                 setattr(model.get_submodule(parent_name) if parent_name else model, child, replacement)
@@ -538,7 +577,9 @@ def _without_fused_path(model: nn.Module, planned: Mapping[str, Any]) -> None:
     nothing but that choice; it is turned off, so the layer runs its modules.
     """
     for name, module in model.named_modules():
-        if isinstance(module, nn.TransformerEncoderLayer) and any(p == name or p.startswith(f"{name}.") for p in planned if name):
+        if isinstance(module, nn.TransformerEncoderLayer) and any(
+            p == name or p.startswith(f"{name}.") for p in planned if name
+        ):
             module.activation_relu_or_gelu = False
 
 
@@ -569,7 +610,9 @@ def shard_model(model: nn.Module, plan: Mapping[str, str] | None, comm: Any) -> 
     check_plan(model, plan, size)
     with torch.no_grad():
         for tensor in (*model.parameters(), *model.buffers()):
-            if tensor.is_meta:  # recorded, never built whole: every rank computes the same values (rapydli.parallel.deferred)
+            if (
+                tensor.is_meta
+            ):  # recorded, never built whole: every rank computes the same values (rapydli.parallel.deferred)
                 continue
             host = tensor.detach().cpu().contiguous()
             comm.Bcast(host.numpy(), root=0)

@@ -109,7 +109,13 @@ def check_plan(model: nn.Module, plan: Mapping[str, str], size: int) -> None:
     shadow = meta_copy(model)
     modules = dict(shadow.named_modules())
     _check_ties(shadow, plan)
-    heads = [n for pattern, style in plan.items() if style == "heads" for n in modules if n and fnmatch.fnmatchcase(n, pattern)]
+    heads = [
+        n
+        for pattern, style in plan.items()
+        if style == "heads"
+        for n in modules
+        if n and fnmatch.fnmatchcase(n, pattern)
+    ]
     widths = {n: _width(modules[n]) for n in heads}
     dense_runs = {n: w is not None and _runs(modules[n], w) for n, w in widths.items()}
     call = sample_call(model)
@@ -234,7 +240,12 @@ def plan_for(model: nn.Module, size: int = 2) -> dict[str, str]:
             continue  # inside attention already split by heads
         if all(_divides(modules[c], size, 0) for c in columns) and _divides(modules[row], size, 1):
             exact.update({**{c: "column" for c in columns}, row: "row"})
-    if exact and call is not None and _model_runs(meta_copy(model), call) and not _model_runs(_split_copy(model, exact, size), call):
+    if (
+        exact
+        and call is not None
+        and _model_runs(meta_copy(model), call)
+        and not _model_runs(_split_copy(model, exact, size), call)
+    ):
         # a tensor made for every head outside the attention modules (ALiBi's biases, T5's relative position bias) meets split heads
         exact = {n: style for n, style in exact.items() if n not in attention}
         if exact and not _model_runs(_split_copy(model, exact, size), call):

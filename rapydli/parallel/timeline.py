@@ -95,7 +95,13 @@ def figure_from_events(events: dict[int, dict[str, Any]], replica: int = 0) -> A
         raise ValueError(f"no timeline of replica {replica}: the run was not pipelined or sent no step")
     first = ranks[0]
     labels = [f"rank {e['rank']}" for e in ranks]
-    return figure([e["spans"] for e in ranks], first["schedule"], first["microbatches"], f"step {first['step']}, replica {replica}", labels)
+    return figure(
+        [e["spans"] for e in ranks],
+        first["schedule"],
+        first["microbatches"],
+        f"step {first['step']}, replica {replica}",
+        labels,
+    )
 
 
 def bubble(spans_by_rank: Sequence[Sequence[tuple[str, int, float, float]]]) -> tuple[float, list[float]]:
@@ -140,10 +146,20 @@ def empty_figure() -> Any:
 
     fig = go.Figure()
     for kind, colour in COLOURS.items():
-        fig.add_trace(go.Bar(x=[], base=[], y=[], orientation="h", marker_color=colour, name=kind, width=0.5, hoverinfo="text+x"))
+        fig.add_trace(
+            go.Bar(x=[], base=[], y=[], orientation="h", marker_color=colour, name=kind, width=0.5, hoverinfo="text+x")
+        )
     ideal = {"color": "rgba(0,0,0,0)", "line": {"color": "black", "width": 1}}
-    fig.add_trace(go.Bar(x=[], base=[], y=[], orientation="h", marker=ideal, name="ideal", width=0.8, offset=-0.4, hoverinfo="text+x"))
-    fig.update_layout(barmode="overlay", xaxis_title="ms since the step began", yaxis={"autorange": "reversed", "categoryorder": "array"})
+    fig.add_trace(
+        go.Bar(
+            x=[], base=[], y=[], orientation="h", marker=ideal, name="ideal", width=0.8, offset=-0.4, hoverinfo="text+x"
+        )
+    )
+    fig.update_layout(
+        barmode="overlay",
+        xaxis_title="ms since the step began",
+        yaxis={"autorange": "reversed", "categoryorder": "array"},
+    )
     return fig
 
 
@@ -162,7 +178,9 @@ def fill(
     stages = len(spans_by_rank)
     rows = list(labels) if labels is not None else [f"rank {rank}" for rank in range(stages)]
     origin = min((s for spans in spans_by_rank for _, _, s, _ in spans), default=0.0)
-    bars: dict[str, tuple[list[float], list[float], list[str], list[str]]] = {kind: ([], [], [], []) for kind in (*COLOURS, "ideal")}
+    bars: dict[str, tuple[list[float], list[float], list[str], list[str]]] = {
+        kind: ([], [], [], []) for kind in (*COLOURS, "ideal")
+    }
     for row, spans in zip(rows, spans_by_rank):
         for kind, mb, start, end in spans:
             width, base, ys, text = bars.setdefault(kind, ([], [], [], []))

@@ -67,8 +67,10 @@ from rapydli.errors import ConfigError
 
 #: ``Tensor`` methods that return sizes or Python values, not tensors (a cut never carries one).
 _NOT_TENSOR_METHODS = frozenset({"size", "dim", "numel", "item", "tolist", "stride", "element_size", "is_contiguous"})
-_FIX = ("give the model a pipeline_blocks() method returning its (name, module) blocks in forward order, "
-        "or build it as an nn.Sequential")  # fmt: skip
+_FIX = (
+    "give the model a pipeline_blocks() method returning its (name, module) blocks in forward order, "
+    "or build it as an nn.Sequential"
+)
 
 
 class _BlockTracer(fx.Tracer):
@@ -79,7 +81,11 @@ class _BlockTracer(fx.Tracer):
         self.whole = whole
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
-        return id(m) in self.whole or any(True for _ in m.parameters(recurse=False)) or super().is_leaf_module(m, module_qualified_name)
+        return (
+            id(m) in self.whole
+            or any(True for _ in m.parameters(recurse=False))
+            or super().is_leaf_module(m, module_qualified_name)
+        )
 
     def to_bool(self, obj: fx.Proxy) -> bool:
         """An ``assert`` on a traced value is kept as a check (``torch._assert``); any other branch cannot be traced."""
@@ -88,7 +94,11 @@ class _BlockTracer(fx.Tracer):
         if caller is not None and _asserting(caller):
             self.create_proxy("call_function", torch._assert, (obj, f"assert in {caller.f_code.co_name}"), {})
             return True
-        where = f" ({caller.f_code.co_filename}:{caller.f_lineno}, in {caller.f_code.co_name})" if caller is not None else ""
+        where = (
+            f" ({caller.f_code.co_filename}:{caller.f_lineno}, in {caller.f_code.co_name})"
+            if caller is not None
+            else ""
+        )
         raise fx.proxy.TraceError(f"forward branches on a tensor's value{where}")
 
     def create_arg(self, a: Any) -> Any:
@@ -104,7 +114,9 @@ def _asserting(frame: Any) -> bool:
     for index, instruction in enumerate(instructions[:-1]):
         if instruction.offset == frame.f_lasti:
             after = instructions[index + 1]
-            return "JUMP" in instruction.opname and (after.opname == "LOAD_ASSERTION_ERROR" or after.argval == "AssertionError")
+            return "JUMP" in instruction.opname and (
+                after.opname == "LOAD_ASSERTION_ERROR" or after.argval == "AssertionError"
+            )
     return False
 
 
@@ -152,14 +164,18 @@ def trace(model: nn.Module, targets: str | None = None) -> fx.Graph:
         if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
             continue
         if parameter.default is parameter.empty:
-            raise ConfigError(f"{type(model).__name__}.forward needs {parameter.name!r} besides its input, which a pipeline cannot "
-                              f"pass to its first stage: {_FIX}")  # fmt: skip
+            raise ConfigError(
+                f"{type(model).__name__}.forward needs {parameter.name!r} besides its input, which a pipeline cannot "
+                f"pass to its first stage: {_FIX}"
+            )
         concrete[parameter.name] = parameter.default
     try:
         graph = _BlockTracer(_kept_whole(model)).trace(model, concrete_args=concrete)
     except Exception as exc:  # noqa: BLE001 - whatever stops the tracer is said, with the fix
         raise ConfigError(_untraceable(model, exc)) from exc
-    for node in list(graph.nodes):  # the checks that the defaults kept their value: the stages never get those arguments
+    for node in list(
+        graph.nodes
+    ):  # the checks that the defaults kept their value: the stages never get those arguments
         if node.op == "call_function" and getattr(node.target, "__name__", "") == "_assert_is_none":
             graph.erase_node(node)
     return graph
@@ -185,7 +201,9 @@ def _is_tensor(node: fx.Node) -> bool:
 
 #: Blocks already traced, by model, then by (targets, the ids of its modules): a model split in place (tensor
 #: parallelism swaps its layers) has other modules and is traced again; the blocks hold the old ones, so no id is reused.
-_traced: weakref.WeakKeyDictionary[nn.Module, dict[tuple[Any, ...], list[tuple[str, nn.Module]] | ConfigError]] = weakref.WeakKeyDictionary()
+_traced: weakref.WeakKeyDictionary[nn.Module, dict[tuple[Any, ...], list[tuple[str, nn.Module]] | ConfigError]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def traced_blocks(model: nn.Module, targets: str | None = None) -> list[tuple[str, nn.Module]]:
@@ -211,17 +229,25 @@ def traced_blocks(model: nn.Module, targets: str | None = None) -> list[tuple[st
 def _traced_blocks(model: nn.Module, targets: str | None) -> list[tuple[str, nn.Module]]:
     graph = trace(model, targets)
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
-    source, target_node = placeholders[0], next((n for n in placeholders if n.target == targets), None) if targets else None
+    source, target_node = (
+        placeholders[0],
+        next((n for n in placeholders if n.target == targets), None) if targets else None,
+    )
     body = [n for n in graph.nodes if n.op not in ("placeholder", "output")]
     output = next(n for n in graph.nodes if n.op == "output")
     position = {n: i for i, n in enumerate(body)}
     position[output] = len(body)
     last_use = {n: max((position[u] for u in n.users), default=-1) for n in [*placeholders, *body]}
+
     def trains(nodes: list[fx.Node]) -> bool:  # calls a module that holds parameters
-        return any(n.op == "call_module" and any(True for _ in model.get_submodule(str(n.target)).parameters()) for n in nodes)
+        return any(
+            n.op == "call_module" and any(True for _ in model.get_submodule(str(n.target)).parameters()) for n in nodes
+        )
 
     valid = [i for i in range(1, len(body)) if _one_tensor_flows(source, body, i, last_use)]
-    cuts = [0]  # body indices where a block begins: right before a module with parameters, as late as one tensor alone flows
+    cuts = [
+        0
+    ]  # body indices where a block begins: right before a module with parameters, as late as one tensor alone flows
     for j, node in enumerate(body):
         if j and trains([node]):
             late = [i for i in valid if cuts[-1] < i <= j and trains(body[cuts[-1] : i])]
@@ -230,22 +256,33 @@ def _traced_blocks(model: nn.Module, targets: str | None) -> list[tuple[str, nn.
     while len(cuts) > 1 and not trains(body[cuts[-1] :]):
         cuts.pop()  # what follows the last module with parameters (the loss, the output's wrapping) ends the last block
     if len(cuts) == 1:
-        raise ConfigError(f"{type(model).__name__}'s forward, traced, has no point where one tensor alone flows from one module to the "
-                          "next (the input is used again at the end, or several tensors flow between its layers), so it cannot be "
-                          f"cut into pipeline stages: {_FIX}")  # fmt: skip
+        raise ConfigError(
+            f"{type(model).__name__}'s forward, traced, has no point where one tensor alone flows from one module to the "
+            "next (the input is used again at the end, or several tensors flow between its layers), so it cannot be "
+            f"cut into pipeline stages: {_FIX}"
+        )
     segments = [body[a:b] for a, b in zip(cuts, [*cuts[1:], len(body)])]
     if target_node is not None:
         early = [u for u in target_node.users if u is not output and position[u] < cuts[-1]]
         if early:
-            raise ConfigError(f"{type(model).__name__}.forward reads {targets!r} before its last block ({early[0].format_node()}), "
-                              f"where a pipeline's first stages never see the targets: pass loss_fn=fn to rd.train, or {_FIX}")  # fmt: skip
+            raise ConfigError(
+                f"{type(model).__name__}.forward reads {targets!r} before its last block ({early[0].format_node()}), "
+                f"where a pipeline's first stages never see the targets: pass loss_fn=fn to rd.train, or {_FIX}"
+            )
     blocks: list[tuple[str, nn.Module]] = []
     names: set[str] = set()
     for index, segment in enumerate(segments):
         incoming = source if index == 0 else _crossing(source, body, cuts[index], last_use)[0]
-        block = _block(model, segment, incoming, target_node if index == len(segments) - 1 else None,
-                       output if index == len(segments) - 1 else None, segments[index + 1] if index + 1 < len(segments) else None,
-                       last_use, position)  # fmt: skip
+        block = _block(
+            model,
+            segment,
+            incoming,
+            target_node if index == len(segments) - 1 else None,
+            output if index == len(segments) - 1 else None,
+            segments[index + 1] if index + 1 < len(segments) else None,
+            last_use,
+            position,
+        )
         name = _name(segment, index)
         while name in names:
             name += "'"
@@ -270,8 +307,16 @@ def _name(segment: list[fx.Node], index: int) -> str:
     return str(called.target) if called is not None else f"block{index}"
 
 
-def _block(model: nn.Module, segment: list[fx.Node], incoming: fx.Node, target_node: fx.Node | None, output: fx.Node | None,
-           following: list[fx.Node] | None, last_use: dict[fx.Node, int], position: dict[fx.Node, int]) -> nn.Module:  # fmt: skip
+def _block(
+    model: nn.Module,
+    segment: list[fx.Node],
+    incoming: fx.Node,
+    target_node: fx.Node | None,
+    output: fx.Node | None,
+    following: list[fx.Node] | None,
+    last_use: dict[fx.Node, int],
+    position: dict[fx.Node, int],
+) -> nn.Module:
     """One segment as an ``fx.GraphModule`` sharing ``model``'s modules: ``x -> next x`` (the last: ``(x[, targets]) -> outputs``)."""
     graph = fx.Graph()
     env: dict[fx.Node, fx.Node] = {incoming: graph.placeholder("x")}
@@ -324,13 +369,21 @@ def check_faithful(model: nn.Module, inputs: Any, labels: Any = None, targets: s
                 problem = f"output {index} is a {type(b).__name__} where forward returns a {type(a).__name__}"
             elif isinstance(a, torch.Tensor) and a.shape != b.shape:
                 problem = f"output {index} has shape {tuple(b.shape)} where forward's has {tuple(a.shape)}"
-            elif isinstance(a, torch.Tensor) and not a.is_meta and not torch.allclose(a.float(), b.float(), rtol=1e-5, atol=1e-6, equal_nan=True):
-                problem = f"output {index} differs from forward's by up to {float((a.float() - b.float()).abs().max()):.3g}"
+            elif (
+                isinstance(a, torch.Tensor)
+                and not a.is_meta
+                and not torch.allclose(a.float(), b.float(), rtol=1e-5, atol=1e-6, equal_nan=True)
+            ):
+                problem = (
+                    f"output {index} differs from forward's by up to {float((a.float() - b.float()).abs().max()):.3g}"
+                )
             if problem is not None:
                 break
     if problem is not None:
-        raise ConfigError(f"{type(model).__name__}'s blocks, read by tracing its forward, do not compute what its forward computes: "
-                          f"{problem} (a branch the tracer cannot follow, such as an isinstance test on a tensor). {_FIX[0].upper()}{_FIX[1:]}")  # fmt: skip
+        raise ConfigError(
+            f"{type(model).__name__}'s blocks, read by tracing its forward, do not compute what its forward computes: "
+            f"{problem} (a branch the tracer cannot follow, such as an isinstance test on a tensor). {_FIX[0].upper()}{_FIX[1:]}"
+        )
 
 
 def leaves(value: Any) -> tuple[list[Any], str]:
@@ -341,7 +394,9 @@ def leaves(value: Any) -> tuple[list[Any], str]:
     """
     if isinstance(value, Mapping):
         parts = [(k, leaves(v)) for k, v in value.items()]
-        return [x for _, (xs, _) in parts for x in xs], f"{type(value).__name__}({', '.join(f'{k}={d}' for k, (_, d) in parts)})"
+        return [
+            x for _, (xs, _) in parts for x in xs
+        ], f"{type(value).__name__}({', '.join(f'{k}={d}' for k, (_, d) in parts)})"
     if isinstance(value, tuple | list):
         items = [leaves(v) for v in value]
         return [x for xs, _ in items for x in xs], f"{type(value).__name__}({', '.join(d for _, d in items)})"

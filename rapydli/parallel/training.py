@@ -87,7 +87,13 @@ class PipelineTraining:
     """
 
     def __init__(
-        self, model: nn.Module, config: Any, world: Any, train_data: Dataset, objective: Objective, bounds: list[int] | None = None
+        self,
+        model: nn.Module,
+        config: Any,
+        world: Any,
+        train_data: Dataset,
+        objective: Objective,
+        bounds: list[int] | None = None,
     ) -> None:
         targets = objective.target_parameter  # a traced model's own loss: its last block takes the targets by this name
         check_batch_norm(model, config.pipeline_stages, config.microbatches)
@@ -95,13 +101,18 @@ class PipelineTraining:
         self.grid = ProcessGrid.create(world, config.pipeline_stages, config.tensor_parallel)
         sample = labels = None
         # "auto" measures the blocks on a sample; a traced model's blocks are checked against its forward on one
-        if world.Get_rank() == 0 and (config.pipeline_split.strip() == "auto" or not split.lists_blocks(model)) and bounds is None:
+        if (
+            world.Get_rank() == 0
+            and (config.pipeline_split.strip() == "auto" or not split.lists_blocks(model))
+            and bounds is None
+        ):
             count = min(len(train_data), config.batch_size)  # type: ignore[arg-type]
             device = next(model.parameters()).device
             sample, labels = (part.to(device) for part in default_collate([train_data[i] for i in range(count)])[:2])
         # a resumed "auto" run keeps the split its checkpoint was written with
-        self.bounds = bounds or split.decide(model, split_names(config.pipeline_split), config.pipeline_stages, sample, world,
-                                             labels, targets)  # fmt: skip
+        self.bounds = bounds or split.decide(
+            model, split_names(config.pipeline_split), config.pipeline_stages, sample, world, labels, targets
+        )
         # parameters several stages hold (tied embeddings) stay one parameter, or the run is refused here, before training
         self.shared = find_shared(model, self.bounds)
         plan = None
@@ -114,7 +125,9 @@ class PipelineTraining:
             from rapydli.parallel.tensor import shard_model
 
             shard_model(model, plan, self.grid.tensor)
-            self.shared = find_shared(model, self.bounds)  # a tied weight split by vocabulary rows is the new (split) parameter
+            self.shared = find_shared(
+                model, self.bounds
+            )  # a tied weight split by vocabulary rows is the new (split) parameter
         self.module, self.names = split.stage_module(model, self.bounds, self.grid.stage, targets)
         self.shared_gradients = SharedGradients(self.shared, self.module, self.grid.pipeline)
         self.shared_gradients.broadcast()
@@ -188,7 +201,9 @@ class PipelineTraining:
         return self.executor.train_step(inputs, targets, scale)
 
     @torch.no_grad()
-    def evaluate(self, val_data: Dataset, batch_size: int, device: torch.device, metrics: Sequence[MetricFn] = ()) -> torch.Tensor:
+    def evaluate(
+        self, val_data: Dataset, batch_size: int, device: torch.device, metrics: Sequence[MetricFn] = ()
+    ) -> torch.Tensor:
         """``[loss sum, targets]`` and each metric's ``(sum, count)`` over ``val_data``, summed over every rank (collective).
 
         Each replica's last stage measures its shard of ``val_data``; the other stages add zeros.

@@ -15,7 +15,9 @@ from torch import nn
 from rapydli.parallel.tensor import ROW_BLOCKS, RowParallelLinear, linear_weight
 
 
-def dense_slice(dense: torch.Tensor, dense_module: nn.Module, module: nn.Module, name: str, local: torch.Tensor, tensor_rank: int) -> torch.Tensor:
+def dense_slice(
+    dense: torch.Tensor, dense_module: nn.Module, module: nn.Module, name: str, local: torch.Tensor, tensor_rank: int
+) -> torch.Tensor:
     """The part of the one-process parameter ``dense`` that ``local`` (parameter ``name`` of ``module`` on tensor rank ``tensor_rank``) holds.
 
     ``dense_module`` is the one-process module that owns ``dense`` (a ``Conv1D`` weight is
@@ -27,7 +29,12 @@ def dense_slice(dense: torch.Tensor, dense_module: nn.Module, module: nn.Module,
         dense = dense.t()
     if isinstance(module, ROW_BLOCKS):
         rows, block = local.shape[0] // module.chunks, dense.shape[0] // module.chunks
-        index = torch.cat([torch.arange(c * block + tensor_rank * rows, c * block + (tensor_rank + 1) * rows) for c in range(module.chunks)])
+        index = torch.cat(
+            [
+                torch.arange(c * block + tensor_rank * rows, c * block + (tensor_rank + 1) * rows)
+                for c in range(module.chunks)
+            ]
+        )
         return dense[index]
     if name == "weight":
         columns = local.shape[1]
@@ -43,7 +50,9 @@ def _owners(model: nn.Module) -> dict[str, tuple[nn.Module, str]]:
     return owners
 
 
-def differences(model: nn.Module, held: nn.Module, reference: nn.Module, tensor_rank: int = 0) -> dict[str, tuple[float, float]]:
+def differences(
+    model: nn.Module, held: nn.Module, reference: nn.Module, tensor_rank: int = 0
+) -> dict[str, tuple[float, float]]:
     """``{name: (largest |difference|, largest |one-process value|)}`` over the parameters and buffers this rank holds.
 
     A buffer (BatchNorm's running statistics, a rotary table) is compared whole; one a
@@ -77,7 +86,12 @@ def differences(model: nn.Module, held: nn.Module, reference: nn.Module, tensor_
     buffers = dict(model.named_buffers())
     for name, dense_buffer in reference.named_buffers():
         local = buffers.get(name)
-        if local is None or id(local) not in mine_buffers or local.shape != dense_buffer.shape or not dense_buffer.is_floating_point():
+        if (
+            local is None
+            or id(local) not in mine_buffers
+            or local.shape != dense_buffer.shape
+            or not dense_buffer.is_floating_point()
+        ):
             continue
         difference = float((dense_buffer.double() - local.double()).abs().max()) if local.numel() else 0.0
         out[name] = (difference, float(dense_buffer.abs().max()) if dense_buffer.numel() else 0.0)

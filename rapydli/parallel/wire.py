@@ -41,7 +41,10 @@ def isend(comm: Any, payload: Any, dest: int, kind: str, microbatch: int) -> lis
     items = payload if isinstance(payload, tuple) else (payload,)
     header = (
         isinstance(payload, tuple),
-        [None if t is None else (str(t.dtype).removeprefix("torch."), tuple(t.shape), bool(t.requires_grad)) for t in items],
+        [
+            None if t is None else (str(t.dtype).removeprefix("torch."), tuple(t.shape), bool(t.requires_grad))
+            for t in items
+        ],
     )
     pending = [(comm.isend(header, dest=dest, tag=tag(kind, microbatch, False)), header)]
     for t in items:

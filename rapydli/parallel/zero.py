@@ -91,7 +91,9 @@ class _Bucket:
         offset = 0
         with torch.no_grad():
             for p in params:
-                self.values[offset : offset + p.numel()].copy_(deferred.value(p).reshape(-1))  # a model never built whole: made now
+                self.values[offset : offset + p.numel()].copy_(
+                    deferred.value(p).reshape(-1)
+                )  # a model never built whole: made now
                 if deferred.is_lazy(p):
                     p.data = self.values[offset : offset + p.numel()].view(p.shape)
                     deferred.forget(p)
@@ -186,8 +188,15 @@ class ShardedOptimizer:
         Stage 2: the :class:`~rapydli.comm.synchronizer.SyncStats` of the last :meth:`wait`.
     """
 
-    def __init__(self, params: Iterable[nn.Parameter], build: Callable[[list[nn.Parameter]], torch.optim.Optimizer], comm: Any,
-                 stage: int = 1, bucket_mb: float = 25.0, offload: bool = False) -> None:  # fmt: skip
+    def __init__(
+        self,
+        params: Iterable[nn.Parameter],
+        build: Callable[[list[nn.Parameter]], torch.optim.Optimizer],
+        comm: Any,
+        stage: int = 1,
+        bucket_mb: float = 25.0,
+        offload: bool = False,
+    ) -> None:
         if stage not in (_ALL_STAGES if type(self) is not ShardedOptimizer else STAGES):
             raise ConfigError(f"zero={stage!r} is invalid: one of {', '.join(map(str, STAGES))}")
         self.comm, self.stage = comm, stage
@@ -214,12 +223,18 @@ class ShardedOptimizer:
             from rapydli.comm import Communicator
 
             self._communicator = Communicator(comm, algorithm="mpi")
-            for bucket in self.buckets:  # grad_shard: made by the step's first reduce-scatter of the bucket, dropped by zero_grad
-                self._hooks += [p.register_post_accumulate_grad_hook(self._hook(bucket, i)) for i, p in enumerate(bucket.params)]
+            for bucket in (
+                self.buckets
+            ):  # grad_shard: made by the step's first reduce-scatter of the bucket, dropped by zero_grad
+                self._hooks += [
+                    p.register_post_accumulate_grad_hook(self._hook(bucket, i)) for i, p in enumerate(bucket.params)
+                ]
         self._pending: list[tuple[_Bucket, Any]] = []
         self._next = 0  # the bucket to reduce-scatter next in this backward
         self._queued = False  # the end-of-backward callback is queued
-        self._handles: list[tuple[Any, int]] = []  # finished reduce-scatters since the last wait(), with their input bytes
+        self._handles: list[
+            tuple[Any, int]
+        ] = []  # finished reduce-scatters since the last wait(), with their input bytes
         self._waited = 0.0
         self._in_flight_bytes = 0
         self.peak_gradient_buffer_bytes = 0  # stage 2: the most bytes of whole buckets alive at once
@@ -246,7 +261,9 @@ class ShardedOptimizer:
             param.grad = None
             if bucket.grads is not None:
                 bucket.grads[bucket.offsets[i] : bucket.offsets[i] + param.numel()].add_(grad.reshape(-1))
-            elif _adoptable(bucket, grad):  # the bucket is this one gradient: reduce-scattered as autograd made it, no copy
+            elif _adoptable(
+                bucket, grad
+            ):  # the bucket is this one gradient: reduce-scattered as autograd made it, no copy
                 self._count_in_flight(bucket)
                 bucket.grads = grad.detach().reshape(-1)
             else:
@@ -297,7 +314,9 @@ class ShardedOptimizer:
         else:
             bucket.grad_shard.add_(out)
         self._in_flight_bytes -= _nbytes(bucket)
-        self._handles.append((handle.timing(), _nbytes(bucket)))  # its times: holding its output would keep every bucket's
+        self._handles.append(
+            (handle.timing(), _nbytes(bucket))
+        )  # its times: holding its output would keep every bucket's
 
     def _end_of_backward(self) -> None:
         while self._next < len(self.buckets):
@@ -317,7 +336,11 @@ class ShardedOptimizer:
             self._finish_oldest()
         handles = [h for h, _ in self._handles]
         comm_time = sum(h.duration for h in handles)
-        hidden = sum(max(0.0, min(h.finished, called) - h.started) for h in handles if h.started is not None and h.finished is not None)
+        hidden = sum(
+            max(0.0, min(h.finished, called) - h.started)
+            for h in handles
+            if h.started is not None and h.finished is not None
+        )
         self.stats = SyncStats(
             step=self.stats.step + 1,
             comm_time=comm_time,
@@ -445,8 +468,13 @@ class ShardedOptimizer:
 
     def state_dict(self) -> dict[str, Any]:
         """This rank's shard of the optimizer state, with the layout it belongs to (a sharded checkpoint)."""
-        return {"zero": self.stage, "world_size": self.size, "rank": self.rank, "numel": self._layout(),
-                "optimizer": self.optimizer.state_dict()}  # fmt: skip
+        return {
+            "zero": self.stage,
+            "world_size": self.size,
+            "rank": self.rank,
+            "numel": self._layout(),
+            "optimizer": self.optimizer.state_dict(),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Load a shard written by :meth:`state_dict` by the same rank of the same layout (refused otherwise)."""
@@ -457,7 +485,9 @@ class ShardedOptimizer:
                 "checkpoint on the same number of ranks and the same model"
             )
         if state["rank"] != self.rank:
-            raise ConfigError(f"this optimizer shard belongs to data-parallel rank {state['rank']}, not to rank {self.rank}: each rank loads its own")
+            raise ConfigError(
+                f"this optimizer shard belongs to data-parallel rank {state['rank']}, not to rank {self.rank}: each rank loads its own"
+            )
         self.optimizer.load_state_dict(state["optimizer"])
 
     def _layout(self) -> list[int]:

@@ -93,7 +93,9 @@ class _Shard(_Bucket):
         low = rank * self.shard
         assert self.values is not None
         self.local = self.values[low : low + self.shard].clone()
-        self.owned = [nn.Parameter(self.local[self.offsets[i] + a - low : self.offsets[i] + b - low]) for i, a, b in self.pieces]
+        self.owned = [
+            nn.Parameter(self.local[self.offsets[i] + a - low : self.offsets[i] + b - low]) for i, a, b in self.pieces
+        ]
         self.placeholder = torch.full((1,), float("nan"), dtype=self.dtype, device=self.device)
         #: the whole bucket's buffer, gathered into again each time: its storage is emptied when the bucket is freed, so the
         #: weights autograd saved in forward (views of it) hold no memory until backward gathers the same storage again
@@ -132,7 +134,9 @@ class _Unit:
         self.buckets: list[_Shard] = []
         self.gathered = False
         self.users = 0  # forward calls under way that need it
-        self.pending: list[tuple[_Shard, Any, torch.Tensor, torch.Tensor]] = []  # a prefetch: (bucket, request, whole, host)
+        self.pending: list[
+            tuple[_Shard, Any, torch.Tensor, torch.Tensor]
+        ] = []  # a prefetch: (bucket, request, whole, host)
         self.got = 0  # its parameters with a gradient in this backward
         self.done = False  # every parameter has its gradient in this backward
 
@@ -166,8 +170,14 @@ class FullyShardedOptimizer(ShardedOptimizer):
         The most bytes of whole (gathered) buckets held at once so far.
     """
 
-    def __init__(self, model: nn.Module, build: Callable[[list[nn.Parameter]], torch.optim.Optimizer], comm: Any,
-                 bucket_mb: float = 25.0, offload: bool = False) -> None:  # fmt: skip
+    def __init__(
+        self,
+        model: nn.Module,
+        build: Callable[[list[nn.Parameter]], torch.optim.Optimizer],
+        comm: Any,
+        bucket_mb: float = 25.0,
+        offload: bool = False,
+    ) -> None:
         self.model = model
         self.units: list[_Unit] = []
         self._needs: dict[int, list[_Unit]] = {}  # id(module) -> the units its forward uses
@@ -219,7 +229,9 @@ class FullyShardedOptimizer(ShardedOptimizer):
                 mine = sorted((p for p in group["params"] if id(p) in members), key=lambda p: order[id(p)])
                 for part in _apart_from_the_largest(mine):
                     for cut in _groups(part, bucket_mb):  # in backward order: each cut back in the parameters' order
-                        unit.buckets.append(_Shard(sorted(cut, key=lambda p: order[id(p)]), self.size, self.rank, index, unit))
+                        unit.buckets.append(
+                            _Shard(sorted(cut, key=lambda p: order[id(p)]), self.size, self.rank, index, unit)
+                        )
                         buckets.append(unit.buckets[-1])
         buckets.sort(key=lambda b: -min(order[id(p)] for p in b.params))
         return buckets
@@ -244,7 +256,9 @@ class FullyShardedOptimizer(ShardedOptimizer):
             self._start(unit)
         for bucket, request, whole, host in unit.pending:
             request.Wait()
-            if host is not whole:  # a storage copy: the saved views' version counter must not move (autograd would refuse them)
+            if (
+                host is not whole
+            ):  # a storage copy: the saved views' version counter must not move (autograd would refuse them)
                 whole.untyped_storage().copy_(host.untyped_storage())
             bucket.values = whole
             bucket.attach()
@@ -378,7 +392,9 @@ class FullyShardedOptimizer(ShardedOptimizer):
     def step(self) -> None:
         """Update this rank's slices (see :meth:`ShardedOptimizer.step`); nothing is gathered after it."""
         if self._whole:
-            raise RuntimeError("this ZeRO-3 optimizer was unsharded (unshard()): the model is whole and no longer trained in slices")
+            raise RuntimeError(
+                "this ZeRO-3 optimizer was unsharded (unshard()): the model is whole and no longer trained in slices"
+            )
         super().step()
         self._checking = False
 
@@ -419,7 +435,11 @@ class FullyShardedOptimizer(ShardedOptimizer):
         """
         sharded = self.sharded_ids()
         local = sum(b.local.numel() * b.local.element_size() for b in self.buckets)  # type: ignore[attr-defined]
-        return local + self.peak_gathered_bytes + sum(p.numel() * p.element_size() for p in self.model.parameters() if id(p) not in sharded)
+        return (
+            local
+            + self.peak_gathered_bytes
+            + sum(p.numel() * p.element_size() for p in self.model.parameters() if id(p) not in sharded)
+        )
 
     def close(self) -> None:
         """Remove the hooks, stop the communication thread, release the gathers' communicator.

@@ -40,7 +40,9 @@ class LaunchersHandler(BaseHandler):
                     {
                         "name": spec.name,
                         "description": spec.description,
-                        "options": {key: {"type": opt.kind.__name__, "help": opt.help} for key, opt in spec.options.items()},
+                        "options": {
+                            key: {"type": opt.kind.__name__, "help": opt.help} for key, opt in spec.options.items()
+                        },
                         "form": list(spec.form),
                     }
                     for spec in map(get_launcher, LAUNCHERS)

@@ -119,7 +119,9 @@ class ClusterManager:
         entry = ManagedCluster(id=new_cluster_id(), n=n, launcher=launcher, options=dict(options))
         with self._lock:
             self._clusters[entry.id] = entry
-        entry.thread = threading.Thread(target=self._start, args=(entry,), name=f"rapydli-start-{entry.id}", daemon=True)
+        entry.thread = threading.Thread(
+            target=self._start, args=(entry,), name=f"rapydli-start-{entry.id}", daemon=True
+        )
         entry.thread.start()
         return entry.describe()
 
@@ -206,7 +208,11 @@ class ClusterManager:
         with self._lock:
             for entry in self._clusters.values():
                 entry.listed = entry.listed or entry.id in running_ids
-            gone = [e for e in self._clusters.values() if e.listed and e.state in ("running", "degraded") and e.id not in running_ids]
+            gone = [
+                e
+                for e in self._clusters.values()
+                if e.listed and e.state in ("running", "degraded") and e.id not in running_ids
+            ]
             for entry in gone:
                 del self._clusters[entry.id]
         for entry in gone:
@@ -238,20 +244,31 @@ class ClusterManager:
             entry = self._clusters.get(cluster_id)
         if entry is not None:
             if entry.state not in ("running", "degraded") or entry.cluster is None:
-                raise ClusterError(f"cluster {cluster_id} is {entry.state}: only a running cluster's engines can be asked")
+                raise ClusterError(
+                    f"cluster {cluster_id} is {entry.state}: only a running cluster's engines can be asked"
+                )
             found = entry.cluster.where()
         else:
             other = self._other(cluster_id)
             if other["origin"] == "kernel":
-                raise ClusterError(f"cluster {cluster_id} is held by a kernel: run `%rapydli where` (or cluster.where()) in that notebook")
+                raise ClusterError(
+                    f"cluster {cluster_id} is held by a kernel: run `%rapydli where` (or cluster.where()) in that notebook"
+                )
             from rapydli.cluster import Cluster
 
             record = next((r for r in Cluster.detached() if r["id"] == cluster_id), None)
             if record is None:
                 raise NotFoundError(f"no record of cluster {cluster_id!r} (it is not running detached)")
             found = where_of_record(record)
-        ranks = [{"rank": rank, "host": stacks.host, "where": "" if stacks.error else found.describe(rank), "error": stacks.error or None}
-                 for rank, stacks in found.ranks.items()]  # fmt: skip
+        ranks = [
+            {
+                "rank": rank,
+                "host": stacks.host,
+                "where": "" if stacks.error else found.describe(rank),
+                "error": stacks.error or None,
+            }
+            for rank, stacks in found.ranks.items()
+        ]
         return {"id": cluster_id, "text": found.text(), "ranks": ranks}
 
     def _other(self, cluster_id: str) -> dict[str, Any]:
@@ -295,7 +312,9 @@ class ClusterManager:
     def _restart_other(self, cluster_id: str) -> dict[str, Any]:
         found = self._other(cluster_id)
         if found["origin"] == "kernel":
-            raise ClusterError(f"cluster {cluster_id!r} is held by a kernel or script; restart it there (cluster.restart())")
+            raise ClusterError(
+                f"cluster {cluster_id!r} is held by a kernel or script; restart it there (cluster.restart())"
+            )
         pending = self._begin_other(found, "restarting")
 
         def restart() -> None:

@@ -50,7 +50,14 @@ class RunsHandler(BaseHandler):
         query = parse_run_query(_args(self))
         store = self.store()
         runs, total = store.list_runs(kind=query.kind, status=query.status, limit=query.limit, offset=query.offset)
-        self.reply({"runs": [_summary(store, run) for run in runs], "total": total, "limit": query.limit, "offset": query.offset})
+        self.reply(
+            {
+                "runs": [_summary(store, run) for run in runs],
+                "total": total,
+                "limit": query.limit,
+                "offset": query.offset,
+            }
+        )
 
 
 class FamiliesHandler(BaseHandler):
@@ -60,9 +67,16 @@ class FamiliesHandler(BaseHandler):
     async def get(self) -> None:
         q = parse_family_query(_args(self))
         families, total = self.store().families(
-            kind=q.kind, status=q.status, text=q.text, tag=q.tag, sort=q.sort, descending=q.descending,
-            limit=q.limit, offset=q.offset, max_children=MAX_CHILDREN,
-        )  # fmt: skip
+            kind=q.kind,
+            status=q.status,
+            text=q.text,
+            tag=q.tag,
+            sort=q.sort,
+            descending=q.descending,
+            limit=q.limit,
+            offset=q.offset,
+            max_children=MAX_CHILDREN,
+        )
         store = self.store()
         for family in families:
             for child in family["children"]:
@@ -172,7 +186,9 @@ class CompareHandler(BaseHandler):
             run["tags"] = store.tags(run["id"])
             by_name: dict[str, list[dict[str, Any]]] = {}
             for row in store.metrics(run["id"]):
-                by_name.setdefault(row["name"], []).append({"step": row["step"], "time": row["time"] - run["started"], "value": row["value"]})
+                by_name.setdefault(row["name"], []).append(
+                    {"step": row["step"], "time": row["time"] - run["started"], "value": row["value"]}
+                )
             curves[run["id"]] = {name: _thin(rows, MAX_COMPARE_POINTS) for name, rows in by_name.items()}
         result["curves"] = curves
         self.reply(result)
@@ -197,7 +213,9 @@ def _trial(store: Any, trial: dict[str, Any], metric: str | None) -> dict[str, A
     trial["sampled"] = params["params"] if isinstance(params.get("params"), dict) else params
     trial.update(_trial_state(store.records(trial["id"]), trial["status"]))
     trial["value"] = trial["final"].get(metric) if metric else None
-    trial["intermediate"] = [[r["step"], r["value"]] for r in store.metrics(trial["id"]) if r["name"] == metric] if metric else []
+    trial["intermediate"] = (
+        [[r["step"], r["value"]] for r in store.metrics(trial["id"]) if r["name"] == metric] if metric else []
+    )
     return trial
 
 
@@ -240,7 +258,9 @@ class BatchHandler(BaseHandler):
         store = self.store()
         batch = store.get_run(check_id(batch_id, "batch id"))
         if batch["kind"] != "batch" or batch["parent"] is not None:
-            raise NotFoundError(f"run {batch_id!r} is not a batch (a {batch['kind']} run{' inside another' if batch['parent'] else ''})")
+            raise NotFoundError(
+                f"run {batch_id!r} is not a batch (a {batch['kind']} run{' inside another' if batch['parent'] else ''})"
+            )
         children, _ = store.list_runs(parent=batch_id, limit=MAX_CHILDREN)
         items = []
         for child in reversed(children):

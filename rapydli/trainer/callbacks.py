@@ -50,4 +50,3 @@ def dispatch(callbacks: Sequence[Any], hook: str, metrics: dict[str, Any]) -> No
         method = getattr(callback, hook, None)
         if method is not None:
             method(dict(metrics))
-

@@ -174,7 +174,9 @@ def load(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Read a checkpoint written by :func:`save_atomic`."""
     state = torch.load(Path(path), map_location="cpu", weights_only=False)
     if state.get("format") != FORMAT_VERSION:
-        raise ConfigError(f"{path} is not a RaPyDLI checkpoint of format {FORMAT_VERSION} (found {state.get('format')!r})")
+        raise ConfigError(
+            f"{path} is not a RaPyDLI checkpoint of format {FORMAT_VERSION} (found {state.get('format')!r})"
+        )
     return state
 
 
@@ -239,8 +241,14 @@ class CheckpointManager:
         The :class:`CheckpointWriter` of this rank (its ``spans`` are the writes' times).
     """
 
-    def __init__(self, directory: str | os.PathLike[str] | None, world: Any, whole: Any, layout: dict[str, Any],
-                 coordinates: tuple[int, int, int]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        directory: str | os.PathLike[str] | None,
+        world: Any,
+        whole: Any,
+        layout: dict[str, Any],
+        coordinates: tuple[int, int, int],
+    ) -> None:
         from mpi4py import MPI
 
         self.directory = Path(directory) if directory is not None else None
@@ -249,7 +257,9 @@ class CheckpointManager:
         self.stage, self.tensor_rank, self.replica = coordinates
         self.writer = CheckpointWriter()
         self._background = world.Get_size() == 1 or MPI.Query_thread() >= MPI.THREAD_MULTIPLE
-        self._comm = world.Dup() if self.directory is not None else None  # the writer threads' own: they agree on it while training goes on
+        self._comm = (
+            world.Dup() if self.directory is not None else None
+        )  # the writer threads' own: they agree on it while training goes on
         self._manifest: dict[str, Any] | None = None
 
     # -- writing -------------------------------------------------------------------------
@@ -271,8 +281,13 @@ class CheckpointManager:
         # replica 0 writes its parameters and buffers and, without ZeRO, its optimizer state; with ZeRO every replica its shard;
         # a tensor rank above 0 only what is split (tensor rank 0 writes the tensors every tensor rank holds whole)
         writes_optimizer = self.replica == 0 or self.layout["zero"] > 0
-        found = manifest.entries(self.whole, held, optimizer if writes_optimizer else None, model=self.replica == 0,
-                                 split_only=self.tensor_rank > 0)  # fmt: skip
+        found = manifest.entries(
+            self.whole,
+            held,
+            optimizer if writes_optimizer else None,
+            model=self.replica == 0,
+            split_only=self.tensor_rank > 0,
+        )
         name = part_name(self.stage, self.tensor_rank, self.replica, step) if found else ""
         keys = [(e.name, e.field) for e in found]
         rng = self.world.gather(rng_state(), root=0)
@@ -300,9 +315,14 @@ class CheckpointManager:
                     errors.append(f"rank 0: {type(exc).__name__}: {exc}")
             errors = comm.bcast(errors, root=0)
             if errors:
-                raise RuntimeError(f"checkpoint of step {step} not written (the previous one in {directory} stays): " + "; ".join(errors))
+                raise RuntimeError(
+                    f"checkpoint of step {step} not written (the previous one in {directory} stays): "
+                    + "; ".join(errors)
+                )
             prefix = f"part-s{self.stage}-t{self.tensor_rank}-d{self.replica}-step"
-            for old in directory.glob(f"{prefix}*.pt"):  # the manifest names the new parts: this rank's older ones can go
+            for old in directory.glob(
+                f"{prefix}*.pt"
+            ):  # the manifest names the new parts: this rank's older ones can go
                 older = old.name[len(prefix) : -len(".pt")]
                 if old.name != name and older.isdigit() and int(older) < step and old.is_file():
                     try:
@@ -360,7 +380,9 @@ class CheckpointManager:
                 save_atomic({"step": step, "entries": mine}, target / name)
         except Exception as exc:  # noqa: BLE001 - every rank must learn of it before the manifest
             error = f"rank {self.rank}: {type(exc).__name__}: {exc}"
-        listing = self.world.gather({"file": name, "rank": self.rank, "keys": [(e.name, e.field) for e in mine], "error": error}, root=0)
+        listing = self.world.gather(
+            {"file": name, "rank": self.rank, "keys": [(e.name, e.field) for e in mine], "error": error}, root=0
+        )
         errors: list[str] = []
         if self.rank == 0:
             errors = [p["error"] for p in listing if p["error"]]
@@ -368,8 +390,18 @@ class CheckpointManager:
                 parts = [{k: v for k, v in p.items() if k != "error"} for p in listing if p["file"]]
                 try:
                     target.mkdir(parents=True, exist_ok=True)
-                    save_atomic({"step": step, "world_size": self.layout["world_size"], "layout": self.layout, "parts": parts,
-                                 "progress": {}, "rng": None, "model_only": True}, checkpoint_path(target))  # fmt: skip
+                    save_atomic(
+                        {
+                            "step": step,
+                            "world_size": self.layout["world_size"],
+                            "layout": self.layout,
+                            "parts": parts,
+                            "progress": {},
+                            "rng": None,
+                            "model_only": True,
+                        },
+                        checkpoint_path(target),
+                    )
                 except Exception as exc:  # noqa: BLE001 - said on every rank
                     errors.append(f"rank 0: {type(exc).__name__}: {exc}")
         errors = self.world.bcast(errors, root=0)
@@ -380,9 +412,17 @@ class CheckpointManager:
         """This rank's pieces of the model's parameters and buffers (without optimizer state), or none where another rank holds them."""
         from rapydli.trainer import manifest
 
-        if hasattr(optimizer, "parameter_pieces"):  # ZeRO-3: every replica its pieces, replica 0 the buffers and frozen parameters too
-            return manifest.entries(self.whole, held, optimizer, model=self.replica == 0, split_only=self.tensor_rank > 0, state=False)
-        return manifest.entries(self.whole, held, None, model=True, split_only=self.tensor_rank > 0) if self.replica == 0 else []
+        if hasattr(
+            optimizer, "parameter_pieces"
+        ):  # ZeRO-3: every replica its pieces, replica 0 the buffers and frozen parameters too
+            return manifest.entries(
+                self.whole, held, optimizer, model=self.replica == 0, split_only=self.tensor_rank > 0, state=False
+            )
+        return (
+            manifest.entries(self.whole, held, None, model=True, split_only=self.tensor_rank > 0)
+            if self.replica == 0
+            else []
+        )
 
     # -- reading -------------------------------------------------------------------------
     def read(self) -> Resumed | None:
@@ -398,9 +438,16 @@ class CheckpointManager:
         if self._manifest is None:
             return None
         progress = self._manifest["progress"]
-        return Resumed(self._manifest["step"], progress["epoch"], progress["position"], progress["data_size"],
-                       progress["grad_accum"], progress["batch_size"], self._manifest["layout"],
-                       [row for row in progress.get("history", []) if row.get("step", 0) <= self._manifest["step"]])  # fmt: skip
+        return Resumed(
+            self._manifest["step"],
+            progress["epoch"],
+            progress["position"],
+            progress["data_size"],
+            progress["grad_accum"],
+            progress["batch_size"],
+            self._manifest["layout"],
+            [row for row in progress.get("history", []) if row.get("step", 0) <= self._manifest["step"]],
+        )
 
     def load(self, held: Any, optimizer: Any) -> int:
         """Load the checkpoint :meth:`read` found into ``held`` and ``optimizer`` (cut for this rank's layout); its step.
@@ -423,7 +470,9 @@ class CheckpointManager:
             error = f"rank {self.rank}: {exc}"
         errors = [e for e in self.world.allgather(error) if e]
         if errors:
-            raise ConfigError(f"checkpoint {checkpoint_path(self.directory)} (written by {describe(meta['layout'])}) cannot be resumed: {errors[0]}")
+            raise ConfigError(
+                f"checkpoint {checkpoint_path(self.directory)} (written by {describe(meta['layout'])}) cannot be resumed: {errors[0]}"
+            )
         rng = meta["rng"]
         set_rng_state(rng[self.rank % len(rng)])
         self._manifest = None
@@ -446,7 +495,9 @@ def _read_entries(directory: Path, meta: dict[str, Any], names: set[str] | None)
             raise ConfigError(f"its manifest names {part['file']} (rank {part['rank']}'s part), which is missing")
         state = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
         if state.get("step") != meta["step"]:
-            raise ConfigError(f"{part['file']} holds step {state.get('step')}, not the step {meta['step']} its manifest names")
+            raise ConfigError(
+                f"{part['file']} holds step {state.get('step')}, not the step {meta['step']} its manifest names"
+            )
         for entry in state["entries"]:
             if names is None or entry.name in names:
                 found.setdefault(entry.key, []).append(entry)
@@ -471,13 +522,17 @@ def _load_into(directory: Path, meta: dict[str, Any], whole: Any, held: Any, opt
         same = next((e.value for e in found[name, field] if e.placement == placement), None)
         return same if same is not None else placement.cut(value(name, field))
 
-    sharded = optimizer.sharded_ids() if hasattr(optimizer, "sharded_ids") else frozenset()  # ZeRO-3: loaded into its pieces
+    sharded = (
+        optimizer.sharded_ids() if hasattr(optimizer, "sharded_ids") else frozenset()
+    )  # ZeRO-3: loaded into its pieces
     with torch.no_grad():
         for kind, tensors in (("param", held.parameters()), ("buffer", held.buffers())):
             for tensor in tensors:
                 name, placement = where[id(tensor)]
                 if (name, kind) not in found:
-                    raise ConfigError(f"it holds no {kind} {name!r} (the model this run trains has one): was it written by another model?")
+                    raise ConfigError(
+                        f"it holds no {kind} {name!r} (the model this run trains has one): was it written by another model?"
+                    )
                 if id(tensor) not in sharded:
                     tensor.copy_(piece(name, kind, placement).reshape(tensor.shape))
         if sharded:
@@ -485,7 +540,9 @@ def _load_into(directory: Path, meta: dict[str, Any], whole: Any, held: Any, opt
             for name, placement, slot in slots:
                 if id(slot) in pieces:
                     slot.copy_(piece(name, "param", placement).reshape(slot.shape))
-        if hasattr(optimizer, "refresh"):  # ZeRO: drop what is gathered, and offloaded, copy the loaded slices to the host
+        if hasattr(
+            optimizer, "refresh"
+        ):  # ZeRO: drop what is gathered, and offloaded, copy the loaded slices to the host
             optimizer.refresh()
     inner = getattr(optimizer, "optimizer", optimizer)
     inner.state.clear()
@@ -498,10 +555,14 @@ def _load_into(directory: Path, meta: dict[str, Any], whole: Any, held: Any, opt
         state = {}
         for field in fields.get(name, []):
             if found[name, field][0].placement is not None:
-                state[field[len("optim."):]] = piece(name, field, placement).reshape(slot.shape).to(key.device, copy=True)
+                state[field[len("optim.") :]] = (
+                    piece(name, field, placement).reshape(slot.shape).to(key.device, copy=True)
+                )
             else:
                 saved = value(name, field)
-                state[field[len("optim."):]] = saved.clone() if isinstance(saved, torch.Tensor) else copy.deepcopy(saved)
+                state[field[len("optim.") :]] = (
+                    saved.clone() if isinstance(saved, torch.Tensor) else copy.deepcopy(saved)
+                )
         if state:
             inner.state[key] = state
 
@@ -524,7 +585,11 @@ def read_state_dict(directory: str | os.PathLike[str]) -> tuple[dict[str, torch.
 
     meta = load(path)
     found = _read_entries(Path(directory), meta, None)
-    state = {name: manifest.assemble(entries).clone() for (name, field), entries in found.items() if field in ("param", "buffer")}
+    state = {
+        name: manifest.assemble(entries).clone()
+        for (name, field), entries in found.items()
+        if field in ("param", "buffer")
+    }
     return state, int(meta["step"])
 
 
@@ -546,7 +611,9 @@ def iter_state(directory: str | os.PathLike[str]) -> Iterator[tuple[str, torch.T
     from rapydli.trainer import manifest
 
     meta = load(path)
-    names = list(dict.fromkeys(name for part in meta["parts"] for name, field in part["keys"] if field in ("param", "buffer")))
+    names = list(
+        dict.fromkeys(name for part in meta["parts"] for name, field in part["keys"] if field in ("param", "buffer"))
+    )
     for name in names:
         found = _read_entries(Path(directory), meta, {name})
         for (_, field), entries in found.items():
@@ -577,10 +644,18 @@ def load_full_state(model: Any, state: dict[str, torch.Tensor]) -> Any:
     first: dict[int, str] = {}
     for name, tensor in (*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)):
         first.setdefault(id(tensor), name)
-    alias = {name: first[id(tensor)] for name, tensor in (*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False))}
+    alias = {
+        name: first[id(tensor)]
+        for name, tensor in (
+            *model.named_parameters(remove_duplicate=False),
+            *model.named_buffers(remove_duplicate=False),
+        )
+    }
     wanted = model.state_dict()
     missing = [key for key in wanted if alias.get(key, key) not in state]
     if missing:
-        raise ConfigError(f"the trained state has no {', '.join(missing[:5])}: it belongs to another model than {type(model).__name__}")
+        raise ConfigError(
+            f"the trained state has no {', '.join(missing[:5])}: it belongs to another model than {type(model).__name__}"
+        )
     model.load_state_dict({key: state[alias.get(key, key)] for key in wanted})
     return model

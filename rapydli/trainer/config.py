@@ -118,7 +118,9 @@ class TrainConfig:
     """
 
     epochs: int = _spec(1, "passes over the training data", low=1, high=100_000)
-    max_steps: int | None = _spec(None, "stop after this many optimizer steps (None: run all epochs)", low=1, high=10**9, optional=True, log=True)
+    max_steps: int | None = _spec(
+        None, "stop after this many optimizer steps (None: run all epochs)", low=1, high=10**9, optional=True, log=True
+    )
     batch_size: int = _spec(32, "samples per rank per micro-step", low=1, high=65_536, log=True)
     lr: float = _spec(1e-3, "peak learning rate", low=0.0, high=10.0, low_open=True, log=True)
     optimizer: str = _spec("adamw", "optimizer", choices=("sgd", "adamw"))
@@ -127,7 +129,13 @@ class TrainConfig:
     lr_schedule: str = _spec("constant", "learning-rate schedule after warm-up", choices=("constant", "cosine", "step"))
     warmup_steps: int = _spec(0, "optimizer steps of linear warm-up", low=0, high=10**9)
     grad_clip: float | None = _spec(
-        None, "clip the global gradient norm to this (None: no clipping)", low=0.0, high=1e6, low_open=True, optional=True, log=True
+        None,
+        "clip the global gradient norm to this (None: no clipping)",
+        low=0.0,
+        high=1e6,
+        low_open=True,
+        optional=True,
+        log=True,
     )
     grad_accum: int = _spec(1, "micro-steps accumulated per optimizer step", low=1, high=1024)
     precision: str = _spec("fp32", "forward/loss precision (bf16: autocast)", choices=("fp32", "bf16"))
@@ -140,29 +148,61 @@ class TrainConfig:
     checkpoint_every: int = _spec(0, "checkpoint every N steps (0: at epoch ends only)", low=0, high=10**9)
     resume: bool = _spec(False, "continue from the checkpoint in checkpoint_dir if there is one")
     zero: int = _spec(
-        0, "shard over the data-parallel ranks: 0 off, 1 the optimizer state (ZeRO-1), 2 the gradients too, 3 the parameters too", low=0, high=3
+        0,
+        "shard over the data-parallel ranks: 0 off, 1 the optimizer state (ZeRO-1), 2 the gradients too, 3 the parameters too",
+        low=0,
+        high=3,
     )
     offload_optimizer: bool = _spec(
-        False, "keep the sharded optimizer state in host memory and step there (zero>=1, ZeRO-Offload): a no-op on CPU ranks, where it already is"
+        False,
+        "keep the sharded optimizer state in host memory and step there (zero>=1, ZeRO-Offload): a no-op on CPU ranks, where it already is",
     )
     activation_checkpointing: str | None = _spec(
-        None, "recompute activations in backward: None (keep them), 'blocks' (every block) or 'every_k:N' (blocks 0, N, 2N, ...)", optional=True
+        None,
+        "recompute activations in backward: None (keep them), 'blocks' (every block) or 'every_k:N' (blocks 0, N, 2N, ...)",
+        optional=True,
     )
     memory_per_rank: float | None = _spec(
-        None, "bytes a rank may hold for training ('200MB', '1.5GiB' or a number of bytes): a layout predicted over it is refused "
-        "before the run starts (None: no limit)", low=0.0, high=1e15, low_open=True, optional=True, log=True,
-    )  # fmt: skip
-    on_resize: str = _spec(
-        "keep", "resuming on another number of ranks: keep the global batch (grad_accum) or scale the lr", choices=("keep", "scale")
+        None,
+        "bytes a rank may hold for training ('200MB', '1.5GiB' or a number of bytes): a layout predicted over it is refused "
+        "before the run starts (None: no limit)",
+        low=0.0,
+        high=1e15,
+        low_open=True,
+        optional=True,
+        log=True,
     )
-    max_restarts: int = _spec(0, "restart the cluster and resume from the last checkpoint when a rank dies, at most N times", low=0, high=100)
-    min_workers: int | None = _spec(None, "a restart may go on with this many engines when fewer come back (None: all)", low=1, high=4096, optional=True)
+    on_resize: str = _spec(
+        "keep",
+        "resuming on another number of ranks: keep the global batch (grad_accum) or scale the lr",
+        choices=("keep", "scale"),
+    )
+    max_restarts: int = _spec(
+        0, "restart the cluster and resume from the last checkpoint when a rank dies, at most N times", low=0, high=100
+    )
+    min_workers: int | None = _spec(
+        None,
+        "a restart may go on with this many engines when fewer come back (None: all)",
+        low=1,
+        high=4096,
+        optional=True,
+    )
     num_workers: int = _spec(0, "data-loading worker processes/threads per rank", low=0, high=64)
     loader: str = _spec("default", "data loader kind", choices=LOADERS)
-    cache_ram_mb: float = _spec(256.0, "clairvoyant loader: RAM cache budget per rank (MiB)", low=0.0, high=1e7, log=True)
+    cache_ram_mb: float = _spec(
+        256.0, "clairvoyant loader: RAM cache budget per rank (MiB)", low=0.0, high=1e7, log=True
+    )
     cache_disk_mb: float = _spec(0.0, "clairvoyant loader: local-disk cache budget per rank (MiB)", low=0.0, high=1e8)
     autotune: bool = _spec(False, "tune the model's convolutions once (rank 0) and use the plan on every rank")
-    autotune_budget_s: float | None = _spec(60.0, "seconds rank 0 may spend tuning (None: no limit)", low=0.0, high=1e6, low_open=True, optional=True, log=True)
+    autotune_budget_s: float | None = _spec(
+        60.0,
+        "seconds rank 0 may spend tuning (None: no limit)",
+        low=0.0,
+        high=1e6,
+        low_open=True,
+        optional=True,
+        log=True,
+    )
     workers: int | None = _spec(
         None,
         "ranks rd.train starts when it is given no cluster (None: 2, or pipeline_stages x tensor_parallel when more); "
@@ -171,28 +211,51 @@ class TrainConfig:
         high=4096,
         optional=True,
     )
-    pipeline_stages: int = _spec(1, "pipeline stages the model is split into (ranks = data-parallel degree x stages)", low=1, high=1024)
+    pipeline_stages: int = _spec(
+        1, "pipeline stages the model is split into (ranks = data-parallel degree x stages)", low=1, high=1024
+    )
     microbatches: int = _spec(1, "micro-batches each pipeline step cuts a batch into", low=1, high=4096, log=True)
     pipeline_schedule: str = _spec("1f1b", "pipeline schedule", choices=PIPELINE_SCHEDULES)
-    pipeline_split: str = _spec("auto", "where stages begin: 'auto' (measured) or block names, comma-separated ('blocks.2,blocks.4')")
-    tensor_parallel: int = _spec(1, "ranks each layer's weights are split over (ranks = data-parallel x pipeline_stages x tensor_parallel)", low=1, high=1024)
+    pipeline_split: str = _spec(
+        "auto", "where stages begin: 'auto' (measured) or block names, comma-separated ('blocks.2,blocks.4')"
+    )
+    tensor_parallel: int = _spec(
+        1,
+        "ranks each layer's weights are split over (ranks = data-parallel x pipeline_stages x tensor_parallel)",
+        low=1,
+        high=1024,
+    )
     tensor_plan: str | None = _spec(
-        None, "how layers are split: None / 'auto' (the model's built-in plan), or {module glob: 'column' | 'row' | 'heads'} (dict or JSON)", optional=True
+        None,
+        "how layers are split: None / 'auto' (the model's built-in plan), or {module glob: 'column' | 'row' | 'heads'} (dict or JSON)",
+        optional=True,
     )
     trackers: str = _spec(
-        "", "experiment trackers the client also logs the run to, comma-separated ('mlflow,tensorboard'; a list works too; '' none)"
+        "",
+        "experiment trackers the client also logs the run to, comma-separated ('mlflow,tensorboard'; a list works too; '' none)",
     )
     hang_timeout_s: float | None = _spec(
-        None, "seconds no rank progresses before the run counts as hung (None: 5x the median step, at least 60 s)",
-        low=0.0, high=1e6, low_open=True, optional=True, log=True,
-    )  # fmt: skip
-    on_hang: str = _spec("wait", "when the run hangs: print the diagnosis and keep waiting, or abort the run", choices=HANG_ACTIONS)
+        None,
+        "seconds no rank progresses before the run counts as hung (None: 5x the median step, at least 60 s)",
+        low=0.0,
+        high=1e6,
+        low_open=True,
+        optional=True,
+        log=True,
+    )
+    on_hang: str = _spec(
+        "wait", "when the run hangs: print the diagnosis and keep waiting, or abort the run", choices=HANG_ACTIONS
+    )
 
     def __post_init__(self) -> None:
         if isinstance(self.pipeline_split, list | tuple) and all(isinstance(n, str) for n in self.pipeline_split):
             self.pipeline_split = ",".join(self.pipeline_split)  # ["blocks.2", "blocks.4"] is "blocks.2,blocks.4"
-        self.trackers = ",".join(tracker_names(self.trackers, "TrainConfig.trackers"))  # checked against rapydli.registry.TRACKERS
-        self.tensor_plan = tensor_plan_text(self.tensor_plan)  # a dict is kept as its JSON text (the run store and the CLI carry text)
+        self.trackers = ",".join(
+            tracker_names(self.trackers, "TrainConfig.trackers")
+        )  # checked against rapydli.registry.TRACKERS
+        self.tensor_plan = tensor_plan_text(
+            self.tensor_plan
+        )  # a dict is kept as its JSON text (the run store and the CLI carry text)
         if isinstance(self.memory_per_rank, str):  # "200MB" is kept as its bytes
             self.memory_per_rank = byte_size(self.memory_per_rank, "TrainConfig.memory_per_rank")
         for spec in fields_spec():
@@ -201,7 +264,9 @@ class TrainConfig:
             raise ConfigError("TrainConfig.resume=True needs TrainConfig.checkpoint_dir (a directory path), got None")
         checkpoint_interval(self.activation_checkpointing)
         if self.offload_optimizer and self.zero == 0:
-            raise ConfigError("TrainConfig.offload_optimizer=True needs zero=1, 2 or 3 (it offloads the sharded optimizer state), got zero=0")
+            raise ConfigError(
+                "TrainConfig.offload_optimizer=True needs zero=1, 2 or 3 (it offloads the sharded optimizer state), got zero=0"
+            )
         if self.pipeline_stages > 1:
             check_pipeline(self)
         elif self.tensor_parallel > 1:
@@ -245,7 +310,9 @@ class TrainConfig:
         the keyword ``trackers=`` of ``rd.train``, ``rd.sweep``, ``rd.scaling_study`` and ``rd.batch`` goes through here."""
         if not trackers:
             return self
-        return self.replace(trackers=",".join(filter(None, [self.trackers, *([trackers] if isinstance(trackers, str) else trackers)])))
+        return self.replace(
+            trackers=",".join(filter(None, [self.trackers, *([trackers] if isinstance(trackers, str) else trackers)]))
+        )
 
     @staticmethod
     def fields_spec() -> list[FieldSpec]:
@@ -253,8 +320,18 @@ class TrainConfig:
         return fields_spec()
 
 
-
-_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
 _SIZE = re.compile(r"\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([a-z]*)\s*", re.IGNORECASE)
 
 
@@ -270,7 +347,9 @@ def byte_size(value: Any, name: str = "memory_per_rank") -> float:
     >>> byte_size("200MB"), byte_size("1.5 GiB"), byte_size(4096)
     (200000000.0, 1610612736.0, 4096.0)
     """
-    usage = "bytes > 0: a number, or text with a unit such as '200MB' or '1.5GiB' (B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)"
+    usage = (
+        "bytes > 0: a number, or text with a unit such as '200MB' or '1.5GiB' (B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)"
+    )
     if isinstance(value, str):
         found = _SIZE.fullmatch(value)
         unit = found.group(2).lower() if found else None

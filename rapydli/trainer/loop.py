@@ -171,19 +171,27 @@ class Trainer:
         # planner built), else the config's over this world; checked against the world that runs
         self.layout = layout if layout is not None else Layout.of(config, self.world_size)
         if self.layout.world_size != self.world_size:
-            raise ConfigError(f"the layout {self.layout} is for {self.layout.world_size} ranks and this run has {self.world_size}")
+            raise ConfigError(
+                f"the layout {self.layout} is for {self.layout.world_size} ranks and this run has {self.world_size}"
+            )
         # this rank's part of the model (its stage, its slices of the layers) and the communicator of its data group
         whole = model  # the unsplit model (tensor-parallel layers already cut in place): what checkpoints name parameters by
-        self.part = self.layout.model_part(model, config, self.mpi, train_data, self.objective, comm, _resumed_bounds(config, self.mpi))
+        self.part = self.layout.model_part(
+            model, config, self.mpi, train_data, self.objective, comm, _resumed_bounds(config, self.mpi)
+        )
         self.pipeline, self.grid, self.comm = self.part.pipeline, self.part.grid, self.part.comm
         self.data_rank, self.data_size = self.part.data_rank, self.part.data_size
         self._should_stop = should_stop
         self.model = model = self.part.model
-        self.checkpoints = CheckpointManager(config.checkpoint_dir, self.mpi, whole, self._layout(), self._coordinates())
+        self.checkpoints = CheckpointManager(
+            config.checkpoint_dir, self.mpi, whole, self._layout(), self._coordinates()
+        )
         self.device = next(model.parameters()).device
         resolved = resolve_metrics(metrics)
         self.metrics = default_metrics() if resolved is None else resolved
-        self.optimizer: torch.optim.Optimizer | ShardedOptimizer = make_optimizer(model, config, optimizer_fn) if optimizer is None else optimizer
+        self.optimizer: torch.optim.Optimizer | ShardedOptimizer = (
+            make_optimizer(model, config, optimizer_fn) if optimizer is None else optimizer
+        )
         for group in self.optimizer.param_groups:
             group.setdefault("initial_lr", group["lr"])
         self.callbacks = tuple(callbacks)
@@ -197,7 +205,9 @@ class Trainer:
             self.config = config
             if resumed.data_size != self.data_size:
                 resume_from = (resumed.epoch, resumed.position)
-        self.loader = _loader(train_data, config, self.data_rank, self.data_size, resume_from, pin_memory=self.device.type == "cuda")
+        self.loader = _loader(
+            train_data, config, self.data_rank, self.data_size, resume_from, pin_memory=self.device.type == "cuda"
+        )
         self.steps_per_epoch = len(self.loader) // config.grad_accum
         if self.steps_per_epoch < 1:
             raise ConfigError(
@@ -269,18 +279,26 @@ class Trainer:
                 loss_sum, weighted, samples, data_time = 0.0, 0.0, 0, 0.0
                 for micro in range(cfg.grad_accum):
                     fetch = time.perf_counter()
-                    with torch.random.fork_rng(devices=[]):  # loaders draw seeds; keep the model's RNG stream theirs alone
+                    with torch.random.fork_rng(
+                        devices=[]
+                    ):  # loaders draw seeds; keep the model's RNG stream theirs alone
                         inputs, targets = _to_device(next(batches), self.device)
                     data_time += time.perf_counter() - fetch
                     last = micro == cfg.grad_accum - 1
                     with self.gradients.no_sync() if not last else contextlib.nullcontext():
                         micro_loss = self._forward_backward(inputs, targets)
-                    loss_sum, weighted, samples = loss_sum + micro_loss, weighted + micro_loss * len(inputs), samples + len(inputs)
+                    loss_sum, weighted, samples = (
+                        loss_sum + micro_loss,
+                        weighted + micro_loss * len(inputs),
+                        samples + len(inputs),
+                    )
                 comm_time = comm_wait = hidden = 0.0
                 stats = self.gradients.wait()
                 if stats is not None:
                     comm_time, comm_wait, hidden = stats.comm_time, stats.wait_time, stats.hidden_fraction
-                if self.pipeline is not None:  # parameters several stages hold (tied embeddings): one gradient, summed over them
+                if (
+                    self.pipeline is not None
+                ):  # parameters several stages hold (tied embeddings): one gradient, summed over them
                     self.pipeline.sum_shared_gradients()
 
                 # clip the global gradient norm (gradients are already averaged; stages, tensor shards and ZeRO-2 slices add up to one norm)
@@ -367,9 +385,16 @@ class Trainer:
         self.model.eval()
         names = ["loss", *self.metrics]
         totals = torch.zeros(2 * len(names), dtype=torch.float64)  # (sum, count) of the loss and of each metric
-        indices = range(self.data_rank, len(self.val_data), self.data_size)  # disjoint shards, no padding (a replica's ranks share one)
+        indices = range(
+            self.data_rank, len(self.val_data), self.data_size
+        )  # disjoint shards, no padding (a replica's ranks share one)
         if self.pipeline is not None:  # through the pipeline: the last stages' sums, over every rank
-            totals = self.pipeline.evaluate(self.val_data, self.config.batch_size, self.device, list(self.metrics.values()))  # type: ignore[arg-type]
+            totals = self.pipeline.evaluate(
+                self.val_data,  # type: ignore[arg-type]
+                self.config.batch_size,
+                self.device,
+                list(self.metrics.values()),
+            )
             indices = range(0)
         for start in range(0, len(indices), self.config.batch_size):
             batch = [self.val_data[i] for i in indices[start : start + self.config.batch_size]]
@@ -383,7 +408,11 @@ class Trainer:
                     totals[2 * m : 2 * m + 2] += torch.tensor(measured, dtype=torch.float64)
         if self.data_size > 1 and self.pipeline is None:
             self.comm.allreduce_(totals, op="sum")
-        averages = {f"val_{name}": float(totals[2 * i] / totals[2 * i + 1]) for i, name in enumerate(names) if totals[2 * i + 1] > 0}
+        averages = {
+            f"val_{name}": float(totals[2 * i] / totals[2 * i + 1])
+            for i, name in enumerate(names)
+            if totals[2 * i + 1] > 0
+        }
         row = {
             "kind": "eval",
             "step": self.step,
@@ -437,13 +466,20 @@ class Trainer:
     def _layout(self) -> dict[str, Any]:
         """How this run is spread over its ranks (what its checkpoints record)."""
         grid = self.grid
-        return {"world_size": self.world_size, "replicas": self.data_size, "stages": grid.stages if grid else 1,
-                "tensor_parallel": grid.tensor_parallel if grid else 1, "zero": self.config.zero,
-                "bounds": self.pipeline.bounds if self.pipeline is not None else None}  # fmt: skip
+        return {
+            "world_size": self.world_size,
+            "replicas": self.data_size,
+            "stages": grid.stages if grid else 1,
+            "tensor_parallel": grid.tensor_parallel if grid else 1,
+            "zero": self.config.zero,
+            "bounds": self.pipeline.bounds if self.pipeline is not None else None,
+        }
 
     def _coordinates(self) -> tuple[int, int, int]:
         """This rank's ``(stage, tensor rank, replica)``."""
-        return (self.grid.stage, self.grid.tensor_rank, self.grid.replica) if self.grid is not None else (0, 0, self.rank)
+        return (
+            (self.grid.stage, self.grid.tensor_rank, self.grid.replica) if self.grid is not None else (0, 0, self.rank)
+        )
 
     # -- helpers ----------------------------------------------------------------------------
     def _stop_requested(self) -> bool:
@@ -460,7 +496,9 @@ class Trainer:
                 assert isinstance(train_data, SizedDataset)  # the loader built in __init__ already took its len()
                 count = min(len(train_data), self.config.batch_size)
                 example = torch.utils.data.default_collate([train_data[i] for i in range(count)])[0]
-                plan = plan_for(self.model, example.to(self.device), mode="train", budget_s=self.config.autotune_budget_s)
+                plan = plan_for(
+                    self.model, example.to(self.device), mode="train", budget_s=self.config.autotune_budget_s
+                )
             except Exception as exc:  # noqa: BLE001 - every rank must learn of it, not block in bcast
                 error = f"{type(exc).__name__}: {exc}"
         plan, error = self.mpi.bcast((plan, error), root=0)
@@ -493,8 +531,14 @@ def _to_device(batch: Any, device: torch.device) -> tuple[Any, ...]:
     return tuple(item.to(device, non_blocking=True) if isinstance(item, torch.Tensor) else item for item in batch)
 
 
-def _loader(dataset: Dataset, config: TrainConfig, rank: int, world_size: int, resume_from: tuple[int, int] | None,
-            pin_memory: bool = False) -> Any:
+def _loader(
+    dataset: Dataset,
+    config: TrainConfig,
+    rank: int,
+    world_size: int,
+    resume_from: tuple[int, int] | None,
+    pin_memory: bool = False,
+) -> Any:
     from rapydli.data.loaders import build_loader
 
     disk_dir = None

@@ -84,7 +84,7 @@ class Placement:
         if self.dim is None:
             local = full
         elif len(self.ranges) == 1:
-            (a, b), = self.ranges
+            ((a, b),) = self.ranges
             local = full.narrow(self.dim, a, b - a)
         else:
             local = torch.cat([full.narrow(self.dim, a, b - a) for a, b in self.ranges], self.dim)
@@ -149,7 +149,9 @@ def placements(whole: nn.Module, held: nn.Module) -> dict[int, tuple[str, Placem
             size, rank, columns = module.group.size, module.group.rank, module.weight.shape[1]
             ranges = ((rank * columns, (rank + 1) * columns),)
             if transposed:
-                split[id(module.weight)] = Placement((columns * size, module.weight.shape[0]), 0, ranges, transposed=True)
+                split[id(module.weight)] = Placement(
+                    (columns * size, module.weight.shape[0]), 0, ranges, transposed=True
+                )
             else:
                 split[id(module.weight)] = Placement((module.weight.shape[0], columns * size), 1, ranges)
     out: dict[int, tuple[str, Placement]] = {}
@@ -189,7 +191,9 @@ def state_key(optimizer: Any, slot: torch.Tensor) -> torch.Tensor:
     return stepped(slot) if stepped is not None else slot
 
 
-def entries(whole: nn.Module, held: nn.Module, optimizer: Any, *, model: bool, split_only: bool, state: bool = True) -> list[Entry]:
+def entries(
+    whole: nn.Module, held: nn.Module, optimizer: Any, *, model: bool, split_only: bool, state: bool = True
+) -> list[Entry]:
     """The entries this rank writes: its parameters and buffers (``model``) and its optimizer state (``optimizer``, or ``None``).
 
     ``split_only``: only tensors that are tensor-parallel slices (another tensor rank
@@ -246,7 +250,11 @@ def assemble(found: Iterable[Entry]) -> Any:
     for entry in found:
         assert entry.placement is not None
         slices.setdefault((entry.placement.dim, entry.placement.ranges), []).append(entry)
-    full = torch.empty(shape, dtype=first.value.dtype) if len(slices) > 1 or first.placement.dim is not None else torch.empty(0)
+    full = (
+        torch.empty(shape, dtype=first.value.dtype)
+        if len(slices) > 1 or first.placement.dim is not None
+        else torch.empty(0)
+    )
     covered = 0
     for (dim, ranges), pieces in slices.items():
         placement = pieces[0].placement
@@ -259,7 +267,9 @@ def assemble(found: Iterable[Entry]) -> Any:
                 flat[a:b] = value.reshape(-1)
             filled = sum(b - a for a, b in spans)  # type: ignore[misc]
             if filled != flat.numel():
-                raise ConfigError(f"the checkpoint holds {filled} of the {flat.numel()} elements of {first.name} ({first.field}): a part is missing")
+                raise ConfigError(
+                    f"the checkpoint holds {filled} of the {flat.numel()} elements of {first.name} ({first.field}): a part is missing"
+                )
             local = flat.reshape(local_shape)
         else:
             local = pieces[0].value.reshape(local_shape)
@@ -276,5 +286,7 @@ def assemble(found: Iterable[Entry]) -> Any:
                 offset += b - a
         covered += local.numel()
     if covered != full.numel():
-        raise ConfigError(f"the checkpoint holds {covered} of the {full.numel()} elements of {first.name} ({first.field}): a part is missing")
+        raise ConfigError(
+            f"the checkpoint holds {covered} of the {full.numel()} elements of {first.name} ({first.field}): a part is missing"
+        )
     return full

@@ -35,7 +35,9 @@ from rapydli.trainer.schedule import lr_at
 OptimizerFn = Callable[..., torch.optim.Optimizer]
 
 
-def make_optimizer(model: nn.Module, config: TrainConfig, optimizer_fn: OptimizerFn | None = None) -> torch.optim.Optimizer:
+def make_optimizer(
+    model: nn.Module, config: TrainConfig, optimizer_fn: OptimizerFn | None = None
+) -> torch.optim.Optimizer:
     """``optimizer_fn(model[, config])``, checked, or ``config.optimizer``; every group remembers its initial lr."""
     if optimizer_fn is None:
         optimizer = build_optimizer(model, config)
@@ -53,13 +55,17 @@ def make_optimizer(model: nn.Module, config: TrainConfig, optimizer_fn: Optimize
 def check_optimizer_fn(optimizer_fn: Any) -> None:
     """Raise :class:`ConfigError` unless ``optimizer_fn`` is a callable of ``(model)`` or ``(model, config)``."""
     if not callable(optimizer_fn):
-        raise ConfigError(f"optimizer_fn must be a callable (model) -> torch.optim.Optimizer, got {type(optimizer_fn).__name__}")
+        raise ConfigError(
+            f"optimizer_fn must be a callable (model) -> torch.optim.Optimizer, got {type(optimizer_fn).__name__}"
+        )
 
 
 def _takes_config(fn: Callable[..., Any]) -> bool:
     try:
         parameters = [
-            p for p in inspect.signature(fn).parameters.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+            p
+            for p in inspect.signature(fn).parameters.values()
+            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
         ]
     except (TypeError, ValueError):
         return False
@@ -81,7 +87,9 @@ def apply_schedule(optimizer: Any, config: TrainConfig, step: int, total_steps: 
     """Set every group's lr for ``step`` from its ``initial_lr`` (times ``scale``); returns the rates, group by group."""
     rates = []
     for group in optimizer.param_groups:
-        group["lr"] = scale * lr_at(config.lr_schedule, step, total_steps, group.get("initial_lr", config.lr), config.warmup_steps)
+        group["lr"] = scale * lr_at(
+            config.lr_schedule, step, total_steps, group.get("initial_lr", config.lr), config.warmup_steps
+        )
         rates.append(group["lr"])
     return rates
 

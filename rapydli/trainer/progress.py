@@ -64,17 +64,25 @@ class EpochPlan:
         if self.resumed_steps is None:
             total = self.steps_per_epoch * self.epochs
         else:
-            total = self.resumed_step + self.resumed_steps + self.steps_per_epoch * (self.epochs - self.resumed_epoch - 1)
+            total = (
+                self.resumed_step + self.resumed_steps + self.steps_per_epoch * (self.epochs - self.resumed_epoch - 1)
+            )
         return min(total, max_steps) if max_steps else total
 
     def position(self, step: int, global_batch: int) -> tuple[int, int]:
         """``(epoch, samples of its global order consumed)`` after ``step`` optimizer steps."""
         epoch, done, _ = self.locate(step)
-        start = self.resumed_start if self.resumed_steps is not None and epoch == self.resumed_epoch and step >= self.resumed_step else 0
+        start = (
+            self.resumed_start
+            if self.resumed_steps is not None and epoch == self.resumed_epoch and step >= self.resumed_step
+            else 0
+        )
         return epoch, start + done * global_batch
 
 
-def resized_config(config: TrainConfig, old_world: int, old_grad_accum: int, new_world: int) -> tuple[TrainConfig, float]:
+def resized_config(
+    config: TrainConfig, old_world: int, old_grad_accum: int, new_world: int
+) -> tuple[TrainConfig, float]:
     """The config to continue a run of ``old_world`` ranks on ``new_world`` ranks, and the lr factor.
 
     ``config.on_resize == "keep"`` keeps the global batch (``batch_size x grad_accum x

@@ -84,22 +84,41 @@ def engine_task(
         return {"rank": ctx.rank, "history": [], "stopped_early": False, "timing": {}}
     made = time.perf_counter()
     trainer = Trainer(
-        model, None, train_data, val_data, cfg,
+        model,
+        None,
+        train_data,
+        val_data,
+        cfg,
         comm=ctx.comm,
         callbacks=[EmitMetrics(ctx.rank, emit, await_verdict), EmitRankTimings(ctx.rank, emit)],
         should_stop=lambda: engine.should_stop(ctx.comm),
-        loss_fn=loss_fn, optimizer_fn=optimizer_fn, metrics=metrics, layout=layout,
-    )  # fmt: skip
+        loss_fn=loss_fn,
+        optimizer_fn=optimizer_fn,
+        metrics=metrics,
+        layout=layout,
+    )
     if trainer.pipeline is not None:  # every rank's spans of each step, for result.timeline()
         trainer.callbacks += (trainer.pipeline.timeline_callback(emit),)
     # rank 0's set-up before its first step, by phase (the client adds the engines' and the shipping's)
     setup_s = {"model and data": made - began, TRAINER_SETUP: time.perf_counter() - made}
     try:
         if ctx.rank == 0:
-            emit("start", {"total_steps": trainer.total_steps, "start_step": trainer.step, "world_size": ctx.world_size,
-                           "history": trainer.resumed_history, "setup_s": setup_s, "model_built": built}, flush=True)  # fmt: skip
+            emit(
+                "start",
+                {
+                    "total_steps": trainer.total_steps,
+                    "start_step": trainer.step,
+                    "world_size": ctx.world_size,
+                    "history": trainer.resumed_history,
+                    "setup_s": setup_s,
+                    "model_built": built,
+                },
+                flush=True,
+            )
         history = trainer.fit()
-        if model_dir is not None:  # the trained model stays sharded: each rank writes its pieces, result.model() assembles them
+        if (
+            model_dir is not None
+        ):  # the trained model stays sharded: each rank writes its pieces, result.model() assembles them
             trainer.save_model(model_dir)
     finally:
         trainer.close()
@@ -183,7 +202,14 @@ class EmitRankTimings:
 
     def on_step_end(self, row: dict[str, Any]) -> None:
         if self.rank != 0:
-            self.emit("rank_timings", {"kind": "rank", "rank": self.rank, **{k: row[k] for k in ("step", *TIMING_KEYS, "rank_loss") if k in row}})
+            self.emit(
+                "rank_timings",
+                {
+                    "kind": "rank",
+                    "rank": self.rank,
+                    **{k: row[k] for k in ("step", *TIMING_KEYS, "rank_loss") if k in row},
+                },
+            )
 
 
 def timing_summary(history: Sequence[dict[str, Any]], warmup: int = WARMUP_STEPS) -> dict[str, float]:

@@ -56,15 +56,23 @@ def check_data(result: Any, name: str) -> tuple[Any, Any]:
     itself, so not a ``DataLoader``); ``val`` a dataset or ``None``.
     """
     if not isinstance(result, (tuple, list)) or len(result) != 2:
-        raise UserCodeError(f"data_fn {name} returned {describe(result)}; it must return (train, val): two datasets "
-                            "(val may be None), e.g. `return train_set, val_set`")  # fmt: skip
+        raise UserCodeError(
+            f"data_fn {name} returned {describe(result)}; it must return (train, val): two datasets "
+            "(val may be None), e.g. `return train_set, val_set`"
+        )
     for role, data in zip(("train", "val"), result):
         if data is None and role == "val":
             continue
         if not (hasattr(data, "__len__") and hasattr(data, "__getitem__")):
-            hint = " (a DataLoader: return its .dataset; RaPyDLI shards and batches it)" if hasattr(data, "batch_size") else ""
-            raise UserCodeError(f"data_fn {name} returned {describe(data)} as its {role} set{hint}; "
-                                "each must be a dataset with len() and indexing, e.g. a TensorDataset")  # fmt: skip
+            hint = (
+                " (a DataLoader: return its .dataset; RaPyDLI shards and batches it)"
+                if hasattr(data, "batch_size")
+                else ""
+            )
+            raise UserCodeError(
+                f"data_fn {name} returned {describe(data)} as its {role} set{hint}; "
+                "each must be a dataset with len() and indexing, e.g. a TensorDataset"
+            )
     return result[0], result[1]
 
 
@@ -95,7 +103,11 @@ def same_mistake(failure: RankFailure) -> RapydliError | None:
     first = failure.failures[min(failure.failures)]
     frames = _user_frames(first)
     text = message + (f"\n\n{frames}" if frames else "")
-    kinds: dict[str, type[RapydliError]] = {"OutputError": OutputError, "ConfigError": ConfigError, "UserCodeError": UserCodeError}
+    kinds: dict[str, type[RapydliError]] = {
+        "OutputError": OutputError,
+        "ConfigError": ConfigError,
+        "UserCodeError": UserCodeError,
+    }
     return kinds[ename](text)
 
 

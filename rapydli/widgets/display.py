@@ -116,8 +116,10 @@ def image_bundle(figure: Any) -> dict[str, Any]:
     try:
         png = figure_png(spec)
     except Exception as exc:  # noqa: BLE001 - the interactive figure still shows
-        warnings.warn(f"RaPyDLI could not draw this figure's PNG ({type(exc).__name__}: {exc}); it shows in JupyterLab and VS Code only",
-                      stacklevel=2)  # fmt: skip
+        warnings.warn(
+            f"RaPyDLI could not draw this figure's PNG ({type(exc).__name__}: {exc}); it shows in JupyterLab and VS Code only",
+            stacklevel=2,
+        )
         return {"text/plain": f"{text} (no static image: it shows in JupyterLab and VS Code)"}
     return {"image/png": base64.b64encode(png).decode("ascii"), "text/plain": text}
 

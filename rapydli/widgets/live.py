@@ -106,8 +106,16 @@ class LivePlot(LiveFigure):
                         trace.x, trace.y = tuple(x for x, _ in after), tuple(y for _, y in after)
                 for step in restarts:
                     self.restarts.append(step)
-                    self.figure.add_shape(type="line", x0=step, x1=step, xref="x", y0=0, y1=1, yref="y domain",
-                                          line={"dash": "dash", "color": "#d62728"})  # fmt: skip
+                    self.figure.add_shape(
+                        type="line",
+                        x0=step,
+                        x1=step,
+                        xref="x",
+                        y0=0,
+                        y1=1,
+                        yref="y domain",
+                        line={"dash": "dash", "color": "#d62728"},
+                    )
             for notice in (r for r in rows if r.get("kind") in NOTICES):  # not batched: plotly's batch_update
                 self._notice(notice)  # keeps only the last of several annotations added within one
             self.drawn()
@@ -125,11 +133,16 @@ class LivePlot(LiveFigure):
     def _append(self, rows: list[dict[str, Any]], points: list[list[tuple[Any, Any]]]) -> None:
         """Add ``rows``' points to ``points`` (one list per trace of the figure), in step order
         (a restart's recovered rows are earlier steps than those drawn)."""
-        keys: list[tuple[str, str, str, int | None]] = [(kind, xkey, ykey, None) for _, kind, xkey, ykey, _ in TRAINING_TRACES]
+        keys: list[tuple[str, str, str, int | None]] = [
+            (kind, xkey, ykey, None) for _, kind, xkey, ykey, _ in TRAINING_TRACES
+        ]
         keys += [("rank", "step", "comm_wait_s", rank) for rank in self._rank_traces]
         for trace_points, (kind, xkey, ykey, rank) in zip(points, keys):
-            fresh = [(r[xkey], r[ykey]) for r in rows
-                     if r.get("kind") == kind and r.get(ykey) is not None and (rank is None or r["rank"] == rank)]  # fmt: skip
+            fresh = [
+                (r[xkey], r[ykey])
+                for r in rows
+                if r.get("kind") == kind and r.get(ykey) is not None and (rank is None or r["rank"] == rank)
+            ]
             if fresh and trace_points and fresh[0][0] < trace_points[-1][0]:
                 trace_points.extend(fresh)
                 trace_points.sort(key=lambda point: point[0])
@@ -145,20 +158,47 @@ class LivePlot(LiveFigure):
                 trace.line = {"color": RED, "width": 3}
                 trace.name = f"comm wait rank {row['rank']} (s), straggler"
             stragglers = sum(1 for n in self.notices if n["kind"] == "straggler")
-            self.figure.add_annotation(text=_short(row["text"], 90), hovertext=row["text"], xref="x3 domain", yref="y3 domain",
-                                       x=0, y=1 - 0.1 * stragglers, xanchor="left", showarrow=False,
-                                       font={"color": RED, "size": 11})  # fmt: skip
+            self.figure.add_annotation(
+                text=_short(row["text"], 90),
+                hovertext=row["text"],
+                xref="x3 domain",
+                yref="y3 domain",
+                x=0,
+                y=1 - 0.1 * stragglers,
+                xanchor="left",
+                showarrow=False,
+                font={"color": RED, "size": 11},
+            )
             return
         first = str(row.get("diagnosis", "")).strip().splitlines()[0] if row.get("diagnosis") else "no rank progresses"
-        self.figure.add_shape(type="line", x0=row["step"], x1=row["step"], xref="x", y0=0, y1=1, yref="y domain",
-                              line={"dash": "dot", "color": RED, "width": 3})  # fmt: skip
-        self.figure.add_annotation(text=f"hang: {_short(first, 140)}", hovertext=str(row.get("diagnosis", "")), xref="paper",
-                                   yref="paper", x=0, y=1.2, xanchor="left", showarrow=False, font={"color": RED, "size": 12})  # fmt: skip
+        self.figure.add_shape(
+            type="line",
+            x0=row["step"],
+            x1=row["step"],
+            xref="x",
+            y0=0,
+            y1=1,
+            yref="y domain",
+            line={"dash": "dot", "color": RED, "width": 3},
+        )
+        self.figure.add_annotation(
+            text=f"hang: {_short(first, 140)}",
+            hovertext=str(row.get("diagnosis", "")),
+            xref="paper",
+            yref="paper",
+            x=0,
+            y=1.2,
+            xanchor="left",
+            showarrow=False,
+            font={"color": RED, "size": 12},
+        )
         self.figure.update_layout(margin={"t": 100})  # room for it below the title
 
     def _add_rank_trace(self, rank: int) -> None:
         """Rank ``rank``'s communication wait, next to rank 0's (it differs per rank)."""
-        self.figure.add_scatter(x=[], y=[], mode="lines", name=f"comm wait rank {rank} (s)", line={"dash": "dot"}, row=1, col=3)
+        self.figure.add_scatter(
+            x=[], y=[], mode="lines", name=f"comm wait rank {rank} (s)", line={"dash": "dot"}, row=1, col=3
+        )
         self._rank_traces[rank] = self.figure.data[-1]
 
 
@@ -170,4 +210,3 @@ RED = "#d62728"
 def _short(text: str, limit: int) -> str:
     """``text`` cut to ``limit`` characters (an ellipsis marks the cut)."""
     return text if len(text) <= limit else text[: limit - 1] + "…"
-

@@ -49,10 +49,14 @@ def control_for(spec: FieldSpec, value: Any) -> Any:
         centre = value if value else (spec.default or 1.0)
         low = max(math.log10(centre) - 3, math.log10(spec.low) if spec.low > 0 else -12)
         high = min(math.log10(centre) + 3, math.log10(spec.high))
-        return widgets.FloatLogSlider(value=centre, base=10, min=low, max=high, step=0.1, readout_format=".2e", **common)
+        return widgets.FloatLogSlider(
+            value=centre, base=10, min=low, max=high, step=0.1, readout_format=".2e", **common
+        )
     if spec.type == "float":
         high = spec.high if spec.high is not None else 1e9
-        return widgets.BoundedFloatText(value=value or 0.0, min=0.0 if spec.optional else (spec.low or 0.0), max=high, **common)
+        return widgets.BoundedFloatText(
+            value=value or 0.0, min=0.0 if spec.optional else (spec.low or 0.0), max=high, **common
+        )
     if spec.type == "int":
         high = int(min(spec.high if spec.high is not None else 10**9, 10**9))
         low = 0 if spec.optional else int(spec.low or 0)
@@ -115,7 +119,9 @@ class HyperparameterPanel:
 
         from rapydli.experiments.spec import RunSpec
 
-        self.spec = RunSpec.of(model_fn, data_fn, loss_fn, optimizer_fn, metrics)  # resolved and checked once; every Train runs it
+        self.spec = RunSpec.of(
+            model_fn, data_fn, loss_fn, optimizer_fn, metrics
+        )  # resolved and checked once; every Train runs it
         self.config = config or TrainConfig()
         from rapydli.cluster import current
 
@@ -125,7 +131,9 @@ class HyperparameterPanel:
         values = self.config.to_dict()
         self.controls: dict[str, Any] = {name: control_for(spec, values[name]) for name, spec in self.specs.items()}
         size = self.cluster.n if self.cluster is not None else self.config.ranks_to_start()
-        self.controls["workers"] = widgets.IntSlider(value=size, min=1, max=size, description="workers", style={"description_width": "110px"})
+        self.controls["workers"] = widgets.IntSlider(
+            value=size, min=1, max=size, description="workers", style={"description_width": "110px"}
+        )
         self.train_button = widgets.Button(description="Train", button_style="success", icon="play")
         self.stop_button = widgets.Button(description="Stop", button_style="danger", icon="stop", disabled=True)
         self.message = widgets.HTML()
@@ -137,7 +145,9 @@ class HyperparameterPanel:
         self.runs: list[dict[str, Any]] = []
         self.job: TrainingJob | None = None
         self._thread: threading.Thread | None = None
-        grid = widgets.GridBox(list(self.controls.values()), layout=widgets.Layout(grid_template_columns="repeat(3, 330px)"))
+        grid = widgets.GridBox(
+            list(self.controls.values()), layout=widgets.Layout(grid_template_columns="repeat(3, 330px)")
+        )
         buttons = widgets.HBox([self.train_button, self.stop_button])
         self.figure_slot = FigureSlot()  # the plot redrawn while a run goes on, settled (with its PNG) after
         self.plot.target = self.figure_slot
@@ -168,19 +178,29 @@ class HyperparameterPanel:
             if self.cluster is None:
                 from rapydli.cluster import choose_cluster, ready
 
-                self.cluster, self._own_cluster = choose_cluster(None, n=self.config.ranks_to_start(), need=workers, start=False)
+                self.cluster, self._own_cluster = choose_cluster(
+                    None, n=self.config.ranks_to_start(), need=workers, start=False
+                )
                 state = self.cluster.status()["state"]
-                verb = "starting" if self._own_cluster or state in ("stopped", "failed") else "using the running cluster of"
+                verb = (
+                    "starting"
+                    if self._own_cluster or state in ("stopped", "failed")
+                    else "using the running cluster of"
+                )
                 self._say(f"{verb} {self.cluster.n} engines ...")
                 ready(self.cluster, say=self._say)
             self.plot = self._fresh_plot()
-            self.job = TrainingJob(self.cluster, self.spec, config, list(range(workers)), callbacks=[self.plot], name="panel").start()
+            self.job = TrainingJob(
+                self.cluster, self.spec, config, list(range(workers)), callbacks=[self.plot], name="panel"
+            ).start()
         except RapydliError as exc:  # invalid combinations and cluster problems are shown, not raised
             self._say(str(exc), error=True)
             return None
         self._say(f"training on {workers} worker(s) ...")
         self.train_button.disabled, self.stop_button.disabled = True, False
-        self._thread = threading.Thread(target=self._follow, args=(self.job, config, workers), name="rapydli-panel", daemon=True)
+        self._thread = threading.Thread(
+            target=self._follow, args=(self.job, config, workers), name="rapydli-panel", daemon=True
+        )
         self._thread.start()
         return self.job
 
@@ -218,11 +238,16 @@ class HyperparameterPanel:
         self.plot.close()  # settled in the slot: plotly's JSON and its PNG
         final = job.final_metrics()
         changed = {k: v for k, v in config.to_dict().items() if k in self.specs}
-        self.runs.append({
-            "run": len(self.runs) + 1, "state": job.state, "workers": workers, **changed,
-            **{k: final.get(k) for k in ("steps", "loss", "val_loss", "val_accuracy", "samples_per_s")},
-            "run_id": job.run_id,
-        })  # fmt: skip
+        self.runs.append(
+            {
+                "run": len(self.runs) + 1,
+                "state": job.state,
+                "workers": workers,
+                **changed,
+                **{k: final.get(k) for k in ("steps", "loss", "val_loss", "val_accuracy", "samples_per_s")},
+                "run_id": job.run_id,
+            }
+        )
         self._render_table()
         if job.state == "failed":
             self._say(job.error, error=True)

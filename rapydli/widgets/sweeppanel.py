@@ -48,14 +48,18 @@ class SweepPanel:
         self.options = options
         self.trials = widgets.BoundedIntText(value=trials, min=1, max=10_000, description="trials")
         workers = options.get("workers_per_trial", 1)
-        self.parallel = widgets.BoundedIntText(value=max(1, cluster.n // workers), min=1, max=max(1, cluster.n), description="parallel")
+        self.parallel = widgets.BoundedIntText(
+            value=max(1, cluster.n // workers), min=1, max=max(1, cluster.n), description="parallel"
+        )
         self.run_button = widgets.Button(description="Run sweep", button_style="success", icon="play")
         self.stop_button = widgets.Button(description="Stop", button_style="danger", icon="stop", disabled=True)
         self.message = widgets.HTML()
         self.view = SweepView(options.get("metric", "val_loss"), list(space), live=True)
         self.run_button.on_click(lambda _: self.run())
         self.stop_button.on_click(lambda _: self.stop())
-        self.widget = widgets.VBox([widgets.HBox([self.trials, self.parallel, self.run_button, self.stop_button]), self.message, self.view.box])
+        self.widget = widgets.VBox(
+            [widgets.HBox([self.trials, self.parallel, self.run_button, self.stop_button]), self.message, self.view.box]
+        )
         self.result: SweepResult | None = None
         self._sweep: Any = None
         self._thread: threading.Thread | None = None
@@ -73,9 +77,16 @@ class SweepPanel:
             return False
         try:
             self._sweep = Sweep(
-                self.model_fn, self.data_fn, self.config, self.space, self.trials.value, cluster=self.cluster,
-                parallel=self.parallel.value, view=self.view, **self.options,
-            )  # fmt: skip
+                self.model_fn,
+                self.data_fn,
+                self.config,
+                self.space,
+                self.trials.value,
+                cluster=self.cluster,
+                parallel=self.parallel.value,
+                view=self.view,
+                **self.options,
+            )
         except RapydliError as exc:
             self.message.value = f"<pre style='color:#b00020'>{exc}</pre>"
             return False

@@ -17,6 +17,7 @@ from rapydli.widgets.display import FigureSlot, display_live, in_kernel, replace
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
 
+
 class SweepView:
     """Table + figure of a running sweep, updated at most ``max_redraws_per_s`` times a second.
 
@@ -29,7 +30,9 @@ class SweepView:
         :class:`~rapydli.widgets.display.FigureSlot` redrawn in place and an HTML table.
     """
 
-    def __init__(self, metric: str, params: list[str], live: bool | None = None, max_redraws_per_s: float = 4.0) -> None:
+    def __init__(
+        self, metric: str, params: list[str], live: bool | None = None, max_redraws_per_s: float = 4.0
+    ) -> None:
         import pandas as pd
 
         self.metric, self.params = metric, list(params)

@@ -64,7 +64,9 @@ class LiveTimeline(LiveFigure):
     def __init__(self, replica: int = 0, max_redraws_per_s: float = 1.0, live: bool | None = None) -> None:
         super().__init__(max_redraws_per_s, live)
         self.figure = empty_figure()
-        self.figure.update_layout(title="pipeline timeline: waiting for the first step", template="plotly_white", height=260)
+        self.figure.update_layout(
+            title="pipeline timeline: waiting for the first step", template="plotly_white", height=260
+        )
         self.replica = replica
         self.step: int | None = None
         self.received = 0
@@ -95,6 +97,8 @@ class LiveTimeline(LiveFigure):
             rows = [self._recent[stage][step] for stage in range(self._stages)]
             title = f"step {step}, replica {self.replica}"
             labels = [f"rank {row['rank']}" for row in rows]
-            fill(self.figure, [row["spans"] for row in rows], rows[0]["schedule"], rows[0]["microbatches"], title, labels)
+            fill(
+                self.figure, [row["spans"] for row in rows], rows[0]["schedule"], rows[0]["microbatches"], title, labels
+            )
             self.step = step
             self.drawn()

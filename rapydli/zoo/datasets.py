@@ -22,7 +22,9 @@ from torch.utils.data import TensorDataset
 from rapydli.errors import ConfigError
 
 
-def _split(inputs: torch.Tensor, targets: torch.Tensor, val_fraction: float, seed: int) -> tuple[TensorDataset, TensorDataset]:
+def _split(
+    inputs: torch.Tensor, targets: torch.Tensor, val_fraction: float, seed: int
+) -> tuple[TensorDataset, TensorDataset]:
     if not 0.0 < val_fraction < 1.0:
         raise ConfigError(f"val_fraction={val_fraction} is invalid: must be in (0, 1)")
     generator = torch.Generator().manual_seed(seed)
@@ -56,7 +58,11 @@ def _digits_table() -> tuple[Any, Any]:
     import numpy as np
 
     spec = importlib.util.find_spec("sklearn")
-    shipped = [Path(place) / "datasets" / "data" / "digits.csv.gz" for place in (spec.submodule_search_locations or [])] if spec else []
+    shipped = (
+        [Path(place) / "datasets" / "data" / "digits.csv.gz" for place in (spec.submodule_search_locations or [])]
+        if spec
+        else []
+    )
     for path in shipped:
         if path.is_file():
             table = np.loadtxt(path, delimiter=",")
@@ -85,7 +91,12 @@ def synthetic_images(
 
 
 def synthetic_features(
-    num_samples: int = 1024, in_features: int = 64, num_classes: int = 10, noise: float = 1.0, val_fraction: float = 0.2, seed: int = 0
+    num_samples: int = 1024,
+    in_features: int = 64,
+    num_classes: int = 10,
+    noise: float = 1.0,
+    val_fraction: float = 0.2,
+    seed: int = 0,
 ) -> tuple[TensorDataset, TensorDataset]:
     """Seeded, learnable vector classification (Gaussian clusters), for the MLP."""
     generator = torch.Generator().manual_seed(seed)

@@ -63,7 +63,9 @@ class ResNetMini(nn.Module):
     0.17 M parameters.
     """
 
-    def __init__(self, num_classes: int = 10, in_channels: int = 3, width: int = 16, blocks: tuple[int, ...] = (2, 2, 2)) -> None:
+    def __init__(
+        self, num_classes: int = 10, in_channels: int = 3, width: int = 16, blocks: tuple[int, ...] = (2, 2, 2)
+    ) -> None:
         super().__init__()
         self.stem = nn.Sequential(nn.Conv2d(in_channels, width, 3, 1, 1, bias=False), nn.BatchNorm2d(width), nn.ReLU())
         stages: list[nn.Module] = []
@@ -81,7 +83,9 @@ class ResNetMini(nn.Module):
         return self.head(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
 
 
-def resnet_mini(num_classes: int = 10, in_channels: int = 3, width: int = 16, blocks: tuple[int, ...] = (2, 2, 2)) -> nn.Module:
+def resnet_mini(
+    num_classes: int = 10, in_channels: int = 3, width: int = 16, blocks: tuple[int, ...] = (2, 2, 2)
+) -> nn.Module:
     """Build :class:`ResNetMini` (``in_channels=1`` for digits)."""
     return ResNetMini(num_classes, in_channels, width, blocks)
 
@@ -135,7 +139,9 @@ class TransformerBlock(nn.Module):
 class TinyLM(nn.Module):
     """A tiny GPT-style causal language model: tokens ``(B, T)`` -> logits ``(B, T, vocab)``."""
 
-    def __init__(self, vocab_size: int = 64, block_size: int = 32, dim: int = 64, layers: int = 2, heads: int = 4) -> None:
+    def __init__(
+        self, vocab_size: int = 64, block_size: int = 32, dim: int = 64, layers: int = 2, heads: int = 4
+    ) -> None:
         super().__init__()
         self.block_size = block_size
         self.tok = nn.Embedding(vocab_size, dim)
@@ -198,7 +204,9 @@ class ResNet18Like(nn.Module):
     def __init__(self, num_classes: int = 10, in_channels: int = 3, width: int = 64) -> None:
         super().__init__()
         self.stem = nn.Sequential(
-            nn.Conv2d(in_channels, width, 7, 2, 3, bias=False), nn.BatchNorm2d(width), nn.ReLU(),
+            nn.Conv2d(in_channels, width, 7, 2, 3, bias=False),
+            nn.BatchNorm2d(width),
+            nn.ReLU(),
             nn.MaxPool2d(3, 2, 1),
         )
         stages: list[nn.Module] = []
@@ -282,7 +290,9 @@ class GPT2Style(nn.Module):
     Parameters: ``12 n_layer n_embd^2 + 13 n_layer n_embd + (vocab + positions + 2) n_embd``.
     """
 
-    def __init__(self, vocab: int = 8192, positions: int = 64, n_embd: int = 768, n_head: int = 12, n_layer: int = 8) -> None:
+    def __init__(
+        self, vocab: int = 8192, positions: int = 64, n_embd: int = 768, n_head: int = 12, n_layer: int = 8
+    ) -> None:
         super().__init__()
         blocks = [GPT2Block(n_embd, n_head) for _ in range(n_layer)]
         self.transformer = GPT2Transformer(blocks, vocab, positions, n_embd)
@@ -319,7 +329,9 @@ class GPT2Style(nn.Module):
         return [("embed", _Call(self.embed, t.wte, t.wpe)), *blocks, ("head", _Call(self.head, t.ln_f, self.lm_head))]
 
 
-def gpt2_style(vocab: int = 8192, positions: int = 64, n_embd: int = 768, n_head: int = 12, n_layer: int = 8) -> nn.Module:
+def gpt2_style(
+    vocab: int = 8192, positions: int = 64, n_embd: int = 768, n_head: int = 12, n_layer: int = 8
+) -> nn.Module:
     """Build :class:`GPT2Style` (the defaults: 63.0 M parameters, the tied embedding counted once).
 
     >>> model = gpt2_style(vocab=64, positions=16, n_embd=32, n_head=4, n_layer=2)
@@ -370,7 +382,9 @@ class LlamaAttention(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         batch, length, _ = x.shape
-        q, k, v = (p(x).view(batch, length, -1, self.head_dim).transpose(1, 2) for p in (self.q_proj, self.k_proj, self.v_proj))
+        q, k, v = (
+            p(x).view(batch, length, -1, self.head_dim).transpose(1, 2) for p in (self.q_proj, self.k_proj, self.v_proj)
+        )
         q, k = rotary(q), rotary(k)
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
         return self.o_proj(y.transpose(1, 2).reshape(batch, length, -1))
@@ -422,7 +436,15 @@ class LlamaStyle(nn.Module):
     0.02, as Llama's ``initializer_range``.
     """
 
-    def __init__(self, vocab: int = 8192, hidden: int = 512, heads: int = 8, kv_heads: int = 4, intermediate: int = 1376, layers: int = 8) -> None:
+    def __init__(
+        self,
+        vocab: int = 8192,
+        hidden: int = 512,
+        heads: int = 8,
+        kv_heads: int = 4,
+        intermediate: int = 1376,
+        layers: int = 8,
+    ) -> None:
         super().__init__()
         self.model = LlamaBody(vocab, hidden, heads, kv_heads, intermediate, layers)
         self.lm_head = nn.Linear(hidden, vocab, bias=False)
@@ -437,7 +459,9 @@ class LlamaStyle(nn.Module):
         return self.lm_head(self.model.norm(x))
 
 
-def llama_style(vocab: int = 8192, hidden: int = 512, heads: int = 8, kv_heads: int = 4, intermediate: int = 1376, layers: int = 8) -> nn.Module:
+def llama_style(
+    vocab: int = 8192, hidden: int = 512, heads: int = 8, kv_heads: int = 4, intermediate: int = 1376, layers: int = 8
+) -> nn.Module:
     """Build :class:`LlamaStyle`.
 
     >>> model = llama_style(vocab=64, hidden=32, heads=4, kv_heads=2, intermediate=48, layers=2)

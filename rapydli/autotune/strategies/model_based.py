@@ -89,8 +89,9 @@ def tune(space: SearchSpace, runner: Runner, options: Mapping[str, Any] | None =
     parallel runner; 1), ``priors`` (configurations to try first) and ``history``
     (``(config, relative time)`` pairs from other problems).
     """
-    opts = options_with_defaults(options, budget=None, seed=0, initial=2, margin=1.25, patience=8, kappa=1.0,
-                                 batch=1, priors=(), history=())
+    opts = options_with_defaults(
+        options, budget=None, seed=0, initial=2, margin=1.25, patience=8, kappa=1.0, batch=1, priors=(), history=()
+    )
     budget, margin = opts["budget"], opts["margin"]
     if budget is not None and (not isinstance(budget, int) or budget < 0):
         raise ConfigError(f"options['budget'] must be a non-negative integer or None, got {budget!r}")
@@ -122,13 +123,16 @@ def tune(space: SearchSpace, runner: Runner, options: Mapping[str, Any] | None =
             if config in in_pool and config not in chosen:
                 chosen.append(config)
         if len(chosen) < size:
-            own = [(m.config, math.log(m.median / scale)) for m in results
-                   if m.status in TIMED and m.median and scale and m.config not in space.always]
+            own = [
+                (m.config, math.log(m.median / scale))
+                for m in results
+                if m.status in TIMED and m.median and scale and m.config not in space.always
+            ]
             train = [*history, *own]
             rest = [c for c in pool if c not in chosen]
             if train:
                 bounds = lower_bounds([c for c, _ in train], [y for _, y in train], rest, opts["kappa"])
-                chosen += [rest[i] for i in np.argsort(bounds, kind="stable")[:size - len(chosen)]]
+                chosen += [rest[i] for i in np.argsort(bounds, kind="stable")[: size - len(chosen)]]
             else:
                 chosen += rng.sample(rest, size - len(chosen))
         for config in chosen:

@@ -143,11 +143,31 @@ def batch(
     >>> table = rd.batch("05-batch-experiments.ipynb", {"lr": [0.1, 0.01], "workers": [1, 2]},
     ...                  parallel=2)  # doctest: +SKIP
     """
-    plan = plan_batch(notebook, grid, params_file=params_file, points=points, out=out, kernel=kernel,
-                      parallel=parallel, timeout=timeout, retry=retry)  # fmt: skip
-    return run_plan(plan, parallel=parallel, kernel=kernel, timeout=timeout, retry=retry, force=force, progress=progress,
-                    hosts=hosts, ssh_command=ssh_command, launcher=launcher, launcher_options=launcher_options,
-                    trackers=trackers)  # fmt: skip
+    plan = plan_batch(
+        notebook,
+        grid,
+        params_file=params_file,
+        points=points,
+        out=out,
+        kernel=kernel,
+        parallel=parallel,
+        timeout=timeout,
+        retry=retry,
+    )
+    return run_plan(
+        plan,
+        parallel=parallel,
+        kernel=kernel,
+        timeout=timeout,
+        retry=retry,
+        force=force,
+        progress=progress,
+        hosts=hosts,
+        ssh_command=ssh_command,
+        launcher=launcher,
+        launcher_options=launcher_options,
+        trackers=trackers,
+    )
 
 
 @dataclass
@@ -257,7 +277,9 @@ def run_plan(
     from rapydli.settings import settings
 
     _check_options(parallel, timeout, retry, kernel)
-    names = tuple(dict.fromkeys([*tracker_names(trackers, "trackers"), *settings().trackers]))  # refused before anything runs
+    names = tuple(
+        dict.fromkeys([*tracker_names(trackers, "trackers"), *settings().trackers])
+    )  # refused before anything runs
     places = item_places(launcher, launcher_options, hosts, ssh_command)
     pending = []
     for item in plan.items:
@@ -288,7 +310,17 @@ def run_plan(
             parent=None,
         )
     followed = _follow(store, batch_id, names)  # the batch's tracker run, made before any item's
-    runner = _Runner(plan, store, batch_id, kernel=kernel, timeout=timeout, retry=retry, parallel=parallel, places=places, trackers=names)
+    runner = _Runner(
+        plan,
+        store,
+        batch_id,
+        kernel=kernel,
+        timeout=timeout,
+        retry=retry,
+        parallel=parallel,
+        places=places,
+        trackers=names,
+    )
     try:
         runner.run(pending, progress=progress)
     except BaseException:
@@ -308,8 +340,11 @@ def run_plan(
     if store is not None and batch_id:
         store.add_artifact(batch_id, summary_path, "summary")
         store.add_artifact(batch_id, report_path, "report")
-        store.finish_run(batch_id, "failed" if failed else "finished",
-                         error=f"{failed} of {len(plan.items)} items failed" if failed else None)  # fmt: skip
+        store.finish_run(
+            batch_id,
+            "failed" if failed else "finished",
+            error=f"{failed} of {len(plan.items)} items failed" if failed else None,
+        )
     if followed is not None:  # after the status: the batch's tracker run ends as the batch did
         followed.close()
     return summary
@@ -326,8 +361,9 @@ def _follow(store: Any, run_id: str | None, names: Sequence[str]) -> RunTrackers
     return followed
 
 
-def item_places(launcher: str | None, options: Mapping[str, Any] | None, hosts: Sequence[str] | None,
-                ssh_command: str) -> Places:  # fmt: skip
+def item_places(
+    launcher: str | None, options: Mapping[str, Any] | None, hosts: Sequence[str] | None, ssh_command: str
+) -> Places:
     """Where the items run: ``hosts`` is :data:`~rapydli.cluster.launchers.HOSTS_LAUNCHER` (``"ssh"``) with ``hosts`` and ``ssh_command``."""
     if hosts is None:
         return places(launcher or DEFAULT_LAUNCHER, options)
@@ -339,9 +375,26 @@ def item_places(launcher: str | None, options: Mapping[str, Any] | None, hosts: 
 class _Runner:
     """Runs items where ``places`` puts them, at most ``parallel`` at once, with timeout and retries."""
 
-    def __init__(self, plan: BatchPlan, store: Any, batch_id: str | None, *, kernel: str | None,
-                 timeout: float | None, retry: int, parallel: int, places: Places, trackers: Sequence[str] = ()) -> None:  # fmt: skip
-        self.plan, self.store, self.batch_id, self.places, self.trackers = plan, store, batch_id, places, tuple(trackers)
+    def __init__(
+        self,
+        plan: BatchPlan,
+        store: Any,
+        batch_id: str | None,
+        *,
+        kernel: str | None,
+        timeout: float | None,
+        retry: int,
+        parallel: int,
+        places: Places,
+        trackers: Sequence[str] = (),
+    ) -> None:
+        self.plan, self.store, self.batch_id, self.places, self.trackers = (
+            plan,
+            store,
+            batch_id,
+            places,
+            tuple(trackers),
+        )
         self.kernel, self.timeout, self.retry, self.parallel = kernel, timeout, retry, parallel
         self._procs: dict[str, ItemProcess] = {}
         self._lock = threading.Lock()
@@ -405,7 +458,9 @@ class _Runner:
                 seed=item.parameters.get("seed") if isinstance(item.parameters.get("seed"), int) else None,
                 world_size=item.parameters.get("workers") if isinstance(item.parameters.get("workers"), int) else 1,
             )
-        followed = _follow(self.store, run_id, self.trackers)  # the item's tracker run, under the batch's, before its notebook runs
+        followed = _follow(
+            self.store, run_id, self.trackers
+        )  # the item's tracker run, under the batch's, before its notebook runs
         try:
             return self._execute(item, slot, run_id)
         finally:
@@ -444,8 +499,15 @@ class _Runner:
             if self._killed:
                 proc = None
             else:
-                proc = self.places.start(slot, args, name=f"{self.plan.notebook.stem}-{item.key}", cwd=item.cwd, env=env,
-                                         log=log_path, timeout=self.timeout)  # fmt: skip
+                proc = self.places.start(
+                    slot,
+                    args,
+                    name=f"{self.plan.notebook.stem}-{item.key}",
+                    cwd=item.cwd,
+                    env=env,
+                    log=log_path,
+                    timeout=self.timeout,
+                )
                 self._procs[item.key] = proc
         timed_out = False
         try:

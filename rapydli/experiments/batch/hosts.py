@@ -44,8 +44,17 @@ class HostPool:
         finally:
             self._free.put(name)
 
-    def start(self, slot: str | None, args: Sequence[str], *, name: str, cwd: Path, env: Mapping[str, str], log: Path,
-              timeout: float | None) -> Spawned:  # fmt: skip
+    def start(
+        self,
+        slot: str | None,
+        args: Sequence[str],
+        *,
+        name: str,
+        cwd: Path,
+        env: Mapping[str, str],
+        log: Path,
+        timeout: float | None,
+    ) -> Spawned:
         """Start ``python args...`` on host ``slot`` in ``cwd`` (see :func:`rapydli.cluster.sshhosts.spawn_python`)."""
         if slot is None:
             raise ValueError("an item on hosts needs the host that slot() lent")

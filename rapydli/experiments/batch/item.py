@@ -66,8 +66,15 @@ def failing_cell(notebook: str | Path, executed: str | Path, exc: Any) -> dict[s
     line = int(found.group(1)) if found else None
     lines = (exc.source or "").splitlines()
     text = lines[line - 1].strip() if line is not None and 0 < line <= len(lines) else None
-    return {"index": index, "executed_index": exc.cell_index, "execution_count": exc.exec_count, "source": exc.source,
-            "code_cell": code_cell, "line": line, "text": text}  # fmt: skip
+    return {
+        "index": index,
+        "executed_index": exc.cell_index,
+        "execution_count": exc.exec_count,
+        "source": exc.source,
+        "code_cell": code_cell,
+        "line": line,
+        "text": text,
+    }
 
 
 def cell_words(cell: dict[str, Any] | None) -> str | None:
@@ -115,7 +122,11 @@ def run_item(spec: dict[str, Any]) -> dict[str, Any]:
             engine_name="rapydli",  # encrypted kernels; the saved notebook keeps only the widgets it shows
         )
     except PapermillExecutionError as exc:
-        result.update(status="failed", error=f"{exc.ename}: {exc.evalue}", failing_cell=failing_cell(spec["notebook"], spec["output"], exc))
+        result.update(
+            status="failed",
+            error=f"{exc.ename}: {exc.evalue}",
+            failing_cell=failing_cell(spec["notebook"], spec["output"], exc),
+        )
     except Exception as exc:  # kernel died, could not start, bad output path...: the item failed
         result.update(status="failed", error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc())
     result["duration"] = time.time() - started

@@ -62,8 +62,17 @@ class Places(Protocol):
         """Lend a place for the length of a ``with`` block (blocks until one is free)."""
         ...
 
-    def start(self, slot: str | None, args: Sequence[str], *, name: str, cwd: Path, env: Mapping[str, str], log: Path,
-              timeout: float | None) -> ItemProcess:  # fmt: skip
+    def start(
+        self,
+        slot: str | None,
+        args: Sequence[str],
+        *,
+        name: str,
+        cwd: Path,
+        env: Mapping[str, str],
+        log: Path,
+        timeout: float | None,
+    ) -> ItemProcess:
         """Start ``python args...`` in ``slot`` with its output in ``log``."""
         ...
 
@@ -81,8 +90,17 @@ class LocalPlaces:
     def slot(self) -> Iterator[str | None]:
         yield None
 
-    def start(self, slot: str | None, args: Sequence[str], *, name: str, cwd: Path, env: Mapping[str, str], log: Path,
-              timeout: float | None) -> Spawned:  # fmt: skip
+    def start(
+        self,
+        slot: str | None,
+        args: Sequence[str],
+        *,
+        name: str,
+        cwd: Path,
+        env: Mapping[str, str],
+        log: Path,
+        timeout: float | None,
+    ) -> Spawned:
         with log.open("w") as output:  # the child keeps its own copy of the descriptor
             return Spawned(spawn_python(args, cwd=cwd, env=env, output=output))
 
@@ -103,17 +121,29 @@ class SlurmPlaces:
     def slot(self) -> Iterator[str | None]:
         yield None
 
-    def start(self, slot: str | None, args: Sequence[str], *, name: str, cwd: Path, env: Mapping[str, str], log: Path,
-              timeout: float | None) -> ItemProcess:  # fmt: skip
-        return submit_python(args, name=f"rapydli-batch-{name}", cwd=cwd, env=env, output=log, options=self.options,
-                             time_limit_s=timeout)  # fmt: skip
+    def start(
+        self,
+        slot: str | None,
+        args: Sequence[str],
+        *,
+        name: str,
+        cwd: Path,
+        env: Mapping[str, str],
+        log: Path,
+        timeout: float | None,
+    ) -> ItemProcess:
+        return submit_python(
+            args, name=f"rapydli-batch-{name}", cwd=cwd, env=env, output=log, options=self.options, time_limit_s=timeout
+        )
 
 
 def HostPlaces(options: Mapping[str, Any]) -> HostPool:  # noqa: N802 - a factory of places, named like the other places
     """Items on the ``hosts`` given, reached with ``ssh_command``, one at a time per host (:class:`HostPool`)."""
     unknown = sorted(set(options) - {"hosts", "ssh_command"})
     if unknown or "hosts" not in options:
-        raise ConfigError(f"launcher 'ssh' of a batch takes hosts (required) and ssh_command; got {', '.join(sorted(options)) or 'none'}")
+        raise ConfigError(
+            f"launcher 'ssh' of a batch takes hosts (required) and ssh_command; got {', '.join(sorted(options)) or 'none'}"
+        )
     hosts = options["hosts"]
     return HostPool([hosts] if isinstance(hosts, str) else list(hosts), str(options.get("ssh_command", "ssh")))
 

@@ -85,8 +85,14 @@ def figures(summary: pd.DataFrame, plan: BatchPlan) -> list[Any]:
             fig = go.Figure()
             for label, group in _groups(done, others):
                 group = group.sort_values(param, key=_sort_key)
-                fig.add_trace(go.Scatter(x=[str(v) if not _numeric(v) else v for v in group[param]], y=group[metric],
-                                         mode="lines+markers", name=label or metric))  # fmt: skip
+                fig.add_trace(
+                    go.Scatter(
+                        x=[str(v) if not _numeric(v) else v for v in group[param]],
+                        y=group[metric],
+                        mode="lines+markers",
+                        name=label or metric,
+                    )
+                )
             fig.update_layout(title=f"{metric} vs {param}", xaxis_title=param, yaxis_title=metric, height=380)
             fig.update_xaxes(**axis_style(list(done[param])))
             figs.append(fig)
@@ -113,16 +119,23 @@ def _speedup_figures(done: pd.DataFrame, plan: BatchPlan, metrics: list[str]) ->
             if not base_value:
                 continue
             ratio = (base_value / group[metric]) if inverse else (group[metric] / base_value)
-            fig.add_trace(go.Scatter(x=list(group["workers"]), y=list(ratio), mode="lines+markers",
-                                     name=label or f"speedup ({metric})"))  # fmt: skip
+            fig.add_trace(
+                go.Scatter(
+                    x=list(group["workers"]), y=list(ratio), mode="lines+markers", name=label or f"speedup ({metric})"
+                )
+            )
         if not fig.data:
             continue
         ideal = sorted(set(done["workers"][done["workers"].map(_numeric)]))
         low = min(ideal)
-        fig.add_trace(go.Scatter(x=ideal, y=[w / low for w in ideal], mode="lines", name="ideal",
-                                 line={"dash": "dash", "color": "gray"}))  # fmt: skip
-        fig.update_layout(title=f"speedup from {metric} vs workers", xaxis_title="workers",
-                          yaxis_title="speedup", height=380)  # fmt: skip
+        fig.add_trace(
+            go.Scatter(
+                x=ideal, y=[w / low for w in ideal], mode="lines", name="ideal", line={"dash": "dash", "color": "gray"}
+            )
+        )
+        fig.update_layout(
+            title=f"speedup from {metric} vs workers", xaxis_title="workers", yaxis_title="speedup", height=380
+        )
         fig.update_xaxes(**axis_style(ideal))
         figs.append(fig)
     return figs
@@ -194,9 +207,11 @@ def write_report(plan: BatchPlan, summary: pd.DataFrame, path: Path) -> Path:
         parts.append(fig.to_html(full_html=False, include_plotlyjs=False, default_width="100%"))
     if figs:
         shutil.copyfile(Path(plotly.__file__).parent / "package_data" / "plotly.min.js", path.parent / PLOTLY_JS)
-    swap = (f'<script src="{PLOTLY_JS}"></script><script>if (window.Plotly) '
-            "document.querySelectorAll('img.static-figure').forEach(i => i.remove());"
-            "else document.querySelectorAll('.plotly-graph-div').forEach(d => d.remove());</script>")  # fmt: skip
+    swap = (
+        f'<script src="{PLOTLY_JS}"></script><script>if (window.Plotly) '
+        "document.querySelectorAll('img.static-figure').forEach(i => i.remove());"
+        "else document.querySelectorAll('.plotly-graph-div').forEach(d => d.remove());</script>"
+    )
     failed = int((summary["status"] != "finished").sum())
     table = summary.drop(columns=["output"]).to_html(index=False, na_rep="", border=0, classes="summary")
     page = f"""<!DOCTYPE html>

@@ -175,8 +175,14 @@ def notebook_parameters(path: str | os.PathLike[str], kernel: str | None = None)
 
 
 def _type_name(value: Any) -> str | None:
-    for name, types in (("bool", (bool,)), ("int", (int,)), ("float", (float,)), ("str", (str,)),
-                        ("list", (list, tuple)), ("dict", (dict,))):  # fmt: skip
+    for name, types in (
+        ("bool", (bool,)),
+        ("int", (int,)),
+        ("float", (float,)),
+        ("str", (str,)),
+        ("list", (list, tuple)),
+        ("dict", (dict,)),
+    ):
         if isinstance(value, types):
             return name
     return None

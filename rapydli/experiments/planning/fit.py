@@ -162,9 +162,22 @@ class StatesPredictor:
 
 
 def _memory(share: RankShare, layout: Layout, config: TrainConfig) -> Memory:
-    accumulating = config.grad_accum > 1 or (layout.pipeline > 1 and config.microbatches > 1)  # more than one backward a step
-    return rank_memory(share.trained, layout.replicas, layout.zero, config, units=share.units, root=share.root, tensors=share.tensors,
-                       device=share.device, accumulating=accumulating, offload=config.offload_optimizer, others=share.others)  # fmt: skip
+    accumulating = config.grad_accum > 1 or (
+        layout.pipeline > 1 and config.microbatches > 1
+    )  # more than one backward a step
+    return rank_memory(
+        share.trained,
+        layout.replicas,
+        layout.zero,
+        config,
+        units=share.units,
+        root=share.root,
+        tensors=share.tensors,
+        device=share.device,
+        accumulating=accumulating,
+        offload=config.offload_optimizer,
+        others=share.others,
+    )
 
 
 def _mb(nbytes: float) -> str:
@@ -190,8 +203,9 @@ def check_fits(model_fn: Callable[[], Any], config: TrainConfig, world_size: int
     if built is None:
         warnings.warn(
             f"memory_per_rank={_mb(limit)} was not checked: the model cannot be built on the meta device (shapes only), "
-            "which the prediction needs", stacklevel=3,
-        )  # fmt: skip
+            "which the prediction needs",
+            stacklevel=3,
+        )
         return None
     layout = Layout.of(config, world_size)
     share = rank_share(built.model, config, built.device.type)
@@ -206,23 +220,39 @@ def check_fits(model_fn: Callable[[], Any], config: TrainConfig, world_size: int
         for other in [_memory(share, Layout(world_size, layout.pipeline, layout.tensor, zero), config)]
         if other.peak <= limit
     ]
-    if share.device != "cpu" and not config.offload_optimizer and layout.replicas > 1:  # a GPU rank can leave its optimizer to the host
+    if (
+        share.device != "cpu" and not config.offload_optimizer and layout.replicas > 1
+    ):  # a GPU rank can leave its optimizer to the host
         fitting += [
             f"zero={zero} with offload_optimizer=True on these {world_size} ranks ({_mb(other.peak)} per rank on the {share.device} device, "
             f"{_mb(other.host)} in host memory)"
             for zero in (1, 2, 3)
-            for other in [_memory(share, Layout(world_size, layout.pipeline, layout.tensor, zero), config.replace(zero=zero, offload_optimizer=True))]
+            for other in [
+                _memory(
+                    share,
+                    Layout(world_size, layout.pipeline, layout.tensor, zero),
+                    config.replace(zero=zero, offload_optimizer=True),
+                )
+            ]
             if other.peak <= limit
         ][:1]
     if not fitting:
-        more = next((dp for dp in range(layout.replicas + 1, MOST_REPLICAS + 1)
-                     if _memory(share, Layout(dp * per_replica, layout.pipeline, layout.tensor, 3), config).peak <= limit), None)  # fmt: skip
+        more = next(
+            (
+                dp
+                for dp in range(layout.replicas + 1, MOST_REPLICAS + 1)
+                if _memory(share, Layout(dp * per_replica, layout.pipeline, layout.tensor, 3), config).peak <= limit
+            ),
+            None,
+        )
         if more is not None:
             bigger = _memory(share, Layout(more * per_replica, layout.pipeline, layout.tensor, 3), config)
             fitting.append(f"zero=3 on {more * per_replica} ranks or more ({_mb(bigger.peak)} per rank)")
         else:
-            fitting.append(f"no zero stage on up to {MOST_REPLICAS * per_replica} ranks of this pipeline and tensor split: split the model "
-                           "more ways (pipeline_stages, tensor_parallel) or raise the limit")  # fmt: skip
+            fitting.append(
+                f"no zero stage on up to {MOST_REPLICAS * per_replica} ranks of this pipeline and tensor split: split the model "
+                "more ways (pipeline_stages, tensor_parallel) or raise the limit"
+            )
     if config.activation_checkpointing is None:
         fitting.append("and activation_checkpointing='blocks' keeps the activations (not counted here) small")
     raise ConfigError(

@@ -67,8 +67,17 @@ class Candidate:
     offload: bool = False
 
     @classmethod
-    def of(cls, dp: int, pp: int, tp: int, microbatches: int, schedule: str, zero: int, checkpointing: str | None = None,
-           offload: bool = False) -> Candidate:  # fmt: skip
+    def of(
+        cls,
+        dp: int,
+        pp: int,
+        tp: int,
+        microbatches: int,
+        schedule: str,
+        zero: int,
+        checkpointing: str | None = None,
+        offload: bool = False,
+    ) -> Candidate:
         """The candidate of ``dp`` replicas x ``pp`` stages x ``tp`` tensor ranks with ZeRO stage ``zero``.
 
         ``checkpointing``: the ``activation_checkpointing`` it trains with (``None`` or
@@ -105,7 +114,13 @@ class Candidate:
     def label(self) -> str:
         """``dp2 pp1 tp1 m1 zero0`` (and the schedule of a pipeline; ``recompute`` with activation checkpointing; ``offload`` with an offloaded optimizer)."""
         schedule = f" {self.schedule}" if self.pp > 1 else ""
-        recompute = "" if self.checkpointing is None else " recompute" if self.checkpointing == "blocks" else f" recompute:{self.checkpointing}"
+        recompute = (
+            ""
+            if self.checkpointing is None
+            else " recompute"
+            if self.checkpointing == "blocks"
+            else f" recompute:{self.checkpointing}"
+        )
         return f"dp{self.dp} pp{self.pp} tp{self.tp} m{self.microbatches}{schedule} zero{self.zero}{recompute}{' offload' if self.offload else ''}"
 
     def replica_batch(self, global_batch: int) -> int:
@@ -124,10 +139,21 @@ class Candidate:
         changes: dict[str, Any] = {"workers": self.ranks, "zero": self.zero, "tensor_parallel": self.tp,
                                    "activation_checkpointing": self.checkpointing, "offload_optimizer": self.offload}  # fmt: skip
         if self.pp > 1:
-            changes.update(batch_size=self.replica_batch(global_batch), grad_accum=1, pipeline_stages=self.pp, microbatches=self.microbatches,
-                           pipeline_schedule=self.schedule, pipeline_split=",".join(split) if split else "auto")  # fmt: skip
+            changes.update(
+                batch_size=self.replica_batch(global_batch),
+                grad_accum=1,
+                pipeline_stages=self.pp,
+                microbatches=self.microbatches,
+                pipeline_schedule=self.schedule,
+                pipeline_split=",".join(split) if split else "auto",
+            )
         else:
-            changes.update(batch_size=self.microbatch(global_batch), grad_accum=self.microbatches, pipeline_stages=1, microbatches=1)
+            changes.update(
+                batch_size=self.microbatch(global_batch),
+                grad_accum=self.microbatches,
+                pipeline_stages=1,
+                microbatches=1,
+            )
         return base.replace(**changes)
 
 
@@ -156,9 +182,14 @@ def grids(ranks: int, global_batch: int, blocks: int, tensor_parallel: Sequence[
 
 
 def enumerate_layouts(
-    ranks: int, global_batch: int, blocks: int, tensor_parallel: Sequence[int] = (1,), zero: Sequence[int] = ZERO_STAGES,
-    checkpointing: Sequence[str | None] = (None,), offload: Sequence[bool] = (False,),
-) -> list[Candidate]:  # fmt: skip
+    ranks: int,
+    global_batch: int,
+    blocks: int,
+    tensor_parallel: Sequence[int] = (1,),
+    zero: Sequence[int] = ZERO_STAGES,
+    checkpointing: Sequence[str | None] = (None,),
+    offload: Sequence[bool] = (False,),
+) -> list[Candidate]:
     """Every candidate of ``ranks`` ranks for a model of ``blocks`` pipeline blocks (see the module's description).
 
     ``tensor_parallel``: the degrees the model's tensor plan splits; ``zero``: the ZeRO
@@ -170,10 +201,10 @@ def enumerate_layouts(
     for dp, pp, tp in grids(ranks, global_batch, blocks, tensor_parallel):
         batch = global_batch // dp
         for m in microbatch_choices(batch, pp):
-            for schedule in (SCHEDULES if pp > 1 else (NO_SCHEDULE,)):
-                for stage in (zero if dp > 1 else (0,)):
+            for schedule in SCHEDULES if pp > 1 else (NO_SCHEDULE,):
+                for stage in zero if dp > 1 else (0,):
                     for recompute in checkpointing:
-                        for off in (offload if stage >= 1 else (False,)):
+                        for off in offload if stage >= 1 else (False,):
                             layouts.append(Candidate.of(dp, pp, tp, m, schedule, stage, recompute, off))
     return layouts
 
@@ -248,9 +279,21 @@ def offloads(offload: bool, zero: int, device: str) -> bool:
     return offload and zero >= 1 and device != "cpu"
 
 
-def rank_memory(parameter_bytes: float, dp: int, zero: int, config: TrainConfig, *, units: Sequence[float] = (), root: float = 0.0,
-                tensors: int = 0, device: str = "cpu", accumulating: bool = False, offload: bool = False, activations: float = 0.0,
-                others: float = 0.0) -> Memory:  # fmt: skip
+def rank_memory(
+    parameter_bytes: float,
+    dp: int,
+    zero: int,
+    config: TrainConfig,
+    *,
+    units: Sequence[float] = (),
+    root: float = 0.0,
+    tensors: int = 0,
+    device: str = "cpu",
+    accumulating: bool = False,
+    offload: bool = False,
+    activations: float = 0.0,
+    others: float = 0.0,
+) -> Memory:
     """What one rank holds for ``parameter_bytes`` of trained parameters (the one owner of the sum, for the planner and the memory check).
 
     The ZeRO formula's states (:func:`zero_states`); as ``buffers``, what this
@@ -290,8 +333,15 @@ def optimizer_scalar_bytes(config: TrainConfig) -> int:
     return 8 if config.optimizer == "adamw" else 0
 
 
-def zero_buffers(parameter_bytes: float, dp: int, zero: int, bucket_bytes: float, units: Sequence[float] = (), root: float = 0.0,
-                 accumulating: bool = False) -> float:  # fmt: skip
+def zero_buffers(
+    parameter_bytes: float,
+    dp: int,
+    zero: int,
+    bucket_bytes: float,
+    units: Sequence[float] = (),
+    root: float = 0.0,
+    accumulating: bool = False,
+) -> float:
     """Bytes this implementation keeps beyond the formula (:class:`rapydli.parallel.zero.ShardedOptimizer`,
     :class:`rapydli.parallel.zero3.FullyShardedOptimizer`).
 
@@ -327,7 +377,13 @@ def zero_buffers(parameter_bytes: float, dp: int, zero: int, bucket_bytes: float
 
 
 def smallest_states(
-    ranks: int, global_batch: int, blocks: int, parameter_bytes: float, factor: int, zero: Sequence[int], tensor_parallel: Sequence[int]
+    ranks: int,
+    global_batch: int,
+    blocks: int,
+    parameter_bytes: float,
+    factor: int,
+    zero: Sequence[int],
+    tensor_parallel: Sequence[int],
 ) -> tuple[float, str]:
     """A lower bound of the model states some layout needs per rank, and that layout's grid.
 

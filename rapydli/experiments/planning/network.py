@@ -75,7 +75,9 @@ def fit_link(sizes: Sequence[float], times: Sequence[float], source: str = "fitt
     import numpy as np
 
     if len(sizes) != len(times) or len(sizes) < 2:
-        raise ConfigError(f"fit_link needs at least two (size, time) pairs; got {len(sizes)} sizes and {len(times)} times")
+        raise ConfigError(
+            f"fit_link needs at least two (size, time) pairs; got {len(sizes)} sizes and {len(times)} times"
+        )
     design = np.array([[1.0, float(s)] for s in sizes])
     (alpha, beta), *_ = np.linalg.lstsq(design, np.asarray(times, dtype=float), rcond=None)
     return LinkModel(alpha=max(float(alpha), 0.0), beta=max(float(beta), 0.0), source=source)
@@ -100,7 +102,11 @@ class Network:
             f"allreduce: {self.allreduce.describe()} ({self.allreduce.source}); "
             f"reduce-scatter/allgather: {self.collectives.describe()}; "
             f"point to point: α = {self.p2p.alpha * 1e6:.3g} µs, β = {self.p2p.beta * 1e9:.3g} ns/B"
-            + (f", a receive that waited {self.p2p.waits[-1][0] * 1e3:g} ms sees it {self.p2p.waits[-1][1] * 1e6:.0f} µs late" if self.p2p.waits else "")
+            + (
+                f", a receive that waited {self.p2p.waits[-1][0] * 1e3:g} ms sees it {self.p2p.waits[-1][1] * 1e6:.0f} µs late"
+                if self.p2p.waits
+                else ""
+            )
         )
 
 
@@ -192,14 +198,18 @@ def p2p_task(sizes: Sequence[int], repeats: int = 20) -> tuple[list[float], list
     return comm.bcast((medians, delays), root=0)
 
 
-def measure_network(cluster: Cluster, targets: Sequence[int], algorithm: str = "auto", sizes: Sequence[int] = SIZES) -> Network:
+def measure_network(
+    cluster: Cluster, targets: Sequence[int], algorithm: str = "auto", sizes: Sequence[int] = SIZES
+) -> Network:
     """Fit the three models on ``targets`` (at least 2 engines) of ``cluster``."""
     ranks = list(targets)
     if len(ranks) < 2:
         raise ConfigError("measuring the network needs at least 2 engines; give network=RingModel(alpha, beta) instead")
     allreduce = measure_ring(cluster, ranks, algorithm=algorithm, sizes=sizes)
     pairs = cluster.run(collectives_task, list(sizes), targets=ranks)[0]
-    collectives = fit_ring(list(sizes), pairs, n=len(ranks), source=f"fitted: MPI reduce-scatter + allgather on {len(ranks)} engines")
+    collectives = fit_ring(
+        list(sizes), pairs, n=len(ranks), source=f"fitted: MPI reduce-scatter + allgather on {len(ranks)} engines"
+    )
     one_way, delays = cluster.run(p2p_task, list(sizes), targets=ranks[:2])[0]
     fitted = fit_link(list(sizes), one_way, source="fitted: pipeline transfers between 2 engines")
     p2p = LinkModel(fitted.alpha, fitted.beta, fitted.source, tuple(zip(WAITS, delays)))

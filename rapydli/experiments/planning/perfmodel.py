@@ -67,7 +67,9 @@ def fit_ring(sizes: Sequence[float], times: Sequence[float], n: int, source: str
     import numpy as np
 
     if n < 2 or len(sizes) != len(times) or len(sizes) < 2:
-        raise ConfigError(f"fit_ring needs n >= 2 ranks and at least two (size, time) pairs; got n={n}, {len(sizes)} sizes")
+        raise ConfigError(
+            f"fit_ring needs n >= 2 ranks and at least two (size, time) pairs; got n={n}, {len(sizes)} sizes"
+        )
     design = np.array([[2 * (n - 1), 2 * (n - 1) / n * s] for s in sizes], dtype=float)
     (alpha, beta), *_ = np.linalg.lstsq(design, np.asarray(times, dtype=float), rcond=None)
     return RingModel(alpha=max(float(alpha), 0.0), beta=max(float(beta), 0.0), source=source)
@@ -106,7 +108,13 @@ def _max() -> Any:
     return MPI.MAX
 
 
-def measure_ring(cluster: Cluster, targets: Sequence[int] | None = None, algorithm: str = "auto", sizes: Sequence[int] = SIZES, repeats: int = 20) -> RingModel:
+def measure_ring(
+    cluster: Cluster,
+    targets: Sequence[int] | None = None,
+    algorithm: str = "auto",
+    sizes: Sequence[int] = SIZES,
+    repeats: int = 20,
+) -> RingModel:
     """Fit α, β from allreduces timed on ``targets`` (default: every engine) of ``cluster``."""
     ranks = list(range(cluster.n)) if targets is None else list(targets)
     if len(ranks) < 2:

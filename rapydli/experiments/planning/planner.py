@@ -49,7 +49,7 @@ from rapydli.experiments.planning.layouts import (
     optimizer_factor,
     smallest_states,
     spread,
-)  # fmt: skip
+)
 from rapydli.experiments.planning.network import Network
 from rapydli.experiments.planning.perfmodel import RingModel
 from rapydli.experiments.planning.profile import Profile
@@ -137,7 +137,9 @@ class ParallelPlan:
     best_reason: str = ""
 
     def _repr_html_(self) -> str:  # pragma: no cover - notebook display
-        shown = self.table.head(12).drop(columns=["dp", "pp", "tp", "microbatches", "schedule", "zero", "checkpointing"])
+        shown = self.table.head(12).drop(
+            columns=["dp", "pp", "tp", "microbatches", "schedule", "zero", "checkpointing"]
+        )
         return f"<b>ParallelPlan</b> {self.ranks} ranks, best: {self.best_layout}, validated={self.validated}<br>{shown.to_html(index=False)}"
 
 
@@ -152,7 +154,9 @@ def _network(network: Network | RingModel | None) -> Network | None:
         return network
     if isinstance(network, RingModel):
         return Network.from_ring(network)
-    raise ConfigError(f"network={network!r} is invalid: a RingModel(alpha, beta), a Network, or None (measured on the cluster)")
+    raise ConfigError(
+        f"network={network!r} is invalid: a RingModel(alpha, beta), a Network, or None (measured on the cluster)"
+    )
 
 
 def _model_states(model_fn: Callable[[], Any]) -> tuple[float, int] | None:
@@ -175,14 +179,18 @@ def _model_states(model_fn: Callable[[], Any]) -> tuple[float, int] | None:
     return float(parameters), blocks
 
 
-def _check_memory(model_fn: Callable[[], Any], ranks: int, global_batch: int, config: TrainConfig, limit: float) -> None:
+def _check_memory(
+    model_fn: Callable[[], Any], ranks: int, global_batch: int, config: TrainConfig, limit: float
+) -> None:
     """Refuse, before anything starts, a limit below what the model's states need in any layout."""
     states = _model_states(model_fn)
     if states is None:
         return
     parameters, blocks = states
     degrees = [t for t in divisors(ranks) if t <= MAX_TENSOR_PARALLEL]
-    need, grid = smallest_states(ranks, global_batch, blocks, parameters, optimizer_factor(config), ZERO_STAGES, degrees)
+    need, grid = smallest_states(
+        ranks, global_batch, blocks, parameters, optimizer_factor(config), ZERO_STAGES, degrees
+    )
     if need > limit:
         raise ConfigError(
             f"memory_per_rank={limit:.4g} bytes is too small for every layout of ranks={ranks}: the smallest needs at least "
@@ -266,7 +274,9 @@ def plan_parallel(
     _positive_int("steps", steps, WARMUP_STEPS + 1)
     if run_top is not None:
         _positive_int("run_top", run_top, 0)
-    cfg, limit = _with_memory_limit(cfg, memory_per_rank)  # the pick, and every layout run, carry the limit rd.train enforces
+    cfg, limit = _with_memory_limit(
+        cfg, memory_per_rank
+    )  # the pick, and every layout run, carry the limit rd.train enforces
     if profile is not None and not isinstance(profile, Profile):
         raise ConfigError(f"profile={profile!r} is invalid: a Profile (plan.profile of an earlier plan) or None")
     net = _network(network)
@@ -274,7 +284,9 @@ def plan_parallel(
     spec = RunSpec.of(model_fn, data_fn, loss_fn, optimizer_fn, metrics)  # resolved and checked once, then passed whole
     top = run_top if run_top is not None else (RUN_TOP if net is None else 0)
     if isinstance(run_layouts, str) or not all(isinstance(label, str) for label in run_layouts):
-        raise ConfigError(f"run_layouts={run_layouts!r} is invalid: a list of layout labels such as 'dp2 pp1 tp1 m1 zero0'")
+        raise ConfigError(
+            f"run_layouts={run_layouts!r} is invalid: a list of layout labels such as 'dp2 pp1 tp1 m1 zero0'"
+        )
     if limit is not None:
         _check_memory(spec.model_fn, ranks, batch, cfg, limit)
 
@@ -296,15 +308,27 @@ def plan_parallel(
         if own and chosen is not None:
             chosen.stop()
     table = _table(predictions, fits, measured, batch, spreads)
-    validated, said = verdict([e for e in table["error"] if not math.isnan(e)], {layout.label: s for layout, s in spreads.items()},
-                              machine_load())  # fmt: skip
+    validated, said = verdict(
+        [e for e in table["error"] if not math.isnan(e)],
+        {layout.label: s for layout, s in spreads.items()},
+        machine_load(),
+    )
     notes += said
     best, reason = _best(predictions, measured, spreads)
     return ParallelPlan(
-        table=table, figure=plan_figure(table, ranks, TOLERANCE), best=best.layout.config(cfg, batch, best.split), best_layout=best.layout.label,
-        predictions=predictions, profile=profile, network=net, ranks=ranks, global_batch=batch, validated=validated, notes=notes,
+        table=table,
+        figure=plan_figure(table, ranks, TOLERANCE),
+        best=best.layout.config(cfg, batch, best.split),
+        best_layout=best.layout.label,
+        predictions=predictions,
+        profile=profile,
+        network=net,
+        ranks=ranks,
+        global_batch=batch,
+        validated=validated,
+        notes=notes,
         best_reason=reason,
-    )  # fmt: skip
+    )
 
 
 def _with_memory_limit(config: TrainConfig, memory_per_rank: float | str | None) -> tuple[TrainConfig, float | None]:
@@ -312,28 +336,44 @@ def _with_memory_limit(config: TrainConfig, memory_per_rank: float | str | None)
     limit: float | None
     if memory_per_rank is None:
         limit = config.memory_per_rank
-    elif isinstance(memory_per_rank, str) or (isinstance(memory_per_rank, int | float) and not isinstance(memory_per_rank, bool)):
+    elif isinstance(memory_per_rank, str) or (
+        isinstance(memory_per_rank, int | float) and not isinstance(memory_per_rank, bool)
+    ):
         limit = byte_size(memory_per_rank)
     else:
-        raise ConfigError(f"memory_per_rank={memory_per_rank!r} is invalid: bytes per rank > 0 ('200MB' or a number), or None (no limit)")
+        raise ConfigError(
+            f"memory_per_rank={memory_per_rank!r} is invalid: bytes per rank > 0 ('200MB' or a number), or None (no limit)"
+        )
     return config.replace(memory_per_rank=limit), limit
 
 
-def _ranked(spec: RunSpec, profile: Profile, net: Network, config: TrainConfig, ranks: int, batch: int,
-            limit: float | None) -> tuple[list[Prediction], list[bool], list[str]]:  # fmt: skip
+def _ranked(
+    spec: RunSpec, profile: Profile, net: Network, config: TrainConfig, ranks: int, batch: int, limit: float | None
+) -> tuple[list[Prediction], list[bool], list[str]]:
     """Every layout of ``ranks`` predicted and ranked: those that fit ``limit`` first, each group fastest first; whether each
     fits, and the notes on the layouts left out (a tensor degree the model does not support, tied weights across stages).
 
     Raises :class:`ConfigError` when no layout fits.
     """
     degrees = [t for t in divisors(ranks) if t <= MAX_TENSOR_PARALLEL and profile.supports(t)]
-    offload = (False, True) if profile.device != "cpu" else (False,)  # on CPU ranks the optimizer is in host memory already
-    layouts = enumerate_layouts(ranks, batch, profile.stage_blocks, degrees, checkpointing=CHECKPOINTING, offload=offload)
+    offload = (
+        (False, True) if profile.device != "cpu" else (False,)
+    )  # on CPU ranks the optimizer is in host memory already
+    layouts = enumerate_layouts(
+        ranks, batch, profile.stage_blocks, degrees, checkpointing=CHECKPOINTING, offload=offload
+    )
     predictions = sorted((predict(layout, profile, net, batch, config) for layout in layouts), key=lambda p: p.step_s)
-    predictions, refused = _honoured(spec.model_fn, predictions, config)  # tied weights across stages: no zero=2 (rapydli.parallel.shared)
+    predictions, refused = _honoured(
+        spec.model_fn, predictions, config
+    )  # tied weights across stages: no zero=2 (rapydli.parallel.shared)
     fits = [limit is None or p.memory.peak <= limit for p in predictions]
-    if limit is not None:  # and the front door's prediction (rd.train checks it): a layout it would refuse does not fit either
-        fits = [ok and not over for ok, over in zip(fits, _refused_at_the_door(spec.model_fn, predictions, config, batch, limit))]
+    if (
+        limit is not None
+    ):  # and the front door's prediction (rd.train checks it): a layout it would refuse does not fit either
+        fits = [
+            ok and not over
+            for ok, over in zip(fits, _refused_at_the_door(spec.model_fn, predictions, config, batch, limit))
+        ]
     if not any(fits):
         smallest = min(predictions, key=lambda p: p.memory.peak)
         raise ConfigError(
@@ -341,23 +381,36 @@ def _ranked(spec: RunSpec, profile: Profile, net: Network, config: TrainConfig, 
             f"peak is {smallest.memory.peak / MIB:.3g} MiB per rank ({smallest.layout.label})"
         )
     predictions = [p for _, p in sorted(zip(fits, predictions), key=lambda pair: (not pair[0], pair[1].step_s))]
-    notes = [f"unsupported tensor_parallel={t}: {why}" for t, why in profile.unsupported.items() if ranks % t == 0] + refused
+    notes = [
+        f"unsupported tensor_parallel={t}: {why}" for t, why in profile.unsupported.items() if ranks % t == 0
+    ] + refused
     return predictions, sorted(fits, reverse=True), notes
 
 
-def _picks(predictions: list[Prediction], fits: list[bool], top: int, run_layouts: Sequence[str], ranks: int) -> list[Prediction]:
+def _picks(
+    predictions: list[Prediction], fits: list[bool], top: int, run_layouts: Sequence[str], ranks: int
+) -> list[Prediction]:
     """The layouts to run: the ``top`` fastest predicted of those that fit, then those ``run_layouts`` names (by label)."""
     picks = [p for p, ok in zip(predictions, fits) if ok][:top]
     by_label = {p.layout.label: p for p in predictions}
     unknown = [label for label in run_layouts if label not in by_label]
     if unknown:
         labels = ", ".join(by_label)
-        raise ConfigError(f"run_layouts names {', '.join(map(repr, unknown))}, not a layout of ranks={ranks}; they are: {labels}")
+        raise ConfigError(
+            f"run_layouts names {', '.join(map(repr, unknown))}, not a layout of ranks={ranks}; they are: {labels}"
+        )
     return picks + [by_label[label] for label in run_layouts if by_label[label] not in picks]
 
 
-def _run_picks(cluster: Cluster | None, targets: list[int], spec: RunSpec, picks: list[Prediction], config: TrainConfig, batch: int,
-               steps: int) -> tuple[dict[Candidate, float], dict[Candidate, Spread], list[str]]:  # fmt: skip
+def _run_picks(
+    cluster: Cluster | None,
+    targets: list[int],
+    spec: RunSpec,
+    picks: list[Prediction],
+    config: TrainConfig,
+    batch: int,
+    steps: int,
+) -> tuple[dict[Candidate, float], dict[Candidate, Spread], list[str]]:
     """Train each picked layout ``steps`` steps; the median step times and spreads of those that ran, and notes on those that did not."""
     measured: dict[Candidate, float] = {}
     spreads: dict[Candidate, Spread] = {}
@@ -373,10 +426,14 @@ def _run_picks(cluster: Cluster | None, targets: list[int], spec: RunSpec, picks
     return measured, spreads, notes
 
 
-def _measure(cluster: Cluster | None, targets: list[int], spec: RunSpec, config: TrainConfig, ranks: int, batch: int) -> Profile:
+def _measure(
+    cluster: Cluster | None, targets: list[int], spec: RunSpec, config: TrainConfig, ranks: int, batch: int
+) -> Profile:
     from rapydli.experiments.planning.profiling import local_profile, measure_profile
 
-    micro, data_sizes = (spread({min(size, MEASURED_SIZES) for size in sizes}) for sizes in candidate_sizes(ranks, batch))
+    micro, data_sizes = (
+        spread({min(size, MEASURED_SIZES) for size in sizes}) for sizes in candidate_sizes(ranks, batch)
+    )
     degrees = [t for t in divisors(ranks) if t <= MAX_TENSOR_PARALLEL]
     if cluster is not None:
         return measure_profile(cluster, targets, spec, config, micro, degrees, data_sizes)
@@ -391,27 +448,49 @@ def _measure_network(cluster: Cluster | None, targets: list[int], config: TrainC
     return measure_network(cluster, targets, algorithm=config.allreduce)
 
 
-def _run(cluster: Cluster, targets: list[int], spec: RunSpec, prediction: Prediction, config: TrainConfig, batch: int,
-         steps: int) -> tuple[float | None, str, Spread]:  # fmt: skip
+def _run(
+    cluster: Cluster,
+    targets: list[int],
+    spec: RunSpec,
+    prediction: Prediction,
+    config: TrainConfig,
+    batch: int,
+    steps: int,
+) -> tuple[float | None, str, Spread]:
     """Train ``steps`` steps in the layout; its median step time after the warm-up (None and a note if it failed)
     and the median and interquartile range of those steps' times."""
     from rapydli.experiments.job import TrainingJob
 
     layout = prediction.layout
     run_config = layout.config(config, batch, prediction.split).replace(
-        max_steps=steps, epochs=max(config.epochs, steps), eval_every=0, checkpoint_dir=None, checkpoint_every=0, resume=False
+        max_steps=steps,
+        epochs=max(config.epochs, steps),
+        eval_every=0,
+        checkpoint_dir=None,
+        checkpoint_every=0,
+        resume=False,
     )
-    job = TrainingJob(
-        cluster, spec, run_config, targets, name=f"plan {layout.label}",
-        extra_params={"plan_layout": layout.label, "predicted_step_time_s": prediction.step_s},
-    ).start().wait()  # fmt: skip
+    job = (
+        TrainingJob(
+            cluster,
+            spec,
+            run_config,
+            targets,
+            name=f"plan {layout.label}",
+            extra_params={"plan_layout": layout.label, "predicted_step_time_s": prediction.step_s},
+        )
+        .start()
+        .wait()
+    )
     if job.state != "finished" or not job.results or not job.results[0].get("timing"):
         return None, f"{layout.label} did not run: {job.error or job.state}", Spread.of([])
     times = [r["step_time_s"] for r in job.results[0].get("history", []) if r.get("kind") == "train"][WARMUP_STEPS:]
     return float(job.results[0]["timing"]["step_time_s"]), "", Spread.quartiles(times)
 
 
-def verdict(errors: Sequence[float], spreads: Mapping[str, Spread], load: dict[str, float]) -> tuple[bool | None, list[str]]:
+def verdict(
+    errors: Sequence[float], spreads: Mapping[str, Spread], load: dict[str, float]
+) -> tuple[bool | None, list[str]]:
     """Whether the layouts run validate the predictions (``errors``: relative, per layout run), and the notes why not.
 
     None when nothing ran. A layout whose steps varied more than :data:`TOLERANCE`
@@ -421,18 +500,28 @@ def verdict(errors: Sequence[float], spreads: Mapping[str, Spread], load: dict[s
     validated = all(abs(e) <= TOLERANCE for e in errors) if errors else None
     noisy = {label: spread for label, spread in spreads.items() if spread.relative_width > TOLERANCE}
     if noisy:  # the measurement is too unsteady to check a prediction to TOLERANCE: no verdict either way is earned
-        return False, [f"not validated: {label}'s step times varied {spread.relative_width:.0%} (interquartile, {spread.n} steps; "
-                       f"{load_text(load)}), more than the {TOLERANCE:.0%} a prediction is checked to; run more steps or on a "
-                       "quieter machine" for label, spread in noisy.items()]  # fmt: skip
+        return False, [
+            f"not validated: {label}'s step times varied {spread.relative_width:.0%} (interquartile, {spread.n} steps; "
+            f"{load_text(load)}), more than the {TOLERANCE:.0%} a prediction is checked to; run more steps or on a "
+            "quieter machine"
+            for label, spread in noisy.items()
+        ]
     if validated is False and busy(load):  # steady steps, but shared with other work
-        return False, [f"not validated: the machine was busy ({load_text(load)}): the runs competed with other work, which "
-                       "the model's measurements may have met otherwise; a prediction missed here does not show the model "
-                       "wrong: repeat on a quieter machine"]  # fmt: skip
+        return False, [
+            f"not validated: the machine was busy ({load_text(load)}): the runs competed with other work, which "
+            "the model's measurements may have met otherwise; a prediction missed here does not show the model "
+            "wrong: repeat on a quieter machine"
+        ]
     return validated, []
 
 
-def _table(predictions: list[Prediction], fits: list[bool], measured: dict[Candidate, float], batch: int,
-           spreads: dict[Candidate, Spread] | None = None) -> pd.DataFrame:
+def _table(
+    predictions: list[Prediction],
+    fits: list[bool],
+    measured: dict[Candidate, float],
+    batch: int,
+    spreads: dict[Candidate, Spread] | None = None,
+) -> pd.DataFrame:
     import pandas as pd
 
     rows = []
@@ -440,21 +529,41 @@ def _table(predictions: list[Prediction], fits: list[bool], measured: dict[Candi
         layout, memory = prediction.layout, prediction.memory
         step = measured.get(layout, math.nan)
         spread = (spreads or {}).get(layout, Spread.of([]))
-        rows.append({
-            "layout": layout.label, "dp": layout.dp, "pp": layout.pp, "tp": layout.tp, "microbatches": layout.microbatches,
-            "schedule": layout.schedule, "zero": layout.zero, "checkpointing": layout.checkpointing, "fits": ok, "predicted_step_s": prediction.step_s,
-            "measured_step_s": step, "measured_low_s": spread.low, "measured_high_s": spread.high,
-            "error": (prediction.step_s - step) / step, "samples_per_s": batch / prediction.step_s,
-            "bubble": prediction.bubble, "gradient_s": prediction.gradient_s, "optimizer_s": prediction.optimizer_s,
-            "params_mib": memory.parameters / MIB, "grads_mib": memory.gradients / MIB, "optimizer_mib": memory.optimizer / MIB,
-            "activations_mib": memory.activations / MIB, "buffers_mib": memory.buffers / MIB, "peak_mib": memory.peak / MIB,
-            "split": ",".join(prediction.split),
-        })  # fmt: skip
+        rows.append(
+            {
+                "layout": layout.label,
+                "dp": layout.dp,
+                "pp": layout.pp,
+                "tp": layout.tp,
+                "microbatches": layout.microbatches,
+                "schedule": layout.schedule,
+                "zero": layout.zero,
+                "checkpointing": layout.checkpointing,
+                "fits": ok,
+                "predicted_step_s": prediction.step_s,
+                "measured_step_s": step,
+                "measured_low_s": spread.low,
+                "measured_high_s": spread.high,
+                "error": (prediction.step_s - step) / step,
+                "samples_per_s": batch / prediction.step_s,
+                "bubble": prediction.bubble,
+                "gradient_s": prediction.gradient_s,
+                "optimizer_s": prediction.optimizer_s,
+                "params_mib": memory.parameters / MIB,
+                "grads_mib": memory.gradients / MIB,
+                "optimizer_mib": memory.optimizer / MIB,
+                "activations_mib": memory.activations / MIB,
+                "buffers_mib": memory.buffers / MIB,
+                "peak_mib": memory.peak / MIB,
+                "split": ",".join(prediction.split),
+            }
+        )
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
-def _refused_at_the_door(model_fn: Callable[[], Any], predictions: list[Prediction], config: TrainConfig, batch: int,
-                         limit: float) -> list[bool]:  # fmt: skip
+def _refused_at_the_door(
+    model_fn: Callable[[], Any], predictions: list[Prediction], config: TrainConfig, batch: int, limit: float
+) -> list[bool]:
     """Whether ``rd.train`` would refuse each layout's config for ``limit`` (:func:`rapydli.experiments.planning.fit.check_fits`).
 
     The profile's blocks and the model's differ a little (the root ZeRO-3 keeps gathered,
@@ -477,7 +586,9 @@ def _refused_at_the_door(model_fn: Callable[[], Any], predictions: list[Predicti
     return refused
 
 
-def _honoured(model_fn: Callable[[], Any], predictions: list[Prediction], config: TrainConfig) -> tuple[list[Prediction], list[str]]:
+def _honoured(
+    model_fn: Callable[[], Any], predictions: list[Prediction], config: TrainConfig
+) -> tuple[list[Prediction], list[str]]:
     """The predictions whose layout keeps every parameter shared across its stages one parameter, and a note per refused kind.
 
     The model is built on the meta device (:func:`rapydli.parallel.preflight.meta_model`);
@@ -502,13 +613,17 @@ def _honoured(model_fn: Callable[[], Any], predictions: list[Prediction], config
             if bounds is not None:
                 check_honoured(find_shared(model, bounds), model, layout.zero, None)
         except ConfigError as exc:
-            notes.setdefault(f"zero={layout.zero}", f"layouts with pipeline stages and zero={layout.zero} left out: {exc}")
+            notes.setdefault(
+                f"zero={layout.zero}", f"layouts with pipeline stages and zero={layout.zero} left out: {exc}"
+            )
             continue
         kept.append(prediction)
     return kept, list(notes.values())
 
 
-def _best(predictions: list[Prediction], measured: dict[Candidate, float], spreads: dict[Candidate, Spread]) -> tuple[Prediction, str]:
+def _best(
+    predictions: list[Prediction], measured: dict[Candidate, float], spreads: dict[Candidate, Spread]
+) -> tuple[Prediction, str]:
     """The fastest layout measured, else the fastest predicted (``predictions`` put those that fit first), and why
     (:attr:`ParallelPlan.best_reason`)."""
     if not measured:
@@ -521,5 +636,7 @@ def _best(predictions: list[Prediction], measured: dict[Candidate, float], sprea
     if not overlapping:
         return pick, "the fastest layout run: its steps' middle half lies below every other run's"
     ms = lambda layout: f"{layout.label} {1e3 * spreads[layout].low:.1f}-{1e3 * spreads[layout].high:.1f} ms"  # noqa: E731
-    return pick, (f"the lowest median step, but the machine could not tell it from {', '.join(o.label for o in overlapping)}: "
-                  f"the steps' middle halves overlap ({'; '.join(ms(layout) for layout in [fastest, *overlapping])}); any of them will do")  # fmt: skip
+    return pick, (
+        f"the lowest median step, but the machine could not tell it from {', '.join(o.label for o in overlapping)}: "
+        f"the steps' middle halves overlap ({'; '.join(ms(layout) for layout in [fastest, *overlapping])}); any of them will do"
+    )

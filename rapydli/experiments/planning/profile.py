@@ -166,14 +166,20 @@ class Profile:
             why = self.unsupported.get(tensor_parallel, "measure it, or degree 1 and another")
             raise ConfigError(f"tensor_parallel={tensor_parallel} was not measured and cannot be estimated: {why}")
         low, high = self.degrees[0], self.degrees[1]
-        return [_split_model(a, b, low, high, tensor_parallel) for a, b in zip(self._at_size(low, size), self._at_size(high, size))]
+        return [
+            _split_model(a, b, low, high, tensor_parallel)
+            for a, b in zip(self._at_size(low, size), self._at_size(high, size))
+        ]
 
     def _at_size(self, tensor_parallel: int, size: int) -> list[BlockCost]:
         sizes = self.sizes(tensor_parallel)
         if size in sizes:
             return self.measured[(tensor_parallel, size)]
         lo, hi = _neighbours(sizes, size)
-        return [_interpolate(a, b, lo, hi, size) for a, b in zip(self.measured[(tensor_parallel, lo)], self.measured[(tensor_parallel, hi)])]
+        return [
+            _interpolate(a, b, lo, hi, size)
+            for a, b in zip(self.measured[(tensor_parallel, lo)], self.measured[(tensor_parallel, hi)])
+        ]
 
     def data_time(self, size: int) -> float:
         """Seconds to collate a batch of ``size`` (linear between, and beyond, the sizes measured)."""
@@ -188,21 +194,28 @@ class Profile:
         first = profiles[0]
         measured = {
             key: [
-                replace(block, forward_s=statistics.fmean(p.measured[key][i].forward_s for p in profiles),
-                        backward_s=statistics.fmean(p.measured[key][i].backward_s for p in profiles))
+                replace(
+                    block,
+                    forward_s=statistics.fmean(p.measured[key][i].forward_s for p in profiles),
+                    backward_s=statistics.fmean(p.measured[key][i].backward_s for p in profiles),
+                )
                 for i, block in enumerate(blocks)
             ]
             for key, blocks in first.measured.items()
-        }  # fmt: skip
+        }
         return cls(
-            names=list(first.names), measured=measured, unsupported=dict(first.unsupported),
+            names=list(first.names),
+            measured=measured,
+            unsupported=dict(first.unsupported),
             optimizer_s_per_byte=statistics.fmean(p.optimizer_s_per_byte for p in profiles),
             gradient_copy_s_per_byte=statistics.fmean(p.gradient_copy_s_per_byte for p in profiles),
             data_s={k: statistics.fmean(p.data_s[k] for p in profiles) for k in first.data_s},
-            step_overhead_s=statistics.fmean(p.step_overhead_s for p in profiles), source=source or first.source, device=first.device,
+            step_overhead_s=statistics.fmean(p.step_overhead_s for p in profiles),
+            source=source or first.source,
+            device=first.device,
             host_optimizer_s_per_byte=statistics.fmean(p.host_optimizer_s_per_byte for p in profiles),
             host_copy_s_per_byte=statistics.fmean(p.host_copy_s_per_byte for p in profiles),
-        )  # fmt: skip
+        )
 
 
 def _neighbours(sizes: Sequence[int], size: int) -> tuple[int, int]:
@@ -224,12 +237,18 @@ def _interpolate(a: BlockCost, b: BlockCost, size_a: int, size_b: int, size: int
     """Times on the line through the two measured sizes; bytes proportional to the size."""
     scale = size / size_b
     return BlockCost(
-        forward_s=_line(a.forward_s, b.forward_s, size_a, size_b, size), backward_s=_line(a.backward_s, b.backward_s, size_a, size_b, size),
-        saved_bytes=round(b.saved_bytes * scale), output_bytes=round(b.output_bytes * scale), parameter_bytes=b.parameter_bytes,
-        tp_forward_bytes=tuple(round(x * scale) for x in b.tp_forward_bytes), tp_backward_bytes=tuple(round(x * scale) for x in b.tp_backward_bytes),
-        holds_parameters=b.holds_parameters, input_bytes=round(b.input_bytes * scale), saved_input_bytes=round(b.saved_input_bytes * scale),
+        forward_s=_line(a.forward_s, b.forward_s, size_a, size_b, size),
+        backward_s=_line(a.backward_s, b.backward_s, size_a, size_b, size),
+        saved_bytes=round(b.saved_bytes * scale),
+        output_bytes=round(b.output_bytes * scale),
+        parameter_bytes=b.parameter_bytes,
+        tp_forward_bytes=tuple(round(x * scale) for x in b.tp_forward_bytes),
+        tp_backward_bytes=tuple(round(x * scale) for x in b.tp_backward_bytes),
+        holds_parameters=b.holds_parameters,
+        input_bytes=round(b.input_bytes * scale),
+        saved_input_bytes=round(b.saved_input_bytes * scale),
         recomputed=b.recomputed,
-    )  # fmt: skip
+    )
 
 
 def _split_model(a: BlockCost, b: BlockCost, t_a: int, t_b: int, t: int) -> BlockCost:
@@ -241,11 +260,18 @@ def _split_model(a: BlockCost, b: BlockCost, t_a: int, t_b: int, t: int) -> Bloc
 
     params = tuple(round(at(x, y)) for x, y in zip(a.parameter_bytes, b.parameter_bytes))
     return BlockCost(
-        forward_s=at(a.forward_s, b.forward_s), backward_s=at(a.backward_s, b.backward_s),
-        saved_bytes=round(at(a.saved_bytes, b.saved_bytes)), output_bytes=b.output_bytes, parameter_bytes=params,
-        tp_forward_bytes=b.tp_forward_bytes, tp_backward_bytes=b.tp_backward_bytes, holds_parameters=b.holds_parameters,
-        input_bytes=b.input_bytes, saved_input_bytes=b.saved_input_bytes, recomputed=b.recomputed,
-    )  # fmt: skip
+        forward_s=at(a.forward_s, b.forward_s),
+        backward_s=at(a.backward_s, b.backward_s),
+        saved_bytes=round(at(a.saved_bytes, b.saved_bytes)),
+        output_bytes=b.output_bytes,
+        parameter_bytes=params,
+        tp_forward_bytes=b.tp_forward_bytes,
+        tp_backward_bytes=b.tp_backward_bytes,
+        holds_parameters=b.holds_parameters,
+        input_bytes=b.input_bytes,
+        saved_input_bytes=b.saved_input_bytes,
+        recomputed=b.recomputed,
+    )
 
 
 class ShardProbe:
@@ -354,14 +380,20 @@ def profile_model(
         chosen = {id(block) for _, block in model_blocks(model)}  # what checkpointing "blocks" recomputes
         recomputed = [any(id(m) in chosen for m in block.modules()) for block in blocks]
         for size in sorted(set(sizes)):
-            measured[(degree, size)] = _measure_blocks(blocks, inputs[:size], targets[:size], probe, repeats, last, recomputed)
+            measured[(degree, size)] = _measure_blocks(
+                blocks, inputs[:size], targets[:size], probe, repeats, last, recomputed
+            )
     model = build()
-    per_parameter, copy_per_parameter = _optimizer_times(model, inputs[: min(sizes)], targets[: min(sizes)], optimizer, repeats, loss_fn)
+    per_parameter, copy_per_parameter = _optimizer_times(
+        model, inputs[: min(sizes)], targets[: min(sizes)], optimizer, repeats, loss_fn
+    )
     size = max(sizes)
     data_s = {n: _collate_time(data, n, repeats) for n in sorted({*data_sizes, size})} if data is not None else {}
     profile = Profile(names, measured, unsupported, per_parameter, copy_per_parameter, data_s)
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
-    if device.type != "cpu":  # what an offloaded optimizer costs there: its step in host memory, the copies to and from it
+    if (
+        device.type != "cpu"
+    ):  # what an offloaded optimizer costs there: its step in host memory, the copies to and from it
         profile.device = device.type
         profile.host_optimizer_s_per_byte, profile.host_copy_s_per_byte = offload_times(model, optimizer, repeats)
     if train_step is not None:
@@ -407,7 +439,12 @@ def _detached(value: Any) -> Any:
 
 
 def _measure_blocks(
-    blocks: list[nn.Module], inputs: Any, targets: torch.Tensor, probe: ShardProbe | None, repeats: int, last: _LastBlock,
+    blocks: list[nn.Module],
+    inputs: Any,
+    targets: torch.Tensor,
+    probe: ShardProbe | None,
+    repeats: int,
+    last: _LastBlock,
     recomputed: Sequence[bool],
 ) -> list[BlockCost]:
     """Forward through every block in order, then backward in reverse, as a pipeline's stages do; each block timed."""
@@ -462,20 +499,28 @@ def _measure_blocks(
     counted: set[int] = set()  # a parameter several blocks use (tied embeddings) counts once, in its first block
 
     def once(block: nn.Module) -> tuple[int, ...]:
-        sizes = tuple(p.numel() * p.element_size() for p in block.parameters() if p.requires_grad and id(p) not in counted)
+        sizes = tuple(
+            p.numel() * p.element_size() for p in block.parameters() if p.requires_grad and id(p) not in counted
+        )
         counted.update(id(p) for p in block.parameters())
         return sizes
 
     return [
         BlockCost(
-            forward_s=statistics.median(forward[j][1:]), backward_s=statistics.median(backward[j][1:]), saved_bytes=saved[j],
-            output_bytes=output_bytes[j], parameter_bytes=once(block),
-            tp_forward_bytes=tp_forward[j], tp_backward_bytes=tp_backward[j],
-            holds_parameters=any(True for _ in block.parameters()), input_bytes=input_bytes[j], saved_input_bytes=saved_input[j],
+            forward_s=statistics.median(forward[j][1:]),
+            backward_s=statistics.median(backward[j][1:]),
+            saved_bytes=saved[j],
+            output_bytes=output_bytes[j],
+            parameter_bytes=once(block),
+            tp_forward_bytes=tp_forward[j],
+            tp_backward_bytes=tp_backward[j],
+            holds_parameters=any(True for _ in block.parameters()),
+            input_bytes=input_bytes[j],
+            saved_input_bytes=saved_input[j],
             recomputed=recomputed[j],
         )
         for j, block in enumerate(blocks)
-    ]  # fmt: skip
+    ]
 
 
 def _optimizer_times(
@@ -518,7 +563,9 @@ def _optimizer_times(
     return step_s / nbytes, statistics.median(copies[1:]) / nbytes
 
 
-def offload_times(model: nn.Module, optimizer: Callable[[list[nn.Parameter]], torch.optim.Optimizer] | None, repeats: int) -> tuple[float, float]:
+def offload_times(
+    model: nn.Module, optimizer: Callable[[list[nn.Parameter]], torch.optim.Optimizer] | None, repeats: int
+) -> tuple[float, float]:
     """Seconds per parameter byte of ``optimizer``'s step over host copies of ``model``'s trained parameters, and of one copy between them and the device.
 
     The host copies are page-locked when the parameters are on a CUDA device, as

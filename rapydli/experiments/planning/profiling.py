@@ -32,7 +32,9 @@ def tensor_plan(config: TrainConfig) -> dict[str, str] | None:
 CALIBRATION_STEPS = 6
 
 
-def train_step_time(spec: RunSpec, train: Any, config: TrainConfig, device: torch.device, comm: Any) -> Callable[[int], float]:
+def train_step_time(
+    spec: RunSpec, train: Any, config: TrainConfig, device: torch.device, comm: Any
+) -> Callable[[int], float]:
     """``time(batch)``: median seconds of a step of the real Trainer on ``comm`` (one rank) at that batch,
     with the run's loss, optimizer and metrics (``spec``)."""
 
@@ -46,9 +48,20 @@ def train_step_time(spec: RunSpec, train: Any, config: TrainConfig, device: torc
 
         steps = CALIBRATION_STEPS + WARMUP_STEPS
         cfg = config.replace(
-            batch_size=batch, grad_accum=1, max_steps=steps, epochs=math.ceil(steps * batch / len(train)) + 1, eval_every=0,
-            checkpoint_dir=None, checkpoint_every=0, resume=False, pipeline_stages=1, microbatches=1, zero=0, workers=1, autotune=False,
-        )  # fmt: skip
+            batch_size=batch,
+            grad_accum=1,
+            max_steps=steps,
+            epochs=math.ceil(steps * batch / len(train)) + 1,
+            eval_every=0,
+            checkpoint_dir=None,
+            checkpoint_every=0,
+            resume=False,
+            pipeline_stages=1,
+            microbatches=1,
+            zero=0,
+            workers=1,
+            autotune=False,
+        )
         torch.manual_seed(cfg.seed)
         trainer = Trainer(spec.model_fn().to(device), None, train, None, cfg, comm=comm, **spec.code)
         try:
@@ -60,7 +73,9 @@ def train_step_time(spec: RunSpec, train: Any, config: TrainConfig, device: torc
     return time
 
 
-def optimizer_factory(model: Any, config: TrainConfig, optimizer_fn: Callable[..., Any] | None) -> Callable[[list[Any]], Any]:
+def optimizer_factory(
+    model: Any, config: TrainConfig, optimizer_fn: Callable[..., Any] | None
+) -> Callable[[list[Any]], Any]:
     """What the profiler times the run's optimizer step with: ``factory(parameters) -> optimizer``.
 
     Without ``optimizer_fn``: ``config.optimizer`` over the parameters given. With it: the
@@ -75,8 +90,15 @@ def optimizer_factory(model: Any, config: TrainConfig, optimizer_fn: Callable[..
     return lambda params: type(template)(params, **template.defaults)
 
 
-def _profile(spec: RunSpec, config: TrainConfig, sizes: Sequence[int], tensor_parallel: Sequence[int], data_sizes: Sequence[int],
-             device: torch.device, comm: Any = None) -> Profile:  # fmt: skip
+def _profile(
+    spec: RunSpec,
+    config: TrainConfig,
+    sizes: Sequence[int],
+    tensor_parallel: Sequence[int],
+    data_sizes: Sequence[int],
+    device: torch.device,
+    comm: Any = None,
+) -> Profile:
     import torch
     from torch.utils.data import default_collate
 
@@ -92,30 +114,61 @@ def _profile(spec: RunSpec, config: TrainConfig, sizes: Sequence[int], tensor_pa
     step = train_step_time(spec, train, config, device, comm) if comm is not None else None
     optimizer = optimizer_factory(build() if spec.optimizer_fn is not None else None, config, spec.optimizer_fn)
     return profile_model(
-        build, sample, sizes, tensor_parallel, tensor_plan(config), optimizer, train, data_sizes, step, loss_fn=spec.loss_fn,
-    )  # fmt: skip
+        build,
+        sample,
+        sizes,
+        tensor_parallel,
+        tensor_plan(config),
+        optimizer,
+        train,
+        data_sizes,
+        step,
+        loss_fn=spec.loss_fn,
+    )
 
 
-def profile_task(spec: RunSpec, config: dict[str, Any], sizes: Sequence[int], tensor_parallel: Sequence[int],
-                 data_sizes: Sequence[int]) -> Profile:  # fmt: skip
+def profile_task(
+    spec: RunSpec,
+    config: dict[str, Any],
+    sizes: Sequence[int],
+    tensor_parallel: Sequence[int],
+    data_sizes: Sequence[int],
+) -> Profile:
     """Engine half of :func:`measure_profile`: this rank's measurement, on its device (the loop's overhead on one rank alone)."""
     from mpi4py import MPI
 
     from rapydli.cluster.engine import context
 
-    return _profile(spec, TrainConfig.from_dict(config), sizes, tensor_parallel, data_sizes, context().device, MPI.COMM_SELF)
+    return _profile(
+        spec, TrainConfig.from_dict(config), sizes, tensor_parallel, data_sizes, context().device, MPI.COMM_SELF
+    )
 
 
-def measure_profile(cluster: Cluster, targets: Sequence[int], spec: RunSpec, config: TrainConfig, sizes: Sequence[int],
-                    tensor_parallel: Sequence[int], data_sizes: Sequence[int]) -> Profile:  # fmt: skip
+def measure_profile(
+    cluster: Cluster,
+    targets: Sequence[int],
+    spec: RunSpec,
+    config: TrainConfig,
+    sizes: Sequence[int],
+    tensor_parallel: Sequence[int],
+    data_sizes: Sequence[int],
+) -> Profile:
     """Every target engine measures at once; their times are averaged (the loss, optimizer and metrics are the run's: ``spec``)."""
     ranks = list(targets)
-    profiles = cluster.run(profile_task, spec, config.to_dict(), list(sizes), list(tensor_parallel), list(data_sizes), targets=ranks)
+    profiles = cluster.run(
+        profile_task, spec, config.to_dict(), list(sizes), list(tensor_parallel), list(data_sizes), targets=ranks
+    )
     return Profile.combine(profiles, source=f"{len(ranks)} engines")
 
 
-def local_profile(spec: RunSpec | Callable[[], Any], data_fn: Callable[[], Any] | None, config: TrainConfig, sizes: Sequence[int],
-                  tensor_parallel: Sequence[int], data_sizes: Sequence[int]) -> Profile:  # fmt: skip
+def local_profile(
+    spec: RunSpec | Callable[[], Any],
+    data_fn: Callable[[], Any] | None,
+    config: TrainConfig,
+    sizes: Sequence[int],
+    tensor_parallel: Sequence[int],
+    data_sizes: Sequence[int],
+) -> Profile:
     """Measure in this process (on the CPU, with this process's threads; the loop's overhead is not measured: no MPI here).
 
     ``spec`` is the run's :class:`RunSpec`, or a model function with ``data_fn`` beside it (the defaults' loss and optimizer).

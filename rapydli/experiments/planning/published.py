@@ -94,7 +94,9 @@ POINTS = (
 
 def network_of(gbit_per_s: float, alpha: float = LATENCY_S) -> Network:
     """A network of ``gbit_per_s`` links and message latency ``alpha`` (every kind of communication alike)."""
-    return Network.from_ring(RingModel(alpha=alpha, beta=8.0 / (gbit_per_s * 1e9), source=f"{gbit_per_s:g} Gbit/s, α = {alpha * 1e6:g} µs"))
+    return Network.from_ring(
+        RingModel(alpha=alpha, beta=8.0 / (gbit_per_s * 1e9), source=f"{gbit_per_s:g} Gbit/s, α = {alpha * 1e6:g} µs")
+    )
 
 
 def predicted_speedup(point: PublishedPoint, devices: int, alpha: float = LATENCY_S) -> float:
@@ -114,8 +116,18 @@ def check(points: tuple[PublishedPoint, ...] = POINTS) -> list[dict[str, object]
     for point in points:
         predicted = predicted_speedup(point, point.devices)
         error = (predicted - point.speedup) / point.speedup
-        rows.append({"model": point.model, "gpus": point.devices, "published_efficiency": point.efficiency, "published_speedup": point.speedup,
-                     "predicted_speedup": predicted, "error": error, "within": abs(error) <= TOLERANCE, "source": point.source})  # fmt: skip
+        rows.append(
+            {
+                "model": point.model,
+                "gpus": point.devices,
+                "published_efficiency": point.efficiency,
+                "published_speedup": point.speedup,
+                "predicted_speedup": predicted,
+                "error": error,
+                "within": abs(error) <= TOLERANCE,
+                "source": point.source,
+            }
+        )
     return rows
 
 

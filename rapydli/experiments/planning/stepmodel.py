@@ -89,7 +89,9 @@ class Prediction:
     split: list[str] = field(default_factory=list)
 
 
-def _bucketed(parameters: Sequence[tuple[float, int]], bucket_bytes: float, first_bytes: float) -> list[list[tuple[float, int]]]:
+def _bucketed(
+    parameters: Sequence[tuple[float, int]], bucket_bytes: float, first_bytes: float
+) -> list[list[tuple[float, int]]]:
     """``parameters`` grouped as they fill buckets of ``bucket_bytes`` (the second at most ``first_bytes``)."""
     buckets: list[list[tuple[float, int]]] = []
     size = 0
@@ -105,7 +107,12 @@ def _bucketed(parameters: Sequence[tuple[float, int]], bucket_bytes: float, firs
 
 
 def exposed_allreduce(
-    parameters: Sequence[tuple[float, int]], backward_end: float, network: Network, dp: int, bucket_bytes: float, overlap: bool = True
+    parameters: Sequence[tuple[float, int]],
+    backward_end: float,
+    network: Network,
+    dp: int,
+    bucket_bytes: float,
+    overlap: bool = True,
 ) -> float:
     """Seconds the gradient allreduce runs past ``backward_end``.
 
@@ -119,11 +126,15 @@ def exposed_allreduce(
     for bucket in _bucketed(parameters, bucket_bytes, FIRST_BUCKET_BYTES):
         ready = max(r for r, _ in bucket) if overlap else backward_end
         nbytes = sum(n for _, n in bucket)
-        clock = max(clock, ready) + network.allreduce.allreduce_time(dp, nbytes + 4 * len(bucket))  # + a "used" flag per parameter
+        clock = max(clock, ready) + network.allreduce.allreduce_time(
+            dp, nbytes + 4 * len(bucket)
+        )  # + a "used" flag per parameter
     return max(0.0, clock - backward_end)
 
 
-def exposed_reduce_scatter(parameters: Sequence[tuple[float, int]], backward_end: float, network: Network, dp: int, bucket_bytes: float) -> float:
+def exposed_reduce_scatter(
+    parameters: Sequence[tuple[float, int]], backward_end: float, network: Network, dp: int, bucket_bytes: float
+) -> float:
     """Seconds ZeRO 2's (or 3's) reduce-scatters run past ``backward_end`` (``parameters`` as for :func:`exposed_allreduce`).
 
     Buckets are filled as :class:`rapydli.parallel.zero.ShardedOptimizer` fills them (no
@@ -134,7 +145,10 @@ def exposed_reduce_scatter(parameters: Sequence[tuple[float, int]], backward_end
         return 0.0
     clock = 0.0
     for bucket in _bucketed(parameters, bucket_bytes, bucket_bytes):
-        clock = max(clock, max(r for r, _ in bucket)) + network.collectives.allreduce_time(dp, sum(n for _, n in bucket)) / 2
+        clock = (
+            max(clock, max(r for r, _ in bucket))
+            + network.collectives.allreduce_time(dp, sum(n for _, n in bucket)) / 2
+        )
     return max(0.0, clock - backward_end)
 
 
@@ -161,7 +175,9 @@ def stage_bounds(blocks: Sequence[BlockCost], stages: int) -> list[int]:
     return split.balance([b.forward_s + b.backward_s for b in blocks], stages, [b.holds_parameters for b in blocks])
 
 
-def predict(layout: Candidate, profile: Profile, network: Network, global_batch: int, config: TrainConfig) -> Prediction:
+def predict(
+    layout: Candidate, profile: Profile, network: Network, global_batch: int, config: TrainConfig
+) -> Prediction:
     """Step time and peak memory per rank of ``layout`` (see the module's description)."""
     micro = layout.microbatch(global_batch)
     blocks = profile.blocks(layout.tp, micro)
@@ -172,7 +188,12 @@ def predict(layout: Candidate, profile: Profile, network: Network, global_batch:
     block_forward, block_backward = [], []  # per stage, per block (forward order) seconds of one micro-batch
     for stage in stages:
         fwd = [b.forward_s + _tp_time(network, layout.tp, b.tp_forward_bytes) for b in stage]
-        bwd = [b.backward_s + _tp_time(network, layout.tp, b.tp_backward_bytes) + (f if recompute and b.recomputed else 0.0) for b, f in zip(stage, fwd)]
+        bwd = [
+            b.backward_s
+            + _tp_time(network, layout.tp, b.tp_backward_bytes)
+            + (f if recompute and b.recomputed else 0.0)
+            for b, f in zip(stage, fwd)
+        ]
         if sharded:
             gathers = [network.collectives.allreduce_time(layout.dp, b.parameters_bytes) / 2 for b in stage]
             fwd = gathered(fwd, gathers)
@@ -183,7 +204,11 @@ def predict(layout: Candidate, profile: Profile, network: Network, global_batch:
     transfer = max((network.p2p.send_time(stage[-1].output_bytes) for stage in stages[:-1]), default=0.0)
     plan = schedules.build(layout.schedule if layout.pp > 1 else "1f1b", layout.pp, layout.microbatches)
     timeline = schedules.simulate(plan, forward, backward, transfer, network.p2p.delay_after)
-    data = profile.data_time(layout.replica_batch(global_batch)) if layout.pp > 1 else layout.microbatches * profile.data_time(micro)
+    data = (
+        profile.data_time(layout.replica_batch(global_batch))
+        if layout.pp > 1
+        else layout.microbatches * profile.data_time(micro)
+    )
     bucket_bytes = config.bucket_mb * (1 << 20)
     finish, gradient_parts, optimizer_parts, memories = [], [], [], []
     for s, stage in enumerate(stages):
@@ -203,8 +228,12 @@ def predict(layout: Candidate, profile: Profile, network: Network, global_batch:
             gradient = copies + exposed_reduce_scatter(ready, end, network, layout.dp, bucket_bytes)
         else:
             gradient = exposed_allreduce(ready, end, network, layout.dp, bucket_bytes, config.overlap)
-        if offloads(layout.offload, layout.zero, profile.device):  # the slices' gradients to the host, the step there, the slices back
-            optimizer = (profile.host_optimizer_s_per_byte + 2 * profile.host_copy_s_per_byte) * parameter_bytes / layout.dp
+        if offloads(
+            layout.offload, layout.zero, profile.device
+        ):  # the slices' gradients to the host, the step there, the slices back
+            optimizer = (
+                (profile.host_optimizer_s_per_byte + 2 * profile.host_copy_s_per_byte) * parameter_bytes / layout.dp
+            )
         else:
             optimizer = profile.optimizer_s_per_byte * parameter_bytes / (layout.dp if layout.zero else 1)
         if layout.zero in (1, 2) and layout.dp > 1:
@@ -212,21 +241,40 @@ def predict(layout: Candidate, profile: Profile, network: Network, global_batch:
         finish.append(end + gradient + optimizer)
         gradient_parts.append(gradient)
         optimizer_parts.append(optimizer)
-        memories.append(rank_memory(parameter_bytes, layout.dp, layout.zero, config, units=[float(b.parameters_bytes) for b in stage],
-                                    tensors=sum(len(b.parameter_bytes) for b in stage), device=profile.device,
-                                    accumulating=layout.microbatches > 1, offload=layout.offload,
-                                    activations=stage_activations(stage, layout, plan[s], s),
-                                    others=sum(b.parameters_bytes for b in blocks) - parameter_bytes))  # every rank builds the whole model
+        memories.append(
+            rank_memory(
+                parameter_bytes,
+                layout.dp,
+                layout.zero,
+                config,
+                units=[float(b.parameters_bytes) for b in stage],
+                tensors=sum(len(b.parameter_bytes) for b in stage),
+                device=profile.device,
+                accumulating=layout.microbatches > 1,
+                offload=layout.offload,
+                activations=stage_activations(stage, layout, plan[s], s),
+                others=sum(b.parameters_bytes for b in blocks) - parameter_bytes,
+            )
+        )  # every rank builds the whole model
     slowest = max(range(layout.pp), key=lambda s: finish[s])
     bubble = timeline.idle_fraction(slowest) if layout.pp > 1 else 0.0
     return Prediction(
-        layout=layout, step_s=data + finish[slowest] + profile.step_overhead_s, data_s=data, compute_s=timeline.makespan, bubble=bubble,
-        gradient_s=gradient_parts[slowest], optimizer_s=optimizer_parts[slowest], memory=max(memories, key=lambda m: m.peak),
-        stage_memory=memories, split=[profile.names[i] for i in bounds[1:-1]],
-    )  # fmt: skip
+        layout=layout,
+        step_s=data + finish[slowest] + profile.step_overhead_s,
+        data_s=data,
+        compute_s=timeline.makespan,
+        bubble=bubble,
+        gradient_s=gradient_parts[slowest],
+        optimizer_s=optimizer_parts[slowest],
+        memory=max(memories, key=lambda m: m.peak),
+        stage_memory=memories,
+        split=[profile.names[i] for i in bounds[1:-1]],
+    )
 
 
-def stage_activations(stage: Sequence[BlockCost], layout: Candidate, actions: Sequence[schedules.Action], index: int) -> float:
+def stage_activations(
+    stage: Sequence[BlockCost], layout: Candidate, actions: Sequence[schedules.Action], index: int
+) -> float:
     """Bytes of activations stage ``index`` holds at its peak.
 
     Without checkpointing: every block's saved bytes, plus the stage's output kept for the
@@ -243,5 +291,9 @@ def stage_activations(stage: Sequence[BlockCost], layout: Candidate, actions: Se
         return live * (sum(b.saved_bytes for b in stage) + held_outputs)
     kept = [b.input_bytes if b.recomputed else b.saved_bytes for b in stage]
     per_batch = sum(kept) + held_outputs
-    recomputing = [sum(kept[: k + 1]) + held_outputs + b.saved_bytes - b.saved_input_bytes for k, b in enumerate(stage) if b.recomputed]
+    recomputing = [
+        sum(kept[: k + 1]) + held_outputs + b.saved_bytes - b.saved_input_bytes
+        for k, b in enumerate(stage)
+        if b.recomputed
+    ]
     return (live - 1) * per_batch + max([per_batch, *recomputing])

@@ -46,7 +46,9 @@ def check_tags(tags: Iterable[object]) -> list[str]:
     out: list[str] = []
     for tag in tags:
         if not isinstance(tag, str) or not TAG_RE.match(tag):
-            raise ConfigError(f"tag {tag!r} is invalid: 1-40 letters, digits, '_', '.', ':', '+' or '-', starting with a letter or digit")
+            raise ConfigError(
+                f"tag {tag!r} is invalid: 1-40 letters, digits, '_', '.', ':', '+' or '-', starting with a letter or digit"
+            )
         if tag not in out:
             out.append(tag)
     if len(out) > MAX_TAGS:
@@ -90,7 +92,9 @@ class RunAnnotations:
         for start in range(0, len(ids), 500):
             chunk = ids[start : start + 500]
             marks = ", ".join("?" * len(chunk))
-            for row in self._read(f"SELECT run_id, tag FROM tags WHERE run_id IN ({marks}) ORDER BY time, rowid", chunk):
+            for row in self._read(
+                f"SELECT run_id, tag FROM tags WHERE run_id IN ({marks}) ORDER BY time, rowid", chunk
+            ):
                 out.setdefault(row[0], []).append(row[1])
         return out
 
@@ -178,12 +182,20 @@ class RunAnnotations:
             where_args = args + args
         total = int(self._read(f"SELECT COUNT(*) FROM runs r WHERE {where}", where_args)[0][0])
         order = f"{FAMILY_SORTS[sort]} {'DESC' if descending else 'ASC'}, r.started DESC, r.rowid DESC"
-        rows = self._read(f"SELECT r.id FROM runs r WHERE {where} ORDER BY {order} LIMIT ? OFFSET ?", [*where_args, int(limit), int(offset)])
+        rows = self._read(
+            f"SELECT r.id FROM runs r WHERE {where} ORDER BY {order} LIMIT ? OFFSET ?",
+            [*where_args, int(limit), int(offset)],
+        )
         families = []
         for row in rows:
             family = self.get_run(row[0])
-            children = [self.get_run(r[0]) for r in self._read(
-                "SELECT id FROM runs WHERE parent = ? ORDER BY started DESC, rowid DESC LIMIT ?", (family["id"], int(max_children)))]  # fmt: skip
+            children = [
+                self.get_run(r[0])
+                for r in self._read(
+                    "SELECT id FROM runs WHERE parent = ? ORDER BY started DESC, rowid DESC LIMIT ?",
+                    (family["id"], int(max_children)),
+                )
+            ]
             family["children"] = children
             families.append(family)
         everyone = [f for f in families] + [c for f in families for c in f["children"]]
@@ -200,6 +212,8 @@ class RunAnnotations:
         for start in range(0, len(run_ids), 500):
             chunk = run_ids[start : start + 500]
             marks = ", ".join("?" * len(chunk))
-            for row in self._read(f"SELECT parent, COUNT(*) FROM runs WHERE parent IN ({marks}) GROUP BY parent", chunk):
+            for row in self._read(
+                f"SELECT parent, COUNT(*) FROM runs WHERE parent IN ({marks}) GROUP BY parent", chunk
+            ):
                 out[row[0]] = int(row[1])
         return out

@@ -70,10 +70,14 @@ def run_summary(store: Any, run_id: str) -> tuple[dict[str, float], dict[str, st
     final = dict(store.final_metrics(run_id))
     kinds = {name: "eval" if name.startswith("val_") else "last" for name in final}
     per_step: dict[int, dict[str, float]] = {}
-    for row in store.metrics(run_id):  # a training step logs samples_per_s then step_time_s; take the first of each per step
+    for row in store.metrics(
+        run_id
+    ):  # a training step logs samples_per_s then step_time_s; take the first of each per step
         if row["name"] in ("samples_per_s", "step_time_s"):
             per_step.setdefault(row["step"], {}).setdefault(row["name"], row["value"])
-    mean = mean_samples_per_s((v["samples_per_s"], v["step_time_s"]) for v in per_step.values() if "samples_per_s" in v and "step_time_s" in v)
+    mean = mean_samples_per_s(
+        (v["samples_per_s"], v["step_time_s"]) for v in per_step.values() if "samples_per_s" in v and "step_time_s" in v
+    )
     if mean is not None:
         final["samples_per_s"] = mean
         kinds["samples_per_s"] = "mean"

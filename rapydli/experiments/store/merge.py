@@ -21,6 +21,7 @@ from rapydli.errors import StoreError
 if TYPE_CHECKING:
     from rapydli.experiments.store.runstore import RunStore
 
+
 def job_store(store: RunStore, run_id: str, path: str | os.PathLike[str]) -> Path:
     """Create ``path`` as an empty store of the same schema holding a copy of run ``run_id`` (and its tracker links).
 
@@ -46,7 +47,9 @@ def job_store(store: RunStore, run_id: str, path: str | os.PathLike[str]) -> Pat
         conn.execute("INSERT INTO schema_version VALUES (?)", (SCHEMA_VERSION,))
         conn.execute(f"INSERT INTO runs VALUES ({', '.join('?' * len(row[0]))})", tuple(row[0]))
         for record in store._read("SELECT * FROM records WHERE run_id = ? AND name LIKE 'tracker.%'", (run_id,)):
-            conn.execute(f"INSERT INTO records VALUES ({', '.join('?' * len(record))})", tuple(record))  # its tracker runs' links
+            conn.execute(
+                f"INSERT INTO records VALUES ({', '.join('?' * len(record))})", tuple(record)
+            )  # its tracker runs' links
         conn.execute("COMMIT")
     finally:
         conn.close()

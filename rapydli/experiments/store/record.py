@@ -137,6 +137,8 @@ def read_records(notebook: str | os.PathLike[str], *, decoded: bool = True) -> d
             payload = output.get("metadata", {}).get("rapydli")
             if output.get("output_type") == "display_data" and isinstance(payload, Mapping) and "name" in payload:
                 found[payload["name"]] = (
-                    decode(payload["type"], payload["value"]) if decoded else {"type": payload["type"], "value": payload["value"]}
+                    decode(payload["type"], payload["value"])
+                    if decoded
+                    else {"type": payload["type"], "value": payload["value"]}
                 )
     return found

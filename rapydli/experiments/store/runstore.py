@@ -64,7 +64,6 @@ _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 _BUSY_TIMEOUT_MS = 60_000
 
 
-
 def store_enabled() -> bool:
     """False when ``RAPYDLI_STORE`` is ``off`` (or ``0``/``false``/``no``)."""
     return settings().store
@@ -136,8 +135,10 @@ class RunStore(RunAnnotations):
             warnings.warn(
                 f"the run store {self.path} is on a network filesystem ({self.filesystem}), where SQLite's WAL mode is "
                 "unsafe: it is opened with a rollback journal (slower, one writer at a time); set RAPYDLI_HOME to "
-                "local disk for speed", RapydliWarning, stacklevel=3,
-            )  # fmt: skip
+                "local disk for speed",
+                RapydliWarning,
+                stacklevel=3,
+            )
         if detect_interrupted:
             self.mark_interrupted()
 
@@ -490,6 +491,7 @@ def current_run_id() -> str | None:
     """The run values are recorded under: the batch item running this notebook, else the
     last run this process created, else ``None``."""
     return settings().batch_item or _current.get(os.getpid())
+
 
 __all__ = [
     "KINDS", "STATUSES", "MIGRATIONS", "SCHEMA_VERSION", "RunStore",

@@ -77,7 +77,21 @@ class RunRecord:
         )
 
 
-RUN_COLUMNS = ["id", "kind", "name", "status", "parent", "started", "ended", "duration", "world_size", "seed", "host", "params", "error"]
+RUN_COLUMNS = [
+    "id",
+    "kind",
+    "name",
+    "status",
+    "parent",
+    "started",
+    "ended",
+    "duration",
+    "world_size",
+    "seed",
+    "host",
+    "params",
+    "error",
+]
 
 
 def runs(kind: str | None = None, status: str | None = None) -> pd.DataFrame:

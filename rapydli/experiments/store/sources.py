@@ -46,7 +46,11 @@ def code_params(model: Any, data: Any, code: Mapping[str, Any]) -> dict[str, Any
             params[key] = describe(code[key])
     metrics = code.get("metrics")
     if metrics is not None:
-        items = metrics.items() if isinstance(metrics, Mapping) else [(None, m) for m in ([metrics] if isinstance(metrics, str) else metrics)]
+        items = (
+            metrics.items()
+            if isinstance(metrics, Mapping)
+            else [(None, m) for m in ([metrics] if isinstance(metrics, str) else metrics)]
+        )
         params["metrics"] = [m if isinstance(m, str) else (f"{n}=" if n else "") + describe(m) for n, m in items]
     roots = [model, data, code.get("loss_fn"), code.get("optimizer_fn")]
     if metrics is not None and not isinstance(metrics, str):
@@ -97,12 +101,16 @@ def _definition(obj: Any) -> Any:
 
 def _uses(obj: Any) -> list[Any]:
     """What a function (or a class's methods) refers to: globals, closures, defaults, annotations."""
-    functions = [obj] if isinstance(obj, types.FunctionType) else [
-        v for v in vars(obj).values() if isinstance(v, types.FunctionType)
-    ]  # fmt: skip
+    functions = (
+        [obj]
+        if isinstance(obj, types.FunctionType)
+        else [v for v in vars(obj).values() if isinstance(v, types.FunctionType)]
+    )
     used = []
     for fn in functions:
-        names = set(fn.__code__.co_names) | {n for c in fn.__code__.co_consts if isinstance(c, types.CodeType) for n in c.co_names}
+        names = set(fn.__code__.co_names) | {
+            n for c in fn.__code__.co_consts if isinstance(c, types.CodeType) for n in c.co_names
+        }
         used += [fn.__globals__[n] for n in sorted(names) if n in fn.__globals__]
         used += [cell.cell_contents for cell in fn.__closure__ or () if _filled(cell)]
         used += [*(fn.__defaults__ or ()), *(fn.__kwdefaults__ or {}).values(), *fn.__annotations__.values()]
@@ -156,7 +164,11 @@ def _class_in(filename: str, name: str, line: int | None) -> str | None:
         return None
     nodes = ast.walk(tree) if line is not None else iter(tree.body)
     for node in nodes:
-        if isinstance(node, ast.ClassDef) and node.name == name and (line is None or node.lineno <= line <= (node.end_lineno or 0)):
+        if (
+            isinstance(node, ast.ClassDef)
+            and node.name == name
+            and (line is None or node.lineno <= line <= (node.end_lineno or 0))
+        ):
             start = min([node.lineno, *(d.lineno for d in node.decorator_list)])
             return textwrap.dedent("".join(lines[start - 1 : node.end_lineno]))
     return None
@@ -210,7 +222,14 @@ def module_source(ref: str, cwd: str | None = None) -> dict[str, Any] | None:
         return None
     node: ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef | None = None
     for part in qualname.split("."):
-        node = next((n for n in nodes if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and n.name == part), None)
+        node = next(
+            (
+                n
+                for n in nodes
+                if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and n.name == part
+            ),
+            None,
+        )
         if node is None:
             return None
         nodes = node.body

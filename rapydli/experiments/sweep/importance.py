@@ -39,9 +39,10 @@ def param_importance(
         are too few completed trials or fewer than two varied parameters), and the reason.
     """
     done = [
-        t for t in trials
+        t
+        for t in trials
         if t.get("state") == "COMPLETE" and isinstance(t.get("value"), (int, float)) and math.isfinite(t["value"])
-    ]  # fmt: skip
+    ]
     if len(done) < min_trials:
         return None, f"parameter importance needs {min_trials} completed trials; this sweep has {len(done)}"
     import optuna

@@ -39,5 +39,8 @@ def optuna_state(state: str) -> Any:
     """Optuna's ``TrialState`` for a finished ``state`` (COMPLETE, PRUNED or FAIL)."""
     import optuna
 
-    return {"COMPLETE": optuna.trial.TrialState.COMPLETE, "PRUNED": optuna.trial.TrialState.PRUNED,
-            "FAIL": optuna.trial.TrialState.FAIL}[state]  # fmt: skip
+    return {
+        "COMPLETE": optuna.trial.TrialState.COMPLETE,
+        "PRUNED": optuna.trial.TrialState.PRUNED,
+        "FAIL": optuna.trial.TrialState.FAIL,
+    }[state]

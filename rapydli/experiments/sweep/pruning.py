@@ -125,5 +125,7 @@ def explain_prune(study: Any, number: int, pruner: Any, metric: str, step: int, 
         **details,
     }
     shown = _num(decision["value"]) if decision["value"] is not None else str(value)
-    decision["text"] = f"pruned at step {step} with {metric} {shown}" + (f": {decision['rule']}" if decision["rule"] else "")
+    decision["text"] = f"pruned at step {step} with {metric} {shown}" + (
+        f": {decision['rule']}" if decision["rule"] else ""
+    )
     return decision

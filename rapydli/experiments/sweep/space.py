@@ -115,7 +115,9 @@ def intrange(low: int, high: int, step: int = 1) -> IntRange:
     """An integer in ``[low, high]``, both included."""
     ints = all(isinstance(v, int) and not isinstance(v, bool) for v in (low, high, step))
     if not (ints and low <= high and step >= 1):
-        raise ConfigError(f"intrange({low!r}, {high!r}, step={step!r}) is invalid: needs integers low <= high, step >= 1")
+        raise ConfigError(
+            f"intrange({low!r}, {high!r}, step={step!r}) is invalid: needs integers low <= high, step >= 1"
+        )
     return IntRange(low, high, step)
 
 
@@ -124,11 +126,15 @@ def validate_space(space: Mapping[str, Any]) -> dict[str, Dimension]:
     from rapydli.trainer.config import fields_spec
 
     if not isinstance(space, Mapping) or not space:
-        raise ConfigError(f"space={space!r} is invalid: a non-empty dict of TrainConfig field -> rd.loguniform/uniform/choice/intrange")
+        raise ConfigError(
+            f"space={space!r} is invalid: a non-empty dict of TrainConfig field -> rd.loguniform/uniform/choice/intrange"
+        )
     known = {spec.name for spec in fields_spec()}
     for name, dimension in space.items():
         if name not in known:
             raise ConfigError(f"space field {name!r} is not a TrainConfig field; known: {', '.join(sorted(known))}")
         if not isinstance(dimension, (LogUniform, Uniform, Choice, IntRange)):
-            raise ConfigError(f"space[{name!r}]={dimension!r} is invalid: use rd.loguniform, rd.uniform, rd.choice or rd.intrange")
+            raise ConfigError(
+                f"space[{name!r}]={dimension!r} is invalid: use rd.loguniform, rd.uniform, rd.choice or rd.intrange"
+            )
     return dict(space)

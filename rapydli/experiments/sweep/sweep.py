@@ -90,7 +90,11 @@ def _no_pruning() -> Any:
 #: Optuna samplers by name: ``f(space, seed) -> BaseSampler``.
 SAMPLERS: dict[str, Callable[[Mapping[str, Dimension], int], Any]] = {"tpe": _tpe, "random": _random, "grid": _grid}
 #: Optuna pruners by name (``median`` starts pruning after 2 finished trials).
-PRUNERS: dict[str, Callable[[], Any]] = {"successive_halving": _successive_halving, "median": _median, "none": _no_pruning}
+PRUNERS: dict[str, Callable[[], Any]] = {
+    "successive_halving": _successive_halving,
+    "median": _median,
+    "none": _no_pruning,
+}
 
 #: After Ctrl-C (or a failure), the running trials' stop requests get this long before the
 #: jobs interrupt them (:meth:`TrainingJob.request_stop`); a plain stop gets ``STOP_GRACE_S``.
@@ -195,7 +199,9 @@ class Sweep:
         if direction not in ("minimize", "maximize"):
             raise ConfigError(f"direction={direction!r} is invalid: 'minimize' or 'maximize'")
         if not isinstance(metric, str) or not metric:
-            raise ConfigError(f"metric={metric!r} is invalid: a metric name such as 'val_loss', 'val_accuracy' or 'loss'")
+            raise ConfigError(
+                f"metric={metric!r} is invalid: a metric name such as 'val_loss', 'val_accuracy' or 'loss'"
+            )
         self.sampler = _lookup(sampler, SAMPLERS, "sampler", optuna.samplers.BaseSampler, self.space, seed)
         self.pruner = _lookup(pruner, PRUNERS, "pruner", optuna.pruners.BasePruner)
         from rapydli.cluster import current
@@ -214,19 +220,25 @@ class Sweep:
             )
         parallel = size // workers_per_trial if parallel is None else parallel
         if not isinstance(parallel, int) or parallel < 1 or parallel * workers_per_trial > size:
-            raise ConfigError(f"parallel={parallel!r} is invalid: 1..{size // workers_per_trial} groups of {workers_per_trial} fit in {size} engines")
+            raise ConfigError(
+                f"parallel={parallel!r} is invalid: 1..{size // workers_per_trial} groups of {workers_per_trial} fit in {size} engines"
+            )
         for params in enqueue:
             unknown = set(params) - set(self.space)
             if unknown:
                 raise ConfigError(f"enqueue has parameters {sorted(unknown)} that are not in the space")
-        self.spec = RunSpec.of(model_fn, data_fn, loss_fn, optimizer_fn, metrics)  # resolved and checked once; every trial trains it
+        self.spec = RunSpec.of(
+            model_fn, data_fn, loss_fn, optimizer_fn, metrics
+        )  # resolved and checked once; every trial trains it
         self.trials, self.workers_per_trial, self.parallel = trials, workers_per_trial, parallel
         self.metric, self.direction, self.seed, self.name = metric, direction, seed, name
         self.cluster: Cluster | None = known
         self._own_cluster, self._size = False, size
         self.view = view
         optuna.logging.set_verbosity(optuna.logging.WARNING)
-        study_direction: Literal["minimize", "maximize"] = "minimize" if direction == "minimize" else "maximize"  # checked above
+        study_direction: Literal["minimize", "maximize"] = (
+            "minimize" if direction == "minimize" else "maximize"
+        )  # checked above
         self.study = optuna.create_study(direction=study_direction, sampler=self.sampler, pruner=self.pruner)
         for params in enqueue:
             self.study.enqueue_trial(dict(params))
@@ -254,7 +266,9 @@ class Sweep:
             trackers.wait_open()  # made once, before the first trial's
         from rapydli.cluster import choose_cluster
 
-        self.cluster, self._own_cluster = choose_cluster(self.cluster, n=self._size, need=self.workers_per_trial * self.parallel)
+        self.cluster, self._own_cluster = choose_cluster(
+            self.cluster, n=self._size, need=self.workers_per_trial * self.parallel
+        )
         status, error = "finished", None
         try:
             self._loop()
@@ -270,13 +284,19 @@ class Sweep:
                 self.cluster.stop()
             result = self.result()
             if store is not None and self.run_id is not None:
-                told = [(r.trial.number, self.metric, v) for r in self.records if r.state in ("COMPLETE", "PRUNED") and (v := r.value) is not None]
+                told = [
+                    (r.trial.number, self.metric, v)
+                    for r in self.records
+                    if r.state in ("COMPLETE", "PRUNED") and (v := r.value) is not None
+                ]
                 store.log_metrics(self.run_id, told)
                 store.add_record(self.run_id, "best_params", "json", result.best_params)
                 if result.best_value is not None:  # the sweep's value (its final metric): the best trial's
                     store.add_record(self.run_id, self.metric, "scalar", result.best_value)
                     store.add_record(self.run_id, "best_trial", "scalar", result.best_trial)
-                store.add_record(self.run_id, "trials", "table", result.table.drop(columns=["error"]).to_dict("records"))
+                store.add_record(
+                    self.run_id, "trials", "table", result.table.drop(columns=["error"]).to_dict("records")
+                )
                 store.finish_run(self.run_id, status, error)
             if trackers is not None:
                 trackers.close()
@@ -286,7 +306,9 @@ class Sweep:
 
     # -- the ask-and-tell loop ----------------------------------------------------------------
     def _loop(self) -> None:
-        groups = [list(range(g * self.workers_per_trial, (g + 1) * self.workers_per_trial)) for g in range(self.parallel)]
+        groups = [
+            list(range(g * self.workers_per_trial, (g + 1) * self.workers_per_trial)) for g in range(self.parallel)
+        ]
         while True:
             busy = [r.ranks for r in self.records if r.state == "RUNNING"]
             free = [g for g in groups if g not in busy] if self._cluster_healthy(busy) else []
@@ -334,11 +356,18 @@ class Sweep:
         try:
             config = self.config.replace(**params)
             record.job = TrainingJob(
-                self.cluster, self.spec, config, ranks,  # type: ignore[arg-type]
-                callbacks=[partial(self._on_row, record)], await_verdict=self.metric, end_status=False,
-                kind="trial", name=f"{self.name}-trial-{trial.number}", parent=self.run_id,
+                self.cluster,  # type: ignore[arg-type]
+                self.spec,
+                config,
+                ranks,
+                callbacks=[partial(self._on_row, record)],
+                await_verdict=self.metric,
+                end_status=False,
+                kind="trial",
+                name=f"{self.name}-trial-{trial.number}",
+                parent=self.run_id,
                 extra_params={"trial": trial.number, "params": params},
-            ).start()  # fmt: skip
+            ).start()
         except RapydliError as exc:  # an invalid combination of parameters: the trial fails, the sweep goes on
             self._tell(record, "FAIL", str(exc))
         self._refresh(force=True)
@@ -376,7 +405,11 @@ class Sweep:
             steps = record.reports[-1][0] if record.reports else 0
             self._tell(record, "FAIL", f"{stopped} (its last report at step {steps})")
         elif record.value is None or not math.isfinite(record.value):
-            self._tell(record, "FAIL", f"the trial reported no finite {self.metric!r} (metrics seen: {sorted(job.final_metrics())})")
+            self._tell(
+                record,
+                "FAIL",
+                f"the trial reported no finite {self.metric!r} (metrics seen: {sorted(job.final_metrics())})",
+            )
         else:
             self._tell(record, "COMPLETE")
 
@@ -386,7 +419,9 @@ class Sweep:
         value = record.value if state == "COMPLETE" else None
         try:
             self.study.tell(record.trial, value, state=optuna_state(state))
-        except RuntimeError as exc:  # the sampler called study.stop() (a grid used up): Optuna has stored the state first
+        except (
+            RuntimeError
+        ) as exc:  # the sampler called study.stop() (a grid used up): Optuna has stored the state first
             if "Study.stop" not in str(exc):
                 raise
             self.exhausted = True
@@ -402,7 +437,9 @@ class Sweep:
         """When a failed trial took its engines down, end the others and restart the cluster."""
         if record.state != "FAIL" or self.cluster is None or self.cluster.running:
             return
-        self._stop_running(interrupted=True, reason="the cluster's engines died with another trial; run again", retry=True)
+        self._stop_running(
+            interrupted=True, reason="the cluster's engines died with another trial; run again", retry=True
+        )
         self.cluster.restart()
 
     def _stop_running(self, interrupted: bool, reason: str = "stopped with the sweep", retry: bool = False) -> None:
@@ -438,11 +475,20 @@ class Sweep:
             if r.state == "COMPLETE" and r.value is not None:
                 best = r.value if best is None else better(best, r.value)
             job = r.job
-            rows.append({
-                "trial": r.trial.number, "state": r.state, **r.params, "value": r.value, "best": best,
-                "steps": r.reports[-1][0] if r.reports else 0, "duration_s": job.duration_s if job else 0.0,
-                "ranks": ",".join(map(str, r.ranks)), "error": r.error, "run_id": job.run_id if job else None,
-            })  # fmt: skip
+            rows.append(
+                {
+                    "trial": r.trial.number,
+                    "state": r.state,
+                    **r.params,
+                    "value": r.value,
+                    "best": best,
+                    "steps": r.reports[-1][0] if r.reports else 0,
+                    "duration_s": job.duration_s if job else 0.0,
+                    "ranks": ",".join(map(str, r.ranks)),
+                    "error": r.error,
+                    "run_id": job.run_id if job else None,
+                }
+            )
         columns = ["trial", "state", *self.space, "value", "best", "steps", "duration_s", "ranks", "error", "run_id"]
         return pd.DataFrame(rows, columns=columns)
 
@@ -458,8 +504,15 @@ class Sweep:
             best = {name: _plain(complete.loc[index, name]) for name in self.space}
             best_value, best_trial = float(complete.loc[index, "value"]), int(complete.loc[index, "trial"])
         figure = sweep_figure(table, self.metric, list(self.space), title=f"sweep: {self.metric} ({self.direction})")
-        return SweepResult(table=table, best_params=best, figure=figure, run_id=self.run_id, study=self.study,
-                           best_value=best_value, best_trial=best_trial)  # fmt: skip
+        return SweepResult(
+            table=table,
+            best_params=best,
+            figure=figure,
+            run_id=self.run_id,
+            study=self.study,
+            best_value=best_value,
+            best_trial=best_trial,
+        )
 
     def _refresh(self, force: bool = False) -> None:
         if self.view is not None:
@@ -467,10 +520,16 @@ class Sweep:
 
     def _params(self) -> dict[str, Any]:
         return {
-            "config": self.config.to_dict(), "space": {k: repr(v) for k, v in self.space.items()}, "trials": self.trials,
-            "workers_per_trial": self.workers_per_trial, "parallel": self.parallel, "metric": self.metric,
-            "direction": self.direction, "sampler": type(self.sampler).__name__, "pruner": type(self.pruner).__name__,
-        }  # fmt: skip
+            "config": self.config.to_dict(),
+            "space": {k: repr(v) for k, v in self.space.items()},
+            "trials": self.trials,
+            "workers_per_trial": self.workers_per_trial,
+            "parallel": self.parallel,
+            "metric": self.metric,
+            "direction": self.direction,
+            "sampler": type(self.sampler).__name__,
+            "pruner": type(self.pruner).__name__,
+        }
 
 
 def _lookup(value: Any, registry: Mapping[str, Callable[..., Any]], argument: str, base: type, *args: Any) -> Any:
@@ -478,7 +537,9 @@ def _lookup(value: Any, registry: Mapping[str, Callable[..., Any]], argument: st
         return value
     if isinstance(value, str) and value in registry:
         return registry[value](*args)
-    raise ConfigError(f"{argument}={value!r} is invalid: one of {', '.join(map(repr, registry))} or an Optuna {base.__name__}")
+    raise ConfigError(
+        f"{argument}={value!r} is invalid: one of {', '.join(map(repr, registry))} or an Optuna {base.__name__}"
+    )
 
 
 def _plain(value: Any) -> Any:
@@ -556,7 +617,23 @@ def sweep(
         Invalid arguments (before anything starts).
     """
     runner = Sweep(
-        model_fn, data_fn, config, space, trials, workers_per_trial, parallel, pruner, metric, direction, sampler, cluster,
-        seed=seed, enqueue=enqueue, view=view, loss_fn=loss_fn, optimizer_fn=optimizer_fn, metrics=metrics,
-    )  # fmt: skip
+        model_fn,
+        data_fn,
+        config,
+        space,
+        trials,
+        workers_per_trial,
+        parallel,
+        pruner,
+        metric,
+        direction,
+        sampler,
+        cluster,
+        seed=seed,
+        enqueue=enqueue,
+        view=view,
+        loss_fn=loss_fn,
+        optimizer_fn=optimizer_fn,
+        metrics=metrics,
+    )
     return runner.run()

@@ -96,7 +96,9 @@ class Tracker(ABC):
             )
 
     @abstractmethod
-    def open(self, run: Mapping[str, Any], link: Mapping[str, Any] | None, parent: Mapping[str, Any] | None) -> dict[str, Any]:
+    def open(
+        self, run: Mapping[str, Any], link: Mapping[str, Any] | None, parent: Mapping[str, Any] | None
+    ) -> dict[str, Any]:
         """Start the tracker run of ``run`` (a :meth:`RunStore.get_run` dict), or resume ``link``'s.
 
         ``link`` is what an earlier :meth:`open` of this run returned (recorded in the run

@@ -92,7 +92,9 @@ class RunTrackers:
         self._closing = False
         self._opened = [threading.Event() for _ in self.syncs]
         self._threads = [
-            threading.Thread(target=self._loop, args=(sync, opened), name=f"rapydli-{sync.tracker.name}-{run_id}", daemon=True)
+            threading.Thread(
+                target=self._loop, args=(sync, opened), name=f"rapydli-{sync.tracker.name}-{run_id}", daemon=True
+            )
             for sync, opened in zip(self.syncs, self._opened)
         ]  # one per tracker: a slow one never holds the others back
         for thread in self._threads:
@@ -129,7 +131,9 @@ class RunTrackers:
         for thread, sync in zip(self._threads, self.syncs):
             thread.join(max(0.0, deadline - time.monotonic()))
             if thread.is_alive():
-                self.problems.setdefault(sync.tracker.name, f"it did not take the run's last updates within {wait_s:g} s")
+                self.problems.setdefault(
+                    sync.tracker.name, f"it did not take the run's last updates within {wait_s:g} s"
+                )
         with _followed_lock:
             if _followed.get(self.run_id) is self:
                 del _followed[self.run_id]

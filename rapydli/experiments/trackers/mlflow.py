@@ -33,7 +33,9 @@ class MlflowTracker(Tracker):
         self.client = MlflowClient()
         self.run_id = ""
 
-    def open(self, run: Mapping[str, Any], link: Mapping[str, Any] | None, parent: Mapping[str, Any] | None) -> dict[str, Any]:
+    def open(
+        self, run: Mapping[str, Any], link: Mapping[str, Any] | None, parent: Mapping[str, Any] | None
+    ) -> dict[str, Any]:
         uri = str(self.client.tracking_uri)
         if link and link.get("tracking_uri") == uri and self._alive(str(link["id"])):
             self.run_id = str(link["id"])
@@ -42,7 +44,9 @@ class MlflowTracker(Tracker):
         tags = {"mlflow.runName": str(run["name"]), "rapydli.run_id": str(run["id"])}
         if parent and parent.get("tracking_uri") == uri:
             tags["mlflow.parentRunId"] = str(parent["id"])
-        created = self.client.create_run(experiment_id, start_time=int(run["started"] * 1000), tags=tags, run_name=str(run["name"]))
+        created = self.client.create_run(
+            experiment_id, start_time=int(run["started"] * 1000), tags=tags, run_name=str(run["name"])
+        )
         self.run_id = created.info.run_id
         url = f"{uri.rstrip('/')}/#/experiments/{experiment_id}/runs/{self.run_id}" if uri.startswith("http") else None
         return {"id": self.run_id, "experiment_id": experiment_id, "tracking_uri": uri, "url": url}
@@ -98,7 +102,9 @@ class MlflowTracker(Tracker):
             elif artifact.figure is not None:
                 self.client.log_figure(self.run_id, artifact.figure, artifact.name)
             elif artifact.path is not None:
-                self.client.log_artifact(self.run_id, artifact.path, artifact_path=artifact.name.rpartition("/")[0] or None)
+                self.client.log_artifact(
+                    self.run_id, artifact.path, artifact_path=artifact.name.rpartition("/")[0] or None
+                )
 
     def finish(self, status: str, ended: float) -> None:
         """End the MLflow run FINISHED, FAILED or KILLED at ``ended``.

@@ -53,7 +53,11 @@ def link_name(tracker: str) -> str:
 
 def links(store: RunStore, run_id: str) -> dict[str, dict[str, Any]]:
     """The run's tracker links by tracker name (``{"mlflow": {"id": ..., "url": ...}}``)."""
-    return {name.removeprefix("tracker."): rec["value"] for name, rec in store.records(run_id).items() if name.startswith("tracker.")}
+    return {
+        name.removeprefix("tracker."): rec["value"]
+        for name, rec in store.records(run_id).items()
+        if name.startswith("tracker.")
+    }
 
 
 def link_rows(store: RunStore, run_id: str) -> list[dict[str, str | None]]:
@@ -65,7 +69,11 @@ def link_rows(store: RunStore, run_id: str) -> list[dict[str, str | None]]:
     """
     rows: list[dict[str, str | None]] = []
     for name, link in sorted(links(store, run_id).items()):
-        url = link.get("url") if isinstance(link.get("url"), str) and link["url"].startswith(("http://", "https://")) else None
+        url = (
+            link.get("url")
+            if isinstance(link.get("url"), str) and link["url"].startswith(("http://", "https://"))
+            else None
+        )
         path = link.get("logdir") or (link.get("dir") if url is None else None)
         rows.append({"tracker": name, "id": str(link.get("id", "")), "url": url, "path": str(path) if path else None})
     return rows
@@ -121,12 +129,16 @@ class RunSync:
         rows = self.store.metrics(self.run_id, since=self.cursor)
         for start in range(0, len(rows), BATCH_ROWS):
             batch = rows[start : start + BATCH_ROWS]
-            points = [Point(r["step"], metric_key(r["name"]), r["value"], r["time"]) for r in batch if r["value"] is not None]
+            points = [
+                Point(r["step"], metric_key(r["name"]), r["value"], r["time"]) for r in batch if r["value"] is not None
+            ]
             if points:
                 self.tracker.log_metrics(points)
             self.cursor = batch[-1]["seq"]
             self.last_step = max(self.last_step, *(r["step"] for r in batch))
-        restarts = len(self.store.records(self.run_id).get("restarts", {}).get("value") or []) if run["kind"] == "train" else 0
+        restarts = (
+            len(self.store.records(self.run_id).get("restarts", {}).get("value") or []) if run["kind"] == "train" else 0
+        )
         if restarts != self.restarts:  # a restart reaches the tracker as it resumes
             self.restarts = restarts
             self.tracker.set_tags(run_tags(self.store, run))
@@ -236,7 +248,9 @@ def run_artifacts(store: RunStore, run: Mapping[str, Any]) -> list[Artifact]:
 
         from rapydli.experiments.figures import loss_figure
 
-        artifacts.append(Artifact("figures/loss.html", "figure", figure=loss_figure(pd.DataFrame(history), title=run["name"])))
+        artifacts.append(
+            Artifact("figures/loss.html", "figure", figure=loss_figure(pd.DataFrame(history), title=run["name"]))
+        )
     for name, source in (run["params"].get("sources") or {}).items():
         artifacts.append(Artifact(f"source/{name}.py", "source", text=str(source)))
     config = run["params"].get("config") or {}
@@ -244,5 +258,7 @@ def run_artifacts(store: RunStore, run: Mapping[str, Any]) -> list[Artifact]:
         artifacts.append(Artifact("checkpoint/location.txt", "checkpoint", text=str(config["checkpoint_dir"]) + "\n"))
     for stored in store.artifacts(run["id"]):
         if Path(stored["path"]).is_file():
-            artifacts.append(Artifact(f"{stored['kind']}/{Path(stored['path']).name}", stored["kind"], path=stored["path"]))
+            artifacts.append(
+                Artifact(f"{stored['kind']}/{Path(stored['path']).name}", stored["kind"], path=stored["path"])
+            )
     return artifacts

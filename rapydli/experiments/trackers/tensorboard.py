@@ -51,7 +51,9 @@ class TensorBoardTracker(Tracker):
         self.writer: Any = None
         self.logdir = Path()
 
-    def open(self, run: Mapping[str, Any], link: Mapping[str, Any] | None, parent: Mapping[str, Any] | None) -> dict[str, Any]:
+    def open(
+        self, run: Mapping[str, Any], link: Mapping[str, Any] | None, parent: Mapping[str, Any] | None
+    ) -> dict[str, Any]:
         from torch.utils.tensorboard import SummaryWriter
 
         if link and link.get("logdir"):

@@ -38,22 +38,38 @@ class WandbTracker(Tracker):
             from wandb.apis import InternalApi
 
             if not InternalApi().api_key:
-                raise TrackerUnavailable("W&B is online but not logged in: run `wandb login`, or set WANDB_MODE=offline")
+                raise TrackerUnavailable(
+                    "W&B is online but not logged in: run `wandb login`, or set WANDB_MODE=offline"
+                )
         self.run: Any = None
 
-    def open(self, run: Mapping[str, Any], link: Mapping[str, Any] | None, parent: Mapping[str, Any] | None) -> dict[str, Any]:
+    def open(
+        self, run: Mapping[str, Any], link: Mapping[str, Any] | None, parent: Mapping[str, Any] | None
+    ) -> dict[str, Any]:
         import wandb
 
         from rapydli.paths import home
 
         directory = Path(os.environ.get("WANDB_DIR") or home())
         directory.mkdir(parents=True, exist_ok=True)
-        group = str(parent["group"]) if parent and parent.get("group") else str(run["id"]) if run["kind"] in ("sweep", "batch", "scaling") else None
+        group = (
+            str(parent["group"])
+            if parent and parent.get("group")
+            else str(run["id"])
+            if run["kind"] in ("sweep", "batch", "scaling")
+            else None
+        )
         self.run = wandb.init(
-            id=str(run["id"]), name=str(run["name"]), project=os.environ.get("WANDB_PROJECT") or DEFAULT_PROJECT,
-            group=group, job_type=str(run["kind"]), dir=str(directory), resume="allow", reinit="create_new",
+            id=str(run["id"]),
+            name=str(run["name"]),
+            project=os.environ.get("WANDB_PROJECT") or DEFAULT_PROJECT,
+            group=group,
+            job_type=str(run["kind"]),
+            dir=str(directory),
+            resume="allow",
+            reinit="create_new",
             settings=wandb.Settings(silent=True, console="off", x_disable_stats=True),
-        )  # fmt: skip
+        )
         self.run.define_metric("step")
         self.run.define_metric("*", step_metric="step")
         url = None if self.run.settings.mode in ("offline", "disabled") else self.run.url
