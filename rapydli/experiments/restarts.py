@@ -123,6 +123,7 @@ class RestartPolicy:
         A restart that cannot go on (the engines do not come back, Ctrl-C meanwhile) ends
         the run as ``failed`` (``interrupted``) with the attempt recorded, and raises.
         """
+        __tracebackhide__ = True  # noqa: F841 - IPython shows the user's cell, not these frames
         from rapydli.experiments.job import TrainingJob
 
         left = self.restarts
