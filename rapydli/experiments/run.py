@@ -133,8 +133,9 @@ class RunResult:
             )
         if not checkpoint_path(self.model_dir).is_file():
             raise ConfigError(
-                f"run {self.run_id} has no trained model in {self.model_dir}: it ended before training did, or "
-                "the directory was removed"
+                f"run {self.run_id} has no trained model in {self.model_dir}: it ended before training did, the "
+                "directory was removed, or its ranks ran on hosts that do not share this directory with the notebook "
+                "(RAPYDLI_HOME must be on a filesystem they share, as for checkpoints)"
             )
         return self.model_dir
 
