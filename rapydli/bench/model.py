@@ -12,8 +12,8 @@ between ``--rounds`` interleaved rounds.
 
 Printed per layout: the end-of-run time of ``write`` and ``none`` against ``gather``
 (ratios paired within rounds, with their range and a verdict only where every round
-agrees), the most model bytes any rank materialised for each (rank 0's whole model for
-``gather``), what ``result.model()`` then costs on the notebook when asked, and the load.
+agrees), the most model bytes any rank handles for each (rank 0 assembles the whole model
+for ``gather``; for ``write`` the most any rank writes), what ``result.model()`` then costs on the notebook when asked, and the load.
 """
 
 from __future__ import annotations
@@ -60,17 +60,19 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         layout: dict[str, Any] = {}
         for variant, found in by.items():
             times = Spread.of([r["seconds"] for r in found])
-            layout[variant] = {"ms": 1e3 * times.median, "ms_low": 1e3 * times.low, "ms_high": 1e3 * times.high,
-                               "held_mib_max_rank": max(max(r["held_bytes"]) for r in found) / MIB if found else None}  # fmt: skip
+            layout[variant] = {
+                "ms": 1e3 * times.median,
+                "ms_low": 1e3 * times.low,
+                "ms_high": 1e3 * times.high,
+                "held_mib_max_rank": max(max(r["held_bytes"]) for r in found) / MIB if found else None,
+            }
             if variant != "gather":
                 ratio = paired([r["seconds"] for r in found], gather)
                 layout[variant].update(
                     ratio_to_gather=ratio.median,
                     ratio_low=ratio.low,
                     ratio_high=ratio.high,
-                    verdict=ratio.verdict(1.0)
-                    .replace("above", "slower than gather:")
-                    .replace("below", "faster than gather:"),
+                    verdict=_verdict(ratio),
                     rounds=rounds_text(ratio),
                 )
         assembled = [r["assemble_s"] for r in by["write"] if r["assemble_s"] is not None]
@@ -79,6 +81,16 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         layout["other_cores"] = round(max(r["other_cores"] for r in mine), 2)
         summary[f"zero{zero}"] = layout
     return summary
+
+
+def _verdict(ratio: Spread) -> str:
+    """``faster than gather in every round``, ``slower ...``, or why the rounds allow no conclusion."""
+    said = ratio.verdict(1.0)
+    if said == "below 1":
+        return "faster than gather in every round"
+    if said == "above 1":
+        return "slower than gather in every round"
+    return said
 
 
 @click.command("model")
@@ -105,13 +117,13 @@ def command(ranks: int, size: str, rounds: int, timeout: float, json_path: str |
         gather = found["gather"]
         click.echo(
             f"{layout} on {ranks} ranks ({rows[0]['parameters'] / 1e6:.1f} M parameters): gather {gather['ms']:.0f} ms "
-            f"({gather['ms_low']:.0f}-{gather['ms_high']:.0f}), rank 0 holds {gather['held_mib_max_rank']:.0f} MiB"
+            f"({gather['ms_low']:.0f}-{gather['ms_high']:.0f}), rank 0 assembles {gather['held_mib_max_rank']:.0f} MiB"
         )
         for variant in ("write", "none"):
             v = found[variant]
             click.echo(
                 f"  {variant}: {v['ms']:.0f} ms, {v['ratio_to_gather']:.2f}x gather ({v['rounds']}; {v['verdict']}); "
-                f"most a rank holds {v['held_mib_max_rank']:.0f} MiB"
+                f"the most any rank writes {v['held_mib_max_rank']:.0f} MiB"
             )
         click.echo(
             f"  result.model() when asked: {found['assemble_ms_when_asked']:.0f} ms on the notebook; load {found['load_1m']} "

@@ -13,9 +13,10 @@ rounds, what a run's end costs for each way of keeping its model:
 * ``none`` (a sweep trial, a scaling point): nothing.
 
 For each it records the time on the slowest rank (every rank waits for the collective
-end), and the bytes of model tensors each rank materialised for it (``gather``: rank 0
-holds the whole model; ``write``: each rank a copy of its pieces while it writes them);
-tensor bytes, not the process's resident memory. ``assemble_s`` is what
+end), and the bytes of model tensors each rank handles for it (``gather``: rank 0
+receives and assembles the whole model, new memory; ``write``: the pieces each rank
+writes, its own tensors on a CPU rank, a host copy of them from a GPU); tensor bytes,
+not the process's resident memory. ``assemble_s`` is what
 ``result.model()`` then costs when asked: the notebook reading and assembling the
 written pieces (:func:`rapydli.trainer.checkpoint.read_state_dict`), timed on rank 0.
 Rank 0 writes the rows as JSON to ``--out``.
