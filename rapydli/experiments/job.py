@@ -176,7 +176,7 @@ class TrainingJob:
         ):  # the layout against the model (built shape-only): own loss, split, ties, plan
             from rapydli.parallel.preflight import check_layout
 
-            check_layout(spec.model_fn, config, spec.loss_fn)
+            check_layout(spec.model_fn, config, spec.loss_fn, layout=self.layout)
         if config.memory_per_rank is not None:  # the model states each rank would hold, predicted on the meta device
             from rapydli.experiments.planning.fit import check_fits
 

@@ -234,7 +234,7 @@ class Layout:
         if self.pp_enabled:
             from rapydli.parallel.training import PipelineTraining
 
-            pipeline = PipelineTraining(model, config, world, train_data, objective, bounds=bounds)
+            pipeline = PipelineTraining(model, self, config, world, train_data, objective, bounds=bounds)
             return ModelPart(
                 self, pipeline.module, pipeline.grid, pipeline, pipeline.grid.data_communicator(config.allreduce), True
             )

@@ -211,23 +211,25 @@ def step_memory(
 
     from rapydli.errors import ConfigError
     from rapydli.objective import Objective
+    from rapydli.parallel.layout import Layout
 
-    if config.tensor_parallel > 1:
-        raise ConfigError(
-            f"step_memory measures data-parallel and pipelined configs; tensor_parallel={config.tensor_parallel} is not "
-            "measured (set tensor_parallel=1)"
-        )
     if world is None:
         from mpi4py import MPI
 
         world = MPI.COMM_WORLD
+    layout = Layout.of(config, world.Get_size())
+    if layout.tp_enabled:
+        raise ConfigError(
+            f"step_memory measures data-parallel and pipelined configs; tensor_parallel={layout.tensor} is not "
+            "measured (set tensor_parallel=1)"
+        )
     objective = Objective(model, loss_fn)
     pipeline = None
     part, stage, replica = model, 0, world.Get_rank()
-    if config.pipeline_stages > 1:
+    if layout.pp_enabled:
         from rapydli.parallel.training import PipelineTraining
 
-        pipeline = PipelineTraining(model, config, world, train_data, objective)
+        pipeline = PipelineTraining(model, layout, config, world, train_data, objective)
         pipeline.attach(None, contextlib.nullcontext)
         part, stage, replica = pipeline.module, pipeline.grid.stage, pipeline.grid.replica
     first = replica * config.batch_size

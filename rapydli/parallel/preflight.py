@@ -19,13 +19,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from rapydli.errors import ConfigError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from rapydli.parallel.layout import Layout
 
 
 @dataclass(frozen=True)
@@ -88,7 +91,9 @@ def meta_model(model_fn: Callable[[], Any]) -> nn.Module | None:
     return None if built is None else built.model
 
 
-def check_layout(model_fn: Callable[[], Any], config: Any, loss_fn: Any = None) -> None:
+def check_layout(
+    model_fn: Callable[[], Any], config: Any, loss_fn: Any = None, *, layout: Layout | None = None
+) -> None:
     """Raise :class:`ConfigError` if ``config``'s pipeline or tensor layout cannot train ``model_fn``'s model.
 
     Checks, in order: a model that takes its targets in ``forward`` with no ``loss_fn``
@@ -97,24 +102,28 @@ def check_layout(model_fn: Callable[[], Any], config: Any, loss_fn: Any = None) 
     can be split and an explicit ``pipeline_split`` names its blocks; parameters shared
     across those stages can stay one parameter (:func:`~rapydli.parallel.shared.check_honoured`);
     the tensor plan (given, or the built-in one) splits the model. Does nothing for a
-    data-parallel config or a model that cannot be built on the meta device.
+    data-parallel config or a model that cannot be built on the meta device. The degrees
+    are ``layout``'s, the run's (default: made from ``config`` for the ranks one replica needs).
     """
-    if config.pipeline_stages == 1 and config.tensor_parallel == 1:
+    from rapydli.parallel.layout import Layout
+
+    layout = layout or Layout.of(config, config.workers or config.pipeline_stages * config.tensor_parallel)
+    if not (layout.pp_enabled or layout.tp_enabled):
         return
     model = meta_model(model_fn)
     if model is None:
         return
-    if config.pipeline_stages > 1:
-        check_own_loss(model, config.pipeline_stages, loss_fn)
-        check_batch_norm(model, config.pipeline_stages, config.microbatches)
+    if layout.pp_enabled:
+        check_own_loss(model, layout.pipeline, loss_fn)
+        check_batch_norm(model, layout.pipeline, config.microbatches)
     plan = None
-    if config.tensor_parallel > 1:
+    if layout.tp_enabled:
         from rapydli.parallel.config import tensor_plan
         from rapydli.parallel.tensor_plans import check_plan, plan_for
 
-        plan = tensor_plan(config.tensor_plan) or plan_for(model, config.tensor_parallel)
-        check_plan(model, plan, config.tensor_parallel)
-    if config.pipeline_stages > 1:
+        plan = tensor_plan(config.tensor_plan) or plan_for(model, layout.tensor)
+        check_plan(model, plan, layout.tensor)
+    if layout.pp_enabled:
         from rapydli.objective import target_parameter
         from rapydli.parallel import split
         from rapydli.parallel.config import split_names
@@ -125,13 +134,13 @@ def check_layout(model_fn: Callable[[], Any], config: Any, loss_fn: Any = None) 
         )  # a model that cannot be split says so
         points = split_names(config.pipeline_split)
         if points != "auto":
-            bounds = split.boundaries(model, points, config.pipeline_stages)
-            check_honoured(find_shared(model, bounds), model, config.zero, plan)
+            bounds = split.boundaries(model, points, layout.pipeline)
+            check_honoured(find_shared(model, bounds), model, layout.zero, plan)
         else:  # balanced on the engines; whether every stage can hold parameters is known here
-            split.check_stage_count(split.holds_parameters(model), config.pipeline_stages)
+            split.check_stage_count(split.holds_parameters(model), layout.pipeline)
             blocks = len(split.pipeline_blocks(model, target_parameter(model) if loss_fn is None else None))
             try:  # a parameter two blocks share may fall on two stages, wherever the engines cut
-                check_honoured(find_shared(model, list(range(blocks + 1))), model, config.zero, plan)
+                check_honoured(find_shared(model, list(range(blocks + 1))), model, layout.zero, plan)
             except ConfigError as exc:
                 raise ConfigError(
                     f"with pipeline_split='auto' (the stages are cut on the engines; stage numbers below count blocks): {exc}"

@@ -41,6 +41,7 @@ from rapydli.parallel.timeline import Recorder
 
 if TYPE_CHECKING:  # pragma: no cover
     from rapydli.objective import Objective
+    from rapydli.parallel.layout import Layout
 
 
 class PipelineTraining:
@@ -50,9 +51,12 @@ class PipelineTraining:
     ----------
     model
         The whole model (built on every rank; this rank keeps its stage's blocks).
+    layout
+        The run's :class:`~rapydli.parallel.layout.Layout`: its stages, tensor degree and
+        ZeRO stage (the degrees are read from it alone).
     config
-        The run's ``TrainConfig`` (``pipeline_stages``, ``microbatches``,
-        ``pipeline_schedule``, ``pipeline_split``).
+        The run's ``TrainConfig`` (``microbatches``, ``pipeline_schedule``,
+        ``pipeline_split``, ``tensor_plan``).
     world
         The mpi4py communicator of every rank of the run.
     train_data
@@ -89,6 +93,7 @@ class PipelineTraining:
     def __init__(
         self,
         model: nn.Module,
+        layout: Layout,
         config: Any,
         world: Any,
         train_data: Dataset,
@@ -96,9 +101,9 @@ class PipelineTraining:
         bounds: list[int] | None = None,
     ) -> None:
         targets = objective.target_parameter  # a traced model's own loss: its last block takes the targets by this name
-        check_batch_norm(model, config.pipeline_stages, config.microbatches)
+        check_batch_norm(model, layout.pipeline, config.microbatches)
         self.config = config
-        self.grid = ProcessGrid.create(world, config.pipeline_stages, config.tensor_parallel)
+        self.grid = ProcessGrid.create(world, layout.pipeline, layout.tensor)
         sample = labels = None
         # "auto" measures the blocks on a sample; a traced model's blocks are checked against its forward on one
         if (
@@ -111,16 +116,16 @@ class PipelineTraining:
             sample, labels = (part.to(device) for part in default_collate([train_data[i] for i in range(count)])[:2])
         # a resumed "auto" run keeps the split its checkpoint was written with
         self.bounds = bounds or split.decide(
-            model, split_names(config.pipeline_split), config.pipeline_stages, sample, world, labels, targets
+            model, split_names(config.pipeline_split), layout.pipeline, sample, world, labels, targets
         )
         # parameters several stages hold (tied embeddings) stay one parameter, or the run is refused here, before training
         self.shared = find_shared(model, self.bounds)
         plan = None
-        if config.tensor_parallel > 1:
+        if layout.tp_enabled:
             from rapydli.parallel.tensor import plan_for
 
-            plan = tensor_plan(config.tensor_plan) or plan_for(model, config.tensor_parallel)
-        check_honoured(self.shared, model, config.zero, plan)
+            plan = tensor_plan(config.tensor_plan) or plan_for(model, layout.tensor)
+        check_honoured(self.shared, model, layout.zero, plan)
         if plan is not None:  # every rank splits the dense model; this rank keeps its stage of it below
             from rapydli.parallel.tensor import shard_model
 
