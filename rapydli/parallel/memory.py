@@ -213,16 +213,16 @@ def step_memory(
     from rapydli.objective import Objective
     from rapydli.parallel.layout import Layout
 
+    if config.tensor_parallel > 1:  # refused before any rank is asked anything
+        raise ConfigError(
+            f"step_memory measures data-parallel and pipelined configs; tensor_parallel={config.tensor_parallel} is not "
+            "measured (set tensor_parallel=1)"
+        )
     if world is None:
         from mpi4py import MPI
 
         world = MPI.COMM_WORLD
     layout = Layout.of(config, world.Get_size())
-    if layout.tp_enabled:
-        raise ConfigError(
-            f"step_memory measures data-parallel and pipelined configs; tensor_parallel={layout.tensor} is not "
-            "measured (set tensor_parallel=1)"
-        )
     objective = Objective(model, loss_fn)
     pipeline = None
     part, stage, replica = model, 0, world.Get_rank()
