@@ -65,3 +65,36 @@ def test_the_rapydli_engine_waits_for_a_cells_outputs_and_fails_the_cell_rather_
     papermill.execute_notebook(str(_tiny(tmp_path / "in.ipynb")), str(out), engine_name="rapydli", progress_bar=False)
     assert [(c.iopub_timeout, c.raise_on_iopub_timeout) for c in made] == [(IOPUB_TIMEOUT_S, True)]
     assert nbformat.read(out, as_version=4).cells[0].outputs[0]["text"] == "42\n"
+
+
+@pytest.mark.notebook
+def test_a_kernel_that_dies_before_it_answers_is_started_again(tmp_path: Path, monkeypatch) -> None:
+    """Two processes starting kernels at once can draw the same free port; the loser exits before it answers.
+
+    A real kernelspec whose first kernel exits at once (as the loser of a port race does) and whose second is ipykernel.
+    The spec declares no CurveZMQ, as older ipykernels' and other languages' do not: it runs, unencrypted.
+    """
+    import json
+    import sys
+
+    spec_dir = tmp_path / "jupyter" / "kernels" / "dies-once"
+    spec_dir.mkdir(parents=True)
+    marker = tmp_path / "started-once"
+    launcher = tmp_path / "dies_once.py"
+    launcher.write_text(
+        "import os, sys\n"
+        f"marker = {str(marker)!r}\n"
+        "if not os.path.exists(marker):\n"
+        "    open(marker, 'w').close()\n"
+        "    sys.exit('zmq.error.ZMQError: Address already in use')\n"
+        "os.execv(sys.executable, [sys.executable, '-m', 'ipykernel_launcher', *sys.argv[1:]])\n"
+    )
+    argv = [sys.executable, str(launcher), "-f", "{connection_file}"]
+    (spec_dir / "kernel.json").write_text(json.dumps({"argv": argv, "display_name": "dies once", "language": "python"}))
+    monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jupyter"))
+    out = tmp_path / "out.ipynb"
+    papermill.execute_notebook(
+        str(_tiny(tmp_path / "in.ipynb")), str(out), engine_name="rapydli", kernel_name="dies-once", progress_bar=False
+    )
+    assert marker.exists()
+    assert nbformat.read(out, as_version=4).cells[0].outputs[0]["text"] == "42\n"

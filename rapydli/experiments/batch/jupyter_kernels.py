@@ -3,9 +3,10 @@
 A kernel that jupyter_client starts over TCP without CurveZMQ keys warns on its stderr
 ("Kernel is running over TCP without encryption ...") and is indeed open to anyone on
 the machine who can reach its ports. :class:`EncryptedKernelManager` provisions the
-keys (``transport_encryption="required"``, when pyzmq has CurveZMQ), so the kernel runs
-encrypted and says nothing; its kernels draw plotly figures with their PNG
-(:func:`~rapydli.widgets.display.static_figures` runs first in them, as ``import rapydli``
+keys (``transport_encryption="auto"``, when pyzmq has CurveZMQ), so a kernel whose kernelspec
+declares CurveZMQ (ipykernel's does) runs encrypted and says nothing; one that does not (an
+older ipykernel's spec, another language's kernel) still runs, unencrypted, as Jupyter runs
+it. Its kernels draw plotly figures with their PNG (:func:`~rapydli.widgets.display.static_figures` runs first in them, as ``import rapydli``
 does in any notebook's kernel), so every figure of the executed notebook shows outside
 JupyterLab too, also in a notebook that does not import RaPyDLI.
 :class:`RapydliEngine` is papermill's own engine with that manager, saving only the state
@@ -31,12 +32,12 @@ KERNEL_MANAGER = "rapydli.experiments.batch.jupyter_kernels.EncryptedKernelManag
 
 
 class EncryptedKernelManager(AsyncKernelManager):
-    """jupyter_client's kernel manager with CurveZMQ transport encryption on (when pyzmq has it)."""
+    """jupyter_client's kernel manager with CurveZMQ transport encryption on where pyzmq and the kernelspec have it."""
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         if zmq.has("curve"):
-            self.transport_encryption = "required"
+            self.transport_encryption = "auto"  # "required" refused every kernelspec that does not declare curve
 
     async def start_kernel(self, **kw: Any) -> None:  # type: ignore[override]
         """Start the kernel with figures that carry their PNG (a plotly renderer the user set is kept),
@@ -61,6 +62,14 @@ class EncryptedKernelManager(AsyncKernelManager):
         await super()._async_interrupt_kernel()
 
 
+#: What jupyter_client raises when the kernel process ended before it answered its first message: no cell ran yet.
+KERNEL_DIED_AT_START = "Kernel died before replying to kernel_info"
+
+#: Kernels a run starts before it gives up on one that dies at once (jupyter_client draws each kernel's ports as
+#: free ones in its own process: two processes starting kernels at the same moment can draw the same port, and the
+#: later kernel then exits on "Address already in use" before it answers).
+KERNEL_STARTS = 3
+
 #: Seconds a batch run waits for a cell's outputs to arrive after the kernel answered the cell (nbclient's ``iopub_timeout``).
 IOPUB_TIMEOUT_S = 120
 
@@ -69,7 +78,8 @@ class RapydliEngine(NBClientEngine):
     """papermill's nbclient engine, with kernels started by :class:`EncryptedKernelManager`; the
     executed notebook keeps the state of the widgets it shows only
     (:func:`~rapydli.experiments.batch.saved_widgets.shown_widget_state`: a live plot closed into a static
-    figure leaves nothing)."""
+    figure leaves nothing). A kernel that dies before it answers its first message is started again, up to
+    :data:`KERNEL_STARTS` kernels in all (no cell has run on it)."""
 
     @classmethod
     def execute_managed_notebook(cls, nb_man: Any, kernel_name: str, **kwargs: Any) -> Any:
@@ -82,6 +92,12 @@ class RapydliEngine(NBClientEngine):
         kwargs.setdefault("iopub_timeout", IOPUB_TIMEOUT_S)
         kwargs.setdefault("raise_on_iopub_timeout", True)
         try:
-            return super().execute_managed_notebook(nb_man, kernel_name, **kwargs)
+            for start in range(1, KERNEL_STARTS + 1):
+                try:
+                    return super().execute_managed_notebook(nb_man, kernel_name, **kwargs)
+                except RuntimeError as exc:  # a kernel that died before its first answer ran no cell: start another
+                    if str(exc) != KERNEL_DIED_AT_START or start == KERNEL_STARTS:
+                        raise
+            raise AssertionError("unreachable")
         finally:  # also for a failed run: papermill saves the notebook after this returns
             shown_widget_state(nb_man.nb)
