@@ -151,7 +151,7 @@ def equivalence(cases_json: str) -> None:
             "placeholders": WORLD.allreduce(int(placeholders), op=MPI.MIN),
             "kept": WORLD.allgather(kept),
             "whole": WORLD.allgather(whole),  # this rank's trained elements (its stage's, its tensor slices)
-            "replicas": trainer.data_size,
+            "data_parallel": trainer.data_size,
             "units": [u.name for u in optimizer.units],
             "buckets": [len(u.buckets) for u in optimizer.units],
             "recomputed": sum(getattr(m.forward, "__func__", None) is _recomputed_forward for m in model.modules()),

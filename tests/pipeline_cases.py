@@ -14,7 +14,7 @@ from torch.nn import functional as F
 from rapydli.comm import Communicator, GradientSynchronizer
 from rapydli.parallel import split
 from rapydli.parallel.executor import PipelineExecutor
-from rapydli.parallel.grid import ProcessGrid
+from rapydli.parallel.layout import Layout
 
 
 def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -43,18 +43,18 @@ def executor_equivalence(stages: int, schedule: str, microbatches: int, batch: i
     torch.set_num_threads(1)
     world = MPI.COMM_WORLD
     dt = getattr(torch, dtype)
-    grid = ProcessGrid.create(world, stages)
+    grid = Layout(world.Get_size(), stages).grid(world)
     reference = residual_mlp(dt)
     model = copy.deepcopy(reference)
     g = torch.Generator().manual_seed(1)
-    global_batch = batch * grid.replicas
+    global_batch = batch * grid.layout.data_parallel
     xs = torch.randn(steps, global_batch, 8, generator=g).to(dt)
     ys = torch.randint(0, 5, (steps, global_batch), generator=g)
 
     bounds = split.decide(model, "auto" if stages == 3 else ["3"], stages, xs[0, :batch], world)
     stage, _ = split.stage_module(model, bounds, grid.stage)
     sync = None
-    if grid.replicas > 1:
+    if grid.layout.data_parallel > 1:
         sync = GradientSynchronizer(stage, Communicator(grid.data, algorithm="mpi"), bucket_mb=0.001)
         sync.broadcast_parameters()
     executor = PipelineExecutor(stage, grid.pipeline, schedule, microbatches, loss_fn, sync=sync)
@@ -72,7 +72,7 @@ def executor_equivalence(stages: int, schedule: str, microbatches: int, batch: i
         ref_value = float(ref_loss.detach())
         ref_loss.backward()
         ref_opt.step()
-        if grid.replicas == 1:
+        if grid.layout.data_parallel == 1:
             assert abs(loss - ref_value) <= 1e-6 * abs(ref_value), (loss, ref_value)
     tolerance = 1e-10 if dt == torch.float64 else 1e-5
     ref_stage, _ = split.stage_module(reference, bounds, grid.stage)
@@ -94,7 +94,7 @@ def failing_stage(stages: int, schedule: str) -> None:
     """The last stage raises in its second backward; the job must end, naming stage and action."""
     torch.set_num_threads(1)
     world = MPI.COMM_WORLD
-    grid = ProcessGrid.create(world, stages)
+    grid = Layout(world.Get_size(), stages).grid(world)
     model = residual_mlp(torch.float64)
     bounds = split.boundaries(model, [str(3 + i) for i in range(stages - 1)], stages)
     stage, _ = split.stage_module(model, bounds, grid.stage)
@@ -119,7 +119,7 @@ def interrupted_stages() -> None:
 
     torch.set_num_threads(1)
     world = MPI.COMM_WORLD
-    grid = ProcessGrid.create(world, 2)
+    grid = Layout(world.Get_size(), 2).grid(world)
     model = residual_mlp(torch.float64)
     stage, _ = split.stage_module(model, split.boundaries(model, ["3"], 2), grid.stage)
 

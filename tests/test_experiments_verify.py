@@ -44,7 +44,7 @@ def test_verify_layout_passes_a_tied_gpt2_pipeline_and_names_the_parameters_of_a
         )
     assert check.passed and check.worst < 1e-9, check.table
     assert check.verdict.startswith(
-        "dp1 x pp2 x tp1, zero=0 trains the one-process model: all 28 parameters within 1e-09"
+        "2 ranks (data_parallel=1 x pipeline_stages=2 x tensor_parallel=1, zero=0) trains the one-process model: all 28 parameters within 1e-09"
     )
     assert set(check.table["parameter"]) == {
         name for name, _ in gpt2().named_parameters()

@@ -19,7 +19,7 @@ def rows_of_step(step: int, replica: int = 0, stages: int = 2, microbatches: int
             "rank": replica * stages + stage,
             "stage": stage,
             "replica": replica,
-            "stages": stages,
+            "pipeline_stages": stages,
             "microbatches": microbatches,
             "schedule": "1f1b",
             "step": step,

@@ -12,12 +12,20 @@ from rapydli.parallel.layout import Layout
 
 def test_the_layout_answers_replicas_and_which_parallelism_is_on() -> None:
     layout = Layout.of(rd.TrainConfig(pipeline_stages=2, tensor_parallel=2, zero=1), 8)
-    assert (layout.replicas, layout.ranks_per_replica) == (2, 4)
-    assert layout.dp_enabled and layout.pp_enabled and layout.tp_enabled and layout.zero_enabled and layout.sharded
+    assert (layout.data_parallel, layout.ranks_per_replica) == (2, 4)
+    assert (
+        layout.uses_data_parallel
+        and layout.uses_pipeline
+        and layout.uses_tensor_parallel
+        and layout.uses_zero
+        and layout.sharded
+    )
     plain = Layout(world_size=4)
-    assert plain.replicas == 4 and not (plain.pp_enabled or plain.tp_enabled or plain.zero_enabled or plain.sharded)
-    assert not Layout(world_size=1).dp_enabled
-    assert layout.describe() == "8 ranks (data 2 x pipeline 2 x tensor 2, zero=1)"
+    assert plain.data_parallel == 4 and not (
+        plain.uses_pipeline or plain.uses_tensor_parallel or plain.uses_zero or plain.sharded
+    )
+    assert not Layout(world_size=1).uses_data_parallel
+    assert layout.describe() == "8 ranks (data_parallel=2 x pipeline_stages=2 x tensor_parallel=2, zero=1)"
     # the grid's rank order: tensor ranks are neighbours, then the stages of one replica
     assert [layout.coordinates(r) for r in (0, 1, 2, 5, 7)] == [(0, 0, 0), (0, 1, 0), (1, 0, 0), (0, 1, 1), (1, 1, 1)]
     assert all(layout.world_rank(*layout.coordinates(r)) == r for r in range(8))
@@ -33,16 +41,16 @@ def test_a_layout_the_ranks_do_not_divide_into_is_refused_naming_them() -> None:
         ConfigError,
         match=r"this run has 6 ranks: pipeline_stages=2 x tensor_parallel=2 needs a multiple of 4 \(4, 8, 12",
     ):
-        Layout(world_size=6, pipeline=2, tensor=2)
+        Layout(world_size=6, pipeline_stages=2, tensor_parallel=2)
     with pytest.raises(ConfigError, match="has 2 ranks: tensor_parallel=4 needs a multiple of 4"):
-        Layout(world_size=2, tensor=4)
+        Layout(world_size=2, tensor_parallel=4)
 
 
 def test_workers_is_only_checked_where_it_is_given() -> None:
     # the complaint of #32: a pipeline of 3 is not refused because of a workers nobody set
     assert rd.TrainConfig(pipeline_stages=3).workers is None
     assert rd.TrainConfig(pipeline_stages=3).ranks_to_start() == 3
-    with pytest.raises(ConfigError, match="TrainConfig.workers=2: 2 ranks cannot run pipeline_stages=3"):
+    with pytest.raises(ConfigError, match="TrainConfig.workers=2 has 2 ranks: pipeline_stages=3 needs a multiple of 3"):
         rd.TrainConfig(pipeline_stages=3, workers=2)
 
 

@@ -8,7 +8,7 @@ from torch import nn
 
 from rapydli.errors import ConfigError
 from rapydli.parallel import split
-from rapydli.parallel.grid import data_parallel_degree
+from rapydli.parallel.layout import Layout
 
 
 def nested() -> nn.Sequential:
@@ -95,13 +95,11 @@ def test_balance_minimises_the_slowest_stage() -> None:
 
 
 def test_grid_world_size_must_be_a_multiple_of_stages() -> None:
-    assert data_parallel_degree(6, 3) == 2
-    with pytest.raises(
-        ConfigError, match="3 ranks cannot run pipeline_stages=2.*multiple of pipeline_stages \\(2, 4, 6"
-    ):
-        data_parallel_degree(3, 2)
-    with pytest.raises(ConfigError, match="1 ranks cannot run pipeline_stages=2"):
-        data_parallel_degree(1, 2)
+    assert Layout(6, 3).data_parallel == 2
+    with pytest.raises(ConfigError, match="has 3 ranks: pipeline_stages=2 needs a multiple of 2 \\(2, 4, 6"):
+        Layout(3, 2)
+    with pytest.raises(ConfigError, match="has 1 ranks: pipeline_stages=2 needs"):
+        Layout(1, 2)
 
 
 def test_every_stage_holds_parameters_however_the_blocks_were_timed() -> None:

@@ -83,7 +83,7 @@ def paced_mlp() -> nn.Module:
 
 
 def test_a_world_that_does_not_divide_is_refused_before_anything_starts() -> None:
-    with pytest.raises(ConfigError, match="TrainConfig.workers=2: 2 ranks cannot run pipeline_stages=4"):
+    with pytest.raises(ConfigError, match="TrainConfig.workers=2 has 2 ranks: pipeline_stages=4 needs a multiple of 4"):
         rd.TrainConfig(pipeline_stages=4, workers=2)
     # without workers the ranks are checked when they are known (the cluster's); rd.train alone starts a fitting one
     assert (

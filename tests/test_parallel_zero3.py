@@ -70,7 +70,7 @@ def test_zero3_trains_what_one_process_trains_and_keeps_a_slice_of_every_paramet
             row
         )  # never built whole: recorded on the meta device, each rank made only its part
         assert row["placeholders"] == 1, row  # between steps no rank holds a whole trained parameter
-        n = row["replicas"]
+        n = row["data_parallel"]
         padding = sum(row["buckets"]) * (n - 1)  # at most n - 1 elements of padding a bucket
         assert all(
             whole / n <= kept <= whole / n + padding for kept, whole in zip(row["kept"], row["whole"], strict=True)
@@ -280,7 +280,7 @@ def test_a_model_three_times_memory_per_rank_trains_on_four_ranks_with_zero3_and
         assert current() is None  # refused before any process started
         message = str(refused.value)
         assert (
-            f"memory_per_rank={limit / 2**20:.4g} MiB is too small for 4 ranks (data 4 x pipeline 1 x tensor 1, zero={zero})"
+            f"memory_per_rank={limit / 2**20:.4g} MiB is too small for 4 ranks (data_parallel=4 x pipeline_stages=1 x tensor_parallel=1, zero={zero})"
             in message
         )
         assert (

@@ -58,26 +58,32 @@ def test_two_ranks_enumerate_every_layout_once() -> None:
         len(layouts) == len(set(layouts)) == 12 + 8 + 3
     )  # dp2: m 1,2,4 x zero 0-3; pp2: m 1,2,4,8 x 2 schedules; tp2: m 1,2,4
     assert all(layout.ranks == 2 and layout.checkpointing is None for layout in layouts)
-    assert {(x.dp, x.pp, x.tp) for x in layouts} == {(2, 1, 1), (1, 2, 1), (1, 1, 2)}
-    assert all(x.zero == 0 for x in layouts if x.dp == 1) and {x.zero for x in layouts if x.dp == 2} == {0, 1, 2, 3}
+    assert {(x.data_parallel, x.pipeline_stages, x.tensor_parallel) for x in layouts} == {
+        (2, 1, 1),
+        (1, 2, 1),
+        (1, 1, 2),
+    }
+    assert all(x.zero == 0 for x in layouts if x.data_parallel == 1) and {
+        x.zero for x in layouts if x.data_parallel == 2
+    } == {0, 1, 2, 3}
     both = enumerate_layouts(2, 32, blocks=4, tensor_parallel=(1, 2), checkpointing=CHECKPOINTING)
     assert len(both) == len(set(both)) == 2 * len(layouts) and {x.checkpointing for x in both} == {None, "blocks"}
-    assert {x.schedule for x in layouts if x.pp == 2} == set(schedules.SCHEDULES)
-    assert all(x.schedule == NO_SCHEDULE for x in layouts if x.pp == 1)
-    assert all(32 // x.dp % x.microbatches == 0 for x in layouts)
+    assert {x.schedule for x in layouts if x.pipeline_stages == 2} == set(schedules.SCHEDULES)
+    assert all(x.schedule == NO_SCHEDULE for x in layouts if x.pipeline_stages == 1)
+    assert all(32 // x.data_parallel % x.microbatches == 0 for x in layouts)
 
 
 def test_enumeration_respects_blocks_batch_degrees_and_zero() -> None:
-    assert {(x.dp, x.pp, x.tp) for x in enumerate_layouts(2, 32, blocks=1)} == {
+    assert {(x.data_parallel, x.pipeline_stages, x.tensor_parallel) for x in enumerate_layouts(2, 32, blocks=1)} == {
         (2, 1, 1)
     }  # one block: no pipeline; tp not allowed
-    assert {(x.dp, x.pp) for x in enumerate_layouts(2, 3, blocks=4)} == {
+    assert {(x.data_parallel, x.pipeline_stages) for x in enumerate_layouts(2, 3, blocks=4)} == {
         (1, 2)
     }  # 3 samples do not split over 2 replicas
     assert {x.zero for x in enumerate_layouts(4, 32, blocks=4, zero=(0, 1))} == {0, 1}
     big = enumerate_layouts(64, 1024, blocks=4, tensor_parallel=(1, 2, 4, 8, 16))
-    assert all(x.ranks == 64 and x.pp <= 4 and x.tp <= 8 for x in big)
-    assert {x.tp for x in big} == {1, 2, 4, 8} and {x.pp for x in big} == {1, 2, 4}
+    assert all(x.ranks == 64 and x.pipeline_stages <= 4 and x.tensor_parallel <= 8 for x in big)
+    assert {x.tensor_parallel for x in big} == {1, 2, 4, 8} and {x.pipeline_stages for x in big} == {1, 2, 4}
 
 
 def test_microbatch_choices_and_sizes_to_measure() -> None:
@@ -344,7 +350,9 @@ def test_sixty_four_ranks_predicted_from_a_given_profile_and_network_start_nothi
     )
     assert current() is None  # no cluster started
     table = plan.table
-    assert len(table) > 100 and (table["dp"] * table["pp"] * table["tp"] == 64).all()
+    assert (
+        len(table) > 100 and (table["data_parallel"] * table["pipeline_stages"] * table["tensor_parallel"] == 64).all()
+    )
     assert table["measured_step_s"].isna().all() and plan.validated is None
     assert list(table["predicted_step_s"]) == sorted(table["predicted_step_s"])
     assert plan.best is not None and plan.best.workers == 64 and plan.best_layout == table["layout"].iloc[0]
@@ -364,7 +372,9 @@ def test_sixty_four_ranks_measured_in_this_process_start_no_cluster() -> None:
         "4",
         "5",
     ]  # Flatten, Linear, ReLU, Linear, ReLU, Linear: an nn.Sequential's items
-    assert (plan.table["dp"] * plan.table["pp"] * plan.table["tp"] == 64).all() and plan.table["fits"].all()
+    assert (
+        plan.table["data_parallel"] * plan.table["pipeline_stages"] * plan.table["tensor_parallel"] == 64
+    ).all() and plan.table["fits"].all()
 
 
 @pytest.mark.parametrize(
@@ -519,12 +529,12 @@ def test_the_planner_reads_a_gpt2_with_tied_weights_and_its_tensor_plan() -> Non
     assert tensor_plan(config) == plan_text  # the config keeps it as JSON text; the planner reads it
     plan = rd.plan_parallel(gpt2, train_cases.tokens, config, ranks=4, network=RingModel(5e-6, 1e-9))
     table = plan.table
-    assert {1, 2, 4} <= set(table["tp"]) and not plan.profile.unsupported
+    assert {1, 2, 4} <= set(table["tensor_parallel"]) and not plan.profile.unsupported
     parameters = sum(p.numel() * p.element_size() for p in gpt2().parameters())  # the tied weight once
-    dense = table[(table["tp"] == 1) & (table["pp"] == 1)]
-    held = parameters / dense["dp"].where(dense["zero"] == 3, 1)  # ZeRO-3 keeps 1/dp of them
+    dense = table[(table["tensor_parallel"] == 1) & (table["pipeline_stages"] == 1)]
+    held = parameters / dense["data_parallel"].where(dense["zero"] == 3, 1)  # ZeRO-3 keeps 1/dp of them
     assert (abs(dense["params_mib"] * 2**20 - held) < 1).all(), (dense["params_mib"] * 2**20, parameters)
-    assert table[(table["pp"] > 1) & (table["zero"] == 2)].empty
+    assert table[(table["pipeline_stages"] > 1) & (table["zero"] == 2)].empty
     assert any(
         "transformer.wte.weight (also lm_head.weight) is shared by pipeline stages 0, 1" in note for note in plan.notes
     ), plan.notes
@@ -590,7 +600,13 @@ def test_every_layout_the_planner_fits_is_one_rd_train_lets_through() -> None:
     )  # the model states do not depend on micro-batches, schedule or checkpointing: each grid, split and stage once
     for prediction, fits in zip(plan.predictions, plan.table["fits"]):
         layout = prediction.layout
-        key = (layout.dp, layout.pp, layout.tp, layout.zero, tuple(prediction.split))
+        key = (
+            layout.data_parallel,
+            layout.pipeline_stages,
+            layout.tensor_parallel,
+            layout.zero,
+            tuple(prediction.split),
+        )
         if fits and key not in checked:
             checked.add(key)
             chosen = layout.config(config.replace(memory_per_rank=limit), plan.global_batch, prediction.split)

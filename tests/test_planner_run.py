@@ -62,8 +62,8 @@ def test_plan_on_two_engines_runs_the_fastest_and_picks_one() -> None:
     best = ran.loc[ran["measured_step_s"].idxmin()]
     assert plan.best_layout == best["layout"] and plan.best is not None and plan.best.workers == 2
     assert (plan.best.pipeline_stages, plan.best.tensor_parallel, plan.best.zero) == (
-        best["pp"],
-        best["tp"],
+        best["pipeline_stages"],
+        best["tensor_parallel"],
         best["zero"],
     )
     piped = table[table["layout"] == PIPELINE].iloc[0]
@@ -114,7 +114,7 @@ def test_the_models_people_bring_are_planned_from_two_engines_and_run() -> None:
             assert plan.profile.source == "2 engines", name
             if name == "resnet":  # convolutions have no tensor plan: tp layouts are left out, saying why
                 assert "no built-in tensor plan for TinyResNet" in plan.profile.unsupported[2] and set(
-                    plan.table["tp"]
+                    plan.table["tensor_parallel"]
                 ) == {1}
             else:
                 assert not plan.profile.unsupported, (name, plan.profile.unsupported)
@@ -122,4 +122,4 @@ def test_the_models_people_bring_are_planned_from_two_engines_and_run() -> None:
             assert piped in set(ran["layout"]) and (ran["measured_step_s"] > 0).all(), (name, plan.table)
             assert plan.best is not None and plan.best_layout in set(ran["layout"]), name
             if name == "gpt2":  # a tensor-parallel layout is planned from the model's own structure (no plan written)
-                assert 2 in set(plan.table["tp"]), plan.table
+                assert 2 in set(plan.table["tensor_parallel"]), plan.table

@@ -146,7 +146,11 @@ def test_scaling_varies_pipeline_stages_and_records_them() -> None:
             repeats=1,
         )
     table = result.table
-    assert list(zip(table["workers"], table["pipeline_stages"], table["replicas"])) == [(1, 1, 1), (2, 1, 2), (2, 2, 1)]
+    assert list(zip(table["workers"], table["pipeline_stages"], table["data_parallel"])) == [
+        (1, 1, 1),
+        (2, 1, 2),
+        (2, 2, 1),
+    ]
     assert list(table["global_batch"]) == [32, 64, 32]  # weak: the batch per replica is kept
     assert table["speedup"].iloc[2] == pytest.approx(
         table["samples_per_s"].iloc[2] / table["samples_per_s"].iloc[0]
@@ -177,7 +181,7 @@ def test_points_carry_the_spread_of_their_rounds_and_an_efficiency_above_1_is_fl
         return {
             "workers": k,
             "pipeline_stages": 1,
-            "replicas": k,
+            "data_parallel": k,
             "global_batch": 32 * k,
             "samples_per_s": 32 * k / step,
             "step_time_s": step,

@@ -119,7 +119,7 @@ def memory_rows(steps: int, timeout: float) -> list[dict[str, Any]]:
     chosen = layouts()
     micro = sorted({layout.microbatch(GLOBAL_BATCH) for layout in chosen.values()})
     profile = local_profile(
-        bench_model, bench_data, config, micro, sorted({layout.tp for layout in chosen.values()}), []
+        bench_model, bench_data, config, micro, sorted({layout.tensor_parallel for layout in chosen.values()}), []
     )
     network = Network.from_ring(RingModel(0.0, 0.0))
     predictions = {name: predict(layout, profile, network, GLOBAL_BATCH, config) for name, layout in chosen.items()}
@@ -149,8 +149,10 @@ def memory_rows(steps: int, timeout: float) -> list[dict[str, Any]]:
     factor = optimizer_factor(config)
     for row in rows:
         layout = chosen[row["variant"]]
-        memory = predictions[row["variant"]].stage_memory[row["rank"] // layout.tp % layout.pp]
-        formula = sum(zero_states(row["parameter_bytes"], layout.dp, layout.zero, factor))
+        memory = predictions[row["variant"]].stage_memory[
+            row["rank"] // layout.tensor_parallel % layout.pipeline_stages
+        ]
+        formula = sum(zero_states(row["parameter_bytes"], layout.data_parallel, layout.zero, factor))
         predicted = memory.model_states + memory.buffers
         # at backward's peak: what the rank holds after the step, plus the whole gradient buckets it held at once during
         # backward (ZeRO 2 and 3; gone by the step's end, where the storages are counted)

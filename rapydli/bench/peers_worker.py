@@ -9,7 +9,7 @@ grouped-query attention, SwiGLU, RMSNorm, rotary), a layout (``--layout``) and a
 * ``tp2``, 2-way tensor parallelism. ``rapydli``: :func:`rapydli.parallel.tensor.shard_model`
   with the built-in plan (:func:`rapydli.parallel.tensor_plans.plan_for`: each attention's
   whole heads per rank, the MLP column then row) over the tensor communicator of
-  ``ProcessGrid.create(world, 1, 2)``. ``torch``: ``parallelize_module`` on a gloo
+  ``Layout(world.Get_size(), 1, 2).grid(world)``. ``torch``: ``parallelize_module`` on a gloo
   ``DeviceMesh("cpu", [0, 1])``, as torchtitan sets up a block: the q/k/v projections
   (GPT-2: the fused ``c_attn``) and the MLP's first layers (``c_fc``; ``gate_proj``,
   ``up_proj``) ``ColwiseParallel``, the output projections (``c_proj``, ``o_proj``,
@@ -131,13 +131,13 @@ def _whole_model_step(model: nn.Module, batches: list[tuple[torch.Tensor, torch.
 
 def rapydli_tp(name: str, shape: Shape, batches: list[tuple[torch.Tensor, torch.Tensor]], world: Any) -> Step:
     """RaPyDLI's tensor parallelism: the built-in plan, over the grid's tensor communicator."""
-    from rapydli.parallel.grid import ProcessGrid
+    from rapydli.parallel.layout import Layout
     from rapydli.parallel.tensor import shard_model
     from rapydli.parallel.tensor_plans import plan_for
 
     model = shape.model(name)
-    grid = ProcessGrid.create(world, 1, world.Get_size())
-    shard_model(model, plan_for(model, grid.tensor_parallel), grid.tensor)
+    grid = Layout(world.Get_size(), 1, world.Get_size()).grid(world)
+    shard_model(model, plan_for(model, grid.layout.tensor_parallel), grid.tensor)
     return _whole_model_step(model, batches)
 
 
@@ -204,11 +204,11 @@ def _stage(name: str, shape: Shape, stage: int, stages: int) -> tuple[nn.Module,
 def rapydli_pp(name: str, shape: Shape, batches: list[tuple[torch.Tensor, torch.Tensor]], world: Any) -> Step:
     """RaPyDLI's pipeline: the executor's 1F1B, and the tied weight's gradient summed over the stages that hold it."""
     from rapydli.parallel.executor import PipelineExecutor
-    from rapydli.parallel.grid import ProcessGrid
+    from rapydli.parallel.layout import Layout
     from rapydli.parallel.shared import SharedGradients, find_shared
 
-    grid = ProcessGrid.create(world, world.Get_size())
-    model, bounds, stage = _stage(name, shape, grid.stage, grid.stages)
+    grid = Layout(world.Get_size(), world.Get_size()).grid(world)
+    model, bounds, stage = _stage(name, shape, grid.stage, grid.layout.pipeline_stages)
     shared = SharedGradients(find_shared(model, bounds), stage, grid.pipeline)
     shared.broadcast()
     executor = PipelineExecutor(stage, grid.pipeline, "1f1b", MICROBATCHES, lm_loss)

@@ -32,7 +32,7 @@ from torch.nn import functional as F
 
 from rapydli.parallel import schedules, split
 from rapydli.parallel.executor import PipelineExecutor
-from rapydli.parallel.grid import ProcessGrid
+from rapydli.parallel.layout import Layout
 from rapydli.parallel.memory import ActivationMeter
 from rapydli.parallel.timeline import Recorder, bubble
 
@@ -71,7 +71,7 @@ def _loss(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
 def bubble_rows(world: Any, forward_ms: float, steps: int) -> list[dict[str, Any]]:
     """Measured idle fraction against ``(p - 1) / (m + p - 1)`` for p = world size."""
     p = world.Get_size()
-    grid = ProcessGrid.create(world, p)
+    grid = Layout(world.Get_size(), p).grid(world)
     rows = []
     for schedule in schedules.SCHEDULES:
         for m in (1, 2, 4, 8):
@@ -125,7 +125,7 @@ def memory_rows(world: Any, batch: int, microbatches: list[int]) -> list[dict[st
     p, rank = world.Get_size(), world.Get_rank()
     x, y = torch.randn(batch, 64), torch.randint(0, 10, (batch,))
     rows: list[dict[str, Any]] = []
-    grid = ProcessGrid.create(world, p)
+    grid = Layout(world.Get_size(), p).grid(world)
     model = mlp()
     bounds = split.balance([1.0] * len(split.pipeline_blocks(model)), p)
     stage, _ = split.stage_module(model, bounds, grid.stage)
@@ -186,7 +186,7 @@ def throughput_rows(world: Any, peer: str, batch: int, m: int, steps: int) -> li
     optimizer = torch.optim.SGD(stage.parameters(), lr=0.01)
     x, y = torch.randn(batch, 64), torch.randint(0, 10, (batch,))
     if peer == "rapydli":
-        grid = ProcessGrid.create(world, p)
+        grid = Layout(world.Get_size(), p).grid(world)
         executor = PipelineExecutor(stage, grid.pipeline, "1f1b", m, _loss)
 
         def step() -> None:

@@ -172,7 +172,7 @@ class TrainingJob:
         config = config.replace(workers=len(targets))  # what really runs is what is recorded
         self.spec = spec
         if (
-            self.layout.pp_enabled or self.layout.tp_enabled
+            self.layout.uses_pipeline or self.layout.uses_tensor_parallel
         ):  # the layout against the model (built shape-only): own loss, split, ties, plan
             from rapydli.parallel.preflight import check_layout
 
@@ -185,7 +185,7 @@ class TrainingJob:
         self.targets = list(targets)
         self.callbacks = tuple(callbacks)
         # a rank slower than the others, by its step timings (data-parallel ranks only: stages and slices differ by design)
-        same_work = not (self.layout.pp_enabled or self.layout.tp_enabled)
+        same_work = not (self.layout.uses_pipeline or self.layout.uses_tensor_parallel)
         self.stragglers = StragglerWatch(len(self.targets), {}) if same_work else None
         self._place(cluster)  # refused now (shm across hosts) where the cluster already knows its hosts
         self.cluster = cluster

@@ -57,7 +57,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 TOLERANCE = 0.20
 COLUMNS = [
-    "workers", "pipeline_stages", "replicas", "hosts", "global_batch", "samples_per_s", "speedup", "ideal_speedup", "efficiency",
+    "workers", "pipeline_stages", "data_parallel", "hosts", "global_batch", "samples_per_s", "speedup", "ideal_speedup", "efficiency",
     "step_time_s",
     "compute_time_s", "comm_time_s", "comm_wait_s", "comm_fraction", "predicted_step_time_s", "prediction_error",
     "repeats", "step_time_low_s", "step_time_high_s", "speedup_low", "speedup_high", "speedup_verdict", "load", "flag",
@@ -73,7 +73,7 @@ class ScalingResult:
     Attributes
     ----------
     table
-        One row per measured point: ``workers``, ``pipeline_stages``, ``replicas``
+        One row per measured point: ``workers``, ``pipeline_stages``, ``data_parallel``
         (``workers / (pipeline_stages x tensor_parallel)``), ``hosts`` (where its ranks ran,
         e.g. ``"node1, node2"``), ``global_batch``, ``samples_per_s``,
         ``speedup``, ``ideal_speedup``, ``efficiency``, ``step_time_s``,
@@ -310,21 +310,21 @@ class ScalingPlan:
             raise ConfigError(
                 "predict and network model data parallelism: add 1 to pipeline_stages (those points are predicted and checked)"
             )
-        global_batch = config.batch_size * layouts[plan[0]].replicas
-        if mode == "strong" and any(global_batch % layout.replicas for layout in layouts.values()):
+        global_batch = config.batch_size * layouts[plan[0]].data_parallel
+        if mode == "strong" and any(global_batch % layout.data_parallel for layout in layouts.values()):
             first = (
-                f"batch_size x {layouts[plan[0]].replicas} replicas"
+                f"batch_size x {layouts[plan[0]].data_parallel} replicas"
                 if plan[0][1] * tp > 1
                 else f"batch_size x {counts[0]}"
             )
-            replicas = sorted({layout.replicas for layout in layouts.values()})
+            replicas = sorted({layout.data_parallel for layout in layouts.values()})
             raise ConfigError(
                 f"mode='strong' splits the global batch {global_batch} ({first}); it must divide by every count in {replicas}"
             )
         # every point's config, validated now (a batch too small for microbatches, ...)
         configs = {}
         for k, p in plan:
-            batch = config.batch_size if mode == "weak" else global_batch // layouts[(k, p)].replicas
+            batch = config.batch_size if mode == "weak" else global_batch // layouts[(k, p)].data_parallel
             configs[(k, p)] = config.replace(
                 batch_size=batch,
                 max_steps=steps,
@@ -444,7 +444,7 @@ def _measure(
             where = cluster.status()["rank_hosts"]
             hosts = ", ".join(sorted({where[r] for r in range(k) if r in where}))
             point = {
-                **_point(k, p, plan.layouts[(k, p)].replicas, point_cfg.batch_size, job.results),
+                **_point(k, p, plan.layouts[(k, p)].data_parallel, point_cfg.batch_size, job.results),
                 "hosts": hosts,
                 "load": machine_load(),
             }
@@ -518,7 +518,7 @@ def _point(k: int, stages: int, replicas: int, batch_size: int, results: list[di
     return {
         "workers": k,
         "pipeline_stages": stages,
-        "replicas": replicas,
+        "data_parallel": replicas,
         "global_batch": global_batch,
         "samples_per_s": global_batch / step,
         "step_time_s": step,

@@ -57,7 +57,7 @@ class LayoutCheck:
         The largest relative difference.
     tolerance, dtype, steps, layout
         What the check used: the tolerance, the dtype the models trained in, the steps,
-        and the layout (``dp x pp x tp``, ZeRO).
+        and the layout (:meth:`~rapydli.parallel.layout.Layout.describe`).
     built
         How the ranks made the model, as ``rd.train``'s would: ``"whole"``, ``"deferred"``
         (recorded on the meta device, each rank making its part) or ``"whole: <why>"``.
@@ -273,7 +273,7 @@ def verify_layout(
     table = table.sort_values("relative", ascending=False, ignore_index=True)
     worst = float(table["relative"].max()) if len(table) else math.nan
     bad = table[~table["ok"]]["parameter"].tolist()
-    described = f"dp{layout.replicas} x pp{cfg.pipeline_stages} x tp{cfg.tensor_parallel}, zero={cfg.zero}"
+    described = layout.describe()
     if untied:
         verdict = f"{described} does NOT train the one-process model: tied parameters were trained apart ({', '.join(untied)})"
     elif bad:

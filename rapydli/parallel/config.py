@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from rapydli.errors import ConfigError
-from rapydli.parallel.grid import data_parallel_degree
+from rapydli.parallel.layout import Layout
 
 #: How a tensor plan splits a module (:func:`rapydli.parallel.tensor.parallelize`).
 TENSOR_STYLES = ("column", "row", "heads", "vocab")
@@ -68,12 +68,13 @@ def checkpoint_interval(value: str | None) -> int | None:
 
 def check_grid(config: Any) -> None:
     """Raise :class:`ConfigError` unless ``workers`` (when given) is a multiple of ``pipeline_stages x tensor_parallel``."""
-    if config.workers is None:
-        return
-    try:
-        data_parallel_degree(config.workers, config.pipeline_stages, config.tensor_parallel)
-    except ConfigError as exc:
-        raise ConfigError(f"TrainConfig.workers={config.workers}: {exc}") from None
+    if config.workers is not None:
+        Layout(
+            config.workers,
+            config.pipeline_stages,
+            config.tensor_parallel,
+            where=f"TrainConfig.workers={config.workers}",
+        )
 
 
 def split_names(value: str) -> str | list[str]:

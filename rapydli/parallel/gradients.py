@@ -119,11 +119,11 @@ class _ShardedLocal(Gradients):
 
 def build(layout: Layout, part: ModelPart, optimizer: torch.optim.Optimizer, config: Any) -> Gradients:
     """The strategy of ``layout`` for ``part`` (see :meth:`rapydli.parallel.layout.Layout.gradients`)."""
-    model, comm = part.model, part.comm if layout.dp_enabled else None  # one replica: nothing to average
+    model, comm = part.model, part.comm if layout.uses_data_parallel else None  # one replica: nothing to average
     offload = bool(
         getattr(config, "offload_optimizer", False)
     )  # on CPU ranks the state is in host memory already: a no-op
-    if layout.zero_enabled:
+    if layout.uses_zero:
         from rapydli.parallel import deferred
         from rapydli.parallel.zero import ShardedOptimizer
 

@@ -3,24 +3,28 @@
 :class:`Layout` is the one owner of a run's parallel degrees (in the spirit of
 torchtitan's ``ParallelDims``). It is built from the ``TrainConfig`` and the number of
 ranks that really run (:meth:`Layout.of`), refuses a world the degrees do not divide
-(naming the ranks it has), and answers what the rest asks: replicas, whether each kind of
-parallelism is on, the describing text, and where a rank sits. On the ranks it builds the
+(naming the ranks it has), and answers what the rest asks: the data-parallel degree, whether
+each kind of parallelism is on, the describing text, and where a rank sits. On the ranks it builds the
 process grid and hands the Trainer its part of the model (:meth:`Layout.model_part`) and
 the object that makes its gradients global (:meth:`Layout.gradients`), so the Trainer
 does not branch on the layout. The planner's candidates, scaling studies, sweeps and the
 client's checks before a run use the same object for the replica arithmetic.
 
-World rank ``r`` is tensor rank ``r % tensor`` of stage ``(r // tensor) % pipeline`` of
-replica ``r // (tensor * pipeline)`` (:class:`~rapydli.parallel.grid.ProcessGrid`).
+Its names for the degrees, ``data_parallel``, ``pipeline_stages``, ``tensor_parallel`` and
+``zero``, are the config's, and every table, record and text of a run (the planner's table,
+a checkpoint's layout, :meth:`Layout.describe`) uses them.
+
+World rank ``r`` is tensor rank ``r % tensor_parallel`` of stage ``(r // tensor_parallel) %
+pipeline_stages`` of replica ``r // (tensor_parallel * pipeline_stages)`` (:class:`~rapydli.parallel.grid.ProcessGrid`).
 
 Examples
 --------
->>> layout = Layout(world_size=4, pipeline=2, zero=1)
->>> layout.replicas, layout.pp_enabled, layout.tp_enabled, layout.zero_enabled
+>>> layout = Layout(world_size=4, pipeline_stages=2, zero=1)
+>>> layout.data_parallel, layout.uses_pipeline, layout.uses_tensor_parallel, layout.uses_zero
 (2, True, False, True)
 >>> layout.describe()
-'4 ranks (data 2 x pipeline 2 x tensor 1, zero=1)'
->>> Layout(world_size=4, pipeline=3, where="the cluster")
+'4 ranks (data_parallel=2 x pipeline_stages=2 x tensor_parallel=1, zero=1)'
+>>> Layout(world_size=4, pipeline_stages=3, where="the cluster")
 Traceback (most recent call last):
 ...
 rapydli.errors.ConfigError: the cluster has 4 ranks: pipeline_stages=3 needs a multiple of 3 (3, 6, 9, ...)
@@ -47,15 +51,14 @@ if TYPE_CHECKING:  # pragma: no cover
 
 @dataclass(frozen=True, order=True)
 class Layout:
-    """``world_size`` ranks as ``replicas`` x ``pipeline`` stages x ``tensor`` ranks, ZeRO stage ``zero``.
+    """``world_size`` ranks as ``data_parallel`` x ``pipeline_stages`` x ``tensor_parallel``, ZeRO stage ``zero``.
 
     Parameters
     ----------
     world_size
         Ranks that run (the cluster's engines, or the ranks ``mpiexec`` started).
-    pipeline, tensor
-        Pipeline stages and tensor-parallel degree (``TrainConfig.pipeline_stages`` and
-        ``tensor_parallel``).
+    pipeline_stages, tensor_parallel
+        Pipeline stages and tensor-parallel degree (the ``TrainConfig`` fields of the same names).
     zero
         ZeRO stage (0: off; 1, 2, 3: the optimizer state, at 2 the gradients too, at 3 the
         parameters too, sharded over the replicas).
@@ -66,26 +69,25 @@ class Layout:
     Raises
     ------
     ConfigError
-        ``world_size`` is not a positive multiple of ``pipeline * tensor``; the message
+        ``world_size`` is not a positive multiple of ``pipeline_stages * tensor_parallel``; the message
         names the ranks there are and the multiples that would work.
     """
 
     world_size: int
-    pipeline: int = 1
-    tensor: int = 1
+    pipeline_stages: int = 1
+    tensor_parallel: int = 1
     zero: int = 0
     where: str = field(default="this run", compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        per = self.pipeline * self.tensor
-        if self.pipeline < 1 or self.tensor < 1 or self.world_size < per or self.world_size % per:
-            named = {
-                k: v for k, v in (("pipeline_stages", self.pipeline), ("tensor_parallel", self.tensor)) if v > 1
-            } or {"pipeline_stages": 1}
-            degrees = " x ".join(f"{k}={v}" for k, v in named.items())
+        per = self.pipeline_stages * self.tensor_parallel
+        if self.pipeline_stages < 1 or self.tensor_parallel < 1 or self.world_size < per or self.world_size % per:
+            degrees = {"pipeline_stages": self.pipeline_stages, "tensor_parallel": self.tensor_parallel}
+            named = {k: v for k, v in degrees.items() if v > 1} or {"pipeline_stages": 1}
+            needs = " x ".join(f"{k}={v}" for k, v in named.items())
             multiples = ", ".join(str(per * k) for k in (1, 2, 3))
             raise ConfigError(
-                f"{self.where} has {self.world_size} ranks: {degrees} needs a multiple of {per} ({multiples}, ...)"
+                f"{self.where} has {self.world_size} ranks: {needs} needs a multiple of {per} ({multiples}, ...)"
             )
 
     @classmethod
@@ -94,47 +96,46 @@ class Layout:
         return cls(world_size, config.pipeline_stages, config.tensor_parallel, config.zero, where)
 
     @staticmethod
-    def fits(world_size: int, pipeline: int = 1, tensor: int = 1) -> bool:
-        """Whether ``world_size`` ranks divide into replicas of ``pipeline * tensor`` ranks."""
-        return (
-            pipeline >= 1 and tensor >= 1 and world_size >= pipeline * tensor and world_size % (pipeline * tensor) == 0
-        )
+    def fits(world_size: int, pipeline_stages: int = 1, tensor_parallel: int = 1) -> bool:
+        """Whether ``world_size`` ranks divide into replicas of ``pipeline_stages * tensor_parallel`` ranks."""
+        per = pipeline_stages * tensor_parallel
+        return pipeline_stages >= 1 and tensor_parallel >= 1 and world_size >= per and world_size % per == 0
 
     # -- what the rest asks ---------------------------------------------------------------
     @property
-    def replicas(self) -> int:
+    def data_parallel(self) -> int:
         """Data-parallel degree: copies of the model, each reading its own shard of the data."""
-        return self.world_size // (self.pipeline * self.tensor)
+        return self.world_size // (self.pipeline_stages * self.tensor_parallel)
 
     @property
     def ranks_per_replica(self) -> int:
-        """``pipeline * tensor``."""
-        return self.pipeline * self.tensor
+        """``pipeline_stages * tensor_parallel``."""
+        return self.pipeline_stages * self.tensor_parallel
 
     @property
-    def dp_enabled(self) -> bool:
+    def uses_data_parallel(self) -> bool:
         """More than one replica (gradients are averaged over the data group)."""
-        return self.replicas > 1
+        return self.data_parallel > 1
 
     @property
-    def pp_enabled(self) -> bool:
+    def uses_pipeline(self) -> bool:
         """The model is cut into pipeline stages."""
-        return self.pipeline > 1
+        return self.pipeline_stages > 1
 
     @property
-    def tp_enabled(self) -> bool:
+    def uses_tensor_parallel(self) -> bool:
         """Layers are split over tensor-parallel ranks."""
-        return self.tensor > 1
+        return self.tensor_parallel > 1
 
     @property
-    def zero_enabled(self) -> bool:
+    def uses_zero(self) -> bool:
         """The optimizer state is sharded over the replicas."""
         return self.zero > 0
 
     @property
     def sharded(self) -> bool:
         """Some rank holds state no other rank holds (stages, tensor slices, ZeRO shards)."""
-        return self.pp_enabled or self.tp_enabled or self.zero_enabled
+        return self.uses_pipeline or self.uses_tensor_parallel or self.uses_zero
 
     def builds_deferred(self, config: Any) -> bool:
         """Whether ``model_fn`` is recorded on the meta device rather than built whole (:mod:`rapydli.parallel.deferred`).
@@ -144,22 +145,23 @@ class Layout:
         built whole), or its layers split over tensor ranks. Each rank then makes only its
         stage, its slices and its shards, with the values of the whole model.
         """
-        auto_split = self.pp_enabled and str(config.pipeline_split).strip() == "auto"
-        return (self.zero == 3 or self.pp_enabled or self.tp_enabled) and not auto_split
+        auto_split = self.uses_pipeline and str(config.pipeline_split).strip() == "auto"
+        return (self.zero == 3 or self.uses_pipeline or self.uses_tensor_parallel) and not auto_split
 
     def describe(self) -> str:
-        """``"4 ranks (data 2 x pipeline 2 x tensor 1, zero=1)"``."""
-        return f"{self.world_size} ranks (data {self.replicas} x pipeline {self.pipeline} x tensor {self.tensor}, zero={self.zero})"
+        """``"4 ranks (data_parallel=2 x pipeline_stages=2 x tensor_parallel=1, zero=1)"``: the config's names."""
+        degrees = f"data_parallel={self.data_parallel} x pipeline_stages={self.pipeline_stages} x tensor_parallel={self.tensor_parallel}"
+        return f"{self.world_size} ranks ({degrees}, zero={self.zero})"
 
     def coordinates(self, rank: int) -> tuple[int, int, int]:
         """``(stage, tensor rank, replica)`` of world rank ``rank``."""
-        position, tensor_rank = divmod(rank, self.tensor)
-        replica, stage = divmod(position, self.pipeline)
+        position, tensor_rank = divmod(rank, self.tensor_parallel)
+        replica, stage = divmod(position, self.pipeline_stages)
         return stage, tensor_rank, replica
 
     def world_rank(self, stage: int, tensor_rank: int, replica: int) -> int:
         """The world rank at ``(stage, tensor_rank, replica)``."""
-        return (replica * self.pipeline + stage) * self.tensor + tensor_rank
+        return (replica * self.pipeline_stages + stage) * self.tensor_parallel + tensor_rank
 
     # -- on the ranks ---------------------------------------------------------------------
     def grid(self, world: Any) -> ProcessGrid:
@@ -167,7 +169,7 @@ class Layout:
         from rapydli.parallel.grid import ProcessGrid
 
         self._check_world(world)
-        return ProcessGrid.create(world, self.pipeline, self.tensor)
+        return ProcessGrid.create(world, self)
 
     def model_part(
         self,
@@ -182,7 +184,7 @@ class Layout:
         """This rank's part of ``model`` and the communicator of its data group (collective over ``world``).
 
         Pipelined: the grid, the split (``bounds`` keeps a resumed split) and this rank's
-        stage, its layers split over the tensor group when ``tensor > 1``
+        stage, its layers split over the tensor group when ``tensor_parallel > 1``
         (:class:`~rapydli.parallel.training.PipelineTraining`). Tensor-parallel only: the
         grid and ``model``'s layers split over the tensor group (in place). Otherwise the
         whole model. ``comm``: a :class:`~rapydli.comm.Communicator` to average gradients
@@ -231,14 +233,14 @@ class Layout:
         comm: Any,
         bounds: list[int] | None,
     ) -> ModelPart:
-        if self.pp_enabled:
+        if self.uses_pipeline:
             from rapydli.parallel.training import PipelineTraining
 
             pipeline = PipelineTraining(model, self, config, world, train_data, objective, bounds=bounds)
             return ModelPart(
                 self, pipeline.module, pipeline.grid, pipeline, pipeline.grid.data_communicator(config.allreduce), True
             )
-        if self.tp_enabled:
+        if self.uses_tensor_parallel:
             from rapydli.parallel.config import tensor_plan
             from rapydli.parallel.tensor import shard_model
 
@@ -321,7 +323,7 @@ class ModelPart:
 
     @property
     def data_size(self) -> int:
-        return self.layout.replicas
+        return self.layout.data_parallel
 
     @property
     def data_rank(self) -> int:

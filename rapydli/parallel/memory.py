@@ -226,7 +226,7 @@ def step_memory(
     objective = Objective(model, loss_fn)
     pipeline = None
     part, stage, replica = model, 0, world.Get_rank()
-    if layout.pp_enabled:
+    if layout.uses_pipeline:
         from rapydli.parallel.training import PipelineTraining
 
         pipeline = PipelineTraining(model, layout, config, world, train_data, objective)

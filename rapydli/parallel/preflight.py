@@ -108,22 +108,22 @@ def check_layout(
     from rapydli.parallel.layout import Layout
 
     layout = layout or Layout.of(config, config.workers or config.pipeline_stages * config.tensor_parallel)
-    if not (layout.pp_enabled or layout.tp_enabled):
+    if not (layout.uses_pipeline or layout.uses_tensor_parallel):
         return
     model = meta_model(model_fn)
     if model is None:
         return
-    if layout.pp_enabled:
-        check_own_loss(model, layout.pipeline, loss_fn)
-        check_batch_norm(model, layout.pipeline, config.microbatches)
+    if layout.uses_pipeline:
+        check_own_loss(model, layout.pipeline_stages, loss_fn)
+        check_batch_norm(model, layout.pipeline_stages, config.microbatches)
     plan = None
-    if layout.tp_enabled:
+    if layout.uses_tensor_parallel:
         from rapydli.parallel.config import tensor_plan
         from rapydli.parallel.tensor_plans import check_plan, plan_for
 
-        plan = tensor_plan(config.tensor_plan) or plan_for(model, layout.tensor)
-        check_plan(model, plan, layout.tensor)
-    if layout.pp_enabled:
+        plan = tensor_plan(config.tensor_plan) or plan_for(model, layout.tensor_parallel)
+        check_plan(model, plan, layout.tensor_parallel)
+    if layout.uses_pipeline:
         from rapydli.objective import target_parameter
         from rapydli.parallel import split
         from rapydli.parallel.config import split_names
@@ -134,10 +134,10 @@ def check_layout(
         )  # a model that cannot be split says so
         points = split_names(config.pipeline_split)
         if points != "auto":
-            bounds = split.boundaries(model, points, layout.pipeline)
+            bounds = split.boundaries(model, points, layout.pipeline_stages)
             check_honoured(find_shared(model, bounds), model, layout.zero, plan)
         else:  # balanced on the engines; whether every stage can hold parameters is known here
-            split.check_stage_count(split.holds_parameters(model), layout.pipeline)
+            split.check_stage_count(split.holds_parameters(model), layout.pipeline_stages)
             blocks = len(split.pipeline_blocks(model, target_parameter(model) if loss_fn is None else None))
             try:  # a parameter two blocks share may fall on two stages, wherever the engines cut
                 check_honoured(find_shared(model, list(range(blocks + 1))), model, layout.zero, plan)

@@ -34,7 +34,6 @@ from torch.utils.data import Dataset, default_collate
 from rapydli.parallel import split
 from rapydli.parallel.config import split_names, tensor_plan
 from rapydli.parallel.executor import MetricFn, PipelineExecutor
-from rapydli.parallel.grid import ProcessGrid
 from rapydli.parallel.preflight import check_batch_norm
 from rapydli.parallel.shared import SharedGradients, check_honoured, find_shared
 from rapydli.parallel.timeline import Recorder
@@ -101,9 +100,9 @@ class PipelineTraining:
         bounds: list[int] | None = None,
     ) -> None:
         targets = objective.target_parameter  # a traced model's own loss: its last block takes the targets by this name
-        check_batch_norm(model, layout.pipeline, config.microbatches)
+        check_batch_norm(model, layout.pipeline_stages, config.microbatches)
         self.config = config
-        self.grid = ProcessGrid.create(world, layout.pipeline, layout.tensor)
+        self.grid = layout.grid(world)
         sample = labels = None
         # "auto" measures the blocks on a sample; a traced model's blocks are checked against its forward on one
         if (
@@ -116,15 +115,15 @@ class PipelineTraining:
             sample, labels = (part.to(device) for part in default_collate([train_data[i] for i in range(count)])[:2])
         # a resumed "auto" run keeps the split its checkpoint was written with
         self.bounds = bounds or split.decide(
-            model, split_names(config.pipeline_split), layout.pipeline, sample, world, labels, targets
+            model, split_names(config.pipeline_split), layout.pipeline_stages, sample, world, labels, targets
         )
         # parameters several stages hold (tied embeddings) stay one parameter, or the run is refused here, before training
         self.shared = find_shared(model, self.bounds)
         plan = None
-        if layout.tp_enabled:
+        if layout.uses_tensor_parallel:
             from rapydli.parallel.tensor import plan_for
 
-            plan = tensor_plan(config.tensor_plan) or plan_for(model, layout.tensor)
+            plan = tensor_plan(config.tensor_plan) or plan_for(model, layout.tensor_parallel)
         check_honoured(self.shared, model, layout.zero, plan)
         if plan is not None:  # every rank splits the dense model; this rank keeps its stage of it below
             from rapydli.parallel.tensor import shard_model
@@ -175,7 +174,7 @@ class PipelineTraining:
             "rank": self.grid.world.Get_rank(),
             "stage": self.grid.stage,
             "replica": self.grid.replica,
-            "stages": self.grid.stages,
+            "pipeline_stages": self.grid.layout.pipeline_stages,
             "microbatches": self.config.microbatches,
             "schedule": self.config.pipeline_schedule,
             "bounds": self.bounds,
@@ -217,7 +216,7 @@ class PipelineTraining:
 
         assert self.executor is not None, "attach() first"
         totals = torch.zeros(2 + 2 * len(metrics), dtype=torch.float64)
-        indices = range(self.grid.replica, len(val_data), self.grid.replicas)  # type: ignore[arg-type]
+        indices = range(self.grid.replica, len(val_data), self.grid.layout.data_parallel)  # type: ignore[arg-type]
         self.module.eval()
         for start in range(0, len(indices), batch_size):
             batch = default_collate([val_data[i] for i in indices[start : start + batch_size]])

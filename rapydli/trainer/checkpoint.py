@@ -45,6 +45,7 @@ import numpy as np
 import torch
 
 from rapydli.errors import ConfigError
+from rapydli.parallel.layout import Layout
 from rapydli.paths import private_dir
 
 log = logging.getLogger(__name__)
@@ -209,12 +210,31 @@ class Resumed:
     history: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
 
-def describe(layout: dict[str, Any]) -> str:
-    """``"4 ranks (data 2 x pipeline 2 x tensor 1, zero=1)"``."""
-    return (
-        f"{layout['world_size']} ranks (data {layout['replicas']} x pipeline {layout['stages']} x tensor {layout['tensor_parallel']}, "
-        f"zero={layout['zero']})"
-    )
+#: The keys of a layout record written before the degrees had one name each, and their names now.
+_EARLIER_LAYOUT_KEYS = {"replicas": "data_parallel", "stages": "pipeline_stages"}
+
+
+def layout_record(layout: Layout, bounds: list[int] | None) -> dict[str, Any]:
+    """What a checkpoint records of ``layout``: its degrees under their names, and a pipeline's ``bounds``."""
+    return {
+        "world_size": layout.world_size,
+        "data_parallel": layout.data_parallel,
+        "pipeline_stages": layout.pipeline_stages,
+        "tensor_parallel": layout.tensor_parallel,
+        "zero": layout.zero,
+        "bounds": bounds,
+    }
+
+
+def read_record(record: dict[str, Any]) -> dict[str, Any]:
+    """A layout record as :func:`layout_record` writes it, also from a checkpoint written before (its earlier keys)."""
+    return {_EARLIER_LAYOUT_KEYS.get(key, key): value for key, value in record.items()}
+
+
+def describe(record: dict[str, Any]) -> str:
+    """``"4 ranks (data_parallel=2 x pipeline_stages=2 x tensor_parallel=1, zero=1)"``, as :meth:`Layout.describe`."""
+    record = read_record(record)
+    return Layout(record["world_size"], record["pipeline_stages"], record["tensor_parallel"], record["zero"]).describe()
 
 
 class CheckpointManager:
@@ -230,8 +250,7 @@ class CheckpointManager:
         The whole model this rank built (split in place by tensor parallelism): its
         parameter names are the unsplit model's, the names every checkpoint uses.
     layout
-        ``{"world_size", "replicas", "stages", "tensor_parallel", "zero", "bounds"}``:
-        the layout this run has (recorded in the manifest).
+        The :func:`layout_record` of this run's layout (recorded in the manifest).
     coordinates
         This rank's ``(stage, tensor rank, replica)``.
 
@@ -437,6 +456,7 @@ class CheckpointManager:
         self._manifest = self.world.bcast(found, root=0)
         if self._manifest is None:
             return None
+        self._manifest["layout"] = read_record(self._manifest["layout"])
         progress = self._manifest["progress"]
         return Resumed(
             self._manifest["step"],
@@ -628,7 +648,7 @@ def read_layout(directory: str | os.PathLike[str] | None, world: Any) -> dict[st
         path = checkpoint_path(directory)
         if path.exists():
             layout = load(path).get("layout")
-    return world.bcast(layout, root=0)
+    return world.bcast(None if layout is None else read_record(layout), root=0)
 
 
 def load_full_state(model: Any, state: dict[str, torch.Tensor]) -> Any:

@@ -41,7 +41,7 @@ from rapydli.objective import LossFn, MetricsArg, Objective, default_metrics, re
 from rapydli.parallel import split
 from rapydli.parallel.layout import Layout
 from rapydli.trainer.callbacks import Callback, dispatch
-from rapydli.trainer.checkpoint import CheckpointManager
+from rapydli.trainer.checkpoint import CheckpointManager, layout_record
 from rapydli.trainer.config import TrainConfig
 from rapydli.trainer.optim import OptimizerFn, apply_schedule, make_optimizer
 from rapydli.trainer.outputs import global_mean
@@ -184,7 +184,11 @@ class Trainer:
         self._should_stop = should_stop
         self.model = model = self.part.model
         self.checkpoints = CheckpointManager(
-            config.checkpoint_dir, self.mpi, whole, self._layout(), self._coordinates()
+            config.checkpoint_dir,
+            self.mpi,
+            whole,
+            layout_record(self.layout, self.pipeline.bounds if self.pipeline else None),
+            self.layout.coordinates(self.rank),
         )
         self.device = next(model.parameters()).device
         resolved = resolve_metrics(metrics)
@@ -463,24 +467,6 @@ class Trainer:
         self._average_buffers()
         return self.checkpoints.gather_state(self.model, self.optimizer)
 
-    def _layout(self) -> dict[str, Any]:
-        """How this run is spread over its ranks (what its checkpoints record)."""
-        grid = self.grid
-        return {
-            "world_size": self.world_size,
-            "replicas": self.data_size,
-            "stages": grid.stages if grid else 1,
-            "tensor_parallel": grid.tensor_parallel if grid else 1,
-            "zero": self.config.zero,
-            "bounds": self.pipeline.bounds if self.pipeline is not None else None,
-        }
-
-    def _coordinates(self) -> tuple[int, int, int]:
-        """This rank's ``(stage, tensor rank, replica)``."""
-        return (
-            (self.grid.stage, self.grid.tensor_rank, self.grid.replica) if self.grid is not None else (0, 0, self.rank)
-        )
-
     # -- helpers ----------------------------------------------------------------------------
     def _stop_requested(self) -> bool:
         """Whether ``should_stop`` says to stop after this step (the same answer on every rank)."""
@@ -568,7 +554,7 @@ def _resumed_bounds(config: TrainConfig, world: Any) -> list[int] | None:
     from rapydli.trainer.checkpoint import read_layout
 
     shape = read_layout(config.checkpoint_dir, world)
-    return shape["bounds"] if shape is not None and shape["stages"] == config.pipeline_stages else None
+    return shape["bounds"] if shape is not None and shape["pipeline_stages"] == config.pipeline_stages else None
 
 
 def _mpi_comm(comm: Any) -> Any:

@@ -17,7 +17,7 @@ Examples
 ...          ("forward", 0, 0.01, 0.02), ("backward", 0, 0.02, 0.03)]]
 >>> timeline = LiveTimeline(live=False)
 >>> for stage, own in enumerate(spans):
-...     timeline({"kind": "timeline", "rank": stage, "stage": stage, "replica": 0, "stages": 2, "step": 1,
+...     timeline({"kind": "timeline", "rank": stage, "stage": stage, "replica": 0, "pipeline_stages": 2, "step": 1,
 ...               "microbatches": 1, "schedule": "gpipe", "spans": own})
 >>> timeline.close()
 >>> timeline.step, "bubble measured" in timeline.figure.layout.title.text
@@ -82,7 +82,7 @@ class LiveTimeline(LiveFigure):
             steps[row["step"]] = row
             for old in sorted(steps)[:-KEEP_STEPS]:
                 del steps[old]
-            self._stages = row["stages"]
+            self._stages = row["pipeline_stages"] if "pipeline_stages" in row else row["stages"]  # a run stored before
         self.tick()
 
     def flush(self) -> None:

@@ -163,11 +163,11 @@ class StatesPredictor:
 
 def _memory(share: RankShare, layout: Layout, config: TrainConfig) -> Memory:
     accumulating = config.grad_accum > 1 or (
-        layout.pipeline > 1 and config.microbatches > 1
+        layout.pipeline_stages > 1 and config.microbatches > 1
     )  # more than one backward a step
     return rank_memory(
         share.trained,
-        layout.replicas,
+        layout.data_parallel,
         layout.zero,
         config,
         units=share.units,
@@ -212,16 +212,16 @@ def check_fits(model_fn: Callable[[], Any], config: TrainConfig, world_size: int
     memory = _memory(share, layout, config)
     if memory.peak <= limit:
         return memory
-    per_replica = layout.pipeline * layout.tensor
+    per_replica = layout.pipeline_stages * layout.tensor_parallel
     fitting = [
         f"zero={zero} on these {world_size} ranks ({_mb(other.peak)} per rank)"
         for zero in (3, 2, 1, 0)
-        if zero != layout.zero and layout.replicas > 1
-        for other in [_memory(share, Layout(world_size, layout.pipeline, layout.tensor, zero), config)]
+        if zero != layout.zero and layout.data_parallel > 1
+        for other in [_memory(share, Layout(world_size, layout.pipeline_stages, layout.tensor_parallel, zero), config)]
         if other.peak <= limit
     ]
     if (
-        share.device != "cpu" and not config.offload_optimizer and layout.replicas > 1
+        share.device != "cpu" and not config.offload_optimizer and layout.data_parallel > 1
     ):  # a GPU rank can leave its optimizer to the host
         fitting += [
             f"zero={zero} with offload_optimizer=True on these {world_size} ranks ({_mb(other.peak)} per rank on the {share.device} device, "
@@ -230,7 +230,7 @@ def check_fits(model_fn: Callable[[], Any], config: TrainConfig, world_size: int
             for other in [
                 _memory(
                     share,
-                    Layout(world_size, layout.pipeline, layout.tensor, zero),
+                    Layout(world_size, layout.pipeline_stages, layout.tensor_parallel, zero),
                     config.replace(zero=zero, offload_optimizer=True),
                 )
             ]
@@ -240,13 +240,18 @@ def check_fits(model_fn: Callable[[], Any], config: TrainConfig, world_size: int
         more = next(
             (
                 dp
-                for dp in range(layout.replicas + 1, MOST_REPLICAS + 1)
-                if _memory(share, Layout(dp * per_replica, layout.pipeline, layout.tensor, 3), config).peak <= limit
+                for dp in range(layout.data_parallel + 1, MOST_REPLICAS + 1)
+                if _memory(
+                    share, Layout(dp * per_replica, layout.pipeline_stages, layout.tensor_parallel, 3), config
+                ).peak
+                <= limit
             ),
             None,
         )
         if more is not None:
-            bigger = _memory(share, Layout(more * per_replica, layout.pipeline, layout.tensor, 3), config)
+            bigger = _memory(
+                share, Layout(more * per_replica, layout.pipeline_stages, layout.tensor_parallel, 3), config
+            )
             fitting.append(f"zero=3 on {more * per_replica} ranks or more ({_mb(bigger.peak)} per rank)")
         else:
             fitting.append(

@@ -1,13 +1,15 @@
 """The planner's candidate layouts of a training run over ``N`` ranks, and the memory each rank needs in one.
 
 A :class:`Candidate` is a :class:`~rapydli.parallel.layout.Layout` (the one owner of the
-degrees: ``dp`` data-parallel replicas of a pipeline of ``pp`` stages whose every stage
-is split ``tp`` ways, ``dp * pp * tp = N``, and ZeRO stage ``zero`` over the replicas)
-with how a step runs in it: each replica's batch cut into ``microbatches`` (pipeline
-micro-batches, or gradient accumulation when ``pp = 1``), a pipeline ``schedule``, and
-whether every block recomputes its activations in backward (``checkpointing``, the
-config's ``activation_checkpointing="blocks"``). The global batch is the same in every
-candidate: each replica reads ``global_batch / dp`` samples per step.
+degrees: ``data_parallel`` replicas of a pipeline of ``pipeline_stages`` stages whose every
+stage is split ``tensor_parallel`` ways, their product ``N``, and ZeRO stage ``zero`` over
+the replicas) with how a step runs in it: each replica's batch cut into ``microbatches``
+(pipeline micro-batches, or gradient accumulation without a pipeline), a pipeline
+``schedule``, and whether every block recomputes its activations in backward
+(``checkpointing``, the config's ``activation_checkpointing="blocks"``). The global batch is
+the same in every candidate: each replica reads ``global_batch / data_parallel`` samples per
+step. Below, ``dp``, ``pp`` and ``tp`` are short for the three degrees, as in a candidate's
+label (``dp2 pp1 tp1 m1 zero0``).
 
 :func:`enumerate_layouts` lists every candidate of ``N`` ranks a model allows: ``pp`` up to
 its number of blocks, ``tp`` among the degrees its tensor plan splits (at most
@@ -69,36 +71,39 @@ class Candidate:
     @classmethod
     def of(
         cls,
-        dp: int,
-        pp: int,
-        tp: int,
+        data_parallel: int,
+        pipeline_stages: int,
+        tensor_parallel: int,
         microbatches: int,
         schedule: str,
         zero: int,
         checkpointing: str | None = None,
         offload: bool = False,
     ) -> Candidate:
-        """The candidate of ``dp`` replicas x ``pp`` stages x ``tp`` tensor ranks with ZeRO stage ``zero``.
+        """The candidate of ``data_parallel x pipeline_stages x tensor_parallel`` ranks with ZeRO stage ``zero``.
 
         ``checkpointing``: the ``activation_checkpointing`` it trains with (``None`` or
         ``"blocks"``); ``offload``: ``offload_optimizer`` (GPU ranks, ``zero >= 1``).
         """
-        return cls(Layout(dp * pp * tp, pp, tp, zero), microbatches, schedule, checkpointing, offload)
+        ranks = data_parallel * pipeline_stages * tensor_parallel
+        return cls(
+            Layout(ranks, pipeline_stages, tensor_parallel, zero), microbatches, schedule, checkpointing, offload
+        )
 
     @property
-    def dp(self) -> int:
+    def data_parallel(self) -> int:
         """Data-parallel replicas."""
-        return self.layout.replicas
+        return self.layout.data_parallel
 
     @property
-    def pp(self) -> int:
+    def pipeline_stages(self) -> int:
         """Pipeline stages."""
-        return self.layout.pipeline
+        return self.layout.pipeline_stages
 
     @property
-    def tp(self) -> int:
+    def tensor_parallel(self) -> int:
         """Tensor-parallel degree."""
-        return self.layout.tensor
+        return self.layout.tensor_parallel
 
     @property
     def zero(self) -> int:
@@ -107,13 +112,16 @@ class Candidate:
 
     @property
     def ranks(self) -> int:
-        """``dp * pp * tp``."""
+        """``data_parallel * pipeline_stages * tensor_parallel``."""
         return self.layout.world_size
 
     @property
     def label(self) -> str:
-        """``dp2 pp1 tp1 m1 zero0`` (and the schedule of a pipeline; ``recompute`` with activation checkpointing; ``offload`` with an offloaded optimizer)."""
-        schedule = f" {self.schedule}" if self.pp > 1 else ""
+        """``dp2 pp1 tp1 m1 zero0``: the plan's name for it, data_parallel, pipeline_stages, tensor_parallel,
+        microbatches and zero in short; then the schedule of a pipeline, ``recompute`` with activation
+        checkpointing, ``offload`` with an offloaded optimizer."""
+        degrees = f"dp{self.data_parallel} pp{self.pipeline_stages} tp{self.tensor_parallel} m{self.microbatches}"
+        schedule = f" {self.schedule}" if self.pipeline_stages > 1 else ""
         recompute = (
             ""
             if self.checkpointing is None
@@ -121,28 +129,28 @@ class Candidate:
             if self.checkpointing == "blocks"
             else f" recompute:{self.checkpointing}"
         )
-        return f"dp{self.dp} pp{self.pp} tp{self.tp} m{self.microbatches}{schedule} zero{self.zero}{recompute}{' offload' if self.offload else ''}"
+        return f"{degrees}{schedule} zero{self.zero}{recompute}{' offload' if self.offload else ''}"
 
     def replica_batch(self, global_batch: int) -> int:
         """Samples each replica reads per step."""
-        return global_batch // self.dp
+        return global_batch // self.data_parallel
 
     def microbatch(self, global_batch: int) -> int:
         """Samples per micro-batch."""
-        return global_batch // self.dp // self.microbatches
+        return global_batch // self.data_parallel // self.microbatches
 
     def config(self, base: TrainConfig, global_batch: int, split: Sequence[str] = ()) -> TrainConfig:
         """``base`` set up for this layout: workers, per-replica batch, pipeline, tensor parallelism, ZeRO and checkpointing.
 
         ``split`` names the block each stage after the first begins with (``pipeline_split``).
         """
-        changes: dict[str, Any] = {"workers": self.ranks, "zero": self.zero, "tensor_parallel": self.tp,
+        changes: dict[str, Any] = {"workers": self.ranks, "zero": self.zero, "tensor_parallel": self.tensor_parallel,
                                    "activation_checkpointing": self.checkpointing, "offload_optimizer": self.offload}  # fmt: skip
-        if self.pp > 1:
+        if self.pipeline_stages > 1:
             changes.update(
                 batch_size=self.replica_batch(global_batch),
                 grad_accum=1,
-                pipeline_stages=self.pp,
+                pipeline_stages=self.pipeline_stages,
                 microbatches=self.microbatches,
                 pipeline_schedule=self.schedule,
                 pipeline_split=",".join(split) if split else "auto",
@@ -175,7 +183,7 @@ def grids(ranks: int, global_batch: int, blocks: int, tensor_parallel: Sequence[
         if tp not in tensor_parallel or tp > MAX_TENSOR_PARALLEL:
             continue
         for pp in divisors(ranks // tp):
-            dp = Layout(ranks, pp, tp).replicas
+            dp = Layout(ranks, pp, tp).data_parallel
             if pp <= blocks and global_batch % dp == 0:
                 found.append((dp, pp, tp))
     return found

@@ -72,8 +72,8 @@ RUN_TOP = 3
 MEASURED_SIZES = 64
 MIB = float(1 << 20)
 COLUMNS = [
-    "layout", "dp", "pp", "tp", "microbatches", "schedule", "zero", "checkpointing", "fits", "predicted_step_s", "measured_step_s", "measured_low_s",
-    "measured_high_s", "error",
+    "layout", "data_parallel", "pipeline_stages", "tensor_parallel", "microbatches", "schedule", "zero", "checkpointing",
+    "fits", "predicted_step_s", "measured_step_s", "measured_low_s", "measured_high_s", "error",
     "samples_per_s", "bubble", "gradient_s", "optimizer_s", "params_mib", "grads_mib", "optimizer_mib", "activations_mib", "buffers_mib",
     "peak_mib", "split",
 ]  # fmt: skip
@@ -138,7 +138,15 @@ class ParallelPlan:
 
     def _repr_html_(self) -> str:  # pragma: no cover - notebook display
         shown = self.table.head(12).drop(
-            columns=["dp", "pp", "tp", "microbatches", "schedule", "zero", "checkpointing"]
+            columns=[
+                "data_parallel",
+                "pipeline_stages",
+                "tensor_parallel",
+                "microbatches",
+                "schedule",
+                "zero",
+                "checkpointing",
+            ]
         )
         return f"<b>ParallelPlan</b> {self.ranks} ranks, best: {self.best_layout}, validated={self.validated}<br>{shown.to_html(index=False)}"
 
@@ -532,9 +540,9 @@ def _table(
         rows.append(
             {
                 "layout": layout.label,
-                "dp": layout.dp,
-                "pp": layout.pp,
-                "tp": layout.tp,
+                "data_parallel": layout.data_parallel,
+                "pipeline_stages": layout.pipeline_stages,
+                "tensor_parallel": layout.tensor_parallel,
                 "microbatches": layout.microbatches,
                 "schedule": layout.schedule,
                 "zero": layout.zero,
@@ -606,7 +614,11 @@ def _honoured(
     for prediction in predictions:
         layout = prediction.layout
         try:
-            bounds = split.boundaries(model, list(prediction.split), layout.pp) if layout.pp > 1 else None
+            bounds = (
+                split.boundaries(model, list(prediction.split), layout.pipeline_stages)
+                if layout.pipeline_stages > 1
+                else None
+            )
         except ConfigError:  # a profile of other block names (given): nothing to check here
             bounds = None
         try:

@@ -180,33 +180,35 @@ def predict(
 ) -> Prediction:
     """Step time and peak memory per rank of ``layout`` (see the module's description)."""
     micro = layout.microbatch(global_batch)
-    blocks = profile.blocks(layout.tp, micro)
-    bounds = stage_bounds(blocks, layout.pp)
-    stages = [blocks[bounds[s] : bounds[s + 1]] for s in range(layout.pp)]
-    sharded = layout.zero >= 3 and layout.dp > 1
+    blocks = profile.blocks(layout.tensor_parallel, micro)
+    bounds = stage_bounds(blocks, layout.pipeline_stages)
+    stages = [blocks[bounds[s] : bounds[s + 1]] for s in range(layout.pipeline_stages)]
+    sharded = layout.zero >= 3 and layout.data_parallel > 1
     recompute = layout.checkpointing is not None
     block_forward, block_backward = [], []  # per stage, per block (forward order) seconds of one micro-batch
     for stage in stages:
-        fwd = [b.forward_s + _tp_time(network, layout.tp, b.tp_forward_bytes) for b in stage]
+        fwd = [b.forward_s + _tp_time(network, layout.tensor_parallel, b.tp_forward_bytes) for b in stage]
         bwd = [
             b.backward_s
-            + _tp_time(network, layout.tp, b.tp_backward_bytes)
+            + _tp_time(network, layout.tensor_parallel, b.tp_backward_bytes)
             + (f if recompute and b.recomputed else 0.0)
             for b, f in zip(stage, fwd)
         ]
         if sharded:
-            gathers = [network.collectives.allreduce_time(layout.dp, b.parameters_bytes) / 2 for b in stage]
+            gathers = [network.collectives.allreduce_time(layout.data_parallel, b.parameters_bytes) / 2 for b in stage]
             fwd = gathered(fwd, gathers)
             bwd = gathered(bwd[::-1], gathers[::-1])[::-1]
         block_forward.append(fwd)
         block_backward.append(bwd)
     forward, backward = [sum(f) for f in block_forward], [sum(b) for b in block_backward]
     transfer = max((network.p2p.send_time(stage[-1].output_bytes) for stage in stages[:-1]), default=0.0)
-    plan = schedules.build(layout.schedule if layout.pp > 1 else "1f1b", layout.pp, layout.microbatches)
+    plan = schedules.build(
+        layout.schedule if layout.pipeline_stages > 1 else "1f1b", layout.pipeline_stages, layout.microbatches
+    )
     timeline = schedules.simulate(plan, forward, backward, transfer, network.p2p.delay_after)
     data = (
         profile.data_time(layout.replica_batch(global_batch))
-        if layout.pp > 1
+        if layout.pipeline_stages > 1
         else layout.microbatches * profile.data_time(micro)
     )
     bucket_bytes = config.bucket_mb * (1 << 20)
@@ -221,30 +223,32 @@ def predict(
             produced += seconds
             ready += [(produced, nbytes) for nbytes in reversed(block.parameter_bytes)]
             units.append((produced, block.parameters_bytes))
-        copies = profile.gradient_copy_s_per_byte * parameter_bytes if layout.dp > 1 else 0.0
+        copies = profile.gradient_copy_s_per_byte * parameter_bytes if layout.data_parallel > 1 else 0.0
         if layout.zero == 3:  # one bucket per block
-            gradient = copies + exposed_reduce_scatter(units, end, network, layout.dp, 0.0)
+            gradient = copies + exposed_reduce_scatter(units, end, network, layout.data_parallel, 0.0)
         elif layout.zero == 2:
-            gradient = copies + exposed_reduce_scatter(ready, end, network, layout.dp, bucket_bytes)
+            gradient = copies + exposed_reduce_scatter(ready, end, network, layout.data_parallel, bucket_bytes)
         else:
-            gradient = exposed_allreduce(ready, end, network, layout.dp, bucket_bytes, config.overlap)
+            gradient = exposed_allreduce(ready, end, network, layout.data_parallel, bucket_bytes, config.overlap)
         if offloads(
             layout.offload, layout.zero, profile.device
         ):  # the slices' gradients to the host, the step there, the slices back
             optimizer = (
-                (profile.host_optimizer_s_per_byte + 2 * profile.host_copy_s_per_byte) * parameter_bytes / layout.dp
+                (profile.host_optimizer_s_per_byte + 2 * profile.host_copy_s_per_byte)
+                * parameter_bytes
+                / layout.data_parallel
             )
         else:
-            optimizer = profile.optimizer_s_per_byte * parameter_bytes / (layout.dp if layout.zero else 1)
-        if layout.zero in (1, 2) and layout.dp > 1:
-            optimizer += network.collectives.allreduce_time(layout.dp, parameter_bytes) / 2
+            optimizer = profile.optimizer_s_per_byte * parameter_bytes / (layout.data_parallel if layout.zero else 1)
+        if layout.zero in (1, 2) and layout.data_parallel > 1:
+            optimizer += network.collectives.allreduce_time(layout.data_parallel, parameter_bytes) / 2
         finish.append(end + gradient + optimizer)
         gradient_parts.append(gradient)
         optimizer_parts.append(optimizer)
         memories.append(
             rank_memory(
                 parameter_bytes,
-                layout.dp,
+                layout.data_parallel,
                 layout.zero,
                 config,
                 units=[float(b.parameters_bytes) for b in stage],
@@ -256,8 +260,8 @@ def predict(
                 others=sum(b.parameters_bytes for b in blocks) - parameter_bytes,
             )
         )  # every rank builds the whole model
-    slowest = max(range(layout.pp), key=lambda s: finish[s])
-    bubble = timeline.idle_fraction(slowest) if layout.pp > 1 else 0.0
+    slowest = max(range(layout.pipeline_stages), key=lambda s: finish[s])
+    bubble = timeline.idle_fraction(slowest) if layout.pipeline_stages > 1 else 0.0
     return Prediction(
         layout=layout,
         step_s=data + finish[slowest] + profile.step_overhead_s,
@@ -285,8 +289,8 @@ def stage_activations(
     or while a recomputed block is recomputed: what the blocks up to it keep (those after
     it are freed by then) plus what the recomputation saves beyond its input.
     """
-    live = schedules.peak_live(actions) if layout.pp > 1 else 1
-    held_outputs = stage[-1].output_bytes if index < layout.pp - 1 else 0
+    live = schedules.peak_live(actions) if layout.pipeline_stages > 1 else 1
+    held_outputs = stage[-1].output_bytes if index < layout.pipeline_stages - 1 else 0
     if layout.checkpointing is None:
         return live * (sum(b.saved_bytes for b in stage) + held_outputs)
     kept = [b.input_bytes if b.recomputed else b.saved_bytes for b in stage]
