@@ -28,6 +28,14 @@ def test_failed_write_leaves_previous_checkpoint_and_no_partial_file(tmp_path) -
     assert ckpt.load(path)["step"] == 1
 
 
+def test_a_layout_record_written_before_the_degrees_had_one_name_reads_with_its_earlier_keys() -> None:
+    from rapydli.parallel.layout import Layout
+
+    earlier = {"world_size": 4, "replicas": 2, "stages": 2, "tensor_parallel": 1, "zero": 1, "bounds": [0, 2, 4]}
+    assert ckpt.read_record(earlier) == ckpt.layout_record(Layout(4, 2, 1, 1), [0, 2, 4])
+    assert ckpt.describe(earlier) == "4 ranks (data_parallel=2 x pipeline_stages=2 x tensor_parallel=1, zero=1)"
+
+
 def test_checkpoint_replaces_atomically_and_round_trips(tmp_path) -> None:
     path = ckpt.checkpoint_path(tmp_path / "nested")
     ckpt.save_atomic({"step": 1}, path)
