@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rapydli.errors import ConfigError
 from rapydli.parallel.layout import Layout
@@ -13,8 +13,11 @@ from rapydli.parallel.layout import Layout
 #: How a tensor plan splits a module (:func:`rapydli.parallel.tensor.parallelize`).
 TENSOR_STYLES = ("column", "row", "heads", "vocab")
 
+if TYPE_CHECKING:  # pragma: no cover
+    from rapydli.parallel.settings import LayoutSettings
 
-def check_pipeline(config: Any) -> None:
+
+def check_pipeline(config: LayoutSettings) -> None:
     """Raise :class:`ConfigError` if the pipeline fields of ``config`` cannot work together.
 
     ``workers``, when given (the ranks ``rd.train`` starts without a cluster), must be a
@@ -66,7 +69,7 @@ def checkpoint_interval(value: str | None) -> int | None:
     return int(found.group(1))
 
 
-def check_grid(config: Any) -> None:
+def check_grid(config: LayoutSettings) -> None:
     """Raise :class:`ConfigError` unless ``workers`` (when given) is a multiple of ``pipeline_stages x tensor_parallel``."""
     if config.workers is not None:
         Layout(

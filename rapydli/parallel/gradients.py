@@ -32,6 +32,7 @@ import torch
 if TYPE_CHECKING:  # pragma: no cover
     from rapydli.comm.synchronizer import SyncStats
     from rapydli.parallel.layout import Layout, ModelPart
+    from rapydli.parallel.settings import StepSettings
 
 
 class Gradients:
@@ -117,7 +118,7 @@ class _ShardedLocal(Gradients):
         self.optimizer.close()
 
 
-def build(layout: Layout, part: ModelPart, optimizer: torch.optim.Optimizer, config: Any) -> Gradients:
+def build(layout: Layout, part: ModelPart, optimizer: torch.optim.Optimizer, config: StepSettings) -> Gradients:
     """The strategy of ``layout`` for ``part`` (see :meth:`rapydli.parallel.layout.Layout.gradients`)."""
     model, comm = part.model, part.comm if layout.uses_data_parallel else None  # one replica: nothing to average
     offload = bool(
@@ -174,7 +175,7 @@ def build(layout: Layout, part: ModelPart, optimizer: torch.optim.Optimizer, con
     return Synchronized(optimizer, _synchronizer(model, comm, config))
 
 
-def _synchronizer(model: Any, comm: Any, config: Any) -> Any:
+def _synchronizer(model: Any, comm: Any, config: StepSettings) -> Any:
     from rapydli.comm import GradientSynchronizer
 
     sync = GradientSynchronizer(model, comm, bucket_mb=config.bucket_mb, overlap=config.overlap)

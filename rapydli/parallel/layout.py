@@ -46,6 +46,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from rapydli.objective import Objective
     from rapydli.parallel.gradients import Gradients
     from rapydli.parallel.grid import ProcessGrid
+    from rapydli.parallel.settings import LayoutSettings, StepSettings
     from rapydli.parallel.training import PipelineTraining
 
 
@@ -91,7 +92,7 @@ class Layout:
             )
 
     @classmethod
-    def of(cls, config: Any, world_size: int, where: str = "this run") -> Layout:
+    def of(cls, config: LayoutSettings, world_size: int, where: str = "this run") -> Layout:
         """The layout of ``config`` (``pipeline_stages``, ``tensor_parallel``, ``zero``) on ``world_size`` ranks."""
         return cls(world_size, config.pipeline_stages, config.tensor_parallel, config.zero, where)
 
@@ -137,7 +138,7 @@ class Layout:
         """Some rank holds state no other rank holds (stages, tensor slices, ZeRO shards)."""
         return self.uses_pipeline or self.uses_tensor_parallel or self.uses_zero
 
-    def builds_deferred(self, config: Any) -> bool:
+    def builds_deferred(self, config: StepSettings) -> bool:
         """Whether ``model_fn`` is recorded on the meta device rather than built whole (:mod:`rapydli.parallel.deferred`).
 
         When the model is split: fully sharded (``zero=3``), cut into stages whose split is
@@ -174,7 +175,7 @@ class Layout:
     def model_part(
         self,
         model: nn.Module,
-        config: Any,
+        config: StepSettings,
         world: Any,
         train_data: Any,
         objective: Objective,
@@ -226,7 +227,7 @@ class Layout:
     def _part(
         self,
         model: nn.Module,
-        config: Any,
+        config: StepSettings,
         world: Any,
         train_data: Any,
         objective: Objective,
@@ -264,7 +265,7 @@ class Layout:
         self,
         part: ModelPart,
         optimizer: torch.optim.Optimizer,
-        config: Any,
+        config: StepSettings,
         autocast: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
     ) -> Gradients:
         """What makes ``part``'s gradients global, and the optimizer that steps it.

@@ -28,6 +28,8 @@ from torch import nn
 if TYPE_CHECKING:
     from typing_extensions import Self  # typing.Self is Python >= 3.11; the project supports 3.10
 
+    from rapydli.parallel.settings import LayoutSettings
+
 
 class _Held:
     __slots__ = ("key", "meter", "tensor")
@@ -185,7 +187,7 @@ class ActivationMeter:
 
 
 def step_memory(
-    model: nn.Module, config: Any, train_data: Any, world: Any = None, loss_fn: Any = None
+    model: nn.Module, config: LayoutSettings, train_data: Any, world: Any = None, loss_fn: Any = None
 ) -> dict[str, Any]:
     """Peak activation bytes of one training step of ``config`` on this rank (collective over ``world``).
 

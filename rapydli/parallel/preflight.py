@@ -29,6 +29,7 @@ from rapydli.errors import ConfigError
 
 if TYPE_CHECKING:  # pragma: no cover
     from rapydli.parallel.layout import Layout
+    from rapydli.parallel.settings import LayoutSettings
 
 
 @dataclass(frozen=True)
@@ -92,7 +93,7 @@ def meta_model(model_fn: Callable[[], Any]) -> nn.Module | None:
 
 
 def check_layout(
-    model_fn: Callable[[], Any], config: Any, loss_fn: Any = None, *, layout: Layout | None = None
+    model_fn: Callable[[], Any], config: LayoutSettings, loss_fn: Any = None, *, layout: Layout | None = None
 ) -> None:
     """Raise :class:`ConfigError` if ``config``'s pipeline or tensor layout cannot train ``model_fn``'s model.
 

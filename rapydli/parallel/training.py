@@ -41,6 +41,7 @@ from rapydli.parallel.timeline import Recorder
 if TYPE_CHECKING:  # pragma: no cover
     from rapydli.objective import Objective
     from rapydli.parallel.layout import Layout
+    from rapydli.parallel.settings import StepSettings
 
 
 class PipelineTraining:
@@ -93,7 +94,7 @@ class PipelineTraining:
         self,
         model: nn.Module,
         layout: Layout,
-        config: Any,
+        config: StepSettings,
         world: Any,
         train_data: Dataset,
         objective: Objective,
