@@ -217,7 +217,7 @@ class PipelineTraining:
 
         assert self.executor is not None, "attach() first"
         totals = torch.zeros(2 + 2 * len(metrics), dtype=torch.float64)
-        indices = range(self.grid.replica, len(val_data), self.grid.layout.data_parallel)  # type: ignore[arg-type]
+        indices = range(self.grid.replica, len(val_data), self.grid.data.Get_size())  # type: ignore[arg-type]
         self.module.eval()
         for start in range(0, len(indices), batch_size):
             batch = default_collate([val_data[i] for i in indices[start : start + batch_size]])
