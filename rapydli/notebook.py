@@ -123,15 +123,15 @@ def train(
     """
     __tracebackhide__ = True  # noqa: F841 - IPython shows the user's cell, not these frames
     from rapydli.experiments.run import run_training
-    from rapydli.experiments.store.refs import resolve_callable
+    from rapydli.experiments.spec import RunSpec
 
     static_figures()
+    spec = RunSpec.of(model_fn, data_fn, loss_fn, optimizer_fn, metrics)  # resolved and checked once, before any display
     shown: list[Any] = []
     if _live(live):
         from rapydli.widgets.live import LivePlot
 
-        model = resolve_callable(model_fn, "model_fn")
-        shown.append(LivePlot(title=name or str(getattr(model, "__name__", "model"))))
+        shown.append(LivePlot(title=name or spec.name))
         stages = config.get("pipeline_stages", 1) if isinstance(config, Mapping) else config.pipeline_stages
         if isinstance(stages, int) and stages > 1:  # a pipelined run: its Gantt chart too, redrawn once a second
             from rapydli.widgets.timeline import LiveTimeline
@@ -143,8 +143,8 @@ def train(
     try:
         bar = progress_bar if progress else False
         return run_training(
-            model_fn,
-            data_fn,
+            spec,  # whole: it carries the data, the loss, the optimizer and the metrics
+            None,
             config,
             cluster,
             callbacks=callbacks,
@@ -152,9 +152,6 @@ def train(
             name=name,
             restarts=restarts,
             min_workers=min_workers,
-            loss_fn=loss_fn,
-            optimizer_fn=optimizer_fn,
-            metrics=metrics,
             trackers=trackers,
         )
     except RankFailure as failure:

@@ -21,6 +21,10 @@ def test_strings_are_imported_once_and_recorded_as_given() -> None:
     assert params["loss_fn"] == "CrossEntropyLoss()" and params["metrics"] == ["accuracy"]
     assert spec.code == {"loss_fn": spec.loss_fn, "optimizer_fn": None, "metrics": ["accuracy"]}
     assert RunSpec.of(spec) is spec  # a spec is passed whole, never resolved again
+    with pytest.raises(
+        ConfigError, match="a RunSpec carries its own data_fn, loss_fn, optimizer_fn and metrics: loss_fn given"
+    ):
+        RunSpec.of(spec, None, nn.MSELoss())  # not silently dropped
 
 
 @pytest.mark.parametrize(

@@ -94,10 +94,20 @@ def _count_layouts(reset: bool = False) -> int:
 @pytest.mark.parametrize("degrees", [{}, {"tensor_parallel": 2}, {"pipeline_stages": 2, "microbatches": 2}])
 def test_a_run_builds_its_layout_once_and_hands_it_to_the_ranks(cluster, monkeypatch, degrees) -> None:
     """One Layout per run, built where the run is planned (the job) and passed whole to the engine task and the
-    Trainer; the ranks build none of their own (it was built three times: job, engine task, Trainer)."""
+    Trainer; the ranks build none of their own (it was built three times: job, engine task, Trainer). What to train
+    is one RunSpec, resolved at the front door (rd.train resolved the model once more for its live plot's title)."""
+    from rapydli.experiments.spec import RunSpec
     from rapydli.parallel import layout
 
     monkeypatch.setattr(layout.Layout, "__post_init__", layout.Layout.__post_init__)  # restored after the test
+    specs: list[RunSpec] = []
+    build_spec = RunSpec.__init__
+
+    def counted_spec(self: RunSpec, *args: object, **kwargs: object) -> None:
+        specs.append(self)
+        build_spec(self, *args, **kwargs)
+
+    monkeypatch.setattr(RunSpec, "__init__", counted_spec)
     _count_layouts(reset=True)
     assert cluster.run(_count_layouts, True) == [0, 0]
     rd.train(
@@ -106,9 +116,11 @@ def test_a_run_builds_its_layout_once_and_hands_it_to_the_ranks(cluster, monkeyp
         rd.TrainConfig(max_steps=2, batch_size=4, **degrees),
         cluster=cluster,
         progress=False,
+        live=True,  # as in a notebook: the live plot is titled from the one spec
     )
     assert cluster.run(_count_layouts) == [0, 0]  # the ranks used the one they were sent
     assert _count_layouts() == 1
+    assert len(specs) == 1
 
 
 @pytest.mark.engines

@@ -168,8 +168,8 @@ class RunResult:
 
 
 def run_training(
-    model_fn: Callable[[], Any] | str,
-    data_fn: Callable[[], Any] | str,
+    model_fn: Callable[[], Any] | str | RunSpec,
+    data_fn: Callable[[], Any] | str | None,
     config: TrainConfig | dict[str, Any],
     cluster: Cluster | None = None,
     *,
@@ -189,7 +189,9 @@ def run_training(
     ----------
     model_fn
         Returns an ``nn.Module`` (the same on every rank; rank 0's weights win), or a
-        ``"module:qualname"`` string naming such a function.
+        ``"module:qualname"`` string naming such a function; or the front door's
+        :class:`~rapydli.experiments.spec.RunSpec`, used whole (``data_fn``, ``loss_fn``,
+        ``optimizer_fn`` and ``metrics`` are then its own: pass ``None``).
     data_fn
         Returns ``(train_dataset, val_dataset)`` (``val_dataset`` may be ``None``), or a
         ``"module:qualname"`` string.

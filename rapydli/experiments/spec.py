@@ -66,9 +66,18 @@ class RunSpec:
         ------
         ConfigError
             A ``model_fn``/``data_fn`` that is neither a callable nor an importable
-            ``"module:qualname"``, or a ``loss_fn``/``optimizer_fn``/``metrics`` that cannot work.
+            ``"module:qualname"``, or a ``loss_fn``/``optimizer_fn``/``metrics`` that cannot work;
+            a :class:`RunSpec` given with any of the others (it carries its own).
         """
         if isinstance(model_fn, RunSpec):
+            given = {"data_fn": data_fn, "loss_fn": loss_fn, "optimizer_fn": optimizer_fn, "metrics": metrics}
+            extra = [name for name, value in given.items() if value is not None]
+            if extra:
+                from rapydli.errors import ConfigError
+
+                raise ConfigError(
+                    f"a RunSpec carries its own data_fn, loss_fn, optimizer_fn and metrics: {', '.join(extra)} given beside it"
+                )
             return model_fn
         from rapydli.trainer.outputs import check_training_code
 
