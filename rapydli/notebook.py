@@ -126,7 +126,9 @@ def train(
     from rapydli.experiments.spec import RunSpec
 
     static_figures()
-    spec = RunSpec.of(model_fn, data_fn, loss_fn, optimizer_fn, metrics)  # resolved and checked once, before any display
+    spec = RunSpec.of(
+        model_fn, data_fn, loss_fn, optimizer_fn, metrics
+    )  # resolved and checked once, before any display
     shown: list[Any] = []
     if _live(live):
         from rapydli.widgets.live import LivePlot

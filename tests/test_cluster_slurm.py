@@ -293,3 +293,72 @@ def test_slurm_not_configured_shows_sbatch_error_only(tmp_path, monkeypatch, cap
     text = printed.out + printed.err
     assert "sbatch: fatal" in text or "sbatch: error" in text, text
     assert "scancel" not in text and "Traceback" not in text, text
+
+
+# -- launcher "srun": a step of the allocation this process runs in ---------------------------------
+
+
+def test_srun_outside_an_allocation_or_beyond_its_tasks_is_refused_before_anything_starts(monkeypatch):
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    with pytest.raises(
+        ConfigError,
+        match=r"^launcher 'srun' starts the engines in the Slurm allocation this process runs in, and SLURM_JOB_ID is "
+        r"not set here: start Jupyter inside one \(salloc -n 2 jupyter lab\), or use launcher='slurm' to submit a job$",
+    ):
+        Cluster(n=2, launcher="srun")
+    monkeypatch.setenv("SLURM_JOB_ID", "7")
+    monkeypatch.setenv("SLURM_NTASKS", "2")
+    with pytest.raises(
+        ConfigError, match=r"the Slurm allocation 7 holds 2 tasks \(SLURM_NTASKS=2\): n=4 engines do not fit"
+    ):
+        Cluster(n=4, launcher="srun")
+    with pytest.raises(ConfigError, match="mpi"):
+        Cluster(n=2, launcher="srun", mpi="openmpi")
+
+
+_INSIDE = """
+import json, os, subprocess, time
+from rapydli.cluster import Cluster
+
+job = os.environ["SLURM_JOB_ID"]
+steps = lambda: subprocess.run(["squeue", "-h", "-s", "-j", job, "-o", "%i"], capture_output=True, text=True).stdout.split()
+with Cluster(n=2, launcher="srun") as cluster:
+    seen = cluster.run(
+        lambda: (__import__("mpi4py.MPI").MPI.COMM_WORLD.Get_rank(), os.environ["SLURM_JOB_ID"], os.environ["SLURM_STEP_ID"]),
+        on_output=None,
+    )
+    queue = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True).stdout.split()
+    running = steps()
+deadline = time.monotonic() + 30
+while any(step.startswith(job + ".") and not step.endswith((".extern", ".interactive")) for step in steps()):
+    assert time.monotonic() < deadline, steps()
+    time.sleep(0.2)
+print("RESULT", json.dumps({"job": job, "seen": seen, "queue": queue, "running": running}))
+"""
+
+
+@pytest.mark.slurm
+def test_srun_inside_salloc_starts_the_engines_as_a_step_of_it_and_stopping_them_leaves_it(local_slurm, tmp_path):
+    """Jupyter inside `salloc`: no job is queued, the engines are one MPI world in one step of the allocation, and
+    stopping them ends that step only (the allocation ends when its command does, as salloc's always do)."""
+    import json
+    import subprocess
+    import sys
+
+    script = tmp_path / "inside.py"
+    script.write_text(_INSIDE)
+    before = set(local_slurm.queue())
+    done = subprocess.run(
+        ["salloc", "-n", "2", "--nodes=2", "--job-name=rapydli-test-srun", sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    result = json.loads(done.stdout.split("RESULT", 1)[1])
+    job = result["job"]
+    assert [rank for rank, _, _ in result["seen"]] == [0, 1]  # one MPI world
+    assert {(j, s) for _, j, s in result["seen"]} == {(job, result["seen"][0][2])}  # one step of the allocation
+    assert set(result["queue"]) - before == {job}  # nothing else was submitted
+    assert f"{job}.{result['seen'][0][2]}" in result["running"]
+    assert job not in local_slurm.queue()

@@ -131,7 +131,7 @@ async def test_version(api) -> None:
 async def test_launchers_list_their_options_and_the_start_form_fields(api) -> None:
     code, data = await api("launchers")
     launchers = {launcher["name"]: launcher for launcher in data["launchers"]}
-    assert code == 200 and set(launchers) == {"local", "ssh", "slurm", "pbs"}
+    assert code == 200 and set(launchers) == {"local", "ssh", "slurm", "srun", "pbs"}
     slurm = launchers["slurm"]
     assert slurm["form"] == ["partition", "nodes", "timelimit"]  # shown as fields; the others as key=value
     assert set(slurm["form"]) <= set(slurm["options"]) and slurm["options"]["nodes"]["type"] == "int"

@@ -103,6 +103,8 @@ class Cluster(ClusterTasks):
         self.options = validate_options(launcher, launcher_options)
         if self.launcher.check_size is not None:
             self.launcher.check_size(n, self.options)
+        if self.launcher.allocation is not None:
+            self.launcher.allocation.check(launcher, n)
         self.n = n
         self._full = (n, dict(self.options))  # what a restart brings back: n and options may shrink after one (restart)
         self.threads = threads or self._default_threads(n)

@@ -10,6 +10,9 @@ input through here) and turns validated options into ipyparallel configuration.
            ``COMM_WORLD`` spans every host; see :mod:`rapydli.cluster.sshhosts`
 ``slurm``  an ``sbatch`` job whose ``srun --mpi=pmi2`` starts the N ranks as one MPI
            world (:mod:`rapydli.cluster.slurm`)
+``srun``   one ``srun --mpi=pmi2`` step of the Slurm allocation this process runs in
+           (Jupyter inside ``salloc`` or a batch job): no job is queued, the engines
+           start at once on the allocation's nodes (:class:`~rapydli.cluster.slurm.SrunEngines`)
 ``pbs``    a ``qsub`` job whose ``mpiexec`` starts the N ranks (untested against a real
            PBS server: only its generated script is tested)
 =========  ==========================================================================
@@ -22,6 +25,7 @@ server) accepts them.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -67,12 +71,50 @@ class BatchQueue:
 
 
 @dataclass(frozen=True)
+class Allocation:
+    """What a launcher that starts engines inside an allocation this process already holds needs (a capability of
+    :class:`LauncherSpec`): no job is submitted, and stopping the engines leaves the allocation to its owner.
+
+    A cluster checks it when it is made, before anything starts (:meth:`check`); its tasks read
+    files on the allocation's nodes with :attr:`reader`.
+    """
+
+    scheduler: str  # "Slurm", for messages
+    job_variable: str  # set in every process of an allocation, to its id (SLURM_JOB_ID)
+    tasks_variable: str  # the tasks it holds, when it was asked for a number of them (SLURM_NTASKS)
+    get_one: str  # how to get one, for the message where there is none
+    otherwise: str  # the launcher that submits a job instead
+    reader: Callable[[str], Any]  # allocation id -> how files on its nodes are read from here (``where.Reader``)
+
+    def current(self) -> str | None:
+        """The id of the allocation this process runs in, or ``None``."""
+        return os.environ.get(self.job_variable) or None
+
+    def check(self, launcher: str, n: int) -> None:
+        """Refuse ``n`` engines where there is no allocation, or where it holds fewer tasks (:class:`ConfigError`)."""
+        job = self.current()
+        if job is None:
+            raise ConfigError(
+                f"launcher {launcher!r} starts the engines in the {self.scheduler} allocation this process runs in, and "
+                f"{self.job_variable} is not set here: start Jupyter inside one ({self.get_one.format(n=n)}), or use "
+                f"launcher={self.otherwise!r} to submit a job"
+            )
+        tasks = os.environ.get(self.tasks_variable, "")
+        if tasks.isdigit() and n > int(tasks):
+            raise ConfigError(
+                f"the {self.scheduler} allocation {job} holds {tasks} tasks ({self.tasks_variable}={tasks}): n={n} "
+                f"engines do not fit; start at most {tasks}, or ask for {n} ({self.get_one.format(n=n)})"
+            )
+
+
+@dataclass(frozen=True)
 class LauncherSpec:
     """A named way to start engines, and what it can do beyond starting them.
 
     Capabilities (what code outside this module asks of a launcher, never its name):
     ``queue`` (:class:`BatchQueue`: the engines are one batch job, watched while queued);
-    ``on_this_machine`` (every process of its clusters runs here: a stop ends them all at once);
+    ``allocation`` (:class:`Allocation`: the engines start inside the allocation this process runs in, no job
+    submitted); ``on_this_machine`` (every process of its clusters runs here: a stop ends them all at once);
     ``over_ssh`` (engines on hosts reached by ssh: the sessions are watched while tasks run,
     the engines' processes there are reaped at stop; its ``ssh_command`` option names the
     program); ``items`` (where :func:`rapydli.batch` runs a notebook per item with this
@@ -87,6 +129,7 @@ class LauncherSpec:
     description: str
     options: Mapping[str, Option] = field(default_factory=dict)
     queue: BatchQueue | None = None
+    allocation: Allocation | None = None
     on_this_machine: bool = False
     over_ssh: bool = False
     items: str | None = None
@@ -251,6 +294,32 @@ LAUNCHERS = Registry(
                 queue=_SLURM_QUEUE,
                 items="rapydli.experiments.batch.places:SlurmPlaces",
                 ipp_names=("slurm",),
+            ),
+            LauncherSpec(
+                "srun",
+                engines="rapydli.cluster.slurm.SrunEngines",
+                controller="local",
+                description="a step of the Slurm allocation this process runs in (salloc): no job queued",
+                options={
+                    "mpi": Option(
+                        str,
+                        "how ranks form one MPI world: pmi2 or pmix",
+                        "SrunEngines.mpi",
+                        check=lambda mode: _one_of(mode, ("pmi2", "pmix")),
+                    ),
+                    "mpi_args": Option(
+                        list, "extra arguments for srun, e.g. ['--cpu-bind=cores']", "SrunEngines.mpi_args"
+                    ),
+                },
+                allocation=Allocation(
+                    "Slurm",
+                    "SLURM_JOB_ID",
+                    "SLURM_NTASKS",
+                    get_one="salloc -n {n} jupyter lab",
+                    otherwise="slurm",
+                    reader=where.read_slurm,
+                ),
+                listen_all=True,
             ),
             LauncherSpec(
                 "pbs",

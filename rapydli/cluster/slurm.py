@@ -1,4 +1,5 @@
-"""Engines as one Slurm job: the batch script, and the job's state as Slurm reports it.
+"""Engines as one Slurm job: the batch script, and the job's state as Slurm reports it; or as one step of an
+allocation this process already runs in (:class:`SrunEngines`, launcher ``srun``).
 
 The script asks for ``n`` tasks (with the user's ``nodes``, ``ntasks_per_node``,
 ``cpus_per_task``, ``gpus_per_node``, ``partition``, ``account``, ``qos``, ``timelimit``,
@@ -28,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ipyparallel.cluster.launcher import SlurmEngineSetLauncher
+from ipyparallel.cluster.launcher import MPIEngineSetLauncher, SlurmEngineSetLauncher
 from traitlets import Integer, List, Unicode, default
 
 from rapydli.cluster.mpi_engine import PROGRAM
@@ -137,6 +138,24 @@ class SlurmEngines(SlurmEngineSetLauncher):
         path = Path(self.batch_file)
         path.write_text(self.script(n))
         path.chmod(0o700)
+
+
+class SrunEngines(MPIEngineSetLauncher):
+    """The engines as one ``srun`` step of the Slurm allocation this process runs in (``salloc``, or a batch job's
+    script): ``srun --mpi=pmi2 -n N`` starts them as one MPI world on the allocation's nodes, at once, with no job
+    queued. Stopping them ends the step (``srun`` passes its SIGTERM on); the allocation stays the user's."""
+
+    entrypoint_name = "rapydli.cluster.slurm.SrunEngines"
+
+    mpi = Unicode("pmi2", config=True, help="how the engines form one MPI world: pmi2 or pmix")
+
+    @default("mpi_cmd")
+    def _mpi_cmd_default(self) -> list[str]:
+        return ["srun", f"--mpi={self.mpi}", "--kill-on-bad-exit=1"]
+
+    @default("engine_cmd")
+    def _engine_cmd_default(self) -> list[str]:
+        return list(PROGRAM)  # MPI initialised before the engine starts
 
 
 @dataclass(frozen=True)

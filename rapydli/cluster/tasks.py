@@ -200,12 +200,17 @@ class ClusterTasks:
 
     def _reader(self) -> Reader:
         """How the engines' stack and trace files are read from here: over ssh for hosts reached by ssh,
-        as the batch queue reads its job's nodes (Slurm: through ``srun``, files on a node's own disk),
-        else (one host) directly."""
+        as the batch queue reads its job's nodes (Slurm: through ``srun``, files on a node's own disk), as an
+        allocation the engines run in reads its nodes, else (one host) directly."""
         if self.launcher.over_ssh:
             return read_ssh(self.options.get("ssh_command", "ssh"))
         if self._batch is not None and self.launcher.queue is not None:
             reader: Reader = self.launcher.queue.reader(self._batch.job_id)
+            return reader
+        allocation = self.launcher.allocation
+        held = allocation.current() if allocation is not None else None
+        if allocation is not None and held is not None:
+            reader = allocation.reader(held)
             return reader
         return read_local
 
