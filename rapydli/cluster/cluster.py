@@ -65,7 +65,8 @@ class Cluster(ClusterTasks):
     n
         Number of engines (MPI ranks), >= 1.
     launcher
-        ``"local"`` (mpiexec on this machine), ``"ssh"``, ``"slurm"`` or ``"pbs"``; see
+        ``"local"`` (mpiexec on this machine), ``"ssh"``, ``"slurm"`` (a job), ``"srun"`` (a step of the allocation
+        this process runs in) or ``"pbs"``; see
         :mod:`rapydli.cluster.launchers`.
     threads
         Threads per engine (``OMP_NUM_THREADS`` and ``torch.set_num_threads``). Default:
