@@ -72,12 +72,8 @@ def checkpoint_interval(value: str | None) -> int | None:
 def check_grid(config: LayoutSettings) -> None:
     """Raise :class:`ConfigError` unless ``workers`` (when given) is a multiple of ``pipeline_stages x tensor_parallel``."""
     if config.workers is not None:
-        Layout(
-            config.workers,
-            config.pipeline_stages,
-            config.tensor_parallel,
-            where=f"TrainConfig.workers={config.workers}",
-        )
+        where = f"TrainConfig.workers={config.workers}"
+        Layout.check(config.workers, config.pipeline_stages, config.tensor_parallel, where)
 
 
 def split_names(value: str) -> str | list[str]:

@@ -81,15 +81,19 @@ class Layout:
     where: str = field(default="this run", compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        per = self.pipeline_stages * self.tensor_parallel
-        if self.pipeline_stages < 1 or self.tensor_parallel < 1 or self.world_size < per or self.world_size % per:
-            degrees = {"pipeline_stages": self.pipeline_stages, "tensor_parallel": self.tensor_parallel}
+        self.check(self.world_size, self.pipeline_stages, self.tensor_parallel, self.where)
+
+    @staticmethod
+    def check(world_size: int, pipeline_stages: int = 1, tensor_parallel: int = 1, where: str = "this run") -> None:
+        """Raise the :class:`ConfigError` a layout of these degrees on ``world_size`` ranks would raise, if any
+        (``TrainConfig`` checks its ``workers`` so, without making a layout)."""
+        per = pipeline_stages * tensor_parallel
+        if pipeline_stages < 1 or tensor_parallel < 1 or world_size < per or world_size % per:
+            degrees = {"pipeline_stages": pipeline_stages, "tensor_parallel": tensor_parallel}
             named = {k: v for k, v in degrees.items() if v > 1} or {"pipeline_stages": 1}
             needs = " x ".join(f"{k}={v}" for k, v in named.items())
             multiples = ", ".join(str(per * k) for k in (1, 2, 3))
-            raise ConfigError(
-                f"{self.where} has {self.world_size} ranks: {needs} needs a multiple of {per} ({multiples}, ...)"
-            )
+            raise ConfigError(f"{where} has {world_size} ranks: {needs} needs a multiple of {per} ({multiples}, ...)")
 
     @classmethod
     def of(cls, config: LayoutSettings, world_size: int, where: str = "this run") -> Layout:
