@@ -27,7 +27,7 @@ from torch.utils.data import Dataset
 
 from rapydli.errors import ConfigError
 from rapydli.experiments.store.refs import resolve_callable
-from rapydli.parallel.layout import Layout
+from rapydli.parallel.layout import ONE_PROCESS, Layout
 from rapydli.trainer.config import TrainConfig
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -149,9 +149,7 @@ def compare_layout(
         replicas = trainer.data_size
         single = cfg.replace(
             batch_size=cfg.batch_size * replicas,
-            pipeline_stages=1,
-            tensor_parallel=1,
-            zero=0,
+            **ONE_PROCESS,
             microbatches=1,
             workers=1,
             pipeline_split="auto",

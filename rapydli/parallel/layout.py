@@ -50,6 +50,11 @@ if TYPE_CHECKING:  # pragma: no cover
     from rapydli.parallel.training import PipelineTraining
 
 
+#: The config's degree fields as one process trains (a reference run, a profile of the whole model): what a new
+#: dimension adds here, the code that runs one process picks up.
+ONE_PROCESS = {"pipeline_stages": 1, "tensor_parallel": 1, "zero": 0}
+
+
 @dataclass(frozen=True, order=True)
 class Layout:
     """``world_size`` ranks as ``data_parallel`` x ``pipeline_stages`` x ``tensor_parallel``, ZeRO stage ``zero``.

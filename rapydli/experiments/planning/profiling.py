@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from rapydli.experiments.planning.profile import Profile, profile_model
+from rapydli.parallel.layout import ONE_PROCESS
 from rapydli.trainer.config import TrainConfig
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -56,9 +57,8 @@ def train_step_time(
             checkpoint_dir=None,
             checkpoint_every=0,
             resume=False,
-            pipeline_stages=1,
+            **ONE_PROCESS,
             microbatches=1,
-            zero=0,
             workers=1,
             autotune=False,
         )
