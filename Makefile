@@ -55,14 +55,13 @@ check: install-test
 
 # Three pytest-xdist workers on two cores: much of the suite waits (engines, kernels, a browser, Slurm) rather
 # than computes. A test file runs in one worker; the files using what the machine has one of
-# (namespace hosts, local Slurm, the browser's JupyterLab) in one worker, in turn (tests/conftest.py), handed
-# out first, then the long files (--no-loadscope-reorder keeps conftest's order instead of the most tests first).
+# (namespace hosts, local Slurm, the browser's JupyterLab) in one worker, in turn (tests/conftest.py).
 # Tests marked `alone` (the autotuner's, and one comparing the speed of ranks) time things against each
 # other: they run afterwards, with nothing beside them.
 TEST_WORKERS ?= 3
 
 test: check
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not alone and not matrix" $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not alone and not matrix" $(PYTEST_ARGS)
 	$(PY) -m pytest -m alone $(PYTEST_ARGS) || [ $$? -eq 5 ]  # 5: PYTEST_ARGS left none of them
 
 # The conformance matrix (tests/test_conformance.py, marked `matrix`): every architecture of

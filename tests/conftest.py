@@ -40,25 +40,10 @@ def _uses_one_per_machine(item: pytest.Item) -> bool:
 ALONE_FILE_PREFIX = "test_autotune_"
 
 
-#: Words in the names of test files that run whole notebooks or programs (a minute or more each).
-LONG_FILE_WORDS = ("notebook", "readme", "bench", "tour", "mistakes", "restarts", "trackers")
-
-
-def _start_order(item: pytest.Item) -> int:
-    """When ``make test`` hands a file to a worker (xdist keeps this order under ``--no-loadscope-reorder``): the
-    one-per-machine files first (they run in one worker, in turn: started last, they were the run's last minutes,
-    the other workers idle), then the files of long tests, then the rest, as the longest-first rule packs them."""
-    name = item.path.name
-    if name in ONE_PER_MACHINE_FILES:
-        return 0
-    return 1 if any(word in name for word in LONG_FILE_WORDS) else 2
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark the tests of :data:`ALONE_FILE_PREFIX` files ``alone``; refuse a test that uses what the machine
     has one of from a file not in :data:`ONE_PER_MACHINE_FILES` (in two workers at once it would wait for
-    the other's hosts for ever); order the files as :func:`_start_order` says (a file's tests keep their order)."""
-    items.sort(key=_start_order)
+    the other's hosts for ever)."""
     for item in items:
         if item.path.name.startswith(ALONE_FILE_PREFIX):
             item.add_marker(pytest.mark.alone)

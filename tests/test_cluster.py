@@ -35,7 +35,7 @@ def cluster():
     "kwargs, message",
     [
         ({"n": 0}, "n=0"),
-        ({"n": 2, "launcher": "kubernetes"}, "allowed are local, pbs, slurm, ssh"),
+        ({"n": 2, "launcher": "kubernetes"}, "allowed are local, pbs, slurm, srun, ssh"),
         ({"n": 2, "launcher": "slurm", "gpus": 3}, "no option 'gpus'"),
         ({"n": 2, "launcher": "slurm", "partition": 5}, "must be str"),
         ({"n": 2, "threads": 0}, "threads=0"),
