@@ -26,12 +26,16 @@ SAMPLES = 192  # the training set: 12 steps of 2 ranks x 8
 class StallingModel:
     """Builds a small MLP; on rank 1 its ``at_call``-th forward writes ``marker`` (the host's name) and waits.
 
+    With ``after_checkpoint``, rank 1 marks only once the checkpoint there is complete: it is
+    written in the background and, on a loaded machine, may lag the steps by several.
+
     Once only: a restarted run finds the marker and goes on. The wait outlasts any test;
     the test ends it by killing the rank's host or job as soon as the marker appears.
     """
 
     marker: str
     at_call: int
+    after_checkpoint: str | None = None
 
     def __call__(self) -> nn.Module:
         from rapydli.cluster.engine import context
@@ -39,11 +43,16 @@ class StallingModel:
         torch.manual_seed(0)
         model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
         calls = [0]
-        marker, at_call = Path(self.marker), self.at_call
+        marker, at_call, after_checkpoint = Path(self.marker), self.at_call, self.after_checkpoint
 
         def stall(module: nn.Module, args: object) -> None:
             calls[0] += 1
             if context().rank == 1 and calls[0] == at_call and not marker.exists():
+                if after_checkpoint is not None:
+                    from rapydli.trainer.checkpoint import checkpoint_path
+
+                    while not checkpoint_path(after_checkpoint).exists():
+                        time.sleep(0.05)
                 marker.write_text(socket.gethostname())
                 time.sleep(600)
 

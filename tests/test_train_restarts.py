@@ -317,7 +317,7 @@ def test_a_host_killed_mid_run_goes_on_with_the_engines_left(hosts, whole, tmp_p
     killer = _when_stalled(marker, hosts.host("h2").kill)
     config = rd.TrainConfig(**RESIZE, on_resize=on_resize, checkpoint_dir=str(tmp_path / "ckpt"))
     result = rd.train(
-        StallingModel(str(marker), at_call=7),
+        StallingModel(str(marker), at_call=7, after_checkpoint=config.checkpoint_dir),
         LoggedData(str(tmp_path)),
         config,
         cluster=whole,
@@ -368,7 +368,7 @@ def test_without_min_workers_a_host_down_fails_the_restart_at_once(hosts, whole,
     before = {r["id"] for r in open_store().list_runs(kind="train")[0]}
     with pytest.raises(ClusterError) as info:
         rd.train(
-            StallingModel(str(marker), at_call=7),
+            StallingModel(str(marker), at_call=7, after_checkpoint=str(directory)),
             LoggedData(str(tmp_path)),
             rd.TrainConfig(**RESIZE, checkpoint_dir=str(directory)),
             cluster=whole,
@@ -395,7 +395,7 @@ def test_a_slurm_job_cancelled_from_outside_restarts_as_a_new_job(local_slurm, t
         first = cluster.status()["job"]["id"]
         killer = _when_stalled(marker, lambda: local_slurm.run("scancel", first))
         result = rd.train(
-            StallingModel(str(marker), at_call=7),
+            StallingModel(str(marker), at_call=7, after_checkpoint=config.checkpoint_dir),
             LoggedData(str(tmp_path)),
             config,
             cluster=cluster,
