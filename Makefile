@@ -61,7 +61,7 @@ check: install-test
 TEST_WORKERS ?= 3
 
 test: check
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not alone and not matrix" $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not alone and not matrix and not tour" $(PYTEST_ARGS)
 	$(PY) -m pytest -m alone $(PYTEST_ARGS) || [ $$? -eq 5 ]  # 5: PYTEST_ARGS left none of them
 
 # The conformance matrix (tests/test_conformance.py, marked `matrix`): every architecture of
@@ -75,12 +75,14 @@ conformance: install-test
 # Every tour notebook as a newcomer runs it: in a fresh `make demo` environment ($(DEMO_VENV): the runtime,
 # none of the test extras), by plain papermill with its default parameters; each then exported by nbconvert
 # and opened offline in Chromium (tests/tour_check.py). Fails on a cell error, a notebook over 1 MiB or a
-# figure that does not show. 09 runs where a Slurm answers. CI runs it after `make conformance`.
+# figure that does not show. 09 runs where a Slurm answers. Then the tests marked `tour` check what those executed
+# notebooks show (each tour notebook runs once in CI: here, not also in `make test`). CI runs it after `make conformance`.
 DEMO_VENV ?= build/demo-venv
 
 tour: install-test
 	$(MAKE) install VENV=$(DEMO_VENV)
 	$(PY) tests/tour_check.py --python $(DEMO_VENV)/bin/python --out build/tour
+	RAPYDLI_TOUR_DIR=$(CURDIR)/build/tour $(PY) -m pytest -m tour $(PYTEST_ARGS)
 
 bench: install
 	mkdir -p bench-results

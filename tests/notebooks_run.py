@@ -86,6 +86,24 @@ def execute(name: str, out_dir: Path, **parameters: Any) -> Executed:
     return Executed(out)
 
 
+#: Set by ``make tour`` to the folder of the notebooks it executed the user's way (``tests/tour_check.py``).
+TOUR_DIR_ENV = "RAPYDLI_TOUR_DIR"
+
+
+def executed_tour(name: str, out_dir: Path) -> Executed:
+    """Tour notebook ``name`` executed with its default parameters: as ``make tour`` executed it (the ``make demo``
+    environment, plain papermill; :data:`TOUR_DIR_ENV` names the folder), or, outside ``make tour``, executed
+    here by :func:`execute` into ``out_dir``. Each tour notebook then runs once in CI, not once per check."""
+    import os
+
+    tour = os.environ.get(TOUR_DIR_ENV)
+    if not tour:
+        return execute(name, out_dir)
+    executed = Path(tour) / name
+    assert executed.is_file(), f"{name} is not in {tour}: the tour did not execute it (tests/tour_check.py)"
+    return Executed(executed)
+
+
 def _reap_clusters_started_since(before: set[int]) -> None:
     """End every cluster with a process that was not there in ``before`` (this session's only)."""
     import psutil

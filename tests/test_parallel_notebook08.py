@@ -7,14 +7,15 @@ import re
 from pathlib import Path
 
 import pytest
-from notebooks_run import execute
+from notebooks_run import executed_tour
 from offline_html import PLOTLY
 
 
+@pytest.mark.tour
 @pytest.mark.notebook
 @pytest.mark.engines
 def test_hybrid_parallelism_notebook(tmp_path: Path) -> None:
-    executed = execute("08-hybrid-parallelism.ipynb", tmp_path)
+    executed = executed_tour("08-hybrid-parallelism.ipynb", tmp_path)
     assert "bubble measured" in executed.text and "theory 20.0%" in executed.text  # (p - 1) / (m + p - 1), p=2, m=4
     # the gap between measured and theory split into the stages' imbalance and the rest, from this step's numbers
     text = executed.text

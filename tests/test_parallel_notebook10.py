@@ -7,13 +7,14 @@ import re
 from pathlib import Path
 
 import pytest
-from notebooks_run import execute
+from notebooks_run import executed_tour
 
 
+@pytest.mark.tour
 @pytest.mark.notebook
 @pytest.mark.engines
 def test_choosing_a_layout_notebook(tmp_path: Path) -> None:
-    executed = execute("10-choosing-a-layout.ipynb", tmp_path)
+    executed = executed_tour("10-choosing-a-layout.ipynb", tmp_path)
     tiny, llama = executed.text.split("tensor plan read from the model:")
     _check_conclusion(tiny, "")
     _check_conclusion(llama, "Llama-shaped ")

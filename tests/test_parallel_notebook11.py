@@ -7,13 +7,14 @@ import re
 from pathlib import Path
 
 import pytest
-from notebooks_run import execute
+from notebooks_run import executed_tour
 
 
+@pytest.mark.tour
 @pytest.mark.notebook
 @pytest.mark.engines
 def test_bigger_than_a_rank_notebook(tmp_path: Path) -> None:
-    executed = execute("11-bigger-than-a-rank.ipynb", tmp_path)
+    executed = executed_tour("11-bigger-than-a-rank.ipynb", tmp_path)
     text = executed.text
     model, limit = map(
         float, re.search(r"the model: ([\d.]+) MiB of fp32 parameters; a rank may hold ([\d.]+) MiB", text).groups()

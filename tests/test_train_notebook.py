@@ -5,14 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from notebooks_run import execute
+from notebooks_run import executed_tour
 
 
 @pytest.mark.timeout(600)  # two runs, each starting its own 2-engine cluster
+@pytest.mark.tour
 @pytest.mark.notebook
 @pytest.mark.engines
 def test_distributed_training_notebook(tmp_path: Path) -> None:
-    executed = execute("02-distributed-training.ipynb", tmp_path)
+    executed = executed_tour("02-distributed-training.ipynb", tmp_path)
     text = executed.text
     assert "final validation accuracy on 2 ranks" in text
     accuracy = float(text.split("final validation accuracy on 2 ranks: ")[1].split()[0])
