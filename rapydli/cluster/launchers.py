@@ -303,9 +303,9 @@ LAUNCHERS = Registry(
                 options={
                     "mpi": Option(
                         str,
-                        "how ranks form one MPI world: pmi2 or pmix",
+                        f"how ranks form one MPI world: {', '.join(slurm.SRUN_MPI_MODES)}",
                         "SrunEngines.mpi",
-                        check=lambda mode: _one_of(mode, ("pmi2", "pmix")),
+                        check=lambda mode: _one_of(mode, slurm.SRUN_MPI_MODES),
                     ),
                     "mpi_args": Option(
                         list, "extra arguments for srun, e.g. ['--cpu-bind=cores']", "SrunEngines.mpi_args"

@@ -36,6 +36,8 @@ from rapydli.cluster.mpi_engine import PROGRAM
 from rapydli.cluster.mpirun import find_mpiexec
 
 MPI_MODES = ("pmi2", "pmix", "mpiexec")
+#: What :class:`SrunEngines` allows: its ranks are one ``srun`` step, so Slurm's own PMI wires them up.
+SRUN_MPI_MODES = ("pmi2", "pmix")
 #: Job states after which the job's processes are gone (``squeue``/``scontrol`` names).
 ENDED = frozenset(
     {"COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
@@ -147,7 +149,7 @@ class SrunEngines(MPIEngineSetLauncher):
 
     entrypoint_name = "rapydli.cluster.slurm.SrunEngines"
 
-    mpi = Unicode("pmi2", config=True, help="how the engines form one MPI world: pmi2 or pmix")
+    mpi = Unicode("pmi2", config=True, help=f"how the engines form one MPI world: {' or '.join(SRUN_MPI_MODES)}")
 
     @default("mpi_cmd")
     def _mpi_cmd_default(self) -> list[str]:

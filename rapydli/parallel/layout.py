@@ -92,8 +92,8 @@ class Layout:
     def check(world_size: int, pipeline_stages: int = 1, tensor_parallel: int = 1, where: str = "this run") -> None:
         """Raise the :class:`ConfigError` a layout of these degrees on ``world_size`` ranks would raise, if any
         (``TrainConfig`` checks its ``workers`` so, without making a layout)."""
-        per = pipeline_stages * tensor_parallel
-        if pipeline_stages < 1 or tensor_parallel < 1 or world_size < per or world_size % per:
+        if not Layout.fits(world_size, pipeline_stages, tensor_parallel):
+            per = pipeline_stages * tensor_parallel
             degrees = {"pipeline_stages": pipeline_stages, "tensor_parallel": tensor_parallel}
             named = {k: v for k, v in degrees.items() if v > 1} or {"pipeline_stages": 1}
             needs = " x ".join(f"{k}={v}" for k, v in named.items())
