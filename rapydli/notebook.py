@@ -25,7 +25,7 @@ Examples
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from rapydli.errors import RankFailure
@@ -39,6 +39,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from rapydli.experiments.planning.profile import Profile
     from rapydli.experiments.run import MetricsCallback, RunResult
     from rapydli.experiments.scaling import ScalingResult
+    from rapydli.experiments.spec import DataSource, LossFn, ModelSource, OptimizerFn
     from rapydli.experiments.sweep.space import Dimension
     from rapydli.experiments.sweep.sweep import SweepResult
     from rapydli.trainer.config import TrainConfig
@@ -72,8 +73,8 @@ def progress_bar(**kwargs: Any) -> Any:
 
 
 def train(
-    model_fn: Callable[[], Any] | str,
-    data_fn: Callable[[], Any] | str,
+    model_fn: ModelSource,
+    data_fn: DataSource,
     config: TrainConfig | dict[str, Any],
     cluster: Cluster | None = None,
     *,
@@ -83,8 +84,8 @@ def train(
     name: str | None = None,
     restarts: int | None = None,
     min_workers: int | None = None,
-    loss_fn: Callable[..., Any] | None = None,
-    optimizer_fn: Callable[..., Any] | None = None,
+    loss_fn: LossFn | None = None,
+    optimizer_fn: OptimizerFn | None = None,
     metrics: Any = None,
     trackers: Sequence[str] | str | None = None,
 ) -> RunResult:
@@ -168,7 +169,7 @@ def train(
             display.close()
 
 
-def load(run_id: str, model_fn: Callable[[], Any] | str | None = None) -> Any:
+def load(run_id: str, model_fn: ModelSource | None = None) -> Any:
     """A recorded run with its trained model: ``rd.load(run_id).model()`` is the ``nn.Module`` its last checkpoint holds.
 
     Returns a :class:`~rapydli.experiments.run.RunResult` (``model()``, ``state_dict()``,
@@ -186,8 +187,8 @@ def load(run_id: str, model_fn: Callable[[], Any] | str | None = None) -> Any:
 
 
 def sweep(
-    model_fn: Callable[[], Any] | str,
-    data_fn: Callable[[], Any] | str,
+    model_fn: ModelSource,
+    data_fn: DataSource,
     config: TrainConfig | Mapping[str, Any],
     space: Mapping[str, Dimension],
     trials: int,
@@ -202,8 +203,8 @@ def sweep(
     seed: int = 0,
     enqueue: Sequence[Mapping[str, Any]] = (),
     live: bool | None = None,
-    loss_fn: Callable[..., Any] | None = None,
-    optimizer_fn: Callable[..., Any] | None = None,
+    loss_fn: LossFn | None = None,
+    optimizer_fn: OptimizerFn | None = None,
     metrics: Any = None,
     trackers: Sequence[str] | str | None = None,
 ) -> SweepResult:
@@ -251,8 +252,8 @@ def sweep(
 
 
 def scaling_study(
-    model_fn: Callable[[], Any] | str,
-    data_fn: Callable[[], Any] | str,
+    model_fn: ModelSource,
+    data_fn: DataSource,
     config: TrainConfig | Mapping[str, Any],
     workers: Sequence[int] = (1, 2),
     mode: str = "weak",
@@ -263,8 +264,8 @@ def scaling_study(
     pipeline_stages: Sequence[int] | None = None,
     network: RingModel | None = None,
     live: bool | None = None,
-    loss_fn: Callable[..., Any] | None = None,
-    optimizer_fn: Callable[..., Any] | None = None,
+    loss_fn: LossFn | None = None,
+    optimizer_fn: OptimizerFn | None = None,
     metrics: Any = None,
     repeats: int = 3,
     trackers: Sequence[str] | str | None = None,
@@ -316,8 +317,8 @@ def scaling_study(
 
 
 def plan_parallel(
-    model_fn: Callable[[], Any] | str,
-    data_fn: Callable[[], Any] | str,
+    model_fn: ModelSource,
+    data_fn: DataSource,
     config: TrainConfig | Mapping[str, Any],
     ranks: int = 2,
     memory_per_rank: float | None = None,
@@ -329,8 +330,8 @@ def plan_parallel(
     global_batch: int | None = None,
     profile: Profile | None = None,
     run_layouts: Sequence[str] = (),
-    loss_fn: Callable[..., Any] | None = None,
-    optimizer_fn: Callable[..., Any] | None = None,
+    loss_fn: LossFn | None = None,
+    optimizer_fn: OptimizerFn | None = None,
     metrics: Any = None,
 ) -> ParallelPlan:
     """Which layout (data x pipeline x tensor parallel, micro-batches, schedule, ZeRO) to train with.

@@ -21,7 +21,8 @@ from __future__ import annotations
 import math
 import time
 import traceback
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from rapydli.errors import ConfigError, RankFailure
@@ -45,6 +46,40 @@ STOP_GRACE_S = 10.0
 #: The set-up phase from submitting the task to its start on rank 0: shipping the code, and on a
 #: cluster started just now the engines' import of torch and the trainer (:func:`rapydli.cluster.engine.warm_up`).
 TASK_STARTED = "code shipped, torch imported, task started"
+
+
+@dataclass(frozen=True)
+class Recording:
+    """How a :class:`TrainingJob`'s run is recorded in the store.
+
+    ``kind`` ``train`` or ``trial``; ``name`` (default: the spec's); ``parent`` (a sweep's or a
+    scaling study's id); ``extra_params`` added to the run's parameters; ``store`` False: nothing
+    is recorded (nor tracked); ``end_status`` False when the owner records how the run ended
+    (a sweep records its trial's state, :mod:`rapydli.experiments.sweep.lifecycle`).
+    """
+
+    kind: str = "train"
+    name: str | None = None
+    parent: str | None = None
+    extra_params: Mapping[str, Any] = field(default_factory=dict)
+    store: bool = True
+    end_status: bool = True
+
+
+@dataclass(frozen=True)
+class Continuation:
+    """The earlier attempt a restarted :class:`TrainingJob` goes on from (:mod:`rapydli.experiments.restarts`).
+
+    ``run_id``: the run it continues (metrics go there, no new run); ``delivered``: ``(kind,
+    step)`` of the rows the earlier attempts delivered (the checkpoint's rows not among them,
+    rows a dying engine never sent, are recorded and passed to the callbacks when the job
+    starts: :attr:`TrainingJob.recovered_rows`); ``bar``: the earlier attempt's progress bar,
+    which this job goes on with.
+    """
+
+    run_id: str | None
+    delivered: Collection[tuple[Any, int]] = ()
+    bar: Any = None
 
 
 class TrainingJob:
@@ -75,29 +110,19 @@ class TrainingJob:
         Show a progress bar driven by rank 0's steps: ``True`` for ``tqdm.auto``'s, or a
         callable called like ``tqdm(total=, initial=, desc=, unit=)`` that returns the bar
         (the notebook front door passes one whose saved output is its final state).
-    kind, name, parent, extra_params
-        How the run is recorded in the store (``kind`` ``train`` or ``trial``; ``parent``:
-        the sweep's id); nothing is recorded when the store is off or ``record`` is False.
+    recording
+        How the run is recorded in the store (:class:`Recording`).
     continues
-        The id of a run this job continues (a restart after a rank died): its metrics go to
-        that run instead of a new one.
+        The earlier attempt this job goes on from after ranks died (:class:`Continuation`):
+        its metrics go to that run instead of a new one.
     await_verdict
         A metric name (a sweep's): after each row carrying it, rank 0 waits until the
         callbacks have seen the row; then the job answers "go on" unless a callback asked to
         stop (:meth:`request_stop`), so every rank stops within one step of that decision.
-    end_status
-        False when the owner records how the run ended (a sweep records its trial's state,
-        :mod:`rapydli.experiments.sweep.lifecycle`); True: the job records it.
     keep_open
         When the job fails because its ranks died, leave its run ``running`` in the store
         (the caller restarts it with ``continues=``) instead of recording it failed; its
         progress bar is left open too, for the restart to go on with (:attr:`progress_bar`).
-    delivered
-        With ``continues``: ``(kind, step)`` of the rows the earlier attempts delivered.
-        The checkpoint's rows that are not among them (rows a dying engine never sent)
-        are recorded and passed to the callbacks when this job starts (:attr:`recovered_rows`).
-    bar
-        With ``continues``: the earlier attempt's progress bar, which this job goes on with.
     keep_model
         Keep the trained model: the ranks write it as it lies on them, each its pieces, to
         a directory (this one, or with ``True`` one of the run's own under
@@ -150,18 +175,11 @@ class TrainingJob:
         targets: Sequence[int],
         *,
         callbacks: Sequence[Callable[[dict[str, Any]], None]] = (),
-        kind: str = "train",
-        name: str | None = None,
-        parent: str | None = None,
-        extra_params: dict[str, Any] | None = None,
-        record: bool = True,
         progress: bool | Callable[..., Any] = False,
-        continues: str | None = None,
+        recording: Recording | None = None,
+        continues: Continuation | None = None,
         keep_open: bool = False,
         await_verdict: str | None = None,
-        end_status: bool = True,
-        delivered: Collection[tuple[Any, int]] = (),
-        bar: Any = None,
         keep_model: str | bool = False,
     ) -> None:
         from rapydli.experiments.store.runstore import open_store
@@ -197,8 +215,8 @@ class TrainingJob:
         self.error = ""
         self.exception: RankFailure | None = None
         self.progress = progress
-        self._bar: Any = bar
-        self._delivered = set(delivered)
+        self._bar: Any = continues.bar if continues is not None else None
+        self._delivered = set(continues.delivered) if continues is not None else set()
         self.recovered_rows: list[dict[str, Any]] = []
         self.stop_requested_at: float | None = None
         self._interrupt_at: float | None = None  # when an unanswered stop request escalates
@@ -206,18 +224,18 @@ class TrainingJob:
         self._stop_status: str | None = None
         self.started: float | None = None
         self.ended: float | None = None
-        self.store = open_store() if record else None
-        self.run_id: str | None = continues
-        self.continues = continues
+        self.recording = recording = recording or Recording()
+        self.store = open_store() if recording.store else None
+        self.run_id: str | None = continues.run_id if continues is not None else None
+        self.continues = self.run_id
         self.keep_open = keep_open
-        self.await_verdict, self.end_status = await_verdict, end_status
+        self.await_verdict, self.end_status = await_verdict, recording.end_status
         self._verdict_step: Any = None  # the step of the last row rank 0 was told to go on past
         self.start_step: int | None = None
         self.setup_s: dict[str, float] = {}
         self._submitted = time.monotonic()
         self.trackers: RunTrackers | None = None
-        self.record = record
-        self._kind, self._name, self._parent, self._extra_params = kind, name, parent, extra_params
+        self.record = recording.store
         self.job: Any = None
         self._keep_model = keep_model
         self.model_dir: str | None = None
@@ -245,11 +263,16 @@ class TrainingJob:
                 "config": config.to_dict(),
                 "targets": self.targets,
                 **described,
-                **(self._extra_params or {}),
+                **self.recording.extra_params,
             }
-            run_name = self._name or spec.name
+            run_name = self.recording.name or spec.name
             self.run_id = self.store.create_run(
-                self._kind, run_name, params, parent=self._parent, world_size=len(self.targets), seed=config.seed
+                self.recording.kind,
+                run_name,
+                params,
+                parent=self.recording.parent,
+                world_size=len(self.targets),
+                seed=config.seed,
             )
             self.store.add_record(self.run_id, "hosts", "json", hosts)  # where this run's ranks run
             self.store.add_record(

@@ -124,7 +124,7 @@ class RestartPolicy:
         the run as ``failed`` (``interrupted``) with the attempt recorded, and raises.
         """
         __tracebackhide__ = True  # noqa: F841 - IPython shows the user's cell, not these frames
-        from rapydli.experiments.job import TrainingJob
+        from rapydli.experiments.job import Continuation, Recording, TrainingJob
 
         left = self.restarts
         job = (
@@ -134,7 +134,7 @@ class RestartPolicy:
                 config,
                 range(cluster.n),
                 callbacks=callbacks,
-                name=name,
+                recording=Recording(name=name),
                 progress=progress,
                 keep_open=left > 0,
                 keep_model=True,
@@ -155,12 +155,10 @@ class RestartPolicy:
                     config.replace(resume=True),
                     targets,
                     callbacks=callbacks,
-                    name=name,
+                    recording=Recording(name=name),
                     progress=progress,
-                    continues=job.run_id,
+                    continues=Continuation(job.run_id, delivered, job.progress_bar),
                     keep_open=left > 0,
-                    delivered=delivered,
-                    bar=job.progress_bar,
                     keep_model=job.model_dir or False,
                 ).start()
             except BaseException as exc:

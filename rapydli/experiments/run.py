@@ -29,6 +29,7 @@ if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
 
     from rapydli.cluster import Cluster
+    from rapydli.experiments.spec import DataSource, LossFn, ModelSource, OptimizerFn
 
 #: A client-side callback: called with each metrics row as it arrives: rank 0's rows
 #: (``row["kind"]`` is ``"train"`` or ``"eval"``; keys in :mod:`rapydli.trainer.callbacks`),
@@ -168,8 +169,8 @@ class RunResult:
 
 
 def run_training(
-    model_fn: Callable[[], Any] | str | RunSpec,
-    data_fn: Callable[[], Any] | str | None,
+    model_fn: ModelSource | RunSpec,
+    data_fn: DataSource | None,
     config: TrainConfig | dict[str, Any],
     cluster: Cluster | None = None,
     *,
@@ -178,8 +179,8 @@ def run_training(
     name: str | None = None,
     restarts: int | None = None,
     min_workers: int | None = None,
-    loss_fn: Callable[..., Any] | None = None,
-    optimizer_fn: Callable[..., Any] | None = None,
+    loss_fn: LossFn | None = None,
+    optimizer_fn: OptimizerFn | None = None,
     metrics: Any = None,
     trackers: Sequence[str] | str | None = None,
 ) -> RunResult:
@@ -302,7 +303,7 @@ def _result(attempts: Attempts, spec: RunSpec, name: str) -> RunResult:
     )
 
 
-def load_run(run_id: str, model_fn: Callable[[], Any] | str | None = None) -> RunResult:
+def load_run(run_id: str, model_fn: ModelSource | None = None) -> RunResult:
     """A recorded run with its trained model, assembled when asked (``rd.load``).
 
     The model is the one the ranks wrote when the run ended (its ``model`` record), else

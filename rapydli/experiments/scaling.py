@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 from rapydli.errors import ConfigError
 from rapydli.experiments.figures import fill_scaling_figure, scaling_figure
-from rapydli.experiments.job import TrainingJob
+from rapydli.experiments.job import Recording, TrainingJob
 from rapydli.experiments.planning.perfmodel import RingModel, measure_ring, predict_step_time
 from rapydli.experiments.spec import RunSpec
 from rapydli.parallel.layout import Layout
@@ -54,6 +54,7 @@ if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
 
     from rapydli.cluster import Cluster
+    from rapydli.experiments.spec import DataSource, LossFn, ModelSource, OptimizerFn
 
 TOLERANCE = 0.20
 COLUMNS = [
@@ -120,8 +121,8 @@ class ScalingResult:
 
 
 def scaling_study(
-    model_fn: Callable[[], Any] | str,
-    data_fn: Callable[[], Any] | str,
+    model_fn: ModelSource,
+    data_fn: DataSource,
     config: TrainConfig | Mapping[str, Any],
     workers: Sequence[int] = (1, 2),
     mode: str = "weak",
@@ -132,8 +133,8 @@ def scaling_study(
     pipeline_stages: Sequence[int] | None = None,
     network: RingModel | None = None,
     on_point: Callable[[Any], None] | None = None,
-    loss_fn: Callable[..., Any] | None = None,
-    optimizer_fn: Callable[..., Any] | None = None,
+    loss_fn: LossFn | None = None,
+    optimizer_fn: OptimizerFn | None = None,
     metrics: Any = None,
     repeats: int = 3,
 ) -> ScalingResult:
@@ -430,9 +431,11 @@ def _measure(
                     spec,
                     point_cfg,
                     list(range(k)),
-                    name=f"scaling-{k}" + (f"-stages{p}" if p > 1 else ""),
-                    parent=parent,
-                    extra_params={"scaling_workers": k, "scaling_pipeline_stages": p, "repeat": repeat},
+                    recording=Recording(
+                        name=f"scaling-{k}" + (f"-stages{p}" if p > 1 else ""),
+                        parent=parent,
+                        extra_params={"scaling_workers": k, "scaling_pipeline_stages": p, "repeat": repeat},
+                    ),
                 )
                 .start()
                 .wait()

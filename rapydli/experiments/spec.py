@@ -24,6 +24,15 @@ from typing import Any
 from rapydli.experiments.store.refs import resolve_callable
 from rapydli.experiments.store.sources import code_params, describe
 
+#: What every front door takes as ``model_fn``: ``model_fn() -> nn.Module``, or its ``"module:qualname"``.
+ModelSource = Callable[[], Any] | str
+#: What every front door takes as ``data_fn``: ``data_fn() -> (train_dataset, val_dataset)``, or its ``"module:qualname"``.
+DataSource = Callable[[], Any] | str
+#: A ``loss_fn`` as :mod:`rapydli.objective` takes it.
+LossFn = Callable[..., Any]
+#: An ``optimizer_fn(parameters) -> torch.optim.Optimizer`` as :mod:`rapydli.trainer.optim` takes it.
+OptimizerFn = Callable[..., Any]
+
 
 @dataclass(frozen=True)
 class RunSpec:
@@ -54,10 +63,10 @@ class RunSpec:
     @classmethod
     def of(
         cls,
-        model_fn: Callable[[], Any] | str | RunSpec,
-        data_fn: Callable[[], Any] | str | None = None,
-        loss_fn: Callable[..., Any] | None = None,
-        optimizer_fn: Callable[..., Any] | None = None,
+        model_fn: ModelSource | RunSpec,
+        data_fn: DataSource | None = None,
+        loss_fn: LossFn | None = None,
+        optimizer_fn: OptimizerFn | None = None,
         metrics: Any = None,
     ) -> RunSpec:
         """Resolve and check what the user passed (a :class:`RunSpec` is returned as it is).

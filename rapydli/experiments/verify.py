@@ -34,6 +34,7 @@ if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
 
     from rapydli.cluster import Cluster
+    from rapydli.experiments.spec import DataSource, LossFn, ModelSource
 
 #: Largest difference allowed, relative to ``max(1, largest |value|)`` of the parameter, by dtype.
 TOLERANCES = {"float64": 1e-9, "float32": 1e-4}
@@ -189,13 +190,13 @@ class _Cast(Dataset):
 
 
 def verify_layout(
-    model_fn: Callable[[], Any] | str,
-    data_fn: Callable[[], Any] | str,
+    model_fn: ModelSource,
+    data_fn: DataSource,
     config: TrainConfig | Mapping[str, Any],
     steps: int = 3,
     cluster: Cluster | None = None,
     *,
-    loss_fn: Callable[..., Any] | None = None,
+    loss_fn: LossFn | None = None,
     dtype: str = "float64",
     tolerance: float | None = None,
 ) -> LayoutCheck:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from rapydli.errors import RapydliError
@@ -26,6 +26,7 @@ from rapydli.widgets.live import LivePlot
 if TYPE_CHECKING:  # pragma: no cover
     from rapydli.cluster import Cluster
     from rapydli.experiments.job import TrainingJob
+    from rapydli.experiments.spec import DataSource, LossFn, ModelSource, OptimizerFn
 
 #: Fields that get a control by default (the rest keep the config's value).
 DEFAULT_FIELDS = (
@@ -105,14 +106,14 @@ class HyperparameterPanel:
 
     def __init__(
         self,
-        model_fn: Callable[[], Any] | str,
-        data_fn: Callable[[], Any] | str,
+        model_fn: ModelSource,
+        data_fn: DataSource,
         config: TrainConfig | None = None,
         cluster: Cluster | None = None,
         fields: Sequence[str] = DEFAULT_FIELDS,
         *,
-        loss_fn: Callable[..., Any] | None = None,
-        optimizer_fn: Callable[..., Any] | None = None,
+        loss_fn: LossFn | None = None,
+        optimizer_fn: OptimizerFn | None = None,
         metrics: Any = None,
     ) -> None:
         import ipywidgets as widgets
@@ -167,7 +168,7 @@ class HyperparameterPanel:
 
     def train(self) -> TrainingJob | None:
         """Start a run with the controls' values (what Train does); None if it could not start."""
-        from rapydli.experiments.job import TrainingJob
+        from rapydli.experiments.job import Recording, TrainingJob
 
         if self.running:
             self._say("a run is in progress: Stop it first", error=True)
@@ -191,7 +192,12 @@ class HyperparameterPanel:
                 ready(self.cluster, say=self._say)
             self.plot = self._fresh_plot()
             self.job = TrainingJob(
-                self.cluster, self.spec, config, list(range(workers)), callbacks=[self.plot], name="panel"
+                self.cluster,
+                self.spec,
+                config,
+                list(range(workers)),
+                callbacks=[self.plot],
+                recording=Recording(name="panel"),
             ).start()
         except RapydliError as exc:  # invalid combinations and cluster problems are shown, not raised
             self._say(str(exc), error=True)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from rapydli.errors import RapydliError
@@ -11,6 +11,7 @@ from rapydli.trainer.config import TrainConfig
 
 if TYPE_CHECKING:  # pragma: no cover
     from rapydli.cluster import Cluster
+    from rapydli.experiments.spec import DataSource, ModelSource
     from rapydli.experiments.sweep.sweep import SweepResult
 
 
@@ -32,8 +33,8 @@ class SweepPanel:
 
     def __init__(
         self,
-        model_fn: Callable[[], Any] | str,
-        data_fn: Callable[[], Any] | str,
+        model_fn: ModelSource,
+        data_fn: DataSource,
         config: TrainConfig,
         space: Mapping[str, Any],
         cluster: Cluster,

@@ -63,6 +63,7 @@ if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
 
     from rapydli.cluster import Cluster
+    from rapydli.experiments.spec import DataSource, LossFn, ModelSource, OptimizerFn
 
 #: A layout run is "within the model" when its measured step time is within 20 % of the prediction.
 TOLERANCE = 0.20
@@ -207,8 +208,8 @@ def _check_memory(
 
 
 def plan_parallel(
-    model_fn: Callable[[], Any] | str,
-    data_fn: Callable[[], Any] | str,
+    model_fn: ModelSource,
+    data_fn: DataSource,
     config: TrainConfig | Mapping[str, Any],
     ranks: int = 2,
     memory_per_rank: float | str | None = None,
@@ -220,8 +221,8 @@ def plan_parallel(
     global_batch: int | None = None,
     profile: Profile | None = None,
     run_layouts: Sequence[str] = (),
-    loss_fn: Callable[..., Any] | None = None,
-    optimizer_fn: Callable[..., Any] | None = None,
+    loss_fn: LossFn | None = None,
+    optimizer_fn: OptimizerFn | None = None,
     metrics: Any = None,
 ) -> ParallelPlan:
     """Predict every layout of ``ranks`` ranks, run the fastest, and pick one.
@@ -467,7 +468,7 @@ def _run(
 ) -> tuple[float | None, str, Spread]:
     """Train ``steps`` steps in the layout; its median step time after the warm-up (None and a note if it failed)
     and the median and interquartile range of those steps' times."""
-    from rapydli.experiments.job import TrainingJob
+    from rapydli.experiments.job import Recording, TrainingJob
 
     layout = prediction.layout
     run_config = layout.config(config, batch, prediction.split).replace(
@@ -484,8 +485,10 @@ def _run(
             spec,
             run_config,
             targets,
-            name=f"plan {layout.label}",
-            extra_params={"plan_layout": layout.label, "predicted_step_time_s": prediction.step_s},
+            recording=Recording(
+                name=f"plan {layout.label}",
+                extra_params={"plan_layout": layout.label, "predicted_step_time_s": prediction.step_s},
+            ),
         )
         .start()
         .wait()

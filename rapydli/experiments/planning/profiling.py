@@ -19,7 +19,7 @@ if TYPE_CHECKING:  # pragma: no cover
     import torch
 
     from rapydli.cluster import Cluster
-    from rapydli.experiments.spec import RunSpec
+    from rapydli.experiments.spec import OptimizerFn, RunSpec
 
 
 def tensor_plan(config: TrainConfig) -> dict[str, str] | None:
@@ -73,9 +73,7 @@ def train_step_time(
     return time
 
 
-def optimizer_factory(
-    model: Any, config: TrainConfig, optimizer_fn: Callable[..., Any] | None
-) -> Callable[[list[Any]], Any]:
+def optimizer_factory(model: Any, config: TrainConfig, optimizer_fn: OptimizerFn | None) -> Callable[[list[Any]], Any]:
     """What the profiler times the run's optimizer step with: ``factory(parameters) -> optimizer``.
 
     Without ``optimizer_fn``: ``config.optimizer`` over the parameters given. With it: the

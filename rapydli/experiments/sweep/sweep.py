@@ -36,7 +36,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, Literal
 
 from rapydli.errors import ConfigError, RapydliError
-from rapydli.experiments.job import STOP_GRACE_S, TrainingJob
+from rapydli.experiments.job import STOP_GRACE_S, Recording, TrainingJob
 from rapydli.experiments.spec import RunSpec
 from rapydli.experiments.sweep.lifecycle import STORE_STATUS, optuna_state
 from rapydli.experiments.sweep.pruning import explain_prune
@@ -48,6 +48,7 @@ if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
 
     from rapydli.cluster import Cluster
+    from rapydli.experiments.spec import DataSource, LossFn, ModelSource, OptimizerFn
 
 
 def _tpe(space: Mapping[str, Dimension], seed: int) -> Any:
@@ -167,8 +168,8 @@ class Sweep:
 
     def __init__(
         self,
-        model_fn: Callable[[], Any] | str,
-        data_fn: Callable[[], Any] | str,
+        model_fn: ModelSource,
+        data_fn: DataSource,
         config: TrainConfig | Mapping[str, Any],
         space: Mapping[str, Dimension],
         trials: int,
@@ -184,8 +185,8 @@ class Sweep:
         enqueue: Sequence[Mapping[str, Any]] = (),
         view: Any = None,
         name: str = "sweep",
-        loss_fn: Callable[..., Any] | None = None,
-        optimizer_fn: Callable[..., Any] | None = None,
+        loss_fn: LossFn | None = None,
+        optimizer_fn: OptimizerFn | None = None,
         metrics: Any = None,
     ) -> None:
         import optuna
@@ -362,11 +363,13 @@ class Sweep:
                 ranks,
                 callbacks=[partial(self._on_row, record)],
                 await_verdict=self.metric,
-                end_status=False,
-                kind="trial",
-                name=f"{self.name}-trial-{trial.number}",
-                parent=self.run_id,
-                extra_params={"trial": trial.number, "params": params},
+                recording=Recording(
+                    kind="trial",
+                    name=f"{self.name}-trial-{trial.number}",
+                    parent=self.run_id,
+                    extra_params={"trial": trial.number, "params": params},
+                    end_status=False,
+                ),
             ).start()
         except RapydliError as exc:  # an invalid combination of parameters: the trial fails, the sweep goes on
             self._tell(record, "FAIL", str(exc))
@@ -547,8 +550,8 @@ def _plain(value: Any) -> Any:
 
 
 def sweep(
-    model_fn: Callable[[], Any] | str,
-    data_fn: Callable[[], Any] | str,
+    model_fn: ModelSource,
+    data_fn: DataSource,
     config: TrainConfig | Mapping[str, Any],
     space: Mapping[str, Dimension],
     trials: int,
@@ -563,8 +566,8 @@ def sweep(
     seed: int = 0,
     enqueue: Sequence[Mapping[str, Any]] = (),
     view: Any = None,
-    loss_fn: Callable[..., Any] | None = None,
-    optimizer_fn: Callable[..., Any] | None = None,
+    loss_fn: LossFn | None = None,
+    optimizer_fn: OptimizerFn | None = None,
     metrics: Any = None,
 ) -> SweepResult:
     """Search ``space`` with ``trials`` training runs, each a data-parallel job on its own engines.
