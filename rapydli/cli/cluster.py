@@ -100,7 +100,7 @@ def status() -> None:
         [
             {
                 "id": r["id"],
-                "origin": r["origin"],
+                "origin": r["origin"] if r.get("held", True) else "kernel (gone)",
                 "launcher": r["launcher"],
                 "n": r["n"],
                 "state": r.get("state", "running"),
@@ -117,14 +117,33 @@ def status() -> None:
 
 @cluster.command()
 @click.argument("cluster_ids", nargs=-1)
-@click.option("--all", "stop_all", is_flag=True, help="stop every cluster started here")
+@click.option(
+    "--all",
+    "stop_all",
+    is_flag=True,
+    help="stop every cluster started here (detached) and every one whose kernel or script is gone",
+)
 def stop(cluster_ids: tuple[str, ...], stop_all: bool) -> None:
-    """Stop the clusters CLUSTER_IDS (or --all), all at once: each stop mostly waits for processes to end."""
+    """Stop the clusters CLUSTER_IDS (or --all), all at once: each stop mostly waits for processes to end.
+
+    ``--all`` leaves the clusters a running kernel or script holds (they are theirs to stop), saying so.
+    """
     from concurrent.futures import ThreadPoolExecutor
 
-    ids = [r["id"] for r in Cluster.detached()] if stop_all else list(cluster_ids)
-    if not ids:
+    from rapydli.cluster.registry import running_clusters
+
+    if not stop_all and not cluster_ids:
         raise click.UsageError("name a cluster id (see `rapydli cluster status`) or pass --all")
+    ids = list(cluster_ids)
+    if stop_all:
+        found = {r["id"]: r for r in running_clusters()}
+        held = [i for i, r in found.items() if r["origin"] == "kernel" and r.get("held", True)]
+        ids = list(dict.fromkeys([*(r["id"] for r in Cluster.detached()), *(i for i in found if i not in held)]))
+        for cluster_id in held:
+            click.echo(f"left {cluster_id}: a running kernel or script holds it")
+        if not ids:
+            click.echo("no cluster to stop")
+            return
     with ThreadPoolExecutor(max_workers=min(len(ids), 16)) as pool:
         futures = {cluster_id: pool.submit(stop_cluster, cluster_id) for cluster_id in ids}
     for cluster_id, future in futures.items():  # in the order given; the first error is raised after all were tried

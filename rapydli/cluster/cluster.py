@@ -30,6 +30,7 @@ from rapydli.cluster.processes import CLUSTER_MARKER, alive, reap, reap_marked
 from rapydli.cluster.registry import ipp_log, new_cluster_id, remove_connection_files
 from rapydli.cluster.sshhosts import SessionWatch
 from rapydli.cluster.tasks import ClusterTasks
+from rapydli.cluster.watchdog import DETACHED, HOLDER_MARKER, STOPPED, Watchdog, holder_value
 from rapydli.errors import ClusterError, ConfigError, NotFoundError
 from rapydli.paths import subdir
 
@@ -118,6 +119,7 @@ class Cluster(ClusterTasks):
         self._state = "stopped"
         self._started_at = 0.0
         self._detached = False
+        self._watchdog: Watchdog | None = None  # ends the cluster if this process dies holding it
         if cluster_id is not None:
             _check_id(cluster_id)
         self._cluster_id: str | None = cluster_id  # kept across restarts, so attach ids stay valid
@@ -172,6 +174,9 @@ class Cluster(ClusterTasks):
             if threading.current_thread() is not self._starter:
                 _hold(self)
             self._cluster_id = self._cluster_id or new_cluster_id()
+            held = {} if self._detached else {HOLDER_MARKER: holder_value()}
+            if not self._detached and (self._watchdog is None or not self._watchdog.watching):
+                self._watchdog = Watchdog.start(self._cluster_id)  # before any process: a kernel dying mid-start too
             write_controller_config(subdir("ipython"))  # its log without ipykernel 7's iopub_welcome errors
             config = Config(self.launcher.config(self.options, work_dir=str(subdir("ipython"))))
             launcher_env = dict(config.BaseLauncher.get("environment", {}))
@@ -179,6 +184,7 @@ class Cluster(ClusterTasks):
                 **rank_environment(self.n, self.threads, base={}),
                 **launcher_env,
                 CLUSTER_MARKER: self._cluster_id,  # how stop/abort find every process it started
+                **held,  # whose it is: `rapydli cluster status` tells a held cluster from an orphan
             }
             kwargs: dict[str, Any] = {}
             if self.launcher.listen_all and "controller_ip" not in config.get("Cluster", {}):
@@ -221,6 +227,7 @@ class Cluster(ClusterTasks):
                     self._batch.output(20) if self._batch is not None and died else ""
                 )  # read before the stop removes it
                 self._teardown()
+                self._release_watchdog(STOPPED)
                 self._state = "failed"
                 if isinstance(exc, KeyboardInterrupt):
                     raise
@@ -298,9 +305,17 @@ class Cluster(ClusterTasks):
                 (subdir("clusters") / f"{self._cluster_id}.json").unlink(missing_ok=True)
             if self._ipp is None:
                 self._state = "stopped"
+                self._release_watchdog(STOPPED)
                 return
             self._teardown()
+            self._release_watchdog(STOPPED)
             self._state = "stopped"
+
+    def _release_watchdog(self, word: str) -> None:
+        """Tell the watchdog the cluster is let go (stopped here, or detached); it exits without acting."""
+        if self._watchdog is not None:
+            self._watchdog.release(word)
+            self._watchdog = None
 
     def restart(self, min_engines: int | None = None) -> Cluster:
         """Replace the engines by fresh ones (same launcher and id), as many as the cluster was made with.
@@ -421,6 +436,7 @@ class Cluster(ClusterTasks):
             self._detached = True
             cluster_id = self._ipp.cluster_id
             self.write_record("running")
+            self._release_watchdog(DETACHED)
             return cluster_id
 
     def write_record(self, state: str) -> None:

@@ -27,6 +27,7 @@ import psutil
 from rapydli.cluster.launchers import LAUNCHERS, get_launcher, launcher_of, queue_of
 from rapydli.cluster.mpi_engine import PROGRAM
 from rapydli.cluster.processes import alive, reap, reap_marked, terminate_trees
+from rapydli.cluster.watchdog import HOLDER_MARKER, holder_alive
 from rapydli.errors import NotFoundError
 from rapydli.paths import subdir
 
@@ -120,7 +121,9 @@ def running_clusters() -> list[dict[str, Any]]:
         ``engine_pids`` (the live engine processes on this host), ``state`` (``starting``
         while its start is under way or its job waits in the queue, else ``running``) and
         ``job`` (the batch job's ``{"id", "state", "reason", "nodes"}`` as the scheduler
-        reports it now; None for launchers without one).
+        reports it now; None for launchers without one); a ``kernel`` cluster also has
+        ``held``: whether the process that started it still runs (False: an orphan, which
+        its watchdog failed to stop, :mod:`rapydli.cluster.watchdog`).
     """
     records = _records()
     clusters = []
@@ -149,13 +152,25 @@ def running_clusters() -> list[dict[str, Any]]:
             entry = {"origin": "kernel", "launcher": launcher_of(engine_class),
                      "n": data["cluster"].get("n"), "engines_alive": len(procs),
                      "hosts": [socket.gethostname()] if procs else [], "threads": None,
-                     "engine_pids": [p.pid for p in procs], "state": "running"}  # fmt: skip
+                     "engine_pids": [p.pid for p in procs], "state": "running", "held": _held(controller)}  # fmt: skip
             job_id = next((s["job_id"] for s in sets if isinstance(s, dict) and s.get("job_id")), None)
         entry["job"] = _job(entry["launcher"], job_id)
         if entry["job"] is not None and entry["job"]["state"] in _QUEUED:
             entry["state"] = "starting"
         clusters.append({"id": cluster_id, "started": controller.create_time(), **entry})
     return sorted(clusters, key=lambda c: c["started"])
+
+
+def _held(controller: psutil.Process) -> bool:
+    """Whether the process holding the cluster of ``controller`` still runs (:data:`~rapydli.cluster.watchdog.HOLDER_MARKER`).
+
+    A controller without the marker (an ipyparallel cluster RaPyDLI did not start) counts as held.
+    """
+    try:
+        holder = controller.environ().get(HOLDER_MARKER)
+    except (psutil.Error, OSError):
+        return True
+    return holder is None or holder_alive(holder)
 
 
 def stop_cluster(cluster_id: str, timeout: float = 10.0) -> None:
