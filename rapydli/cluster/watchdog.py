@@ -34,6 +34,8 @@ import sys
 HOLDER_MARKER = "RAPYDLI_HOLDER"
 #: What the holder writes when it stopped the cluster itself: the watchdog exits, leaving nothing to do.
 STOPPED = "stopped"
+#: Seconds the processes of a cluster whose holder died get to exit on SIGTERM before SIGKILL.
+STOP_GRACE_S = 2.0
 #: What the holder writes when the cluster outlives it (detached): the watchdog exits, the cluster stays.
 DETACHED = "detached"
 
@@ -112,8 +114,8 @@ def main(argv: list[str]) -> int:
     from rapydli.cluster.registry import stop_cluster
     from rapydli.errors import NotFoundError
 
-    try:
-        stop_cluster(cluster_id)
+    try:  # nobody will read its engines' results: a short grace, then SIGKILL (ranks blocked in a collective ignore SIGTERM)
+        stop_cluster(cluster_id, timeout=STOP_GRACE_S)
     except NotFoundError:  # it was gone already (stopped as the holder exited normally)
         pass
     return 0
