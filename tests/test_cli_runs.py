@@ -225,3 +225,24 @@ def test_list_fits_an_80_column_terminal_without_cutting_the_parameters(
     assert not any(line.endswith("...") for line in commands) and all(
         len(line) <= 80 for line in help_text.splitlines()
     ), help_text
+
+
+def test_show_tells_the_world_size_over_time_and_each_restart(store: store_mod.RunStore) -> None:
+    run = store.create_run("train", "mlp", {"model_fn": "m:f", "data_fn": "d:g", "config": {}}, world_size=4)
+    restarts = [
+        {
+            "time": 0.0,
+            "cause": "host h2 down",
+            "ranks": [2, 3],
+            "resumed_from_step": 4,
+            "workers": 2,
+            "recovery_s": 6.25,
+        },
+        {"time": 1.0, "cause": "rank 1 died", "ranks": [1], "resumed_from_step": 8, "workers": 1},
+    ]
+    store.add_record(run, "restarts", "json", restarts)
+    store.finish_run(run)
+    out = invoke("runs", "show", run)
+    assert "  world size  4 (from step 1), 2 (from step 5), 1 (from step 9)\n" in out, out
+    assert "  restart     host h2 down; resumed from step 4 on 2 ranks 6.25 s later\n" in out, out
+    assert "  restart     rank 1 died; resumed from step 8 on 1 rank\n" in out, out

@@ -123,6 +123,7 @@ def test_an_engine_killed_mid_run_restarts_and_ends_where_an_uninterrupted_run_e
     assert run["status"] == "finished"
     (restart,) = open_store().records(result.run_id)["restarts"]["value"]
     assert restart["ranks"] == [1] and "died" in restart["cause"] and restart["resumed_from_step"] == 4
+    assert restart["workers"] == 2 and restart["recovery_s"] > 0  # how long it took, recorded (runs show prints it)
     assert [r["step"] for r in rows if r["kind"] == "restart"] == [4]  # the live plot's marker
     assert [shape.x0 for shape in result.figure.layout.shapes] == [4]  # the returned figure marks it too
     tracked = links(open_store(), result.run_id)["tensorboard"][

@@ -167,6 +167,16 @@ def show(run_id: str, as_json: bool) -> None:
     records = store.records(run["id"])
     if "setup_s" in records:  # where the time before the first step went
         click.echo("  set-up      " + setup_text(dict(records["setup_s"]["value"])))
+    restarts = records.get("restarts", {}).get("value") or []
+    if restarts:  # the world over time: where ranks died and what the run went on with
+        from rapydli.experiments.figures import restart_text
+
+        worlds = [f"{run['world_size']} (from step 1)"] + [
+            f"{r['workers']} (from step {(r.get('resumed_from_step') or 0) + 1})" for r in restarts if r.get("workers")
+        ]
+        click.echo("  world size  " + ", ".join(worlds))
+        for restart in restarts:
+            click.echo("  restart     " + restart_text(restart))
     for straggler in records.get("stragglers", {}).get("value", []):  # a rank the others waited for
         click.echo("  straggler   " + straggler["text"])
     from rapydli.experiments.store.compare import flatten

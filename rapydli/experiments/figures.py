@@ -61,6 +61,20 @@ def training_figure(title: str = "") -> Any:
     return figure
 
 
+def restart_text(restart: Mapping[str, Any]) -> str:
+    """A restart in words: what died, the step it resumed from, the ranks it went on with and how long that took.
+
+    >>> restart_text({"cause": "rank 1 died", "resumed_from_step": 4, "workers": 1, "recovery_s": 6.2})
+    'rank 1 died; resumed from step 4 on 1 rank 6.2 s later'
+    """
+    if restart.get("error"):
+        return f"{restart.get('cause', '')}; could not restart: {restart['error']}"
+    workers = restart.get("workers")
+    on = f" on {workers} rank{'s' if workers != 1 else ''}" if workers is not None else ""
+    took = f" {restart['recovery_s']:g} s later" if restart.get("recovery_s") is not None else ""
+    return f"{restart.get('cause', '')}; resumed from step {restart.get('resumed_from_step') or 0}{on}{took}"
+
+
 def loss_figure(history: pd.DataFrame, title: str = "", restarts: Sequence[Mapping[str, Any]] = ()) -> Any:
     """A plotly figure: training loss per step and validation loss per evaluation.
 
@@ -85,7 +99,7 @@ def loss_figure(history: pd.DataFrame, title: str = "", restarts: Sequence[Mappi
             line_dash="dash",
             line_color="#d62728",
             annotation_text="restart",
-            annotation_hovertext=str(restart.get("cause", "")),
+            annotation_hovertext=restart_text(restart),
         )
     figure.update_layout(title=title, xaxis_title="step", yaxis_title="cross-entropy", template="plotly_white")
     return figure

@@ -48,7 +48,9 @@ class Attempts:
         Every metrics row delivered, each step once: an attempt's rows up to the step the
         next one resumed from, then the next one's.
     restarted
-        One dict per restart: ``time``, ``cause``, ``ranks``, ``resumed_from_step``, ``workers``.
+        One dict per restart: ``time``, ``cause``, ``ranks``, ``resumed_from_step``, ``workers``
+        (the ranks it went on with) and ``recovery_s`` (seconds from the failure seen to the
+        resumed run's first step under way).
     """
 
     job: TrainingJob
@@ -145,7 +147,8 @@ class RestartPolicy:
         attempts = Attempts(job, list(job.rows))
         while job.exception is not None and job.exception.died and left > 0:
             left -= 1
-            restart = {"time": time.time(), "cause": str(job.exception).splitlines()[0], "ranks": job.exception.ranks}
+            seen = time.time()
+            restart = {"time": seen, "cause": str(job.exception).splitlines()[0], "ranks": job.exception.ranks}
             try:
                 targets = self._bring_back(cluster, config, job.exception)
                 delivered = [(row.get("kind"), row["step"]) for row in attempts.history]
@@ -169,7 +172,10 @@ class RestartPolicy:
             job.wait(
                 until=lambda resumed: resumed.start_step is not None
             )  # marked as soon as it resumed, not when it ends
-            attempts.restarted.append({**restart, "resumed_from_step": job.start_step, "workers": len(targets)})
+            attempts.restarted.append(
+                {**restart, "resumed_from_step": job.start_step, "workers": len(targets),
+                 "recovery_s": round(time.time() - seen, 2)}  # from the failure seen to training again
+            )  # fmt: skip
             _record_restarts(job, attempts.restarted, callbacks)
             job.wait()
             before = [
@@ -250,5 +256,7 @@ def _record_restarts(
                 "step": latest["resumed_from_step"] or 0,
                 "cause": latest["cause"],
                 "ranks": latest["ranks"],
+                "workers": latest.get("workers"),
+                "recovery_s": latest.get("recovery_s"),
             }
         )

@@ -232,7 +232,8 @@ def restart_tags(restarts: list[dict[str, Any]]) -> dict[str, str]:
         if restart.get("error"):
             text = f"could not restart after: {restart.get('cause')}: {restart['error']}"
         else:
-            text = f"resumed from step {restart.get('resumed_from_step')} on {restart.get('workers')} ranks after: {restart.get('cause')}"
+            took = f" ({restart['recovery_s']:g} s later)" if restart.get("recovery_s") is not None else ""
+            text = f"resumed from step {restart.get('resumed_from_step')} on {restart.get('workers')} ranks{took} after: {restart.get('cause')}"
         tags[f"rapydli.restart{number}"] = text[:5000]
     return tags
 
