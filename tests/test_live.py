@@ -100,9 +100,16 @@ def test_a_restart_row_draws_a_marker_where_the_run_resumed() -> None:
             "comm_wait_s": 0.0,
         }
     )
-    plot({"kind": "restart", "step": 4, "cause": "rank 1 died", "ranks": [1]})
+    plot({"kind": "restart", "step": 4, "cause": "rank 1 died", "ranks": [1], "workers": 2, "recovery_s": 6.5})
     plot.close()
     assert plot.restarts == [4] and [shape.x0 for shape in plot.figure.layout.shapes] == [4]
+    (label,) = [
+        a for a in plot.figure.layout.annotations if (a.text or "").startswith("restart")
+    ]  # what died, the ranks that went on and how long it took
+    assert (
+        label.text == "restart: 2 ranks, 6.5 s"
+        and label.hovertext == "rank 1 died; resumed from step 4 on 2 ranks 6.5 s later"
+    )
 
 
 def test_a_restarted_run_keeps_every_step_once_in_order() -> None:

@@ -97,14 +97,14 @@ class LivePlot(LiveFigure):
                 self._append(segment, points)
                 segment = []
                 self._throughput.clear()  # the steps redone are a new window
-                restarts.append(row["step"])
+                restarts.append(row)
                 points = [[(x, y) for x, y in trace_points if x <= row["step"]] for trace_points in points]
             self._append(segment, points)
             with self.figure.batch_update():
                 for trace, before, after in zip(traces, drawn, points):
                     if after != before:
                         trace.x, trace.y = tuple(x for x, _ in after), tuple(y for _, y in after)
-                for step in restarts:
+                for step in (restart["step"] for restart in restarts):
                     self.restarts.append(step)
                     self.figure.add_shape(
                         type="line",
@@ -116,6 +116,8 @@ class LivePlot(LiveFigure):
                         yref="y domain",
                         line={"dash": "dash", "color": "#d62728"},
                     )
+            for restart in restarts:  # not batched either: what died, the ranks that went on, how long it took
+                self._label_restart(restart)
             for notice in (r for r in rows if r.get("kind") in NOTICES):  # not batched: plotly's batch_update
                 self._notice(notice)  # keeps only the last of several annotations added within one
             self.drawn()
@@ -148,6 +150,25 @@ class LivePlot(LiveFigure):
                 trace_points.sort(key=lambda point: point[0])
             else:
                 trace_points.extend(fresh)
+
+    def _label_restart(self, row: dict[str, Any]) -> None:
+        """Label a restart's line: the ranks it went on with and the seconds it took; the whole story on hover."""
+        from rapydli.experiments.figures import restart_text
+
+        parts = [f"{row['workers']} ranks" if row.get("workers") is not None else "",
+                 f"{row['recovery_s']:g} s" if row.get("recovery_s") is not None else ""]  # fmt: skip
+        said = ", ".join(part for part in parts if part)
+        self.figure.add_annotation(
+            text="restart" + (f": {said}" if said else ""),
+            hovertext=restart_text({**row, "resumed_from_step": row["step"]}),
+            x=row["step"],
+            xref="x",
+            y=1,
+            yref="y domain",
+            xanchor="left",
+            showarrow=False,
+            font={"color": RED, "size": 11},
+        )
 
     def _notice(self, row: dict[str, Any]) -> None:
         """Draw a straggler or a hang (see the class docstring)."""
