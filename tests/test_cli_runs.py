@@ -246,3 +246,37 @@ def test_show_tells_the_world_size_over_time_and_each_restart(store: store_mod.R
     assert "  world size  4 (from step 1), 2 (from step 5), 1 (from step 9)\n" in out, out
     assert "  restart     host h2 down; resumed from step 4 on 2 ranks 6.25 s later\n" in out, out
     assert "  restart     rank 1 died; resumed from step 8 on 1 rank\n" in out, out
+
+
+def test_delete_removes_runs_their_children_and_the_models_they_kept_not_the_users_checkpoints(
+    store: store_mod.RunStore, tmp_path: Path
+) -> None:
+    from rapydli.paths import subdir
+
+    sweep = store.create_run("sweep", "sw", {})
+    trial = store.create_run(
+        "trial", "sw-trial-0", {"config": {"checkpoint_dir": str(tmp_path / "mine")}}, parent=sweep
+    )
+    kept = subdir("models") / trial
+    kept.mkdir(parents=True)
+    (kept / "checkpoint.pt").write_bytes(b"x")
+    (tmp_path / "mine").mkdir()
+    store.add_record(trial, "model", "json", {"directory": str(kept)})
+    store.log_metrics(trial, [(1, "loss", 1.0)])
+    store.add_tags(trial, ["keep"])
+    other = store.create_run("train", "other", {})
+    for run in (trial, sweep, other):
+        store.finish_run(run)
+    running = store.create_run("train", "busy", {})
+    with pytest.raises(Exception, match="is running: stop it first"):
+        CliRunner().invoke(cli, ["runs", "delete", running], catch_exceptions=False)
+
+    out = invoke("runs", "delete", sweep[:8])
+    assert (
+        f"deleted {sweep} (sweep sw)" in out
+        and f"deleted {trial} (trial sw-trial-0), its model {kept.resolve()}" in out
+    )
+    assert f"its checkpoint_dir {tmp_path / 'mine'} stays" in out
+    assert not kept.exists() and (tmp_path / "mine").is_dir()
+    assert {r["id"] for r in store.list_runs()[0]} == {other, running}
+    assert store.metrics(trial) == [] and store.records(trial) == {}

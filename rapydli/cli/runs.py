@@ -279,6 +279,34 @@ def note(run_id: str, text: str | None, clear: bool) -> None:
 
 
 @runs.command()
+@click.argument("run_ids", nargs=-1, required=True)
+def delete(run_ids: tuple[str, ...]) -> None:
+    """Delete runs (and their children: a sweep's trials) from the store, and the models they kept under RAPYDLI_HOME.
+
+    A run's trained model lives in ``$RAPYDLI_HOME/models/<run id>`` until the run is deleted
+    (``rd.load`` reads it). Checkpoint directories the runs' configs named are yours: they
+    stay, and are listed. A running run is refused.
+    """
+    import shutil
+    from pathlib import Path
+
+    from rapydli.paths import subdir
+
+    store = _store()
+    models = subdir("models").resolve()
+    for run in store.delete_runs([store.resolve(r) for r in run_ids]):
+        said = f"deleted {run['id']} ({run['kind']} {run['name']})"
+        kept = Path(run["model_dir"]).resolve() if run["model_dir"] else None
+        if kept is not None and kept.parent == models:
+            shutil.rmtree(kept, ignore_errors=True)
+            said += f", its model {kept}"
+        checkpoint = (run["params"].get("config") or {}).get("checkpoint_dir")
+        if checkpoint:
+            said += f"; its checkpoint_dir {checkpoint} stays"
+        click.echo(said)
+
+
+@runs.command()
 @click.argument("run_id")
 @click.option("--out", default=None, help="Batch runs: output folder (default: the original's).")
 @click.option("--parallel", "-j", type=int, default=None, help="Batch runs: items at once (default: the original's).")

@@ -399,6 +399,47 @@ class RunStore(RunAnnotations):
             raise NotFoundError(f"no run {prefix!r} in {self.path}")
         raise NotFoundError(f"run id prefix {prefix!r} is ambiguous; give more characters")
 
+    def delete_runs(self, run_ids: Iterable[str]) -> list[dict[str, Any]]:
+        """Remove runs and everything recorded of them (metrics, records, artifacts' entries, tags),
+        their children with them (a sweep's trials, a scaling study's points); the runs removed
+        (as :meth:`get_run` gives them, with ``model_dir``: where the run kept its trained model, or None).
+
+        Files are not touched here (``rapydli runs delete`` removes the models the runs kept).
+
+        Raises
+        ------
+        ConfigError
+            A run (or a child) still ``running``: it is stopped first, or marked interrupted.
+        NotFoundError
+            An unknown id.
+        """
+        found: dict[str, dict[str, Any]] = {}
+        todo = [self.get_run(run_id) for run_id in run_ids]
+        while todo:
+            run = todo.pop()
+            if run["id"] in found:
+                continue
+            kept = self.records(run["id"]).get("model", {}).get("value") or {}
+            found[run["id"]] = {**run, "model_dir": kept.get("directory")}
+            todo.extend(self.list_runs(parent=run["id"])[0])
+        running = [run_id for run_id, run in found.items() if run["status"] == "running"]
+        if running:
+            raise ConfigError(
+                f"run {', '.join(running)} is running: stop it first (a run whose process died is marked interrupted "
+                "when `rapydli runs list` looks)"
+            )
+        ids = list(found)
+
+        def write(conn: sqlite3.Connection) -> None:
+            marks = ", ".join("?" * len(ids))
+            for table in ("metrics", "records", "artifacts", "tags"):
+                conn.execute(f"DELETE FROM {table} WHERE run_id IN ({marks})", ids)
+            conn.execute(f"DELETE FROM runs WHERE id IN ({marks})", ids)
+
+        if ids:
+            self._write(write)
+        return list(found.values())
+
     def metrics(self, run_id: str, since: int | None = None) -> list[dict[str, Any]]:
         """Metric rows ``{seq, step, name, value, time}`` in the order logged.
 
