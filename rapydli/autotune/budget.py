@@ -334,10 +334,13 @@ def _tune_layers(
                 "default_ms": math.nan,
                 "tuned_ms": math.nan,
                 "speedup": None,
+                "speedup_low": math.nan,
+                "speedup_high": math.nan,
                 "evaluated": 0,
                 "measured_now": 0,
                 "status": "skipped: budget",
-            }
+                "flag": "",
+            }  # every column a tuned shape's row has: a table of skipped shapes only reads like any other
         )
         skipped.extend(names[shape])
         progress.layer_done(len(names[shape]), None, rows[-1])
