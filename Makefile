@@ -95,6 +95,7 @@ bench: install
 	$(VENV)/bin/rapydli bench parallel --json bench-results/parallel.json
 	$(VENV)/bin/rapydli bench live -n 2 --json bench-results/live.json
 	$(VENV)/bin/rapydli bench model -n 2 --json bench-results/model.json
+	$(VENV)/bin/rapydli bench recovery -n 2 --json bench-results/recovery.json
 
 # The GPU check (README, "Development"): `make gpu-wheels` here downloads what the GPU
 # machine's image lacks (the MPICH wheel with mpiexec and libmpi, mpi4py for its Python

@@ -27,6 +27,7 @@ from rapydli.cli.lazy import LazyGroup
             "live",
             "gpu",
             "model",
+            "recovery",
         )
     },
 )
