@@ -62,14 +62,15 @@ class KilledAt:
 
 def one_round(cluster: Any, directory: Path, kill_at: int, checkpoint_every: int, steps: int) -> dict[str, Any]:
     """One run killed at ``kill_at`` and restarted; its row of measurements."""
-    import rapydli as rd
     from rapydli.experiments.store.runstore import require_store
+    from rapydli.notebook import train
+    from rapydli.trainer.config import TrainConfig
 
     marker = directory / "killed"
     seen: list[tuple[float, dict[str, Any]]] = []
-    config = rd.TrainConfig(max_steps=steps, batch_size=32, allreduce="mpi", eval_every=0,
+    config = TrainConfig(max_steps=steps, batch_size=32, allreduce="mpi", eval_every=0,
                             checkpoint_every=checkpoint_every, checkpoint_dir=str(directory / "ckpt"))  # fmt: skip
-    result = rd.train(
+    result = train(
         KilledAt(str(marker), kill_at),
         "rapydli.zoo.datasets:digits",
         config,
@@ -103,7 +104,7 @@ def one_round(cluster: Any, directory: Path, kill_at: int, checkpoint_every: int
 @click.option("--json", "json_path", default=None, help="write the results as JSON to this path")
 def command(n: int, repeat: int, kill_at: int, checkpoint_every: int, steps: int, json_path: str | None) -> None:
     """A rank killed mid-run: seconds from the kill to training again, and the steps redone (restarts=1)."""
-    import rapydli as rd
+    from rapydli.cluster import Cluster
     from rapydli.spread import Spread, machine_load
 
     if n < 2:
@@ -111,7 +112,7 @@ def command(n: int, repeat: int, kill_at: int, checkpoint_every: int, steps: int
     if not 1 < kill_at <= steps:
         raise click.BadParameter(f"must be 2..{steps} (--steps)", param_hint="--kill-at")
     rows = []
-    with rd.Cluster(n=n) as cluster, tempfile.TemporaryDirectory(prefix="rapydli-bench-recovery-") as scratch:
+    with Cluster(n=n) as cluster, tempfile.TemporaryDirectory(prefix="rapydli-bench-recovery-") as scratch:
         for number in range(repeat):
             directory = Path(scratch) / str(number)
             directory.mkdir()

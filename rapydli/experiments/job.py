@@ -423,6 +423,22 @@ class TrainingJob:
             self._verdict_step = payload.get("step")
             self.job.go_on(self.targets[:1])
 
+    def _deliver_late(self, history: list[dict[str, Any]]) -> None:
+        """Store and pass on the rows of rank 0's final ``history`` that no event delivered.
+
+        The rows stream as events and the result comes back apart from them; on a loaded
+        machine the result can arrive while the last events are still on their way (the
+        job waits for them only briefly), and the store, the callbacks and the history
+        would then tell different stories.
+        """
+        seen = {(r.get("kind"), r.get("step")) for r in [*self.rows, *self.recovered_rows]} | self._delivered
+        for row in history:
+            if row.get("kind") in ("train", "eval") and (row.get("kind"), row.get("step")) not in seen:
+                self.rows.append(row)
+                self._store_row(row)
+                for callback in self.callbacks:
+                    callback(dict(row))
+
     def _received(self, row: dict[str, Any]) -> bool:
         """Whether a row of ``row``'s kind and step already came in."""
         return any(r.get("kind") == row.get("kind") and r.get("step") == row.get("step") for r in self.rows)
@@ -522,6 +538,7 @@ class TrainingJob:
                     self.exception = exc  # the same mistake in the user's code on every rank is recorded once
                     self._finish("failed", str(same_mistake(exc) or exc))
             else:
+                self._deliver_late(self.results[0].get("history") or [] if self.results else [])
                 stopped = any(r.get("stopped_early") for r in self.results)
                 self._finish("stopped" if stopped else "finished")
         return self.state != "running"
