@@ -6,14 +6,13 @@ import re
 from pathlib import Path
 
 import pytest
-from notebooks_run import executed_tour
+from notebooks_run import execute
 
 
-@pytest.mark.tour
 @pytest.mark.notebook
 @pytest.mark.engines
 def test_hyperparameters_and_sweeps_notebook(tmp_path: Path) -> None:
-    executed = executed_tour("03-hyperparameters-and-sweeps.ipynb", tmp_path)
+    executed = execute("03-hyperparameters-and-sweeps.ipynb", tmp_path)
     text = executed.text
     assert "run 1 finished after" in text
     assert "TrainConfig.momentum=1.0 is invalid" in text  # shown by the panel, not raised
